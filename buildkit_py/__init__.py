@@ -1,0 +1,3 @@
+"""imgbuild: CUDA-aware container image builds from declarative recipes."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,90 @@
+"""The classic client: `DOCKER_BUILDKIT=1 docker build` with a pre-23 client (Debian's 20.10)."""
+
+from __future__ import annotations
+
+import collections
+import os
+import re
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+from ..errors import BuildFailed, EnvironmentProblem
+from . import CACHE_FROM, CACHE_MOUNTS, MULTI_STAGE, SECRETS, BuildRequest, BuildResult, LineSink
+
+_STEP_RE = re.compile(r"^#(\d+) \[[^\]]*\d+/\d+\] ")
+_CACHED_RE = re.compile(r"^#(\d+) CACHED$")
+_ENGINE_DOWN = ("Cannot connect to the Docker daemon", "connect: no such file or directory",
+                "Is the docker daemon running")
+
+
+class ClassicBuildKitBackend:
+    name = "docker"
+    # The 20.10 client has no --cache-to, --push, --metadata-file or --builder.
+    capabilities = frozenset({MULTI_STAGE, CACHE_MOUNTS, SECRETS, CACHE_FROM})
+
+    def __init__(self, client: str):
+        self.client = client
+
+    def command(self, request: BuildRequest, iidfile: Path) -> list[str]:
+        cmd = [self.client, "build", "--progress", "plain", "--iidfile", str(iidfile),
+               "--file", str(request.dockerfile)]
+        cmd += self.extra_args(request)
+        if request.network:
+            cmd += ["--network", request.network]
+        if request.no_cache:
+            cmd.append("--no-cache")
+        if request.target:
+            cmd += ["--target", request.target]
+        for sid, src in sorted(request.secrets.items()):
+            cmd += ["--secret", f"id={sid},src={src}"]
+        for ref in request.cache_from:
+            cmd += ["--cache-from", ref]
+        for key, value in sorted(request.labels.items()):
+            cmd += ["--label", f"{key}={value}"]
+        for tag in request.tags:
+            cmd += ["--tag", tag]
+        cmd.append(str(request.context_dir))
+        return cmd
+
+    def extra_args(self, request: BuildRequest) -> list[str]:
+        # Inline cache metadata lets a later --cache-from reuse this image's layers.
+        return ["--build-arg", "BUILDKIT_INLINE_CACHE=1"] if request.cache_from else []
+
+    def environment(self) -> dict[str, str]:
+        return {**os.environ, "DOCKER_BUILDKIT": "1"}
+
+    def build(self, request: BuildRequest, on_line: LineSink) -> BuildResult:
+        tail: collections.deque[str] = collections.deque(maxlen=40)
+        steps: set[str] = set()
+        cached: set[str] = set()
+        start = time.monotonic()
+        with tempfile.TemporaryDirectory(prefix="imgbuild-iid-") as tmp:
+            iidfile = Path(tmp) / "iid"
+            cmd = self.command(request, iidfile)
+            try:
+                proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                        env=self.environment(), errors="replace", stdin=subprocess.DEVNULL)
+            except OSError as exc:
+                raise EnvironmentProblem(f"cannot run {self.client}: {exc}") from None
+            assert proc.stdout is not None
+            for raw in proc.stdout:
+                line = raw.rstrip("\n")
+                tail.append(line)
+                on_line(line)
+                if m := _STEP_RE.match(line):
+                    steps.add(m.group(1))
+                elif m := _CACHED_RE.match(line):
+                    cached.add(m.group(1))
+            code = proc.wait()
+            log = "\n".join(tail)
+            if code != 0:
+                if any(s in log for s in _ENGINE_DOWN):
+                    raise EnvironmentProblem("the Docker engine is not reachable",
+                                             hint="start it (scripts/services.sh up) or set DOCKER_HOST")
+                raise BuildFailed(f"build failed (exit {code})", command=cmd, returncode=code, log_tail=log)
+            image_id = iidfile.read_text().strip()
+        return BuildResult(image_id=image_id, tags=request.tags, log_tail=log,
+                           cached_steps=len(cached & steps), run_steps=len(steps - cached),
+                           seconds=time.monotonic() - start)

@@ -1,0 +1,158 @@
+"""BuildPlan -> built (and optionally pushed) image: the one place that does build I/O.
+
+Order matters for "nothing half-written": everything that can be refused (capabilities,
+missing CA file, budget of the result) is checked before the image keeps its tags.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from . import labels as L
+from .backends import BuildBackend, BuildRequest, BuildResult, require, required_capabilities
+from .errors import BudgetExceeded, EnvironmentProblem, UsageError
+from .plan import STEP_MARK, BuildPlan
+from .registry import PushResult, push_image
+from .render import render_dockerfile
+
+LineSink = Callable[[str], None]
+CA_SECRET_ID = "cacert"
+
+
+@dataclass(frozen=True)
+class BuildOptions:
+    tags: tuple[str, ...] = ()
+    push: bool = False
+    ca_cert: Path | None = None
+    network: str | None = "host"
+    no_cache: bool = False
+    cache_from: tuple[str, ...] = ()
+    cache_to: tuple[str, ...] = ()
+    builder: str | None = None
+
+
+@dataclass(frozen=True)
+class BuildOutcome:
+    plan: BuildPlan
+    backend: str
+    result: BuildResult
+    size: int
+    pushes: tuple[PushResult, ...] = ()
+    groups: dict[str, int] = field(default_factory=dict)
+
+
+def docker_client():
+    import docker
+
+    try:
+        client = docker.from_env(timeout=600)
+        client.ping()
+    except Exception as exc:
+        raise EnvironmentProblem(f"cannot reach the Docker engine ({exc.__class__.__name__})",
+                                 hint="start it (scripts/services.sh up starts Debian's dockerd) or set DOCKER_HOST") from None
+    return client
+
+
+def assemble_context(plan: BuildPlan, dockerfile: str, workdir: Path) -> tuple[Path, Path]:
+    """A build context holding only what the recipe copies, so nothing else in the recipe's
+    folder (secrets, data, .git) is sent to the engine."""
+    context = workdir / "context"
+    context.mkdir()
+    root = plan.recipe.context_dir
+    for c in plan.recipe.copy:
+        src = root / c.src
+        dest = context / c.src
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        if src.is_dir():
+            shutil.copytree(src, dest, symlinks=True, dirs_exist_ok=True)
+        else:
+            shutil.copy2(src, dest)
+    path = workdir / "Dockerfile"
+    path.write_text(dockerfile)
+    return context, path
+
+
+def layer_groups(client, image_id: str, plan: BuildPlan) -> dict[str, int]:
+    """Bytes per layer group (os, python, cuda, ...), from the step markers in the history.
+    Layers without a marker came with the base image."""
+    step_group = {st.id: st.group for st in plan.final.steps}
+    marker = f": {STEP_MARK}="
+    groups: dict[str, int] = {}
+    for entry in client.api.history(image_id):
+        created = entry.get("CreatedBy", "")
+        if marker in created:
+            group = step_group.get(created.split(marker, 1)[1].split(";", 1)[0].strip(), "other")
+        elif " COPY " in f" {created} ":
+            group = "app"
+        else:
+            group = "base"
+        groups[group] = groups.get(group, 0) + int(entry.get("Size") or 0)
+    return dict(sorted(groups.items(), key=lambda kv: -kv[1]))
+
+
+def run_build(plan: BuildPlan, backend: BuildBackend, options: BuildOptions, on_line: LineSink,
+              on_progress: LineSink | None = None, client=None) -> BuildOutcome:
+    dockerfile = render_dockerfile(plan)
+    secrets: dict[str, Path] = {}
+    if options.ca_cert is not None:
+        if not options.ca_cert.is_file():
+            raise UsageError(f"--ca-cert {options.ca_cert}: no such file")
+        secrets[CA_SECRET_ID] = options.ca_cert.resolve()
+    tags = plan.tags if not options.tags else options.tags
+    request_probe = BuildRequest(Path("."), Path("Dockerfile"), tags, cache_from=options.cache_from,
+                                 cache_to=options.cache_to, builder=options.builder)
+    require(backend, required_capabilities(plan.needs, request_probe))
+    client = client or docker_client()
+
+    base_digest = _local_digest(client, plan.resolution.base_image)
+    volatile = L.volatile_labels(plan.recipe, base_digest=base_digest)
+    with tempfile.TemporaryDirectory(prefix="imgbuild-") as tmp:
+        context, dockerfile_path = assemble_context(plan, dockerfile, Path(tmp))
+        request = BuildRequest(
+            context_dir=context, dockerfile=dockerfile_path, tags=tags, labels=volatile, secrets=secrets,
+            network=options.network, no_cache=options.no_cache, cache_from=options.cache_from,
+            cache_to=options.cache_to, builder=options.builder,
+        )
+        result = backend.build(request, on_line)
+
+    image = client.images.get(result.image_id)
+    size = int(image.attrs.get("Size") or 0)
+    groups = layer_groups(client, result.image_id, plan)
+    if plan.recipe.max_size is not None and size > plan.recipe.max_size:
+        # The image stays in the engine (its layers are cache) but loses the tags we gave it.
+        for tag in tags:
+            client.images.remove(tag, noprune=True)
+        breakdown = ", ".join(f"{g} {_human(b)}" for g, b in groups.items())
+        raise BudgetExceeded(
+            f"image is {_human(size)}, over the recipe's budget of {_human(plan.recipe.max_size)}: {breakdown}",
+            hint="see `imgbuild inspect` for the biggest layers; drop heavy pins or use a runtime flavor")
+
+    pushes: list[PushResult] = []
+    if options.push:
+        for tag in tags:
+            pushes.append(push_image(client, tag, on_progress=on_progress))
+    return BuildOutcome(plan, backend.name, result, size, tuple(pushes), groups)
+
+
+def _local_digest(client, ref: str) -> str | None:
+    """The base image's registry digest where the engine knows one (pulled, not imported)."""
+    try:
+        digests = client.images.get(ref).attrs.get("RepoDigests") or []
+    except Exception:
+        return None
+    for d in digests:
+        if "@" in d:
+            return d.split("@", 1)[1]
+    return None
+
+
+def _human(n: int) -> str:
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if abs(n) < 1000 or unit == "TB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    return f"{n} B"

@@ -1,0 +1,80 @@
+"""Pure verdict logic: can this CUDA toolkit run on this driver?"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from packaging.version import Version
+
+from .compat import forward_compat_branches, minor_compat_floor, resolve_cuda, toolkits
+
+NATIVE, MINOR, FORWARD, INCOMPATIBLE = "native", "minor-version", "forward-compat", "incompatible"
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    cuda: str
+    driver: str
+    min_driver: str
+    min_driver_compat: str | None
+    verdict: str
+    compatible: bool
+    message: str
+    remedy: str | None = None
+
+    def to_json(self) -> dict:
+        out = {"cuda": self.cuda, "driver": self.driver, "min_driver": self.min_driver,
+               "min_driver_compat": self.min_driver_compat, "verdict": self.verdict,
+               "compatible": self.compatible, "message": self.message}
+        if self.remedy:
+            out["remedy"] = self.remedy
+        return out
+
+
+def newest_native_toolkit(driver: str) -> str | None:
+    """Newest known toolkit whose Linux minimum driver is <= ``driver``."""
+    d = Version(driver)
+    ok = [t.version for t in toolkits() if Version(t.linux_min_driver) <= d]
+    return ok[-1] if ok else None
+
+
+def check_compat(cuda: str, driver: str, *, datacenter: bool | None = None) -> CheckResult:
+    tk = resolve_cuda(cuda)
+    d = Version(driver)
+    need = tk.linux_min_driver
+    major = int(tk.version.split(".")[0])
+    floor = minor_compat_floor(major)
+    native_tk = newest_native_toolkit(driver)
+    runs_natively = f"; the newest CUDA this driver runs natively is {native_tk}" if native_tk else ""
+
+    def result(verdict: str, message: str, remedy: str | None) -> CheckResult:
+        return CheckResult(tk.version, driver, need, floor, verdict, verdict in (NATIVE, MINOR), message, remedy)
+
+    if d >= Version(need):
+        return result(NATIVE, f"driver {driver} meets CUDA {tk.version}'s minimum {need}", None)
+    if floor is not None and d >= Version(floor):
+        return result(MINOR,
+                      f"driver {driver} is older than CUDA {tk.version}'s minimum {need} but within CUDA {major}.x "
+                      f"minor-version compatibility (>= {floor}): features are limited: PTX newer than the driver "
+                      "cannot be JIT-compiled (ship SASS for your GPUs) and some APIs return "
+                      "cudaErrorCallRequiresNewerDriver",
+                      f"upgrade the driver to >= {need} for full support, or use CUDA <= {native_tk}" if native_tk
+                      else f"upgrade the driver to >= {need}")
+    branch = str(d.major)
+    if branch in forward_compat_branches(tk.version):
+        if datacenter:
+            return result(FORWARD,
+                          f"driver {driver} is too old for CUDA {tk.version} (minimum {need}, minor-version floor "
+                          f"{floor}), but branch R{branch} is supported by cuda-compat for this toolkit on data-center GPUs",
+                          f"install cuda-compat-{tk.version.split('.')[0]}-{tk.version.split('.')[1]} in the image "
+                          f"and put it on LD_LIBRARY_PATH, or upgrade the driver to >= {need}")
+        why = ("forward compatibility needs a data-center GPU, and this host's GPUs are not" if datacenter is False
+               else "forward compatibility (cuda-compat) would work only on data-center GPUs; GPU type unknown")
+        return result(INCOMPATIBLE, f"driver {driver} is too old for CUDA {tk.version} (minimum {need}"
+                      + (f", minor-version floor {floor}" if floor else "") + f"); {why}",
+                      f"upgrade the driver to >= {need}{runs_natively}")
+    return result(INCOMPATIBLE,
+                  f"driver {driver} is too old for CUDA {tk.version} (minimum {need}"
+                  + (f", minor-version floor {floor}" if floor else "") + ") and R" + branch
+                  + " is not a cuda-compat branch for it",
+                  f"upgrade the driver to >= {floor or need}{runs_natively}")

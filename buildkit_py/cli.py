@@ -1,0 +1,424 @@
+"""Command line. The one place where typed errors become messages and exit codes."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+from typing import IO, Sequence
+
+from . import __version__
+from .errors import ExitStatus, ImgbuildError, UsageError
+
+EPILOG = """exit codes: 0 ok; 1 build, push or check failed; 2 bad recipe or usage;
+3 environment (no engine, no BuildKit-capable client, registry unreachable or refusing credentials)"""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that raises instead of exiting, and writes help to our stdout."""
+
+    stdout: IO[str] = sys.stdout
+
+    def error(self, message: str):
+        raise UsageError(f"{self.prog}: {message}", hint=f"see `{self.prog} --help`")
+
+    def exit(self, status: int = 0, message: str | None = None):
+        if message:
+            self.stdout.write(message)
+        raise _Exit(status)
+
+    def print_help(self, file=None):
+        super().print_help(self.stdout)
+
+    def print_usage(self, file=None):
+        super().print_usage(self.stdout)
+
+
+class _Exit(Exception):
+    def __init__(self, status: int):
+        self.status = status
+
+
+def _build_parser(stdout: IO[str]) -> _Parser:
+    _Parser.stdout = stdout
+    fmt = argparse.RawDescriptionHelpFormatter
+    p = _Parser(prog="imgbuild", description="Build slim, labelled CUDA container images from YAML recipes.",
+                epilog=EPILOG, formatter_class=fmt)
+    p.add_argument("--version", action="version", version=f"imgbuild {__version__}")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+
+    def add(name: str, help_text: str, description: str | None = None) -> _Parser:
+        return sub.add_parser(name, help=help_text, description=description or help_text, epilog=EPILOG,
+                              formatter_class=fmt)
+
+    r = add("render", "print the Dockerfile a recipe renders to (byte-identical for the same recipe)")
+    r.add_argument("recipe", type=Path)
+    r.add_argument("-o", "--output", type=Path, help="write to this file instead of stdout")
+
+    pl = add("plan", "show the resolved plan: CUDA, driver contract, stages, labels, tags, warnings")
+    pl.add_argument("recipe", type=Path)
+    pl.add_argument("--json", action="store_true", help="machine-readable output")
+    pl.add_argument("--tag", action="append", default=[], help="tag instead of NAME:VERSION (repeatable)")
+    pl.add_argument("--registry", help="prefix tags with this registry, e.g. 127.0.0.1:5000")
+
+    b = add("build", "build a recipe with BuildKit, optionally push it",
+            "Build a recipe with BuildKit (docker buildx, or DOCKER_BUILDKIT=1 with a 20.10 client).\n"
+            "Prints the image id, tags and size; after --push, each registry reference and its digest.")
+    b.add_argument("recipe", type=Path)
+    b.add_argument("--tag", action="append", default=[], help="tag instead of NAME:VERSION (repeatable)")
+    b.add_argument("--push", action="store_true", help="push every tag after the build")
+    b.add_argument("--registry", help="prefix tags with this registry, e.g. 127.0.0.1:5000")
+    b.add_argument("--ca-cert", type=Path, default=os.environ.get("IMGBUILD_CA_CERT") or None,
+                   help="CA bundle for downloads inside the build, passed as a BuildKit secret "
+                        "(never in a layer); also $IMGBUILD_CA_CERT")
+    b.add_argument("--network", default="host", help="network for RUN steps (default: host; 'default' for the engine's)")
+    b.add_argument("--no-cache", action="store_true", help="ignore the layer cache")
+    b.add_argument("--progress", choices=["auto", "plain", "quiet"], default="auto",
+                   help="build log on stderr: auto (steps), plain (everything), quiet")
+    b.add_argument("--backend", choices=["auto", "buildx", "docker"], default=None,
+                   help="build client (default: detect; also $IMGBUILD_BACKEND)")
+    b.add_argument("--cache-from", action="append", default=[], metavar="REF",
+                   help="import build cache (e.g. type=registry,ref=R/cache or an image built with inline cache)")
+    b.add_argument("--cache-to", action="append", default=[], metavar="REF",
+                   help="export build cache (buildx only), e.g. type=registry,ref=R/cache,mode=max")
+    b.add_argument("--builder", help="buildx builder to use (remote or Kubernetes BuildKit)")
+    b.add_argument("--json", action="store_true", help="print a JSON report on stdout")
+
+    c = add("check", "check a host driver against an image, a recipe or a CUDA version",
+            "Verdicts: native, minor-version, forward-compat, incompatible. Exit 0 when the image\n"
+            "can run (native or minor-version), 1 when not, 2 for bad input.")
+    target = c.add_argument_group("target (one of)")
+    target.add_argument("target", nargs="?", help="an image (local or in a registry) or a recipe file")
+    target.add_argument("--cuda", help="a CUDA toolkit version instead of an image or recipe")
+    c.add_argument("--driver", help="driver version to check (default: read the host with NVML or nvidia-smi)")
+    c.add_argument("--datacenter", action=argparse.BooleanOptionalAction, default=None,
+                   help="the GPU is a data-center part (forward compatibility); default: from the GPU name")
+    c.add_argument("--json", action="store_true")
+
+    lg = add("login", "store registry credentials (password from stdin, never argv)")
+    lg.add_argument("registry")
+    lg.add_argument("-u", "--username", required=True)
+    lg.add_argument("--password-stdin", action="store_true", required=True,
+                    help="read the password from stdin (required: passwords never go on the command line)")
+
+    w = add("weights", "model weights as OCI artifacts (CNCF ModelPack), kept out of images")
+    wsub = w.add_subparsers(dest="weights_command", metavar="ACTION", parser_class=_Parser)
+    wp = wsub.add_parser("push", help="push every file of DIR as one layer of REF", epilog=EPILOG)
+    wp.add_argument("directory", type=Path)
+    wp.add_argument("ref")
+    wp.add_argument("--json", action="store_true")
+    wl = wsub.add_parser("pull", help="pull REF into DIR: verified, resumable, skips files already there",
+                         epilog=EPILOG)
+    wl.add_argument("ref")
+    wl.add_argument("directory", type=Path)
+    wl.add_argument("--json", action="store_true")
+    ws = wsub.add_parser("ls", help="list the files of REF", epilog=EPILOG)
+    ws.add_argument("ref")
+    ws.add_argument("--json", action="store_true")
+
+    m = add("mirror", "copy an image (e.g. an nvidia/cuda tag) into a private registry and print its digest")
+    m.add_argument("source")
+    m.add_argument("dest")
+    m.add_argument("--json", action="store_true")
+    return p
+
+
+# ---------------------------------------------------------------------------------------
+
+
+class _Out:
+    def __init__(self, stdout: IO[str], stderr: IO[str]):
+        self.stdout, self.stderr = stdout, stderr
+
+    def data(self, obj) -> None:
+        self.stdout.write(json.dumps(obj, indent=2, sort_keys=True) + "\n")
+
+    def line(self, text: str = "") -> None:
+        self.stdout.write(text + "\n")
+
+    def info(self, text: str) -> None:
+        self.stderr.write(text + "\n")
+        self.stderr.flush()
+
+    def warn(self, text: str) -> None:
+        self.stderr.write(f"warning: {text}\n")
+
+
+def _plan(args, recipe_path: Path):
+    from .plan import make_plan
+    from .recipe import load_recipe
+
+    recipe = load_recipe(recipe_path)
+    return make_plan(recipe, tags=tuple(getattr(args, "tag", []) or ()), registry=getattr(args, "registry", None))
+
+
+def cmd_render(args, out: _Out) -> int:
+    from .render import render_dockerfile
+
+    plan = _plan(args, args.recipe)
+    text = render_dockerfile(plan)
+    for w in plan.warnings:
+        out.warn(w)
+    if args.output:
+        tmp = args.output.with_name(args.output.name + ".tmp")
+        tmp.write_text(text)
+        os.replace(tmp, args.output)  # never a half-written Dockerfile
+        out.info(f"wrote {args.output}")
+    else:
+        out.stdout.write(text)
+    return 0
+
+
+def cmd_plan(args, out: _Out) -> int:
+    from .plan import plan_json
+    from .render import render_dockerfile
+
+    plan = _plan(args, args.recipe)
+    data = plan_json(plan, render_dockerfile(plan))
+    if args.json:
+        out.data(data)
+        return 0
+    res = data["resolution"]
+    out.line(f"{plan.recipe.name}  (recipe {plan.recipe.digest[:19]})")
+    out.line(f"  cuda      {res['cuda']} {res['flavor']} from {res['source']}"
+             + (f", cuDNN {res['cudnn']}" if res["cudnn"] else ""))
+    out.line(f"  driver    >= {res['min_driver']} native"
+             + (f", >= {res['min_driver_compat']} with minor-version compatibility" if res["min_driver_compat"] else ""))
+    out.line(f"  python    {res['python']} ({res['python_provider']})")
+    if res["torch"]:
+        out.line(f"  torch     {res['torch']} from {res['torch_index_url'] or 'the Python registry'}")
+    if res["compile"]:
+        out.line(f"  compiles  {', '.join(res['compile'])} for sm {', '.join(res['cuda_arch'])}")
+    for stage in data["stages"]:
+        out.line(f"  stage {stage['name']:<8} FROM {stage['base']}: " + ", ".join(s["id"] for s in stage["steps"]))
+    out.line(f"  tags      {', '.join(data['tags'])}")
+    for w in data["warnings"]:
+        out.line(f"  warning   {w}")
+    return 0
+
+
+def cmd_build(args, out: _Out) -> int:
+    from .backends import detect_backend
+    from .build import BuildOptions, run_build
+
+    plan = _plan(args, args.recipe)
+    for w in plan.warnings:
+        out.warn(w)
+    backend = detect_backend(args.backend)
+    options = BuildOptions(
+        tags=(), push=args.push, ca_cert=args.ca_cert,
+        network=None if args.network == "default" else args.network, no_cache=args.no_cache,
+        cache_from=tuple(args.cache_from), cache_to=tuple(args.cache_to), builder=args.builder,
+    )
+
+    shown: set[str] = set()
+
+    def on_line(line: str) -> None:
+        if args.progress == "plain":
+            out.info(line)
+        elif args.progress == "auto":
+            # One line per step as it starts (BuildKit repeats headers), and every error.
+            head = line.split(" ", 1)[0]
+            if "ERROR" in line or (" [" in line[:8] and head not in shown):
+                shown.add(head)
+                out.info(" ".join(line.split())[:160])
+
+    out.info(f"building {', '.join(plan.tags)} with {backend.name} ({backend.client})")
+    outcome = run_build(plan, backend, options, on_line, on_progress=out.info if args.progress != "quiet" else None)
+    r = outcome.result
+    report = {
+        "image_id": r.image_id, "tags": list(r.tags), "size": outcome.size, "backend": outcome.backend,
+        "seconds": round(r.seconds, 2), "steps_run": r.run_steps, "steps_cached": r.cached_steps,
+        "groups": outcome.groups, "labels": plan.labels, "warnings": list(plan.warnings),
+        "pushes": [{"ref": p.ref, "tag": p.tag, "digest": p.digest, "size": p.size} for p in outcome.pushes],
+    }
+    if args.json:
+        out.data(report)
+        return 0
+    from .build import _human
+
+    out.line(f"image    {r.image_id}")
+    out.line(f"tags     {', '.join(r.tags)}")
+    out.line(f"size     {_human(outcome.size)} ({outcome.size} bytes)")
+    out.line(f"steps    {r.run_steps} run, {r.cached_steps} cached, {r.seconds:.1f}s")
+    for p in outcome.pushes:
+        out.line(f"pushed   {p.ref}")
+    return 0
+
+
+def cmd_check(args, out: _Out) -> int:
+    from .check import check_compat
+    from .driver import read_host_driver
+
+    if bool(args.target) == bool(args.cuda):
+        raise UsageError("check needs exactly one of IMAGE, RECIPE or --cuda VERSION")
+    if args.cuda:
+        cuda, what = args.cuda, f"CUDA {args.cuda}"
+    else:
+        cuda, what = _cuda_of_target(args.target)
+    datacenter = args.datacenter
+    if args.driver:
+        driver = args.driver
+    else:
+        host = read_host_driver()
+        driver = host.version
+        if datacenter is None:
+            datacenter = host.datacenter
+    try:
+        result = check_compat(cuda, driver, datacenter=datacenter)
+    except LookupError as exc:
+        raise UsageError(f"unknown CUDA version {cuda}: {str(exc).strip(chr(39))}") from None
+    except ValueError as exc:
+        raise UsageError(f"bad driver version {driver!r}: {exc}") from None
+    if args.json:
+        data = result.to_json()
+        data["target"] = what
+        out.data(data)
+    else:
+        out.line(f"{what}: {result.verdict} on driver {driver}")
+        out.line(f"  {result.message}")
+        if result.remedy:
+            out.line(f"  remedy: {result.remedy}")
+    return 0 if result.compatible else ExitStatus.FAILED
+
+
+def _cuda_of_target(target: str) -> tuple[str, str]:
+    path = Path(target)
+    if path.suffix in {".yaml", ".yml"} or path.is_file():
+        from .recipe import load_recipe
+        from .resolve import resolve
+
+        res = resolve(load_recipe(path))
+        return res.cuda_version, f"recipe {target}"
+    labels, env = _image_labels(target)
+    cuda = labels.get("io.imgbuild.cuda.version") or env.get("CUDA_VERSION")
+    if not cuda:
+        raise UsageError(f"image {target} has no io.imgbuild.cuda.version label and no CUDA_VERSION env",
+                         hint="check it with --cuda VERSION")
+    return cuda, f"image {target}"
+
+
+def _image_labels(ref: str) -> tuple[dict, dict]:
+    """Labels and env of an image: from the local engine if it has it, else from its registry
+    (manifest and config blob only, no layers pulled)."""
+    try:
+        import docker
+
+        client = docker.from_env(timeout=30)
+        cfg = client.images.get(ref).attrs.get("Config") or {}
+        return cfg.get("Labels") or {}, dict(e.split("=", 1) for e in cfg.get("Env") or [] if "=" in e)
+    except Exception:
+        pass  # not local (or no engine): ask the registry
+    from . import oci
+
+    config = oci.get_image_config(ref).get("config") or {}
+    return config.get("Labels") or {}, dict(e.split("=", 1) for e in config.get("Env") or [] if "=" in e)
+
+
+def cmd_login(args, out: _Out, stdin: IO[str]) -> int:
+    from . import auth
+
+    password = stdin.readline().rstrip("\r\n")
+    if not password:
+        raise UsageError("no password on stdin", hint="echo \"$PASSWORD\" | imgbuild login REGISTRY -u USER --password-stdin")
+    result = auth.login(args.registry, args.username, password)
+    out.line(f"logged in to {result.registry} as {result.username} (stored in {result.stored_in})")
+    return 0
+
+
+def _progress_printer(out: _Out):
+    last: dict[str, int] = {}
+
+    def progress(event: str, path: str, done: int, total: int) -> None:
+        pct = int(done * 100 / total) if total else 100
+        if event in {"skip", "exists"} or pct >= last.get(path, -10) + 10 or done == total:
+            last[path] = pct
+            out.info(f"{event:>9} {path} {pct:3d}% ({done}/{total} bytes)")
+
+    return progress
+
+
+def cmd_weights(args, out: _Out) -> int:
+    from . import weights
+
+    if args.weights_command == "push":
+        res = weights.push(args.directory, args.ref, progress=_progress_printer(out))
+        if args.json:
+            out.data({"ref": res.ref, "digest": res.digest,
+                      "files": [dict(f.__dict__) if hasattr(f, "__dict__") else f._asdict() for f in res.files]})
+        else:
+            out.line(f"pushed {len(res.files)} files: {res.ref}@{res.digest}")
+        return 0
+    if args.weights_command == "pull":
+        res = weights.pull(args.ref, args.directory, progress=_progress_printer(out))
+        if args.json:
+            out.data({"ref": args.ref, "directory": str(args.directory), "downloaded_bytes": res.downloaded_bytes,
+                      "files": [str(f) for f in res.files], "skipped": [str(f) for f in res.skipped]})
+        else:
+            out.line(f"{len(res.files)} files in {args.directory}: {res.downloaded_bytes} bytes downloaded, "
+                     f"{len(res.skipped)} already present")
+        return 0
+    if args.weights_command == "ls":
+        files = weights.ls(args.ref)
+        if args.json:
+            out.data([{"path": f.path, "size": f.size, "digest": f.digest} for f in files])
+        else:
+            for f in files:
+                out.line(f"{f.size:>14}  {f.digest[:19]}  {f.path}")
+        return 0
+    raise UsageError("weights needs an action: push, pull or ls", hint="see `imgbuild weights --help`")
+
+
+def cmd_mirror(args, out: _Out) -> int:
+    from . import oci
+
+    digest = oci.copy_image(args.source, args.dest)
+    if args.json:
+        out.data({"source": args.source, "dest": args.dest, "digest": digest})
+    else:
+        dest_repo = args.dest.rsplit(":", 1)[0] if ":" in args.dest.rsplit("/", 1)[-1] else args.dest
+        out.line(f"mirrored {args.source} -> {dest_repo}@{digest}")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None, stdout: IO[str] | None = None, stderr: IO[str] | None = None,
+         stdin: IO[str] | None = None) -> int:
+    stdout = stdout or sys.stdout
+    stderr = stderr or sys.stderr
+    stdin = stdin or sys.stdin
+    out = _Out(stdout, stderr)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    wants_json = "--json" in argv
+    try:
+        parser = _build_parser(stdout)
+        args = parser.parse_args(argv)
+        if not args.command:
+            parser.print_help()
+            return ExitStatus.BAD_INPUT
+        handler = {"render": cmd_render, "plan": cmd_plan, "build": cmd_build, "check": cmd_check,
+                   "weights": cmd_weights, "mirror": cmd_mirror}.get(args.command)
+        if args.command == "login":
+            return int(cmd_login(args, out, stdin))
+        return int(handler(args, out))
+    except _Exit as exc:
+        return exc.status
+    except ImgbuildError as exc:
+        stderr.write(f"imgbuild: error: {exc.render()}\n")
+        if wants_json:
+            out.data(exc.to_json())
+        return int(exc.exit_status)
+    except KeyboardInterrupt:
+        stderr.write("imgbuild: interrupted\n")
+        return 130
+    except Exception as exc:  # a bug: say so briefly; the traceback only on request
+        if os.environ.get("IMGBUILD_DEBUG"):
+            raise
+        stderr.write(f"imgbuild: internal error: {exc.__class__.__name__}: {exc}\n"
+                     "  set IMGBUILD_DEBUG=1 to see the traceback, and please report it\n")
+        return int(ExitStatus.FAILED)
+
+
+def entrypoint() -> None:
+    sys.exit(main())

@@ -1,0 +1,532 @@
+"""Compatibility tables: load the sourced JSON files, check their invariants, answer look-ups.
+
+Every data file is ``{"schema": 1, "source": ..., ...}`` with a ``source`` on every entry.
+Invariants are checked once, at first load; a broken file raises CompatDataError naming
+the file and the entry. Code here holds rules only; numbers live in ``data/*.json``.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import re
+from dataclasses import dataclass, field
+from importlib import resources
+from typing import Any
+
+from packaging.specifiers import InvalidSpecifier, SpecifierSet
+from packaging.version import InvalidVersion, Version
+
+from ..errors import CompatDataError
+
+SCHEMA = 1
+_DRIVER_RE = re.compile(r"^\d{3}(\.\d{1,3}){0,2}$")
+_ARCH_RE = re.compile(r"^\d{1,2}\.\d$")
+_VARIANT_RE = re.compile(r"^cu(\d{2})(\d)$")
+
+
+# ----------------------------------------------------------------------------- dataclasses
+@dataclass(frozen=True)
+class Toolkit:
+    version: str
+    linux_min_driver: str
+    windows_min_driver: str | None
+    source: str
+    notes: str | None = None
+
+    @property
+    def major_minor(self) -> str:
+        return _mm(self.version)
+
+
+@dataclass(frozen=True)
+class TorchRelease:
+    version: str
+    python: SpecifierSet
+    variants: dict[str, str]
+    pypi_variant: str | None
+    pypi_cuda_wheels: dict[str, str]
+    triton: str | None
+    source: str
+    notes: str | None = None
+
+
+@dataclass(frozen=True)
+class PrebuiltWheel:
+    cuda: str
+    torch: str
+    python: tuple[str, ...]
+    cxx11abi: tuple[bool, ...]
+
+
+@dataclass(frozen=True)
+class FlashAttnRelease:
+    version: str
+    torch: SpecifierSet
+    cuda: SpecifierSet
+    python: SpecifierSet
+    archs: tuple[str, ...]
+    prebuilt: tuple[PrebuiltWheel, ...]
+    source: str
+    notes: str | None = None
+
+
+@dataclass(frozen=True)
+class BnbRelease:
+    version: str
+    cuda: SpecifierSet
+    python: SpecifierSet
+    source: str
+    notes: str | None = None
+
+
+@dataclass(frozen=True)
+class MinorCompatFloor:
+    major: int
+    linux_min_driver: str
+    windows_min_driver: str | None
+    below_branch: str | None
+    source: str
+
+
+@dataclass(frozen=True)
+class ImageSet:
+    cuda: str
+    oses: tuple[str, ...]
+    cudnn: tuple[str, ...]
+    cudnn_tag: str
+    source: str
+
+
+@dataclass(frozen=True)
+class _RangeEntry:
+    cuda: SpecifierSet
+    values: tuple[str, ...]
+    source: str
+
+
+# ----------------------------------------------------------------------------- helpers
+def _mm(version: str) -> str:
+    parts = version.split(".")
+    return ".".join(parts[:2])
+
+
+def _fail(file: str, entry: Any, why: str) -> CompatDataError:
+    return CompatDataError(f"compat data {file}: entry {entry!r}: {why}",
+                           hint="this is a bug in the shipped data; fix the file and its source")
+
+
+def _ver(file: str, entry: Any, text: Any) -> Version:
+    try:
+        return Version(str(text))
+    except InvalidVersion:
+        raise _fail(file, entry, f"not a version: {text!r}") from None
+
+
+def _spec(file: str, entry: Any, text: Any) -> SpecifierSet:
+    try:
+        return SpecifierSet(text or "")
+    except InvalidSpecifier:
+        raise _fail(file, entry, f"not a specifier: {text!r}") from None
+
+
+def _driver(file: str, entry: Any, text: Any) -> str:
+    if not isinstance(text, str) or not _DRIVER_RE.match(text):
+        raise _fail(file, entry, f"malformed driver version {text!r}")
+    return text
+
+
+def _need_source(file: str, entry: Any, obj: dict) -> str:
+    src = obj.get("source")
+    if not isinstance(src, str) or not src.strip():
+        raise _fail(file, entry, "missing 'source'")
+    return src
+
+
+def _ascending(file: str, keys: list[str]) -> None:
+    vs = [_ver(file, k, k) for k in keys]
+    for a, b, ka, kb in zip(vs, vs[1:], keys, keys[1:]):
+        if not a < b:
+            raise _fail(file, kb, f"versions must be strictly ascending and unique ({ka} then {kb})")
+
+
+def _load_raw(name: str) -> dict:
+    try:
+        text = resources.files(__package__).joinpath("data", name).read_text(encoding="utf-8")
+        data = json.loads(text)
+    except (OSError, json.JSONDecodeError) as exc:
+        raise CompatDataError(f"compat data {name}: cannot be read: {exc}") from exc
+    if not isinstance(data, dict) or data.get("schema") != SCHEMA:
+        raise _fail(name, "schema", f"expected schema {SCHEMA}, got {data.get('schema') if isinstance(data, dict) else data!r}")
+    _need_source(name, "<top level>", data)
+    return data
+
+
+# ----------------------------------------------------------------------------- loaders (validated)
+@functools.lru_cache(maxsize=None)
+def _toolkit_data() -> tuple[tuple[Toolkit, ...], dict[str, tuple[str, ...]]]:
+    f = "toolkits.json"
+    raw = _load_raw(f)
+    out = []
+    for e in raw["toolkits"]:
+        v = e.get("version")
+        _ver(f, v, v)
+        if len(str(v).split(".")) != 3:
+            raise _fail(f, v, "toolkit versions are major.minor.patch")
+        out.append(Toolkit(v, _driver(f, v, e.get("linux_min_driver")),
+                           None if e.get("windows_min_driver") is None else _driver(f, v, e["windows_min_driver"]),
+                           _need_source(f, v, e), e.get("notes")))
+    _ascending(f, [t.version for t in out])
+    for a, b in zip(out, out[1:]):
+        if Version(b.linux_min_driver) < Version(a.linux_min_driver):
+            raise _fail(f, b.version, f"Linux driver {b.linux_min_driver} lower than {a.version}'s {a.linux_min_driver}")
+    skipped = {k: tuple(v) for k, v in raw.get("skipped_minors", {}).items()}
+    # no gaps inside a release line: every minor from 0 to the last known one, except declared skips
+    by_major: dict[int, set[int]] = {}
+    for t in out:
+        mj, mn, _ = (int(x) for x in t.version.split("."))
+        by_major.setdefault(mj, set()).add(mn)
+    for mj, mins in by_major.items():
+        skip = {int(x) for x in skipped.get(str(mj), ())}
+        for mn in range(0, max(mins) + 1):
+            if mn not in mins and mn not in skip:
+                raise _fail(f, f"{mj}.{mn}", f"gap in the {mj}.x line: {mj}.{mn} missing and not in skipped_minors")
+            if mn in mins and mn in skip:
+                raise _fail(f, f"{mj}.{mn}", "listed as skipped but present")
+    return tuple(out), skipped
+
+
+def _known_mm() -> set[str]:
+    return {t.major_minor for t in _toolkit_data()[0]}
+
+
+def _known_versions() -> set[str]:
+    return {t.version for t in _toolkit_data()[0]}
+
+
+@functools.lru_cache(maxsize=None)
+def _minor_floors() -> dict[int, MinorCompatFloor]:
+    f = "minor_compat.json"
+    raw = _load_raw(f)
+    out: dict[int, MinorCompatFloor] = {}
+    for e in raw["floors"]:
+        mj = e.get("major")
+        if not isinstance(mj, int) or mj in out:
+            raise _fail(f, mj, "major must be a unique integer")
+        out[mj] = MinorCompatFloor(mj, _driver(f, mj, e.get("linux_min_driver")),
+                                   None if e.get("windows_min_driver") is None else _driver(f, mj, e["windows_min_driver"]),
+                                   e.get("below_branch"), _need_source(f, mj, e))
+    _ascending(f, [str(k) for k in out])
+    return out
+
+
+@functools.lru_cache(maxsize=None)
+def _forward_compat() -> tuple[_RangeEntry, ...]:
+    f = "forward_compat.json"
+    raw = _load_raw(f)
+    out = []
+    for e in raw["entries"]:
+        key = e.get("cuda")
+        branches = tuple(e.get("branches", ()))
+        if not branches or not all(re.fullmatch(r"\d{3}", b) for b in branches):
+            raise _fail(f, key, f"branches must be 3-digit driver branches, got {branches!r}")
+        out.append(_RangeEntry(_spec(f, key, key), branches, _need_source(f, key, e)))
+    return tuple(out)
+
+
+@functools.lru_cache(maxsize=None)
+def _images() -> tuple[dict, dict[str, ImageSet]]:
+    f = "images.json"
+    raw = _load_raw(f)
+    known = _known_versions()
+    out: dict[str, ImageSet] = {}
+    for e in raw["images"]:
+        v = e.get("cuda")
+        if v not in known:
+            raise _fail(f, v, "image CUDA version is not a known toolkit (toolkits.json)")
+        oses = tuple(e.get("os", ()))
+        if not oses or len(set(oses)) != len(oses):
+            raise _fail(f, v, "os list empty or duplicated")
+        out[v] = ImageSet(v, oses, tuple(e.get("cudnn", ())), e.get("cudnn_tag", ""), _need_source(f, v, e))
+    _ascending(f, list(out))
+    meta = {"flavors": tuple(raw["flavors"]), "cudnn_flavors": tuple(raw["cudnn_flavors"]),
+            "eol": raw.get("end_of_life", {})}
+    return meta, out
+
+
+@functools.lru_cache(maxsize=None)
+def _torch() -> tuple[str, tuple[TorchRelease, ...]]:
+    f = "torch.json"
+    raw = _load_raw(f)
+    known = _known_mm()
+    out = []
+    for e in raw["releases"]:
+        v = e.get("version")
+        _ver(f, v, v)
+        variants = dict(e.get("variants", {}))
+        for var, cuda in variants.items():
+            m = _VARIANT_RE.match(var)
+            if not m or f"{int(m.group(1))}.{m.group(2)}" != cuda:
+                raise _fail(f, v, f"variant {var!r} does not spell CUDA {cuda!r}")
+            if cuda not in known:
+                raise _fail(f, v, f"variant {var} maps to CUDA {cuda}, not a known toolkit major.minor")
+        pv = e.get("pypi_variant")
+        if pv is not None and pv not in variants:
+            raise _fail(f, v, f"pypi_variant {pv} is not one of the variants")
+        out.append(TorchRelease(v, _spec(f, v, e.get("python")), variants, pv,
+                                dict(e.get("pypi_cuda_wheels", {})), e.get("triton"), _need_source(f, v, e), e.get("notes")))
+    _ascending(f, [t.version for t in out])
+    return raw["index_url"], tuple(out)
+
+
+def _archs_ok(f: str, key: Any, archs: tuple[str, ...]) -> None:
+    for a in archs:
+        if not _ARCH_RE.match(a):
+            raise _fail(f, key, f"malformed compute capability {a!r}")
+    if list(archs) != sorted(set(archs), key=Version):
+        raise _fail(f, key, "compute capabilities must be unique and ascending")
+
+
+@functools.lru_cache(maxsize=None)
+def _flash_attn() -> tuple[FlashAttnRelease, ...]:
+    f = "flash_attn.json"
+    raw = _load_raw(f)
+    out = []
+    for e in raw["releases"]:
+        v = e.get("version")
+        archs = tuple(e.get("archs", ()))
+        _archs_ok(f, v, archs)
+        pre = tuple(PrebuiltWheel(p["cuda"], p["torch"], tuple(p["python"]), tuple(p["cxx11abi"])) for p in e.get("prebuilt", ()))
+        out.append(FlashAttnRelease(v, _spec(f, v, e.get("torch")), _spec(f, v, e.get("cuda")), _spec(f, v, e.get("python")),
+                                    archs, pre, _need_source(f, v, e), e.get("notes")))
+    _ascending(f, [r.version for r in out])
+    return tuple(out)
+
+
+@functools.lru_cache(maxsize=None)
+def _bnb() -> tuple[BnbRelease, ...]:
+    f = "bitsandbytes.json"
+    raw = _load_raw(f)
+    out = [BnbRelease(e["version"], _spec(f, e["version"], e.get("cuda")), _spec(f, e["version"], e.get("python")),
+                      _need_source(f, e["version"], e), e.get("notes")) for e in raw["releases"]]
+    _ascending(f, [r.version for r in out])
+    return tuple(out)
+
+
+@functools.lru_cache(maxsize=None)
+def _archs() -> tuple[_RangeEntry, ...]:
+    f = "archs.json"
+    raw = _load_raw(f)
+    out = []
+    for e in raw["entries"]:
+        key = e.get("cuda")
+        archs = tuple(e.get("archs", ()))
+        _archs_ok(f, key, archs)
+        out.append(_RangeEntry(_spec(f, key, key), archs, _need_source(f, key, e)))
+    return tuple(out)
+
+
+@functools.lru_cache(maxsize=None)
+def _wheels() -> dict[str, tuple[dict[str, str], str]]:
+    f = "wheels.json"
+    raw = _load_raw(f)
+    known = _known_mm()
+    out = {}
+    for e in raw["entries"]:
+        c = e.get("cuda")
+        if c not in known:
+            raise _fail(f, c, "not a known toolkit major.minor")
+        wheels = dict(e.get("wheels", {}))
+        rt = [k for k in wheels if k.startswith("nvidia-cuda-runtime-cu")]
+        if not rt or not wheels[rt[0]].startswith(c + "."):
+            raise _fail(f, c, "needs an nvidia-cuda-runtime wheel of the same major.minor")
+        out[c] = (wheels, _need_source(f, c, e))
+    _ascending(f, list(out))
+    return out
+
+
+DATA_FILES = ("toolkits.json", "minor_compat.json", "forward_compat.json", "images.json", "torch.json",
+              "flash_attn.json", "bitsandbytes.json", "archs.json", "wheels.json")
+
+
+def validate_all() -> None:
+    """Load every data file (raising CompatDataError on the first broken invariant)."""
+    _toolkit_data(); _minor_floors(); _forward_compat(); _images(); _torch()
+    _flash_attn(); _bnb(); _archs(); _wheels()
+
+
+# ----------------------------------------------------------------------------- public API
+def toolkits() -> tuple[Toolkit, ...]:
+    return _toolkit_data()[0]
+
+
+def _nearby(spec: str) -> str:
+    vs = [t.version for t in toolkits()]
+    try:
+        target = Version(spec)
+    except InvalidVersion:
+        return ", ".join(vs[-5:])
+    ranked = sorted(vs, key=lambda v: abs((Version(v).major * 1000 + Version(v).minor) - (target.major * 1000 + target.minor)))
+    return ", ".join(sorted(ranked[:6], key=Version))
+
+
+def resolve_cuda(spec: str) -> Toolkit:
+    """``"12.4"`` -> newest known 12.4.x; ``"12.4.1"`` exact; ``"12"`` or unknown -> LookupError."""
+    spec = str(spec).strip()
+    parts = spec.split(".")
+    if len(parts) < 2 or not all(p.isdigit() for p in parts) or len(parts) > 3:
+        raise LookupError(f"CUDA version {spec!r} is not major.minor or major.minor.patch; known near it: {_nearby(spec)}")
+    if len(parts) == 3:
+        for t in toolkits():
+            if Version(t.version) == Version(spec):
+                return t
+    else:
+        matches = [t for t in toolkits() if t.major_minor == f"{int(parts[0])}.{int(parts[1])}"]
+        if matches:
+            return matches[-1]
+    raise LookupError(f"unknown CUDA toolkit {spec!r}; known near it: {_nearby(spec)}")
+
+
+def minor_compat_floor(major: int) -> str | None:
+    floor = _minor_floors().get(int(major))
+    return floor.linux_min_driver if floor else None
+
+
+def minor_compat(major: int) -> MinorCompatFloor | None:
+    return _minor_floors().get(int(major))
+
+
+def forward_compat_branches(cuda: str) -> tuple[str, ...]:
+    v = Version(resolve_cuda(cuda).version)
+    out: list[str] = []
+    for e in _forward_compat():
+        if v in e.cuda:
+            out.extend(b for b in e.values if b not in out)
+    return tuple(sorted(out, key=int))
+
+
+def cuda_image_oses(cuda: str) -> tuple[str, ...]:
+    img = _image_for(cuda)
+    return img.oses if img else ()
+
+
+def _image_for(cuda: str) -> ImageSet | None:
+    images = _images()[1]
+    parts = str(cuda).split(".")
+    if len(parts) == 3:
+        return images.get(cuda)
+    cands = [v for v in images if _mm(v) == str(cuda)]
+    return images[max(cands, key=Version)] if cands else None
+
+
+def cuda_image_tags(cuda: str) -> tuple[str, ...]:
+    meta, _ = _images()
+    img = _image_for(cuda)
+    if img is None:
+        return ()
+    tags = []
+    for os_ in img.oses:
+        for fl in meta["flavors"]:
+            tags.append(f"{img.cuda}-{fl}-{os_}")
+        for fl in meta["cudnn_flavors"]:
+            tags.append(f"{img.cuda}-{img.cudnn_tag}-{fl}-{os_}")
+    return tuple(tags)
+
+
+def cuda_image_tag(cuda: str, flavor: str, cudnn: str | None, os: str) -> str:
+    """nvidia/cuda tag, e.g. ``12.4.1-cudnn-runtime-ubuntu22.04``; LookupError listing what exists."""
+    meta, _ = _images()
+    img = _image_for(cuda)
+    if img is None:
+        known = ", ".join(sorted({_mm(v) for v in _images()[1]}, key=Version))
+        raise LookupError(f"no nvidia/cuda image recorded for CUDA {cuda}; CUDA versions with images: {known}")
+    exists = ", ".join(cuda_image_tags(img.cuda))
+    if os not in img.oses:
+        raise LookupError(f"no nvidia/cuda {img.cuda} image for {os}; available: {exists}")
+    if cudnn is None:
+        if flavor not in meta["flavors"]:
+            raise LookupError(f"unknown flavor {flavor!r}; available: {exists}")
+        return f"{img.cuda}-{flavor}-{os}"
+    if flavor not in meta["cudnn_flavors"]:
+        raise LookupError(f"no cuDNN image for flavor {flavor!r}; available: {exists}")
+    if str(cudnn) not in img.cudnn:
+        raise LookupError(f"cuDNN {cudnn} not available for CUDA {img.cuda} images; available: {exists}")
+    return f"{img.cuda}-{img.cudnn_tag}-{flavor}-{os}"
+
+
+def image_end_of_life(cuda: str) -> bool | None:
+    meta, _ = _images()
+    eol = meta["eol"]
+    for key in (str(cuda), _mm(str(cuda))):
+        if key in eol:
+            return bool(eol[key])
+    return None
+
+
+def cudnn_versions(cuda: str) -> tuple[str, ...]:
+    img = _image_for(cuda)
+    return img.cudnn if img else ()
+
+
+def torch_releases() -> tuple[TorchRelease, ...]:
+    return _torch()[1]
+
+
+def torch_release(version: str) -> TorchRelease:
+    for r in torch_releases():
+        if Version(r.version) == Version(version):
+            return r
+    known = ", ".join(r.version for r in torch_releases())
+    raise LookupError(f"unknown torch release {version!r}; known: {known}")
+
+
+def torch_index_url(variant: str) -> str:
+    if not _VARIANT_RE.match(variant) and variant != "cpu":
+        raise LookupError(f"not a PyTorch wheel variant: {variant!r} (expected e.g. 'cu124' or 'cpu')")
+    return _torch()[0].format(variant=variant)
+
+
+def flash_attn_release(version: str) -> FlashAttnRelease:
+    for r in _flash_attn():
+        if Version(r.version) == Version(version):
+            return r
+    raise LookupError(f"unknown flash-attn release {version!r}; known: {', '.join(r.version for r in _flash_attn())}")
+
+
+def flash_attn_prebuilt(version: str, cuda: str, torch: str, python: str) -> PrebuiltWheel | None:
+    """Prebuilt GitHub-release wheel covering (CUDA major, torch major.minor, python), if recorded."""
+    rel = flash_attn_release(version)
+    cuda_major = str(cuda).split(".")[0]
+    torch_mm = _mm(str(torch))
+    py = _mm(str(python))
+    for w in rel.prebuilt:
+        if w.cuda.split(".")[0] == cuda_major and w.torch == torch_mm and py in w.python:
+            return w
+    return None
+
+
+def bitsandbytes_release(version: str) -> BnbRelease:
+    for r in _bnb():
+        if Version(r.version) == Version(version):
+            return r
+    raise LookupError(f"unknown bitsandbytes release {version!r}; known: {', '.join(r.version for r in _bnb())}")
+
+
+def cuda_archs(cuda: str) -> tuple[str, ...]:
+    v = Version(resolve_cuda(cuda).version)
+    for e in _archs():
+        if v in e.cuda:
+            return e.values
+    raise LookupError(f"no nvcc architecture list recorded for CUDA {cuda}")
+
+
+def cuda_runtime_wheels(cuda: str) -> dict[str, str]:
+    mm = _mm(str(cuda))
+    hit = _wheels().get(mm)
+    if hit is None:
+        raise LookupError(f"no PyPI CUDA wheel versions recorded for CUDA {cuda}; known: {', '.join(_wheels())}")
+    return dict(hit[0])
+
+
+def data_sources() -> dict[str, str]:
+    return {name: _load_raw(name)["source"] for name in DATA_FILES}

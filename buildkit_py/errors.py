@@ -1,0 +1,189 @@
+"""Typed errors raised by the library. Only ``cli`` turns them into messages and exit codes."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+
+class ExitStatus(enum.IntEnum):
+    OK = 0
+    FAILED = 1  # build, push or check failed
+    BAD_INPUT = 2  # bad recipe or usage
+    ENVIRONMENT = 3  # no engine, no BuildKit-capable client, registry unreachable
+
+
+class ImgbuildError(Exception):
+    """Base class. ``exit_status`` decides the process exit code."""
+
+    exit_status = ExitStatus.FAILED
+
+    def __init__(self, message: str, *, hint: str | None = None):
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+
+    def render(self) -> str:
+        text = self.message
+        if self.hint:
+            text += f"\n  hint: {self.hint}"
+        return text
+
+    def to_json(self) -> dict:
+        out = {"error": type(self).__name__, "message": self.message}
+        if self.hint:
+            out["hint"] = self.hint
+        return out
+
+
+class UsageError(ImgbuildError):
+    exit_status = ExitStatus.BAD_INPUT
+
+
+@dataclass(frozen=True)
+class RecipeIssue:
+    """One problem in a recipe file, located by line and key path."""
+
+    file: str
+    line: int | None
+    key: str
+    message: str
+
+    def render(self) -> str:
+        where = f"{self.file}:{self.line}" if self.line else self.file
+        key = f" {self.key}:" if self.key else ""
+        return f"{where}:{key} {self.message}"
+
+
+class RecipeError(ImgbuildError):
+    """A recipe that cannot be loaded. Carries every issue found, not just the first."""
+
+    exit_status = ExitStatus.BAD_INPUT
+
+    def __init__(self, issues: list[RecipeIssue], *, hint: str | None = None):
+        self.issues = list(issues)
+        super().__init__("\n".join(i.render() for i in self.issues), hint=hint)
+
+    def to_json(self) -> dict:
+        out = super().to_json()
+        out["issues"] = [
+            {"file": i.file, "line": i.line, "key": i.key, "message": i.message} for i in self.issues
+        ]
+        return out
+
+
+class CompatibilityError(ImgbuildError):
+    """Two pinned components that cannot work together."""
+
+    exit_status = ExitStatus.BAD_INPUT
+
+    def __init__(
+        self,
+        component: str,
+        version: str,
+        other: str,
+        other_version: str,
+        reason: str,
+        *,
+        hint: str | None = None,
+        file: str | None = None,
+        line: int | None = None,
+        key: str | None = None,
+    ):
+        self.component, self.version = component, version
+        self.other, self.other_version = other, other_version
+        self.reason = reason
+        self.file, self.line, self.key = file, line, key
+        where = ""
+        if file:
+            where = f"{file}:{line}: {key}: " if line else f"{file}: "
+        super().__init__(f"{where}{component} {version} conflicts with {other} {other_version}: {reason}", hint=hint)
+
+    def to_json(self) -> dict:
+        out = super().to_json()
+        out.update(
+            component=self.component,
+            version=self.version,
+            other=self.other,
+            other_version=self.other_version,
+            file=self.file,
+            line=self.line,
+            key=self.key,
+        )
+        return out
+
+
+class CompatDataError(ImgbuildError):
+    """A compatibility data file broke one of its invariants (a bug in the shipped data)."""
+
+    exit_status = ExitStatus.FAILED
+
+
+class EnvironmentProblem(ImgbuildError):
+    """Something outside imgbuild is missing: engine, BuildKit client, registry."""
+
+    exit_status = ExitStatus.ENVIRONMENT
+
+
+class BackendCapabilityError(ImgbuildError):
+    """The plan needs something the chosen build backend cannot do."""
+
+    exit_status = ExitStatus.ENVIRONMENT
+
+
+class BuildFailed(ImgbuildError):
+    exit_status = ExitStatus.FAILED
+
+    def __init__(self, message: str, *, command: list[str] | None = None, returncode: int | None = None,
+                 log_tail: str = "", hint: str | None = None):
+        self.command = command or []
+        self.returncode = returncode
+        self.log_tail = log_tail
+        text = message
+        if log_tail:
+            text += "\n--- last lines of the build log ---\n" + log_tail.rstrip()
+        super().__init__(text, hint=hint)
+
+
+class BudgetExceeded(ImgbuildError):
+    exit_status = ExitStatus.FAILED
+
+
+class RegistryError(ImgbuildError):
+    exit_status = ExitStatus.FAILED
+
+
+class RegistryUnreachable(EnvironmentProblem):
+    pass
+
+
+class AuthenticationError(EnvironmentProblem):
+    """Bad or missing registry credentials (exit 3: fix the environment, not the recipe)."""
+
+
+class WeightsError(ImgbuildError):
+    exit_status = ExitStatus.FAILED
+
+
+class DigestMismatch(WeightsError):
+    pass
+
+
+class DriverCheckError(ImgbuildError):
+    """The host driver could not be read (nvidia-smi missing or failing)."""
+
+    exit_status = ExitStatus.ENVIRONMENT
+
+
+class CredentialHelperError(AuthenticationError):
+    """A docker credential helper (credsStore / credHelpers) is missing or failed."""
+
+
+class UnsafePath(WeightsError):
+    """An artifact names a file path that would land outside the target directory."""
+
+    exit_status = ExitStatus.BAD_INPUT
+
+
+class ManifestNotFound(RegistryError):
+    """The registry has no manifest (tag or digest) for the reference."""

@@ -1,0 +1,87 @@
+"""The contract stamped on every image: io.imgbuild.* and org.opencontainers.image.* labels.
+
+Static labels go into the Dockerfile; volatile ones (created time, git revision) are passed
+at build time so they never break the layer cache.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import subprocess
+from pathlib import Path
+
+from .recipe import Recipe
+from .resolve import Resolution
+
+PREFIX = "io.imgbuild."
+CUDA_VERSION = PREFIX + "cuda.version"
+CUDA_FLAVOR = PREFIX + "cuda.flavor"
+CUDA_SOURCE = PREFIX + "cuda.source"
+DRIVER_MIN = PREFIX + "cuda.driver.min"
+DRIVER_MIN_COMPAT = PREFIX + "cuda.driver.min-compat"
+CUDNN_VERSION = PREFIX + "cudnn.version"
+TORCH_VERSION = PREFIX + "torch.version"
+PYTHON_VERSION = PREFIX + "python.version"
+CUDA_ARCH = PREFIX + "cuda.arch"
+RECIPE_DIGEST = PREFIX + "recipe.digest"
+WEIGHTS = PREFIX + "weights"
+
+OCI = "org.opencontainers.image."
+
+
+def static_labels(recipe: Recipe, res: Resolution) -> dict[str, str]:
+    labels: dict[str, str] = dict(recipe.labels)
+    labels.update({
+        CUDA_VERSION: res.cuda_version,
+        CUDA_FLAVOR: res.cuda_flavor,
+        CUDA_SOURCE: res.cuda_source,
+        DRIVER_MIN: res.min_driver,
+        PYTHON_VERSION: res.python,
+        RECIPE_DIGEST: recipe.digest,
+        OCI + "title": recipe.name,
+        # Always set: otherwise the base's own value (Ubuntu stamps its release) shows through.
+        OCI + "version": recipe.version or "unversioned",
+        OCI + "base.name": res.base_image,
+    })
+    if res.min_driver_compat:
+        labels[DRIVER_MIN_COMPAT] = res.min_driver_compat
+    if res.cudnn:
+        labels[CUDNN_VERSION] = res.cudnn
+    if res.torch_label:
+        labels[TORCH_VERSION] = res.torch_label
+    if res.cuda_arch:
+        labels[CUDA_ARCH] = ";".join(res.cuda_arch)
+    if recipe.weights:
+        labels[WEIGHTS] = ",".join(f"{w.ref}={w.mount}" for w in recipe.weights)
+    return dict(sorted(labels.items()))
+
+
+def volatile_labels(recipe: Recipe, *, now: _dt.datetime | None = None,
+                    base_digest: str | None = None) -> dict[str, str]:
+    now = now or _dt.datetime.now(_dt.timezone.utc)
+    labels = {OCI + "created": now.replace(microsecond=0).isoformat().replace("+00:00", "Z")}
+    revision, source = git_facts(recipe.context_dir)
+    if revision:
+        labels[OCI + "revision"] = revision
+    if source:
+        labels[OCI + "source"] = source
+    if base_digest:
+        labels[OCI + "base.digest"] = base_digest
+    return labels
+
+
+def git_facts(folder: Path) -> tuple[str | None, str | None]:
+    """(HEAD commit, origin URL) of the repository holding the recipe, where there is one."""
+
+    def git(*args: str) -> str | None:
+        try:
+            out = subprocess.run(["git", "-C", str(folder), *args], capture_output=True, text=True, timeout=10)
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        return out.stdout.strip() or None if out.returncode == 0 else None
+
+    revision = git("rev-parse", "HEAD")
+    source = git("remote", "get-url", "origin")
+    if source and "@" in source.split("//")[-1].split("/")[0]:
+        source = None  # never stamp credentials embedded in a remote URL
+    return revision, source

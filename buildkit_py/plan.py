@@ -1,0 +1,216 @@
+"""Recipe + Resolution -> BuildPlan: the stages, their steps in cache-friendly order, the
+labels, env and tags. Pure: no I/O, so the same recipe always plans the same."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from . import labels as L
+from .recipe import Recipe
+from .resolve import HEAVY_PACKAGES, Resolution, resolve
+
+VENV = "/opt/venv"
+STEP_MARK = "imgbuild-step"  # written into each RUN so `inspect` can map layers to steps
+
+# Layer groups, in the order they appear: least often changed first.
+GROUPS = ("os", "python", "cuda", "torch", "heavy", "pins", "app", "meta")
+
+
+@dataclass(frozen=True)
+class Step:
+    id: str  # unique within the stage, e.g. "pins", "copy-0"
+    kind: str  # the template macro that renders it
+    group: str  # one of GROUPS: the size report groups layers by it
+    data: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Stage:
+    name: str
+    base: str
+    steps: tuple[Step, ...]
+    role: str  # "builder" or "final"
+
+
+@dataclass(frozen=True)
+class BuildPlan:
+    recipe: Recipe
+    resolution: Resolution
+    stages: tuple[Stage, ...]
+    labels: dict[str, str]  # static, in the Dockerfile
+    env: dict[str, str]
+    tags: tuple[str, ...]
+    needs: frozenset[str]  # backend capabilities this plan cannot build without
+    warnings: tuple[str, ...]
+
+    @property
+    def final(self) -> Stage:
+        return self.stages[-1]
+
+    @property
+    def base_images(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(s.base for s in self.stages if s.base not in {x.name for x in self.stages}))
+
+
+def default_tags(recipe: Recipe, registry: str | None = None, extra: tuple[str, ...] = ()) -> tuple[str, ...]:
+    if extra:
+        tags = list(extra)
+    else:
+        tags = [f"{recipe.name}:{recipe.version or 'latest'}"]
+    if registry:
+        registry = registry.rstrip("/")
+        tags = [t if t.startswith(registry + "/") else f"{registry}/{t}" for t in tags]
+    return tuple(tags)
+
+
+def _python_packages(res: Resolution, *, dev: bool) -> list[str]:
+    if res.python_provider == "image":
+        return []
+    if res.python_provider == "deadsnakes":
+        v = res.python
+        return [f"python{v}", f"python{v}-venv"] + ([f"python{v}-dev"] if dev else [])
+    return ["python3", "python3-venv"] + (["python3-dev"] if dev else [])
+
+
+def _python_bin(res: Resolution) -> str:
+    if res.python_provider == "deadsnakes":
+        return f"python{res.python}"
+    return "python3"
+
+
+def _split_pins(recipe: Recipe, res: Resolution) -> tuple[list[str], list[str], list[str]]:
+    """(compiled, heavy, other) pins, each sorted for stable layers."""
+    compiled, heavy, other = [], [], []
+    prebuilt = dict(res.prebuilt_urls)
+    for spec in recipe.pip:
+        name = spec.split("==")[0].split("[")[0]
+        if name in res.compile:
+            compiled.append(spec)
+        elif name in prebuilt:
+            heavy.append(prebuilt[name])
+        elif name in HEAVY_PACKAGES:
+            heavy.append(spec)
+        else:
+            other.append(spec)
+    return sorted(compiled), sorted(heavy), sorted(other)
+
+
+def _os_steps(res: Resolution, apt: list[str], *, dev: bool) -> list[Step]:
+    steps = []
+    if res.python_provider == "deadsnakes":
+        steps.append(Step("python-ppa", "deadsnakes", "os", {"python": res.python}))
+    packages = sorted(set(_python_packages(res, dev=dev) + apt))
+    if packages:
+        steps.append(Step("os", "apt", "os", {"packages": packages}))
+    steps.append(Step("python", "venv", "python", {"python": _python_bin(res), "venv": VENV}))
+    return steps
+
+
+def _pip_step(step_id: str, group: str, requirements: list[str], *, index_url: str | None = None,
+              wheels_from: str | None = None) -> Step:
+    return Step(step_id, "pip", group, {"requirements": requirements, "index_url": index_url,
+                                        "wheels_from": wheels_from})
+
+
+def _torch_step(res: Resolution) -> list[Step]:
+    if not res.torch:
+        return []
+    spec = f"torch=={res.torch}+{res.torch_variant}" if res.torch_index_url else f"torch=={res.torch}"
+    return [_pip_step("torch", "torch", [spec], index_url=res.torch_index_url)]
+
+
+def make_plan(recipe: Recipe, *, tags: tuple[str, ...] = (), registry: str | None = None,
+              resolution: Resolution | None = None) -> BuildPlan:
+    res = resolution or resolve(recipe)
+    compiled, heavy, other = _split_pins(recipe, res)
+    stages: list[Stage] = []
+
+    if res.compile:
+        builder_steps = _os_steps(res, ["build-essential", "git"], dev=True)
+        builder_steps += _torch_step(res)
+        # Build front-end tools for --no-build-isolation; they stay in the builder stage.
+        builder_steps.append(_pip_step("build-tools", "pins", ["ninja", "packaging", "psutil", "setuptools", "wheel"]))
+        builder_steps.append(Step("wheels", "pip_wheel", "heavy", {
+            "requirements": compiled,
+            "arch_list": " ".join(res.cuda_arch),
+            "jobs": recipe.build.jobs or 2,
+            "no_isolation": bool(res.torch),
+        }))
+        stages.append(Stage("builder", res.builder_image, tuple(builder_steps), "builder"))
+
+    steps = _os_steps(res, list(recipe.apt), dev=False)
+    if res.cuda_wheels:
+        steps.append(_pip_step("cuda", "cuda", list(res.cuda_wheels)))
+    steps += _torch_step(res)
+    if compiled:
+        steps.append(_pip_step("compiled", "heavy", compiled, wheels_from="builder"))
+    if heavy:
+        steps.append(_pip_step("heavy", "heavy", heavy))
+    if other:
+        steps.append(_pip_step("pins", "pins", other))
+    if res.cuda_source == "wheels":
+        steps.append(Step("ldconfig", "ldconfig", "cuda", {"venv": VENV}))
+    for i, c in enumerate(recipe.copy):
+        steps.append(Step(f"copy-{i}", "copy", "app", {"src": c.src, "dest": c.dest}))
+
+    env = dict(recipe.env)
+    if res.cuda_source == "wheels":
+        # What NVIDIA's images set, so the NVIDIA container runtime treats this as a CUDA image.
+        env.setdefault("NVIDIA_VISIBLE_DEVICES", "all")
+        env.setdefault("NVIDIA_DRIVER_CAPABILITIES", "compute,utility")
+        env["NVIDIA_REQUIRE_CUDA"] = res.require_cuda
+        env["CUDA_VERSION"] = res.cuda_version
+    env = dict(sorted(env.items()))
+    labels = L.static_labels(recipe, res)
+    steps.append(Step("meta", "meta", "meta", {
+        "workdir": recipe.workdir,
+        "env": env,
+        "volumes": list(recipe.volumes),
+        "labels": labels,
+        "entrypoint": list(recipe.entrypoint),
+        "cmd": list(recipe.cmd),
+    }))
+    stages.append(Stage("final", res.base_image, tuple(steps), "final"))
+
+    needs = {"multi-stage", "cache-mounts", "secrets"} if res.compile else {"cache-mounts", "secrets"}
+    return BuildPlan(
+        recipe=recipe,
+        resolution=res,
+        stages=tuple(stages),
+        labels=labels,
+        env=env,
+        tags=default_tags(recipe, registry, tags),
+        needs=frozenset(needs),
+        warnings=res.warnings,
+    )
+
+
+def plan_json(plan: BuildPlan, dockerfile: str) -> dict[str, Any]:
+    res = plan.resolution
+    return {
+        "name": plan.recipe.name,
+        "recipe": str(plan.recipe.path),
+        "recipe_digest": plan.recipe.digest,
+        "dockerfile": dockerfile,
+        "labels": plan.labels,
+        "env": plan.env,
+        "tags": list(plan.tags),
+        "base_image": res.base_image,
+        "base_images": list(plan.base_images),
+        "stages": [
+            {"name": s.name, "role": s.role, "base": s.base,
+             "steps": [{"id": st.id, "group": st.group} for st in s.steps]}
+            for s in plan.stages
+        ],
+        "resolution": {
+            "cuda": res.cuda_version, "flavor": res.cuda_flavor, "source": res.cuda_source,
+            "min_driver": res.min_driver, "min_driver_compat": res.min_driver_compat,
+            "cudnn": res.cudnn, "python": res.python, "python_provider": res.python_provider,
+            "os": res.os, "torch": res.torch_label, "torch_index_url": res.torch_index_url,
+            "compile": list(res.compile), "cuda_arch": list(res.cuda_arch),
+            "require_cuda": res.require_cuda,
+        },
+        "needs": sorted(plan.needs),
+        "warnings": list(plan.warnings),
+    }

@@ -1,0 +1,533 @@
+"""Load and validate a recipe file into a frozen ``Recipe``.
+
+Every problem is reported with the file, line and key path where it sits, and all of them
+are collected before raising, so a user fixes a recipe in one pass.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import yaml
+from packaging.requirements import InvalidRequirement, Requirement
+
+from .errors import RecipeError, RecipeIssue
+
+RECIPE_SCHEMA_VERSION = 1
+
+# Docker's reference grammar (distribution/reference): path components of the repository.
+_COMPONENT = r"[a-z0-9]+(?:(?:\.|_|__|-+)[a-z0-9]+)*"
+REPOSITORY_RE = re.compile(rf"^{_COMPONENT}(?:/{_COMPONENT})*$")
+TAG_RE = re.compile(r"^[\w][\w.-]{0,127}$")
+_HOST = r"(?:[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?(?:\.[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?)*(?::[0-9]+)?)"
+IMAGE_REF_RE = re.compile(
+    rf"^(?:{_HOST}/)?{_COMPONENT}(?:/{_COMPONENT})*(?::[\w][\w.-]{{0,127}})?(?:@sha256:[0-9a-f]{{64}})?$"
+)
+REGISTRY_PATH_RE = re.compile(rf"^{_HOST}(?:/{_COMPONENT})*$")
+CUDA_VERSION_RE = re.compile(r"^\d+\.\d+(?:\.\d+)?$")
+PYTHON_VERSION_RE = re.compile(r"^3\.\d+$")
+EXACT_VERSION_RE = re.compile(r"^\d+(?:\.\d+)*(?:(?:a|b|rc|\.post|\.dev)\d+)?(?:\+[a-z0-9.]+)?$")
+CUDNN_RE = re.compile(r"^\d+(?:\.\d+)*$")
+OS_RE = re.compile(r"^(?:ubuntu\d+\.\d+|ubi\d+|rockylinux\d+|oraclelinux\d+|amzn\d+|debian\d+)$")
+APT_RE = re.compile(r"^[a-z0-9][a-z0-9+.-]+(?:=[A-Za-z0-9.+:~-]+)?$")
+ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+LABEL_KEY_RE = re.compile(r"^[a-z0-9](?:[a-z0-9.-]*[a-z0-9])?$")
+ARCH_RE = re.compile(r"^\d+\.\d+a?(?:\+PTX)?$")
+# No '$' (Dockerfile variable expansion), quotes, backslashes or control characters.
+SAFE_PATH_RE = re.compile(r"^[A-Za-z0-9._/@+=,: -]+$")
+SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]i?B|B)?\s*$", re.IGNORECASE)
+
+FLAVORS = ("base", "runtime", "devel")
+SOURCES = ("nvidia", "wheels")
+
+
+@dataclass(frozen=True)
+class CudaSpec:
+    version: str
+    flavor: str = "runtime"
+    cudnn: str | None = None
+    source: str = "nvidia"
+
+
+@dataclass(frozen=True)
+class BaseSpec:
+    image: str | None = None
+    os: str = "ubuntu22.04"
+    mirror: str | None = None
+
+
+@dataclass(frozen=True)
+class CopySpec:
+    src: str  # relative to the recipe's folder, checked to stay inside it
+    dest: str
+
+
+@dataclass(frozen=True)
+class BuildSpec:
+    from_source: tuple[str, ...] = ()
+    cuda_arch: tuple[str, ...] = ()
+    jobs: int | None = None
+
+
+@dataclass(frozen=True)
+class WeightsSpec:
+    ref: str
+    mount: str
+
+
+@dataclass(frozen=True)
+class Recipe:
+    path: Path
+    name: str
+    cuda: CudaSpec
+    python: str
+    version: str | None = None
+    base: BaseSpec = field(default_factory=BaseSpec)
+    torch: str | None = None
+    pip: tuple[str, ...] = ()
+    apt: tuple[str, ...] = ()
+    copy: tuple[CopySpec, ...] = ()
+    workdir: str | None = None
+    env: tuple[tuple[str, str], ...] = ()
+    volumes: tuple[str, ...] = ()
+    entrypoint: tuple[str, ...] = ()
+    cmd: tuple[str, ...] = ()
+    labels: tuple[tuple[str, str], ...] = ()
+    build: BuildSpec = field(default_factory=BuildSpec)
+    runtime_compile: bool = False
+    max_size: int | None = None  # bytes, from budget.max_size
+    weights: tuple[WeightsSpec, ...] = ()
+    # key path ("cuda.version", "pip[1]") -> line, for errors raised after loading
+    lines: dict[str, int] = field(default_factory=dict, compare=False, repr=False)
+
+    @property
+    def context_dir(self) -> Path:
+        return self.path.parent
+
+    def line_of(self, key: str) -> int | None:
+        while key:
+            if key in self.lines:
+                return self.lines[key]
+            key = key.rpartition(".")[0]
+        return None
+
+    def normalized(self) -> dict[str, Any]:
+        """The recipe as plain sorted data: the input of ``digest``."""
+
+        def spec(obj):
+            return {k: v for k, v in obj.__dict__.items()}
+
+        return {
+            "schema": RECIPE_SCHEMA_VERSION,
+            "name": self.name,
+            "version": self.version,
+            "cuda": spec(self.cuda),
+            "base": spec(self.base),
+            "python": self.python,
+            "torch": self.torch,
+            "pip": list(self.pip),
+            "apt": list(self.apt),
+            "copy": [spec(c) for c in self.copy],
+            "workdir": self.workdir,
+            "env": dict(self.env),
+            "volumes": list(self.volumes),
+            "entrypoint": list(self.entrypoint),
+            "cmd": list(self.cmd),
+            "labels": dict(self.labels),
+            "build": {k: list(v) if isinstance(v, tuple) else v for k, v in spec(self.build).items()},
+            "runtime_compile": self.runtime_compile,
+            "max_size": self.max_size,
+            "weights": [spec(w) for w in self.weights],
+        }
+
+    @property
+    def digest(self) -> str:
+        blob = json.dumps(self.normalized(), sort_keys=True, separators=(",", ":")).encode()
+        return "sha256:" + hashlib.sha256(blob).hexdigest()
+
+
+# --- YAML with positions -------------------------------------------------------------
+
+
+class _Located:
+    """Parsed YAML values plus the line of every key path."""
+
+    def __init__(self, text: str, file: str):
+        self.file = file
+        self.lines: dict[str, int] = {}
+        self.raw_scalars: dict[str, str] = {}  # the source text of each plain scalar
+        self.issues: list[RecipeIssue] = []
+        loader = yaml.SafeLoader(text)
+        try:
+            node = loader.get_single_node()
+            if node is None:
+                self.data = None
+                return
+            self._walk(node, "")
+            self.data = loader.construct_document(node)
+        finally:
+            loader.dispose()
+
+    def _walk(self, node, path: str) -> None:
+        self.lines.setdefault(path, node.start_mark.line + 1)
+        if isinstance(node, yaml.MappingNode):
+            seen: set[str] = set()
+            for key_node, value_node in node.value:
+                key = str(key_node.value)
+                sub = f"{path}.{key}" if path else key
+                if key in seen:
+                    self.issues.append(RecipeIssue(self.file, key_node.start_mark.line + 1, sub, "duplicate key"))
+                seen.add(key)
+                self.lines[sub] = key_node.start_mark.line + 1
+                self._walk(value_node, sub)
+        elif isinstance(node, yaml.SequenceNode):
+            for i, item in enumerate(node.value):
+                self._walk(item, f"{path}[{i}]")
+        elif isinstance(node, yaml.ScalarNode) and node.style is None:
+            self.raw_scalars[path] = node.value
+
+
+class _Validator:
+    def __init__(self, located: _Located):
+        self.loc = located
+        self.issues = located.issues
+
+    def fail(self, key: str, message: str) -> None:
+        line = self.loc.lines.get(key)
+        self.issues.append(RecipeIssue(self.loc.file, line, key, message))
+
+    def mapping(self, value, key: str, allowed: dict[str, Any]) -> dict:
+        if not isinstance(value, dict):
+            self.fail(key, f"must be a mapping, got {_type_name(value)}")
+            return {}
+        for k in value:
+            if k not in allowed:
+                sub = f"{key}.{k}" if key else str(k)
+                close = _closest(str(k), allowed)
+                hint = f" (did you mean '{close}'?)" if close else ""
+                self.fail(sub, f"unknown key{hint}; allowed: {', '.join(sorted(allowed))}")
+        return value
+
+    def string(self, value, key: str, pattern: re.Pattern | None = None, what: str = "") -> str | None:
+        if value is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+            self.fail(key, f"must be a string, got {_type_name(value)}")
+            return None
+        if not isinstance(value, str):
+            # Unquoted numbers: take the text the user wrote, so python: 3.10 stays "3.10".
+            value = self.loc.raw_scalars.get(key, str(value))
+        if pattern is not None and not pattern.match(value):
+            self.fail(key, f"{value!r} is not {what or 'valid'}")
+            return None
+        return value
+
+    def version(self, value, key: str, pattern: re.Pattern, what: str) -> str | None:
+        return self.string(value, key, pattern, what)
+
+    def string_list(self, value, key: str, check: Callable[[str, str], str | None] | None = None) -> tuple[str, ...]:
+        if value is None:
+            return ()
+        if not isinstance(value, list):
+            self.fail(key, f"must be a list, got {_type_name(value)}")
+            return ()
+        out = []
+        for i, item in enumerate(value):
+            sub = f"{key}[{i}]"
+            s = self.string(item, sub)
+            if s is None:
+                continue
+            if check is not None:
+                s = check(s, sub)
+                if s is None:
+                    continue
+            out.append(s)
+        return tuple(out)
+
+    def string_map(self, value, key: str, key_re: re.Pattern, what: str) -> tuple[tuple[str, str], ...]:
+        if value is None:
+            return ()
+        if not isinstance(value, dict):
+            self.fail(key, f"must be a mapping, got {_type_name(value)}")
+            return ()
+        out = {}
+        for k, v in value.items():
+            sub = f"{key}.{k}"
+            if not isinstance(k, str) or not key_re.match(k):
+                self.fail(sub, f"{k!r} is not {what}")
+                continue
+            s = self.string(v, sub)
+            if s is not None:
+                if any(c in s for c in "\x00\n\r"):
+                    self.fail(sub, "must be one line (no newlines or NUL characters)")
+                    continue
+                out[k] = s
+        return tuple(sorted(out.items()))
+
+
+def _type_name(value) -> str:
+    return {dict: "a mapping", list: "a list", str: "a string", bool: "a boolean", int: "a number",
+            float: "a number", type(None): "nothing"}.get(type(value), type(value).__name__)
+
+
+def _closest(word: str, options) -> str | None:
+    import difflib
+
+    match = difflib.get_close_matches(word, list(options), n=1, cutoff=0.6)
+    return match[0] if match else None
+
+
+TOP_KEYS = {
+    "name": str, "version": str, "cuda": dict, "base": dict, "python": str, "torch": str, "pip": list,
+    "apt": list, "copy": list, "workdir": str, "env": dict, "volumes": list, "entrypoint": list,
+    "cmd": list, "labels": dict, "build": dict, "runtime_compile": bool, "budget": dict, "weights": list,
+}
+CUDA_KEYS = {"version": str, "flavor": str, "cudnn": str, "source": str}
+BASE_KEYS = {"image": str, "os": str, "mirror": str}
+BUILD_KEYS = {"from_source": list, "cuda_arch": list, "jobs": int}
+
+
+def parse_size(text: str) -> int | None:
+    """'6GB' -> 6_000_000_000, '512MiB' -> 536_870_912; None when malformed."""
+    m = SIZE_RE.match(str(text))
+    if not m:
+        return None
+    number, unit = float(m.group(1)), (m.group(2) or "B").upper()
+    scale = {"B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
+             "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}[unit]
+    return int(number * scale)
+
+
+def _check_pip(spec: str, key: str, v: _Validator) -> str | None:
+    try:
+        req = Requirement(spec)
+    except InvalidRequirement as exc:
+        v.fail(key, f"{spec!r} is not a valid requirement ({exc})")
+        return None
+    if req.url:
+        v.fail(key, f"{spec!r}: direct URLs are not supported; pin a version with ==")
+        return None
+    pins = [s for s in req.specifier if s.operator in ("==", "===")]
+    if len(list(req.specifier)) != 1 or not pins or "*" in pins[0].version:
+        v.fail(key, f"{spec!r} is not pinned; write it as {req.name}==<version>")
+        return None
+    if req.marker:
+        v.fail(key, f"{spec!r}: environment markers are not supported in recipes")
+        return None
+    # Normalized form: stable across spellings, safe to place in a shell word.
+    extras = f"[{','.join(sorted(req.extras))}]" if req.extras else ""
+    return f"{req.name.lower()}{extras}=={pins[0].version}"
+
+
+def _check_abs_path(path: str, key: str, v: _Validator) -> str | None:
+    if not path.startswith("/"):
+        v.fail(key, f"{path!r} must be an absolute path inside the image")
+        return None
+    if not SAFE_PATH_RE.match(path):
+        v.fail(key, f"{path!r} has characters imgbuild does not place in a Dockerfile path "
+                    "(allowed: letters, digits, space and ._/@+=,:-)")
+        return None
+    return os.path.normpath(path)
+
+
+def load_recipe(path: str | os.PathLike) -> Recipe:
+    path = Path(path)
+    file = str(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise RecipeError([RecipeIssue(file, None, "", "no such recipe file")]) from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise RecipeError([RecipeIssue(file, None, "", f"cannot read recipe: {exc}")]) from None
+    return parse_recipe(text, path)
+
+
+def parse_recipe(text: str, path: Path) -> Recipe:
+    file = str(path)
+    try:
+        located = _Located(text, file)
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        line = mark.line + 1 if mark else None
+        raise RecipeError([RecipeIssue(file, line, "", f"invalid YAML: {exc.problem or exc}")]) from None
+    except yaml.YAMLError as exc:
+        raise RecipeError([RecipeIssue(file, None, "", f"invalid YAML: {exc}")]) from None
+    data = located.data
+    v = _Validator(located)
+    if not isinstance(data, dict):
+        v.fail("", f"a recipe must be a mapping of keys, got {_type_name(data)}")
+        raise RecipeError(v.issues)
+    v.mapping(data, "", TOP_KEYS)
+
+    for required in ("name", "cuda", "python"):
+        if required not in data:
+            v.issues.append(RecipeIssue(file, 1, required, "required key is missing"))
+
+    name = v.string(data.get("name"), "name", REPOSITORY_RE,
+                    "a valid image repository (lowercase, e.g. team/trainer; no registry, no tag)")
+    version = v.string(data.get("version"), "version", TAG_RE, "a valid tag (letters, digits, '.', '_', '-')")
+
+    cuda_raw = v.mapping(data.get("cuda", {}), "cuda", CUDA_KEYS) if "cuda" in data else {}
+    if "cuda" in data and "version" not in cuda_raw and isinstance(data.get("cuda"), dict):
+        v.fail("cuda", "cuda.version is required")
+    cuda_version = v.version(cuda_raw.get("version"), "cuda.version", CUDA_VERSION_RE,
+                             "a CUDA version like 12.4 or 12.4.1")
+    flavor = v.string(cuda_raw.get("flavor", "runtime"), "cuda.flavor")
+    if flavor is not None and flavor not in FLAVORS:
+        v.fail("cuda.flavor", f"{flavor!r} is not one of {', '.join(FLAVORS)}")
+    source = v.string(cuda_raw.get("source", "nvidia"), "cuda.source")
+    if source is not None and source not in SOURCES:
+        v.fail("cuda.source", f"{source!r} is not one of {', '.join(SOURCES)}")
+    cudnn = v.version(cuda_raw.get("cudnn"), "cuda.cudnn", CUDNN_RE, "a cuDNN version like 9 or 8.9")
+
+    base_raw = v.mapping(data.get("base", {}), "base", BASE_KEYS)
+    base_image = v.string(base_raw.get("image"), "base.image", IMAGE_REF_RE,
+                          "a valid image reference (e.g. debian:bookworm-slim)")
+    base_os = v.string(base_raw.get("os", "ubuntu22.04"), "base.os", OS_RE, "an OS of nvidia/cuda tags (e.g. ubuntu22.04)")
+    mirror = v.string(base_raw.get("mirror"), "base.mirror", REGISTRY_PATH_RE,
+                      "a registry path (e.g. 127.0.0.1:5000/mirror)")
+    if source == "wheels" and "image" not in base_raw:
+        v.fail("base", "cuda.source: wheels needs base.image (the OS image the CUDA wheels go on)")
+
+    python = v.version(data.get("python"), "python", PYTHON_VERSION_RE, "a Python version like 3.11")
+    torch = v.version(data.get("torch"), "torch", EXACT_VERSION_RE, "an exact torch version like 2.4.1")
+
+    pip = v.string_list(data.get("pip"), "pip", lambda s, k: _check_pip(s, k, v))
+    names = [p.split("==")[0].split("[")[0] for p in pip]
+    for dup in sorted({n for n in names if names.count(n) > 1}):
+        v.fail("pip", f"{dup} is listed more than once")
+    if "torch" in names:
+        v.fail(f"pip[{names.index('torch')}]", "pin torch with the top-level 'torch:' key, so imgbuild picks its CUDA wheel index")
+
+    def check_apt(s, k):
+        if not APT_RE.match(s):
+            v.fail(k, f"{s!r} is not a Debian package name (optionally name=version)")
+            return None
+        return s
+
+    apt = v.string_list(data.get("apt"), "apt", check_apt)
+
+    copies = []
+    copy_raw = data.get("copy")
+    if copy_raw is not None and not isinstance(copy_raw, list):
+        v.fail("copy", f"must be a list, got {_type_name(copy_raw)}")
+        copy_raw = []
+    for i, item in enumerate(copy_raw or []):
+        key = f"copy[{i}]"
+        item = v.mapping(item, key, {"src": str, "dest": str})
+        if not item:
+            continue
+        src = v.string(item.get("src"), f"{key}.src")
+        dest = v.string(item.get("dest"), f"{key}.dest")
+        if src is None or dest is None:
+            if "src" not in item or "dest" not in item:
+                v.fail(key, "needs both src and dest")
+            continue
+        resolved = (path.parent / src).resolve()
+        root = path.parent.resolve()
+        if os.path.isabs(src) or (resolved != root and root not in resolved.parents):
+            v.fail(f"{key}.src", f"{src!r} is outside the recipe's folder {root}")
+            continue
+        if not resolved.exists():
+            v.fail(f"{key}.src", f"{src!r} does not exist (looked for {resolved})")
+            continue
+        dest = _check_abs_path(dest, f"{key}.dest", v)
+        if dest is None:
+            continue
+        rel = os.path.relpath(resolved, root)
+        if resolved.is_dir():
+            rel = rel.rstrip("/") + "/"
+        copies.append(CopySpec(src=rel, dest=dest))
+
+    workdir = v.string(data.get("workdir"), "workdir")
+    if workdir is not None:
+        workdir = _check_abs_path(workdir, "workdir", v)
+    env = v.string_map(data.get("env"), "env", ENV_NAME_RE, "a valid environment variable name")
+    labels = v.string_map(data.get("labels"), "labels", LABEL_KEY_RE,
+                          "a valid label key (lowercase, digits, '.', '-')")
+    for k, _ in labels:
+        if k.startswith("io.imgbuild."):
+            v.fail(f"labels.{k}", "io.imgbuild.* labels are set by imgbuild itself")
+    volumes = v.string_list(data.get("volumes"), "volumes", lambda s, k: _check_abs_path(s, k, v))
+    entrypoint = v.string_list(data.get("entrypoint"), "entrypoint")
+    cmd = v.string_list(data.get("cmd"), "cmd")
+
+    build = BuildSpec()
+    if data.get("build") is not None:
+        b = v.mapping(data["build"], "build", BUILD_KEYS)
+        from_source = v.string_list(b.get("from_source"), "build.from_source")
+        archs = v.string_list(b.get("cuda_arch"), "build.cuda_arch",
+                              lambda s, k: s if ARCH_RE.match(s) else v.fail(k, f"{s!r} is not a compute capability like 8.0 or 9.0"))
+        jobs = b.get("jobs")
+        if jobs is not None and (isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1):
+            v.fail("build.jobs", "must be a positive whole number")
+            jobs = None
+        pinned = {n for n in names}
+        for i, pkg in enumerate(from_source):
+            if pkg.lower() not in pinned:
+                v.fail(f"build.from_source[{i}]", f"{pkg!r} must also be pinned in pip:")
+        build = BuildSpec(tuple(p.lower() for p in from_source), tuple(archs), jobs)
+
+    runtime_compile = data.get("runtime_compile", False)
+    if not isinstance(runtime_compile, bool):
+        v.fail("runtime_compile", f"must be true or false, got {_type_name(runtime_compile)}")
+        runtime_compile = False
+
+    max_size = None
+    if data.get("budget") is not None:
+        bud = v.mapping(data["budget"], "budget", {"max_size": str})
+        if "max_size" in bud:
+            raw = v.string(bud["max_size"], "budget.max_size")
+            max_size = parse_size(raw) if raw is not None else None
+            if raw is not None and max_size is None:
+                v.fail("budget.max_size", f"{raw!r} is not a size like 6GB or 800MiB")
+
+    weights = []
+    w_raw = data.get("weights")
+    if w_raw is not None and not isinstance(w_raw, list):
+        v.fail("weights", f"must be a list, got {_type_name(w_raw)}")
+        w_raw = []
+    for i, item in enumerate(w_raw or []):
+        key = f"weights[{i}]"
+        item = v.mapping(item, key, {"ref": str, "mount": str})
+        ref = v.string(item.get("ref"), f"{key}.ref", IMAGE_REF_RE, "a registry reference")
+        mount = v.string(item.get("mount"), f"{key}.mount")
+        if mount is not None:
+            mount = _check_abs_path(mount, f"{key}.mount", v)
+        if ref and mount:
+            weights.append(WeightsSpec(ref, mount))
+        elif item and ("ref" not in item or "mount" not in item):
+            v.fail(key, "needs both ref and mount")
+
+    if v.issues:
+        raise RecipeError(sorted(v.issues, key=lambda i: (i.line or 0, i.key)))
+
+    return Recipe(
+        path=path,
+        name=name,
+        version=version,
+        cuda=CudaSpec(cuda_version, flavor, cudnn, source),
+        base=BaseSpec(base_image, base_os, mirror),
+        python=python,
+        torch=torch,
+        pip=pip,
+        apt=tuple(sorted(set(apt))),
+        copy=tuple(copies),
+        workdir=workdir,
+        env=env,
+        volumes=tuple(sorted(set(volumes))),
+        entrypoint=entrypoint,
+        cmd=cmd,
+        labels=labels,
+        build=build,
+        runtime_compile=runtime_compile,
+        max_size=max_size,
+        weights=tuple(weights),
+        lines=dict(located.lines),
+    )

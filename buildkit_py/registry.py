@@ -1,0 +1,112 @@
+"""Push built images with the docker SDK: credentials from ``auth``, errors caught in-band,
+transient failures retried with backoff, the manifest digest returned."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+from . import auth
+from .errors import AuthenticationError, RegistryError, RegistryUnreachable
+
+ProgressSink = Callable[[str], None]
+
+_AUTH_MARKERS = ("unauthorized", "authentication required", "no basic auth credentials", "denied",
+                 "incorrect username or password")
+_TRANSIENT_MARKERS = ("connection refused", "connection reset", "i/o timeout", "timeout", "eof",
+                      "503", "502", "504", "429", "too many requests", "broken pipe", "tls handshake")
+_UNREACHABLE_MARKERS = ("connection refused", "no such host", "dial tcp")
+
+
+@dataclass(frozen=True)
+class PushResult:
+    ref: str  # repository@sha256:...
+    tag: str
+    digest: str
+    size: int | None
+    attempts: int
+
+
+def split_tag(ref: str) -> tuple[str, str]:
+    """'host:5000/team/img:1' -> ('host:5000/team/img', '1'); no tag -> 'latest'."""
+    last = ref.rsplit("/", 1)[-1]
+    if ":" in last:
+        repo, tag = ref.rsplit(":", 1)
+        return repo, tag
+    return ref, "latest"
+
+
+def registry_host(ref: str) -> str:
+    first = ref.split("/", 1)[0]
+    if "/" in ref and ("." in first or ":" in first or first == "localhost"):
+        return first
+    return "docker.io"
+
+
+def auth_config_for(ref: str) -> dict | None:
+    creds = auth.resolve(registry_host(ref))
+    if creds is None:
+        return None
+    if creds.identity_token:
+        return {"identitytoken": creds.identity_token}
+    return {"username": creds.username, "password": creds.password}
+
+
+def _classify(message: str, host: str) -> Exception:
+    low = message.lower()
+    if any(m in low for m in _AUTH_MARKERS):
+        return AuthenticationError(f"the registry {host} refused the credentials: {message}",
+                                   hint=f"log in with: imgbuild login {host} -u USER --password-stdin "
+                                        "(or set IMGBUILD_REGISTRY_USER / IMGBUILD_REGISTRY_PASSWORD)")
+    if any(m in low for m in _UNREACHABLE_MARKERS):
+        return RegistryUnreachable(f"cannot reach the registry {host}: {message}",
+                                   hint="is it running and is the address right? (scripts/services.sh up starts a local one)")
+    return RegistryError(f"push to {host} failed: {message}")
+
+
+def _transient(message: str) -> bool:
+    low = message.lower()
+    return any(m in low for m in _TRANSIENT_MARKERS) and not any(m in low for m in _AUTH_MARKERS)
+
+
+def push_image(client, ref: str, *, on_progress: ProgressSink | None = None, attempts: int = 4,
+               backoff_s: float = 1.0, sleep=time.sleep) -> PushResult:
+    """Push one tag. The registry moves the tag only once the manifest is put, which happens
+    after every blob is in, so a failed push never leaves the tag pointing at a partial image."""
+    repo, tag = split_tag(ref)
+    host = registry_host(ref)
+    auth_config = auth_config_for(ref)
+    last_error: Exception | None = None
+    last_status: dict[str, str] = {}
+    for attempt in range(1, attempts + 1):
+        digest = size = None
+        error = None
+        try:
+            for chunk in client.images.push(repo, tag=tag, stream=True, decode=True, auth_config=auth_config):
+                # The engine reports failures inside a 200 stream: look at every chunk.
+                if "error" in chunk or "errorDetail" in chunk:
+                    error = chunk.get("error") or chunk.get("errorDetail", {}).get("message", "unknown error")
+                    break
+                aux = chunk.get("aux")
+                if isinstance(aux, dict) and aux.get("Digest"):
+                    digest, size = aux["Digest"], aux.get("Size")
+                status, layer = chunk.get("status"), chunk.get("id", "")
+                # One line per layer and state ("Pushing", "Pushed", "Layer already exists").
+                if on_progress and status and last_status.get(layer) != status:
+                    last_status[layer] = status
+                    on_progress(f"{layer + ': ' if layer else ''}{status}")
+        except Exception as exc:  # the SDK raises APIError / requests errors for transport failures
+            error = str(exc)
+        if error is None and digest:
+            return PushResult(f"{repo}@{digest}", tag, digest, size, attempt)
+        if error is None:
+            error = "the engine finished the push without reporting a manifest digest"
+        last_error = _classify(error, host)
+        if isinstance(last_error, AuthenticationError) or not _transient(error) or attempt == attempts:
+            break
+        if on_progress:
+            on_progress(f"push failed ({error}); retrying in {backoff_s * 2 ** (attempt - 1):.0f}s")
+        sleep(backoff_s * 2 ** (attempt - 1))
+    assert last_error is not None
+    raise last_error

@@ -1,0 +1,387 @@
+"""Recipe pins -> a ``Resolution``: what fits together, or a CompatibilityError that says why not.
+
+Only rules live here; the version knowledge comes from the sourced tables in ``compat``.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from packaging.version import Version
+
+from . import compat
+from .errors import CompatibilityError
+from .recipe import Recipe
+
+# The Python each OS ships as python3 (Debian and Ubuntu package archives).
+OS_PYTHON = {
+    "debian11": "3.9",
+    "debian12": "3.11",
+    "debian13": "3.13",
+    "ubuntu20.04": "3.8",
+    "ubuntu22.04": "3.10",
+    "ubuntu24.04": "3.12",
+}
+# Image names whose OS imgbuild can tell without pulling them.
+_OS_FROM_IMAGE = [
+    (re.compile(r"(^|/)debian:(bookworm|12)\b"), "debian12"),
+    (re.compile(r"(^|/)debian:(bullseye|11)\b"), "debian11"),
+    (re.compile(r"(^|/)debian:(trixie|13)\b"), "debian13"),
+    (re.compile(r"(^|/)ubuntu:(22\.04|jammy)\b"), "ubuntu22.04"),
+    (re.compile(r"(^|/)ubuntu:(24\.04|noble)\b"), "ubuntu24.04"),
+    (re.compile(r"(^|/)ubuntu:(20\.04|focal)\b"), "ubuntu20.04"),
+]
+_PYTHON_IMAGE = re.compile(r"(^|/)python:(3\.\d+)")
+
+# Packages that compile CUDA kernels when first used, so they need nvcc and headers at run
+# time (DeepSpeed's op builder, NVIDIA Apex's JIT path, xFormers when built without wheels).
+JIT_PACKAGES = frozenset({"deepspeed", "apex", "cupy", "pycuda"})
+# Pins whose wheels are large and change rarely: they get a layer of their own, before
+# the other pins, so a change to a small pin does not re-download them.
+HEAVY_PACKAGES = frozenset({
+    "flash-attn", "flash_attn", "bitsandbytes", "xformers", "vllm", "triton", "deepspeed",
+    "tensorflow", "jax", "jaxlib", "onnxruntime-gpu", "tensorrt", "cupy-cuda12x", "cupy-cuda11x",
+})
+# Compute capabilities built for when a recipe compiles kernels but names none:
+# Ampere, Ada and Hopper, the data-center and workstation GPUs rented today.
+DEFAULT_BUILD_ARCHS = ("8.0", "8.6", "8.9", "9.0")
+
+
+@dataclass(frozen=True)
+class Resolution:
+    cuda_version: str  # full toolkit version, e.g. 12.4.1
+    cuda_flavor: str
+    cuda_source: str
+    min_driver: str
+    min_driver_compat: str | None
+    cudnn: str | None
+    python: str
+    python_provider: str  # os | deadsnakes | image
+    os: str | None
+    base_image: str  # FROM of the final stage
+    builder_image: str | None  # FROM of the compile stage, when one is needed
+    require_cuda: str  # NVIDIA_REQUIRE_CUDA
+    torch: str | None = None  # e.g. 2.4.1
+    torch_variant: str | None = None  # e.g. cu124
+    torch_index_url: str | None = None  # None: the Python registry's default wheel
+    cuda_wheels: tuple[str, ...] = ()  # nvidia-*-cuXX pins for source: wheels without torch
+    compile: tuple[str, ...] = ()  # pins built from source in the builder stage
+    prebuilt_urls: tuple[tuple[str, str], ...] = ()  # (package, wheel URL) taken instead of building
+    cuda_arch: tuple[str, ...] = ()
+    warnings: tuple[str, ...] = ()
+
+    @property
+    def cuda_major_minor(self) -> str:
+        return ".".join(self.cuda_version.split(".")[:2])
+
+    @property
+    def torch_label(self) -> str | None:
+        if not self.torch:
+            return None
+        return f"{self.torch}+{self.torch_variant}" if self.torch_variant else self.torch
+
+
+def _mm(version: str) -> str:
+    return ".".join(version.split(".")[:2])
+
+
+def _variant_cuda(variant: str) -> str:
+    """cu124 -> 12.4, cu118 -> 11.8."""
+    digits = variant[2:]
+    return f"{digits[:-1]}.{digits[-1]}"
+
+
+def _fail(recipe: Recipe, key: str, *args, hint: str | None = None) -> CompatibilityError:
+    return CompatibilityError(*args, hint=hint, file=str(recipe.path), line=recipe.line_of(key), key=key)
+
+
+def _pin(recipe: Recipe, name: str) -> tuple[int, str] | None:
+    for i, spec in enumerate(recipe.pip):
+        if spec.split("==")[0].split("[")[0] == name:
+            return i, spec.split("==", 1)[1]
+    return None
+
+
+def detect_os(recipe: Recipe) -> str | None:
+    if recipe.cuda.source == "nvidia" and not recipe.base.image:
+        return recipe.base.os
+    image = recipe.base.image or ""
+    for pattern, os_name in _OS_FROM_IMAGE:
+        if pattern.search(image):
+            return os_name
+    if "os" in {k.split(".")[-1] for k in recipe.lines if k.startswith("base.")}:
+        return recipe.base.os
+    return None
+
+
+def _mirrored(image: str, mirror: str | None) -> str:
+    if not mirror:
+        return image
+    path = image
+    first = image.split("/")[0]
+    if "." in first or ":" in first or first == "localhost":
+        path = image.split("/", 1)[1]  # drop the upstream registry host
+    return f"{mirror.rstrip('/')}/{path}"
+
+
+def resolve(recipe: Recipe) -> Resolution:
+    warnings: list[str] = []
+    try:
+        toolkit = compat.resolve_cuda(recipe.cuda.version)
+    except LookupError as exc:
+        raise _fail(recipe, "cuda.version", "cuda", recipe.cuda.version, "imgbuild's CUDA table",
+                    compat.data_sources().get("toolkits", ""), str(exc).strip("'\""),
+                    hint="use a released CUDA toolkit version, e.g. 12.4 or 12.4.1") from None
+    cuda = toolkit.version
+    major = int(cuda.split(".")[0])
+    floor = compat.minor_compat_floor(major)
+
+    # --- cuDNN ---------------------------------------------------------------------
+    cudnn = recipe.cuda.cudnn
+    if cudnn is not None:
+        available = compat.cudnn_versions(cuda)
+        if cudnn.split(".")[0] not in available:
+            raise _fail(recipe, "cuda.cudnn", "cudnn", cudnn, "cuda", cuda,
+                        f"cuDNN {cudnn} is not published for CUDA {cuda} "
+                        f"(available: {', '.join(available) or 'none'})",
+                        hint=f"use cudnn: \"{available[-1]}\"" if available else "drop cuda.cudnn")
+
+    # --- OS and Python ---------------------------------------------------------------
+    os_name = detect_os(recipe)
+    python = recipe.python
+    py_image = _PYTHON_IMAGE.search(recipe.base.image or "")
+    if py_image:
+        if py_image.group(2) != python:
+            raise _fail(recipe, "python", "python", python, "base.image", recipe.base.image,
+                        f"the image ships Python {py_image.group(2)}",
+                        hint=f"use python: \"{py_image.group(2)}\" or a python:{python} image")
+        provider = "image"
+    elif os_name is None:
+        raise _fail(recipe, "base.image", "base.image", recipe.base.image or "", "python", python,
+                    "imgbuild cannot tell which OS (and so which Python) this image has",
+                    hint="set base.os (e.g. debian12, ubuntu22.04) for this image")
+    elif OS_PYTHON.get(os_name) == python:
+        provider = "os"
+    elif os_name.startswith("ubuntu"):
+        provider = "deadsnakes"  # Ubuntu's PPA packages every maintained Python for each LTS
+    else:
+        raise _fail(recipe, "python", "python", python, "os", os_name,
+                    f"{os_name} ships Python {OS_PYTHON.get(os_name, '?')} and no other",
+                    hint=f"use python: \"{OS_PYTHON.get(os_name)}\", an Ubuntu base, or a python:{python} base image")
+
+    # --- torch -----------------------------------------------------------------------
+    torch_version = torch_variant = torch_index = None
+    if recipe.torch:
+        try:
+            release = compat.torch_release(recipe.torch)
+        except LookupError:
+            known = [r.version for r in compat.torch_releases()]
+            raise _fail(recipe, "torch", "torch", recipe.torch, "imgbuild's torch table", known[-1],
+                        "this torch release is unknown", hint=f"known releases: {', '.join(known[-8:])}") from None
+        torch_version = release.version
+        wanted = "cu" + _mm(cuda).replace(".", "")
+        if wanted not in release.variants:
+            variants = sorted(release.variants, key=lambda v: Version(_variant_cuda(v)))
+            newer = [r.version for r in compat.torch_releases() if wanted in r.variants]
+            options = [f"cuda {_variant_cuda(v)}" for v in variants[-2:]]
+            if newer:
+                first = min(newer, key=Version)
+                options.append(f"torch >= {first}" if Version(first) > Version(release.version) else f"torch {first}")
+            raise _fail(recipe, "torch", "torch", release.version, "cuda", cuda,
+                        f"torch {release.version} has CUDA wheels only for {' and '.join(variants)}",
+                        hint="use " + " or ".join(options))
+        if python not in release.python:
+            raise _fail(recipe, "python", "torch", release.version, "python", python,
+                        f"torch {release.version} publishes wheels for Python {release.python}",
+                        hint="pick a Python in that range")
+        torch_variant = wanted
+        # The Python registry's Linux wheel is one CUDA variant; take it from there when it is
+        # the one wanted (it is the same build), else from PyTorch's per-CUDA index.
+        if release.pypi_variant != wanted:
+            torch_index = compat.torch_index_url(wanted)
+        if recipe.cuda.source == "nvidia" and recipe.cuda.flavor != "base":
+            warnings.append(
+                f"torch {release.version}+{wanted} brings its own CUDA libraries as nvidia-*-cu{major} wheels; "
+                f"the nvidia/cuda {recipe.cuda.flavor} base carries them a second time (several GB). "
+                "Use cuda.source: wheels (or flavor: base) unless you need the base's toolkit.")
+
+    # --- flash-attn, bitsandbytes --------------------------------------------------------
+    from_source = set(recipe.build.from_source)
+    prebuilt: list[tuple[str, str]] = []
+    archs = tuple(recipe.build.cuda_arch)
+    supported_archs = compat.cuda_archs(cuda)
+    for i, arch in enumerate(archs):
+        if arch.replace("+PTX", "") not in supported_archs:
+            raise _fail(recipe, f"build.cuda_arch[{i}]", "cuda_arch", arch, "cuda", cuda,
+                        f"nvcc {_mm(cuda)} targets {', '.join(supported_archs)}",
+                        hint="drop that architecture or pick a CUDA that supports it")
+
+    fa = _pin(recipe, "flash-attn")
+    if fa:
+        i, fa_version = fa
+        key = f"pip[{i}]"
+        try:
+            rel = compat.flash_attn_release(fa_version)
+        except LookupError:
+            raise _fail(recipe, key, "flash-attn", fa_version, "imgbuild's flash-attn table", "",
+                        "this flash-attn release is unknown") from None
+        if not torch_version:
+            raise _fail(recipe, key, "flash-attn", fa_version, "torch", "(none)",
+                        "flash-attn builds against torch", hint="pin torch: in the recipe")
+        if torch_version not in rel.torch:
+            raise _fail(recipe, key, "flash-attn", fa_version, "torch", torch_version,
+                        f"flash-attn {fa_version} supports torch {rel.torch}", hint="change one of the two pins")
+        if cuda not in rel.cuda and _mm(cuda) not in rel.cuda:
+            raise _fail(recipe, key, "flash-attn", fa_version, "cuda", cuda,
+                        f"flash-attn {fa_version} supports CUDA {rel.cuda}", hint="change one of the two pins")
+        if python not in rel.python:
+            raise _fail(recipe, key, "flash-attn", fa_version, "python", python,
+                        f"flash-attn {fa_version} supports Python {rel.python}")
+        for j, arch in enumerate(archs):
+            if arch.replace("+PTX", "") not in rel.archs:
+                raise _fail(recipe, f"build.cuda_arch[{j}]", "flash-attn", fa_version, "cuda_arch", arch,
+                            f"flash-attn {fa_version} runs on compute capabilities {', '.join(rel.archs)}",
+                            hint="FlashAttention 2 needs Ampere (8.0) or newer")
+        wheel = None if "flash-attn" in from_source else compat.flash_attn_prebuilt(
+            fa_version, cuda, _mm(torch_version), python)
+        if wheel is None:
+            from_source.add("flash-attn")
+        else:
+            prebuilt.append(("flash-attn", flash_attn_wheel_url(fa_version, wheel.cuda, _mm(torch_version), python,
+                                                                torch_version)))
+
+    bnb = _pin(recipe, "bitsandbytes")
+    if bnb:
+        i, bnb_version = bnb
+        try:
+            brel = compat.bitsandbytes_release(bnb_version)
+        except LookupError:
+            raise _fail(recipe, f"pip[{i}]", "bitsandbytes", bnb_version, "imgbuild's bitsandbytes table", "",
+                        "this bitsandbytes release is unknown") from None
+        if not _cuda_in(brel.cuda, cuda):
+            raise _fail(recipe, f"pip[{i}]", "bitsandbytes", bnb_version, "cuda", cuda,
+                        f"bitsandbytes {bnb_version} ships CUDA binaries for {_describe(brel.cuda)}",
+                        hint="pick a CUDA it supports or another bitsandbytes release")
+        if python not in brel.python:
+            raise _fail(recipe, f"pip[{i}]", "bitsandbytes", bnb_version, "python", python,
+                        f"bitsandbytes {bnb_version} supports Python {brel.python}")
+
+    if from_source and not archs:
+        archs = tuple(a for a in DEFAULT_BUILD_ARCHS if a in supported_archs)
+
+    # --- images --------------------------------------------------------------------
+    builder_image = None
+    if recipe.cuda.source == "nvidia":
+        if recipe.base.image:
+            base_image = _mirrored(recipe.base.image, recipe.base.mirror)
+        else:
+            base_image = _nvidia_image(recipe, cuda, recipe.cuda.flavor, os_name)
+        eol = compat.image_end_of_life(cuda)
+        if eol:
+            warnings.append(f"nvidia/cuda {cuda} images are past NVIDIA's support window and may be deleted "
+                            "from Docker Hub; mirror the tag (imgbuild mirror) or move to a supported CUDA")
+        needs_devel_builder = bool(from_source) and recipe.cuda.flavor != "devel"
+        if from_source:
+            builder_image = _nvidia_image(recipe, cuda, "devel", os_name) if needs_devel_builder else base_image
+    else:
+        base_image = _mirrored(recipe.base.image, recipe.base.mirror)
+        if from_source:
+            # C/C++ extensions build on the same OS with a compiler; CUDA extensions need nvcc
+            # from NVIDIA's devel image of the same toolkit and OS.
+            cuda_kernels = bool(from_source & {"flash-attn", "flash_attn", "xformers", "apex"})
+            if cuda_kernels and os_name and os_name.startswith("ubuntu"):
+                builder_image = _nvidia_image(recipe, cuda, "devel", os_name)
+            else:
+                builder_image = base_image
+
+    if recipe.cuda.flavor == "devel" and not from_source and not recipe.runtime_compile:
+        warnings.append("cuda.flavor devel ships nvcc, headers and static libraries (several GB) but this "
+                        "recipe compiles nothing at run time; use flavor: runtime (extensions still build "
+                        "in a devel stage)")
+    jit = sorted(n for n in JIT_PACKAGES if _pin(recipe, n))
+    if jit and not recipe.runtime_compile:
+        warnings.append(f"{', '.join(jit)} compile(s) CUDA kernels at run time, which needs nvcc and headers in "
+                        "the final image: set runtime_compile: true if you use that path")
+    if recipe.runtime_compile and recipe.cuda.source == "wheels":
+        warnings.append("runtime_compile with cuda.source: wheels needs nvcc in the image: add "
+                        f"nvidia-cuda-nvcc-cu{major} to pip or use source: nvidia with flavor: devel")
+    if recipe.runtime_compile and recipe.cuda.source == "nvidia" and recipe.cuda.flavor != "devel":
+        warnings.append("runtime_compile needs nvcc and headers: the final image must use flavor: devel")
+
+    cuda_wheels: tuple[str, ...] = ()
+    if recipe.cuda.source == "wheels" and not torch_version:
+        pins = compat.cuda_runtime_wheels(cuda)
+        wanted_cudnn = {f"nvidia-cudnn-cu{major}"} if cudnn else set()
+        cuda_wheels = tuple(f"{n}=={v}" for n, v in sorted(pins.items())
+                            if n == f"nvidia-cuda-runtime-cu{major}" or n in wanted_cudnn)
+
+    return Resolution(
+        cuda_version=cuda,
+        cuda_flavor=recipe.cuda.flavor,
+        cuda_source=recipe.cuda.source,
+        min_driver=toolkit.linux_min_driver,
+        min_driver_compat=floor,
+        cudnn=cudnn,
+        python=python,
+        python_provider=provider,
+        os=os_name,
+        base_image=base_image,
+        builder_image=builder_image,
+        require_cuda=require_cuda(recipe, cuda, floor),
+        torch=torch_version,
+        torch_variant=torch_variant,
+        torch_index_url=torch_index,
+        cuda_wheels=cuda_wheels,
+        compile=tuple(sorted(from_source)),
+        prebuilt_urls=tuple(prebuilt),
+        cuda_arch=archs,
+        warnings=tuple(warnings),
+    )
+
+
+def require_cuda(recipe: Recipe, cuda: str, floor: str | None) -> str:
+    """NVIDIA_REQUIRE_CUDA for the image: what the NVIDIA container runtime lets it start on.
+
+    The runtime compares it with the CUDA version the host driver supports. A wheels image
+    carries no cuda-compat package, so forward compatibility is out; minor-version
+    compatibility (driver >= the major's floor) is in, because the CUDA user-space libraries
+    of one major run on any driver of that major's floor. Code that JIT-compiles PTX at run
+    time is the exception: PTX from a newer toolkit needs the newer driver.
+    """
+    major = cuda.split(".")[0]
+    if recipe.cuda.source == "wheels":
+        if floor is None or recipe.runtime_compile:
+            return f"cuda>={_mm(cuda)}"
+        return f"cuda>={major}.0"
+    return f"cuda>={_mm(cuda)}"
+
+
+def _nvidia_image(recipe: Recipe, cuda: str, flavor: str, os_name: str | None) -> str:
+    try:
+        tag = compat.cuda_image_tag(cuda, flavor, recipe.cuda.cudnn, os_name or recipe.base.os)
+    except LookupError as exc:
+        raise _fail(recipe, "base.os" if "os" in str(exc).lower() else "cuda", "nvidia/cuda", cuda, "image",
+                    f"{flavor}/{os_name}/cudnn {recipe.cuda.cudnn or '-'}", str(exc).strip("'\""),
+                    hint=f"available OSes: {', '.join(compat.cuda_image_oses(cuda))}") from None
+    return _mirrored(f"nvidia/cuda:{tag}", recipe.base.mirror)
+
+
+def _cuda_in(supported, cuda: str) -> bool:
+    if hasattr(supported, "contains"):
+        return supported.contains(cuda) or supported.contains(_mm(cuda))
+    return _mm(cuda) in supported or cuda in supported
+
+
+def _describe(supported) -> str:
+    return str(supported) if hasattr(supported, "contains") else ", ".join(supported)
+
+
+def flash_attn_wheel_url(fa_version: str, wheel_cuda: str, torch_mm: str, python: str, torch_version: str) -> str:
+    """The GitHub release wheel flash-attn's own setup.py would fetch for this combination."""
+    # torch's Linux wheels switched to the C++11 ABI with 2.7 (manylinux_2_28 builds).
+    abi = "TRUE" if Version(torch_version) >= Version("2.7") else "FALSE"
+    cu = "cu" + wheel_cuda.replace(".", "")
+    py = "cp" + python.replace(".", "")
+    return (f"https://github.com/Dao-AILab/flash-attention/releases/download/v{fa_version}/"
+            f"flash_attn-{fa_version}+{cu}torch{torch_mm}cxx11abi{abi}-{py}-{py}-linux_x86_64.whl")

@@ -1,0 +1,372 @@
+"""Model weights as OCI artifacts, kept out of images (CNCF ModelPack format, v1).
+
+Layout (github.com/modelpack/model-spec, docs/spec.md, docs/config.md, specs-go/v1):
+
+- manifest: ``application/vnd.oci.image.manifest.v1+json`` with
+  ``artifactType: application/vnd.cncf.model.manifest.v1+json``;
+- config: ``application/vnd.cncf.model.config.v1+json`` (``descriptor``, ``config``,
+  ``modelfs`` with ``type: layers`` and the layer ``diffIds``);
+- one layer per file, unarchived (``.raw`` media types, so a layer digest is the file's
+  sha256): ``weight.v1.raw`` for weights, ``weight.config.v1.raw`` for tokenizer/config
+  files, ``doc.v1.raw`` for README/LICENSE, ``code.v1.raw`` for scripts;
+- layer annotations: ``org.cncf.model.filepath`` (the relative path, ``/``-separated),
+  ``org.opencontainers.image.title``, ``org.cncf.model.file.metadata+json`` and
+  ``org.cncf.model.file.mediatype.untested`` (``true`` when the type is a guess).
+
+The manifest is deterministic (files sorted, constant mtime/uid/gid), so pushing an
+unchanged directory again gives the same digest and uploads nothing.
+
+Progress events passed to ``progress(event, path, done, total)``: ``hash``, ``upload``,
+``exists`` (skipped on push), ``download``, ``present`` (skipped on pull), ``manifest``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import posixpath
+import stat
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+from typing import NamedTuple
+
+from . import oci
+from .errors import DigestMismatch, UnsafePath, WeightsError
+
+ARTIFACT_TYPE = "application/vnd.cncf.model.manifest.v1+json"
+CONFIG_MEDIA_TYPE = "application/vnd.cncf.model.config.v1+json"
+MEDIA_WEIGHT = "application/vnd.cncf.model.weight.v1.raw"
+MEDIA_WEIGHT_CONFIG = "application/vnd.cncf.model.weight.config.v1.raw"
+MEDIA_DOC = "application/vnd.cncf.model.doc.v1.raw"
+MEDIA_CODE = "application/vnd.cncf.model.code.v1.raw"
+MEDIA_DATASET = "application/vnd.cncf.model.dataset.v1.raw"
+RAW_MEDIA_TYPES = frozenset({MEDIA_WEIGHT, MEDIA_WEIGHT_CONFIG, MEDIA_DOC, MEDIA_CODE, MEDIA_DATASET})
+
+ANNOTATION_FILEPATH = "org.cncf.model.filepath"
+ANNOTATION_FILE_METADATA = "org.cncf.model.file.metadata+json"
+ANNOTATION_UNTESTED = "org.cncf.model.file.mediatype.untested"
+ANNOTATION_TITLE = "org.opencontainers.image.title"
+# Older ModelPack drafts (CNAI) used this key; read it, never write it.
+_LEGACY_FILEPATH = "org.cnai.model.filepath"
+
+PARTIAL_SUFFIX = ".partial"
+_EPOCH = "1970-01-01T00:00:00Z"  # constant mtime: reproducible manifests (spec: Reproducibility)
+_TYPEFLAG_REGULAR = ord("0")
+
+_WEIGHT_EXT = {".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".gguf", ".ggml", ".onnx", ".h5", ".msgpack",
+               ".pb", ".tflite", ".mlmodel", ".npz", ".npy", ".engine", ".plan", ".nemo", ".pkl", ".model"}
+_CONFIG_EXT = {".json", ".yaml", ".yml", ".toml", ".jinja", ".tiktoken"}
+_CONFIG_NAMES = {"vocab.txt", "merges.txt", "tokenizer.model", "spiece.model", "sentencepiece.bpe.model"}
+_DOC_EXT = {".md", ".rst", ".txt", ".pdf", ".html"}
+_DOC_STEMS = {"readme", "license", "licence", "notice", "copying", "authors", "citation", "model_card"}
+_CODE_EXT = {".py", ".sh", ".ipynb", ".js", ".ts", ".go", ".rs", ".c", ".cc", ".cpp", ".cu", ".h"}
+
+
+class ArtifactFile(NamedTuple):
+    path: str  # relative, "/"-separated
+    size: int
+    digest: str
+
+
+@dataclass(frozen=True)
+class PushedFile:
+    path: str
+    size: int
+    digest: str
+    media_type: str
+    uploaded_bytes: int  # 0 when the registry already had the blob
+
+
+@dataclass(frozen=True)
+class PushedArtifact:
+    ref: str  # the reference pushed, with the manifest digest: host/repo:tag@sha256:...
+    digest: str
+    files: tuple[PushedFile, ...]
+
+    @property
+    def uploaded_bytes(self) -> int:
+        return sum(f.uploaded_bytes for f in self.files)
+
+
+@dataclass(frozen=True)
+class PullResult:
+    files: tuple[ArtifactFile, ...]
+    downloaded_bytes: int
+    skipped: tuple[str, ...]  # paths already present with the right digest
+
+
+def media_type_for(relpath: str) -> tuple[str, bool]:
+    """``(media type, untested)`` for a file by name; unknown files count as weights
+    (``untested``: the type is a guess)."""
+    name = PurePosixPath(relpath).name.lower()
+    stem, ext = posixpath.splitext(name)
+    if name in _CONFIG_NAMES or ext in _CONFIG_EXT:
+        return MEDIA_WEIGHT_CONFIG, False
+    if stem in _DOC_STEMS or ext in _DOC_EXT:
+        return MEDIA_DOC, False
+    if ext in _CODE_EXT:
+        return MEDIA_CODE, False
+    if ext in _WEIGHT_EXT or ".safetensors" in name or ".gguf" in name:
+        return MEDIA_WEIGHT, False
+    return MEDIA_WEIGHT, True
+
+
+def safe_relpath(path: str) -> str:
+    """Check an artifact path: relative, no ``..``, no empty or dot parts, no backslash
+    or NUL. Returns it unchanged or raises UnsafePath."""
+    if not path or not isinstance(path, str):
+        raise UnsafePath(f"artifact file path {path!r} is empty")
+    if "\\" in path or "\x00" in path:
+        raise UnsafePath(f"artifact file path {path!r} has a backslash or NUL")
+    if path.startswith("/") or PurePosixPath(path).is_absolute() or (len(path) > 1 and path[1] == ":"):
+        raise UnsafePath(f"artifact file path {path!r} is absolute")
+    parts = path.split("/")
+    if any(p in ("", ".", "..") for p in parts):
+        raise UnsafePath(f"artifact file path {path!r} escapes or is not normalized (.., ., //)",
+                         hint="the artifact was not made by imgbuild or was tampered with; nothing was written")
+    if parts[-1].endswith(PARTIAL_SUFFIX):
+        raise UnsafePath(f"artifact file path {path!r} ends in {PARTIAL_SUFFIX}, which pull uses for itself")
+    return path
+
+
+def _target(root: Path, relpath: str) -> Path:
+    """The final path for ``relpath`` under ``root``; refuses one that a symlink in
+    ``root`` would lead outside."""
+    target = root.joinpath(*relpath.split("/"))
+    real_root = os.path.realpath(root)
+    real_parent = os.path.realpath(target.parent)
+    if os.path.commonpath([real_root, real_parent]) != real_root:
+        raise UnsafePath(f"artifact file path {relpath!r} leads outside {root} through a symlink")
+    if target.is_symlink():
+        raise UnsafePath(f"{target} is a symlink; pull does not write through symlinks")
+    return target
+
+
+# ---------------------------------------------------------------- push
+
+
+def scan_dir(directory: str | os.PathLike) -> list[tuple[str, Path]]:
+    """``(relpath, path)`` of the regular files under ``directory``, sorted. Symlinks are
+    followed only when they point at a file inside the directory."""
+    root = Path(directory)
+    if not root.is_dir():
+        raise WeightsError(f"{root} is not a directory")
+    real_root = os.path.realpath(root)
+    found = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames.sort()
+        for name in filenames:
+            path = Path(dirpath) / name
+            rel = path.relative_to(root).as_posix()
+            if name.endswith(PARTIAL_SUFFIX):
+                continue  # an unfinished pull, never content
+            if path.is_symlink():
+                real = os.path.realpath(path)
+                if os.path.commonpath([real_root, real]) != real_root:
+                    raise WeightsError(f"{rel} is a symlink to {real}, outside {root}")
+            if not path.is_file():
+                continue
+            safe_relpath(rel)
+            found.append((rel, path))
+    if not found:
+        raise WeightsError(f"{root} has no files to push")
+    return sorted(found)
+
+
+def _layer(relpath: str, path: Path, digest: str, size: int) -> dict:
+    media_type, untested = media_type_for(relpath)
+    mode = stat.S_IMODE(path.stat().st_mode)
+    metadata = {"name": PurePosixPath(relpath).name, "mode": mode, "uid": 0, "gid": 0, "size": size,
+                "mtime": _EPOCH, "typeflag": _TYPEFLAG_REGULAR}
+    return {
+        "mediaType": media_type,
+        "digest": digest,
+        "size": size,
+        "annotations": {
+            ANNOTATION_FILEPATH: relpath,
+            ANNOTATION_FILE_METADATA: json.dumps(metadata, sort_keys=True, separators=(",", ":")),
+            ANNOTATION_UNTESTED: "true" if untested else "false",
+            ANNOTATION_TITLE: relpath,
+        },
+    }
+
+
+def model_config(layers: list[dict], descriptor: dict | None = None, config: dict | None = None) -> dict:
+    return {
+        "descriptor": dict(descriptor or {}),
+        "config": dict(config or {}),
+        "modelfs": {"type": "layers", "diffIds": [layer["digest"] for layer in layers]},
+    }
+
+
+def push(directory: str | os.PathLike, ref: str, progress: oci.Progress | None = None, *,
+         client: oci.Client | None = None, descriptor: dict | None = None,
+         annotations: dict | None = None) -> PushedArtifact:
+    """Push every file under ``directory`` as one ModelPack artifact at ``ref``.
+
+    Files are hashed, then uploaded streamed unless the registry has the blob already.
+    The manifest goes up only after every blob is in the registry, so the tag never
+    points at a partial push. ``descriptor`` fills the config's ModelPack descriptor
+    (name, version, licenses...).
+    """
+    reference = oci.parse_reference(ref)
+    client = client or oci.Client()
+    files = scan_dir(directory)
+    layers, pushed = [], []
+    for relpath, path in files:
+        digest, size = oci.sha256_file(path, progress, relpath)
+        layer = _layer(relpath, path, digest, size)
+        result = oci.upload_blob(reference, path, digest=digest, client=client, progress=progress, label=relpath)
+        layers.append(layer)
+        pushed.append(PushedFile(relpath, size, digest, layer["mediaType"], result.uploaded_bytes))
+    config_raw = oci.canonical_json(model_config(layers, descriptor))
+    config = oci.upload_bytes(reference, config_raw, client=client)
+    manifest = {
+        "schemaVersion": 2,
+        "mediaType": oci.MEDIA_OCI_MANIFEST,
+        "artifactType": ARTIFACT_TYPE,
+        "config": {"mediaType": CONFIG_MEDIA_TYPE, "digest": config.digest, "size": config.size},
+        "layers": layers,
+    }
+    if annotations:
+        manifest["annotations"] = dict(annotations)
+    raw = oci.canonical_json(manifest)
+    # Every blob was checked or uploaded above; make sure before the tag moves.
+    for layer in layers:
+        if not oci.blob_exists(reference, layer["digest"], client=client):
+            raise WeightsError(f"blob {layer['digest']} is missing from {reference.registry} after upload")
+    target = reference if reference.tag or reference.digest else reference.with_tag("latest")
+    digest = oci.put_manifest(target, raw, oci.MEDIA_OCI_MANIFEST, client=client)
+    if progress:
+        progress("manifest", str(target), len(raw), len(raw))
+    return PushedArtifact(str(oci.Reference(target.registry, target.repository, target.tag, digest)), digest,
+                          tuple(pushed))
+
+
+# ---------------------------------------------------------------- read
+
+
+def _artifact_manifest(reference: oci.Reference, client: oci.Client) -> tuple[dict, str]:
+    manifest, digest, media_type = oci.get_manifest(reference, client=client)
+    config_type = (manifest.get("config") or {}).get("mediaType")
+    if manifest.get("artifactType") != ARTIFACT_TYPE and config_type != CONFIG_MEDIA_TYPE:
+        raise WeightsError(
+            f"{reference} is not a model artifact (artifactType {manifest.get('artifactType')!r}, "
+            f"config {config_type!r})",
+            hint="it may be a container image; weights are pushed with `imgbuild weights push`",
+        )
+    return manifest, digest
+
+
+def _files(manifest: dict, where: str) -> list[tuple[ArtifactFile, dict]]:
+    out, seen = [], set()
+    for layer in manifest.get("layers") or []:
+        notes = layer.get("annotations") or {}
+        path = notes.get(ANNOTATION_FILEPATH) or notes.get(_LEGACY_FILEPATH) or notes.get(ANNOTATION_TITLE)
+        if path is None:
+            raise WeightsError(f"a layer of {where} ({layer.get('digest')}) names no file path")
+        if layer.get("mediaType", "").endswith(("tar", "tar+gzip", "tar+zstd")):
+            raise WeightsError(f"{where} has archived layers ({layer['mediaType']}); only .raw layers are supported")
+        path = safe_relpath(path)
+        if path in seen:
+            raise UnsafePath(f"{where} names {path!r} twice")
+        seen.add(path)
+        digest = layer.get("digest", "")
+        if not digest.startswith("sha256:") or len(digest) != 71:
+            raise WeightsError(f"{where}: layer for {path} has unsupported digest {digest!r}")
+        out.append((ArtifactFile(path, int(layer.get("size") or 0), digest), layer))
+    # A file may not also be a directory of another (a/b and a/b/c).
+    for f, _ in out:
+        parts = f.path.split("/")
+        for i in range(1, len(parts)):
+            if "/".join(parts[:i]) in seen:
+                raise UnsafePath(f"{where} names {'/'.join(parts[:i])!r} both as a file and a directory")
+    return out
+
+
+def ls(ref: str, *, client: oci.Client | None = None) -> list[ArtifactFile]:
+    """The files of an artifact: ``(path, size, digest)`` each, in manifest order."""
+    reference = oci.parse_reference(ref)
+    client = client or oci.Client()
+    manifest, digest = _artifact_manifest(reference, client)
+    return [f for f, _ in _files(manifest, str(reference))]
+
+
+# ---------------------------------------------------------------- pull
+
+
+def _file_matches(path: Path, size: int, digest: str) -> bool:
+    try:
+        if not path.is_file() or path.is_symlink() or path.stat().st_size != size:
+            return False
+    except OSError:
+        return False
+    return oci.sha256_file(path)[0] == digest
+
+
+def pull(ref: str, directory: str | os.PathLike, progress: oci.Progress | None = None, *,
+         client: oci.Client | None = None) -> PullResult:
+    """Download an artifact's files into ``directory``.
+
+    Every path is checked before anything is written (no ``..``, no absolute paths, no
+    writing through symlinks). A file already there with the right sha256 is skipped.
+    Each download goes to ``<name>.partial`` next to its final path, is hashed while it
+    streams, and is renamed into place only when the digest matches. An existing
+    ``.partial`` is resumed with a Range request. A corrupt blob raises DigestMismatch;
+    its partial is deleted and nothing appears at the final path.
+    """
+    reference = oci.parse_reference(ref)
+    client = client or oci.Client()
+    manifest, digest = _artifact_manifest(reference, client)
+    root = Path(directory)
+    entries = _files(manifest, str(reference))
+    root.mkdir(parents=True, exist_ok=True)
+    targets = [(f, _target(root, f.path), layer) for f, layer in entries]  # all checked first
+
+    downloaded, skipped = 0, []
+    for f, target, layer in targets:
+        if _file_matches(target, f.size, f.digest):
+            skipped.append(f.path)
+            if progress:
+                progress("present", f.path, f.size, f.size)
+            continue
+        target.parent.mkdir(parents=True, exist_ok=True)
+        partial = target.with_name(target.name + PARTIAL_SUFFIX)
+        if partial.is_symlink():
+            raise UnsafePath(f"{partial} is a symlink; pull does not write through symlinks")
+        downloaded += _download(reference, f, partial, client, progress)
+        _apply_mode(partial, layer)
+        os.replace(partial, target)
+    return PullResult(tuple(f for f, _ in entries), downloaded, tuple(skipped))
+
+
+def _download(reference: oci.Reference, f: ArtifactFile, partial: Path, client: oci.Client,
+              progress: oci.Progress | None) -> int:
+    offset = partial.stat().st_size if partial.exists() else 0
+    received = 0
+    for attempt in (0, 1):
+        mode = "r+b" if offset else "w+b"
+        try:
+            with open(partial, mode) as fh:
+                received += oci.get_blob(reference, f.digest, fh, offset, size=f.size, client=client,
+                                         progress=progress, label=f.path)
+            return received
+        # Anything else (network gone, Ctrl-C) keeps the partial: the next pull resumes it.
+        except DigestMismatch as exc:
+            received += getattr(exc, "received_bytes", 0)
+            partial.unlink(missing_ok=True)
+            if offset and attempt == 0:
+                offset = 0  # the old partial may have been the bad part: once more from zero
+                continue
+            raise
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def _apply_mode(path: Path, layer: dict) -> None:
+    """Keep the executable bit a file was pushed with; never setuid/setgid/sticky."""
+    try:
+        meta = json.loads((layer.get("annotations") or {}).get(ANNOTATION_FILE_METADATA) or "{}")
+        mode = int(meta.get("mode", 0o644)) & 0o777
+    except (ValueError, TypeError, AttributeError):
+        return
+    os.chmod(path, (mode | 0o600) & 0o755 if mode & 0o111 else 0o644)

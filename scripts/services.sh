@@ -1,0 +1,136 @@
+#!/usr/bin/env bash
+# Set up, start and stop what imgbuild's demo and tests need on a Debian machine:
+# Debian's Docker engine (BuildKit-capable 20.10 client), a local registry with htpasswd
+# auth on 127.0.0.1, and a Debian base image made with mmdebstrap (no public image
+# registry is needed). Idempotent: it reuses whatever already runs.
+#
+#   scripts/services.sh up      install what is missing, start engine + registry, make base
+#   scripts/services.sh down    stop only what `up` started
+#   scripts/services.sh env     print the registry settings as shell assignments
+set -euo pipefail
+
+STATE_DIR=${IMGBUILD_STATE_DIR:-/var/lib/imgbuild-services}
+REGISTRY_ADDR=${IMGBUILD_REGISTRY_ADDR:-127.0.0.1:5000}
+REGISTRY_USER=${IMGBUILD_REGISTRY_USER:-ci}
+BASE_IMAGE=${IMGBUILD_BASE_IMAGE:-debian:bookworm-slim}
+DEBIAN_MIRROR=${IMGBUILD_DEBIAN_MIRROR:-http://deb.debian.org/debian}
+DOCKER_SOCK=/var/run/docker.sock
+# Debian's client first: the newer client some machines put first on PATH lacks buildx and
+# silently falls back to the legacy builder.
+DOCKER=/usr/bin/docker
+
+log() { printf '[services] %s\n' "$*" >&2; }
+
+need_root() {
+    if [ "$(id -u)" != 0 ]; then
+        log "this step needs root (apt-get, dockerd): run as root or with sudo"; exit 3
+    fi
+}
+
+install_missing() {
+    local pkgs=()
+    command -v dockerd >/dev/null || pkgs+=(docker.io)
+    [ -x /usr/bin/docker ] || pkgs+=(docker.io)
+    command -v docker-registry >/dev/null || pkgs+=(docker-registry)
+    command -v htpasswd >/dev/null || pkgs+=(apache2-utils)
+    command -v mmdebstrap >/dev/null || pkgs+=(mmdebstrap)
+    python3 -c 'import venv, ensurepip' 2>/dev/null || pkgs+=(python3-venv python3-pip)
+    if [ ${#pkgs[@]} -gt 0 ]; then
+        need_root
+        log "installing: ${pkgs[*]}"
+        apt-get update -q
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${pkgs[@]}"
+    fi
+}
+
+engine_up() { $DOCKER version --format '{{.Server.Version}}' >/dev/null 2>&1; }
+
+start_engine() {
+    if engine_up; then log "docker engine already running"; return; fi
+    need_root
+    mkdir -p "$STATE_DIR"
+    log "starting dockerd (no bridge network; builds use --network host)"
+    setsid dockerd --bridge=none --iptables=false --ip-masq=false \
+        --host "unix://$DOCKER_SOCK" >"$STATE_DIR/dockerd.log" 2>&1 < /dev/null &
+    echo $! >"$STATE_DIR/dockerd.pid"
+    for _ in $(seq 1 60); do engine_up && { log "dockerd up"; return; }; sleep 1; done
+    log "dockerd did not come up; see $STATE_DIR/dockerd.log"; tail -20 "$STATE_DIR/dockerd.log" >&2; exit 3
+}
+
+registry_up() {
+    # 401 (auth required) is the answer of a running registry with auth.
+    local code
+    code=$(curl -s -o /dev/null -w '%{http_code}' "http://$REGISTRY_ADDR/v2/" || true)
+    [ "$code" = 401 ] || [ "$code" = 200 ]
+}
+
+start_registry() {
+    mkdir -p "$STATE_DIR/registry/data"
+    if [ ! -s "$STATE_DIR/registry/password" ]; then
+        # A random password per machine: tests read it from here, it is never a constant.
+        head -c 18 /dev/urandom | base64 | tr -d '/+=' >"$STATE_DIR/registry/password"
+        chmod 600 "$STATE_DIR/registry/password"
+    fi
+    if registry_up; then log "registry already answering on $REGISTRY_ADDR"; return; fi
+    htpasswd -Bbn "$REGISTRY_USER" "$(cat "$STATE_DIR/registry/password")" >"$STATE_DIR/registry/htpasswd"
+    cat >"$STATE_DIR/registry/config.yml" <<EOF
+version: 0.1
+log: {level: warn}
+storage:
+  filesystem: {rootdirectory: $STATE_DIR/registry/data}
+  delete: {enabled: true}
+http:
+  addr: $REGISTRY_ADDR
+auth:
+  htpasswd: {realm: imgbuild-registry, path: $STATE_DIR/registry/htpasswd}
+EOF
+    log "starting registry on $REGISTRY_ADDR (htpasswd auth, user $REGISTRY_USER)"
+    setsid docker-registry serve "$STATE_DIR/registry/config.yml" \
+        >"$STATE_DIR/registry.log" 2>&1 < /dev/null &
+    echo $! >"$STATE_DIR/registry.pid"
+    for _ in $(seq 1 30); do registry_up && { log "registry up"; return; }; sleep 0.5; done
+    log "registry did not come up; see $STATE_DIR/registry.log"; tail -20 "$STATE_DIR/registry.log" >&2; exit 3
+}
+
+make_base_image() {
+    if $DOCKER image inspect "$BASE_IMAGE" >/dev/null 2>&1; then
+        log "base image $BASE_IMAGE present"; return
+    fi
+    if $DOCKER pull "$BASE_IMAGE" >/dev/null 2>&1; then log "pulled $BASE_IMAGE"; return; fi
+    need_root
+    log "no registry serves $BASE_IMAGE here: making it with mmdebstrap (about 20 s)"
+    local tar="$STATE_DIR/rootfs-bookworm.tar"
+    if [ ! -s "$tar" ]; then
+        mmdebstrap --quiet --format=tar --variant=minbase --include=ca-certificates bookworm "$tar.tmp" "$DEBIAN_MIRROR"
+        mv "$tar.tmp" "$tar"
+    fi
+    $DOCKER import "$tar" "$BASE_IMAGE" >/dev/null
+    log "imported $BASE_IMAGE"
+}
+
+stop_started() {
+    for name in registry dockerd; do
+        local pidfile="$STATE_DIR/$name.pid"
+        [ -f "$pidfile" ] || continue
+        local pid; pid=$(cat "$pidfile")
+        if kill -0 "$pid" 2>/dev/null; then
+            log "stopping $name ($pid)"; kill "$pid" || true
+            for _ in $(seq 1 30); do kill -0 "$pid" 2>/dev/null || break; sleep 0.5; done
+        fi
+        rm -f "$pidfile"
+    done
+}
+
+print_env() {
+    echo "IMGBUILD_TEST_REGISTRY=$REGISTRY_ADDR"
+    echo "IMGBUILD_TEST_REGISTRY_USER=$REGISTRY_USER"
+    echo "IMGBUILD_TEST_REGISTRY_PASSWORD_FILE=$STATE_DIR/registry/password"
+    echo "IMGBUILD_TEST_BASE_IMAGE=$BASE_IMAGE"
+}
+
+case "${1:-up}" in
+    up) install_missing; start_engine; start_registry; make_base_image; print_env ;;
+    down) stop_started ;;
+    env) print_env ;;
+    *) echo "usage: $0 up|down|env" >&2; exit 2 ;;
+esac

@@ -1,0 +1,103 @@
+"""Shared fixtures.
+
+End-to-end fixtures find a real Docker engine and the local registry that
+``scripts/services.sh up`` starts. On a laptop without them those tests skip; in CI
+(``CI=true``) a missing engine or registry is a failure, never a skip.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+STATE_DIR = Path(os.environ.get("IMGBUILD_STATE_DIR", "/var/lib/imgbuild-services"))
+IN_CI = os.environ.get("CI", "").lower() in {"1", "true", "yes"}
+
+
+def unavailable(reason: str):
+    """Skip on a developer machine; fail in CI where the services must be there."""
+    if IN_CI:
+        pytest.fail(f"CI=true but {reason}; scripts/services.sh up should have provided it", pytrace=False)
+    pytest.skip(reason)
+
+
+@dataclass(frozen=True)
+class Registry:
+    address: str
+    user: str
+    password: str
+
+    def repo(self, name: str) -> str:
+        return f"{self.address}/{name}"
+
+
+@pytest.fixture(scope="session")
+def docker_client():
+    try:
+        import docker
+
+        client = docker.from_env(timeout=300)
+        client.ping()
+    except Exception as exc:  # any failure to reach the engine means "no engine here"
+        unavailable(f"no Docker engine reachable ({exc.__class__.__name__}: {exc})")
+    if not Path("/usr/bin/docker").exists() and not shutil.which("docker-buildx"):
+        unavailable("no BuildKit-capable docker client (/usr/bin/docker or buildx)")
+    yield client
+    client.close()
+
+
+@pytest.fixture(scope="session")
+def base_image(docker_client) -> str:
+    name = os.environ.get("IMGBUILD_TEST_BASE_IMAGE", "debian:bookworm-slim")
+    try:
+        docker_client.images.get(name)
+    except Exception:
+        unavailable(f"base image {name} missing (scripts/services.sh up makes it)")
+    return name
+
+
+@pytest.fixture(scope="session")
+def registry() -> Registry:
+    import requests
+
+    address = os.environ.get("IMGBUILD_TEST_REGISTRY", "127.0.0.1:5000")
+    user = os.environ.get("IMGBUILD_TEST_REGISTRY_USER", "ci")
+    pw_file = Path(os.environ.get("IMGBUILD_TEST_REGISTRY_PASSWORD_FILE", STATE_DIR / "registry" / "password"))
+    try:
+        password = pw_file.read_text().strip()
+        status = requests.get(f"http://{address}/v2/", timeout=5).status_code
+    except Exception as exc:
+        unavailable(f"no local registry at {address} ({exc})")
+    if status != 401:
+        unavailable(f"registry at {address} answered {status}, expected 401 (htpasswd auth)")
+    return Registry(address, user, password)
+
+
+@pytest.fixture
+def docker_config(tmp_path, monkeypatch) -> Path:
+    """An empty, private docker config dir so tests never read or write the user's."""
+    cfg = tmp_path / "docker-config"
+    cfg.mkdir()
+    monkeypatch.setenv("DOCKER_CONFIG", str(cfg))
+    return cfg
+
+
+@pytest.fixture
+def unique_name() -> str:
+    return f"imgbuild-test/{uuid.uuid4().hex[:10]}"
+
+
+@pytest.fixture
+def cleanup_images(docker_client):
+    """Collect image references; they are removed after the test (the base and cache stay)."""
+    refs: list[str] = []
+    yield refs
+    for ref in refs:
+        subprocess.run(["/usr/bin/docker", "image", "rm", "-f", ref], capture_output=True)

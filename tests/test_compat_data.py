@@ -1,0 +1,210 @@
+"""Shipped compatibility data: exact values from the sources, and the load-time invariants."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from packaging.version import Version
+
+from buildkit_py import compat
+from buildkit_py.compat import tables
+from buildkit_py.errors import CompatDataError
+
+
+def test_all_files_validate_and_have_sources():
+    compat.validate_all()
+    srcs = compat.data_sources()
+    assert set(srcs) == set(tables.DATA_FILES)
+    assert all(s.strip() for s in srcs.values())
+
+
+@pytest.mark.parametrize("cuda, linux, windows", [
+    ("12.4.1", "550.54.15", "551.78"),
+    ("12.4.0", "550.54.14", "551.61"),
+    ("12.1.1", "530.30.02", "531.14"),
+    ("11.8.0", "520.61.05", "522.06"),
+    ("12.0.0", "525.60.13", "527.41"),
+    ("12.2.2", "535.104.05", "537.13"),
+    ("11.2.0", "460.27.03", "460.82"),   # Table 3 (runfile bundles 460.27.04)
+    ("11.0.3", "450.51.06", "451.82"),
+    ("13.0.0", "580.65.06", None),
+])
+def test_toolkit_drivers(cuda, linux, windows):
+    t = compat.resolve_cuda(cuda)
+    assert (t.version, t.linux_min_driver, t.windows_min_driver) == (cuda, linux, windows)
+
+
+@pytest.mark.parametrize("spec, exact", [("12.4", "12.4.1"), ("12.6", "12.6.3"), ("11.8", "11.8.0"), ("12.4.0", "12.4.0")])
+def test_resolve_cuda(spec, exact):
+    assert compat.resolve_cuda(spec).version == exact
+
+
+@pytest.mark.parametrize("spec", ["12", "12.7", "12.4.9", "14.0", "latest", "12.4.1.1"])
+def test_resolve_cuda_unknown(spec):
+    with pytest.raises(LookupError, match="known near it"):
+        compat.resolve_cuda(spec)
+
+
+def test_toolkits_sorted_and_span():
+    vs = [t.version for t in compat.toolkits()]
+    assert vs == sorted(vs, key=Version) and len(set(vs)) == len(vs)
+    assert vs[0].startswith("11.0") and vs[-1].startswith("13.")
+    assert not any(v.startswith("12.7.") for v in vs)
+
+
+@pytest.mark.parametrize("major, floor", [(11, "450.80.02"), (12, "525.60.13"), (13, "580"), (10, None)])
+def test_minor_compat_floor(major, floor):
+    assert compat.minor_compat_floor(major) == floor
+
+
+@pytest.mark.parametrize("cuda, branches", [("12.4", ("470",)), ("13.0", ("535", "570")), ("11.8", ()), ("11.0", ("418",))])
+def test_forward_compat_branches(cuda, branches):
+    assert compat.forward_compat_branches(cuda) == branches
+
+
+@pytest.mark.parametrize("version, variants, pypi_variant", [
+    ("2.1.2", {"cu118": "11.8", "cu121": "12.1"}, "cu121"),
+    ("2.4.1", {"cu118": "11.8", "cu121": "12.1", "cu124": "12.4"}, "cu121"),
+    ("2.5.1", {"cu118": "11.8", "cu121": "12.1", "cu124": "12.4"}, "cu124"),
+    ("2.8.0", {"cu126": "12.6", "cu128": "12.8", "cu129": "12.9"}, "cu128"),
+    ("2.9.1", {"cu126": "12.6", "cu128": "12.8", "cu130": "13.0"}, "cu128"),
+])
+def test_torch_variants(version, variants, pypi_variant):
+    r = compat.torch_release(version)
+    assert r.variants == variants and r.pypi_variant == pypi_variant
+
+
+def test_torch_pypi_pins_and_python():
+    r = compat.torch_release("2.4.1")
+    assert r.pypi_cuda_wheels["nvidia-cuda-runtime-cu12"] == "12.1.105"
+    assert r.triton == "3.0.0"
+    assert "3.11" in r.python and "3.7" not in r.python
+    assert "3.9" not in compat.torch_release("2.9.0").python
+
+
+def test_torch_unknown_and_index():
+    with pytest.raises(LookupError):
+        compat.torch_release("2.99.0")
+    assert compat.torch_index_url("cu124") == "https://download.pytorch.org/whl/cu124"
+    assert [r.version for r in compat.torch_releases()][0] == "1.13.0"
+
+
+@pytest.mark.parametrize("cuda, flavor, cudnn, os, tag", [
+    ("12.4.1", "runtime", "9", "ubuntu22.04", "12.4.1-cudnn-runtime-ubuntu22.04"),
+    ("12.4", "devel", "9", "ubuntu22.04", "12.4.1-cudnn-devel-ubuntu22.04"),
+    ("12.1.1", "runtime", "8", "ubuntu22.04", "12.1.1-cudnn8-runtime-ubuntu22.04"),
+    ("11.8.0", "devel", "8", "ubuntu22.04", "11.8.0-cudnn8-devel-ubuntu22.04"),
+    ("12.3.2", "devel", "9", "ubuntu20.04", "12.3.2-cudnn9-devel-ubuntu20.04"),
+    ("12.6.3", "base", None, "ubuntu24.04", "12.6.3-base-ubuntu24.04"),
+])
+def test_image_tags(cuda, flavor, cudnn, os, tag):
+    assert compat.cuda_image_tag(cuda, flavor, cudnn, os) == tag
+
+
+@pytest.mark.parametrize("args", [("12.4.1", "runtime", "9", "ubuntu24.04"), ("12.4.1", "base", "9", "ubuntu22.04"),
+                                  ("12.1.1", "runtime", "9", "ubuntu22.04"), ("10.2", "runtime", None, "ubuntu18.04")])
+def test_image_tag_missing_lists_what_exists(args):
+    with pytest.raises(LookupError, match="available|with images"):
+        compat.cuda_image_tag(*args)
+
+
+def test_image_oses_cudnn_eol():
+    assert compat.cuda_image_oses("12.4") == ("ubuntu20.04", "ubuntu22.04")
+    assert compat.cudnn_versions("12.1") == ("8",) and compat.cudnn_versions("12.4") == ("9",)
+    assert compat.image_end_of_life("11.8") is None  # policy not sourced
+
+
+@pytest.mark.parametrize("cuda, has, lacks", [
+    ("12.4", ("5.0", "9.0"), ("3.5", "10.0")),
+    ("12.8", ("5.0", "10.0", "12.0"), ("3.5",)),
+    ("13.0", ("7.5", "10.0", "12.0"), ("5.0", "6.1", "7.0")),
+    ("11.8", ("3.5", "9.0"), ("10.0",)),
+])
+def test_cuda_archs(cuda, has, lacks):
+    archs = compat.cuda_archs(cuda)
+    assert all(a in archs for a in has) and not any(a in archs for a in lacks)
+
+
+def test_cuda_runtime_wheels():
+    assert compat.cuda_runtime_wheels("12.4")["nvidia-cuda-runtime-cu12"] == "12.4.127"
+    assert compat.cuda_runtime_wheels("12.1.1")["nvidia-cuda-runtime-cu12"] == "12.1.105"
+    with pytest.raises(LookupError):
+        compat.cuda_runtime_wheels("12.3")
+
+
+def test_flash_attn_and_bnb():
+    fa = compat.flash_attn_release("2.6.3")
+    assert fa.archs == ("8.0", "8.6", "8.9", "9.0") and "3.8" in fa.python
+    assert compat.flash_attn_prebuilt("2.6.3", "12.4", "2.4", "3.11") is None  # prebuilt matrix not sourced
+    assert "3.9" in compat.bitsandbytes_release("0.46.0").python and "3.8" not in compat.bitsandbytes_release("0.46.0").python
+    with pytest.raises(LookupError):
+        compat.flash_attn_release("9.9.9")
+
+
+# ---------------------------------------------------------------- invariants on broken data
+def _with_data(monkeypatch, tmp_path, name: str, mutate):
+    """Serve a mutated copy of one data file to the loaders."""
+    from importlib import resources
+    real = resources.files("buildkit_py.compat").joinpath("data")
+    data_dir = tmp_path / "data"
+    data_dir.mkdir()
+    for f in tables.DATA_FILES:
+        (data_dir / f).write_text(real.joinpath(f).read_text())
+    obj = json.loads((data_dir / name).read_text())
+    mutate(obj)
+    (data_dir / name).write_text(json.dumps(obj))
+    monkeypatch.setattr(tables.resources, "files", lambda pkg: tmp_path)
+    for fn in (tables._toolkit_data, tables._minor_floors, tables._forward_compat, tables._images, tables._torch,
+               tables._flash_attn, tables._bnb, tables._archs, tables._wheels):
+        fn.cache_clear()
+
+
+@pytest.fixture(autouse=True)
+def _clear_caches():
+    yield
+    for fn in (tables._toolkit_data, tables._minor_floors, tables._forward_compat, tables._images, tables._torch,
+               tables._flash_attn, tables._bnb, tables._archs, tables._wheels):
+        fn.cache_clear()
+
+
+def _swap_first_two(o):
+    o["toolkits"][0], o["toolkits"][1] = o["toolkits"][1], o["toolkits"][0]
+
+
+def _drop(version):
+    return lambda o: o.__setitem__("toolkits", [t for t in o["toolkits"] if t["version"] != version])
+
+
+def _set_tk(version, key, value):
+    def m(o):
+        for t in o["toolkits"]:
+            if t["version"] == version:
+                t[key] = value
+    return m
+
+
+@pytest.mark.parametrize("name, mutate, match", [
+    ("toolkits.json", _swap_first_two, "ascending"),
+    ("toolkits.json", lambda o: o["toolkits"].append(dict(o["toolkits"][-1])), "ascending"),
+    ("toolkits.json", _drop("12.2.0"), None),  # 12.2.x still present via 12.2.1
+    ("toolkits.json", lambda o: o["toolkits"].__setitem__(slice(None), [t for t in o["toolkits"] if not t["version"].startswith("12.5.")]), "gap"),
+    ("toolkits.json", _set_tk("12.4.1", "linux_min_driver", "500.00"), "lower than"),
+    ("toolkits.json", _set_tk("12.4.1", "linux_min_driver", "five fifty"), "malformed"),
+    ("toolkits.json", _set_tk("12.4.1", "source", ""), "source"),
+    ("toolkits.json", lambda o: o.__setitem__("schema", 2), "schema"),
+    ("torch.json", lambda o: o["releases"][0]["variants"].__setitem__("cu107", "10.7"), "known toolkit"),
+    ("torch.json", lambda o: o["releases"][0]["variants"].__setitem__("cu118", "12.1"), "does not spell"),
+    ("images.json", lambda o: o["images"][0].__setitem__("cuda", "11.0.9"), "known toolkit"),
+    ("archs.json", lambda o: o["entries"][0]["archs"].append("sm_90"), "malformed"),
+    ("archs.json", lambda o: o["entries"][0]["archs"].reverse(), "ascending"),
+    ("flash_attn.json", lambda o: o["releases"][0].__setitem__("archs", ["9.0", "8.0"]), "ascending"),
+])
+def test_invariants(monkeypatch, tmp_path, name, mutate, match):
+    _with_data(monkeypatch, tmp_path, name, mutate)
+    if match is None:
+        tables.validate_all()
+        return
+    with pytest.raises(CompatDataError, match=match) as exc:
+        tables.validate_all()
+    assert name in exc.value.message

@@ -1,0 +1,402 @@
+"""OCI distribution client: reference parsing (unit), transport rules (local stub
+servers for what a real registry cannot be made to do: 503s, a Bearer token service), and
+everything else against the real registry from scripts/services.sh."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import os
+import secrets
+import socket
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+import requests
+
+from buildkit_py import auth, oci
+from buildkit_py.errors import (
+    AuthenticationError,
+    DigestMismatch,
+    ManifestNotFound,
+    RegistryError,
+    RegistryUnreachable,
+    UsageError,
+)
+
+DIGEST = "sha256:" + "a" * 64
+
+
+# ---------------------------------------------------------------- references (unit)
+
+
+@pytest.mark.parametrize(
+    "text, registry, repository, tag, digest",
+    [
+        ("ubuntu", "docker.io", "library/ubuntu", None, None),
+        ("ubuntu:22.04", "docker.io", "library/ubuntu", "22.04", None),
+        ("nvidia/cuda:12.4.1-base-ubuntu22.04", "docker.io", "nvidia/cuda", "12.4.1-base-ubuntu22.04", None),
+        ("docker.io/ubuntu", "docker.io", "library/ubuntu", None, None),
+        ("index.docker.io/library/debian:12", "docker.io", "library/debian", "12", None),
+        ("ghcr.io/org/team/img:tag", "ghcr.io", "org/team/img", "tag", None),
+        ("localhost/foo", "localhost", "foo", None, None),
+        ("localhost:5000/foo:1", "localhost:5000", "foo", "1", None),
+        ("127.0.0.1:5000/team/img@" + DIGEST, "127.0.0.1:5000", "team/img", None, DIGEST),
+        ("nvcr.io/nvidia/pytorch:24.01-py3@" + DIGEST, "nvcr.io", "nvidia/pytorch", "24.01-py3", DIGEST),
+        ("[::1]:5000/a/b", "[::1]:5000", "a/b", None, None),
+        ("my_org/my-repo.name__x", "docker.io", "my_org/my-repo.name__x", None, None),
+    ],
+)
+def test_parse_reference(text, registry, repository, tag, digest):
+    ref = oci.parse_reference(text)
+    assert (ref.registry, ref.repository, ref.tag, ref.digest) == (registry, repository, tag, digest)
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["", "UPPER/case", "repo:bad tag", "repo@sha256:short", "http://ghcr.io/x/y", "a//b", "-lead/x",
+     "host:5000/Repo", "repo:" + "t" * 129, "repo@md5:" + "a" * 32],
+)
+def test_parse_reference_rejects(text):
+    with pytest.raises(UsageError):
+        oci.parse_reference(text)
+
+
+def test_reference_round_trip_and_api_host():
+    ref = oci.parse_reference("ubuntu")
+    assert ref.api_host == "registry-1.docker.io"
+    assert ref.reference == "latest"
+    assert str(ref) == "docker.io/library/ubuntu"
+    pinned = oci.parse_reference(f"127.0.0.1:5000/a/b:t@{DIGEST}")
+    assert str(pinned) == f"127.0.0.1:5000/a/b:t@{DIGEST}"
+    assert pinned.reference == DIGEST
+    assert oci.parse_reference(str(pinned)) == pinned
+
+
+def test_challenge_parsing():
+    c = oci.Challenge.parse('Bearer realm="https://auth.docker.io/token",service="registry.docker.io",'
+                            'scope="repository:library/ubuntu:pull"')
+    assert c.scheme == "bearer"
+    assert c.params == {"realm": "https://auth.docker.io/token", "service": "registry.docker.io",
+                        "scope": "repository:library/ubuntu:pull"}
+    assert oci.Challenge.parse('Basic realm="imgbuild-registry"') == oci.Challenge("basic", {"realm": "imgbuild-registry"})
+    assert oci.Challenge.parse(None) is None
+
+
+@pytest.mark.parametrize("host, loopback", [
+    ("127.0.0.1:5000", True), ("127.8.9.10", True), ("localhost:5000", True), ("[::1]:5000", True),
+    ("ghcr.io", False), ("10.0.0.1:5000", False), ("registry-1.docker.io", False),
+])
+def test_scheme_follows_dockerd_insecure_default(host, loopback):
+    assert oci.is_loopback(host) is loopback
+    assert oci.Client().base_url(host).startswith("http://" if loopback else "https://")
+
+
+def test_ca_cert_is_used_for_verification(tmp_path):
+    bundle = tmp_path / "ca.pem"
+    bundle.write_text("")
+    assert oci.Client(ca_cert=bundle).session.verify == str(bundle)
+
+
+# ---------------------------------------------------------------- transport rules (stub servers)
+
+
+class _Stub(BaseHTTPRequestHandler):
+    """Answers from a script: a list of (status, headers) per request; counts requests."""
+
+    script: list = []
+    seen: list = []
+
+    def log_message(self, *args):
+        pass
+
+    def _answer(self):
+        type(self).seen.append((self.command, self.path, self.headers.get("Authorization")))
+        status, headers = self.script.pop(0) if self.script else (200, {})
+        self.send_response(status)
+        for k, v in headers.items():
+            self.send_header(k, v)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    do_GET = do_HEAD = do_POST = _answer
+
+
+@pytest.fixture
+def stub():
+    handler = type("Handler", (_Stub,), {"script": [], "seen": []})
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield handler, f"127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+def test_transient_errors_are_retried_with_backoff(stub):
+    handler, host = stub
+    handler.script[:] = [(503, {}), (429, {"Retry-After": "0"}), (502, {}), (200, {})]
+    client = oci.Client(credentials=lambda h: None, backoff_s=0.001)
+    assert client.request("GET", host, "/v2/").status_code == 200
+    assert len(handler.seen) == 4
+
+
+def test_auth_errors_are_not_retried(stub):
+    handler, host = stub
+    challenge = {"WWW-Authenticate": 'Basic realm="r"'}
+    handler.script[:] = [(401, challenge)] * 10
+    creds = auth.Credentials("ci", "wrong-secret", "test")
+    client = oci.Client(credentials=lambda h: creds, backoff_s=0.001)
+    with pytest.raises(AuthenticationError) as exc:
+        client.request("GET", host, "/v2/")
+    # One anonymous try that learns the scheme, one with the credentials: no retry loop.
+    assert len(handler.seen) == 2
+    assert handler.seen[1][2].startswith("Basic ")
+    assert "imgbuild login" in exc.value.hint
+    assert "wrong-secret" not in exc.value.render()
+
+
+def test_connection_refused_is_registry_unreachable():
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    client = oci.Client(credentials=lambda h: None, backoff_s=0.001, max_retries=2)
+    with pytest.raises(RegistryUnreachable, match="connection refused"):
+        oci.get_manifest(f"127.0.0.1:{port}/a/b:1", client=client)
+
+
+# ---------------------------------------------------------------- against the real registry
+
+
+@pytest.fixture
+def creds_env(registry, docker_config, monkeypatch):
+    monkeypatch.setenv(auth.ENV_USER, registry.user)
+    monkeypatch.setenv(auth.ENV_PASSWORD, registry.password)
+    monkeypatch.delenv(auth.ENV_HOST, raising=False)
+    return registry
+
+
+@pytest.fixture
+def client(creds_env):
+    with oci.Client() as c:
+        yield c
+
+
+def _blob_file(tmp_path, size: int, name="blob") -> tuple[str, str]:
+    path = tmp_path / name
+    path.write_bytes(os.urandom(size))
+    return str(path), "sha256:" + hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _image(client, ref, labels: dict, arch="amd64") -> tuple[bytes, str]:
+    """A tiny real Docker-schema-2 image: one layer, a config with labels."""
+    layer = os.urandom(512)
+    layer_d = oci.upload_bytes(ref, layer, client=client).digest
+    config = oci.canonical_json({"architecture": arch, "os": "linux", "config": {"Labels": labels},
+                                 "rootfs": {"type": "layers", "diff_ids": [layer_d]}})
+    config_d = oci.upload_bytes(ref, config, client=client).digest
+    manifest = oci.canonical_json({
+        "schemaVersion": 2, "mediaType": oci.MEDIA_DOCKER_MANIFEST,
+        "config": {"mediaType": oci.MEDIA_DOCKER_CONFIG, "digest": config_d, "size": len(config)},
+        "layers": [{"mediaType": "application/vnd.docker.image.rootfs.diff.tar", "digest": layer_d,
+                    "size": len(layer)}],
+    })
+    return manifest, oci.sha256_bytes(manifest)
+
+
+def test_blob_upload_monolithic_and_chunked(client, registry, unique_name, tmp_path, monkeypatch):
+    ref = oci.parse_reference(registry.repo(unique_name))
+    small, small_d = _blob_file(tmp_path, 100_000, "small")
+    assert oci.head_blob(ref, small_d, client=client) is None
+    result = oci.upload_blob(ref, small, client=client)
+    assert (result.digest, result.uploaded_bytes) == (small_d, 100_000)
+    assert oci.head_blob(ref, small_d, client=client) == 100_000
+
+    monkeypatch.setattr(oci, "MONOLITHIC_MAX", 1 << 20)
+    monkeypatch.setattr(oci, "UPLOAD_CHUNK", 1 << 20)
+    big, big_d = _blob_file(tmp_path, (3 << 20) + 123, "big")
+    events = []
+    result = oci.upload_blob(ref, big, client=client, progress=lambda *e: events.append(e))
+    assert result.digest == big_d  # computed while streaming the PATCH chunks
+    assert oci.blob_exists(ref, big_d, client=client)
+    assert events[-1] == ("upload", big, (3 << 20) + 123, (3 << 20) + 123)
+    again = oci.upload_blob(ref, big, digest=big_d, client=client)
+    assert again.uploaded_bytes == 0
+
+
+def test_get_blob_streams_verifies_and_resumes(client, registry, unique_name, tmp_path):
+    ref = oci.parse_reference(registry.repo(unique_name))
+    path, digest = _blob_file(tmp_path, 3_000_000)
+    oci.upload_blob(ref, path, client=client)
+    out = tmp_path / "out"
+    with open(out, "w+b") as fh:
+        assert oci.get_blob(ref, digest, fh, size=3_000_000, client=client) == 3_000_000
+    assert out.read_bytes() == open(path, "rb").read()
+    with open(out, "r+b") as fh:
+        fh.truncate(1_000_000)
+        # Only the missing 2 MB cross the network (Range request, 206).
+        assert oci.get_blob(ref, digest, fh, 1_000_000, size=3_000_000, client=client) == 2_000_000
+    assert out.read_bytes() == open(path, "rb").read()
+    with open(out, "w+b") as fh:  # a size the manifest would not match
+        with pytest.raises(DigestMismatch, match="got 3000000 bytes"):
+            oci.get_blob(ref, digest, fh, size=3_000_001, client=client)
+    with open(out, "w+b") as fh:
+        with pytest.raises(RegistryError, match="BLOB_UNKNOWN"):
+            oci.get_blob(ref, "sha256:" + "0" * 64, fh, client=client)
+
+
+def test_manifest_round_trip_and_image_config_without_pull(client, registry, unique_name):
+    ref = oci.parse_reference(registry.repo(unique_name) + ":v1")
+    raw, digest = _image(client, ref, {"org.imgbuild.cuda": "12.4.1"})
+    assert oci.put_manifest(ref, raw, oci.MEDIA_DOCKER_MANIFEST, client=client) == digest
+    manifest, got, media_type = oci.get_manifest(ref, client=client)
+    assert (got, media_type) == (digest, oci.MEDIA_DOCKER_MANIFEST)
+    assert manifest["config"]["mediaType"] == oci.MEDIA_DOCKER_CONFIG
+    assert oci.get_image_config(ref, client=client)["config"]["Labels"] == {"org.imgbuild.cuda": "12.4.1"}
+    assert oci.get_manifest(ref.with_digest(digest), client=client)[1] == digest
+    with pytest.raises(ManifestNotFound):
+        oci.get_manifest(ref.with_tag("nope"), client=client)
+
+
+def test_index_picks_linux_amd64_and_copy_image(client, registry, unique_name):
+    ref = oci.parse_reference(registry.repo(unique_name) + ":multi")
+    children = {}
+    for arch in ("arm64", "amd64"):
+        raw, digest = _image(client, ref, {"arch": arch}, arch)
+        oci.put_manifest(ref.with_tag(None).with_digest(digest), raw, oci.MEDIA_DOCKER_MANIFEST, client=client)
+        children[arch] = (digest, len(raw))
+    index = {"schemaVersion": 2, "mediaType": oci.MEDIA_OCI_INDEX, "manifests": [
+        {"mediaType": oci.MEDIA_DOCKER_MANIFEST, "digest": d, "size": n,
+         "platform": {"os": "linux", "architecture": arch}} for arch, (d, n) in children.items()]}
+    index_digest = oci.put_manifest(ref, index, client=client)
+    manifest, digest, media_type = oci.get_manifest(ref, client=client)
+    assert digest == children["amd64"][0] and media_type == oci.MEDIA_DOCKER_MANIFEST
+    assert oci.get_image_config(ref, client=client)["config"]["Labels"] == {"arch": "amd64"}
+
+    # Mirror: one platform (the amd64 manifest, digest unchanged), then all of it.
+    dest = oci.parse_reference(registry.repo(unique_name + "-mirror") + ":cuda")
+    assert oci.copy_image(ref, dest, client=client) == children["amd64"][0]
+    assert oci.get_manifest(dest, client=client)[1] == children["amd64"][0]
+    events = []
+    dest_all = oci.parse_reference(registry.repo(unique_name + "-all"))
+    assert oci.copy_image(ref, dest_all, all_platforms=True, client=client,
+                          progress=lambda *e: events.append(e[0])) == index_digest
+    assert oci.fetch_manifest(dest_all.with_tag("multi"), client=client)[1] == index_digest
+    assert "mounted" in events  # same registry: blobs are linked, not copied
+
+
+def test_bad_credentials_raise_authentication_error(registry, docker_config, unique_name):
+    creds = auth.Credentials(registry.user, "not-the-password", "test")
+    client = oci.Client(credentials=lambda h: creds)
+    with pytest.raises(AuthenticationError) as exc:
+        oci.get_manifest(registry.repo(unique_name) + ":v1", client=client)
+    assert "imgbuild login" in exc.value.hint
+    assert "not-the-password" not in exc.value.render()
+    assert exc.value.exit_status == 3
+
+
+def test_no_credentials_raise_authentication_error(registry, docker_config, unique_name, monkeypatch):
+    monkeypatch.delenv(auth.ENV_USER, raising=False)
+    monkeypatch.delenv(auth.ENV_PASSWORD, raising=False)
+    with pytest.raises(AuthenticationError, match="no credentials"):
+        oci.head_blob(registry.repo(unique_name), DIGEST)
+
+
+# ---------------------------------------------------------------- Bearer token flow
+
+
+class _TokenProxy(BaseHTTPRequestHandler):
+    """A token service plus a read-only front for the real registry that demands Bearer
+    tokens, the way Docker Hub, ghcr and Harbor do. Tokens come from /token for the
+    right basic credentials; valid requests are forwarded to the real registry."""
+
+    upstream = ""
+    basic = ""
+    user_basic = ""
+    tokens: set = set()
+    token_requests: list = []
+
+    def log_message(self, *args):
+        pass
+
+    def do_GET(self):
+        self._handle()
+
+    def do_HEAD(self):
+        self._handle()
+
+    def _handle(self):
+        port = self.server.server_address[1]
+        if self.path.startswith("/token"):
+            from urllib.parse import parse_qs, urlparse
+            query = parse_qs(urlparse(self.path).query)
+            type(self).token_requests.append(query)
+            if self.headers.get("Authorization") != self.user_basic:
+                return self._reply(401, b'{"errors":[{"code":"UNAUTHORIZED","message":"bad login"}]}')
+            token = secrets.token_hex(8)
+            type(self).tokens.add(token)
+            return self._reply(200, json.dumps({"token": token, "expires_in": 300}).encode())
+        auth_header = self.headers.get("Authorization", "")
+        if not (auth_header.startswith("Bearer ") and auth_header[7:] in self.tokens):
+            repo = self.path.split("/v2/", 1)[-1].rsplit("/", 2)[0]
+            scope = f',scope="repository:{repo}:pull"' if "/" in self.path[4:] else ""
+            return self._reply(401, b"", {"WWW-Authenticate":
+                                           f'Bearer realm="http://127.0.0.1:{port}/token",service="stub-registry"{scope}'})
+        headers = {k: v for k, v in self.headers.items() if k in ("Accept", "Range")}
+        headers["Authorization"] = self.basic
+        up = requests.request(self.command, self.upstream + self.path, headers=headers, stream=True, timeout=30)
+        self.send_response(up.status_code)
+        for k in ("Content-Type", "Content-Length", "Docker-Content-Digest", "Content-Range"):
+            if k in up.headers:
+                self.send_header(k, up.headers[k])
+        self.end_headers()
+        if self.command == "GET":
+            for piece in up.iter_content(1 << 16):
+                self.wfile.write(piece)
+
+    def _reply(self, status, body, headers=None):
+        self.send_response(status)
+        for k, v in (headers or {}).items():
+            self.send_header(k, v)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        if self.command == "GET":
+            self.wfile.write(body)
+
+
+@pytest.fixture
+def token_registry(creds_env):
+    basic = "Basic " + base64.b64encode(f"{creds_env.user}:{creds_env.password}".encode()).decode()
+    handler = type("Proxy", (_TokenProxy,), {
+        "upstream": f"http://{creds_env.address}", "basic": basic,
+        "user_basic": "Basic " + base64.b64encode(b"alice:wonderland").decode(),
+        "tokens": set(), "token_requests": []})
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield handler, f"127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+def test_bearer_token_flow(client, registry, unique_name, token_registry):
+    handler, front = token_registry
+    ref = oci.parse_reference(registry.repo(unique_name) + ":v1")
+    raw, digest = _image(client, ref, {"via": "bearer"})
+    oci.put_manifest(ref, raw, oci.MEDIA_DOCKER_MANIFEST, client=client)
+
+    alice = auth.Credentials("alice", "wonderland", "test")
+    bearer = oci.Client(credentials=lambda h: alice)
+    front_ref = f"{front}/{unique_name}:v1"
+    assert oci.get_manifest(front_ref, client=bearer)[1] == digest
+    assert oci.get_image_config(front_ref, client=bearer)["config"]["Labels"] == {"via": "bearer"}
+    query = handler.token_requests[0]
+    assert query["service"] == ["stub-registry"]
+    assert query["scope"] == [f"repository:{unique_name}:pull"]
+    assert len(handler.token_requests) == 1  # the token is reused for the same scope
+
+    wrong = oci.Client(credentials=lambda h: auth.Credentials("alice", "queen-of-hearts", "test"))
+    with pytest.raises(AuthenticationError, match="rejected the credentials"):
+        oci.get_manifest(front_ref, client=wrong)
+    bearer.check_login(front, alice)  # /v2/ with an unscoped token, as `docker login` does

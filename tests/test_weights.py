@@ -1,0 +1,284 @@
+"""Weights as ModelPack OCI artifacts, against the real registry: round trip, skips,
+a blob corrupted on the registry's own disk, resumed downloads, unsafe paths."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from buildkit_py import auth, oci, weights
+from buildkit_py.errors import DigestMismatch, ManifestNotFound, UnsafePath, WeightsError
+
+REGISTRY_BLOBS = Path(os.environ.get("IMGBUILD_STATE_DIR", "/var/lib/imgbuild-services")) / \
+    "registry/data/docker/registry/v2/blobs/sha256"
+
+
+@pytest.fixture
+def client(registry, docker_config, monkeypatch):
+    monkeypatch.setenv(auth.ENV_USER, registry.user)
+    monkeypatch.setenv(auth.ENV_PASSWORD, registry.password)
+    monkeypatch.delenv(auth.ENV_HOST, raising=False)
+    with oci.Client() as c:
+        yield c
+
+
+@pytest.fixture
+def ref(registry, unique_name, client):
+    """A fresh artifact reference; its manifest is deleted afterwards."""
+    text = registry.repo(unique_name) + ":v1"
+    yield text
+    try:
+        oci.delete_manifest(text, client=client)
+    except Exception:
+        pass  # already gone, or the test never pushed
+
+
+def make_model(root: Path, big: int = 3_000_000) -> dict[str, bytes]:
+    files = {
+        "model-00001-of-00002.safetensors": os.urandom(big),
+        "model-00002-of-00002.safetensors": os.urandom(big // 3),
+        "config.json": json.dumps({"hidden_size": 64, "nonce": os.urandom(4).hex()}).encode(),
+        "README.md": b"# test model\n" + os.urandom(4).hex().encode(),
+        "tokenizer/tokenizer.json": b'{"version": "1.0", "n": "%s"}' % os.urandom(4).hex().encode(),
+        "tokenizer/nested/deeper/vocab.txt": os.urandom(1000).hex().encode(),
+        "scripts/convert.py": b"print('hi')\n",
+        "empty.bin": b"",
+    }
+    for rel, data in files.items():
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+    return files
+
+
+def tree(root: Path) -> dict[str, bytes]:
+    return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+# ---------------------------------------------------------------- unit
+
+
+@pytest.mark.parametrize("path, media_type, untested", [
+    ("model.safetensors", weights.MEDIA_WEIGHT, False),
+    ("sub/model-00001-of-00004.safetensors", weights.MEDIA_WEIGHT, False),
+    ("llama.Q4_K_M.gguf", weights.MEDIA_WEIGHT, False),
+    ("pytorch_model.bin", weights.MEDIA_WEIGHT, False),
+    ("config.json", weights.MEDIA_WEIGHT_CONFIG, False),
+    ("tokenizer.model", weights.MEDIA_WEIGHT_CONFIG, False),
+    ("merges.txt", weights.MEDIA_WEIGHT_CONFIG, False),
+    ("README.md", weights.MEDIA_DOC, False),
+    ("LICENSE", weights.MEDIA_DOC, False),
+    ("modeling.py", weights.MEDIA_CODE, False),
+    ("mystery.xyz", weights.MEDIA_WEIGHT, True),
+])
+def test_media_types_follow_modelpack(path, media_type, untested):
+    assert weights.media_type_for(path) == (media_type, untested)
+
+
+@pytest.mark.parametrize("path", ["../evil", "a/../../evil", "/etc/passwd", "a//b", "./a", "a/./b", "",
+                                  "a\\..\\b", "C:/x", "a/b.partial", "a\x00b"])
+def test_unsafe_paths_are_refused(path):
+    with pytest.raises(UnsafePath):
+        weights.safe_relpath(path)
+
+
+# ---------------------------------------------------------------- real registry
+
+
+def test_push_pull_round_trip(client, ref, tmp_path):
+    src, dest = tmp_path / "src", tmp_path / "dest"
+    files = make_model(src)
+    events = []
+    pushed = weights.push(src, ref, progress=lambda *e: events.append(e), client=client)
+    assert pushed.ref == f"{ref}@{pushed.digest}"
+    assert sorted(f.path for f in pushed.files) == sorted(files)
+    assert pushed.uploaded_bytes == sum(len(v) for v in files.values())
+    assert {e[0] for e in events} >= {"hash", "upload", "manifest"}
+
+    # The stored artifact is ModelPack v1.
+    manifest, digest, media_type = oci.get_manifest(ref, client=client)
+    assert digest == pushed.digest and media_type == oci.MEDIA_OCI_MANIFEST
+    assert manifest["artifactType"] == "application/vnd.cncf.model.manifest.v1+json"
+    assert manifest["config"]["mediaType"] == "application/vnd.cncf.model.config.v1+json"
+    by_path = {layer["annotations"]["org.cncf.model.filepath"]: layer for layer in manifest["layers"]}
+    assert set(by_path) == set(files)
+    assert by_path["config.json"]["mediaType"] == "application/vnd.cncf.model.weight.config.v1.raw"
+    assert by_path["README.md"]["mediaType"] == "application/vnd.cncf.model.doc.v1.raw"
+    assert by_path["model-00001-of-00002.safetensors"]["mediaType"] == "application/vnd.cncf.model.weight.v1.raw"
+    for rel, layer in by_path.items():
+        assert layer["digest"] == "sha256:" + hashlib.sha256(files[rel]).hexdigest()
+    config = json.loads(oci.read_blob(ref, manifest["config"]["digest"], client=client))
+    assert config["modelfs"] == {"type": "layers", "diffIds": [layer["digest"] for layer in manifest["layers"]]}
+
+    assert sorted(weights.ls(ref, client=client)) == sorted(
+        (rel, len(data), "sha256:" + hashlib.sha256(data).hexdigest()) for rel, data in files.items())
+
+    result = weights.pull(ref, dest, client=client)
+    assert tree(dest) == files
+    assert result.downloaded_bytes == sum(len(v) for v in files.values())
+    assert result.skipped == ()
+    assert not list(dest.rglob("*.partial"))
+
+
+def test_second_pull_downloads_nothing_and_second_push_uploads_nothing(client, ref, tmp_path):
+    src, dest = tmp_path / "src", tmp_path / "dest"
+    files = make_model(src)
+    first = weights.push(src, ref, client=client)
+    weights.pull(ref, dest, client=client)
+    again = weights.pull(ref, dest, client=client)
+    assert again.downloaded_bytes == 0
+    assert sorted(again.skipped) == sorted(files)
+    second = weights.push(src, ref, client=client)
+    assert second.digest == first.digest  # deterministic manifest
+    assert second.uploaded_bytes == 0
+
+    # A file changed locally is fetched again; only that one.
+    (dest / "config.json").write_bytes(b"{}")
+    fixed = weights.pull(ref, dest, client=client)
+    assert fixed.downloaded_bytes == len(files["config.json"])
+    assert tree(dest) == files
+
+
+def test_interrupted_pull_resumes_from_partial(client, ref, tmp_path):
+    src, dest = tmp_path / "src", tmp_path / "dest"
+    files = make_model(src, big=4_000_000)
+    weights.push(src, ref, client=client)
+    name = "model-00001-of-00002.safetensors"
+    dest.mkdir()
+    for rel, data in files.items():  # everything else is already there
+        if rel != name:
+            (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+            (dest / rel).write_bytes(data)
+    (dest / (name + ".partial")).write_bytes(files[name][:1_500_000])  # as a killed pull leaves it
+    events = []
+    result = weights.pull(ref, dest, progress=lambda *e: events.append(e), client=client)
+    assert result.downloaded_bytes == 4_000_000 - 1_500_000  # only the rest crossed the network
+    downloads = [e for e in events if e[0] == "download"]
+    assert downloads[0][2] > 1_500_000 and downloads[-1][2:] == (4_000_000, 4_000_000)
+    assert tree(dest) == files
+
+    # A partial whose bytes are wrong is detected and fetched again from zero.
+    (dest / name).unlink()
+    (dest / (name + ".partial")).write_bytes(os.urandom(2_000_000))
+    result = weights.pull(ref, dest, client=client)
+    assert result.downloaded_bytes == 2_000_000 + 4_000_000
+    assert tree(dest) == files
+
+
+def test_corrupt_blob_on_registry_disk_is_caught(client, ref, tmp_path):
+    src, dest = tmp_path / "src", tmp_path / "dest"
+    make_model(src)
+    pushed = weights.push(src, ref, client=client)
+    victim = next(f for f in pushed.files if f.path == "model-00002-of-00002.safetensors")
+    hexdigest = victim.digest.split(":", 1)[1]
+    blob = REGISTRY_BLOBS / hexdigest[:2] / hexdigest / "data"
+    if not os.access(blob, os.W_OK):
+        pytest.skip(f"registry storage {blob} is not writable here")
+    data = bytearray(blob.read_bytes())
+    data[len(data) // 2] ^= 0xFF  # one flipped byte, same size
+    blob.write_bytes(bytes(data))
+    try:
+        with pytest.raises(DigestMismatch, match="corrupt"):
+            weights.pull(ref, dest, client=client)
+        assert not (dest / victim.path).exists()
+        assert not (dest / (victim.path + ".partial")).exists()
+    finally:
+        data[len(data) // 2] ^= 0xFF
+        blob.write_bytes(bytes(data))  # the blob is unique to this test, but leave it sound
+
+
+def test_paths_escaping_the_target_are_refused(client, registry, unique_name, tmp_path):
+    ref = oci.parse_reference(registry.repo(unique_name) + ":evil")
+    payload = b"owned\n"
+    layer = oci.upload_bytes(ref, payload, client=client)
+    config = oci.upload_bytes(ref, b'{"descriptor":{},"config":{},"modelfs":{"type":"layers","diffIds":[]}}',
+                              client=client)
+    for path in ("../escaped.txt", "/tmp/escaped-abs.txt", "ok/../../escaped.txt"):
+        manifest = {"schemaVersion": 2, "mediaType": oci.MEDIA_OCI_MANIFEST, "artifactType": weights.ARTIFACT_TYPE,
+                    "config": {"mediaType": weights.CONFIG_MEDIA_TYPE, "digest": config.digest, "size": config.size},
+                    "layers": [
+                        {"mediaType": weights.MEDIA_DOC, "digest": layer.digest, "size": len(payload),
+                         "annotations": {weights.ANNOTATION_FILEPATH: "fine.txt"}},
+                        {"mediaType": weights.MEDIA_WEIGHT, "digest": layer.digest, "size": len(payload),
+                         "annotations": {weights.ANNOTATION_FILEPATH: path}}]}
+        oci.put_manifest(ref, manifest, client=client)
+        dest = tmp_path / "dest"
+        with pytest.raises(UnsafePath):
+            weights.pull(str(ref), dest, client=client)
+        assert not (tmp_path / "escaped.txt").exists()
+        assert not dest.exists() or not any(dest.iterdir())  # refused before writing anything
+    oci.delete_manifest(ref, client=client)
+
+
+def test_pull_does_not_write_through_a_symlink(client, ref, tmp_path):
+    src, dest, outside = tmp_path / "src", tmp_path / "dest", tmp_path / "outside"
+    make_model(src)
+    weights.push(src, ref, client=client)
+    outside.mkdir()
+    dest.mkdir()
+    (dest / "tokenizer").symlink_to(outside)
+    with pytest.raises(UnsafePath, match="symlink"):
+        weights.pull(ref, dest, client=client)
+    assert not any(outside.iterdir())
+
+
+def test_no_tag_points_at_a_partial_push(client, ref, tmp_path, monkeypatch):
+    src = tmp_path / "src"
+    make_model(src)
+    real_upload = oci.upload_blob
+    calls = []
+
+    def failing_upload(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 3:
+            raise ConnectionError("network went away")
+        return real_upload(*args, **kwargs)
+
+    monkeypatch.setattr(oci, "upload_blob", failing_upload)
+    with pytest.raises(ConnectionError):
+        weights.push(src, ref, client=client)
+    with pytest.raises(ManifestNotFound):
+        oci.get_manifest(ref, client=client)
+    monkeypatch.setattr(oci, "upload_blob", real_upload)
+    assert weights.push(src, ref, client=client).uploaded_bytes > 0  # finishes the rest
+
+
+def test_pull_of_a_container_image_is_refused(client, registry, unique_name, tmp_path):
+    ref = oci.parse_reference(registry.repo(unique_name) + ":img")
+    layer = oci.upload_bytes(ref, os.urandom(100), client=client)
+    config = oci.upload_bytes(ref, b'{"os":"linux","architecture":"amd64"}', client=client)
+    oci.put_manifest(ref, {"schemaVersion": 2, "mediaType": oci.MEDIA_OCI_MANIFEST,
+                           "config": {"mediaType": oci.MEDIA_OCI_CONFIG, "digest": config.digest, "size": config.size},
+                           "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar", "digest": layer.digest,
+                                       "size": 100}]}, client=client)
+    with pytest.raises(WeightsError, match="not a model artifact"):
+        weights.pull(str(ref), tmp_path / "dest", client=client)
+    oci.delete_manifest(ref, client=client)
+
+
+def test_pull_memory_stays_flat(client, registry, ref, tmp_path):
+    """A 192 MiB file is pulled by a child process whose peak RSS must stay far below the
+    file size (1 MiB pieces, nothing held in memory)."""
+    src = tmp_path / "src"
+    src.mkdir()
+    size = 192 << 20
+    with open(src / "big.safetensors", "wb") as fh:
+        for _ in range(size >> 20):
+            fh.write(os.urandom(1 << 20))
+    weights.push(src, ref, client=client)
+    code = ("import resource, sys; from buildkit_py import weights; "
+            "r = weights.pull(sys.argv[1], sys.argv[2]) if len(sys.argv) > 2 else None; "
+            "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)")
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+    baseline = int(subprocess.run([sys.executable, "-c", code, ref], capture_output=True, text=True, env=env,
+                                  check=True).stdout)
+    peak = int(subprocess.run([sys.executable, "-c", code, ref, str(tmp_path / "dest")], capture_output=True,
+                              text=True, env=env, check=True).stdout)
+    assert (tmp_path / "dest" / "big.safetensors").stat().st_size == size
+    assert peak - baseline < 48 * 1024, f"pull grew RSS by {(peak - baseline) // 1024} MiB for a 192 MiB file"
