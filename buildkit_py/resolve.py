@@ -120,7 +120,7 @@ def _mirrored(image: str, mirror: str | None) -> str:
         return image
     path = image
     first = image.split("/")[0]
-    if "." in first or ":" in first or first == "localhost":
+    if "/" in image and ("." in first or ":" in first or first == "localhost"):
         path = image.split("/", 1)[1]  # drop the upstream registry host
     return f"{mirror.rstrip('/')}/{path}"
 

@@ -7,6 +7,7 @@
 #   scripts/services.sh up      install what is missing, start engine + registry, make base
 #   scripts/services.sh down    stop only what `up` started
 #   scripts/services.sh env     print the registry settings as shell assignments
+#   scripts/services.sh install only install the Debian packages
 set -euo pipefail
 
 STATE_DIR=${IMGBUILD_STATE_DIR:-/var/lib/imgbuild-services}
@@ -130,6 +131,7 @@ print_env() {
 
 case "${1:-up}" in
     up) install_missing; start_engine; start_registry; make_base_image; print_env ;;
+    install) install_missing ;;
     down) stop_started ;;
     env) print_env ;;
     *) echo "usage: $0 up|down|env" >&2; exit 2 ;;

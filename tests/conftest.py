@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parent.parent
+from helpers import REPO
+
 STATE_DIR = Path(os.environ.get("IMGBUILD_STATE_DIR", "/var/lib/imgbuild-services"))
 IN_CI = os.environ.get("CI", "").lower() in {"1", "true", "yes"}
 
@@ -101,3 +102,12 @@ def cleanup_images(docker_client):
     yield refs
     for ref in refs:
         subprocess.run(["/usr/bin/docker", "image", "rm", "-f", ref], capture_output=True)
+
+
+E2E_FIXTURES = {"docker_client", "base_image", "registry", "cleanup_images"}
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if E2E_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.e2e)

@@ -53,6 +53,7 @@ class BuildResult:
     cached_steps: int
     run_steps: int
     seconds: float
+    rerun: tuple[str, ...] = ()  # the steps that ran (not cached), by marker id or instruction
 
 
 class BuildBackend(Protocol):

@@ -13,7 +13,8 @@ from pathlib import Path
 from ..errors import BuildFailed, EnvironmentProblem
 from . import CACHE_FROM, CACHE_MOUNTS, MULTI_STAGE, SECRETS, BuildRequest, BuildResult, LineSink
 
-_STEP_RE = re.compile(r"^#(\d+) \[[^\]]*\d+/\d+\] ")
+_STEP_RE = re.compile(r"^#(\d+) \[[^\]]*\d+/\d+\] (\S+)(.*)$")
+_MARK_RE = re.compile(r": imgbuild-step=([\w.-]+);")
 _CACHED_RE = re.compile(r"^#(\d+) CACHED$")
 _ENGINE_DOWN = ("Cannot connect to the Docker daemon", "connect: no such file or directory",
                 "Is the docker daemon running")
@@ -57,7 +58,7 @@ class ClassicBuildKitBackend:
 
     def build(self, request: BuildRequest, on_line: LineSink) -> BuildResult:
         tail: collections.deque[str] = collections.deque(maxlen=40)
-        steps: set[str] = set()
+        steps: dict[str, str] = {}  # vertex number -> step name (marker id or instruction)
         cached: set[str] = set()
         start = time.monotonic()
         with tempfile.TemporaryDirectory(prefix="imgbuild-iid-") as tmp:
@@ -73,8 +74,9 @@ class ClassicBuildKitBackend:
                 line = raw.rstrip("\n")
                 tail.append(line)
                 on_line(line)
-                if m := _STEP_RE.match(line):
-                    steps.add(m.group(1))
+                if (m := _STEP_RE.match(line)) and m.group(2) != "FROM":
+                    mark = _MARK_RE.search(m.group(3))
+                    steps[m.group(1)] = mark.group(1) if mark else m.group(2)
                 elif m := _CACHED_RE.match(line):
                     cached.add(m.group(1))
             code = proc.wait()
@@ -85,6 +87,8 @@ class ClassicBuildKitBackend:
                                              hint="start it (scripts/services.sh up) or set DOCKER_HOST")
                 raise BuildFailed(f"build failed (exit {code})", command=cmd, returncode=code, log_tail=log)
             image_id = iidfile.read_text().strip()
+        rerun = tuple(name for vertex, name in sorted(steps.items(), key=lambda kv: int(kv[0]))
+                      if vertex not in cached)
         return BuildResult(image_id=image_id, tags=request.tags, log_tail=log,
-                           cached_steps=len(cached & steps), run_steps=len(steps - cached),
+                           cached_steps=len(cached & steps.keys()), run_steps=len(rerun), rerun=rerun,
                            seconds=time.monotonic() - start)

