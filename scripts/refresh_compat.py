@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import subprocess
 import sys
 import urllib.request
@@ -46,15 +47,33 @@ def requires_python(release_files: list[dict]) -> str:
     return sorted({f.get("requires_python") or "" for f in release_files})[-1] if release_files else ""
 
 
-def diff_requires_python(file: str, pkg: str) -> None:
+def diff_requires_python(file: str, pkg: str, *, check_python: bool = True) -> None:
     shipped = {r["version"]: r.get("python", "") for r in load(file)["releases"]}
     rel = pypi_json(pkg)["releases"]
     for v, files in rel.items():
-        if v in shipped and requires_python(files) != shipped[v]:
+        if check_python and v in shipped and requires_python(files) != shipped[v]:
             print(f"{file}: {pkg} {v}: python {shipped[v]!r} -> PyPI {requires_python(files)!r}")
     new = [v for v in rel if rel[v] and v not in shipped and not any(c in v for c in "abrc+")]
     if new:
         print(f"{file}: {pkg} releases on PyPI not in data: {', '.join(new[-10:])}")
+
+
+def wheel_python_range(pkg: str, version: str) -> str:
+    """'>=3.8,<3.13' from the cpXY tags of the Linux x86_64 wheels of a release on PyPI."""
+    files = pypi_json(pkg)["releases"].get(version, [])
+    tags = sorted({(int(m.group(1)), int(m.group(2))) for f in files
+                   if (m := re.search(r"-cp(\d)(\d+)-cp\d+t?-(?:manylinux|linux)\S*x86_64\.whl$", f["filename"]))})
+    if not tags:
+        return ""
+    (lo_major, lo_minor), (hi_major, hi_minor) = tags[0], tags[-1]
+    return f">={lo_major}.{lo_minor},<{hi_major}.{hi_minor + 1}"
+
+
+def diff_torch_python() -> None:
+    for r in load("torch.json")["releases"]:
+        found = wheel_python_range("torch", r["version"])
+        if found and found != r["python"]:
+            print(f"torch.json: torch {r['version']}: python {r['python']!r} -> wheels {found!r}")
 
 
 def torch_pins() -> None:
@@ -98,7 +117,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", choices=["pypi", "wheels", "torch"], default=None)
     args = ap.parse_args(argv)
     if args.only in (None, "pypi"):
-        diff_requires_python("torch.json", "torch")
+        diff_requires_python("torch.json", "torch", check_python=False)
+        diff_torch_python()  # torch's requires_python has no upper bound: its wheels say more
         diff_requires_python("flash_attn.json", "flash-attn")
         diff_requires_python("bitsandbytes.json", "bitsandbytes")
     if args.only in (None, "torch"):

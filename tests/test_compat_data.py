@@ -23,12 +23,20 @@ def test_all_files_validate_and_have_sources():
     ("12.4.1", "550.54.15", "551.78"),
     ("12.4.0", "550.54.14", "551.61"),
     ("12.1.1", "530.30.02", "531.14"),
-    ("11.8.0", "520.61.05", "522.06"),
+    ("11.8.0", "520.61.05", "520.06"),   # Table 3 (runfile bundles 522.06 for Windows)
     ("12.0.0", "525.60.13", "527.41"),
     ("12.2.2", "535.104.05", "537.13"),
     ("11.2.0", "460.27.03", "460.82"),   # Table 3 (runfile bundles 460.27.04)
     ("11.0.3", "450.51.06", "451.82"),
     ("13.0.0", "580.65.06", None),
+    # Release Notes Table 3 (13.2 Update 2 edition), where the runfile-bundled driver differs
+    ("12.8.0", "570.26", "570.65"),
+    ("12.2.1", "535.86.09", "536.67"),
+    ("11.7.1", "515.48.07", "516.31"),
+    ("12.8.1", "570.124.06", "572.61"),
+    ("12.9.1", "575.57.08", "576.57"),
+    ("13.1.0", "590.44.01", None),
+    ("13.2.2", "595.71.05", None),
 ])
 def test_toolkit_drivers(cuda, linux, windows):
     t = compat.resolve_cuda(cuda)
@@ -136,10 +144,76 @@ def test_cuda_runtime_wheels():
 def test_flash_attn_and_bnb():
     fa = compat.flash_attn_release("2.6.3")
     assert fa.archs == ("8.0", "8.6", "8.9", "9.0") and "3.8" in fa.python
-    assert compat.flash_attn_prebuilt("2.6.3", "12.4", "2.4", "3.11") is None  # prebuilt matrix not sourced
     assert "3.9" in compat.bitsandbytes_release("0.46.0").python and "3.8" not in compat.bitsandbytes_release("0.46.0").python
     with pytest.raises(LookupError):
         compat.flash_attn_release("9.9.9")
+
+
+@pytest.mark.parametrize("version, torch, cuda, python, archs", [
+    # flash-attn sdists (setup.py nvcc check, FLASH_ATTN_CUDA_ARCHS, PKG-INFO Requires-Python, README)
+    ("2.5.8", ">=1.12", ">=11.6", ">=3.7", ("8.0", "8.6", "8.9", "9.0")),
+    ("2.6.3", ">=1.12", ">=11.6", ">=3.8", ("8.0", "8.6", "8.9", "9.0")),
+    ("2.7.4.post1", ">=2.2", ">=11.7", ">=3.9", ("8.0", "8.6", "8.9", "9.0", "10.0", "12.0")),
+    ("2.8.3", ">=2.2", ">=11.7", ">=3.9", ("8.0", "8.6", "8.9", "9.0", "10.0", "12.0")),
+])
+def test_flash_attn_requirements(version, torch, cuda, python, archs):
+    r = compat.flash_attn_release(version)
+    assert (str(r.torch), str(r.cuda), str(r.python), r.archs) == (torch, cuda, python, archs)
+
+
+@pytest.mark.parametrize("version, cuda, torch, python, wheel_cuda", [
+    # wheel label: cu{major}{minor} through 2.6.x (setup.py maps CUDA 12 -> 12.2 / 12.3), cu{major} from 2.7
+    ("2.5.8", "12.4", "2.3", "3.11", "12.2"),
+    ("2.6.3", "12.4", "2.4", "3.11", "12.3"),
+    ("2.6.3", "12.1", "2.4", "3.12", "12.3"),
+    ("2.5.9.post1", "11.8", "1.12", "3.10", "11.8"),
+    ("2.7.4.post1", "12.6", "2.6", "3.13", "12"),
+    ("2.7.4.post1", "12.4", "2.4", "3.9", "12"),
+    ("2.8.3", "12.8", "2.8", "3.13", "12"),
+    ("2.8.3", "12.9", "2.7", "3.10", "12"),
+    ("2.8.3", "12.4", "2.4", "3.12", "12"),
+    # not published / not verified -> None (build from source)
+    ("2.5.8", "12.4", "2.3", "3.12", None),   # issue #935: no cp312 wheel for 2.5.8
+    ("2.8.3", "12.8", "2.9", "3.12", None),   # issues #2008/#2212: no cu12torch2.9 x86_64 wheel
+    ("2.8.3", "13.0", "2.8", "3.12", None),   # no cu13 wheel
+    ("2.8.3", "12.4", "2.4", "3.13", None),   # torch 2.4 has no Python 3.13
+    ("2.7.4.post1", "12.6", "2.7", "3.12", None),
+])
+def test_flash_attn_prebuilt_matrix(version, cuda, torch, python, wheel_cuda):
+    w = compat.flash_attn_prebuilt(version, cuda, torch, python)
+    assert (w.cuda if w else None) == wheel_cuda
+
+
+def test_flash_attn_prebuilt_abi_matches_pypi_torch():
+    # PyPI torch is cxx11abi FALSE through 2.6 and TRUE from 2.7: every recorded wheel must exist in that ABI
+    for v in ("2.5.8", "2.5.9.post1", "2.6.3", "2.7.4.post1", "2.8.3"):
+        for w in compat.flash_attn_release(v).prebuilt:
+            wanted = Version(w.torch) >= Version("2.7")
+            assert wanted in w.cxx11abi, (v, w)
+
+
+@pytest.mark.parametrize("version, cuda, ok", [
+    # libbitsandbytes_cudaXYZ.so set in each PyPI wheel; exact match needed before 0.50.0
+    ("0.41.1", "11.0", True), ("0.41.1", "12.2", True), ("0.41.1", "12.3", False),
+    ("0.42.0", "12.3", True), ("0.42.0", "11.2", False),
+    ("0.43.0", "11.6", False), ("0.43.0", "12.4", False), ("0.43.1", "12.4", True),
+    ("0.43.3", "12.5", True), ("0.44.1", "12.6", False),
+    ("0.45.0", "12.6", True), ("0.45.2", "12.8", False), ("0.45.3", "12.8", True),
+    ("0.45.5", "11.7", True), ("0.46.0", "11.7", False), ("0.46.0", "12.9", False),
+    ("0.46.1", "12.9", True), ("0.47.0", "13.0", False), ("0.48.0", "13.0", True),
+    ("0.49.2", "13.1", False), ("0.49.2", "12.7.0", False),
+    # 0.50.0+: same-major fallback in the loader
+    ("0.50.0", "13.1", True), ("0.50.2", "12.9", True), ("0.50.2", "11.8", True),
+])
+def test_bitsandbytes_cuda_binaries(version, cuda, ok):
+    from buildkit_py.resolve import _cuda_in
+    assert _cuda_in(compat.bitsandbytes_release(version).cuda, cuda) is ok
+
+
+def test_bitsandbytes_cuda_list_is_validated(monkeypatch, tmp_path):
+    _with_data(monkeypatch, tmp_path, "bitsandbytes.json", lambda o: o["releases"][0].__setitem__("cuda", ["12.7"]))
+    with pytest.raises(CompatDataError, match="known toolkit"):
+        tables.validate_all()
 
 
 # ---------------------------------------------------------------- invariants on broken data

@@ -73,8 +73,10 @@ class FlashAttnRelease:
 
 @dataclass(frozen=True)
 class BnbRelease:
+    """``cuda`` is a SpecifierSet (any CUDA in range works) or, for releases whose loader needs an exact
+    ``libbitsandbytes_cudaXYZ.so``, the tuple of CUDA major.minor versions shipped in the wheel."""
     version: str
-    cuda: SpecifierSet
+    cuda: SpecifierSet | tuple[str, ...]
     python: SpecifierSet
     source: str
     notes: str | None = None
@@ -307,8 +309,21 @@ def _flash_attn() -> tuple[FlashAttnRelease, ...]:
 def _bnb() -> tuple[BnbRelease, ...]:
     f = "bitsandbytes.json"
     raw = _load_raw(f)
-    out = [BnbRelease(e["version"], _spec(f, e["version"], e.get("cuda")), _spec(f, e["version"], e.get("python")),
-                      _need_source(f, e["version"], e), e.get("notes")) for e in raw["releases"]]
+    known = _known_mm()
+    out = []
+    for e in raw["releases"]:
+        v = e["version"]
+        cuda = e.get("cuda")
+        if isinstance(cuda, list):
+            for c in cuda:
+                if c not in known:
+                    raise _fail(f, v, f"CUDA {c!r} is not a known toolkit major.minor (toolkits.json)")
+            if cuda != sorted(set(cuda), key=Version):
+                raise _fail(f, v, "CUDA list must be unique and ascending")
+            cuda_v: SpecifierSet | tuple[str, ...] = tuple(cuda)
+        else:
+            cuda_v = _spec(f, v, cuda)
+        out.append(BnbRelease(v, cuda_v, _spec(f, v, e.get("python")), _need_source(f, v, e), e.get("notes")))
     _ascending(f, [r.version for r in out])
     return tuple(out)
 
