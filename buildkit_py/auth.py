@@ -69,8 +69,7 @@ def normalize_host(registry: str) -> str:
     """``https://host:port/v2/`` or ``host/`` -> ``host:port``; Docker Hub -> ``docker.io``."""
     host = registry.strip()
     for prefix in ("https://", "http://"):
-        if host.startswith(prefix):
-            host = host[len(prefix):]
+        host = host.removeprefix(prefix)
     host = host.split("/", 1)[0].lower()
     if host in _DOCKER_HUB_HOSTS:
         return "docker.io"
@@ -212,7 +211,7 @@ def helper_store(name: str, server: str, username: str, secret: str) -> None:
 def _run_helper(name: str, action: str, stdin: str) -> str | None:
     cmd = _helper_command(name, action)
     try:
-        proc = subprocess.run(cmd, input=stdin, capture_output=True, text=True, timeout=_HELPER_TIMEOUT_S)
+        proc = subprocess.run(cmd, check=False, input=stdin, capture_output=True, text=True, timeout=_HELPER_TIMEOUT_S)
     except FileNotFoundError as exc:
         raise CredentialHelperError(
             f"credential helper {cmd[0]} is configured in {docker_config_path()} but not on PATH",

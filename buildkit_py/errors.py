@@ -187,3 +187,28 @@ class UnsafePath(WeightsError):
 
 class ManifestNotFound(RegistryError):
     """The registry has no manifest (tag or digest) for the reference."""
+
+
+class InspectError(ImgbuildError):
+    """An image could not be read back from the engine, or its stream did not match its config."""
+
+    exit_status = ExitStatus.FAILED
+
+
+class ImageMissing(InspectError):
+    """The engine has no image under the reference asked for."""
+
+    exit_status = ExitStatus.BAD_INPUT
+
+
+class SizeBudgetExceeded(BudgetExceeded):
+    """The image is over ``budget.max_size``; ``groups`` is the breakdown by layer group (bytes)."""
+
+    def __init__(self, message: str, *, size: int, max_size: int, groups: dict[str, int], hint: str | None = None):
+        self.size, self.max_size, self.groups = size, max_size, dict(groups)
+        super().__init__(message, hint=hint)
+
+    def to_json(self) -> dict:
+        out = super().to_json()
+        out.update(size=self.size, max_size=self.max_size, groups=self.groups)
+        return out

@@ -27,8 +27,9 @@ import json
 import os
 import re
 import time
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, replace
-from typing import BinaryIO, Callable, Iterable, Iterator
+from typing import BinaryIO
 from urllib.parse import urljoin
 
 import requests
@@ -94,10 +95,10 @@ class Reference:
         """What goes after ``/manifests/``: the digest when pinned, else the tag."""
         return self.digest or self.tag or "latest"
 
-    def with_digest(self, digest: str) -> "Reference":
+    def with_digest(self, digest: str) -> Reference:
         return replace(self, digest=digest)
 
-    def with_tag(self, tag: str | None) -> "Reference":
+    def with_tag(self, tag: str | None) -> Reference:
         return replace(self, tag=tag, digest=None)
 
     def __str__(self) -> str:
@@ -151,7 +152,7 @@ def parse_reference(text: str) -> Reference:
     return Reference(registry, repository, tag, digest)
 
 
-def _as_ref(ref: Reference | str) -> Reference:
+def as_reference(ref: Reference | str) -> Reference:
     return ref if isinstance(ref, Reference) else parse_reference(ref)
 
 
@@ -166,7 +167,7 @@ class Challenge:
     params: dict
 
     @classmethod
-    def parse(cls, header: str | None) -> "Challenge | None":
+    def parse(cls, header: str | None) -> Challenge | None:
         if not header:
             return None
         scheme, _, rest = header.strip().partition(" ")
@@ -229,7 +230,7 @@ class Client:
     def __init__(
         self,
         *,
-        credentials: Callable[[str], "auth.Credentials | None"] | None = None,
+        credentials: Callable[[str], auth.Credentials | None] | None = None,
         ca_cert: str | os.PathLike | None = None,
         timeout: tuple[float, float] = (10.0, 120.0),
         max_retries: int = 4,
@@ -253,7 +254,7 @@ class Client:
     def close(self) -> None:
         self.session.close()
 
-    def __enter__(self) -> "Client":
+    def __enter__(self) -> Client:  # noqa: PYI034 (3.10 has no typing.Self)
         return self
 
     def __exit__(self, *exc) -> None:
@@ -265,20 +266,20 @@ class Client:
         plain = self.plain_http if self.plain_http is not None else is_loopback(host)
         return f"{'http' if plain else 'https'}://{host}"
 
-    def credentials_for(self, host: str) -> "auth.Credentials | None":
+    def credentials_for(self, host: str) -> auth.Credentials | None:
         if host not in self._creds:
             key = auth.DOCKER_HUB_KEY if host == DOCKER_HUB_API else host
             self._creds[host] = self._credentials(key)
         return self._creds[host]
 
-    def use_credentials(self, host: str, creds: "auth.Credentials | None") -> None:
+    def use_credentials(self, host: str, creds: auth.Credentials | None) -> None:
         """Use ``creds`` for ``host`` from now on (login checks) and forget old tokens."""
         self._creds[host] = creds
         self._challenge.pop(host, None)
         for key in [k for k in self._tokens if k[0] == host]:
             del self._tokens[key]
 
-    def check_login(self, host: str, creds: "auth.Credentials") -> None:
+    def check_login(self, host: str, creds: auth.Credentials) -> None:
         """GET /v2/ with ``creds``; AuthenticationError when the registry refuses them."""
         host = DOCKER_HUB_API if host == DOCKER_HUB else host
         self.use_credentials(host, creds)
@@ -390,7 +391,7 @@ class Client:
         scope: tuple[str, ...] | str = (),
         expect: tuple[int, ...] = (200,),
         headers: dict | None = None,
-        body: "bytes | Callable[[], Iterable[bytes]] | None" = None,
+        body: bytes | Callable[[], Iterable[bytes]] | None = None,
         retry: bool = True,
         **kwargs,
     ) -> requests.Response:
@@ -461,7 +462,7 @@ def sha256_bytes(data: bytes) -> str:
 
 def fetch_manifest(ref: Reference | str, *, client: Client | None = None) -> tuple[bytes, str, str]:
     """The manifest bytes as stored (index or manifest), their digest and media type."""
-    ref = _as_ref(ref)
+    ref = as_reference(ref)
     client = client or Client()
     resp = client.request("GET", ref.api_host, f"/v2/{ref.repository}/manifests/{ref.reference}",
                           scope=pull_scope(ref.repository), headers={"Accept": ACCEPT}, stream=True)
@@ -485,7 +486,7 @@ def get_manifest(ref: Reference | str, *, platform: str = DEFAULT_PLATFORM,
                  client: Client | None = None) -> tuple[dict, str, str]:
     """``(manifest, digest, media_type)``. For an index (multi-platform image) the entry
     for ``platform`` is fetched and returned."""
-    ref = _as_ref(ref)
+    ref = as_reference(ref)
     client = client or Client()
     raw, digest, media_type = fetch_manifest(ref, client=client)
     body = json.loads(raw)
@@ -513,7 +514,7 @@ def select_platform(index: dict, platform: str, what: str = "image") -> dict:
 def put_manifest(ref: Reference | str, manifest: dict | bytes, media_type: str | None = None, *,
                  client: Client | None = None) -> str:
     """PUT a manifest under ``ref``'s tag (or its digest). Returns the digest."""
-    ref = _as_ref(ref)
+    ref = as_reference(ref)
     client = client or Client()
     raw = manifest if isinstance(manifest, bytes) else canonical_json(manifest)
     if media_type is None:
@@ -539,7 +540,7 @@ def canonical_json(obj) -> bytes:
 
 def delete_manifest(ref: Reference | str, *, client: Client | None = None) -> str:
     """Delete a manifest (resolving a tag to its digest first). Returns the digest."""
-    ref = _as_ref(ref)
+    ref = as_reference(ref)
     client = client or Client()
     digest = ref.digest or fetch_manifest(ref, client=client)[1]
     client.request("DELETE", ref.api_host, f"/v2/{ref.repository}/manifests/{digest}",
@@ -551,7 +552,7 @@ def get_image_config(ref: Reference | str, *, platform: str = DEFAULT_PLATFORM,
                      client: Client | None = None) -> dict:
     """The image config (labels, env, entrypoint) read from the registry without pulling
     any layer."""
-    ref = _as_ref(ref)
+    ref = as_reference(ref)
     client = client or Client()
     manifest, _, _ = get_manifest(ref, platform=platform, client=client)
     desc = manifest.get("config") or {}
@@ -572,7 +573,7 @@ def get_image_config(ref: Reference | str, *, platform: str = DEFAULT_PLATFORM,
 
 def head_blob(ref: Reference | str, digest: str, *, client: Client | None = None) -> int | None:
     """The blob's size when the repository has it, else None."""
-    ref = _as_ref(ref)
+    ref = as_reference(ref)
     client = client or Client()
     resp = client.request("HEAD", ref.api_host, f"/v2/{ref.repository}/blobs/{digest}",
                           scope=pull_scope(ref.repository), expect=(200, 404))
@@ -588,7 +589,7 @@ def blob_exists(ref: Reference | str, digest: str, *, client: Client | None = No
 
 def read_blob(ref: Reference | str, digest: str, *, client: Client | None = None, limit: int = MAX_CONFIG_BYTES) -> bytes:
     """A small blob into memory (configs), digest verified."""
-    ref = _as_ref(ref)
+    ref = as_reference(ref)
     client = client or Client()
     resp = client.request("GET", ref.api_host, f"/v2/{ref.repository}/blobs/{digest}",
                           scope=pull_scope(ref.repository), stream=True)
@@ -624,7 +625,7 @@ def get_blob(ref: Reference | str, digest: str, dest_file: BinaryIO, offset: int
     (transient errors, with backoff). Raises DigestMismatch when the bytes do not match;
     what was written stays in ``dest_file`` for the caller to discard.
     """
-    ref = _as_ref(ref)
+    ref = as_reference(ref)
     client = client or Client()
     expected = digest.split(":", 1)[1]
     hasher = hashlib.sha256()
@@ -640,8 +641,12 @@ def get_blob(ref: Reference | str, digest: str, dest_file: BinaryIO, offset: int
             hasher.update(piece)
             remaining -= len(piece)
         offset -= remaining  # the file was shorter than the caller said
+    dest_file.seek(0, os.SEEK_END)
+    if dest_file.tell() != offset:
+        # Only when needed: on ext4 a truncate makes close() wait for writeback
+        # (auto_da_alloc), which costs a second per GiB.
+        dest_file.truncate(offset)
     dest_file.seek(offset)
-    dest_file.truncate(offset)
     pos, received, failures = offset, 0, 0
     total = size or 0
     path = f"/v2/{ref.repository}/blobs/{digest}"
@@ -785,7 +790,7 @@ def upload_blob(ref: Reference | str, path: str | os.PathLike, *, digest: str | 
     generator body; larger: PATCH chunks of UPLOAD_CHUNK then the closing PUT. sha256 is
     computed while streaming and must equal ``digest`` when given (a file that changed
     mid-upload is refused). Skips the upload when the registry has the blob."""
-    ref = _as_ref(ref)
+    ref = as_reference(ref)
     client = client or Client()
     path = os.fspath(path)
     label = label or path
@@ -828,6 +833,20 @@ def _upload_monolithic(ref, path, digest, size, client, progress, label) -> Uplo
     return UploadResult(digest, size, counter[0])
 
 
+def _chunk_body(path, start: int, length: int, base, counter: list, progress, label, total):
+    """A replayable body for one PATCH: each call restarts from ``base``'s hash state and
+    byte count, so a resend after an auth challenge is hashed once."""
+    state = {"hasher": base.copy()}
+    sent_before = counter[0]
+
+    def body():
+        state["hasher"] = base.copy()
+        counter[0] = sent_before
+        return _SizedBody(_file_pieces(path, start, length, state["hasher"], counter, progress, label, total), length)
+
+    return body, state
+
+
 def _upload_chunked(ref, path, digest, size, client, progress, label) -> UploadResult:
     location, _ = start_upload(ref, client=client)
     hasher, counter = hashlib.sha256(), [0]
@@ -835,16 +854,7 @@ def _upload_chunked(ref, path, digest, size, client, progress, label) -> UploadR
     offset = 0
     while offset < size:
         length = min(UPLOAD_CHUNK, size - offset)
-        before = hasher.copy()
-        sent_before = counter[0]
-        state = {"hasher": before}
-
-        def body(start=offset, length=length):
-            state["hasher"] = before.copy()
-            counter[0] = sent_before
-            return _SizedBody(_file_pieces(path, start, length, state["hasher"], counter, progress, label, size),
-                              length)
-
+        body, state = _chunk_body(path, offset, length, hasher, counter, progress, label, size)
         resp = client.request("PATCH", ref.api_host, location, scope=scope, expect=(202,), body=body,
                               retry=False,
                               headers={"Content-Type": MEDIA_OCTET, "Content-Length": str(length),
@@ -864,7 +874,7 @@ def _upload_chunked(ref, path, digest, size, client, progress, label) -> UploadR
 
 def upload_bytes(ref: Reference | str, data: bytes, *, client: Client | None = None) -> UploadResult:
     """A small in-memory blob (configs): skipped when present, else one PUT."""
-    ref = _as_ref(ref)
+    ref = as_reference(ref)
     client = client or Client()
     digest = sha256_bytes(data)
     if blob_exists(ref, digest, client=client):
@@ -877,7 +887,7 @@ def upload_bytes(ref: Reference | str, data: bytes, *, client: Client | None = N
 
 
 def delete_blob(ref: Reference | str, digest: str, *, client: Client | None = None) -> None:
-    ref = _as_ref(ref)
+    ref = as_reference(ref)
     client = client or Client()
     client.request("DELETE", ref.api_host, f"/v2/{ref.repository}/blobs/{digest}",
                    scope=f"repository:{ref.repository}:delete,pull,push", expect=(202, 200, 404)).close()
@@ -953,7 +963,7 @@ def copy_image(src_ref: Reference | str, dest_ref: Reference | str, *, all_platf
     ``all_platforms`` every child and the index. The destination tag defaults to the
     source's. Returns the digest now tagged at the destination.
     """
-    src, dest = _as_ref(src_ref), _as_ref(dest_ref)
+    src, dest = as_reference(src_ref), as_reference(dest_ref)
     client = client or Client()
     raw, digest, media_type = fetch_manifest(src, client=client)
     if media_type in INDEX_TYPES:

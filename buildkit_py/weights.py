@@ -50,6 +50,7 @@ ANNOTATION_TITLE = "org.opencontainers.image.title"
 _LEGACY_FILEPATH = "org.cnai.model.filepath"
 
 PARTIAL_SUFFIX = ".partial"
+_SKIP_DIRS = {".git"}
 _EPOCH = "1970-01-01T00:00:00Z"  # constant mtime: reproducible manifests (spec: Reproducibility)
 _TYPEFLAG_REGULAR = ord("0")
 
@@ -79,7 +80,7 @@ class PushedFile:
 
 @dataclass(frozen=True)
 class PushedArtifact:
-    ref: str  # the reference pushed, with the manifest digest: host/repo:tag@sha256:...
+    ref: str  # the reference pushed (host/repo:tag); pin it with ``f"{ref}@{digest}"``
     digest: str
     files: tuple[PushedFile, ...]
 
@@ -147,14 +148,15 @@ def _target(root: Path, relpath: str) -> Path:
 
 def scan_dir(directory: str | os.PathLike) -> list[tuple[str, Path]]:
     """``(relpath, path)`` of the regular files under ``directory``, sorted. Symlinks are
-    followed only when they point at a file inside the directory."""
+    followed only when they point at a file inside the directory; ``.git`` directories
+    (a Hugging Face clone's history) and ``*.partial`` files are left out."""
     root = Path(directory)
     if not root.is_dir():
         raise WeightsError(f"{root} is not a directory")
     real_root = os.path.realpath(root)
     found = []
     for dirpath, dirnames, filenames in os.walk(root):
-        dirnames.sort()
+        dirnames[:] = sorted(d for d in dirnames if d not in _SKIP_DIRS)
         for name in filenames:
             path = Path(dirpath) / name
             rel = path.relative_to(root).as_posix()
@@ -199,7 +201,7 @@ def model_config(layers: list[dict], descriptor: dict | None = None, config: dic
     }
 
 
-def push(directory: str | os.PathLike, ref: str, progress: oci.Progress | None = None, *,
+def push(directory: str | os.PathLike, ref: str | oci.Reference, progress: oci.Progress | None = None, *,
          client: oci.Client | None = None, descriptor: dict | None = None,
          annotations: dict | None = None) -> PushedArtifact:
     """Push every file under ``directory`` as one ModelPack artifact at ``ref``.
@@ -209,7 +211,7 @@ def push(directory: str | os.PathLike, ref: str, progress: oci.Progress | None =
     points at a partial push. ``descriptor`` fills the config's ModelPack descriptor
     (name, version, licenses...).
     """
-    reference = oci.parse_reference(ref)
+    reference = oci.as_reference(ref)
     client = client or oci.Client()
     files = scan_dir(directory)
     layers, pushed = [], []
@@ -239,15 +241,14 @@ def push(directory: str | os.PathLike, ref: str, progress: oci.Progress | None =
     digest = oci.put_manifest(target, raw, oci.MEDIA_OCI_MANIFEST, client=client)
     if progress:
         progress("manifest", str(target), len(raw), len(raw))
-    return PushedArtifact(str(oci.Reference(target.registry, target.repository, target.tag, digest)), digest,
-                          tuple(pushed))
+    return PushedArtifact(str(target), digest, tuple(pushed))
 
 
 # ---------------------------------------------------------------- read
 
 
 def _artifact_manifest(reference: oci.Reference, client: oci.Client) -> tuple[dict, str]:
-    manifest, digest, media_type = oci.get_manifest(reference, client=client)
+    manifest, digest, _ = oci.get_manifest(reference, client=client)
     config_type = (manifest.get("config") or {}).get("mediaType")
     if manifest.get("artifactType") != ARTIFACT_TYPE and config_type != CONFIG_MEDIA_TYPE:
         raise WeightsError(
@@ -284,11 +285,11 @@ def _files(manifest: dict, where: str) -> list[tuple[ArtifactFile, dict]]:
     return out
 
 
-def ls(ref: str, *, client: oci.Client | None = None) -> list[ArtifactFile]:
+def ls(ref: str | oci.Reference, *, client: oci.Client | None = None) -> list[ArtifactFile]:
     """The files of an artifact: ``(path, size, digest)`` each, in manifest order."""
-    reference = oci.parse_reference(ref)
+    reference = oci.as_reference(ref)
     client = client or oci.Client()
-    manifest, digest = _artifact_manifest(reference, client)
+    manifest, _ = _artifact_manifest(reference, client)
     return [f for f, _ in _files(manifest, str(reference))]
 
 
@@ -304,7 +305,7 @@ def _file_matches(path: Path, size: int, digest: str) -> bool:
     return oci.sha256_file(path)[0] == digest
 
 
-def pull(ref: str, directory: str | os.PathLike, progress: oci.Progress | None = None, *,
+def pull(ref: str | oci.Reference, directory: str | os.PathLike, progress: oci.Progress | None = None, *,
          client: oci.Client | None = None) -> PullResult:
     """Download an artifact's files into ``directory``.
 
@@ -315,9 +316,9 @@ def pull(ref: str, directory: str | os.PathLike, progress: oci.Progress | None =
     ``.partial`` is resumed with a Range request. A corrupt blob raises DigestMismatch;
     its partial is deleted and nothing appears at the final path.
     """
-    reference = oci.parse_reference(ref)
+    reference = oci.as_reference(ref)
     client = client or oci.Client()
-    manifest, digest = _artifact_manifest(reference, client)
+    manifest, _ = _artifact_manifest(reference, client)
     root = Path(directory)
     entries = _files(manifest, str(reference))
     root.mkdir(parents=True, exist_ok=True)
@@ -346,12 +347,13 @@ def _download(reference: oci.Reference, f: ArtifactFile, partial: Path, client: 
     received = 0
     for attempt in (0, 1):
         mode = "r+b" if offset else "w+b"
+        # Only a digest failure discards the partial; anything else (network gone, Ctrl-C)
+        # keeps it, and the next pull resumes from it.
         try:
             with open(partial, mode) as fh:
                 received += oci.get_blob(reference, f.digest, fh, offset, size=f.size, client=client,
                                          progress=progress, label=f.path)
             return received
-        # Anything else (network gone, Ctrl-C) keeps the partial: the next pull resumes it.
         except DigestMismatch as exc:
             received += getattr(exc, "received_bytes", 0)
             partial.unlink(missing_ok=True)

@@ -217,7 +217,7 @@ def test_login_through_creds_store(registry, docker_config, no_env, helper):
     text = (docker_config / "config.json").read_text()
     assert registry.password not in text
     assert json.loads(text)["auths"] == {registry.address: {}}
-    store_call = [c for c in helper.calls() if c["argv"] == ["store"]][0]
+    store_call = next(c for c in helper.calls() if c["argv"] == ["store"])
     assert json.loads(store_call["stdin"])["Secret"] == registry.password
     assert all(registry.password not in " ".join(c["argv"]) for c in helper.calls())
     assert auth.resolve(registry.address).password == registry.password

@@ -12,6 +12,8 @@ import secrets
 import socket
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import ClassVar
 
 import pytest
 import requests
@@ -106,8 +108,8 @@ def test_ca_cert_is_used_for_verification(tmp_path):
 class _Stub(BaseHTTPRequestHandler):
     """Answers from a script: a list of (status, headers) per request; counts requests."""
 
-    script: list = []
-    seen: list = []
+    script: ClassVar[list] = []
+    seen: ClassVar[list] = []
 
     def log_message(self, *args):
         pass
@@ -232,18 +234,16 @@ def test_get_blob_streams_verifies_and_resumes(client, registry, unique_name, tm
     out = tmp_path / "out"
     with open(out, "w+b") as fh:
         assert oci.get_blob(ref, digest, fh, size=3_000_000, client=client) == 3_000_000
-    assert out.read_bytes() == open(path, "rb").read()
+    assert out.read_bytes() == Path(path).read_bytes()
     with open(out, "r+b") as fh:
         fh.truncate(1_000_000)
         # Only the missing 2 MB cross the network (Range request, 206).
         assert oci.get_blob(ref, digest, fh, 1_000_000, size=3_000_000, client=client) == 2_000_000
-    assert out.read_bytes() == open(path, "rb").read()
-    with open(out, "w+b") as fh:  # a size the manifest would not match
-        with pytest.raises(DigestMismatch, match="got 3000000 bytes"):
-            oci.get_blob(ref, digest, fh, size=3_000_001, client=client)
-    with open(out, "w+b") as fh:
-        with pytest.raises(RegistryError, match="BLOB_UNKNOWN"):
-            oci.get_blob(ref, "sha256:" + "0" * 64, fh, client=client)
+    assert out.read_bytes() == Path(path).read_bytes()
+    with open(out, "w+b") as fh, pytest.raises(DigestMismatch, match="got 3000000 bytes"):
+        oci.get_blob(ref, digest, fh, size=3_000_001, client=client)  # a size the manifest would not match
+    with open(out, "w+b") as fh, pytest.raises(RegistryError, match="BLOB_UNKNOWN"):
+        oci.get_blob(ref, "sha256:" + "0" * 64, fh, client=client)
 
 
 def test_manifest_round_trip_and_image_config_without_pull(client, registry, unique_name):
@@ -270,7 +270,7 @@ def test_index_picks_linux_amd64_and_copy_image(client, registry, unique_name):
         {"mediaType": oci.MEDIA_DOCKER_MANIFEST, "digest": d, "size": n,
          "platform": {"os": "linux", "architecture": arch}} for arch, (d, n) in children.items()]}
     index_digest = oci.put_manifest(ref, index, client=client)
-    manifest, digest, media_type = oci.get_manifest(ref, client=client)
+    _, digest, media_type = oci.get_manifest(ref, client=client)
     assert digest == children["amd64"][0] and media_type == oci.MEDIA_DOCKER_MANIFEST
     assert oci.get_image_config(ref, client=client)["config"]["Labels"] == {"arch": "amd64"}
 
@@ -314,8 +314,8 @@ class _TokenProxy(BaseHTTPRequestHandler):
     upstream = ""
     basic = ""
     user_basic = ""
-    tokens: set = set()
-    token_requests: list = []
+    tokens: ClassVar[set] = set()
+    token_requests: ClassVar[list] = []
 
     def log_message(self, *args):
         pass
