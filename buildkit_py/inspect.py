@@ -1,0 +1,833 @@
+"""What is in a built image, layer by layer, and what should not be there.
+
+``inspect_image`` streams the image out of the engine once (the docker SDK's
+``Image.save()``, the same bytes as ``docker save``), parses that tar on the fly and, for
+each layer tar inside it, in the same pass:
+
+- hashes it (sha256 = the layer's diff id, which is how a layer blob is matched to its
+  position in the image config: ``docker save`` names layers by v1 ids, not diff ids);
+- gzips it at level 6 only to count the bytes (the estimate of what a registry stores and a
+  pull moves), in 1 MiB pieces on a thread pool, each piece primed with the 32 KiB before
+  it the way pigz does, so the count matches one-stream ``gzip -6`` to a few bytes per MiB
+  and big images use every core; nothing is written to disk;
+- walks the layer's members (paths, sizes, whiteouts) without reading file contents.
+
+The image config (found in the same stream: the member whose sha256 is the image id) gives
+the history; each non-empty history entry is one layer. imgbuild writes
+``: imgbuild-step=<id>;`` into every RUN it renders (``plan.STEP_MARK``), so a layer maps to
+the step and the layer group that made it. COPY entries carry no marker: the n-th COPY after
+the first marked step is ``copy-<n>`` (how ``plan`` numbers them). Layers before the first
+marked step came with the base image (group ``base``).
+
+Sizes: a layer's ``size`` is the engine's own number for it (``docker history``; they sum to
+the SIZE of ``docker images``), so a budget reads the same as the tools users know. The
+engine counts symlinks for some layers and not for others (an imported layer is measured on
+disk, a BuildKit one from its tar headers), so it is taken from the engine, not recomputed;
+where the engine's history does not line up with the config, the content bytes counted
+while walking the tar stand in. ``blob_size`` is the uncompressed layer tar and
+``compressed_size`` the gzip estimate.
+
+Everything after the streaming pass is pure: ``attribute_layers``, ``classify_path``,
+``analyze_save_stream`` and the finding rules take plain values and are unit-tested
+without an engine.
+"""
+
+from __future__ import annotations
+
+import collections
+import concurrent.futures
+import hashlib
+import io
+import json
+import os
+import posixpath
+import re
+import tarfile
+import zlib
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import IO, Any
+
+from . import labels as L
+from .errors import EnvironmentProblem, ImageMissing, InspectError, SizeBudgetExceeded
+from .plan import GROUPS, STEP_MARK
+
+MiB = 1 << 20
+GZIP_LEVEL = 6
+GZIP_CHUNK = 1 << 20  # one compression job
+GZIP_WINDOW = 32 << 10  # deflate's window: the priming dictionary for the next piece
+GZIP_OVERHEAD = 10 + 8  # gzip header and trailer around the deflate stream
+MAX_CONFIG_BYTES = 16 << 20
+
+BASE_GROUP, OTHER_GROUP, APP_GROUP, META_GROUP = "base", "other", "app", "meta"
+# Report order: the base image's layers, then plan's groups in build order, then unknowns.
+GROUP_ORDER = (BASE_GROUP,) + tuple(GROUPS) + (OTHER_GROUP,)
+
+# Step id -> group for the steps plan.make_plan writes; pass ``step_groups`` to inspect_image
+# (``{s.id: s.group for s in plan.final.steps}``) to use a plan's own table instead.
+DEFAULT_STEP_GROUPS: dict[str, str] = {
+    "python-ppa": "os", "os": "os", "python": "python", "cuda": "cuda", "ldconfig": "cuda",
+    "torch": "torch", "compiled": "heavy", "heavy": "heavy", "wheels": "heavy",
+    "pins": "pins", "build-tools": "pins", "meta": META_GROUP,
+}
+
+MARKER_RE = re.compile(r":\s*" + re.escape(STEP_MARK) + r"=([^;\s]+)")
+
+# Finding kinds and severities.
+WEIGHTS, CACHE, COMPILER, CUDA_DUPLICATE, DELETED = (
+    "weights", "cache", "compiler-in-runtime", "cuda-duplicate", "deleted-later")
+WARNING, INFO = "warning", "info"
+_SEVERITY_RANK = {WARNING: 0, INFO: 1}
+
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".gguf", ".onnx", ".h5", ".msgpack")
+
+# (regex, the cache's root as reported). A file under one of these in a layer is a cache that
+# was left in the image instead of on a build cache mount. __pycache__ is deliberately absent.
+_CACHE_RULES: tuple[tuple[re.Pattern[str], str], ...] = (
+    (re.compile(r"^(/root|/home/[^/]+)/\.cache/pip/"), r"\1/.cache/pip"),
+    (re.compile(r"^(/root|/home/[^/]+)/\.cache/huggingface/"), r"\1/.cache/huggingface"),
+    (re.compile(r"^/var/cache/apt/archives/(?:partial/)?[^/]+\.deb$"), "/var/cache/apt/archives"),
+    # The lists' lock file and partial/ are in every Debian image; the indexes are not.
+    (re.compile(r"^/var/lib/apt/lists/(?!lock$|partial(?:/|$)|auxfiles(?:/|$))"), "/var/lib/apt/lists"),
+    (re.compile(r"^(.*/(?:conda|miniconda3?|miniforge3?|mambaforge|anaconda3?|\.conda))/pkgs/"), r"\1/pkgs"),
+)
+
+# Build tools that a ``runtime`` flavour image should not carry. Symlinks count (usr/bin/gcc).
+_COMPILER_RULES: tuple[re.Pattern[str], ...] = (
+    re.compile(r"^/usr/bin/(?:[\w.-]+-linux-gnu-)?(?:gcc|g\+\+)[^/]*$"),
+    re.compile(r"^/usr/bin/(?:cc|c\+\+)$"),
+    re.compile(r"^/usr/(?:lib|libexec)/gcc/.+/cc1(?:plus)?$"),
+    re.compile(r"(?:^|/)bin/nvcc$"),  # /usr/bin, /usr/local/cuda*/bin, site-packages/nvidia/cuda_nvcc/bin
+    re.compile(r"^/usr/local/cuda[^/]*/(?:targets/[^/]+/)?include/cuda\.h$"),
+    re.compile(r"^/usr/include/cuda\.h$"),
+)
+
+# CUDA user-space libraries that come both with NVIDIA's images and as nvidia-*-cu12 wheels.
+_CUDA_LIB_RE = re.compile(
+    r"^lib(cudart|cublas|cublasLt|cufft|cufftw|curand|cusolver|cusolverMg|cusparse|cusparseLt|"
+    r"cudnn(?:_[a-z_]+)?|nccl|nvrtc(?:-builtins)?|nvJitLink|cupti|nvToolsExt|nvjpeg|npp[a-z]*|cufile)"
+    r"\.so\.(\d+)(?:\.[\d.]+)?$")
+_CUDA_SYSTEM_RE = re.compile(r"^/usr/local/cuda[^/]*/|^/usr/lib/[^/]*-linux-gnu/")
+_CUDA_WHEEL_RE = re.compile(r"/site-packages/nvidia/[^/]+/lib/")
+
+WHITEOUT_PREFIX = ".wh."
+OPAQUE = ".wh..wh..opq"
+
+
+# ---------------------------------------------------------------- the report
+
+
+@dataclass(frozen=True)
+class Layer:
+    index: int  # position in the image's rootfs, 0 = bottom
+    digest: str  # diff id: sha256 of the uncompressed layer tar
+    size: int  # content bytes, as the engine reports them (docker history)
+    blob_size: int  # uncompressed tar bytes
+    compressed_size: int | None  # gzip -6 estimate; None when not estimated
+    files: int  # members in the layer tar
+    step: str | None  # imgbuild step id; None for base layers and unmarked RUNs
+    group: str
+    created_by: str
+    instruction: str  # RUN, COPY, WORKDIR ...
+
+
+@dataclass(frozen=True)
+class Finding:
+    kind: str
+    severity: str
+    layer: int | None  # index into ImageReport.layers of the layer that ships the bytes
+    step: str | None
+    path: str
+    size: int
+    message: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"kind": self.kind, "severity": self.severity, "layer": self.layer, "step": self.step,
+                "path": self.path, "size": self.size, "message": self.message}
+
+
+@dataclass(frozen=True)
+class ImageReport:
+    image: str  # the reference asked for
+    id: str
+    size: int
+    blob_size: int
+    compressed_size: int | None
+    pull_seconds: float | None
+    bandwidth_mbps: float
+    layers: tuple[Layer, ...]
+    labels: Mapping[str, str]  # io.imgbuild.* only
+    findings: tuple[Finding, ...]
+
+    @property
+    def flavor(self) -> str | None:
+        return self.labels.get(L.CUDA_FLAVOR)
+
+    def findings_of(self, kind: str) -> list[Finding]:
+        return [f for f in self.findings if f.kind == kind]
+
+
+# ---------------------------------------------------------------- pure helpers
+
+
+def human_size(n: float | None) -> str:
+    if n is None:
+        return "-"
+    n = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    raise AssertionError("unreachable")
+
+
+def pull_seconds(compressed_size: int, bandwidth_mbps: float) -> float:
+    """Seconds to move ``compressed_size`` bytes at ``bandwidth_mbps`` megabits (10^6) per second."""
+    if bandwidth_mbps <= 0:
+        raise ValueError("bandwidth_mbps must be positive")
+    return compressed_size * 8 / (bandwidth_mbps * 1e6)
+
+
+def normalize_member(name: str) -> str | None:
+    """A tar member name as an absolute path ('./usr/bin/' -> '/usr/bin'); None for the root."""
+    while name.startswith("./"):
+        name = name[2:]
+    name = name.strip("/")
+    if name in ("", "."):
+        return None
+    return "/" + name
+
+
+def whiteout_target(path: str) -> tuple[str, bool] | None:
+    """For an overlay whiteout entry, (the path it deletes, opaque?); None for other paths.
+    ``/a/.wh.b`` deletes ``/a/b``; ``/a/.wh..wh..opq`` hides everything lower layers had in /a."""
+    parent, base = posixpath.split(path)
+    if base == OPAQUE:
+        return parent or "/", True
+    if base.startswith(WHITEOUT_PREFIX):
+        return posixpath.join(parent, base[len(WHITEOUT_PREFIX):]), False
+    return None
+
+
+def is_weight_file(path: str) -> bool:
+    return path.lower().endswith(WEIGHT_SUFFIXES)
+
+
+def cache_root(path: str) -> str | None:
+    """The cache directory ``path`` lies in (pip, apt, Hugging Face, conda), or None."""
+    if "/__pycache__/" in path:
+        return None
+    for rule, root in _CACHE_RULES:
+        m = rule.search(path)
+        if m:
+            return m.expand(root)
+    return None
+
+
+def is_compiler(path: str) -> bool:
+    return any(rule.search(path) for rule in _COMPILER_RULES)
+
+
+def cuda_library(path: str) -> tuple[str, str] | None:
+    """(soname like 'libcublas.so.12', 'system' | 'wheel') for a CUDA library file, else None."""
+    m = _CUDA_LIB_RE.match(posixpath.basename(path))
+    if not m:
+        return None
+    soname = f"lib{m.group(1)}.so.{m.group(2)}"
+    if _CUDA_WHEEL_RE.search(path):
+        return soname, "wheel"
+    if _CUDA_SYSTEM_RE.search(path):
+        return soname, "system"
+    return None
+
+
+def classify_path(path: str, size: int, *, weight_threshold: int = 10 * MiB) -> list[tuple[str, str]]:
+    """Every rule a file at ``path`` of ``size`` bytes matches, as (kind, detail) pairs; detail is
+    the cache root, the CUDA soname and origin ('libcudart.so.12:wheel'), or the path itself.
+    The compiler rule only matters in runtime images; the caller decides that."""
+    out: list[tuple[str, str]] = []
+    if size > weight_threshold and is_weight_file(path):
+        out.append((WEIGHTS, path))
+    root = cache_root(path)
+    if root:
+        out.append((CACHE, root))
+    if is_compiler(path):
+        out.append((COMPILER, path))
+    lib = cuda_library(path)
+    if lib:
+        out.append((CUDA_DUPLICATE, f"{lib[0]}:{lib[1]}"))
+    return out
+
+
+def instruction_of(created_by: str) -> str:
+    """The Dockerfile instruction of a history entry, legacy builder or BuildKit."""
+    s = created_by.strip()
+    if s.startswith("/bin/sh -c #(nop)"):
+        s = s[len("/bin/sh -c #(nop)"):].strip()
+    elif s.startswith(("/bin/sh -c", "|")):
+        return "RUN"
+    word = s.split(None, 1)[0] if s else ""
+    return word.upper() if word.isalpha() else ""
+
+
+@dataclass(frozen=True)
+class Attribution:
+    step: str | None
+    group: str
+    created_by: str
+    instruction: str
+
+
+def attribute_entries(history: list[dict], step_groups: Mapping[str, str] | None = None) -> list[Attribution]:
+    """The step and group of every history entry, empty ones included, oldest first.
+
+    Entries use the image config's keys (``created_by``) or the engine history API's
+    (``CreatedBy``): the build's size budget reads the latter without streaming the image."""
+    step_groups = dict(DEFAULT_STEP_GROUPS if step_groups is None else step_groups)
+    seen_marker = False
+    copies = 0
+    out: list[Attribution] = []
+    for entry in history:
+        created = str(entry.get("created_by") or entry.get("CreatedBy") or "")
+        instr = instruction_of(created)
+        m = MARKER_RE.search(created)
+        step: str | None
+        if m:
+            seen_marker = True
+            step = m.group(1)
+            group = step_groups.get(step) or (step if step in GROUPS else OTHER_GROUP)
+        elif not seen_marker:
+            step, group = None, BASE_GROUP
+        elif instr in ("COPY", "ADD"):
+            step = f"copy-{copies}"
+            copies += 1
+            group = step_groups.get(step, APP_GROUP)
+        elif instr == "RUN":
+            step, group = None, OTHER_GROUP
+        else:  # WORKDIR and friends from the meta step
+            step, group = "meta", step_groups.get("meta", META_GROUP)
+        out.append(Attribution(step, group, created, instr))
+    return out
+
+
+def attribute_layers(history: list[dict], n_layers: int,
+                     step_groups: Mapping[str, str] | None = None) -> list[Attribution]:
+    """Map each of ``n_layers`` layers to the history entry, step and group that made it.
+
+    ``history`` is the image config's ``history`` (entries with ``created_by`` and
+    ``empty_layer``). When the history does not account for every layer (a squashed or
+    hand-made image), the layers it cannot place are attributed to nothing (group ``base``)."""
+    out = [a for a, entry in zip(attribute_entries(history, step_groups), history) if not entry.get("empty_layer")]
+    if len(out) != n_layers:
+        # Untrustworthy history: keep only what lines up from the top (the newest entries).
+        pad = [Attribution(None, BASE_GROUP, "", "")] * max(0, n_layers - len(out))
+        out = (pad + out)[-n_layers:] if n_layers else []
+    return out
+
+
+# ---------------------------------------------------------------- streaming
+
+
+class _IterStream(io.RawIOBase):
+    """A readable file over an iterator of byte chunks (the docker SDK's save() stream)."""
+
+    def __init__(self, chunks: Iterable[bytes]):
+        self._it: Iterator[bytes] = iter(chunks)
+        self._buf = memoryview(b"")
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b) -> int:  # type: ignore[override]
+        while not self._buf:
+            try:
+                self._buf = memoryview(next(self._it))
+            except StopIteration:
+                return 0
+        n = min(len(b), len(self._buf))
+        b[:n] = self._buf[:n]
+        self._buf = self._buf[n:]
+        return n
+
+
+def _deflate_piece(data: bytes, zdict: bytes, last: bool) -> int:
+    c = zlib.compressobj(GZIP_LEVEL, zlib.DEFLATED, -15, 8, zlib.Z_DEFAULT_STRATEGY, zdict) if zdict else \
+        zlib.compressobj(GZIP_LEVEL, zlib.DEFLATED, -15)
+    return len(c.compress(data)) + len(c.flush(zlib.Z_FINISH if last else zlib.Z_SYNC_FLUSH))
+
+
+class GzipCounter:
+    """Counts the bytes ``gzip -6`` would write for the data fed to it, keeping at most a few
+    pieces in memory. Pieces are deflated in parallel on ``pool`` (zlib releases the GIL)."""
+
+    def __init__(self, pool: concurrent.futures.Executor | None = None, workers: int = 1):
+        self._pool = pool
+        self._buf = bytearray()
+        self._prev_tail = b""
+        self._pending: collections.deque[concurrent.futures.Future[int] | int] = collections.deque()
+        self._max_pending = 2 * max(1, workers)  # bounds memory: a few MiB in flight
+        self.total = GZIP_OVERHEAD
+
+    def update(self, data: bytes | memoryview) -> None:
+        self._buf += data
+        while len(self._buf) >= 2 * GZIP_CHUNK:  # keep one piece back: the last one finishes the stream
+            self._submit(bytes(self._buf[:GZIP_CHUNK]), last=False)
+            del self._buf[:GZIP_CHUNK]
+
+    def _submit(self, piece: bytes, last: bool) -> None:
+        zdict, self._prev_tail = self._prev_tail, piece[-GZIP_WINDOW:]
+        if self._pool is None:
+            self._pending.append(_deflate_piece(piece, zdict, last))
+        else:
+            self._pending.append(self._pool.submit(_deflate_piece, piece, zdict, last))
+        while len(self._pending) > self._max_pending:
+            self._collect_one()
+
+    def _collect_one(self) -> None:
+        job = self._pending.popleft()
+        self.total += job if isinstance(job, int) else job.result()
+
+    def finish(self) -> int:
+        if len(self._buf) > GZIP_CHUNK:
+            self._submit(bytes(self._buf[:GZIP_CHUNK]), last=False)
+            del self._buf[:GZIP_CHUNK]
+        self._submit(bytes(self._buf), last=True)
+        self._buf = bytearray()
+        while self._pending:
+            self._collect_one()
+        return self.total
+
+
+class _TeeReader(io.RawIOBase):
+    """Reads a layer tar from the outer stream, hashing and gzip-counting every byte."""
+
+    def __init__(self, raw: IO[bytes], counter: GzipCounter | None):
+        self._raw = raw
+        self.sha = hashlib.sha256()
+        self.counter = counter
+        self.size = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b) -> int:  # type: ignore[override]
+        data = self._raw.read(len(b))
+        n = len(data)
+        if n:
+            b[:n] = data
+            self.sha.update(data)
+            if self.counter is not None:
+                self.counter.update(data)
+            self.size += n
+        return n
+
+    def drain(self) -> None:
+        while self.read(1 << 20):
+            pass
+
+
+@dataclass
+class LayerScan:
+    """What one pass over a layer tar found (mutable while scanning, then read-only)."""
+
+    digest: str = ""
+    blob_size: int = 0
+    content_size: int = 0
+    compressed_size: int | None = None
+    members: int = 0
+    files: list[tuple[str, int]] = field(default_factory=list)  # regular files with bytes
+    whiteouts: list[tuple[str, bool]] = field(default_factory=list)  # (deleted path, opaque)
+    # (kind, detail, path, size) for every rule hit, see classify_path
+    hits: list[tuple[str, str, str, int]] = field(default_factory=list)
+
+
+def scan_layer(fileobj: IO[bytes], *, counter: GzipCounter | None) -> LayerScan:
+    """One streaming pass over a layer tar: digest, sizes, gzip estimate, members of interest.
+    Weight-like files are kept whatever their size; find_problems applies the threshold."""
+    tee = _TeeReader(fileobj, counter)
+    scan = LayerScan()
+    try:
+        # An empty blob, or one that is no tar at all, raises ReadError: the digest decides what it was.
+        with tarfile.open(fileobj=tee, mode="r|") as inner:  # type: ignore[arg-type]
+            for m in inner:
+                scan.members += 1
+                path = normalize_member(m.name)
+                if path is None:
+                    continue
+                wh = whiteout_target(path)
+                if wh:
+                    scan.whiteouts.append(wh)
+                    continue
+                if m.isreg():
+                    size = m.size
+                elif m.issym():
+                    size = len(m.linkname.encode("utf-8", "surrogateescape"))
+                else:
+                    size = 0
+                scan.content_size += size
+                if m.isreg() and size:
+                    scan.files.append((path, size))
+                if m.isreg() or m.issym():
+                    for kind, detail in classify_path(path, m.size if m.isreg() else 0, weight_threshold=-1):
+                        if kind == CUDA_DUPLICATE and not m.isreg():
+                            continue  # sonames are symlinks to the one real file
+                        scan.hits.append((kind, detail, path, m.size if m.isreg() else 0))
+    except tarfile.ReadError:
+        scan = LayerScan()
+    tee.drain()
+    scan.digest = "sha256:" + tee.sha.hexdigest()
+    scan.blob_size = tee.size
+    if counter is not None:
+        scan.compressed_size = counter.finish()
+    return scan
+
+
+@dataclass
+class SaveScan:
+    config: dict | None
+    layers: dict[str, LayerScan]  # by diff id
+
+
+def _is_layer_member(name: str, diff_hexes: set[str]) -> bool:
+    # docker save, legacy layout (Engine < 25): <v1 id>/layer.tar; OCI layout: blobs/sha256/<diff id>
+    if name.endswith("/layer.tar") or name == "layer.tar":
+        return True
+    return name.startswith("blobs/sha256/") and name.rsplit("/", 1)[-1] in diff_hexes
+
+
+def _is_config_member(name: str, image_hex: str) -> bool:
+    return name in (f"{image_hex}.json", f"blobs/sha256/{image_hex}")
+
+
+def analyze_save_stream(stream: IO[bytes], *, image_id: str, diff_ids: list[str],
+                        estimate_compressed: bool = True, workers: int | None = None) -> SaveScan:
+    """Parse a ``docker save`` tar read from ``stream`` (never seeking), scanning each layer
+    once. Raises InspectError when a layer of ``diff_ids`` is not in it."""
+    image_hex = image_id.split(":", 1)[-1]
+    diff_hexes = {d.split(":", 1)[-1] for d in diff_ids}
+    wanted = set(diff_ids)
+    config: dict | None = None
+    layers: dict[str, LayerScan] = {}
+    if workers is None:
+        # Threads pay off from 4 cores up; on 2 the engine streaming the image needs one of them.
+        cpus = os.cpu_count() or 1
+        workers = min(8, cpus) if cpus >= 4 else 1
+    pool = concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="imgbuild-gzip") \
+        if estimate_compressed and workers > 1 else None
+    try:
+        with tarfile.open(fileobj=stream, mode="r|") as outer:  # type: ignore[arg-type]
+            for m in outer:
+                if not m.isreg():
+                    continue  # duplicate layers are symlinks to the first copy
+                if _is_config_member(m.name, image_hex):
+                    if m.size > MAX_CONFIG_BYTES:
+                        raise InspectError(f"image config {m.name} is {m.size} bytes, more than a config should be")
+                    f = outer.extractfile(m)
+                    assert f is not None
+                    config = json.loads(f.read())
+                elif _is_layer_member(m.name, diff_hexes):
+                    f = outer.extractfile(m)
+                    assert f is not None
+                    counter = GzipCounter(pool, workers) if estimate_compressed else None
+                    scan = scan_layer(f, counter=counter)
+                    if scan.digest in wanted:
+                        layers[scan.digest] = scan
+    except (tarfile.TarError, ValueError) as exc:
+        raise InspectError(f"could not read the image stream: {exc}") from exc
+    finally:
+        if pool is not None:
+            pool.shutdown(wait=True, cancel_futures=True)
+    missing = [d for d in diff_ids if d not in layers]
+    if missing:
+        raise InspectError(f"the saved image lacks layer {missing[0]} of its own rootfs",
+                           hint="is the image complete? `docker save` of it should load back")
+    return SaveScan(config, layers)
+
+
+# ---------------------------------------------------------------- findings
+
+
+def _ancestors(path: str) -> Iterator[str]:
+    while True:
+        parent = posixpath.dirname(path)
+        if parent == path:
+            return
+        yield parent
+        path = parent
+
+
+class _Deletions:
+    """Whiteouts by path, with the layers they are in, for "is this deleted above layer i"."""
+
+    def __init__(self, scans: list[LayerScan]):
+        self.removed: dict[str, list[int]] = collections.defaultdict(list)  # path and all below
+        self.opaque: dict[str, list[int]] = collections.defaultdict(list)  # strictly below
+        for j, scan in enumerate(scans):
+            for path, opaque in scan.whiteouts:
+                (self.opaque if opaque else self.removed)[path].append(j)
+
+    def __bool__(self) -> bool:
+        return bool(self.removed or self.opaque)
+
+    def deleted_by(self, path: str, layer: int) -> tuple[str, int] | None:
+        """(whiteout path, layer) of the lowest deletion above ``layer`` hiding ``path``."""
+        best: tuple[str, int] | None = None
+        candidates = [(path, self.removed.get(path, ()))]
+        for a in _ancestors(path):
+            candidates.append((a, self.removed.get(a, ())))
+            candidates.append((a, self.opaque.get(a, ())))
+        for where, js in candidates:
+            for j in js:
+                if j > layer and (best is None or j < best[1]):
+                    best = (where, j)
+        return best
+
+
+def _where(layers: list[Layer], i: int) -> str:
+    layer = layers[i]
+    return f"layer {i} (step {layer.step})" if layer.step else f"layer {i} ({layer.group})"
+
+
+def find_problems(layers: list[Layer], scans: list[LayerScan], *, flavor: str | None,
+                  weight_threshold: int = 10 * MiB) -> list[Finding]:
+    """Every finding for an image whose layer ``i`` is ``layers[i]`` scanned as ``scans[i]``."""
+    findings: list[Finding] = []
+    deletions = _Deletions(scans)
+
+    def alive(path: str, i: int) -> bool:
+        return not deletions or deletions.deleted_by(path, i) is None
+
+    def finding(kind: str, severity: str, i: int, path: str, size: int, message: str) -> None:
+        findings.append(Finding(kind, severity, i, layers[i].step, path, size, message))
+
+    caches: dict[tuple[int, str], list[int]] = {}
+    compilers: dict[str, tuple[int, int]] = {}  # path -> (layer, size); the top copy wins
+    cuda: dict[str, dict[str, dict[str, tuple[int, int]]]] = {}  # soname -> origin -> path -> (layer, size)
+    for i, scan in enumerate(scans):
+        for kind, detail, path, size in scan.hits:
+            if kind == WEIGHTS:
+                if size <= weight_threshold:
+                    continue
+                finding(WEIGHTS, WARNING, i, path, size,
+                        f"model weights ({human_size(size)}) baked into {_where(layers, i)}: every pull "
+                        f"moves them; fetch them at run time (recipe `weights:`) or mount them")
+            elif kind == CACHE:
+                acc = caches.setdefault((i, detail), [0, 0])
+                acc[0] += 1
+                acc[1] += size
+            elif kind == COMPILER:
+                compilers[path] = (i, size)
+            elif kind == CUDA_DUPLICATE:
+                soname, origin = detail.split(":")
+                cuda.setdefault(soname, {}).setdefault(origin, {})[path] = (i, size)
+
+    for (i, root), (count, size) in caches.items():
+        finding(CACHE, WARNING if size >= weight_threshold else INFO, i, root, size,
+                f"{root} left in {_where(layers, i)}: {count} file(s), {human_size(size)}; use a build "
+                f"cache mount (RUN --mount=type=cache) or clean it in the same RUN")
+
+    if flavor == "runtime":
+        for path, (i, size) in sorted(compilers.items()):
+            if alive(path, i):
+                finding(COMPILER, WARNING, i, path, size,
+                        f"{path} in a runtime-flavour image ({_where(layers, i)}): compilers and CUDA "
+                        f"headers belong in a builder stage or a devel flavour")
+
+    for soname, origins in sorted(cuda.items()):
+        live = {o: {p: v for p, v in paths.items() if alive(p, v[0])} for o, paths in origins.items()}
+        system, wheel = live.get("system") or {}, live.get("wheel") or {}
+        if not system or not wheel:
+            continue
+        sys_bytes, wheel_bytes = sum(s for _, s in system.values()), sum(s for _, s in wheel.values())
+        wpath, (wi, _) = min(wheel.items())
+        spath, (si, _) = min(system.items())
+        finding(CUDA_DUPLICATE, WARNING, wi, wpath, min(sys_bytes, wheel_bytes),
+                f"{soname} is shipped twice: {spath} ({_where(layers, si)}, {human_size(sys_bytes)}) and "
+                f"{wpath} ({_where(layers, wi)}, {human_size(wheel_bytes)}); the nvidia-*-cu12 wheels "
+                f"bring their own CUDA, so use a plain base or CUDA from wheels only")
+
+    if deletions:
+        wasted: dict[tuple[int, str, int], list[int]] = {}
+        for i, scan in enumerate(scans):
+            for path, size in scan.files:
+                hit = deletions.deleted_by(path, i)
+                if hit:
+                    acc = wasted.setdefault((i, hit[0], hit[1]), [0, 0])
+                    acc[0] += 1
+                    acc[1] += size
+        for (i, path, j), (count, size) in wasted.items():
+            finding(DELETED, WARNING if size >= weight_threshold else INFO, i, path, size,
+                    f"{path} ({count} file(s), {human_size(size)}) shipped in {_where(layers, i)} but "
+                    f"deleted in {_where(layers, j)}: the bytes are still pulled; delete in the same RUN "
+                    f"that creates them")
+
+    findings.sort(key=lambda f: (_SEVERITY_RANK.get(f.severity, 9), -f.size, f.layer or 0, f.path, f.kind))
+    return findings
+
+
+# ---------------------------------------------------------------- the entry point
+
+
+def inspect_image(client, ref: str, *, bandwidth_mbps: float = 1000, weight_threshold: int = 10 * MiB,
+                  estimate_compressed: bool = True, step_groups: Mapping[str, str] | None = None,
+                  workers: int | None = None) -> ImageReport:
+    """Read image ``ref`` from the engine behind the docker SDK ``client`` and report on it.
+
+    One ``docker save`` stream is read; nothing is written to disk. With
+    ``estimate_compressed=False`` the gzip pass is skipped (compressed size and pull time are
+    None), which makes inspection of a large image several times faster."""
+    import docker.errors  # only the entry point needs the SDK
+
+    if bandwidth_mbps <= 0:
+        raise InspectError(f"bandwidth must be positive, got {bandwidth_mbps} Mbit/s")
+    try:
+        image = client.images.get(ref)
+    except docker.errors.ImageNotFound as exc:
+        raise ImageMissing(f"no image {ref!r} in the engine",
+                           hint="build it first, or pull it (`docker pull`)") from exc
+    except docker.errors.DockerException as exc:
+        raise EnvironmentProblem(f"could not reach the Docker engine: {exc}") from exc
+    attrs = image.attrs
+    image_id = attrs["Id"]
+    diff_ids = list((attrs.get("RootFS") or {}).get("Layers") or [])
+    labels = {k: v for k, v in sorted(((attrs.get("Config") or {}).get("Labels") or {}).items())
+              if k.startswith(L.PREFIX)}
+    try:
+        stream = io.BufferedReader(_IterStream(image.save(chunk_size=1 << 20)), 1 << 20)
+        saved = analyze_save_stream(stream, image_id=image_id, diff_ids=diff_ids,
+                                    estimate_compressed=estimate_compressed, workers=workers)
+    except docker.errors.DockerException as exc:
+        raise InspectError(f"could not export {ref} from the engine: {exc}") from exc
+    history = (saved.config or {}).get("history") or []
+    try:
+        engine_history = client.api.history(image_id)
+    except docker.errors.DockerException:
+        engine_history = []
+    return build_report(ref, image_id, diff_ids, saved, history, labels, bandwidth_mbps=bandwidth_mbps,
+                        weight_threshold=weight_threshold, step_groups=step_groups,
+                        engine_sizes=engine_layer_sizes(history, engine_history, len(diff_ids)))
+
+
+def engine_layer_sizes(config_history: list[dict], engine_history: list[dict], n_layers: int) -> list[int] | None:
+    """Per-layer sizes from the engine's history (newest first, one entry per config history
+    entry), bottom layer first; None when the two histories do not line up."""
+    if not config_history or len(config_history) != len(engine_history):
+        return None
+    sizes = [int(e.get("Size") or 0) for c, e in zip(config_history, reversed(engine_history))
+             if not c.get("empty_layer")]
+    return sizes if len(sizes) == n_layers else None
+
+
+def build_report(ref: str, image_id: str, diff_ids: list[str], saved: SaveScan, history: list[dict],
+                 labels: Mapping[str, str], *, bandwidth_mbps: float = 1000, weight_threshold: int = 10 * MiB,
+                 step_groups: Mapping[str, str] | None = None, engine_sizes: list[int] | None = None) -> ImageReport:
+    """The pure half of inspect_image: scans + history (+ the engine's layer sizes) -> report."""
+    attributions = attribute_layers(history, len(diff_ids), step_groups)
+    scans = [saved.layers[d] for d in diff_ids]
+    sizes = engine_sizes if engine_sizes is not None else [s.content_size for s in scans]
+    layers = [
+        Layer(index=i, digest=d, size=sizes[i], blob_size=s.blob_size, compressed_size=s.compressed_size,
+              files=s.members, step=a.step, group=a.group, created_by=a.created_by, instruction=a.instruction)
+        for i, (d, s, a) in enumerate(zip(diff_ids, scans, attributions))
+    ]
+    compressed: int | None = None
+    if all(s.compressed_size is not None for s in scans):
+        compressed = sum(s.compressed_size or 0 for s in scans)
+    findings = find_problems(layers, scans, flavor=labels.get(L.CUDA_FLAVOR), weight_threshold=weight_threshold)
+    return ImageReport(
+        image=ref, id=image_id, size=sum(x.size for x in layers), blob_size=sum(x.blob_size for x in layers),
+        compressed_size=compressed,
+        pull_seconds=pull_seconds(compressed, bandwidth_mbps) if compressed is not None else None,
+        bandwidth_mbps=bandwidth_mbps, layers=tuple(layers), labels=dict(labels), findings=tuple(findings),
+    )
+
+
+# ---------------------------------------------------------------- budget and output
+
+
+def group_sizes(report: ImageReport) -> dict[str, int]:
+    """Bytes per layer group, in build order (base first); the values sum to ``report.size``."""
+    sizes: dict[str, int] = {}
+    for layer in report.layers:
+        sizes[layer.group] = sizes.get(layer.group, 0) + layer.size
+    order = {g: i for i, g in enumerate(GROUP_ORDER)}
+    return dict(sorted(sizes.items(), key=lambda kv: (order.get(kv[0], len(order)), kv[0])))
+
+
+def check_budget(report: ImageReport, max_size: int) -> None:
+    """Raise SizeBudgetExceeded, with the breakdown by layer group, when the image is over."""
+    if report.size <= max_size:
+        return
+    groups = group_sizes(report)
+    biggest = max(report.layers, key=lambda x: x.size)
+    breakdown = ", ".join(f"{g} {human_size(b)}" for g, b in sorted(groups.items(), key=lambda kv: -kv[1]))
+    raise SizeBudgetExceeded(
+        f"{report.image} is {human_size(report.size)}, over the budget of {human_size(max_size)}: {breakdown}",
+        size=report.size, max_size=max_size, groups=groups,
+        hint=f"the biggest layer is {biggest.index} ({biggest.step or biggest.group}, {human_size(biggest.size)}); "
+             f"see `imgbuild inspect {report.image}`")
+
+
+def report_json(report: ImageReport) -> dict[str, Any]:
+    return {
+        "image": report.image,
+        "id": report.id,
+        "size": report.size,
+        "blob_size": report.blob_size,
+        "compressed_size": report.compressed_size,
+        "pull_seconds": None if report.pull_seconds is None else round(report.pull_seconds, 3),
+        "bandwidth_mbps": report.bandwidth_mbps,
+        "labels": dict(report.labels),
+        "layers": [
+            {"digest": x.digest, "size": x.size, "step": x.step, "group": x.group, "created_by": x.created_by,
+             "blob_size": x.blob_size, "compressed_size": x.compressed_size, "files": x.files}
+            for x in report.layers
+        ],
+        "groups": group_sizes(report),
+        "findings": [f.to_json() for f in report.findings],
+    }
+
+
+def _short_created(created_by: str, width: int = 60) -> str:
+    s = " ".join(created_by.replace("/bin/sh -c #(nop) ", "").replace(" # buildkit", "").split())
+    return s if len(s) <= width else s[: width - 1] + "…"
+
+
+def render_table(report: ImageReport, console) -> None:
+    """Print the report on a rich ``Console``: summary, layers, groups, findings."""
+    from rich.table import Table
+
+    pull = "-" if report.pull_seconds is None else f"{report.pull_seconds:.1f} s at {report.bandwidth_mbps:g} Mbit/s"
+    console.print(f"[bold]{report.image}[/bold]  {report.id[:19]}  size {human_size(report.size)}, "
+                  f"compressed {human_size(report.compressed_size)}, pull {pull}")
+    if report.labels:
+        console.print(", ".join(f"{k.removeprefix(L.PREFIX)}={v}" for k, v in report.labels.items()))
+
+    layers = Table(title="Layers", title_justify="left")
+    for col, just in (("#", "right"), ("step", "left"), ("group", "left"), ("size", "right"),
+                      ("compressed", "right"), ("created by", "left")):
+        layers.add_column(col, justify=just)  # type: ignore[arg-type]
+    for x in report.layers:
+        layers.add_row(str(x.index), x.step or "-", x.group, human_size(x.size), human_size(x.compressed_size),
+                       _short_created(x.created_by))
+    console.print(layers)
+
+    groups = Table(title="Groups", title_justify="left")
+    groups.add_column("group")
+    groups.add_column("size", justify="right")
+    groups.add_column("share", justify="right")
+    for g, b in group_sizes(report).items():
+        groups.add_row(g, human_size(b), f"{100 * b / report.size:.1f}%" if report.size else "-")
+    console.print(groups)
+
+    if not report.findings:
+        console.print("No findings.")
+        return
+    findings = Table(title="Findings", title_justify="left")
+    for col in ("severity", "kind", "layer", "path", "size", "message"):
+        findings.add_column(col, justify="right" if col == "size" else "left")
+    for f in report.findings:
+        style = "yellow" if f.severity == WARNING else "dim"
+        findings.add_row(f"[{style}]{f.severity}[/{style}]", f.kind,
+                         f"{f.layer} {f.step}" if f.step else str(f.layer), f.path, human_size(f.size), f.message)
+    console.print(findings)

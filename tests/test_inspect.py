@@ -1,0 +1,416 @@
+"""imgbuild inspect: pure helpers on synthetic tars, then real images built with BuildKit."""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import io
+import json
+import os
+import shutil
+import subprocess
+import tarfile
+import uuid
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from buildkit_py import inspect as I
+from buildkit_py.errors import ImageMissing, InspectError, SizeBudgetExceeded
+
+FIXTURES = Path(__file__).parent / "fixtures" / "inspect"
+MiB = 1 << 20
+
+
+# ---------------------------------------------------------------- path rules
+
+
+@pytest.mark.parametrize("path,size,expected", [
+    ("/models/model.safetensors", 12 * MiB, [(I.WEIGHTS, "/models/model.safetensors")]),
+    ("/models/model.safetensors", 5 * MiB, []),  # under the threshold
+    ("/w/pytorch_model.BIN", 11 * MiB, [(I.WEIGHTS, "/w/pytorch_model.BIN")]),
+    ("/w/m.gguf", 11 * MiB, [(I.WEIGHTS, "/w/m.gguf")]),
+    ("/w/notes.txt", 50 * MiB, []),
+    ("/root/.cache/pip/http/a/b", 10, [(I.CACHE, "/root/.cache/pip")]),
+    ("/home/app/.cache/pip/wheels/x.whl", 10, [(I.CACHE, "/home/app/.cache/pip")]),
+    ("/root/.cache/huggingface/hub/models--x/blobs/abc", 10, [(I.CACHE, "/root/.cache/huggingface")]),
+    ("/var/cache/apt/archives/curl_8.0_amd64.deb", 10, [(I.CACHE, "/var/cache/apt/archives")]),
+    ("/var/cache/apt/archives/partial/curl_8.0_amd64.deb", 10, [(I.CACHE, "/var/cache/apt/archives")]),
+    ("/var/cache/apt/archives/lock", 0, []),
+    ("/var/lib/apt/lists/deb.debian.org_debian_dists_bookworm_InRelease", 10, [(I.CACHE, "/var/lib/apt/lists")]),
+    ("/var/lib/apt/lists/lock", 0, []),
+    ("/var/lib/apt/lists/partial/x", 10, []),
+    ("/opt/conda/pkgs/numpy-1.26.tar.bz2", 10, [(I.CACHE, "/opt/conda/pkgs")]),
+    ("/root/miniconda3/pkgs/cache/x.json", 10, [(I.CACHE, "/root/miniconda3/pkgs")]),
+    ("/opt/venv/lib/python3.11/site-packages/__pycache__/x.pyc", 10, []),
+    ("/root/.cache/pip/__pycache__/x.pyc", 10, []),
+    ("/usr/bin/gcc", 0, [(I.COMPILER, "/usr/bin/gcc")]),
+    ("/usr/bin/gcc-12", 10, [(I.COMPILER, "/usr/bin/gcc-12")]),
+    ("/usr/bin/x86_64-linux-gnu-g++-12", 10, [(I.COMPILER, "/usr/bin/x86_64-linux-gnu-g++-12")]),
+    ("/usr/lib/gcc/x86_64-linux-gnu/12/cc1", 10, [(I.COMPILER, "/usr/lib/gcc/x86_64-linux-gnu/12/cc1")]),
+    ("/usr/bin/nvcc", 10, [(I.COMPILER, "/usr/bin/nvcc")]),
+    ("/usr/local/cuda-12.4/bin/nvcc", 10, [(I.COMPILER, "/usr/local/cuda-12.4/bin/nvcc")]),
+    ("/usr/local/cuda/targets/x86_64-linux/include/cuda.h", 10,
+     [(I.COMPILER, "/usr/local/cuda/targets/x86_64-linux/include/cuda.h")]),
+    ("/usr/bin/gzip", 10, []),
+    ("/opt/venv/lib/python3.11/site-packages/nvidia/cuda_runtime/include/cuda.h", 10, []),
+    ("/usr/local/cuda-12.4/targets/x86_64-linux/lib/libcublas.so.12.4.5.8", 10,
+     [(I.CUDA_DUPLICATE, "libcublas.so.12:system")]),
+    ("/opt/venv/lib/python3.11/site-packages/nvidia/cublas/lib/libcublasLt.so.12", 10,
+     [(I.CUDA_DUPLICATE, "libcublasLt.so.12:wheel")]),
+    ("/opt/venv/lib/python3.11/site-packages/nvidia/cudnn/lib/libcudnn_ops.so.9", 10,
+     [(I.CUDA_DUPLICATE, "libcudnn_ops.so.9:wheel")]),
+    ("/usr/lib/x86_64-linux-gnu/libcuda.so.1", 10, []),  # the driver, not a toolkit library
+    ("/srv/libcudart.so.12", 10, []),  # neither a toolkit tree nor a wheel
+])
+def test_classify_path(path, size, expected):
+    assert I.classify_path(path, size, weight_threshold=10 * MiB) == expected
+
+
+def test_member_names_and_whiteouts():
+    assert I.normalize_member("./usr/bin/") == "/usr/bin"
+    assert I.normalize_member("usr/bin/env") == "/usr/bin/env"
+    assert I.normalize_member("./") is None and I.normalize_member(".") is None
+    assert I.whiteout_target("/tmp/.wh.scratch") == ("/tmp/scratch", False)
+    assert I.whiteout_target("/opt/app/.wh..wh..opq") == ("/opt/app", True)
+    assert I.whiteout_target("/.wh.top") == ("/top", False)
+    assert I.whiteout_target("/tmp/what.wh.not") is None
+
+
+def test_instruction_of():
+    assert I.instruction_of("RUN /bin/sh -c set -eu; : imgbuild-step=os; x # buildkit") == "RUN"
+    assert I.instruction_of("RUN |1 BASE=x /bin/sh -c true # buildkit") == "RUN"
+    assert I.instruction_of("/bin/sh -c #(nop) COPY file:abc in /app ") == "COPY"
+    assert I.instruction_of("/bin/sh -c apt-get update") == "RUN"
+    assert I.instruction_of("COPY app.txt /app/app.txt # buildkit") == "COPY"
+    assert I.instruction_of("WORKDIR /app") == "WORKDIR"
+    assert I.instruction_of("") == ""
+
+
+def _h(created_by: str, empty: bool = False) -> dict:
+    return {"created_by": created_by, **({"empty_layer": True} if empty else {})}
+
+
+def test_attribute_layers_maps_markers_copies_and_base():
+    history = [
+        _h("/bin/sh -c #(nop) ADD file:abc in / "),  # base
+        _h("/bin/sh -c #(nop) COPY file:lic in / "),  # a COPY of the base: not copy-0
+        _h('/bin/sh -c #(nop)  CMD ["bash"]', empty=True),
+        _h("RUN /bin/sh -c set -eu; : imgbuild-step=os; apt-get install x # buildkit"),
+        _h("RUN /bin/sh -c set -eu; : imgbuild-step=ldconfig; ldconfig # buildkit"),
+        _h("ENV PATH=/opt/venv/bin:$PATH", empty=True),
+        _h("RUN /bin/sh -c set -eu; : imgbuild-step=compiled; pip install x # buildkit"),
+        _h("RUN /bin/sh -c echo hand-written # buildkit"),
+        _h("COPY src /app/src # buildkit"),
+        _h("COPY cfg /app/cfg # buildkit"),
+        _h("WORKDIR /app"),
+        _h("LABEL a=b", empty=True),
+    ]
+    got = [(a.step, a.group, a.instruction) for a in I.attribute_layers(history, 9)]
+    assert got == [
+        (None, "base", "ADD"), (None, "base", "COPY"),
+        ("os", "os", "RUN"), ("ldconfig", "cuda", "RUN"), ("compiled", "heavy", "RUN"),
+        (None, "other", "RUN"), ("copy-0", "app", "COPY"), ("copy-1", "app", "COPY"),
+        ("meta", "meta", "WORKDIR"),
+    ]
+    # A plan's own table wins over the defaults.
+    custom = I.attribute_layers(history, 9, {"os": "python", "copy-1": "heavy"})
+    assert custom[2].group == "python" and custom[7].group == "heavy"
+
+
+def test_attribute_layers_with_a_short_history():
+    got = I.attribute_layers([_h("RUN /bin/sh -c : imgbuild-step=pins; x")], 3)
+    assert [(a.step, a.group) for a in got] == [(None, "base"), (None, "base"), ("pins", "pins")]
+
+
+# ---------------------------------------------------------------- gzip estimate
+
+
+@pytest.mark.parametrize("workers", [1, 3])
+def test_gzip_counter_matches_gzip_6(workers):
+    data = os.urandom(700_000) + b"abcdefgh" * 400_000 + os.urandom(1_500_000) + bytes(2_000_000)
+    expected = len(gzip.compress(data, compresslevel=6, mtime=0))
+    import concurrent.futures
+
+    with concurrent.futures.ThreadPoolExecutor(workers) as pool:
+        counter = I.GzipCounter(pool if workers > 1 else None, workers)
+        for i in range(0, len(data), 77_777):  # odd feed sizes
+            counter.update(data[i:i + 77_777])
+        got = counter.finish()
+    assert abs(got - expected) <= expected * 0.002 + 64
+    assert I.GzipCounter().finish() == len(gzip.compress(b"", 6, mtime=0))
+
+
+# ---------------------------------------------------------------- synthetic docker save streams
+
+
+def _layer_tar(entries: list[tuple[str, bytes | None, str | None]]) -> bytes:
+    """entries: (name, data for a file | None for a dir, symlink target)."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as t:
+        for name, data, link in entries:
+            info = tarfile.TarInfo(name)
+            if link is not None:
+                info.type, info.linkname = tarfile.SYMTYPE, link
+                t.addfile(info)
+            elif data is None:
+                info.type = tarfile.DIRTYPE
+                t.addfile(info)
+            else:
+                info.size = len(data)
+                t.addfile(info, io.BytesIO(data))
+    return buf.getvalue()
+
+
+def _save_tar(layers: list[bytes], history: list[dict], *, oci: bool = False) -> tuple[bytes, str, list[str]]:
+    diff_ids = ["sha256:" + hashlib.sha256(b).hexdigest() for b in layers]
+    config = json.dumps({"rootfs": {"type": "layers", "diff_ids": diff_ids}, "history": history}).encode()
+    image_id = "sha256:" + hashlib.sha256(config).hexdigest()
+    buf = io.BytesIO()
+
+    def add(t, name, data):
+        info = tarfile.TarInfo(name)
+        info.size = len(data)
+        t.addfile(info, io.BytesIO(data))
+
+    with tarfile.open(fileobj=buf, mode="w") as t:
+        if oci:
+            add(t, "blobs/sha256/" + image_id[7:], config)
+            for d, blob in zip(diff_ids, layers):
+                add(t, "blobs/sha256/" + d[7:], blob)
+            add(t, "index.json", b"{}")
+        else:
+            seen: dict[str, str] = {}
+            for n, (d, blob) in enumerate(zip(diff_ids, layers)):
+                v1 = hashlib.sha256(f"v1-{n}".encode()).hexdigest()
+                if d in seen:  # what docker save does with a repeated layer
+                    info = tarfile.TarInfo(f"{v1}/layer.tar")
+                    info.type, info.linkname = tarfile.SYMTYPE, f"../{seen[d]}/layer.tar"
+                    t.addfile(info)
+                    continue
+                seen[d] = v1
+                add(t, f"{v1}/json", b"{}")
+                add(t, f"{v1}/layer.tar", blob)
+            add(t, image_id[7:] + ".json", config)
+        add(t, "manifest.json", b"[]")
+    return buf.getvalue(), image_id, diff_ids
+
+
+SYNTH_HISTORY = [
+    _h("/bin/sh -c #(nop) ADD file:abc in / "),
+    _h("RUN /bin/sh -c : imgbuild-step=os; x # buildkit"),
+    _h("RUN /bin/sh -c : imgbuild-step=pins; x # buildkit"),
+    _h("RUN /bin/sh -c : imgbuild-step=heavy; x # buildkit"),
+]
+
+
+def _synthetic_layers() -> list[bytes]:
+    base = _layer_tar([("./", None, None), ("./usr/", None, None), ("./usr/bin/", None, None),
+                       ("./usr/bin/env", b"e" * 100, None), ("./usr/bin/cc", None, "gcc-12"),
+                       ("./opt/", None, None), ("./opt/app/", None, None),
+                       ("./opt/app/old.py", b"o" * 3000, None), ("./opt/app/sub/x.py", b"x" * 500, None)])
+    os_layer = _layer_tar([("var/cache/apt/archives/a_1_amd64.deb", b"d" * 2000, None),
+                           ("root/.cache/pip/http/1/2", b"p" * 700, None),
+                           ("data/big.bin", b"b" * 4096, None),
+                           ("data/weights.pt", b"w" * 5000, None)])
+    pins = _layer_tar([("data/.wh.big.bin", b"", None), ("opt/app/.wh..wh..opq", b"", None),
+                       ("opt/app/new.py", b"n" * 10, None)])
+    heavy = _layer_tar([("var/cache/apt/archives/b_1_amd64.deb", b"d" * 10, None)])
+    return [base, os_layer, pins, heavy]
+
+
+@pytest.mark.parametrize("oci", [False, True])
+def test_analyze_save_stream_on_a_synthetic_image(oci):
+    layers = _synthetic_layers()
+    raw, image_id, diff_ids = _save_tar(layers, SYNTH_HISTORY, oci=oci)
+    saved = I.analyze_save_stream(io.BytesIO(raw), image_id=image_id, diff_ids=diff_ids, workers=1)
+    assert saved.config and saved.config["history"] == SYNTH_HISTORY
+    report = I.build_report("synthetic:1", image_id, diff_ids, saved, saved.config["history"],
+                            {"io.imgbuild.cuda.flavor": "runtime"}, bandwidth_mbps=8, weight_threshold=4096)
+    assert [x.digest for x in report.layers] == diff_ids
+    assert [x.blob_size for x in report.layers] == [len(b) for b in layers]
+    assert report.layers[0].size == 100 + 3000 + 500 + len("gcc-12")
+    assert [(x.step, x.group) for x in report.layers] == [(None, "base"), ("os", "os"), ("pins", "pins"),
+                                                          ("heavy", "heavy")]
+    for x, blob in zip(report.layers, layers):
+        assert abs(x.compressed_size - len(gzip.compress(blob, 6))) <= 32
+    assert report.pull_seconds == pytest.approx(report.compressed_size * 8 / 8e6)
+
+    found = {(f.kind, f.layer, f.path): f for f in report.findings}
+    assert found[(I.WEIGHTS, 1, "/data/weights.pt")].size == 5000
+    assert (I.WEIGHTS, 1, "/data/big.bin") not in found  # 4096 is not over a 4096 threshold
+    assert found[(I.CACHE, 1, "/var/cache/apt/archives")].size == 2000
+    assert found[(I.CACHE, 1, "/root/.cache/pip")].size == 700
+    assert found[(I.CACHE, 3, "/var/cache/apt/archives")].step == "heavy"
+    assert found[(I.COMPILER, 0, "/usr/bin/cc")].step is None
+    deleted = found[(I.DELETED, 1, "/data/big.bin")]
+    assert deleted.size == 4096 and "step pins" in deleted.message and deleted.step == "os"
+    opaque = found[(I.DELETED, 0, "/opt/app")]
+    assert opaque.size == 3500 and "2 file(s)" in opaque.message
+    assert sum(I.group_sizes(report).values()) == report.size
+
+
+def test_repeated_layers_and_missing_layers():
+    layer = _layer_tar([("a", b"a" * 10, None)])
+    raw, image_id, diff_ids = _save_tar([layer, layer], [_h("ADD a /"), _h("ADD a /")])
+    saved = I.analyze_save_stream(io.BytesIO(raw), image_id=image_id, diff_ids=diff_ids,
+                                  estimate_compressed=False)
+    report = I.build_report("r", image_id, diff_ids, saved, saved.config["history"], {})
+    assert [x.size for x in report.layers] == [10, 10] and report.compressed_size is None
+    assert report.pull_seconds is None
+    with pytest.raises(InspectError, match="lacks layer"):
+        I.analyze_save_stream(io.BytesIO(raw), image_id=image_id, diff_ids=diff_ids + ["sha256:" + "0" * 64])
+
+
+def _tiny_report() -> I.ImageReport:
+    raw, image_id, diff_ids = _save_tar(_synthetic_layers(), SYNTH_HISTORY)
+    saved = I.analyze_save_stream(io.BytesIO(raw), image_id=image_id, diff_ids=diff_ids, workers=1)
+    return I.build_report("synthetic:1", image_id, diff_ids, saved, saved.config["history"],
+                          {"io.imgbuild.cuda.flavor": "devel"}, weight_threshold=4096)
+
+
+def test_report_json_keys_and_budget():
+    report = _tiny_report()
+    out = I.report_json(report)
+    assert {"image", "id", "size", "compressed_size", "pull_seconds", "bandwidth_mbps", "layers", "groups",
+            "findings"} <= set(out)
+    assert set(out["layers"][0]) >= {"digest", "size", "step", "group", "created_by"}
+    assert set(out["findings"][0]) >= {"kind", "severity", "layer", "path", "size", "message"}
+    assert list(out["groups"]) == ["base", "os", "heavy", "pins"]  # build order, not size order
+    json.dumps(out)  # serialisable as is
+    assert not any(f["kind"] == I.COMPILER for f in out["findings"])  # devel flavour may have cc
+
+    I.check_budget(report, report.size)
+    with pytest.raises(SizeBudgetExceeded) as exc:
+        I.check_budget(report, report.size - 1)
+    assert exc.value.groups == I.group_sizes(report) and "base" in exc.value.message
+    assert exc.value.to_json()["max_size"] == report.size - 1
+
+
+def test_render_table():
+    console = Console(record=True, width=200)
+    I.render_table(_tiny_report(), console)
+    text = console.export_text()
+    for needle in ("synthetic:1", "Layers", "Groups", "Findings", "weights", "deleted-later", "/data/big.bin"):
+        assert needle in text
+
+
+# ---------------------------------------------------------------- real images (BuildKit, real engine)
+
+
+def _build(base_image: str, dockerfile: str, tag: str, tmp: Path) -> str:
+    context = tmp / "context"
+    context.mkdir()
+    shutil.copy(FIXTURES / "app.txt", context / "app.txt")
+    shutil.copy(FIXTURES / dockerfile, tmp / "Dockerfile")
+    iid = tmp / "iid"
+    cmd = ["/usr/bin/docker", "build", "--network", "host", "--build-arg", f"BASE={base_image}",
+           "-f", str(tmp / "Dockerfile"), "-t", tag, "--iidfile", str(iid), str(context)]
+    proc = subprocess.run(cmd, check=False, env={**os.environ, "DOCKER_BUILDKIT": "1"}, capture_output=True, text=True,
+                          timeout=300)
+    if proc.returncode != 0:
+        pytest.fail(f"building {dockerfile} failed:\n{proc.stderr[-3000:]}", pytrace=False)
+    return iid.read_text().strip()
+
+
+@pytest.fixture(scope="module")
+def built(docker_client, base_image, tmp_path_factory):
+    """The dirty and the clean image, built once for the module and removed after it."""
+    name = f"imgbuild-test/inspect-{uuid.uuid4().hex[:10]}"
+    tags = {"dirty": f"{name}:dirty", "clean": f"{name}:clean"}
+    try:
+        for kind, tag in tags.items():
+            _build(base_image, f"{kind}.Dockerfile", tag, tmp_path_factory.mktemp(kind))
+        yield tags
+    finally:
+        for tag in tags.values():
+            subprocess.run(["/usr/bin/docker", "image", "rm", "-f", tag], check=False, capture_output=True)
+
+
+@pytest.fixture(scope="module")
+def dirty(docker_client, built):
+    # No gzip pass here (the clean image checks it): it is most of the time on a small machine.
+    return I.inspect_image(docker_client, built["dirty"], estimate_compressed=False)
+
+
+@pytest.fixture(scope="module")
+def clean(docker_client, built):
+    return I.inspect_image(docker_client, built["clean"], bandwidth_mbps=100)
+
+
+def _one(report: I.ImageReport, kind: str, path: str) -> I.Finding:
+    hits = [f for f in report.findings if f.kind == kind and f.path == path]
+    assert len(hits) == 1, f"{kind} {path}: {report.findings}"
+    return hits[0]
+
+
+def test_layers_map_to_steps(dirty, docker_client, built):
+    steps = [(x.step, x.group) for x in dirty.layers]
+    assert steps[0] == (None, "base")
+    assert steps[1:] == [("os", "os"), ("python", "python"), ("cuda", "cuda"), ("heavy", "heavy"),
+                         ("pins", "pins"), ("copy-0", "app")]
+    assert dirty.layers[-1].instruction == "COPY"
+    image = docker_client.images.get(built["dirty"])
+    assert dirty.id == image.id and dirty.size == image.attrs["Size"]
+    assert [x.digest for x in dirty.layers] == image.attrs["RootFS"]["Layers"]
+    assert dirty.labels == {"io.imgbuild.cuda.flavor": "runtime", "io.imgbuild.cuda.version": "12.4"}
+    groups = I.group_sizes(dirty)
+    assert sum(groups.values()) == dirty.size
+    assert groups["heavy"] >= 12 * MiB + 1 * MiB + 5 * MiB
+
+
+def test_weights_found_in_their_layer(dirty):
+    f = _one(dirty, I.WEIGHTS, "/models/model.safetensors")
+    assert (f.step, f.size, f.severity) == ("heavy", 12 * MiB, "warning")
+    assert not [x for x in dirty.findings if x.path == "/models/small.bin"]
+
+
+def test_caches_found_in_their_layer(dirty):
+    pip = _one(dirty, I.CACHE, "/root/.cache/pip")
+    apt = _one(dirty, I.CACHE, "/var/cache/apt/archives")
+    assert (pip.step, pip.size) == ("os", 4096)
+    assert (apt.step, apt.size) == ("os", 8192)
+    assert not [x for x in dirty.findings if "__pycache__" in x.path]
+
+
+def test_nvcc_in_a_runtime_image_and_duplicate_cudart(dirty):
+    nvcc = _one(dirty, I.COMPILER, "/usr/bin/nvcc")
+    assert nvcc.step == "cuda"
+    wheel_copy = "/opt/venv/lib/python3.11/site-packages/nvidia/cuda_runtime/lib/libcudart.so.12"
+    dup = _one(dirty, I.CUDA_DUPLICATE, wheel_copy)
+    assert dup.step == "cuda" and dup.size == 32768 and "/usr/local/cuda-12.4/" in dup.message
+
+
+def test_deleted_files_still_shipped(dirty):
+    scratch = _one(dirty, I.DELETED, "/tmp/scratch")
+    data = _one(dirty, I.DELETED, "/opt/data.bin")
+    assert (scratch.step, scratch.size) == ("heavy", 3 * MiB)
+    assert (data.step, data.size) == ("heavy", 2 * MiB)
+    assert "step pins" in scratch.message
+
+
+def test_clean_image_has_no_findings(clean, docker_client, built):
+    assert clean.findings == ()
+    assert [x.step for x in clean.layers[1:]] == ["os", "pins", "cuda", "copy-0"]
+    assert clean.labels == {"io.imgbuild.cuda.flavor": "devel"}  # nvcc is fine in a devel flavour
+    assert sum(I.group_sizes(clean).values()) == clean.size == docker_client.images.get(built["clean"]).attrs["Size"]
+    # gzip -6 of random-free OS files: well under the tar size, and a pull time that follows from it
+    assert 0 < clean.compressed_size < clean.blob_size
+    assert clean.pull_seconds == pytest.approx(clean.compressed_size * 8 / 100e6)
+    out = I.report_json(clean)
+    assert out["findings"] == [] and out["bandwidth_mbps"] == 100
+    assert [x["step"] for x in out["layers"]][1:] == ["os", "pins", "cuda", "copy-0"]
+
+
+def test_missing_image(docker_client):
+    with pytest.raises(ImageMissing):
+        I.inspect_image(docker_client, f"imgbuild-test/absent-{uuid.uuid4().hex[:8]}:nope")
+
+
+def test_engine_layer_sizes_line_up_with_the_config_history():
+    config = [_h("ADD a /"), _h("ENV X=1", empty=True), _h("RUN x"), _h("LABEL a=b", empty=True)]
+    engine = [{"Size": 0}, {"Size": 30}, {"Size": 0}, {"Size": 100}]  # newest first
+    assert I.engine_layer_sizes(config, engine, 2) == [100, 30]
+    assert I.engine_layer_sizes(config, engine[1:], 2) is None  # histories that do not line up
+    assert I.engine_layer_sizes(config, engine, 3) is None
