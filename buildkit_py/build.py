@@ -15,7 +15,7 @@ from typing import Callable
 from . import labels as L
 from .backends import BuildBackend, BuildRequest, BuildResult, require, required_capabilities
 from .errors import BudgetExceeded, EnvironmentProblem, UsageError
-from .plan import STEP_MARK, BuildPlan
+from .plan import BuildPlan
 from .registry import PushResult, push_image
 from .render import render_dockerfile
 
@@ -77,21 +77,16 @@ def assemble_context(plan: BuildPlan, dockerfile: str, workdir: Path) -> tuple[P
 
 
 def layer_groups(client, image_id: str, plan: BuildPlan) -> dict[str, int]:
-    """Bytes per layer group (os, python, cuda, ...), from the step markers in the history.
-    Layers without a marker came with the base image."""
-    step_group = {st.id: st.group for st in plan.final.steps}
-    marker = f": {STEP_MARK}="
+    """Bytes per layer group (base, os, python, cuda, ...), from the engine's history: cheap
+    enough to run after every build, unlike `imgbuild inspect`, which streams the image."""
+    from .inspect import attribute_entries
+
+    history = list(reversed(client.api.history(image_id)))  # the API lists newest first
+    step_groups = {st.id: st.group for st in plan.final.steps}
     groups: dict[str, int] = {}
-    for entry in client.api.history(image_id):
-        created = entry.get("CreatedBy", "")
-        if marker in created:
-            group = step_group.get(created.split(marker, 1)[1].split(";", 1)[0].strip(), "other")
-        elif " COPY " in f" {created} ":
-            group = "app"
-        else:
-            group = "base"
-        groups[group] = groups.get(group, 0) + int(entry.get("Size") or 0)
-    return dict(sorted(groups.items(), key=lambda kv: -kv[1]))
+    for attribution, entry in zip(attribute_entries(history, step_groups), history):
+        groups[attribution.group] = groups.get(attribution.group, 0) + int(entry.get("Size") or 0)
+    return {g: b for g, b in sorted(groups.items(), key=lambda kv: -kv[1]) if b}
 
 
 def run_build(plan: BuildPlan, backend: BuildBackend, options: BuildOptions, on_line: LineSink,

@@ -118,6 +118,14 @@ def _build_parser(stdout: IO[str]) -> _Parser:
     ws.add_argument("ref")
     ws.add_argument("--json", action="store_true")
 
+    i = add("inspect", "layers, sizes, pull time and findings (weights, caches, compilers, CUDA twice) of an image")
+    i.add_argument("image", help="a local image (name:tag or id)")
+    i.add_argument("--bandwidth", type=float, default=1000, metavar="MBIT",
+                   help="link speed for the pull-time estimate, Mbit/s (default 1000)")
+    i.add_argument("--weight-threshold", default="10MiB", help="flag weight-like files above this size (default 10MiB)")
+    i.add_argument("--no-compressed", action="store_true", help="skip the gzip estimate (faster on big images)")
+    i.add_argument("--json", action="store_true")
+
     m = add("mirror", "copy an image (e.g. an nvidia/cuda tag) into a private registry and print its digest")
     m.add_argument("source")
     m.add_argument("dest")
@@ -333,7 +341,7 @@ def _progress_printer(out: _Out):
 
     def progress(event: str, path: str, done: int, total: int) -> None:
         pct = int(done * 100 / total) if total else 100
-        if event in {"skip", "exists"} or pct >= last.get(path, -10) + 10 or done == total:
+        if event in {"exists", "present", "manifest"} or pct >= last.get(path, -10) + 10 or done == total:
             last[path] = pct
             out.info(f"{event:>9} {path} {pct:3d}% ({done}/{total} bytes)")
 
@@ -346,16 +354,19 @@ def cmd_weights(args, out: _Out) -> int:
     if args.weights_command == "push":
         res = weights.push(args.directory, args.ref, progress=_progress_printer(out))
         if args.json:
-            out.data({"ref": res.ref, "digest": res.digest,
-                      "files": [dict(f.__dict__) if hasattr(f, "__dict__") else f._asdict() for f in res.files]})
+            out.data({"ref": res.ref, "digest": res.digest, "pinned": f"{res.ref}@{res.digest}",
+                      "uploaded_bytes": sum(f.uploaded_bytes for f in res.files),
+                      "files": [{"path": f.path, "size": f.size, "digest": f.digest, "media_type": f.media_type,
+                                 "uploaded_bytes": f.uploaded_bytes} for f in res.files]})
         else:
-            out.line(f"pushed {len(res.files)} files: {res.ref}@{res.digest}")
+            uploaded = sum(f.uploaded_bytes for f in res.files)
+            out.line(f"pushed {len(res.files)} files ({uploaded} bytes uploaded): {res.ref}@{res.digest}")
         return 0
     if args.weights_command == "pull":
         res = weights.pull(args.ref, args.directory, progress=_progress_printer(out))
         if args.json:
             out.data({"ref": args.ref, "directory": str(args.directory), "downloaded_bytes": res.downloaded_bytes,
-                      "files": [str(f) for f in res.files], "skipped": [str(f) for f in res.skipped]})
+                      "files": [f._asdict() for f in res.files], "skipped": list(res.skipped)})
         else:
             out.line(f"{len(res.files)} files in {args.directory}: {res.downloaded_bytes} bytes downloaded, "
                      f"{len(res.skipped)} already present")
@@ -369,6 +380,26 @@ def cmd_weights(args, out: _Out) -> int:
                 out.line(f"{f.size:>14}  {f.digest[:19]}  {f.path}")
         return 0
     raise UsageError("weights needs an action: push, pull or ls", hint="see `imgbuild weights --help`")
+
+
+def cmd_inspect(args, out: _Out) -> int:
+    from .build import docker_client
+    from .inspect import inspect_image, render_table, report_json
+    from .recipe import parse_size
+
+    threshold = parse_size(args.weight_threshold)
+    if threshold is None:
+        raise UsageError(f"--weight-threshold {args.weight_threshold!r} is not a size like 10MiB")
+    out.info(f"reading {args.image} (one pass over its layers)")
+    report = inspect_image(docker_client(), args.image, bandwidth_mbps=args.bandwidth, weight_threshold=threshold,
+                           estimate_compressed=not args.no_compressed)
+    if args.json:
+        out.data(report_json(report))
+    else:
+        from rich.console import Console
+
+        render_table(report, Console(file=out.stdout, width=160, soft_wrap=False))
+    return 0
 
 
 def cmd_mirror(args, out: _Out) -> int:
@@ -398,7 +429,7 @@ def main(argv: Sequence[str] | None = None, stdout: IO[str] | None = None, stder
             parser.print_help()
             return ExitStatus.BAD_INPUT
         handler = {"render": cmd_render, "plan": cmd_plan, "build": cmd_build, "check": cmd_check,
-                   "weights": cmd_weights, "mirror": cmd_mirror}.get(args.command)
+                   "weights": cmd_weights, "mirror": cmd_mirror, "inspect": cmd_inspect}.get(args.command)
         if args.command == "login":
             return int(cmd_login(args, out, stdin))
         return int(handler(args, out))

@@ -13,6 +13,11 @@ from .resolve import HEAVY_PACKAGES, Resolution, resolve
 VENV = "/opt/venv"
 STEP_MARK = "imgbuild-step"  # written into each RUN so `inspect` can map layers to steps
 
+# Build front-end tools of the builder stage, pinned so builds repeat. They never reach the
+# final image. setuptools 75.3 is the last release that still supports Python 3.8.
+BUILD_TOOLS = ("setuptools==75.3.0", "wheel==0.45.1")
+TORCH_BUILD_TOOLS = ("ninja==1.11.1.1", "packaging==24.2", "psutil==6.1.1")
+
 # Layer groups, in the order they appear: least often changed first.
 GROUPS = ("os", "python", "cuda", "torch", "heavy", "pins", "app", "meta")
 
@@ -107,10 +112,8 @@ def _os_steps(res: Resolution, apt: list[str], *, dev: bool) -> list[Step]:
     return steps
 
 
-def _pip_step(step_id: str, group: str, requirements: list[str], *, index_url: str | None = None,
-              wheels_from: str | None = None) -> Step:
-    return Step(step_id, "pip", group, {"requirements": requirements, "index_url": index_url,
-                                        "wheels_from": wheels_from})
+def _pip_step(step_id: str, group: str, requirements: list[str], *, index_url: str | None = None) -> Step:
+    return Step(step_id, "pip", group, {"requirements": requirements, "index_url": index_url})
 
 
 def _torch_step(res: Resolution) -> list[Step]:
@@ -127,15 +130,19 @@ def make_plan(recipe: Recipe, *, tags: tuple[str, ...] = (), registry: str | Non
     stages: list[Stage] = []
 
     if res.compile:
-        builder_steps = _os_steps(res, ["build-essential", "git"], dev=True)
+        builder_steps = _os_steps(res, ["build-essential"], dev=True)
+        # Extensions that build against torch (flash-attn, xformers) build without isolation,
+        # so torch and their build tools must be installed first.
         builder_steps += _torch_step(res)
-        # Build front-end tools for --no-build-isolation; they stay in the builder stage.
-        builder_steps.append(_pip_step("build-tools", "pins", ["ninja", "packaging", "psutil", "setuptools", "wheel"]))
+        tools = BUILD_TOOLS + (TORCH_BUILD_TOOLS if res.torch else ())
+        builder_steps.append(_pip_step("build-tools", "pins", sorted(tools)))
         builder_steps.append(Step("wheels", "pip_wheel", "heavy", {
             "requirements": compiled,
             "arch_list": " ".join(res.cuda_arch),
             "jobs": recipe.build.jobs or 2,
             "no_isolation": bool(res.torch),
+            # Force a source build even where the index has a binary wheel.
+            "no_binary": ",".join(sorted(r.split("==")[0].split("[")[0] for r in compiled)),
         }))
         stages.append(Stage("builder", res.builder_image, tuple(builder_steps), "builder"))
 
@@ -144,7 +151,9 @@ def make_plan(recipe: Recipe, *, tags: tuple[str, ...] = (), registry: str | Non
         steps.append(_pip_step("cuda", "cuda", list(res.cuda_wheels)))
     steps += _torch_step(res)
     if compiled:
-        steps.append(_pip_step("compiled", "heavy", compiled, wheels_from="builder"))
+        # Install the builder's wheel files by path: given only a name, pip would prefer the
+        # index's manylinux wheel over a locally built linux_x86_64 one.
+        steps.append(Step("compiled", "local_wheels", "heavy", {"packages": compiled, "wheels_from": "builder"}))
     if heavy:
         steps.append(_pip_step("heavy", "heavy", heavy))
     if other:

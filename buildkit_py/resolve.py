@@ -46,6 +46,9 @@ HEAVY_PACKAGES = frozenset({
 # Compute capabilities built for when a recipe compiles kernels but names none:
 # Ampere, Ada and Hopper, the data-center and workstation GPUs rented today.
 DEFAULT_BUILD_ARCHS = ("8.0", "8.6", "8.9", "9.0")
+# What flash-attn's GitHub release wheels are compiled for (its publish workflow builds with
+# CUDA 12.3/12.4 toolchains, which predate Blackwell).
+FLASH_ATTN_WHEEL_ARCHS = frozenset({"8.0", "8.6", "8.9", "9.0"})
 
 
 @dataclass(frozen=True)
@@ -133,6 +136,8 @@ def resolve(recipe: Recipe) -> Resolution:
         raise _fail(recipe, "cuda.version", "cuda", recipe.cuda.version, "imgbuild's CUDA table",
                     compat.data_sources().get("toolkits", ""), str(exc).strip("'\""),
                     hint="use a released CUDA toolkit version, e.g. 12.4 or 12.4.1") from None
+    if recipe.cuda.source == "nvidia" and not recipe.base.image and recipe.cuda.version.count(".") == 1:
+        toolkit = _newest_with_image(recipe, toolkit)
     cuda = toolkit.version
     major = int(cuda.split(".")[0])
     floor = compat.minor_compat_floor(major)
@@ -243,7 +248,10 @@ def resolve(recipe: Recipe) -> Resolution:
                 raise _fail(recipe, f"build.cuda_arch[{j}]", "flash-attn", fa_version, "cuda_arch", arch,
                             f"flash-attn {fa_version} runs on compute capabilities {', '.join(rel.archs)}",
                             hint="FlashAttention 2 needs Ampere (8.0) or newer")
-        wheel = None if "flash-attn" in from_source else compat.flash_attn_prebuilt(
+        # The release wheels carry kernels for Ampere, Ada and Hopper only; Blackwell or other
+        # targets need a source build with a new enough nvcc.
+        beyond_wheels = [a for a in archs if a.replace("+PTX", "") not in FLASH_ATTN_WHEEL_ARCHS]
+        wheel = None if ("flash-attn" in from_source or beyond_wheels) else compat.flash_attn_prebuilt(
             fa_version, cuda, _mm(torch_version), python)
         if wheel is None:
             from_source.add("flash-attn")
@@ -291,7 +299,7 @@ def resolve(recipe: Recipe) -> Resolution:
             # from NVIDIA's devel image of the same toolkit and OS.
             cuda_kernels = bool(from_source & {"flash-attn", "flash_attn", "xformers", "apex"})
             if cuda_kernels and os_name and os_name.startswith("ubuntu"):
-                builder_image = _nvidia_image(recipe, cuda, "devel", os_name)
+                builder_image = _nvidia_image(recipe, cuda, "devel", os_name, any_patch=True)
             else:
                 builder_image = base_image
 
@@ -340,6 +348,18 @@ def resolve(recipe: Recipe) -> Resolution:
     )
 
 
+def _newest_with_image(recipe: Recipe, newest):
+    """For nvidia/cuda bases, "12.8" means the newest 12.8.x that NVIDIA published an image for."""
+    same_line = [t for t in compat.toolkits() if _mm(t.version) == _mm(newest.version)]
+    for toolkit in reversed(same_line):
+        try:
+            compat.cuda_image_tag(toolkit.version, recipe.cuda.flavor, recipe.cuda.cudnn, detect_os(recipe) or recipe.base.os)
+        except LookupError:
+            continue
+        return toolkit
+    return newest  # none has an image: the tag lookup later explains what exists
+
+
 def require_cuda(recipe: Recipe, cuda: str, floor: str | None) -> str:
     """NVIDIA_REQUIRE_CUDA for the image: what the NVIDIA container runtime lets it start on.
 
@@ -357,14 +377,23 @@ def require_cuda(recipe: Recipe, cuda: str, floor: str | None) -> str:
     return f"cuda>={_mm(cuda)}"
 
 
-def _nvidia_image(recipe: Recipe, cuda: str, flavor: str, os_name: str | None) -> str:
-    try:
-        tag = compat.cuda_image_tag(cuda, flavor, recipe.cuda.cudnn, os_name or recipe.base.os)
-    except LookupError as exc:
-        raise _fail(recipe, "base.os" if "os" in str(exc).lower() else "cuda", "nvidia/cuda", cuda, "image",
-                    f"{flavor}/{os_name}/cudnn {recipe.cuda.cudnn or '-'}", str(exc).strip("'\""),
-                    hint=f"available OSes: {', '.join(compat.cuda_image_oses(cuda))}") from None
-    return _mirrored(f"nvidia/cuda:{tag}", recipe.base.mirror)
+def _nvidia_image(recipe: Recipe, cuda: str, flavor: str, os_name: str | None, *, any_patch: bool = False) -> str:
+    """The nvidia/cuda image for that toolkit. any_patch: a compile stage may use another
+    patch release of the same X.Y (nvcc X.Y.a output runs on the X.Y.b runtime)."""
+    os_name = os_name or recipe.base.os
+    candidates = [cuda]
+    if any_patch:
+        candidates += [t.version for t in reversed(compat.toolkits()) if _mm(t.version) == _mm(cuda) and t.version != cuda]
+    first_error: LookupError | None = None
+    for candidate in candidates:
+        try:
+            tag = compat.cuda_image_tag(candidate, flavor, recipe.cuda.cudnn, os_name)
+            return _mirrored(f"nvidia/cuda:{tag}", recipe.base.mirror)
+        except LookupError as exc:
+            first_error = first_error or exc
+    raise _fail(recipe, "base.os" if "os" in str(first_error).lower() else "cuda", "nvidia/cuda", cuda, "image",
+                f"{flavor}/{os_name}/cudnn {recipe.cuda.cudnn or '-'}", str(first_error).strip("'\""),
+                hint=f"available OSes: {', '.join(compat.cuda_image_oses(cuda))}")
 
 
 def _cuda_in(supported, cuda: str) -> bool:

@@ -12,7 +12,7 @@ DEMO = str(REPO / "recipes" / "demo.yaml")
 def test_help_lists_commands():
     code, out, _ = run_cli("--help")
     assert code == 0
-    for command in ("render", "plan", "build", "check", "login", "weights", "mirror"):
+    for command in ("render", "plan", "build", "check", "login", "weights", "mirror", "inspect"):
         assert command in out
 
 

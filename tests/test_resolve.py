@@ -131,3 +131,22 @@ def test_arch_not_supported_by_flash_attn(tmp_path):
     err = clash(tmp_path, base="base: {image: 'ubuntu:22.04'}", extra='torch: "2.4.1"\npip: ["flash-attn==2.6.3"]\n'
                 'build: {cuda_arch: ["7.5"]}')
     assert err.component == "flash-attn" and err.other == "cuda_arch"
+
+
+def test_flash_attn_prebuilt_wheel_url(tmp_path):
+    res = resolve(recipe(tmp_path, base="base: {image: 'ubuntu:22.04'}", extra='torch: "2.4.1"\npip: ["flash-attn==2.6.3"]'))
+    assert res.compile == ()
+    assert dict(res.prebuilt_urls)["flash-attn"] == (
+        "https://github.com/Dao-AILab/flash-attention/releases/download/v2.6.3/"
+        "flash_attn-2.6.3+cu123torch2.4cxx11abiFALSE-cp311-cp311-linux_x86_64.whl")
+
+
+def test_flash_attn_blackwell_builds_from_source(tmp_path):
+    res = resolve(recipe(tmp_path, cuda="12.8", base="base: {image: 'ubuntu:22.04'}",
+                         extra='torch: "2.7.1"\npip: ["flash-attn==2.8.3"]\nbuild: {cuda_arch: ["10.0"]}'))
+    assert res.compile == ("flash-attn",) and res.prebuilt_urls == ()
+
+
+def test_bitsandbytes_cuda_clash(tmp_path):
+    err = clash(tmp_path, cuda="12.6", extra='pip: ["bitsandbytes==0.43.3"]')
+    assert err.component == "bitsandbytes" and err.other_version == "12.6.3"

@@ -1,0 +1,65 @@
+"""Layering on the real engine: an extension compiled in the builder stage ships as a wheel
+only (no compiler in the final image), and the size budget fails a build that exceeds it."""
+
+import json
+import os
+import subprocess
+
+from helpers import run_cli, write_recipe
+
+CA = ["--ca-cert", "/etc/ssl/certs/ca-certificates.crt"] if os.path.exists("/etc/ssl/certs/ca-certificates.crt") else []
+
+COMPILED = """\
+name: {name}
+version: "1.0"
+cuda: {{version: "12.4", source: wheels}}
+base: {{image: {base}}}
+python: "3.11"
+pip: [markupsafe==2.1.5]
+build: {{from_source: [markupsafe], jobs: 2}}
+{extra}
+"""
+
+
+def docker(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["/usr/bin/docker", *args], capture_output=True, text=True, timeout=300)
+
+
+def test_extension_compiled_in_builder_ships_without_compiler(tmp_path, base_image, unique_name, docker_client,
+                                                                cleanup_images):
+    path = write_recipe(tmp_path, COMPILED.format(name=unique_name, base=base_image, extra=""))
+    code, out, err = run_cli("plan", str(path), "--json")
+    plan = json.loads(out)
+    assert [s["name"] for s in plan["stages"]] == ["builder", "final"]
+    code, out, err = run_cli("build", str(path), "--json", "--progress", "quiet", *CA)
+    assert code == 0, err
+    report = json.loads(out)
+    cleanup_images.extend(report["tags"])
+    image = report["image_id"]
+    # The C speedups module exists only if the extension was compiled.
+    run = docker("run", "--rm", "--network", "none", "--entrypoint", "python", image, "-c",
+                 "import markupsafe._speedups as s, markupsafe; print(markupsafe.__version__, s.__file__)")
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.startswith("2.1.5 ") and run.stdout.strip().endswith(".so")
+    probe = docker("run", "--rm", "--network", "none", "--entrypoint", "sh", image, "-c",
+                   "for t in gcc cc g++ make nvcc; do command -v $t && exit 1; done; "
+                   "ls /usr/include/python3.11/Python.h 2>/dev/null && exit 1; "
+                   "ls /root/.cache/pip 2>/dev/null | grep -q . && exit 1; "
+                   "ls /var/lib/apt/lists | grep -qv -e lock -e partial -e auxfiles && exit 1; echo clean")
+    assert probe.stdout.strip() == "clean", probe.stdout + probe.stderr
+
+
+def test_budget_exceeded_fails_with_breakdown_and_untags(tmp_path, base_image, unique_name, docker_client):
+    recipe = f"""\
+name: {unique_name}
+cuda: {{version: "12.4", source: wheels}}
+base: {{image: {base_image}}}
+python: "3.11"
+budget: {{max_size: "50MB"}}
+"""
+    path = write_recipe(tmp_path, recipe)
+    code, out, err = run_cli("build", str(path), "--progress", "quiet", *CA)
+    assert code == 1, err
+    assert "over the recipe's budget of 50.0 MB" in err
+    assert "base " in err and "os " in err  # breakdown by layer group
+    assert docker("image", "inspect", f"{unique_name}:latest").returncode != 0
