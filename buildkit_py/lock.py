@@ -1,0 +1,632 @@
+"""Lock files: every pip package of an image (transitive ones included) by version and
+sha256, and every base image by digest, so a recipe builds the same image tomorrow.
+
+    plan --lock_inputs--> inputs (what the plan asks of the lock: pins per step, Python,
+         platform, indexes, bases)
+         --resolve (pip --dry-run --report, for the image's Python and platform)-->
+         packages, each assigned to the earliest pip step that needs it
+         --dump--> <recipe stem>.lock (YAML, sorted, no timestamps: same inputs, same bytes)
+
+    lock + plan --check_current--> LockStale (what changed) | --apply_lock--> locked plan:
+         FROM ref@sha256:..., and each pip step as `pip install --no-deps --require-hashes
+         -r FILE`, FILE bind-mounted from the build context so it never lands in a layer.
+
+The resolver is pip's own (``pip install --dry-run --report``), run in a subprocess with the
+machine's pip configuration switched off so the lock reflects the real index, not a local
+wheel folder or constraints file. A lock holds several variants keyed by a variant id (a
+matrix recipe locks each of its variants); a plain recipe is the one variant ``default``.
+
+Only ``lock_variant``/``pin_base``/``run_pip_report``/``write_lock`` do I/O; everything
+else is pure and tested with a recorded pip report (tests/fixtures/lock/).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+from packaging.markers import InvalidMarker
+from packaging.requirements import InvalidRequirement, Requirement
+from packaging.utils import canonicalize_name
+
+from .errors import ImgbuildError, LockDrift, LockError, LockStale
+from .plan import BuildPlan, Stage, Step
+
+LOCK_VERSION = 1
+DEFAULT_VARIANT = "default"
+PYPI_SIMPLE = "https://pypi.org/simple"
+LOCK_DIR = ".imgbuild-lock"  # in the build context; bind-mounted, never copied
+MOUNT_DIR = "/run/imgbuild-lock"  # beside /run/secrets: empty mount points, no files
+ARCH = "x86_64"  # recipes build linux/amd64 images
+# glibc of each OS imgbuild knows (Debian and Ubuntu package archives: libc6), which decides
+# the newest manylinux_2_N wheel the image can load. Unknown OS: manylinux2014 (glibc 2.17).
+OS_GLIBC = {
+    "debian11": 31, "debian12": 36, "debian13": 41,
+    "ubuntu20.04": 31, "ubuntu22.04": 35, "ubuntu24.04": 39,
+}
+DEFAULT_GLIBC = 17
+# pip freeze leaves these out; a lock may still hold them (e.g. setuptools for torch on 3.12).
+FREEZE_EXCLUDED = frozenset({"pip", "setuptools", "wheel", "distribute"})
+BASE_DIGEST_LABEL = "org.opencontainers.image.base.digest"
+
+Resolver = Callable[..., dict]
+# `build --all --update-lock` re-locks variants on several threads: one read-modify-write at a time.
+_UPDATE = threading.Lock()
+
+
+# --- inputs: what the plan asks of the lock -------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Target:
+    """The interpreter and platform wheels are chosen for (those of the image, not this host)."""
+
+    python: str  # "3.11"
+    glibc: int  # 36 -> manylinux_2_36
+
+    @property
+    def abi(self) -> str:
+        return "cp" + self.python.replace(".", "")
+
+    @property
+    def platforms(self) -> list[str]:
+        tags = [f"manylinux_2_{m}_{ARCH}" for m in range(self.glibc, 4, -1)]
+        return tags + [f"manylinux2014_{ARCH}", f"manylinux2010_{ARCH}", f"manylinux1_{ARCH}", f"linux_{ARCH}"]
+
+    @property
+    def markers(self) -> dict[str, str]:
+        """PEP 508 marker environment of the image's Python (the patch release is unknown)."""
+        return {
+            "implementation_name": "cpython", "implementation_version": f"{self.python}.0",
+            "os_name": "posix", "platform_machine": ARCH, "platform_python_implementation": "CPython",
+            "platform_release": "", "platform_system": "Linux", "platform_version": "",
+            "python_full_version": f"{self.python}.0", "python_version": self.python, "sys_platform": "linux",
+        }
+
+
+def target_of(plan: BuildPlan) -> Target:
+    return Target(plan.resolution.python, OS_GLIBC.get(plan.resolution.os or "", DEFAULT_GLIBC))
+
+
+def unpinned(ref: str) -> str:
+    """The base as the recipe names it: the plan may already carry the digest its registry
+    gave at plan time (bases.py), but a lock records and applies its own."""
+    return ref.split("@", 1)[0]
+
+
+def _plan_bases(plan: BuildPlan) -> dict[str, str]:
+    """stage name -> base reference as planned (a digest included, where the plan has one)."""
+    return {s.name: s.base for s in plan.stages if s.base not in {x.name for x in plan.stages}}
+
+
+def _pip_steps(stage: Stage) -> list[Step]:
+    return [s for s in stage.steps if s.kind == "pip"]
+
+
+def stage_indexes(stage: Stage) -> list[str]:
+    """The indexes one resolve of this stage uses, and every locked step of it installs from:
+    the torch step's index first (when the plan chose one), then the Python registry."""
+    urls = sorted({s.data.get("index_url") for s in _pip_steps(stage) if s.data.get("index_url")})
+    if len(urls) > 1:
+        raise LockError(f"stage {stage.name} installs from several wheel indexes ({', '.join(urls)}); "
+                        "imgbuild can lock one besides the Python registry")
+    return urls + [PYPI_SIMPLE]
+
+
+def lock_inputs(plan: BuildPlan) -> dict[str, Any]:
+    """Everything the locked content depends on. A lock whose inputs differ from these is stale."""
+    target = target_of(plan)
+    stages = {}
+    for stage in plan.stages:
+        steps = [{"id": s.id, "requirements": list(s.data["requirements"])} for s in _pip_steps(stage)]
+        if steps:
+            stages[stage.name] = {"indexes": stage_indexes(stage), "steps": steps}
+    return {
+        "bases": {name: unpinned(ref) for name, ref in _plan_bases(plan).items()},
+        "glibc": f"2.{target.glibc}",
+        "platform": f"linux/amd64 ({target.abi}, manylinux_2_{target.glibc}_{ARCH} and older)",
+        "python": target.python,
+        "stages": stages,
+        "unlocked": sorted(plan.resolution.compile),
+    }
+
+
+# --- resolving ------------------------------------------------------------------------------
+
+
+def pip_report_args(target: Target, indexes: list[str], requirements_file: str, report_file: str,
+                    constraints_file: str | None = None, ca_cert: Path | None = None) -> list[str]:
+    args = ["install", "--isolated", "--disable-pip-version-check", "--no-input", "--quiet",
+            "--dry-run", "--ignore-installed", "--report", report_file, "--only-binary=:all:",
+            "--python-version", target.python, "--implementation", "cp", "--abi", target.abi]
+    for p in target.platforms:
+        args += ["--platform", p]
+    args += ["--index-url", indexes[0]]
+    for extra in indexes[1:]:
+        args += ["--extra-index-url", extra]
+    if ca_cert is not None:
+        args += ["--cert", str(ca_cert)]
+    if constraints_file:
+        args += ["-c", constraints_file]
+    return args + ["-r", requirements_file]
+
+
+def run_pip_report(target: Target, indexes: list[str], requirements: list[str], *,
+                   constraints: list[str] = (), ca_cert: Path | None = None) -> dict:
+    """pip's installation report for ``requirements`` resolved for ``target``. The machine's
+    pip configuration (config files, PIP_* variables: local find-links, constraints) is off."""
+    python = os.environ.get("IMGBUILD_LOCK_PYTHON") or sys.executable
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PIP_")}
+    env["PIP_CONFIG_FILE"] = os.devnull
+    with tempfile.TemporaryDirectory(prefix="imgbuild-lock-") as tmp:
+        req = Path(tmp, "requirements.txt")
+        req.write_text("".join(r + "\n" for r in requirements))
+        con = None
+        if constraints:
+            con = Path(tmp, "constraints.txt")
+            con.write_text("".join(c + "\n" for c in constraints))
+        report = Path(tmp, "report.json")
+        # --target: pip takes --platform/--abi only with it; --dry-run installs nothing there.
+        cmd = [python, "-m", "pip", *pip_report_args(target, indexes, str(req), str(report),
+                                                      str(con) if con else None, ca_cert),
+               "--target", str(Path(tmp, "target"))]
+        try:
+            proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1800, check=False)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            raise LockError(f"could not run pip to resolve the lock ({exc})") from None
+        if proc.returncode != 0 or not report.exists():
+            tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-15:])
+            raise LockError(f"pip could not resolve {', '.join(requirements)} for Python {target.python} "
+                            f"on manylinux_2_{target.glibc}:\n{tail}",
+                            hint="check the pins; with a corporate proxy pass --ca-cert")
+        return json.loads(report.read_text())
+
+
+def _root(spec: str, by_url: dict[str, str]) -> tuple[str, frozenset[str]]:
+    try:
+        req = Requirement(spec)
+        return canonicalize_name(req.name), frozenset(req.extras)
+    except InvalidRequirement:
+        if spec in by_url:  # a bare wheel URL (prebuilt flash-attn)
+            return by_url[spec], frozenset()
+        raise LockError(f"cannot tell which package requirement {spec!r} names") from None
+
+
+def _deps(item: dict, extras: frozenset[str], markers: dict[str, str]) -> list[tuple[str, frozenset[str]]]:
+    out = []
+    for text in item["metadata"].get("requires_dist") or []:
+        try:
+            req = Requirement(text)
+            wanted = req.marker is None or any(req.marker.evaluate({**markers, "extra": e})
+                                               for e in ("", *sorted(extras)))
+        except (InvalidRequirement, InvalidMarker):
+            raise LockError(f"{item['metadata']['name']} declares an unreadable dependency {text!r}") from None
+        if wanted:
+            out.append((canonicalize_name(req.name), frozenset(req.extras)))
+    return out
+
+
+def packages_from_report(report: dict, target: Target, steps: list[dict]) -> list[dict[str, Any]]:
+    """Locked packages of one stage: name, version, sha256 and the EARLIEST pip step whose
+    requirements need it (so torch's closure lands in the torch layer, and a change to a small
+    pin re-runs only the last layers). ``steps`` is ``[{"id", "requirements"}]`` in order."""
+    items = {canonicalize_name(i["metadata"]["name"]): i for i in report["install"]}
+    by_url = {i["download_info"]["url"]: n for n, i in items.items()}
+    markers = target.markers
+    step_of: dict[str, str] = {}
+    missing: set[str] = set()
+    for step in steps:
+        queue = [_root(r, by_url) for r in step["requirements"]]
+        seen: set[tuple[str, frozenset[str]]] = set()
+        while queue:
+            name, extras = queue.pop()
+            if (name, extras) in seen:
+                continue
+            seen.add((name, extras))
+            if name not in items:
+                missing.add(name)
+                continue
+            step_of.setdefault(name, step["id"])
+            queue.extend(_deps(items[name], extras, markers))
+    extra = sorted(set(items) - set(step_of))
+    if missing or extra:
+        raise LockError(
+            f"pip's resolution does not match Python {target.python}'s markers"
+            + (f"; missing {', '.join(sorted(missing))}" if missing else "")
+            + (f"; not needed by any pin: {', '.join(extra)}" if extra else ""),
+            hint="pip evaluates markers for the Python it runs on: set IMGBUILD_LOCK_PYTHON to a "
+                 f"Python {target.python} interpreter with pip")
+    packages = []
+    for name in sorted(items):
+        item = items[name]
+        info = item["download_info"]
+        archive = info.get("archive_info")
+        if archive is None:
+            raise LockError(f"{item['metadata']['name']} resolves to {info.get('url')}, which is not a wheel "
+                            "archive; only index and URL wheels can be locked")
+        hashes = archive.get("hashes") or {}
+        if "sha256" not in hashes and (archive.get("hash") or "").startswith("sha256="):
+            hashes = {"sha256": archive["hash"].split("=", 1)[1]}
+        if "sha256" not in hashes:
+            raise LockError(f"the index gives no sha256 for {item['metadata']['name']} ({info['url']})")
+        entry = {"name": item["metadata"]["name"], "version": item["metadata"]["version"],
+                 "sha256": hashes["sha256"], "step": step_of[name]}
+        if item.get("is_direct"):
+            entry["url"] = info["url"]
+        packages.append(entry)
+    return packages
+
+
+# --- base images ----------------------------------------------------------------------------
+
+
+def _engine():
+    try:
+        import docker
+
+        client = docker.from_env(timeout=30)
+        client.ping()
+        return client
+    except Exception:  # noqa: BLE001 - any failure to reach the engine means "no engine here"
+        return None
+
+
+def pin_base(ref: str, *, client=None) -> dict[str, Any]:
+    """``{ref, digest}`` from the registry (the manifest or index digest a FROM can name), else
+    from the engine's RepoDigests; a base only in the local engine (imported, never pushed)
+    has no digest: its image id is recorded and checked, and the lock says it is not pinned."""
+    from . import oci
+
+    try:
+        _, digest, _ = oci.fetch_manifest(ref, client=oci.Client(max_retries=1, timeout=(5.0, 30.0)))
+        return {"ref": ref, "digest": digest}
+    except ImgbuildError:  # unreachable, refusing or unknown to its registry: ask the engine
+        pass
+    client = client or _engine()
+    if client is not None:
+        try:
+            attrs = client.images.get(ref).attrs
+        except Exception:  # noqa: BLE001 - docker's NotFound/APIError/transport errors alike
+            attrs = None
+        if attrs:
+            last = ref.rsplit("/", 1)[-1]
+            name_of_ref = ref[: len(ref) - len(last)] + last.split("@")[0].split(":")[0]
+            for d in attrs.get("RepoDigests") or []:
+                name, _, digest = d.partition("@")
+                if digest and name == name_of_ref:  # a digest of this repository, not another
+                    return {"ref": ref, "digest": digest}
+            return {"ref": ref, "digest": None, "image_id": attrs["Id"],
+                    "note": "exists only in the local engine (no registry digest): pinned by image id, "
+                            "which other machines cannot reproduce; push it to a registry to pin it"}
+    return {"ref": ref, "digest": None,
+            "note": "neither its registry nor the local engine knows it: not pinned"}
+
+
+# --- the lock file --------------------------------------------------------------------------
+
+
+def lock_variant(plan: BuildPlan, *, ca_cert: Path | None = None, resolver: Resolver | None = None,
+                 base_pinner: Callable[[str], dict] | None = None,
+                 prefer: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The lock of one variant. ``prefer``: an existing variant lock whose versions are
+    passed as constraints (so re-checking a current lock does not pick up new releases).
+    ``resolver`` and ``base_pinner`` default to pip and the registry/engine (tests pass fakes)."""
+    resolver = resolver or run_pip_report
+    base_pinner = base_pinner or pin_base
+    inputs = lock_inputs(plan)
+    target = target_of(plan)
+    packages: dict[str, list] = {}
+    for stage_name, stage in inputs["stages"].items():
+        requirements = [r for step in stage["steps"] for r in step["requirements"]]
+        constraints = [f"{p['name']}=={p['version']}" for p in (prefer or {}).get("packages", {}).get(stage_name, [])
+                       if "url" not in p]
+        report = resolver(target, stage["indexes"], requirements, constraints=constraints, ca_cert=ca_cert)
+        packages[stage_name] = packages_from_report(report, target, stage["steps"])
+    bases = {stage: ({"ref": unpinned(ref), "digest": ref.split("@", 1)[1]} if "@" in ref else base_pinner(ref))
+             for stage, ref in _plan_bases(plan).items()}
+    notes = [f"{name} is built from source in the builder stage: not locked (its sdist is not hashed, "
+             "and dependencies it pulls beyond the locked packages are not pinned)"
+             for name in inputs["unlocked"]]
+    return {"bases": bases, "inputs": inputs, "notes": notes, "packages": packages}
+
+
+def variant_notes(entry: dict) -> list[str]:
+    """What a variant's lock does not pin, for the user to see on every lock and build."""
+    return list(entry.get("notes") or ()) + [f"base {b['ref']} of stage {stage}: {b['note']}"
+                                             for stage, b in sorted((entry.get("bases") or {}).items()) if b.get("note")]
+
+
+def _digest(obj) -> str:
+    return "sha256:" + hashlib.sha256(json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def make_lock(recipe_path: Path, variants: dict[str, dict]) -> dict[str, Any]:
+    return {
+        "lock_version": LOCK_VERSION,
+        "recipe": recipe_path.name,
+        "inputs_digest": _digest({k: v["inputs"] for k, v in variants.items()}),
+        "variants": dict(sorted(variants.items())),
+    }
+
+
+def lock_recipe(plans: dict[str, BuildPlan], **kwargs) -> dict[str, Any]:
+    """Lock every variant (``{variant_id: plan}``; a plain recipe is ``{"default": plan}``)."""
+    first = next(iter(plans.values()))
+    return make_lock(first.recipe.path, {vid: lock_variant(p, **kwargs) for vid, p in plans.items()})
+
+
+def dump_lock(lock: dict[str, Any]) -> str:
+    header = (f"# imgbuild lock file for {lock['recipe']}: generated by `imgbuild lock`, do not edit.\n"
+              "# `imgbuild build` installs exactly these wheels (pip --require-hashes) on these bases.\n"
+              f"# Update it with `imgbuild lock {lock['recipe']}` or `imgbuild build --update-lock`.\n")
+    return header + yaml.safe_dump(lock, sort_keys=True, default_flow_style=False, width=4096, allow_unicode=True)
+
+
+def lock_path(recipe_path: Path) -> Path:
+    return Path(recipe_path).with_suffix(".lock")
+
+
+def write_lock(path: Path, text: str) -> bool:
+    """Atomic (temporary file + rename). False when the file already holds these bytes."""
+    if path.exists() and path.read_text() == text:
+        return False
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return True
+
+
+def read_lock(path: Path) -> dict[str, Any]:
+    try:
+        data = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as exc:
+        raise LockError(f"{path}: cannot read the lock file ({exc.__class__.__name__})",
+                        hint="regenerate it with `imgbuild lock`") from None
+    if not isinstance(data, dict) or data.get("lock_version") != LOCK_VERSION or not isinstance(data.get("variants"), dict):
+        raise LockError(f"{path}: not an imgbuild lock file of version {LOCK_VERSION}",
+                        hint="regenerate it with `imgbuild lock`")
+    for vid, entry in data["variants"].items():
+        for stage, packages in ((entry or {}).get("packages") or {}).items():
+            for p in packages or []:
+                bad = [k for k in ("name", "version", "step") if not isinstance(p.get(k), str)]
+                sha = p.get("sha256")
+                if not (isinstance(sha, str) and len(sha) == 64 and all(c in "0123456789abcdef" for c in sha)):
+                    bad.append("sha256")
+                if bad:
+                    raise LockError(f"{path}: variant {vid}, stage {stage}: package {p.get('name')!r} has a malformed "
+                                    f"{', '.join(bad)}", hint="regenerate it with `imgbuild lock`")
+    return data
+
+
+# --- staleness and drift --------------------------------------------------------------------
+
+
+def _pins(inputs: dict) -> dict[tuple[str, str], tuple[str, str]]:
+    """(stage, package) -> (step, requirement) over every pip step."""
+    out = {}
+    for stage, s in inputs.get("stages", {}).items():
+        for step in s["steps"]:
+            for r in step["requirements"]:
+                try:
+                    key = canonicalize_name(Requirement(r).name)
+                except InvalidRequirement:
+                    key = r
+                out[(stage, key)] = (step["id"], r)
+    return out
+
+
+def _version(req: str) -> str:
+    return req.split("==", 1)[1] if "==" in req else req
+
+
+def diff_inputs(old: dict, new: dict) -> list[str]:
+    """What changed between the inputs a lock was made from and the plan's, in words."""
+    changes = []
+    for key in ("python", "glibc"):
+        if old.get(key) != new.get(key):
+            changes.append(f"{key} {old.get(key)} -> {new.get(key)}")
+    if old.get("platform") != new.get("platform") and old.get("glibc") == new.get("glibc"):
+        changes.append(f"platform {old.get('platform')} -> {new.get('platform')}")
+    for stage in sorted(set(old.get("bases", {})) | set(new.get("bases", {}))):
+        a, b = old.get("bases", {}).get(stage), new.get("bases", {}).get(stage)
+        if a != b:
+            changes.append(f"base of stage {stage}: {a or 'none'} -> {b or 'none'}")
+    for stage in sorted(set(old.get("stages", {})) | set(new.get("stages", {}))):
+        a = old.get("stages", {}).get(stage, {}).get("indexes")
+        b = new.get("stages", {}).get(stage, {}).get("indexes")
+        if a and b and a != b:
+            changes.append(f"wheel index of stage {stage}: {a[0]} -> {b[0]}")
+    pa, pb = _pins(old), _pins(new)
+    for key in sorted(set(pa) | set(pb)):
+        stage, name = key
+        where = "" if stage == "final" else f" (stage {stage})"
+        if key not in pb:
+            changes.append(f"pip: removed {pa[key][1]}{where}")
+        elif key not in pa:
+            changes.append(f"pip: added {pb[key][1]}{where}")
+        elif pa[key][1] != pb[key][1]:
+            a, b = _version(pa[key][1]), _version(pb[key][1])
+            if a == b:  # extras or markers changed, not the version
+                a, b = pa[key][1], pb[key][1]
+            changes.append(f"pip: {name} {a} -> {b}{where}")
+        elif pa[key][0] != pb[key][0]:
+            changes.append(f"pip: {name} moved from step {pa[key][0]} to {pb[key][0]}{where}")
+    if old.get("unlocked") != new.get("unlocked"):
+        changes.append(f"built from source: {', '.join(old.get('unlocked') or []) or 'none'} -> "
+                       f"{', '.join(new.get('unlocked') or []) or 'none'}")
+    if not changes and old != new:
+        changes.append("the plan's pip steps changed (order or grouping)")
+    return changes
+
+
+def diff_locked(old: dict, new: dict) -> list[str]:
+    """What a fresh resolve of the same inputs would change in a variant's packages and bases."""
+    changes = []
+    for stage in sorted(set(old.get("packages", {})) | set(new.get("packages", {}))):
+        a = {canonicalize_name(p["name"]): p for p in old.get("packages", {}).get(stage, [])}
+        b = {canonicalize_name(p["name"]): p for p in new.get("packages", {}).get(stage, [])}
+        where = "" if stage == "final" else f" (stage {stage})"
+        for name in sorted(set(a) | set(b)):
+            if name not in b:
+                changes.append(f"{a[name]['name']} {a[name]['version']} would be removed{where}")
+            elif name not in a:
+                changes.append(f"{b[name]['name']} {b[name]['version']} would be added{where}")
+            elif a[name]["version"] != b[name]["version"]:
+                changes.append(f"{b[name]['name']} {a[name]['version']} -> {b[name]['version']}{where}")
+            elif a[name]["sha256"] != b[name]["sha256"]:
+                changes.append(f"{b[name]['name']} {b[name]['version']}: locked sha256 {a[name]['sha256'][:12]}... "
+                               f"but the index has {b[name]['sha256'][:12]}...{where}")
+            elif a[name]["step"] != b[name]["step"]:
+                changes.append(f"{b[name]['name']} would move from step {a[name]['step']} to {b[name]['step']}{where}")
+    for stage in sorted(set(old.get("bases", {})) | set(new.get("bases", {}))):
+        a, b = old.get("bases", {}).get(stage) or {}, new.get("bases", {}).get(stage) or {}
+        if a.get("digest") and a.get("ref") == b.get("ref"):
+            continue  # a pinned digest stays pinned; a moved tag is an update, not drift
+        if a != b:
+            was = a.get("digest") or a.get("image_id") or "unpinned"
+            now = b.get("digest") or b.get("image_id") or "unpinned"
+            changes.append(f"base of stage {stage} ({b.get('ref') or a.get('ref')}): {was} -> {now}")
+    return changes
+
+
+def check_current(lock: dict, plan: BuildPlan, path: Path, variant: str = DEFAULT_VARIANT, *,
+                  locked: bool = False) -> dict:
+    """The variant's lock, or LockStale (LockDrift under ``--locked``) naming what changed."""
+    err = LockDrift if locked else LockStale
+    hint = (f"run `imgbuild lock {plan.recipe.path}` (or `imgbuild build --update-lock`) and commit {path.name}")
+    entry = lock["variants"].get(variant)
+    if entry is None:
+        raise err(f"{path} has no variant {variant!r} (it has {', '.join(sorted(lock['variants'])) or 'none'})",
+                  changes=[f"variant {variant} added"], path=str(path), hint=hint)
+    changes = diff_inputs(entry.get("inputs") or {}, lock_inputs(plan))
+    if changes:
+        what = "does not match" if locked else "is stale for"
+        raise err(f"{path.name} {what} {plan.recipe.path.name} (variant {variant}): " + "; ".join(changes),
+                  changes=changes, path=str(path), hint=hint)
+    return entry
+
+
+# --- using a lock in a build ----------------------------------------------------------------
+
+
+def requirements_text(packages: list[dict]) -> str:
+    lines = []
+    for p in sorted(packages, key=lambda p: canonicalize_name(p["name"])):
+        spec = f"{p['name']} @ {p['url']}" if p.get("url") else f"{p['name']}=={p['version']}"
+        lines.append(f"{spec} --hash=sha256:{p['sha256']}\n")
+    return "".join(lines)
+
+
+def apply_lock(plan: BuildPlan, entry: dict) -> BuildPlan:
+    """The plan with bases by digest and each pip step installing its locked packages with
+    ``--no-deps --require-hashes`` from a requirements file bind-mounted from the context."""
+    stages = []
+    labels = dict(plan.labels)
+    for stage in plan.stages:
+        base = stage.base
+        pinned = (entry.get("bases") or {}).get(stage.name) or {}
+        if pinned.get("digest") and pinned.get("ref") == unpinned(base):
+            base = f"{unpinned(base)}@{pinned['digest']}"
+            if stage.role == "final" and BASE_DIGEST_LABEL in labels:
+                labels[BASE_DIGEST_LABEL] = pinned["digest"]  # the base built on is the locked one
+        packages = (entry.get("packages") or {}).get(stage.name)
+        steps = []
+        for step in stage.steps:
+            if step.kind == "meta" and BASE_DIGEST_LABEL in step.data.get("labels", {}):
+                steps.append(dataclasses.replace(step, data={**step.data, "labels": labels}))
+                continue
+            if step.kind != "pip" or packages is None:
+                steps.append(step)
+                continue
+            mine = [p for p in packages if p["step"] == step.id]
+            if not mine:
+                continue  # everything it names is already installed by an earlier step
+            rel = f"{LOCK_DIR}/{stage.name}-{step.id}.txt"
+            indexes = stage_indexes(stage)
+            steps.append(Step(step.id, "pip_locked", step.group, {
+                "requirements_file": rel,
+                "mount_target": f"{MOUNT_DIR}/{stage.name}-{step.id}.txt",
+                "index_url": indexes[0] if len(indexes) > 1 else None,
+                "extra_index_urls": indexes[1:],
+                "context_files": {rel: requirements_text(mine)},
+            }))
+        stages.append(dataclasses.replace(stage, base=base, steps=tuple(steps)))
+    return dataclasses.replace(plan, stages=tuple(stages), labels=labels)
+
+
+def local_base_warnings(entry: dict, client=None) -> list[str]:
+    """Bases locked by local image id whose image has changed since (not reproducible)."""
+    out = []
+    for stage, b in sorted((entry.get("bases") or {}).items()):
+        if b.get("digest") or not b.get("image_id"):
+            continue
+        client = client or _engine()
+        try:
+            now = client.images.get(b["ref"]).attrs["Id"] if client else None
+        except Exception:  # noqa: BLE001 - gone from the engine, or no engine: not the locked image
+            now = None
+        if now != b["image_id"]:
+            out.append(f"base {b['ref']} is not the image locked (locked {b['image_id'][:19]}, now {str(now)[:19]})")
+    return out
+
+
+@dataclass(frozen=True)
+class LockUse:
+    plan: BuildPlan  # the plan to build (locked, or the original when there is no lock)
+    path: Path
+    status: str  # none | used | updated | unchanged
+    warnings: tuple[str, ...] = ()
+
+
+def use_lock(plan: BuildPlan, *, mode: str = "auto", variant: str = DEFAULT_VARIANT, ca_cert: Path | None = None,
+             resolver: Resolver | None = None, base_pinner: Callable[[str], dict] | None = None,
+             client=None) -> LockUse:
+    """What `imgbuild build` does with the recipe's lock. ``mode``: ``auto`` (use it when
+    present, refuse a stale one), ``update`` (re-lock, then use it) or ``locked`` (CI: it must
+    exist and a fresh resolve must not change it; never written)."""
+    path = lock_path(plan.recipe.path)
+    kwargs = {"ca_cert": ca_cert, "resolver": resolver, "base_pinner": base_pinner}
+    if mode == "update":
+        entry = lock_variant(plan, **kwargs)
+        with _UPDATE:  # other variants of the file are kept
+            lock = read_lock(path) if path.exists() else None
+            variants = {**(lock["variants"] if lock else {}), variant: entry}
+            changed = write_lock(path, dump_lock(make_lock(plan.recipe.path, variants)))
+        status = "updated" if changed else "unchanged"
+    elif not path.exists():
+        if mode == "locked":
+            raise LockDrift(f"--locked: {plan.recipe.path.name} has no lock file ({path.name})",
+                            changes=["lock file missing"], path=str(path),
+                            hint=f"run `imgbuild lock {plan.recipe.path}` and commit {path.name}")
+        return LockUse(plan, path, "none")
+    else:
+        lock = read_lock(path)
+        entry = check_current(lock, plan, path, variant, locked=mode == "locked")
+        status = "used"
+        if mode == "locked":
+            fresh = lock_variant(plan, prefer=entry, **kwargs)
+            changes = diff_locked(entry, fresh)
+            if changes:
+                raise LockDrift(f"--locked: {path.name} would change (variant {variant}): " + "; ".join(changes),
+                                changes=changes, path=str(path),
+                                hint=f"run `imgbuild lock {plan.recipe.path}` and review the diff")
+    warnings = tuple(variant_notes(entry)) + tuple(local_base_warnings(entry, client))
+    if mode == "locked" and any("is not the image locked" in w for w in warnings):
+        raise LockDrift(f"--locked: {path.name}: " + "; ".join(warnings), changes=list(warnings), path=str(path))
+    return LockUse(apply_lock(plan, entry), path, status, warnings)
