@@ -1,0 +1,866 @@
+"""A recipe's ``matrix:`` -> variants: each one a Recipe, its Resolution and its tags, or the
+compatibility error that dropped it. Then the outputs built on them: a JSON listing, CI
+matrices (GitHub Actions, GitLab), a docker-bake.json, and ``build_all``, which builds every
+variant on one engine.
+
+The schema, inside a recipe::
+
+    matrix:
+      cuda.version: ["12.1", "12.4"]     # any recipe key path -> the list of its values
+      python: ["3.10", "3.11"]
+      exclude: [{cuda.version: "12.1", python: "3.10"}]   # drops every combination it matches
+      include: [{cuda.version: "12.6", torch: "2.6.0"}]   # one extra variant each; unset keys
+                                                          # keep the recipe's own values
+      tags: ["{version}-cu{cuda_short}-py{python}"]       # tag templates (default {version}-{variant})
+
+Axes combine in the order they are written, values in the order listed, then the includes.
+A combination the compatibility engine refuses is dropped and reported with its reason and
+hint, never silently. Every variant also gets a content tag, ``sha-<12 hex>`` of its own
+recipe digest. Expansion is pure: no I/O beyond reading the recipe.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import re
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from .errors import CompatibilityError, ImgbuildError, RecipeError, RecipeIssue, UsageError
+from .plan import BuildPlan, Stage, make_plan
+from .recipe import (
+    BASE_KEYS,
+    BUILD_KEYS,
+    CUDA_KEYS,
+    TAG_RE,
+    TOP_KEYS,
+    Recipe,
+    _closest,
+    locate,
+    parse_recipe,
+    read_recipe_text,
+)
+from .resolve import Resolution, resolve
+
+GITHUB_MAX_JOBS = 256  # GitHub Actions: a matrix generates at most 256 jobs per workflow run
+GITLAB_MAX_JOBS = 200  # GitLab CI: parallel:matrix creates at most 200 jobs
+MAX_COMBINATIONS = 4096  # a guard against a typo that multiplies into an unbuildable matrix
+DEFAULT_TAGS = ("{version}-{variant}",)
+RESERVED = ("exclude", "include", "tags")
+PLACEHOLDERS = ("cuda", "cuda_short", "cuda_major", "python", "python_short", "torch", "version", "variant",
+                "flavor")
+_PLACEHOLDER_RE = re.compile(r"\{([^{}]*)\}")
+_SUB_TABLES = {"cuda": CUDA_KEYS, "base": BASE_KEYS, "build": BUILD_KEYS, "budget": {"max_size": str}}
+# Every key path a matrix may vary, with the type the recipe expects there.
+KEY_TYPES: dict[str, type] = {k: t for k, t in TOP_KEYS.items() if k not in {"matrix", "name"}}
+KEY_TYPES.update({f"{top}.{k}": t for top, table in _SUB_TABLES.items() for k, t in table.items()})
+# Short prefixes that make variant ids read like the tags people already use (cu124-py311).
+_ID_PREFIX = {"cuda.version": "cu", "python": "py", "torch": "pt", "cuda.cudnn": "cudnn"}
+
+
+class MatrixTooLarge(UsageError):
+    """More variants than the CI system accepts in one matrix."""
+
+
+@dataclass(frozen=True)
+class MatrixSpec:
+    axes: tuple[tuple[str, tuple[Any, ...]], ...]  # key path -> values, in the order written
+    include: tuple[dict[str, Any], ...] = ()
+    exclude: tuple[dict[str, Any], ...] = ()
+    tags: tuple[str, ...] = DEFAULT_TAGS
+    lines: dict[str, int] = field(default_factory=dict, compare=False, repr=False)  # matrix key path -> line
+
+    @property
+    def keys(self) -> tuple[str, ...]:
+        """Axis keys, then keys only includes set, in order of first appearance."""
+        keys = [k for k, _ in self.axes]
+        for entry in self.include:
+            keys += [k for k in entry if k not in keys]
+        return tuple(keys)
+
+
+@dataclass(frozen=True)
+class Variant:
+    id: str  # stable, tag- and target-safe: cu124-py311
+    values: dict[str, Any]  # the recipe keys this variant sets (its overrides)
+    source: str  # "matrix" (a combination of the axes), "include[N]" or "recipe" (no matrix)
+    recipe: Recipe
+    resolution: Resolution
+    tags: tuple[str, ...]  # NAME:TAG, without a registry; the content tag last
+
+    @property
+    def content_tag(self) -> str:
+        return self.tags[-1].rsplit(":", 1)[1]
+
+
+@dataclass(frozen=True)
+class DroppedVariant:
+    id: str
+    values: dict[str, Any]
+    source: str
+    error: CompatibilityError
+
+
+@dataclass(frozen=True)
+class ExcludedVariant:
+    id: str
+    values: dict[str, Any]
+    by: str  # matrix.exclude[N]
+
+
+@dataclass(frozen=True)
+class Matrix:
+    path: Path
+    name: str
+    keys: tuple[str, ...]
+    variants: tuple[Variant, ...]
+    dropped: tuple[DroppedVariant, ...] = ()
+    excluded: tuple[ExcludedVariant, ...] = ()
+
+    def variant(self, variant_id: str) -> Variant:
+        for v in self.variants:
+            if v.id == variant_id:
+                return v
+        for d in self.dropped:
+            if d.id == variant_id:
+                raise UsageError(f"variant {variant_id} was dropped: {_short_message(d.error)}", hint=d.error.hint)
+        known = ", ".join(v.id for v in self.variants)
+        raise UsageError(f"{self.path} has no variant {variant_id!r}", hint=f"variants: {known}")
+
+
+# --- parsing the spec ------------------------------------------------------------------
+
+
+def parse_matrix_spec(located, file: str) -> MatrixSpec | None:
+    """The ``matrix:`` mapping of a located recipe, validated; None when there is none."""
+    data = located.data if isinstance(located.data, dict) else {}
+    raw = data.get("matrix")
+    if raw is None:
+        return None
+    issues: list[RecipeIssue] = []
+
+    def fail(path: str, message: str) -> None:
+        issues.append(RecipeIssue(file, _line(located.lines, path), path, message))
+
+    if not isinstance(raw, dict):
+        fail("matrix", "must be a mapping of recipe keys to lists of values")
+        raise RecipeError(issues)
+    axes: list[tuple[str, tuple[Any, ...]]] = []
+    for key, values in raw.items():
+        key = str(key)
+        path = f"matrix.{key}"
+        if key in RESERVED:
+            continue
+        if not _known_key(key, fail, path):
+            continue
+        if not isinstance(values, list) or not values:
+            fail(path, "must be a non-empty list of values")
+            continue
+        normalized = tuple(_normalize(v, f"{path}[{i}]", KEY_TYPES[key], located) for i, v in enumerate(values))
+        seen: dict[str, int] = {}
+        for i, value in enumerate(normalized):
+            if _canon(value) in seen:
+                fail(f"{path}[{i}]", f"{_show(value)} is listed twice (also {path}[{seen[_canon(value)]}])")
+            seen.setdefault(_canon(value), i)
+        axes.append((key, normalized))
+    axis_keys = [k for k, _ in axes]
+    _check_overlap(axis_keys, fail, "matrix")
+
+    def entries(name: str) -> list[dict[str, Any]]:
+        items = raw.get(name)
+        if items is None:
+            return []
+        if not isinstance(items, list):
+            fail(f"matrix.{name}", "must be a list of mappings (recipe key -> value)")
+            return []
+        out = []
+        for i, item in enumerate(items):
+            path = f"matrix.{name}[{i}]"
+            if not isinstance(item, dict) or not item:
+                fail(path, "must be a non-empty mapping of recipe keys to values")
+                continue
+            entry = {}
+            for key, value in item.items():
+                key = str(key)
+                if _known_key(key, fail, f"{path}.{key}"):
+                    entry[key] = _normalize(value, f"{path}.{key}", KEY_TYPES[key], located)
+            _check_overlap(list(entry), fail, path)
+            out.append(entry)
+        return out
+
+    exclude = entries("exclude")
+    for i, entry in enumerate(exclude):
+        for key, value in entry.items():
+            path = f"matrix.exclude[{i}].{key}"
+            axis = dict(axes).get(key)
+            if axis is None:
+                fail(path, f"{key} is not a matrix axis (axes: {', '.join(axis_keys) or 'none'})")
+            elif _canon(value) not in {_canon(v) for v in axis}:
+                fail(path, f"{_show(value)} is not one of the values of matrix.{key}, so this never matches")
+    include = entries("include")
+    for i, entry in enumerate(include):
+        for key in entry:
+            if any(key != k and (k.startswith(key + ".") or key.startswith(k + ".")) for k in axis_keys):
+                fail(f"matrix.include[{i}].{key}", f"{key} overlaps a matrix axis; set the axis key itself")
+
+    tags: tuple[str, ...] = DEFAULT_TAGS
+    if "tags" in raw:
+        t = raw["tags"]
+        if not isinstance(t, list) or not t or not all(isinstance(x, str) for x in t):
+            fail("matrix.tags", "must be a non-empty list of tag templates (strings)")
+        else:
+            for i, template in enumerate(t):
+                for name in _PLACEHOLDER_RE.findall(template):
+                    if name not in PLACEHOLDERS:
+                        close = _closest(name, PLACEHOLDERS)
+                        fail(f"matrix.tags[{i}]", f"unknown placeholder {{{name}}}"
+                             + (f" (did you mean {{{close}}}?)" if close else "")
+                             + f"; known: {', '.join('{' + p + '}' for p in PLACEHOLDERS)}")
+                if _PLACEHOLDER_RE.sub("", template).count("{") or _PLACEHOLDER_RE.sub("", template).count("}"):
+                    fail(f"matrix.tags[{i}]", f"{template!r} has an unmatched brace")
+            tags = tuple(t)
+    if not axes and not include and not issues:
+        fail("matrix", "needs at least one axis (a recipe key with a list of values) or an include")
+    total = 1
+    for _, values in axes:
+        total *= len(values)
+    if total > MAX_COMBINATIONS:
+        fail("matrix", f"expands to {total} combinations, over the limit of {MAX_COMBINATIONS}")
+    if issues:
+        raise RecipeError(sorted(issues, key=lambda i: (i.line or 0, i.key)))
+    lines = {k: v for k, v in located.lines.items() if k == "matrix" or k.startswith("matrix.")}
+    return MatrixSpec(tuple(axes), tuple(include), tuple(exclude), tags, lines)
+
+
+def _known_key(key: str, fail, path: str) -> bool:
+    if key == "name":
+        fail(path, "a matrix varies one image repository; name cannot be an axis")
+        return False
+    if key == "matrix" or key not in KEY_TYPES:
+        close = _closest(key, KEY_TYPES)
+        fail(path, "not a recipe key" + (f" (did you mean '{close}'?)" if close else "")
+             + "; a matrix axis is a recipe key path such as cuda.version, python, torch or pip")
+        return False
+    return True
+
+
+def _check_overlap(keys: list[str], fail, where: str) -> None:
+    for a, b in itertools.permutations(keys, 2):
+        if b.startswith(a + "."):
+            fail(f"{where}.{b}", f"{b} overlaps {a}: vary one or the other")
+
+
+def _normalize(value: Any, path: str, expected: type, located) -> Any:
+    """The value as the recipe loader would read it: unquoted numbers keep the text written
+    (python: 3.10 is "3.10", not 3.1), except where the recipe wants a number or a bool."""
+    if isinstance(value, list):
+        return [_normalize(v, f"{path}[{i}]", str, located) for i, v in enumerate(value)]
+    if isinstance(value, dict):
+        return {str(k): _normalize(v, f"{path}.{k}", str, located) for k, v in value.items()}
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and expected is str:
+        return located.raw_scalars.get(path, str(value))
+    return value
+
+
+def _canon(value: Any) -> str:
+    return json.dumps(value, sort_keys=True)
+
+
+def _show(value: Any) -> str:
+    return json.dumps(value) if not isinstance(value, str) else repr(value)
+
+
+def _line(lines: dict[str, int], path: str) -> int | None:
+    while path:
+        if path in lines:
+            return lines[path]
+        path = re.sub(r"(\[\d+\]|\.[^.\[\]]+)$", "", path) if re.search(r"(\[\d+\]|\.[^.\[\]]+)$", path) else ""
+    return None
+
+
+def _get_path(data: Any, dotted: str) -> Any:
+    for part in dotted.split("."):
+        if not isinstance(data, dict):
+            return None
+        data = data.get(part)
+    return data
+
+
+# --- expansion ------------------------------------------------------------------------
+
+
+def load_matrix(path: str | Path) -> Matrix:
+    """Read a recipe and expand its matrix. A recipe without one is a one-variant matrix."""
+    path = Path(path)
+    return expand_matrix(read_recipe_text(path), path)
+
+
+def expand_matrix(text: str, path: Path) -> Matrix:
+    file = str(path)
+    located = locate(text, file)
+    spec = parse_matrix_spec(located, file)
+    base = parse_recipe(text, path)  # the recipe as written must be valid on its own
+    if spec is None:
+        try:
+            res = resolve(base)
+        except CompatibilityError as exc:
+            return Matrix(path, base.name, (), (), (DroppedVariant("default", {}, "recipe", exc),))
+        tags = (f"{base.name}:{base.version or 'latest'}", f"{base.name}:{content_tag(base)}")
+        return Matrix(path, base.name, (), (Variant("default", {}, "recipe", base, res, tags),))
+
+    base_data = located.data
+    base_values = {k: _normalize(_get_path(base_data, k), k, KEY_TYPES[k], located) for k in spec.keys}
+    # Candidates, in order: the product of the axes, then the includes.
+    candidates: list[tuple[dict[str, Any], str, dict[str, int]]] = []
+    excluded_raw: list[tuple[dict[str, Any], str]] = []
+    if spec.axes:
+        keys = [k for k, _ in spec.axes]
+        for combo in itertools.product(*(range(len(v)) for _, v in spec.axes)):
+            values = {k: spec.axes[j][1][i] for j, (k, i) in enumerate(zip(keys, combo))}
+            by = next((f"matrix.exclude[{n}]" for n, ex in enumerate(spec.exclude)
+                       if all(_canon(values[k]) == _canon(v) for k, v in ex.items())), None)
+            if by:
+                excluded_raw.append((values, by))
+                continue
+            candidates.append((values, "matrix", {k: f"matrix.{k}[{i}]" for k, i in zip(keys, combo)}))
+    seen = {_canon(_effective(v, base_values)) for v, _, _ in candidates}
+    for n, entry in enumerate(spec.include):
+        if _canon(_effective(entry, base_values)) in seen:
+            continue  # already a combination of the axes
+        seen.add(_canon(_effective(entry, base_values)))
+        candidates.append((dict(entry), f"include[{n}]", {k: f"matrix.include[{n}].{k}" for k in entry}))
+
+    ids = _variant_ids([_effective(v, base_values) for v, _, _ in candidates]
+                       + [_effective(v, base_values) for v, _ in excluded_raw], spec.keys,
+                       tuple(k for k, _ in spec.axes), base_values)
+    kept: list[Variant] = []
+    dropped: list[DroppedVariant] = []
+    issues: list[RecipeIssue] = []
+    for (values, source, paths), vid in zip(candidates, ids):
+        lines = {k: _line(spec.lines, p) for k, p in paths.items()}
+        override_lines = {k: line for k, line in lines.items() if line is not None}
+        try:
+            recipe = parse_recipe(text, path, overrides=values, override_lines=override_lines)
+        except RecipeError as exc:
+            issues += _relocate(exc.issues, values, paths, spec.lines, vid)
+            continue
+        try:
+            res = resolve(recipe)
+        except CompatibilityError as exc:
+            dropped.append(DroppedVariant(vid, values, source, exc))
+            continue
+        tag_list, tag_issues = _render_tags(spec, recipe, res, vid, file)
+        issues += tag_issues
+        kept.append(Variant(vid, values, source, recipe, res, tag_list))
+    owners: dict[str, str] = {}
+    for v in kept:
+        for tag in v.tags:
+            if tag in owners and owners[tag] != v.id:
+                issues.append(RecipeIssue(file, _line(spec.lines, "matrix.tags"), "matrix.tags",
+                                          f"variants {owners[tag]} and {v.id} would both be tagged {tag}; "
+                                          "add {variant} or the varying keys to a tag template"))
+            owners.setdefault(tag, v.id)
+    if issues:
+        unique = {(i.line or 0, i.key, i.message): i for i in issues}
+        raise RecipeError([unique[k] for k in sorted(unique)])
+    excluded = tuple(ExcludedVariant(vid, values, by)
+                     for (values, by), vid in zip(excluded_raw, ids[len(candidates):]))
+    return Matrix(path, base.name, spec.keys, tuple(kept), tuple(dropped), excluded)
+
+
+def _effective(values: dict[str, Any], base_values: dict[str, Any]) -> dict[str, Any]:
+    return {k: values.get(k, base_values.get(k)) for k in base_values}
+
+
+def _relocate(issues, values, paths: dict[str, str], spec_lines: dict[str, int], vid: str) -> list[RecipeIssue]:
+    """Point a variant's recipe errors at the matrix entry that set the value."""
+    out = []
+    for issue in issues:
+        key = next((k for k in values if issue.key == k or issue.key.startswith((k + ".", k + "["))), None)
+        if key is None:
+            out.append(replace(issue, message=f"(variant {vid}) {issue.message}"))
+            continue
+        where = paths[key] + issue.key[len(key):]
+        out.append(RecipeIssue(issue.file, _line(spec_lines, where) or issue.line, where, issue.message))
+    return out
+
+
+def content_tag(recipe: Recipe) -> str:
+    return "sha-" + recipe.digest.split(":", 1)[1][:12]
+
+
+def _tag_values(recipe: Recipe, res: Resolution, vid: str) -> dict[str, str | None]:
+    mm = res.cuda_major_minor
+    return {
+        "cuda": res.cuda_version,
+        "cuda_short": mm.replace(".", ""),
+        "cuda_major": mm.split(".")[0],
+        "python": res.python,
+        "python_short": res.python.replace(".", ""),
+        "torch": res.torch,
+        "version": recipe.version or "latest",
+        "variant": vid,
+        "flavor": res.cuda_flavor,
+    }
+
+
+def _render_tags(spec: MatrixSpec, recipe: Recipe, res: Resolution, vid: str,
+                 file: str) -> tuple[tuple[str, ...], list[RecipeIssue]]:
+    values = _tag_values(recipe, res, vid)
+    tags, issues = [], []
+    for i, template in enumerate(spec.tags):
+        key = f"matrix.tags[{i}]" if spec.tags is not DEFAULT_TAGS else "matrix"
+        missing = [n for n in _PLACEHOLDER_RE.findall(template) if not values.get(n)]
+        if missing:
+            issues.append(RecipeIssue(file, _line(spec.lines, key), key,
+                                      f"variant {vid} has no {missing[0]} for {{{missing[0]}}}"))
+            continue
+        tag = _PLACEHOLDER_RE.sub(lambda m: str(values[m.group(1)]), template)
+        if not TAG_RE.match(tag):
+            issues.append(RecipeIssue(file, _line(spec.lines, key), key,
+                                      f"{template!r} gives {tag!r} for variant {vid}, not a valid tag "
+                                      "(letters, digits, '.', '_', '-'; at most 128)"))
+            continue
+        if f"{recipe.name}:{tag}" not in tags:
+            tags.append(f"{recipe.name}:{tag}")
+    tags.append(f"{recipe.name}:{content_tag(recipe)}")
+    return tuple(tags), issues
+
+
+# --- variant ids ----------------------------------------------------------------------
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "_", str(text).lower()).strip("_")
+
+
+def _digits(text: str) -> str:
+    return re.sub(r"[^0-9a-z]", "", str(text).lower())
+
+
+def _id_part(key: str, value: Any, all_values: list[Any]) -> str:
+    if value is None:
+        return ""
+    last = key.rsplit(".", 1)[-1]
+    if key in _ID_PREFIX and isinstance(value, str):
+        return _ID_PREFIX[key] + _digits(value)
+    if isinstance(value, bool):
+        return _slug(last) if value else "no" + _slug(last)
+    if isinstance(value, int):
+        return f"{_slug(last)}{value}"
+    if isinstance(value, str):
+        return ("v" if key == "version" else "") + _slug(value)
+    if isinstance(value, list) and all(isinstance(x, str) for x in value):
+        # Only what sets this value apart: pip [a, idna==3.7] vs [a, idna==3.8] -> idna3_7.
+        lists = [v for v in all_values if isinstance(v, list)]
+        common = set.intersection(*(set(v) for v in lists)) if lists else set()
+        own = [x for x in value if x not in common]
+        return "_".join(_slug(x.replace("==", "")) for x in own) or "no" + _slug(last)
+    distinct = list(dict.fromkeys(_canon(v) for v in all_values))
+    return f"{_slug(last)}{distinct.index(_canon(value)) + 1}"
+
+
+def _variant_ids(effective: list[dict[str, Any]], keys: tuple[str, ...], axis_keys: tuple[str, ...],
+                 base_values: dict[str, Any]) -> list[str]:
+    """Stable ids from the values (not from positions), unique within the matrix. A key only
+    includes set shows in the ids of the variants that change it (cu126-py312-pt260)."""
+    per_key = {k: [e.get(k) for e in effective] for k in keys}
+    ids = []
+    for e in effective:
+        parts = [_id_part(k, e.get(k), per_key[k]) for k in keys
+                 if k in axis_keys or _canon(e.get(k)) != _canon(base_values.get(k))]
+        ids.append("-".join(p for p in parts if p) or "default")
+    counts: dict[str, int] = {}
+    out = []
+    for vid in ids:
+        counts[vid] = counts.get(vid, 0) + 1
+        out.append(vid if ids.count(vid) == 1 else f"{vid}-{counts[vid]}")
+    return out
+
+
+# --- plans and shared prefixes --------------------------------------------------------
+
+
+def variant_plan(variant: Variant, *, registry: str | None = None, tags: tuple[str, ...] = ()) -> BuildPlan:
+    return make_plan(variant.recipe, tags=tags or variant.tags, registry=registry, resolution=variant.resolution)
+
+
+def _step_key(step) -> list:
+    return [step.id, step.kind, step.group, step.data]
+
+
+def _prefix_digest(base: str, steps) -> str:
+    blob = json.dumps([base, [_step_key(s) for s in steps]], sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:12]
+
+
+@dataclass(frozen=True)
+class SharedStage:
+    """A run of final-stage steps that two or more variants have in common, from the base."""
+
+    key: str  # sha256 prefix of (base, steps up to here)
+    parent: str | None  # the shared stage this one continues, or None (it starts FROM base)
+    base: str  # FROM: the base image, or the parent's context name
+    steps: tuple  # the steps this stage adds
+    users: tuple[str, ...]  # variant ids whose final stage starts with it
+
+    @property
+    def target(self) -> str:
+        return f"shared-{self.key}"
+
+    @property
+    def context(self) -> str:
+        return f"imgbuild-shared-{self.key}"
+
+
+def shared_stages(plans: dict[str, BuildPlan]) -> tuple[dict[str, SharedStage], dict[str, list[str]]]:
+    """The shared prefixes of the variants' final stages: where two variants' steps stop being
+    the same, a stage ends. Returns the stages by key and, per variant, its chain of keys
+    (outermost first). The same cuts BuildKit's cache shares on one engine."""
+    finals = {vid: (p.final.base, p.final.steps) for vid, p in plans.items()}
+    stages: dict[str, SharedStage] = {}
+    chains: dict[str, list[str]] = {}
+    for vid, (base, steps) in finals.items():
+        chain: list[str] = []
+        start = 0
+        for k in range(1, len(steps)):
+            share = {u for u, (b, s) in finals.items() if b == base and len(s) > k and s[:k] == steps[:k]}
+            nxt = {u for u in share if finals[u][1][k] == steps[k]}
+            if len(share) >= 2 and nxt != share:
+                key = _prefix_digest(base, steps[:k])
+                if key not in stages:
+                    parent = chain[-1] if chain else None
+                    stages[key] = SharedStage(key, parent, stages[parent].context if parent else base,
+                                              tuple(steps[start:k]), tuple(sorted(share)))
+                chain.append(key)
+                start = k
+        chains[vid] = chain
+    return stages, chains
+
+
+# --- outputs --------------------------------------------------------------------------
+
+
+def _short_message(exc: CompatibilityError) -> str:
+    return f"{exc.component} {exc.version} conflicts with {exc.other} {exc.other_version}: {exc.reason}"
+
+
+def matrix_json(matrix: Matrix, *, registry: str | None = None) -> dict[str, Any]:
+    kept = []
+    for v in matrix.variants:
+        plan = variant_plan(v, registry=registry)
+        r = v.resolution
+        kept.append({
+            "variant": v.id, "source": v.source, "values": v.values, "tags": list(plan.tags),
+            "content_tag": v.content_tag, "recipe_digest": v.recipe.digest, "cuda": r.cuda_version,
+            "cuda_short": r.cuda_major_minor.replace(".", ""), "python": r.python, "torch": r.torch_label,
+            "base_image": r.base_image, "warnings": list(r.warnings),
+        })
+    dropped = [{
+        "variant": d.id, "source": d.source, "values": d.values, "reason": _short_message(d.error),
+        "message": d.error.message, "hint": d.error.hint, "component": d.error.component,
+        "version": d.error.version, "other": d.error.other, "other_version": d.error.other_version,
+        "file": d.error.file, "line": d.error.line, "key": d.error.key,
+    } for d in matrix.dropped]
+    excluded = [{"variant": e.id, "values": e.values, "by": e.by} for e in matrix.excluded]
+    return {"recipe": str(matrix.path), "name": matrix.name, "keys": list(matrix.keys), "variants": kept,
+            "dropped": dropped, "excluded": excluded}
+
+
+def cache_ref(matrix: Matrix, variant_id: str, registry: str | None = None) -> str:
+    ref = f"{matrix.name}:cache-{variant_id}"
+    return f"{registry.rstrip('/')}/{ref}" if registry else ref
+
+
+def github_matrix(matrix: Matrix, *, registry: str | None = None) -> dict[str, Any]:
+    """A GitHub Actions ``strategy.matrix`` (use with fromJSON): one include entry per variant."""
+    if len(matrix.variants) > GITHUB_MAX_JOBS:
+        raise MatrixTooLarge(f"{matrix.path}: {len(matrix.variants)} variants, but a GitHub Actions matrix "
+                             f"runs at most {GITHUB_MAX_JOBS} jobs",
+                             hint="exclude combinations, or split the matrix across recipes or workflows")
+    include = []
+    for v in matrix.variants:
+        r = v.resolution
+        include.append({
+            "variant": v.id, "recipe": str(matrix.path), "cuda": r.cuda_version,
+            "cuda_short": r.cuda_major_minor.replace(".", ""), "python": r.python, "torch": r.torch_label or "",
+            "tags": list(variant_plan(v, registry=registry).tags), "cache": cache_ref(matrix, v.id, registry),
+        })
+    return {"include": include}
+
+
+def gitlab_matrix(matrix: Matrix, *, registry: str | None = None) -> dict[str, Any]:
+    """A GitLab CI ``parallel:matrix``: one entry of scalar variables per variant."""
+    if len(matrix.variants) > GITLAB_MAX_JOBS:
+        raise MatrixTooLarge(f"{matrix.path}: {len(matrix.variants)} variants, but GitLab's parallel:matrix "
+                             f"creates at most {GITLAB_MAX_JOBS} jobs",
+                             hint="exclude combinations, or split the matrix across several jobs")
+    entries = []
+    for v in matrix.variants:
+        r = v.resolution
+        entries.append({
+            "IMGBUILD_VARIANT": v.id, "IMGBUILD_RECIPE": str(matrix.path), "CUDA": r.cuda_version,
+            "PYTHON": r.python, "TORCH": r.torch_label or "",
+            "IMGBUILD_TAGS": " ".join(variant_plan(v, registry=registry).tags),
+            "IMGBUILD_CACHE": cache_ref(matrix, v.id, registry),
+        })
+    return {"parallel": {"matrix": entries}}
+
+
+def bake_file(matrix: Matrix, *, registry: str | None = None, ca_cert: Path | None = None,
+              push: bool = False) -> dict[str, Any]:
+    """A docker-bake.json: one target per variant with its own registry cache, and the stages
+    the variants share as targets of their own, ahead of the targets that build FROM them
+    (through ``contexts: {name: "target:shared-..."}``). Shared targets export only cache;
+    variant targets load into the engine, or push their tags with ``push``. (Bake's own
+    --push/--load would set every target's output, the tagless shared ones too.)"""
+    from .render import render_dockerfile
+
+    plans = {v.id: variant_plan(v, registry=registry) for v in matrix.variants}
+    stages, chains = shared_stages(plans)
+    context = str(matrix.path.parent)
+    secret = [f"id=cacert,src={ca_cert}"] if ca_cert else []
+
+    def cache(ref_name: str) -> dict[str, list[str]]:
+        ref = cache_ref(matrix, ref_name, registry)
+        return {"cache-from": [f"type=registry,ref={ref}"], "cache-to": [f"type=registry,ref={ref},mode=max"]}
+
+    targets: dict[str, dict[str, Any]] = {}
+    order = _topological(stages)
+    for key in order:
+        st = stages[key]
+        any_plan = plans[st.users[0]]
+        text = render_dockerfile(replace(any_plan, stages=(Stage("shared", st.base, st.steps, "final"),)))
+        body = "\n".join(line for line in text.splitlines() if not line.startswith("#"))
+        head = (f"# Shared stage of the imgbuild matrix {matrix.name}: {', '.join(s.id for s in st.steps)};\n"
+                f"# used by {', '.join(st.users)}.\n")
+        target: dict[str, Any] = {"context": context, "dockerfile-inline": head + body.strip("\n") + "\n"}
+        if st.parent:
+            target["contexts"] = {stages[st.parent].context: f"target:{stages[st.parent].target}"}
+        target.update(cache(st.target))
+        target["output"] = ["type=cacheonly"]
+        if secret:
+            target["secret"] = secret
+        targets[st.target] = target
+    for v in matrix.variants:
+        plan = plans[v.id]
+        chain = chains[v.id]
+        if chain:
+            last = stages[chain[-1]]
+            skip = sum(len(stages[k].steps) for k in chain)
+            final = replace(plan.final, base=last.context, steps=plan.final.steps[skip:])
+            plan = replace(plan, stages=plan.stages[:-1] + (final,))
+        target = {"context": context, "dockerfile-inline": render_dockerfile(plan), "tags": list(plan.tags)}
+        if chain:
+            last = stages[chain[-1]]
+            target["contexts"] = {last.context: f"target:{last.target}"}
+        target.update(cache(v.id))
+        target["output"] = ["type=registry"] if push else ["type=docker"]
+        if secret:
+            target["secret"] = secret
+        targets[v.id] = target
+    return {"group": {"default": {"targets": list(targets)}}, "target": targets}
+
+
+def _topological(stages: dict[str, SharedStage]) -> list[str]:
+    order: list[str] = []
+
+    def visit(key: str) -> None:
+        if key in order:
+            return
+        if stages[key].parent:
+            visit(stages[key].parent)
+        order.append(key)
+
+    for key in stages:
+        visit(key)
+    return order
+
+
+def text_lines(matrix: Matrix, *, registry: str | None = None) -> list[str]:
+    lines = [(f"{matrix.name}: {len(matrix.variants)} variants kept, {len(matrix.dropped)} dropped, "
+              f"{len(matrix.excluded)} excluded ({matrix.path})")]
+    for v in matrix.variants:
+        r = v.resolution
+        stack = f"cuda {r.cuda_version}, python {r.python}" + (f", torch {r.torch_label}" if r.torch else "")
+        lines.append(f"  kept     {v.id:<24} {stack}")
+        lines.append(f"           {'':<24} {', '.join(variant_plan(v, registry=registry).tags)}")
+    for d in matrix.dropped:
+        lines.append(f"  dropped  {d.id:<24} {_short_message(d.error)}")
+        if d.error.hint:
+            lines.append(f"           {'':<24} hint: {d.error.hint}")
+    for e in matrix.excluded:
+        lines.append(f"  excluded {e.id:<24} by {e.by}")
+    return lines
+
+
+def dropped_warnings(matrix: Matrix) -> list[str]:
+    return [f"variant {d.id} dropped: {_short_message(d.error)}" + (f" (hint: {d.error.hint})" if d.error.hint else "")
+            for d in matrix.dropped]
+
+
+# --- building every variant -----------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class VariantBuild:
+    variant: Variant
+    plan: BuildPlan
+    outcome: Any = None  # build.BuildOutcome when it built
+    error: ImgbuildError | None = None
+    seconds: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+    @property
+    def digest(self) -> str | None:
+        if self.outcome is None:
+            return None
+        pushed = [p.digest for p in self.outcome.pushes if p.digest]
+        return pushed[0] if pushed else self.outcome.result.image_id
+
+
+@dataclass(frozen=True)
+class MatrixBuild:
+    matrix: Matrix
+    builds: tuple[VariantBuild, ...]
+    seconds: float
+
+    @property
+    def failed(self) -> tuple[VariantBuild, ...]:
+        return tuple(b for b in self.builds if not b.ok)
+
+
+VariantSink = Callable[[str, str], None]  # (variant id, log line)
+
+
+def build_all(matrix: Matrix, backend, options, *, jobs: int = 1, registry: str | None = None,
+              variant_ids: tuple[str, ...] = (), tags: tuple[str, ...] = (), on_line: VariantSink | None = None,
+              on_event: Callable[[str], None] | None = None, client_factory: Callable[[], Any] | None = None,
+              runner: Callable[..., Any] | None = None,
+              prepare: Callable[[Variant, BuildPlan], BuildPlan] | None = None) -> MatrixBuild:
+    """Build the variants (all, or ``variant_ids``) on one engine, up to ``jobs`` at a time.
+
+    A variant that builds a prefix others share (the stages ``shared_stages`` finds) goes
+    first; the variants that share it wait for it, then find it in BuildKit's cache, so each
+    shared stage is built once even with ``jobs`` > 1. One failure does not stop the others.
+    ``{variant}`` in --cache-from/--cache-to values becomes each variant's id. ``prepare``
+    (e.g. applying the variant's lock) runs on every plan before anything builds.
+    """
+    from .backends import BuildRequest, require, required_capabilities
+    from .build import docker_client, run_build
+
+    if jobs < 1:
+        raise UsageError(f"-j {jobs}: the number of parallel builds must be at least 1")
+    chosen = [matrix.variant(i) for i in dict.fromkeys(variant_ids)] if variant_ids else list(matrix.variants)
+    if not chosen:
+        raise UsageError(f"{matrix.path}: every variant of the matrix was dropped, nothing to build",
+                         hint="see `imgbuild matrix RECIPE` for the reasons")
+    if tags and len(chosen) != 1:
+        raise UsageError("--tag names one image: use it with a single --variant, not with --all",
+                         hint="set matrix.tags in the recipe to tag every variant")
+    plans = {v.id: variant_plan(v, registry=registry, tags=tags) for v in chosen}
+    if prepare is not None:
+        plans = {v.id: prepare(v, plans[v.id]) for v in chosen}
+    for plan in plans.values():  # refuse before anything builds
+        probe = BuildRequest(Path("."), Path("Dockerfile"), plan.tags, cache_from=options.cache_from,
+                             cache_to=options.cache_to, builder=options.builder)
+        require(backend, required_capabilities(plan.needs, probe))
+    runner = runner or run_build
+    client_factory = client_factory or docker_client
+    client_factory_lock = threading.Lock()
+    _, chains = shared_stages(plans)
+    say = on_event or (lambda _t: None)
+
+    def one(v: Variant) -> VariantBuild:
+        plan = plans[v.id]
+        opts = replace(options, tags=(),
+                       cache_from=tuple(r.replace("{variant}", v.id) for r in options.cache_from),
+                       cache_to=tuple(r.replace("{variant}", v.id) for r in options.cache_to))
+        start = time.monotonic()
+        try:
+            with client_factory_lock:
+                client = client_factory()
+            outcome = runner(plan, backend, opts, (lambda line: on_line(v.id, line)) if on_line else (lambda _l: None),
+                             client=client)
+        except ImgbuildError as exc:
+            return VariantBuild(v, plan, error=exc, seconds=time.monotonic() - start)
+        return VariantBuild(v, plan, outcome=outcome, seconds=time.monotonic() - start)
+
+    start = time.monotonic()
+    pending = list(chosen)
+    claimed: set[str] = set()
+    ready: set[str] = set()
+    results: dict[str, VariantBuild] = {}
+    with ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="imgbuild-variant") as pool:
+        running: dict[Any, Variant] = {}
+        while pending or running:
+            for v in list(pending):
+                if len(running) >= jobs:
+                    break
+                if any(k in claimed and k not in ready for k in chains[v.id]):
+                    continue  # another variant is building a stage this one shares: wait for the cache
+                claimed.update(chains[v.id])
+                pending.remove(v)
+                say(f"[{v.id}] building {', '.join(plans[v.id].tags)}")
+                running[pool.submit(one, v)] = v
+            done, _ = wait(running, return_when=FIRST_COMPLETED)
+            for fut in done:
+                v = running.pop(fut)
+                result = fut.result()
+                results[v.id] = result
+                ready.update(chains[v.id])
+                say(f"[{v.id}] " + (f"built in {result.seconds:.1f}s" if result.ok
+                                    else f"FAILED: {result.error.message.splitlines()[0]}"))
+    return MatrixBuild(matrix, tuple(results[v.id] for v in chosen), time.monotonic() - start)
+
+
+def build_report(result: MatrixBuild) -> dict[str, Any]:
+    variants = []
+    for b in result.builds:
+        entry: dict[str, Any] = {"variant": b.variant.id, "status": "ok" if b.ok else "failed",
+                                 "tags": list(b.plan.tags), "seconds": round(b.seconds, 2)}
+        if b.outcome is not None:
+            r = b.outcome.result
+            entry.update(image_id=r.image_id, digest=b.digest, size=b.outcome.size, steps_run=r.run_steps,
+                         steps_cached=r.cached_steps, steps_rerun=list(r.rerun), groups=b.outcome.groups,
+                         pushes=[{"ref": p.ref, "tag": p.tag, "digest": p.digest, "size": p.size}
+                                 for p in b.outcome.pushes])
+        else:
+            entry["error"] = b.error.to_json() if b.error else None
+        variants.append(entry)
+    return {
+        "recipe": str(result.matrix.path), "name": result.matrix.name, "seconds": round(result.seconds, 2),
+        "ok": sum(1 for b in result.builds if b.ok), "failed": len(result.failed), "variants": variants,
+        "dropped": matrix_json(result.matrix)["dropped"],
+    }
+
+
+def summary_lines(result: MatrixBuild) -> list[str]:
+    from .build import _human
+
+    rows = [("VARIANT", "STATUS", "SIZE", "DIGEST", "TIME", "CACHED", "TAGS")]
+    for b in result.builds:
+        if b.outcome is not None:
+            r = b.outcome.result
+            digest = (b.digest or "").replace("sha256:", "")[:12]
+            rows.append((b.variant.id, "ok", _human(b.outcome.size), digest, f"{b.seconds:.1f}s",
+                         f"{r.cached_steps}/{r.cached_steps + r.run_steps}", ", ".join(b.plan.tags)))
+        else:
+            rows.append((b.variant.id, "FAILED", "-", "-", f"{b.seconds:.1f}s", "-", ", ".join(b.plan.tags)))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r[:-1], widths)) + "  " + r[-1] for r in rows]
+    lines.append(f"{len(result.builds) - len(result.failed)} built, {len(result.failed)} failed, "
+                 f"{len(result.matrix.dropped)} dropped, in {result.seconds:.1f}s")
+    for b in result.failed:
+        lines.append(f"{b.variant.id}: {b.error.render() if b.error else 'failed'}")
+    return lines
