@@ -4,7 +4,8 @@ a ratio. Needs the Docker engine and the base image (`make bench` starts them).
   (1) rebuild after an app-only change vs a cold build (time, steps re-run)
   (2) final image size: builder stage + runtime vs the naive single-stage build with the compiler
   (3) two variants sharing a prefix vs two separate cold builds (time and bytes)
-  (4) weights pull vs curl and second push (bench_weights.py), when the registry runs
+  (4) a 2x2 matrix built with --all vs four separate cold builds (bench_matrix.py)
+  (5) weights pull vs curl and second push (bench_weights.py), when the registry runs
 
 "Cold" means no layer cache (--no-cache); pip and apt download caches stay warm in both arms,
 so the ratios measure layering, not the network.
@@ -167,10 +168,10 @@ def bench_prefix(b: Bench) -> dict:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--only", choices=["rebuild", "multistage", "prefix", "weights"], action="append")
+    parser.add_argument("--only", choices=["rebuild", "multistage", "prefix", "matrix", "weights"], action="append")
     parser.add_argument("--json", type=Path, help="also write the figures to this file")
     args = parser.parse_args()
-    chosen = args.only or ["rebuild", "multistage", "prefix", "weights"]
+    chosen = args.only or ["rebuild", "multistage", "prefix", "matrix", "weights"]
     b = Bench()
     results: dict = {}
     print(f"imgbuild benchmarks on {b.backend.name} ({b.backend.client}), base {BASE}\n", flush=True)
@@ -181,6 +182,9 @@ def main() -> int:
                 print(flush=True)
     finally:
         b.cleanup()
+    if "matrix" in chosen:
+        proc = subprocess.run([sys.executable, str(REPO / "bench" / "bench_matrix.py"), "--jobs", "2"], text=True)
+        results["matrix_exit"] = proc.returncode
     if "weights" in chosen and (REPO / "bench" / "bench_weights.py").exists():
         proc = subprocess.run([sys.executable, str(REPO / "bench" / "bench_weights.py")], text=True)
         results["weights_exit"] = proc.returncode

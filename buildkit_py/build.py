@@ -14,13 +14,15 @@ from typing import Callable
 
 from . import labels as L
 from .backends import BuildBackend, BuildRequest, BuildResult, require, required_capabilities
-from .errors import BudgetExceeded, EnvironmentProblem, UsageError
+from .errors import BudgetExceeded, BuildFailed, EnvironmentProblem, UsageError
 from .plan import BuildPlan
 from .registry import PushResult, push_image
 from .render import render_dockerfile
 
 LineSink = Callable[[str], None]
 CA_SECRET_ID = "cacert"
+# A pip.conf (private index URL with credentials), read by pip steps as PIP_CONFIG_FILE.
+PIP_CONFIG_SECRET_ID = "pipconf"
 
 
 @dataclass(frozen=True)
@@ -28,6 +30,7 @@ class BuildOptions:
     tags: tuple[str, ...] = ()
     push: bool = False
     ca_cert: Path | None = None
+    pip_config: Path | None = None
     network: str | None = "host"
     no_cache: bool = False
     cache_from: tuple[str, ...] = ()
@@ -71,6 +74,14 @@ def assemble_context(plan: BuildPlan, dockerfile: str, workdir: Path) -> tuple[P
             shutil.copytree(src, dest, symlinks=True, dirs_exist_ok=True)
         else:
             shutil.copy2(src, dest)
+    # Files a step bind-mounts from the context (a locked build's requirement files, see
+    # lock.apply_lock): the plan names them, so the Dockerfile and the context agree.
+    for stage in plan.stages:
+        for step in stage.steps:
+            for rel, text in sorted(step.data.get("context_files", {}).items()):
+                target = context / rel
+                target.parent.mkdir(parents=True, exist_ok=True)
+                target.write_text(text)
     path = workdir / "Dockerfile"
     path.write_text(dockerfile)
     return context, path
@@ -97,13 +108,24 @@ def run_build(plan: BuildPlan, backend: BuildBackend, options: BuildOptions, on_
         if not options.ca_cert.is_file():
             raise UsageError(f"--ca-cert {options.ca_cert}: no such file")
         secrets[CA_SECRET_ID] = options.ca_cert.resolve()
+    if options.pip_config is not None:
+        if not options.pip_config.is_file():
+            raise UsageError(f"--pip-config {options.pip_config}: no such file")
+        secrets[PIP_CONFIG_SECRET_ID] = options.pip_config.resolve()
     tags = plan.tags if not options.tags else options.tags
+    from .recipe import IMAGE_REF_RE
+
+    for tag in tags:  # reach argv and the registry, never a shell: check the grammar, exit 2
+        if not IMAGE_REF_RE.match(tag) or "@" in tag:
+            raise UsageError(f"--tag {tag!r} is not a valid image reference",
+                             hint="e.g. team/trainer:1.0 or 127.0.0.1:5000/team/trainer:1.0")
     request_probe = BuildRequest(Path("."), Path("Dockerfile"), tags, cache_from=options.cache_from,
                                  cache_to=options.cache_to, builder=options.builder)
     require(backend, required_capabilities(plan.needs, request_probe))
     client = client or docker_client()
 
-    base_digest = _local_digest(client, plan.resolution.base_image)
+    # A base pinned at plan time carries its digest as a static label already.
+    base_digest = None if plan.resolution.base_digest else _local_digest(client, plan.resolution.base_image)
     volatile = L.volatile_labels(plan.recipe, base_digest=base_digest)
     with tempfile.TemporaryDirectory(prefix="imgbuild-") as tmp:
         context, dockerfile_path = assemble_context(plan, dockerfile, Path(tmp))
@@ -112,7 +134,15 @@ def run_build(plan: BuildPlan, backend: BuildBackend, options: BuildOptions, on_
             network=options.network, no_cache=options.no_cache, cache_from=options.cache_from,
             cache_to=options.cache_to, builder=options.builder,
         )
-        result = backend.build(request, on_line)
+        try:
+            result = backend.build(request, on_line)
+        except BuildFailed as exc:
+            if "no space left on device" not in exc.log_tail.lower() or exc.hint:
+                raise
+            raise BuildFailed("build failed: the engine ran out of disk space", command=exc.command,
+                              returncode=exc.returncode, log_tail=exc.log_tail,
+                              hint="free space in the engine's data root (docker system prune, "
+                                   "docker builder prune) and build again; no image was tagged") from None
 
     image = client.images.get(result.image_id)
     size = int(image.attrs.get("Size") or 0)

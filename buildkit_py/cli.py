@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import IO, Sequence
 
 from . import __version__
-from .errors import ExitStatus, ImgbuildError, UsageError
+from .errors import EnvironmentProblem, ExitStatus, ImgbuildError, UsageError
 
 EPILOG = """exit codes: 0 ok; 1 build, push or check failed; 2 bad recipe or usage;
 3 environment (no engine, no BuildKit-capable client, registry unreachable or refusing credentials)"""
@@ -73,6 +73,9 @@ def _build_parser(stdout: IO[str]) -> _Parser:
     b.add_argument("--ca-cert", type=Path, default=os.environ.get("IMGBUILD_CA_CERT") or None,
                    help="CA bundle for downloads inside the build, passed as a BuildKit secret "
                         "(never in a layer); also $IMGBUILD_CA_CERT")
+    b.add_argument("--pip-config", type=Path, default=os.environ.get("IMGBUILD_PIP_CONFIG") or None, metavar="FILE",
+                   help="pip.conf for every pip step (e.g. a private index-url with credentials), passed as a "
+                        "BuildKit secret read through PIP_CONFIG_FILE (never in a layer); also $IMGBUILD_PIP_CONFIG")
     b.add_argument("--network", default="host", help="network for RUN steps (default: host; 'default' for the engine's)")
     b.add_argument("--no-cache", action="store_true", help="ignore the layer cache")
     b.add_argument("--progress", choices=["auto", "plain", "quiet"], default="auto",
@@ -85,6 +88,27 @@ def _build_parser(stdout: IO[str]) -> _Parser:
                    help="export build cache (buildx only), e.g. type=registry,ref=R/cache,mode=max")
     b.add_argument("--builder", help="buildx builder to use (remote or Kubernetes BuildKit)")
     b.add_argument("--json", action="store_true", help="print a JSON report on stdout")
+    b.add_argument("--all", action="store_true",
+                   help="build every variant of the recipe's matrix here (shared stages once), then print a "
+                        "summary; exit 1 if any failed")
+    b.add_argument("--variant", action="append", default=[], metavar="ID",
+                   help="build this matrix variant (repeatable; ids from `imgbuild matrix RECIPE`)")
+    b.add_argument("-j", "--jobs", type=int, default=1, metavar="N",
+                   help="with --all: build up to N variants at once (default 1)")
+    locking = b.add_mutually_exclusive_group()
+    locking.add_argument("--update-lock", action="store_true",
+                         help="re-resolve and rewrite the recipe's lock file, then build with it")
+    locking.add_argument("--locked", action="store_true",
+                         help="CI: fail (exit 1) if the lock file is missing or would change; never write it")
+
+    lk = add("lock", "pin every base image by digest and every pip package (transitive ones too) by hash",
+             "Resolve the recipe for the image's Python and platform and write RECIPE.lock beside it:\n"
+             "bases by digest, every wheel with its version and sha256, assigned to the pip step that\n"
+             "installs it. `imgbuild build` then installs exactly that (pip --require-hashes).")
+    lk.add_argument("recipe", type=Path)
+    lk.add_argument("--ca-cert", type=Path, default=os.environ.get("IMGBUILD_CA_CERT") or None,
+                    help="CA bundle for reaching the package index; also $IMGBUILD_CA_CERT")
+    lk.add_argument("--json", action="store_true")
 
     c = add("check", "check a host driver against an image, a recipe or a CUDA version",
             "Verdicts: native, minor-version, forward-compat, incompatible. Exit 0 when the image\n"
@@ -96,6 +120,14 @@ def _build_parser(stdout: IO[str]) -> _Parser:
     c.add_argument("--datacenter", action=argparse.BooleanOptionalAction, default=None,
                    help="the GPU is a data-center part (forward compatibility); default: from the GPU name")
     c.add_argument("--json", action="store_true")
+
+    li = add("lint", "recipe findings (unpinned apt, weights in copy, devel unused, CUDA twice) plus hadolint",
+             "Lint a recipe: the resolver's warnings, unpinned apt packages and weight-like files under\n"
+             "copy:, then hadolint on the rendered Dockerfile when hadolint is on PATH.\n"
+             "Exit 0 when there is no error-level finding, 1 when there is, 2 for a bad recipe.")
+    li.add_argument("recipe", type=Path)
+    li.add_argument("--no-hadolint", action="store_true", help="skip hadolint even when it is installed")
+    li.add_argument("--json", action="store_true")
 
     lg = add("login", "store registry credentials (password from stdin, never argv)")
     lg.add_argument("registry")
@@ -126,9 +158,51 @@ def _build_parser(stdout: IO[str]) -> _Parser:
     i.add_argument("--no-compressed", action="store_true", help="skip the gzip estimate (faster on big images)")
     i.add_argument("--json", action="store_true")
 
-    m = add("mirror", "copy an image (e.g. an nvidia/cuda tag) into a private registry and print its digest")
+    rn = add("run", "pull an image's weights onto host volumes, then run it with GPUs and the weights read-only "
+             "(imgbuild run TARGET [options] -- COMMAND)",
+             "Weights listed in the recipe (or the image's io.imgbuild.weights label) are pulled into\n"
+             "--weights-dir (a second run downloads nothing) and mounted read-only. GPU flags are added\n"
+             "when the engine has the NVIDIA runtime or CDI specs (--gpus auto).\n\n"
+             "  imgbuild run recipes/inference-slim.yaml -- python -m serve")
+    rn.add_argument("target", help="a recipe file (runs its first tag) or an image")
+    rn.add_argument("--dry-run", action="store_true", help="print what would be pulled and run; do nothing")
+    rn.add_argument("--weights-dir", type=Path, default=None,
+                    help="host folder for weights (default $IMGBUILD_WEIGHTS_DIR, /var/lib/imgbuild/weights as root)")
+    rn.add_argument("--gpus", choices=["auto", "all", "none"], default="auto")
+    rn.add_argument("--network", default=None, help="docker run --network (default: the engine's)")
+    rn.add_argument("--docker-arg", action="append", default=[], metavar="ARG",
+                    help="extra docker run argument, repeatable (e.g. --docker-arg=-p --docker-arg=8000:8000)")
+    rn.add_argument("--json", action="store_true", help="with --dry-run: the plan as JSON")
+
+    cp = add("compose", "write a compose.yaml: GPU reservation, weights volumes, the recipe's extra services")
+    cp.add_argument("recipe", type=Path)
+    cp.add_argument("-o", "--output", type=Path, default=None, help="file to write (default: stdout)")
+    cp.add_argument("--tag", action="append", default=[], help="image to run instead of the recipe's first tag")
+    cp.add_argument("--registry", help="prefix the image with this registry")
+
+    mx = add("matrix", "expand a recipe's matrix: variants kept and dropped (with reasons), a CI matrix or a bake file",
+             "Expand the recipe's matrix: into the variants kept and those dropped by the compatibility\n"
+             "check, each with its reason; or into a GitHub Actions strategy.matrix (at most 256 jobs), a\n"
+             "GitLab parallel:matrix (at most 200) or a docker-bake.json (one target per variant,\n"
+             "per-target registry cache, shared base stages as targets of their own).")
+    mx.add_argument("recipe", type=Path)
+    mx.add_argument("--format", choices=["text", "json", "github", "gitlab", "bake"], default=None,
+                    help="text (default), json, github, gitlab or bake")
+    mx.add_argument("--json", action="store_true", help="same as --format json")
+    mx.add_argument("--registry", help="prefix tags and cache refs with this registry, e.g. 127.0.0.1:5000")
+    mx.add_argument("--ca-cert", type=Path, default=os.environ.get("IMGBUILD_CA_CERT") or None,
+                    help="bake: pass this CA bundle to every target as the cacert secret")
+    mx.add_argument("--push", action="store_true", help="bake: variant targets push their tags instead of loading")
+
+    m = add("mirror", "copy an image (e.g. an nvidia/cuda tag) into a private registry and print its digest",
+            "Copy an image into your registry, byte for byte (same digest), so a deleted upstream tag\n"
+            "cannot break builds. Recipes use it with base.mirror: the copy lands where they look.\n\n"
+            "  imgbuild mirror nvidia/cuda:12.4.1-runtime-ubuntu22.04 --to-mirror registry.example.com/mirror\n"
+            "  imgbuild mirror SRC DEST")
     m.add_argument("source")
-    m.add_argument("dest")
+    m.add_argument("dest", nargs="?", help="full destination reference")
+    m.add_argument("--to-mirror", metavar="PREFIX", help="destination as base.mirror PREFIX would look it up")
+    m.add_argument("--all-platforms", action="store_true", help="copy every platform of a multi-platform image")
     m.add_argument("--json", action="store_true")
     return p
 
@@ -155,11 +229,13 @@ class _Out:
 
 
 def _plan(args, recipe_path: Path):
+    from .bases import resolve_with_base
     from .plan import make_plan
     from .recipe import load_recipe
 
     recipe = load_recipe(recipe_path)
-    return make_plan(recipe, tags=tuple(getattr(args, "tag", []) or ()), registry=getattr(args, "registry", None))
+    return make_plan(recipe, tags=tuple(getattr(args, "tag", []) or ()), registry=getattr(args, "registry", None),
+                     resolution=resolve_with_base(recipe))
 
 
 def cmd_render(args, out: _Out) -> int:
@@ -211,12 +287,24 @@ def cmd_build(args, out: _Out) -> int:
     from .backends import detect_backend
     from .build import BuildOptions, run_build
 
+    if args.all or args.variant:
+        return cmd_build_matrix(args, out)
     plan = _plan(args, args.recipe)
     for w in plan.warnings:
         out.warn(w)
+    from .lock import use_lock
+
+    # Before the backend: a stale lock is refused even where no engine runs.
+    locked = use_lock(plan, mode="update" if args.update_lock else "locked" if args.locked else "auto",
+                      ca_cert=args.ca_cert)
+    plan = locked.plan
+    for w in locked.warnings:
+        out.warn(w)
+    if locked.status != "none":
+        out.info(f"lock     {locked.path} ({locked.status})")
     backend = detect_backend(args.backend)
     options = BuildOptions(
-        tags=(), push=args.push, ca_cert=args.ca_cert,
+        tags=(), push=args.push, ca_cert=args.ca_cert, pip_config=args.pip_config,
         network=None if args.network == "default" else args.network, no_cache=args.no_cache,
         cache_from=tuple(args.cache_from), cache_to=tuple(args.cache_to), builder=args.builder,
     )
@@ -253,6 +341,116 @@ def cmd_build(args, out: _Out) -> int:
     out.line(f"steps    {r.run_steps} run, {r.cached_steps} cached, {r.seconds:.1f}s")
     for p in outcome.pushes:
         out.line(f"pushed   {p.ref}")
+    return 0
+
+
+def cmd_build_matrix(args, out: _Out) -> int:
+    """build --all / --variant: the matrix's variants, N at a time, one summary at the end."""
+    import threading
+
+    from . import matrix as mx
+    from .backends import detect_backend
+    from .build import BuildOptions
+    from .lock import use_lock
+
+    if args.all and args.variant:
+        raise UsageError("use --all or --variant, not both")
+    matrix = mx.load_matrix(args.recipe)
+    for w in mx.dropped_warnings(matrix):
+        out.warn(w)
+    backend = detect_backend(args.backend)
+    options = BuildOptions(
+        tags=(), push=args.push, ca_cert=args.ca_cert, pip_config=args.pip_config,
+        network=None if args.network == "default" else args.network, no_cache=args.no_cache,
+        cache_from=tuple(args.cache_from), cache_to=tuple(args.cache_to), builder=args.builder,
+    )
+    lock_mode = "update" if args.update_lock else "locked" if args.locked else "auto"
+
+    def prepare(variant, plan):
+        locked = use_lock(plan, mode=lock_mode, variant=variant.id, ca_cert=args.ca_cert)
+        for w in tuple(plan.warnings) + tuple(locked.warnings):
+            out.warn(f"[{variant.id}] {w}")
+        return locked.plan
+
+    lock = threading.Lock()
+    shown: set[tuple[str, str]] = set()
+
+    def on_line(vid: str, line: str) -> None:
+        head = line.split(" ", 1)[0]
+        if args.progress == "plain" or (args.progress == "auto" and (
+                "ERROR" in line or (" [" in line[:8] and (vid, head) not in shown))):
+            with lock:
+                shown.add((vid, head))
+                out.info(f"[{vid}] " + " ".join(line.split())[:160])
+
+    out.info(f"building {'all ' if args.all else ''}{len(args.variant) or len(matrix.variants)} variant(s) of "
+             f"{matrix.name} with {backend.name} ({backend.client}), {args.jobs} at a time")
+    result = mx.build_all(matrix, backend, options, jobs=args.jobs, registry=args.registry,
+                          variant_ids=tuple(args.variant), tags=tuple(args.tag), on_line=on_line,
+                          on_event=out.info if args.progress != "quiet" else None, prepare=prepare)
+    if args.json:
+        out.data(mx.build_report(result))
+    else:
+        for line in mx.summary_lines(result):
+            out.line(line)
+    return ExitStatus.FAILED if result.failed else 0
+
+
+def cmd_matrix(args, out: _Out) -> int:
+    from . import matrix as mx
+
+    fmt = args.format or ("json" if args.json else "text")
+    matrix = mx.load_matrix(args.recipe)
+    if fmt != "text":
+        for w in mx.dropped_warnings(matrix):
+            out.warn(w)
+    if fmt == "text":
+        for line in mx.text_lines(matrix, registry=args.registry):
+            out.line(line)
+    elif fmt == "json":
+        out.data(mx.matrix_json(matrix, registry=args.registry))
+    elif fmt == "github":  # one line, for `echo "matrix=$(...)" >> "$GITHUB_OUTPUT"`
+        out.line(json.dumps(mx.github_matrix(matrix, registry=args.registry), separators=(",", ":")))
+    elif fmt == "gitlab":
+        import yaml
+
+        out.stdout.write(yaml.safe_dump(mx.gitlab_matrix(matrix, registry=args.registry), sort_keys=False))
+    else:  # bake: key order matters (shared stages first), so no sort_keys
+        out.line(json.dumps(mx.bake_file(matrix, registry=args.registry, ca_cert=args.ca_cert, push=args.push), indent=2))
+    return 0
+
+
+def cmd_lock(args, out: _Out) -> int:
+    import time
+
+    from . import lock
+    from . import matrix as mx
+
+    matrix = mx.load_matrix(args.recipe)
+    if [v.source for v in matrix.variants] == ["recipe"]:  # no matrix: the plan `build` makes
+        plans = {lock.DEFAULT_VARIANT: _plan(args, args.recipe)}
+    else:  # every variant the matrix keeps, as `build --all` plans them
+        plans = {v.id: mx.variant_plan(v) for v in matrix.variants}
+    started = time.monotonic()
+    data = lock.lock_recipe(plans, ca_cert=args.ca_cert)
+    path = lock.lock_path(args.recipe)
+    changed = lock.write_lock(path, lock.dump_lock(data))
+    seconds = time.monotonic() - started
+    for vid, variant in data["variants"].items():
+        for note in lock.variant_notes(variant):
+            out.warn(note if len(plans) == 1 else f"[{vid}] {note}")
+    if args.json:
+        out.data({"lock": str(path), "changed": changed, "seconds": round(seconds, 2), "variants": {
+            vid: {"packages": v["packages"], "bases": v["bases"], "notes": lock.variant_notes(v)}
+            for vid, v in data["variants"].items()}})
+        return 0
+    for vid, variant in data["variants"].items():
+        count = sum(len(p) for p in variant["packages"].values())
+        pinned = sum(1 for b in variant["bases"].values() if b.get("digest"))
+        what = f"{count} packages, {pinned}/{len(variant['bases'])} bases by digest"
+        out.line(what if len(plans) == 1 else f"  {vid}: {what}")
+    out.line(f"{'wrote' if changed else 'unchanged'} {path} ({len(plans)} variant{'s' if len(plans) > 1 else ''}, "
+             f"{seconds:.1f}s)")
     return 0
 
 
@@ -323,6 +521,20 @@ def _image_labels(ref: str) -> tuple[dict, dict]:
 
     config = oci.get_image_config(ref).get("config") or {}
     return config.get("Labels") or {}, dict(e.split("=", 1) for e in config.get("Env") or [] if "=" in e)
+
+
+def cmd_lint(args, out: _Out) -> int:
+    from .lint import lint_recipe
+
+    report = lint_recipe(args.recipe, hadolint=None if args.no_hadolint else "auto")
+    if args.json:
+        out.data(report.to_json())
+    else:
+        for f in report.findings:
+            out.line(f.render())
+        ran = f"hadolint {report.hadolint.split()[-1]}" if report.hadolint else "no hadolint"
+        out.line(f"{report.recipe}: {report.errors} error(s), {report.warnings} warning(s) ({ran})")
+    return ExitStatus.FAILED if report.errors else ExitStatus.OK
 
 
 def cmd_login(args, out: _Out, stdin: IO[str]) -> int:
@@ -402,15 +614,83 @@ def cmd_inspect(args, out: _Out) -> int:
     return 0
 
 
+def cmd_run(args, out: _Out) -> int:
+    import subprocess
+
+    from . import weights
+    from .labels import weights_from_labels
+    from .runner import default_weights_root, dry_run_json, make_run_plan
+
+    command = args.container_command
+    path = Path(args.target)
+    if path.suffix in {".yaml", ".yml"} or path.is_file():
+        plan = _plan(args, path)
+        image = plan.tags[0]
+        pairs = [(w.ref, w.mount) for w in plan.recipe.weights]
+    else:
+        image = args.target
+        labels, _env = _image_labels(image)
+        pairs = weights_from_labels(labels)
+    info: dict = {}
+    try:
+        import docker
+
+        info = docker.from_env(timeout=30).info()
+    except Exception:
+        if not args.dry_run:
+            raise EnvironmentProblem("cannot reach the Docker engine",
+                                     hint="start it (scripts/services.sh up) or set DOCKER_HOST") from None
+    root = args.weights_dir or default_weights_root()
+    run = make_run_plan(image, pairs, root=root, gpus=args.gpus, engine_info=info, network=args.network,
+                        extra=list(args.docker_arg), command=command)
+    if args.dry_run:
+        if args.json:
+            out.data(dry_run_json(run))
+        else:
+            for w in run.weights:
+                out.line(f"would pull {w.ref} -> {w.host_dir} (mounted read-only at {w.mount})")
+            out.line("would run  " + " ".join(run.argv))
+        return 0
+    for w in run.weights:
+        w.host_dir.mkdir(parents=True, exist_ok=True)
+        res = weights.pull(w.ref, w.host_dir, progress=_progress_printer(out))
+        out.info(f"weights {w.ref}: {res.downloaded_bytes} bytes downloaded, {len(res.skipped)} files already present")
+    out.info("running " + " ".join(run.argv))
+    out.stdout.flush()
+    return subprocess.run(list(run.argv), stdin=subprocess.DEVNULL).returncode
+
+
+def cmd_compose(args, out: _Out) -> int:
+    from .runner import compose_text
+
+    plan = _plan(args, args.recipe)
+    text = compose_text(plan.tags[0], plan.recipe)
+    if args.output:
+        tmp = args.output.with_name(args.output.name + ".tmp")
+        tmp.write_text(text)
+        os.replace(tmp, args.output)
+        out.info(f"wrote {args.output}")
+    else:
+        out.stdout.write(text)
+    return 0
+
+
 def cmd_mirror(args, out: _Out) -> int:
     from . import oci
+    from .resolve import mirrored_ref
 
-    digest = oci.copy_image(args.source, args.dest)
+    if bool(args.dest) == bool(args.to_mirror):
+        raise UsageError("mirror needs DEST or --to-mirror PREFIX (one of them)")
+    dest = args.dest or mirrored_ref(args.source, args.to_mirror)
+    digest = oci.copy_image(args.source, dest, all_platforms=args.all_platforms,
+                            progress=_progress_printer(out))
+    pinned = f"{dest.rsplit(':', 1)[0] if ':' in dest.rsplit('/', 1)[-1] else dest}@{digest}"
     if args.json:
-        out.data({"source": args.source, "dest": args.dest, "digest": digest})
+        out.data({"source": args.source, "dest": dest, "digest": digest, "pinned": pinned})
     else:
-        dest_repo = args.dest.rsplit(":", 1)[0] if ":" in args.dest.rsplit("/", 1)[-1] else args.dest
-        out.line(f"mirrored {args.source} -> {dest_repo}@{digest}")
+        out.line(f"mirrored {args.source} -> {dest}")
+        out.line(f"digest   {digest}")
+        out.line(f"pin with {pinned}")
     return 0
 
 
@@ -421,15 +701,22 @@ def main(argv: Sequence[str] | None = None, stdout: IO[str] | None = None, stder
     stdin = stdin or sys.stdin
     out = _Out(stdout, stderr)
     argv = list(sys.argv[1:] if argv is None else argv)
+    # Everything after "--" is the container's command line (imgbuild run ... -- CMD).
+    after_dashes: list[str] = []
+    if "--" in argv:
+        after_dashes = argv[argv.index("--") + 1:]
+        argv = argv[:argv.index("--")]
     wants_json = "--json" in argv
     try:
         parser = _build_parser(stdout)
         args = parser.parse_args(argv)
+        args.container_command = after_dashes
         if not args.command:
             parser.print_help()
             return ExitStatus.BAD_INPUT
-        handler = {"render": cmd_render, "plan": cmd_plan, "build": cmd_build, "check": cmd_check,
-                   "weights": cmd_weights, "mirror": cmd_mirror, "inspect": cmd_inspect}.get(args.command)
+        handler = {"render": cmd_render, "plan": cmd_plan, "build": cmd_build, "lock": cmd_lock, "check": cmd_check,
+                   "weights": cmd_weights, "mirror": cmd_mirror, "inspect": cmd_inspect, "run": cmd_run,
+                   "matrix": cmd_matrix, "compose": cmd_compose, "lint": cmd_lint}.get(args.command)
         if args.command == "login":
             return int(cmd_login(args, out, stdin))
         return int(handler(args, out))

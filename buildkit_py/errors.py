@@ -212,3 +212,32 @@ class SizeBudgetExceeded(BudgetExceeded):
         out = super().to_json()
         out.update(size=self.size, max_size=self.max_size, groups=self.groups)
         return out
+
+
+class LockError(ImgbuildError):
+    """A lock file that cannot be read, or pins that cannot be resolved into one."""
+
+    exit_status = ExitStatus.FAILED
+
+
+class _LockChanges(LockError):
+    def __init__(self, message: str, *, changes: list[str], path: str | None = None, hint: str | None = None):
+        self.changes, self.path = list(changes), path
+        super().__init__(message, hint=hint)
+
+    def to_json(self) -> dict:
+        out = super().to_json()
+        out.update(changes=self.changes, lock=self.path)
+        return out
+
+
+class LockStale(_LockChanges):
+    """The recipe changed since its lock was written; ``changes`` names what (exit 2)."""
+
+    exit_status = ExitStatus.BAD_INPUT
+
+
+class LockDrift(_LockChanges):
+    """``--locked``: the lock is missing, stale, or a fresh resolve would change it (exit 1)."""
+
+    exit_status = ExitStatus.FAILED

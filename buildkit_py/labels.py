@@ -7,6 +7,7 @@ at build time so they never break the layer cache.
 from __future__ import annotations
 
 import datetime as _dt
+import json
 import subprocess
 from pathlib import Path
 
@@ -22,6 +23,7 @@ DRIVER_MIN_COMPAT = PREFIX + "cuda.driver.min-compat"
 CUDNN_VERSION = PREFIX + "cudnn.version"
 TORCH_VERSION = PREFIX + "torch.version"
 PYTHON_VERSION = PREFIX + "python.version"
+OS = PREFIX + "os"  # lets an image built on this one know its OS without pulling it
 CUDA_ARCH = PREFIX + "cuda.arch"
 RECIPE_DIGEST = PREFIX + "recipe.digest"
 WEIGHTS = PREFIX + "weights"
@@ -41,8 +43,12 @@ def static_labels(recipe: Recipe, res: Resolution) -> dict[str, str]:
         OCI + "title": recipe.name,
         # Always set: otherwise the base's own value (Ubuntu stamps its release) shows through.
         OCI + "version": recipe.version or "unversioned",
-        OCI + "base.name": res.base_image,
+        OCI + "base.name": res.base_image.split("@", 1)[0],
     })
+    if res.os:
+        labels[OS] = res.os
+    if res.base_digest:
+        labels[OCI + "base.digest"] = res.base_digest
     if res.min_driver_compat:
         labels[DRIVER_MIN_COMPAT] = res.min_driver_compat
     if res.cudnn:
@@ -52,7 +58,9 @@ def static_labels(recipe: Recipe, res: Resolution) -> dict[str, str]:
     if res.cuda_arch:
         labels[CUDA_ARCH] = ";".join(res.cuda_arch)
     if recipe.weights:
-        labels[WEIGHTS] = ",".join(f"{w.ref}={w.mount}" for w in recipe.weights)
+        # JSON, so a reader needs no parsing rules of ours: [{"mount": ..., "ref": ...}]
+        labels[WEIGHTS] = json.dumps([{"mount": w.mount, "ref": w.ref} for w in recipe.weights],
+                                     separators=(",", ":"))
     return dict(sorted(labels.items()))
 
 
@@ -85,3 +93,14 @@ def git_facts(folder: Path) -> tuple[str | None, str | None]:
     if source and "@" in source.split("//")[-1].split("/")[0]:
         source = None  # never stamp credentials embedded in a remote URL
     return revision, source
+
+
+def weights_from_labels(labels: dict[str, str]) -> list[tuple[str, str]]:
+    """(ref, mount) pairs an image expects on volumes, from its io.imgbuild.weights label."""
+    raw = labels.get(WEIGHTS)
+    if not raw:
+        return []
+    try:
+        return [(w["ref"], w["mount"]) for w in json.loads(raw)]
+    except (ValueError, KeyError, TypeError):
+        return []

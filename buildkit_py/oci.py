@@ -71,10 +71,11 @@ Progress = Callable[[str, str, int, int], None]
 DOCKER_HUB = "docker.io"
 DOCKER_HUB_API = "registry-1.docker.io"
 _COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
-_REPO_RE = re.compile(rf"^{_COMPONENT}(?:/{_COMPONENT})*$")
-_TAG_RE = re.compile(r"^[\w][\w.-]{0,127}$")
-_DIGEST_RE = re.compile(r"^sha256:[a-f0-9]{64}$")
-_HOST_RE = re.compile(r"^(?:\[[0-9a-fA-F:]+\]|[a-zA-Z0-9](?:[a-zA-Z0-9.-]*[a-zA-Z0-9])?)(?::[0-9]+)?$")
+# \Z, not $ ($ also matches before a trailing newline); ASCII: \w would take any Unicode letter.
+_REPO_RE = re.compile(rf"^{_COMPONENT}(?:/{_COMPONENT})*\Z")
+_TAG_RE = re.compile(r"^[\w][\w.-]{0,127}\Z", re.ASCII)
+_DIGEST_RE = re.compile(r"^sha256:[a-f0-9]{64}\Z")
+_HOST_RE = re.compile(r"^(?:\[[0-9a-fA-F:]+\]|[a-zA-Z0-9](?:[a-zA-Z0-9.-]*[a-zA-Z0-9])?)(?::[0-9]+)?\Z")
 
 
 @dataclass(frozen=True)

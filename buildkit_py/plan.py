@@ -18,6 +18,8 @@ STEP_MARK = "imgbuild-step"  # written into each RUN so `inspect` can map layers
 BUILD_TOOLS = ("setuptools==75.3.0", "wheel==0.45.1")
 TORCH_BUILD_TOOLS = ("ninja==1.11.1.1", "packaging==24.2", "psutil==6.1.1")
 
+WEIGHT_FILE_THRESHOLD = 10 * 2**20  # the same bar `imgbuild inspect` uses
+
 # Layer groups, in the order they appear: least often changed first.
 GROUPS = ("os", "python", "cuda", "torch", "heavy", "pins", "app", "meta")
 
@@ -70,7 +72,7 @@ def default_tags(recipe: Recipe, registry: str | None = None, extra: tuple[str, 
 
 
 def _python_packages(res: Resolution, *, dev: bool) -> list[str]:
-    if res.python_provider == "image":
+    if res.python_provider in {"image", "base"}:
         return []
     if res.python_provider == "deadsnakes":
         v = res.python
@@ -103,6 +105,10 @@ def _split_pins(recipe: Recipe, res: Resolution) -> tuple[list[str], list[str], 
 
 def _os_steps(res: Resolution, apt: list[str], *, dev: bool) -> list[Step]:
     steps = []
+    if res.python_provider == "base":
+        # an imgbuild base already has Python, the venv and PATH; a builder needs headers
+        packages = sorted(set(apt + (["python3-dev"] if dev else [])))
+        return [Step("os", "apt", "os", {"packages": packages})] if packages else []
     if res.python_provider == "deadsnakes":
         steps.append(Step("python-ppa", "deadsnakes", "os", {"python": res.python}))
     packages = sorted(set(_python_packages(res, dev=dev) + apt))
@@ -121,6 +127,21 @@ def _torch_step(res: Resolution) -> list[Step]:
         return []
     spec = f"torch=={res.torch}+{res.torch_variant}" if res.torch_index_url else f"torch=={res.torch}"
     return [_pip_step("torch", "torch", [spec], index_url=res.torch_index_url)]
+
+
+def weights_in_copies(recipe: Recipe, threshold: int = WEIGHT_FILE_THRESHOLD) -> list[tuple[int, str, int]]:
+    """(copy index, path, bytes) of weight-like files a COPY would bake into the image.
+    The one read of the file system in planning: sizes of the files the build sends anyway."""
+    from .inspect import is_weight_file
+
+    found = []
+    for i, c in enumerate(recipe.copy):
+        src = recipe.context_dir / c.src
+        files = [src] if src.is_file() else sorted(p for p in src.rglob("*") if p.is_file())
+        for f in files:
+            if is_weight_file(f.name) and f.stat().st_size >= threshold:
+                found.append((i, str(f.relative_to(recipe.context_dir)), f.stat().st_size))
+    return found
 
 
 def make_plan(recipe: Recipe, *, tags: tuple[str, ...] = (), registry: str | None = None,
@@ -183,6 +204,10 @@ def make_plan(recipe: Recipe, *, tags: tuple[str, ...] = (), registry: str | Non
     stages.append(Stage("final", res.base_image, tuple(steps), "final"))
 
     needs = {"multi-stage", "cache-mounts", "secrets"} if res.compile else {"cache-mounts", "secrets"}
+    warnings = res.warnings + tuple(
+        f"copy[{i}] puts {rel} ({size / 2**20:.0f} MiB) into the image: keep weights out of images "
+        "(imgbuild weights push, then list them under weights: to mount them at run time)"
+        for i, rel, size in weights_in_copies(recipe))
     return BuildPlan(
         recipe=recipe,
         resolution=res,
@@ -191,7 +216,7 @@ def make_plan(recipe: Recipe, *, tags: tuple[str, ...] = (), registry: str | Non
         env=env,
         tags=default_tags(recipe, registry, tags),
         needs=frozenset(needs),
-        warnings=res.warnings,
+        warnings=warnings,
     )
 
 

@@ -21,26 +21,36 @@ from .errors import RecipeError, RecipeIssue
 
 RECIPE_SCHEMA_VERSION = 1
 
+
+def _exact(pattern: str, flags: int = 0) -> re.Pattern:
+    """A whole-string, ASCII-only pattern. Python's '$' also matches before a trailing newline
+    (so "git\\n" passed r"^[a-z]+$" and broke the rendered Dockerfile), and \\w or \\d match
+    any Unicode letter or digit: recipe values that reach a Dockerfile must be plain ASCII."""
+    return re.compile(pattern.removesuffix("$") + r"\Z", flags | re.ASCII)
+
+
 # Docker's reference grammar (distribution/reference): path components of the repository.
 _COMPONENT = r"[a-z0-9]+(?:(?:\.|_|__|-+)[a-z0-9]+)*"
-REPOSITORY_RE = re.compile(rf"^{_COMPONENT}(?:/{_COMPONENT})*$")
-TAG_RE = re.compile(r"^[\w][\w.-]{0,127}$")
+REPOSITORY_RE = _exact(rf"^{_COMPONENT}(?:/{_COMPONENT})*$")
+TAG_RE = _exact(r"^[\w][\w.-]{0,127}$")
 _HOST = r"(?:[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?(?:\.[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?)*(?::[0-9]+)?)"
-IMAGE_REF_RE = re.compile(
+IMAGE_REF_RE = _exact(
     rf"^(?:{_HOST}/)?{_COMPONENT}(?:/{_COMPONENT})*(?::[\w][\w.-]{{0,127}})?(?:@sha256:[0-9a-f]{{64}})?$"
 )
-REGISTRY_PATH_RE = re.compile(rf"^{_HOST}(?:/{_COMPONENT})*$")
-CUDA_VERSION_RE = re.compile(r"^\d+\.\d+(?:\.\d+)?$")
-PYTHON_VERSION_RE = re.compile(r"^3\.\d+$")
-EXACT_VERSION_RE = re.compile(r"^\d+(?:\.\d+)*(?:(?:a|b|rc|\.post|\.dev)\d+)?(?:\+[a-z0-9.]+)?$")
-CUDNN_RE = re.compile(r"^\d+(?:\.\d+)*$")
-OS_RE = re.compile(r"^(?:ubuntu\d+\.\d+|ubi\d+|rockylinux\d+|oraclelinux\d+|amzn\d+|debian\d+)$")
-APT_RE = re.compile(r"^[a-z0-9][a-z0-9+.-]+(?:=[A-Za-z0-9.+:~-]+)?$")
-ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-LABEL_KEY_RE = re.compile(r"^[a-z0-9](?:[a-z0-9.-]*[a-z0-9])?$")
-ARCH_RE = re.compile(r"^\d+\.\d+a?(?:\+PTX)?$")
+REGISTRY_PATH_RE = _exact(rf"^{_HOST}(?:/{_COMPONENT})*$")
+CUDA_VERSION_RE = _exact(r"^\d+\.\d+(?:\.\d+)?$")
+PYTHON_VERSION_RE = _exact(r"^3\.\d+$")
+EXACT_VERSION_RE = _exact(r"^\d+(?:\.\d+)*(?:(?:a|b|rc|\.post|\.dev)\d+)?(?:\+[a-z0-9.]+)?$")
+CUDNN_RE = _exact(r"^\d+(?:\.\d+)*$")
+OS_RE = _exact(r"^(?:ubuntu\d+\.\d+|ubi\d+|rockylinux\d+|oraclelinux\d+|amzn\d+|debian\d+)$")
+APT_RE = _exact(r"^[a-z0-9][a-z0-9+.-]+(?:=[A-Za-z0-9.+:~-]+)?$")
+ENV_NAME_RE = _exact(r"^[A-Za-z_][A-Za-z0-9_]*$")
+LABEL_KEY_RE = _exact(r"^[a-z0-9](?:[a-z0-9.-]*[a-z0-9])?$")
+ARCH_RE = _exact(r"^\d+\.\d+a?(?:\+PTX)?$")
+SERVICE_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_-]*$")
+PORT_RE = re.compile(r"^(?:\d{1,3}(?:\.\d{1,3}){3}:)?\d{1,5}(?::\d{1,5})?(?:/(?:tcp|udp))?$")
 # No '$' (Dockerfile variable expansion), quotes, backslashes or control characters.
-SAFE_PATH_RE = re.compile(r"^[A-Za-z0-9._/@+=,: -]+$")
+SAFE_PATH_RE = _exact(r"^[A-Za-z0-9._/@+=,: -]+$")
 SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]i?B|B)?\s*$", re.IGNORECASE)
 
 FLAVORS = ("base", "runtime", "devel")
@@ -82,6 +92,18 @@ class WeightsSpec:
 
 
 @dataclass(frozen=True)
+class ServiceSpec:
+    """A companion container that `imgbuild compose` puts beside the image."""
+
+    name: str
+    image: str
+    ports: tuple[str, ...] = ()
+    environment: tuple[tuple[str, str], ...] = ()
+    volumes: tuple[str, ...] = ()
+    command: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class Recipe:
     path: Path
     name: str
@@ -103,6 +125,7 @@ class Recipe:
     runtime_compile: bool = False
     max_size: int | None = None  # bytes, from budget.max_size
     weights: tuple[WeightsSpec, ...] = ()
+    services: tuple[ServiceSpec, ...] = ()
     # key path ("cuda.version", "pip[1]") -> line, for errors raised after loading
     lines: dict[str, int] = field(default_factory=dict, compare=False, repr=False)
 
@@ -144,6 +167,8 @@ class Recipe:
             "runtime_compile": self.runtime_compile,
             "max_size": self.max_size,
             "weights": [spec(w) for w in self.weights],
+            "services": [{**spec(x), "ports": list(x.ports), "environment": dict(x.environment),
+                          "volumes": list(x.volumes), "command": list(x.command)} for x in self.services],
         }
 
     @property
@@ -153,6 +178,10 @@ class Recipe:
 
 
 # --- YAML with positions -------------------------------------------------------------
+
+
+_MAX_NODES = 100_000  # values in one recipe document, aliases expanded
+_MAX_DEPTH = 64
 
 
 class _Located:
@@ -169,12 +198,20 @@ class _Located:
             if node is None:
                 self.data = None
                 return
+            self._budget = _MAX_NODES
             self._walk(node, "")
             self.data = loader.construct_document(node)
         finally:
             loader.dispose()
 
-    def _walk(self, node, path: str) -> None:
+    def _walk(self, node, path: str, depth: int = 0) -> None:
+        # YAML aliases share nodes: "billion laughs" expand to millions of paths and a
+        # self-referencing alias never ends. Recipes are small; refuse such documents.
+        self._budget -= 1
+        if self._budget < 0 or depth > _MAX_DEPTH:
+            raise RecipeError([RecipeIssue(self.file, node.start_mark.line + 1, path,
+                                           f"the document is too large or too deep (over {_MAX_NODES} values "
+                                           f"or {_MAX_DEPTH} levels, e.g. through YAML aliases)")])
         self.lines.setdefault(path, node.start_mark.line + 1)
         if isinstance(node, yaml.MappingNode):
             seen: set[str] = set()
@@ -185,10 +222,10 @@ class _Located:
                     self.issues.append(RecipeIssue(self.file, key_node.start_mark.line + 1, sub, "duplicate key"))
                 seen.add(key)
                 self.lines[sub] = key_node.start_mark.line + 1
-                self._walk(value_node, sub)
+                self._walk(value_node, sub, depth + 1)
         elif isinstance(node, yaml.SequenceNode):
             for i, item in enumerate(node.value):
-                self._walk(item, f"{path}[{i}]")
+                self._walk(item, f"{path}[{i}]", depth + 1)
         elif isinstance(node, yaml.ScalarNode) and node.style is None:
             self.raw_scalars[path] = node.value
 
@@ -199,7 +236,12 @@ class _Validator:
         self.issues = located.issues
 
     def fail(self, key: str, message: str) -> None:
-        line = self.loc.lines.get(key)
+        # A key that is not in the file (a missing one) is reported at its closest parent
+        # that is, else at line 1: every issue has a line.
+        probe = key
+        while probe and probe not in self.loc.lines:
+            probe = re.sub(r"(?:\.[^.\[]*|\[\d+\])$", "", probe) if re.search(r"[.\[]", probe) else ""
+        line = self.loc.lines.get(probe) or self.loc.lines.get("") or 1
         self.issues.append(RecipeIssue(self.loc.file, line, key, message))
 
     def mapping(self, value, key: str, allowed: dict[str, Any]) -> dict:
@@ -216,6 +258,10 @@ class _Validator:
 
     def string(self, value, key: str, pattern: re.Pattern | None = None, what: str = "") -> str | None:
         if value is None:
+            # Absent is fine (optional keys); written with no value ("name:") is an error, not
+            # a silent drop (an empty pip/env/copy entry) or a None that crashes later.
+            if key in self.loc.lines:
+                self.fail(key, "has no value (write a string, or remove the key)")
             return None
         if isinstance(value, bool) or not isinstance(value, (str, int, float)):
             self.fail(key, f"must be a string, got {_type_name(value)}")
@@ -287,6 +333,8 @@ TOP_KEYS = {
     "name": str, "version": str, "cuda": dict, "base": dict, "python": str, "torch": str, "pip": list,
     "apt": list, "copy": list, "workdir": str, "env": dict, "volumes": list, "entrypoint": list,
     "cmd": list, "labels": dict, "build": dict, "runtime_compile": bool, "budget": dict, "weights": list,
+    "matrix": dict,  # expanded by buildkit_py.matrix; a plain load ignores it
+    "services": dict,  # companion containers for `imgbuild compose` (a vector database, ...)
 }
 CUDA_KEYS = {"version": str, "flavor": str, "cudnn": str, "source": str}
 BASE_KEYS = {"image": str, "os": str, "mirror": str}
@@ -337,31 +385,75 @@ def _check_abs_path(path: str, key: str, v: _Validator) -> str | None:
 
 
 def load_recipe(path: str | os.PathLike) -> Recipe:
+    """Load a recipe without its matrix (see ``matrix`` for the variants)."""
     path = Path(path)
-    file = str(path)
+    return parse_recipe(read_recipe_text(path), path)
+
+
+def read_recipe_text(path: str | os.PathLike) -> str:
+    path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        return path.read_text(encoding="utf-8")
     except FileNotFoundError:
-        raise RecipeError([RecipeIssue(file, None, "", "no such recipe file")]) from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise RecipeError([RecipeIssue(file, None, "", f"cannot read recipe: {exc}")]) from None
-    return parse_recipe(text, path)
+        raise RecipeError([RecipeIssue(str(path), None, "", "no such recipe file")]) from None
+    except UnicodeDecodeError as exc:
+        line = exc.object[:exc.start].count(b"\n") + 1
+        raise RecipeError([RecipeIssue(str(path), line, "", f"cannot read recipe: not UTF-8 text "
+                                                            f"(byte {exc.object[exc.start]:#04x})")]) from None
+    except OSError as exc:
+        raise RecipeError([RecipeIssue(str(path), None, "", f"cannot read recipe: {exc}")]) from None
 
 
-def parse_recipe(text: str, path: Path) -> Recipe:
-    file = str(path)
+def locate(text: str, file: str) -> "_Located":
+    """Parse YAML keeping the line of every key path; YAML errors become RecipeErrors."""
     try:
-        located = _Located(text, file)
+        return _Located(text, file)
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         line = mark.line + 1 if mark else None
         raise RecipeError([RecipeIssue(file, line, "", f"invalid YAML: {exc.problem or exc}")]) from None
+    except yaml.reader.ReaderError as exc:  # a character YAML forbids: no mark, a position
+        line = text[:exc.position].count("\n") + 1
+        raise RecipeError([RecipeIssue(file, line, "", f"invalid YAML: character {exc.character!r} "
+                                                       f"is not allowed ({exc.reason})")]) from None
     except yaml.YAMLError as exc:
-        raise RecipeError([RecipeIssue(file, None, "", f"invalid YAML: {exc}")]) from None
+        raise RecipeError([RecipeIssue(file, 1, "", f"invalid YAML: {exc}")]) from None
+
+
+def _set_path(data: dict, dotted: str, value: Any) -> None:
+    keys = dotted.split(".")
+    for key in keys[:-1]:
+        if not isinstance(data.get(key), dict):
+            data[key] = {}
+        data = data[key]
+    data[keys[-1]] = value
+
+
+def parse_recipe(text: str, path: Path, *, overrides: dict[str, Any] | None = None,
+                 override_lines: dict[str, int] | None = None) -> Recipe:
+    """Validate a recipe. ``overrides`` (dotted key -> value, e.g. from a matrix variant) are
+    applied first; errors in them point at ``override_lines`` (the matrix entry's line)."""
+    file = str(path)
+    located = locate(text, file)
+    if overrides:
+        import copy
+
+        located.data = copy.deepcopy(located.data)
+        for key, value in overrides.items():
+            if isinstance(located.data, dict):
+                _set_path(located.data, key, value)
+            line = (override_lines or {}).get(key)
+            if line is not None:
+                for known in [k for k in located.lines if k == key or k.startswith(key + ".") or k.startswith(key + "[")]:
+                    del located.lines[known]
+                located.lines[key] = line
+            located.raw_scalars.pop(key, None)  # callers pass versions as the text written
     data = located.data
     v = _Validator(located)
     if not isinstance(data, dict):
-        v.fail("", f"a recipe must be a mapping of keys, got {_type_name(data)}")
+        # line 1 for an empty file too, so every issue has a line
+        v.issues.append(RecipeIssue(file, located.lines.get("", 1), "",
+                                    f"a recipe must be a mapping of keys, got {_type_name(data)}"))
         raise RecipeError(v.issues)
     v.mapping(data, "", TOP_KEYS)
 
@@ -441,6 +533,11 @@ def parse_recipe(text: str, path: Path) -> Recipe:
         if dest is None:
             continue
         rel = os.path.relpath(resolved, root)
+        if not SAFE_PATH_RE.match(rel):
+            # COPY expands $VARS and wildcards (* ? [) in its sources even in the JSON form.
+            v.fail(f"{key}.src", f"{src!r} has characters imgbuild does not place in a COPY source "
+                                 "(allowed: letters, digits, space and ._/@+=,:-)")
+            continue
         if resolved.is_dir():
             rel = rel.rstrip("/") + "/"
         copies.append(CopySpec(src=rel, dest=dest))
@@ -455,8 +552,11 @@ def parse_recipe(text: str, path: Path) -> Recipe:
         if k.startswith("io.imgbuild."):
             v.fail(f"labels.{k}", "io.imgbuild.* labels are set by imgbuild itself")
     volumes = v.string_list(data.get("volumes"), "volumes", lambda s, k: _check_abs_path(s, k, v))
-    entrypoint = v.string_list(data.get("entrypoint"), "entrypoint")
-    cmd = v.string_list(data.get("cmd"), "cmd")
+    def check_arg(s, k):  # exec-form arguments: a NUL would cut the argument short
+        return v.fail(k, "must not contain NUL characters") if "\x00" in s else s
+
+    entrypoint = v.string_list(data.get("entrypoint"), "entrypoint", check_arg)
+    cmd = v.string_list(data.get("cmd"), "cmd", check_arg)
 
     build = BuildSpec()
     if data.get("build") is not None:
@@ -505,6 +605,32 @@ def parse_recipe(text: str, path: Path) -> Recipe:
         elif item and ("ref" not in item or "mount" not in item):
             v.fail(key, "needs both ref and mount")
 
+    services = []
+    s_raw = data.get("services")
+    if s_raw is not None and not isinstance(s_raw, dict):
+        v.fail("services", f"must be a mapping of service names, got {_type_name(s_raw)}")
+        s_raw = {}
+    for sname, item in sorted((s_raw or {}).items(), key=lambda kv: str(kv[0])):
+        key = f"services.{sname}"
+        if not isinstance(sname, str) or not SERVICE_NAME_RE.match(sname) or sname == "app":
+            v.fail(key, f"{sname!r} is not a service name (lowercase letters, digits, '-', '_'; not 'app')")
+            continue
+        item = v.mapping(item, key, {"image": str, "ports": list, "environment": dict, "volumes": list,
+                                     "command": list})
+        if not item:
+            continue
+        image = v.string(item.get("image"), f"{key}.image", IMAGE_REF_RE, "a valid image reference")
+        if "image" not in item:
+            v.fail(key, "needs an image")
+        ports = v.string_list(item.get("ports"), f"{key}.ports",
+                              lambda p, k: p if PORT_RE.match(p) else v.fail(k, f"{p!r} is not a port mapping like 6333:6333"))
+        environment = v.string_map(item.get("environment"), f"{key}.environment", ENV_NAME_RE,
+                                   "a valid environment variable name")
+        volumes = v.string_list(item.get("volumes"), f"{key}.volumes")
+        command = v.string_list(item.get("command"), f"{key}.command")
+        if image:
+            services.append(ServiceSpec(sname, image, ports, environment, volumes, command))
+
     if v.issues:
         raise RecipeError(sorted(v.issues, key=lambda i: (i.line or 0, i.key)))
 
@@ -529,5 +655,6 @@ def parse_recipe(text: str, path: Path) -> Recipe:
         runtime_compile=runtime_compile,
         max_size=max_size,
         weights=tuple(weights),
+        services=tuple(services),
         lines=dict(located.lines),
     )

@@ -62,6 +62,11 @@ def _classify(message: str, host: str) -> Exception:
     if any(m in low for m in _UNREACHABLE_MARKERS):
         return RegistryUnreachable(f"cannot reach the registry {host}: {message}",
                                    hint="is it running and is the address right? (scripts/services.sh up starts a local one)")
+    if "no space left" in low or "status: 500" in low or "500 internal server error" in low:
+        # distribution answers a full or read-only storage backend with a bare 500.
+        return RegistryError(f"push to {host} failed: the registry could not store the upload ({message})",
+                             hint="the registry's storage may be full or read-only: check its disk and its "
+                                  "log, then push again (blobs already uploaded are not sent twice)")
     return RegistryError(f"push to {host} failed: {message}")
 
 

@@ -29,8 +29,13 @@ def template_dir() -> Path:
 
 def shell_word(value: str) -> str:
     """A single POSIX shell word. Dockerfile RUN passes the text to /bin/sh unchanged, but a
-    trailing backslash would continue the instruction, so shlex's quoting is also safe there."""
-    return shlex.quote(str(value))
+    trailing backslash would continue the instruction, so shlex's quoting is also safe there.
+    A line break would end the RUN instruction inside the quotes: refused (the recipe loader
+    refuses such values first; this is the backstop)."""
+    text = str(value)
+    if any(c in text for c in "\n\r\x00"):
+        raise ValueError(f"value {text!r} spans lines; it cannot be placed in a RUN instruction")
+    return shlex.quote(text)
 
 
 def dockerfile_string(value: str) -> str:
@@ -47,7 +52,10 @@ def dockerfile_path_value(value: str) -> str:
 
 
 def exec_form(values) -> str:
-    text = json.dumps(list(values), ensure_ascii=False)
+    values = [str(v) for v in values]
+    if any("\x00" in v for v in values):  # BuildKit cuts an exec-form argument at a NUL
+        raise ValueError("exec-form values must not contain NUL characters")
+    text = json.dumps(values, ensure_ascii=False)
     if any(c in text for c in "\n\r"):
         raise ValueError("exec-form values must not contain newlines")
     return text

@@ -60,7 +60,7 @@ class Resolution:
     min_driver_compat: str | None
     cudnn: str | None
     python: str
-    python_provider: str  # os | deadsnakes | image
+    python_provider: str  # os | deadsnakes | image | base (an imgbuild base: Python and venv present)
     os: str | None
     base_image: str  # FROM of the final stage
     builder_image: str | None  # FROM of the compile stage, when one is needed
@@ -73,6 +73,7 @@ class Resolution:
     prebuilt_urls: tuple[tuple[str, str], ...] = ()  # (package, wheel URL) taken instead of building
     cuda_arch: tuple[str, ...] = ()
     warnings: tuple[str, ...] = ()
+    base_digest: str | None = None  # the final stage's base, pinned (shared bases, mirrors)
 
     @property
     def cuda_major_minor(self) -> str:
@@ -118,7 +119,8 @@ def detect_os(recipe: Recipe) -> str | None:
     return None
 
 
-def _mirrored(image: str, mirror: str | None) -> str:
+def mirrored_ref(image: str, mirror: str | None) -> str:
+    """Where base.mirror puts an image: R/mirror/nvidia/cuda:tag (upstream host dropped)."""
     if not mirror:
         return image
     path = image
@@ -128,7 +130,9 @@ def _mirrored(image: str, mirror: str | None) -> str:
     return f"{mirror.rstrip('/')}/{path}"
 
 
-def resolve(recipe: Recipe) -> Resolution:
+def resolve(recipe: Recipe, base=None) -> Resolution:
+    """``base``: BaseFacts of the final stage's base read from its registry (see bases.py),
+    or None where it is not looked up."""
     warnings: list[str] = []
     try:
         toolkit = compat.resolve_cuda(recipe.cuda.version)
@@ -154,9 +158,18 @@ def resolve(recipe: Recipe) -> Resolution:
 
     # --- OS and Python ---------------------------------------------------------------
     os_name = detect_os(recipe)
+    if os_name is None and base is not None and not base.error:
+        os_name = base.labels.get("io.imgbuild.os")
     python = recipe.python
     py_image = _PYTHON_IMAGE.search(recipe.base.image or "")
-    if py_image:
+    base_python = base.labels.get("io.imgbuild.python.version") if base is not None and not base.error else None
+    if base_python:
+        if base_python != python:
+            raise _fail(recipe, "python", "python", python, "base.image", f"{base.ref} (python {base_python})",
+                        f"the base image was built with Python {base_python}",
+                        hint=f"use python: \"{base_python}\" or a base built for Python {python}")
+        provider = "base"
+    elif py_image:
         if py_image.group(2) != python:
             raise _fail(recipe, "python", "python", python, "base.image", recipe.base.image,
                         f"the image ships Python {py_image.group(2)}",
@@ -282,7 +295,7 @@ def resolve(recipe: Recipe) -> Resolution:
     builder_image = None
     if recipe.cuda.source == "nvidia":
         if recipe.base.image:
-            base_image = _mirrored(recipe.base.image, recipe.base.mirror)
+            base_image = mirrored_ref(recipe.base.image, recipe.base.mirror)
         else:
             base_image = _nvidia_image(recipe, cuda, recipe.cuda.flavor, os_name)
         eol = compat.image_end_of_life(cuda)
@@ -293,7 +306,7 @@ def resolve(recipe: Recipe) -> Resolution:
         if from_source:
             builder_image = _nvidia_image(recipe, cuda, "devel", os_name) if needs_devel_builder else base_image
     else:
-        base_image = _mirrored(recipe.base.image, recipe.base.mirror)
+        base_image = mirrored_ref(recipe.base.image, recipe.base.mirror)
         if from_source:
             # C/C++ extensions build on the same OS with a compiler; CUDA extensions need nvcc
             # from NVIDIA's devel image of the same toolkit and OS.
@@ -317,8 +330,12 @@ def resolve(recipe: Recipe) -> Resolution:
     if recipe.runtime_compile and recipe.cuda.source == "nvidia" and recipe.cuda.flavor != "devel":
         warnings.append("runtime_compile needs nvcc and headers: the final image must use flavor: devel")
 
+    base_digest = None
+    if base is not None:
+        base_image, base_digest = _check_base(recipe, base, cuda, torch_version, torch_variant, base_image, warnings)
+
     cuda_wheels: tuple[str, ...] = ()
-    if recipe.cuda.source == "wheels" and not torch_version:
+    if recipe.cuda.source == "wheels" and not torch_version and not (base is not None and base.built_by_imgbuild):
         pins = compat.cuda_runtime_wheels(cuda)
         wanted_cudnn = {f"nvidia-cudnn-cu{major}"} if cudnn else set()
         cuda_wheels = tuple(f"{n}=={v}" for n, v in sorted(pins.items())
@@ -345,7 +362,31 @@ def resolve(recipe: Recipe) -> Resolution:
         prebuilt_urls=tuple(prebuilt),
         cuda_arch=archs,
         warnings=tuple(warnings),
+        base_digest=base_digest,
     )
+
+
+def _check_base(recipe: Recipe, base, cuda: str, torch_version, torch_variant, base_image: str,
+                warnings: list[str]) -> tuple[str, str | None]:
+    """A base read from its registry: refuse one whose CUDA or torch contradicts the recipe,
+    then pin it by digest."""
+    if base.error:
+        warnings.append(f"could not read {base.ref} from its registry ({base.error}); "
+                        "it is neither checked against this recipe nor pinned by digest")
+        return base_image, None
+    base_cuda = base.labels.get("io.imgbuild.cuda.version") or base.env.get("CUDA_VERSION")
+    if base_cuda and _mm(base_cuda) != _mm(cuda):
+        what = "torch" if torch_version else "cuda"
+        version = f"{torch_version}+{torch_variant}" if torch_version else cuda
+        raise _fail(recipe, "base.image", "base.image", f"{base.ref} (CUDA {base_cuda})", what, version,
+                    f"the base carries CUDA {base_cuda} but this recipe needs CUDA {_mm(cuda)}",
+                    hint=f"use cuda.version \"{_mm(base_cuda)}\" or a base built for CUDA {_mm(cuda)}")
+    base_torch = base.labels.get("io.imgbuild.torch.version")
+    if base_torch and torch_version and base_torch != f"{torch_version}+{torch_variant}":
+        raise _fail(recipe, "torch", "base.image", f"{base.ref} (torch {base_torch})", "torch",
+                    f"{torch_version}+{torch_variant}", "the base already has another torch build",
+                    hint=f"drop torch: from the recipe (the base has {base_torch}) or rebuild the base")
+    return base.pinned, base.digest
 
 
 def _newest_with_image(recipe: Recipe, newest):
@@ -388,7 +429,7 @@ def _nvidia_image(recipe: Recipe, cuda: str, flavor: str, os_name: str | None, *
     for candidate in candidates:
         try:
             tag = compat.cuda_image_tag(candidate, flavor, recipe.cuda.cudnn, os_name)
-            return _mirrored(f"nvidia/cuda:{tag}", recipe.base.mirror)
+            return mirrored_ref(f"nvidia/cuda:{tag}", recipe.base.mirror)
         except LookupError as exc:
             first_error = first_error or exc
     raise _fail(recipe, "base.os" if "os" in str(first_error).lower() else "cuda", "nvidia/cuda", cuda, "image",

@@ -1,0 +1,182 @@
+"""`imgbuild lint RECIPE`: findings about a recipe that loads and resolves, plus hadolint on
+the Dockerfile it renders (when hadolint is installed).
+
+Nothing here re-derives what the resolver knows: its warnings (devel without a compile,
+CUDA twice, end-of-life images, JIT packages) become findings as they are. Lint adds only
+what needs the recipe's files or its raw text: unpinned apt packages and weight-like files
+under a ``copy:`` source. No engine and no registry are contacted.
+
+A recipe that does not load or resolve raises (RecipeError, CompatibilityError: exit 2);
+``LintReport.errors`` decides between exit 0 and 1.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ERROR, WARNING, INFO = "error", "warning", "info"
+_RANK = {ERROR: 0, WARNING: 1, INFO: 2}
+
+# Weight-like files bigger than this under a copy: source are an error (they would be baked
+# into a layer every pull moves); smaller ones a warning.
+WEIGHT_ERROR_BYTES = 10 * 2**20
+# hadolint rules the rendered Dockerfile breaks on purpose, with the reason:
+HADOLINT_IGNORED = {
+    # imgbuild's own packages (python3, python3-venv, build-essential) follow the base's
+    # release; the recipe's own apt entries are reported as `apt-unpinned` with their line.
+    "DL3008": "apt pins are checked on the recipe (apt-unpinned)",
+    # pip's cache lives on a BuildKit cache mount, never in a layer.
+    "DL3042": "the pip cache is a cache mount",
+}
+HADOLINT_TIMEOUT_S = 60
+
+# Resolver warnings -> finding codes (first match wins); others are "resolve".
+_WARNING_CODES = (
+    ("cuda.flavor devel", "devel-without-compile"),
+    ("a second time", "cuda-twice"),
+    ("past NVIDIA's support window", "eol-image"),
+    ("compile(s) CUDA kernels at run time", "jit-without-runtime-compile"),
+    ("runtime_compile", "runtime-compile-without-nvcc"),
+)
+_WARNING_KEYS = {
+    "devel-without-compile": "cuda.flavor", "cuda-twice": "torch", "eol-image": "cuda.version",
+    "jit-without-runtime-compile": "pip", "runtime-compile-without-nvcc": "runtime_compile",
+}
+
+
+@dataclass(frozen=True)
+class LintFinding:
+    code: str
+    severity: str  # error | warning | info
+    message: str
+    file: str
+    line: int | None = None
+    key: str | None = None
+    source: str = "imgbuild"  # imgbuild | hadolint
+
+    def render(self) -> str:
+        where = f"{self.file}:{self.line}" if self.line else self.file
+        key = f" {self.key}:" if self.key else ""
+        return f"{where}:{key} {self.severity} [{self.code}] {self.message}"
+
+    def to_json(self) -> dict:
+        return {"code": self.code, "severity": self.severity, "message": self.message, "file": self.file,
+                "line": self.line, "key": self.key, "source": self.source}
+
+
+@dataclass(frozen=True)
+class LintReport:
+    recipe: str
+    findings: tuple[LintFinding, ...]
+    hadolint: str | None  # the hadolint version that ran, None when it is not installed
+    dockerfile: str = field(repr=False, default="")
+
+    @property
+    def errors(self) -> int:
+        return sum(f.severity == ERROR for f in self.findings)
+
+    @property
+    def warnings(self) -> int:
+        return sum(f.severity == WARNING for f in self.findings)
+
+    def to_json(self) -> dict:
+        return {"recipe": self.recipe, "errors": self.errors, "warnings": self.warnings,
+                "hadolint": self.hadolint, "findings": [f.to_json() for f in self.findings]}
+
+
+def lint_recipe(path: str | os.PathLike, *, hadolint: str | None = "auto") -> LintReport:
+    """hadolint: "auto" (use it when on PATH), a binary path, or None (skip it)."""
+    from .plan import make_plan
+    from .recipe import load_recipe, locate, read_recipe_text
+    from .render import render_dockerfile
+
+    path = Path(path)
+    recipe = load_recipe(path)  # RecipeError: exit 2
+    plan = make_plan(recipe)  # CompatibilityError: exit 2
+    dockerfile = render_dockerfile(plan)
+    file = str(path)
+    raw = locate(read_recipe_text(path), file)
+    findings: list[LintFinding] = []
+
+    for text in plan.warnings:
+        code = next((c for marker, c in _WARNING_CODES if marker in text), "resolve")
+        key = _WARNING_KEYS.get(code)
+        findings.append(LintFinding(code, WARNING, text, file, recipe.line_of(key) if key else None, key))
+
+    findings += _apt_findings(raw, file)
+    findings += _copy_findings(recipe, file)
+
+    binary = shutil.which("hadolint") if hadolint == "auto" else hadolint
+    version = None
+    if binary:
+        version, found = run_hadolint(binary, dockerfile, file)
+        findings += found
+    findings.sort(key=lambda f: (_RANK[f.severity], f.line or 0, f.code))
+    return LintReport(file, tuple(findings), version, dockerfile)
+
+
+def _apt_findings(raw, file: str) -> list[LintFinding]:
+    data = raw.data if isinstance(raw.data, dict) else {}
+    out = []
+    for i, spec in enumerate(data.get("apt") or []):
+        if isinstance(spec, str) and "=" not in spec:
+            key = f"apt[{i}]"
+            out.append(LintFinding("apt-unpinned", WARNING,
+                                   f"{spec} is not pinned: the image changes when the archive does "
+                                   f"(write {spec}=<version>; `apt-cache policy {spec}` shows it)",
+                                   file, raw.lines.get(key), key))
+    return out
+
+
+def _copy_findings(recipe, file: str) -> list[LintFinding]:
+    from .inspect import is_weight_file
+
+    out = []
+    root = recipe.context_dir
+    for i, c in enumerate(recipe.copy):
+        key = f"copy[{i}].src"
+        src = root / c.src
+        files = [src] if src.is_file() else sorted(p for p in src.rglob("*") if p.is_file() and not p.is_symlink())
+        for f in files:
+            if not is_weight_file(f.name):
+                continue
+            size = f.stat().st_size
+            rel = os.path.relpath(f, root)
+            severity = ERROR if size > WEIGHT_ERROR_BYTES else WARNING
+            out.append(LintFinding(
+                "weights-in-copy", severity,
+                f"{rel} ({size} bytes) looks like model weights: copied, it is baked into a layer every pull "
+                "moves; push it with `imgbuild weights push` and list it under `weights:` instead",
+                file, recipe.line_of(key), key))
+    return out
+
+
+def run_hadolint(binary: str, dockerfile: str, file: str) -> tuple[str | None, list[LintFinding]]:
+    """hadolint on the rendered Dockerfile (stdin); its line numbers are the Dockerfile's."""
+    try:
+        version = subprocess.run([binary, "--version"], capture_output=True, text=True,
+                                 timeout=HADOLINT_TIMEOUT_S).stdout.strip() or "hadolint"
+        proc = subprocess.run([binary, "--format", "json", "--no-fail", "-"], input=dockerfile,
+                              capture_output=True, text=True, timeout=HADOLINT_TIMEOUT_S)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return None, [LintFinding("hadolint-failed", WARNING, f"hadolint did not run: {exc}", file)]
+    try:
+        results = json.loads(proc.stdout or "[]")
+    except json.JSONDecodeError:
+        tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
+        return version, [LintFinding("hadolint-failed", WARNING, f"hadolint output unreadable: {tail[0]}", file)]
+    out = []
+    for r in results:
+        code = str(r.get("code", "hadolint"))
+        if code in HADOLINT_IGNORED:
+            continue
+        level = r.get("level", "warning")
+        severity = ERROR if level == "error" else INFO if level in {"info", "style"} else WARNING
+        out.append(LintFinding(code, severity, f"rendered Dockerfile line {r.get('line')}: {r.get('message', '')}",
+                               file, None, None, "hadolint"))
+    return version, out

@@ -1,0 +1,121 @@
+"""`imgbuild run` and `imgbuild compose`: start an image with its weights pulled onto host
+volumes (mounted read-only, never baked in) and the GPU flags when the host has a GPU runtime."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from .errors import UsageError
+
+DOCKER = "/usr/bin/docker" if os.path.exists("/usr/bin/docker") else (shutil.which("docker") or "docker")
+# Where the NVIDIA container toolkit writes CDI specs (`nvidia-ctk cdi generate`).
+CDI_DIRS = (Path("/etc/cdi"), Path("/var/run/cdi"))
+
+
+@dataclass(frozen=True)
+class WeightsMount:
+    ref: str
+    host_dir: Path
+    mount: str
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    image: str
+    weights: tuple[WeightsMount, ...]
+    gpu: bool
+    argv: tuple[str, ...]  # the docker run command line
+
+
+def default_weights_root() -> Path:
+    env = os.environ.get("IMGBUILD_WEIGHTS_DIR")
+    if env:
+        return Path(env)
+    if os.geteuid() == 0:
+        return Path("/var/lib/imgbuild/weights")
+    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "imgbuild" / "weights"
+
+
+def weights_dir_name(ref: str) -> str:
+    """A stable folder name per artifact reference: host/repo:tag -> host_repo_tag."""
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", ref).strip("_")
+
+
+def gpu_runtime(info: dict) -> bool:
+    """Does the engine offer GPUs? The nvidia runtime registered with dockerd, or CDI specs
+    for NVIDIA devices (`--gpus` works with either)."""
+    if "nvidia" in (info.get("Runtimes") or {}):
+        return True
+    return any(any(p.glob("nvidia*.yaml")) or any(p.glob("nvidia*.json")) for p in CDI_DIRS if p.is_dir())
+
+
+def run_argv(image: str, weights: tuple[WeightsMount, ...], *, gpu: bool, network: str | None,
+             extra: list[str], command: list[str]) -> tuple[str, ...]:
+    argv = [DOCKER, "run", "--rm"]
+    if gpu:
+        argv += ["--gpus", "all"]
+    if network:
+        argv += ["--network", network]
+    for w in weights:
+        argv += ["--mount", f"type=bind,source={w.host_dir},target={w.mount},readonly"]
+    return tuple(argv + extra + [image] + command)
+
+
+def make_run_plan(image: str, weights_pairs: list[tuple[str, str]], *, root: Path, gpus: str, engine_info: dict,
+                  network: str | None, extra: list[str], command: list[str]) -> RunPlan:
+    mounts = tuple(WeightsMount(ref, root / weights_dir_name(ref), mount) for ref, mount in weights_pairs)
+    if gpus == "auto":
+        gpu = gpu_runtime(engine_info)
+    elif gpus in {"all", "none"}:
+        gpu = gpus == "all"
+    else:
+        raise UsageError(f"--gpus {gpus!r}: use auto, all or none")
+    return RunPlan(image, mounts, gpu, run_argv(image, mounts, gpu=gpu, network=network, extra=extra,
+                                                command=command))
+
+
+def compose_document(image: str, recipe) -> dict:
+    """compose.yaml for the image: GPU reservation, weights bound read-only from the host
+    folders `imgbuild run` fills, and the companion services the recipe lists."""
+    app: dict = {"image": image}
+    app["deploy"] = {"resources": {"reservations": {"devices": [
+        {"driver": "nvidia", "count": "all", "capabilities": ["gpu"]}]}}}
+    volumes = []
+    for w in recipe.weights:
+        volumes.append({"type": "bind", "source": f"./weights/{weights_dir_name(w.ref)}", "target": w.mount,
+                        "read_only": True})
+    if volumes:
+        app["volumes"] = volumes
+    if recipe.services:
+        app["depends_on"] = [s.name for s in recipe.services]
+    services = {"app": app}
+    for s in recipe.services:
+        svc: dict = {"image": s.image}
+        if s.command:
+            svc["command"] = list(s.command)
+        if s.environment:
+            svc["environment"] = dict(s.environment)
+        if s.ports:
+            svc["ports"] = list(s.ports)
+        if s.volumes:
+            svc["volumes"] = list(s.volumes)
+        services[s.name] = svc
+    return {"name": recipe.name.replace("/", "-"), "services": services}
+
+
+def compose_text(image: str, recipe) -> str:
+    pulls = "".join(f"#   imgbuild weights pull {w.ref} ./weights/{weights_dir_name(w.ref)}\n" for w in recipe.weights)
+    header = (f"# Written by `imgbuild compose {recipe.path.name}`.\n"
+              + (f"# Pull the weights before `docker compose up`:\n{pulls}" if pulls else ""))
+    return header + yaml.safe_dump(compose_document(image, recipe), sort_keys=False, default_flow_style=False)
+
+
+def dry_run_json(plan: RunPlan) -> dict:
+    return {"image": plan.image, "gpu": plan.gpu, "argv": list(plan.argv),
+            "weights": [{"ref": w.ref, "host_dir": str(w.host_dir), "mount": w.mount} for w in plan.weights]}

@@ -1,0 +1,163 @@
+"""Shared bases and mirrors against the real registry with htpasswd auth: a base published
+by imgbuild, then used by a derived recipe and pinned by digest; a mismatched base refused;
+a mirrored base that survives deletion of its upstream tag."""
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from buildkit_py import oci
+
+from helpers import run_cli, write_recipe
+
+CA = ["--ca-cert", "/etc/ssl/certs/ca-certificates.crt"] if os.path.exists("/etc/ssl/certs/ca-certificates.crt") else []
+
+
+@pytest.fixture
+def logged_in(registry, docker_config):
+    code, _, err = run_cli("login", registry.address, "-u", registry.user, "--password-stdin",
+                           stdin=registry.password + "\n")
+    assert code == 0, err
+    return registry
+
+
+def build_json(*args):
+    code, out, err = run_cli("build", *args, "--json", "--progress", "quiet", *CA)
+    assert code == 0, err
+    return json.loads(out)
+
+
+def test_shared_base_pinned_by_digest_and_checked(tmp_path, logged_in, base_image, unique_name, docker_client,
+                                                  cleanup_images):
+    reg = logged_in.address
+    base_recipe = write_recipe(tmp_path / "base", f"""\
+name: {unique_name}-base
+version: "1"
+cuda: {{version: "12.4", source: wheels}}
+base: {{image: {base_image}}}
+python: "3.11"
+labels: {{team: platform}}
+""")
+    base = build_json(str(base_recipe), "--registry", reg, "--push")
+    cleanup_images.extend(base["tags"])
+    base_ref, base_digest = base["tags"][0], base["pushes"][0]["digest"]
+
+    (tmp_path / "app" / "src").mkdir(parents=True)
+    (tmp_path / "app" / "src" / "main.py").write_text("import ctypes; ctypes.CDLL('libcudart.so.12'); print('ok')\n")
+    derived = write_recipe(tmp_path / "app", f"""\
+name: {unique_name}-app
+version: "1"
+cuda: {{version: "12.4", source: wheels}}
+base: {{image: {base_ref}}}
+python: "3.11"
+copy: [{{src: src/, dest: /app}}]
+entrypoint: ["python", "/app/main.py"]
+""")
+    code, out, err = run_cli("plan", str(derived), "--json")
+    assert code == 0, err
+    plan = json.loads(out)
+    assert plan["base_image"] == f"{base_ref.rsplit(':', 1)[0]}:1@{base_digest}"
+    assert f"FROM {base_ref}@{base_digest} AS final" in plan["dockerfile"]
+    assert plan["labels"]["org.opencontainers.image.base.digest"] == base_digest
+    assert [s["id"] for s in plan["stages"][-1]["steps"]] == ["ldconfig", "copy-0", "meta"]  # python comes with the base
+
+    docker_client.images.remove(base_ref)  # BuildKit must pull the base from the registry, with auth
+    app = build_json(str(derived))
+    cleanup_images.extend(app["tags"])
+    run = subprocess.run(["/usr/bin/docker", "run", "--rm", "--network", "none", app["image_id"]],
+                         capture_output=True, text=True, timeout=120)
+    assert run.stdout.strip() == "ok", run.stderr
+    labels = docker_client.images.get(app["image_id"]).labels
+    assert labels["org.opencontainers.image.base.digest"] == base_digest
+    assert labels["team"] == "platform"  # inherited from the base
+
+    mismatched = write_recipe(tmp_path / "bad", f"""\
+name: {unique_name}-bad
+cuda: {{version: "12.1", source: wheels}}
+base: {{image: {base_ref}}}
+python: "3.11"
+""")
+    code, _, err = run_cli("plan", str(mismatched))
+    assert code == 2
+    assert "the base carries CUDA 12.4.1 but this recipe needs CUDA 12.1" in err and "base.image" in err
+
+
+def test_mirror_survives_upstream_deletion(tmp_path, logged_in, base_image, unique_name, docker_client,
+                                           cleanup_images):
+    reg = logged_in.address
+    upstream = f"{reg}/{unique_name}/upstream/debian:bookworm-slim"
+    docker_client.images.get(base_image).tag(upstream)
+    cleanup_images.append(upstream)
+    from buildkit_py.registry import push_image
+
+    pushed = push_image(docker_client, upstream)
+    mirror_prefix = f"{reg}/{unique_name}/mirror"
+    code, out, err = run_cli("mirror", upstream, "--to-mirror", mirror_prefix, "--json")
+    assert code == 0, err
+    mirrored = json.loads(out)
+    assert mirrored["digest"] == pushed.digest
+    assert mirrored["dest"] == f"{mirror_prefix}/{unique_name}/upstream/debian:bookworm-slim"
+    _, digest, _ = oci.get_manifest(mirrored["dest"])
+    assert digest == pushed.digest
+
+    oci.delete_manifest(f"{reg}/{unique_name}/upstream/debian@{pushed.digest}")
+    with pytest.raises(Exception):
+        oci.get_manifest(upstream)
+    recipe = write_recipe(tmp_path, f"""\
+name: {unique_name}-mirrored
+cuda: {{version: "12.4", source: wheels}}
+base: {{image: {upstream}, mirror: {mirror_prefix}, os: debian12}}
+python: "3.11"
+""")
+    code, out, err = run_cli("plan", str(recipe), "--json")
+    assert code == 0, err
+    assert json.loads(out)["base_image"] == f"{mirrored['dest']}@{pushed.digest}"
+    report = build_json(str(recipe))
+    cleanup_images.extend(report["tags"])
+    assert docker_client.images.get(report["image_id"]).labels["io.imgbuild.cuda.version"] == "12.4.1"
+
+
+def test_mirror_usage_errors():
+    assert run_cli("mirror", "a/b:1")[0] == 2
+    assert run_cli("mirror", "a/b:1", "c/d:1", "--to-mirror", "r/m")[0] == 2
+
+
+def test_run_pulls_weights_once_and_mounts_them_read_only(tmp_path, logged_in, base_image, unique_name,
+                                                          cleanup_images):
+    import sys
+
+    reg = logged_in.address
+    weights_src = tmp_path / "weights-src"
+    (weights_src / "tokenizer").mkdir(parents=True)
+    (weights_src / "model.safetensors").write_bytes(os.urandom(3 * 2**20))
+    (weights_src / "tokenizer" / "vocab.json").write_text('{"hello": 1}')
+    ref = f"{reg}/{unique_name}/weights:1"
+    code, out, err = run_cli("weights", "push", str(weights_src), ref, "--json")
+    assert code == 0, err
+
+    recipe = write_recipe(tmp_path / "app", f"""\
+name: {unique_name}-run
+cuda: {{version: "12.4", source: wheels}}
+base: {{image: {base_image}}}
+python: "3.11"
+weights: [{{ref: "{ref}", mount: /models/tiny}}]
+""")
+    report = build_json(str(recipe))
+    cleanup_images.extend(report["tags"])
+    image = report["tags"][0]
+    cmd = [sys.executable, "-m", "buildkit_py", "run", image, "--weights-dir", str(tmp_path / "vol"),
+           "--network", "none", "--", "sh", "-c",
+           "cat /models/tiny/tokenizer/vocab.json; echo; touch /models/tiny/x 2>/dev/null && echo writable || echo read-only"]
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+    first = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
+    assert first.returncode == 0, first.stderr
+    assert first.stdout.splitlines() == ['{"hello": 1}', "read-only"]
+    assert f"{3 * 2**20 + 12} bytes downloaded" in first.stderr
+    second = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
+    assert second.returncode == 0, second.stderr
+    assert "0 bytes downloaded, 2 files already present" in second.stderr
+    assert (tmp_path / "vol").is_dir() and "model.safetensors" not in json.dumps(
+        subprocess.run(["/usr/bin/docker", "history", "--no-trunc", image], capture_output=True, text=True).stdout)
