@@ -38,6 +38,8 @@ def in_private_registry(ref: str) -> bool:
 def fetch_base_facts(ref: str, *, client=None) -> BaseFacts:
     from . import oci
 
+    # Planning must not stall on an unreachable registry: one short try, then a warning.
+    client = client or oci.Client(timeout=5, max_retries=1)
     try:
         _raw, digest, _media_type = oci.fetch_manifest(ref, client=client)
         config = oci.get_image_config(ref, client=client).get("config") or {}
