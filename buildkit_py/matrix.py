@@ -579,12 +579,16 @@ def cache_ref(matrix: Matrix, variant_id: str, registry: str | None = None) -> s
     return f"{registry.rstrip('/')}/{ref}" if registry else ref
 
 
+def _check_job_limit(matrix: Matrix, limit: int, what: str, hint: str) -> None:
+    if len(matrix.variants) > limit:
+        raise MatrixTooLarge(f"{matrix.path}: {len(matrix.variants)} variants, but {what} at most {limit} jobs",
+                             hint=hint)
+
+
 def github_matrix(matrix: Matrix, *, registry: str | None = None) -> dict[str, Any]:
     """A GitHub Actions ``strategy.matrix`` (use with fromJSON): one include entry per variant."""
-    if len(matrix.variants) > GITHUB_MAX_JOBS:
-        raise MatrixTooLarge(f"{matrix.path}: {len(matrix.variants)} variants, but a GitHub Actions matrix "
-                             f"runs at most {GITHUB_MAX_JOBS} jobs",
-                             hint="exclude combinations, or split the matrix across recipes or workflows")
+    _check_job_limit(matrix, GITHUB_MAX_JOBS, "a GitHub Actions matrix runs",
+                     "exclude combinations, or split the matrix across recipes or workflows")
     include = []
     for v in matrix.variants:
         r = v.resolution
@@ -598,10 +602,8 @@ def github_matrix(matrix: Matrix, *, registry: str | None = None) -> dict[str, A
 
 def gitlab_matrix(matrix: Matrix, *, registry: str | None = None) -> dict[str, Any]:
     """A GitLab CI ``parallel:matrix``: one entry of scalar variables per variant."""
-    if len(matrix.variants) > GITLAB_MAX_JOBS:
-        raise MatrixTooLarge(f"{matrix.path}: {len(matrix.variants)} variants, but GitLab's parallel:matrix "
-                             f"creates at most {GITLAB_MAX_JOBS} jobs",
-                             hint="exclude combinations, or split the matrix across several jobs")
+    _check_job_limit(matrix, GITLAB_MAX_JOBS, "GitLab's parallel:matrix creates",
+                     "exclude combinations, or split the matrix across several jobs")
     entries = []
     for v in matrix.variants:
         r = v.resolution

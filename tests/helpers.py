@@ -8,6 +8,9 @@ from pathlib import Path
 from buildkit_py.cli import main
 
 REPO = Path(__file__).resolve().parent.parent
+SYSTEM_CA = Path("/etc/ssl/certs/ca-certificates.crt")
+# Builds here reach PyPI through a proxy whose CA only the system bundle has (environment.md).
+CA_ARGS = ["--ca-cert", str(SYSTEM_CA)] if SYSTEM_CA.exists() else []
 
 
 def write_recipe(folder: Path, text: str, name: str = "recipe.yaml") -> Path:

@@ -3,16 +3,13 @@ labels and env, run it with no network to prove libcudart loads by name, push it
 and read the manifest back from the registry."""
 
 import json
-import os
 import subprocess
 
 import pytest
+from helpers import CA_ARGS, run_cli, write_recipe
 
 from buildkit_py import oci
 
-from helpers import run_cli, write_recipe
-
-CA = "/etc/ssl/certs/ca-certificates.crt"
 RECIPE = """\
 name: {name}
 version: "1.0"
@@ -34,10 +31,6 @@ entrypoint: ["python", "/app/main.py"]
 MAIN = "import ctypes\nctypes.CDLL('libcudart.so.12')\nprint('cudart loaded')\n"
 
 
-def ca_args():
-    return ["--ca-cert", CA] if os.path.exists(CA) else []
-
-
 @pytest.fixture
 def project(tmp_path, base_image, unique_name):
     (tmp_path / "app").mkdir()
@@ -52,7 +45,7 @@ def build(*args):
 
 
 def test_build_labels_env_and_cuda_loads(project, docker_client, cleanup_images, unique_name):
-    report = build(str(project), *ca_args())
+    report = build(str(project), *CA_ARGS)
     cleanup_images.extend(report["tags"])
     assert report["tags"] == [f"{unique_name}:1.0"]
     image = docker_client.images.get(report["image_id"])
@@ -90,7 +83,7 @@ def test_push_with_auth_and_read_manifest_back(project, registry, docker_config,
                            stdin=registry.password + "\n")
     assert code == 0, err
     assert registry.password not in (docker_config / "config.json").read_text().replace("auth", "")
-    report = build(str(project), "--registry", registry.address, "--push", *ca_args())
+    report = build(str(project), "--registry", registry.address, "--push", *CA_ARGS)
     cleanup_images.extend(report["tags"])
     push = report["pushes"][0]
     assert push["tag"] == "1.0" and push["digest"].startswith("sha256:")
@@ -110,7 +103,7 @@ def test_push_with_bad_credentials_exit_3(project, registry, docker_config, clea
     monkeypatch.setenv("IMGBUILD_REGISTRY_USER", registry.user)
     monkeypatch.setenv("IMGBUILD_REGISTRY_PASSWORD", "wrong-" + registry.password)
     code, out, err = run_cli("build", str(project), "--registry", registry.address, "--push", "--progress", "quiet",
-                             *ca_args())
+                             *CA_ARGS)
     cleanup_images.append(f"{registry.address}/{project.parent.name}")
     assert code == 3, err
     assert "refused the credentials" in err and "imgbuild login" in err
@@ -118,11 +111,11 @@ def test_push_with_bad_credentials_exit_3(project, registry, docker_config, clea
 
 
 def test_app_only_change_reruns_only_app_steps(project, docker_client, cleanup_images, unique_name):
-    first = build(str(project), *ca_args())
+    first = build(str(project), *CA_ARGS)
     cleanup_images.extend(first["tags"])
     # content never built before, so the layer cache cannot already hold it
     (project.parent / "app" / "main.py").write_text(MAIN + f"print({unique_name!r})\n")
-    second = build(str(project), *ca_args())
+    second = build(str(project), *CA_ARGS)
     # os, python, cuda and ldconfig come from the cache; only COPY and what follows re-run.
     assert second["steps_rerun"] == ["COPY", "WORKDIR"]
     assert second["steps_cached"] == 4

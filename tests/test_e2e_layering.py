@@ -2,12 +2,9 @@
 only (no compiler in the final image), and the size budget fails a build that exceeds it."""
 
 import json
-import os
 import subprocess
 
-from helpers import run_cli, write_recipe
-
-CA = ["--ca-cert", "/etc/ssl/certs/ca-certificates.crt"] if os.path.exists("/etc/ssl/certs/ca-certificates.crt") else []
+from helpers import CA_ARGS, run_cli, write_recipe
 
 COMPILED = """\
 name: {name}
@@ -31,7 +28,7 @@ def test_extension_compiled_in_builder_ships_without_compiler(tmp_path, base_ima
     code, out, err = run_cli("plan", str(path), "--json")
     plan = json.loads(out)
     assert [s["name"] for s in plan["stages"]] == ["builder", "final"]
-    code, out, err = run_cli("build", str(path), "--json", "--progress", "quiet", *CA)
+    code, out, err = run_cli("build", str(path), "--json", "--progress", "quiet", *CA_ARGS)
     assert code == 0, err
     report = json.loads(out)
     cleanup_images.extend(report["tags"])
@@ -58,7 +55,7 @@ python: "3.11"
 budget: {{max_size: "50MB"}}
 """
     path = write_recipe(tmp_path, recipe)
-    code, out, err = run_cli("build", str(path), "--progress", "quiet", *CA)
+    code, out, err = run_cli("build", str(path), "--progress", "quiet", *CA_ARGS)
     assert code == 1, err
     assert "over the recipe's budget of 50.0 MB" in err
     assert "base " in err and "os " in err  # breakdown by layer group

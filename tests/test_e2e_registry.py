@@ -8,12 +8,9 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from helpers import CA_ARGS, run_cli, write_recipe
 
 from buildkit_py import oci
-
-from helpers import run_cli, write_recipe
-
-CA = ["--ca-cert", "/etc/ssl/certs/ca-certificates.crt"] if os.path.exists("/etc/ssl/certs/ca-certificates.crt") else []
 
 
 @pytest.fixture
@@ -25,7 +22,7 @@ def logged_in(registry, docker_config):
 
 
 def build_json(*args):
-    code, out, err = run_cli("build", *args, "--json", "--progress", "quiet", *CA)
+    code, out, err = run_cli("build", *args, "--json", "--progress", "quiet", *CA_ARGS)
     assert code == 0, err
     return json.loads(out)
 
@@ -104,7 +101,9 @@ def test_mirror_survives_upstream_deletion(tmp_path, logged_in, base_image, uniq
     assert digest == pushed.digest
 
     oci.delete_manifest(f"{reg}/{unique_name}/upstream/debian@{pushed.digest}")
-    with pytest.raises(Exception):
+    from buildkit_py.errors import RegistryError
+
+    with pytest.raises(RegistryError):  # the upstream tag is gone
         oci.get_manifest(upstream)
     recipe = write_recipe(tmp_path, f"""\
 name: {unique_name}-mirrored
