@@ -31,8 +31,9 @@ def in_private_registry(ref: str) -> bool:
     """True when the reference names its registry host (127.0.0.1:5000/x, ghcr.io/x):
     those are looked up. Docker Hub short names are not, so rendering a recipe on
     `ubuntu:22.04` needs no network."""
-    first = ref.split("/", 1)[0]
-    return "/" in ref and ("." in first or ":" in first or first == "localhost") and first != "docker.io"
+    from . import oci
+
+    return oci.parse_reference(ref).registry != oci.DOCKER_HUB
 
 
 def fetch_base_facts(ref: str, *, client=None) -> BaseFacts:

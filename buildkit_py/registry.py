@@ -7,7 +7,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
-from . import auth
+from . import auth, oci
 from .errors import AuthenticationError, RegistryError, RegistryUnreachable
 
 ProgressSink = Callable[[str], None]
@@ -38,10 +38,7 @@ def split_tag(ref: str) -> tuple[str, str]:
 
 
 def registry_host(ref: str) -> str:
-    first = ref.split("/", 1)[0]
-    if "/" in ref and ("." in first or ":" in first or first == "localhost"):
-        return first
-    return "docker.io"
+    return oci.parse_reference(ref).registry
 
 
 def auth_config_for(ref: str) -> dict | None:
