@@ -6,6 +6,7 @@ a ratio. Needs the Docker engine and the base image (`make bench` starts them).
   (3) two variants sharing a prefix vs two separate cold builds (time and bytes)
   (4) a 2x2 matrix built with --all vs four separate cold builds (bench_matrix.py)
   (5) weights pull vs curl and second push (bench_weights.py), when the registry runs
+  (6) CLI start-up vs a bare interpreter (bench_startup.py)
 
 "Cold" means no layer cache (--no-cache); pip and apt download caches stay warm in both arms,
 so the ratios measure layering, not the network.
@@ -168,10 +169,10 @@ def bench_prefix(b: Bench) -> dict:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--only", choices=["rebuild", "multistage", "prefix", "matrix", "weights"], action="append")
+    parser.add_argument("--only", choices=["rebuild", "multistage", "prefix", "matrix", "weights", "startup"], action="append")
     parser.add_argument("--json", type=Path, help="also write the figures to this file")
     args = parser.parse_args()
-    chosen = args.only or ["rebuild", "multistage", "prefix", "matrix", "weights"]
+    chosen = args.only or ["rebuild", "multistage", "prefix", "matrix", "weights", "startup"]
     b = Bench()
     results: dict = {}
     print(f"imgbuild benchmarks on {b.backend.name} ({b.backend.client}), base {BASE}\n", flush=True)
@@ -188,6 +189,9 @@ def main() -> int:
     if "weights" in chosen and (REPO / "bench" / "bench_weights.py").exists():
         proc = subprocess.run([sys.executable, str(REPO / "bench" / "bench_weights.py")], text=True)
         results["weights_exit"] = proc.returncode
+    if "startup" in chosen:
+        proc = subprocess.run([sys.executable, str(REPO / "bench" / "bench_startup.py")], text=True)
+        results["startup_exit"] = proc.returncode
     if args.json:
         args.json.write_text(json.dumps(results, indent=2))
     return 0

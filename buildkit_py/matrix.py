@@ -385,7 +385,7 @@ def _relocate(issues, values, paths: dict[str, str], spec_lines: dict[str, int],
     for issue in issues:
         key = next((k for k in values if issue.key == k or issue.key.startswith((k + ".", k + "["))), None)
         if key is None:
-            out.append(replace(issue, message=f"(variant {vid}) {issue.message}"))
+            out.append(issue._replace(message=f"(variant {vid}) {issue.message}"))
             continue
         where = paths[key] + issue.key[len(key):]
         out.append(RecipeIssue(issue.file, _line(spec_lines, where) or issue.line, where, issue.message))
