@@ -204,6 +204,12 @@ def _build_parser(stdout: IO[str]) -> _Parser:
     m.add_argument("--to-mirror", metavar="PREFIX", help="destination as base.mirror PREFIX would look it up")
     m.add_argument("--all-platforms", action="store_true", help="copy every platform of a multi-platform image")
     m.add_argument("--json", action="store_true")
+
+    add("schema", "print the recipe's JSON Schema, for editors that complete and check YAML",
+        "Print the recipe's JSON Schema (draft 2020-12). Save it next to your recipes and point\n"
+        "the YAML language server at it with a first line such as\n\n"
+        "  # yaml-language-server: $schema=./recipe.schema.json\n\n"
+        "  imgbuild schema > recipe.schema.json")
     return p
 
 
@@ -675,6 +681,13 @@ def cmd_compose(args, out: _Out) -> int:
     return 0
 
 
+def cmd_schema(args, out: _Out) -> int:
+    from .recipe import SCHEMA_PATH
+
+    out.stdout.write(SCHEMA_PATH.read_text(encoding="utf-8"))
+    return 0
+
+
 def cmd_mirror(args, out: _Out) -> int:
     from . import oci
     from .resolve import mirrored_ref
@@ -716,7 +729,8 @@ def main(argv: Sequence[str] | None = None, stdout: IO[str] | None = None, stder
             return ExitStatus.BAD_INPUT
         handler = {"render": cmd_render, "plan": cmd_plan, "build": cmd_build, "lock": cmd_lock, "check": cmd_check,
                    "weights": cmd_weights, "mirror": cmd_mirror, "inspect": cmd_inspect, "run": cmd_run,
-                   "matrix": cmd_matrix, "compose": cmd_compose, "lint": cmd_lint}.get(args.command)
+                   "matrix": cmd_matrix, "compose": cmd_compose, "lint": cmd_lint,
+                   "schema": cmd_schema}.get(args.command)
         if args.command == "login":
             return int(cmd_login(args, out, stdin))
         return int(handler(args, out))

@@ -329,16 +329,27 @@ def _closest(word: str, options) -> str | None:
     return match[0] if match else None
 
 
-TOP_KEYS = {
-    "name": str, "version": str, "cuda": dict, "base": dict, "python": str, "torch": str, "pip": list,
-    "apt": list, "copy": list, "workdir": str, "env": dict, "volumes": list, "entrypoint": list,
-    "cmd": list, "labels": dict, "build": dict, "runtime_compile": bool, "budget": dict, "weights": list,
-    "matrix": dict,  # expanded by buildkit_py.matrix; a plain load ignores it
-    "services": dict,  # companion containers for `imgbuild compose` (a vector database, ...)
-}
-CUDA_KEYS = {"version": str, "flavor": str, "cudnn": str, "source": str}
-BASE_KEYS = {"image": str, "os": str, "mirror": str}
-BUILD_KEYS = {"from_source": list, "cuda_arch": list, "jobs": int}
+SCHEMA_PATH = Path(__file__).parent / "schemas" / "recipe.schema.json"
+_JSON_TYPES = {"string": str, "object": dict, "array": list, "boolean": bool, "integer": int}
+
+
+def recipe_schema() -> dict[str, Any]:
+    """The recipe's JSON Schema (published by `imgbuild schema` for editors). It is the source
+    of the recipe's structure: the key tables below are read from it."""
+    return json.loads(SCHEMA_PATH.read_text(encoding="utf-8"))
+
+
+def _key_types(node: dict[str, Any]) -> dict[str, type]:
+    # Versions may be written unquoted (["string", "number"]); the parser reads them as text.
+    return {key: _JSON_TYPES[spec["type"] if isinstance(spec["type"], str) else spec["type"][0]]
+            for key, spec in node["properties"].items()}
+
+
+_SCHEMA = recipe_schema()
+TOP_KEYS = _key_types(_SCHEMA)
+CUDA_KEYS = _key_types(_SCHEMA["properties"]["cuda"])
+BASE_KEYS = _key_types(_SCHEMA["properties"]["base"])
+BUILD_KEYS = _key_types(_SCHEMA["properties"]["build"])
 
 
 def parse_size(text: str) -> int | None:
