@@ -777,7 +777,8 @@ def _file_pieces(path, start: int, length: int, hasher, counter: list, progress,
             if not piece:
                 raise RegistryError(f"{path} shrank while it was being uploaded")
             left -= len(piece)
-            hasher.update(piece)
+            if hasher is not None:
+                hasher.update(piece)
             counter[0] += len(piece)
             if progress:
                 progress("upload", label, start + length - left, total)
@@ -817,20 +818,25 @@ def upload_blob(ref: Reference | str, path: str | os.PathLike, *, digest: str | 
 
 
 def _upload_monolithic(ref, path, digest, size, client, progress, label) -> UploadResult:
+    """One streamed PUT ?digest=. The digest is known (hashed once, before); the registry
+    hashes what it receives and refuses a mismatch, which is how a file that changed
+    since it was hashed shows up."""
     location, _ = start_upload(ref, client=client)
-    hasher, counter = hashlib.sha256(), [0]
+    counter = [0]
 
     def body():
-        hasher.__init__()  # a resend (after an auth challenge) hashes from the start
-        counter[0] = 0
-        return _SizedBody(_file_pieces(path, 0, size, hasher, counter, progress, label, size), size)
+        counter[0] = 0  # a resend (after an auth re-challenge) counts from the start
+        return _SizedBody(_file_pieces(path, 0, size, None, counter, progress, label, size), size)
 
-    resp = client.request("PUT", ref.api_host, location, scope=push_scope(ref.repository), expect=(201,),
-                          params={"digest": digest}, body=body,
-                          headers={"Content-Type": MEDIA_OCTET, "Content-Length": str(size)})
+    try:
+        resp = client.request("PUT", ref.api_host, location, scope=push_scope(ref.repository), expect=(201,),
+                              params={"digest": digest}, body=body,
+                              headers={"Content-Type": MEDIA_OCTET, "Content-Length": str(size)})
+    except RegistryError as exc:
+        if "DIGEST_INVALID" in str(exc):
+            raise DigestMismatch(f"{path} changed while it was uploaded (expected {digest})") from exc
+        raise
     resp.close()
-    if "sha256:" + hasher.hexdigest() != digest:
-        raise DigestMismatch(f"{path} changed while it was uploaded (expected {digest})")
     return UploadResult(digest, size, counter[0])
 
 

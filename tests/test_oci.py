@@ -400,3 +400,103 @@ def test_bearer_token_flow(client, registry, unique_name, token_registry):
     with pytest.raises(AuthenticationError, match="rejected the credentials"):
         oci.get_manifest(front_ref, client=wrong)
     bearer.check_login(front, alice)  # /v2/ with an unscoped token, as `docker login` does
+
+
+# ---------------------------------------------------------------- a streamed upload re-challenged
+
+
+class _RechallengingRegistry(BaseHTTPRequestHandler):
+    """A registry that issues Bearer tokens and takes blob uploads, and that refuses the
+    first token on the streamed PUT (expired, as a real token service's may be): the client
+    must fetch a fresh token and send the body again. It reads every body it answers, keeps
+    what it stores, and checks the digest itself, as distribution does."""
+
+    protocol_version = "HTTP/1.1"
+    tokens: ClassVar[list] = []
+    puts: ClassVar[list] = []
+    blobs: ClassVar[dict] = {}
+
+    def log_message(self, *args):
+        pass
+
+    def _reply(self, status, headers=None, body=b""):
+        self.send_response(status)
+        for k, v in (headers or {}).items():
+            self.send_header(k, v)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(body)
+
+    def _body(self) -> bytes:
+        return self.rfile.read(int(self.headers.get("Content-Length") or 0))
+
+    def _authorized(self) -> bool:
+        got = self.headers.get("Authorization", "")
+        if got.startswith("Bearer ") and got[7:] in self.tokens[-1:]:
+            return True
+        port = self.server.server_address[1]
+        self._reply(401, {"WWW-Authenticate": f'Bearer realm="http://127.0.0.1:{port}/token",service="stub"'})
+        return False
+
+    def do_GET(self):
+        if self.path.startswith("/token"):
+            type(self).tokens.append(secrets.token_hex(8))
+            return self._reply(200, {"Content-Type": "application/json"},
+                               json.dumps({"token": self.tokens[-1], "expires_in": 300}).encode())
+        self._reply(404)
+
+    def do_HEAD(self):
+        if self._authorized():
+            self._reply(404)
+
+    def do_POST(self):
+        self._body()
+        if self._authorized():
+            self._reply(202, {"Location": "/v2/team/model/blobs/uploads/u1"})
+
+    def do_PUT(self):
+        body = self._body()
+        if len(type(self).puts) == 0:
+            type(self).puts.append(len(body))
+            type(self).tokens.append(secrets.token_hex(8))  # the token the client holds is now stale
+        if not self._authorized():
+            return
+        type(self).puts.append(len(body))
+        digest = self.path.split("digest=", 1)[1].replace("%3A", ":")
+        if oci.sha256_bytes(body) != digest:
+            return self._reply(400, {"Content-Type": "application/json"},
+                               b'{"errors":[{"code":"DIGEST_INVALID","message":"digest did not match"}]}')
+        type(self).blobs[digest] = body
+        self._reply(201, {"Location": f"/v2/team/model/blobs/{digest}"})
+
+
+@pytest.fixture
+def rechallenging_registry():
+    handler = type("Rechallenging", (_RechallengingRegistry,), {"tokens": [], "puts": [], "blobs": {}})
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield handler, f"127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+def test_streamed_upload_resent_after_a_re_challenge_is_not_a_false_mismatch(rechallenging_registry, tmp_path):
+    handler, host = rechallenging_registry
+    path, digest = _blob_file(tmp_path, 3 * oci.CHUNK + 17)
+    client = oci.Client(credentials=lambda h: auth.Credentials("alice", "pw", "test"))
+    result = oci.upload_blob(f"{host}/team/model", path, digest=digest, client=client)
+    size = os.path.getsize(path)
+    assert handler.puts == [size, size]  # refused once with a stale token, then sent again in full
+    assert handler.blobs[digest] == Path(path).read_bytes()
+    assert result == oci.UploadResult(digest, size, size)
+
+
+def test_a_file_changed_after_hashing_is_refused_by_the_digest_check(rechallenging_registry, tmp_path):
+    handler, host = rechallenging_registry
+    path, digest = _blob_file(tmp_path, oci.CHUNK)
+    Path(path).write_bytes(os.urandom(oci.CHUNK))  # same size, other bytes
+    client = oci.Client(credentials=lambda h: auth.Credentials("alice", "pw", "test"))
+    with pytest.raises(DigestMismatch, match="changed while it was uploaded"):
+        oci.upload_blob(f"{host}/team/model", path, digest=digest, client=client)
+    assert handler.blobs == {}
