@@ -56,8 +56,12 @@ test: venv
 unit: venv
 	$(PY) -m pytest -m "not e2e" $(PYTEST_ARGS)
 
+# Pinned linters (test extras): ruff with the rule set in pyproject.toml, mypy on the package,
+# hadolint on every golden Dockerfile. Part of `make test`, so CI fails on a finding.
 lint: venv
-	$(PY) -m pytest tests/test_render.py -k hadolint
+	$(PY) -m ruff check buildkit_py tests bench scripts
+	$(PY) -m mypy
+	$(PY) -m pytest -q tests/test_render.py -k hadolint
 	-$(PY) -m ruff check buildkit_py tests 2>/dev/null
 
 golden: venv
