@@ -34,7 +34,7 @@ class CheckResult:
 def newest_native_toolkit(driver: str) -> str | None:
     """Newest known toolkit whose Linux minimum driver is <= ``driver``."""
     d = Version(driver)
-    ok = [t.version for t in toolkits() if Version(t.linux_min_driver) <= d]
+    ok = [t.version for t in toolkits() if t.min_driver_basis != "minor-compat" and Version(t.linux_min_driver) <= d]
     return ok[-1] if ok else None
 
 
@@ -50,6 +50,14 @@ def check_compat(cuda: str, driver: str, *, datacenter: bool | None = None) -> C
     def result(verdict: str, message: str, remedy: str | None) -> CheckResult:
         return CheckResult(tk.version, driver, need, floor, verdict, verdict in (NATIVE, MINOR), message, remedy)
 
+    if tk.min_driver_basis == "minor-compat" and d >= Version(need):
+        return result(MINOR,
+                      f"NVIDIA publishes no minimum driver for CUDA {tk.version} (no Table 3 row); driver {driver} is "
+                      f"within CUDA {major}.x minor-version compatibility (>= {need}): features are limited: PTX newer "
+                      "than the driver cannot be JIT-compiled (ship SASS for your GPUs) and some APIs return "
+                      "cudaErrorCallRequiresNewerDriver",
+                      f"for full support use a driver released with or after CUDA {tk.major_minor}" +
+                      (f" (its runfile bundles {tk.runfile_driver})" if tk.runfile_driver else ""))
     if d >= Version(need):
         return result(NATIVE, f"driver {driver} meets CUDA {tk.version}'s minimum {need}", None)
     if floor is not None and d >= Version(floor):

@@ -23,16 +23,27 @@ SCHEMA = 1
 _DRIVER_RE = re.compile(r"^\d{3}(\.\d{1,3}){0,2}$")
 _ARCH_RE = re.compile(r"^\d{1,2}\.\d$")
 _VARIANT_RE = re.compile(r"^cu(\d{2})(\d)$")
+_DATE_RE = re.compile(r"^20\d\d-[01]\d-[0-3]\d$")
+_BASES = ("table3", "same-minor", "minor-compat")
 
 
 # ----------------------------------------------------------------------------- dataclasses
 @dataclass(frozen=True)
 class Toolkit:
+    """``linux_min_driver`` is the floor: NVIDIA's Table 3 value (``min_driver_basis`` "table3"), the
+    newest Table 3 value of the same minor where NVIDIA publishes no row ("same-minor"), or the major's
+    minor-version-compatibility floor where the whole minor has no row ("minor-compat": a driver at the
+    floor runs it with minor-version limits only). ``runfile_driver`` is the driver bundled in NVIDIA's
+    runfile, never a floor. ``pypi``: wheel name -> version of NVIDIA's ``cuda-toolkit`` meta package
+    for this release (cudart/nvcc extras), plus ``cuda_toolkit`` (that package's own version)."""
     version: str
     linux_min_driver: str
     windows_min_driver: str | None
     source: str
     notes: str | None = None
+    min_driver_basis: str = "table3"
+    runfile_driver: str | None = None
+    pypi: dict[str, str] | None = None
 
     @property
     def major_minor(self) -> str:
@@ -49,6 +60,7 @@ class TorchRelease:
     triton: str | None
     source: str
     notes: str | None = None
+    pypi_cuda_toolkit_extras: tuple[str, ...] = ()   # cuda-toolkit[...] extras the PyPI wheel asks for (CUDA 13+)
 
 
 @dataclass(frozen=True)
@@ -142,6 +154,9 @@ def _need_source(file: str, entry: Any, obj: dict) -> str:
     src = obj.get("source")
     if not isinstance(src, str) or not src.strip():
         raise _fail(file, entry, "missing 'source'")
+    read = obj.get("read")
+    if read is not None and not (isinstance(read, str) and _DATE_RE.match(read)):
+        raise _fail(file, entry, f"'read' must be the date the source was read (YYYY-MM-DD), got {read!r}")
     return src
 
 
@@ -175,13 +190,35 @@ def _toolkit_data() -> tuple[tuple[Toolkit, ...], dict[str, tuple[str, ...]]]:
         _ver(f, v, v)
         if len(str(v).split(".")) != 3:
             raise _fail(f, v, "toolkit versions are major.minor.patch")
+        basis = e.get("min_driver_basis", "table3")
+        if basis not in _BASES:
+            raise _fail(f, v, f"min_driver_basis must be one of {', '.join(_BASES)}, got {basis!r}")
+        runfile = e.get("runfile_driver")
+        pypi = e.get("pypi")
+        if pypi is not None and not (isinstance(pypi, dict) and all(isinstance(x, str) for x in pypi.values())):
+            raise _fail(f, v, "pypi must map wheel names to versions")
         out.append(Toolkit(v, _driver(f, v, e.get("linux_min_driver")),
                            None if e.get("windows_min_driver") is None else _driver(f, v, e["windows_min_driver"]),
-                           _need_source(f, v, e), e.get("notes")))
+                           _need_source(f, v, e), e.get("notes"), basis,
+                           None if runfile is None else _driver(f, v, runfile), dict(pypi) if pypi else None))
     _ascending(f, [t.version for t in out])
-    for a, b in zip(out, out[1:]):
+    floors = _minor_floors()
+    published = [t for t in out if t.min_driver_basis != "minor-compat"]
+    for a, b in zip(published, published[1:]):
         if Version(b.linux_min_driver) < Version(a.linux_min_driver):
             raise _fail(f, b.version, f"Linux driver {b.linux_min_driver} lower than {a.version}'s {a.linux_min_driver}")
+    for t in out:
+        mj = int(t.version.split(".")[0])
+        if t.min_driver_basis == "minor-compat":
+            floor = floors.get(mj)
+            if floor is None or t.linux_min_driver != floor.linux_min_driver:
+                raise _fail(f, t.version, f"a 'minor-compat' floor must be the CUDA {mj}.x minor-version floor "
+                                          f"({floor.linux_min_driver if floor else 'none recorded'}), got {t.linux_min_driver}")
+        elif t.min_driver_basis == "same-minor":
+            same = [x for x in published if x.major_minor == t.major_minor and x.min_driver_basis == "table3"
+                    and Version(x.version) < Version(t.version)]
+            if not same or same[-1].linux_min_driver != t.linux_min_driver:
+                raise _fail(f, t.version, "a 'same-minor' floor must equal the newest earlier Table 3 value of its minor")
     skipped = {k: tuple(v) for k, v in raw.get("skipped_minors", {}).items()}
     # no gaps inside a release line: every minor from 0 to the last known one, except declared skips
     by_major: dict[int, set[int]] = {}
@@ -276,7 +313,8 @@ def _torch() -> tuple[str, tuple[TorchRelease, ...]]:
         if pv is not None and pv not in variants:
             raise _fail(f, v, f"pypi_variant {pv} is not one of the variants")
         out.append(TorchRelease(v, _spec(f, v, e.get("python")), variants, pv,
-                                dict(e.get("pypi_cuda_wheels", {})), e.get("triton"), _need_source(f, v, e), e.get("notes")))
+                                dict(e.get("pypi_cuda_wheels", {})), e.get("triton"), _need_source(f, v, e), e.get("notes"),
+                                tuple(e.get("pypi_cuda_toolkit_extras", ()))))
     _ascending(f, [t.version for t in out])
     return raw["index_url"], tuple(out)
 
