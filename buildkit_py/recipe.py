@@ -45,7 +45,8 @@ CUDNN_RE = _exact(r"^\d+(?:\.\d+)*$")
 OS_RE = _exact(r"^(?:ubuntu\d+\.\d+|ubi\d+|rockylinux\d+|oraclelinux\d+|amzn\d+|debian\d+)$")
 APT_RE = _exact(r"^[a-z0-9][a-z0-9+.-]+(?:=[A-Za-z0-9.+:~-]+)?$")
 ENV_NAME_RE = _exact(r"^[A-Za-z_][A-Za-z0-9_]*$")
-LABEL_KEY_RE = _exact(r"^[a-z0-9](?:[a-z0-9.-]*[a-z0-9])?$")
+# Docker takes any key; lowercase reverse-DNS is its advice, not a rule ("Team" is a real key).
+LABEL_KEY_RE = _exact(r"^[A-Za-z0-9](?:[A-Za-z0-9.-]*[A-Za-z0-9])?$")
 ARCH_RE = _exact(r"^\d+\.\d+a?(?:\+PTX)?$")
 SERVICE_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_-]*$")
 PORT_RE = re.compile(r"^(?:\d{1,3}(?:\.\d{1,3}){3}:)?\d{1,5}(?::\d{1,5})?(?:/(?:tcp|udp))?$")
@@ -558,9 +559,9 @@ def parse_recipe(text: str, path: Path, *, overrides: dict[str, Any] | None = No
         workdir = _check_abs_path(workdir, "workdir", v)
     env = v.string_map(data.get("env"), "env", ENV_NAME_RE, "a valid environment variable name")
     labels = v.string_map(data.get("labels"), "labels", LABEL_KEY_RE,
-                          "a valid label key (lowercase, digits, '.', '-')")
+                          "a valid label key (letters, digits, '.', '-')")
     for k, _ in labels:
-        if k.startswith("io.imgbuild."):
+        if k.lower().startswith("io.imgbuild."):
             v.fail(f"labels.{k}", "io.imgbuild.* labels are set by imgbuild itself")
     volumes = v.string_list(data.get("volumes"), "volumes", lambda s, k: _check_abs_path(s, k, v))
     def check_arg(s, k):  # exec-form arguments: a NUL would cut the argument short
@@ -600,6 +601,7 @@ def parse_recipe(text: str, path: Path, *, overrides: dict[str, Any] | None = No
                 v.fail("budget.max_size", f"{raw!r} is not a size like 6GB or 800MiB")
 
     weights = []
+    mounts: dict[str, int] = {}  # mount path -> index of the first entry using it
     w_raw = data.get("weights")
     if w_raw is not None and not isinstance(w_raw, list):
         v.fail("weights", f"must be a list, got {_type_name(w_raw)}")
@@ -612,6 +614,13 @@ def parse_recipe(text: str, path: Path, *, overrides: dict[str, Any] | None = No
         if mount is not None:
             mount = _check_abs_path(mount, f"{key}.mount", v)
         if ref and mount:
+            first = mounts.setdefault(mount, i)
+            if first != i:
+                # docker run refuses two volumes on one path ("Duplicate mount point"), after
+                # every weight was downloaded: refuse it here.
+                v.fail(f"{key}.mount", f"{mount!r} is already the mount of weights[{first}]; "
+                                       "each weights entry needs its own mount path")
+                continue
             weights.append(WeightsSpec(ref, mount))
         elif item and ("ref" not in item or "mount" not in item):
             v.fail(key, "needs both ref and mount")
@@ -637,10 +646,11 @@ def parse_recipe(text: str, path: Path, *, overrides: dict[str, Any] | None = No
                               lambda p, k: p if PORT_RE.match(p) else v.fail(k, f"{p!r} is not a port mapping like 6333:6333"))
         environment = v.string_map(item.get("environment"), f"{key}.environment", ENV_NAME_RE,
                                    "a valid environment variable name")
-        volumes = v.string_list(item.get("volumes"), f"{key}.volumes")
+        # Not `volumes`: that name holds the image's own VOLUME list, returned below.
+        service_volumes = v.string_list(item.get("volumes"), f"{key}.volumes")
         command = v.string_list(item.get("command"), f"{key}.command")
         if image:
-            services.append(ServiceSpec(sname, image, ports, environment, volumes, command))
+            services.append(ServiceSpec(sname, image, ports, environment, service_volumes, command))
 
     if v.issues:
         raise RecipeError(sorted(v.issues, key=lambda i: (i.line or 0, i.key)))

@@ -131,3 +131,36 @@ def test_digest_ignores_formatting(tmp_path):
 ])
 def test_parse_size(text, expected):
     assert parse_size(text) == expected
+
+
+def test_service_volumes_leave_the_image_volumes_alone(tmp_path):
+    # Issue 11 item 1: parse_recipe reused one variable for both lists.
+    text = GOOD + ("volumes: [/models]\nservices:\n  qdrant:\n    image: qdrant/qdrant:v1.9.0\n"
+                   "    volumes: [\"qdrant-data:/qdrant/storage\"]\n  cache:\n    image: redis:7\n")
+    recipe = load_recipe(write_recipe(tmp_path, text))
+    assert recipe.volumes == ("/models",)
+    assert {s.name: s.volumes for s in recipe.services} == {"cache": (), "qdrant": ("qdrant-data:/qdrant/storage",)}
+
+
+def test_two_weights_on_one_mount_refused(tmp_path):
+    text = GOOD + ("weights:\n  - {ref: 127.0.0.1:5000/w/a:1, mount: /models}\n"
+                   "  - {ref: 127.0.0.1:5000/w/b:1, mount: /models/}\n")
+    path, found = issues(tmp_path, text)
+    assert [(i.line, i.key) for i in found] == [(13, "weights[1].mount")]
+    assert "already the mount of weights[0]" in found[0].message
+    assert found[0].render().startswith(f"{path}:13: weights[1].mount:")
+
+
+@pytest.mark.parametrize("key", ["Team", "com.Example.Owner", "A1"])
+def test_uppercase_label_keys_accepted(tmp_path, key):
+    recipe = load_recipe(write_recipe(tmp_path, GOOD + f"labels: {{{key}: ml}}\n"))
+    assert recipe.labels == ((key, "ml"),)
+
+
+@pytest.mark.parametrize("key, words", [
+    ("team owner", "not a valid label key"), ("-team", "not a valid label key"), ("team.", "not a valid label key"),
+    ("IO.imgbuild.cuda.version", "set by imgbuild itself"),
+])
+def test_bad_label_keys_still_refused(tmp_path, key, words):
+    _, found = issues(tmp_path, GOOD + f"labels: {{'{key}': ml}}\n")
+    assert [i.key for i in found] == [f"labels.{key}"] and words in found[0].message
