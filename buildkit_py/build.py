@@ -46,6 +46,9 @@ class BuildOutcome:
     size: int
     pushes: tuple[PushResult, ...] = ()
     groups: dict[str, int] = field(default_factory=dict)
+    # What the built image carries, read back from the engine: the plan's static labels, the
+    # volatile ones (created, revision, base digest) and any the base passes through.
+    labels: dict[str, str] = field(default_factory=dict)
 
 
 def docker_client():
@@ -146,6 +149,7 @@ def run_build(plan: BuildPlan, backend: BuildBackend, options: BuildOptions, on_
 
     image = client.images.get(result.image_id)
     size = int(image.attrs.get("Size") or 0)
+    image_labels = dict(sorted(((image.attrs.get("Config") or {}).get("Labels") or {}).items()))
     groups = layer_groups(client, result.image_id, plan)
     if plan.recipe.max_size is not None and size > plan.recipe.max_size:
         # The image stays in the engine (its layers are cache) but loses the tags we gave it.
@@ -160,7 +164,7 @@ def run_build(plan: BuildPlan, backend: BuildBackend, options: BuildOptions, on_
     if options.push:
         for tag in tags:
             pushes.append(push_image(client, tag, on_progress=on_progress))
-    return BuildOutcome(plan, backend.name, result, size, tuple(pushes), groups)
+    return BuildOutcome(plan, backend.name, result, size, tuple(pushes), groups, image_labels)
 
 
 def _local_digest(client, ref: str) -> str | None:

@@ -333,7 +333,7 @@ def cmd_build(args, out: _Out) -> int:
     report = {
         "image_id": r.image_id, "tags": list(r.tags), "size": outcome.size, "backend": outcome.backend,
         "seconds": round(r.seconds, 2), "steps_run": r.run_steps, "steps_cached": r.cached_steps, "steps_rerun": list(r.rerun),
-        "groups": outcome.groups, "labels": plan.labels, "warnings": list(plan.warnings),
+        "groups": outcome.groups, "labels": outcome.labels, "warnings": list(plan.warnings),
         "pushes": [{"ref": p.ref, "tag": p.tag, "digest": p.digest, "size": p.size} for p in outcome.pushes],
     }
     if args.json:

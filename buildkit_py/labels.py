@@ -42,7 +42,8 @@ def static_labels(recipe: Recipe, res: Resolution) -> dict[str, str]:
         RECIPE_DIGEST: recipe.digest,
         OCI + "title": recipe.name,
         # Always set: otherwise the base's own value (Ubuntu stamps its release) shows through.
-        OCI + "version": recipe.version or "unversioned",
+        # The tag's version: with no `version:` the image is tagged :latest (README).
+        OCI + "version": recipe.version or "latest",
         OCI + "base.name": res.base_image.split("@", 1)[0],
     })
     if res.os:
@@ -79,17 +80,28 @@ def volatile_labels(recipe: Recipe, *, now: _dt.datetime | None = None,
 
 
 def git_facts(folder: Path) -> tuple[str | None, str | None]:
-    """(HEAD commit, origin URL) of the repository holding the recipe, where there is one."""
+    """(HEAD commit, origin URL) of the repository holding the recipe, where there is one.
+
+    The commit ends in "-dirty" when tracked files differ from it (as `git describe --dirty`
+    says): the image was then built from something no commit holds."""
 
     def git(*args: str) -> str | None:
+        """stdout of a git command ("" when it printed nothing), None when it failed."""
         try:
-            out = subprocess.run(["git", "-C", str(folder), *args], capture_output=True, text=True, timeout=10)
+            # --no-optional-locks: reading must not rewrite the user's index
+            out = subprocess.run(["git", "--no-optional-locks", "-C", str(folder), *args], capture_output=True,
+                                 text=True, timeout=10)
         except (OSError, subprocess.TimeoutExpired):
             return None
-        return out.stdout.strip() or None if out.returncode == 0 else None
+        return out.stdout.strip() if out.returncode == 0 else None
 
-    revision = git("rev-parse", "HEAD")
-    source = git("remote", "get-url", "origin")
+    revision = git("rev-parse", "HEAD") or None
+    if revision:
+        # Untracked files are left out, as git describe --dirty leaves them out; a tree whose
+        # state cannot be read is not claimed clean.
+        if git("status", "--porcelain", "--untracked-files=no") != "":
+            revision += "-dirty"
+    source = git("remote", "get-url", "origin") or None
     if source and "@" in source.split("//")[-1].split("/")[0]:
         source = None  # never stamp credentials embedded in a remote URL
     return revision, source

@@ -58,6 +58,8 @@ def test_build_labels_env_and_cuda_loads(project, docker_client, cleanup_images,
     assert labels["org.opencontainers.image.version"] == "1.0"
     assert labels["org.opencontainers.image.created"].endswith("Z")
     assert labels["team"] == "ml-platform"
+    # --json reports exactly what the image carries, volatile labels included (issue 11 item 19)
+    assert report["labels"] == labels
     env = dict(e.split("=", 1) for e in image.attrs["Config"]["Env"])
     assert env["NVIDIA_VISIBLE_DEVICES"] == "all"
     assert env["NVIDIA_DRIVER_CAPABILITIES"] == "compute,utility"

@@ -1,0 +1,64 @@
+"""The image contract in labels: version and git facts as the image should claim them."""
+
+import subprocess
+
+import pytest
+
+from buildkit_py import labels as L
+from buildkit_py.plan import make_plan
+from buildkit_py.recipe import load_recipe
+
+from helpers import write_recipe
+
+RECIPE = """\
+name: team/x
+cuda: {version: "12.4", source: wheels}
+base: {image: debian:bookworm-slim}
+python: "3.11"
+"""
+
+
+def test_no_version_labels_latest_like_the_tag(tmp_path):
+    plan = make_plan(load_recipe(write_recipe(tmp_path, RECIPE)))
+    assert list(plan.tags) == ["team/x:latest"]
+    assert plan.labels[L.OCI + "version"] == "latest"
+    plan = make_plan(load_recipe(write_recipe(tmp_path, RECIPE + "version: '2.1'\n")))
+    assert plan.labels[L.OCI + "version"] == "2.1"
+
+
+def git(folder, *args):
+    subprocess.run(["git", "-C", str(folder), *args], check=True, capture_output=True,
+                   env={"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@example.com", "GIT_COMMITTER_NAME": "t",
+                        "GIT_COMMITTER_EMAIL": "t@example.com", "HOME": str(folder), "PATH": "/usr/bin:/bin"})
+
+
+@pytest.fixture
+def repo(tmp_path):
+    git(tmp_path, "init", "-q")
+    recipe = write_recipe(tmp_path / "recipes", RECIPE)
+    git(tmp_path, "add", "-A")
+    git(tmp_path, "commit", "-q", "-m", "recipe")
+    head = subprocess.run(["git", "-C", str(tmp_path), "rev-parse", "HEAD"], capture_output=True,
+                          text=True, check=True).stdout.strip()
+    return recipe, head
+
+
+def test_revision_of_a_clean_tree_is_head(repo):
+    recipe, head = repo
+    (recipe.parent / "notes.txt").write_text("untracked files do not make a tree dirty (git describe --dirty)")
+    assert L.git_facts(recipe.parent) == (head, None)
+
+
+def test_revision_of_a_dirty_tree_says_so(repo):
+    recipe, head = repo
+    recipe.write_text(RECIPE + "version: '9'\n")
+    assert L.git_facts(recipe.parent) == (f"{head}-dirty", None)
+    git(recipe.parent, "add", "-A")  # staged, not committed: still no commit holds it
+    revision = L.volatile_labels(load_recipe(recipe))[L.OCI + "revision"]
+    assert revision == f"{head}-dirty"
+
+
+def test_no_repository_no_revision(tmp_path):
+    recipe = write_recipe(tmp_path, RECIPE)
+    assert L.git_facts(recipe.parent) == (None, None)
+    assert L.OCI + "revision" not in L.volatile_labels(load_recipe(recipe))
