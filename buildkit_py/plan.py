@@ -144,6 +144,11 @@ def weights_in_copies(recipe: Recipe, threshold: int = WEIGHT_FILE_THRESHOLD) ->
     return found
 
 
+def weights_in_copy_warning(index: int, rel: str, size: int) -> str:
+    return (f"copy[{index}] puts {rel} ({size / 2**20:.0f} MiB) into the image: keep weights out of images "
+            "(imgbuild weights push, then list them under weights: to mount them at run time)")
+
+
 def make_plan(recipe: Recipe, *, tags: tuple[str, ...] = (), registry: str | None = None,
               resolution: Resolution | None = None) -> BuildPlan:
     res = resolution or resolve(recipe)
@@ -204,10 +209,7 @@ def make_plan(recipe: Recipe, *, tags: tuple[str, ...] = (), registry: str | Non
     stages.append(Stage("final", res.base_image, tuple(steps), "final"))
 
     needs = {"multi-stage", "cache-mounts", "secrets"} if res.compile else {"cache-mounts", "secrets"}
-    warnings = res.warnings + tuple(
-        f"copy[{i}] puts {rel} ({size / 2**20:.0f} MiB) into the image: keep weights out of images "
-        "(imgbuild weights push, then list them under weights: to mount them at run time)"
-        for i, rel, size in weights_in_copies(recipe))
+    warnings = res.warnings + tuple(weights_in_copy_warning(*found) for found in weights_in_copies(recipe))
     return BuildPlan(
         recipe=recipe,
         resolution=res,

