@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from packaging.version import Version
 
-from .compat import forward_compat_branches, minor_compat_floor, resolve_cuda, toolkits
+from .compat import driver_branch_end_of_life, forward_compat_branches, minor_compat_floor, resolve_cuda, toolkits
 
 NATIVE, MINOR, FORWARD, INCOMPATIBLE = "native", "minor-version", "forward-compat", "incompatible"
 
@@ -81,8 +81,10 @@ def check_compat(cuda: str, driver: str, *, datacenter: bool | None = None) -> C
         return result(INCOMPATIBLE, f"driver {driver} is too old for CUDA {tk.version} (minimum {need}"
                       + (f", minor-version floor {floor}" if floor else "") + f"); {why}",
                       f"upgrade the driver to >= {need}{runs_natively}")
+    eol = driver_branch_end_of_life(branch)
+    why_not = (f"R{branch} reached end of life ({eol}), so forward compatibility (cuda-compat) is no longer supported on it"
+               if eol else f"R{branch} is not a cuda-compat branch for it")
     return result(INCOMPATIBLE,
                   f"driver {driver} is too old for CUDA {tk.version} (minimum {need}"
-                  + (f", minor-version floor {floor}" if floor else "") + ") and R" + branch
-                  + " is not a cuda-compat branch for it",
+                  + (f", minor-version floor {floor}" if floor else "") + ") and " + why_not,
                   f"upgrade the driver to >= {floor or need}{runs_natively}")

@@ -22,6 +22,7 @@ OS_PYTHON = {
     "ubuntu20.04": "3.8",
     "ubuntu22.04": "3.10",
     "ubuntu24.04": "3.12",
+    "ubuntu26.04": "3.14",  # packages.ubuntu.com resolute (26.04 LTS): python3 3.14.3-0ubuntu2, read 2026-12-03
 }
 # Image names whose OS imgbuild can tell without pulling them.
 _OS_FROM_IMAGE = [
@@ -30,6 +31,7 @@ _OS_FROM_IMAGE = [
     (re.compile(r"(^|/)debian:(trixie|13)\b"), "debian13"),
     (re.compile(r"(^|/)ubuntu:(22\.04|jammy)\b"), "ubuntu22.04"),
     (re.compile(r"(^|/)ubuntu:(24\.04|noble)\b"), "ubuntu24.04"),
+    (re.compile(r"(^|/)ubuntu:(26\.04|resolute)\b"), "ubuntu26.04"),
     (re.compile(r"(^|/)ubuntu:(20\.04|focal)\b"), "ubuntu20.04"),
 ]
 _PYTHON_IMAGE = re.compile(r"(^|/)python:(3\.\d+)")
@@ -100,6 +102,12 @@ def _fail(recipe: Recipe, key: str, *args, hint: str | None = None) -> Compatibi
     return CompatibilityError(*args, hint=hint, file=str(recipe.path), line=recipe.line_of(key), key=key)
 
 
+def _newest_hint(what: str, known: list[str]) -> str:
+    """The newest releases the shipped data knows (the list is ascending), newest first."""
+    newest = sorted(known, key=Version, reverse=True)[:6]
+    return f"use a {what} release imgbuild knows; the newest are {', '.join(newest)}"
+
+
 def _pin(recipe: Recipe, name: str) -> tuple[int, str] | None:
     for i, spec in enumerate(recipe.pip):
         if spec.split("==")[0].split("[")[0] == name:
@@ -139,7 +147,7 @@ def resolve(recipe: Recipe, base=None) -> Resolution:
     except LookupError as exc:
         raise _fail(recipe, "cuda.version", "cuda", recipe.cuda.version, "imgbuild's CUDA table",
                     compat.data_sources().get("toolkits", ""), str(exc).strip("'\""),
-                    hint="use a released CUDA toolkit version, e.g. 12.4 or 12.4.1") from None
+                    hint=_newest_hint("CUDA toolkit", [t.version for t in compat.toolkits()])) from None
     if recipe.cuda.source == "nvidia" and not recipe.base.image and recipe.cuda.version.count(".") == 1:
         toolkit = _newest_with_image(recipe, toolkit)
     cuda = toolkit.version
@@ -196,7 +204,7 @@ def resolve(recipe: Recipe, base=None) -> Resolution:
         except LookupError:
             known = [r.version for r in compat.torch_releases()]
             raise _fail(recipe, "torch", "torch", recipe.torch, "imgbuild's torch table", known[-1],
-                        "this torch release is unknown", hint=f"known releases: {', '.join(known[-8:])}") from None
+                        "this torch release is unknown", hint=_newest_hint("torch", known)) from None
         torch_version = release.version
         wanted = "cu" + _mm(cuda).replace(".", "")
         if wanted not in release.variants:
@@ -242,8 +250,9 @@ def resolve(recipe: Recipe, base=None) -> Resolution:
         try:
             rel = compat.flash_attn_release(fa_version)
         except LookupError:
-            raise _fail(recipe, key, "flash-attn", fa_version, "imgbuild's flash-attn table", "",
-                        "this flash-attn release is unknown") from None
+            known = [r.version for r in compat.flash_attn_releases()]
+            raise _fail(recipe, key, "flash-attn", fa_version, "imgbuild's flash-attn table", known[-1],
+                        "this flash-attn release is unknown", hint=_newest_hint("flash-attn", known)) from None
         if not torch_version:
             raise _fail(recipe, key, "flash-attn", fa_version, "torch", "(none)",
                         "flash-attn builds against torch", hint="pin torch: in the recipe")
@@ -278,8 +287,9 @@ def resolve(recipe: Recipe, base=None) -> Resolution:
         try:
             brel = compat.bitsandbytes_release(bnb_version)
         except LookupError:
-            raise _fail(recipe, f"pip[{i}]", "bitsandbytes", bnb_version, "imgbuild's bitsandbytes table", "",
-                        "this bitsandbytes release is unknown") from None
+            known = [r.version for r in compat.bitsandbytes_releases()]
+            raise _fail(recipe, f"pip[{i}]", "bitsandbytes", bnb_version, "imgbuild's bitsandbytes table", known[-1],
+                        "this bitsandbytes release is unknown", hint=_newest_hint("bitsandbytes", known)) from None
         if not _cuda_in(brel.cuda, cuda):
             raise _fail(recipe, f"pip[{i}]", "bitsandbytes", bnb_version, "cuda", cuda,
                         f"bitsandbytes {bnb_version} ships CUDA binaries for {_describe(brel.cuda)}",
@@ -287,6 +297,23 @@ def resolve(recipe: Recipe, base=None) -> Resolution:
         if python not in brel.python:
             raise _fail(recipe, f"pip[{i}]", "bitsandbytes", bnb_version, "python", python,
                         f"bitsandbytes {bnb_version} supports Python {brel.python}")
+        if torch_version and brel.torch and torch_version not in brel.torch:
+            fits = [r.version for r in compat.bitsandbytes_releases() if torch_version in r.torch
+                    and _cuda_in(r.cuda, cuda) and python in r.python]
+            raise _fail(recipe, f"pip[{i}]", "bitsandbytes", bnb_version, "torch", torch_version,
+                        f"bitsandbytes {bnb_version} requires torch {brel.torch}",
+                        hint=(f"use bitsandbytes=={fits[-1]} (the newest that accepts torch {torch_version})"
+                              if fits else f"use a torch in {brel.torch}"))
+        cc_floor = brel.min_compute_capability
+        for j, arch in enumerate(archs):
+            cc = arch.replace("+PTX", "")
+            if cc_floor and Version(cc) < Version(cc_floor):
+                raise _fail(recipe, f"build.cuda_arch[{j}]", "bitsandbytes", bnb_version, "cuda_arch", arch,
+                            f"bitsandbytes {bnb_version}'s PyPI wheel has kernels for compute capability {cc_floor} and newer",
+                            hint=f"drop {arch} or build bitsandbytes from source")
+            if brel.int8_compute_capability and Version(cc) < Version(brel.int8_compute_capability):
+                warnings.append(f"bitsandbytes: LLM.int8() needs compute capability {brel.int8_compute_capability}+; "
+                                f"on {arch} only 8-bit optimizers and NF4/FP4 quantization work")
 
     if from_source and not archs:
         archs = tuple(a for a in DEFAULT_BUILD_ARCHS if a in supported_archs)

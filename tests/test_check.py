@@ -13,13 +13,16 @@ from buildkit_py.check import check_compat
     ("12.4", "535.104.05", None, "minor-version"),     # >= 525.60.13 (CUDA 12.x minor compat floor)
     ("12.4", "525.60.13", None, "minor-version"),
     ("12.4", "525.60.11", None, "incompatible"),       # just below the floor, not a cuda-compat branch
-    ("12.4", "470.82.01", True, "forward-compat"),     # R470 + cuda-compat, data-center GPU
+    ("12.4", "470.82.01", True, "incompatible"),       # R470 ended July 2024: no forward compat any more
     ("12.4", "470.82.01", False, "incompatible"),      # forward compat is data-center only
     ("12.4", "470.82.01", None, "incompatible"),       # GPU type unknown: not claimed compatible
     ("12.4", "450.80.02", True, "incompatible"),
-    ("13.0", "535.104.05", True, "forward-compat"),    # R535 LTSB: CUDA 13 only via forward compat
+    ("13.0", "535.104.05", True, "incompatible"),      # R535 LTSB ended June 2026
     ("13.0", "535.104.05", False, "incompatible"),
-    ("13.0", "580.65.06", None, "minor-version"),      # 13.0 resolves to newest 13.0.x (13.0.3, 580.126.20)
+    ("13.0", "580.65.06", None, "minor-version"),      # 13.0 resolves to 13.0.3 (floor 13.0.2's 580.95.05)
+    ("13.0", "580.95.05", None, "native"),             # not the 13.0.3 runfile's 580.126.20
+    ("13.5", "580.65.06", None, "minor-version"),      # no Table 3 row for 13.5: only the 13.x floor
+    ("13.5", "620.10.01", None, "minor-version"),
     ("13.0.0", "580.65.06", None, "native"),
     ("11.8.0", "520.61.05", None, "native"),
     ("11.8", "450.80.02", None, "minor-version"),
@@ -38,10 +41,32 @@ def test_minor_version_message_says_what_is_limited():
     assert "550.54.15" in r.remedy and "12.2.2" in r.remedy  # newest toolkit 535.104.05 runs natively
 
 
-def test_forward_compat_remedy_names_package():
-    r = check_compat("12.4", "470.82.01", datacenter=True)
-    assert "cuda-compat-12-4" in r.remedy
-    assert r.compatible is False
+def test_end_of_life_branch_is_named():
+    r = check_compat("13.0", "535.104.05", datacenter=True)
+    assert "R535 reached end of life (June 2026)" in r.message and r.compatible is False
+
+
+def test_forward_compat_remedy_names_package(monkeypatch, tmp_path):
+    """A supported forward-compat branch (served from a data file that lists one) gets the cuda-compat remedy."""
+    import json
+    from importlib import resources
+
+    from buildkit_py.compat import tables
+    real = resources.files("buildkit_py.compat").joinpath("data")
+    (tmp_path / "data").mkdir()
+    for f in tables.DATA_FILES:
+        (tmp_path / "data" / f).write_text(real.joinpath(f).read_text())
+    fc = json.loads((tmp_path / "data" / "forward_compat.json").read_text())
+    fc["entries"][1]["branches"] = ["520"]
+    (tmp_path / "data" / "forward_compat.json").write_text(json.dumps(fc))
+    monkeypatch.setattr(tables.resources, "files", lambda pkg: tmp_path)
+    tables._forward_compat.cache_clear()
+    try:
+        r = check_compat("12.4", "520.61.05", datacenter=True)
+        assert r.verdict == "forward-compat" and "cuda-compat-12-4" in r.remedy
+        assert r.compatible is False
+    finally:
+        tables._forward_compat.cache_clear()
 
 
 def test_incompatible_remedy_names_driver_and_native_toolkit():

@@ -66,7 +66,7 @@ def test_minor_compat_floor(major, floor):
     assert compat.minor_compat_floor(major) == floor
 
 
-@pytest.mark.parametrize("cuda, branches", [("12.4", ("470",)), ("13.0", ("535", "570")), ("11.8", ()), ("11.0", ("418",))])
+@pytest.mark.parametrize("cuda, branches", [("12.4", ()), ("13.0", ()), ("13.5", ()), ("11.8", ()), ("11.0", ())])
 def test_forward_compat_branches(cuda, branches):
     assert compat.forward_compat_branches(cuda) == branches
 
@@ -267,6 +267,13 @@ def _set_tk(version, key, value):
     ("toolkits.json", _set_tk("12.4.1", "linux_min_driver", "five fifty"), "malformed"),
     ("toolkits.json", _set_tk("12.4.1", "source", ""), "source"),
     ("toolkits.json", lambda o: o.__setitem__("schema", 2), "schema"),
+    ("toolkits.json", _set_tk("13.5.0", "linux_min_driver", "610.43.02"), "minor-version floor"),
+    ("toolkits.json", _set_tk("12.8.2", "linux_min_driver", "570.211.01"), "same-minor"),
+    ("toolkits.json", _set_tk("12.8.2", "min_driver_basis", "runfile"), "min_driver_basis"),
+    ("toolkits.json", _set_tk("12.8.2", "read", "yesterday"), "YYYY-MM-DD"),
+    ("bitsandbytes.json", lambda o: o["releases"][-1].__setitem__("min_compute_capability", "sm60"), "malformed"),
+    ("forward_compat.json", lambda o: o["entries"][-1].__setitem__("branches", ["535"]), "end of life"),
+    ("forward_compat.json", lambda o: o["entries"][-1].pop("none_supported"), "none_supported"),
     ("torch.json", lambda o: o["releases"][0]["variants"].__setitem__("cu107", "10.7"), "known toolkit"),
     ("torch.json", lambda o: o["releases"][0]["variants"].__setitem__("cu118", "12.1"), "does not spell"),
     ("images.json", lambda o: o["images"][0].__setitem__("cuda", "11.0.9"), "known toolkit"),
@@ -282,3 +289,84 @@ def test_invariants(monkeypatch, tmp_path, name, mutate, match):
     with pytest.raises(CompatDataError, match=match) as exc:
         tables.validate_all()
     assert name in exc.value.message
+
+
+# ---------------------------------------------------------------- current data (issue 14)
+@pytest.mark.parametrize("cuda, floor, basis, runfile", [
+    ("12.8", "570.124.06", "same-minor", "570.211.01"),   # 12.8.2: no Table 3 row; the runfile's driver is no floor
+    ("12.8.1", "570.124.06", "table3", None),
+    ("13.0.3", "580.95.05", "same-minor", "580.126.20"),
+    ("13.3.1", "580", "minor-compat", "610.43.02"),
+    ("13.4", "580", "minor-compat", None),
+    ("13.5", "580", "minor-compat", None),
+])
+def test_toolkit_floor_basis(cuda, floor, basis, runfile):
+    t = compat.resolve_cuda(cuda)
+    assert (t.linux_min_driver, t.min_driver_basis, t.runfile_driver) == (floor, basis, runfile)
+
+
+def test_toolkits_through_13_5_with_cuda_toolkit_wheels():
+    assert [t.version for t in compat.toolkits() if t.major_minor in ("13.4", "13.5")] == [
+        "13.4.1", "13.4.2", "13.4.3", "13.5.0"]
+    assert compat.resolve_cuda("13.5").pypi["nvidia-cuda-runtime"] == "13.5.37"
+    # 12.8.2 ships 12.8.1's cudart (NVIDIA's cuda-toolkit meta package pins the same wheel)
+    assert compat.resolve_cuda("12.8.2").pypi["nvidia-cuda-runtime-cu12"] == \
+        compat.resolve_cuda("12.8.1").pypi["nvidia-cuda-runtime-cu12"] == "12.8.90"
+    assert compat.resolve_cuda("11.8").pypi["nvidia-cuda-runtime-cu11"] == "11.8.89"
+
+
+@pytest.mark.parametrize("version, variants, pypi_variant, toolkit", [
+    ("2.11.0", {"cu126", "cu128", "cu130"}, "cu130", "13.0.2"),
+    ("2.12.1", {"cu126", "cu130", "cu132"}, "cu130", "13.0.2"),
+    ("2.14.0", {"cu126", "cu130", "cu132"}, "cu130", "13.0.3"),
+    ("2.14.1", {"cu126", "cu130", "cu132"}, "cu130", "13.0.3"),
+    ("2.15.0", {"cu132"}, "cu132", "13.2.2"),
+])
+def test_torch_current_releases(version, variants, pypi_variant, toolkit):
+    r = compat.torch_release(version)
+    assert set(r.variants) == variants and r.pypi_variant == pypi_variant
+    assert r.pypi_cuda_wheels["cuda-toolkit"] == toolkit and "cudart" in r.pypi_cuda_toolkit_extras
+    assert "cu129" not in compat.torch_release("2.12.0").variants
+
+
+def test_torch_2_15_python_floor():
+    r = compat.torch_release("2.15.0")
+    assert "3.10" not in r.python and "3.11" in r.python and "3.15" in r.python
+
+
+def test_every_row_has_a_read_date_in_owned_files():
+    for name, rows_key in [("toolkits.json", "toolkits"), ("torch.json", "releases"), ("flash_attn.json", "releases"),
+                           ("bitsandbytes.json", "releases"), ("minor_compat.json", "floors")]:
+        raw = tables._load_raw(name)
+        assert raw["as_of"] == "2026-12-03"
+        assert all(r.get("read") for r in raw[rows_key]), name
+
+
+def test_flash_attn_post_releases_and_fa3():
+    r = compat.flash_attn_release("2.8.3.post2")
+    assert r.prebuilt == () and "8.0" in r.archs
+    assert compat.flash_attn_prebuilt("2.8.3.post1", "12.8", "2.8", "3.12").cuda == "12"
+    assert compat.flash_attn_prebuilt("2.8.3.post1", "13.0", "2.9", "3.12") is None
+    assert tables._load_raw("flash_attn.json")["fa3"]["published_wheels"] == []
+
+
+@pytest.mark.parametrize("version, torch_ok, torch_bad, cc", [
+    ("0.47.0", "2.2.0", "2.1.2", "5.0"),
+    ("0.48.0", "2.3.1", "2.2.2", "6.0"),
+    ("0.50.2", "2.4.1", "2.3.1", "6.0"),
+])
+def test_bitsandbytes_floors(version, torch_ok, torch_bad, cc):
+    r = compat.bitsandbytes_release(version)
+    assert torch_ok in r.torch and torch_bad not in r.torch
+    assert r.min_compute_capability == cc and r.int8_compute_capability == "7.5"
+
+
+@pytest.mark.parametrize("cuda, os_", [("12.5.1", "ubuntu24.04"), ("13.0.2", "ubuntu24.04"), ("13.3.1", "ubuntu26.04"),
+                                       ("13.4", "ubuntu26.04"), ("13.4", "ubuntu24.04")])
+def test_current_image_oses(cuda, os_):
+    assert os_ in compat.cuda_image_oses(cuda)
+
+
+def test_image_absent_names_its_reason():
+    with pytest.raises(LookupError, match="no nvidia/cuda 13.5.0 tag seen"):
+        compat.cuda_image_tag("13.5", "runtime", None, "ubuntu24.04")

@@ -150,3 +150,42 @@ def test_flash_attn_blackwell_builds_from_source(tmp_path):
 def test_bitsandbytes_cuda_clash(tmp_path):
     err = clash(tmp_path, cuda="12.6", extra='pip: ["bitsandbytes==0.43.3"]')
     assert err.component == "bitsandbytes" and err.other_version == "12.6.3"
+
+
+def test_cuda_12_8_floor_is_table3_not_the_runfile_driver(tmp_path):
+    res = resolve(recipe(tmp_path, cuda="12.8"))
+    assert res.min_driver == "570.124.06"
+
+
+def test_bitsandbytes_torch_floor_refused_with_hint(tmp_path):
+    err = clash(tmp_path, cuda="12.1", extra='torch: "2.3.1"\npip: ["bitsandbytes==0.50.2"]')
+    assert (err.component, err.other, err.other_version) == ("bitsandbytes", "torch", "2.3.1")
+    assert ">=2.4" in err.message and "bitsandbytes==0.49.2" in err.hint
+
+
+def test_bitsandbytes_compute_capability_floor(tmp_path):
+    err = clash(tmp_path, cuda="12.4", extra='torch: "2.4.1"\npip: ["bitsandbytes==0.50.2"]\nbuild: {cuda_arch: ["5.2"]}')
+    assert err.other == "cuda_arch" and "6.0" in err.message
+    res = resolve(recipe(tmp_path, cuda="12.4", extra='torch: "2.4.1"\npip: ["bitsandbytes==0.50.2"]\n'
+                         'build: {cuda_arch: ["7.0"]}'))
+    assert any("LLM.int8() needs compute capability 7.5+" in w for w in res.warnings)
+
+
+@pytest.mark.parametrize("extra, newest", [
+    ('torch: "2.99.0"', "2.15.0"),
+    ('torch: "2.4.1"\npip: ["flash-attn==9.9.9"]', "2.8.3.post2"),
+    ('pip: ["bitsandbytes==9.9.9"]', "0.50.2"),
+])
+def test_unknown_release_hints_newest(tmp_path, extra, newest):
+    err = clash(tmp_path, extra=extra)
+    assert "unknown" in err.message and err.hint.split("newest are ")[1].startswith(newest)
+
+
+def test_unknown_cuda_hints_newest(tmp_path):
+    err = clash(tmp_path, cuda="13.9")
+    assert "13.5.0" in err.hint
+
+
+def test_ubuntu_26_04_image_and_python(tmp_path):
+    res = resolve(recipe(tmp_path, cuda="13.4", source="nvidia", python="3.14", base="base: {os: ubuntu26.04}"))
+    assert res.base_image == "nvidia/cuda:13.4.2-runtime-ubuntu26.04" and res.python_provider == "os"

@@ -8,6 +8,7 @@ from .tables import (
     Toolkit,
     TorchRelease,
     bitsandbytes_release,
+    bitsandbytes_releases,
     cuda_archs,
     cuda_image_oses,
     cuda_image_tag,
@@ -15,8 +16,10 @@ from .tables import (
     cuda_runtime_wheels,
     cudnn_versions,
     data_sources,
+    driver_branch_end_of_life,
     flash_attn_prebuilt,
     flash_attn_release,
+    flash_attn_releases,
     forward_compat_branches,
     image_end_of_life,
     minor_compat,
@@ -31,8 +34,8 @@ from .tables import (
 
 __all__ = [
     "BnbRelease", "FlashAttnRelease", "MinorCompatFloor", "PrebuiltWheel", "Toolkit", "TorchRelease",
-    "bitsandbytes_release", "cuda_archs", "cuda_image_oses", "cuda_image_tag", "cuda_image_tags",
-    "cuda_runtime_wheels", "cudnn_versions", "data_sources", "flash_attn_prebuilt", "flash_attn_release",
+    "bitsandbytes_release", "bitsandbytes_releases", "cuda_archs", "cuda_image_oses", "cuda_image_tag", "cuda_image_tags",
+    "cuda_runtime_wheels", "cudnn_versions", "data_sources", "driver_branch_end_of_life", "flash_attn_prebuilt", "flash_attn_release", "flash_attn_releases",
     "forward_compat_branches", "image_end_of_life", "minor_compat", "minor_compat_floor", "resolve_cuda",
     "toolkits", "torch_index_url", "torch_release", "torch_releases", "validate_all",
 ]

@@ -92,6 +92,9 @@ class BnbRelease:
     python: SpecifierSet
     source: str
     notes: str | None = None
+    torch: SpecifierSet = SpecifierSet()        # the wheel's Requires-Dist on torch (empty: none declared)
+    min_compute_capability: str | None = None   # GPUs below it have no kernels in the PyPI wheel
+    int8_compute_capability: str | None = None  # LLM.int8() needs at least this
 
 
 @dataclass(frozen=True)
@@ -267,8 +270,13 @@ def _forward_compat() -> tuple[_RangeEntry, ...]:
     for e in raw["entries"]:
         key = e.get("cuda")
         branches = tuple(e.get("branches", ()))
-        if not branches or not all(re.fullmatch(r"\d{3}", b) for b in branches):
+        if not all(re.fullmatch(r"\d{3}", b) for b in branches):
             raise _fail(f, key, f"branches must be 3-digit driver branches, got {branches!r}")
+        if not branches and not e.get("none_supported"):
+            raise _fail(f, key, "an entry without branches must say why (none_supported)")
+        eol = set(raw.get("end_of_life", {})) & set(branches)
+        if eol:
+            raise _fail(f, key, f"branch(es) {', '.join(sorted(eol))} reached end of life (end_of_life) and are no target")
         out.append(_RangeEntry(_spec(f, key, key), branches, _need_source(f, key, e)))
     return tuple(out)
 
@@ -288,8 +296,14 @@ def _images() -> tuple[dict, dict[str, ImageSet]]:
             raise _fail(f, v, "os list empty or duplicated")
         out[v] = ImageSet(v, oses, tuple(e.get("cudnn", ())), e.get("cudnn_tag", ""), _need_source(f, v, e))
     _ascending(f, list(out))
+    absent = raw.get("absent", {})
+    for v, why in absent.items():
+        if v not in known or v in out:
+            raise _fail(f, v, "an 'absent' entry must be a known toolkit without image rows")
+        if not (isinstance(why, dict) and why.get("reason")):
+            raise _fail(f, v, "an 'absent' entry needs a reason")
     meta = {"flavors": tuple(raw["flavors"]), "cudnn_flavors": tuple(raw["cudnn_flavors"]),
-            "eol": raw.get("end_of_life", {})}
+            "eol": raw.get("end_of_life", {}), "absent": {v: why["reason"] for v, why in absent.items()}}
     return meta, out
 
 
@@ -361,7 +375,10 @@ def _bnb() -> tuple[BnbRelease, ...]:
             cuda_v: SpecifierSet | tuple[str, ...] = tuple(cuda)
         else:
             cuda_v = _spec(f, v, cuda)
-        out.append(BnbRelease(v, cuda_v, _spec(f, v, e.get("python")), _need_source(f, v, e), e.get("notes")))
+        ccs = [e.get("min_compute_capability"), e.get("int8_compute_capability")]
+        _archs_ok(f, v, tuple(c for c in ccs if c is not None))
+        out.append(BnbRelease(v, cuda_v, _spec(f, v, e.get("python")), _need_source(f, v, e), e.get("notes"),
+                              _spec(f, v, e.get("torch")), ccs[0], ccs[1]))
     _ascending(f, [r.version for r in out])
     return tuple(out)
 
@@ -449,6 +466,13 @@ def minor_compat(major: int) -> MinorCompatFloor | None:
     return _minor_floors().get(int(major))
 
 
+def driver_branch_end_of_life(branch: str) -> str | None:
+    """``"July 2024"`` where NVIDIA's data-center driver pages list the branch as ended, else None."""
+    _forward_compat()
+    entry = _load_raw("forward_compat.json").get("end_of_life", {}).get(str(branch))
+    return entry["eol"] if entry else None
+
+
 def forward_compat_branches(cuda: str) -> tuple[str, ...]:
     v = Version(resolve_cuda(cuda).version)
     out: list[str] = []
@@ -492,7 +516,9 @@ def cuda_image_tag(cuda: str, flavor: str, cudnn: str | None, os: str) -> str:
     img = _image_for(cuda)
     if img is None:
         known = ", ".join(sorted({_mm(v) for v in _images()[1]}, key=Version))
-        raise LookupError(f"no nvidia/cuda image recorded for CUDA {cuda}; CUDA versions with images: {known}")
+        why = meta["absent"].get(str(cuda)) or next((r for v, r in meta["absent"].items() if _mm(v) == str(cuda)), None)
+        raise LookupError(f"no nvidia/cuda image recorded for CUDA {cuda}" + (f" ({why})" if why else "")
+                          + f"; CUDA versions with images: {known}")
     exists = ", ".join(cuda_image_tags(img.cuda))
     if os not in img.oses:
         raise LookupError(f"no nvidia/cuda {img.cuda} image for {os}; available: {exists}")
@@ -556,6 +582,14 @@ def flash_attn_prebuilt(version: str, cuda: str, torch: str, python: str) -> Pre
         if w.cuda.split(".")[0] == cuda_major and w.torch == torch_mm and py in w.python:
             return w
     return None
+
+
+def bitsandbytes_releases() -> tuple[BnbRelease, ...]:
+    return _bnb()
+
+
+def flash_attn_releases() -> tuple[FlashAttnRelease, ...]:
+    return _flash_attn()
 
 
 def bitsandbytes_release(version: str) -> BnbRelease:
