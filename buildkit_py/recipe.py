@@ -50,6 +50,12 @@ LABEL_KEY_RE = _exact(r"^[A-Za-z0-9](?:[A-Za-z0-9.-]*[A-Za-z0-9])?$")
 ARCH_RE = _exact(r"^\d+\.\d+a?(?:\+PTX)?$")
 SERVICE_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_-]*$")
 PORT_RE = re.compile(r"^(?:\d{1,3}(?:\.\d{1,3}){3}:)?\d{1,5}(?::\d{1,5})?(?:/(?:tcp|udp))?$")
+# Compose's short volume syntax, [SOURCE:]TARGET[:OPTIONS] (compose-go format.ParseVolume): a
+# SOURCE starting with '.', '/' or '~' is a host path, anything else a named volume, which the
+# file must also declare under the top-level `volumes:`.
+VOLUME_NAME_RE = _exact(r"^[a-zA-Z0-9][a-zA-Z0-9_.-]*$")
+VOLUME_OPTIONS = frozenset({"ro", "rw", "nocopy", "z", "Z", "shared", "rshared", "slave", "rslave", "private",
+                            "rprivate"})
 # No '$' (Dockerfile variable expansion), quotes, backslashes or control characters.
 SAFE_PATH_RE = _exact(r"^[A-Za-z0-9._/@+=,: -]+$")
 SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]i?B|B)?\s*$", re.IGNORECASE)
@@ -396,6 +402,44 @@ def _check_abs_path(path: str, key: str, v: _Validator) -> str | None:
     return os.path.normpath(path)
 
 
+def split_service_volume(spec: str) -> tuple[str | None, str, tuple[str, ...]]:
+    """'data:/var/lib/x:ro' -> ('data', '/var/lib/x', ('ro',)); '/cache' -> (None, '/cache', ()).
+    ValueError (with the reason) for what Compose would refuse or read differently."""
+    if "$" in spec:
+        raise ValueError("Compose would substitute the '$' from the shell environment")
+    parts = spec.split(":")
+    if len(parts) > 3 or any(not p for p in parts):
+        raise ValueError("is not [SOURCE:]TARGET[:OPTIONS], e.g. qdrant-data:/qdrant/storage")
+    source, target = (None, parts[0]) if len(parts) == 1 else (parts[0], parts[1])
+    if not target.startswith("/"):
+        raise ValueError(f"the target {target!r} must be an absolute path in the container")
+    options = tuple(parts[2].split(",")) if len(parts) == 3 else ()
+    unknown = [o for o in options if o not in VOLUME_OPTIONS]
+    if unknown:
+        raise ValueError(f"unknown option {unknown[0]!r} (allowed: {', '.join(sorted(VOLUME_OPTIONS))})")
+    if source is not None and source[0] not in "./~" and not VOLUME_NAME_RE.match(source):
+        raise ValueError(f"{source!r} is neither a host path (./, /, ~) nor a volume name (letters, digits, ._-)")
+    return source, target, options
+
+
+def named_volume(spec: str) -> str | None:
+    """The named volume a valid service volume uses, None for a host path or an anonymous one."""
+    source = split_service_volume(spec)[0]
+    return source if source is not None and source[0] not in "./~" else None
+
+
+def _check_service_volume(v: _Validator) -> Callable[[str, str], str | None]:
+    def check(spec: str, key: str) -> str | None:
+        try:
+            split_service_volume(spec)
+        except ValueError as exc:
+            v.fail(key, f"{spec!r}: {exc}")
+            return None
+        return spec
+
+    return check
+
+
 def load_recipe(path: str | os.PathLike) -> Recipe:
     """Load a recipe without its matrix (see ``matrix`` for the variants)."""
     path = Path(path)
@@ -647,7 +691,7 @@ def parse_recipe(text: str, path: Path, *, overrides: dict[str, Any] | None = No
         environment = v.string_map(item.get("environment"), f"{key}.environment", ENV_NAME_RE,
                                    "a valid environment variable name")
         # Not `volumes`: that name holds the image's own VOLUME list, returned below.
-        service_volumes = v.string_list(item.get("volumes"), f"{key}.volumes")
+        service_volumes = v.string_list(item.get("volumes"), f"{key}.volumes", _check_service_volume(v))
         command = v.string_list(item.get("command"), f"{key}.command")
         if image:
             services.append(ServiceSpec(sname, image, ports, environment, service_volumes, command))

@@ -12,6 +12,7 @@ from pathlib import Path
 import yaml
 
 from .errors import UsageError
+from .recipe import named_volume
 
 DOCKER = "/usr/bin/docker" if os.path.exists("/usr/bin/docker") else (shutil.which("docker") or "docker")
 # Where the NVIDIA container toolkit writes CDI specs (`nvidia-ctk cdi generate`).
@@ -106,7 +107,13 @@ def compose_document(image: str, recipe) -> dict:
         if s.volumes:
             svc["volumes"] = list(s.volumes)
         services[s.name] = svc
-    return {"name": recipe.name.replace("/", "-"), "services": services}
+    doc: dict = {"name": recipe.name.replace("/", "-"), "services": services}
+    # Compose refuses a service whose named volume the file does not declare ("refers to
+    # undefined volume"); the JSON schema alone does not check that.
+    named = sorted({n for s in recipe.services for n in map(named_volume, s.volumes) if n})
+    if named:
+        doc["volumes"] = {n: {} for n in named}
+    return doc
 
 
 def compose_text(image: str, recipe) -> str:

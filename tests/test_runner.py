@@ -1,7 +1,10 @@
 """run/compose planning: GPU detection, weights mounts, compose documents; COPY of weights flagged."""
 
 import json
+from pathlib import Path
 
+import jsonschema
+import pytest
 import yaml
 
 from buildkit_py.plan import make_plan
@@ -9,6 +12,8 @@ from buildkit_py.recipe import load_recipe
 from buildkit_py.runner import compose_document, gpu_runtime, make_run_plan, weights_dir_name
 
 from helpers import REPO, run_cli, write_recipe
+
+COMPOSE_SCHEMA = json.loads((Path(__file__).parent / "fixtures" / "compose-spec" / "compose-spec.json").read_text())
 
 RECIPE = """\
 name: team/infer
@@ -93,3 +98,70 @@ def test_run_dry_run_json():
     data = json.loads(out)
     assert data["argv"][-3:] == ["python", "-c", "print(1)"] and data["gpu"] is False
     assert data["weights"][0]["mount"] == "/models/tiny-llm"
+
+
+def compose_problems(doc: dict) -> list[str]:
+    """What Compose refuses in a document: the compose-spec schema, plus the rule the schema
+    cannot express (compose-go loader/validate.go): a service's named volume is declared at the
+    top level. Short syntax as compose-go reads it: [SOURCE:]TARGET[:MODE], SOURCE a path when
+    it starts with '.', '/' or '~'."""
+    problems = [f"{'.'.join(map(str, e.absolute_path))}: {e.message}"
+                for e in jsonschema.Draft202012Validator(COMPOSE_SCHEMA).iter_errors(doc)]
+    declared = set(doc.get("volumes") or {})
+    for name, service in (doc.get("services") or {}).items():
+        for volume in service.get("volumes") or []:
+            if isinstance(volume, dict):
+                source = volume.get("source") if volume.get("type") == "volume" else None
+            else:
+                parts = volume.split(":")
+                source = parts[0] if len(parts) > 1 and parts[0][:1] not in ("./~") else None
+            if source and source not in declared:
+                problems.append(f"service {name!r} refers to undefined volume {source}")
+    return problems
+
+
+SERVICES_WITH_VOLUMES = RECIPE.replace(
+    "environment: {QDRANT__LOG_LEVEL: INFO}}",
+    "environment: {QDRANT__LOG_LEVEL: INFO},\n"
+    "           volumes: [\"qdrant-data:/qdrant/storage\", \"./snapshots:/qdrant/snapshots:ro\", /tmp/scratch]}\n"
+    "  cache: {image: \"redis:7.2\", volumes: [\"qdrant-data:/shared:ro,nocopy\", \"cache-data:/data\"]}")
+
+
+def test_the_compose_check_can_fail():
+    doc = {"name": "x", "services": {"db": {"image": "qdrant/qdrant:v1", "volumes": ["data:/qdrant/storage"]}}}
+    assert compose_problems(doc) == ["service 'db' refers to undefined volume data"]
+    assert compose_problems({**doc, "volumes": {"data": {}}}) == []
+    assert compose_problems({"services": {"db": {"image": 1}}})  # the schema part
+
+
+@pytest.mark.parametrize("text", [RECIPE, SERVICES_WITH_VOLUMES, RECIPE.split("services:")[0]],
+                         ids=["services", "named-volumes", "no-services"])
+def test_compose_document_is_valid_compose(tmp_path, text):
+    recipe = load_recipe(write_recipe(tmp_path, text))
+    doc = yaml.safe_load(yaml.safe_dump(compose_document("team/infer:latest", recipe)))
+    assert compose_problems(doc) == []
+
+
+def test_compose_declares_each_named_volume_once(tmp_path):
+    recipe = load_recipe(write_recipe(tmp_path, SERVICES_WITH_VOLUMES))
+    doc = compose_document("team/infer:latest", recipe)
+    assert doc["volumes"] == {"cache-data": {}, "qdrant-data": {}}
+    assert doc["services"]["qdrant"]["volumes"] == ["qdrant-data:/qdrant/storage", "./snapshots:/qdrant/snapshots:ro",
+                                                    "/tmp/scratch"]
+    assert "volumes" not in compose_document("team/infer:latest", load_recipe(write_recipe(tmp_path, RECIPE)))
+
+
+@pytest.mark.parametrize("spec, words", [
+    ("qdrant-data", "must be an absolute path"),
+    ("data:storage", "must be an absolute path"),
+    ("data:/a:/b:ro", "is not [SOURCE:]TARGET[:OPTIONS]"),
+    ("data::/a", "is not [SOURCE:]TARGET[:OPTIONS]"),
+    ("data:/a:readonly", "unknown option 'readonly'"),
+    ("${HOME}/x:/a", "substitute"),
+    ("-data:/a", "neither a host path"),
+])
+def test_bad_service_volume_is_a_recipe_error(tmp_path, spec, words):
+    path = write_recipe(tmp_path, RECIPE.replace("ports: [\"6333:6333\"]", f"volumes: [{json.dumps(spec)}]"))
+    code, _, err = run_cli("compose", str(path))
+    assert code == 2, err
+    assert f"{path}:7: services.qdrant.volumes[0]:" in err and words in err, err
