@@ -3,12 +3,11 @@
 import subprocess
 
 import pytest
+from helpers import write_recipe
 
 from buildkit_py import labels as L
 from buildkit_py.plan import make_plan
 from buildkit_py.recipe import load_recipe
-
-from helpers import write_recipe
 
 RECIPE = """\
 name: team/x

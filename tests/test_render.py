@@ -3,6 +3,7 @@
 import json
 import os
 import subprocess
+import sys
 
 import dockerfile
 import pytest
@@ -32,9 +33,33 @@ def test_golden(recipe):
     assert text == golden.read_text(), f"{recipe.name} renders differently from {golden.name} (`make golden` if intended)"
 
 
-@pytest.mark.parametrize("recipe", RECIPES, ids=lambda p: p.stem)
-def test_render_is_deterministic(recipe):
-    assert rendered(recipe) == rendered(recipe)
+# Renders every recipe (Dockerfile and plan JSON, keys in the order written) in a fresh interpreter.
+_RENDER_ALL = """
+import json, sys
+from buildkit_py.plan import make_plan, plan_json
+from buildkit_py.recipe import load_recipe
+from buildkit_py.render import render_dockerfile
+out = {}
+for path in sys.argv[1:]:
+    plan = make_plan(load_recipe(path))
+    out[path] = json.dumps(plan_json(plan, render_dockerfile(plan)))
+print(json.dumps(out))
+"""
+
+
+def test_render_is_deterministic_across_processes():
+    """Same recipe, same bytes: in separate interpreters whose str hashes (set and dict-of-set
+    order) differ. Two renders in one process would share one hash seed and prove nothing."""
+    runs = {}
+    for seed in ("0", "1", "4242"):
+        proc = subprocess.run([sys.executable, "-c", _RENDER_ALL, *map(str, RECIPES)], capture_output=True, text=True,
+                              timeout=120, env={**os.environ, "PYTHONHASHSEED": seed, "PYTHONPATH": str(REPO)})
+        assert proc.returncode == 0, proc.stderr
+        runs[seed] = json.loads(proc.stdout)
+    assert set(runs["0"]) == set(map(str, RECIPES))
+    assert runs["0"] == runs["1"] == runs["4242"]
+    # and the same as this process renders
+    assert {p: json.loads(v)["dockerfile"] for p, v in runs["0"].items()} == {str(p): rendered(p) for p in RECIPES}
 
 
 @pytest.mark.parametrize("recipe", RECIPES, ids=lambda p: p.stem)
@@ -43,7 +68,7 @@ def test_hadolint_no_errors(recipe, tmp_path, hadolint):
     path.write_text(rendered(recipe))
     out = subprocess.run([hadolint, "--no-color", "--format", "json", "--failure-threshold", "error", str(path)],
                          capture_output=True, text=True)
-    findings = json.loads(out.stdout or "[]")
+    findings = json.loads(out.stdout)
     errors = [f for f in findings if f["level"] == "error"]
     assert not errors, errors
     assert out.returncode == 0

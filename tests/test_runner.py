@@ -6,12 +6,11 @@ from pathlib import Path
 import jsonschema
 import pytest
 import yaml
+from helpers import REPO, run_cli, write_recipe
 
 from buildkit_py.plan import make_plan
 from buildkit_py.recipe import load_recipe
 from buildkit_py.runner import compose_document, gpu_runtime, make_run_plan, weights_dir_name
-
-from helpers import REPO, run_cli, write_recipe
 
 COMPOSE_SCHEMA = json.loads((Path(__file__).parent / "fixtures" / "compose-spec" / "compose-spec.json").read_text())
 

@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import unavailable
 
 from buildkit_py import auth, oci, weights
 from buildkit_py.errors import DigestMismatch, ManifestNotFound, UnsafePath, WeightsError
@@ -196,7 +197,7 @@ def test_corrupt_blob_on_registry_disk_is_caught(client, ref, tmp_path):
     hexdigest = victim.digest.split(":", 1)[1]
     blob = REGISTRY_BLOBS / hexdigest[:2] / hexdigest / "data"
     if not os.access(blob, os.W_OK):
-        pytest.skip(f"registry storage {blob} is not writable here")
+        unavailable(f"registry storage {blob} is not writable here")
     data = bytearray(blob.read_bytes())
     data[len(data) // 2] ^= 0xFF  # one flipped byte, same size
     blob.write_bytes(bytes(data))
