@@ -21,7 +21,7 @@ from ..errors import CompatDataError
 
 SCHEMA = 1
 _DRIVER_RE = re.compile(r"^\d{3}(\.\d{1,3}){0,2}$")
-_ARCH_RE = re.compile(r"^\d{1,2}\.\d$")
+_ARCH_RE = re.compile(r"^\d{1,2}\.\d[af]?$")  # 9.0a: arch-specific, 10.0f: family-specific
 _VARIANT_RE = re.compile(r"^cu(\d{2})(\d)$")
 _DATE_RE = re.compile(r"^20\d\d-[01]\d-[0-3]\d$")
 _BASES = ("table3", "same-minor", "minor-compat")
@@ -126,6 +126,51 @@ class _RangeEntry:
 def _mm(version: str) -> str:
     parts = version.split(".")
     return ".".join(parts[:2])
+
+
+class CompatGap(LookupError):
+    """A question the shipped data has no row for. Carries what was asked, the known values
+    nearest to it and a hint that names the newest release that fits, so the resolver can turn
+    it into a resolution error at the recipe key (never an internal error)."""
+
+    def __init__(self, what: str, value: str, reason: str, *, nearest: tuple[str, ...] = (),
+                 hint: str | None = None):
+        self.what, self.value, self.reason = what, str(value), reason
+        self.nearest, self.hint = tuple(nearest), hint
+        text = f"{what} {value}: {reason}"
+        if nearest:
+            text += f"; known near it: {', '.join(nearest)}"
+        super().__init__(text)
+
+    def __str__(self) -> str:
+        return self.args[0]
+
+
+def arch_key(arch: str) -> tuple[int, int, str]:
+    """Sort key of a compute capability: 9.0 < 9.0a < 9.0f < 10.0 (Version() would read 9.0a as a pre-release)."""
+    m = re.match(r"^(\d+)\.(\d+)([af]?)", arch)
+    return (int(m.group(1)), int(m.group(2)), m.group(3)) if m else (0, 0, arch)
+
+
+def arch_base(arch: str) -> str:
+    """``9.0a+PTX`` -> ``9.0``: the compute capability a GPU reports."""
+    return re.sub(r"[af]$", "", arch.replace("+PTX", ""))
+
+
+def nearest_versions(value: str, known, n: int = 4) -> tuple[str, ...]:
+    """The ``n`` known versions closest to ``value`` (major.minor distance, then newest), ascending."""
+    known = list(dict.fromkeys(known))
+    try:
+        t = Version(str(value))
+        tv = t.major * 1000 + t.minor + (t.micro / 1000 if len(t.release) > 2 else 0)
+    except InvalidVersion:
+        return tuple(sorted(known, key=Version)[-n:])
+
+    def dist(v: str) -> tuple[float, Version]:
+        x = Version(v)
+        return (abs(x.major * 1000 + x.minor + (x.micro / 1000 if len(x.release) > 2 else 0) - tv), -x.major * 1000 - x.minor)
+
+    return tuple(sorted(sorted(known, key=dist)[:n], key=Version))
 
 
 def _fail(file: str, entry: Any, why: str) -> CompatDataError:
@@ -337,7 +382,7 @@ def _archs_ok(f: str, key: Any, archs: tuple[str, ...]) -> None:
     for a in archs:
         if not _ARCH_RE.match(a):
             raise _fail(f, key, f"malformed compute capability {a!r}")
-    if list(archs) != sorted(set(archs), key=Version):
+    if list(archs) != sorted(set(archs), key=arch_key):
         raise _fail(f, key, "compute capabilities must be unique and ascending")
 
 
@@ -396,23 +441,123 @@ def _archs() -> tuple[_RangeEntry, ...]:
     return tuple(out)
 
 
+@dataclass(frozen=True)
+class WheelSet:
+    """The nvidia-* wheels of one CUDA toolkit release on PyPI, by ``cuda-toolkit`` extra
+    (cudart, cublas, nvcc, ...). ``naming``: "suffixed" (-cu11/-cu12 names) or "unsuffixed"
+    (CUDA 13: nvidia-cuda-runtime, ...). ``meta_package``: the cuda-toolkit release they were
+    read from, None where the toolkit predates that package."""
+    toolkit: str
+    naming: str
+    meta_package: str | None
+    extras: tuple[tuple[str, tuple[tuple[str, str], ...]], ...]
+    source: str
+
+    def has(self, extra: str) -> bool:
+        return any(name == extra for name, _ in self.extras)
+
+    def pins(self, *extras: str) -> tuple[str, ...]:
+        """``name==version`` of every wheel the extras install, sorted and unique."""
+        want = dict(self.extras)
+        out = {f"{pkg}=={ver}" for e in extras if e in want for pkg, ver in want[e]}
+        return tuple(sorted(out))
+
+    def package(self, extra: str) -> str:
+        """The wheel that carries an extra's main library (e.g. cudart -> nvidia-cuda-runtime-cu12)."""
+        pkgs = [p for p, _ in dict(self.extras).get(extra, ())]
+        return pkgs[0] if pkgs else ""
+
+
+@dataclass(frozen=True)
+class CudnnWheel:
+    cuda: SpecifierSet
+    cudnn: str  # major, as recipes spell cuda.cudnn
+    wheel: str
+    version: str
+    source: str
+
+
+@dataclass(frozen=True)
+class _WheelData:
+    releases: tuple[WheelSet, ...]
+    cudnn: tuple[CudnnWheel, ...]
+    absent: dict[str, str]  # CUDA major.minor -> why no wheels exist
+    devel_extras: tuple[str, ...]
+    devel_from: Version  # first CUDA whose nvcc wheel holds a working nvcc (not only ptxas)
+    devel_source: str
+
+
 @functools.lru_cache(maxsize=None)
-def _wheels() -> dict[str, tuple[dict[str, str], str]]:
+def _wheels() -> _WheelData:
     f = "wheels.json"
     raw = _load_raw(f)
-    known = _known_mm()
-    out = {}
-    for e in raw["entries"]:
-        c = e.get("cuda")
-        if c not in known:
-            raise _fail(f, c, "not a known toolkit major.minor")
-        wheels = dict(e.get("wheels", {}))
-        rt = [k for k in wheels if k.startswith("nvidia-cuda-runtime-cu")]
-        if not rt or not wheels[rt[0]].startswith(c + "."):
-            raise _fail(f, c, "needs an nvidia-cuda-runtime wheel of the same major.minor")
-        out[c] = (wheels, _need_source(f, c, e))
-    _ascending(f, list(out))
-    return out
+    known = _known_versions()
+    families = raw.get("families", {})
+    for mj, fam in families.items():
+        if fam.get("naming") not in {"suffixed", "unsuffixed"}:
+            raise _fail(f, f"families.{mj}", "naming must be 'suffixed' or 'unsuffixed'")
+        _need_source(f, f"families.{mj}", fam)
+    releases = []
+    for e in raw["releases"]:
+        v = e.get("toolkit")
+        if v not in known:
+            raise _fail(f, v, "not a known toolkit version (toolkits.json)")
+        fam = families.get(v.split(".")[0])
+        if fam is None:
+            raise _fail(f, v, "no 'families' entry for this CUDA major")
+        extras = e.get("extras", {})
+        rt = dict(extras.get("cudart", {}))
+        rt_name = "nvidia-cuda-runtime" + fam["suffix"]
+        if rt_name not in rt or not rt[rt_name].startswith(_mm(v) + "."):
+            raise _fail(f, v, f"extra cudart must hold {rt_name} of the same major.minor")
+        for extra, pkgs in extras.items():
+            for pkg, ver in pkgs.items():
+                _ver(f, v, ver)
+                if fam["naming"] == "suffixed" and pkg.startswith("nvidia-") and not pkg.endswith(fam["suffix"]):
+                    raise _fail(f, v, f"{extra}: {pkg} lacks the {fam['suffix']} suffix of this family")
+        releases.append(WheelSet(v, fam["naming"], e.get("meta_package"),
+                                 tuple((x, tuple(sorted(p.items()))) for x, p in sorted(extras.items())),
+                                 _need_source(f, v, e)))
+    _ascending(f, [r.toolkit for r in releases])
+    cudnn = []
+    for e in raw.get("cudnn", ()):
+        key = f"cudnn {e.get('cudnn')} for {e.get('cuda')}"
+        _ver(f, key, e.get("version"))
+        if not str(e.get("version")).startswith(f"{e.get('cudnn')}."):
+            raise _fail(f, key, "version must be of the cudnn major it is listed under")
+        cudnn.append(CudnnWheel(_spec(f, key, e.get("cuda")), str(e["cudnn"]), e["wheel"], e["version"],
+                                _need_source(f, key, e)))
+    absent = {}
+    for mm, why in raw.get("absent", {}).items():
+        if not (isinstance(why, dict) and why.get("reason")):
+            raise _fail(f, mm, "an 'absent' entry needs a reason")
+        if any(_mm(r.toolkit) == mm for r in releases):
+            raise _fail(f, mm, "listed as absent but has releases")
+        absent[mm] = why["reason"]
+    devel = raw.get("devel", {})
+    return _WheelData(tuple(releases), tuple(cudnn), absent, tuple(devel.get("extras", ())),
+                      _ver(f, "devel", devel.get("needs_nvcc_binary_from", "999")), devel.get("source", ""))
+
+
+@functools.lru_cache(maxsize=None)
+def _coverage() -> None:
+    """Cross-file check: every toolkit minor has CUDA wheels, an nvcc architecture list and
+    nvidia/cuda images, or the file in question says why it deliberately has none."""
+    wheels = _wheels()
+    archs = _archs()
+    meta, images = _images()
+    img_absent = set(meta.get("absent", {}))
+    by_minor: dict[str, list[str]] = {}
+    for t in _toolkit_data()[0]:
+        by_minor.setdefault(t.major_minor, []).append(t.version)
+    for mm, versions in by_minor.items():
+        if not any(_mm(r.toolkit) == mm for r in wheels.releases) and mm not in wheels.absent:
+            raise _fail("wheels.json", mm, "toolkit minor without wheel releases and not listed under 'absent'")
+        for v in versions:
+            if not any(Version(v) in e.cuda for e in archs):
+                raise _fail("archs.json", v, "toolkit without an nvcc architecture list")
+        if not any(_mm(v) == mm for v in images) and not set(versions) <= img_absent:
+            raise _fail("images.json", mm, "toolkit minor without nvidia/cuda images and not listed under 'absent'")
 
 
 DATA_FILES = ("toolkits.json", "minor_compat.json", "forward_compat.json", "images.json", "torch.json",
@@ -422,7 +567,7 @@ DATA_FILES = ("toolkits.json", "minor_compat.json", "forward_compat.json", "imag
 def validate_all() -> None:
     """Load every data file (raising CompatDataError on the first broken invariant)."""
     _toolkit_data(); _minor_floors(); _forward_compat(); _images(); _torch()
-    _flash_attn(); _bnb(); _archs(); _wheels()
+    _flash_attn(); _bnb(); _archs(); _wheels(); _coverage()
 
 
 # ----------------------------------------------------------------------------- public API
@@ -430,22 +575,25 @@ def toolkits() -> tuple[Toolkit, ...]:
     return _toolkit_data()[0]
 
 
-def _nearby(spec: str) -> str:
+def _cuda_gap(spec: str, reason: str) -> CompatGap:
     vs = [t.version for t in toolkits()]
     try:
-        target = Version(spec)
+        major = Version(spec).major
+        same = [v for v in vs if Version(v).major == major]
     except InvalidVersion:
-        return ", ".join(vs[-5:])
-    ranked = sorted(vs, key=lambda v: abs((Version(v).major * 1000 + Version(v).minor) - (target.major * 1000 + target.minor)))
-    return ", ".join(sorted(ranked[:6], key=Version))
+        same = []
+    pick = (same or vs)[-1]
+    return CompatGap("CUDA", spec, reason, nearest=nearest_versions(spec, vs),
+                     hint=f"use a released CUDA toolkit, e.g. \"{_mm(pick)}\" (newest: {pick})")
 
 
 def resolve_cuda(spec: str) -> Toolkit:
-    """``"12.4"`` -> newest known 12.4.x; ``"12.4.1"`` exact; ``"12"`` or unknown -> LookupError."""
+    """``"12.4"`` -> newest known 12.4.x; ``"12.4.1"`` exact; ``"12"`` or unknown -> CompatGap."""
+    _coverage()
     spec = str(spec).strip()
     parts = spec.split(".")
     if len(parts) < 2 or not all(p.isdigit() for p in parts) or len(parts) > 3:
-        raise LookupError(f"CUDA version {spec!r} is not major.minor or major.minor.patch; known near it: {_nearby(spec)}")
+        raise _cuda_gap(spec, "not major.minor or major.minor.patch")
     if len(parts) == 3:
         for t in toolkits():
             if Version(t.version) == Version(spec):
@@ -454,7 +602,7 @@ def resolve_cuda(spec: str) -> Toolkit:
         matches = [t for t in toolkits() if t.major_minor == f"{int(parts[0])}.{int(parts[1])}"]
         if matches:
             return matches[-1]
-    raise LookupError(f"unknown CUDA toolkit {spec!r}; known near it: {_nearby(spec)}")
+    raise _cuda_gap(spec, "not a CUDA toolkit release imgbuild knows")
 
 
 def minor_compat_floor(major: int) -> str | None:
@@ -600,19 +748,81 @@ def bitsandbytes_release(version: str) -> BnbRelease:
 
 
 def cuda_archs(cuda: str) -> tuple[str, ...]:
+    """Compute capabilities nvcc of that toolkit targets (with a/f variants); CompatGap where
+    no list is recorded."""
     v = Version(resolve_cuda(cuda).version)
     for e in _archs():
         if v in e.cuda:
             return e.values
-    raise LookupError(f"no nvcc architecture list recorded for CUDA {cuda}")
+    raise CompatGap("nvcc architecture list for CUDA", cuda, "no list recorded",
+                    nearest=tuple(str(e.cuda) for e in _archs()))
+
+
+def cuda_wheel_sets(cuda: str) -> tuple[WheelSet, ...]:
+    """The PyPI wheel releases of a CUDA major.minor (or of one exact X.Y.Z), oldest first."""
+    parts = str(cuda).split(".")
+    if len(parts) >= 3:
+        return tuple(r for r in _wheels().releases if Version(r.toolkit) == Version(cuda))
+    return tuple(r for r in _wheels().releases if _mm(r.toolkit) == _mm(str(cuda)))
+
+
+def cuda_wheel_set(cuda: str) -> WheelSet:
+    """The wheels of that toolkit (X.Y: its newest release with wheels); CompatGap with the
+    nearest toolkits that have wheels and a hint naming the newest that fits."""
+    hits = cuda_wheel_sets(cuda)
+    if hits:
+        return hits[-1]
+    data = _wheels()
+    have = [r.toolkit for r in data.releases]
+    same = [t for t in have if _mm(t) == _mm(str(cuda))]
+    why = data.absent.get(_mm(str(cuda)))
+    if same:
+        reason = f"PyPI has wheels for {', '.join(same)} of this line, not for {cuda}"
+        hint = f"use cuda.version \"{same[-1]}\" (or \"{_mm(same[-1])}\") for source: wheels"
+    else:
+        reason = why or "no PyPI CUDA wheel versions recorded"
+        newer = [t for t in have if Version(t).major == Version(str(cuda)).major]
+        pick = newer[-1] if newer else have[-1]
+        hint = f"use cuda.version \"{_mm(pick)}\" (newest with wheels: {pick}) or cuda.source: nvidia"
+    raise CompatGap("PyPI CUDA wheels for CUDA", cuda, reason, nearest=nearest_versions(str(cuda), have), hint=hint)
+
+
+def cudnn_wheel(cuda: str, cudnn: str) -> CudnnWheel:
+    """The nvidia-cudnn wheel for a cuDNN major on that CUDA; CompatGap listing the majors there are."""
+    v = Version(str(cuda))
+    fits = [c for c in _wheels().cudnn if v in c.cuda]
+    for c in fits:
+        if c.cudnn == str(cudnn).split(".")[0]:
+            return c
+    majors = [c.cudnn for c in fits]
+    raise CompatGap("cuDNN wheel", cudnn, f"PyPI has no nvidia-cudnn wheel of that major for CUDA {cuda}",
+                    nearest=tuple(majors), hint=f"use cudnn: \"{majors[-1]}\"" if majors else "drop cuda.cudnn")
+
+
+def cudnn_wheel_majors(cuda: str) -> tuple[str, ...]:
+    v = Version(str(cuda))
+    return tuple(c.cudnn for c in _wheels().cudnn if v in c.cuda)
+
+
+def devel_wheel_extras(cuda: str) -> tuple[str, ...]:
+    """The cuda-toolkit extras that make a devel toolkit (nvcc, headers, math libraries) from
+    wheels, for toolkits whose nvcc wheel holds nvcc itself; CompatGap where it holds only ptxas."""
+    data = _wheels()
+    ws = cuda_wheel_set(cuda)
+    if Version(ws.toolkit) < data.devel_from:
+        newest = data.releases[-1].toolkit
+        raise CompatGap("devel toolkit from wheels for CUDA", ws.toolkit,
+                        f"the nvidia-cuda-nvcc wheels of CUDA < {data.devel_from} hold ptxas only, no nvcc "
+                        f"({data.devel_source.split(':')[0]})",
+                        hint=f"use cuda.source: nvidia (a devel image), or CUDA >= {data.devel_from} "
+                             f"(newest with wheels: {newest})")
+    return tuple(x for x in data.devel_extras if ws.has(x))
 
 
 def cuda_runtime_wheels(cuda: str) -> dict[str, str]:
-    mm = _mm(str(cuda))
-    hit = _wheels().get(mm)
-    if hit is None:
-        raise LookupError(f"no PyPI CUDA wheel versions recorded for CUDA {cuda}; known: {', '.join(_wheels())}")
-    return dict(hit[0])
+    """Package -> version of every wheel of that toolkit's release (all extras)."""
+    ws = cuda_wheel_set(cuda)
+    return dict(p.split("==") for p in ws.pins(*dict(ws.extras)))
 
 
 def data_sources() -> dict[str, str]:
