@@ -129,6 +129,11 @@ def _torch_step(res: Resolution) -> list[Step]:
     return [_pip_step("torch", "torch", [spec], index_url=res.torch_index_url)]
 
 
+def _cuda_home_step(res: Resolution) -> Step:
+    """Make the toolkit tree the CUDA 13 wheels install (site-packages/nvidia/cu13) CUDA_HOME."""
+    return Step("cuda-home", "cuda_home", "cuda", {"venv": VENV, "tree": res.cuda_wheel_home, "home": "/usr/local/cuda"})
+
+
 def weights_in_copies(recipe: Recipe, threshold: int = WEIGHT_FILE_THRESHOLD) -> list[tuple[int, str, int]]:
     """(copy index, path, bytes) of weight-like files a COPY would bake into the image.
     The one read of the file system in planning: sizes of the files the build sends anyway."""
@@ -157,6 +162,9 @@ def make_plan(recipe: Recipe, *, tags: tuple[str, ...] = (), registry: str | Non
 
     if res.compile:
         builder_steps = _os_steps(res, ["build-essential"], dev=True)
+        if res.builder_cuda_wheels:  # nvcc and headers from the CUDA 13+ wheels
+            builder_steps.append(_pip_step("cuda", "cuda", list(res.builder_cuda_wheels)))
+            builder_steps.append(_cuda_home_step(res))
         # Extensions that build against torch (flash-attn, xformers) build without isolation,
         # so torch and their build tools must be installed first.
         builder_steps += _torch_step(res)
@@ -172,9 +180,13 @@ def make_plan(recipe: Recipe, *, tags: tuple[str, ...] = (), registry: str | Non
         }))
         stages.append(Stage("builder", res.builder_image, tuple(builder_steps), "builder"))
 
-    steps = _os_steps(res, list(recipe.apt), dev=False)
+    devel_wheels = res.cuda_flavor == "devel" and res.cuda_source == "wheels"
+    # nvcc needs a host C++ compiler; NVIDIA's devel images are the other source of one
+    steps = _os_steps(res, list(recipe.apt) + (["g++"] if devel_wheels else []), dev=False)
     if res.cuda_wheels:
         steps.append(_pip_step("cuda", "cuda", list(res.cuda_wheels)))
+    if devel_wheels:
+        steps.append(_cuda_home_step(res))
     steps += _torch_step(res)
     if compiled:
         # Install the builder's wheel files by path: given only a name, pip would prefer the

@@ -47,7 +47,7 @@ APT_RE = _exact(r"^[a-z0-9][a-z0-9+.-]+(?:=[A-Za-z0-9.+:~-]+)?$")
 ENV_NAME_RE = _exact(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # Docker takes any key; lowercase reverse-DNS is its advice, not a rule ("Team" is a real key).
 LABEL_KEY_RE = _exact(r"^[A-Za-z0-9](?:[A-Za-z0-9.-]*[A-Za-z0-9])?$")
-ARCH_RE = _exact(r"^\d+\.\d+a?(?:\+PTX)?$")
+ARCH_RE = _exact(r"^\d+\.\d+[af]?(?:\+PTX)?$")
 SERVICE_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_-]*$")
 PORT_RE = re.compile(r"^(?:\d{1,3}(?:\.\d{1,3}){3}:)?\d{1,5}(?::\d{1,5})?(?:/(?:tcp|udp))?$")
 # Compose's short volume syntax, [SOURCE:]TARGET[:OPTIONS] (compose-go format.ParseVolume): a

@@ -51,6 +51,8 @@ DEFAULT_BUILD_ARCHS = ("8.0", "8.6", "8.9", "9.0")
 # What flash-attn's GitHub release wheels are compiled for (its publish workflow builds with
 # CUDA 12.3/12.4 toolchains, which predate Blackwell).
 FLASH_ATTN_WHEEL_ARCHS = frozenset({"8.0", "8.6", "8.9", "9.0"})
+# Packages whose source build compiles CUDA kernels, so the compile stage needs nvcc.
+CUDA_KERNEL_PACKAGES = frozenset({"flash-attn", "flash_attn", "xformers", "apex"})
 
 
 @dataclass(frozen=True)
@@ -70,7 +72,11 @@ class Resolution:
     torch: str | None = None  # e.g. 2.4.1
     torch_variant: str | None = None  # e.g. cu124
     torch_index_url: str | None = None  # None: the Python registry's default wheel
-    cuda_wheels: tuple[str, ...] = ()  # nvidia-*-cuXX pins for source: wheels without torch
+    cuda_wheels: tuple[str, ...] = ()  # nvidia-* pins (cu11/cu12 suffixed, CUDA 13 unsuffixed) the final stage installs
+    # CUDA 13 wheels install one toolkit tree under site-packages (nvidia/cu13): where a devel
+    # flavor or a compile stage gets nvcc from wheels, that tree becomes CUDA_HOME
+    cuda_wheel_home: str | None = None
+    builder_cuda_wheels: tuple[str, ...] = ()  # nvcc and headers from wheels for the compile stage
     compile: tuple[str, ...] = ()  # pins built from source in the builder stage
     prebuilt_urls: tuple[tuple[str, str], ...] = ()  # (package, wheel URL) taken instead of building
     cuda_arch: tuple[str, ...] = ()
@@ -106,6 +112,16 @@ def _newest_hint(what: str, known: list[str]) -> str:
     """The newest releases the shipped data knows (the list is ascending), newest first."""
     newest = sorted(known, key=Version, reverse=True)[:6]
     return f"use a {what} release imgbuild knows; the newest are {', '.join(newest)}"
+
+
+def _gap(recipe: Recipe, key: str, exc: LookupError, component: str, version: str) -> CompatibilityError:
+    """A look-up the shipped data cannot answer, as a resolution error at the recipe key."""
+    reason = getattr(exc, "reason", None) or str(exc).strip("'\"")
+    nearest = getattr(exc, "nearest", ())
+    if nearest:
+        reason += f" (known near it: {', '.join(nearest)})"
+    return _fail(recipe, key, component, version, "imgbuild's compatibility data", compat.data_as_of(), reason,
+                 hint=getattr(exc, "hint", None))
 
 
 def _pin(recipe: Recipe, name: str) -> tuple[int, str] | None:
@@ -145,18 +161,29 @@ def resolve(recipe: Recipe, base=None) -> Resolution:
     try:
         toolkit = compat.resolve_cuda(recipe.cuda.version)
     except LookupError as exc:
-        raise _fail(recipe, "cuda.version", "cuda", recipe.cuda.version, "imgbuild's CUDA table",
-                    compat.data_sources().get("toolkits", ""), str(exc).strip("'\""),
-                    hint=_newest_hint("CUDA toolkit", [t.version for t in compat.toolkits()])) from None
+        raise _gap(recipe, "cuda.version", exc, "cuda", recipe.cuda.version) from None
     if recipe.cuda.source == "nvidia" and not recipe.base.image and recipe.cuda.version.count(".") == 1:
         toolkit = _newest_with_image(recipe, toolkit)
+    # source: wheels installs the toolkit's own wheels unless torch (which pins its own) or an
+    # imgbuild base (which has them) brings them; then the toolkit is one PyPI has wheels for.
+    from_imgbuild_base = base is not None and not base.error and base.built_by_imgbuild
+    wheel_set = None
+    if recipe.cuda.source == "wheels" and not from_imgbuild_base and (not recipe.torch or recipe.cuda.flavor == "devel"):
+        try:
+            wheel_set = compat.cuda_wheel_set(recipe.cuda.version if recipe.cuda.version.count(".") == 2
+                                              else toolkit.major_minor)
+        except LookupError as exc:
+            raise _gap(recipe, "cuda.version", exc, "cuda", recipe.cuda.version) from None
+        toolkit = compat.resolve_cuda(wheel_set.toolkit)
     cuda = toolkit.version
     major = int(cuda.split(".")[0])
     floor = compat.minor_compat_floor(major)
 
     # --- cuDNN ---------------------------------------------------------------------
     cudnn = recipe.cuda.cudnn
-    if cudnn is not None:
+    if cudnn is not None and recipe.cuda.source == "wheels":
+        _check_wheel_cudnn(recipe, cuda, cudnn)
+    elif cudnn is not None:
         available = compat.cudnn_versions(cuda)
         if cudnn.split(".")[0] not in available:
             raise _fail(recipe, "cuda.cudnn", "cudnn", cudnn, "cuda", cuda,
@@ -222,6 +249,11 @@ def resolve(recipe: Recipe, base=None) -> Resolution:
                         f"torch {release.version} publishes wheels for Python {release.python}",
                         hint="pick a Python in that range")
         torch_variant = wanted
+        torch_cudnn = _torch_cudnn(release, wanted)
+        if cudnn and recipe.cuda.source == "wheels" and torch_cudnn and torch_cudnn != cudnn.split(".")[0]:
+            raise _fail(recipe, "cuda.cudnn", "cudnn", cudnn, "torch", f"{release.version}+{wanted}",
+                        f"torch {release.version}+{wanted} pins cuDNN {torch_cudnn} wheels",
+                        hint=f"use cudnn: \"{torch_cudnn}\" (or drop cuda.cudnn: torch brings its own)")
         # The Python registry's Linux wheel is one CUDA variant; take it from there when it is
         # the one wanted (it is the same build), else from PyTorch's per-CUDA index.
         if release.pypi_variant != wanted:
@@ -236,7 +268,12 @@ def resolve(recipe: Recipe, base=None) -> Resolution:
     from_source = set(recipe.build.from_source)
     prebuilt: list[tuple[str, str]] = []
     archs = tuple(recipe.build.cuda_arch)
-    supported_archs = compat.cuda_archs(cuda)
+    try:
+        supported_archs = compat.cuda_archs(cuda)
+    except LookupError as exc:
+        if archs:
+            raise _gap(recipe, "build.cuda_arch", exc, "cuda", cuda) from None
+        supported_archs = ()
     for i, arch in enumerate(archs):
         if arch.replace("+PTX", "") not in supported_archs:
             raise _fail(recipe, f"build.cuda_arch[{i}]", "cuda_arch", arch, "cuda", cuda,
@@ -266,13 +303,13 @@ def resolve(recipe: Recipe, base=None) -> Resolution:
             raise _fail(recipe, key, "flash-attn", fa_version, "python", python,
                         f"flash-attn {fa_version} supports Python {rel.python}")
         for j, arch in enumerate(archs):
-            if arch.replace("+PTX", "") not in rel.archs:
+            if compat.arch_base(arch) not in rel.archs:
                 raise _fail(recipe, f"build.cuda_arch[{j}]", "flash-attn", fa_version, "cuda_arch", arch,
                             f"flash-attn {fa_version} runs on compute capabilities {', '.join(rel.archs)}",
                             hint="FlashAttention 2 needs Ampere (8.0) or newer")
         # The release wheels carry kernels for Ampere, Ada and Hopper only; Blackwell or other
         # targets need a source build with a new enough nvcc.
-        beyond_wheels = [a for a in archs if a.replace("+PTX", "") not in FLASH_ATTN_WHEEL_ARCHS]
+        beyond_wheels = [a for a in archs if compat.arch_base(a) not in FLASH_ATTN_WHEEL_ARCHS]
         wheel = None if ("flash-attn" in from_source or beyond_wheels) else compat.flash_attn_prebuilt(
             fa_version, cuda, _mm(torch_version), python)
         if wheel is None:
@@ -306,7 +343,7 @@ def resolve(recipe: Recipe, base=None) -> Resolution:
                               if fits else f"use a torch in {brel.torch}"))
         cc_floor = brel.min_compute_capability
         for j, arch in enumerate(archs):
-            cc = arch.replace("+PTX", "")
+            cc = compat.arch_base(arch)
             if cc_floor and Version(cc) < Version(cc_floor):
                 raise _fail(recipe, f"build.cuda_arch[{j}]", "bitsandbytes", bnb_version, "cuda_arch", arch,
                             f"bitsandbytes {bnb_version}'s PyPI wheel has kernels for compute capability {cc_floor} and newer",
@@ -320,6 +357,8 @@ def resolve(recipe: Recipe, base=None) -> Resolution:
 
     # --- images --------------------------------------------------------------------
     builder_image = None
+    builder_cuda_wheels: tuple[str, ...] = ()
+    builder_home = None
     if recipe.cuda.source == "nvidia":
         if recipe.base.image:
             base_image = mirrored_ref(recipe.base.image, recipe.base.mirror)
@@ -335,18 +374,15 @@ def resolve(recipe: Recipe, base=None) -> Resolution:
     else:
         base_image = mirrored_ref(recipe.base.image, recipe.base.mirror)
         if from_source:
-            # C/C++ extensions build on the same OS with a compiler; CUDA extensions need nvcc
-            # from NVIDIA's devel image of the same toolkit and OS.
-            cuda_kernels = bool(from_source & {"flash-attn", "flash_attn", "xformers", "apex"})
-            if cuda_kernels and os_name and os_name.startswith("ubuntu"):
-                builder_image = _nvidia_image(recipe, cuda, "devel", os_name, any_patch=True)
-            else:
-                builder_image = base_image
+            builder_image, builder_cuda_wheels, builder_home = _wheels_builder(recipe, cuda, os_name, base_image,
+                                                                               from_source)
 
     if recipe.cuda.flavor == "devel" and not from_source and not recipe.runtime_compile:
         warnings.append("cuda.flavor devel ships nvcc, headers and static libraries (several GB) but this "
                         "recipe compiles nothing at run time; use flavor: runtime (extensions still build "
-                        "in a devel stage)")
+                        "in a devel stage)" if recipe.cuda.source == "nvidia" else
+                        "cuda.flavor devel installs nvcc, headers and the math libraries from wheels (GBs) but "
+                        "this recipe compiles nothing at run time; use flavor: runtime")
     jit = sorted(n for n in JIT_PACKAGES if _pin(recipe, n))
     if jit and not recipe.runtime_compile:
         warnings.append(f"{', '.join(jit)} compile(s) CUDA kernels at run time, which needs nvcc and headers in "
@@ -361,12 +397,7 @@ def resolve(recipe: Recipe, base=None) -> Resolution:
     if base is not None:
         base_image, base_digest = _check_base(recipe, base, cuda, torch_version, torch_variant, base_image, warnings)
 
-    cuda_wheels: tuple[str, ...] = ()
-    if recipe.cuda.source == "wheels" and not torch_version and not (base is not None and base.built_by_imgbuild):
-        pins = compat.cuda_runtime_wheels(cuda)
-        wanted_cudnn = {f"nvidia-cudnn-cu{major}"} if cudnn else set()
-        cuda_wheels = tuple(f"{n}=={v}" for n, v in sorted(pins.items())
-                            if n == f"nvidia-cuda-runtime-cu{major}" or n in wanted_cudnn)
+    cuda_wheels, cuda_home = _final_cuda_wheels(recipe, wheel_set, cuda, cudnn, torch_version)
 
     return Resolution(
         cuda_version=cuda,
@@ -385,12 +416,81 @@ def resolve(recipe: Recipe, base=None) -> Resolution:
         torch_variant=torch_variant,
         torch_index_url=torch_index,
         cuda_wheels=cuda_wheels,
+        cuda_wheel_home=cuda_home or (builder_home if recipe.cuda.source == "wheels" else None),
+        builder_cuda_wheels=builder_cuda_wheels,
         compile=tuple(sorted(from_source)),
         prebuilt_urls=tuple(prebuilt),
         cuda_arch=archs,
         warnings=tuple(warnings),
         base_digest=base_digest,
     )
+
+
+def _check_wheel_cudnn(recipe: Recipe, cuda: str, cudnn: str) -> None:
+    """cuda.cudnn with source: wheels: an nvidia-cudnn wheel of that major must exist for the
+    CUDA (installed by imgbuild, or pinned by torch, checked where torch resolves)."""
+    try:
+        compat.cudnn_wheel(cuda, cudnn)
+    except LookupError as exc:
+        raise _gap(recipe, "cuda.cudnn", exc, "cudnn", cudnn) from None
+
+
+def _torch_cudnn(release, variant: str) -> str | None:
+    """The cuDNN major the torch wheel of the Python registry pins (None: not recorded)."""
+    if release.pypi_variant != variant:
+        return None
+    pins = [v for n, v in release.pypi_cuda_wheels.items() if n.startswith("nvidia-cudnn")]
+    return pins[0].split(".")[0] if pins else None
+
+
+def _final_cuda_wheels(recipe: Recipe, wheel_set, cuda: str, cudnn: str | None,
+                       torch_version: str | None) -> tuple[tuple[str, ...], str | None]:
+    """The nvidia-* pins the final stage installs, and the CUDA_HOME tree a devel flavor gets.
+    Runtime/base: cudart (+ cuDNN and what it loads: cuBLAS, NVRTC). Devel: the toolkit's
+    nvcc, headers and math libraries, where that CUDA's wheels carry nvcc (CUDA 13+)."""
+    if wheel_set is None:
+        return (), None
+    extras = ["cudart"]
+    home = None
+    if recipe.cuda.flavor == "devel":
+        try:
+            extras = list(compat.devel_wheel_extras(cuda))
+        except LookupError as exc:
+            raise _gap(recipe, "cuda.flavor", exc, "cuda.flavor", "devel") from None
+        home = compat.cuda_wheel_home(cuda)
+    if torch_version and recipe.cuda.flavor != "devel":
+        return (), None
+    pins = list(wheel_set.pins(*extras))
+    if cudnn and not torch_version:
+        cw = compat.cudnn_wheel(cuda, cudnn)
+        pins = sorted(set(pins) | {f"{cw.wheel}=={cw.version}"} | set(wheel_set.pins("cublas", "nvrtc")))
+    return tuple(pins), home
+
+
+def _wheels_builder(recipe: Recipe, cuda: str, os_name: str | None, base_image: str,
+                    from_source: set[str]) -> tuple[str, tuple[str, ...], str | None]:
+    """The compile stage of a source: wheels recipe: (FROM, nvcc wheels, CUDA_HOME). C/C++
+    extensions build on the final image's OS with a compiler. CUDA extensions need nvcc of the
+    same CUDA: NVIDIA's devel image where the OS has one, else the CUDA 13+ nvcc wheels on the
+    same base; with neither, refuse before anything builds."""
+    if not from_source & CUDA_KERNEL_PACKAGES:
+        return base_image, (), None
+    if os_name and os_name.startswith("ubuntu"):
+        try:
+            return _nvidia_image(recipe, cuda, "devel", os_name, any_patch=True), (), None
+        except CompatibilityError:
+            pass  # no devel image for that OS: try nvcc from wheels
+    try:
+        extras = compat.devel_wheel_extras(cuda)
+        ws = compat.cuda_wheel_set(cuda)
+    except LookupError as exc:
+        names = ", ".join(sorted(from_source & CUDA_KERNEL_PACKAGES))
+        raise _fail(recipe, "build.from_source" if recipe.build.from_source else "pip", names, "(source build)",
+                    "cuda", cuda, f"{names} compiles CUDA kernels and needs nvcc {_mm(cuda)}: there is no nvidia/cuda "
+                    f"devel image for {os_name or recipe.base.image}, and {exc}",
+                    hint="use an Ubuntu base (the compile stage then uses nvidia/cuda's devel image), "
+                         "cuda.source: nvidia, CUDA >= 13.0 (nvcc from wheels), or a prebuilt wheel") from None
+    return base_image, ws.pins(*extras), compat.cuda_wheel_home(cuda)
 
 
 def _check_base(recipe: Recipe, base, cuda: str, torch_version, torch_variant, base_image: str,

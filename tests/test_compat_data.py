@@ -137,8 +137,59 @@ def test_cuda_archs(cuda, has, lacks):
 def test_cuda_runtime_wheels():
     assert compat.cuda_runtime_wheels("12.4")["nvidia-cuda-runtime-cu12"] == "12.4.127"
     assert compat.cuda_runtime_wheels("12.1.1")["nvidia-cuda-runtime-cu12"] == "12.1.105"
-    with pytest.raises(LookupError):
-        compat.cuda_runtime_wheels("12.3")
+    assert compat.cuda_runtime_wheels("12.3")["nvidia-cuda-runtime-cu12"] == "12.3.101"
+
+
+@pytest.mark.parametrize("cuda, toolkit, runtime", [
+    ("11.8", "11.8.0", "nvidia-cuda-runtime-cu11==11.8.89"),
+    ("12.0", "12.0.1", "nvidia-cuda-runtime-cu12==12.0.146"),
+    ("12.9", "12.9.2", "nvidia-cuda-runtime-cu12==12.9.79"),
+    ("13.0", "13.0.3", "nvidia-cuda-runtime==13.0.96"),  # CUDA 13: no suffix
+    ("13.5", "13.5.0", "nvidia-cuda-runtime==13.5.37"),
+])
+def test_wheel_sets_per_cuda(cuda, toolkit, runtime):
+    ws = compat.cuda_wheel_set(cuda)
+    assert ws.toolkit == toolkit and ws.pins("cudart") == (runtime,)
+    assert ws.naming == ("unsuffixed" if cuda.startswith("13") else "suffixed")
+    assert ws.meta_package.startswith("cuda-toolkit==" + toolkit)
+
+
+def test_every_toolkit_minor_has_wheels_or_a_reason():
+    for t in compat.toolkits():
+        try:
+            compat.cuda_wheel_set(t.major_minor)
+        except compat.CompatGap as gap:
+            assert "11.7.99" in gap.reason and gap.hint and "11.8" in gap.hint  # 11.0-11.6: none on PyPI
+
+
+def test_wheel_gap_names_nearest_and_newest_fit():
+    with pytest.raises(compat.CompatGap) as info:
+        compat.cuda_wheel_set("12.4.5")
+    assert info.value.nearest[:2] == ("12.4.0", "12.4.1") and '"12.4.1"' in info.value.hint
+
+
+def test_devel_from_wheels_only_where_nvcc_is_in_them():
+    assert {"nvcc", "crt", "nvvm", "cudart", "cccl", "cublas"} <= set(compat.devel_wheel_extras("13.0"))
+    assert compat.cuda_wheel_home("13.2") == "nvidia/cu13"
+    with pytest.raises(compat.CompatGap, match="ptxas only"):
+        compat.devel_wheel_extras("12.9")
+
+
+def test_cudnn_wheels():
+    assert compat.cudnn_wheel("12.4.1", "9").wheel == "nvidia-cudnn-cu12"
+    assert compat.cudnn_wheel("13.1.0", "9").wheel == "nvidia-cudnn-cu13"
+    with pytest.raises(compat.CompatGap) as info:
+        compat.cudnn_wheel("13.0.0", "8")
+    assert info.value.hint == 'use cudnn: "9"'
+
+
+def test_arch_variants():
+    assert "9.0a" in compat.cuda_archs("12.0") and "9.0a" not in compat.cuda_archs("11.8")
+    assert {"10.0a", "12.0a"} <= set(compat.cuda_archs("12.8")) and "10.0f" not in compat.cuda_archs("12.8")
+    assert {"10.0f", "12.0f", "10.3a"} <= set(compat.cuda_archs("12.9"))
+    assert compat.cuda_archs("11.0")[-1] == "8.0" and compat.cuda_archs("11.4")[-1] == "8.7"
+    assert sorted(["10.0", "9.0a", "9.0"], key=compat.arch_key) == ["9.0", "9.0a", "10.0"]
+    assert compat.arch_base("10.0f+PTX") == "10.0"
 
 
 def test_flash_attn_and_bnb():
@@ -230,7 +281,7 @@ def _with_data(monkeypatch, tmp_path, name: str, mutate):
     (data_dir / name).write_text(json.dumps(obj))
     monkeypatch.setattr(tables.resources, "files", lambda pkg: tmp_path)
     for fn in (tables._toolkit_data, tables._minor_floors, tables._forward_compat, tables._images, tables._torch,
-               tables._flash_attn, tables._bnb, tables._archs, tables._wheels):
+               tables._flash_attn, tables._bnb, tables._archs, tables._wheels, tables._coverage):
         fn.cache_clear()
 
 
@@ -238,7 +289,7 @@ def _with_data(monkeypatch, tmp_path, name: str, mutate):
 def _clear_caches():
     yield
     for fn in (tables._toolkit_data, tables._minor_floors, tables._forward_compat, tables._images, tables._torch,
-               tables._flash_attn, tables._bnb, tables._archs, tables._wheels):
+               tables._flash_attn, tables._bnb, tables._archs, tables._wheels, tables._coverage):
         fn.cache_clear()
 
 
@@ -280,6 +331,13 @@ def _set_tk(version, key, value):
     ("archs.json", lambda o: o["entries"][0]["archs"].append("sm_90"), "malformed"),
     ("archs.json", lambda o: o["entries"][0]["archs"].reverse(), "ascending"),
     ("flash_attn.json", lambda o: o["releases"][0].__setitem__("archs", ["9.0", "8.0"]), "ascending"),
+    ("wheels.json", lambda o: o["absent"].pop("11.3"), "wheels.json.*11.3.*absent"),
+    ("wheels.json", lambda o: o["absent"]["11.3"].pop("reason"), "reason"),
+    ("wheels.json", lambda o: o["releases"][-1]["extras"]["cudart"].__setitem__("nvidia-cuda-runtime", "13.4.92"), "same major.minor"),
+    ("wheels.json", lambda o: o["families"]["13"].__setitem__("naming", "cu13"), "naming"),
+    ("archs.json", lambda o: o["entries"].pop(0), "archs.json.*11.0.2.*architecture list"),
+    ("archs.json", lambda o: o["entries"][-1]["archs"].__setitem__(slice(None), ["9.0a", "9.0"]), "ascending"),
+    ("images.json", lambda o: o["absent"].pop("13.5.0"), "images.json.*13.5.*absent"),
 ])
 def test_invariants(monkeypatch, tmp_path, name, mutate, match):
     _with_data(monkeypatch, tmp_path, name, mutate)

@@ -189,3 +189,88 @@ def test_unknown_cuda_hints_newest(tmp_path):
 def test_ubuntu_26_04_image_and_python(tmp_path):
     res = resolve(recipe(tmp_path, cuda="13.4", source="nvidia", python="3.14", base="base: {os: ubuntu26.04}"))
     assert res.base_image == "nvidia/cuda:13.4.2-runtime-ubuntu26.04" and res.python_provider == "os"
+
+
+# --- no internal error on any gap -----------------------------------------------------------
+def _sweep_specs():
+    from buildkit_py import compat
+    versions = [t.version for t in compat.toolkits()]
+    return versions + sorted({t.major_minor for t in compat.toolkits()}) + ["12.7", "11.9", "13.99"]
+
+
+@pytest.mark.parametrize("source", ["wheels", "nvidia"])
+@pytest.mark.parametrize("flavor", ["base", "runtime", "devel"])
+def test_every_cuda_flavor_source_plans_or_refuses_cleanly(tmp_path, source, flavor):
+    """Every CUDA the data knows (exact and X.Y) x flavor x source x cuDNN/arch: a plan or a
+    CompatibilityError at a recipe key with a hint, never another exception."""
+    outcomes = {"plan": 0, "refused": 0}
+    for i, spec in enumerate(_sweep_specs()):
+        for j, extra in enumerate(["", 'build: {cuda_arch: ["8.0"]}', "cudnn"]):
+            base = "base: {image: debian:bookworm-slim}" if source == "wheels" else "base: {os: ubuntu22.04}"
+            text = BASE.format(cuda=spec, source=source, python="3.11" if source == "wheels" else "3.10",
+                               base=base, extra="" if extra == "cudnn" else extra)
+            text = text.replace(f"source: {source}", f"source: {source}\n  flavor: {flavor}"
+                                + ('\n  cudnn: "9"' if extra == "cudnn" else ""))
+            r = load_recipe(write_recipe(tmp_path / f"{i}-{j}", text))
+            try:
+                make_plan(r)
+                outcomes["plan"] += 1
+            except CompatibilityError as exc:
+                assert exc.key and exc.line and exc.hint, (spec, extra, exc.message)
+                outcomes["refused"] += 1
+    assert outcomes["plan"] > 0
+
+
+def test_wheels_for_cuda_without_a_runtime_wheel_is_a_resolution_error(tmp_path):
+    err = clash(tmp_path, cuda="11.6")
+    assert err.key == "cuda.version" and "11.7.99" in err.message and "11.8" in err.hint
+
+
+@pytest.mark.parametrize("cuda, pin", [("11.8", "nvidia-cuda-runtime-cu11==11.8.89"),
+                                       ("12.9", "nvidia-cuda-runtime-cu12==12.9.79"),
+                                       ("13.2", "nvidia-cuda-runtime==13.2.86")])
+def test_wheels_install_the_runtime_of_that_cuda(tmp_path, cuda, pin):
+    res = resolve(recipe(tmp_path, cuda=cuda))
+    assert res.cuda_wheels == (pin,)
+
+
+def test_cudnn_from_wheels_is_installed(tmp_path):
+    text = BASE.format(cuda="12.4", source="wheels", python="3.11", base="base: {image: debian:bookworm-slim}", extra="")
+    res = resolve(load_recipe(write_recipe(tmp_path, text.replace("source: wheels", 'source: wheels\n  cudnn: "9"'))))
+    assert "nvidia-cudnn-cu12==9.10.2.21" in res.cuda_wheels and "nvidia-cublas-cu12==12.4.5.8" in res.cuda_wheels
+
+
+def _devel(tmp_path, cuda, extra=""):
+    text = BASE.format(cuda=cuda, source="wheels", python="3.11", base="base: {image: debian:bookworm-slim}", extra=extra)
+    return load_recipe(write_recipe(tmp_path, text.replace("source: wheels", "source: wheels\n  flavor: devel")))
+
+
+def test_devel_from_wheels_refused_where_wheels_have_no_nvcc(tmp_path):
+    with pytest.raises(CompatibilityError) as info:
+        resolve(_devel(tmp_path, "12.4"))
+    assert info.value.key == "cuda.flavor" and "ptxas only" in info.value.message
+    assert "cuda.source: nvidia" in info.value.hint and info.value.exit_status == 2
+
+
+def test_devel_from_cuda13_wheels_has_nvcc_and_cuda_home(tmp_path):
+    plan = make_plan(_devel(tmp_path, "13.0"))
+    assert "nvidia-cuda-nvcc==13.0.88" in plan.resolution.cuda_wheels
+    assert plan.resolution.cuda_wheel_home == "nvidia/cu13"
+    ids = [s.id for s in plan.final.steps]
+    assert ids.index("cuda") < ids.index("cuda-home")
+    assert "g++" in plan.final.steps[0].data["packages"]
+
+
+def test_cuda_kernel_source_build_needs_nvcc(tmp_path):
+    extra = 'torch: "2.4.1"\npip: ["flash-attn==2.6.3"]\nbuild: {from_source: [flash-attn]}'
+    err = clash(tmp_path, extra=extra)  # debian: no devel image, CUDA 12.4 wheels carry no nvcc
+    assert err.key == "build.from_source" and "nvcc" in err.message and "Ubuntu" in err.hint
+
+
+def test_arch_variants_accepted(tmp_path):
+    res = resolve(recipe(tmp_path, cuda="12.4", extra='build: {cuda_arch: ["9.0a"]}'))
+    assert res.cuda_arch == ("9.0a",)
+    err = clash(tmp_path / "old", cuda="11.8", extra='build: {cuda_arch: ["9.0a"]}')
+    assert err.key == "build.cuda_arch[0]"
+    res = resolve(recipe(tmp_path / "f", cuda="12.9", extra='build: {cuda_arch: ["10.0f"]}'))
+    assert res.cuda_arch == ("10.0f",)

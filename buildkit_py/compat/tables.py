@@ -500,8 +500,9 @@ def _wheels() -> _WheelData:
     releases = []
     for e in raw["releases"]:
         v = e.get("toolkit")
-        if v not in known:
-            raise _fail(f, v, "not a known toolkit version (toolkits.json)")
+        _ver(f, v, v)
+        if _mm(str(v)) not in _known_mm():
+            raise _fail(f, v, "not of a known toolkit major.minor (toolkits.json)")
         fam = families.get(v.split(".")[0])
         if fam is None:
             raise _fail(f, v, "no 'families' entry for this CUDA major")
@@ -761,9 +762,10 @@ def cuda_archs(cuda: str) -> tuple[str, ...]:
 def cuda_wheel_sets(cuda: str) -> tuple[WheelSet, ...]:
     """The PyPI wheel releases of a CUDA major.minor (or of one exact X.Y.Z), oldest first."""
     parts = str(cuda).split(".")
+    known = _known_versions()  # a release of a patch toolkits.json lacks is no answer
     if len(parts) >= 3:
-        return tuple(r for r in _wheels().releases if Version(r.toolkit) == Version(cuda))
-    return tuple(r for r in _wheels().releases if _mm(r.toolkit) == _mm(str(cuda)))
+        return tuple(r for r in _wheels().releases if Version(r.toolkit) == Version(cuda) and r.toolkit in known)
+    return tuple(r for r in _wheels().releases if _mm(r.toolkit) == _mm(str(cuda)) and r.toolkit in known)
 
 
 def cuda_wheel_set(cuda: str) -> WheelSet:
@@ -817,6 +819,18 @@ def devel_wheel_extras(cuda: str) -> tuple[str, ...]:
                         hint=f"use cuda.source: nvidia (a devel image), or CUDA >= {data.devel_from} "
                              f"(newest with wheels: {newest})")
     return tuple(x for x in data.devel_extras if ws.has(x))
+
+
+def cuda_wheel_home(cuda: str) -> str | None:
+    """Where that CUDA's wheels lay out one toolkit tree, relative to site-packages (nvidia/cu13)."""
+    prefix = _load_raw("wheels.json").get("devel", {}).get("prefix", {})
+    return prefix.get(str(cuda).split(".")[0])
+
+
+def data_as_of() -> str:
+    """The date the shipped data was last read from its sources."""
+    dates = [_load_raw(n).get("as_of") for n in DATA_FILES]
+    return "as of " + max((d for d in dates if d), default="an unknown date")
 
 
 def cuda_runtime_wheels(cuda: str) -> dict[str, str]:
