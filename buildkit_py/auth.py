@@ -20,11 +20,11 @@ import binascii
 import json
 import os
 import subprocess
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from .errors import AuthenticationError, CredentialHelperError
+from .files import write_atomic
 
 ENV_USER = "IMGBUILD_REGISTRY_USER"
 ENV_PASSWORD = "IMGBUILD_REGISTRY_PASSWORD"
@@ -247,7 +247,11 @@ def login(registry: str, user: str, password_from_stdin: str, *, client=None) ->
         raise AuthenticationError("login needs a username and a non-empty password")
     host = normalize_host(registry)
     creds = Credentials(user, password, "login")
-    (client or oci.Client()).check_login(host, creds)
+    try:
+        (client or oci.Client()).check_login(host, creds)
+    except AuthenticationError as exc:  # its hint says "run `imgbuild login`": that is what failed
+        raise AuthenticationError(exc.message,
+                                  hint="check the username and password; nothing was stored") from None
 
     path = docker_config_path()
     config = load_docker_config(path)
@@ -274,19 +278,4 @@ def write_docker_config(config: dict, path: Path | None = None) -> Path:
     """Write atomically (temp file in the same dir, fsync, rename), mode 0600 from the start."""
     path = path or docker_config_path()
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    fd, tmp = tempfile.mkstemp(prefix=".config.json.", dir=path.parent)
-    try:
-        os.fchmod(fd, 0o600)
-        with os.fdopen(fd, "w") as fh:
-            json.dump(config, fh, indent="\t")
-            fh.write("\n")
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
-    return path
+    return write_atomic(path, json.dumps(config, indent="\t") + "\n", private=True)

@@ -11,6 +11,7 @@ from typing import IO, Sequence
 
 from . import __version__
 from .errors import EnvironmentProblem, ExitStatus, ImgbuildError, UsageError
+from .files import write_atomic
 
 EPILOG = """exit codes: 0 ok; 1 build, push or check failed; 2 bad recipe or usage;
 3 environment (no engine, no BuildKit-capable client, registry unreachable or refusing credentials)"""
@@ -21,8 +22,14 @@ class _Parser(argparse.ArgumentParser):
 
     stdout: IO[str] = sys.stdout
 
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("allow_abbrev", False)  # --password must not pass for --password-stdin
+        super().__init__(*args, **kwargs)
+
     def error(self, message: str):
-        raise UsageError(f"{self.prog}: {message}", hint=f"see `{self.prog} --help`")
+        # main() prefixes "imgbuild: error:"; name only the subcommand here.
+        where = self.prog.removeprefix("imgbuild").strip()
+        raise UsageError(f"{where}: {message}" if where else message, hint=f"see `{self.prog} --help`")
 
     def exit(self, status: int = 0, message: str | None = None):
         if message:
@@ -133,8 +140,9 @@ def _build_parser(stdout: IO[str]) -> _Parser:
     lg = add("login", "store registry credentials (password from stdin, never argv)")
     lg.add_argument("registry")
     lg.add_argument("-u", "--username", required=True)
-    lg.add_argument("--password-stdin", action="store_true", required=True,
+    lg.add_argument("--password-stdin", action="store_true",
                     help="read the password from stdin (required: passwords never go on the command line)")
+    lg.add_argument("--password", "-p", help=argparse.SUPPRESS)  # only to refuse it with the right hint
 
     w = add("weights", "model weights as OCI artifacts (CNCF ModelPack), kept out of images")
     wsub = w.add_subparsers(dest="weights_command", metavar="ACTION", parser_class=_Parser)
@@ -253,9 +261,7 @@ def cmd_render(args, out: _Out) -> int:
     for w in plan.warnings:
         out.warn(w)
     if args.output:
-        tmp = args.output.with_name(args.output.name + ".tmp")
-        tmp.write_text(text)
-        os.replace(tmp, args.output)  # never a half-written Dockerfile
+        write_atomic(args.output, text)  # never a half-written Dockerfile
         out.info(f"wrote {args.output}")
     else:
         out.stdout.write(text)
@@ -547,9 +553,14 @@ def cmd_lint(args, out: _Out) -> int:
 def cmd_login(args, out: _Out, stdin: IO[str]) -> int:
     from . import auth
 
+    hint = "echo \"$PASSWORD\" | imgbuild login REGISTRY -u USER --password-stdin"
+    if args.password is not None:
+        raise UsageError("login: --password is not accepted: passwords never go on the command line", hint=hint)
+    if not args.password_stdin:
+        raise UsageError("login: --password-stdin is required", hint=hint)
     password = stdin.readline().rstrip("\r\n")
     if not password:
-        raise UsageError("no password on stdin", hint="echo \"$PASSWORD\" | imgbuild login REGISTRY -u USER --password-stdin")
+        raise UsageError("no password on stdin", hint=hint)
     result = auth.login(args.registry, args.username, password)
     out.line(f"logged in to {result.registry} as {result.username} (stored in {result.stored_in})")
     return 0
@@ -673,9 +684,7 @@ def cmd_compose(args, out: _Out) -> int:
     plan = _plan(args, args.recipe)
     text = compose_text(plan.tags[0], plan.recipe)
     if args.output:
-        tmp = args.output.with_name(args.output.name + ".tmp")
-        tmp.write_text(text)
-        os.replace(tmp, args.output)
+        write_atomic(args.output, text)
         out.info(f"wrote {args.output}")
     else:
         out.stdout.write(text)

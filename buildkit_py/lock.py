@@ -41,6 +41,7 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 
 from .errors import ImgbuildError, LockDrift, LockError, LockStale
+from .files import write_atomic
 from .plan import BuildPlan, Stage, Step
 
 LOCK_VERSION = 1
@@ -381,14 +382,7 @@ def write_lock(path: Path, text: str) -> bool:
     """Atomic (temporary file + rename). False when the file already holds these bytes."""
     if path.exists() and path.read_text() == text:
         return False
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    write_atomic(path, text)  # a lock holds no secret: its mode follows the umask
     return True
 
 

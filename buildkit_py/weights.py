@@ -31,7 +31,7 @@ from pathlib import Path, PurePosixPath
 from typing import NamedTuple
 
 from . import oci
-from .errors import DigestMismatch, UnsafePath, WeightsError
+from .errors import DigestMismatch, UnsafePath, UsageError, WeightsError
 
 ARTIFACT_TYPE = "application/vnd.cncf.model.manifest.v1+json"
 CONFIG_MEDIA_TYPE = "application/vnd.cncf.model.config.v1+json"
@@ -152,7 +152,8 @@ def scan_dir(directory: str | os.PathLike) -> list[tuple[str, Path]]:
     (a Hugging Face clone's history) and ``*.partial`` files are left out."""
     root = Path(directory)
     if not root.is_dir():
-        raise WeightsError(f"{root} is not a directory")
+        what = "does not exist" if not root.exists() else "is not a directory"
+        raise UsageError(f"{root} {what}", hint="weights push DIRECTORY REF: the folder of files to push")
     real_root = os.path.realpath(root)
     found = []
     for dirpath, dirnames, filenames in os.walk(root):
@@ -317,11 +318,17 @@ def pull(ref: str | oci.Reference, directory: str | os.PathLike, progress: oci.P
     its partial is deleted and nothing appears at the final path.
     """
     reference = oci.as_reference(ref)
+    root = Path(directory)
+    if root.exists() and not root.is_dir():  # before any download
+        raise UsageError(f"{root} exists and is not a directory",
+                         hint="weights pull REF DIRECTORY: a folder to download into (created if missing)")
     client = client or oci.Client()
     manifest, _ = _artifact_manifest(reference, client)
-    root = Path(directory)
     entries = _files(manifest, str(reference))
-    root.mkdir(parents=True, exist_ok=True)
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UsageError(f"cannot create {root}: {exc.strerror}") from None
     targets = [(f, _target(root, f.path), layer) for f, layer in entries]  # all checked first
 
     downloaded, skipped = 0, []

@@ -206,6 +206,7 @@ def test_login_with_wrong_password_stores_nothing(registry, docker_config, no_en
     with pytest.raises(AuthenticationError) as exc:
         auth.login(registry.address, registry.user, "definitely-wrong")
     assert "definitely-wrong" not in exc.value.render()
+    assert "imgbuild login" not in exc.value.render()  # it is what failed: no hint to run it again
     assert not (docker_config / "config.json").exists()
 
 

@@ -1,0 +1,43 @@
+"""Writing output files: the one atomic-write helper every command uses."""
+
+from __future__ import annotations
+
+import os
+import secrets
+from pathlib import Path
+
+from .errors import UsageError
+
+
+def write_atomic(path: str | os.PathLike, data: str | bytes, *, private: bool = False) -> Path:
+    """Write ``data`` to ``path`` so that readers see the old file or the whole new one, never a part.
+
+    The bytes go to a hidden temporary file beside ``path`` (same file system), are fsynced and
+    renamed over it. The mode follows the umask (0644 under umask 022) unless ``private``, which
+    creates the file 0600 from the start (credentials). A path that is a directory, or whose folder
+    does not exist, is a usage error; nothing is left behind on any failure.
+    """
+    path = Path(path)
+    if path.is_dir():
+        raise UsageError(f"cannot write {path}: it is a directory", hint="give a file name, e.g. "
+                         f"{path / 'Dockerfile'}")
+    parent = path.parent
+    if not parent.is_dir():
+        raise UsageError(f"cannot write {path}: folder {parent} does not exist",
+                         hint=f"create it first (mkdir -p {parent})")
+    tmp = parent / f".{path.name}.{secrets.token_hex(4)}.tmp"
+    raw = data.encode() if isinstance(data, str) else data
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600 if private else 0o666)
+    except PermissionError:
+        raise UsageError(f"cannot write {path}: no permission to create files in {parent}") from None
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(raw)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return path
