@@ -1,39 +1,46 @@
-"""Benchmark: weights pull of one big artifact vs curl fetching the same blob, and a
-second push of an unchanged artifact vs the first.
+"""Benchmark: `imgbuild weights` push and pull beside its peers, measured in this one run.
 
-    python bench/bench_weights.py [--size-mib 1024] [--repeat 2]
+    python bench/bench_weights.py [--shards 8 --shard-mib 96 --single-mib 1024 --repeat 3]
 
-Needs the local registry (scripts/services.sh up). It generates a random file in a temp
-dir, pushes it once, measures, and removes what it made (temp dir, manifest, blob links;
-the registry frees the bytes at its next garbage collection).
+Two artifacts: a sharded model (8 x 96 MiB) and a single large shard (1 GiB). For each:
 
-Pull and curl each run in a fresh child process, itself started by a tiny wrapper that
-reads the child's peak RSS from getrusage(RUSAGE_CHILDREN), so one number is the peak of
-exactly one download. imgbuild verifies sha256 while it streams; curl does not, so curl
-is the floor. The best of ``--repeat`` runs is reported for each.
+- pull: imgbuild (sha256 verified) vs curl fetching the same blobs in sequence (no
+  verification) vs the ``oras`` Python SDK pulling the same artifact;
+- resumed pull: every file half there (imgbuild's ``.partial``, curl's ``-C -``);
+- push: imgbuild (hashes once) vs a monolithic ``curl -T`` per blob (POST, then PUT
+  ?digest=, digests known beforehand: curl does not hash) vs oras ``push``; each push goes
+  to a fresh repository, so every byte is really sent;
+- second push (nothing to upload) and second pull (all present).
+
+Each measured command runs in a fresh child process started by a tiny wrapper that reads
+the child's peak RSS from getrusage(RUSAGE_CHILDREN), so one number is the peak of exactly
+one run. The best wall time of ``--repeat`` runs is reported. Needs the local registry
+(scripts/services.sh up), curl and the ``oras`` package (the ``bench`` extra); removes what
+it made (temp dir, manifests, blob links; the registry frees bytes at its next GC).
 """
 
 from __future__ import annotations
 
 import argparse
 import base64
+import hashlib
 import json
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
-import time
 import uuid
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from buildkit_py import auth, oci, weights
-from buildkit_py.errors import RegistryError
+from buildkit_py import auth, oci, weights  # noqa: E402
+from buildkit_py.errors import RegistryError  # noqa: E402
 
 STATE_DIR = Path(os.environ.get("IMGBUILD_STATE_DIR", "/var/lib/imgbuild-services"))
+RSS_LIMIT_MB = 150
 
 # Runs argv[1:] as a child, passes stdin through, reports wall time and the child's peak RSS.
 _MEASURE = r"""
@@ -45,35 +52,211 @@ print(json.dumps({"rc": rc, "wall_s": wall,
                   "maxrss_kib": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss}))
 """
 
-_PULL = "import sys; from buildkit_py import weights; weights.pull(sys.argv[1], sys.argv[2])"
+_IMGBUILD_PULL = "import sys; from buildkit_py import weights; weights.pull(sys.argv[1], sys.argv[2])"
+_IMGBUILD_PUSH = "import sys; from buildkit_py import weights; weights.push(sys.argv[1], sys.argv[2])"
+# oras-py: basic auth against the htpasswd registry; credentials from the environment.
+_ORAS = r"""
+import os, sys
+import oras.provider
+reg = oras.provider.Registry(insecure=True, auth_backend="basic")
+reg.login(username=os.environ["IMGBUILD_REGISTRY_USER"], password=os.environ["IMGBUILD_REGISTRY_PASSWORD"],
+          hostname=sys.argv[2].split("/")[0])
+if sys.argv[1] == "pull":
+    reg.pull(target=sys.argv[2], outdir=sys.argv[3])
+else:
+    os.chdir(sys.argv[3])
+    reg.push(target=sys.argv[2], files=sorted(os.listdir(".")), quiet=True)
+"""
+# curl -T per blob, digests known: POST for a session, then the monolithic PUT.
+_CURL_PUSH = r"""
+import json, subprocess, sys
+base, repo, config = sys.argv[1], sys.argv[2], sys.stdin.read()
+for path, digest in json.loads(sys.argv[3]):
+    head = subprocess.run(["curl", "-sS", "-f", "-K", "-", "-X", "POST", "-o", "/dev/null", "-D", "-",
+                           f"{base}/v2/{repo}/blobs/uploads/"], input=config, capture_output=True, text=True,
+                          check=True).stdout
+    location = next(l.split(":", 1)[1].strip() for l in head.splitlines() if l.lower().startswith("location:"))
+    url = (location if location.startswith("http") else base + location)
+    url += ("&" if "?" in url else "?") + "digest=" + digest
+    subprocess.run(["curl", "-sS", "-f", "-K", "-", "-T", path, "-H", "Content-Type: application/octet-stream",
+                    "-o", "/dev/null", url], input=config, text=True, check=True)
+"""
 
 
-def measure(cmd: list[str], *, stdin: str | None = None, env: dict | None = None) -> dict:
+def measure(cmd: list[str], *, stdin: str | None = None, env: dict | None = None, cwd: Path | None = None) -> dict:
     proc = subprocess.run([sys.executable, "-c", _MEASURE, *cmd], check=False, input=stdin, capture_output=True,
-                          text=True, env=env)
+                          text=True, env=env, cwd=cwd)
     lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
     if proc.returncode != 0 or not lines:
         raise SystemExit(f"measurement failed: {' '.join(cmd[:3])}...\n{proc.stderr[-2000:]}")
     result = json.loads(lines[-1])
     if result["rc"] != 0:
-        raise SystemExit(f"{cmd[0]} exited {result['rc']}:\n{proc.stderr[-2000:]}")
+        raise SystemExit(f"{cmd[0]} {cmd[1][:40]!r} exited {result['rc']}:\n{proc.stderr[-2000:]}")
     return result
 
 
-def make_file(path: Path, size: int) -> None:
-    chunk = 1 << 20
+def make_file(path: Path, size: int) -> str:
+    """Random bytes (incompressible); returns their digest."""
+    hasher = hashlib.sha256()
     with open(path, "wb") as fh:
         left = size
         while left:
-            n = min(chunk, left)
-            fh.write(os.urandom(n))
-            left -= n
+            piece = os.urandom(min(4 << 20, left))
+            fh.write(piece)
+            hasher.update(piece)
+            left -= len(piece)
+    return "sha256:" + hasher.hexdigest()
+
+
+def half_partials(src: Path, dest: Path, *, imgbuild: bool) -> None:
+    """Every file half there, as an interrupted download leaves it."""
+    dest.mkdir(parents=True)
+    for path in src.iterdir():
+        half = path.stat().st_size // 2
+        target = dest / (path.name + (weights.PARTIAL_SUFFIX if imgbuild else ""))
+        with open(path, "rb") as fh, open(target, "wb") as out:
+            out.write(fh.read(half))
+
+
+class Run:
+    def __init__(self, args, work: Path, env: dict, curl_config: str, client: oci.Client):
+        self.args, self.work, self.env, self.curl_config, self.client = args, work, env, curl_config, client
+        self.pushed: list[tuple[str, list[str]]] = []  # (ref, blob digests) to delete at the end
+
+    def ref(self, what: str) -> str:
+        return f"{self.args.registry}/imgbuild-bench/{what}-{uuid.uuid4().hex[:10]}:v1"
+
+    def best(self, fn, repeat: int | None = None) -> dict:
+        runs = []
+        for i in range(repeat or self.args.repeat):
+            os.sync()  # start without the previous run's dirty pages being written back
+            runs.append(fn(i))
+        best = min(runs, key=lambda r: r["wall_s"])
+        return {"wall_s": best["wall_s"], "maxrss_mib": max(r["maxrss_kib"] for r in runs) / 1024}
+
+    def fresh(self, name: str) -> Path:
+        path = self.work / f"{name}-{uuid.uuid4().hex[:6]}"
+        return path
+
+    def scenario(self, name: str, src: Path, digests: dict[str, str]) -> dict:
+        env, work = self.env, self.work
+        total = sum(p.stat().st_size for p in src.iterdir())
+        base = self.client.base_url(self.args.registry)
+        out: dict = {"bytes": total}
+
+        # push, each into a fresh repository
+        def imgbuild_push(_i):
+            ref = self.ref(name)
+            r = measure([sys.executable, "-c", _IMGBUILD_PUSH, str(src), ref], env=env)
+            self.pushed.append((ref, list(digests.values())))
+            return r
+
+        def curl_push(_i):
+            ref = oci.parse_reference(self.ref(name + "-curl"))
+            pairs = json.dumps([[str(src / rel), d] for rel, d in sorted(digests.items())])
+            r = measure([sys.executable, "-c", _CURL_PUSH, base, ref.repository, pairs], stdin=self.curl_config,
+                        env=env)
+            self.pushed.append((str(ref), list(digests.values())))
+            return r
+
+        def oras_push(_i):
+            ref = self.ref(name + "-oras")
+            r = measure([sys.executable, "-c", _ORAS, "push", ref, str(src)], env=env)
+            self.pushed.append((ref, list(digests.values())))
+            return r
+
+        push_repeat = self.args.push_repeat
+        first = len(self.pushed)
+        out["push"] = {"imgbuild": self.best(imgbuild_push, push_repeat), "curl": self.best(curl_push, push_repeat),
+                       "oras": self.best(oras_push, push_repeat)}
+        ref = self.pushed[first][0]  # this scenario's first imgbuild push: the artifact every pull reads
+        out["push_again"] = self.best(lambda _i: measure([sys.executable, "-c", _IMGBUILD_PUSH, str(src), ref],
+                                                         env=env), 1)
+
+        # pull
+        repo = oci.parse_reference(ref).repository
+        urls = [f"{base}/v2/{repo}/blobs/{digests[rel]}" for rel in sorted(digests)]
+
+        def imgbuild_pull(_i):
+            dest = self.fresh("pull")
+            r = measure([sys.executable, "-c", _IMGBUILD_PULL, ref, str(dest)], env=env)
+            assert sum(p.stat().st_size for p in dest.iterdir()) == total
+            shutil.rmtree(dest)
+            return r
+
+        def curl_pull(_i, *, resume: bool = False):
+            dest = self.fresh("curl")
+            if resume:
+                half_partials(src, dest, imgbuild=False)
+            else:
+                dest.mkdir()
+            cmd = ["curl", "-sS", "-f", "-K", "-"] + (["-C", "-"] if resume else [])
+            for rel, url in zip(sorted(digests), urls):
+                cmd += ["-o", str(dest / rel), url]
+            r = measure(cmd, stdin=self.curl_config, env=env)
+            assert sum(p.stat().st_size for p in dest.iterdir()) == total
+            shutil.rmtree(dest)
+            return r
+
+        def oras_pull(_i):
+            dest = self.fresh("oras")
+            r = measure([sys.executable, "-c", _ORAS, "pull", ref, str(dest)], env=env)
+            assert sum(p.stat().st_size for p in dest.iterdir()) == total
+            shutil.rmtree(dest)
+            return r
+
+        def imgbuild_resume(_i):
+            dest = self.fresh("resume")
+            half_partials(src, dest, imgbuild=True)
+            r = measure([sys.executable, "-c", _IMGBUILD_PULL, ref, str(dest)], env=env)
+            assert sum(p.stat().st_size for p in dest.iterdir()) == total
+            shutil.rmtree(dest)
+            return r
+
+        out["pull"] = {"imgbuild": self.best(imgbuild_pull), "curl": self.best(curl_pull),
+                       "oras": self.best(oras_pull)}
+        out["resume"] = {"imgbuild": self.best(imgbuild_resume),
+                         "curl": self.best(lambda i: curl_pull(i, resume=True))}
+        dest = self.fresh("again")
+        weights.pull(ref, dest, client=self.client)
+        out["pull_again"] = self.best(lambda _i: measure([sys.executable, "-c", _IMGBUILD_PULL, ref, str(dest)],
+                                                         env=env), 1)
+        shutil.rmtree(dest)
+        return out
+
+
+def report(name: str, r: dict) -> None:
+    mib = r["bytes"] / (1 << 20)
+
+    def tput(x: dict) -> float:
+        return mib / x["wall_s"]
+
+    print(f"\n{name} ({mib:.0f} MiB), best of the runs; throughput in MiB/s, peak RSS in MiB")
+    print(f"{'':18}{'imgbuild':>10}{'curl':>10}{'oras-py':>10}{'vs curl':>10}{'vs oras':>10}"
+          f"{'RSS imgb.':>11}{'RSS curl':>10}{'RSS oras':>10}")
+    for op in ("pull", "resume", "push"):
+        row = r[op]
+        mine, curl, oras = row["imgbuild"], row["curl"], row.get("oras")
+        oras_tput = f"{tput(oras):.0f}" if oras else "-"
+        vs_oras = f"{tput(mine) / tput(oras):.2f}x" if oras else "-"
+        oras_rss = f"{oras['maxrss_mib']:.0f}" if oras else "-"
+        print(f"{op:18}{tput(mine):>10.0f}{tput(curl):>10.0f}{oras_tput:>10}{tput(mine) / tput(curl):>9.2f}x"
+              f"{vs_oras:>10}{mine['maxrss_mib']:>11.0f}{curl['maxrss_mib']:>10.0f}{oras_rss:>10}")
+    print(f"{'second push':18}{r['push_again']['wall_s']:>9.2f}s (nothing uploaded)   "
+          f"second pull {r['pull_again']['wall_s']:.2f}s (all present, re-hashed)")
+    peak = max(r[op]["imgbuild"]["maxrss_mib"] for op in ("pull", "resume", "push"))
+    print(f"{'imgbuild peak RSS':18}{peak:>9.0f} MiB ({'within' if peak * 1.048576 <= RSS_LIMIT_MB else 'OVER'}"
+          f" the {RSS_LIMIT_MB} MB goal); sha256 verified: imgbuild yes, curl no, oras-py no")
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--size-mib", type=int, default=1024)
+    parser.add_argument("--shards", type=int, default=8)
+    parser.add_argument("--shard-mib", type=int, default=96)
+    parser.add_argument("--single-mib", type=int, default=1024)
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--push-repeat", type=int, default=2)
+    parser.add_argument("--json", type=Path, help="also write the figures to this file")
     parser.add_argument("--registry", default=os.environ.get("IMGBUILD_TEST_REGISTRY", "127.0.0.1:5000"))
     parser.add_argument("--user", default=os.environ.get("IMGBUILD_TEST_REGISTRY_USER", "ci"))
     parser.add_argument("--password-file", default=os.environ.get(
@@ -81,88 +264,46 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if not shutil.which("curl"):
         raise SystemExit("curl is needed for the comparison")
+    try:
+        import oras.provider  # noqa: F401  (the peer SDK; run in children, checked here)
+    except ImportError:
+        raise SystemExit("the oras package is needed for the comparison: pip install -e '.[bench]'") from None
 
     password = Path(args.password_file).read_text().strip()
-    size = args.size_mib << 20
-    ref = f"{args.registry}/imgbuild-bench/{uuid.uuid4().hex[:10]}:v1"
-    work = Path(tempfile.mkdtemp(prefix="imgbuild-bench-"))
+    work = Path(tempfile.mkdtemp(prefix="imgbuild-bench-weights-"))
     # Children get the credentials through the environment, never argv.
     env = {**os.environ, auth.ENV_USER: args.user, auth.ENV_PASSWORD: password,
            "PYTHONPATH": str(REPO), "DOCKER_CONFIG": str(work / "docker-config")}
     env.pop(auth.ENV_HOST, None)
     os.environ.update({k: env[k] for k in (auth.ENV_USER, auth.ENV_PASSWORD, "DOCKER_CONFIG")})
+    basic = base64.b64encode(f"{args.user}:{password}".encode()).decode()
+    curl_config = f'header = "Authorization: Basic {basic}"\n'  # on stdin, not argv
     client = oci.Client()
-    pushed = None
+    run = Run(args, work, env, curl_config, client)
+    results = {}
     try:
-        src = work / "src"
-        src.mkdir()
-        t = time.perf_counter()
-        make_file(src / "model.safetensors", size)
-        print(f"generated {args.size_mib} MiB of random data in {time.perf_counter() - t:.1f}s", flush=True)
-
-        t = time.perf_counter()
-        pushed = weights.push(src, ref, client=client)
-        push1 = time.perf_counter() - t
-        t = time.perf_counter()
-        again = weights.push(src, ref, client=client)
-        push2 = time.perf_counter() - t
-        assert again.digest == pushed.digest
-
-        blob = pushed.files[0].digest
-        url = f"{client.base_url(args.registry)}/v2/{oci.parse_reference(ref).repository}/blobs/{blob}"
-        basic = base64.b64encode(f"{args.user}:{password}".encode()).decode()
-        curl_config = f'header = "Authorization: Basic {basic}"\n'  # on stdin, not argv
-
-        runs = {"curl": [], "imgbuild": []}
-        for i in range(args.repeat):
-            out = work / f"curl-{i}.bin"
-            os.sync()  # start each run without the previous one's dirty pages being written back
-            runs["curl"].append(measure(["curl", "-sS", "-f", "-K", "-", "-o", str(out), url],
-                                        stdin=curl_config, env=env))
-            assert out.stat().st_size == size
-            out.unlink()
-            dest = work / f"pull-{i}"
-            os.sync()
-            runs["imgbuild"].append(measure([sys.executable, "-c", _PULL, ref, str(dest)], env=env))
-            assert (dest / "model.safetensors").stat().st_size == size
-            shutil.rmtree(dest)
-        dest = work / "pull-again"
-        weights.pull(ref, dest, client=client)
-        t = time.perf_counter()
-        skip = weights.pull(ref, dest, client=client)
-        pull2 = time.perf_counter() - t
-
-        best = {k: min(v, key=lambda r: r["wall_s"]) for k, v in runs.items()}
-        peak = {k: max(r["maxrss_kib"] for r in v) / 1024 for k, v in runs.items()}
-        mib = size / (1 << 20)
-        tput = {k: mib / best[k]["wall_s"] for k in best}
-        print()
-        print(f"pull of a {args.size_mib} MiB artifact (1 file), best of {args.repeat}:")
-        print(f"{'':24}{'imgbuild pull':>16}{'curl':>12}{'imgbuild/curl':>16}")
-        print(f"{'time (s)':24}{best['imgbuild']['wall_s']:>16.2f}{best['curl']['wall_s']:>12.2f}"
-              f"{best['imgbuild']['wall_s'] / best['curl']['wall_s']:>16.2f}")
-        print(f"{'throughput (MiB/s)':24}{tput['imgbuild']:>16.0f}{tput['curl']:>12.0f}"
-              f"{tput['imgbuild'] / tput['curl']:>16.2f}")
-        print(f"{'peak RSS (MiB)':24}{peak['imgbuild']:>16.1f}{peak['curl']:>12.1f}"
-              f"{peak['imgbuild'] / peak['curl']:>16.2f}")
-        print(f"{'sha256 verified':24}{'yes':>16}{'no':>12}")
-        print()
-        print("push of the same artifact:")
-        print(f"{'':24}{'first':>16}{'second':>12}{'second/first':>16}")
-        print(f"{'time (s)':24}{push1:>16.2f}{push2:>12.2f}{push2 / push1:>16.3f}")
-        print(f"{'bytes uploaded':24}{pushed.uploaded_bytes:>16}{again.uploaded_bytes:>12}"
-              f"{again.uploaded_bytes / max(pushed.uploaded_bytes, 1):>16.3f}")
-        print()
-        print(f"second pull (all present, re-hashed locally): {pull2:.2f}s, "
-              f"{skip.downloaded_bytes} bytes downloaded")
-        print("(push time includes hashing the file first; the second push hashes it again and only HEADs the blob)")
+        for name, count, mib in (("sharded", args.shards, args.shard_mib), ("single", 1, args.single_mib)):
+            src = work / f"src-{name}"
+            src.mkdir()
+            digests = {}
+            for i in range(count):
+                rel = f"model-{i + 1:05d}-of-{count:05d}.safetensors"
+                digests[rel] = make_file(src / rel, mib << 20)
+            results[name] = run.scenario(f"{name}", src, digests)
+            report(f"{name}: {count} x {mib} MiB" if count > 1 else f"{name}: 1 x {mib} MiB", results[name])
+            shutil.rmtree(src)  # the big files go as soon as they are measured
+        if args.json:
+            args.json.write_text(json.dumps(results, indent=2))
         return 0
     finally:
-        if pushed is not None:
+        for ref, blobs in run.pushed:
             try:
-                oci.delete_manifest(f"{pushed.ref}@{pushed.digest}", client=client)
-                for f in pushed.files:
-                    oci.delete_blob(ref, f.digest, client=client)
+                for digest in blobs:
+                    oci.delete_blob(ref, digest, client=client)
+                try:
+                    oci.delete_manifest(ref, client=client)
+                except RegistryError:
+                    pass  # curl pushes made no manifest
             except (RegistryError, OSError) as exc:  # cleanup is best effort; say so
                 print(f"cleanup in the registry failed: {exc}", file=sys.stderr)
         shutil.rmtree(work, ignore_errors=True)

@@ -5,7 +5,7 @@ a ratio. Needs the Docker engine and the base image (`make bench` starts them).
   (2) final image size: builder stage + runtime vs the naive single-stage build with the compiler
   (3) two variants sharing a prefix vs two separate cold builds (time and bytes)
   (4) a 2x2 matrix built with --all vs four separate cold builds (bench_matrix.py)
-  (5) weights pull vs curl and second push (bench_weights.py), when the registry runs
+  (5) weights push, pull and resumed pull vs curl and oras-py (bench_weights.py), when the registry runs
   (6) CLI start-up vs a bare interpreter (bench_startup.py)
 
 "Cold" means no layer cache (--no-cache); pip and apt download caches stay warm in both arms,

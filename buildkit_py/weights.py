@@ -26,6 +26,8 @@ import json
 import os
 import posixpath
 import stat
+from collections.abc import Callable, Iterable
+from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import NamedTuple
@@ -53,6 +55,10 @@ PARTIAL_SUFFIX = ".partial"
 _SKIP_DIRS = {".git"}
 _EPOCH = "1970-01-01T00:00:00Z"  # constant mtime: reproducible manifests (spec: Reproducibility)
 _TYPEFLAG_REGULAR = ord("0")
+# Files moved at once by push and pull: one per core, at most 4. Measured on 2 cores
+# (README design notes): 2 concurrent 96 MiB shards beat 1 (a file's hash tail then
+# overlaps the next file's transfer) and 4 or 8 (they only contend for the CPU).
+DEFAULT_JOBS = max(1, min(4, os.cpu_count() or 2))
 
 _WEIGHT_EXT = {".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".gguf", ".ggml", ".onnx", ".h5", ".msgpack",
                ".pb", ".tflite", ".mlmodel", ".npz", ".npy", ".engine", ".plan", ".nemo", ".pkl", ".model"}
@@ -202,26 +208,44 @@ def model_config(layers: list[dict], descriptor: dict | None = None, config: dic
     }
 
 
+def _in_parallel(fn: Callable, items: Iterable, jobs: int) -> list:
+    """``[fn(item) ...]`` on up to ``jobs`` threads, in order; the first failure is raised
+    once the running calls end, and calls not started yet are dropped."""
+    items = list(items)
+    if jobs <= 1 or len(items) <= 1:
+        return [fn(item) for item in items]
+    with ThreadPoolExecutor(max_workers=min(jobs, len(items)), thread_name_prefix="weights") as pool:
+        futures = [pool.submit(fn, item) for item in items]
+        wait(futures, return_when=FIRST_EXCEPTION)
+        for future in futures:
+            if future.done() and future.exception() is not None:
+                for other in futures:
+                    other.cancel()
+                raise future.exception()
+        return [future.result() for future in futures]
+
+
 def push(directory: str | os.PathLike, ref: str | oci.Reference, progress: oci.Progress | None = None, *,
          client: oci.Client | None = None, descriptor: dict | None = None,
-         annotations: dict | None = None) -> PushedArtifact:
+         annotations: dict | None = None, jobs: int = DEFAULT_JOBS) -> PushedArtifact:
     """Push every file under ``directory`` as one ModelPack artifact at ``ref``.
 
-    Files are hashed, then uploaded streamed unless the registry has the blob already.
-    The manifest goes up only after every blob is in the registry, so the tag never
-    points at a partial push. ``descriptor`` fills the config's ModelPack descriptor
-    (name, version, licenses...).
+    Up to ``jobs`` files at once; each is hashed once, then uploaded unless the registry
+    has its blob already (oci.upload_blob). The manifest goes up only
+    after every blob is in the registry, so the tag never points at a partial push.
+    ``descriptor`` fills the config's ModelPack descriptor (name, version, licenses...).
+    ``progress`` may be called from several threads.
     """
     reference = oci.as_reference(ref)
     client = client or oci.Client()
     files = scan_dir(directory)
+    results = _in_parallel(lambda item: oci.upload_blob(reference, item[1], client=client, progress=progress,
+                                                        label=item[0]), files, jobs)
     layers, pushed = [], []
-    for relpath, path in files:
-        digest, size = oci.sha256_file(path, progress, relpath)
-        layer = _layer(relpath, path, digest, size)
-        result = oci.upload_blob(reference, path, digest=digest, client=client, progress=progress, label=relpath)
+    for (relpath, path), result in zip(files, results, strict=True):
+        layer = _layer(relpath, path, result.digest, result.size)
         layers.append(layer)
-        pushed.append(PushedFile(relpath, size, digest, layer["mediaType"], result.uploaded_bytes))
+        pushed.append(PushedFile(relpath, result.size, result.digest, layer["mediaType"], result.uploaded_bytes))
     config_raw = oci.canonical_json(model_config(layers, descriptor))
     config = oci.upload_bytes(reference, config_raw, client=client)
     manifest = {
@@ -307,7 +331,7 @@ def _file_matches(path: Path, size: int, digest: str) -> bool:
 
 
 def pull(ref: str | oci.Reference, directory: str | os.PathLike, progress: oci.Progress | None = None, *,
-         client: oci.Client | None = None) -> PullResult:
+         client: oci.Client | None = None, jobs: int = DEFAULT_JOBS, streams: int | None = None) -> PullResult:
     """Download an artifact's files into ``directory``.
 
     Every path is checked before anything is written (no ``..``, no absolute paths, no
@@ -315,7 +339,9 @@ def pull(ref: str | oci.Reference, directory: str | os.PathLike, progress: oci.P
     Each download goes to ``<name>.partial`` next to its final path, is hashed while it
     streams, and is renamed into place only when the digest matches. An existing
     ``.partial`` is resumed with a Range request. A corrupt blob raises DigestMismatch;
-    its partial is deleted and nothing appears at the final path.
+    its partial is deleted and nothing appears at the final path. Up to ``jobs`` files at
+    once, each in ``streams`` ranges (oci.get_blob); ``progress`` may be called from
+    several threads.
     """
     reference = oci.as_reference(ref)
     root = Path(directory)
@@ -331,41 +357,47 @@ def pull(ref: str | oci.Reference, directory: str | os.PathLike, progress: oci.P
         raise UsageError(f"cannot create {root}: {exc.strerror}") from None
     targets = [(f, _target(root, f.path), layer) for f, layer in entries]  # all checked first
 
-    downloaded, skipped = 0, []
-    for f, target, layer in targets:
-        if _file_matches(target, f.size, f.digest):
-            skipped.append(f.path)
-            if progress:
-                progress("present", f.path, f.size, f.size)
-            continue
-        target.parent.mkdir(parents=True, exist_ok=True)
+    for _, target, _ in targets:
         partial = target.with_name(target.name + PARTIAL_SUFFIX)
         if partial.is_symlink():
             raise UnsafePath(f"{partial} is a symlink; pull does not write through symlinks")
-        downloaded += _download(reference, f, partial, client, progress)
+
+    def one(item) -> int | None:
+        f, target, layer = item
+        if _file_matches(target, f.size, f.digest):
+            if progress:
+                progress("present", f.path, f.size, f.size)
+            return None
+        target.parent.mkdir(parents=True, exist_ok=True)
+        partial = target.with_name(target.name + PARTIAL_SUFFIX)
+        received = _download(reference, f, partial, client, progress, streams)
         _apply_mode(partial, layer)
         os.replace(partial, target)
-    return PullResult(tuple(f for f, _ in entries), downloaded, tuple(skipped))
+        return received
+
+    received = _in_parallel(one, targets, jobs)
+    skipped = tuple(f.path for (f, _, _), got in zip(targets, received, strict=True) if got is None)
+    return PullResult(tuple(f for f, _ in entries), sum(got or 0 for got in received), skipped)
 
 
 def _download(reference: oci.Reference, f: ArtifactFile, partial: Path, client: oci.Client,
-              progress: oci.Progress | None) -> int:
-    offset = partial.stat().st_size if partial.exists() else 0
+              progress: oci.Progress | None, streams: int | None) -> int:
+    resumed = partial.exists() and partial.stat().st_size > 0
     received = 0
     for attempt in (0, 1):
-        mode = "r+b" if offset else "w+b"
+        mode = "r+b" if resumed else "w+b"
         # Only a digest failure discards the partial; anything else (network gone, Ctrl-C)
         # keeps it, and the next pull resumes from it.
         try:
             with open(partial, mode) as fh:
-                received += oci.get_blob(reference, f.digest, fh, offset, size=f.size, client=client,
-                                         progress=progress, label=f.path)
+                received += oci.get_blob(reference, f.digest, fh, size=f.size, client=client,
+                                         progress=progress, label=f.path, streams=streams)
             return received
         except DigestMismatch as exc:
             received += getattr(exc, "received_bytes", 0)
             partial.unlink(missing_ok=True)
-            if offset and attempt == 0:
-                offset = 0  # the old partial may have been the bad part: once more from zero
+            if resumed and attempt == 0:
+                resumed = False  # the old partial may have been the bad part: once more from zero
                 continue
             raise
     raise AssertionError("unreachable")  # pragma: no cover

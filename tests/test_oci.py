@@ -5,12 +5,14 @@ everything else against the real registry from scripts/services.sh."""
 from __future__ import annotations
 
 import base64
+import email.utils
 import hashlib
 import json
 import os
 import secrets
 import socket
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import ClassVar
@@ -19,6 +21,7 @@ import pytest
 import requests
 
 from buildkit_py import auth, oci
+from buildkit_py.oci import blobs, download
 from buildkit_py.errors import (
     AuthenticationError,
     DigestMismatch,
@@ -207,7 +210,7 @@ def _image(client, ref, labels: dict, arch="amd64") -> tuple[bytes, str]:
     return manifest, oci.sha256_bytes(manifest)
 
 
-def test_blob_upload_monolithic_and_chunked(client, registry, unique_name, tmp_path, monkeypatch):
+def test_blob_upload_hashed_once_and_skipped_when_present(client, registry, unique_name, tmp_path, monkeypatch):
     ref = oci.parse_reference(registry.repo(unique_name))
     small, small_d = _blob_file(tmp_path, 100_000, "small")
     assert oci.head_blob(ref, small_d, client=client) is None
@@ -215,16 +218,35 @@ def test_blob_upload_monolithic_and_chunked(client, registry, unique_name, tmp_p
     assert (result.digest, result.uploaded_bytes) == (small_d, 100_000)
     assert oci.head_blob(ref, small_d, client=client) == 100_000
 
-    monkeypatch.setattr(oci, "MONOLITHIC_MAX", 1 << 20)
-    monkeypatch.setattr(oci, "UPLOAD_CHUNK", 1 << 20)
-    big, big_d = _blob_file(tmp_path, (3 << 20) + 123, "big")
+    monkeypatch.setattr(blobs, "UPLOAD_PIECE", 1 << 20)
+    size = (3 << 20) + 123
+    big, big_d = _blob_file(tmp_path, size, "big")
     events = []
     result = oci.upload_blob(ref, big, client=client, progress=lambda *e: events.append(e))
-    assert result.digest == big_d  # computed while streaming the PATCH chunks
-    assert oci.blob_exists(ref, big_d, client=client)
-    assert events[-1] == ("upload", big, (3 << 20) + 123, (3 << 20) + 123)
-    again = oci.upload_blob(ref, big, digest=big_d, client=client)
-    assert again.uploaded_bytes == 0
+    assert (result.digest, result.uploaded_bytes) == (big_d, size)
+    assert oci.head_blob(ref, big_d, client=client) == size
+    assert [e for e in events if e[0] == "hash"][-1] == ("hash", big, size, size)
+    assert [e[2] for e in events if e[0] == "upload"] == [1 << 20, 2 << 20, 3 << 20, size]
+    again = oci.upload_blob(ref, big, client=client, progress=lambda *e: events.append(e))
+    assert (again.digest, again.uploaded_bytes) == (big_d, 0)
+    assert events[-1] == ("exists", big, size, size)
+
+
+def test_broken_upload_resumes_where_the_registry_got_to(client, registry, unique_name, tmp_path):
+    ref = oci.parse_reference(registry.repo(unique_name))
+    path, digest = _blob_file(tmp_path, 3 << 20)
+    location, _ = oci.start_upload(ref, client=client)
+    first = Path(path).read_bytes()[: 1 << 20]
+    resp = client.request("PATCH", ref.api_host, location, scope=oci.push_scope(ref.repository), expect=(202,),
+                          body=first, headers={"Content-Type": oci.MEDIA_OCTET, "Content-Range": f"0-{len(first) - 1}"})
+    location = resp.headers["Location"]
+    assert blobs._resume_point(ref, location, client)[0] == 1 << 20
+    src = blobs._Source(path, 3 << 20, "x", None)
+    location = blobs._patch(ref, client, location, src, 1 << 20)
+    assert src.sent == 2 << 20  # only the rest crossed
+    client.request("PUT", ref.api_host, location, scope=oci.push_scope(ref.repository), expect=(201,),
+                   params={"digest": digest}).close()
+    assert oci.head_blob(ref, digest, client=client) == 3 << 20
 
 
 def test_get_blob_streams_verifies_and_resumes(client, registry, unique_name, tmp_path):
@@ -238,7 +260,7 @@ def test_get_blob_streams_verifies_and_resumes(client, registry, unique_name, tm
     with open(out, "r+b") as fh:
         fh.truncate(1_000_000)
         # Only the missing 2 MB cross the network (Range request, 206).
-        assert oci.get_blob(ref, digest, fh, 1_000_000, size=3_000_000, client=client) == 2_000_000
+        assert oci.get_blob(ref, digest, fh, size=3_000_000, client=client) == 2_000_000
     assert out.read_bytes() == Path(path).read_bytes()
     with open(out, "w+b") as fh, pytest.raises(DigestMismatch, match="got 3000000 bytes"):
         oci.get_blob(ref, digest, fh, size=3_000_001, client=client)  # a size the manifest would not match
@@ -407,13 +429,14 @@ def test_bearer_token_flow(client, registry, unique_name, token_registry):
 
 class _RechallengingRegistry(BaseHTTPRequestHandler):
     """A registry that issues Bearer tokens and takes blob uploads, and that refuses the
-    first token on the streamed PUT (expired, as a real token service's may be): the client
+    first token on the streamed PATCH (expired, as a real token service's may be): the client
     must fetch a fresh token and send the body again. It reads every body it answers, keeps
     what it stores, and checks the digest itself, as distribution does."""
 
     protocol_version = "HTTP/1.1"
     tokens: ClassVar[list] = []
-    puts: ClassVar[list] = []
+    patches: ClassVar[list] = []
+    session: ClassVar[bytearray] = bytearray()
     blobs: ClassVar[dict] = {}
 
     def log_message(self, *args):
@@ -455,25 +478,33 @@ class _RechallengingRegistry(BaseHTTPRequestHandler):
         if self._authorized():
             self._reply(202, {"Location": "/v2/team/model/blobs/uploads/u1"})
 
-    def do_PUT(self):
+    def do_PATCH(self):
         body = self._body()
-        if len(type(self).puts) == 0:
-            type(self).puts.append(len(body))
+        if not type(self).patches:
             type(self).tokens.append(secrets.token_hex(8))  # the token the client holds is now stale
+        type(self).patches.append(len(body))
         if not self._authorized():
             return
-        type(self).puts.append(len(body))
+        type(self).session.extend(body)
+        self._reply(202, {"Location": "/v2/team/model/blobs/uploads/u1", "Range": f"0-{len(self.session) - 1}"})
+
+    def do_PUT(self):
+        body = self._body()
+        if not self._authorized():
+            return
+        type(self).session.extend(body)
         digest = self.path.split("digest=", 1)[1].replace("%3A", ":")
-        if oci.sha256_bytes(body) != digest:
+        if oci.sha256_bytes(bytes(self.session)) != digest:
             return self._reply(400, {"Content-Type": "application/json"},
                                b'{"errors":[{"code":"DIGEST_INVALID","message":"digest did not match"}]}')
-        type(self).blobs[digest] = body
+        type(self).blobs[digest] = bytes(self.session)
         self._reply(201, {"Location": f"/v2/team/model/blobs/{digest}"})
 
 
 @pytest.fixture
 def rechallenging_registry():
-    handler = type("Rechallenging", (_RechallengingRegistry,), {"tokens": [], "puts": [], "blobs": {}})
+    handler = type("Rechallenging", (_RechallengingRegistry,), {"tokens": [], "patches": [], "session": bytearray(),
+                                                           "blobs": {}})
     server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     yield handler, f"127.0.0.1:{server.server_address[1]}"
@@ -487,7 +518,7 @@ def test_streamed_upload_resent_after_a_re_challenge_is_not_a_false_mismatch(rec
     client = oci.Client(credentials=lambda h: auth.Credentials("alice", "pw", "test"))
     result = oci.upload_blob(f"{host}/team/model", path, digest=digest, client=client)
     size = os.path.getsize(path)
-    assert handler.puts == [size, size]  # refused once with a stale token, then sent again in full
+    assert handler.patches == [size, size]  # refused once with a stale token, then sent again in full
     assert handler.blobs[digest] == Path(path).read_bytes()
     assert result == oci.UploadResult(digest, size, size)
 
@@ -500,3 +531,115 @@ def test_a_file_changed_after_hashing_is_refused_by_the_digest_check(rechallengi
     with pytest.raises(DigestMismatch, match="changed while it was uploaded"):
         oci.upload_blob(f"{host}/team/model", path, digest=digest, client=client)
     assert handler.blobs == {}
+
+
+# ---------------------------------------------------------------- downloads: ranges, broken streams
+
+
+class _BlobServer(BaseHTTPRequestHandler):
+    """Serves one blob (anonymous): honours Range unless ``ranges`` is False, and cuts the
+    first ``breaks`` answers off after ``cut`` bytes, as a dropped connection does."""
+
+    protocol_version = "HTTP/1.1"
+    blob = b""
+    ranges = True
+    breaks = 0
+    cut = 0
+    seen: ClassVar[list] = []
+
+    def log_message(self, *args):
+        pass
+
+    def do_HEAD(self):
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(self.blob)))
+        self.end_headers()
+
+    def do_GET(self):
+        type(self).seen.append(self.headers.get("Range"))
+        start, end = 0, len(self.blob) - 1
+        rng = self.headers.get("Range")
+        if rng and self.ranges:
+            a, _, b = rng.removeprefix("bytes=").partition("-")
+            start, end = int(a), min(int(b) if b else end, end)
+            self.send_response(206)
+            self.send_header("Content-Range", f"bytes {start}-{end}/{len(self.blob)}")
+        else:
+            self.send_response(200)
+        body = self.blob[start:end + 1]
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        if type(self).breaks:
+            type(self).breaks -= 1
+            self.wfile.write(body[:self.cut])
+            self.wfile.flush()
+            self.close_connection = True
+            return
+        self.wfile.write(body)
+
+
+@pytest.fixture
+def blob_server():
+    handler = type("Blobs", (_BlobServer,), {"blob": os.urandom(5 * 1_000_000 + 7), "seen": []})
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield handler, oci.parse_reference(f"127.0.0.1:{server.server_address[1]}/team/model")
+    server.shutdown()
+    server.server_close()
+
+
+@pytest.mark.parametrize("path", ["splice", "requests"])
+@pytest.mark.parametrize("ranges", [True, False])
+def test_parallel_ranges_resume_and_broken_streams(blob_server, tmp_path, monkeypatch, path, ranges):
+    handler, ref = blob_server
+    handler.ranges = ranges
+    if path == "requests":
+        monkeypatch.delattr(os, "splice", raising=False)
+    monkeypatch.setattr(download, "RANGED_MIN_PART", 1_000_000)
+    blob, digest = handler.blob, oci.sha256_bytes(handler.blob)
+    client = oci.Client(credentials=lambda h: None, backoff_s=0.001)
+    out = tmp_path / "out"
+    events = []
+    with open(out, "w+b") as fh:
+        got = oci.get_blob(ref, digest, fh, size=len(blob), client=client, streams=3,
+                           progress=lambda *e: events.append(e))
+    assert out.read_bytes() == blob
+    if ranges:
+        assert got == len(blob)
+        assert sorted(handler.seen) == sorted(["bytes=0-1666668", "bytes=1666669-3333337", "bytes=3333338-5000006"])
+    else:  # the registry ignored Range: read again in one stream from the start
+        assert handler.seen[-1] is None
+    assert events[-1] == ("download", digest, len(blob), len(blob))
+
+    # A partial file is kept and only the rest asked for; a stream that breaks resumes.
+    out.write_bytes(blob[:1_234_567])
+    handler.seen.clear()
+    handler.breaks, handler.cut = 1, 100_000
+    with open(out, "r+b") as fh:
+        got = oci.get_blob(ref, digest, fh, size=len(blob), client=client, streams=1)
+    assert out.read_bytes() == blob
+    if ranges:
+        assert handler.seen == ["bytes=1234567-5000006", "bytes=1334567-5000006"]
+        assert got == len(blob) - 1_234_567
+    else:
+        assert handler.seen[-1] is None
+
+
+def test_a_corrupt_download_is_refused_and_counted(blob_server, tmp_path):
+    handler, ref = blob_server
+    client = oci.Client(credentials=lambda h: None, backoff_s=0.001)
+    wrong = "sha256:" + "1" * 64
+    with open(tmp_path / "out", "w+b") as fh, pytest.raises(DigestMismatch, match="corrupt") as exc:
+        oci.get_blob(ref, wrong, fh, size=len(handler.blob), client=client)
+    assert exc.value.received_bytes == len(handler.blob)
+
+
+def test_retry_policy_honours_retry_after():
+    policy = oci.RetryPolicy(retries=3, backoff_s=0.5, max_delay_s=60)
+    assert [policy.delay(a) for a in range(3)] == [0.5, 1.0, 2.0]
+    assert policy.delay(0, "7") == 7.0
+    assert policy.delay(3, "1") == 4.0  # never less than the backoff
+    assert policy.delay(0, "3600") == 60  # capped
+    soon = email.utils.formatdate(time.time() + 30, usegmt=True)
+    assert 25 <= policy.delay(0, soon) <= 31
+    assert policy.delay(0, "not a date") == 0.5

@@ -1,0 +1,76 @@
+"""A small OCI distribution client on ``requests``, in modules that follow the pipeline:
+
+- ``reference``: image references with the docker CLI's rules;
+- ``transport``: ``Client`` (scheme, auth challenges, tokens) and the one ``RetryPolicy``;
+- ``manifests``: fetch, put, delete, platform selection, image config;
+- ``blobs``: presence, small reads, streamed and resumable uploads (hashed once, while
+  uploading);
+- ``download``: verified streaming download into a file, resumable, in parallel ranges,
+  ``splice`` on plain http;
+- ``copy``: image copy between registries (``imgbuild mirror``).
+
+Module functions take an optional ``client``; pass one ``Client`` to share connections and
+tokens across calls. Nothing here prints; progress goes to ``progress(event, label, done,
+total)`` callbacks, possibly from worker threads.
+"""
+
+from __future__ import annotations
+
+from .blobs import (
+    CHUNK,
+    MEDIA_OCTET,
+    UploadResult,
+    blob_exists,
+    delete_blob,
+    head_blob,
+    read_blob,
+    sha256_file,
+    start_upload,
+    upload_blob,
+    upload_bytes,
+)
+from .copy import copy_image
+from .download import default_streams, get_blob
+from .manifests import (
+    ACCEPT,
+    DEFAULT_PLATFORM,
+    INDEX_TYPES,
+    MANIFEST_TYPES,
+    MAX_CONFIG_BYTES,
+    MAX_MANIFEST_BYTES,
+    MEDIA_DOCKER_CONFIG,
+    MEDIA_DOCKER_LIST,
+    MEDIA_DOCKER_MANIFEST,
+    MEDIA_OCI_CONFIG,
+    MEDIA_OCI_INDEX,
+    MEDIA_OCI_MANIFEST,
+    canonical_json,
+    delete_manifest,
+    fetch_manifest,
+    get_image_config,
+    get_manifest,
+    put_manifest,
+    select_platform,
+)
+from .reference import DOCKER_HUB, DOCKER_HUB_API, Reference, as_reference, is_loopback, parse_reference
+from .transport import (
+    TRANSIENT_STATUS,
+    Challenge,
+    Client,
+    Progress,
+    RetryPolicy,
+    pull_scope,
+    push_scope,
+    sha256_bytes,
+)
+
+__all__ = [
+    "ACCEPT", "CHUNK", "DEFAULT_PLATFORM", "DOCKER_HUB", "DOCKER_HUB_API", "INDEX_TYPES", "MANIFEST_TYPES",
+    "MAX_CONFIG_BYTES", "MAX_MANIFEST_BYTES", "MEDIA_DOCKER_CONFIG", "MEDIA_DOCKER_LIST", "MEDIA_DOCKER_MANIFEST",
+    "MEDIA_OCI_CONFIG", "MEDIA_OCI_INDEX", "MEDIA_OCI_MANIFEST", "MEDIA_OCTET", "TRANSIENT_STATUS", "Challenge",
+    "Client", "Progress", "Reference", "RetryPolicy", "UploadResult", "as_reference", "blob_exists",
+    "canonical_json", "copy_image", "default_streams", "delete_blob", "delete_manifest", "fetch_manifest",
+    "get_blob", "get_image_config", "get_manifest", "head_blob", "is_loopback", "parse_reference", "pull_scope",
+    "push_scope", "put_manifest", "read_blob", "select_platform", "sha256_bytes", "sha256_file", "start_upload",
+    "upload_blob", "upload_bytes",
+]
