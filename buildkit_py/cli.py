@@ -48,6 +48,21 @@ class _Exit(Exception):
         self.status = status
 
 
+def _index_options(sp) -> None:
+    sp.add_argument("--index-url", default=None, metavar="URL",
+                    help="package index to read (default: the one pip would use)")
+    if not any(a.dest == "pip_config" for a in sp._actions):
+        sp.add_argument("--pip-config", type=Path, default=os.environ.get("IMGBUILD_PIP_CONFIG") or None,
+                        metavar="FILE", help="pip.conf whose index-url to read; also $IMGBUILD_PIP_CONFIG")
+
+
+def _offline_options(sp) -> None:
+    sp.add_argument("--offline", action="store_true", default=os.environ.get("IMGBUILD_OFFLINE") == "1",
+                    help="use only the shipped compatibility data and the look-up cache; never ask the package "
+                         "index about a pin newer than the data (also IMGBUILD_OFFLINE=1)")
+    _index_options(sp)
+
+
 def _build_parser(stdout: IO[str]) -> _Parser:
     _Parser.stdout = stdout
     fmt = argparse.RawDescriptionHelpFormatter
@@ -63,12 +78,14 @@ def _build_parser(stdout: IO[str]) -> _Parser:
     r = add("render", "print the Dockerfile a recipe renders to (byte-identical for the same recipe)")
     r.add_argument("recipe", type=Path)
     r.add_argument("-o", "--output", type=Path, help="write to this file instead of stdout")
+    _offline_options(r)
 
     pl = add("plan", "show the resolved plan: CUDA, driver contract, stages, labels, tags, warnings")
     pl.add_argument("recipe", type=Path)
     pl.add_argument("--json", action="store_true", help="machine-readable output")
     pl.add_argument("--tag", action="append", default=[], help="tag instead of NAME:VERSION (repeatable)")
     pl.add_argument("--registry", help="prefix tags with this registry, e.g. 127.0.0.1:5000")
+    _offline_options(pl)
 
     b = add("build", "build a recipe with BuildKit, optionally push it",
             "Build a recipe with BuildKit (docker buildx, or DOCKER_BUILDKIT=1 with a 20.10 client).\n"
@@ -102,6 +119,7 @@ def _build_parser(stdout: IO[str]) -> _Parser:
                    help="build this matrix variant (repeatable; ids from `imgbuild matrix RECIPE`)")
     b.add_argument("-j", "--jobs", type=int, default=1, metavar="N",
                    help="with --all: build up to N variants at once (default 1)")
+    _offline_options(b)
     locking = b.add_mutually_exclusive_group()
     locking.add_argument("--update-lock", action="store_true",
                          help="re-resolve and rewrite the recipe's lock file, then build with it")
@@ -214,6 +232,24 @@ def _build_parser(stdout: IO[str]) -> _Parser:
     m.add_argument("--all-platforms", action="store_true", help="copy every platform of a multi-platform image")
     m.add_argument("--json", action="store_true")
 
+    d = add("data", "the compatibility data: its date and what the look-up cache adds; refresh it from the index",
+            "imgbuild's compatibility data (CUDA toolkits and drivers, torch, flash-attn, bitsandbytes,\n"
+            "images) ships with it, each row with its source and the date read. `data status` prints the\n"
+            "shipped data's date and the releases the plan-time look-up cached since; `data refresh`\n"
+            "re-reads what the package index serves (release lists, wheel METADATA) and shows or --write s\n"
+            "the changes. The index is the one pip would use: --index-url, PIP_INDEX_URL, --pip-config,\n"
+            "pip's config files, else PyPI.")
+    dsub = d.add_subparsers(dest="data_command", metavar="ACTION", parser_class=_Parser)
+    ds = dsub.add_parser("status", help="the shipped data's date and what the look-up cache adds", epilog=EPILOG)
+    ds.add_argument("--json", action="store_true")
+    dr = dsub.add_parser("refresh", help="compare the data with the package index; --write to update the files",
+                         epilog=EPILOG)
+    dr.add_argument("--write", action="store_true", help="write the changed data files (default: only show them)")
+    dr.add_argument("--data-dir", type=Path, default=None, help="data files to update (default: the installed ones)")
+    dr.add_argument("--json", action="store_true")
+    for sp in (dr,):
+        _index_options(sp)
+
     add("schema", "print the recipe's JSON Schema, for editors that complete and check YAML",
         "Print the recipe's JSON Schema (draft 2020-12). Save it next to your recipes and point\n"
         "the YAML language server at it with a first line such as\n\n"
@@ -243,20 +279,50 @@ class _Out:
         self.stderr.write(f"warning: {text}\n")
 
 
-def _plan(args, recipe_path: Path):
+def _plan(args, recipe_path: Path, out: _Out | None = None):
     from .bases import resolve_with_base
     from .plan import make_plan
     from .recipe import load_recipe
 
     recipe = load_recipe(recipe_path)
+    _look_up_newer_pins(args, recipe, _Out(sys.stdout, sys.stderr) if out is None else out)
     return make_plan(recipe, tags=tuple(getattr(args, "tag", []) or ()), registry=getattr(args, "registry", None),
                      resolution=resolve_with_base(recipe))
+
+
+def _look_up_newer_pins(args, recipe, out: _Out) -> None:
+    """A torch pin newer than the shipped data: read it from the package index (cached) before
+    resolving, unless --offline. Only then is the index client imported."""
+    if not recipe.torch or not hasattr(args, "offline"):
+        return
+    from .compat import tables
+
+    try:
+        tables.torch_release(recipe.torch)
+        return
+    except LookupError:
+        pass
+    if args.offline:
+        return  # the resolver's error says what the shipped data and the cache lack
+    from .compat import index, live
+    from .errors import PackageIndexError
+
+    settings = index.index_settings(index_url=args.index_url,
+                                    pip_config=str(args.pip_config) if args.pip_config else None)
+    try:
+        note = live.ensure_torch(recipe.torch, settings, offline=False)
+    except (PackageIndexError, LookupError) as exc:
+        out.warn(f"torch {recipe.torch} is newer than imgbuild's compatibility data and could not be looked up: "
+                 f"{str(exc).strip(chr(39))}")
+        return
+    if note:
+        out.info(note)
 
 
 def cmd_render(args, out: _Out) -> int:
     from .render import render_dockerfile
 
-    plan = _plan(args, args.recipe)
+    plan = _plan(args, args.recipe, out)
     text = render_dockerfile(plan)
     for w in plan.warnings:
         out.warn(w)
@@ -272,7 +338,7 @@ def cmd_plan(args, out: _Out) -> int:
     from .plan import plan_json
     from .render import render_dockerfile
 
-    plan = _plan(args, args.recipe)
+    plan = _plan(args, args.recipe, out)
     data = plan_json(plan, render_dockerfile(plan))
     if args.json:
         out.data(data)
@@ -302,7 +368,7 @@ def cmd_build(args, out: _Out) -> int:
 
     if args.all or args.variant:
         return cmd_build_matrix(args, out)
-    plan = _plan(args, args.recipe)
+    plan = _plan(args, args.recipe, out)
     for w in plan.warnings:
         out.warn(w)
     from .lock import use_lock
@@ -717,6 +783,69 @@ def cmd_mirror(args, out: _Out) -> int:
     return 0
 
 
+def cmd_data(args, out: _Out) -> int:
+    from .compat import live, tables
+
+    if args.data_command == "refresh":
+        return cmd_data_refresh(args, out)
+    if args.data_command != "status":
+        raise UsageError("imgbuild data: say status or refresh", hint="see `imgbuild data --help`")
+    as_of = tables.data_as_of()
+    shipped = max((d for d in as_of.values() if d), default=None)
+    cached = live.cached_rows()
+    report = {"schema_version": 1, "shipped_as_of": shipped, "files": as_of, "cache": str(live.cache_dir()),
+              "cached": [{"component": "torch", "version": v, "index": r.get("index"), "read": r.get("read"),
+                          "pypi_variant": r.get("pypi_variant"), "shipped": any(t.version == v for t in tables.torch_releases())}
+                         for v, r in sorted(cached.items())]}
+    if args.json:
+        out.data(report)
+        return 0
+    out.line(f"shipped compatibility data as of {shipped or 'unknown'}")
+    for name, date in as_of.items():
+        out.line(f"  {name:<20} {date or '-'}")
+    if not cached:
+        out.line(f"look-up cache ({report['cache']}): empty")
+    else:
+        out.line(f"look-up cache ({report['cache']}) adds:")
+        for c in report["cached"]:
+            out.line(f"  torch {c['version']:<9} {c['pypi_variant'] or '?':<6} from {c['index']} (read {c['read']})"
+                     + ("  [now also shipped]" if c["shipped"] else ""))
+    return 0
+
+
+def cmd_data_refresh(args, out: _Out) -> int:
+    import datetime
+
+    from .compat import index, refresh, tables
+
+    settings = index.index_settings(index_url=args.index_url,
+                                    pip_config=str(args.pip_config) if args.pip_config else None)
+    out.info(f"reading {index.redact(settings.url)} (from {settings.source})")
+    client = index.client_for(settings)
+    data = {name: json.loads(tables.data_dir().joinpath(name).read_text(encoding="utf-8")) for name in tables.DATA_FILES}
+    report = refresh.refresh(client, data, today=datetime.date.today().isoformat())
+    texts = {name: refresh.dump(raw) for name, raw in report.files.items()}
+    written: list[str] = []
+    if texts:
+        refresh.validate_files(texts)
+    if args.write and texts:
+        written = refresh.write_files(texts, args.data_dir or tables.data_dir())
+    if args.json:
+        out.data({**report.to_json(), "schema_version": 1, "written": written,
+                  "requests": client.requests, "bytes_read": client.bytes_read})
+        return 0
+    for c in report.changes:
+        out.line(c.render())
+    for r in report.review:
+        out.line(f"review: {r}")
+    if not report.changes:
+        out.line("the data matches the index")
+    out.info(f"{client.requests} requests, {client.bytes_read / 1e6:.1f} MB read"
+             + (f"; wrote {', '.join(written)}" if written else
+                ("; nothing written (use --write)" if texts and not args.write else "")))
+    return 0
+
+
 def main(argv: Sequence[str] | None = None, stdout: IO[str] | None = None, stderr: IO[str] | None = None,
          stdin: IO[str] | None = None) -> int:
     stdout = stdout or sys.stdout
@@ -740,7 +869,7 @@ def main(argv: Sequence[str] | None = None, stdout: IO[str] | None = None, stder
         handler = {"render": cmd_render, "plan": cmd_plan, "build": cmd_build, "lock": cmd_lock, "check": cmd_check,
                    "weights": cmd_weights, "mirror": cmd_mirror, "inspect": cmd_inspect, "run": cmd_run,
                    "matrix": cmd_matrix, "compose": cmd_compose, "lint": cmd_lint,
-                   "schema": cmd_schema}.get(args.command)
+                   "schema": cmd_schema, "data": cmd_data}.get(args.command)
         if args.command == "login":
             return int(cmd_login(args, out, stdin))
         return int(handler(args, out))

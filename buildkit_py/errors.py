@@ -125,6 +125,11 @@ class EnvironmentProblem(ImgbuildError):
     exit_status = ExitStatus.ENVIRONMENT
 
 
+class PackageIndexError(EnvironmentProblem):
+    """The Python package index could not answer: unreachable, an HTTP error, a malformed page or
+    METADATA (compat data refresh and plan-time look-ups of releases newer than the shipped data)."""
+
+
 class BackendCapabilityError(ImgbuildError):
     """The plan needs something the chosen build backend cannot do."""
 

@@ -230,8 +230,15 @@ def resolve(recipe: Recipe, base=None) -> Resolution:
             release = compat.torch_release(recipe.torch)
         except LookupError:
             known = [r.version for r in compat.torch_releases()]
+            as_of = compat.data_as_of().get("torch.json")
             raise _fail(recipe, "torch", "torch", recipe.torch, "imgbuild's torch table", known[-1],
-                        "this torch release is unknown", hint=_newest_hint("torch", known)) from None
+                        f"this torch release is unknown to the shipped data (as of {as_of}) and to the look-up cache",
+                        hint=_newest_hint("torch", known) + "; or plan without --offline, with the package index "
+                        "reachable, to look a newer release up") from None
+        if release.from_cache:
+            warnings.append(f"torch {release.version} is newer than imgbuild's shipped data: its CUDA variant, pins "
+                            f"and Python range come from the package index ({release.source}; cached in "
+                            f"{release.from_cache}); only its PyPI build ({release.pypi_variant}) is known")
         torch_version = release.version
         wanted = "cu" + _mm(cuda).replace(".", "")
         if wanted not in release.variants:

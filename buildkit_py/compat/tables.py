@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import re
 from dataclasses import dataclass
 from importlib import resources
+from pathlib import Path
 from typing import Any
 
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
@@ -61,6 +63,7 @@ class TorchRelease:
     source: str
     notes: str | None = None
     pypi_cuda_toolkit_extras: tuple[str, ...] = ()   # cuda-toolkit[...] extras the PyPI wheel asks for (CUDA 13+)
+    from_cache: str | None = None   # the look-up cache file it came from (newer than the shipped data)
 
 
 @dataclass(frozen=True)
@@ -215,9 +218,16 @@ def _ascending(file: str, keys: list[str]) -> None:
             raise _fail(file, kb, f"versions must be strictly ascending and unique ({ka} then {kb})")
 
 
+def data_dir():
+    """The shipped data files; ``IMGBUILD_COMPAT_DATA`` points elsewhere (``imgbuild data refresh``
+    validates the files it is about to write that way, in a child process)."""
+    override = os.environ.get("IMGBUILD_COMPAT_DATA")
+    return Path(override) if override else resources.files(__package__).joinpath("data")
+
+
 def _load_raw(name: str) -> dict:
     try:
-        text = resources.files(__package__).joinpath("data", name).read_text(encoding="utf-8")
+        text = data_dir().joinpath(name).read_text(encoding="utf-8")
         data = json.loads(text)
     except (OSError, json.JSONDecodeError) as exc:
         raise CompatDataError(f"compat data {name}: cannot be read: {exc}") from exc
@@ -357,25 +367,29 @@ def _torch() -> tuple[str, tuple[TorchRelease, ...]]:
     f = "torch.json"
     raw = _load_raw(f)
     known = _known_mm()
-    out = []
-    for e in raw["releases"]:
-        v = e.get("version")
-        _ver(f, v, v)
-        variants = dict(e.get("variants", {}))
-        for var, cuda in variants.items():
-            m = _VARIANT_RE.match(var)
-            if not m or f"{int(m.group(1))}.{m.group(2)}" != cuda:
-                raise _fail(f, v, f"variant {var!r} does not spell CUDA {cuda!r}")
-            if cuda not in known:
-                raise _fail(f, v, f"variant {var} maps to CUDA {cuda}, not a known toolkit major.minor")
-        pv = e.get("pypi_variant")
-        if pv is not None and pv not in variants:
-            raise _fail(f, v, f"pypi_variant {pv} is not one of the variants")
-        out.append(TorchRelease(v, _spec(f, v, e.get("python")), variants, pv,
-                                dict(e.get("pypi_cuda_wheels", {})), e.get("triton"), _need_source(f, v, e), e.get("notes"),
-                                tuple(e.get("pypi_cuda_toolkit_extras", ()))))
+    out = [torch_row(f, e, known) for e in raw["releases"]]
     _ascending(f, [t.version for t in out])
     return raw["index_url"], tuple(out)
+
+
+def torch_row(f: str, e: dict, known: set[str] | None = None) -> TorchRelease:
+    """One torch.json row, checked (also for rows from the live look-up cache)."""
+    known = _known_mm() if known is None else known
+    v = e.get("version")
+    _ver(f, v, v)
+    variants = dict(e.get("variants", {}))
+    for var, cuda in variants.items():
+        m = _VARIANT_RE.match(var)
+        if not m or f"{int(m.group(1))}.{m.group(2)}" != cuda:
+            raise _fail(f, v, f"variant {var!r} does not spell CUDA {cuda!r}")
+        if cuda not in known:
+            raise _fail(f, v, f"variant {var} maps to CUDA {cuda}, not a known toolkit major.minor")
+    pv = e.get("pypi_variant")
+    if pv is not None and pv not in variants:
+        raise _fail(f, v, f"pypi_variant {pv} is not one of the variants")
+    return TorchRelease(v, _spec(f, v, e.get("python")), variants, pv,
+                        dict(e.get("pypi_cuda_wheels", {})), e.get("triton"), _need_source(f, v, e), e.get("notes"),
+                        tuple(e.get("pypi_cuda_toolkit_extras", ())))
 
 
 def _archs_ok(f: str, key: Any, archs: tuple[str, ...]) -> None:
@@ -701,11 +715,23 @@ def torch_releases() -> tuple[TorchRelease, ...]:
 
 
 def torch_release(version: str) -> TorchRelease:
+    """Shipped data first, then the user's look-up cache (releases newer than the shipped data,
+    written by ``compat.live`` from the package index; such a release has ``from_cache`` set)."""
     for r in torch_releases():
         if Version(r.version) == Version(version):
             return r
+    from . import live   # small; only on a miss
+
+    cached = live.cached_torch(version)
+    if cached is not None:
+        return cached
     known = ", ".join(r.version for r in torch_releases())
     raise LookupError(f"unknown torch release {version!r}; known: {known}")
+
+
+def data_as_of() -> dict[str, str | None]:
+    """Each shipped data file's "as of" date (None where the file records none)."""
+    return {name: _load_raw(name).get("as_of") for name in DATA_FILES}
 
 
 def torch_index_url(variant: str) -> str:

@@ -1,0 +1,393 @@
+"""What the package index says about a release, turned into rows of the compat data files.
+
+Pure functions over ``index.Metadata`` and ``index.Project`` (no I/O of their own), shared by
+``imgbuild data refresh`` / ``scripts/refresh_compat.py --write`` (rewrite the shipped files) and
+the plan-time live lookup (a pin newer than the shipped data, see ``compat.live``).
+
+torch: the CUDA variant comes from the CUDA wheels its Linux wheel requires —
+``nvidia-cuda-runtime-cu11/cu12==X.Y.*`` up to CUDA 12, ``cuda-toolkit[...]==X.Y.Z`` from CUDA 13
+(whose wheels have no suffix); the Python range from the CPython tags of its manylinux x86_64
+wheels (``Requires-Python`` has no upper bound and admits Pythons without a wheel).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from packaging.markers import Marker
+from packaging.requirements import InvalidRequirement, Requirement
+from packaging.specifiers import SpecifierSet
+from packaging.version import Version
+
+from .index import DistFile, Metadata, Project
+
+# The environment a Linux x86_64 wheel is installed in, for evaluating Requires-Dist markers.
+_LINUX = {"platform_system": "Linux", "sys_platform": "linux", "platform_machine": "x86_64",
+          "os_name": "posix", "implementation_name": "cpython", "platform_python_implementation": "CPython"}
+_RUNTIME_RE = re.compile(r"^nvidia-cuda-runtime(?:-cu(\d+))?$")
+
+
+@dataclass(frozen=True)
+class TorchFacts:
+    version: str
+    variant: str | None                 # e.g. "cu130": the CUDA build PyPI's Linux wheel is
+    python: str                         # e.g. ">=3.10,<3.15" from the cpXY tags
+    requires_python: str | None         # the wheel's own Requires-Python (lower bound)
+    cuda_wheels: dict[str, str]         # == pins of nvidia-* / cuda-toolkit for Linux x86_64
+    cuda_toolkit_extras: tuple[str, ...]
+    ranges: dict[str, str]              # nvidia-* requirements that are ranges, not pins
+    triton: str | None
+    source: str
+
+
+def linux_x86_64_wheels(project: Project, version: str) -> tuple[DistFile, ...]:
+    return tuple(f for f in project.files_of(version) if f.is_wheel
+                 and any("manylinux" in t and t.endswith("x86_64") for t in f.tags))
+
+
+def cpython_range(files: tuple[DistFile, ...]) -> str | None:
+    """``>=3.10,<3.15`` from the cpXY interpreter tags (free-threaded ``t`` builds ignored)."""
+    minors = set()
+    for f in files:
+        for t in f.tags:
+            interp, abi = t.split("-")[0], t.split("-")[1]
+            m = re.fullmatch(r"cp3(\d+)", interp)
+            if m and not abi.endswith("t"):
+                minors.add(int(m.group(1)))
+    if not minors:
+        return None
+    lo, hi = min(minors), max(minors)
+    return f">=3.{lo},<3.{hi + 1}"
+
+
+def pick_wheel(files: tuple[DistFile, ...], prefer: str = "cp312") -> DistFile | None:
+    """One representative wheel (its METADATA is the same for every cpXY)."""
+    for f in files:
+        if any(t.startswith(f"{prefer}-{prefer}-") for t in f.tags):
+            return f
+    return files[0] if files else None
+
+
+def _linux_reqs(meta: Metadata, python: str = "3.12") -> list[Requirement]:
+    env = dict(_LINUX, python_version=python, python_full_version=python + ".0", extra="")
+    out = []
+    for text in meta.requires_dist:
+        try:
+            req = Requirement(text)
+        except InvalidRequirement:
+            continue
+        if req.marker is None or Marker(str(req.marker)).evaluate(env):
+            out.append(req)
+    return out
+
+
+def _pin(req: Requirement) -> str | None:
+    specs = list(req.specifier)
+    if len(specs) == 1 and specs[0].operator in ("==", "==="):
+        return specs[0].version.removesuffix(".*")
+    return None
+
+
+def _mm(version: str) -> str:
+    v = Version(version)
+    return f"{v.major}.{v.minor}"
+
+
+def torch_facts(meta: Metadata, files: tuple[DistFile, ...]) -> TorchFacts:
+    wheels: dict[str, str] = {}
+    ranges: dict[str, str] = {}
+    extras: tuple[str, ...] = ()
+    variant = triton = None
+    python = cpython_range(files) or (meta.requires_python or "")
+    lowest = re.search(r">=\s*(3\.\d+)", python)
+    for req in _linux_reqs(meta, lowest.group(1) if lowest else "3.12"):  # markers like python_version < "3.12"
+        name = req.name.lower()
+        pin = _pin(req)
+        if name == "triton":
+            triton = pin or str(req.specifier)
+            continue
+        if name == "cuda-toolkit":
+            extras = tuple(sorted(req.extras))
+            if pin:
+                wheels[name] = pin
+                variant = "cu" + _mm(pin).replace(".", "")
+            continue
+        if not name.startswith("nvidia-"):
+            continue
+        if pin:
+            wheels[name] = pin
+        else:
+            ranges[name] = str(req.specifier)
+        m = _RUNTIME_RE.match(name)
+        if m and pin and variant is None:
+            variant = "cu" + _mm(pin).replace(".", "")
+    return TorchFacts(meta.version, variant, python, meta.requires_python, dict(sorted(wheels.items())), extras,
+                      dict(sorted(ranges.items())), triton, meta.source)
+
+
+def toolkit_pins(meta: Metadata) -> dict[str, str]:
+    """NVIDIA's ``cuda-toolkit`` meta package: the wheels of its cudart and nvcc extras, name -> version."""
+    out: dict[str, str] = {}
+    for text in meta.requires_dist:
+        try:
+            req = Requirement(text)
+        except InvalidRequirement:
+            continue
+        if req.marker is None:
+            continue
+        for extra in ("cudart", "nvcc"):
+            env = dict(_LINUX, python_version="3.12", python_full_version="3.12.0", extra=extra)
+            other = dict(env, extra="__none__")
+            if Marker(str(req.marker)).evaluate(env) and not Marker(str(req.marker)).evaluate(other):
+                pin = _pin(req)
+                if pin:
+                    out[req.name.lower()] = pin
+    return dict(sorted(out.items()))
+
+
+def toolkit_version(cuda_toolkit_version: str) -> str:
+    """``12.8.2.0`` (the meta package's spelling) -> ``12.8.2``."""
+    r = Version(cuda_toolkit_version).release
+    return ".".join(str(x) for x in (r + (0, 0))[:3])
+
+
+# ----------------------------------------------------------------------------- rows and the refresh run
+_NO_VARIANTS_NOTE = ("only the PyPI build is known from the index; PyTorch's other CUDA variants "
+                     "(download.pytorch.org/whl/<variant>) are not read")
+
+
+def torch_row(client, project: Project, version: str, *, today: str) -> dict:
+    """A torch.json row for ``version`` from its Linux x86_64 wheel's METADATA."""
+    from .index import PackageIndexError, redact
+
+    files = linux_x86_64_wheels(project, version)
+    wheel = pick_wheel(files)
+    if wheel is None:
+        raise PackageIndexError(f"package index: torch {version} has no manylinux x86_64 wheel")
+    f = torch_facts(client.metadata(wheel), files)
+    row: dict = {"version": version, "python": f.python}
+    if f.variant:
+        v = f.variant
+        row["variants"] = {v: f"{int(v[2:-1])}.{v[-1]}"}
+    else:
+        row["variants"] = {}
+    row.update({"pypi_variant": f.variant, "pypi_cuda_wheels": f.cuda_wheels})
+    if f.cuda_toolkit_extras:
+        row["pypi_cuda_toolkit_extras"] = list(f.cuda_toolkit_extras)
+    row["triton"] = f.triton
+    row["source"] = (f"python (cpXY tags of the manylinux x86_64 wheels), pypi_variant, pins and triton from "
+                     f"{redact(project.index_url)}torch/ {wheel.filename} METADATA, read {today}")
+    row["read"] = today
+    notes = [_NO_VARIANTS_NOTE]
+    if f.ranges:
+        notes.append("the PyPI wheel also requires " + ", ".join(f"{k}{s}" for k, s in f.ranges.items()))
+    row["notes"] = "; ".join(notes)
+    return row
+
+
+@dataclass(frozen=True)
+class Change:
+    file: str
+    key: str
+    what: str
+
+    def render(self) -> str:
+        return f"{self.file}: {self.key}: {self.what}"
+
+
+@dataclass(frozen=True)
+class RefreshReport:
+    index_url: str
+    today: str
+    changes: tuple[Change, ...]
+    review: tuple[str, ...]      # what the index alone cannot settle (a person reads the source)
+    files: dict                  # name -> new raw data (only files that changed)
+
+    def to_json(self) -> dict:
+        return {"index": self.index_url, "date": self.today, "changes": [c.__dict__ for c in self.changes],
+                "review": list(self.review), "files_changed": sorted(self.files)}
+
+
+_TORCH_KEYS = ("python", "pypi_variant", "pypi_cuda_wheels", "pypi_cuda_toolkit_extras", "triton")
+
+
+def _merge_torch(old: dict | None, new: dict, changes: list[Change], known_mm: set[str]) -> dict | None:
+    v = new["version"]
+    if old is None:
+        cuda = next(iter(new["variants"].values()), None)
+        if cuda not in known_mm:
+            return None
+        changes.append(Change("torch.json", v, f"new release ({new['pypi_variant']} on PyPI, Python {new['python']})"))
+        return new
+    row = dict(old)
+    for k in _TORCH_KEYS:
+        if row.get(k) != new.get(k) and not (k == "pypi_cuda_toolkit_extras" and not new.get(k) and k not in row):
+            changes.append(Change("torch.json", v, f"{k}: {row.get(k)!r} -> {new.get(k)!r}"))
+            if new.get(k) is None and k == "pypi_cuda_toolkit_extras":
+                row.pop(k, None)
+            else:
+                row[k] = new.get(k)
+    pv = new["pypi_variant"]
+    if pv and pv not in row.get("variants", {}):
+        row["variants"] = dict(sorted({**row.get("variants", {}), **new["variants"]}.items()))
+        changes.append(Change("torch.json", v, f"variants: + {pv} (the PyPI build)"))
+    head = row.get("source", "").split("; python (cpXY tags")[0]
+    if head.startswith("python (cpXY tags"):
+        head = ""
+    row["source"] = f"{head}; {new['source']}" if head else new["source"]
+    row["read"] = new["read"]
+    return row
+
+
+def _sorted_rows(rows, key="version"):
+    return sorted(rows, key=lambda r: Version(r[key]))
+
+
+def refresh(client, data: dict[str, dict], *, today: str, since: str = "1.13") -> RefreshReport:
+    """Compare the shipped data (``data``: file name -> raw JSON) with the index; return the
+    changed files and what changed. Rows keep their hand-sourced fields (variants from PyTorch's
+    matrix, Table 3 drivers); only what the index serves is rewritten, each with its source and date."""
+    import copy
+
+    from .index import redact
+
+    data = copy.deepcopy(data)
+    changes: list[Change] = []
+    review: list[str] = []
+    touched: set[str] = set()
+    known_mm = {".".join(t["version"].split(".")[:2]) for t in data["toolkits.json"]["toolkits"]}
+
+    # --- torch: every release on the index, by version ---------------------------------------
+    torch = client.project("torch")
+    rows = {r["version"]: r for r in data["torch.json"]["releases"]}
+    for v in torch.releases():
+        if Version(v) < Version(since):
+            continue
+        try:
+            new = torch_row(client, torch, v, today=today)
+        except Exception as exc:  # one bad release must not stop the refresh; say which
+            review.append(f"torch {v}: {exc}")
+            continue
+        before = len(changes)
+        merged = _merge_torch(rows.get(v), new, changes, known_mm)
+        if merged is None:
+            review.append(f"torch {v}: its PyPI build {new['pypi_variant']} is a CUDA no shipped toolkit knows; "
+                          "add the toolkit (toolkits.json) first")
+            continue
+        rows[v] = merged
+        if len(changes) > before:
+            touched.add("torch.json")
+    data["torch.json"]["releases"] = _sorted_rows(rows.values())
+
+    # --- CUDA toolkits: NVIDIA's cuda-toolkit meta package -------------------------------------
+    tk = client.project("cuda-toolkit")
+    tk_rows = {t["version"]: t for t in data["toolkits.json"]["toolkits"]}
+    floors = {f["major"]: f for f in data["minor_compat.json"]["floors"]}
+    for mv in tk.releases():
+        tv = toolkit_version(mv)
+        wheels = [f for f in tk.files_of(mv) if f.is_wheel]
+        if not wheels or Version(tv).major < 11:
+            continue
+        pins = toolkit_pins(client.metadata(wheels[0]))
+        pypi = {"cuda_toolkit": mv, **pins}
+        src = f"{redact(tk.index_url)}cuda-toolkit/ {wheels[0].filename} METADATA (cudart and nvcc extras), read {today}"
+        row = tk_rows.get(tv)
+        if row is None:
+            floor = floors.get(Version(tv).major)
+            if floor is None:
+                review.append(f"cuda-toolkit {mv}: CUDA {Version(tv).major}.x has no minor-version floor recorded")
+                continue
+            row = {"version": tv, "linux_min_driver": floor["linux_min_driver"], "windows_min_driver": None,
+                   "min_driver_basis": "minor-compat", "pypi": pypi,
+                   "source": f"{src}; floor: the CUDA {Version(tv).major}.x minor-version floor (minor_compat.json)",
+                   "pypi_source": src, "read": today,
+                   "notes": "added by imgbuild data refresh from the package index: check NVIDIA's release notes "
+                            "Table 3 for a published minimum driver"}
+            tk_rows[tv] = row
+            changes.append(Change("toolkits.json", tv, f"new toolkit (cuda-toolkit {mv} on the index; floor "
+                                                       f"{row['linux_min_driver']} from minor-version compatibility)"))
+            review.append(f"toolkit {tv}: look its minimum driver up in NVIDIA's Table 3 and its nvidia/cuda images")
+            touched.add("toolkits.json")
+        elif row.get("pypi") != pypi:
+            changes.append(Change("toolkits.json", tv, f"pypi: {row.get('pypi')!r} -> {pypi!r}"))
+            row["pypi"], row["pypi_source"] = pypi, src
+            touched.add("toolkits.json")
+    data["toolkits.json"]["toolkits"] = _sorted_rows(tk_rows.values())
+
+    # --- flash-attn and bitsandbytes: release lists; bnb wheel METADATA -----------------------
+    for name, file in (("flash-attn", "flash_attn.json"), ("bitsandbytes", "bitsandbytes.json")):
+        project = client.project(name)
+        shipped = {r["version"] for r in data[file]["releases"]}
+        newest_shipped = max((Version(v) for v in shipped), default=Version("0"))
+        for v in project.releases():
+            if v not in shipped and Version(v) > newest_shipped:
+                review.append(f"{name} {v}: new on the index (shipped data ends at {newest_shipped}); "
+                              "its CUDA/torch support needs reading its sources")
+    bnb = client.project("bitsandbytes")
+    for row in data["bitsandbytes.json"]["releases"]:
+        wheels = [f for f in linux_x86_64_wheels(bnb, row["version"])] or \
+                 [f for f in bnb.files_of(row["version"]) if f.is_wheel and any(t.endswith("-any") for t in f.tags)]
+        if not wheels or Version(row["version"]) < Version("0.45"):
+            continue
+        meta = client.metadata(wheels[0])
+        torch_req = next((r for r in _linux_reqs(meta) if r.name.lower() == "torch"), None)
+        spec = str(torch_req.specifier) if torch_req is not None and str(torch_req.specifier) else None
+        py = meta.requires_python
+        for key, val in (("torch", spec), ("python", py)):
+            if val and SpecifierSet(val) != SpecifierSet(row.get(key) or ""):
+                changes.append(Change("bitsandbytes.json", row["version"], f"{key}: {row.get(key)!r} -> {val!r}"))
+                row[key] = val
+                row["read"] = today
+                touched.add("bitsandbytes.json")
+
+    for name in touched:
+        data[name]["as_of"] = today
+    return RefreshReport(redact(client.index_url), today, tuple(changes), tuple(review),
+                         {name: data[name] for name in sorted(touched)})
+
+
+def dump(raw: dict) -> str:
+    """The data files' own layout: one-space indent, keys in file order, UTF-8, final newline."""
+    import json
+
+    return json.dumps(raw, indent=1, ensure_ascii=False) + "\n"
+
+
+def validate_files(files: dict[str, str]) -> None:
+    """Load the shipped data with ``files`` (name -> text) swapped in, in a child process, and
+    raise CompatDataError with the loader's message if any invariant breaks."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+    import tempfile
+    from pathlib import Path
+
+    from ..errors import CompatDataError
+    from . import tables
+
+    with tempfile.TemporaryDirectory(prefix="imgbuild-compat-") as tmp:
+        for name in tables.DATA_FILES:
+            shutil.copyfile(str(tables.data_dir().joinpath(name)), Path(tmp) / name)
+        for name, text in files.items():
+            (Path(tmp) / name).write_text(text, encoding="utf-8")
+        env = dict(os.environ, IMGBUILD_COMPAT_DATA=tmp)
+        proc = subprocess.run([sys.executable, "-c", "from buildkit_py.compat import validate_all; validate_all()"],
+                              env=env, capture_output=True, text=True, timeout=120)
+        if proc.returncode:
+            last = (proc.stderr.strip().splitlines() or ["?"])[-1]
+            raise CompatDataError(f"refreshed data would not load: {last}",
+                                  hint="nothing was written; fix the data by hand or report the index answer")
+
+
+def write_files(files: dict[str, str], directory) -> list[str]:
+    from pathlib import Path
+
+    from ..lock import write_lock as write_text_atomic
+
+    written = []
+    for name, text in files.items():
+        if write_text_atomic(Path(directory) / name, text):
+            written.append(name)
+    return written

@@ -1,0 +1,237 @@
+"""Package-index client, data refresh and plan-time look-up, against a real index on 127.0.0.1."""
+
+from __future__ import annotations
+
+import io
+import json
+
+import pytest
+
+from buildkit_py.cli import main
+from buildkit_py.compat import index, live, refresh, tables
+from buildkit_py.errors import PackageIndexError
+
+from helpers import write_recipe
+from pyindex import LocalIndex
+
+LINUX = 'platform_system == "Linux"'
+CP = ["cp311", "cp312", "cp313", "cp314", "cp315"]
+
+
+def _torch_wheels(ix: LocalIndex, version: str, reqs, *, cps=CP, big: bool = False, pep658: bool = False):
+    for cp in cps:
+        ix.add_wheel("torch", version, f"{cp}-{cp}-manylinux_2_28_x86_64", requires_dist=reqs,
+                     requires_python=">=3.11", pep658=pep658, padding=(5 * 1024 * 1024 if big and cp == "cp312" else 0))
+    ix.add_wheel("torch", version, "cp312-none-macosx_11_0_arm64", requires_dist=(), requires_python=">=3.11")
+
+
+@pytest.fixture()
+def ix(tmp_path):
+    with LocalIndex(tmp_path / "index") as served:
+        # torch 2.16.0: a CUDA 13 build through NVIDIA's cuda-toolkit meta package; its cp312 wheel is
+        # 5 MB, so its METADATA must come by HTTP range, not by downloading the wheel
+        _torch_wheels(served, "2.16.0", [f"cuda-toolkit[cublas,cudart]==13.5.0; {LINUX}",
+                                         f"nvidia-cudnn-cu13==9.30.0.1; {LINUX}", f"nvidia-cublas<14,>=13.9; {LINUX}",
+                                         f'triton~=3.10.0; {LINUX} and python_version < "3.16"', "filelock"], big=True)
+        # torch 2.4.1: a CUDA 12 build with nvidia-*-cu12 pins, served with PEP 658 metadata; cp39 and
+        # cp310 tags (3.9 < 3.10 only by version order, not by string order)
+        _torch_wheels(served, "2.4.1", [
+            'nvidia-cuda-runtime-cu12 (==12.1.105) ; platform_system == "Linux" and platform_machine == "x86_64"',
+            'triton (==3.0.0) ; platform_system == "Linux" and platform_machine == "x86_64" and python_version < "3.13"'],
+            cps=["cp310", "cp39", "cp312", "cp311"], pep658=True)
+        served.add_wheel("torch", "2.17.0rc1", "cp312-cp312-manylinux_2_28_x86_64", requires_dist=())
+        for v, cudart in (("13.5.0", "13.5.37"), ("13.6.0", "13.6.20")):
+            served.add_wheel("cuda-toolkit", v, "py2.py3-none-any", extras=("cudart", "nvcc"), requires_dist=[
+                f"nvidia-cuda-runtime=={cudart}.*; sys_platform == 'linux' and extra == 'cudart'",
+                f"nvidia-cuda-nvcc=={cudart}.*; sys_platform == 'linux' and extra == 'nvcc'",
+                f"nvidia-cuda-crt=={cudart}.*; sys_platform == 'linux' and extra == 'nvcc'",
+                f"nvidia-nvvm=={cudart}.*; sys_platform == 'linux' and extra == 'nvcc'"])
+        # release lists deliberately out of order: 0.49.10 > 0.49.9 > 0.49.2.post1 by version only
+        for v in ("0.50.2", "0.49.10", "0.49.2.post1", "0.51.0", "0.49.9"):
+            served.add_wheel("bitsandbytes", v, "py3-none-manylinux_2_24_x86_64", requires_python=">=3.10",
+                             requires_dist=["torch<3,>=2.4", "numpy>=1.17"])
+        for v in ("2.8.3.post2", "2.8.3", "2.9.0", "2.8.10"):
+            served.add_sdist("flash-attn", v, requires_python=">=3.9")
+        yield served
+
+
+# ---------------------------------------------------------------- client
+def test_release_list_is_sorted_by_version_json_and_html(ix, monkeypatch):
+    c = index.IndexClient(ix.url)
+    p = c.project("bitsandbytes")
+    assert p.versions == ("0.49.2.post1", "0.49.9", "0.49.10", "0.50.2", "0.51.0")
+    monkeypatch.setattr(index, "_ACCEPT", "text/html")  # a PEP 503-only client sees the same
+    assert index.IndexClient(ix.url).project("bitsandbytes").versions == p.versions
+    assert c.project("torch").releases() == ("2.4.1", "2.16.0")
+    assert "2.17.0rc1" in c.project("torch").versions
+
+
+def test_metadata_by_range_reads_a_fraction_of_a_big_wheel(ix):
+    c = index.IndexClient(ix.url)
+    p = c.project("torch")
+    wheel = refresh.pick_wheel(refresh.linux_x86_64_wheels(p, "2.16.0"))
+    assert wheel.filename == "torch-2.16.0-cp312-cp312-manylinux_2_28_x86_64.whl" and wheel.size > 5_000_000
+    before = ix.bytes_sent
+    m = c.metadata(wheel)
+    assert m.version == "2.16.0" and "METADATA by HTTP range" in m.source
+    assert ix.bytes_sent - before < 200_000   # the wheel is 5 MB
+
+
+def test_metadata_pep658_and_small_wheel_whole(ix):
+    c = index.IndexClient(ix.url)
+    p = c.project("torch")
+    w = refresh.pick_wheel(refresh.linux_x86_64_wheels(p, "2.4.1"))
+    m = c.metadata(w)
+    assert "(PEP 658)" in m.source and any(path.endswith(".metadata") for path in ix.requests)
+    small = c.project("bitsandbytes").files_of("0.50.2")[0]
+    assert "(whole wheel)" in c.metadata(small).source
+
+
+def test_sdist_without_metadata_is_a_typed_error(ix):
+    c = index.IndexClient(ix.url)
+    with pytest.raises(PackageIndexError, match="sdist"):
+        c.metadata(c.project("flash-attn").files_of("2.9.0")[0])
+
+
+def test_unreachable_index_is_an_environment_error():
+    c = index.IndexClient("http://127.0.0.1:9/simple/", timeout=2)
+    with pytest.raises(PackageIndexError, match="unreachable") as exc:
+        c.project("torch")
+    assert exc.value.exit_status == 3
+
+
+def test_torch_facts_cuda13_and_cuda12(ix):
+    c = index.IndexClient(ix.url)
+    p = c.project("torch")
+    f16 = refresh.torch_facts(c.metadata(refresh.pick_wheel(refresh.linux_x86_64_wheels(p, "2.16.0"))),
+                              refresh.linux_x86_64_wheels(p, "2.16.0"))
+    assert (f16.variant, f16.python, f16.triton) == ("cu135", ">=3.11,<3.16", "~=3.10.0")
+    assert f16.cuda_wheels == {"cuda-toolkit": "13.5.0", "nvidia-cudnn-cu13": "9.30.0.1"}
+    assert f16.cuda_toolkit_extras == ("cublas", "cudart") and f16.ranges == {"nvidia-cublas": "<14,>=13.9"}
+    files = refresh.linux_x86_64_wheels(p, "2.4.1")
+    f4 = refresh.torch_facts(c.metadata(refresh.pick_wheel(files)), files)
+    assert (f4.variant, f4.python, f4.triton) == ("cu121", ">=3.9,<3.13", "3.0.0")
+    assert f4.cuda_wheels == {"nvidia-cuda-runtime-cu12": "12.1.105"}
+
+
+# ---------------------------------------------------------------- which index
+def test_index_settings_follow_pip(tmp_path):
+    conf = tmp_path / "pip.conf"
+    conf.write_text("[global]\nindex-url = http://mirror.example/simple\ncert = /ca.pem\n")
+    home = {"HOME": str(tmp_path / "home")}
+    assert index.index_settings(env=home).url == index.PYPI
+    s = index.index_settings(env={**home, "PIP_CONFIG_FILE": str(conf)})
+    assert (s.url, s.cafile, s.source) == ("http://mirror.example/simple", "/ca.pem", str(conf))
+    assert index.index_settings(env={**home, "PIP_CONFIG_FILE": "/dev/null"}).url == index.PYPI
+    assert index.index_settings(env={**home, "PIP_CONFIG_FILE": str(conf), "PIP_INDEX_URL": "http://e/simple"}).source \
+        == "PIP_INDEX_URL"
+    assert index.index_settings(pip_config=str(conf), env={**home, "PIP_INDEX_URL": "http://e/simple"}).url \
+        == "http://mirror.example/simple"
+    assert index.index_settings(index_url="http://x/simple", env={**home, "PIP_INDEX_URL": "http://e"}).source \
+        == "--index-url"
+    assert index.redact("https://u:secret@host/simple/") == "https://***@host/simple/"
+
+
+# ---------------------------------------------------------------- refresh
+def _shipped():
+    return {n: json.loads(tables.data_dir().joinpath(n).read_text()) for n in tables.DATA_FILES}
+
+
+def test_refresh_against_local_index(ix):
+    report = refresh.refresh(index.IndexClient(ix.url), _shipped(), today="2026-12-24")
+    by = {(c.file, c.key): c.what for c in report.changes}
+    assert by[("torch.json", "2.16.0")].startswith("new release (cu135")
+    assert by[("toolkits.json", "13.6.0")].startswith("new toolkit")
+    # torch 2.4.1: what this index serves differs (fewer pins, cp39-cp312) and is taken, the
+    # hand-sourced variants stay
+    changed = [c.what.split(":")[0] for c in report.changes if (c.file, c.key) == ("torch.json", "2.4.1")]
+    assert changed == ["python", "pypi_cuda_wheels"]
+    new_torch = {r["version"]: r for r in report.files["torch.json"]["releases"]}
+    assert new_torch["2.16.0"]["read"] == "2026-12-24" and ix.url in new_torch["2.16.0"]["source"]
+    assert new_torch["2.4.1"]["variants"] == {"cu118": "11.8", "cu121": "12.1", "cu124": "12.4"}
+    assert [r["version"] for r in report.files["torch.json"]["releases"]][-2:] == ["2.15.0", "2.16.0"]
+    tk = {t["version"]: t for t in report.files["toolkits.json"]["toolkits"]}["13.6.0"]
+    assert (tk["linux_min_driver"], tk["min_driver_basis"], tk["pypi"]["nvidia-cuda-runtime"]) == \
+        ("580", "minor-compat", "13.6.20")
+    assert any("bitsandbytes 0.51.0" in r for r in report.review)
+    assert any("flash-attn 2.9.0" in r for r in report.review) and any("flash-attn 2.8.10" in r for r in report.review)
+    assert report.files["torch.json"]["as_of"] == "2026-12-24"
+    refresh.validate_files({n: refresh.dump(raw) for n, raw in report.files.items()})
+
+
+def test_cli_refresh_writes_data_that_loads(ix, tmp_path):
+    data = tmp_path / "data"
+    data.mkdir()
+    for n in tables.DATA_FILES:
+        (data / n).write_text(tables.data_dir().joinpath(n).read_text())
+    out, err = io.StringIO(), io.StringIO()
+    assert main(["data", "refresh", "--index-url", ix.url], out, err) == 0
+    assert "torch.json: 2.16.0: new release" in out.getvalue() and "nothing written" in err.getvalue()
+    out = io.StringIO()
+    assert main(["data", "refresh", "--index-url", ix.url, "--write", "--data-dir", str(data), "--json"],
+                out, io.StringIO()) == 0
+    report = json.loads(out.getvalue())
+    assert sorted(report["written"]) == ["toolkits.json", "torch.json"]
+    rows = json.loads((data / "torch.json").read_text())["releases"]
+    assert rows[-1]["version"] == "2.16.0" and rows[-1]["pypi_variant"] == "cu135"
+
+
+# ---------------------------------------------------------------- plan-time look-up
+RECIPE = """\
+name: team/new-torch
+cuda:
+  version: "13.5"
+  source: wheels
+base: {image: debian:bookworm-slim}
+python: "3.11"
+torch: "2.16.0"
+"""
+
+
+def test_plan_looks_a_newer_torch_up_and_caches_it(ix, tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    recipe = write_recipe(tmp_path, RECIPE)
+    out, err = io.StringIO(), io.StringIO()
+    assert main(["plan", str(recipe), "--json", "--index-url", ix.url], out, err) == 0, err.getvalue()
+    plan = json.loads(out.getvalue())
+    assert plan["resolution"]["torch"] == "2.16.0+cu135" and plan["resolution"]["torch_index_url"] is None
+    assert any("come from the package index" in w and ix.url in w for w in plan["warnings"])
+    assert "looked torch 2.16.0 up" in err.getvalue()
+    cached = json.loads((tmp_path / "cache" / "imgbuild" / "compat" / "torch.json").read_text())
+    assert cached["releases"]["2.16.0"]["index"] == ix.url
+    # the second plan reads the cache: offline works, the index is not asked again
+    asked = len(ix.requests)
+    assert main(["plan", str(recipe), "--offline"], io.StringIO(), io.StringIO()) == 0
+    assert len(ix.requests) == asked
+    status = io.StringIO()
+    assert main(["data", "status", "--json"], status, io.StringIO()) == 0
+    st = json.loads(status.getvalue())
+    assert st["shipped_as_of"] == "2026-12-03"
+    assert st["cached"] == [{"component": "torch", "version": "2.16.0", "index": ix.url, "read": st["cached"][0]["read"],
+                             "pypi_variant": "cu135", "shipped": False}]
+
+
+def test_offline_unknown_pin_is_a_clear_error(ix, tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    recipe = write_recipe(tmp_path, RECIPE)
+    out, err = io.StringIO(), io.StringIO()
+    assert main(["plan", str(recipe), "--offline", "--index-url", ix.url], out, err) == 2
+    assert ix.requests == []
+    text = err.getvalue()
+    assert "torch: " in text and "unknown to the shipped data (as of 2026-12-03)" in text and "without --offline" in text
+
+
+def test_unreachable_index_falls_back_with_warning(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    recipe = write_recipe(tmp_path, RECIPE)
+    err = io.StringIO()
+    assert main(["plan", str(recipe), "--index-url", "http://127.0.0.1:9/simple/"], io.StringIO(), err) == 2
+    assert "could not be looked up" in err.getvalue() and "unreachable" in err.getvalue()
+    assert live.cached_rows() == {}
+
+
+def test_data_status_text_with_empty_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    out = io.StringIO()
+    assert main(["data", "status"], out, io.StringIO()) == 0
+    assert "shipped compatibility data as of 2026-12-03" in out.getvalue() and "empty" in out.getvalue()
