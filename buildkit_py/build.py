@@ -8,15 +8,15 @@ from __future__ import annotations
 
 import shutil
 import tempfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
 from . import labels as L
-from .backends import BuildBackend, BuildRequest, BuildResult, require, required_capabilities
-from .errors import BudgetExceeded, BuildFailed, EnvironmentProblem, UsageError
+from .backends import PUSH, BuildRequest, BuildResult, Engine, ImageSizes, require, required_capabilities
+from .errors import BudgetExceeded, BuildFailed, ImgbuildError, RegistryError, UsageError
 from .plan import BuildPlan
-from .registry import PushResult, push_image
+from .registry import PushResult
 from .render import render_dockerfile
 
 LineSink = Callable[[str], None]
@@ -36,6 +36,11 @@ class BuildOptions:
     cache_from: tuple[str, ...] = ()
     cache_to: tuple[str, ...] = ()
     builder: str | None = None
+    load: bool = False  # keep the image in the engine even when pushing from BuildKit
+    compression: str | None = None  # gzip|zstd[:level] (buildx)
+    oci_mediatypes: bool = False
+    provenance: str | None = None  # min|max|false (buildx)
+    platforms: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -43,24 +48,25 @@ class BuildOutcome:
     plan: BuildPlan
     backend: str
     result: BuildResult
-    size: int
+    size: int  # uncompressed bytes (kept under this name for older readers; see sizes)
     pushes: tuple[PushResult, ...] = ()
     groups: dict[str, int] = field(default_factory=dict)
     # What the built image carries, read back from the engine: the plan's static labels, the
     # volatile ones (created, revision, base digest) and any the base passes through.
     labels: dict[str, str] = field(default_factory=dict)
+    sizes: ImageSizes | None = None  # uncompressed and compressed, None when not in the engine
 
 
-def docker_client():
-    import docker
+def registry_compressed_size(ref: str) -> int | None:
+    """Bytes a pull of ``ref`` downloads: config + layers of its linux/amd64 manifest."""
+    from . import oci
 
     try:
-        client = docker.from_env(timeout=600)
-        client.ping()
-    except Exception as exc:
-        raise EnvironmentProblem(f"cannot reach the Docker engine ({exc.__class__.__name__})",
-                                 hint="start it (scripts/services.sh up starts Debian's dockerd) or set DOCKER_HOST") from None
-    return client
+        manifest, _, _ = oci.get_manifest(ref)
+    except ImgbuildError:
+        return None
+    return int((manifest.get("config") or {}).get("size") or 0) + sum(
+        int(layer.get("size") or 0) for layer in manifest.get("layers") or [])
 
 
 def assemble_context(plan: BuildPlan, dockerfile: str, workdir: Path) -> tuple[Path, Path]:
@@ -90,12 +96,12 @@ def assemble_context(plan: BuildPlan, dockerfile: str, workdir: Path) -> tuple[P
     return context, path
 
 
-def layer_groups(client, image_id: str, plan: BuildPlan) -> dict[str, int]:
+def layer_groups(engine: Engine, image_id: str, plan: BuildPlan) -> dict[str, int]:
     """Bytes per layer group (base, os, python, cuda, ...), from the engine's history: cheap
     enough to run after every build, unlike `imgbuild inspect`, which streams the image."""
     from .inspect import attribute_entries
 
-    history = list(reversed(client.api.history(image_id)))  # the API lists newest first
+    history = engine.history(image_id)
     step_groups = {st.id: st.group for st in plan.final.steps}
     groups: dict[str, int] = {}
     for attribution, entry in zip(attribute_entries(history, step_groups), history):
@@ -103,8 +109,11 @@ def layer_groups(client, image_id: str, plan: BuildPlan) -> dict[str, int]:
     return {g: b for g, b in sorted(groups.items(), key=lambda kv: -kv[1]) if b}
 
 
-def run_build(plan: BuildPlan, backend: BuildBackend, options: BuildOptions, on_line: LineSink,
-              on_progress: LineSink | None = None, client=None) -> BuildOutcome:
+def run_build(plan: BuildPlan, engine: Engine, options: BuildOptions, on_line: LineSink,
+              on_progress: LineSink | None = None) -> BuildOutcome:
+    """Build on ``engine``; push from BuildKit where the engine can (buildx), else through the
+    engine's SDK. The image is kept in the engine when asked (--load), when a budget must be
+    checked first, or when the engine keeps every image anyway (the docker driver)."""
     dockerfile = render_dockerfile(plan)
     secrets: dict[str, Path] = {}
     if options.ca_cert is not None:
@@ -122,56 +131,87 @@ def run_build(plan: BuildPlan, backend: BuildBackend, options: BuildOptions, on_
         if not IMAGE_REF_RE.match(tag) or "@" in tag:
             raise UsageError(f"--tag {tag!r} is not a valid image reference",
                              hint="e.g. team/trainer:1.0 or 127.0.0.1:5000/team/trainer:1.0")
-    request_probe = BuildRequest(Path("."), Path("Dockerfile"), tags, cache_from=options.cache_from,
-                                 cache_to=options.cache_to, builder=options.builder)
-    require(backend, required_capabilities(plan.needs, request_probe))
-    client = client or docker_client()
+    budget = plan.recipe.max_size is not None
+    from_buildkit = options.push and PUSH in engine.capabilities
+    # A budget is checked on the image in the engine before anything is pushed.
+    keep_local = options.load or budget or not options.push or engine.kind != "builder"
+    probe = BuildRequest(Path("."), Path("Dockerfile"), tags, cache_from=options.cache_from,
+                         cache_to=options.cache_to, builder=options.builder, compression=options.compression,
+                         oci_mediatypes=options.oci_mediatypes, provenance=options.provenance,
+                         platforms=options.platforms)
+    require(engine, required_capabilities(plan.needs, probe))
 
     # A base pinned at plan time carries its digest as a static label already.
-    base_digest = None if plan.resolution.base_digest else _local_digest(client, plan.resolution.base_image)
+    base_digest = None if plan.resolution.base_digest else _local_digest(engine, plan.resolution.base_image)
     volatile = L.volatile_labels(plan.recipe, base_digest=base_digest)
     with tempfile.TemporaryDirectory(prefix="imgbuild-") as tmp:
         context, dockerfile_path = assemble_context(plan, dockerfile, Path(tmp))
         request = BuildRequest(
             context_dir=context, dockerfile=dockerfile_path, tags=tags, labels=volatile, secrets=secrets,
             network=options.network, no_cache=options.no_cache, cache_from=options.cache_from,
-            cache_to=options.cache_to, builder=options.builder,
+            cache_to=options.cache_to, builder=options.builder, push=from_buildkit and not budget,
+            load=keep_local, compression=options.compression, oci_mediatypes=options.oci_mediatypes,
+            provenance=options.provenance, platforms=options.platforms,
         )
-        try:
-            result = backend.build(request, on_line)
-        except BuildFailed as exc:
-            if "no space left on device" not in exc.log_tail.lower() or exc.hint:
-                raise
-            raise BuildFailed("build failed: the engine ran out of disk space", command=exc.command,
-                              returncode=exc.returncode, log_tail=exc.log_tail,
-                              hint="free space in the engine's data root (docker system prune, "
-                                   "docker builder prune) and build again; no image was tagged") from None
+        result = _build(engine, request, on_line)
 
-    image = client.images.get(result.image_id)
-    size = int(image.attrs.get("Size") or 0)
-    image_labels = dict(sorted(((image.attrs.get("Config") or {}).get("Labels") or {}).items()))
-    groups = layer_groups(client, result.image_id, plan)
-    if plan.recipe.max_size is not None and size > plan.recipe.max_size:
-        # The image stays in the engine (its layers are cache) but loses the tags we gave it.
-        for tag in tags:
-            client.images.remove(tag, noprune=True)
-        breakdown = ", ".join(f"{g} {_human(b)}" for g, b in groups.items())
-        raise BudgetExceeded(
-            f"image is {_human(size)}, over the recipe's budget of {_human(plan.recipe.max_size)}: {breakdown}",
-            hint="see `imgbuild inspect` for the biggest layers; drop heavy pins or use a runtime flavor")
+        sizes = engine.image_sizes(result.image_id) if keep_local and result.image_id else None
+        groups = layer_groups(engine, result.image_id, plan) if sizes else {}
+        attrs = (engine.image_attrs(result.image_id) or {}) if sizes else {}
+        image_labels = dict(sorted(((attrs.get("Config") or {}).get("Labels") or {}).items()))
+        if budget and sizes and sizes.uncompressed > plan.recipe.max_size:
+            # The image stays in the engine (its layers are cache) but loses the tags we gave it.
+            for tag in tags:
+                engine.untag(tag)
+            breakdown = ", ".join(f"{g} {_human(b)}" for g, b in groups.items())
+            raise BudgetExceeded(
+                f"image is {_human(sizes.uncompressed)}, over the recipe's budget of "
+                f"{_human(plan.recipe.max_size)}: {breakdown}",
+                hint="see `imgbuild inspect` for the biggest layers; drop heavy pins or use a runtime flavor")
 
-    pushes: list[PushResult] = []
-    if options.push:
-        for tag in tags:
-            pushes.append(push_image(client, tag, on_progress=on_progress))
-    return BuildOutcome(plan, backend.name, result, size, tuple(pushes), groups, image_labels)
+        pushes: list[PushResult] = []
+        if options.push and from_buildkit:
+            if not request.push:  # checked first: the same build again, every step cached, pushes
+                result = replace(_build(engine, replace(request, push=True), on_line), seconds=result.seconds)
+            if not result.digest:
+                raise RegistryError("the build pushed but its metadata file has no containerimage.digest",
+                                    hint="is the buildx plugin older than 0.10? push with --engine docker")
+            from .registry import split_tag
+
+            pushes = [PushResult(f"{split_tag(t)[0]}@{result.digest}", split_tag(t)[1], result.digest, None, 1)
+                      for t in tags]
+        elif options.push:
+            pushes = [engine.push(tag, on_progress=on_progress) for tag in tags]
+    if pushes:  # what a pull really downloads, from the registry's manifest
+        compressed = registry_compressed_size(pushes[0].ref)
+        if compressed is not None:
+            sizes = ImageSizes(sizes.uncompressed if sizes else 0, compressed)
+    if pushes and not image_labels:  # pushed from a builder without loading: read them back from the registry
+        from . import oci
+
+        config = oci.get_image_config(pushes[0].ref).get("config") or {}
+        image_labels = dict(sorted((config.get("Labels") or {}).items()))
+    return BuildOutcome(plan, engine.name, result, sizes.uncompressed if sizes else 0, tuple(pushes), groups,
+                        labels=image_labels, sizes=sizes)
 
 
-def _local_digest(client, ref: str) -> str | None:
+def _build(engine: Engine, request: BuildRequest, on_line: LineSink) -> BuildResult:
+    try:
+        return engine.build(request, on_line)
+    except BuildFailed as exc:
+        if "no space left on device" not in exc.log_tail.lower() or exc.hint:
+            raise
+        raise BuildFailed("build failed: the engine ran out of disk space", command=exc.command,
+                          returncode=exc.returncode, log_tail=exc.log_tail,
+                          hint="free space in the engine's data root (docker system prune, "
+                               "docker builder prune) and build again; no image was tagged") from None
+
+
+def _local_digest(engine: Engine, ref: str) -> str | None:
     """The base image's registry digest where the engine knows one (pulled, not imported)."""
     try:
-        digests = client.images.get(ref).attrs.get("RepoDigests") or []
-    except Exception:
+        digests = (engine.image_attrs(ref) or {}).get("RepoDigests") or []
+    except ImgbuildError:
         return None
     for d in digests:
         if "@" in d:

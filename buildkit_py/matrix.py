@@ -25,7 +25,6 @@ import hashlib
 import itertools
 import json
 import re
-import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
@@ -747,7 +746,7 @@ VariantSink = Callable[[str, str], None]  # (variant id, log line)
 
 def build_all(matrix: Matrix, backend, options, *, jobs: int = 1, registry: str | None = None,
               variant_ids: tuple[str, ...] = (), tags: tuple[str, ...] = (), on_line: VariantSink | None = None,
-              on_event: Callable[[str], None] | None = None, client_factory: Callable[[], Any] | None = None,
+              on_event: Callable[[str], None] | None = None,
               runner: Callable[..., Any] | None = None,
               prepare: Callable[[Variant, BuildPlan], BuildPlan] | None = None) -> MatrixBuild:
     """Build the variants (all, or ``variant_ids``) on one engine, up to ``jobs`` at a time.
@@ -759,7 +758,7 @@ def build_all(matrix: Matrix, backend, options, *, jobs: int = 1, registry: str 
     (e.g. applying the variant's lock) runs on every plan before anything builds.
     """
     from .backends import BuildRequest, require, required_capabilities
-    from .build import docker_client, run_build
+    from .build import run_build
 
     if jobs < 1:
         raise UsageError(f"-j {jobs}: the number of parallel builds must be at least 1")
@@ -778,8 +777,6 @@ def build_all(matrix: Matrix, backend, options, *, jobs: int = 1, registry: str 
                              cache_to=options.cache_to, builder=options.builder)
         require(backend, required_capabilities(plan.needs, probe))
     runner = runner or run_build
-    client_factory = client_factory or docker_client
-    client_factory_lock = threading.Lock()
     _, chains = shared_stages(plans)
     say = on_event or (lambda _t: None)
 
@@ -790,10 +787,7 @@ def build_all(matrix: Matrix, backend, options, *, jobs: int = 1, registry: str 
                        cache_to=tuple(r.replace("{variant}", v.id) for r in options.cache_to))
         start = time.monotonic()
         try:
-            with client_factory_lock:
-                client = client_factory()
-            outcome = runner(plan, backend, opts, (lambda line: on_line(v.id, line)) if on_line else (lambda _l: None),
-                             client=client)
+            outcome = runner(plan, backend, opts, (lambda line: on_line(v.id, line)) if on_line else (lambda _l: None))
         except ImgbuildError as exc:
             return VariantBuild(v, plan, error=exc, seconds=time.monotonic() - start)
         return VariantBuild(v, plan, outcome=outcome, seconds=time.monotonic() - start)

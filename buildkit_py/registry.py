@@ -3,6 +3,7 @@ transient failures retried with backoff, the manifest digest returned."""
 
 from __future__ import annotations
 
+import re
 import time
 from dataclasses import dataclass
 from typing import Callable
@@ -17,6 +18,9 @@ _AUTH_MARKERS = ("unauthorized", "authentication required", "no basic auth crede
 _TRANSIENT_MARKERS = ("connection refused", "connection reset", "i/o timeout", "timeout", "eof",
                       "503", "502", "504", "429", "too many requests", "broken pipe", "tls handshake")
 _UNREACHABLE_MARKERS = ("connection refused", "no such host", "dial tcp")
+# Engines on the containerd store report the manifest only in a status line, no aux record:
+# "0.1: digest: sha256:... size: 856".
+_STATUS_DIGEST_RE = re.compile(r"(?:^|\s)digest: (sha256:[0-9a-f]{64}) size: (\d+)")
 
 
 @dataclass(frozen=True)
@@ -72,6 +76,19 @@ def _transient(message: str) -> bool:
     return any(m in low for m in _TRANSIENT_MARKERS) and not any(m in low for m in _AUTH_MARKERS)
 
 
+def digest_of_chunk(chunk: dict) -> tuple[str, int | None] | None:
+    """The manifest digest and size one push-stream record carries, if any: the ``aux``
+    record (20.10) or the status line (the containerd store)."""
+    aux = chunk.get("aux")
+    if isinstance(aux, dict) and isinstance(aux.get("Digest"), str) and aux["Digest"].startswith("sha256:"):
+        size = aux.get("Size")
+        return aux["Digest"], int(size) if isinstance(size, int) else None
+    status = chunk.get("status")
+    if isinstance(status, str) and (m := _STATUS_DIGEST_RE.search(status)):
+        return m.group(1), int(m.group(2))
+    return None
+
+
 def push_image(client, ref: str, *, on_progress: ProgressSink | None = None, attempts: int = 4,
                backoff_s: float = 1.0, sleep=time.sleep) -> PushResult:
     """Push one tag. The registry moves the tag only once the manifest is put, which happens
@@ -90,9 +107,8 @@ def push_image(client, ref: str, *, on_progress: ProgressSink | None = None, att
                 if "error" in chunk or "errorDetail" in chunk:
                     error = chunk.get("error") or chunk.get("errorDetail", {}).get("message", "unknown error")
                     break
-                aux = chunk.get("aux")
-                if isinstance(aux, dict) and aux.get("Digest"):
-                    digest, size = aux["Digest"], aux.get("Size")
+                if found := digest_of_chunk(chunk):
+                    digest, size = found
                 status, layer = chunk.get("status"), chunk.get("id", "")
                 # One line per layer and state ("Pushing", "Pushed", "Layer already exists").
                 if on_progress and status and last_status.get(layer) != status:

@@ -4,10 +4,15 @@
 # auth on 127.0.0.1, and a Debian base image made with mmdebstrap (no public image
 # registry is needed). Idempotent: it reuses whatever already runs.
 #
-#   scripts/services.sh up      install what is missing, start engine + registry, make base
+# Beside it, a modern engine: Docker 26 + buildx + the containerd image store, from Debian 13's
+# packages unpacked under /opt/engine26 (never installed over the system's), on its own socket.
+#
+#   scripts/services.sh up      install what is missing, start both engines + registry, make base
 #   scripts/services.sh down    stop only what `up` started
-#   scripts/services.sh env     print the registry settings as shell assignments
+#   scripts/services.sh env     print the registry and engine settings as shell assignments
 #   scripts/services.sh install only install the Debian packages
+#
+# IMGBUILD_ENGINE26=0 skips the modern engine (then only 20.10 is tested).
 set -euo pipefail
 
 STATE_DIR=${IMGBUILD_STATE_DIR:-/var/lib/imgbuild-services}
@@ -19,6 +24,19 @@ DOCKER_SOCK=/var/run/docker.sock
 # Debian's client first: the newer client some machines put first on PATH lacks buildx and
 # silently falls back to the legacy builder.
 DOCKER=/usr/bin/docker
+# The modern engine: Debian 13 (trixie) packages, unpacked beside the system.
+ENGINE26=${IMGBUILD_ENGINE26:-1}
+E26_ROOT=${IMGBUILD_ENGINE26_ROOT:-/opt/engine26}
+E26_SOCK=/run/docker26.sock
+E26_HOST=unix://$E26_SOCK
+E26_DATA=/var/lib/docker26
+E26_DOCKER=$E26_ROOT/usr/bin/docker
+# The client finds buildx in its own config folder, so the 20.10 client's config is untouched.
+E26_CONFIG=$E26_ROOT/config
+E26_POOL=$DEBIAN_MIRROR/pool/main/d
+E26_DEBS="docker.io/docker.io_26.1.5+dfsg1-9+deb13u1+b1_amd64.deb
+docker.io/docker-cli_26.1.5+dfsg1-9+deb13u1+b1_amd64.deb
+docker-buildx/docker-buildx_0.13.1+ds1-3_amd64.deb"
 
 log() { printf '[services] %s\n' "$*" >&2; }
 
@@ -56,6 +74,57 @@ start_engine() {
     echo $! >"$STATE_DIR/dockerd.pid"
     for _ in $(seq 1 60); do engine_up && { log "dockerd up"; return; }; sleep 1; done
     log "dockerd did not come up; see $STATE_DIR/dockerd.log"; tail -20 "$STATE_DIR/dockerd.log" >&2; exit 3
+}
+
+e26() { DOCKER_HOST=$E26_HOST DOCKER_CONFIG=$E26_CONFIG "$E26_DOCKER" "$@"; }
+engine26_up() { [ -x "$E26_DOCKER" ] && e26 version --format '{{.Server.Version}}' >/dev/null 2>&1; }
+
+unpack_engine26() {
+    if [ -x "$E26_ROOT/usr/sbin/dockerd" ] && [ -x "$E26_DOCKER" ] \
+        && [ -x "$E26_ROOT/usr/libexec/docker/cli-plugins/docker-buildx" ]; then return; fi
+    need_root
+    mkdir -p "$STATE_DIR/debs" "$E26_ROOT"
+    local f
+    for f in $E26_DEBS; do
+        local deb="$STATE_DIR/debs/${f##*/}"
+        if [ ! -s "$deb" ]; then
+            log "downloading ${f##*/}"
+            curl -sSf -o "$deb.tmp" "$E26_POOL/$f"; mv "$deb.tmp" "$deb"
+        fi
+        dpkg -x "$deb" "$E26_ROOT"   # unpack only: nothing of the system's docker is replaced
+    done
+}
+
+start_engine26() {
+    [ "$ENGINE26" = 1 ] || { log "modern engine skipped (IMGBUILD_ENGINE26=0)"; return; }
+    unpack_engine26
+    mkdir -p "$E26_CONFIG/cli-plugins"
+    ln -sf "$E26_ROOT/usr/libexec/docker/cli-plugins/docker-buildx" "$E26_CONFIG/cli-plugins/docker-buildx"
+    [ -f "$E26_CONFIG/config.json" ] || echo '{}' >"$E26_CONFIG/config.json"
+    if engine26_up; then log "docker 26 engine already running on $E26_SOCK"; return; fi
+    need_root
+    echo '{"features": {"containerd-snapshotter": true}}' >"$E26_ROOT/daemon.json"
+    log "starting dockerd 26 (containerd image store) on $E26_SOCK"
+    # Debian 12's containerd and runc serve it; its own binaries come first on PATH.
+    PATH=$E26_ROOT/usr/sbin:$E26_ROOT/usr/bin:$PATH setsid dockerd \
+        --config-file "$E26_ROOT/daemon.json" --data-root "$E26_DATA" --exec-root /run/docker26 \
+        --pidfile /run/docker26.pid -H "$E26_HOST" --bridge=none --iptables=false --ip-masq=false \
+        >"$STATE_DIR/dockerd26.log" 2>&1 </dev/null &
+    echo $! >"$STATE_DIR/dockerd26.pid"
+    for _ in $(seq 1 60); do engine26_up && { log "dockerd 26 up"; return; }; sleep 1; done
+    log "dockerd 26 did not come up; see $STATE_DIR/dockerd26.log"; tail -20 "$STATE_DIR/dockerd26.log" >&2; exit 3
+}
+
+base_image26() {
+    [ "$ENGINE26" = 1 ] || return 0
+    if e26 image inspect "$BASE_IMAGE" >/dev/null 2>&1; then log "base image $BASE_IMAGE present in docker 26"; return; fi
+    # The containerd store cannot `docker load` a 20.10 save ("unrecognized image format"):
+    # export the file system of a container of it and import that.
+    log "importing $BASE_IMAGE into docker 26"
+    local cid; cid=$($DOCKER create "$BASE_IMAGE" /bin/true)
+    $DOCKER export "$cid" | e26 import - "$BASE_IMAGE" >/dev/null
+    $DOCKER rm "$cid" >/dev/null
+    log "imported $BASE_IMAGE into docker 26"
 }
 
 registry_up() {
@@ -110,7 +179,7 @@ make_base_image() {
 }
 
 stop_started() {
-    for name in registry dockerd; do
+    for name in registry dockerd26 dockerd; do
         local pidfile="$STATE_DIR/$name.pid"
         [ -f "$pidfile" ] || continue
         local pid; pid=$(cat "$pidfile")
@@ -123,14 +192,23 @@ stop_started() {
 }
 
 print_env() {
-    echo "IMGBUILD_TEST_REGISTRY=$REGISTRY_ADDR"
-    echo "IMGBUILD_TEST_REGISTRY_USER=$REGISTRY_USER"
-    echo "IMGBUILD_TEST_REGISTRY_PASSWORD_FILE=$STATE_DIR/registry/password"
-    echo "IMGBUILD_TEST_BASE_IMAGE=$BASE_IMAGE"
+    echo "export IMGBUILD_TEST_REGISTRY=$REGISTRY_ADDR"
+    echo "export IMGBUILD_TEST_REGISTRY_USER=$REGISTRY_USER"
+    echo "export IMGBUILD_TEST_REGISTRY_PASSWORD_FILE=$STATE_DIR/registry/password"
+    echo "export IMGBUILD_TEST_BASE_IMAGE=$BASE_IMAGE"
+    # The engines the E2E suite runs on (tests/conftest.py's `engine` fixture).
+    if [ "$ENGINE26" = 1 ] && engine26_up; then
+        echo "IMGBUILD_TEST_ENGINES=docker20,docker26"
+    else
+        echo "IMGBUILD_TEST_ENGINES=docker20"
+    fi
+    echo "export IMGBUILD_TEST_DOCKER26_HOST=$E26_HOST"
+    echo "export IMGBUILD_TEST_DOCKER26_CLIENT=$E26_DOCKER"
+    echo "export IMGBUILD_TEST_DOCKER26_CONFIG=$E26_CONFIG"
 }
 
 case "${1:-up}" in
-    up) install_missing; start_engine; start_registry; make_base_image; print_env ;;
+    up) install_missing; start_engine; start_engine26; start_registry; make_base_image; base_image26; print_env ;;
     install) install_missing ;;
     down) stop_started ;;
     env) print_env ;;

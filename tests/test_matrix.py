@@ -409,7 +409,7 @@ class FakeRunner:
         self.options: dict[str, BuildOptions] = {}
         self.lock = threading.Lock()
 
-    def __call__(self, plan, backend, options, on_line, client=None):
+    def __call__(self, plan, backend, options, on_line):
         variant = next(t for t in plan.tags if ":" in t).rsplit(":", 1)[1]
         with self.lock:
             self.events.append(("start", variant))
@@ -434,7 +434,7 @@ def test_build_all_builds_shared_prefixes_once_before_their_sharers(tmp_path):
     m = two_by_two(tmp_path)
     runner = FakeRunner()
     result = mx.build_all(m, FakeBackend(), BuildOptions(cache_to=("type=registry,ref=r/x:cache-{variant},mode=max",)),
-                          jobs=4, runner=runner, client_factory=lambda: None)
+                          jobs=4, runner=runner)
     assert [b.variant.id for b in result.builds] == [v.id for v in m.variants] and not result.failed
     ev = runner.events
     # the first variant builds os+python and the 12.1 wheels alone; then one of each CUDA
@@ -449,15 +449,14 @@ def test_build_all_runs_unrelated_variants_in_parallel(tmp_path):
     # different base images: nothing shared, so -j 2 starts two at once
     path = recipe(tmp_path, "  base.image: ['debian:bookworm-slim', 'debian:12']\n  tags: ['{variant}']")
     runner = FakeRunner()
-    mx.build_all(mx.load_matrix(path), FakeBackend(), BuildOptions(), jobs=2, runner=runner,
-                 client_factory=lambda: None)
+    mx.build_all(mx.load_matrix(path), FakeBackend(), BuildOptions(), jobs=2, runner=runner)
     assert [e[0] for e in runner.events] == ["start", "start", "end", "end"]
 
 
 def test_one_failure_does_not_stop_the_others(tmp_path):
     m = two_by_two(tmp_path)
     runner = FakeRunner(fail={"cu121-idna3_7"})
-    result = mx.build_all(m, FakeBackend(), BuildOptions(), jobs=2, runner=runner, client_factory=lambda: None)
+    result = mx.build_all(m, FakeBackend(), BuildOptions(), jobs=2, runner=runner)
     assert [b.variant.id for b in result.failed] == ["cu121-idna3_7"]
     assert sum(1 for b in result.builds if b.ok) == 3
     report = mx.build_report(result)
@@ -478,7 +477,7 @@ def test_build_all_refuses_capabilities_before_building(tmp_path):
     runner = FakeRunner()
     with pytest.raises(Exception, match="cache-export"):
         mx.build_all(two_by_two(tmp_path), Classic(), BuildOptions(cache_to=("type=registry,ref=r/x",)),
-                     runner=runner, client_factory=lambda: None)
+                     runner=runner)
     assert runner.events == []
 
 
@@ -502,9 +501,8 @@ def fake_engine(monkeypatch):
     from buildkit_py import backends, build
 
     runner = FakeRunner(fail={"cu124-idna3_8"})
-    monkeypatch.setattr(backends, "detect_backend", lambda preference=None: FakeBackend())
+    monkeypatch.setattr(backends, "select_engine", lambda preference=None, **_kw: FakeBackend())
     monkeypatch.setattr(build, "run_build", runner)
-    monkeypatch.setattr(build, "docker_client", lambda: None)
     return runner
 
 

@@ -1,26 +1,129 @@
-"""`docker buildx build`: the backend most users have (cache export, metadata file, builders)."""
+"""`docker buildx build`: the engine most users have (cache export, push from the build,
+metadata file, output options, builders)."""
 
 from __future__ import annotations
 
-from . import (BUILDER_SELECT, CACHE_EXPORT, CACHE_FROM, CACHE_MOUNTS, METADATA_FILE, MULTI_STAGE, PUSH,
-               SECRETS, BuildRequest)
-from .docker_cli import ClassicBuildKitBackend
+import json
+from pathlib import Path
+
+from . import (BUILDER_SELECT, CACHE_EXPORT, CACHE_FROM, CACHE_MOUNTS, COMPRESSION, METADATA_FILE,
+               MULTI_STAGE, OCI_MEDIATYPES, PLATFORM, PROVENANCE, PUSH, SECRETS, BuildRequest,
+               parse_compression)
+from .docker_cli import ClassicEngine
+
+_BASE = frozenset({MULTI_STAGE, CACHE_MOUNTS, SECRETS, CACHE_FROM, PUSH, METADATA_FILE, PLATFORM})
+# What the docker driver can do only with the containerd image store (on the classic store
+# the engine keeps no compressed blobs of its own and cannot export cache or attestations).
+_STORE = frozenset({CACHE_EXPORT, COMPRESSION, OCI_MEDIATYPES, PROVENANCE})
 
 
-class BuildxBackend(ClassicBuildKitBackend):
+def _csv(value: str) -> str:
+    """One field of an --output value; buildx parses it as CSV, so a comma needs quotes."""
+    return f'"{value}"' if "," in value or '"' in value else value
+
+
+class BuildxEngine(ClassicEngine):
+    """buildx with the engine's own `docker` driver: the image lands in the engine's store
+    whatever the output, so --load changes nothing here."""
+
     name = "buildx"
-    capabilities = frozenset({MULTI_STAGE, CACHE_MOUNTS, SECRETS, CACHE_FROM, CACHE_EXPORT, PUSH,
-                              METADATA_FILE, BUILDER_SELECT})
+    kind = "buildx"
 
-    def command(self, request: BuildRequest, iidfile) -> list[str]:
-        cmd = super().command(request, iidfile)
-        # `docker buildx build` takes the same flags as `docker build` from here on.
-        return [cmd[0], "buildx", *cmd[1:]]
+    def __init__(self, client: str, *, host: str | None = None, builder: str | None = None,
+                 buildx: list[str] | None = None):
+        super().__init__(client, host=host, builder=builder)
+        # [client, "buildx"] or the plugin binary run standalone.
+        self.buildx = list(buildx or [client, "buildx"])
 
-    def extra_args(self, request: BuildRequest) -> list[str]:
-        args = ["--load"]  # into the engine, where tag/push/inspect go through the docker SDK
+    @property
+    def capabilities(self) -> frozenset[str]:  # type: ignore[override]
+        try:
+            store = self.containerd_store()
+        except Exception:  # noqa: BLE001 - engine unreachable: the build will say so
+            store = False
+        return _BASE | (_STORE if store else frozenset())
+
+    def describe(self) -> str:
+        store = ""
+        try:
+            store = ", containerd image store" if self.containerd_store() else ", classic image store"
+        except Exception:  # noqa: BLE001
+            pass
+        return f"buildx engine ({self.client}{', ' + self.host if self.host else ''}{store})"
+
+    def build_argv(self) -> list[str]:
+        return [*self.buildx, "build"]
+
+    def environment(self) -> dict[str, str]:
+        env = super().environment()
+        if self.buildx[0] != self.client and not self.host:
+            env.pop("DOCKER_HOST", None)
+        return env
+
+    def output_args(self, request: BuildRequest) -> list[str]:
+        fields = ["type=image", f"name={_csv(','.join(request.tags))}"] if request.tags else ["type=image"]
+        if request.push:
+            fields.append("push=true")
+        comp = parse_compression(request.compression)
+        if comp:
+            fields += [f"compression={comp[0]}", "force-compression=true"]
+            if comp[1] is not None:
+                fields.append(f"compression-level={comp[1]}")
+        if request.oci_mediatypes:
+            fields.append("oci-mediatypes=true")
+        return ["--output", ",".join(fields)]
+
+    def extra_args(self, request: BuildRequest, metadata: Path | None = None) -> list[str]:
+        args = self.output_args(request)
+        if metadata is not None:
+            args += ["--metadata-file", str(metadata)]
         if request.builder:
             args += ["--builder", request.builder]
         for ref in request.cache_to:
             args += ["--cache-to", ref]
+        if request.provenance is not None:
+            args += ["--provenance", "false" if request.provenance == "false" else f"mode={request.provenance}"]
+        for p in request.platforms:
+            args += ["--platform", p]
         return args
+
+    def tag_args(self, request: BuildRequest) -> list[str]:
+        return []  # the names are in --output
+
+    def read_metadata(self, metadata: Path) -> str | None:
+        try:
+            data = json.loads(metadata.read_text())
+        except (OSError, ValueError):
+            return None
+        digest = data.get("containerimage.digest")
+        return digest if isinstance(digest, str) and digest.startswith("sha256:") else None
+
+
+class BuilderEngine(BuildxEngine):
+    """buildx with a named builder (docker-container, remote, Kubernetes): BuildKit runs
+    outside the engine, so the image reaches the engine only with --load (type=docker)."""
+
+    name = "buildx-builder"
+    kind = "builder"
+
+    @property
+    def capabilities(self) -> frozenset[str]:  # type: ignore[override]
+        return _BASE | _STORE | {BUILDER_SELECT}
+
+    def describe(self) -> str:
+        return f"buildx builder {self.builder} ({self.client})"
+
+    def output_args(self, request: BuildRequest) -> list[str]:
+        args = super().output_args(request) if request.push or not request.load else []
+        if request.load:
+            args += ["--output", "type=docker" + (f",name={_csv(','.join(request.tags))}" if request.tags else "")]
+        return args
+
+    def extra_args(self, request: BuildRequest, metadata: Path | None = None) -> list[str]:
+        args = super().extra_args(request, metadata)
+        if "--builder" not in args and self.builder:
+            args += ["--builder", self.builder]
+        return args
+
+
+BuildxBackend = BuildxEngine  # the older name

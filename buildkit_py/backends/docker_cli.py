@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import collections
-import os
 import re
 import subprocess
 import tempfile
@@ -11,7 +10,7 @@ import time
 from pathlib import Path
 
 from ..errors import BuildFailed, EnvironmentProblem
-from . import CACHE_FROM, CACHE_MOUNTS, MULTI_STAGE, SECRETS, BuildRequest, BuildResult, LineSink
+from . import CACHE_FROM, CACHE_MOUNTS, MULTI_STAGE, SECRETS, BuildRequest, BuildResult, Engine, LineSink
 
 _STEP_RE = re.compile(r"^#(\d+) \[[^\]]*\d+/\d+\] (\S+)(.*)$")
 _MARK_RE = re.compile(r": imgbuild-step=([\w.-]+);")
@@ -20,18 +19,19 @@ _ENGINE_DOWN = ("Cannot connect to the Docker daemon", "connect: no such file or
                 "Is the docker daemon running")
 
 
-class ClassicBuildKitBackend:
+class ClassicEngine(Engine):
     name = "docker"
-    # The 20.10 client has no --cache-to, --push, --metadata-file or --builder.
+    kind = "classic"
+    # The 20.10 client has no --cache-to, --push, --metadata-file, --builder or output options.
     capabilities = frozenset({MULTI_STAGE, CACHE_MOUNTS, SECRETS, CACHE_FROM})
 
-    def __init__(self, client: str):
-        self.client = client
+    def build_argv(self) -> list[str]:
+        return [*self.docker_argv(), "build"]
 
-    def command(self, request: BuildRequest, iidfile: Path) -> list[str]:
-        cmd = [self.client, "build", "--progress", "plain", "--iidfile", str(iidfile),
+    def command(self, request: BuildRequest, iidfile: Path, metadata: Path | None = None) -> list[str]:
+        cmd = [*self.build_argv(), "--progress", "plain", "--iidfile", str(iidfile),
                "--file", str(request.dockerfile)]
-        cmd += self.extra_args(request)
+        cmd += self.extra_args(request, metadata)
         if request.network:
             cmd += ["--network", request.network]
         if request.no_cache:
@@ -44,17 +44,19 @@ class ClassicBuildKitBackend:
             cmd += ["--cache-from", ref]
         for key, value in sorted(request.labels.items()):
             cmd += ["--label", f"{key}={value}"]
-        for tag in request.tags:
-            cmd += ["--tag", tag]
+        cmd += self.tag_args(request)
         cmd.append(str(request.context_dir))
         return cmd
 
-    def extra_args(self, request: BuildRequest) -> list[str]:
+    def extra_args(self, request: BuildRequest, metadata: Path | None = None) -> list[str]:
         # Inline cache metadata lets a later --cache-from reuse this image's layers.
         return ["--build-arg", "BUILDKIT_INLINE_CACHE=1"] if request.cache_from else []
 
-    def environment(self) -> dict[str, str]:
-        return {**os.environ, "DOCKER_BUILDKIT": "1"}
+    def tag_args(self, request: BuildRequest) -> list[str]:
+        return [a for tag in request.tags for a in ("--tag", tag)]
+
+    def read_metadata(self, metadata: Path) -> str | None:
+        return None
 
     def build(self, request: BuildRequest, on_line: LineSink) -> BuildResult:
         tail: collections.deque[str] = collections.deque(maxlen=40)
@@ -62,8 +64,8 @@ class ClassicBuildKitBackend:
         cached: set[str] = set()
         start = time.monotonic()
         with tempfile.TemporaryDirectory(prefix="imgbuild-iid-") as tmp:
-            iidfile = Path(tmp) / "iid"
-            cmd = self.command(request, iidfile)
+            iidfile, metadata = Path(tmp) / "iid", Path(tmp) / "metadata.json"
+            cmd = self.command(request, iidfile, metadata)
             try:
                 proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                         env=self.environment(), errors="replace", stdin=subprocess.DEVNULL)
@@ -86,9 +88,13 @@ class ClassicBuildKitBackend:
                     raise EnvironmentProblem("the Docker engine is not reachable",
                                              hint="start it (scripts/services.sh up) or set DOCKER_HOST")
                 raise BuildFailed(f"build failed (exit {code})", command=cmd, returncode=code, log_tail=log)
-            image_id = iidfile.read_text().strip()
+            image_id = iidfile.read_text().strip() if iidfile.exists() else ""
+            digest = self.read_metadata(metadata)
         rerun = tuple(name for vertex, name in sorted(steps.items(), key=lambda kv: int(kv[0]))
                       if vertex not in cached)
         return BuildResult(image_id=image_id, tags=request.tags, log_tail=log,
                            cached_steps=len(cached & steps.keys()), run_steps=len(rerun), rerun=rerun,
-                           seconds=time.monotonic() - start)
+                           seconds=time.monotonic() - start, digest=digest)
+
+
+ClassicBuildKitBackend = ClassicEngine  # the older name
