@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import shutil
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Callable
 
 from . import labels as L
 from .backends import PUSH, BuildRequest, BuildResult, Engine, ImageSizes, require, required_capabilities

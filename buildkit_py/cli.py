@@ -104,8 +104,18 @@ def _build_parser(stdout: IO[str]) -> _Parser:
     b.add_argument("--no-cache", action="store_true", help="ignore the layer cache")
     b.add_argument("--progress", choices=["auto", "plain", "quiet"], default="auto",
                    help="build log on stderr: auto (steps), plain (everything), quiet")
-    b.add_argument("--backend", choices=["auto", "buildx", "docker"], default=None,
-                   help="build client (default: detect; also $IMGBUILD_BACKEND)")
+    b.add_argument("--engine", "--backend", dest="backend", choices=["auto", "buildx", "docker"], default=None,
+                   help="engine kind: buildx, or docker (a 20.10 client with DOCKER_BUILDKIT=1); default: detect "
+                        "(also $IMGBUILD_ENGINE); the client is $IMGBUILD_DOCKER, the engine $DOCKER_HOST")
+    b.add_argument("--load", action="store_true",
+                   help="with --push on a named builder: also load the image into the engine")
+    b.add_argument("--compression", metavar="ALGO[:LEVEL]",
+                   help="layer compression of the pushed image: gzip[:0-9] or zstd[:0-22] (buildx)")
+    b.add_argument("--oci-mediatypes", action="store_true", help="OCI media types in the manifest (buildx)")
+    b.add_argument("--provenance", choices=["min", "max", "false"], default=None,
+                   help="provenance attestation mode (buildx; default: the client's)")
+    b.add_argument("--platform", action="append", default=[], metavar="OS/ARCH",
+                   help="target platform, passed to buildx (repeatable)")
     b.add_argument("--cache-from", action="append", default=[], metavar="REF",
                    help="import build cache (e.g. type=registry,ref=R/cache or an image built with inline cache)")
     b.add_argument("--cache-to", action="append", default=[], metavar="REF",
@@ -363,7 +373,7 @@ def cmd_plan(args, out: _Out) -> int:
 
 
 def cmd_build(args, out: _Out) -> int:
-    from .backends import detect_backend
+    from .backends import select_engine
     from .build import BuildOptions, run_build
 
     if args.all or args.variant:
@@ -381,11 +391,13 @@ def cmd_build(args, out: _Out) -> int:
         out.warn(w)
     if locked.status != "none":
         out.info(f"lock     {locked.path} ({locked.status})")
-    backend = detect_backend(args.backend)
+    backend = select_engine(args.backend, builder=args.builder)
     options = BuildOptions(
         tags=(), push=args.push, ca_cert=args.ca_cert, pip_config=args.pip_config,
         network=None if args.network == "default" else args.network, no_cache=args.no_cache,
         cache_from=tuple(args.cache_from), cache_to=tuple(args.cache_to), builder=args.builder,
+        load=args.load, compression=args.compression, oci_mediatypes=args.oci_mediatypes,
+        provenance=args.provenance, platforms=tuple(args.platform),
     )
 
     shown: set[str] = set()
@@ -400,11 +412,13 @@ def cmd_build(args, out: _Out) -> int:
                 shown.add(head)
                 out.info(" ".join(line.split())[:160])
 
-    out.info(f"building {', '.join(plan.tags)} with {backend.name} ({backend.client})")
+    out.info(f"building {', '.join(plan.tags)} with the {backend.describe()}")
     outcome = run_build(plan, backend, options, on_line, on_progress=out.info if args.progress != "quiet" else None)
     r = outcome.result
     report = {
         "image_id": r.image_id, "tags": list(r.tags), "size": outcome.size, "backend": outcome.backend,
+        "size_uncompressed": outcome.sizes.uncompressed if outcome.sizes else None,
+        "size_compressed": outcome.sizes.compressed if outcome.sizes else None,
         "seconds": round(r.seconds, 2), "steps_run": r.run_steps, "steps_cached": r.cached_steps, "steps_rerun": list(r.rerun),
         "groups": outcome.groups, "labels": outcome.labels, "warnings": list(plan.warnings),
         "pushes": [{"ref": p.ref, "tag": p.tag, "digest": p.digest, "size": p.size} for p in outcome.pushes],
@@ -416,7 +430,8 @@ def cmd_build(args, out: _Out) -> int:
 
     out.line(f"image    {r.image_id}")
     out.line(f"tags     {', '.join(r.tags)}")
-    out.line(f"size     {_human(outcome.size)} ({outcome.size} bytes)")
+    out.line(f"size     {_human(outcome.size)} ({outcome.size} bytes) uncompressed"
+             + (f", {_human(outcome.sizes.compressed)} compressed" if outcome.sizes and outcome.sizes.compressed else ""))
     out.line(f"steps    {r.run_steps} run, {r.cached_steps} cached, {r.seconds:.1f}s")
     for p in outcome.pushes:
         out.line(f"pushed   {p.ref}")
@@ -428,7 +443,7 @@ def cmd_build_matrix(args, out: _Out) -> int:
     import threading
 
     from . import matrix as mx
-    from .backends import detect_backend
+    from .backends import select_engine
     from .build import BuildOptions
     from .lock import use_lock
 
@@ -437,11 +452,13 @@ def cmd_build_matrix(args, out: _Out) -> int:
     matrix = mx.load_matrix(args.recipe)
     for w in mx.dropped_warnings(matrix):
         out.warn(w)
-    backend = detect_backend(args.backend)
+    backend = select_engine(args.backend, builder=args.builder)
     options = BuildOptions(
         tags=(), push=args.push, ca_cert=args.ca_cert, pip_config=args.pip_config,
         network=None if args.network == "default" else args.network, no_cache=args.no_cache,
         cache_from=tuple(args.cache_from), cache_to=tuple(args.cache_to), builder=args.builder,
+        load=args.load, compression=args.compression, oci_mediatypes=args.oci_mediatypes,
+        provenance=args.provenance, platforms=tuple(args.platform),
     )
     lock_mode = "update" if args.update_lock else "locked" if args.locked else "auto"
 
@@ -463,7 +480,7 @@ def cmd_build_matrix(args, out: _Out) -> int:
                 out.info(f"[{vid}] " + " ".join(line.split())[:160])
 
     out.info(f"building {'all ' if args.all else ''}{len(args.variant) or len(matrix.variants)} variant(s) of "
-             f"{matrix.name} with {backend.name} ({backend.client}), {args.jobs} at a time")
+             f"{matrix.name} with the {backend.describe()}, {args.jobs} at a time")
     result = mx.build_all(matrix, backend, options, jobs=args.jobs, registry=args.registry,
                           variant_ids=tuple(args.variant), tags=tuple(args.tag), on_line=on_line,
                           on_event=out.info if args.progress != "quiet" else None, prepare=prepare)
@@ -588,14 +605,15 @@ def _cuda_of_target(target: str) -> tuple[str, str]:
 def _image_labels(ref: str) -> tuple[dict, dict]:
     """Labels and env of an image: from the local engine if it has it, else from its registry
     (manifest and config blob only, no layers pulled)."""
-    try:
-        import docker
+    from .backends import engine_for_reading
 
-        client = docker.from_env(timeout=30)
-        cfg = client.images.get(ref).attrs.get("Config") or {}
+    try:
+        attrs = engine_for_reading().image_attrs(ref)
+    except ImgbuildError:
+        attrs = None  # no engine here: ask the registry
+    if attrs is not None:
+        cfg = attrs.get("Config") or {}
         return cfg.get("Labels") or {}, dict(e.split("=", 1) for e in cfg.get("Env") or [] if "=" in e)
-    except Exception:
-        pass  # not local (or no engine): ask the registry
     from . import oci
 
     config = oci.get_image_config(ref).get("config") or {}
@@ -679,7 +697,7 @@ def cmd_weights(args, out: _Out) -> int:
 
 
 def cmd_inspect(args, out: _Out) -> int:
-    from .build import docker_client
+    from .backends import engine_for_reading
     from .inspect import inspect_image, render_table, report_json
     from .recipe import parse_size
 
@@ -687,7 +705,7 @@ def cmd_inspect(args, out: _Out) -> int:
     if threshold is None:
         raise UsageError(f"--weight-threshold {args.weight_threshold!r} is not a size like 10MiB")
     out.info(f"reading {args.image} (one pass over its layers)")
-    report = inspect_image(docker_client(), args.image, bandwidth_mbps=args.bandwidth, weight_threshold=threshold,
+    report = inspect_image(engine_for_reading(), args.image, bandwidth_mbps=args.bandwidth, weight_threshold=threshold,
                            estimate_compressed=not args.no_compressed)
     if args.json:
         out.data(report_json(report))
@@ -715,18 +733,18 @@ def cmd_run(args, out: _Out) -> int:
         image = args.target
         labels, _env = _image_labels(image)
         pairs = weights_from_labels(labels)
+    from .backends import engine_for_reading
+
+    engine = engine_for_reading()
     info: dict = {}
     try:
-        import docker
-
-        info = docker.from_env(timeout=30).info()
-    except Exception:
+        info = engine.info()
+    except EnvironmentProblem:
         if not args.dry_run:
-            raise EnvironmentProblem("cannot reach the Docker engine",
-                                     hint="start it (scripts/services.sh up) or set DOCKER_HOST") from None
+            raise
     root = args.weights_dir or default_weights_root()
     run = make_run_plan(image, pairs, root=root, gpus=args.gpus, engine_info=info, network=args.network,
-                        extra=list(args.docker_arg), command=command)
+                        extra=list(args.docker_arg), command=command, docker=tuple(engine.docker_argv()))
     if args.dry_run:
         if args.json:
             out.data(dry_run_json(run))

@@ -49,7 +49,7 @@ from dataclasses import dataclass, field
 from typing import IO, Any
 
 from . import labels as L
-from .errors import EnvironmentProblem, ImageMissing, InspectError, SizeBudgetExceeded
+from .errors import ImageMissing, InspectError, SizeBudgetExceeded
 from .plan import GROUPS, STEP_MARK
 
 MiB = 1 << 20
@@ -123,7 +123,7 @@ class Layer:
     digest: str  # diff id: sha256 of the uncompressed layer tar
     size: int  # content bytes, as the engine reports them (docker history)
     blob_size: int  # uncompressed tar bytes
-    compressed_size: int | None  # gzip -6 estimate; None when not estimated
+    compressed_size: int | None  # see ImageReport.compressed_source; None when not known
     files: int  # members in the layer tar
     step: str | None  # imgbuild step id; None for base layers and unmarked RUNs
     group: str
@@ -158,6 +158,10 @@ class ImageReport:
     layers: tuple[Layer, ...]
     labels: Mapping[str, str]  # io.imgbuild.* only
     findings: tuple[Finding, ...]
+    # Where compressed sizes come from: "registry" (its manifest), "store" (the engine's own
+    # compressed blobs: the containerd store's OCI layout), "estimate" (gzip -6 of each layer)
+    # or None (not estimated).
+    compressed_source: str | None = None
 
     @property
     def flavor(self) -> str | None:
@@ -439,6 +443,7 @@ class LayerScan:
     whiteouts: list[tuple[str, bool]] = field(default_factory=list)  # (deleted path, opaque)
     # (kind, detail, path, size) for every rule hit, see classify_path
     hits: list[tuple[str, str, str, int]] = field(default_factory=list)
+    compression: str | None = None  # how the saved blob was stored: gzip, zstd; None: a plain tar
 
 
 def scan_layer(fileobj: IO[bytes], *, counter: GzipCounter | None) -> LayerScan:
@@ -488,6 +493,52 @@ class SaveScan:
     layers: dict[str, LayerScan]  # by diff id
 
 
+_GZIP_MAGIC = b"\x1f\x8b"
+_ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
+
+
+def _blob_compression(head: bytes) -> str | None:
+    if head.startswith(_GZIP_MAGIC):
+        return "gzip"
+    if head.startswith(_ZSTD_MAGIC):
+        return "zstd"
+    return None
+
+
+def _decompressing(f: IO[bytes], compression: str) -> IO[bytes]:
+    if compression == "gzip":
+        import gzip
+
+        return gzip.GzipFile(fileobj=f, mode="rb")  # type: ignore[return-value]
+    # Lazy: only images stored with zstd need it (Python < 3.14 has no zstd of its own).
+    import zstandard
+
+    return zstandard.ZstdDecompressor().stream_reader(f, read_across_frames=True)  # type: ignore[return-value]
+
+
+def resolve_config(blobs: Mapping[str, dict], image_hex: str, platform: str = "linux/amd64") -> dict | None:
+    """The image config in an OCI layout, from the image id (on the containerd store the id is
+    the digest of an index or manifest, not of the config): index -> this platform's
+    manifest -> config. ``blobs`` are the layout's JSON blobs by hex digest."""
+    doc = blobs.get(image_hex)
+    for _ in range(4):  # index -> manifest -> config, nested indexes at most twice
+        if doc is None:
+            return None
+        if "manifests" in doc:
+            os_name, _, arch = platform.partition("/")
+            entries = [e for e in doc.get("manifests") or [] if isinstance(e, dict)]
+            chosen = next((e for e in entries if (e.get("platform") or {}).get("os") == os_name
+                           and (e.get("platform") or {}).get("architecture") == arch), None)
+            chosen = chosen or next((e for e in entries if (e.get("platform") or {}).get("architecture") != "unknown"),
+                                    None)
+            doc = blobs.get(str((chosen or {}).get("digest", "")).split(":", 1)[-1])
+        elif "layers" in doc and isinstance(doc.get("config"), dict):
+            doc = blobs.get(str(doc["config"].get("digest", "")).split(":", 1)[-1])
+        else:
+            return doc if "rootfs" in doc else None
+    return None
+
+
 def _is_layer_member(name: str, diff_hexes: set[str]) -> bool:
     # docker save, legacy layout (Engine < 25): <v1 id>/layer.tar; OCI layout: blobs/sha256/<diff id>
     if name.endswith("/layer.tar") or name == "layer.tar":
@@ -508,6 +559,7 @@ def analyze_save_stream(stream: IO[bytes], *, image_id: str, diff_ids: list[str]
     wanted = set(diff_ids)
     config: dict | None = None
     layers: dict[str, LayerScan] = {}
+    json_blobs: dict[str, dict] = {}
     if workers is None:
         # Threads pay off from 4 cores up; on 2 the engine streaming the image needs one of them.
         cpus = os.cpu_count() or 1
@@ -519,12 +571,31 @@ def analyze_save_stream(stream: IO[bytes], *, image_id: str, diff_ids: list[str]
             for m in outer:
                 if not m.isreg():
                     continue  # duplicate layers are symlinks to the first copy
-                if _is_config_member(m.name, image_hex):
+                if _is_config_member(m.name, image_hex) and m.name.endswith(".json"):
                     if m.size > MAX_CONFIG_BYTES:
                         raise InspectError(f"image config {m.name} is {m.size} bytes, more than a config should be")
                     f = outer.extractfile(m)
                     assert f is not None
                     config = json.loads(f.read())
+                elif m.name.startswith("blobs/sha256/") and m.name.rsplit("/", 1)[-1] not in diff_hexes:
+                    # OCI layout (the containerd store): compressed layers, configs, manifests, indexes.
+                    f = outer.extractfile(m)
+                    assert f is not None
+                    head = f.peek(4)[:4]  # type: ignore[attr-defined]
+                    if compression := _blob_compression(head):
+                        scan = scan_layer(_decompressing(f, compression), counter=None)
+                        scan.compressed_size, scan.compression = m.size, compression
+                        if scan.digest in wanted:
+                            layers[scan.digest] = scan
+                    elif m.size <= MAX_CONFIG_BYTES and head[:1] == b"{":
+                        try:
+                            doc = json.loads(f.read())
+                        except ValueError:
+                            doc = None  # not JSON after all: no config, manifest or index
+                        if isinstance(doc, dict):
+                            json_blobs[m.name.rsplit("/", 1)[-1]] = doc
+                        else:
+                            pass
                 elif _is_layer_member(m.name, diff_hexes):
                     f = outer.extractfile(m)
                     assert f is not None
@@ -537,6 +608,8 @@ def analyze_save_stream(stream: IO[bytes], *, image_id: str, diff_ids: list[str]
     finally:
         if pool is not None:
             pool.shutdown(wait=True, cancel_futures=True)
+    if config is None:
+        config = resolve_config(json_blobs, image_hex)
     missing = [d for d in diff_ids if d not in layers]
     if missing:
         raise InspectError(f"the saved image lacks layer {missing[0]} of its own rootfs",
@@ -668,44 +741,60 @@ def find_problems(layers: list[Layer], scans: list[LayerScan], *, flavor: str | 
 # ---------------------------------------------------------------- the entry point
 
 
-def inspect_image(client, ref: str, *, bandwidth_mbps: float = 1000, weight_threshold: int = 10 * MiB,
+def inspect_image(engine, ref: str, *, bandwidth_mbps: float = 1000, weight_threshold: int = 10 * MiB,
                   estimate_compressed: bool = True, step_groups: Mapping[str, str] | None = None,
-                  workers: int | None = None) -> ImageReport:
-    """Read image ``ref`` from the engine behind the docker SDK ``client`` and report on it.
+                  workers: int | None = None, registry_sizes: bool = True) -> ImageReport:
+    """Read image ``ref`` from ``engine`` (a backends.Engine) and report on it.
 
-    One ``docker save`` stream is read; nothing is written to disk. With
-    ``estimate_compressed=False`` the gzip pass is skipped (compressed size and pull time are
-    None), which makes inspection of a large image several times faster."""
+    One ``docker save`` stream is read (the classic layout or, on the containerd store, an
+    OCI layout with compressed blobs); nothing is written to disk. Compressed sizes come from
+    the registry's manifest when ``ref`` is there with the same layers, else from the saved
+    blobs when they are compressed, else from a gzip -6 estimate; with
+    ``estimate_compressed=False`` the estimate is skipped, which makes inspection of a large
+    image several times faster."""
     import docker.errors  # only the entry point needs the SDK
 
     if bandwidth_mbps <= 0:
         raise InspectError(f"bandwidth must be positive, got {bandwidth_mbps} Mbit/s")
-    try:
-        image = client.images.get(ref)
-    except docker.errors.ImageNotFound as exc:
+    attrs = engine.image_attrs(ref)
+    if attrs is None:
         raise ImageMissing(f"no image {ref!r} in the engine",
-                           hint="build it first, or pull it (`docker pull`)") from exc
-    except docker.errors.DockerException as exc:
-        raise EnvironmentProblem(f"could not reach the Docker engine: {exc}") from exc
-    attrs = image.attrs
+                           hint="build it first, or pull it (`docker pull`)")
     image_id = attrs["Id"]
     diff_ids = list((attrs.get("RootFS") or {}).get("Layers") or [])
     labels = {k: v for k, v in sorted(((attrs.get("Config") or {}).get("Labels") or {}).items())
               if k.startswith(L.PREFIX)}
+    remote = registry_layer_sizes(ref, len(diff_ids)) if registry_sizes and attrs.get("RepoDigests") else None
     try:
-        stream = io.BufferedReader(_IterStream(image.save(chunk_size=1 << 20)), 1 << 20)
+        stream = io.BufferedReader(_IterStream(engine.save(ref)), 1 << 20)
         saved = analyze_save_stream(stream, image_id=image_id, diff_ids=diff_ids,
-                                    estimate_compressed=estimate_compressed, workers=workers)
+                                    estimate_compressed=estimate_compressed and remote is None, workers=workers)
     except docker.errors.DockerException as exc:
         raise InspectError(f"could not export {ref} from the engine: {exc}") from exc
     history = (saved.config or {}).get("history") or []
     try:
-        engine_history = client.api.history(image_id)
+        engine_history = list(reversed(engine.history(image_id)))
     except docker.errors.DockerException:
         engine_history = []
-    return build_report(ref, image_id, diff_ids, saved, history, labels, bandwidth_mbps=bandwidth_mbps,
-                        weight_threshold=weight_threshold, step_groups=step_groups,
-                        engine_sizes=engine_layer_sizes(history, engine_history, len(diff_ids)))
+    report = build_report(ref, image_id, diff_ids, saved, history, labels, bandwidth_mbps=bandwidth_mbps,
+                          weight_threshold=weight_threshold, step_groups=step_groups,
+                          engine_sizes=engine_layer_sizes(history, engine_history, len(diff_ids)),
+                          registry_sizes=remote)
+    return report
+
+
+def registry_layer_sizes(ref: str, n_layers: int) -> list[int] | None:
+    """Compressed layer sizes from ``ref``'s manifest in its registry (what a pull moves);
+    None when it is not there or its layers are not the image's."""
+    from . import oci
+    from .errors import ImgbuildError
+
+    try:
+        manifest, _, _ = oci.get_manifest(ref, client=oci.Client(max_retries=1, timeout=(5.0, 30.0)))
+    except (ImgbuildError, ValueError):
+        return None
+    sizes = [int(x.get("size") or 0) for x in manifest.get("layers") or []]
+    return sizes if len(sizes) == n_layers else None
 
 
 def engine_layer_sizes(config_history: list[dict], engine_history: list[dict], n_layers: int) -> list[int] | None:
@@ -720,10 +809,18 @@ def engine_layer_sizes(config_history: list[dict], engine_history: list[dict], n
 
 def build_report(ref: str, image_id: str, diff_ids: list[str], saved: SaveScan, history: list[dict],
                  labels: Mapping[str, str], *, bandwidth_mbps: float = 1000, weight_threshold: int = 10 * MiB,
-                 step_groups: Mapping[str, str] | None = None, engine_sizes: list[int] | None = None) -> ImageReport:
-    """The pure half of inspect_image: scans + history (+ the engine's layer sizes) -> report."""
+                 step_groups: Mapping[str, str] | None = None, engine_sizes: list[int] | None = None,
+                 registry_sizes: list[int] | None = None) -> ImageReport:
+    """The pure half of inspect_image: scans + history (+ the engine's layer sizes, + the
+    registry's compressed sizes) -> report."""
     attributions = attribute_layers(history, len(diff_ids), step_groups)
     scans = [saved.layers[d] for d in diff_ids]
+    source = "registry" if registry_sizes is not None else \
+        "store" if scans and all(s.compression for s in scans) else \
+        "estimate" if scans and all(s.compressed_size is not None for s in scans) else None
+    if registry_sizes is not None:
+        for scan, remote in zip(scans, registry_sizes):
+            scan.compressed_size = remote
     sizes = engine_sizes if engine_sizes is not None else [s.content_size for s in scans]
     layers = [
         Layer(index=i, digest=d, size=sizes[i], blob_size=s.blob_size, compressed_size=s.compressed_size,
@@ -739,6 +836,7 @@ def build_report(ref: str, image_id: str, diff_ids: list[str], saved: SaveScan, 
         compressed_size=compressed,
         pull_seconds=pull_seconds(compressed, bandwidth_mbps) if compressed is not None else None,
         bandwidth_mbps=bandwidth_mbps, layers=tuple(layers), labels=dict(labels), findings=tuple(findings),
+        compressed_source=source if compressed is not None else None,
     )
 
 
@@ -775,6 +873,10 @@ def report_json(report: ImageReport) -> dict[str, Any]:
         "size": report.size,
         "blob_size": report.blob_size,
         "compressed_size": report.compressed_size,
+        # the same two numbers under names that say which is which
+        "size_uncompressed": report.size,
+        "size_compressed": report.compressed_size,
+        "compressed_source": report.compressed_source,
         "pull_seconds": None if report.pull_seconds is None else round(report.pull_seconds, 3),
         "bandwidth_mbps": report.bandwidth_mbps,
         "labels": dict(report.labels),

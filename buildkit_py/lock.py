@@ -273,13 +273,13 @@ def packages_from_report(report: dict, target: Target, steps: list[dict]) -> lis
 
 
 def _engine():
-    try:
-        import docker
+    """The SDK client of the engine the CLI would choose (DOCKER_HOST, IMGBUILD_DOCKER); None
+    where no engine runs."""
+    from .backends import engine_for_reading
 
-        client = docker.from_env(timeout=30)
-        client.ping()
-        return client
-    except Exception:  # noqa: BLE001 - any failure to reach the engine means "no engine here"
+    try:
+        return engine_for_reading().sdk()
+    except ImgbuildError:
         return None
 
 

@@ -54,7 +54,8 @@ def auth_config_for(ref: str) -> dict | None:
     return {"username": creds.username, "password": creds.password}
 
 
-def _classify(message: str, host: str) -> Exception:
+def classify_push_error(message: str, host: str) -> Exception:
+    """The typed error for a push failure message (from the SDK stream or a BuildKit log)."""
     low = message.lower()
     if any(m in low for m in _AUTH_MARKERS):
         return AuthenticationError(f"the registry {host} refused the credentials: {message}",
@@ -120,7 +121,7 @@ def push_image(client, ref: str, *, on_progress: ProgressSink | None = None, att
             return PushResult(f"{repo}@{digest}", tag, digest, size, attempt)
         if error is None:
             error = "the engine finished the push without reporting a manifest digest"
-        last_error = _classify(error, host)
+        last_error = classify_push_error(error, host)
         if isinstance(last_error, AuthenticationError) or not _transient(error) or attempt == attempts:
             break
         if on_progress:

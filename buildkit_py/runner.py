@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -14,7 +13,6 @@ import yaml
 from .errors import UsageError
 from .recipe import named_volume
 
-DOCKER = "/usr/bin/docker" if os.path.exists("/usr/bin/docker") else (shutil.which("docker") or "docker")
 # Where the NVIDIA container toolkit writes CDI specs (`nvidia-ctk cdi generate`).
 CDI_DIRS = (Path("/etc/cdi"), Path("/var/run/cdi"))
 
@@ -57,8 +55,9 @@ def gpu_runtime(info: dict) -> bool:
 
 
 def run_argv(image: str, weights: tuple[WeightsMount, ...], *, gpu: bool, network: str | None,
-             extra: list[str], command: list[str]) -> tuple[str, ...]:
-    argv = [DOCKER, "run", "--rm"]
+             extra: list[str], command: list[str], docker: tuple[str, ...] = ("docker",)) -> tuple[str, ...]:
+    """``docker``: the client command line of the chosen engine (Engine.docker_argv())."""
+    argv = [*docker, "run", "--rm"]
     if gpu:
         argv += ["--gpus", "all"]
     if network:
@@ -69,7 +68,8 @@ def run_argv(image: str, weights: tuple[WeightsMount, ...], *, gpu: bool, networ
 
 
 def make_run_plan(image: str, weights_pairs: list[tuple[str, str]], *, root: Path, gpus: str, engine_info: dict,
-                  network: str | None, extra: list[str], command: list[str]) -> RunPlan:
+                  network: str | None, extra: list[str], command: list[str],
+                  docker: tuple[str, ...] = ("docker",)) -> RunPlan:
     mounts = tuple(WeightsMount(ref, root / weights_dir_name(ref), mount) for ref, mount in weights_pairs)
     if gpus == "auto":
         gpu = gpu_runtime(engine_info)
@@ -78,7 +78,7 @@ def make_run_plan(image: str, weights_pairs: list[tuple[str, str]], *, root: Pat
     else:
         raise UsageError(f"--gpus {gpus!r}: use auto, all or none")
     return RunPlan(image, mounts, gpu, run_argv(image, mounts, gpu=gpu, network=network, extra=extra,
-                                                command=command))
+                                                command=command, docker=docker))
 
 
 def compose_document(image: str, recipe) -> dict:

@@ -198,9 +198,9 @@ print_env() {
     echo "export IMGBUILD_TEST_BASE_IMAGE=$BASE_IMAGE"
     # The engines the E2E suite runs on (tests/conftest.py's `engine` fixture).
     if [ "$ENGINE26" = 1 ] && engine26_up; then
-        echo "IMGBUILD_TEST_ENGINES=docker20,docker26"
+        echo "export IMGBUILD_TEST_ENGINES=docker20,docker26"
     else
-        echo "IMGBUILD_TEST_ENGINES=docker20"
+        echo "export IMGBUILD_TEST_ENGINES=docker20"
     fi
     echo "export IMGBUILD_TEST_DOCKER26_HOST=$E26_HOST"
     echo "export IMGBUILD_TEST_DOCKER26_CLIENT=$E26_DOCKER"

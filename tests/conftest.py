@@ -8,15 +8,12 @@ End-to-end fixtures find a real Docker engine and the local registry that
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-
-from helpers import REPO
 
 STATE_DIR = Path(os.environ.get("IMGBUILD_STATE_DIR", "/var/lib/imgbuild-services"))
 IN_CI = os.environ.get("CI", "").lower() in {"1", "true", "yes"}
@@ -39,19 +36,49 @@ class Registry:
         return f"{self.address}/{name}"
 
 
-@pytest.fixture(scope="session")
-def docker_client():
-    try:
-        import docker
+# The engines every E2E test runs on (scripts/services.sh env lists the ones it started):
+# docker20 = Debian's 20.10 client and engine on the default socket (classic BuildKit, classic
+# image store); docker26 = Docker 26 + buildx + the containerd image store on its own socket.
+ENGINE_NAMES = [e.strip() for e in os.environ.get("IMGBUILD_TEST_ENGINES", "docker20").split(",") if e.strip()]
 
-        client = docker.from_env(timeout=300)
-        client.ping()
-    except Exception as exc:  # any failure to reach the engine means "no engine here"
-        unavailable(f"no Docker engine reachable ({exc.__class__.__name__}: {exc})")
-    if not Path("/usr/bin/docker").exists() and not shutil.which("docker-buildx"):
-        unavailable("no BuildKit-capable docker client (/usr/bin/docker or buildx)")
-    yield client
-    client.close()
+
+def engine_settings(name: str) -> dict[str, str | None]:
+    """The environment that makes imgbuild (and any docker client) use engine ``name``."""
+    if name == "docker20":
+        return {"IMGBUILD_DOCKER": "/usr/bin/docker", "DOCKER_HOST": None}
+    if name == "docker26":
+        return {"IMGBUILD_DOCKER": os.environ.get("IMGBUILD_TEST_DOCKER26_CLIENT", "/opt/engine26/usr/bin/docker"),
+                "DOCKER_HOST": os.environ.get("IMGBUILD_TEST_DOCKER26_HOST", "unix:///run/docker26.sock")}
+    raise ValueError(f"IMGBUILD_TEST_ENGINES: unknown engine {name!r} (docker20, docker26)")
+
+
+@pytest.fixture(scope="session", params=ENGINE_NAMES)
+def engine(request):
+    """The engine object (buildkit_py.backends) the test runs on, parametrized over every engine
+    in IMGBUILD_TEST_ENGINES. While its tests run, IMGBUILD_DOCKER and DOCKER_HOST point at it,
+    so the CLI, the SDK and a plain `docker` in a subprocess all reach the same engine."""
+    from buildkit_py.backends import select_engine
+
+    with pytest.MonkeyPatch.context() as mp:
+        for key, value in engine_settings(request.param).items():
+            if value is None:
+                mp.delenv(key, raising=False)
+            else:
+                mp.setenv(key, value)
+        mp.delenv("IMGBUILD_BACKEND", raising=False)
+        mp.delenv("IMGBUILD_ENGINE", raising=False)
+        try:
+            chosen = select_engine()
+            chosen.sdk()
+        except Exception as exc:  # any failure to reach the engine means "no engine here"
+            unavailable(f"engine {request.param} not usable ({exc.__class__.__name__}: {exc})")
+        chosen.test_name = request.param
+        yield chosen
+
+
+@pytest.fixture(scope="session")
+def docker_client(engine):
+    return engine.sdk()
 
 
 @pytest.fixture(scope="session")
@@ -116,7 +143,7 @@ def cleanup_images(docker_client):
         subprocess.run(["/usr/bin/docker", "image", "rm", "-f", ref], capture_output=True)
 
 
-E2E_FIXTURES = {"docker_client", "base_image", "registry", "cleanup_images"}
+E2E_FIXTURES = {"docker_client", "base_image", "registry", "cleanup_images", "engine"}
 
 
 def pytest_collection_modifyitems(config, items):

@@ -85,9 +85,96 @@ def test_classic_command_line(tmp_path):
 
 def test_buildx_command_line(tmp_path):
     backend = BuildxBackend("/usr/bin/docker")
-    request = BuildRequest(tmp_path, tmp_path / "Dockerfile", ("a:1",), cache_to=("type=registry,ref=r/c",),
+    request = BuildRequest(tmp_path, tmp_path / "Dockerfile", ("a:1", "a:2"), cache_to=("type=registry,ref=r/c",),
                            builder="k8s")
-    cmd = backend.command(request, tmp_path / "iid")
+    cmd = backend.command(request, tmp_path / "iid", tmp_path / "md.json")
     assert cmd[:3] == ["/usr/bin/docker", "buildx", "build"]
-    assert "--load" in cmd and ["--builder", "k8s"] == cmd[cmd.index("--builder"):cmd.index("--builder") + 2]
+    assert ["--builder", "k8s"] == cmd[cmd.index("--builder"):cmd.index("--builder") + 2]
     assert ["--cache-to", "type=registry,ref=r/c"] == cmd[cmd.index("--cache-to"):cmd.index("--cache-to") + 2]
+    # the names go in the output (one quoted CSV field), not as --tag; no push unless asked
+    assert cmd[cmd.index("--output") + 1] == 'type=image,"name=a:1,a:2"'
+    assert "--tag" not in cmd and ["--metadata-file", str(tmp_path / "md.json")] == \
+        cmd[cmd.index("--metadata-file"):cmd.index("--metadata-file") + 2]
+
+
+def test_buildx_push_and_output_options(tmp_path):
+    backend = BuildxBackend("/usr/bin/docker", buildx=["/opt/x/docker-buildx"])
+    request = BuildRequest(tmp_path, tmp_path / "Dockerfile", ("r/a:1",), push=True, compression="zstd:19",
+                           oci_mediatypes=True, provenance="min", platforms=("linux/amd64",))
+    cmd = backend.command(request, tmp_path / "iid")
+    assert cmd[:2] == ["/opt/x/docker-buildx", "build"]  # the plugin run standalone
+    assert cmd[cmd.index("--output") + 1] == ("type=image,name=r/a:1,push=true,compression=zstd,"
+                                              "force-compression=true,compression-level=19,oci-mediatypes=true")
+    assert cmd[cmd.index("--provenance") + 1] == "mode=min" and cmd[cmd.index("--platform") + 1] == "linux/amd64"
+    no_prov = backend.command(BuildRequest(tmp_path, tmp_path / "D", ("x:1",), provenance="false"), tmp_path / "i")
+    assert no_prov[no_prov.index("--provenance") + 1] == "false"
+
+
+def test_named_builder_loads_only_when_asked(tmp_path):
+    from buildkit_py.backends.buildx import BuilderEngine
+
+    engine = BuilderEngine("/usr/bin/docker", builder="k8s")
+    push_only = engine.command(BuildRequest(tmp_path, tmp_path / "D", ("r/a:1",), push=True, load=False), tmp_path / "i")
+    outputs = [push_only[i + 1] for i, a in enumerate(push_only) if a == "--output"]
+    assert outputs == ["type=image,name=r/a:1,push=true"] and "--builder" in push_only
+    both = engine.command(BuildRequest(tmp_path, tmp_path / "D", ("r/a:1",), push=True, load=True), tmp_path / "i")
+    assert [both[i + 1] for i, a in enumerate(both) if a == "--output"] == [
+        "type=image,name=r/a:1,push=true", "type=docker,name=r/a:1"]
+
+
+@pytest.mark.parametrize("value, parsed", [("gzip", ("gzip", None)), ("zstd:3", ("zstd", 3)), (None, None)])
+def test_compression_values(value, parsed):
+    assert backends.parse_compression(value) == parsed
+
+
+@pytest.mark.parametrize("value", ["zstd:23", "gzip:x", "brotli", "uncompressed:1"])
+def test_compression_values_refused(value):
+    from buildkit_py.errors import UsageError
+
+    with pytest.raises(UsageError, match="--compression"):
+        backends.parse_compression(value)
+
+
+def test_classic_refuses_output_options_naming_who_can(tmp_path):
+    request = BuildRequest(tmp_path, tmp_path / "D", ("x:1",), compression="zstd", provenance="min")
+    with pytest.raises(BackendCapabilityError) as info:
+        require(ClassicBuildKitBackend("/usr/bin/docker"), required_capabilities(frozenset(), request))
+    assert "compression, provenance" in info.value.message
+    assert "containerd image store" in info.value.hint and "containerd-snapshotter" not in info.value.message
+
+
+def test_buildx_on_classic_store_refuses_cache_export(tmp_path, monkeypatch):
+    engine = BuildxBackend("/usr/bin/docker")
+    monkeypatch.setattr(engine, "containerd_store", lambda: False)
+    request = BuildRequest(tmp_path, tmp_path / "D", ("x:1",), cache_to=("type=registry,ref=r/c",))
+    with pytest.raises(BackendCapabilityError) as info:
+        require(engine, required_capabilities(frozenset(), request))
+    assert "containerd-snapshotter" in info.value.hint
+    monkeypatch.setattr(engine, "containerd_store", lambda: True)
+    require(engine, required_capabilities(frozenset(), request))
+
+
+def test_imgbuild_docker_missing_is_an_error(monkeypatch):
+    monkeypatch.setenv("IMGBUILD_DOCKER", "/nonexistent/docker")
+    with pytest.raises(EnvironmentProblem, match="IMGBUILD_DOCKER=/nonexistent/docker: no such executable"):
+        backends.select_engine()
+
+
+def test_imgbuild_docker_without_buildkit_is_an_error(tmp_path, monkeypatch):
+    monkeypatch.setenv("IMGBUILD_DOCKER", fake_client(tmp_path, "new", "28.2.2", buildx=False))
+    monkeypatch.delenv("IMGBUILD_BACKEND", raising=False)
+    monkeypatch.delenv("IMGBUILD_ENGINE", raising=False)
+    with pytest.raises(EnvironmentProblem) as info:
+        backends.select_engine()
+    assert "IMGBUILD_DOCKER" in info.value.message and "needs buildx" in info.value.message
+
+
+def test_builder_selects_the_builder_engine(tmp_path, clients):
+    from buildkit_py.backends.buildx import BuilderEngine
+
+    clients += [fake_client(tmp_path, "new", "28.2.2", buildx=True)]
+    engine = backends.select_engine(builder="k8s", host="unix:///run/x.sock")
+    assert isinstance(engine, BuilderEngine) and engine.builder == "k8s"
+    assert engine.docker_argv() == [clients[0], "--host", "unix:///run/x.sock"]
+    with pytest.raises(BackendCapabilityError, match="needs buildx"):
+        backends.select_engine("docker", builder="k8s")

@@ -251,6 +251,68 @@ def test_analyze_save_stream_on_a_synthetic_image(oci):
     assert sum(I.group_sizes(report).values()) == report.size
 
 
+def _containerd_save_tar(layers: list[bytes], history: list[dict]) -> tuple[bytes, str, list[str], list[int]]:
+    """What `docker save` writes from the containerd image store: an OCI layout whose image id
+    is an index (image + attestation manifest), layers compressed (gzip and zstd here)."""
+    import zstandard
+
+    diff_ids = ["sha256:" + hashlib.sha256(b).hexdigest() for b in layers]
+    blobs = [gzip.compress(b, 6) if n % 2 == 0 else zstandard.ZstdCompressor(level=3).compress(b)
+             for n, b in enumerate(layers)]
+    config = json.dumps({"rootfs": {"type": "layers", "diff_ids": diff_ids}, "history": history}).encode()
+
+    def desc(data: bytes, media_type: str, **kw) -> dict:
+        return {"mediaType": media_type, "digest": "sha256:" + hashlib.sha256(data).hexdigest(), "size": len(data), **kw}
+
+    manifest = json.dumps({"schemaVersion": 2, "config": desc(config, "application/vnd.oci.image.config.v1+json"),
+                           "layers": [desc(b, "application/vnd.oci.image.layer.v1.tar+gzip") for b in blobs]}).encode()
+    attestation = json.dumps({"schemaVersion": 2, "config": desc(b"{}", "application/vnd.oci.image.config.v1+json"),
+                              "layers": []}).encode()
+    index = json.dumps({"schemaVersion": 2, "manifests": [
+        desc(attestation, "application/vnd.oci.image.manifest.v1+json",
+             platform={"os": "unknown", "architecture": "unknown"}),
+        desc(manifest, "application/vnd.oci.image.manifest.v1+json",
+             platform={"os": "linux", "architecture": "amd64"})]}).encode()
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as t:
+        for data in [*blobs, config, manifest, attestation, b"{}", index]:
+            info = tarfile.TarInfo("blobs/sha256/" + hashlib.sha256(data).hexdigest())
+            info.size = len(data)
+            t.addfile(info, io.BytesIO(data))
+        for name, data in (("index.json", b"{}"), ("oci-layout", b"{}"), ("manifest.json", b"[]")):
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            t.addfile(info, io.BytesIO(data))
+    return buf.getvalue(), "sha256:" + hashlib.sha256(index).hexdigest(), diff_ids, [len(b) for b in blobs]
+
+
+def test_analyze_the_containerd_stores_oci_layout():
+    layers = _synthetic_layers()
+    raw, image_id, diff_ids, blob_sizes = _containerd_save_tar(layers, SYNTH_HISTORY)
+    saved = I.analyze_save_stream(io.BytesIO(raw), image_id=image_id, diff_ids=diff_ids, workers=1)
+    assert saved.config and saved.config["history"] == SYNTH_HISTORY
+    assert [saved.layers[d].compression for d in diff_ids] == ["gzip", "zstd", "gzip", "zstd"]
+    report = I.build_report("c:1", image_id, diff_ids, saved, saved.config["history"], {})
+    # uncompressed from the tars inside, compressed exactly the stored blobs (no estimate)
+    assert [x.blob_size for x in report.layers] == [len(b) for b in layers]
+    assert [x.compressed_size for x in report.layers] == blob_sizes
+    assert report.compressed_source == "store" and report.compressed_size == sum(blob_sizes)
+    out = I.report_json(report)
+    assert out["size_uncompressed"] == report.size and out["size_compressed"] == sum(blob_sizes)
+    remote = I.build_report("c:1", image_id, diff_ids, saved, saved.config["history"], {},
+                            registry_sizes=[1, 2, 3, 4])
+    assert remote.compressed_size == 10 and remote.compressed_source == "registry"
+
+
+def test_resolve_config_follows_index_and_manifest():
+    config = {"rootfs": {"diff_ids": []}}
+    blobs = {"c" * 64: config, "m" * 64: {"config": {"digest": "sha256:" + "c" * 64}, "layers": []},
+             "i" * 64: {"manifests": [{"digest": "sha256:" + "m" * 64,
+                                       "platform": {"os": "linux", "architecture": "amd64"}}]}}
+    assert I.resolve_config(blobs, "i" * 64) is config and I.resolve_config(blobs, "m" * 64) is config
+    assert I.resolve_config(blobs, "c" * 64) is config and I.resolve_config(blobs, "x" * 64) is None
+
+
 def test_repeated_layers_and_missing_layers():
     layer = _layer_tar([("a", b"a" * 10, None)])
     raw, image_id, diff_ids = _save_tar([layer, layer], [_h("ADD a /"), _h("ADD a /")])
@@ -329,14 +391,14 @@ def built(docker_client, base_image, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def dirty(docker_client, built):
+def dirty(engine, built):
     # No gzip pass here (the clean image checks it): it is most of the time on a small machine.
-    return I.inspect_image(docker_client, built["dirty"], estimate_compressed=False)
+    return I.inspect_image(engine, built["dirty"], estimate_compressed=False)
 
 
 @pytest.fixture(scope="module")
-def clean(docker_client, built):
-    return I.inspect_image(docker_client, built["clean"], bandwidth_mbps=100)
+def clean(engine, built):
+    return I.inspect_image(engine, built["clean"], bandwidth_mbps=100)
 
 
 def _one(report: I.ImageReport, kind: str, path: str) -> I.Finding:
@@ -345,14 +407,14 @@ def _one(report: I.ImageReport, kind: str, path: str) -> I.Finding:
     return hits[0]
 
 
-def test_layers_map_to_steps(dirty, docker_client, built):
+def test_layers_map_to_steps(dirty, docker_client, engine, built):
     steps = [(x.step, x.group) for x in dirty.layers]
     assert steps[0] == (None, "base")
     assert steps[1:] == [("os", "os"), ("python", "python"), ("cuda", "cuda"), ("heavy", "heavy"),
                          ("pins", "pins"), ("copy-0", "app")]
     assert dirty.layers[-1].instruction == "COPY"
     image = docker_client.images.get(built["dirty"])
-    assert dirty.id == image.id and dirty.size == image.attrs["Size"]
+    assert dirty.id == image.id and dirty.size == engine.image_sizes(built["dirty"]).uncompressed
     assert [x.digest for x in dirty.layers] == image.attrs["RootFS"]["Layers"]
     assert dirty.labels == {"io.imgbuild.cuda.flavor": "runtime", "io.imgbuild.cuda.version": "12.4"}
     groups = I.group_sizes(dirty)
@@ -390,22 +452,27 @@ def test_deleted_files_still_shipped(dirty):
     assert "step pins" in scratch.message
 
 
-def test_clean_image_has_no_findings(clean, docker_client, built):
+def test_clean_image_has_no_findings(clean, engine, built):
     assert clean.findings == ()
     assert [x.step for x in clean.layers[1:]] == ["os", "pins", "cuda", "copy-0"]
     assert clean.labels == {"io.imgbuild.cuda.flavor": "devel"}  # nvcc is fine in a devel flavour
-    assert sum(I.group_sizes(clean).values()) == clean.size == docker_client.images.get(built["clean"]).attrs["Size"]
-    # gzip -6 of random-free OS files: well under the tar size, and a pull time that follows from it
+    sizes = engine.image_sizes(built["clean"])
+    assert sum(I.group_sizes(clean).values()) == clean.size == sizes.uncompressed
+    # gzip -6 of random-free OS files (or the store's own gzip blobs): well under the tar size,
+    # and a pull time that follows from it
     assert 0 < clean.compressed_size < clean.blob_size
+    assert clean.compressed_source == ("store" if engine.containerd_store() else "estimate")
+    if sizes.compressed is not None:  # the containerd store counts its blobs (+ config, manifests)
+        assert clean.compressed_size <= sizes.compressed
     assert clean.pull_seconds == pytest.approx(clean.compressed_size * 8 / 100e6)
     out = I.report_json(clean)
     assert out["findings"] == [] and out["bandwidth_mbps"] == 100
     assert [x["step"] for x in out["layers"]][1:] == ["os", "pins", "cuda", "copy-0"]
 
 
-def test_missing_image(docker_client):
+def test_missing_image(engine):
     with pytest.raises(ImageMissing):
-        I.inspect_image(docker_client, f"imgbuild-test/absent-{uuid.uuid4().hex[:8]}:nope")
+        I.inspect_image(engine, f"imgbuild-test/absent-{uuid.uuid4().hex[:8]}:nope")
 
 
 def test_engine_layer_sizes_line_up_with_the_config_history():

@@ -395,7 +395,11 @@ def test_bake_chain_rebuilds_exactly_each_variants_dockerfile(tmp_path):
 
 class FakeBackend:
     name = "fake"
+    kind = "fake"
     client = "fake-docker"
+
+    def describe(self) -> str:
+        return f"{self.name} engine ({self.client})"
     capabilities = frozenset({"multi-stage", "cache-mounts", "secrets", "cache-from", "cache-export", "builder",
                               "push", "metadata-file"})
 

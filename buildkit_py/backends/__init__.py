@@ -16,9 +16,10 @@ import re
 import shutil
 import subprocess
 import threading
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Iterator
+from typing import TYPE_CHECKING
 
 from ..errors import BackendCapabilityError, EnvironmentProblem, ImgbuildError
 

@@ -3,12 +3,27 @@ metadata file, output options, builders)."""
 
 from __future__ import annotations
 
+import base64
 import json
+import os
 from pathlib import Path
 
-from . import (BUILDER_SELECT, CACHE_EXPORT, CACHE_FROM, CACHE_MOUNTS, COMPRESSION, METADATA_FILE,
-               MULTI_STAGE, OCI_MEDIATYPES, PLATFORM, PROVENANCE, PUSH, SECRETS, BuildRequest,
-               parse_compression)
+from . import (
+    BUILDER_SELECT,
+    CACHE_EXPORT,
+    CACHE_FROM,
+    CACHE_MOUNTS,
+    COMPRESSION,
+    METADATA_FILE,
+    MULTI_STAGE,
+    OCI_MEDIATYPES,
+    PLATFORM,
+    PROVENANCE,
+    PUSH,
+    SECRETS,
+    BuildRequest,
+    parse_compression,
+)
 from .docker_cli import ClassicEngine
 
 _BASE = frozenset({MULTI_STAGE, CACHE_MOUNTS, SECRETS, CACHE_FROM, PUSH, METADATA_FILE, PLATFORM})
@@ -61,7 +76,7 @@ class BuildxEngine(ClassicEngine):
         return env
 
     def output_args(self, request: BuildRequest) -> list[str]:
-        fields = ["type=image", f"name={_csv(','.join(request.tags))}"] if request.tags else ["type=image"]
+        fields = ["type=image", _csv(f"name={','.join(request.tags)}")] if request.tags else ["type=image"]
         if request.push:
             fields.append("push=true")
         comp = parse_compression(request.compression)
@@ -90,6 +105,55 @@ class BuildxEngine(ClassicEngine):
     def tag_args(self, request: BuildRequest) -> list[str]:
         return []  # the names are in --output
 
+    def build_environment(self, request: BuildRequest, tmp: Path) -> dict[str, str]:
+        """BuildKit pushes with the client's credentials (DOCKER_CONFIG). Credentials imgbuild
+        takes from the environment (IMGBUILD_REGISTRY_USER/PASSWORD) are handed over in a
+        private config for this build only, the user's own config untouched."""
+        env = self.environment()
+        if not request.push:
+            return env
+        from .. import auth
+        from ..registry import registry_host
+
+        found = {}
+        for tag in request.tags:
+            host = registry_host(tag)
+            creds = auth.resolve(host)
+            if creds is not None and creds.source == "env":
+                found[auth.config_key(host)] = base64.b64encode(f"{creds.username}:{creds.password}".encode()).decode()
+        if not found:
+            return env
+        original = auth.docker_config_path()
+        config = auth.load_docker_config(original) if original.exists() else {}
+        config.setdefault("auths", {}).update({k: {"auth": v} for k, v in found.items()})
+        for key in found:  # these credentials, not a helper's, for these hosts
+            (config.get("credHelpers") or {}).pop(key, None)
+        config.pop("credsStore", None)
+        config["cliPluginsExtraDirs"] = [str(original.parent / "cli-plugins"), *config.get("cliPluginsExtraDirs", [])]
+        private = tmp / "docker-config"
+        private.mkdir(mode=0o700)
+        fd = os.open(private / "config.json", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            json.dump(config, f)
+        if (original.parent / "buildx").is_dir():  # the named builders live there
+            (private / "buildx").symlink_to(original.parent / "buildx")
+        return {**env, "DOCKER_CONFIG": str(private)}
+
+    def refine_failure(self, request: BuildRequest, log: str) -> None:
+        if not request.push:
+            return
+        from ..errors import AuthenticationError, RegistryError
+        from ..registry import classify_push_error, registry_host
+
+        lines = [ln for ln in log.splitlines() if "ERROR" in ln or "error" in ln.lower()]
+        message = " ".join(lines[-1].split()) if lines else ""
+        low = log.lower()
+        if any(m in low for m in ("401 unauthorized", "failed to authorize", "unauthorized", "authentication required",
+                                  "insufficient_scope")):
+            err = classify_push_error("unauthorized: " + message, registry_host(request.tags[0]))
+            if isinstance(err, (AuthenticationError, RegistryError)):
+                raise err
+
     def read_metadata(self, metadata: Path) -> str | None:
         try:
             data = json.loads(metadata.read_text())
@@ -116,7 +180,7 @@ class BuilderEngine(BuildxEngine):
     def output_args(self, request: BuildRequest) -> list[str]:
         args = super().output_args(request) if request.push or not request.load else []
         if request.load:
-            args += ["--output", "type=docker" + (f",name={_csv(','.join(request.tags))}" if request.tags else "")]
+            args += ["--output", "type=docker" + ("," + _csv(f"name={','.join(request.tags)}") if request.tags else "")]
         return args
 
     def extra_args(self, request: BuildRequest, metadata: Path | None = None) -> list[str]:

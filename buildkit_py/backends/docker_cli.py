@@ -58,6 +58,12 @@ class ClassicEngine(Engine):
     def read_metadata(self, metadata: Path) -> str | None:
         return None
 
+    def build_environment(self, request: BuildRequest, tmp: Path) -> dict[str, str]:
+        return self.environment()
+
+    def refine_failure(self, request: BuildRequest, log: str) -> None:
+        """Raise a more precise error than BuildFailed where the log says what went wrong."""
+
     def build(self, request: BuildRequest, on_line: LineSink) -> BuildResult:
         tail: collections.deque[str] = collections.deque(maxlen=40)
         steps: dict[str, str] = {}  # vertex number -> step name (marker id or instruction)
@@ -68,7 +74,8 @@ class ClassicEngine(Engine):
             cmd = self.command(request, iidfile, metadata)
             try:
                 proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                        env=self.environment(), errors="replace", stdin=subprocess.DEVNULL)
+                                        env=self.build_environment(request, Path(tmp)), errors="replace",
+                                        stdin=subprocess.DEVNULL)
             except OSError as exc:
                 raise EnvironmentProblem(f"cannot run {self.client}: {exc}") from None
             assert proc.stdout is not None
@@ -87,6 +94,7 @@ class ClassicEngine(Engine):
                 if any(s in log for s in _ENGINE_DOWN):
                     raise EnvironmentProblem("the Docker engine is not reachable",
                                              hint="start it (scripts/services.sh up) or set DOCKER_HOST")
+                self.refine_failure(request, log)
                 raise BuildFailed(f"build failed (exit {code})", command=cmd, returncode=code, log_tail=log)
             image_id = iidfile.read_text().strip() if iidfile.exists() else ""
             digest = self.read_metadata(metadata)
