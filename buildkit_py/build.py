@@ -85,12 +85,10 @@ def assemble_context(plan: BuildPlan, dockerfile: str, workdir: Path) -> tuple[P
             shutil.copy2(src, dest)
     # Files a step bind-mounts from the context (a locked build's requirement files, see
     # lock.apply_lock): the plan names them, so the Dockerfile and the context agree.
-    for stage in plan.stages:
-        for step in stage.steps:
-            for rel, text in sorted(step.data.get("context_files", {}).items()):
-                target = context / rel
-                target.parent.mkdir(parents=True, exist_ok=True)
-                target.write_text(text)
+    for f in plan.context_files:
+        target = context / f.path
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(f.text)
     path = workdir / "Dockerfile"
     path.write_text(dockerfile)
     return context, path

@@ -42,7 +42,8 @@ from packaging.utils import canonicalize_name
 
 from .errors import ImgbuildError, LockDrift, LockError, LockStale
 from .files import write_atomic
-from .plan import BuildPlan, Stage, Step
+from .plan import BuildPlan, Stage
+from .steps import ContextFile, LockedPipStep, MetaStep, PipStep, Step
 
 LOCK_VERSION = 1
 DEFAULT_VARIANT = "default"
@@ -111,14 +112,14 @@ def _plan_bases(plan: BuildPlan) -> dict[str, str]:
     return {s.name: s.base for s in plan.stages if s.base not in {x.name for x in plan.stages}}
 
 
-def _pip_steps(stage: Stage) -> list[Step]:
-    return [s for s in stage.steps if s.kind == "pip"]
+def _pip_steps(stage: Stage) -> list[PipStep]:
+    return [s for s in stage.steps if isinstance(s, PipStep)]
 
 
 def stage_indexes(stage: Stage) -> list[str]:
     """The indexes one resolve of this stage uses, and every locked step of it installs from:
     the torch step's index first (when the plan chose one), then the Python registry."""
-    urls = sorted({s.data.get("index_url") for s in _pip_steps(stage) if s.data.get("index_url")})
+    urls = sorted({s.index_url for s in _pip_steps(stage) if s.index_url})
     if len(urls) > 1:
         raise LockError(f"stage {stage.name} installs from several wheel indexes ({', '.join(urls)}); "
                         "imgbuild can lock one besides the Python registry")
@@ -130,7 +131,7 @@ def lock_inputs(plan: BuildPlan) -> dict[str, Any]:
     target = target_of(plan)
     stages = {}
     for stage in plan.stages:
-        steps = [{"id": s.id, "requirements": list(s.data["requirements"])} for s in _pip_steps(stage)]
+        steps = [{"id": s.id, "requirements": list(s.requirements)} for s in _pip_steps(stage)]
         if steps:
             stages[stage.name] = {"indexes": stage_indexes(stage), "steps": steps}
     return {
@@ -527,9 +528,22 @@ def requirements_text(packages: list[dict]) -> str:
     return "".join(lines)
 
 
+def _locked_step(stage: Stage, step: PipStep, packages: list[dict]) -> LockedPipStep:
+    rel = f"{LOCK_DIR}/{stage.name}-{step.id}.txt"
+    indexes = stage_indexes(stage)
+    return LockedPipStep(
+        step.id, step.group,
+        requirements_file=ContextFile(rel, requirements_text(packages)),
+        mount_target=f"{MOUNT_DIR}/{stage.name}-{step.id}.txt",
+        index_url=indexes[0] if len(indexes) > 1 else None,
+        extra_index_urls=tuple(indexes[1:]),
+    )
+
+
 def apply_lock(plan: BuildPlan, entry: dict) -> BuildPlan:
-    """The plan with bases by digest and each pip step installing its locked packages with
-    ``--no-deps --require-hashes`` from a requirements file bind-mounted from the context."""
+    """A new plan: bases by digest, and each pip step replaced by a ``LockedPipStep`` that
+    installs its locked packages with ``--no-deps --require-hashes`` from a requirements file
+    bind-mounted from the context (a pip step whose packages an earlier step installs is dropped)."""
     stages = []
     labels = dict(plan.labels)
     for stage in plan.stages:
@@ -540,26 +554,16 @@ def apply_lock(plan: BuildPlan, entry: dict) -> BuildPlan:
             if stage.role == "final" and BASE_DIGEST_LABEL in labels:
                 labels[BASE_DIGEST_LABEL] = pinned["digest"]  # the base built on is the locked one
         packages = (entry.get("packages") or {}).get(stage.name)
-        steps = []
+        steps: list[Step] = []
         for step in stage.steps:
-            if step.kind == "meta" and BASE_DIGEST_LABEL in step.data.get("labels", {}):
-                steps.append(dataclasses.replace(step, data={**step.data, "labels": labels}))
-                continue
-            if step.kind != "pip" or packages is None:
+            if isinstance(step, MetaStep) and BASE_DIGEST_LABEL in dict(step.labels):
+                steps.append(dataclasses.replace(step, labels=tuple(labels.items())))
+            elif isinstance(step, PipStep) and packages is not None:
+                mine = [p for p in packages if p["step"] == step.id]
+                if mine:  # else everything it names is already installed by an earlier step
+                    steps.append(_locked_step(stage, step, mine))
+            else:
                 steps.append(step)
-                continue
-            mine = [p for p in packages if p["step"] == step.id]
-            if not mine:
-                continue  # everything it names is already installed by an earlier step
-            rel = f"{LOCK_DIR}/{stage.name}-{step.id}.txt"
-            indexes = stage_indexes(stage)
-            steps.append(Step(step.id, "pip_locked", step.group, {
-                "requirements_file": rel,
-                "mount_target": f"{MOUNT_DIR}/{stage.name}-{step.id}.txt",
-                "index_url": indexes[0] if len(indexes) > 1 else None,
-                "extra_index_urls": indexes[1:],
-                "context_files": {rel: requirements_text(mine)},
-            }))
         stages.append(dataclasses.replace(stage, base=base, steps=tuple(steps)))
     return dataclasses.replace(plan, stages=tuple(stages), labels=labels)
 

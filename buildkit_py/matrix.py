@@ -28,7 +28,7 @@ import re
 import time
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +47,7 @@ from .recipe import (
     read_recipe_text,
 )
 from .resolve import Resolution, resolve
+from .steps import Step
 
 GITHUB_MAX_JOBS = 256  # GitHub Actions: a matrix generates at most 256 jobs per workflow run
 GITLAB_MAX_JOBS = 200  # GitLab CI: parallel:matrix creates at most 200 jobs
@@ -491,8 +492,8 @@ def variant_plan(variant: Variant, *, registry: str | None = None, tags: tuple[s
     return make_plan(variant.recipe, tags=tags or variant.tags, registry=registry, resolution=variant.resolution)
 
 
-def _step_key(step) -> list:
-    return [step.id, step.kind, step.group, step.data]
+def _step_key(step: Step) -> list:
+    return [type(step).__name__, asdict(step)]
 
 
 def _prefix_digest(base: str, steps) -> str:

@@ -3,12 +3,26 @@ labels, env and tags. Pure: no I/O, so the same recipe always plans the same."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from . import labels as L
 from .recipe import Recipe
 from .resolve import HEAVY_PACKAGES, Resolution, resolve
+from .steps import (
+    AptStep,
+    ContextFile,
+    CopyStep,
+    CudaHomeStep,
+    DeadsnakesStep,
+    LdconfigStep,
+    LocalWheelsStep,
+    MetaStep,
+    PipStep,
+    Step,
+    VenvStep,
+    WheelBuildStep,
+)
 
 VENV = "/opt/venv"
 STEP_MARK = "imgbuild-step"  # written into each RUN so `inspect` can map layers to steps
@@ -22,14 +36,6 @@ WEIGHT_FILE_THRESHOLD = 10 * 2**20  # the same bar `imgbuild inspect` uses
 
 # Layer groups, in the order they appear: least often changed first.
 GROUPS = ("os", "python", "cuda", "torch", "heavy", "pins", "app", "meta")
-
-
-@dataclass(frozen=True)
-class Step:
-    id: str  # unique within the stage, e.g. "pins", "copy-0"
-    kind: str  # the template macro that renders it
-    group: str  # one of GROUPS: the size report groups layers by it
-    data: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -54,6 +60,11 @@ class BuildPlan:
     @property
     def final(self) -> Stage:
         return self.stages[-1]
+
+    @property
+    def context_files(self) -> tuple[ContextFile, ...]:
+        """Files the steps bind-mount from the build context, in plan order."""
+        return tuple(f for stage in self.stages for step in stage.steps for f in step.context_files)
 
     @property
     def base_images(self) -> tuple[str, ...]:
@@ -104,22 +115,22 @@ def _split_pins(recipe: Recipe, res: Resolution) -> tuple[list[str], list[str], 
 
 
 def _os_steps(res: Resolution, apt: list[str], *, dev: bool) -> list[Step]:
-    steps = []
+    steps: list[Step] = []
     if res.python_provider == "base":
         # an imgbuild base already has Python, the venv and PATH; a builder needs headers
         packages = sorted(set(apt + (["python3-dev"] if dev else [])))
-        return [Step("os", "apt", "os", {"packages": packages})] if packages else []
+        return [AptStep("os", "os", packages=tuple(packages))] if packages else []
     if res.python_provider == "deadsnakes":
-        steps.append(Step("python-ppa", "deadsnakes", "os", {"python": res.python}))
+        steps.append(DeadsnakesStep("python-ppa", "os", python=res.python))
     packages = sorted(set(_python_packages(res, dev=dev) + apt))
     if packages:
-        steps.append(Step("os", "apt", "os", {"packages": packages}))
-    steps.append(Step("python", "venv", "python", {"python": _python_bin(res), "venv": VENV}))
+        steps.append(AptStep("os", "os", packages=tuple(packages)))
+    steps.append(VenvStep("python", "python", python=_python_bin(res), venv=VENV))
     return steps
 
 
-def _pip_step(step_id: str, group: str, requirements: list[str], *, index_url: str | None = None) -> Step:
-    return Step(step_id, "pip", group, {"requirements": requirements, "index_url": index_url})
+def _pip_step(step_id: str, group: str, requirements: list[str], *, index_url: str | None = None) -> PipStep:
+    return PipStep(step_id, group, requirements=tuple(requirements), index_url=index_url)
 
 
 def _torch_step(res: Resolution) -> list[Step]:
@@ -129,9 +140,9 @@ def _torch_step(res: Resolution) -> list[Step]:
     return [_pip_step("torch", "torch", [spec], index_url=res.torch_index_url)]
 
 
-def _cuda_home_step(res: Resolution) -> Step:
+def _cuda_home_step(res: Resolution) -> CudaHomeStep:
     """Make the toolkit tree the CUDA 13 wheels install (site-packages/nvidia/cu13) CUDA_HOME."""
-    return Step("cuda-home", "cuda_home", "cuda", {"venv": VENV, "tree": res.cuda_wheel_home, "home": "/usr/local/cuda"})
+    return CudaHomeStep("cuda-home", "cuda", venv=VENV, tree=res.cuda_wheel_home, home="/usr/local/cuda")
 
 
 def weights_in_copies(recipe: Recipe, threshold: int = WEIGHT_FILE_THRESHOLD) -> list[tuple[int, str, int]]:
@@ -170,14 +181,15 @@ def make_plan(recipe: Recipe, *, tags: tuple[str, ...] = (), registry: str | Non
         builder_steps += _torch_step(res)
         tools = BUILD_TOOLS + (TORCH_BUILD_TOOLS if res.torch else ())
         builder_steps.append(_pip_step("build-tools", "pins", sorted(tools)))
-        builder_steps.append(Step("wheels", "pip_wheel", "heavy", {
-            "requirements": compiled,
-            "arch_list": " ".join(res.cuda_arch),
-            "jobs": recipe.build.jobs or 2,
-            "no_isolation": bool(res.torch),
+        builder_steps.append(WheelBuildStep(
+            "wheels", "heavy",
+            requirements=tuple(compiled),
+            arch_list=" ".join(res.cuda_arch),
+            jobs=recipe.build.jobs or 2,
+            no_isolation=bool(res.torch),
             # Force a source build even where the index has a binary wheel.
-            "no_binary": ",".join(sorted(r.split("==")[0].split("[")[0] for r in compiled)),
-        }))
+            no_binary=",".join(sorted(r.split("==")[0].split("[")[0] for r in compiled)),
+        ))
         stages.append(Stage("builder", res.builder_image, tuple(builder_steps), "builder"))
 
     devel_wheels = res.cuda_flavor == "devel" and res.cuda_source == "wheels"
@@ -191,15 +203,15 @@ def make_plan(recipe: Recipe, *, tags: tuple[str, ...] = (), registry: str | Non
     if compiled:
         # Install the builder's wheel files by path: given only a name, pip would prefer the
         # index's manylinux wheel over a locally built linux_x86_64 one.
-        steps.append(Step("compiled", "local_wheels", "heavy", {"packages": compiled, "wheels_from": "builder"}))
+        steps.append(LocalWheelsStep("compiled", "heavy", packages=tuple(compiled), wheels_from="builder"))
     if heavy:
         steps.append(_pip_step("heavy", "heavy", heavy))
     if other:
         steps.append(_pip_step("pins", "pins", other))
     if res.cuda_source == "wheels":
-        steps.append(Step("ldconfig", "ldconfig", "cuda", {"venv": VENV}))
+        steps.append(LdconfigStep("ldconfig", "cuda", venv=VENV))
     for i, c in enumerate(recipe.copy):
-        steps.append(Step(f"copy-{i}", "copy", "app", {"src": c.src, "dest": c.dest}))
+        steps.append(CopyStep(f"copy-{i}", "app", src=c.src, dest=c.dest))
 
     env = dict(recipe.env)
     if res.cuda_source == "wheels":
@@ -210,14 +222,15 @@ def make_plan(recipe: Recipe, *, tags: tuple[str, ...] = (), registry: str | Non
         env["CUDA_VERSION"] = res.cuda_version
     env = dict(sorted(env.items()))
     labels = L.static_labels(recipe, res)
-    steps.append(Step("meta", "meta", "meta", {
-        "workdir": recipe.workdir,
-        "env": env,
-        "volumes": list(recipe.volumes),
-        "labels": labels,
-        "entrypoint": list(recipe.entrypoint),
-        "cmd": list(recipe.cmd),
-    }))
+    steps.append(MetaStep(
+        "meta", "meta",
+        workdir=recipe.workdir,
+        env=tuple(env.items()),
+        volumes=tuple(recipe.volumes),
+        labels=tuple(labels.items()),
+        entrypoint=tuple(recipe.entrypoint),
+        cmd=tuple(recipe.cmd),
+    ))
     stages.append(Stage("final", res.base_image, tuple(steps), "final"))
 
     needs = {"multi-stage", "cache-mounts", "secrets"} if res.compile else {"cache-mounts", "secrets"}

@@ -11,6 +11,7 @@ from pathlib import Path
 import jinja2
 
 from .plan import STEP_MARK, BuildPlan
+from .steps import Step
 
 TEMPLATE = "Dockerfile.j2"
 
@@ -85,3 +86,11 @@ def render_dockerfile(plan: BuildPlan) -> str:
         recipe_digest=plan.recipe.digest,
     )
     return text.rstrip("\n") + "\n"
+
+
+_ONE_STEP = '{%- import "steps.j2" as steps with context -%}{{ steps[step.macro](step) | trim }}'
+
+
+def render_step(step: Step) -> str:
+    """The exact text one step places in a Dockerfile (its macro alone)."""
+    return _environment().from_string(_ONE_STEP).render(step=step, mark=STEP_MARK)

@@ -17,6 +17,7 @@ from buildkit_py.errors import ExitStatus, LockDrift, LockError, LockStale
 from buildkit_py.plan import make_plan
 from buildkit_py.recipe import load_recipe
 from buildkit_py.render import render_dockerfile
+from buildkit_py.steps import MetaStep
 
 FIXTURES = REPO / "tests" / "fixtures" / "lock"
 REPORT = json.loads((FIXTURES / "torch-report.json").read_text())
@@ -398,7 +399,7 @@ def test_the_locked_base_digest_wins_over_the_one_the_plan_looked_up(recipe):
     moved = "sha256:" + "99" * 32
     labels = {**plan.labels, lock.BASE_DIGEST_LABEL: moved}
     final = dataclasses.replace(plan.final, base=f"{plan.final.base}@{moved}", steps=tuple(
-        dataclasses.replace(s, data={**s.data, "labels": labels}) if s.kind == "meta" else s for s in plan.final.steps))
+        dataclasses.replace(s, labels=tuple(labels.items())) if isinstance(s, MetaStep) else s for s in plan.final.steps))
     looked_up = dataclasses.replace(plan, stages=(final,), labels=labels)
     assert lock.lock_inputs(looked_up) == lock.lock_inputs(plan)
     text = render_dockerfile(lock.use_lock(looked_up).plan)

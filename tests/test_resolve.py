@@ -122,7 +122,7 @@ def test_compile_adds_devel_builder_stage(tmp_path):
     assert [s.name for s in plan.stages] == ["builder", "final"]
     assert plan.stages[0].base == "nvidia/cuda:12.4.1-devel-ubuntu22.04"
     wheel_step = [s for s in plan.stages[0].steps if s.id == "wheels"][0]
-    assert wheel_step.data["arch_list"] == "8.0 9.0" and wheel_step.data["jobs"] == 4
+    assert wheel_step.arch_list == "8.0 9.0" and wheel_step.jobs == 4
     assert plan.labels["io.imgbuild.cuda.arch"] == "8.0;9.0"
     assert "multi-stage" in plan.needs
 
@@ -258,7 +258,7 @@ def test_devel_from_cuda13_wheels_has_nvcc_and_cuda_home(tmp_path):
     assert plan.resolution.cuda_wheel_home == "nvidia/cu13"
     ids = [s.id for s in plan.final.steps]
     assert ids.index("cuda") < ids.index("cuda-home")
-    assert "g++" in plan.final.steps[0].data["packages"]
+    assert "g++" in plan.final.steps[0].packages
 
 
 def test_cuda_kernel_source_build_needs_nvcc(tmp_path):

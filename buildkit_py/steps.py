@@ -1,0 +1,171 @@
+"""The plan -> template contract: one frozen type per kind of build step.
+
+Each type names the macro of ``templates/steps.j2`` that places it (``MACRO``) and carries
+exactly the values that macro reads, already computed, sorted and validated by Python; the
+template only places them. A step the template does not know cannot be written: the macro
+name is part of the type, and ``tests/test_steps.py`` renders each type to its exact text.
+
+Files a step bind-mounts from the build context are part of the step (``ContextFile``), so
+the Dockerfile and the context assembled for it always agree (``BuildPlan.context_files``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+
+@dataclass(frozen=True)
+class ContextFile:
+    """A file written into the build context for a step to bind-mount (never into a layer)."""
+
+    path: str  # relative to the context root
+    text: str
+
+
+@dataclass(frozen=True)
+class Step:
+    """Common to every step: its id (unique within its stage, written into the RUN as
+    ``imgbuild-step=<id>`` so `inspect` maps layers back to steps) and its layer group (one
+    of plan.GROUPS, by which sizes are reported)."""
+
+    MACRO: ClassVar[str] = ""
+
+    id: str
+    group: str
+
+    @property
+    def macro(self) -> str:
+        return self.MACRO
+
+    @property
+    def context_files(self) -> tuple[ContextFile, ...]:
+        return ()
+
+    @property
+    def is_run(self) -> bool:
+        """Whether the step is one RUN instruction (copy and metadata steps are not)."""
+        return True
+
+
+@dataclass(frozen=True)
+class AptStep(Step):
+    """``apt-get install`` of sorted Debian/Ubuntu packages, with the apt caches mounted."""
+
+    MACRO: ClassVar[str] = "step_apt"
+    packages: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class DeadsnakesStep(Step):
+    """Adds the deadsnakes PPA, which has the CPython the OS lacks."""
+
+    MACRO: ClassVar[str] = "step_deadsnakes"
+    python: str  # X.Y
+
+
+@dataclass(frozen=True)
+class VenvStep(Step):
+    """Creates the virtual environment every later pip step installs into, and puts it first on PATH."""
+
+    MACRO: ClassVar[str] = "step_venv"
+    python: str  # interpreter command, e.g. python3 or python3.11
+    venv: str
+
+
+@dataclass(frozen=True)
+class PipStep(Step):
+    """``pip install`` of requirement specifiers (with their dependencies), in the order given."""
+
+    MACRO: ClassVar[str] = "step_pip"
+    requirements: tuple[str, ...]
+    index_url: str | None = None  # replaces the Python registry (the torch index), or None
+
+
+@dataclass(frozen=True)
+class LockedPipStep(Step):
+    """A pip step of a locked build (lock.apply_lock): the exact wheels by sha256, installed
+    with ``--no-deps --require-hashes`` from a requirements file bind-mounted from the context."""
+
+    MACRO: ClassVar[str] = "step_pip_locked"
+    requirements_file: ContextFile
+    mount_target: str  # where the RUN sees the file
+    index_url: str | None
+    extra_index_urls: tuple[str, ...]
+
+    @property
+    def context_files(self) -> tuple[ContextFile, ...]:
+        return (self.requirements_file,)
+
+
+@dataclass(frozen=True)
+class WheelBuildStep(Step):
+    """``pip wheel`` from source into /wheels of the builder stage (CUDA kernels)."""
+
+    MACRO: ClassVar[str] = "step_pip_wheel"
+    requirements: tuple[str, ...]
+    arch_list: str  # TORCH_CUDA_ARCH_LIST, space-separated
+    jobs: int  # MAX_JOBS
+    no_isolation: bool  # build against the torch installed earlier in the stage
+    no_binary: str  # comma-separated names: a source build even where a binary wheel exists
+
+
+@dataclass(frozen=True)
+class LocalWheelsStep(Step):
+    """Installs the wheels another stage built, bind-mounted from its /wheels."""
+
+    MACRO: ClassVar[str] = "step_local_wheels"
+    packages: tuple[str, ...]  # what was built, written as a comment for the reader
+    wheels_from: str  # stage name
+
+
+@dataclass(frozen=True)
+class LdconfigStep(Step):
+    """Registers the lib folders of the nvidia-* wheels with the dynamic linker."""
+
+    MACRO: ClassVar[str] = "step_ldconfig"
+    venv: str
+
+
+@dataclass(frozen=True)
+class CudaHomeStep(Step):
+    """Makes the toolkit tree of the CUDA 13 wheels (site-packages/<tree>) CUDA_HOME."""
+
+    MACRO: ClassVar[str] = "step_cuda_home"
+    venv: str
+    tree: str  # relative to site-packages, e.g. nvidia/cu13
+    home: str  # the symlink, e.g. /usr/local/cuda
+
+
+@dataclass(frozen=True)
+class CopyStep(Step):
+    """COPY of one recipe path from the context."""
+
+    MACRO: ClassVar[str] = "step_copy"
+    src: str
+    dest: str
+
+    @property
+    def is_run(self) -> bool:
+        return False
+
+
+@dataclass(frozen=True)
+class MetaStep(Step):
+    """The image's metadata: WORKDIR, ENV, VOLUME, LABEL, ENTRYPOINT, CMD (sorted pairs)."""
+
+    MACRO: ClassVar[str] = "step_meta"
+    workdir: str | None
+    env: tuple[tuple[str, str], ...]
+    volumes: tuple[str, ...]
+    labels: tuple[tuple[str, str], ...]
+    entrypoint: tuple[str, ...]
+    cmd: tuple[str, ...]
+
+    @property
+    def is_run(self) -> bool:
+        return False
+
+
+STEP_TYPES: tuple[type[Step], ...] = (AptStep, DeadsnakesStep, VenvStep, PipStep, LockedPipStep, WheelBuildStep,
+                                      LocalWheelsStep, LdconfigStep, CudaHomeStep, CopyStep, MetaStep)

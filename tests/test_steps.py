@@ -1,0 +1,190 @@
+"""One exact text per step type (hpccm-style): what each macro of templates/steps.j2 places.
+A change to a macro shows here as a one-step diff; the whole-file goldens (test_render.py)
+show where it lands in each example recipe."""
+
+import re
+
+import pytest
+
+from buildkit_py.render import render_step, template_dir
+from buildkit_py.steps import (
+    STEP_TYPES,
+    AptStep,
+    ContextFile,
+    CopyStep,
+    CudaHomeStep,
+    DeadsnakesStep,
+    LdconfigStep,
+    LocalWheelsStep,
+    LockedPipStep,
+    MetaStep,
+    PipStep,
+    VenvStep,
+    WheelBuildStep,
+)
+
+CASES = {
+    "apt": (
+        AptStep("os", "os", packages=("curl", "python3")),
+        r'''\
+RUN --mount=type=cache,target=/var/cache/apt,sharing=locked \
+    --mount=type=cache,target=/var/lib/apt/lists,sharing=locked \
+    set -eu; : imgbuild-step=os; \
+    rm -f /etc/apt/apt.conf.d/docker-clean; \
+    apt-get update -q; \
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
+        curl \
+        python3''',
+    ),
+    "deadsnakes": (
+        DeadsnakesStep("python-ppa", "os", python="3.11"),
+        r'''\
+RUN --mount=type=cache,target=/var/cache/apt,sharing=locked \
+    --mount=type=cache,target=/var/lib/apt/lists,sharing=locked \
+    set -eu; : imgbuild-step=python-ppa; \
+    rm -f /etc/apt/apt.conf.d/docker-clean; \
+    apt-get update -q; \
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends software-properties-common gpg-agent; \
+    add-apt-repository -y ppa:deadsnakes/ppa''',
+    ),
+    "venv": (
+        VenvStep("python", "python", python="python3.11", venv="/opt/venv"),
+        r'''\
+RUN set -eu; : imgbuild-step=python; \
+    python3.11 -m venv /opt/venv
+ENV PATH="/opt/venv/bin:$PATH"''',
+    ),
+    "pip": (
+        PipStep("pins", "pins", requirements=("numpy==2.1.0", "requests==2.32.3")),
+        r'''\
+RUN --mount=type=cache,target=/root/.cache/pip \
+    --mount=type=secret,id=cacert \
+    --mount=type=secret,id=pipconf \
+    set -eu; : imgbuild-step=pins; \
+    if [ -s /run/secrets/cacert ]; then export PIP_CERT=/run/secrets/cacert SSL_CERT_FILE=/run/secrets/cacert; fi; \
+    if [ -s /run/secrets/pipconf ]; then export PIP_CONFIG_FILE=/run/secrets/pipconf; fi; \
+    pip install --disable-pip-version-check --no-warn-script-location \
+        numpy==2.1.0 \
+        requests==2.32.3''',
+    ),
+    "pip-index": (
+        PipStep("torch", "torch", requirements=("torch==2.4.1+cu124",), index_url="https://download.pytorch.org/whl/cu124"),
+        r'''\
+RUN --mount=type=cache,target=/root/.cache/pip \
+    --mount=type=secret,id=cacert \
+    --mount=type=secret,id=pipconf \
+    set -eu; : imgbuild-step=torch; \
+    if [ -s /run/secrets/cacert ]; then export PIP_CERT=/run/secrets/cacert SSL_CERT_FILE=/run/secrets/cacert; fi; \
+    if [ -s /run/secrets/pipconf ]; then export PIP_CONFIG_FILE=/run/secrets/pipconf; fi; \
+    pip install --disable-pip-version-check --no-warn-script-location \
+        --index-url https://download.pytorch.org/whl/cu124 \
+        torch==2.4.1+cu124''',
+    ),
+    "pip-locked": (
+        LockedPipStep("pins", "pins",
+                      requirements_file=ContextFile(".imgbuild/lock/final-pins.txt", "x==1 --hash=sha256:00\n"),
+                      mount_target="/tmp/imgbuild-lock/final-pins.txt", index_url="https://download.pytorch.org/whl/cu124",
+                      extra_index_urls=("https://pypi.org/simple",)),
+        r'''\
+RUN --mount=type=cache,target=/root/.cache/pip \
+    --mount=type=secret,id=cacert \
+    --mount=type=secret,id=pipconf \
+    --mount=type=bind,source=.imgbuild/lock/final-pins.txt,target=/tmp/imgbuild-lock/final-pins.txt \
+    set -eu; : imgbuild-step=pins; \
+    if [ -s /run/secrets/cacert ]; then export PIP_CERT=/run/secrets/cacert SSL_CERT_FILE=/run/secrets/cacert; fi; \
+    if [ -s /run/secrets/pipconf ]; then export PIP_CONFIG_FILE=/run/secrets/pipconf; fi; \
+    pip install --disable-pip-version-check --no-warn-script-location --no-deps --require-hashes \
+        --index-url https://download.pytorch.org/whl/cu124 \
+        --extra-index-url https://pypi.org/simple \
+        -r /tmp/imgbuild-lock/final-pins.txt''',
+    ),
+    "wheel-build": (
+        WheelBuildStep("wheels", "heavy", requirements=("flash-attn==2.6.3",), arch_list="8.0 9.0", jobs=4,
+                       no_isolation=True, no_binary="flash-attn"),
+        r'''\
+RUN --mount=type=cache,target=/root/.cache/pip \
+    --mount=type=secret,id=cacert \
+    --mount=type=secret,id=pipconf \
+    set -eu; : imgbuild-step=wheels; \
+    if [ -s /run/secrets/cacert ]; then export PIP_CERT=/run/secrets/cacert SSL_CERT_FILE=/run/secrets/cacert; fi; \
+    if [ -s /run/secrets/pipconf ]; then export PIP_CONFIG_FILE=/run/secrets/pipconf; fi; \
+    export TORCH_CUDA_ARCH_LIST='8.0 9.0' MAX_JOBS=4; \
+    pip wheel --disable-pip-version-check --no-deps --no-build-isolation --no-binary flash-attn --wheel-dir /wheels \
+        flash-attn==2.6.3''',
+    ),
+    "local-wheels": (
+        LocalWheelsStep("compiled", "heavy", packages=("flash-attn==2.6.3",), wheels_from="builder"),
+        r'''\
+RUN --mount=type=cache,target=/root/.cache/pip \
+    --mount=type=secret,id=cacert \
+    --mount=type=secret,id=pipconf \
+    --mount=type=bind,from=builder,source=/wheels,target=/tmp/wheels \
+    set -eu; : imgbuild-step=compiled; \
+    if [ -s /run/secrets/cacert ]; then export PIP_CERT=/run/secrets/cacert SSL_CERT_FILE=/run/secrets/cacert; fi; \
+    if [ -s /run/secrets/pipconf ]; then export PIP_CONFIG_FILE=/run/secrets/pipconf; fi; \
+    pip install --disable-pip-version-check --no-warn-script-location /tmp/wheels/*.whl; \
+    : built from source: flash-attn==2.6.3''',
+    ),
+    "ldconfig": (
+        LdconfigStep("ldconfig", "cuda", venv="/opt/venv"),
+        r'''\
+RUN set -eu; : imgbuild-step=ldconfig; \
+    for d in /opt/venv/lib/python*/site-packages/nvidia/*/lib; do \
+        if [ -d "$d" ]; then echo "$d"; fi; \
+    done > /etc/ld.so.conf.d/imgbuild-cuda-wheels.conf; \
+    ldconfig''',
+    ),
+    "cuda-home": (
+        CudaHomeStep("cuda-home", "cuda", venv="/opt/venv", tree="nvidia/cu13", home="/usr/local/cuda"),
+        r'''\
+RUN set -eu; : imgbuild-step=cuda-home; \
+    tree="$(echo /opt/venv/lib/python*/site-packages/nvidia/cu13)"; \
+    test -x "$tree/bin/nvcc"; \
+    ln -sfn lib "$tree/lib64"; \
+    ln -sfn "$tree" /usr/local/cuda
+ENV CUDA_HOME="/usr/local/cuda" PATH="/usr/local/cuda/bin:$PATH"''',
+    ),
+    "copy": (
+        CopyStep("copy-0", "app", src="app/", dest="/app/"),
+        r'''\
+COPY ["app/", "/app/"]''',
+    ),
+    "meta": (
+        MetaStep("meta", "meta", workdir="/app", env=(("A", "1"), ("B", "x y")), volumes=("/data",),
+                 labels=(("org.opencontainers.image.title", "demo"), ("x", "y")),
+                 entrypoint=("python",), cmd=("serve.py",)),
+        r'''\
+WORKDIR /app
+ENV A="1" \
+    B="x y"
+VOLUME ["/data"]
+LABEL "org.opencontainers.image.title"="demo" \
+      "x"="y"
+ENTRYPOINT ["python"]
+CMD ["serve.py"]''',
+    ),
+    "meta-labels-only": (
+        MetaStep("meta", "meta", workdir=None, env=(), volumes=(), labels=(("x", "y"),), entrypoint=(), cmd=()),
+        r'''\
+LABEL "x"="y"''',
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_each_step_type_renders_exactly(name):
+    step, text = CASES[name]
+    assert render_step(step) == text.replace("\\\n", "", 1)
+
+
+def test_every_step_type_has_its_macro_and_an_exact_case():
+    macros = set(re.findall(r"macro (step_\w+)\(", (template_dir() / "steps.j2").read_text()))
+    assert {t.MACRO for t in STEP_TYPES} == macros
+    assert {type(step) for step, _ in CASES.values()} == set(STEP_TYPES)
+
+
+def test_context_files_are_the_locked_steps_requirements():
+    step = CASES["pip-locked"][0]
+    assert step.context_files == (ContextFile(".imgbuild/lock/final-pins.txt", "x==1 --hash=sha256:00\n"),)
+    assert CASES["pip"][0].context_files == ()
+
