@@ -195,6 +195,21 @@ def _build_parser(stdout: IO[str]) -> _Parser:
     i.add_argument("--no-compressed", action="store_true", help="skip the gzip estimate (faster on big images)")
     i.add_argument("--json", action="store_true")
 
+    df = add("diff", "what a node holding IMAGE_A must download for IMAGE_B: per layer step, bytes, shared or new",
+             "Reads both images from their registry (manifest and config; B's layer blobs are streamed\n"
+             "once to count unpacked bytes) or from the local engine store. A layer is shared when A\n"
+             "has the same blob (the same diff id when one side is the local store).\n\n"
+             "  imgbuild diff 127.0.0.1:5000/team/app:1 127.0.0.1:5000/team/app:2")
+    df.add_argument("image_a", help="the image the node holds")
+    df.add_argument("image_b", help="the image to roll out")
+    df.add_argument("--source", choices=("auto", "registry", "engine"), default="auto",
+                    help="where to read the images: auto = the registry a reference names, else the engine")
+    df.add_argument("--bandwidth", type=float, default=1000, metavar="MBIT",
+                    help="link speed for the pull-time estimate, Mbit/s (default 1000)")
+    df.add_argument("--no-uncompressed", action="store_true",
+                    help="do not stream B's layers to count unpacked bytes (sizes shown as -)")
+    df.add_argument("--json", action="store_true")
+
     rn = add("run", "pull an image's weights onto host volumes, then run it with GPUs and the weights read-only "
              "(imgbuild run TARGET [options] -- COMMAND)",
              "Weights listed in the recipe (or the image's io.imgbuild.weights label) are pulled into\n"
@@ -716,6 +731,20 @@ def cmd_inspect(args, out: _Out) -> int:
     return 0
 
 
+def cmd_diff(args, out: _Out) -> int:
+    from .diff import diff_images, diff_json, render_table
+
+    result = diff_images(args.image_a, args.image_b, source=args.source, bandwidth_mbps=args.bandwidth,
+                         uncompressed=not args.no_uncompressed)
+    if args.json:
+        out.data(diff_json(result))
+    else:
+        from rich.console import Console
+
+        render_table(result, Console(file=out.stdout, width=160, soft_wrap=False))
+    return 0
+
+
 def cmd_run(args, out: _Out) -> int:
     import subprocess
 
@@ -885,7 +914,7 @@ def main(argv: Sequence[str] | None = None, stdout: IO[str] | None = None, stder
             parser.print_help()
             return ExitStatus.BAD_INPUT
         handler = {"render": cmd_render, "plan": cmd_plan, "build": cmd_build, "lock": cmd_lock, "check": cmd_check,
-                   "weights": cmd_weights, "mirror": cmd_mirror, "inspect": cmd_inspect, "run": cmd_run,
+                   "weights": cmd_weights, "mirror": cmd_mirror, "inspect": cmd_inspect, "diff": cmd_diff, "run": cmd_run,
                    "matrix": cmd_matrix, "compose": cmd_compose, "lint": cmd_lint,
                    "schema": cmd_schema, "data": cmd_data}.get(args.command)
         if args.command == "login":

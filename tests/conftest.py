@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from helpers import run_cli
+
 STATE_DIR = Path(os.environ.get("IMGBUILD_STATE_DIR", "/var/lib/imgbuild-services"))
 IN_CI = os.environ.get("CI", "").lower() in {"1", "true", "yes"}
 
@@ -127,6 +129,15 @@ def docker_config(tmp_path, monkeypatch) -> Path:
     cfg.mkdir()
     monkeypatch.setenv("DOCKER_CONFIG", str(cfg))
     return cfg
+
+
+@pytest.fixture
+def logged_in(registry, docker_config) -> Registry:
+    """The registry, logged in with `imgbuild login` into the test's private docker config."""
+    code, _, err = run_cli("login", registry.address, "-u", registry.user, "--password-stdin",
+                           stdin=registry.password + "\n")
+    assert code == 0, err
+    return registry
 
 
 @pytest.fixture

@@ -13,14 +13,6 @@ from helpers import CA_ARGS, run_cli, write_recipe
 from buildkit_py import oci
 
 
-@pytest.fixture
-def logged_in(registry, docker_config):
-    code, _, err = run_cli("login", registry.address, "-u", registry.user, "--password-stdin",
-                           stdin=registry.password + "\n")
-    assert code == 0, err
-    return registry
-
-
 def build_json(*args):
     code, out, err = run_cli("build", *args, "--json", "--progress", "quiet", *CA_ARGS)
     assert code == 0, err

@@ -1,0 +1,335 @@
+"""What a node that holds image A must download to run image B (``imgbuild diff A B``).
+
+Each image is read either from its registry (manifest and config only; the layer blobs of B
+are streamed once, when asked, to count their uncompressed bytes, nothing is written to
+disk) or from the local engine store (the engine keeps no compressed blobs, so compressed
+sizes are unknown there).
+
+A layer of B is *shared* when A has the same blob: same compressed digest when both images
+come from a registry (that is what an engine pulling B checks: a blob it has not seen is
+downloaded even when its content turns out to be a layer it holds), else the same diff id
+(uncompressed digest) when one side is the local store and has no blob digests. A blob that
+occurs twice in B is downloaded once: its second occurrence is shared with B itself.
+
+The recipe step and layer group of each layer come from the image's history, attributed as
+``imgbuild inspect`` does (``inspect.attribute_layers``: the ``imgbuild-step=`` marker each
+rendered RUN carries).
+
+Everything past reading (``diff_layers`` and the JSON/table output) is pure and works on the
+frozen ``ImageLayers`` values, so it is unit-tested on manifests recorded from the registry.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import zlib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from . import oci
+from .errors import EnvironmentProblem, ImageMissing, ManifestNotFound, RegistryError, UsageError
+from .inspect import attribute_layers, human_size, instruction_of, pull_seconds
+
+SCHEMA = 1
+SOURCE_REGISTRY, SOURCE_ENGINE = "registry", "engine"
+SHARED, NEW = "shared", "new"
+BY_DIGEST, BY_DIFF_ID, BY_SELF = "digest", "diff-id", "earlier-layer"
+
+_GZIP_TYPES = ("application/vnd.oci.image.layer.v1.tar+gzip",
+               "application/vnd.docker.image.rootfs.diff.tar.gzip")
+_TAR_TYPES = ("application/vnd.oci.image.layer.v1.tar",
+              "application/vnd.docker.image.rootfs.diff.tar")
+_ZSTD_TYPES = ("application/vnd.oci.image.layer.v1.tar+zstd",)
+
+
+@dataclass(frozen=True)
+class LayerInfo:
+    index: int  # position in the image's rootfs, 0 = bottom
+    digest: str | None  # blob digest (compressed); None from the engine store
+    diff_id: str  # sha256 of the uncompressed layer tar
+    compressed_size: int | None  # blob bytes; None from the engine store
+    size: int | None  # uncompressed bytes (tar from a registry, the engine's count locally); None if not counted
+    media_type: str | None
+    step: str | None
+    group: str
+    created_by: str
+
+
+@dataclass(frozen=True)
+class ImageLayers:
+    image: str  # the reference as given
+    source: str  # SOURCE_REGISTRY or SOURCE_ENGINE
+    digest: str | None  # manifest digest (registry) or image id (engine)
+    layers: tuple[LayerInfo, ...]
+    labels: Mapping[str, str]
+
+
+@dataclass(frozen=True)
+class LayerDiff:
+    layer: LayerInfo
+    status: str  # SHARED or NEW
+    matched_by: str | None  # BY_DIGEST, BY_DIFF_ID, BY_SELF; None when new
+
+
+@dataclass(frozen=True)
+class Totals:
+    layers: int
+    new_layers: int
+    compressed_size: int | None  # all of B
+    new_compressed_size: int | None  # what must be downloaded
+    size: int | None
+    new_size: int | None
+    pull_seconds: float | None  # new compressed bytes at bandwidth_mbps
+    bandwidth_mbps: float
+
+    @property
+    def new_fraction(self) -> float | None:
+        if not self.compressed_size or self.new_compressed_size is None:
+            return None
+        return self.new_compressed_size / self.compressed_size
+
+
+@dataclass(frozen=True)
+class ImageDiff:
+    a: ImageLayers
+    b: ImageLayers
+    layers: tuple[LayerDiff, ...]
+    totals: Totals
+
+
+# ---------------------------------------------------------------- pure
+
+
+def _sum(values: list[int | None]) -> int | None:
+    return None if any(v is None for v in values) else sum(v or 0 for v in values)
+
+
+def diff_layers(a: ImageLayers, b: ImageLayers, *, bandwidth_mbps: float = 1000) -> ImageDiff:
+    """Which layers of ``b`` a holder of ``a`` already has, and what the rest weighs."""
+    if bandwidth_mbps <= 0:
+        raise UsageError(f"bandwidth must be positive, got {bandwidth_mbps} Mbit/s")
+    by_digest = both_have_digests = a.source == SOURCE_REGISTRY and b.source == SOURCE_REGISTRY
+    have_digests = {x.digest for x in a.layers if x.digest}
+    have_diff_ids = {x.diff_id for x in a.layers}
+    seen: set[str] = set()
+    out: list[LayerDiff] = []
+    for layer in b.layers:
+        key = (layer.digest if by_digest else None) or layer.diff_id
+        if both_have_digests and layer.digest in have_digests:
+            status, how = SHARED, BY_DIGEST
+        elif not both_have_digests and layer.diff_id in have_diff_ids:
+            status, how = SHARED, BY_DIFF_ID
+        elif key in seen:
+            status, how = SHARED, BY_SELF
+        else:
+            status, how = NEW, None
+        seen.add(key)
+        out.append(LayerDiff(layer, status, how))
+    new = [d.layer for d in out if d.status == NEW]
+    new_compressed = _sum([x.compressed_size for x in new])
+    totals = Totals(
+        layers=len(out), new_layers=len(new),
+        compressed_size=_sum([x.compressed_size for x in b.layers]), new_compressed_size=new_compressed,
+        size=_sum([x.size for x in b.layers]), new_size=_sum([x.size for x in new]),
+        pull_seconds=None if new_compressed is None else pull_seconds(new_compressed, bandwidth_mbps),
+        bandwidth_mbps=bandwidth_mbps)
+    return ImageDiff(a, b, tuple(out), totals)
+
+
+def layers_from_manifest(image: str, manifest: Mapping[str, Any], config: Mapping[str, Any], *,
+                         digest: str | None = None, sizes: list[int | None] | None = None,
+                         step_groups: Mapping[str, str] | None = None) -> ImageLayers:
+    """An image as a registry describes it: manifest (blob digests, compressed sizes) and
+    config (diff ids, history, labels). ``sizes``: uncompressed bytes per layer, if counted."""
+    descs = list(manifest.get("layers") or [])
+    diff_ids = list((config.get("rootfs") or {}).get("diff_ids") or [])
+    if len(descs) != len(diff_ids):
+        raise RegistryError(f"{image}: the manifest lists {len(descs)} layers but the config {len(diff_ids)}")
+    attributions = attribute_layers(list(config.get("history") or []), len(descs), step_groups)
+    sizes = sizes if sizes is not None else [_known_size(d) for d in descs]
+    layers = tuple(
+        LayerInfo(index=i, digest=d.get("digest"), diff_id=diff_id, compressed_size=int(d.get("size") or 0),
+                  size=sizes[i], media_type=d.get("mediaType"), step=at.step, group=at.group,
+                  created_by=at.created_by)
+        for i, (d, diff_id, at) in enumerate(zip(descs, diff_ids, attributions, strict=True)))
+    labels = dict(sorted(((config.get("config") or {}).get("Labels") or {}).items()))
+    return ImageLayers(image, SOURCE_REGISTRY, digest, layers, labels)
+
+
+def _known_size(desc: Mapping[str, Any]) -> int | None:
+    """Uncompressed bytes a descriptor tells without reading the blob: only an uncompressed tar."""
+    return int(desc.get("size") or 0) if desc.get("mediaType") in _TAR_TYPES else None
+
+
+def layers_from_engine_attrs(image: str, attrs: Mapping[str, Any], engine_history: list[Mapping[str, Any]], *,
+                             step_groups: Mapping[str, str] | None = None) -> ImageLayers:
+    """An image as the local engine describes it (``docker image inspect`` attributes and the
+    history API, newest entry first). The engine's history has no ``empty_layer`` flag: an
+    entry makes a layer when it is a RUN, COPY or ADD, or made bytes (an imported base)."""
+    diff_ids = list((attrs.get("RootFS") or {}).get("Layers") or [])
+    history: list[dict[str, Any]] = []
+    for entry in reversed(list(engine_history)):
+        created = str(entry.get("CreatedBy") or "")
+        size = int(entry.get("Size") or 0)
+        makes_layer = instruction_of(created) in ("RUN", "COPY", "ADD") or size > 0
+        history.append({"created_by": created, "empty_layer": not makes_layer, "size": size})
+    layer_entries = [h for h in history if not h["empty_layer"]]
+    sizes: list[int | None] = ([int(h["size"]) for h in layer_entries] if len(layer_entries) == len(diff_ids)
+                               else [None] * len(diff_ids))
+    attributions = attribute_layers(history, len(diff_ids), step_groups)
+    layers = tuple(
+        LayerInfo(index=i, digest=None, diff_id=diff_id, compressed_size=None, size=sizes[i], media_type=None,
+                  step=at.step, group=at.group, created_by=at.created_by)
+        for i, (diff_id, at) in enumerate(zip(diff_ids, attributions, strict=True)))
+    labels = dict(sorted(((attrs.get("Config") or {}).get("Labels") or {}).items()))
+    return ImageLayers(image, SOURCE_ENGINE, str(attrs.get("Id") or "") or None, layers, labels)
+
+
+# ---------------------------------------------------------------- reading
+
+
+def count_uncompressed(ref: oci.Reference, desc: Mapping[str, Any], *, client: oci.Client) -> int | None:
+    """Stream one layer blob and count its uncompressed bytes (gzip or plain tar); None for
+    compressions this cannot read (zstd: no decoder in the standard library)."""
+    media_type = desc.get("mediaType")
+    if media_type in _TAR_TYPES:
+        return int(desc.get("size") or 0)
+    if media_type not in _GZIP_TYPES:
+        return None
+    resp = client.request("GET", ref.api_host, f"/v2/{ref.repository}/blobs/{desc['digest']}",
+                          scope=oci.pull_scope(ref.repository), stream=True)
+    total = 0
+    with resp:
+        inflater = zlib.decompressobj(wbits=31)
+        for piece in resp.iter_content(oci.CHUNK):
+            while piece:
+                total += len(inflater.decompress(piece, 16 * oci.CHUNK))
+                piece = inflater.unconsumed_tail
+                if inflater.eof:  # a multi-member gzip: start the next member
+                    rest = inflater.unused_data
+                    inflater = zlib.decompressobj(wbits=31)
+                    piece = rest + piece
+        total += len(inflater.flush())
+    return total
+
+
+def read_registry(image: str, *, client: oci.Client | None = None, uncompressed: bool = True,
+                  workers: int = 4, platform: str = oci.DEFAULT_PLATFORM) -> ImageLayers:
+    """``image`` from its registry: manifest and config; with ``uncompressed`` each gzip layer
+    blob is streamed once (in parallel, nothing written) to count its uncompressed bytes."""
+    ref = oci.parse_reference(image)
+    client = client or oci.Client()
+    manifest, digest, _ = oci.get_manifest(ref, platform=platform, client=client)
+    config = oci.get_image_config(ref.with_digest(digest), platform=platform, client=client)
+    descs = list(manifest.get("layers") or [])
+    sizes: list[int | None] | None = None
+    if uncompressed and descs:
+        with concurrent.futures.ThreadPoolExecutor(max(1, min(workers, len(descs)))) as pool:
+            sizes = list(pool.map(lambda d: count_uncompressed(ref, d, client=client), descs))
+    return layers_from_manifest(image, manifest, config, digest=digest, sizes=sizes)
+
+
+def read_engine(image: str, docker_client) -> ImageLayers:
+    """``image`` from the local engine store (no blob digests or compressed sizes there)."""
+    import docker.errors
+
+    try:
+        img = docker_client.images.get(image)
+        history = docker_client.api.history(img.id)
+    except docker.errors.ImageNotFound as exc:
+        raise ImageMissing(f"no image {image!r} in the engine",
+                           hint="pull it, or name it with its registry to read it from there") from exc
+    except docker.errors.DockerException as exc:
+        raise EnvironmentProblem(f"could not reach the Docker engine: {exc}") from exc
+    return layers_from_engine_attrs(image, img.attrs, history)
+
+
+def names_registry(image: str) -> bool:
+    """Whether the reference names its registry (``host[:port]/repo``), by oci.parse_reference's
+    rule; a bare ``team/app`` means the local engine here, not Docker Hub."""
+    ref = oci.parse_reference(image)
+    return ref.registry != oci.DOCKER_HUB or image.split("/", 1)[0] in ("docker.io", "index.docker.io")
+
+
+def read_image(image: str, *, source: str = "auto", client: oci.Client | None = None, docker_client_factory=None,
+               uncompressed: bool = True) -> ImageLayers:
+    """``source``: ``registry``, ``engine``, or ``auto`` (the registry when the reference names
+    one and has the image there, else the engine)."""
+    if source not in ("auto", SOURCE_REGISTRY, SOURCE_ENGINE):
+        raise UsageError(f"unknown source {source!r}", hint="use auto, registry or engine")
+    if source == SOURCE_REGISTRY or (source == "auto" and names_registry(image)):
+        try:
+            return read_registry(image, client=client, uncompressed=uncompressed)
+        except ManifestNotFound:
+            if source == SOURCE_REGISTRY:
+                raise
+    if docker_client_factory is None:
+        from .build import docker_client as docker_client_factory
+    return read_engine(image, docker_client_factory())
+
+
+def diff_images(image_a: str, image_b: str, *, source: str = "auto", bandwidth_mbps: float = 1000,
+                uncompressed: bool = True, client: oci.Client | None = None) -> ImageDiff:
+    client = client or oci.Client()
+    a = read_image(image_a, source=source, client=client, uncompressed=False)  # only B's bytes matter
+    b = read_image(image_b, source=source, client=client, uncompressed=uncompressed)
+    return diff_layers(a, b, bandwidth_mbps=bandwidth_mbps)
+
+
+# ---------------------------------------------------------------- output
+
+
+def _image_json(x: ImageLayers) -> dict[str, Any]:
+    return {"image": x.image, "source": x.source, "digest": x.digest, "layers": len(x.layers),
+            "compressed_size": _sum([y.compressed_size for y in x.layers]), "size": _sum([y.size for y in x.layers]),
+            "labels": dict(x.labels)}
+
+
+def diff_json(d: ImageDiff) -> dict[str, Any]:
+    t = d.totals
+    frac = t.new_fraction
+    return {
+        "schema": SCHEMA,
+        "a": _image_json(d.a),
+        "b": _image_json(d.b),
+        "layers": [
+            {"index": x.layer.index, "digest": x.layer.digest, "diff_id": x.layer.diff_id, "step": x.layer.step,
+             "group": x.layer.group, "created_by": x.layer.created_by, "compressed_size": x.layer.compressed_size,
+             "size": x.layer.size, "status": x.status, "matched_by": x.matched_by}
+            for x in d.layers],
+        "totals": {
+            "layers": t.layers, "new_layers": t.new_layers, "shared_layers": t.layers - t.new_layers,
+            "compressed_size": t.compressed_size, "new_compressed_size": t.new_compressed_size,
+            "shared_compressed_size": (None if t.compressed_size is None or t.new_compressed_size is None
+                                       else t.compressed_size - t.new_compressed_size),
+            "size": t.size, "new_size": t.new_size,
+            "new_fraction": None if frac is None else round(frac, 6),
+            "pull_seconds": None if t.pull_seconds is None else round(t.pull_seconds, 3),
+            "bandwidth_mbps": t.bandwidth_mbps,
+        },
+    }
+
+
+def render_table(d: ImageDiff, console) -> None:
+    from rich.table import Table
+
+    from .inspect import _short_created
+
+    t = d.totals
+    console.print(f"[bold]{d.b.image}[/bold] for a node holding [bold]{d.a.image}[/bold] "
+                  f"(A from the {d.a.source}, B from the {d.b.source})")
+    table = Table(title="Layers of B", title_justify="left")
+    for col, just in (("#", "right"), ("step", "left"), ("group", "left"), ("compressed", "right"),
+                      ("size", "right"), ("", "left"), ("created by", "left")):
+        table.add_column(col, justify=just)  # type: ignore[arg-type]
+    for x in d.layers:
+        mark = "[green]shared[/green]" if x.status == SHARED else "[yellow]new[/yellow]"
+        table.add_row(str(x.layer.index), x.layer.step or "-", x.layer.group, human_size(x.layer.compressed_size),
+                      human_size(x.layer.size), mark, _short_created(x.layer.created_by))
+    console.print(table)
+    frac = t.new_fraction
+    share = "" if frac is None else f" ({100 * frac:.1f}% of B's {human_size(t.compressed_size)})"
+    pull = "" if t.pull_seconds is None else f", about {t.pull_seconds:.1f} s at {t.bandwidth_mbps:g} Mbit/s"
+    console.print(f"to download: {t.new_layers} of {t.layers} layers, {human_size(t.new_compressed_size)} "
+                  f"compressed{share}, {human_size(t.new_size)} unpacked{pull}")
