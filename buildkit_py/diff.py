@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import oci
-from .errors import EnvironmentProblem, ImageMissing, ManifestNotFound, RegistryError, UsageError
+from .errors import ImageMissing, ManifestNotFound, RegistryError, UsageError
 from .inspect import attribute_layers, human_size, instruction_of, pull_seconds
 
 SCHEMA = 1
@@ -164,12 +164,13 @@ def _known_size(desc: Mapping[str, Any]) -> int | None:
 
 def layers_from_engine_attrs(image: str, attrs: Mapping[str, Any], engine_history: list[Mapping[str, Any]], *,
                              step_groups: Mapping[str, str] | None = None) -> ImageLayers:
-    """An image as the local engine describes it (``docker image inspect`` attributes and the
-    history API, newest entry first). The engine's history has no ``empty_layer`` flag: an
-    entry makes a layer when it is a RUN, COPY or ADD, or made bytes (an imported base)."""
+    """An image as the local engine describes it (``docker image inspect`` attributes and
+    ``docker history``, oldest entry first, as ``Engine.history`` gives it). That history has
+    no ``empty_layer`` flag: an entry makes a layer when it is a RUN, COPY or ADD, or made bytes
+    (an imported base)."""
     diff_ids = list((attrs.get("RootFS") or {}).get("Layers") or [])
     history: list[dict[str, Any]] = []
-    for entry in reversed(list(engine_history)):
+    for entry in engine_history:
         created = str(entry.get("CreatedBy") or "")
         size = int(entry.get("Size") or 0)
         makes_layer = instruction_of(created) in ("RUN", "COPY", "ADD") or size > 0
@@ -202,14 +203,14 @@ def count_uncompressed(ref: oci.Reference, desc: Mapping[str, Any], *, client: o
     total = 0
     with resp:
         inflater = zlib.decompressobj(wbits=31)
-        for piece in resp.iter_content(oci.CHUNK):
-            while piece:
-                total += len(inflater.decompress(piece, 16 * oci.CHUNK))
-                piece = inflater.unconsumed_tail
+        for received in resp.iter_content(oci.CHUNK):
+            data = received
+            while data:
+                total += len(inflater.decompress(data, 16 * oci.CHUNK))
+                data = inflater.unconsumed_tail
                 if inflater.eof:  # a multi-member gzip: start the next member
-                    rest = inflater.unused_data
+                    data = inflater.unused_data + data
                     inflater = zlib.decompressobj(wbits=31)
-                    piece = rest + piece
         total += len(inflater.flush())
     return total
 
@@ -230,19 +231,14 @@ def read_registry(image: str, *, client: oci.Client | None = None, uncompressed:
     return layers_from_manifest(image, manifest, config, digest=digest, sizes=sizes)
 
 
-def read_engine(image: str, docker_client) -> ImageLayers:
-    """``image`` from the local engine store (no blob digests or compressed sizes there)."""
-    import docker.errors
-
-    try:
-        img = docker_client.images.get(image)
-        history = docker_client.api.history(img.id)
-    except docker.errors.ImageNotFound as exc:
+def read_engine(image: str, engine) -> ImageLayers:
+    """``image`` from the local store of ``engine`` (a backends.Engine); no blob digests or
+    compressed sizes there."""
+    attrs = engine.image_attrs(image)
+    if attrs is None:
         raise ImageMissing(f"no image {image!r} in the engine",
-                           hint="pull it, or name it with its registry to read it from there") from exc
-    except docker.errors.DockerException as exc:
-        raise EnvironmentProblem(f"could not reach the Docker engine: {exc}") from exc
-    return layers_from_engine_attrs(image, img.attrs, history)
+                           hint="pull it, or name it with its registry to read it from there")
+    return layers_from_engine_attrs(image, attrs, engine.history(attrs["Id"]))
 
 
 def names_registry(image: str) -> bool:
@@ -252,7 +248,7 @@ def names_registry(image: str) -> bool:
     return ref.registry != oci.DOCKER_HUB or image.split("/", 1)[0] in ("docker.io", "index.docker.io")
 
 
-def read_image(image: str, *, source: str = "auto", client: oci.Client | None = None, docker_client_factory=None,
+def read_image(image: str, *, source: str = "auto", client: oci.Client | None = None, engine=None,
                uncompressed: bool = True) -> ImageLayers:
     """``source``: ``registry``, ``engine``, or ``auto`` (the registry when the reference names
     one and has the image there, else the engine)."""
@@ -264,16 +260,18 @@ def read_image(image: str, *, source: str = "auto", client: oci.Client | None = 
         except ManifestNotFound:
             if source == SOURCE_REGISTRY:
                 raise
-    if docker_client_factory is None:
-        from .build import docker_client as docker_client_factory
-    return read_engine(image, docker_client_factory())
+    if engine is None:
+        from .backends import engine_for_reading
+
+        engine = engine_for_reading()
+    return read_engine(image, engine)
 
 
 def diff_images(image_a: str, image_b: str, *, source: str = "auto", bandwidth_mbps: float = 1000,
-                uncompressed: bool = True, client: oci.Client | None = None) -> ImageDiff:
+                uncompressed: bool = True, client: oci.Client | None = None, engine=None) -> ImageDiff:
     client = client or oci.Client()
-    a = read_image(image_a, source=source, client=client, uncompressed=False)  # only B's bytes matter
-    b = read_image(image_b, source=source, client=client, uncompressed=uncompressed)
+    a = read_image(image_a, source=source, client=client, engine=engine, uncompressed=False)  # only B's bytes matter
+    b = read_image(image_b, source=source, client=client, engine=engine, uncompressed=uncompressed)
     return diff_layers(a, b, bandwidth_mbps=bandwidth_mbps)
 
 

@@ -24,7 +24,8 @@ def from_registry(name: str, sizes=None) -> D.ImageLayers:
 
 def from_engine(name: str) -> D.ImageLayers:
     r = recorded(name)
-    return D.layers_from_engine_attrs(r["image"], r["engine_attrs"], r["engine_history"])
+    # recorded from the history API, newest first; Engine.history gives it oldest first
+    return D.layers_from_engine_attrs(r["image"], r["engine_attrs"], r["engine_history"][::-1])
 
 
 def test_registry_images_share_by_blob_digest():
