@@ -837,7 +837,7 @@ def cmd_data(args, out: _Out) -> int:
         return cmd_data_refresh(args, out)
     if args.data_command != "status":
         raise UsageError("imgbuild data: say status or refresh", hint="see `imgbuild data --help`")
-    as_of = tables.data_as_of()
+    as_of = tables.data_files_as_of()
     shipped = max((d for d in as_of.values() if d), default=None)
     cached = live.cached_rows()
     report = {"schema_version": 1, "shipped_as_of": shipped, "files": as_of, "cache": str(live.cache_dir()),

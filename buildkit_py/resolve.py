@@ -230,9 +230,9 @@ def resolve(recipe: Recipe, base=None) -> Resolution:
             release = compat.torch_release(recipe.torch)
         except LookupError:
             known = [r.version for r in compat.torch_releases()]
-            as_of = compat.data_as_of().get("torch.json")
             raise _fail(recipe, "torch", "torch", recipe.torch, "imgbuild's torch table", known[-1],
-                        f"this torch release is unknown to the shipped data (as of {as_of}) and to the look-up cache",
+                        f"this torch release is unknown to the shipped data ({compat.data_as_of()}) and to the "
+                        "look-up cache",
                         hint=_newest_hint("torch", known) + "; or plan without --offline, with the package index "
                         "reachable, to look a newer release up") from None
         if release.from_cache:

@@ -40,6 +40,10 @@ def ix(tmp_path):
             'triton (==3.0.0) ; platform_system == "Linux" and platform_machine == "x86_64" and python_version < "3.13"'],
             cps=["cp310", "cp39", "cp312", "cp311"], pep658=True)
         served.add_wheel("torch", "2.17.0rc1", "cp312-cp312-manylinux_2_28_x86_64", requires_dist=())
+        for wheel in ("nvidia-cuda-runtime", "nvidia-cuda-nvcc", "nvidia-cuda-crt", "nvidia-nvvm"):
+            for v in ("13.5.37", "13.6.20", "13.6.20.post1"):   # the .post1 is what ==13.6.20.* resolves to
+                served.add_wheel(wheel, v, "py3-none-manylinux2014_x86_64")
+            served.add_wheel(wheel, "13.6.99", "py3-none-win_amd64")   # not a Linux wheel: never picked
         for v, cudart in (("13.5.0", "13.5.37"), ("13.6.0", "13.6.20")):
             served.add_wheel("cuda-toolkit", v, "py2.py3-none-any", extras=("cudart", "nvcc"), requires_dist=[
                 f"nvidia-cuda-runtime=={cudart}.*; sys_platform == 'linux' and extra == 'cudart'",
@@ -151,8 +155,13 @@ def test_refresh_against_local_index(ix):
     assert new_torch["2.4.1"]["variants"] == {"cu118": "11.8", "cu121": "12.1", "cu124": "12.4"}
     assert [r["version"] for r in report.files["torch.json"]["releases"]][-2:] == ["2.15.0", "2.16.0"]
     tk = {t["version"]: t for t in report.files["toolkits.json"]["toolkits"]}["13.6.0"]
-    assert (tk["linux_min_driver"], tk["min_driver_basis"], tk["pypi"]["nvidia-cuda-runtime"]) == \
-        ("580", "minor-compat", "13.6.20")
+    assert (tk["linux_min_driver"], tk["min_driver_basis"]) == ("580", "minor-compat")
+    ws = {r["toolkit"]: r for r in report.files["wheels.json"]["releases"]}["13.6.0"]
+    assert ws["extras"]["cudart"] == {"nvidia-cuda-runtime": "13.6.20.post1"}
+    assert ws["extras"]["nvcc"]["nvidia-cuda-nvcc"] == "13.6.20.post1" and ws["meta_package"] == "cuda-toolkit==13.6.0"
+    assert "13.6.0" in report.files["images.json"]["absent"]
+    # this index's cuda-toolkit 13.5.0 has only two extras: the shipped row's others are reported gone
+    assert by[("wheels.json", "13.5.0")].startswith("extras changed: ")
     assert any("bitsandbytes 0.51.0" in r for r in report.review)
     assert any("flash-attn 2.9.0" in r for r in report.review) and any("flash-attn 2.8.10" in r for r in report.review)
     assert report.files["torch.json"]["as_of"] == "2026-12-24"
@@ -171,7 +180,7 @@ def test_cli_refresh_writes_data_that_loads(ix, tmp_path):
     assert main(["data", "refresh", "--index-url", ix.url, "--write", "--data-dir", str(data), "--json"],
                 out, io.StringIO()) == 0
     report = json.loads(out.getvalue())
-    assert sorted(report["written"]) == ["toolkits.json", "torch.json"]
+    assert sorted(report["written"]) == ["images.json", "toolkits.json", "torch.json", "wheels.json"]
     rows = json.loads((data / "torch.json").read_text())["releases"]
     assert rows[-1]["version"] == "2.16.0" and rows[-1]["pypi_variant"] == "cu135"
 

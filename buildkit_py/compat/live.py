@@ -68,13 +68,13 @@ def cached_torch(version: str):
 
 
 def _store(version: str, row: dict) -> Path:
-    from ..lock import write_lock as write_text_atomic   # the project's atomic text write
+    from ..files import write_atomic
 
     path = _torch_file()
     path.parent.mkdir(parents=True, exist_ok=True)
     data = _read(path) or {"schema": CACHE_SCHEMA, "releases": {}}
     data["releases"][version] = row
-    write_text_atomic(path, json.dumps(data, indent=1, sort_keys=True) + "\n")
+    write_atomic(path, json.dumps(data, indent=1, sort_keys=True) + "\n")
     return path
 
 

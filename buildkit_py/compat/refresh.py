@@ -126,24 +126,38 @@ def torch_facts(meta: Metadata, files: tuple[DistFile, ...]) -> TorchFacts:
                       dict(sorted(ranges.items())), triton, meta.source)
 
 
-def toolkit_pins(meta: Metadata) -> dict[str, str]:
-    """NVIDIA's ``cuda-toolkit`` meta package: the wheels of its cudart and nvcc extras, name -> version."""
-    out: dict[str, str] = {}
+def toolkit_extras(meta: Metadata) -> dict[str, dict[str, str]]:
+    """NVIDIA's ``cuda-toolkit`` meta package: extra -> {wheel: specifier} for Linux x86_64."""
+    extras = set(meta.provides_extra)
     for text in meta.requires_dist:
-        try:
-            req = Requirement(text)
-        except InvalidRequirement:
+        extras.update(re.findall(r"extra\s*==\s*['\"]([\w-]+)['\"]", text))
+    extras.discard("all")
+    out: dict[str, dict[str, str]] = {}
+    for extra in sorted(extras):
+        env = dict(_LINUX, python_version="3.12", python_full_version="3.12.0", extra=extra)
+        for text in meta.requires_dist:
+            try:
+                req = Requirement(text)
+            except InvalidRequirement:
+                continue
+            if req.marker is not None and "extra" in str(req.marker) and req.marker.evaluate(env):
+                out.setdefault(extra, {})[req.name.lower()] = str(req.specifier)
+    return out
+
+
+def newest_matching(project: Project, spec: str) -> str | None:
+    """The newest release of ``project`` with a Linux x86_64 (or pure) wheel that ``spec`` admits
+    (``==13.5.37.*`` admits 13.5.37 and 13.5.37.post1)."""
+    want = SpecifierSet(spec)
+    best = None
+    for f in project.files:
+        if f.yanked or not f.is_wheel or not any(t.endswith(("x86_64", "-any")) and "macosx" not in t and "win" not in t
+                                                 for t in f.tags):
             continue
-        if req.marker is None:
-            continue
-        for extra in ("cudart", "nvcc"):
-            env = dict(_LINUX, python_version="3.12", python_full_version="3.12.0", extra=extra)
-            other = dict(env, extra="__none__")
-            if Marker(str(req.marker)).evaluate(env) and not Marker(str(req.marker)).evaluate(other):
-                pin = _pin(req)
-                if pin:
-                    out[req.name.lower()] = pin
-    return dict(sorted(out.items()))
+        v = Version(f.version)
+        if want.contains(v, prereleases=True) and (best is None or v > best):
+            best = v
+    return str(best) if best is not None else None
 
 
 def toolkit_version(cuda_toolkit_version: str) -> str:
@@ -280,40 +294,68 @@ def refresh(client, data: dict[str, dict], *, today: str, since: str = "1.13") -
             touched.add("torch.json")
     data["torch.json"]["releases"] = _sorted_rows(rows.values())
 
-    # --- CUDA toolkits: NVIDIA's cuda-toolkit meta package -------------------------------------
+    # --- CUDA toolkits: NVIDIA's cuda-toolkit meta package -> wheels.json releases ----------
     tk = client.project("cuda-toolkit")
     tk_rows = {t["version"]: t for t in data["toolkits.json"]["toolkits"]}
+    wheel_rows = {r["toolkit"]: r for r in data["wheels.json"]["releases"]}
     floors = {f["major"]: f for f in data["minor_compat.json"]["floors"]}
+    projects: dict[str, Project] = {}
+
+    def project(name: str) -> Project:
+        if name not in projects:
+            projects[name] = client.project(name)
+        return projects[name]
+
     for mv in tk.releases():
         tv = toolkit_version(mv)
         wheels = [f for f in tk.files_of(mv) if f.is_wheel]
         if not wheels or Version(tv).major < 11:
             continue
-        pins = toolkit_pins(client.metadata(wheels[0]))
-        pypi = {"cuda_toolkit": mv, **pins}
-        src = f"{redact(tk.index_url)}cuda-toolkit/ {wheels[0].filename} METADATA (cudart and nvcc extras), read {today}"
-        row = tk_rows.get(tv)
-        if row is None:
+        extras: dict[str, dict[str, str]] = {}
+        for extra, reqs in toolkit_extras(client.metadata(wheels[0])).items():
+            for name, spec in reqs.items():
+                got = newest_matching(project(name), spec)
+                if got is None:
+                    review.append(f"cuda-toolkit {mv}: extra {extra}: no {name} wheel matches {spec}")
+                    continue
+                extras.setdefault(extra, {})[name] = got
+        src = (f"{redact(tk.index_url)}cuda-toolkit/ {wheels[0].filename} METADATA Requires-Dist per extra, each "
+               f"pin resolved to the newest Linux x86_64 wheel of that package on {redact(tk.index_url)}")
+        if tv not in tk_rows:
             floor = floors.get(Version(tv).major)
             if floor is None:
                 review.append(f"cuda-toolkit {mv}: CUDA {Version(tv).major}.x has no minor-version floor recorded")
                 continue
-            row = {"version": tv, "linux_min_driver": floor["linux_min_driver"], "windows_min_driver": None,
-                   "min_driver_basis": "minor-compat", "pypi": pypi,
-                   "source": f"{src}; floor: the CUDA {Version(tv).major}.x minor-version floor (minor_compat.json)",
-                   "pypi_source": src, "read": today,
-                   "notes": "added by imgbuild data refresh from the package index: check NVIDIA's release notes "
-                            "Table 3 for a published minimum driver"}
-            tk_rows[tv] = row
+            tk_rows[tv] = {"version": tv, "linux_min_driver": floor["linux_min_driver"], "windows_min_driver": None,
+                           "min_driver_basis": "minor-compat",
+                           "source": f"{redact(tk.index_url)}cuda-toolkit/ {wheels[0].filename} (the release); "
+                                     f"floor: the CUDA {Version(tv).major}.x minor-version floor (minor_compat.json)",
+                           "read": today,
+                           "notes": "added by imgbuild data refresh from the package index: look its minimum driver "
+                                    "up in NVIDIA's release notes Table 3"}
             changes.append(Change("toolkits.json", tv, f"new toolkit (cuda-toolkit {mv} on the index; floor "
-                                                       f"{row['linux_min_driver']} from minor-version compatibility)"))
-            review.append(f"toolkit {tv}: look its minimum driver up in NVIDIA's Table 3 and its nvidia/cuda images")
-            touched.add("toolkits.json")
-        elif row.get("pypi") != pypi:
-            changes.append(Change("toolkits.json", tv, f"pypi: {row.get('pypi')!r} -> {pypi!r}"))
-            row["pypi"], row["pypi_source"] = pypi, src
-            touched.add("toolkits.json")
+                                                       f"{floor['linux_min_driver']} from minor-version compatibility)"))
+            review.append(f"toolkit {tv}: its Table 3 minimum driver, nvcc architectures (archs.json) and "
+                          "nvidia/cuda images (images.json) need reading NVIDIA's pages")
+            data["images.json"].setdefault("absent", {})[tv] = {
+                "reason": f"added by imgbuild data refresh on {today}: no nvidia/cuda tags read for it yet", "read": today}
+            touched.update({"toolkits.json", "images.json"})
+        old = wheel_rows.get(tv)
+        if old is None:
+            wheel_rows[tv] = {"toolkit": tv, "meta_package": f"cuda-toolkit=={mv}",
+                              "extras": dict(sorted(extras.items())), "source": src, "read": today}
+            changes.append(Change("wheels.json", tv, f"new release from cuda-toolkit {mv} "
+                                                     f"(cudart {extras.get('cudart')})"))
+            touched.add("wheels.json")
+        elif old.get("extras") != extras:
+            diff = sorted(x for x in set(extras) | set(old.get("extras", {}))
+                          if extras.get(x) != old.get("extras", {}).get(x))
+            changes.append(Change("wheels.json", tv, f"extras changed: {', '.join(diff)}"))
+            wheel_rows[tv] = {**old, "extras": dict(sorted(extras.items())), "meta_package": f"cuda-toolkit=={mv}",
+                              "source": src, "read": today}
+            touched.add("wheels.json")
     data["toolkits.json"]["toolkits"] = _sorted_rows(tk_rows.values())
+    data["wheels.json"]["releases"] = _sorted_rows(wheel_rows.values(), key="toolkit")
 
     # --- flash-attn and bitsandbytes: release lists; bnb wheel METADATA -----------------------
     for name, file in (("flash-attn", "flash_attn.json"), ("bitsandbytes", "bitsandbytes.json")):
@@ -384,10 +426,12 @@ def validate_files(files: dict[str, str]) -> None:
 def write_files(files: dict[str, str], directory) -> list[str]:
     from pathlib import Path
 
-    from ..lock import write_lock as write_text_atomic
+    from ..files import write_atomic
 
     written = []
     for name, text in files.items():
-        if write_text_atomic(Path(directory) / name, text):
+        path = Path(directory) / name
+        if not (path.is_file() and path.read_text(encoding="utf-8") == text):
+            write_atomic(path, text)
             written.append(name)
     return written

@@ -36,8 +36,7 @@ class Toolkit:
     newest Table 3 value of the same minor where NVIDIA publishes no row ("same-minor"), or the major's
     minor-version-compatibility floor where the whole minor has no row ("minor-compat": a driver at the
     floor runs it with minor-version limits only). ``runfile_driver`` is the driver bundled in NVIDIA's
-    runfile, never a floor. ``pypi``: wheel name -> version of NVIDIA's ``cuda-toolkit`` meta package
-    for this release (cudart/nvcc extras), plus ``cuda_toolkit`` (that package's own version)."""
+    runfile, never a floor. Its PyPI wheels are in wheels.json."""
     version: str
     linux_min_driver: str
     windows_min_driver: str | None
@@ -45,7 +44,6 @@ class Toolkit:
     notes: str | None = None
     min_driver_basis: str = "table3"
     runfile_driver: str | None = None
-    pypi: dict[str, str] | None = None
 
     @property
     def major_minor(self) -> str:
@@ -252,13 +250,10 @@ def _toolkit_data() -> tuple[tuple[Toolkit, ...], dict[str, tuple[str, ...]]]:
         if basis not in _BASES:
             raise _fail(f, v, f"min_driver_basis must be one of {', '.join(_BASES)}, got {basis!r}")
         runfile = e.get("runfile_driver")
-        pypi = e.get("pypi")
-        if pypi is not None and not (isinstance(pypi, dict) and all(isinstance(x, str) for x in pypi.values())):
-            raise _fail(f, v, "pypi must map wheel names to versions")
         out.append(Toolkit(v, _driver(f, v, e.get("linux_min_driver")),
                            None if e.get("windows_min_driver") is None else _driver(f, v, e["windows_min_driver"]),
                            _need_source(f, v, e), e.get("notes"), basis,
-                           None if runfile is None else _driver(f, v, runfile), dict(pypi) if pypi else None))
+                           None if runfile is None else _driver(f, v, runfile)))
     _ascending(f, [t.version for t in out])
     floors = _minor_floors()
     published = [t for t in out if t.min_driver_basis != "minor-compat"]
@@ -729,7 +724,7 @@ def torch_release(version: str) -> TorchRelease:
     raise LookupError(f"unknown torch release {version!r}; known: {known}")
 
 
-def data_as_of() -> dict[str, str | None]:
+def data_files_as_of() -> dict[str, str | None]:
     """Each shipped data file's "as of" date (None where the file records none)."""
     return {name: _load_raw(name).get("as_of") for name in DATA_FILES}
 
