@@ -393,6 +393,9 @@ def cmd_build(args, out: _Out) -> int:
 
     if args.all or args.variant:
         return cmd_build_matrix(args, out)
+    if args.jobs != 1:
+        raise UsageError(f"-j {args.jobs} builds matrix variants in parallel: use it with --all or --variant",
+                         hint="one recipe without --all is one build")
     plan = _plan(args, args.recipe, out)
     for w in plan.warnings:
         out.warn(w)
@@ -465,6 +468,7 @@ def cmd_build_matrix(args, out: _Out) -> int:
     if args.all and args.variant:
         raise UsageError("use --all or --variant, not both")
     matrix = mx.load_matrix(args.recipe)
+    mx.select_variants(matrix, tuple(args.variant), jobs=args.jobs, tags=tuple(args.tag))  # before any output
     for w in mx.dropped_warnings(matrix):
         out.warn(w)
     backend = select_engine(args.backend, builder=args.builder)
@@ -571,6 +575,9 @@ def cmd_check(args, out: _Out) -> int:
 
     if bool(args.target) == bool(args.cuda):
         raise UsageError("check needs exactly one of IMAGE, RECIPE or --cuda VERSION")
+    if args.driver is not None and not args.driver.strip():
+        raise UsageError("--driver '': give a driver version such as 550.54.15",
+                         hint="leave --driver out to read the host's driver")
     if args.cuda:
         cuda, what = args.cuda, f"CUDA {args.cuda}"
     else:
@@ -630,8 +637,14 @@ def _image_labels(ref: str) -> tuple[dict, dict]:
         cfg = attrs.get("Config") or {}
         return cfg.get("Labels") or {}, dict(e.split("=", 1) for e in cfg.get("Env") or [] if "=" in e)
     from . import oci
+    from .errors import ImageMissing, ManifestNotFound
 
-    config = oci.get_image_config(ref).get("config") or {}
+    try:
+        config = oci.get_image_config(ref).get("config") or {}
+    except ManifestNotFound as exc:
+        raise ImageMissing(f"no image {ref}: not in the local engine, and {exc.message}",
+                           hint="check the name and tag (`docker images`), or build and push it first "
+                                "(`imgbuild build RECIPE --push`)") from None
     return config.get("Labels") or {}, dict(e.split("=", 1) for e in config.get("Env") or [] if "=" in e)
 
 
@@ -719,6 +732,8 @@ def cmd_inspect(args, out: _Out) -> int:
     threshold = parse_size(args.weight_threshold)
     if threshold is None:
         raise UsageError(f"--weight-threshold {args.weight_threshold!r} is not a size like 10MiB")
+    if not args.bandwidth > 0:  # also NaN
+        raise UsageError(f"--bandwidth {args.bandwidth:g}: the link speed must be above 0 Mbit/s")
     out.info(f"reading {args.image} (one pass over its layers)")
     report = inspect_image(engine_for_reading(), args.image, bandwidth_mbps=args.bandwidth, weight_threshold=threshold,
                            estimate_compressed=not args.no_compressed)
@@ -771,6 +786,9 @@ def cmd_run(args, out: _Out) -> int:
     except EnvironmentProblem:
         if not args.dry_run:
             raise
+    if path.suffix in {".yaml", ".yml"} or path.is_file():
+        if not args.dry_run:  # before any weight is downloaded
+            _require_built(engine, image, path)
     root = args.weights_dir or default_weights_root()
     run = make_run_plan(image, pairs, root=root, gpus=args.gpus, engine_info=info, network=args.network,
                         extra=list(args.docker_arg), command=command, docker=tuple(engine.docker_argv()))
@@ -789,6 +807,26 @@ def cmd_run(args, out: _Out) -> int:
     out.info("running " + " ".join(run.argv))
     out.stdout.flush()
     return subprocess.run(list(run.argv), stdin=subprocess.DEVNULL).returncode
+
+
+def _require_built(engine, image: str, recipe: Path) -> None:
+    """A recipe's image must be in the local engine, or (for a registry tag) in its registry:
+    else `docker run` would fail with 125 after every weight was downloaded."""
+    from . import oci
+    from .errors import ImageMissing, ManifestNotFound
+
+    if engine.image_attrs(image) is not None:
+        return
+    ref = oci.parse_reference(image)
+    if ref.registry != oci.DOCKER_HUB:  # docker run pulls a registry tag itself, if it is there
+        try:
+            oci.get_manifest(ref)
+            return
+        except ManifestNotFound:
+            pass
+    raise ImageMissing(f"image {image} (from {recipe}) is not built: not in the local engine"
+                       + ("" if ref.registry == oci.DOCKER_HUB else f" nor in {ref.registry}"),
+                       hint=f"build it first: imgbuild build {recipe}")
 
 
 def cmd_compose(args, out: _Out) -> int:

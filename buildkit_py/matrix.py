@@ -745,6 +745,22 @@ class MatrixBuild:
 VariantSink = Callable[[str, str], None]  # (variant id, log line)
 
 
+def select_variants(matrix: Matrix, variant_ids: tuple[str, ...] = (), *, jobs: int = 1,
+                    tags: tuple[str, ...] = ()) -> list[Variant]:
+    """The variants a build asks for (all when ``variant_ids`` is empty), or UsageError: the
+    checks of every option, so the CLI can run them before it prints or builds anything."""
+    if jobs < 1:
+        raise UsageError(f"-j {jobs}: the number of parallel builds must be at least 1")
+    chosen = [matrix.variant(i) for i in dict.fromkeys(variant_ids)] if variant_ids else list(matrix.variants)
+    if not chosen:
+        raise UsageError(f"{matrix.path}: every variant of the matrix was dropped, nothing to build",
+                         hint="see `imgbuild matrix RECIPE` for the reasons")
+    if tags and len(chosen) != 1:
+        raise UsageError("--tag names one image: use it with a single --variant, not with --all",
+                         hint="set matrix.tags in the recipe to tag every variant")
+    return chosen
+
+
 def build_all(matrix: Matrix, backend, options, *, jobs: int = 1, registry: str | None = None,
               variant_ids: tuple[str, ...] = (), tags: tuple[str, ...] = (), on_line: VariantSink | None = None,
               on_event: Callable[[str], None] | None = None,
@@ -761,15 +777,7 @@ def build_all(matrix: Matrix, backend, options, *, jobs: int = 1, registry: str 
     from .backends import BuildRequest, require, required_capabilities
     from .build import run_build
 
-    if jobs < 1:
-        raise UsageError(f"-j {jobs}: the number of parallel builds must be at least 1")
-    chosen = [matrix.variant(i) for i in dict.fromkeys(variant_ids)] if variant_ids else list(matrix.variants)
-    if not chosen:
-        raise UsageError(f"{matrix.path}: every variant of the matrix was dropped, nothing to build",
-                         hint="see `imgbuild matrix RECIPE` for the reasons")
-    if tags and len(chosen) != 1:
-        raise UsageError("--tag names one image: use it with a single --variant, not with --all",
-                         hint="set matrix.tags in the recipe to tag every variant")
+    chosen = select_variants(matrix, variant_ids, jobs=jobs, tags=tags)
     plans = {v.id: variant_plan(v, registry=registry, tags=tags) for v in chosen}
     if prepare is not None:
         plans = {v.id: prepare(v, plans[v.id]) for v in chosen}

@@ -65,3 +65,48 @@ def test_subcommand_error_names_the_subcommand_once():
     code, out, err = run_cli("render")
     _usage(code, out, err)
     assert err.startswith("imgbuild: error: render: the following arguments are required: recipe\n")
+
+
+def test_check_missing_driver_value_is_usage_error():
+    code, out, err = run_cli("check", "--cuda", "12.4", "--driver", "")
+    _usage(code, out, err)
+    assert "--driver ''" in err and out == ""
+
+
+@pytest.mark.parametrize("bandwidth", ["0", "-5", "nan"])
+def test_inspect_bandwidth_must_be_positive(bandwidth):
+    code, out, err = run_cli("inspect", "no-such-image:1", "--bandwidth", bandwidth)
+    _usage(code, out, err)
+    assert "--bandwidth" in err and "reading" not in err  # refused before any work
+
+
+def test_jobs_without_all_is_refused():
+    code, out, err = run_cli("build", DEMO, "-j", "2")
+    _usage(code, out, err)
+    assert "--all" in err
+
+
+@pytest.mark.parametrize("args", [["--variant", "nope"], ["--all", "-j", "0"]])
+def test_matrix_build_options_checked_before_any_output(args):
+    code, out, err = run_cli("build", DEMO, *args)
+    _usage(code, out, err)
+    assert err.startswith("imgbuild: error:")  # no "building ..." line before it
+    assert out == ""
+
+
+def test_check_image_missing_from_registry_has_hint(registry, docker_config, monkeypatch):
+    monkeypatch.setenv("IMGBUILD_REGISTRY_USER", registry.user)
+    monkeypatch.setenv("IMGBUILD_REGISTRY_PASSWORD", registry.password)
+    code, out, err = run_cli("check", f"{registry.address}/imgbuild-test/missing:1", "--driver", "550.54.15")
+    _usage(code, out, err)
+    assert "no image" in err and "hint:" in err
+
+
+def test_run_of_unbuilt_recipe_refuses_before_pulling_weights(tmp_path, docker_client, unique_name):
+    # The weights live on a registry that does not exist: pulling them first would exit 3.
+    recipe = write_recipe(tmp_path, f"name: {unique_name}\nversion: '1'\ncuda: {{version: '12.4'}}\n"
+                                    "python: '3.11'\nweights:\n  - {ref: '127.0.0.1:9/none/w:1', mount: /models}\n")
+    code, out, err = run_cli("run", str(recipe), "--weights-dir", str(tmp_path / "w"), "--", "true")
+    _usage(code, out, err)
+    assert "is not built" in err and f"imgbuild build {recipe}" in err
+    assert not (tmp_path / "w").exists()
