@@ -139,7 +139,7 @@ class Run:
         return path
 
     def scenario(self, name: str, src: Path, digests: dict[str, str]) -> dict:
-        env, work = self.env, self.work
+        env = self.env
         total = sum(p.stat().st_size for p in src.iterdir())
         base = self.client.base_url(self.args.registry)
         out: dict = {"bytes": total}
@@ -191,7 +191,7 @@ class Run:
             else:
                 dest.mkdir()
             cmd = ["curl", "-sS", "-f", "-K", "-"] + (["-C", "-"] if resume else [])
-            for rel, url in zip(sorted(digests), urls):
+            for rel, url in zip(sorted(digests), urls, strict=True):
                 cmd += ["-o", str(dest / rel), url]
             r = measure(cmd, stdin=self.curl_config, env=env)
             assert sum(p.stat().st_size for p in dest.iterdir()) == total

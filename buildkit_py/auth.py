@@ -20,6 +20,7 @@ import binascii
 import json
 import os
 import subprocess
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -27,7 +28,7 @@ from .errors import AuthenticationError, CredentialHelperError
 from .files import write_atomic
 
 ENV_USER = "IMGBUILD_REGISTRY_USER"
-ENV_PASSWORD = "IMGBUILD_REGISTRY_PASSWORD"
+ENV_PASSWORD = "IMGBUILD_REGISTRY_PASSWORD"  # noqa: S105 (the name of a variable, not a secret)
 ENV_HOST = "IMGBUILD_REGISTRY_HOST"
 
 # Docker Hub is filed under its legacy index URL in docker configs and helpers.
@@ -112,7 +113,8 @@ def load_docker_config(path: Path | None = None) -> dict:
 # ---------------------------------------------------------------- resolution
 
 
-def resolve(registry: str, *, env: dict | None = None, config_path: Path | None = None) -> Credentials | None:
+def resolve(registry: str, *, env: Mapping[str, str] | None = None,
+            config_path: Path | None = None) -> Credentials | None:
     """Credentials for ``registry`` (a host, ``host:port`` or URL), or None (anonymous)."""
     env = os.environ if env is None else env
     host = normalize_host(registry)
@@ -167,10 +169,12 @@ def _decode_auths_entry(entry: dict, source: str) -> Credentials | None:
         try:
             decoded = base64.b64decode(entry["auth"], validate=False).decode()
         except (binascii.Error, UnicodeDecodeError) as exc:
-            raise AuthenticationError(f"the 'auth' value in {source.removeprefix('config:')} is not valid base64") from exc
+            raise AuthenticationError(
+                f"the 'auth' value in {source.removeprefix('config:')} is not valid base64") from exc
         username, sep, password = decoded.partition(":")
         if not sep:
-            raise AuthenticationError(f"the 'auth' value in {source.removeprefix('config:')} has no 'user:password' form")
+            raise AuthenticationError(
+                f"the 'auth' value in {source.removeprefix('config:')} has no 'user:password' form")
     if token:
         return Credentials(username or "<token>", "", source, identity_token=token)
     if username:
@@ -240,7 +244,7 @@ def login(registry: str, user: str, password_from_stdin: str, *, client=None) ->
     The CLI reads the password from stdin and passes it here; it never comes from argv.
     Raises AuthenticationError when the registry refuses them (nothing is stored then).
     """
-    from . import oci  # oci needs this module for resolution; import here to avoid a cycle
+    from . import oci  # noqa: PLC0415 (oci.transport reads credentials from here: a cycle at import)
 
     password = password_from_stdin.rstrip("\r\n")
     if not user or not password:
@@ -259,7 +263,7 @@ def login(registry: str, user: str, password_from_stdin: str, *, client=None) ->
     helper = (config.get("credHelpers") or {}).get(key)
     store = config.get("credsStore")
     if helper or store:
-        name = helper or store
+        name = str(helper or store)
         helper_store(name, key, user, password)
         if not helper:
             # What the docker CLI writes with a credsStore: an empty placeholder entry.

@@ -171,7 +171,7 @@ class WeightsError(ImgbuildError):
 
 
 class DigestMismatch(WeightsError):
-    pass
+    received_bytes: int = 0  # set by downloads: what crossed the network before the check failed
 
 
 class DriverCheckError(ImgbuildError):

@@ -218,10 +218,11 @@ def _in_parallel(fn: Callable, items: Iterable, jobs: int) -> list:
         futures = [pool.submit(fn, item) for item in items]
         wait(futures, return_when=FIRST_EXCEPTION)
         for future in futures:
-            if future.done() and future.exception() is not None:
+            error = future.exception() if future.done() else None
+            if error is not None:
                 for other in futures:
                     other.cancel()
-                raise future.exception()
+                raise error
         return [future.result() for future in futures]
 
 
@@ -394,7 +395,7 @@ def _download(reference: oci.Reference, f: ArtifactFile, partial: Path, client: 
                                          progress=progress, label=f.path, streams=streams)
             return received
         except DigestMismatch as exc:
-            received += getattr(exc, "received_bytes", 0)
+            received += exc.received_bytes
             partial.unlink(missing_ok=True)
             if resumed and attempt == 0:
                 resumed = False  # the old partial may have been the bad part: once more from zero

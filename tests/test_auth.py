@@ -99,7 +99,7 @@ def test_credentials_hide_the_password():
         creds.password = "x"
 
 
-@pytest.mark.parametrize("text, host", [
+@pytest.mark.parametrize(("text", "host"), [
     ("127.0.0.1:5000", "127.0.0.1:5000"), ("http://127.0.0.1:5000/v2/", "127.0.0.1:5000"),
     ("https://index.docker.io/v1/", "docker.io"), ("registry-1.docker.io", "docker.io"),
     ("GHCR.io", "ghcr.io"),
@@ -195,7 +195,8 @@ def test_login_writes_config_0600(registry, docker_config, no_env, unique_name):
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
     config = json.loads(path.read_text())
     assert config["psFormat"] == "table" and "ghcr.io" in config["auths"]  # the rest is kept
-    assert base64.b64decode(config["auths"][registry.address]["auth"]).decode() == f"{registry.user}:{registry.password}"
+    stored = base64.b64decode(config["auths"][registry.address]["auth"]).decode()
+    assert stored == f"{registry.user}:{registry.password}"
     assert [p.name for p in docker_config.iterdir()] == ["config.json"]  # no temp file left
     # What login stored now authenticates real calls, with no env vars.
     assert auth.resolve(registry.address).source.startswith("config:")

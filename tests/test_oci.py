@@ -21,7 +21,6 @@ import pytest
 import requests
 
 from buildkit_py import auth, oci
-from buildkit_py.oci import blobs, download
 from buildkit_py.errors import (
     AuthenticationError,
     DigestMismatch,
@@ -30,6 +29,7 @@ from buildkit_py.errors import (
     RegistryUnreachable,
     UsageError,
 )
+from buildkit_py.oci import blobs, download
 
 DIGEST = "sha256:" + "a" * 64
 
@@ -38,7 +38,7 @@ DIGEST = "sha256:" + "a" * 64
 
 
 @pytest.mark.parametrize(
-    "text, registry, repository, tag, digest",
+    ("text", "registry", "repository", "tag", "digest"),
     [
         ("ubuntu", "docker.io", "library/ubuntu", None, None),
         ("ubuntu:22.04", "docker.io", "library/ubuntu", "22.04", None),
@@ -86,11 +86,12 @@ def test_challenge_parsing():
     assert c.scheme == "bearer"
     assert c.params == {"realm": "https://auth.docker.io/token", "service": "registry.docker.io",
                         "scope": "repository:library/ubuntu:pull"}
-    assert oci.Challenge.parse('Basic realm="imgbuild-registry"') == oci.Challenge("basic", {"realm": "imgbuild-registry"})
+    basic = oci.Challenge.parse('Basic realm="imgbuild-registry"')
+    assert basic == oci.Challenge("basic", {"realm": "imgbuild-registry"})
     assert oci.Challenge.parse(None) is None
 
 
-@pytest.mark.parametrize("host, loopback", [
+@pytest.mark.parametrize(("host", "loopback"), [
     ("127.0.0.1:5000", True), ("127.8.9.10", True), ("localhost:5000", True), ("[::1]:5000", True),
     ("ghcr.io", False), ("10.0.0.1:5000", False), ("registry-1.docker.io", False),
 ])

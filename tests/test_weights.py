@@ -64,7 +64,7 @@ def tree(root: Path) -> dict[str, bytes]:
 # ---------------------------------------------------------------- unit
 
 
-@pytest.mark.parametrize("path, media_type, untested", [
+@pytest.mark.parametrize(("path", "media_type", "untested"), [
     ("model.safetensors", weights.MEDIA_WEIGHT, False),
     ("sub/model-00001-of-00004.safetensors", weights.MEDIA_WEIGHT, False),
     ("llama.Q4_K_M.gguf", weights.MEDIA_WEIGHT, False),

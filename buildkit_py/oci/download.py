@@ -34,7 +34,7 @@ from urllib.parse import urlsplit
 try:
     import fcntl
 except ImportError:  # not POSIX: no splice either, and no pipe to size
-    fcntl = None
+    fcntl = None  # type: ignore[assignment]
 
 from ..errors import DigestMismatch, RegistryError, RegistryUnreachable
 from .reference import Reference
