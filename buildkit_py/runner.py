@@ -98,10 +98,12 @@ def compose_document(image: str, recipe) -> dict:
     services = {"app": app}
     for s in recipe.services:
         svc: dict = {"image": s.image}
+        # Compose interpolates ${VAR} and $VAR from the shell running it; a recipe's values are
+        # literal, so each '$' is written '$$' (compose-spec, "Interpolation").
         if s.command:
-            svc["command"] = list(s.command)
+            svc["command"] = [_literal(a) for a in s.command]
         if s.environment:
-            svc["environment"] = dict(s.environment)
+            svc["environment"] = {k: _literal(v) for k, v in s.environment}
         if s.ports:
             svc["ports"] = list(s.ports)
         if s.volumes:
@@ -114,6 +116,10 @@ def compose_document(image: str, recipe) -> dict:
     if named:
         doc["volumes"] = {n: {} for n in named}
     return doc
+
+
+def _literal(value: str) -> str:
+    return value.replace("$", "$$")
 
 
 def compose_text(image: str, recipe) -> str:

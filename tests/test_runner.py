@@ -164,3 +164,14 @@ def test_bad_service_volume_is_a_recipe_error(tmp_path, spec, words):
     code, _, err = run_cli("compose", str(path))
     assert code == 2, err
     assert f"{path}:7: services.qdrant.volumes[0]:" in err and words in err, err
+
+
+def test_compose_keeps_dollar_signs_literal(tmp_path):
+    """Compose would replace $HOME / ${X} with the shell's values: '$$' is its literal dollar."""
+    text = RECIPE.replace("QDRANT__LOG_LEVEL: INFO}", "QDRANT__LOG_LEVEL: INFO, QDRANT__API_KEY: 'p$w${HOME}'},\n"
+                          "           command: [sh, -c, 'echo $HOSTNAME $$']")
+    doc = compose_document("team/infer:latest", load_recipe(write_recipe(tmp_path, text)))
+    qdrant = doc["services"]["qdrant"]
+    assert qdrant["environment"] == {"QDRANT__API_KEY": "p$$w$${HOME}", "QDRANT__LOG_LEVEL": "INFO"}
+    assert qdrant["command"] == ["sh", "-c", "echo $$HOSTNAME $$$$"]
+    assert compose_problems(doc) == []
