@@ -191,6 +191,8 @@ def _build_parser(stdout: IO[str]) -> _Parser:
     i.add_argument("image", help="a local image (name:tag or id)")
     i.add_argument("--bandwidth", type=float, default=1000, metavar="MBIT",
                    help="link speed for the pull-time estimate, Mbit/s (default 1000)")
+    i.add_argument("--unpack-rate", type=float, default=None, metavar="MB/s",
+                    help="add unpacking at this rate (MB/s of layer tar) to the pull time; default: network only")
     i.add_argument("--weight-threshold", default="10MiB", help="flag weight-like files above this size (default 10MiB)")
     i.add_argument("--no-compressed", action="store_true", help="skip the gzip estimate (faster on big images)")
     i.add_argument("--json", action="store_true")
@@ -206,6 +208,8 @@ def _build_parser(stdout: IO[str]) -> _Parser:
                     help="where to read the images: auto = the registry a reference names, else the engine")
     df.add_argument("--bandwidth", type=float, default=1000, metavar="MBIT",
                     help="link speed for the pull-time estimate, Mbit/s (default 1000)")
+    df.add_argument("--unpack-rate", type=float, default=None, metavar="MB/s",
+                    help="add unpacking at this rate (MB/s of layer tar) to the pull time; default: network only")
     df.add_argument("--no-uncompressed", action="store_true",
                     help="do not stream B's layers to count unpacked bytes (sizes shown as -)")
     df.add_argument("--json", action="store_true")
@@ -736,7 +740,7 @@ def cmd_inspect(args, out: _Out) -> int:
         raise UsageError(f"--bandwidth {args.bandwidth:g}: the link speed must be above 0 Mbit/s")
     out.info(f"reading {args.image} (one pass over its layers)")
     report = inspect_image(engine_for_reading(), args.image, bandwidth_mbps=args.bandwidth, weight_threshold=threshold,
-                           estimate_compressed=not args.no_compressed)
+                           estimate_compressed=not args.no_compressed, unpack_mbps=args.unpack_rate)
     if args.json:
         out.data(report_json(report))
     else:
@@ -750,7 +754,7 @@ def cmd_diff(args, out: _Out) -> int:
     from .diff import diff_images, diff_json, render_table
 
     result = diff_images(args.image_a, args.image_b, source=args.source, bandwidth_mbps=args.bandwidth,
-                         uncompressed=not args.no_uncompressed)
+                         uncompressed=not args.no_uncompressed, unpack_mbps=args.unpack_rate)
     if args.json:
         out.data(diff_json(result))
     else:

@@ -80,8 +80,9 @@ class Totals:
     new_compressed_size: int | None  # what must be downloaded
     size: int | None
     new_size: int | None
-    pull_seconds: float | None  # new compressed bytes at bandwidth_mbps
+    pull_seconds: float | None  # new compressed bytes at bandwidth_mbps (+ their unpacking at unpack_mbps)
     bandwidth_mbps: float
+    unpack_mbps: float | None = None
 
     @property
     def new_fraction(self) -> float | None:
@@ -105,10 +106,13 @@ def _sum(values: list[int | None]) -> int | None:
     return None if any(v is None for v in values) else sum(v or 0 for v in values)
 
 
-def diff_layers(a: ImageLayers, b: ImageLayers, *, bandwidth_mbps: float = 1000) -> ImageDiff:
+def diff_layers(a: ImageLayers, b: ImageLayers, *, bandwidth_mbps: float = 1000,
+                unpack_mbps: float | None = None) -> ImageDiff:
     """Which layers of ``b`` a holder of ``a`` already has, and what the rest weighs."""
     if bandwidth_mbps <= 0:
         raise UsageError(f"bandwidth must be positive, got {bandwidth_mbps} Mbit/s")
+    if unpack_mbps is not None and unpack_mbps <= 0:
+        raise UsageError(f"unpack rate must be positive, got {unpack_mbps} MB/s")
     by_digest = both_have_digests = a.source == SOURCE_REGISTRY and b.source == SOURCE_REGISTRY
     have_digests = {x.digest for x in a.layers if x.digest}
     have_diff_ids = {x.diff_id for x in a.layers}
@@ -128,12 +132,15 @@ def diff_layers(a: ImageLayers, b: ImageLayers, *, bandwidth_mbps: float = 1000)
         out.append(LayerDiff(layer, status, how))
     new = [d.layer for d in out if d.status == NEW]
     new_compressed = _sum([x.compressed_size for x in new])
+    new_size = _sum([x.size for x in new])
+    seconds = None
+    if new_compressed is not None and (unpack_mbps is None or new_size is not None):
+        seconds = pull_seconds(new_compressed, bandwidth_mbps, new_size, unpack_mbps)
     totals = Totals(
         layers=len(out), new_layers=len(new),
         compressed_size=_sum([x.compressed_size for x in b.layers]), new_compressed_size=new_compressed,
-        size=_sum([x.size for x in b.layers]), new_size=_sum([x.size for x in new]),
-        pull_seconds=None if new_compressed is None else pull_seconds(new_compressed, bandwidth_mbps),
-        bandwidth_mbps=bandwidth_mbps)
+        size=_sum([x.size for x in b.layers]), new_size=new_size, pull_seconds=seconds,
+        bandwidth_mbps=bandwidth_mbps, unpack_mbps=unpack_mbps)
     return ImageDiff(a, b, tuple(out), totals)
 
 
@@ -268,11 +275,12 @@ def read_image(image: str, *, source: str = "auto", client: oci.Client | None = 
 
 
 def diff_images(image_a: str, image_b: str, *, source: str = "auto", bandwidth_mbps: float = 1000,
-                uncompressed: bool = True, client: oci.Client | None = None, engine=None) -> ImageDiff:
+                uncompressed: bool = True, client: oci.Client | None = None, engine=None,
+                unpack_mbps: float | None = None) -> ImageDiff:
     client = client or oci.Client()
     a = read_image(image_a, source=source, client=client, engine=engine, uncompressed=False)  # only B's bytes matter
     b = read_image(image_b, source=source, client=client, engine=engine, uncompressed=uncompressed)
-    return diff_layers(a, b, bandwidth_mbps=bandwidth_mbps)
+    return diff_layers(a, b, bandwidth_mbps=bandwidth_mbps, unpack_mbps=unpack_mbps)
 
 
 # ---------------------------------------------------------------- output
@@ -304,7 +312,7 @@ def diff_json(d: ImageDiff) -> dict[str, Any]:
             "size": t.size, "new_size": t.new_size,
             "new_fraction": None if frac is None else round(frac, 6),
             "pull_seconds": None if t.pull_seconds is None else round(t.pull_seconds, 3),
-            "bandwidth_mbps": t.bandwidth_mbps,
+            "bandwidth_mbps": t.bandwidth_mbps, "unpack_mbps": t.unpack_mbps,
         },
     }
 
@@ -329,5 +337,7 @@ def render_table(d: ImageDiff, console) -> None:
     frac = t.new_fraction
     share = "" if frac is None else f" ({100 * frac:.1f}% of B's {human_size(t.compressed_size)})"
     pull = "" if t.pull_seconds is None else f", about {t.pull_seconds:.1f} s at {t.bandwidth_mbps:g} Mbit/s"
+    if t.pull_seconds is not None and t.unpack_mbps:
+        pull += f" unpacking at {t.unpack_mbps:g} MB/s"
     console.print(f"to download: {t.new_layers} of {t.layers} layers, {human_size(t.new_compressed_size)} "
                   f"compressed{share}, {human_size(t.new_size)} unpacked{pull}")

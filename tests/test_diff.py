@@ -118,3 +118,14 @@ def test_bad_bandwidth_and_source_are_usage_errors():
                                             ("ghcr.io/a/b", True), ("team/app:1", False), ("debian", False)])
 def test_names_registry(ref, named):
     assert D.names_registry(ref) is named
+
+
+def test_pull_time_adds_unpacking_of_the_new_bytes():
+    b = from_registry("t2", sizes=[180098560, 3002368, 2560])
+    d = D.diff_layers(from_registry("t1"), b, bandwidth_mbps=80, unpack_mbps=2)
+    assert d.totals.pull_seconds == pytest.approx(141 * 8 / 80e6 + 2560 / 2e6)
+    assert D.diff_json(d)["totals"]["unpack_mbps"] == 2
+    # unpacked bytes unknown: no figure rather than a network-only one that claims to include unpacking
+    assert D.diff_layers(from_registry("t1"), from_registry("t2"), unpack_mbps=2).totals.pull_seconds is None
+    with pytest.raises(UsageError):
+        D.diff_layers(from_registry("t1"), b, unpack_mbps=0)

@@ -236,6 +236,10 @@ def test_analyze_save_stream_on_a_synthetic_image(oci):
     for x, blob in zip(report.layers, layers):
         assert abs(x.compressed_size - len(gzip.compress(blob, 6))) <= 32
     assert report.pull_seconds == pytest.approx(report.compressed_size * 8 / 8e6)
+    with_unpack = I.build_report("synthetic:1", image_id, diff_ids, saved, saved.config["history"], {},
+                                 bandwidth_mbps=8, unpack_mbps=0.5)
+    assert with_unpack.pull_seconds == pytest.approx(report.compressed_size * 8 / 8e6 + report.blob_size / 0.5e6)
+    assert I.report_json(with_unpack)["unpack_mbps"] == 0.5
 
     found = {(f.kind, f.layer, f.path): f for f in report.findings}
     assert found[(I.WEIGHTS, 1, "/data/weights.pt")].size == 5000

@@ -1,0 +1,52 @@
+"""A real PyTorch image, built from the Python registry and run: torch 2.14.1 is the cu130
+build there (it requires cuda-toolkit==13.0.3 and the nvidia-* wheels, about 3 GB). The
+answer torch gives inside the container must match the io.imgbuild.* labels on the image.
+
+One build, on one engine only (the first of IMGBUILD_TEST_ENGINES): with the pip cache mount
+warm it takes about 4 minutes here, cold about 6 (measured on this 2-core machine; see
+TORCH_BUILD_BUDGET_S), so CI stays well under 30 minutes. Like every E2E test it fails, never
+skips, under CI=true when the engine or registry is missing."""
+
+import json
+import subprocess
+import time
+
+import pytest
+from conftest import ENGINE_NAMES
+from helpers import CA_ARGS, run_cli, write_recipe
+
+TORCH = "2.14.1"
+TORCH_BUILD_BUDGET_S = 900  # the build alone; a cold pip cache on this machine took ~6 min
+
+
+@pytest.mark.parametrize("engine", ENGINE_NAMES[:1], indirect=True)
+def test_torch_image_reports_what_its_labels_say(tmp_path, engine, base_image, unique_name, docker_client,
+                                                 cleanup_images):
+    recipe = write_recipe(tmp_path, f"""\
+name: {unique_name}-torch
+version: "{TORCH}"
+cuda: {{version: "13.0", source: wheels}}
+base: {{image: {base_image}}}
+python: "3.11"
+torch: "{TORCH}"
+""")
+    started = time.monotonic()
+    code, out, err = run_cli("build", str(recipe), "--json", "--progress", "quiet", *CA_ARGS)
+    took = time.monotonic() - started
+    assert code == 0, err
+    built = json.loads(out)
+    cleanup_images.extend(built["tags"])
+    assert took < TORCH_BUILD_BUDGET_S, f"torch build took {took:.0f} s"
+    labels = built["labels"]
+    assert labels["io.imgbuild.torch.version"] == f"{TORCH}+cu130"
+    assert labels["io.imgbuild.cuda.version"] == "13.0.3"
+
+    ref = built["tags"][0]
+    run = subprocess.run([*engine.docker_argv(), "run", "--rm", "--network", "none", ref, "python", "-c",
+                          "import torch; print(torch.__version__, torch.version.cuda)"],
+                         capture_output=True, text=True, timeout=300, env=engine.environment())
+    assert run.returncode == 0, run.stderr
+    version, cuda = run.stdout.split()
+    assert version == labels["io.imgbuild.torch.version"]
+    # torch.version.cuda is the toolkit it was built with, major.minor; the label has the patch.
+    assert labels["io.imgbuild.cuda.version"].startswith(cuda + ".")
