@@ -36,9 +36,13 @@ services-down:
 	$(SERVICES) down
 
 # The main job: engine + registry + base image, build the demo, push it with auth, show it.
+# On the modern engine (Docker 26 + buildx + containerd store) when services.sh started it.
 demo: services venv
 	@set -euo pipefail; eval "$$($(SERVICES) env)"; \
 	export DOCKER_CONFIG=$${DOCKER_CONFIG:-$$HOME/.docker}; \
+	if [[ ",$$IMGBUILD_TEST_ENGINES," == *,docker26,* ]]; then \
+	    export IMGBUILD_DOCKER=$$IMGBUILD_TEST_DOCKER26_CLIENT DOCKER_HOST=$$IMGBUILD_TEST_DOCKER26_HOST; \
+	    echo "demo on Docker 26 + buildx + containerd image store ($$DOCKER_HOST)"; fi; \
 	$(PY) -m buildkit_py login $(REGISTRY) -u "$$IMGBUILD_TEST_REGISTRY_USER" --password-stdin \
 	    < "$$IMGBUILD_TEST_REGISTRY_PASSWORD_FILE"; \
 	$(PY) -m buildkit_py build recipes/demo.yaml --registry $(REGISTRY) --push \
@@ -46,9 +50,10 @@ demo: services venv
 	if command -v nvidia-smi >/dev/null; then $(PY) -m buildkit_py check $(REGISTRY)/demo/cuda-hello:0.1.0; \
 	else echo "(no GPU here: checking against a sample 535 data-center driver)"; \
 	     $(PY) -m buildkit_py check $(REGISTRY)/demo/cuda-hello:0.1.0 --driver 535.104.05; fi; \
-	/usr/bin/docker run --rm --network none $(REGISTRY)/demo/cuda-hello:0.1.0
+	$${IMGBUILD_DOCKER:-/usr/bin/docker} run --rm --network none $(REGISTRY)/demo/cuda-hello:0.1.0
 
-# In CI (CI=true) missing services fail the run; elsewhere end-to-end tests skip.
+# In CI (CI=true) missing services fail the run; elsewhere end-to-end tests skip. The E2E tests
+# run on every engine services.sh lists in IMGBUILD_TEST_ENGINES (docker20 and docker26).
 test: venv
 	@$(SERVICES) up || { [ "$${CI:-}" != true ] && echo "services unavailable: end-to-end tests will skip"; }
 	@eval "$$($(SERVICES) env)"; $(PY) -m pytest $(PYTEST_ARGS)

@@ -28,8 +28,8 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from buildkit_py import matrix as mx
-from buildkit_py.backends import detect_backend
-from buildkit_py.build import BuildOptions, docker_client, run_build
+from buildkit_py.backends import select_engine
+from buildkit_py.build import BuildOptions, run_build
 
 DOCKER = "/usr/bin/docker"
 CA = Path("/etc/ssl/certs/ca-certificates.crt")
@@ -77,7 +77,8 @@ def main() -> int:
     parser.add_argument("--jobs", type=int, default=2, help="parallel builds in the matrix arm (default 2)")
     parser.add_argument("--json", type=Path, help="also write the figures to this file")
     args = parser.parse_args()
-    client, backend = docker_client(), detect_backend()
+    backend = select_engine()
+    client = backend.sdk()
     run_id = uuid.uuid4().hex[:8]
     tmp = Path(tempfile.mkdtemp(prefix="imgbuild-bench-matrix-"))
     made: list[str] = []
@@ -101,14 +102,14 @@ def main() -> int:
         sep_images = []
         for v in sep.variants:
             outcome = run_build(mx.variant_plan(v), backend, BuildOptions(ca_cert=ca, no_cache=True),
-                                lambda _l: None, client=client)
+                                lambda _l: None)
             made.extend(outcome.result.tags)
             sep_images.append(outcome.result.image_id)
         separate_s = time.monotonic() - start
 
         # (b) the matrix: build --all, shared stages once, then reused from the cache
         mat = load("matrix")
-        result = mx.build_all(mat, backend, BuildOptions(ca_cert=ca), jobs=args.jobs, client_factory=lambda: client)
+        result = mx.build_all(mat, backend, BuildOptions(ca_cert=ca), jobs=args.jobs)
         for b in result.builds:
             made.extend(b.plan.tags)
         if result.failed:

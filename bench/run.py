@@ -7,6 +7,8 @@ a ratio. Needs the Docker engine and the base image (`make bench` starts them).
   (4) a 2x2 matrix built with --all vs four separate cold builds (bench_matrix.py)
   (5) weights push, pull and resumed pull vs curl and oras-py (bench_weights.py), when the registry runs
   (6) CLI start-up vs a bare interpreter (bench_startup.py)
+  (7) on Docker 26 + buildx + containerd store: pull+unpack gzip vs zstd, build-and-push from
+      BuildKit vs build + API push (bench_engines.py), when that engine runs
 
 "Cold" means no layer cache (--no-cache); pip and apt download caches stay warm in both arms,
 so the ratios measure layering, not the network.
@@ -28,8 +30,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from buildkit_py.backends import detect_backend  # noqa: E402
-from buildkit_py.build import BuildOptions, docker_client, run_build  # noqa: E402
+from buildkit_py.backends import select_engine  # noqa: E402
+from buildkit_py.build import BuildOptions, run_build  # noqa: E402
 from buildkit_py.plan import make_plan  # noqa: E402
 from buildkit_py.recipe import load_recipe  # noqa: E402
 
@@ -63,8 +65,8 @@ WORKDIR /app
 
 class Bench:
     def __init__(self) -> None:
-        self.client = docker_client()
-        self.backend = detect_backend()
+        self.backend = select_engine()
+        self.client = self.backend.sdk()
         self.tmp = Path(tempfile.mkdtemp(prefix="imgbuild-bench-"))
         self.images: list[str] = []
         self.rows: list[tuple[str, str]] = []
@@ -81,7 +83,7 @@ class Bench:
     def build(self, recipe: Path, *, no_cache: bool = False):
         plan = make_plan(load_recipe(recipe))
         options = BuildOptions(ca_cert=CA if CA.exists() else None, no_cache=no_cache)
-        outcome = run_build(plan, self.backend, options, on_line=lambda _l: None, client=self.client)
+        outcome = run_build(plan, self.backend, options, on_line=lambda _l: None)
         self.images.extend(outcome.result.tags)
         return outcome
 
@@ -169,10 +171,11 @@ def bench_prefix(b: Bench) -> dict:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--only", choices=["rebuild", "multistage", "prefix", "matrix", "weights", "startup"], action="append")
+    parser.add_argument("--only", choices=["rebuild", "multistage", "prefix", "matrix", "weights", "startup", "engines"],
+                        action="append")
     parser.add_argument("--json", type=Path, help="also write the figures to this file")
     args = parser.parse_args()
-    chosen = args.only or ["rebuild", "multistage", "prefix", "matrix", "weights", "startup"]
+    chosen = args.only or ["rebuild", "multistage", "prefix", "matrix", "weights", "startup", "engines"]
     b = Bench()
     results: dict = {}
     print(f"imgbuild benchmarks on {b.backend.name} ({b.backend.client}), base {BASE}\n", flush=True)
@@ -192,6 +195,9 @@ def main() -> int:
     if "startup" in chosen:
         proc = subprocess.run([sys.executable, str(REPO / "bench" / "bench_startup.py")], text=True)
         results["startup_exit"] = proc.returncode
+    if "engines" in chosen:
+        proc = subprocess.run([sys.executable, str(REPO / "bench" / "bench_engines.py")], text=True)
+        results["engines_exit"] = proc.returncode
     if args.json:
         args.json.write_text(json.dumps(results, indent=2))
     return 0

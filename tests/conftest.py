@@ -42,6 +42,8 @@ class Registry:
 # docker20 = Debian's 20.10 client and engine on the default socket (classic BuildKit, classic
 # image store); docker26 = Docker 26 + buildx + the containerd image store on its own socket.
 ENGINE_NAMES = [e.strip() for e in os.environ.get("IMGBUILD_TEST_ENGINES", "docker20").split(",") if e.strip()]
+if IN_CI and "docker26" not in ENGINE_NAMES and os.environ.get("IMGBUILD_ENGINE26", "1") != "0":
+    ENGINE_NAMES.append("docker26")  # CI runs both engines: a missing one fails there, never skips
 
 
 def engine_settings(name: str) -> dict[str, str | None]:

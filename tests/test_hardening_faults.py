@@ -422,8 +422,12 @@ class SecondEngine:
 
 
 @pytest.fixture
-def second_engine(docker_client, base_image, monkeypatch):
-    """A dockerd of our own, with the base image imported; DOCKER_HOST points at it."""
+def second_engine(docker_client, base_image, engine, monkeypatch):
+    """A dockerd of our own (Debian's 20.10), with the base image imported; DOCKER_HOST points at
+    it. It does not use the engine under test, so it runs once, with the docker20 parameter."""
+    if getattr(engine, "test_name", "docker20") != "docker20":
+        pytest.skip("runs a 20.10 dockerd of its own: once, under the docker20 parameter")
+    monkeypatch.setenv("IMGBUILD_DOCKER", "/usr/bin/docker")
     if not ROOTFS.exists():
         unavailable(f"{ROOTFS} (the base's rootfs tar) is missing")
     root = Path(f"/tmp/imgbuild-d2-{uuid.uuid4().hex[:8]}")  # short: unix socket paths are limited
