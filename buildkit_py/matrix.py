@@ -648,6 +648,7 @@ def bake_file(matrix: Matrix, *, registry: str | None = None, ca_cert: Path | No
             target["contexts"] = {stages[st.parent].context: f"target:{stages[st.parent].target}"}
         target.update(cache(st.target))
         target["output"] = ["type=cacheonly"]
+        target["network"] = "host"  # like `imgbuild build` (its --network default): no bridge needed
         if secret:
             target["secret"] = secret
         targets[st.target] = target
@@ -665,6 +666,7 @@ def bake_file(matrix: Matrix, *, registry: str | None = None, ca_cert: Path | No
             target["contexts"] = {last.context: f"target:{last.target}"}
         target.update(cache(v.id))
         target["output"] = ["type=registry"] if push else ["type=docker"]
+        target["network"] = "host"
         if secret:
             target["secret"] = secret
         targets[v.id] = target

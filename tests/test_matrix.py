@@ -125,6 +125,7 @@ BAKE_TARGET = {
         "cache-to": {"type": "array", "minItems": 1,
                      "items": {"type": "string", "pattern": r"^type=registry,ref=\S+,mode=max$"}},
         "output": STR_LIST, "secret": STR_LIST,
+        "network": {"enum": ["host"]},  # bake's target key for RUN steps' network (buildx docs)
     },
 }
 BAKE_SCHEMA = {
