@@ -61,7 +61,8 @@ def project(tmp: Path, name: str, random_mib: int = 0) -> Path:
 def main() -> int:
     os.environ["IMGBUILD_DOCKER"] = os.environ.get("IMGBUILD_TEST_DOCKER26_CLIENT", "/opt/engine26/usr/bin/docker")
     os.environ["DOCKER_HOST"] = os.environ.get("IMGBUILD_TEST_DOCKER26_HOST", "unix:///run/docker26.sock")
-    pw_file = Path(os.environ.get("IMGBUILD_TEST_REGISTRY_PASSWORD_FILE", "/var/lib/imgbuild-services/registry/password"))
+    pw_file = Path(os.environ.get("IMGBUILD_TEST_REGISTRY_PASSWORD_FILE",
+                                  "/var/lib/imgbuild-services/registry/password"))
     try:
         engine = select_engine("buildx")
         engine.sdk()

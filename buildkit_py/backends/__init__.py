@@ -329,7 +329,8 @@ def select_engine(preference: str | None = None, *, builder: str | None = None,
     clients = candidate_clients()
     if not clients:
         raise EnvironmentProblem("no docker client found",
-                                 hint="install Docker (on Debian: apt-get install docker.io) or run scripts/services.sh up")
+                                 hint="install Docker (on Debian: apt-get install docker.io) "
+                                      "or run scripts/services.sh up")
     seen = []
     if preference in {"auto", "buildx"}:
         for c in clients:
