@@ -682,23 +682,19 @@ def cmd_login(args, out: _Out, stdin: IO[str]) -> int:
     return 0
 
 
-def _progress_printer(out: _Out):
-    last: dict[str, int] = {}
+def _transfer_progress(out: _Out):
+    """Transfer progress on stderr: rich bytes/speed/ETA on a terminal, plain lines else."""
+    from .transfer_view import transfer_progress
 
-    def progress(event: str, path: str, done: int, total: int) -> None:
-        pct = int(done * 100 / total) if total else 100
-        if event in {"exists", "present", "manifest"} or pct >= last.get(path, -10) + 10 or done == total:
-            last[path] = pct
-            out.info(f"{event:>9} {path} {pct:3d}% ({done}/{total} bytes)")
-
-    return progress
+    return transfer_progress(out.stderr)
 
 
 def cmd_weights(args, out: _Out) -> int:
     from . import weights
 
     if args.weights_command == "push":
-        res = weights.push(args.directory, args.ref, progress=_progress_printer(out))
+        with _transfer_progress(out) as progress:
+            res = weights.push(args.directory, args.ref, progress=progress)
         if args.json:
             out.data({"ref": res.ref, "digest": res.digest, "pinned": f"{res.ref}@{res.digest}",
                       "uploaded_bytes": sum(f.uploaded_bytes for f in res.files),
@@ -709,13 +705,14 @@ def cmd_weights(args, out: _Out) -> int:
             out.line(f"pushed {len(res.files)} files ({uploaded} bytes uploaded): {res.ref}@{res.digest}")
         return 0
     if args.weights_command == "pull":
-        res = weights.pull(args.ref, args.directory, progress=_progress_printer(out))
+        with _transfer_progress(out) as progress:
+            pulled = weights.pull(args.ref, args.directory, progress=progress)
         if args.json:
-            out.data({"ref": args.ref, "directory": str(args.directory), "downloaded_bytes": res.downloaded_bytes,
-                      "files": [f._asdict() for f in res.files], "skipped": list(res.skipped)})
+            out.data({"ref": args.ref, "directory": str(args.directory), "downloaded_bytes": pulled.downloaded_bytes,
+                      "files": [f._asdict() for f in pulled.files], "skipped": list(pulled.skipped)})
         else:
-            out.line(f"{len(res.files)} files in {args.directory}: {res.downloaded_bytes} bytes downloaded, "
-                     f"{len(res.skipped)} already present")
+            out.line(f"{len(pulled.files)} files in {args.directory}: {pulled.downloaded_bytes} bytes downloaded, "
+                     f"{len(pulled.skipped)} already present")
         return 0
     if args.weights_command == "ls":
         files = weights.ls(args.ref)
@@ -806,7 +803,8 @@ def cmd_run(args, out: _Out) -> int:
         return 0
     for w in run.weights:
         w.host_dir.mkdir(parents=True, exist_ok=True)
-        res = weights.pull(w.ref, w.host_dir, progress=_progress_printer(out))
+        with _transfer_progress(out) as progress:
+            res = weights.pull(w.ref, w.host_dir, progress=progress)
         out.info(f"weights {w.ref}: {res.downloaded_bytes} bytes downloaded, {len(res.skipped)} files already present")
     out.info("running " + " ".join(run.argv))
     out.stdout.flush()
@@ -860,8 +858,8 @@ def cmd_mirror(args, out: _Out) -> int:
     if bool(args.dest) == bool(args.to_mirror):
         raise UsageError("mirror needs DEST or --to-mirror PREFIX (one of them)")
     dest = args.dest or mirrored_ref(args.source, args.to_mirror)
-    digest = oci.copy_image(args.source, dest, all_platforms=args.all_platforms,
-                            progress=_progress_printer(out))
+    with _transfer_progress(out) as progress:
+        digest = oci.copy_image(args.source, dest, all_platforms=args.all_platforms, progress=progress)
     pinned = f"{dest.rsplit(':', 1)[0] if ':' in dest.rsplit('/', 1)[-1] else dest}@{digest}"
     if args.json:
         out.data({"source": args.source, "dest": dest, "digest": digest, "pinned": pinned})
