@@ -57,8 +57,11 @@ def base_facts_for(recipe: Recipe, base_image: str, *, client=None) -> BaseFacts
     return fetch_base_facts(base_image, client=client)
 
 
-def resolve_with_base(recipe: Recipe, *, client=None):
-    """Resolve, then look the final base up in its registry and resolve again against it."""
+def resolve_with_base(recipe: Recipe, *, client=None, cache: dict[str, BaseFacts | None] | None = None):
+    """Resolve against the final base's own facts (labels, env) when it sits in a named
+    registry: a shared base built by imgbuild says its OS and Python in its labels. Every
+    command that resolves a recipe (plan, build, matrix, lock) goes through here. ``cache``
+    (base ref -> facts) lets a matrix look each base up once."""
     from .resolve import resolve
 
     from .resolve import mirrored_ref
@@ -69,5 +72,10 @@ def resolve_with_base(recipe: Recipe, *, client=None):
         base_ref = resolve(recipe).base_image  # an nvidia/cuda tag under the mirror
     else:
         return resolve(recipe)  # nvidia/cuda on Docker Hub: nothing to look up
-    facts = base_facts_for(recipe, base_ref, client=client)
+    if cache is not None and base_ref in cache:
+        facts = cache[base_ref]
+    else:
+        facts = base_facts_for(recipe, base_ref, client=client)
+        if cache is not None:
+            cache[base_ref] = facts
     return resolve(recipe, base=facts)

@@ -546,6 +546,10 @@ def cmd_lock(args, out: _Out) -> int:
     from . import matrix as mx
 
     matrix = mx.load_matrix(args.recipe)
+    if not matrix.variants:
+        reasons = "\n".join(f"  {w}" for w in mx.dropped_warnings(matrix))
+        raise UsageError(f"{args.recipe}: every variant was dropped, nothing to lock:\n{reasons}",
+                         hint=f"see `imgbuild matrix {args.recipe}`")
     if [v.source for v in matrix.variants] == ["recipe"]:  # no matrix: the plan `build` makes
         plans = {lock.DEFAULT_VARIANT: _plan(args, args.recipe)}
     else:  # every variant the matrix keeps, as `build --all` plans them

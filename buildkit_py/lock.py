@@ -40,7 +40,7 @@ from packaging.markers import InvalidMarker
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 
-from .errors import ImgbuildError, LockDrift, LockError, LockStale
+from .errors import ImgbuildError, LockDrift, LockError, LockStale, UsageError
 from .files import write_atomic
 from .plan import BuildPlan, Stage
 from .steps import ContextFile, LockedPipStep, MetaStep, PipStep, Step
@@ -364,6 +364,8 @@ def make_lock(recipe_path: Path, variants: dict[str, dict]) -> dict[str, Any]:
 
 def lock_recipe(plans: dict[str, BuildPlan], **kwargs) -> dict[str, Any]:
     """Lock every variant (``{variant_id: plan}``; a plain recipe is ``{"default": plan}``)."""
+    if not plans:
+        raise UsageError("nothing to lock: no variant to resolve")
     first = next(iter(plans.values()))
     return make_lock(first.recipe.path, {vid: lock_variant(p, **kwargs) for vid, p in plans.items()})
 

@@ -32,6 +32,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from .bases import resolve_with_base
 from .errors import CompatibilityError, ImgbuildError, RecipeError, RecipeIssue, UsageError
 from .plan import BuildPlan, Stage, make_plan
 from .recipe import (
@@ -46,7 +47,7 @@ from .recipe import (
     parse_recipe,
     read_recipe_text,
 )
-from .resolve import Resolution, resolve
+from .resolve import Resolution
 from .steps import Step
 
 GITHUB_MAX_JOBS = 256  # GitHub Actions: a matrix generates at most 256 jobs per workflow run
@@ -307,9 +308,10 @@ def expand_matrix(text: str, path: Path) -> Matrix:
     located = locate(text, file)
     spec = parse_matrix_spec(located, file)
     base = parse_recipe(text, path)  # the recipe as written must be valid on its own
+    facts: dict = {}  # each base looked up once: its labels name its OS (a shared base)
     if spec is None:
         try:
-            res = resolve(base)
+            res = resolve_with_base(base, cache=facts)
         except CompatibilityError as exc:
             return Matrix(path, base.name, (), (), (DroppedVariant("default", {}, "recipe", exc),))
         tags = (f"{base.name}:{base.version or 'latest'}", f"{base.name}:{content_tag(base)}")
@@ -352,7 +354,7 @@ def expand_matrix(text: str, path: Path) -> Matrix:
             issues += _relocate(exc.issues, values, paths, spec.lines, vid)
             continue
         try:
-            res = resolve(recipe)
+            res = resolve_with_base(recipe, cache=facts)
         except CompatibilityError as exc:
             dropped.append(DroppedVariant(vid, values, source, exc))
             continue

@@ -110,3 +110,15 @@ def test_run_of_unbuilt_recipe_refuses_before_pulling_weights(tmp_path, docker_c
     _usage(code, out, err)
     assert "is not built" in err and f"imgbuild build {recipe}" in err
     assert not (tmp_path / "w").exists()
+
+
+def test_lock_of_a_matrix_with_every_variant_dropped(tmp_path):
+    # debian:bookworm ships only Python 3.11: both variants are dropped
+    path = write_recipe(tmp_path, "name: team/mx\nversion: '1'\ncuda: {version: '12.4', source: wheels}\n"
+                                  "base: {image: debian:bookworm-slim}\npython: '3.11'\n"
+                                  "matrix:\n  python: ['3.10', '3.12']\n")
+    code, out, err = run_cli("lock", str(path))
+    _usage(code, out, err)
+    assert "every variant was dropped" in err
+    assert "variant py310 dropped:" in err and "variant py312 dropped:" in err
+    assert not path.with_suffix(".lock").exists()

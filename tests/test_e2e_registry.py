@@ -53,6 +53,14 @@ entrypoint: ["python", "/app/main.py"]
     assert plan["labels"]["org.opencontainers.image.base.digest"] == base_digest
     assert [s["id"] for s in plan["stages"][-1]["steps"]] == ["ldconfig", "copy-0", "meta"]  # python comes with the base
 
+    # The base's labels name its OS everywhere the plan reads them: matrix, lock, build --all.
+    code, out, err = run_cli("matrix", str(derived), "--format", "json")
+    assert code == 0, err
+    assert [v["variant"] for v in json.loads(out)["variants"]] == ["default"], out
+    code, out, err = run_cli("lock", str(derived), *CA_ARGS)
+    assert code == 0, err
+    assert "internal error" not in err and derived.with_suffix(".lock").is_file()
+
     docker_client.images.remove(base_ref)  # BuildKit must pull the base from the registry, with auth
     app = build_json(str(derived))
     cleanup_images.extend(app["tags"])
@@ -62,6 +70,8 @@ entrypoint: ["python", "/app/main.py"]
     labels = docker_client.images.get(app["image_id"]).labels
     assert labels["org.opencontainers.image.base.digest"] == base_digest
     assert labels["team"] == "platform"  # inherited from the base
+    code, out, err = run_cli("build", str(derived), "--all", "--progress", "quiet", *CA_ARGS)  # a matrix of one
+    assert code == 0, err
 
     mismatched = write_recipe(tmp_path / "bad", f"""\
 name: {unique_name}-bad
