@@ -131,7 +131,8 @@ def lock_inputs(plan: BuildPlan) -> dict[str, Any]:
     target = target_of(plan)
     stages = {}
     for stage in plan.stages:
-        steps = [{"id": s.id, "requirements": list(s.requirements)} for s in _pip_steps(stage)]
+        steps = [{"id": s.id, "requirements": list(s.requirements), **({"no_deps": True} if s.no_deps else {})}
+                 for s in _pip_steps(stage)]
         if steps:
             stages[stage.name] = {"indexes": stage_indexes(stage), "steps": steps}
     return {
@@ -222,12 +223,17 @@ def _deps(item: dict, extras: frozenset[str], markers: dict[str, str]) -> list[t
 def packages_from_report(report: dict, target: Target, steps: list[dict]) -> list[dict[str, Any]]:
     """Locked packages of one stage: name, version, sha256 and the EARLIEST pip step whose
     requirements need it (so torch's closure lands in the torch layer, and a change to a small
-    pin re-runs only the last layers). ``steps`` is ``[{"id", "requirements"}]`` in order."""
+    pin re-runs only the last layers). ``steps`` is ``[{"id", "requirements"}]`` in order, with
+    ``"no_deps": True`` on a step that installs exactly its pins (then its packages are its own)."""
     items = {canonicalize_name(i["metadata"]["name"]): i for i in report["install"]}
     by_url = {i["download_info"]["url"]: n for n, i in items.items()}
     markers = target.markers
     step_of: dict[str, str] = {}
     missing: set[str] = set()
+    for step in steps:  # a --no-deps step (a CUDA layer) holds exactly what it names, whatever needs it
+        if step.get("no_deps"):
+            for name, _ in (_root(r, by_url) for r in step["requirements"]):
+                step_of.setdefault(name, step["id"])
     for step in steps:
         queue = [_root(r, by_url) for r in step["requirements"]]
         seen: set[tuple[str, frozenset[str]]] = set()
@@ -539,6 +545,7 @@ def _locked_step(stage: Stage, step: PipStep, packages: list[dict]) -> LockedPip
         mount_target=f"{MOUNT_DIR}/{stage.name}-{step.id}.txt",
         index_url=indexes[0] if len(indexes) > 1 else None,
         extra_index_urls=tuple(indexes[1:]),
+        reproducible=step.reproducible,
     )
 
 

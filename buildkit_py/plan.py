@@ -3,10 +3,12 @@ labels, env and tags. Pure: no I/O, so the same recipe always plans the same."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
 from . import labels as L
+from .compat.torch_pins import cuda_layers, torch_cuda_pins
 from .recipe import Recipe
 from .resolve import HEAVY_PACKAGES, Resolution, resolve
 from .steps import (
@@ -18,6 +20,7 @@ from .steps import (
     LdconfigStep,
     LocalWheelsStep,
     MetaStep,
+    MountStubsStep,
     PipStep,
     Step,
     VenvStep,
@@ -31,6 +34,9 @@ STEP_MARK = "imgbuild-step"  # written into each RUN so `inspect` can map layers
 # final image. setuptools 75.3 is the last release that still supports Python 3.8.
 BUILD_TOOLS = ("setuptools==75.3.0", "wheel==0.45.1")
 TORCH_BUILD_TOOLS = ("ninja==1.11.1.1", "packaging==24.2", "psutil==6.1.1")
+
+# The mtime reproducible layers give every file they add: 1980-01-01, the earliest a wheel (zip) records.
+SOURCE_DATE_EPOCH = 315532800
 
 WEIGHT_FILE_THRESHOLD = 10 * 2**20  # the same bar `imgbuild inspect` uses
 
@@ -140,6 +146,32 @@ def _torch_step(res: Resolution) -> list[Step]:
     return [_pip_step("torch", "torch", [spec], index_url=res.torch_index_url)]
 
 
+def _torch_stack(res: Resolution) -> list[Step]:
+    """The final stage's torch: the CUDA wheels its release pins, each big library in a
+    reproducible layer of its own (compat/torch_pins.py), then torch itself. Two images with the
+    same pins share those layers byte for byte; a torch patch release that keeps its pins
+    (2.14.0 -> 2.14.1) re-pulls only the torch layer. A torch from another index, or a release
+    the data has no row for, installs with its CUDA dependencies in the (reproducible) torch step."""
+    if not res.torch:
+        return []
+    pins = None if res.torch_index_url else torch_cuda_pins(res.torch)
+    steps: list[Step] = [PipStep(layer.id, "cuda", requirements=layer.pins, no_deps=True, reproducible=True)
+                         for layer in cuda_layers(pins.wheels)] if pins else []
+    torch = [dataclasses.replace(s, reproducible=True) if isinstance(s, PipStep) else s for s in _torch_step(res)]
+    return steps + torch
+
+
+def _mount_stubs(steps: list[Step]) -> list[Step]:
+    """A MountStubsStep before the first reproducible step, when there is one."""
+    first = next((i for i, s in enumerate(steps) if isinstance(s, PipStep) and s.reproducible), None)
+    if first is None:
+        return steps
+    stubs = MountStubsStep("mount-stubs", "python", hosts=ContextFile(".imgbuild/empty", ""),
+                           dirs=("/root/.cache/pip", "/run/secrets"),
+                           files=("/run/secrets/cacert", "/run/secrets/pipconf"))
+    return steps[:first] + [stubs] + steps[first:]
+
+
 def _cuda_home_step(res: Resolution) -> CudaHomeStep:
     """Make the toolkit tree the CUDA 13 wheels install (site-packages/nvidia/cu13) CUDA_HOME."""
     return CudaHomeStep("cuda-home", "cuda", venv=VENV, tree=res.cuda_wheel_home, home="/usr/local/cuda")
@@ -196,22 +228,23 @@ def make_plan(recipe: Recipe, *, tags: tuple[str, ...] = (), registry: str | Non
     # nvcc needs a host C++ compiler; NVIDIA's devel images are the other source of one
     steps = _os_steps(res, list(recipe.apt) + (["g++"] if devel_wheels else []), dev=False)
     if res.cuda_wheels:
-        steps.append(_pip_step("cuda", "cuda", list(res.cuda_wheels)))
+        steps.append(dataclasses.replace(_pip_step("cuda", "cuda", list(res.cuda_wheels)), reproducible=True))
     if devel_wheels:
         steps.append(_cuda_home_step(res))
-    steps += _torch_step(res)
+    steps += _torch_stack(res)
     if compiled:
         # Install the builder's wheel files by path: given only a name, pip would prefer the
         # index's manylinux wheel over a locally built linux_x86_64 one.
         steps.append(LocalWheelsStep("compiled", "heavy", packages=tuple(compiled), wheels_from="builder"))
     if heavy:
-        steps.append(_pip_step("heavy", "heavy", heavy))
+        steps.append(dataclasses.replace(_pip_step("heavy", "heavy", heavy), reproducible=True))
     if other:
         steps.append(_pip_step("pins", "pins", other))
     if res.cuda_source == "wheels":
         steps.append(LdconfigStep("ldconfig", "cuda", venv=VENV))
     for i, c in enumerate(recipe.copy):
         steps.append(CopyStep(f"copy-{i}", "app", src=c.src, dest=c.dest))
+    steps = _mount_stubs(steps)
 
     env = dict(recipe.env)
     if res.cuda_source == "wheels":

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import jinja2
 
-from .plan import STEP_MARK, BuildPlan
+from .plan import SOURCE_DATE_EPOCH, STEP_MARK, BuildPlan
 from .steps import Step
 
 TEMPLATE = "Dockerfile.j2"
@@ -82,6 +82,7 @@ def render_dockerfile(plan: BuildPlan) -> str:
     text = env.get_template(TEMPLATE).render(
         stages=plan.stages,
         mark=STEP_MARK,
+        source_date_epoch=SOURCE_DATE_EPOCH,
         recipe_name=plan.recipe.name,
         recipe_digest=plan.recipe.digest,
     )
@@ -93,4 +94,4 @@ _ONE_STEP = '{%- import "steps.j2" as steps with context -%}{{ steps[step.macro]
 
 def render_step(step: Step) -> str:
     """The exact text one step places in a Dockerfile (its macro alone)."""
-    return _environment().from_string(_ONE_STEP).render(step=step, mark=STEP_MARK)
+    return _environment().from_string(_ONE_STEP).render(step=step, mark=STEP_MARK, source_date_epoch=SOURCE_DATE_EPOCH)

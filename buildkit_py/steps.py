@@ -75,11 +75,20 @@ class VenvStep(Step):
 
 @dataclass(frozen=True)
 class PipStep(Step):
-    """``pip install`` of requirement specifiers (with their dependencies), in the order given."""
+    """``pip install`` of requirement specifiers (with their dependencies), in the order given.
+
+    ``no_deps``: the requirements are a complete set of exact pins (the CUDA wheels of a torch
+    release), installed without resolving. ``reproducible``: the layer is byte-identical
+    wherever the same pins are installed on the same base: /tmp is a tmpfs, bytecode is
+    compiled after every new file's mtime is set to SOURCE_DATE_EPOCH (timestamp pycs, fixed
+    hash seed), and the changed directories up to / get that mtime too; no pip cache or log
+    reaches the layer (the cache is a mount). Needs a ``MountStubsStep`` earlier in the stage."""
 
     MACRO: ClassVar[str] = "step_pip"
     requirements: tuple[str, ...]
     index_url: str | None = None  # replaces the Python registry (the torch index), or None
+    no_deps: bool = False
+    reproducible: bool = False
 
 
 @dataclass(frozen=True)
@@ -92,10 +101,28 @@ class LockedPipStep(Step):
     mount_target: str  # where the RUN sees the file
     index_url: str | None
     extra_index_urls: tuple[str, ...]
+    reproducible: bool = False  # as PipStep.reproducible
 
     @property
     def context_files(self) -> tuple[ContextFile, ...]:
         return (self.requirements_file,)
+
+
+@dataclass(frozen=True)
+class MountStubsStep(Step):
+    """Creates, in a layer of its own, the paths BuildKit would otherwise create and remove
+    around each RUN's mounts (/etc/hosts, the pip cache and secret targets). Each creation
+    changes the parent directory's mtime, which would make every later layer differ from one
+    build to the next; after this step the reproducible pip steps change nothing outside the venv."""
+
+    MACRO: ClassVar[str] = "step_mount_stubs"
+    hosts: ContextFile  # an empty file COPYed to /etc/hosts (a RUN cannot create it: it is mounted there)
+    dirs: tuple[str, ...]
+    files: tuple[str, ...]
+
+    @property
+    def context_files(self) -> tuple[ContextFile, ...]:
+        return (self.hosts,)
 
 
 @dataclass(frozen=True)
@@ -167,5 +194,5 @@ class MetaStep(Step):
         return False
 
 
-STEP_TYPES: tuple[type[Step], ...] = (AptStep, DeadsnakesStep, VenvStep, PipStep, LockedPipStep, WheelBuildStep,
-                                      LocalWheelsStep, LdconfigStep, CudaHomeStep, CopyStep, MetaStep)
+STEP_TYPES: tuple[type[Step], ...] = (AptStep, DeadsnakesStep, VenvStep, PipStep, LockedPipStep, MountStubsStep,
+                                      WheelBuildStep, LocalWheelsStep, LdconfigStep, CudaHomeStep, CopyStep, MetaStep)

@@ -86,10 +86,12 @@ def packages(path):
 def test_each_package_goes_to_the_earliest_step_that_needs_it(recipe):
     plan = plan_of(recipe)
     steps = lock.lock_inputs(plan)["stages"]["final"]["steps"]
-    assert [s["id"] for s in steps] == ["torch", "heavy", "pins"]
+    cuda = [s.id for s in plan.final.steps if s.id.startswith("cuda-")]
+    assert [s["id"] for s in steps] == [*cuda, "torch", "heavy", "pins"]
     got = {p["name"]: p["step"] for p in lock.packages_from_report(REPORT, lock.target_of(plan), steps)}
-    # torch's closure, CUDA wheels included, is the torch layer
-    assert got["torch"] == got["nvidia-cudnn-cu12"] == got["triton"] == got["MarkupSafe"] == "torch"
+    # the CUDA wheels torch pins are in their own layers (plan._torch_stack), the rest of its closure in torch's
+    assert got["nvidia-cudnn-cu12"] == "cuda-cudnn" and got["nvidia-cublas-cu12"] == "cuda-cublas"
+    assert got["torch"] == got["triton"] == got["MarkupSafe"] == "torch"
     assert got["sympy"] == got["mpmath"] == got["typing_extensions"] == "torch"
     # bitsandbytes needs torch (already there) and numpy (not in torch 2.4.1's closure)
     assert got["bitsandbytes"] == got["numpy"] == "heavy"
@@ -113,7 +115,8 @@ def test_resolver_asked_for_the_image_python_and_platform(recipe):
     lock.lock_recipe({"default": plan_of(recipe)}, resolver=resolver, base_pinner=pinner)
     (call,) = resolver.calls
     assert call["target"].python == "3.11" and call["target"].glibc == 36  # debian12
-    assert call["requirements"] == ["torch==2.4.1", "bitsandbytes==0.43.3", "requests[socks]==2.32.3"]
+    assert call["requirements"][-3:] == ["torch==2.4.1", "bitsandbytes==0.43.3", "requests[socks]==2.32.3"]
+    assert all(r.startswith("nvidia-") for r in call["requirements"][:-3])  # the CUDA layers' pins
     assert call["indexes"] == [lock.PYPI_SIMPLE]
     args = lock.pip_report_args(call["target"], ["https://download.pytorch.org/whl/cu124", lock.PYPI_SIMPLE],
                                 "req.txt", "report.json")
@@ -335,7 +338,8 @@ def test_locked_plan_installs_hashed_files_from_bind_mounts(recipe, tmp_path):
     use = lock.use_lock(plan_of(recipe))
     text = render_dockerfile(use.plan)
     assert f"FROM debian:bookworm-slim@{DIGEST} AS final" in text
-    assert text.count("--no-deps --require-hashes") == 3
+    layers = sum(1 for s in plan_of(recipe).final.steps if s.id.startswith("cuda-"))
+    assert layers >= 6 and text.count("--no-deps --require-hashes") == 3 + layers
     assert ("--mount=type=bind,source=.imgbuild-lock/final-torch.txt,"
             "target=/run/imgbuild-lock/final-torch.txt") in text
     assert "-r /run/imgbuild-lock/final-pins.txt" in text
@@ -349,7 +353,9 @@ def test_locked_plan_installs_hashed_files_from_bind_mounts(recipe, tmp_path):
     assert pins == [f"{p['name']}=={p['version']} --hash=sha256:{p['sha256']}"
                     for p in sorted(expected.values(), key=lambda p: p["name"].lower())]
     torch_file = (context / ".imgbuild-lock" / "final-torch.txt").read_text()
-    assert "torch==2.4.1 --hash=sha256:" in torch_file and "nvidia-cudnn-cu12==" in torch_file
+    assert "torch==2.4.1 --hash=sha256:" in torch_file and "nvidia-cudnn-cu12==" not in torch_file
+    cudnn_file = (context / ".imgbuild-lock" / "final-cuda-cudnn.txt").read_text()
+    assert cudnn_file.startswith("nvidia-cudnn-cu12==9.1.0.70 --hash=sha256:") and cudnn_file.count("\n") == 1
 
 
 def test_torch_index_is_used_by_every_locked_step_with_pypi_as_extra(tmp_path):
@@ -424,7 +430,8 @@ def test_locked_dockerfile_parses(recipe):
     write(recipe)
     text = render_dockerfile(lock.use_lock(plan_of(recipe)).plan)
     runs = [c for c in dockerfile.parse_string(text) if c.cmd == "RUN"]
-    assert sum("--require-hashes" in " ".join(c.value) for c in runs) == 3
+    layers = sum(1 for s in plan_of(recipe).final.steps if s.id.startswith("cuda-"))
+    assert sum("--require-hashes" in " ".join(c.value) for c in runs) == 3 + layers
 
 
 def test_locked_dockerfile_lints(recipe, tmp_path, hadolint):

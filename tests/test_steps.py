@@ -18,6 +18,7 @@ from buildkit_py.steps import (
     LocalWheelsStep,
     LockedPipStep,
     MetaStep,
+    MountStubsStep,
     PipStep,
     VenvStep,
     WheelBuildStep,
@@ -168,6 +169,40 @@ CMD ["serve.py"]''',
         r'''\
 LABEL "x"="y"''',
     ),
+    "pip-reproducible": (
+        PipStep("cuda-cudnn", "cuda", requirements=("nvidia-cudnn-cu13==9.24.0.43",), no_deps=True, reproducible=True),
+        r'''\
+RUN --mount=type=cache,target=/root/.cache/pip \
+    --mount=type=secret,id=cacert \
+    --mount=type=secret,id=pipconf \
+    --mount=type=tmpfs,target=/tmp \
+    set -eu; : imgbuild-step=cuda-cudnn; \
+    if [ -s /run/secrets/cacert ]; then export PIP_CERT=/run/secrets/cacert SSL_CERT_FILE=/run/secrets/cacert; fi; \
+    if [ -s /run/secrets/pipconf ]; then export PIP_CONFIG_FILE=/run/secrets/pipconf; fi; \
+    export PYTHONDONTWRITEBYTECODE=1; SOURCE_DATE_EPOCH=315532800; touch /tmp/imgbuild-stamp; \
+    pip install --disable-pip-version-check --no-warn-script-location --no-deps --no-compile \
+        nvidia-cudnn-cu13==9.24.0.43; \
+    prefix="$(python -c 'import sys; print(sys.prefix)')"; \
+    find "$prefix" -newer /tmp/imgbuild-stamp -name '*.py' > /tmp/imgbuild-new-py; \
+    find "$prefix" -newer /tmp/imgbuild-stamp -exec touch -h -d "@$SOURCE_DATE_EPOCH" {} +; \
+    if [ -s /tmp/imgbuild-new-py ]; then \
+        PYTHONHASHSEED=0 python -m compileall -qq --invalidation-mode timestamp -i /tmp/imgbuild-new-py || :; \
+    fi; \
+    find "$prefix" -newer /tmp/imgbuild-stamp -exec touch -h -d "@$SOURCE_DATE_EPOCH" {} +; \
+    for d in "$prefix"/lib/python*/site-packages "$prefix/bin"; do \
+        while [ "$d" != / ]; do touch -h -d "@$SOURCE_DATE_EPOCH" "$d"; d="$(dirname "$d")"; done; \
+    done''',
+    ),
+    "mount-stubs": (
+        MountStubsStep("mount-stubs", "python", hosts=ContextFile(".imgbuild/empty", ""),
+                       dirs=("/root/.cache/pip", "/run/secrets"),
+                       files=("/run/secrets/cacert", "/run/secrets/pipconf")),
+        r'''\
+COPY [".imgbuild/empty", "/etc/hosts"]
+RUN set -eu; : imgbuild-step=mount-stubs; \
+    mkdir -p /root/.cache/pip /run/secrets; \
+    touch /run/secrets/cacert /run/secrets/pipconf''',
+    ),
 }
 
 
@@ -188,3 +223,7 @@ def test_context_files_are_the_locked_steps_requirements():
     assert step.context_files == (ContextFile(".imgbuild/lock/final-pins.txt", "x==1 --hash=sha256:00\n"),)
     assert CASES["pip"][0].context_files == ()
 
+
+
+def test_the_mount_stubs_empty_hosts_file_is_a_context_file():
+    assert CASES["mount-stubs"][0].context_files == (ContextFile(".imgbuild/empty", ""),)

@@ -72,15 +72,31 @@ RUN --mount=type=cache,target=/var/cache/apt,sharing=locked \
 RUN set -eu; : imgbuild-step=python; \
     python3.11 -m venv /opt/venv
 ENV PATH="/opt/venv/bin:$PATH"
+COPY [".imgbuild/empty", "/etc/hosts"]
+RUN set -eu; : imgbuild-step=mount-stubs; \
+    mkdir -p /root/.cache/pip /run/secrets; \
+    touch /run/secrets/cacert /run/secrets/pipconf
 RUN --mount=type=cache,target=/root/.cache/pip \
     --mount=type=secret,id=cacert \
     --mount=type=secret,id=pipconf \
+    --mount=type=tmpfs,target=/tmp \
     set -eu; : imgbuild-step=torch; \
     if [ -s /run/secrets/cacert ]; then export PIP_CERT=/run/secrets/cacert SSL_CERT_FILE=/run/secrets/cacert; fi; \
     if [ -s /run/secrets/pipconf ]; then export PIP_CONFIG_FILE=/run/secrets/pipconf; fi; \
-    pip install --disable-pip-version-check --no-warn-script-location \
+    export PYTHONDONTWRITEBYTECODE=1; SOURCE_DATE_EPOCH=315532800; touch /tmp/imgbuild-stamp; \
+    pip install --disable-pip-version-check --no-warn-script-location --no-compile \
         --index-url https://download.pytorch.org/whl/cu124 \
-        torch==2.4.1+cu124
+        torch==2.4.1+cu124; \
+    prefix="$(python -c 'import sys; print(sys.prefix)')"; \
+    find "$prefix" -newer /tmp/imgbuild-stamp -name '*.py' > /tmp/imgbuild-new-py; \
+    find "$prefix" -newer /tmp/imgbuild-stamp -exec touch -h -d "@$SOURCE_DATE_EPOCH" {} +; \
+    if [ -s /tmp/imgbuild-new-py ]; then \
+        PYTHONHASHSEED=0 python -m compileall -qq --invalidation-mode timestamp -i /tmp/imgbuild-new-py || :; \
+    fi; \
+    find "$prefix" -newer /tmp/imgbuild-stamp -exec touch -h -d "@$SOURCE_DATE_EPOCH" {} +; \
+    for d in "$prefix"/lib/python*/site-packages "$prefix/bin"; do \
+        while [ "$d" != / ]; do touch -h -d "@$SOURCE_DATE_EPOCH" "$d"; d="$(dirname "$d")"; done; \
+    done
 RUN --mount=type=cache,target=/root/.cache/pip \
     --mount=type=secret,id=cacert \
     --mount=type=secret,id=pipconf \

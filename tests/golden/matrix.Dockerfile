@@ -20,14 +20,175 @@ RUN --mount=type=cache,target=/var/cache/apt,sharing=locked \
 RUN set -eu; : imgbuild-step=python; \
     python3.11 -m venv /opt/venv
 ENV PATH="/opt/venv/bin:$PATH"
+COPY [".imgbuild/empty", "/etc/hosts"]
+RUN set -eu; : imgbuild-step=mount-stubs; \
+    mkdir -p /root/.cache/pip /run/secrets; \
+    touch /run/secrets/cacert /run/secrets/pipconf
 RUN --mount=type=cache,target=/root/.cache/pip \
     --mount=type=secret,id=cacert \
     --mount=type=secret,id=pipconf \
+    --mount=type=tmpfs,target=/tmp \
+    set -eu; : imgbuild-step=cuda-libs; \
+    if [ -s /run/secrets/cacert ]; then export PIP_CERT=/run/secrets/cacert SSL_CERT_FILE=/run/secrets/cacert; fi; \
+    if [ -s /run/secrets/pipconf ]; then export PIP_CONFIG_FILE=/run/secrets/pipconf; fi; \
+    export PYTHONDONTWRITEBYTECODE=1; SOURCE_DATE_EPOCH=315532800; touch /tmp/imgbuild-stamp; \
+    pip install --disable-pip-version-check --no-warn-script-location --no-deps --no-compile \
+        nvidia-cuda-cupti-cu12==12.4.127 \
+        nvidia-cuda-nvrtc-cu12==12.4.127 \
+        nvidia-cuda-runtime-cu12==12.4.127 \
+        nvidia-curand-cu12==10.3.5.147 \
+        nvidia-nvjitlink-cu12==12.4.127 \
+        nvidia-nvtx-cu12==12.4.127; \
+    prefix="$(python -c 'import sys; print(sys.prefix)')"; \
+    find "$prefix" -newer /tmp/imgbuild-stamp -name '*.py' > /tmp/imgbuild-new-py; \
+    find "$prefix" -newer /tmp/imgbuild-stamp -exec touch -h -d "@$SOURCE_DATE_EPOCH" {} +; \
+    if [ -s /tmp/imgbuild-new-py ]; then \
+        PYTHONHASHSEED=0 python -m compileall -qq --invalidation-mode timestamp -i /tmp/imgbuild-new-py || :; \
+    fi; \
+    find "$prefix" -newer /tmp/imgbuild-stamp -exec touch -h -d "@$SOURCE_DATE_EPOCH" {} +; \
+    for d in "$prefix"/lib/python*/site-packages "$prefix/bin"; do \
+        while [ "$d" != / ]; do touch -h -d "@$SOURCE_DATE_EPOCH" "$d"; d="$(dirname "$d")"; done; \
+    done
+RUN --mount=type=cache,target=/root/.cache/pip \
+    --mount=type=secret,id=cacert \
+    --mount=type=secret,id=pipconf \
+    --mount=type=tmpfs,target=/tmp \
+    set -eu; : imgbuild-step=cuda-cublas; \
+    if [ -s /run/secrets/cacert ]; then export PIP_CERT=/run/secrets/cacert SSL_CERT_FILE=/run/secrets/cacert; fi; \
+    if [ -s /run/secrets/pipconf ]; then export PIP_CONFIG_FILE=/run/secrets/pipconf; fi; \
+    export PYTHONDONTWRITEBYTECODE=1; SOURCE_DATE_EPOCH=315532800; touch /tmp/imgbuild-stamp; \
+    pip install --disable-pip-version-check --no-warn-script-location --no-deps --no-compile \
+        nvidia-cublas-cu12==12.4.5.8; \
+    prefix="$(python -c 'import sys; print(sys.prefix)')"; \
+    find "$prefix" -newer /tmp/imgbuild-stamp -name '*.py' > /tmp/imgbuild-new-py; \
+    find "$prefix" -newer /tmp/imgbuild-stamp -exec touch -h -d "@$SOURCE_DATE_EPOCH" {} +; \
+    if [ -s /tmp/imgbuild-new-py ]; then \
+        PYTHONHASHSEED=0 python -m compileall -qq --invalidation-mode timestamp -i /tmp/imgbuild-new-py || :; \
+    fi; \
+    find "$prefix" -newer /tmp/imgbuild-stamp -exec touch -h -d "@$SOURCE_DATE_EPOCH" {} +; \
+    for d in "$prefix"/lib/python*/site-packages "$prefix/bin"; do \
+        while [ "$d" != / ]; do touch -h -d "@$SOURCE_DATE_EPOCH" "$d"; d="$(dirname "$d")"; done; \
+    done
+RUN --mount=type=cache,target=/root/.cache/pip \
+    --mount=type=secret,id=cacert \
+    --mount=type=secret,id=pipconf \
+    --mount=type=tmpfs,target=/tmp \
+    set -eu; : imgbuild-step=cuda-cudnn; \
+    if [ -s /run/secrets/cacert ]; then export PIP_CERT=/run/secrets/cacert SSL_CERT_FILE=/run/secrets/cacert; fi; \
+    if [ -s /run/secrets/pipconf ]; then export PIP_CONFIG_FILE=/run/secrets/pipconf; fi; \
+    export PYTHONDONTWRITEBYTECODE=1; SOURCE_DATE_EPOCH=315532800; touch /tmp/imgbuild-stamp; \
+    pip install --disable-pip-version-check --no-warn-script-location --no-deps --no-compile \
+        nvidia-cudnn-cu12==9.1.0.70; \
+    prefix="$(python -c 'import sys; print(sys.prefix)')"; \
+    find "$prefix" -newer /tmp/imgbuild-stamp -name '*.py' > /tmp/imgbuild-new-py; \
+    find "$prefix" -newer /tmp/imgbuild-stamp -exec touch -h -d "@$SOURCE_DATE_EPOCH" {} +; \
+    if [ -s /tmp/imgbuild-new-py ]; then \
+        PYTHONHASHSEED=0 python -m compileall -qq --invalidation-mode timestamp -i /tmp/imgbuild-new-py || :; \
+    fi; \
+    find "$prefix" -newer /tmp/imgbuild-stamp -exec touch -h -d "@$SOURCE_DATE_EPOCH" {} +; \
+    for d in "$prefix"/lib/python*/site-packages "$prefix/bin"; do \
+        while [ "$d" != / ]; do touch -h -d "@$SOURCE_DATE_EPOCH" "$d"; d="$(dirname "$d")"; done; \
+    done
+RUN --mount=type=cache,target=/root/.cache/pip \
+    --mount=type=secret,id=cacert \
+    --mount=type=secret,id=pipconf \
+    --mount=type=tmpfs,target=/tmp \
+    set -eu; : imgbuild-step=cuda-cufft; \
+    if [ -s /run/secrets/cacert ]; then export PIP_CERT=/run/secrets/cacert SSL_CERT_FILE=/run/secrets/cacert; fi; \
+    if [ -s /run/secrets/pipconf ]; then export PIP_CONFIG_FILE=/run/secrets/pipconf; fi; \
+    export PYTHONDONTWRITEBYTECODE=1; SOURCE_DATE_EPOCH=315532800; touch /tmp/imgbuild-stamp; \
+    pip install --disable-pip-version-check --no-warn-script-location --no-deps --no-compile \
+        nvidia-cufft-cu12==11.2.1.3; \
+    prefix="$(python -c 'import sys; print(sys.prefix)')"; \
+    find "$prefix" -newer /tmp/imgbuild-stamp -name '*.py' > /tmp/imgbuild-new-py; \
+    find "$prefix" -newer /tmp/imgbuild-stamp -exec touch -h -d "@$SOURCE_DATE_EPOCH" {} +; \
+    if [ -s /tmp/imgbuild-new-py ]; then \
+        PYTHONHASHSEED=0 python -m compileall -qq --invalidation-mode timestamp -i /tmp/imgbuild-new-py || :; \
+    fi; \
+    find "$prefix" -newer /tmp/imgbuild-stamp -exec touch -h -d "@$SOURCE_DATE_EPOCH" {} +; \
+    for d in "$prefix"/lib/python*/site-packages "$prefix/bin"; do \
+        while [ "$d" != / ]; do touch -h -d "@$SOURCE_DATE_EPOCH" "$d"; d="$(dirname "$d")"; done; \
+    done
+RUN --mount=type=cache,target=/root/.cache/pip \
+    --mount=type=secret,id=cacert \
+    --mount=type=secret,id=pipconf \
+    --mount=type=tmpfs,target=/tmp \
+    set -eu; : imgbuild-step=cuda-cusolver; \
+    if [ -s /run/secrets/cacert ]; then export PIP_CERT=/run/secrets/cacert SSL_CERT_FILE=/run/secrets/cacert; fi; \
+    if [ -s /run/secrets/pipconf ]; then export PIP_CONFIG_FILE=/run/secrets/pipconf; fi; \
+    export PYTHONDONTWRITEBYTECODE=1; SOURCE_DATE_EPOCH=315532800; touch /tmp/imgbuild-stamp; \
+    pip install --disable-pip-version-check --no-warn-script-location --no-deps --no-compile \
+        nvidia-cusolver-cu12==11.6.1.9; \
+    prefix="$(python -c 'import sys; print(sys.prefix)')"; \
+    find "$prefix" -newer /tmp/imgbuild-stamp -name '*.py' > /tmp/imgbuild-new-py; \
+    find "$prefix" -newer /tmp/imgbuild-stamp -exec touch -h -d "@$SOURCE_DATE_EPOCH" {} +; \
+    if [ -s /tmp/imgbuild-new-py ]; then \
+        PYTHONHASHSEED=0 python -m compileall -qq --invalidation-mode timestamp -i /tmp/imgbuild-new-py || :; \
+    fi; \
+    find "$prefix" -newer /tmp/imgbuild-stamp -exec touch -h -d "@$SOURCE_DATE_EPOCH" {} +; \
+    for d in "$prefix"/lib/python*/site-packages "$prefix/bin"; do \
+        while [ "$d" != / ]; do touch -h -d "@$SOURCE_DATE_EPOCH" "$d"; d="$(dirname "$d")"; done; \
+    done
+RUN --mount=type=cache,target=/root/.cache/pip \
+    --mount=type=secret,id=cacert \
+    --mount=type=secret,id=pipconf \
+    --mount=type=tmpfs,target=/tmp \
+    set -eu; : imgbuild-step=cuda-cusparse; \
+    if [ -s /run/secrets/cacert ]; then export PIP_CERT=/run/secrets/cacert SSL_CERT_FILE=/run/secrets/cacert; fi; \
+    if [ -s /run/secrets/pipconf ]; then export PIP_CONFIG_FILE=/run/secrets/pipconf; fi; \
+    export PYTHONDONTWRITEBYTECODE=1; SOURCE_DATE_EPOCH=315532800; touch /tmp/imgbuild-stamp; \
+    pip install --disable-pip-version-check --no-warn-script-location --no-deps --no-compile \
+        nvidia-cusparse-cu12==12.3.1.170; \
+    prefix="$(python -c 'import sys; print(sys.prefix)')"; \
+    find "$prefix" -newer /tmp/imgbuild-stamp -name '*.py' > /tmp/imgbuild-new-py; \
+    find "$prefix" -newer /tmp/imgbuild-stamp -exec touch -h -d "@$SOURCE_DATE_EPOCH" {} +; \
+    if [ -s /tmp/imgbuild-new-py ]; then \
+        PYTHONHASHSEED=0 python -m compileall -qq --invalidation-mode timestamp -i /tmp/imgbuild-new-py || :; \
+    fi; \
+    find "$prefix" -newer /tmp/imgbuild-stamp -exec touch -h -d "@$SOURCE_DATE_EPOCH" {} +; \
+    for d in "$prefix"/lib/python*/site-packages "$prefix/bin"; do \
+        while [ "$d" != / ]; do touch -h -d "@$SOURCE_DATE_EPOCH" "$d"; d="$(dirname "$d")"; done; \
+    done
+RUN --mount=type=cache,target=/root/.cache/pip \
+    --mount=type=secret,id=cacert \
+    --mount=type=secret,id=pipconf \
+    --mount=type=tmpfs,target=/tmp \
+    set -eu; : imgbuild-step=cuda-nccl; \
+    if [ -s /run/secrets/cacert ]; then export PIP_CERT=/run/secrets/cacert SSL_CERT_FILE=/run/secrets/cacert; fi; \
+    if [ -s /run/secrets/pipconf ]; then export PIP_CONFIG_FILE=/run/secrets/pipconf; fi; \
+    export PYTHONDONTWRITEBYTECODE=1; SOURCE_DATE_EPOCH=315532800; touch /tmp/imgbuild-stamp; \
+    pip install --disable-pip-version-check --no-warn-script-location --no-deps --no-compile \
+        nvidia-nccl-cu12==2.21.5; \
+    prefix="$(python -c 'import sys; print(sys.prefix)')"; \
+    find "$prefix" -newer /tmp/imgbuild-stamp -name '*.py' > /tmp/imgbuild-new-py; \
+    find "$prefix" -newer /tmp/imgbuild-stamp -exec touch -h -d "@$SOURCE_DATE_EPOCH" {} +; \
+    if [ -s /tmp/imgbuild-new-py ]; then \
+        PYTHONHASHSEED=0 python -m compileall -qq --invalidation-mode timestamp -i /tmp/imgbuild-new-py || :; \
+    fi; \
+    find "$prefix" -newer /tmp/imgbuild-stamp -exec touch -h -d "@$SOURCE_DATE_EPOCH" {} +; \
+    for d in "$prefix"/lib/python*/site-packages "$prefix/bin"; do \
+        while [ "$d" != / ]; do touch -h -d "@$SOURCE_DATE_EPOCH" "$d"; d="$(dirname "$d")"; done; \
+    done
+RUN --mount=type=cache,target=/root/.cache/pip \
+    --mount=type=secret,id=cacert \
+    --mount=type=secret,id=pipconf \
+    --mount=type=tmpfs,target=/tmp \
     set -eu; : imgbuild-step=torch; \
     if [ -s /run/secrets/cacert ]; then export PIP_CERT=/run/secrets/cacert SSL_CERT_FILE=/run/secrets/cacert; fi; \
     if [ -s /run/secrets/pipconf ]; then export PIP_CONFIG_FILE=/run/secrets/pipconf; fi; \
-    pip install --disable-pip-version-check --no-warn-script-location \
-        torch==2.5.1
+    export PYTHONDONTWRITEBYTECODE=1; SOURCE_DATE_EPOCH=315532800; touch /tmp/imgbuild-stamp; \
+    pip install --disable-pip-version-check --no-warn-script-location --no-compile \
+        torch==2.5.1; \
+    prefix="$(python -c 'import sys; print(sys.prefix)')"; \
+    find "$prefix" -newer /tmp/imgbuild-stamp -name '*.py' > /tmp/imgbuild-new-py; \
+    find "$prefix" -newer /tmp/imgbuild-stamp -exec touch -h -d "@$SOURCE_DATE_EPOCH" {} +; \
+    if [ -s /tmp/imgbuild-new-py ]; then \
+        PYTHONHASHSEED=0 python -m compileall -qq --invalidation-mode timestamp -i /tmp/imgbuild-new-py || :; \
+    fi; \
+    find "$prefix" -newer /tmp/imgbuild-stamp -exec touch -h -d "@$SOURCE_DATE_EPOCH" {} +; \
+    for d in "$prefix"/lib/python*/site-packages "$prefix/bin"; do \
+        while [ "$d" != / ]; do touch -h -d "@$SOURCE_DATE_EPOCH" "$d"; d="$(dirname "$d")"; done; \
+    done
 RUN --mount=type=cache,target=/root/.cache/pip \
     --mount=type=secret,id=cacert \
     --mount=type=secret,id=pipconf \
