@@ -394,9 +394,10 @@ def resolve(recipe: Recipe, base=None) -> Resolution:
     if jit and not recipe.runtime_compile:
         warnings.append(f"{', '.join(jit)} compile(s) CUDA kernels at run time, which needs nvcc and headers in "
                         "the final image: set runtime_compile: true if you use that path")
-    if recipe.runtime_compile and recipe.cuda.source == "wheels":
-        warnings.append("runtime_compile with cuda.source: wheels needs nvcc in the image: add "
-                        f"nvidia-cuda-nvcc-cu{major} to pip or use source: nvidia with flavor: devel")
+    if recipe.runtime_compile and recipe.cuda.source == "wheels" and recipe.cuda.flavor != "devel":
+        # the cu11/cu12 nvidia-cuda-nvcc wheels hold ptxas only; CUDA 13's hold nvcc (flavor: devel)
+        warnings.append("runtime_compile with cuda.source: wheels needs nvcc in the image: use flavor: devel "
+                        "(CUDA 13+: nvcc from wheels) or source: nvidia with flavor: devel")
     if recipe.runtime_compile and recipe.cuda.source == "nvidia" and recipe.cuda.flavor != "devel":
         warnings.append("runtime_compile needs nvcc and headers: the final image must use flavor: devel")
 

@@ -274,3 +274,22 @@ def test_arch_variants_accepted(tmp_path):
     assert err.key == "build.cuda_arch[0]"
     res = resolve(recipe(tmp_path / "f", cuda="12.9", extra='build: {cuda_arch: ["10.0f"]}'))
     assert res.cuda_arch == ("10.0f",)
+
+
+def test_cuda_kernel_source_build_on_debian_gets_nvcc_from_cuda13_wheels(tmp_path):
+    r = recipe(tmp_path, cuda="13.0", extra='torch: "2.14.0"\npip: ["flash-attn==2.8.3"]\n'
+               "build: {from_source: [flash-attn]}")
+    plan = make_plan(r)
+    builder = plan.stages[0]
+    assert builder.name == "builder" and builder.base == "debian:bookworm-slim"
+    ids = [s.id for s in builder.steps]
+    assert ids.index("cuda") < ids.index("cuda-home") < ids.index("wheels")
+    cuda_step = builder.steps[ids.index("cuda")]
+    assert "nvidia-cuda-nvcc==13.0.88" in cuda_step.data["requirements"]
+    assert "cuda-home" not in [s.id for s in plan.final.steps]  # nvcc stays in the compile stage
+
+
+def test_runtime_compile_warning_does_not_send_users_to_a_ptxas_only_wheel(tmp_path):
+    res = resolve(recipe(tmp_path, extra="runtime_compile: true"))
+    text = " ".join(res.warnings)
+    assert "flavor: devel" in text and "nvidia-cuda-nvcc-cu12" not in text
