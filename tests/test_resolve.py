@@ -285,7 +285,7 @@ def test_cuda_kernel_source_build_on_debian_gets_nvcc_from_cuda13_wheels(tmp_pat
     ids = [s.id for s in builder.steps]
     assert ids.index("cuda") < ids.index("cuda-home") < ids.index("wheels")
     cuda_step = builder.steps[ids.index("cuda")]
-    assert "nvidia-cuda-nvcc==13.0.88" in cuda_step.data["requirements"]
+    assert "nvidia-cuda-nvcc==13.0.88" in cuda_step.requirements
     assert "cuda-home" not in [s.id for s in plan.final.steps]  # nvcc stays in the compile stage
 
 
