@@ -1,0 +1,41 @@
+"""Reproducible layers on the real engine: the CUDA wheels' layer is byte-identical in two images
+whose lower layers differ (another apt package), so a node that holds one image pulls only
+what changed for the other (plan.PipStep.reproducible, steps.j2 repro_begin/repro_end)."""
+
+import json
+
+import pytest
+
+from helpers import CA_ARGS, run_cli, write_recipe
+
+pytestmark = pytest.mark.e2e
+
+RECIPE = """\
+name: {name}
+version: "1.0"
+cuda: {{version: "12.4", source: wheels}}
+base: {{image: {base}}}
+python: "3.11"
+{apt}
+"""
+
+
+def layers_by_step(tag: str) -> dict[str, str]:
+    code, out, err = run_cli("inspect", tag, "--json")
+    assert code == 0, err
+    return {x["step"]: x["digest"] for x in json.loads(out)["layers"] if x["step"]}
+
+
+def test_the_cuda_layer_is_byte_identical_over_different_lower_layers(tmp_path, base_image, unique_name,
+                                                                     docker_client, cleanup_images):
+    digests = []
+    for i, apt in enumerate(["", "apt: [less]"]):
+        path = write_recipe(tmp_path / str(i), RECIPE.format(name=f"{unique_name}-{i}", base=base_image, apt=apt))
+        code, out, err = run_cli("build", str(path), "--json", "--progress", "quiet", *CA_ARGS)
+        assert code == 0, err
+        report = json.loads(out)
+        cleanup_images.extend(report["tags"])
+        digests.append(layers_by_step(report["tags"][0]))
+    a, b = digests
+    assert a["os"] != b["os"] and a["python"] != b["python"]  # the lower layers differ...
+    assert a["cuda"] == b["cuda"]  # ...and the CUDA wheels' layer does not
