@@ -696,7 +696,9 @@ def parse_recipe(text: str, path: Path, *, overrides: dict[str, Any] | None = No
         if image:
             services.append(ServiceSpec(sname, image, ports, environment, service_volumes, command))
 
-    if v.issues:
+    if v.issues or name is None or cuda_version is None or flavor is None or source is None \
+            or base_os is None or python is None:
+        # A required value that is None has an issue recorded above: say that, never a half recipe.
         raise RecipeError(sorted(v.issues, key=lambda i: (i.line or 0, i.key)))
 
     return Recipe(

@@ -22,6 +22,7 @@ import ssl
 import struct
 import urllib.error
 import urllib.request
+from typing import Any
 import zlib
 from dataclasses import dataclass
 from html.parser import HTMLParser
@@ -108,8 +109,8 @@ class IndexClient:
         req = urllib.request.Request(url, headers={"User-Agent": "imgbuild-index-client", **(headers or {})})
         self.requests += 1
         try:
-            kw = {"context": self._ctx} if url.startswith("https:") and self._ctx is not None else {}
-            return urllib.request.urlopen(req, timeout=self.timeout, **kw)  # noqa: S310 (http/https index URLs only)
+            context = self._ctx if url.startswith("https:") else None
+            return urllib.request.urlopen(req, timeout=self.timeout, context=context)  # noqa: S310 (http/https index URLs only)
         except urllib.error.HTTPError as exc:
             raise PackageIndexError(f"package index: GET {redact(url)}: HTTP {exc.code}",
                               hint="check the index URL (pip's index-url) and that the project exists") from None
@@ -118,7 +119,7 @@ class IndexClient:
             raise PackageIndexError(f"package index {redact(self.index_url)} unreachable: {reason}",
                               hint="check the network or pip's index-url; --offline uses only the shipped data") from None
 
-    def _read(self, url: str, headers: dict[str, str] | None = None) -> tuple[bytes, object]:
+    def _read(self, url: str, headers: dict[str, str] | None = None) -> tuple[bytes, Any]:
         with self._open(url, headers) as r:
             body = r.read()
             self.bytes_read += len(body)

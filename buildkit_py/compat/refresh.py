@@ -359,10 +359,10 @@ def refresh(client, data: dict[str, dict], *, today: str, since: str = "1.13") -
 
     # --- flash-attn and bitsandbytes: release lists; bnb wheel METADATA -----------------------
     for name, file in (("flash-attn", "flash_attn.json"), ("bitsandbytes", "bitsandbytes.json")):
-        project = client.project(name)
+        listing = client.project(name)
         shipped = {r["version"] for r in data[file]["releases"]}
         newest_shipped = max((Version(v) for v in shipped), default=Version("0"))
-        for v in project.releases():
+        for v in listing.releases():
             if v not in shipped and Version(v) > newest_shipped:
                 review.append(f"{name} {v}: new on the index (shipped data ends at {newest_shipped}); "
                               "its CUDA/torch support needs reading its sources")
@@ -374,9 +374,10 @@ def refresh(client, data: dict[str, dict], *, today: str, since: str = "1.13") -
             continue
         meta = client.metadata(wheels[0])
         torch_req = next((r for r in _linux_reqs(meta) if r.name.lower() == "torch"), None)
-        spec = str(torch_req.specifier) if torch_req is not None and str(torch_req.specifier) else None
+        torch_spec = str(torch_req.specifier) if torch_req is not None and str(torch_req.specifier) else None
         py = meta.requires_python
-        for key, val in (("torch", spec), ("python", py)):
+        checks: tuple[tuple[str, str | None], ...] = (("torch", torch_spec), ("python", py))
+        for key, val in checks:
             if val and SpecifierSet(val) != SpecifierSet(row.get(key) or ""):
                 changes.append(Change("bitsandbytes.json", row["version"], f"{key}: {row.get(key)!r} -> {val!r}"))
                 row[key] = val
