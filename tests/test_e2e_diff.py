@@ -80,6 +80,18 @@ def push_remote_image(ref: str, layers: list[tuple[str, dict[str, bytes]]],
     return sizes
 
 
+@pytest.fixture
+def pushed():
+    """References this test put in the registry; their manifests are deleted afterwards."""
+    refs: list[str] = []
+    yield refs
+    for ref in refs:
+        try:
+            oci.delete_manifest(ref)
+        except Exception:  # noqa: S110 (best effort: a test that failed early may not have pushed it)
+            pass
+
+
 FETCHED = {"Downloading", "Download complete", "Verifying Checksum", "Pull complete"}
 
 
@@ -97,9 +109,11 @@ def pulled_blobs(docker_client, ref: str) -> set[str]:
     return {k for k, v in statuses.items() if v & FETCHED and "Already exists" not in v}
 
 
-def test_diff_matches_what_docker_pull_downloads(tmp_path, logged_in, base_image, docker_client, cleanup_images):
+def test_diff_matches_what_docker_pull_downloads(tmp_path, logged_in, base_image, docker_client, cleanup_images,
+                                                 pushed):
     name = f"{logged_in.address}/imgbuild-test/diff-{uuid.uuid4().hex[:8]}"
     a, b = f"{name}:a", f"{name}:b"
+    pushed.extend([b, a])
     build_and_push(tmp_path, base_image, a, cleanup_images)
     app = {"/app/main.py": b"print('v2')\n" * 1000}
     [(new_compressed, new_size)] = push_remote_image(b, [("COPY app/ /app # buildkit", app)], base=a)
@@ -184,7 +198,8 @@ PULL_TOLERANCE = 0.5  # |estimate / pull - 1|; see the test's docstring for the 
 
 
 @pytest.mark.parametrize("engine", ENGINE_NAMES[:1], indirect=True)
-def test_pull_time_estimates_match_a_timed_docker_pull(tmp_path, engine, logged_in, docker_client, cleanup_images):
+def test_pull_time_estimates_match_a_timed_docker_pull(tmp_path, engine, logged_in, docker_client, cleanup_images,
+                                                       pushed):
     """inspect's and diff's pull time against `docker pull` from the local registry.
 
     On loopback a pull is bound by unpacking (decompress, write), not by the link: pulls of
@@ -201,6 +216,7 @@ def test_pull_time_estimates_match_a_timed_docker_pull(tmp_path, engine, logged_
     name = f"{logged_in.address}/imgbuild-test/pull-{uuid.uuid4().hex[:8]}"
     calib, target = f"{name}:calib", f"{name}:target"
     cleanup_images.extend([calib, target])
+    pushed.extend([calib, target])
     [(c_comp, c_tar)] = push_remote_image(calib, [("COPY a /a", {"/a": os.urandom(32 << 20) + _text(32 << 20, 1)})])
     target_layers = push_remote_image(target, [("COPY t /t", {
         "/t": _text(48 << 20, 2), "/r": os.urandom(12 << 20),
