@@ -5,7 +5,6 @@ what changed for the other (plan.PipStep.reproducible, steps.j2 repro_begin/repr
 import json
 
 import pytest
-
 from helpers import CA_ARGS, run_cli, write_recipe
 
 pytestmark = pytest.mark.e2e
