@@ -107,6 +107,9 @@ def layer_groups(engine: Engine, image_id: str, plan: BuildPlan) -> dict[str, in
     return {g: b for g, b in sorted(groups.items(), key=lambda kv: -kv[1]) if b}
 
 
+REJECTED_TAG = "rejected"  # an image over its size budget keeps only this tag
+
+
 def run_build(plan: BuildPlan, engine: Engine, options: BuildOptions, on_line: LineSink,
               on_progress: LineSink | None = None) -> BuildOutcome:
     """Build on ``engine``; push from BuildKit where the engine can (buildx), else through the
@@ -123,12 +126,10 @@ def run_build(plan: BuildPlan, engine: Engine, options: BuildOptions, on_line: L
             raise UsageError(f"--pip-config {options.pip_config}: no such file")
         secrets[PIP_CONFIG_SECRET_ID] = options.pip_config.resolve()
     tags = plan.tags if not options.tags else options.tags
-    from .recipe import IMAGE_REF_RE
+    from .plan import check_image_tag
 
     for tag in tags:  # reach argv and the registry, never a shell: check the grammar, exit 2
-        if not IMAGE_REF_RE.match(tag) or "@" in tag:
-            raise UsageError(f"--tag {tag!r} is not a valid image reference",
-                             hint="e.g. team/trainer:1.0 or 127.0.0.1:5000/team/trainer:1.0")
+        check_image_tag(tag)
     budget = plan.recipe.max_size is not None
     from_buildkit = options.push and PUSH in engine.capabilities
     # A budget is checked on the image in the engine before anything is pushed.
@@ -158,14 +159,21 @@ def run_build(plan: BuildPlan, engine: Engine, options: BuildOptions, on_line: L
         attrs = (engine.image_attrs(result.image_id) or {}) if sizes else {}
         image_labels = dict(sorted(((attrs.get("Config") or {}).get("Labels") or {}).items()))
         if budget and sizes and sizes.uncompressed > plan.recipe.max_size:
-            # The image stays in the engine (its layers are cache) but loses the tags we gave it.
+            # The image loses the tags we gave it (nothing may push or run it by them) and is
+            # kept as REPO:rejected, so the hint can name something to inspect.
+            from .registry import split_tag
+
+            rejected = f"{split_tag(tags[0])[0]}:{REJECTED_TAG}"
+            engine.tag(result.image_id, rejected)
             for tag in tags:
-                engine.untag(tag)
+                if tag != rejected:
+                    engine.untag(tag)
             breakdown = ", ".join(f"{g} {_human(b)}" for g, b in groups.items())
             raise BudgetExceeded(
-                f"image is {_human(sizes.uncompressed)}, over the recipe's budget of "
-                f"{_human(plan.recipe.max_size)}: {breakdown}",
-                hint="see `imgbuild inspect` for the biggest layers; drop heavy pins or use a runtime flavor")
+                f"image {result.image_id[:19]} is {_human(sizes.uncompressed)}, over the recipe's budget of "
+                f"{_human(plan.recipe.max_size)}: {breakdown}; kept as {rejected}",
+                hint=f"see `imgbuild inspect {rejected}` for the biggest layers; drop heavy pins or use a "
+                     "runtime flavor")
 
         pushes: list[PushResult] = []
         if options.push and from_buildkit:

@@ -710,11 +710,22 @@ def find_problems(layers: list[Layer], scans: list[LayerScan], *, flavor: str | 
                 f"cache mount (RUN --mount=type=cache) or clean it in the same RUN")
 
     if flavor == "runtime":
+        # One finding per folder and layer (apt's gcc alone brings ~10 names to /usr/bin).
+        folders: dict[tuple[int, str], list[tuple[str, int]]] = {}
         for path, (i, size) in sorted(compilers.items()):
             if alive(path, i):
-                finding(COMPILER, WARNING, i, path, size,
-                        f"{path} in a runtime-flavour image ({_where(layers, i)}): compilers and CUDA "
-                        f"headers belong in a builder stage or a devel flavour")
+                folders.setdefault((i, posixpath.dirname(path)), []).append((path, size))
+        for (i, folder), files in sorted(folders.items()):
+            size = sum(s for _, s in files)
+            if len(files) == 1:
+                path, what = files[0][0], files[0][0]
+            else:
+                names = [posixpath.basename(p) for p, _ in files]
+                shown = ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
+                path, what = folder, f"{len(files)} compiler files in {folder} ({shown})"
+            finding(COMPILER, WARNING, i, path, size,
+                    f"{what} in a runtime-flavour image ({_where(layers, i)}): compilers and CUDA "
+                    f"headers belong in a builder stage or a devel flavour")
 
     for soname, origins in sorted(cuda.items()):
         live = {o: {p: v for p, v in paths.items() if alive(p, v[0])} for o, paths in origins.items()}

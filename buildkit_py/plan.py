@@ -9,6 +9,7 @@ from typing import Any
 
 from . import labels as L
 from .compat.torch_pins import cuda_layers, torch_cuda_pins
+from .errors import UsageError
 from .recipe import Recipe
 from .resolve import HEAVY_PACKAGES, Resolution, resolve
 from .steps import (
@@ -78,14 +79,52 @@ class BuildPlan:
 
 
 def default_tags(recipe: Recipe, registry: str | None = None, extra: tuple[str, ...] = ()) -> tuple[str, ...]:
+    """NAME:VERSION (or ``extra``, the --tag values), under ``registry``; each one checked, and
+    an invalid one blamed on the option that produced it (UsageError, exit 2)."""
     if extra:
         tags = list(extra)
     else:
         tags = [f"{recipe.name}:{recipe.version or 'latest'}"]
+    origin = "--tag" if extra else "tag"
     if registry:
-        registry = registry.rstrip("/")
+        registry = check_registry(registry)
         tags = [t if t.startswith(registry + "/") else f"{registry}/{t}" for t in tags]
-    return tuple(tags)
+        origin = "--tag/--registry" if extra else "--registry"
+    return tuple(check_image_tag(t, origin=origin) for t in tags)
+
+
+def check_registry(registry: str) -> str:
+    """A --registry value: host[:port][/path], no scheme. Returns it without a trailing /."""
+    from .oci import parse_reference
+
+    value = registry.strip().rstrip("/")
+    hint = "e.g. --registry 127.0.0.1:5000 or --registry ghcr.io/team (no http://)"
+    if "://" in value:
+        raise UsageError(f"--registry {registry!r}: write the host without a scheme", hint=hint)
+    host = value.split("/", 1)[0]
+    try:
+        ok = parse_reference(f"{value}/x").registry == host
+    except UsageError:
+        ok = False
+    if not value or not ok:
+        raise UsageError(f"--registry {registry!r} is not a registry host[:port][/path]", hint=hint)
+    return value
+
+
+def check_image_tag(tag: str, *, origin: str = "tag") -> str:
+    """A tag to apply to a built image, by oci.parse_reference's grammar (no digest). ``origin``
+    names what produced it (--tag, --registry, the recipe's name) for the message."""
+    from .oci import parse_reference
+
+    try:
+        ref = parse_reference(tag)
+        problem = "a tag cannot carry a digest" if ref.digest else None
+    except UsageError as exc:
+        problem = exc.message
+    if problem:
+        raise UsageError(f"{origin}: {tag!r} is not a valid image tag: {problem}",
+                         hint="e.g. team/trainer:1.0 or 127.0.0.1:5000/team/trainer:1.0")
+    return tag
 
 
 def _python_packages(res: Resolution, *, dev: bool) -> list[str]:

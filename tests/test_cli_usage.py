@@ -122,3 +122,31 @@ def test_lock_of_a_matrix_with_every_variant_dropped(tmp_path):
     assert "every variant was dropped" in err
     assert "variant py310 dropped:" in err and "variant py312 dropped:" in err
     assert not path.with_suffix(".lock").exists()
+
+
+BAD_TAG = (["--tag", "Bad Tag"], "--tag: 'Bad Tag' is not a valid image tag")
+SCHEME = (["--registry", "http://127.0.0.1:5055/"], "--registry 'http://127.0.0.1:5055/': write the host without a scheme")
+NO_HOST = (["--registry", "myreg"], "--registry 'myreg' is not a registry host")
+
+
+@pytest.mark.parametrize(("command", "case"), [(c, t) for c in ("plan", "compose", "build") for t in (BAD_TAG, SCHEME, NO_HOST)]
+                         + [("matrix", SCHEME), ("matrix", NO_HOST)])
+def test_tags_and_registry_checked_for_every_command(command, case):
+    args, blamed = case
+    code, out, err = run_cli(command, DEMO, *args)
+    _usage(code, out, err)
+    assert blamed in err and out == ""
+
+
+def test_registry_with_trailing_slash_and_path_is_fine():
+    from buildkit_py.plan import check_registry
+
+    assert check_registry("127.0.0.1:5055/") == "127.0.0.1:5055"
+    assert check_registry("ghcr.io/team") == "ghcr.io/team"
+    assert check_registry("localhost:5000") == "localhost:5000"
+
+
+def test_build_does_not_blame_a_tag_never_given():
+    code, out, err = run_cli("build", DEMO, "--registry", "http://x:5/")
+    _usage(code, out, err)
+    assert "--tag" not in err

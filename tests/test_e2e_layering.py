@@ -60,3 +60,11 @@ budget: {{max_size: "50MB"}}
     assert "over the recipe's budget of 50.0 MB" in err
     assert "base " in err and "os " in err  # breakdown by layer group
     assert docker("image", "inspect", f"{unique_name}:latest").returncode != 0
+    # kept under :rejected, which the hint names (and `imgbuild inspect` reads)
+    assert f"kept as {unique_name}:rejected" in err and f"imgbuild inspect {unique_name}:rejected" in err
+    try:
+        assert docker("image", "inspect", f"{unique_name}:rejected").returncode == 0
+        code, _, err = run_cli("inspect", f"{unique_name}:rejected", "--no-compressed")
+        assert code == 0, err
+    finally:
+        docker("image", "rm", f"{unique_name}:rejected")

@@ -485,3 +485,18 @@ def test_engine_layer_sizes_line_up_with_the_config_history():
     assert I.engine_layer_sizes(config, engine, 2) == [100, 30]
     assert I.engine_layer_sizes(config, engine[1:], 2) is None  # histories that do not line up
     assert I.engine_layer_sizes(config, engine, 3) is None
+
+
+def test_compilers_grouped_by_folder_and_layer():
+    # What `apt-get install gcc` leaves in /usr/bin: one finding for the folder, not one per name
+    names = ["gcc", "gcc-12", "x86_64-linux-gnu-gcc", "x86_64-linux-gnu-gcc-12", "cc", "c++", "g++"]
+    layer = _layer_tar([(f"usr/bin/{n}", b"g" * 10, None) for n in names]
+                       + [("usr/lib/gcc/x86_64-linux-gnu/12/cc1", b"c" * 100, None)])
+    history = [_h("RUN /bin/sh -c : imgbuild-step=os; x # buildkit")]
+    raw, image_id, diff_ids = _save_tar([layer], history)
+    saved = I.analyze_save_stream(io.BytesIO(raw), image_id=image_id, diff_ids=diff_ids, workers=1)
+    report = I.build_report("gcc:1", image_id, diff_ids, saved, history, {"io.imgbuild.cuda.flavor": "runtime"},
+                            bandwidth_mbps=8, weight_threshold=4096)
+    compilers = {f.path: f for f in report.findings if f.kind == I.COMPILER}
+    assert {p: f.size for p, f in compilers.items()} == {"/usr/bin": 70, "/usr/lib/gcc/x86_64-linux-gnu/12/cc1": 100}
+    assert "7 compiler files in /usr/bin (c++, cc, g++, gcc, gcc-12 and 2 more)" in compilers["/usr/bin"].message

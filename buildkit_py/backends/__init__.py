@@ -237,6 +237,13 @@ class Engine:
         containerd store (inspect reads both)."""
         return self.sdk().images.get(ref).save(chunk_size=chunk_size)
 
+    def tag(self, image: str, ref: str) -> None:
+        """Give ``image`` (an id or a reference) the tag ``ref``."""
+        from .. import oci
+
+        parsed = oci.parse_reference(ref)
+        self.sdk().images.get(image).tag(ref.rsplit(":", 1)[0], parsed.tag or "latest")
+
     def untag(self, ref: str) -> None:
         self.sdk().images.remove(ref, noprune=True)
 
