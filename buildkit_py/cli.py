@@ -63,6 +63,17 @@ def _offline_options(sp) -> None:
     _index_options(sp)
 
 
+def _positive(text: str) -> float:
+    """argparse type for rates (Mbit/s, MB/s): a number above 0, checked before any work."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not value > 0:  # also NaN
+        raise argparse.ArgumentTypeError(f"{text} must be above 0")
+    return value
+
+
 def _build_parser(stdout: IO[str]) -> _Parser:
     _Parser.stdout = stdout
     fmt = argparse.RawDescriptionHelpFormatter
@@ -189,9 +200,9 @@ def _build_parser(stdout: IO[str]) -> _Parser:
 
     i = add("inspect", "layers, sizes, pull time and findings (weights, caches, compilers, CUDA twice) of an image")
     i.add_argument("image", help="a local image (name:tag or id)")
-    i.add_argument("--bandwidth", type=float, default=1000, metavar="MBIT",
+    i.add_argument("--bandwidth", type=_positive, default=1000, metavar="MBIT",
                    help="link speed for the pull-time estimate, Mbit/s (default 1000)")
-    i.add_argument("--unpack-rate", type=float, default=None, metavar="MB/s",
+    i.add_argument("--unpack-rate", type=_positive, default=None, metavar="MB/s",
                     help="add unpacking at this rate (MB/s of layer tar) to the pull time; default: network only")
     i.add_argument("--weight-threshold", default="10MiB", help="flag weight-like files above this size (default 10MiB)")
     i.add_argument("--no-compressed", action="store_true", help="skip the gzip estimate (faster on big images)")
@@ -206,9 +217,9 @@ def _build_parser(stdout: IO[str]) -> _Parser:
     df.add_argument("image_b", help="the image to roll out")
     df.add_argument("--source", choices=("auto", "registry", "engine"), default="auto",
                     help="where to read the images: auto = the registry a reference names, else the engine")
-    df.add_argument("--bandwidth", type=float, default=1000, metavar="MBIT",
+    df.add_argument("--bandwidth", type=_positive, default=1000, metavar="MBIT",
                     help="link speed for the pull-time estimate, Mbit/s (default 1000)")
-    df.add_argument("--unpack-rate", type=float, default=None, metavar="MB/s",
+    df.add_argument("--unpack-rate", type=_positive, default=None, metavar="MB/s",
                     help="add unpacking at this rate (MB/s of layer tar) to the pull time; default: network only")
     df.add_argument("--no-uncompressed", action="store_true",
                     help="do not stream B's layers to count unpacked bytes (sizes shown as -)")
@@ -395,6 +406,8 @@ def cmd_build(args, out: _Out) -> int:
     from .backends import select_engine
     from .build import BuildOptions, run_build
 
+    if args.jobs < 1:
+        raise UsageError(f"-j {args.jobs}: the number of parallel builds must be at least 1")
     if args.all or args.variant:
         return cmd_build_matrix(args, out)
     if args.jobs != 1:
@@ -737,8 +750,6 @@ def cmd_inspect(args, out: _Out) -> int:
     threshold = parse_size(args.weight_threshold)
     if threshold is None:
         raise UsageError(f"--weight-threshold {args.weight_threshold!r} is not a size like 10MiB")
-    if not args.bandwidth > 0:  # also NaN
-        raise UsageError(f"--bandwidth {args.bandwidth:g}: the link speed must be above 0 Mbit/s")
     out.info(f"reading {args.image} (one pass over its layers)")
     report = inspect_image(engine_for_reading(), args.image, bandwidth_mbps=args.bandwidth, weight_threshold=threshold,
                            estimate_compressed=not args.no_compressed, unpack_mbps=args.unpack_rate)

@@ -1,7 +1,6 @@
 """Usage errors a new user hits: exit 2, one clear message, no traceback, nothing half-written."""
 
 import pytest
-
 from helpers import REPO, run_cli, write_recipe
 
 DEMO = str(REPO / "recipes" / "demo.yaml")
@@ -73,11 +72,19 @@ def test_check_missing_driver_value_is_usage_error():
     assert "--driver ''" in err and out == ""
 
 
-@pytest.mark.parametrize("bandwidth", ["0", "-5", "nan"])
-def test_inspect_bandwidth_must_be_positive(bandwidth):
-    code, out, err = run_cli("inspect", "no-such-image:1", "--bandwidth", bandwidth)
+@pytest.mark.parametrize("command", [["inspect", "no-such-image:1"], ["diff", "no-such-a:1", "no-such-b:1"]])
+@pytest.mark.parametrize("option", ["--bandwidth", "--unpack-rate"])
+@pytest.mark.parametrize("value", ["0", "-5", "nan", "fast"])
+def test_rates_must_be_positive_numbers(command, option, value):
+    code, out, err = run_cli(*command, option, value)
     _usage(code, out, err)
-    assert "--bandwidth" in err and "reading" not in err  # refused before any work
+    assert f"argument {option}:" in err and "reading" not in err  # refused before any work
+
+
+def test_jobs_zero_without_all():
+    code, out, err = run_cli("build", DEMO, "-j", "0")
+    _usage(code, out, err)
+    assert "at least 1" in err
 
 
 def test_jobs_without_all_is_refused():
@@ -125,11 +132,13 @@ def test_lock_of_a_matrix_with_every_variant_dropped(tmp_path):
 
 
 BAD_TAG = (["--tag", "Bad Tag"], "--tag: 'Bad Tag' is not a valid image tag")
-SCHEME = (["--registry", "http://127.0.0.1:5055/"], "--registry 'http://127.0.0.1:5055/': write the host without a scheme")
+SCHEME = (["--registry", "http://127.0.0.1:5055/"],
+          "--registry 'http://127.0.0.1:5055/': write the host without a scheme")
 NO_HOST = (["--registry", "myreg"], "--registry 'myreg' is not a registry host")
 
 
-@pytest.mark.parametrize(("command", "case"), [(c, t) for c in ("plan", "compose", "build") for t in (BAD_TAG, SCHEME, NO_HOST)]
+@pytest.mark.parametrize(("command", "case"),
+                         [(c, t) for c in ("plan", "compose", "build") for t in (BAD_TAG, SCHEME, NO_HOST)]
                          + [("matrix", SCHEME), ("matrix", NO_HOST)])
 def test_tags_and_registry_checked_for_every_command(command, case):
     args, blamed = case

@@ -53,6 +53,6 @@ def test_failed_rename_leaves_no_temporary(tmp_path, monkeypatch):
         raise OSError("disk gone")
 
     monkeypatch.setattr(os, "replace", refuse)
-    with pytest.raises(OSError):
+    with pytest.raises(OSError, match="disk gone"):
         write_atomic(tmp_path / "f", "x")
     assert list(tmp_path.iterdir()) == []
