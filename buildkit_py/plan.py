@@ -122,7 +122,7 @@ def check_image_tag(tag: str, *, origin: str = "tag") -> str:
     except UsageError as exc:
         problem = exc.message
     if problem:
-        raise UsageError(f"{origin}: {tag!r} is not a valid image tag: {problem}",
+        raise UsageError(f"{origin}: {tag!r} is not a valid image reference: {problem}",
                          hint="e.g. team/trainer:1.0 or 127.0.0.1:5000/team/trainer:1.0")
     return tag
 

@@ -131,7 +131,7 @@ def test_lock_of_a_matrix_with_every_variant_dropped(tmp_path):
     assert not path.with_suffix(".lock").exists()
 
 
-BAD_TAG = (["--tag", "Bad Tag"], "--tag: 'Bad Tag' is not a valid image tag")
+BAD_TAG = (["--tag", "Bad Tag"], "--tag: 'Bad Tag' is not a valid image reference")
 SCHEME = (["--registry", "http://127.0.0.1:5055/"],
           "--registry 'http://127.0.0.1:5055/': write the host without a scheme")
 NO_HOST = (["--registry", "myreg"], "--registry 'myreg' is not a registry host")
