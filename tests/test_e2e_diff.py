@@ -26,7 +26,18 @@ COPY v.txt /app/v.txt
 GZIP_LAYER = "application/vnd.docker.image.rootfs.diff.tar.gzip"
 
 
-def build_and_push(tmp_path, base: str, ref: str, cleanup: list) -> None:
+@pytest.fixture
+def built_here():
+    """Images built with the 20.10 engine's client (whatever engine the test pulls with: a
+    node only pulls), removed from that engine afterwards."""
+    refs: list[str] = []
+    yield refs
+    for ref in refs:
+        subprocess.run(["/usr/bin/docker", "image", "rm", "-f", ref], capture_output=True,
+                       env={"PATH": "/usr/bin:/bin"})
+
+
+def build_and_push(tmp_path, base: str, ref: str, built: list) -> None:
     ctx = tmp_path / "ctx"
     ctx.mkdir()
     (ctx / "Dockerfile").write_text(DOCKERFILE.format(base=base))
@@ -34,7 +45,7 @@ def build_and_push(tmp_path, base: str, ref: str, cleanup: list) -> None:
     env = {"DOCKER_BUILDKIT": "1", "PATH": "/usr/bin:/bin", "DOCKER_CONFIG": str(tmp_path / "docker-config")}
     subprocess.run(["/usr/bin/docker", "build", "-q", "--network", "host", "-t", ref, str(ctx)], check=True,
                    capture_output=True, env=env)
-    cleanup.append(ref)
+    built.append(ref)
     subprocess.run(["/usr/bin/docker", "push", "-q", ref], check=True, capture_output=True, env=env)
 
 
@@ -109,12 +120,13 @@ def pulled_blobs(docker_client, ref: str) -> set[str]:
     return {k for k, v in statuses.items() if v & FETCHED and "Already exists" not in v}
 
 
-def test_diff_matches_what_docker_pull_downloads(tmp_path, logged_in, base_image, docker_client, cleanup_images,
-                                                 pushed):
+def test_diff_matches_what_docker_pull_downloads(tmp_path, logged_in, base_image, docker_client,
+                                                 cleanup_images, pushed, built_here):
     name = f"{logged_in.address}/imgbuild-test/diff-{uuid.uuid4().hex[:8]}"
     a, b = f"{name}:a", f"{name}:b"
     pushed.extend([b, a])
-    build_and_push(tmp_path, base_image, a, cleanup_images)
+    build_and_push(tmp_path, base_image, a, built_here)
+    cleanup_images.append(a)  # the copy the engine under test pulls
     app = {"/app/main.py": b"print('v2')\n" * 1000}
     [(new_compressed, new_size)] = push_remote_image(b, [("COPY app/ /app # buildkit", app)], base=a)
 
