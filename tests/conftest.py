@@ -80,6 +80,23 @@ def engine(request):
         yield chosen
 
 
+# The environment as the run began: a session-scoped engine keeps its IMGBUILD_DOCKER and
+# DOCKER_HOST set while pytest runs the tests grouped under it, including tests that never asked
+# for an engine (usage errors, "no engine" faults); those get the original values back.
+_AMBIENT_ENGINE_ENV = {key: os.environ.get(key) for key in ("IMGBUILD_DOCKER", "DOCKER_HOST")}
+
+
+@pytest.fixture(autouse=True)
+def _ambient_engine_environment(request, monkeypatch):
+    if "engine" in request.fixturenames:
+        return
+    for key, value in _AMBIENT_ENGINE_ENV.items():
+        if value is None:
+            monkeypatch.delenv(key, raising=False)
+        else:
+            monkeypatch.setenv(key, value)
+
+
 @pytest.fixture(scope="session")
 def docker_client(engine):
     return engine.sdk()
