@@ -68,7 +68,7 @@ def layers(client, image: str, skip: set[str]) -> dict[str, int]:
                if not h.get("CreatedBy", "").removeprefix("/bin/sh -c #(nop) ").lstrip().startswith(metadata_only)]
     if len(history) < len(diff_ids):
         raise SystemExit(f"{image}: cannot align {len(diff_ids)} layers with its history")
-    sized = {d: int(h.get("Size") or 0) for d, h in zip(diff_ids, history[-len(diff_ids):])}
+    sized = {d: int(h.get("Size") or 0) for d, h in zip(diff_ids, history[-len(diff_ids):], strict=False)}
     return {d: s for d, s in sized.items() if d not in skip}
 
 
@@ -150,8 +150,8 @@ def main() -> int:
             args.json.write_text(json.dumps(figures, indent=2))
     finally:
         for ref in made:
-            subprocess.run([DOCKER, "image", "rm", "-f", ref], capture_output=True)
-        subprocess.run(["rm", "-rf", str(tmp)])
+            subprocess.run([DOCKER, "image", "rm", "-f", ref], capture_output=True)  # noqa: PLW1510
+        subprocess.run(["rm", "-rf", str(tmp)])  # noqa: PLW1510
     return 0
 
 

@@ -48,7 +48,7 @@ def main() -> int:
     for name, seconds in medians.items():
         ratio = seconds / bare
         results[name] = {"seconds": seconds, "ratio": ratio}
-        verdict = "" if name == "python -c pass" else ("  ok" if ratio <= TARGET_RATIO else f"  over {TARGET_RATIO:.0f}x")
+        verdict = "" if name == "python -c pass" else ("  ok" if ratio <= TARGET_RATIO else f"  over {TARGET_RATIO:.0f}x")  # noqa: E501
         print(f"    {name:<38} {seconds * 1000:7.1f} ms  {ratio:5.1f}x{verdict}", flush=True)
     if args.json:
         args.json.write_text(json.dumps(results, indent=2))

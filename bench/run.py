@@ -60,7 +60,7 @@ RUN --mount=type=secret,id=cacert PIP_CERT=/run/secrets/cacert pip install nvidi
 RUN --mount=type=secret,id=cacert PIP_CERT=/run/secrets/cacert pip install --no-binary markupsafe markupsafe==2.1.5 numpy==1.26.4
 COPY app/ /app
 WORKDIR /app
-"""
+"""  # noqa: E501
 
 
 class Bench:
@@ -94,7 +94,7 @@ class Bench:
         metadata_only = ("ENV", "LABEL", "ENTRYPOINT", "CMD", "VOLUME", "ARG", "EXPOSE", "USER", "SHELL")
         with_layer = [h for h in reversed(self.client.api.history(image))
                       if not h.get("CreatedBy", "").startswith(metadata_only)]
-        return {d: int(h["Size"]) for d, h in zip(diff_ids, with_layer[-len(diff_ids):])}
+        return {d: int(h["Size"]) for d, h in zip(diff_ids, with_layer[-len(diff_ids):], strict=False)}
 
     def report(self, label: str, text: str) -> None:
         self.rows.append((label, text))
@@ -102,7 +102,7 @@ class Bench:
 
     def cleanup(self) -> None:
         for ref in self.images:
-            subprocess.run([DOCKER, "image", "rm", "-f", ref], capture_output=True)
+            subprocess.run([DOCKER, "image", "rm", "-f", ref], capture_output=True)  # noqa: PLW1510
         shutil.rmtree(self.tmp, ignore_errors=True)
 
 
@@ -131,7 +131,7 @@ def bench_multistage(b: Bench) -> dict:
     cmd = [DOCKER, "build", "--no-cache", "--network", "host", "-t", tag, "--progress", "plain"]
     if CA.exists():
         cmd += ["--secret", f"id=cacert,src={CA}"]
-    proc = subprocess.run(cmd + [str(naive_dir)], capture_output=True, text=True, env={**os.environ, "DOCKER_BUILDKIT": "1"})
+    proc = subprocess.run(cmd + [str(naive_dir)], capture_output=True, text=True, env={**os.environ, "DOCKER_BUILDKIT": "1"})  # noqa: E501, PLW1510
     if proc.returncode != 0:
         raise SystemExit(f"naive build failed:\n{proc.stdout[-3000:]}")
     naive_s = time.monotonic() - start
@@ -164,14 +164,14 @@ def bench_prefix(b: Bench) -> dict:
     b.report("(3) two variants, separate cold builds", f"{separate_s:7.1f} s, {separate_bytes / 1e6:.1f} MB of layers")
     b.report("    two variants sharing the prefix", f"{shared_s:7.1f} s, {shared_bytes / 1e6:.1f} MB of distinct "
              f"layers ({common / 1e6:.1f} MB shared; second re-ran {sh_c.result.run_steps} steps)")
-    b.report("    => faster by / fewer bytes by", f"{separate_s / shared_s:7.2f}x / {separate_bytes / shared_bytes:.2f}x")
+    b.report("    => faster by / fewer bytes by", f"{separate_s / shared_s:7.2f}x / {separate_bytes / shared_bytes:.2f}x")  # noqa: E501
     return {"separate_s": separate_s, "shared_s": shared_s, "separate_bytes": separate_bytes,
             "shared_bytes": shared_bytes, "common_bytes": common}
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--only", choices=["rebuild", "multistage", "prefix", "matrix", "weights", "startup", "engines"],
+    parser.add_argument("--only", choices=["rebuild", "multistage", "prefix", "matrix", "weights", "startup", "engines"],  # noqa: E501
                         action="append")
     parser.add_argument("--json", type=Path, help="also write the figures to this file")
     args = parser.parse_args()
@@ -187,16 +187,16 @@ def main() -> int:
     finally:
         b.cleanup()
     if "matrix" in chosen:
-        proc = subprocess.run([sys.executable, str(REPO / "bench" / "bench_matrix.py"), "--jobs", "2"], text=True)
+        proc = subprocess.run([sys.executable, str(REPO / "bench" / "bench_matrix.py"), "--jobs", "2"], text=True)  # noqa: PLW1510
         results["matrix_exit"] = proc.returncode
     if "weights" in chosen and (REPO / "bench" / "bench_weights.py").exists():
-        proc = subprocess.run([sys.executable, str(REPO / "bench" / "bench_weights.py")], text=True)
+        proc = subprocess.run([sys.executable, str(REPO / "bench" / "bench_weights.py")], text=True)  # noqa: PLW1510
         results["weights_exit"] = proc.returncode
     if "startup" in chosen:
-        proc = subprocess.run([sys.executable, str(REPO / "bench" / "bench_startup.py")], text=True)
+        proc = subprocess.run([sys.executable, str(REPO / "bench" / "bench_startup.py")], text=True)  # noqa: PLW1510
         results["startup_exit"] = proc.returncode
     if "engines" in chosen:
-        proc = subprocess.run([sys.executable, str(REPO / "bench" / "bench_engines.py")], text=True)
+        proc = subprocess.run([sys.executable, str(REPO / "bench" / "bench_engines.py")], text=True)  # noqa: PLW1510
         results["engines_exit"] = proc.returncode
     if args.json:
         args.json.write_text(json.dumps(results, indent=2))

@@ -20,9 +20,9 @@ from .registry import PushResult
 from .render import render_dockerfile
 
 LineSink = Callable[[str], None]
-CA_SECRET_ID = "cacert"
+CA_SECRET_ID = "cacert"  # noqa: S105
 # A pip.conf (private index URL with credentials), read by pip steps as PIP_CONFIG_FILE.
-PIP_CONFIG_SECRET_ID = "pipconf"
+PIP_CONFIG_SECRET_ID = "pipconf"  # noqa: S105
 
 
 @dataclass(frozen=True)
@@ -59,7 +59,7 @@ class BuildOutcome:
 
 def registry_compressed_size(ref: str) -> int | None:
     """Bytes a pull of ``ref`` downloads: config + layers of its linux/amd64 manifest."""
-    from . import oci
+    from . import oci  # noqa: PLC0415
 
     try:
         manifest, _, _ = oci.get_manifest(ref)
@@ -97,12 +97,12 @@ def assemble_context(plan: BuildPlan, dockerfile: str, workdir: Path) -> tuple[P
 def layer_groups(engine: Engine, image_id: str, plan: BuildPlan) -> dict[str, int]:
     """Bytes per layer group (base, os, python, cuda, ...), from the engine's history: cheap
     enough to run after every build, unlike `imgbuild inspect`, which streams the image."""
-    from .inspect import attribute_entries
+    from .inspect import attribute_entries  # noqa: PLC0415
 
     history = engine.history(image_id)
     step_groups = {st.id: st.group for st in plan.final.steps}
     groups: dict[str, int] = {}
-    for attribution, entry in zip(attribute_entries(history, step_groups), history):
+    for attribution, entry in zip(attribute_entries(history, step_groups), history, strict=False):
         groups[attribution.group] = groups.get(attribution.group, 0) + int(entry.get("Size") or 0)
     return {g: b for g, b in sorted(groups.items(), key=lambda kv: -kv[1]) if b}
 
@@ -110,7 +110,7 @@ def layer_groups(engine: Engine, image_id: str, plan: BuildPlan) -> dict[str, in
 REJECTED_TAG = "rejected"  # an image over its size budget keeps only this tag
 
 
-def run_build(plan: BuildPlan, engine: Engine, options: BuildOptions, on_line: LineSink,
+def run_build(plan: BuildPlan, engine: Engine, options: BuildOptions, on_line: LineSink,  # noqa: C901
               on_progress: LineSink | None = None) -> BuildOutcome:
     """Build on ``engine``; push from BuildKit where the engine can (buildx), else through the
     engine's SDK. The image is kept in the engine when asked (--load), when a budget must be
@@ -126,7 +126,7 @@ def run_build(plan: BuildPlan, engine: Engine, options: BuildOptions, on_line: L
             raise UsageError(f"--pip-config {options.pip_config}: no such file")
         secrets[PIP_CONFIG_SECRET_ID] = options.pip_config.resolve()
     tags = plan.tags if not options.tags else options.tags
-    from .plan import check_image_tag
+    from .plan import check_image_tag  # noqa: PLC0415
 
     for tag in tags:  # reach argv and the registry, never a shell: check the grammar, exit 2
         check_image_tag(tag)
@@ -161,7 +161,7 @@ def run_build(plan: BuildPlan, engine: Engine, options: BuildOptions, on_line: L
         if budget and sizes and sizes.uncompressed > plan.recipe.max_size:
             # The image loses the tags we gave it (nothing may push or run it by them) and is
             # kept as REPO:rejected, so the hint can name something to inspect.
-            from .registry import split_tag
+            from .registry import split_tag  # noqa: PLC0415
 
             rejected = f"{split_tag(tags[0])[0]}:{REJECTED_TAG}"
             engine.tag(result.image_id, rejected)
@@ -182,7 +182,7 @@ def run_build(plan: BuildPlan, engine: Engine, options: BuildOptions, on_line: L
             if not result.digest:
                 raise RegistryError("the build pushed but its metadata file has no containerimage.digest",
                                     hint="is the buildx plugin older than 0.10? push with --engine docker")
-            from .registry import split_tag
+            from .registry import split_tag  # noqa: PLC0415
 
             pushes = [PushResult(f"{split_tag(t)[0]}@{result.digest}", split_tag(t)[1], result.digest, None, 1)
                       for t in tags]
@@ -193,7 +193,7 @@ def run_build(plan: BuildPlan, engine: Engine, options: BuildOptions, on_line: L
         if compressed is not None:
             sizes = ImageSizes(sizes.uncompressed if sizes else 0, compressed)
     if pushes and not image_labels:  # pushed from a builder without loading: read them back from the registry
-        from . import oci
+        from . import oci  # noqa: PLC0415
 
         config = oci.get_image_config(pushes[0].ref).get("config") or {}
         image_labels = dict(sorted((config.get("Labels") or {}).items()))

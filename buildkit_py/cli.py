@@ -6,8 +6,9 @@ import argparse
 import json
 import os
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import IO, Sequence
+from typing import IO
 
 from . import __version__
 from .errors import EnvironmentProblem, ExitStatus, ImgbuildError, UsageError
@@ -111,7 +112,7 @@ def _build_parser(stdout: IO[str]) -> _Parser:
     b.add_argument("--pip-config", type=Path, default=os.environ.get("IMGBUILD_PIP_CONFIG") or None, metavar="FILE",
                    help="pip.conf for every pip step (e.g. a private index-url with credentials), passed as a "
                         "BuildKit secret read through PIP_CONFIG_FILE (never in a layer); also $IMGBUILD_PIP_CONFIG")
-    b.add_argument("--network", default="host", help="network for RUN steps (default: host; 'default' for the engine's)")
+    b.add_argument("--network", default="host", help="network for RUN steps (default: host; 'default' for the engine's)")  # noqa: E501
     b.add_argument("--no-cache", action="store_true", help="ignore the layer cache")
     b.add_argument("--progress", choices=["auto", "plain", "quiet"], default="auto",
                    help="build log on stderr: auto (steps), plain (everything), quiet")
@@ -388,7 +389,7 @@ def cmd_plan(args, out: _Out) -> int:
     out.line(f"  cuda      {res['cuda']} {res['flavor']} from {res['source']}"
              + (f", cuDNN {res['cudnn']}" if res["cudnn"] else ""))
     out.line(f"  driver    >= {res['min_driver']} native"
-             + (f", >= {res['min_driver_compat']} with minor-version compatibility" if res["min_driver_compat"] else ""))
+             + (f", >= {res['min_driver_compat']} with minor-version compatibility" if res["min_driver_compat"] else ""))  # noqa: E501
     out.line(f"  python    {res['python']} ({res['python_provider']})")
     if res["torch"]:
         out.line(f"  torch     {res['torch']} from {res['torch_index_url'] or 'the Python registry'}")
@@ -454,7 +455,7 @@ def cmd_build(args, out: _Out) -> int:
         "image_id": r.image_id, "tags": list(r.tags), "size": outcome.size, "backend": outcome.backend,
         "size_uncompressed": outcome.sizes.uncompressed if outcome.sizes else None,
         "size_compressed": outcome.sizes.compressed if outcome.sizes else None,
-        "seconds": round(r.seconds, 2), "steps_run": r.run_steps, "steps_cached": r.cached_steps, "steps_rerun": list(r.rerun),
+        "seconds": round(r.seconds, 2), "steps_run": r.run_steps, "steps_cached": r.cached_steps, "steps_rerun": list(r.rerun),  # noqa: E501
         "groups": outcome.groups, "labels": outcome.labels, "warnings": list(plan.warnings),
         "pushes": [{"ref": p.ref, "tag": p.tag, "digest": p.digest, "size": p.size} for p in outcome.pushes],
     }
@@ -466,7 +467,7 @@ def cmd_build(args, out: _Out) -> int:
     out.line(f"image    {r.image_id}")
     out.line(f"tags     {', '.join(r.tags)}")
     out.line(f"size     {_human(outcome.size)} ({outcome.size} bytes) uncompressed"
-             + (f", {_human(outcome.sizes.compressed)} compressed" if outcome.sizes and outcome.sizes.compressed else ""))
+             + (f", {_human(outcome.sizes.compressed)} compressed" if outcome.sizes and outcome.sizes.compressed else ""))  # noqa: E501
     out.line(f"steps    {r.run_steps} run, {r.cached_steps} cached, {r.seconds:.1f}s")
     for p in outcome.pushes:
         out.line(f"pushed   {p.ref}")
@@ -548,7 +549,7 @@ def cmd_matrix(args, out: _Out) -> int:
 
         out.stdout.write(yaml.safe_dump(mx.gitlab_matrix(matrix, registry=args.registry), sort_keys=False))
     else:  # bake: key order matters (shared stages first), so no sort_keys
-        out.line(json.dumps(mx.bake_file(matrix, registry=args.registry, ca_cert=args.ca_cert, push=args.push), indent=2))
+        out.line(json.dumps(mx.bake_file(matrix, registry=args.registry, ca_cert=args.ca_cert, push=args.push), indent=2))  # noqa: E501
     return 0
 
 
@@ -823,7 +824,7 @@ def cmd_run(args, out: _Out) -> int:
         out.info(f"weights {w.ref}: {res.downloaded_bytes} bytes downloaded, {len(res.skipped)} files already present")
     out.info("running " + " ".join(run.argv))
     out.stdout.flush()
-    return subprocess.run(list(run.argv), stdin=subprocess.DEVNULL).returncode
+    return subprocess.run(list(run.argv), stdin=subprocess.DEVNULL).returncode  # noqa: PLW1510
 
 
 def _require_built(engine, image: str, recipe: Path) -> None:
@@ -897,7 +898,7 @@ def cmd_data(args, out: _Out) -> int:
     cached = live.cached_rows()
     report = {"schema_version": 1, "shipped_as_of": shipped, "files": as_of, "cache": str(live.cache_dir()),
               "cached": [{"component": "torch", "version": v, "index": r.get("index"), "read": r.get("read"),
-                          "pypi_variant": r.get("pypi_variant"), "shipped": any(t.version == v for t in tables.torch_releases())}
+                          "pypi_variant": r.get("pypi_variant"), "shipped": any(t.version == v for t in tables.torch_releases())}  # noqa: E501
                          for v, r in sorted(cached.items())]}
     if args.json:
         out.data(report)
@@ -924,7 +925,7 @@ def cmd_data_refresh(args, out: _Out) -> int:
                                     pip_config=str(args.pip_config) if args.pip_config else None)
     out.info(f"reading {index.redact(settings.url)} (from {settings.source})")
     client = index.client_for(settings)
-    data = {name: json.loads(tables.data_dir().joinpath(name).read_text(encoding="utf-8")) for name in tables.DATA_FILES}
+    data = {name: json.loads(tables.data_dir().joinpath(name).read_text(encoding="utf-8")) for name in tables.DATA_FILES}  # noqa: E501
     report = refresh.refresh(client, data, today=datetime.date.today().isoformat())
     texts = {name: refresh.dump(raw) for name, raw in report.files.items()}
     written: list[str] = []
@@ -969,7 +970,7 @@ def main(argv: Sequence[str] | None = None, stdout: IO[str] | None = None, stder
             parser.print_help()
             return ExitStatus.BAD_INPUT
         handler = {"render": cmd_render, "plan": cmd_plan, "build": cmd_build, "lock": cmd_lock, "check": cmd_check,
-                   "weights": cmd_weights, "mirror": cmd_mirror, "inspect": cmd_inspect, "diff": cmd_diff, "run": cmd_run,
+                   "weights": cmd_weights, "mirror": cmd_mirror, "inspect": cmd_inspect, "diff": cmd_diff, "run": cmd_run,  # noqa: E501
                    "matrix": cmd_matrix, "compose": cmd_compose, "lint": cmd_lint,
                    "schema": cmd_schema, "data": cmd_data}.get(args.command)
         if args.command == "login":

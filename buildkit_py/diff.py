@@ -268,7 +268,7 @@ def read_image(image: str, *, source: str = "auto", client: oci.Client | None = 
             if source == SOURCE_REGISTRY:
                 raise
     if engine is None:
-        from .backends import engine_for_reading
+        from .backends import engine_for_reading  # noqa: PLC0415
 
         engine = engine_for_reading()
     return read_engine(image, engine)
@@ -318,9 +318,9 @@ def diff_json(d: ImageDiff) -> dict[str, Any]:
 
 
 def render_table(d: ImageDiff, console) -> None:
-    from rich.table import Table
+    from rich.table import Table  # noqa: PLC0415
 
-    from .inspect import _short_created
+    from .inspect import _short_created  # noqa: PLC0415
 
     t = d.totals
     console.print(f"[bold]{d.b.image}[/bold] for a node holding [bold]{d.a.image}[/bold] "

@@ -5,8 +5,9 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, Literal
+from typing import Literal
 
 from .errors import DriverCheckError
 
@@ -15,7 +16,7 @@ _QUERY_OLD = ["--query-gpu=driver_version,name", "--format=csv,noheader"]
 _DRIVER_RE = re.compile(r"^\d{3}(\.\d{1,3}){1,2}$")
 _CAP_RE = re.compile(r"^\d{1,2}\.\d$")
 # Name fragments of NVIDIA data-center products (forward compatibility applies to these).
-_DATACENTER = re.compile(r"\b(Tesla|A100|A800|A30|A40|A10G?|A16|A2|H100|H200|H800|H20|GH200|B100|B200|B300|GB200|GB300|L4|L40S?|L20|T4|V100|P100|P40|K80)\b")
+_DATACENTER = re.compile(r"\b(Tesla|A100|A800|A30|A40|A10G?|A16|A2|H100|H200|H800|H20|GH200|B100|B200|B300|GB200|GB300|L4|L40S?|L20|T4|V100|P100|P40|K80)\b")  # noqa: E501
 _CONSUMER = re.compile(r"\b(GeForce|TITAN|Quadro|RTX \d{4}|RTX A\d{4})\b")
 
 
@@ -83,7 +84,7 @@ def read_nvidia_smi(*, binary: str = "nvidia-smi", timeout: float = 20.0,
     path = shutil.which(binary)
     if path is None:
         raise DriverCheckError(f"{binary} not found on PATH",
-                               hint="install the NVIDIA driver, or run where the GPU is visible (e.g. docker run --gpus all)")
+                               hint="install the NVIDIA driver, or run where the GPU is visible (e.g. docker run --gpus all)")  # noqa: E501
 
     def call(args: list[str]) -> subprocess.CompletedProcess:
         try:
@@ -107,7 +108,7 @@ def read_nvidia_smi(*, binary: str = "nvidia-smi", timeout: float = 20.0,
 
 def read_nvml() -> HostDriver:
     try:
-        import pynvml  # type: ignore[import-not-found]
+        import pynvml  # type: ignore[import-not-found]  # noqa: PLC0415
     except ImportError as exc:
         raise DriverCheckError("pynvml (nvidia-ml-py) is not installed") from exc
     try:
@@ -141,7 +142,7 @@ def read_host_driver(*, prefer_nvml: bool = True) -> HostDriver:
     """NVML when pynvml is importable and works, otherwise nvidia-smi."""
     if prefer_nvml:
         try:
-            import pynvml  # type: ignore[import-not-found]  # noqa: F401
+            import pynvml  # type: ignore[import-not-found]  # noqa: F401, PLC0415
         except ImportError:
             pass
         else:

@@ -77,7 +77,7 @@ class CompatibilityError(ImgbuildError):
 
     exit_status = ExitStatus.BAD_INPUT
 
-    def __init__(
+    def __init__(  # noqa: PLR0913
         self,
         component: str,
         version: str,

@@ -331,7 +331,7 @@ def attribute_layers(history: list[dict], n_layers: int,
     ``history`` is the image config's ``history`` (entries with ``created_by`` and
     ``empty_layer``). When the history does not account for every layer (a squashed or
     hand-made image), the layers it cannot place are attributed to nothing (group ``base``)."""
-    out = [a for a, entry in zip(attribute_entries(history, step_groups), history) if not entry.get("empty_layer")]
+    out = [a for a, entry in zip(attribute_entries(history, step_groups), history, strict=False) if not entry.get("empty_layer")]  # noqa: E501
     if len(out) != n_layers:
         # Untrustworthy history: keep only what lines up from the top (the newest entries).
         pad = [Attribution(None, BASE_GROUP, "", "")] * max(0, n_layers - len(out))
@@ -517,11 +517,11 @@ def _blob_compression(head: bytes) -> str | None:
 
 def _decompressing(f: IO[bytes], compression: str) -> IO[bytes]:
     if compression == "gzip":
-        import gzip
+        import gzip  # noqa: PLC0415
 
         return gzip.GzipFile(fileobj=f, mode="rb")  # type: ignore[return-value]
     # Lazy: only images stored with zstd need it (Python < 3.14 has no zstd of its own).
-    import zstandard
+    import zstandard  # noqa: PLC0415
 
     return zstandard.ZstdDecompressor().stream_reader(f, read_across_frames=True)  # type: ignore[return-value]
 
@@ -560,7 +560,7 @@ def _is_config_member(name: str, image_hex: str) -> bool:
     return name in (f"{image_hex}.json", f"blobs/sha256/{image_hex}")
 
 
-def analyze_save_stream(stream: IO[bytes], *, image_id: str, diff_ids: list[str],
+def analyze_save_stream(stream: IO[bytes], *, image_id: str, diff_ids: list[str],  # noqa: C901
                         estimate_compressed: bool = True, workers: int | None = None) -> SaveScan:
     """Parse a ``docker save`` tar read from ``stream`` (never seeking), scanning each layer
     once. Raises InspectError when a layer of ``diff_ids`` is not in it."""
@@ -585,12 +585,12 @@ def analyze_save_stream(stream: IO[bytes], *, image_id: str, diff_ids: list[str]
                     if m.size > MAX_CONFIG_BYTES:
                         raise InspectError(f"image config {m.name} is {m.size} bytes, more than a config should be")
                     f = outer.extractfile(m)
-                    assert f is not None
+                    assert f is not None  # noqa: S101
                     config = json.loads(f.read())
                 elif m.name.startswith("blobs/sha256/") and m.name.rsplit("/", 1)[-1] not in diff_hexes:
                     # OCI layout (the containerd store): compressed layers, configs, manifests, indexes.
                     f = outer.extractfile(m)
-                    assert f is not None
+                    assert f is not None  # noqa: S101
                     head = f.peek(4)[:4]  # type: ignore[attr-defined]
                     if compression := _blob_compression(head):
                         scan = scan_layer(_decompressing(f, compression), counter=None)
@@ -608,7 +608,7 @@ def analyze_save_stream(stream: IO[bytes], *, image_id: str, diff_ids: list[str]
                             pass
                 elif _is_layer_member(m.name, diff_hexes):
                     f = outer.extractfile(m)
-                    assert f is not None
+                    assert f is not None  # noqa: S101
                     counter = GzipCounter(pool, workers) if estimate_compressed else None
                     scan = scan_layer(f, counter=counter)
                     if scan.digest in wanted:
@@ -671,7 +671,7 @@ def _where(layers: list[Layer], i: int) -> str:
     return f"layer {i} (step {layer.step})" if layer.step else f"layer {i} ({layer.group})"
 
 
-def find_problems(layers: list[Layer], scans: list[LayerScan], *, flavor: str | None,
+def find_problems(layers: list[Layer], scans: list[LayerScan], *, flavor: str | None,  # noqa: C901
                   weight_threshold: int = 10 * MiB) -> list[Finding]:
     """Every finding for an image whose layer ``i`` is ``layers[i]`` scanned as ``scans[i]``."""
     findings: list[Finding] = []
@@ -762,7 +762,7 @@ def find_problems(layers: list[Layer], scans: list[LayerScan], *, flavor: str | 
 # ---------------------------------------------------------------- the entry point
 
 
-def inspect_image(engine, ref: str, *, bandwidth_mbps: float = 1000, weight_threshold: int = 10 * MiB,
+def inspect_image(engine, ref: str, *, bandwidth_mbps: float = 1000, weight_threshold: int = 10 * MiB,  # noqa: PLR0913
                   estimate_compressed: bool = True, step_groups: Mapping[str, str] | None = None,
                   workers: int | None = None, registry_sizes: bool = True,
                   unpack_mbps: float | None = None) -> ImageReport:
@@ -774,7 +774,7 @@ def inspect_image(engine, ref: str, *, bandwidth_mbps: float = 1000, weight_thre
     blobs when they are compressed, else from a gzip -6 estimate; with
     ``estimate_compressed=False`` the estimate is skipped, which makes inspection of a large
     image several times faster."""
-    import docker.errors  # only the entry point needs the SDK
+    import docker.errors  # only the entry point needs the SDK  # noqa: PLC0415
 
     if bandwidth_mbps <= 0:
         raise InspectError(f"bandwidth must be positive, got {bandwidth_mbps} Mbit/s")
@@ -810,8 +810,8 @@ def inspect_image(engine, ref: str, *, bandwidth_mbps: float = 1000, weight_thre
 def registry_layer_sizes(ref: str, n_layers: int) -> list[int] | None:
     """Compressed layer sizes from ``ref``'s manifest in its registry (what a pull moves);
     None when it is not there or its layers are not the image's."""
-    from . import oci
-    from .errors import ImgbuildError
+    from . import oci  # noqa: PLC0415
+    from .errors import ImgbuildError  # noqa: PLC0415
 
     try:
         manifest, _, _ = oci.get_manifest(ref, client=oci.Client(max_retries=1, timeout=(5.0, 30.0)))
@@ -826,12 +826,12 @@ def engine_layer_sizes(config_history: list[dict], engine_history: list[dict], n
     entry), bottom layer first; None when the two histories do not line up."""
     if not config_history or len(config_history) != len(engine_history):
         return None
-    sizes = [int(e.get("Size") or 0) for c, e in zip(config_history, reversed(engine_history))
+    sizes = [int(e.get("Size") or 0) for c, e in zip(config_history, reversed(engine_history), strict=False)
              if not c.get("empty_layer")]
     return sizes if len(sizes) == n_layers else None
 
 
-def build_report(ref: str, image_id: str, diff_ids: list[str], saved: SaveScan, history: list[dict],
+def build_report(ref: str, image_id: str, diff_ids: list[str], saved: SaveScan, history: list[dict],  # noqa: PLR0913
                  labels: Mapping[str, str], *, bandwidth_mbps: float = 1000, weight_threshold: int = 10 * MiB,
                  step_groups: Mapping[str, str] | None = None, engine_sizes: list[int] | None = None,
                  registry_sizes: list[int] | None = None, unpack_mbps: float | None = None) -> ImageReport:
@@ -843,13 +843,13 @@ def build_report(ref: str, image_id: str, diff_ids: list[str], saved: SaveScan, 
         "store" if scans and all(s.compression for s in scans) else \
         "estimate" if scans and all(s.compressed_size is not None for s in scans) else None
     if registry_sizes is not None:
-        for scan, remote in zip(scans, registry_sizes):
+        for scan, remote in zip(scans, registry_sizes, strict=False):
             scan.compressed_size = remote
     sizes = engine_sizes if engine_sizes is not None else [s.content_size for s in scans]
     layers = [
         Layer(index=i, digest=d, size=sizes[i], blob_size=s.blob_size, compressed_size=s.compressed_size,
               files=s.members, step=a.step, group=a.group, created_by=a.created_by, instruction=a.instruction)
-        for i, (d, s, a) in enumerate(zip(diff_ids, scans, attributions))
+        for i, (d, s, a) in enumerate(zip(diff_ids, scans, attributions, strict=False))
     ]
     compressed: int | None = None
     if all(s.compressed_size is not None for s in scans):
@@ -923,7 +923,7 @@ def _short_created(created_by: str, width: int = 60) -> str:
 
 def render_table(report: ImageReport, console) -> None:
     """Print the report on a rich ``Console``: summary, layers, groups, findings."""
-    from rich.table import Table
+    from rich.table import Table  # noqa: PLC0415
 
     pull = "-" if report.pull_seconds is None else f"{report.pull_seconds:.1f} s at {report.bandwidth_mbps:g} Mbit/s"
     if report.pull_seconds is not None and report.unpack_mbps:

@@ -89,7 +89,7 @@ def git_facts(folder: Path) -> tuple[str | None, str | None]:
         """stdout of a git command ("" when it printed nothing), None when it failed."""
         try:
             # --no-optional-locks: reading must not rewrite the user's index
-            out = subprocess.run(["git", "--no-optional-locks", "-C", str(folder), *args], capture_output=True,
+            out = subprocess.run(["git", "--no-optional-locks", "-C", str(folder), *args], capture_output=True,  # noqa: PLW1510
                                  text=True, timeout=10)
         except (OSError, subprocess.TimeoutExpired):
             return None

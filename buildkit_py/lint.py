@@ -92,9 +92,9 @@ class LintReport:
 
 def lint_recipe(path: str | os.PathLike, *, hadolint: str | None = "auto") -> LintReport:
     """hadolint: "auto" (use it where ``find_hadolint`` finds it), a binary path, or None (skip it)."""
-    from .plan import make_plan, weights_in_copies, weights_in_copy_warning
-    from .recipe import load_recipe, locate, read_recipe_text
-    from .render import render_dockerfile
+    from .plan import make_plan, weights_in_copies, weights_in_copy_warning  # noqa: PLC0415
+    from .recipe import load_recipe, locate, read_recipe_text  # noqa: PLC0415
+    from .render import render_dockerfile  # noqa: PLC0415
 
     path = Path(path)
     recipe = load_recipe(path)  # RecipeError: exit 2
@@ -140,7 +140,7 @@ def _apt_findings(raw, file: str) -> list[LintFinding]:
 
 
 def _copy_findings(recipe, file: str) -> list[LintFinding]:
-    from .inspect import is_weight_file
+    from .inspect import is_weight_file  # noqa: PLC0415
 
     out = []
     root = recipe.context_dir
@@ -175,9 +175,9 @@ def find_hadolint() -> str | None:
 def run_hadolint(binary: str, dockerfile: str, file: str) -> tuple[str | None, list[LintFinding]]:
     """hadolint on the rendered Dockerfile (stdin); its line numbers are the Dockerfile's."""
     try:
-        version = subprocess.run([binary, "--version"], capture_output=True, text=True,
+        version = subprocess.run([binary, "--version"], capture_output=True, text=True,  # noqa: PLW1510
                                  timeout=HADOLINT_TIMEOUT_S).stdout.strip() or "hadolint"
-        proc = subprocess.run([binary, "--format", "json", "--no-fail", "-"], input=dockerfile,
+        proc = subprocess.run([binary, "--format", "json", "--no-fail", "-"], input=dockerfile,  # noqa: PLW1510
                               capture_output=True, text=True, timeout=HADOLINT_TIMEOUT_S)
     except (OSError, subprocess.TimeoutExpired) as exc:
         return None, [LintFinding("hadolint-failed", WARNING, f"hadolint did not run: {exc}", file)]

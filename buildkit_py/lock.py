@@ -282,7 +282,7 @@ def packages_from_report(report: dict, target: Target, steps: list[dict]) -> lis
 def _engine():
     """The SDK client of the engine the CLI would choose (DOCKER_HOST, IMGBUILD_DOCKER); None
     where no engine runs."""
-    from .backends import engine_for_reading
+    from .backends import engine_for_reading  # noqa: PLC0415
 
     try:
         return engine_for_reading().sdk()
@@ -294,7 +294,7 @@ def pin_base(ref: str, *, client=None) -> dict[str, Any]:
     """``{ref, digest}`` from the registry (the manifest or index digest a FROM can name), else
     from the engine's RepoDigests; a base only in the local engine (imported, never pushed)
     has no digest: its image id is recorded and checked, and the lock says it is not pinned."""
-    from . import oci
+    from . import oci  # noqa: PLC0415
 
     try:
         _, digest, _ = oci.fetch_manifest(ref, client=oci.Client(max_retries=1, timeout=(5.0, 30.0)))
@@ -352,7 +352,7 @@ def lock_variant(plan: BuildPlan, *, ca_cert: Path | None = None, resolver: Reso
 def variant_notes(entry: dict) -> list[str]:
     """What a variant's lock does not pin, for the user to see on every lock and build."""
     return list(entry.get("notes") or ()) + [f"base {b['ref']} of stage {stage}: {b['note']}"
-                                             for stage, b in sorted((entry.get("bases") or {}).items()) if b.get("note")]
+                                             for stage, b in sorted((entry.get("bases") or {}).items()) if b.get("note")]  # noqa: E501
 
 
 def _digest(obj) -> str:
@@ -401,7 +401,7 @@ def read_lock(path: Path) -> dict[str, Any]:
     except (OSError, yaml.YAMLError) as exc:
         raise LockError(f"{path}: cannot read the lock file ({exc.__class__.__name__})",
                         hint="regenerate it with `imgbuild lock`") from None
-    if not isinstance(data, dict) or data.get("lock_version") != LOCK_VERSION or not isinstance(data.get("variants"), dict):
+    if not isinstance(data, dict) or data.get("lock_version") != LOCK_VERSION or not isinstance(data.get("variants"), dict):  # noqa: E501
         raise LockError(f"{path}: not an imgbuild lock file of version {LOCK_VERSION}",
                         hint="regenerate it with `imgbuild lock`")
     for vid, entry in data["variants"].items():
@@ -438,7 +438,7 @@ def _version(req: str) -> str:
     return req.split("==", 1)[1] if "==" in req else req
 
 
-def diff_inputs(old: dict, new: dict) -> list[str]:
+def diff_inputs(old: dict, new: dict) -> list[str]:  # noqa: C901
     """What changed between the inputs a lock was made from and the plan's, in words."""
     changes = []
     for key in ("python", "glibc"):
@@ -580,7 +580,7 @@ def apply_lock(plan: BuildPlan, entry: dict) -> BuildPlan:
 def local_base_warnings(entry: dict, client=None) -> list[str]:
     """Bases locked by local image id whose image has changed since (not reproducible)."""
     out = []
-    for stage, b in sorted((entry.get("bases") or {}).items()):
+    for stage, b in sorted((entry.get("bases") or {}).items()):  # noqa: B007
         if b.get("digest") or not b.get("image_id"):
             continue
         client = client or _engine()

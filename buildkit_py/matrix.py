@@ -139,7 +139,7 @@ class Matrix:
 # --- parsing the spec ------------------------------------------------------------------
 
 
-def parse_matrix_spec(located, file: str) -> MatrixSpec | None:
+def parse_matrix_spec(located, file: str) -> MatrixSpec | None:  # noqa: C901
     """The ``matrix:`` mapping of a located recipe, validated; None when there is none."""
     data = located.data if isinstance(located.data, dict) else {}
     raw = data.get("matrix")
@@ -155,7 +155,7 @@ def parse_matrix_spec(located, file: str) -> MatrixSpec | None:
         raise RecipeError(issues)
     axes: list[tuple[str, tuple[Any, ...]]] = []
     for key, values in raw.items():
-        key = str(key)
+        key = str(key)  # noqa: PLW2901
         path = f"matrix.{key}"
         if key in RESERVED:
             continue
@@ -189,7 +189,7 @@ def parse_matrix_spec(located, file: str) -> MatrixSpec | None:
                 continue
             entry = {}
             for key, value in item.items():
-                key = str(key)
+                key = str(key)  # noqa: PLW2901
                 if _known_key(key, fail, f"{path}.{key}"):
                     entry[key] = _normalize(value, f"{path}.{key}", KEY_TYPES[key], located)
             _check_overlap(list(entry), fail, path)
@@ -325,13 +325,13 @@ def expand_matrix(text: str, path: Path) -> Matrix:
     if spec.axes:
         keys = [k for k, _ in spec.axes]
         for combo in itertools.product(*(range(len(v)) for _, v in spec.axes)):
-            values = {k: spec.axes[j][1][i] for j, (k, i) in enumerate(zip(keys, combo))}
+            values = {k: spec.axes[j][1][i] for j, (k, i) in enumerate(zip(keys, combo, strict=False))}
             by = next((f"matrix.exclude[{n}]" for n, ex in enumerate(spec.exclude)
                        if all(_canon(values[k]) == _canon(v) for k, v in ex.items())), None)
             if by:
                 excluded_raw.append((values, by))
                 continue
-            candidates.append((values, "matrix", {k: f"matrix.{k}[{i}]" for k, i in zip(keys, combo)}))
+            candidates.append((values, "matrix", {k: f"matrix.{k}[{i}]" for k, i in zip(keys, combo, strict=False)}))
     seen = {_canon(_effective(v, base_values)) for v, _, _ in candidates}
     for n, entry in enumerate(spec.include):
         if _canon(_effective(entry, base_values)) in seen:
@@ -345,7 +345,7 @@ def expand_matrix(text: str, path: Path) -> Matrix:
     kept: list[Variant] = []
     dropped: list[DroppedVariant] = []
     issues: list[RecipeIssue] = []
-    for (values, source, paths), vid in zip(candidates, ids):
+    for (values, source, paths), vid in zip(candidates, ids, strict=False):
         lines = {k: _line(spec.lines, p) for k, p in paths.items()}
         override_lines = {k: line for k, line in lines.items() if line is not None}
         try:
@@ -373,7 +373,7 @@ def expand_matrix(text: str, path: Path) -> Matrix:
         unique = {(i.line or 0, i.key, i.message): i for i in issues}
         raise RecipeError([unique[k] for k in sorted(unique)])
     excluded = tuple(ExcludedVariant(vid, values, by)
-                     for (values, by), vid in zip(excluded_raw, ids[len(candidates):]))
+                     for (values, by), vid in zip(excluded_raw, ids[len(candidates):], strict=False))
     return Matrix(path, base.name, spec.keys, tuple(kept), tuple(dropped), excluded)
 
 
@@ -625,7 +625,7 @@ def bake_file(matrix: Matrix, *, registry: str | None = None, ca_cert: Path | No
     (through ``contexts: {name: "target:shared-..."}``). Shared targets export only cache;
     variant targets load into the engine, or push their tags with ``push``. (Bake's own
     --push/--load would set every target's output, the tagless shared ones too.)"""
-    from .render import render_dockerfile
+    from .render import render_dockerfile  # noqa: PLC0415
 
     plans = {v.id: variant_plan(v, registry=registry) for v in matrix.variants}
     stages, chains = shared_stages(plans)
@@ -765,7 +765,7 @@ def select_variants(matrix: Matrix, variant_ids: tuple[str, ...] = (), *, jobs: 
     return chosen
 
 
-def build_all(matrix: Matrix, backend, options, *, jobs: int = 1, registry: str | None = None,
+def build_all(matrix: Matrix, backend, options, *, jobs: int = 1, registry: str | None = None,  # noqa: PLR0913
               variant_ids: tuple[str, ...] = (), tags: tuple[str, ...] = (), on_line: VariantSink | None = None,
               on_event: Callable[[str], None] | None = None,
               runner: Callable[..., Any] | None = None,
@@ -778,8 +778,8 @@ def build_all(matrix: Matrix, backend, options, *, jobs: int = 1, registry: str 
     ``{variant}`` in --cache-from/--cache-to values becomes each variant's id. ``prepare``
     (e.g. applying the variant's lock) runs on every plan before anything builds.
     """
-    from .backends import BuildRequest, require, required_capabilities
-    from .build import run_build
+    from .backends import BuildRequest, require, required_capabilities  # noqa: PLC0415
+    from .build import run_build  # noqa: PLC0415
 
     chosen = select_variants(matrix, variant_ids, jobs=jobs, tags=tags)
     plans = {v.id: variant_plan(v, registry=registry, tags=tags) for v in chosen}
@@ -855,7 +855,7 @@ def build_report(result: MatrixBuild) -> dict[str, Any]:
 
 
 def summary_lines(result: MatrixBuild) -> list[str]:
-    from .build import _human
+    from .build import _human  # noqa: PLC0415
 
     rows = [("VARIANT", "STATUS", "SIZE", "DIGEST", "TIME", "CACHED", "TAGS")]
     for b in result.builds:
@@ -867,7 +867,7 @@ def summary_lines(result: MatrixBuild) -> list[str]:
         else:
             rows.append((b.variant.id, "FAILED", "-", "-", f"{b.seconds:.1f}s", "-", ", ".join(b.plan.tags)))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(r[:-1], widths)) + "  " + r[-1] for r in rows]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r[:-1], widths, strict=False)) + "  " + r[-1] for r in rows]
     lines.append(f"{len(result.builds) - len(result.failed)} built, {len(result.failed)} failed, "
                  f"{len(result.matrix.dropped)} dropped, in {result.seconds:.1f}s")
     for b in result.failed:

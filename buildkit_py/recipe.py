@@ -10,9 +10,10 @@ import hashlib
 import json
 import os
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import yaml
 from packaging.requirements import InvalidRequirement, Requirement
@@ -330,7 +331,7 @@ def _type_name(value) -> str:
 
 
 def _closest(word: str, options) -> str | None:
-    import difflib
+    import difflib  # noqa: PLC0415
 
     match = difflib.get_close_matches(word, list(options), n=1, cutoff=0.6)
     return match[0] if match else None
@@ -460,7 +461,7 @@ def read_recipe_text(path: str | os.PathLike) -> str:
         raise RecipeError([RecipeIssue(str(path), None, "", f"cannot read recipe: {exc}")]) from None
 
 
-def locate(text: str, file: str) -> "_Located":
+def locate(text: str, file: str) -> _Located:
     """Parse YAML keeping the line of every key path; YAML errors become RecipeErrors."""
     try:
         return _Located(text, file)
@@ -485,14 +486,14 @@ def _set_path(data: dict, dotted: str, value: Any) -> None:
     data[keys[-1]] = value
 
 
-def parse_recipe(text: str, path: Path, *, overrides: dict[str, Any] | None = None,
+def parse_recipe(text: str, path: Path, *, overrides: dict[str, Any] | None = None,  # noqa: C901
                  override_lines: dict[str, int] | None = None) -> Recipe:
     """Validate a recipe. ``overrides`` (dotted key -> value, e.g. from a matrix variant) are
     applied first; errors in them point at ``override_lines`` (the matrix entry's line)."""
     file = str(path)
     located = locate(text, file)
     if overrides:
-        import copy
+        import copy  # noqa: PLC0415
 
         located.data = copy.deepcopy(located.data)
         for key, value in overrides.items():
@@ -500,7 +501,7 @@ def parse_recipe(text: str, path: Path, *, overrides: dict[str, Any] | None = No
                 _set_path(located.data, key, value)
             line = (override_lines or {}).get(key)
             if line is not None:
-                for known in [k for k in located.lines if k == key or k.startswith(key + ".") or k.startswith(key + "[")]:
+                for known in [k for k in located.lines if k == key or k.startswith(key + ".") or k.startswith(key + "[")]:  # noqa: E501
                     del located.lines[known]
                 located.lines[key] = line
             located.raw_scalars.pop(key, None)  # callers pass versions as the text written
@@ -537,7 +538,7 @@ def parse_recipe(text: str, path: Path, *, overrides: dict[str, Any] | None = No
     base_raw = v.mapping(data.get("base", {}), "base", BASE_KEYS)
     base_image = v.string(base_raw.get("image"), "base.image", IMAGE_REF_RE,
                           "a valid image reference (e.g. debian:bookworm-slim)")
-    base_os = v.string(base_raw.get("os", "ubuntu22.04"), "base.os", OS_RE, "an OS of nvidia/cuda tags (e.g. ubuntu22.04)")
+    base_os = v.string(base_raw.get("os", "ubuntu22.04"), "base.os", OS_RE, "an OS of nvidia/cuda tags (e.g. ubuntu22.04)")  # noqa: E501
     mirror = v.string(base_raw.get("mirror"), "base.mirror", REGISTRY_PATH_RE,
                       "a registry path (e.g. 127.0.0.1:5000/mirror)")
     if source == "wheels" and "image" not in base_raw:
@@ -551,7 +552,7 @@ def parse_recipe(text: str, path: Path, *, overrides: dict[str, Any] | None = No
     for dup in sorted({n for n in names if names.count(n) > 1}):
         v.fail("pip", f"{dup} is listed more than once")
     if "torch" in names:
-        v.fail(f"pip[{names.index('torch')}]", "pin torch with the top-level 'torch:' key, so imgbuild picks its CUDA wheel index")
+        v.fail(f"pip[{names.index('torch')}]", "pin torch with the top-level 'torch:' key, so imgbuild picks its CUDA wheel index")  # noqa: E501
 
     def check_apt(s, k):
         if not APT_RE.match(s):
@@ -568,7 +569,7 @@ def parse_recipe(text: str, path: Path, *, overrides: dict[str, Any] | None = No
         copy_raw = []
     for i, item in enumerate(copy_raw or []):
         key = f"copy[{i}]"
-        item = v.mapping(item, key, {"src": str, "dest": str})
+        item = v.mapping(item, key, {"src": str, "dest": str})  # noqa: PLW2901
         if not item:
             continue
         src = v.string(item.get("src"), f"{key}.src")
@@ -619,7 +620,7 @@ def parse_recipe(text: str, path: Path, *, overrides: dict[str, Any] | None = No
         b = v.mapping(data["build"], "build", BUILD_KEYS)
         from_source = v.string_list(b.get("from_source"), "build.from_source")
         archs = v.string_list(b.get("cuda_arch"), "build.cuda_arch",
-                              lambda s, k: s if ARCH_RE.match(s) else v.fail(k, f"{s!r} is not a compute capability like 8.0 or 9.0"))
+                              lambda s, k: s if ARCH_RE.match(s) else v.fail(k, f"{s!r} is not a compute capability like 8.0 or 9.0"))  # noqa: E501
         jobs = b.get("jobs")
         if jobs is not None and (isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1):
             v.fail("build.jobs", "must be a positive whole number")
@@ -652,7 +653,7 @@ def parse_recipe(text: str, path: Path, *, overrides: dict[str, Any] | None = No
         w_raw = []
     for i, item in enumerate(w_raw or []):
         key = f"weights[{i}]"
-        item = v.mapping(item, key, {"ref": str, "mount": str})
+        item = v.mapping(item, key, {"ref": str, "mount": str})  # noqa: PLW2901
         ref = v.string(item.get("ref"), f"{key}.ref", IMAGE_REF_RE, "a registry reference")
         mount = v.string(item.get("mount"), f"{key}.mount")
         if mount is not None:
@@ -679,7 +680,7 @@ def parse_recipe(text: str, path: Path, *, overrides: dict[str, Any] | None = No
         if not isinstance(sname, str) or not SERVICE_NAME_RE.match(sname) or sname == "app":
             v.fail(key, f"{sname!r} is not a service name (lowercase letters, digits, '-', '_'; not 'app')")
             continue
-        item = v.mapping(item, key, {"image": str, "ports": list, "environment": dict, "volumes": list,
+        item = v.mapping(item, key, {"image": str, "ports": list, "environment": dict, "volumes": list,  # noqa: PLW2901
                                      "command": list})
         if not item:
             continue
@@ -687,7 +688,7 @@ def parse_recipe(text: str, path: Path, *, overrides: dict[str, Any] | None = No
         if "image" not in item:
             v.fail(key, "needs an image")
         ports = v.string_list(item.get("ports"), f"{key}.ports",
-                              lambda p, k: p if PORT_RE.match(p) else v.fail(k, f"{p!r} is not a port mapping like 6333:6333"))
+                              lambda p, k: p if PORT_RE.match(p) else v.fail(k, f"{p!r} is not a port mapping like 6333:6333"))  # noqa: E501
         environment = v.string_map(item.get("environment"), f"{key}.environment", ENV_NAME_RE,
                                    "a valid environment variable name")
         # Not `volumes`: that name holds the image's own VOLUME list, returned below.

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import re
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from . import auth, oci
 from .errors import AuthenticationError, RegistryError, RegistryUnreachable
@@ -63,7 +63,7 @@ def classify_push_error(message: str, host: str) -> Exception:
                                         "(or set IMGBUILD_REGISTRY_USER / IMGBUILD_REGISTRY_PASSWORD)")
     if any(m in low for m in _UNREACHABLE_MARKERS):
         return RegistryUnreachable(f"cannot reach the registry {host}: {message}",
-                                   hint="is it running and is the address right? (scripts/services.sh up starts a local one)")
+                                   hint="is it running and is the address right? (scripts/services.sh up starts a local one)")  # noqa: E501
     if "no space left" in low or "status: 500" in low or "500 internal server error" in low:
         # distribution answers a full or read-only storage backend with a bare 500.
         return RegistryError(f"push to {host} failed: the registry could not store the upload ({message})",
@@ -127,5 +127,5 @@ def push_image(client, ref: str, *, on_progress: ProgressSink | None = None, att
         if on_progress:
             on_progress(f"push failed ({error}); retrying in {backoff_s * 2 ** (attempt - 1):.0f}s")
         sleep(backoff_s * 2 ** (attempt - 1))
-    assert last_error is not None
+    assert last_error is not None  # noqa: S101
     raise last_error

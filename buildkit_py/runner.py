@@ -67,7 +67,7 @@ def run_argv(image: str, weights: tuple[WeightsMount, ...], *, gpu: bool, networ
     return tuple(argv + extra + [image] + command)
 
 
-def make_run_plan(image: str, weights_pairs: list[tuple[str, str]], *, root: Path, gpus: str, engine_info: dict,
+def make_run_plan(image: str, weights_pairs: list[tuple[str, str]], *, root: Path, gpus: str, engine_info: dict,  # noqa: PLR0913
                   network: str | None, extra: list[str], command: list[str],
                   docker: tuple[str, ...] = ("docker",)) -> RunPlan:
     mounts = tuple(WeightsMount(ref, root / weights_dir_name(ref), mount) for ref, mount in weights_pairs)

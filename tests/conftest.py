@@ -14,7 +14,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-
 from helpers import run_cli
 
 STATE_DIR = Path(os.environ.get("IMGBUILD_STATE_DIR", "/var/lib/imgbuild-services"))

@@ -19,7 +19,7 @@ def fake_client(tmp_path, name, version, buildx):
         if [ "$1" = version ]; then echo "{version}"; exit 0; fi
         if [ "$1" = buildx ] && [ "$2" = version ]; then {"echo 'github.com/docker/buildx v0.17.1'; exit 0" if buildx else "echo 'unknown command: docker buildx' >&2; exit 1"}; fi
         exit 1
-    """))
+    """))  # noqa: E501
     path.chmod(0o755)
     return str(path)
 
@@ -33,12 +33,12 @@ def clients(monkeypatch):
 
 
 def test_prefers_buildx(tmp_path, clients):
-    clients += [fake_client(tmp_path, "new", "28.2.2", buildx=True), fake_client(tmp_path, "old", "20.10.24+dfsg1", False)]
+    clients += [fake_client(tmp_path, "new", "28.2.2", buildx=True), fake_client(tmp_path, "old", "20.10.24+dfsg1", False)]  # noqa: E501
     assert isinstance(detect_backend(), BuildxBackend)
 
 
 def test_new_client_without_buildx_is_skipped_for_classic(tmp_path, clients):
-    clients += [fake_client(tmp_path, "new", "28.2.2", buildx=False), fake_client(tmp_path, "old", "20.10.24+dfsg1", False)]
+    clients += [fake_client(tmp_path, "new", "28.2.2", buildx=False), fake_client(tmp_path, "old", "20.10.24+dfsg1", False)]  # noqa: E501
     backend = detect_backend()
     assert isinstance(backend, ClassicBuildKitBackend) and backend.client.endswith("old")
 
@@ -114,7 +114,7 @@ def test_named_builder_loads_only_when_asked(tmp_path):
     from buildkit_py.backends.buildx import BuilderEngine
 
     engine = BuilderEngine("/usr/bin/docker", builder="k8s")
-    push_only = engine.command(BuildRequest(tmp_path, tmp_path / "D", ("r/a:1",), push=True, load=False), tmp_path / "i")
+    push_only = engine.command(BuildRequest(tmp_path, tmp_path / "D", ("r/a:1",), push=True, load=False), tmp_path / "i")  # noqa: E501
     outputs = [push_only[i + 1] for i, a in enumerate(push_only) if a == "--output"]
     assert outputs == ["type=image,name=r/a:1,push=true"] and "--builder" in push_only
     both = engine.command(BuildRequest(tmp_path, tmp_path / "D", ("r/a:1",), push=True, load=True), tmp_path / "i")
@@ -122,7 +122,7 @@ def test_named_builder_loads_only_when_asked(tmp_path):
         "type=image,name=r/a:1,push=true", "type=docker,name=r/a:1"]
 
 
-@pytest.mark.parametrize("value, parsed", [("gzip", ("gzip", None)), ("zstd:3", ("zstd", 3)), (None, None)])
+@pytest.mark.parametrize(("value", "parsed"), [("gzip", ("gzip", None)), ("zstd:3", ("zstd", 3)), (None, None)])
 def test_compression_values(value, parsed):
     assert backends.parse_compression(value) == parsed
 

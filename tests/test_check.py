@@ -7,7 +7,7 @@ import pytest
 from buildkit_py.check import check_compat
 
 
-@pytest.mark.parametrize("cuda, driver, datacenter, verdict", [
+@pytest.mark.parametrize(("cuda", "driver", "datacenter", "verdict"), [
     ("12.4.1", "550.54.15", None, "native"),           # Table 3: 12.4 Update 1 >= 550.54.15
     ("12.4.1", "560.35.03", None, "native"),
     ("12.4", "535.104.05", None, "minor-version"),     # >= 525.60.13 (CUDA 12.x minor compat floor)

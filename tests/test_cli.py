@@ -3,7 +3,6 @@
 import json
 
 import pytest
-
 from helpers import REPO, run_cli, write_recipe
 
 DEMO = str(REPO / "recipes" / "demo.yaml")
@@ -91,7 +90,7 @@ def test_unknown_command_exit_2():
     assert code == 2
 
 
-@pytest.mark.parametrize("driver, verdict, code", [
+@pytest.mark.parametrize(("driver", "verdict", "code"), [
     ("550.54.15", "native", 0), ("535.104.05", "minor-version", 0), ("450.80.02", "incompatible", 1),
 ])
 def test_check_cuda_json(driver, verdict, code):

@@ -19,7 +19,7 @@ def test_all_files_validate_and_have_sources():
     assert all(s.strip() for s in srcs.values())
 
 
-@pytest.mark.parametrize("cuda, linux, windows", [
+@pytest.mark.parametrize(("cuda", "linux", "windows"), [
     ("12.4.1", "550.54.15", "551.78"),
     ("12.4.0", "550.54.14", "551.61"),
     ("12.1.1", "530.30.02", "531.14"),
@@ -43,7 +43,7 @@ def test_toolkit_drivers(cuda, linux, windows):
     assert (t.version, t.linux_min_driver, t.windows_min_driver) == (cuda, linux, windows)
 
 
-@pytest.mark.parametrize("spec, exact", [("12.4", "12.4.1"), ("12.6", "12.6.3"), ("11.8", "11.8.0"), ("12.4.0", "12.4.0")])
+@pytest.mark.parametrize(("spec", "exact"), [("12.4", "12.4.1"), ("12.6", "12.6.3"), ("11.8", "11.8.0"), ("12.4.0", "12.4.0")])  # noqa: E501
 def test_resolve_cuda(spec, exact):
     assert compat.resolve_cuda(spec).version == exact
 
@@ -61,17 +61,17 @@ def test_toolkits_sorted_and_span():
     assert not any(v.startswith("12.7.") for v in vs)
 
 
-@pytest.mark.parametrize("major, floor", [(11, "450.80.02"), (12, "525.60.13"), (13, "580"), (10, None)])
+@pytest.mark.parametrize(("major", "floor"), [(11, "450.80.02"), (12, "525.60.13"), (13, "580"), (10, None)])
 def test_minor_compat_floor(major, floor):
     assert compat.minor_compat_floor(major) == floor
 
 
-@pytest.mark.parametrize("cuda, branches", [("12.4", ()), ("13.0", ()), ("13.5", ()), ("11.8", ()), ("11.0", ())])
+@pytest.mark.parametrize(("cuda", "branches"), [("12.4", ()), ("13.0", ()), ("13.5", ()), ("11.8", ()), ("11.0", ())])
 def test_forward_compat_branches(cuda, branches):
     assert compat.forward_compat_branches(cuda) == branches
 
 
-@pytest.mark.parametrize("version, variants, pypi_variant", [
+@pytest.mark.parametrize(("version", "variants", "pypi_variant"), [
     ("2.1.2", {"cu118": "11.8", "cu121": "12.1"}, "cu121"),
     ("2.4.1", {"cu118": "11.8", "cu121": "12.1", "cu124": "12.4"}, "cu121"),
     ("2.5.1", {"cu118": "11.8", "cu121": "12.1", "cu124": "12.4"}, "cu124"),
@@ -98,7 +98,7 @@ def test_torch_unknown_and_index():
     assert [r.version for r in compat.torch_releases()][0] == "1.13.0"
 
 
-@pytest.mark.parametrize("cuda, flavor, cudnn, os, tag", [
+@pytest.mark.parametrize(("cuda", "flavor", "cudnn", "os", "tag"), [
     ("12.4.1", "runtime", "9", "ubuntu22.04", "12.4.1-cudnn-runtime-ubuntu22.04"),
     ("12.4", "devel", "9", "ubuntu22.04", "12.4.1-cudnn-devel-ubuntu22.04"),
     ("12.1.1", "runtime", "8", "ubuntu22.04", "12.1.1-cudnn8-runtime-ubuntu22.04"),
@@ -123,7 +123,7 @@ def test_image_oses_cudnn_eol():
     assert compat.image_end_of_life("11.8") is None  # policy not sourced
 
 
-@pytest.mark.parametrize("cuda, has, lacks", [
+@pytest.mark.parametrize(("cuda", "has", "lacks"), [
     ("12.4", ("5.0", "9.0"), ("3.5", "10.0")),
     ("12.8", ("5.0", "10.0", "12.0"), ("3.5",)),
     ("13.0", ("7.5", "10.0", "12.0"), ("5.0", "6.1", "7.0")),
@@ -140,7 +140,7 @@ def test_cuda_runtime_wheels():
     assert compat.cuda_runtime_wheels("12.3")["nvidia-cuda-runtime-cu12"] == "12.3.101"
 
 
-@pytest.mark.parametrize("cuda, toolkit, runtime", [
+@pytest.mark.parametrize(("cuda", "toolkit", "runtime"), [
     ("11.8", "11.8.0", "nvidia-cuda-runtime-cu11==11.8.89"),
     ("12.0", "12.0.1", "nvidia-cuda-runtime-cu12==12.0.146"),
     ("12.9", "12.9.2", "nvidia-cuda-runtime-cu12==12.9.79"),
@@ -159,7 +159,7 @@ def test_every_toolkit_minor_has_wheels_or_a_reason():
         try:
             compat.cuda_wheel_set(t.major_minor)
         except compat.CompatGap as gap:
-            assert "11.7.99" in gap.reason and gap.hint and "11.8" in gap.hint  # 11.0-11.6: none on PyPI
+            assert "11.7.99" in gap.reason and gap.hint and "11.8" in gap.hint  # 11.0-11.6: none on PyPI  # noqa: PT017
 
 
 def test_wheel_gap_names_nearest_and_newest_fit():
@@ -195,12 +195,12 @@ def test_arch_variants():
 def test_flash_attn_and_bnb():
     fa = compat.flash_attn_release("2.6.3")
     assert fa.archs == ("8.0", "8.6", "8.9", "9.0") and "3.8" in fa.python
-    assert "3.9" in compat.bitsandbytes_release("0.46.0").python and "3.8" not in compat.bitsandbytes_release("0.46.0").python
+    assert "3.9" in compat.bitsandbytes_release("0.46.0").python and "3.8" not in compat.bitsandbytes_release("0.46.0").python  # noqa: E501
     with pytest.raises(LookupError):
         compat.flash_attn_release("9.9.9")
 
 
-@pytest.mark.parametrize("version, torch, cuda, python, archs", [
+@pytest.mark.parametrize(("version", "torch", "cuda", "python", "archs"), [
     # flash-attn sdists (setup.py nvcc check, FLASH_ATTN_CUDA_ARCHS, PKG-INFO Requires-Python, README)
     ("2.5.8", ">=1.12", ">=11.6", ">=3.7", ("8.0", "8.6", "8.9", "9.0")),
     ("2.6.3", ">=1.12", ">=11.6", ">=3.8", ("8.0", "8.6", "8.9", "9.0")),
@@ -212,7 +212,7 @@ def test_flash_attn_requirements(version, torch, cuda, python, archs):
     assert (str(r.torch), str(r.cuda), str(r.python), r.archs) == (torch, cuda, python, archs)
 
 
-@pytest.mark.parametrize("version, cuda, torch, python, wheel_cuda", [
+@pytest.mark.parametrize(("version", "cuda", "torch", "python", "wheel_cuda"), [
     # wheel label: cu{major}{minor} through 2.6.x (setup.py maps CUDA 12 -> 12.2 / 12.3), cu{major} from 2.7
     ("2.5.8", "12.4", "2.3", "3.11", "12.2"),
     ("2.6.3", "12.4", "2.4", "3.11", "12.3"),
@@ -243,7 +243,7 @@ def test_flash_attn_prebuilt_abi_matches_pypi_torch():
             assert wanted in w.cxx11abi, (v, w)
 
 
-@pytest.mark.parametrize("version, cuda, ok", [
+@pytest.mark.parametrize(("version", "cuda", "ok"), [
     # libbitsandbytes_cudaXYZ.so set in each PyPI wheel; exact match needed before 0.50.0
     ("0.41.1", "11.0", True), ("0.41.1", "12.2", True), ("0.41.1", "12.3", False),
     ("0.42.0", "12.3", True), ("0.42.0", "11.2", False),
@@ -309,11 +309,11 @@ def _set_tk(version, key, value):
     return m
 
 
-@pytest.mark.parametrize("name, mutate, match", [
+@pytest.mark.parametrize(("name", "mutate", "match"), [
     ("toolkits.json", _swap_first_two, "ascending"),
     ("toolkits.json", lambda o: o["toolkits"].append(dict(o["toolkits"][-1])), "ascending"),
     ("toolkits.json", _drop("12.2.0"), None),  # 12.2.x still present via 12.2.1
-    ("toolkits.json", lambda o: o["toolkits"].__setitem__(slice(None), [t for t in o["toolkits"] if not t["version"].startswith("12.5.")]), "gap"),
+    ("toolkits.json", lambda o: o["toolkits"].__setitem__(slice(None), [t for t in o["toolkits"] if not t["version"].startswith("12.5.")]), "gap"),  # noqa: E501
     ("toolkits.json", _set_tk("12.4.1", "linux_min_driver", "500.00"), "lower than"),
     ("toolkits.json", _set_tk("12.4.1", "linux_min_driver", "five fifty"), "malformed"),
     ("toolkits.json", _set_tk("12.4.1", "source", ""), "source"),
@@ -333,7 +333,7 @@ def _set_tk(version, key, value):
     ("flash_attn.json", lambda o: o["releases"][0].__setitem__("archs", ["9.0", "8.0"]), "ascending"),
     ("wheels.json", lambda o: o["absent"].pop("11.3"), "wheels.json.*11.3.*absent"),
     ("wheels.json", lambda o: o["absent"]["11.3"].pop("reason"), "reason"),
-    ("wheels.json", lambda o: o["releases"][-1]["extras"]["cudart"].__setitem__("nvidia-cuda-runtime", "13.4.92"), "same major.minor"),
+    ("wheels.json", lambda o: o["releases"][-1]["extras"]["cudart"].__setitem__("nvidia-cuda-runtime", "13.4.92"), "same major.minor"),  # noqa: E501
     ("wheels.json", lambda o: o["families"]["13"].__setitem__("naming", "cu13"), "naming"),
     ("archs.json", lambda o: o["entries"].pop(0), "archs.json.*11.0.2.*architecture list"),
     ("archs.json", lambda o: o["entries"][-1]["archs"].__setitem__(slice(None), ["9.0a", "9.0"]), "ascending"),
@@ -350,7 +350,7 @@ def test_invariants(monkeypatch, tmp_path, name, mutate, match):
 
 
 # ---------------------------------------------------------------- current data (issue 14)
-@pytest.mark.parametrize("cuda, floor, basis, runfile", [
+@pytest.mark.parametrize(("cuda", "floor", "basis", "runfile"), [
     ("12.8", "570.124.06", "same-minor", "570.211.01"),   # 12.8.2: no Table 3 row; the runfile's driver is no floor
     ("12.8.1", "570.124.06", "table3", None),
     ("13.0.3", "580.95.05", "same-minor", "580.126.20"),
@@ -368,7 +368,7 @@ def test_toolkits_through_13_5():
         "13.4.1", "13.4.2", "13.4.3", "13.5.0"]
 
 
-@pytest.mark.parametrize("version, variants, pypi_variant, toolkit", [
+@pytest.mark.parametrize(("version", "variants", "pypi_variant", "toolkit"), [
     ("2.11.0", {"cu126", "cu128", "cu130"}, "cu130", "13.0.2"),
     ("2.12.1", {"cu126", "cu130", "cu132"}, "cu130", "13.0.2"),
     ("2.14.0", {"cu126", "cu130", "cu132"}, "cu130", "13.0.3"),
@@ -403,7 +403,7 @@ def test_flash_attn_post_releases_and_fa3():
     assert tables._load_raw("flash_attn.json")["fa3"]["published_wheels"] == []
 
 
-@pytest.mark.parametrize("version, torch_ok, torch_bad, cc", [
+@pytest.mark.parametrize(("version", "torch_ok", "torch_bad", "cc"), [
     ("0.47.0", "2.2.0", "2.1.2", "5.0"),
     ("0.48.0", "2.3.1", "2.2.2", "6.0"),
     ("0.50.2", "2.4.1", "2.3.1", "6.0"),
@@ -414,7 +414,7 @@ def test_bitsandbytes_floors(version, torch_ok, torch_bad, cc):
     assert r.min_compute_capability == cc and r.int8_compute_capability == "7.5"
 
 
-@pytest.mark.parametrize("cuda, os_", [("12.5.1", "ubuntu24.04"), ("13.0.2", "ubuntu24.04"), ("13.3.1", "ubuntu26.04"),
+@pytest.mark.parametrize(("cuda", "os_"), [("12.5.1", "ubuntu24.04"), ("13.0.2", "ubuntu24.04"), ("13.3.1", "ubuntu26.04"),  # noqa: E501
                                        ("13.4", "ubuntu26.04"), ("13.4", "ubuntu24.04")])
 def test_current_image_oses(cuda, os_):
     assert os_ in compat.cuda_image_oses(cuda)

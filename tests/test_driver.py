@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import stat
 import sys
 from pathlib import Path
@@ -62,7 +61,7 @@ def test_missing_binary(tmp_path, monkeypatch):
     assert exc.value.hint
 
 
-@pytest.mark.parametrize("fixture, expect", [
+@pytest.mark.parametrize(("fixture", "expect"), [
     ("driver_error.txt", "couldn't communicate with the NVIDIA driver"),
     ("no_devices.txt", "No devices were found"),
 ])
@@ -73,7 +72,7 @@ def test_driver_error_exit(tmp_path, monkeypatch, fixture, expect):
     assert expect in exc.value.message
 
 
-@pytest.mark.parametrize("text", ["garbage", "550.54.15\n", "abc, NVIDIA A100, 8.0\n", "", "550.54.15, A, 8.0\n535.104.05, B, 8.0\n"])
+@pytest.mark.parametrize("text", ["garbage", "550.54.15\n", "abc, NVIDIA A100, 8.0\n", "", "550.54.15, A, 8.0\n535.104.05, B, 8.0\n"])  # noqa: E501
 def test_garbage_output(text):
     with pytest.raises(DriverCheckError):
         drv.parse_smi_csv(text, with_cap=True)
@@ -84,7 +83,7 @@ def test_na_compute_cap_is_none():
     assert host.gpus == (Gpu("NVIDIA A100-SXM4-80GB", None, True),)
 
 
-@pytest.mark.parametrize("name, expect", [
+@pytest.mark.parametrize(("name", "expect"), [
     ("NVIDIA H100 80GB HBM3", True), ("Tesla V100-SXM2-32GB", True), ("NVIDIA A10G", True), ("NVIDIA L40S", True),
     ("NVIDIA GeForce RTX 3090", False), ("NVIDIA RTX A6000", False), ("Quadro RTX 8000", False), ("Some New GPU", None),
 ])

@@ -81,7 +81,7 @@ def test_cuda13_wheels_image_loads_libcudart_by_name(tmp_path, base_image, docke
     cleanup_images.extend(report["tags"])
     labels = docker_client.images.get(report["image_id"]).labels
     assert labels["io.imgbuild.cuda.version"] == "13.0.3"
-    out = _sh(report["image_id"], "python -c \"import ctypes; ctypes.CDLL('libcudart.so.13'); print('cudart 13 loaded')\"")
+    out = _sh(report["image_id"], "python -c \"import ctypes; ctypes.CDLL('libcudart.so.13'); print('cudart 13 loaded')\"")  # noqa: E501
     assert out.strip() == "cudart 13 loaded"
     assert "nvidia-cuda-runtime==13.0.96" in _sh(report["image_id"], "pip list --format=freeze")
     assert assert_labels_true(report["image_id"], labels) >= {"io.imgbuild.cuda.version", "io.imgbuild.cuda.source"}

@@ -111,7 +111,7 @@ def test_lock_then_build_installs_exactly_the_lock(project, pushed_base, docker_
     for p in entry["packages"]["final"]:
         assert p["sha256"] not in history  # the requirement files were mounted, not copied
     leftover = subprocess.run([DOCKER, "run", "--rm", "--network", "none", report["image_id"],
-                               "find", lock.MOUNT_DIR, "-type", "f"], capture_output=True, text=True, check=False, timeout=60)
+                               "find", lock.MOUNT_DIR, "-type", "f"], capture_output=True, text=True, check=False, timeout=60)  # noqa: E501
     assert leftover.stdout == ""
 
     started = time.monotonic()

@@ -51,7 +51,7 @@ entrypoint: ["python", "/app/main.py"]
     assert plan["base_image"] == f"{base_ref.rsplit(':', 1)[0]}:1@{base_digest}"
     assert f"FROM {base_ref}@{base_digest} AS final" in plan["dockerfile"]
     assert plan["labels"]["org.opencontainers.image.base.digest"] == base_digest
-    assert [s["id"] for s in plan["stages"][-1]["steps"]] == ["ldconfig", "copy-0", "meta"]  # python comes with the base
+    assert [s["id"] for s in plan["stages"][-1]["steps"]] == ["ldconfig", "copy-0", "meta"]  # python comes with the base  # noqa: E501
 
     # The base's labels name its OS everywhere the plan reads them: matrix, lock, build --all.
     code, out, err = run_cli("matrix", str(derived), "--format", "json")
@@ -151,7 +151,7 @@ weights: [{{ref: "{ref}", mount: /models/tiny}}]
     image = report["tags"][0]
     cmd = [sys.executable, "-m", "buildkit_py", "run", image, "--weights-dir", str(tmp_path / "vol"),
            "--network", "none", "--", "sh", "-c",
-           "cat /models/tiny/tokenizer/vocab.json; echo; touch /models/tiny/x 2>/dev/null && echo writable || echo read-only"]
+           "cat /models/tiny/tokenizer/vocab.json; echo; touch /models/tiny/x 2>/dev/null && echo writable || echo read-only"]  # noqa: E501
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
     first = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
     assert first.returncode == 0, first.stderr

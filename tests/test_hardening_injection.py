@@ -30,9 +30,9 @@ HOSTILE = [
 ]
 PWN = "touch " + CANARY
 VALUES_THAT_BUILD = {  # accepted where quoted: their text must survive unchanged
-    "env": ["$(%s)" % PWN, "`%s`" % PWN, "a\\", '"; %s; "' % PWN, "${HOME}", "'\"$\\`", "a && " + PWN, "\t x"],
-    "labels": ["$(%s)" % PWN, "`%s`" % PWN, "a\\", '"]\\"', "$HOME", "é ü"],
-    "entrypoint": ["/bin/sh", "-c", "$(%s)" % PWN, '"]', "a\\"],
+    "env": [f"$({PWN})", f"`{PWN}`", "a\\", f'"; {PWN}; "', "${HOME}", "'\"$\\`", "a && " + PWN, "\t x"],
+    "labels": [f"$({PWN})", f"`{PWN}`", "a\\", '"]\\"', "$HOME", "é ü"],
+    "entrypoint": ["/bin/sh", "-c", f"$({PWN})", '"]', "a\\"],
 }
 
 RECIPE = {
@@ -177,11 +177,11 @@ def _assert_value_intact(field: str, value: str, data: dict) -> None:
     text = data["dockerfile"]
     if field == "env.value":
         env = instruction_values(text, "ENV")[-1]
-        pairs = dict(zip(env[0::2], env[1::2]))
+        pairs = dict(zip(env[0::2], env[1::2], strict=False))
         assert unquote(pairs["A"]) == value
     elif field == "labels.value":
         label = instruction_values(text, "LABEL")[-1]
-        pairs = {unquote(k): unquote(v) for k, v in zip(label[0::2], label[1::2])}
+        pairs = {unquote(k): unquote(v) for k, v in zip(label[0::2], label[1::2], strict=False)}
         assert pairs["team"] == value
     elif field in {"entrypoint", "cmd"}:
         (args,) = instruction_values(text, field.upper())[-1:]
@@ -226,12 +226,12 @@ def test_shell_word_is_one_word_in_a_run_line(value):
 
 @pytest.mark.parametrize("value", ["a\nb", "a\rb", "a\x00b"])
 def test_filters_refuse_line_breaks(value):
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError):  # noqa: PT011
         dockerfile_string(value)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError):  # noqa: PT011
         shell_word(value)
     if value == "a\x00b":
-        with pytest.raises(ValueError):
+        with pytest.raises(ValueError):  # noqa: PT011
             exec_form([value])
 
 
@@ -255,7 +255,7 @@ def test_hostile_values_do_not_run_in_a_build(tmp_path, docker_client, base_imag
     env = {f"V{i}": v for i, v in enumerate(VALUES_THAT_BUILD["env"])}
     labels = {f"l{i}": v for i, v in enumerate(VALUES_THAT_BUILD["labels"])}
     data = merge(RECIPE, {"name": name, "base": {"image": base_image}, "env": env, "labels": labels,
-                          "entrypoint": VALUES_THAT_BUILD["entrypoint"], "cmd": ["$(%s)" % PWN]})
+                          "entrypoint": VALUES_THAT_BUILD["entrypoint"], "cmd": [f"$({PWN})"]})
     path = write(tmp_path, data)
     code, out, err = run_cli("build", str(path), "--json", "--progress", "plain")
     assert code == 0, err[-3000:]
@@ -268,7 +268,7 @@ def test_hostile_values_do_not_run_in_a_build(tmp_path, docker_client, base_imag
         assert got_env[k] == v
     for k, v in labels.items():
         assert config["Labels"][k] == v
-    assert config["Entrypoint"] == VALUES_THAT_BUILD["entrypoint"] and config["Cmd"] == ["$(%s)" % PWN]
+    assert config["Entrypoint"] == VALUES_THAT_BUILD["entrypoint"] and config["Cmd"] == [f"$({PWN})"]
     # nothing ran: no canary file, and the build log never executed the values
     probe = subprocess.run(["/usr/bin/docker", "run", "--rm", "--network", "none", "--entrypoint", "/bin/ls",
                             report["image_id"], "-d", CANARY], capture_output=True, text=True, timeout=60)

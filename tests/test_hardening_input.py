@@ -165,7 +165,7 @@ def test_wrong_types_exit_2_located(folder, path, value, more):
 
 # --- missing and unknown keys ------------------------------------------------------------------
 
-key_names = st.text(st.characters(min_codepoint=33, max_codepoint=0x2FF, blacklist_categories=("Cc", "Zs"), blacklist_characters=":#{}[],&*!|>'\"%@`.?-"),
+key_names = st.text(st.characters(min_codepoint=33, max_codepoint=0x2FF, blacklist_categories=("Cc", "Zs"), blacklist_characters=":#{}[],&*!|>'\"%@`.?-"),  # noqa: E501
                     min_size=1, max_size=12)
 
 

@@ -6,13 +6,12 @@ import io
 import json
 
 import pytest
+from helpers import write_recipe
+from pyindex import LocalIndex
 
 from buildkit_py.cli import main
 from buildkit_py.compat import index, live, refresh, tables
 from buildkit_py.errors import PackageIndexError
-
-from helpers import write_recipe
-from pyindex import LocalIndex
 
 LINUX = 'platform_system == "Linux"'
 CP = ["cp311", "cp312", "cp313", "cp314", "cp315"]
@@ -25,7 +24,7 @@ def _torch_wheels(ix: LocalIndex, version: str, reqs, *, cps=CP, big: bool = Fal
     ix.add_wheel("torch", version, "cp312-none-macosx_11_0_arm64", requires_dist=(), requires_python=">=3.11")
 
 
-@pytest.fixture()
+@pytest.fixture
 def ix(tmp_path):
     with LocalIndex(tmp_path / "index") as served:
         # torch 2.16.0: a CUDA 13 build through NVIDIA's cuda-toolkit meta package; its cp312 wheel is
@@ -37,7 +36,7 @@ def ix(tmp_path):
         # cp310 tags (3.9 < 3.10 only by version order, not by string order)
         _torch_wheels(served, "2.4.1", [
             'nvidia-cuda-runtime-cu12 (==12.1.105) ; platform_system == "Linux" and platform_machine == "x86_64"',
-            'triton (==3.0.0) ; platform_system == "Linux" and platform_machine == "x86_64" and python_version < "3.13"'],
+            'triton (==3.0.0) ; platform_system == "Linux" and platform_machine == "x86_64" and python_version < "3.13"'],  # noqa: E501
             cps=["cp310", "cp39", "cp312", "cp311"], pep658=True)
         served.add_wheel("torch", "2.17.0rc1", "cp312-cp312-manylinux_2_28_x86_64", requires_dist=())
         for wheel in ("nvidia-cuda-runtime", "nvidia-cuda-nvcc", "nvidia-cuda-crt", "nvidia-nvvm"):
@@ -216,7 +215,7 @@ def test_plan_looks_a_newer_torch_up_and_caches_it(ix, tmp_path, monkeypatch):
     assert main(["data", "status", "--json"], status, io.StringIO()) == 0
     st = json.loads(status.getvalue())
     assert st["shipped_as_of"] == "2026-12-03"
-    assert st["cached"] == [{"component": "torch", "version": "2.16.0", "index": ix.url, "read": st["cached"][0]["read"],
+    assert st["cached"] == [{"component": "torch", "version": "2.16.0", "index": ix.url, "read": st["cached"][0]["read"],  # noqa: E501
                              "pypi_variant": "cu135", "shipped": False}]
 
 
@@ -227,7 +226,7 @@ def test_offline_unknown_pin_is_a_clear_error(ix, tmp_path, monkeypatch):
     assert main(["plan", str(recipe), "--offline", "--index-url", ix.url], out, err) == 2
     assert ix.requests == []
     text = err.getvalue()
-    assert "torch: " in text and "unknown to the shipped data (as of 2026-12-03)" in text and "without --offline" in text
+    assert "torch: " in text and "unknown to the shipped data (as of 2026-12-03)" in text and "without --offline" in text  # noqa: E501
 
 
 def test_unreachable_index_falls_back_with_warning(tmp_path, monkeypatch):

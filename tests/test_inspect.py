@@ -26,7 +26,7 @@ MiB = 1 << 20
 # ---------------------------------------------------------------- path rules
 
 
-@pytest.mark.parametrize("path,size,expected", [
+@pytest.mark.parametrize(("path", "size", "expected"), [
     ("/models/model.safetensors", 12 * MiB, [(I.WEIGHTS, "/models/model.safetensors")]),
     ("/models/model.safetensors", 5 * MiB, []),  # under the threshold
     ("/w/pytorch_model.BIN", 11 * MiB, [(I.WEIGHTS, "/w/pytorch_model.BIN")]),
@@ -177,12 +177,12 @@ def _save_tar(layers: list[bytes], history: list[dict], *, oci: bool = False) ->
     with tarfile.open(fileobj=buf, mode="w") as t:
         if oci:
             add(t, "blobs/sha256/" + image_id[7:], config)
-            for d, blob in zip(diff_ids, layers):
+            for d, blob in zip(diff_ids, layers, strict=False):
                 add(t, "blobs/sha256/" + d[7:], blob)
             add(t, "index.json", b"{}")
         else:
             seen: dict[str, str] = {}
-            for n, (d, blob) in enumerate(zip(diff_ids, layers)):
+            for n, (d, blob) in enumerate(zip(diff_ids, layers, strict=False)):
                 v1 = hashlib.sha256(f"v1-{n}".encode()).hexdigest()
                 if d in seen:  # what docker save does with a repeated layer
                     info = tarfile.TarInfo(f"{v1}/layer.tar")
@@ -233,7 +233,7 @@ def test_analyze_save_stream_on_a_synthetic_image(oci):
     assert report.layers[0].size == 100 + 3000 + 500 + len("gcc-12")
     assert [(x.step, x.group) for x in report.layers] == [(None, "base"), ("os", "os"), ("pins", "pins"),
                                                           ("heavy", "heavy")]
-    for x, blob in zip(report.layers, layers):
+    for x, blob in zip(report.layers, layers, strict=False):
         assert abs(x.compressed_size - len(gzip.compress(blob, 6))) <= 32
     assert report.pull_seconds == pytest.approx(report.compressed_size * 8 / 8e6)
     with_unpack = I.build_report("synthetic:1", image_id, diff_ids, saved, saved.config["history"], {},
@@ -266,7 +266,7 @@ def _containerd_save_tar(layers: list[bytes], history: list[dict]) -> tuple[byte
     config = json.dumps({"rootfs": {"type": "layers", "diff_ids": diff_ids}, "history": history}).encode()
 
     def desc(data: bytes, media_type: str, **kw) -> dict:
-        return {"mediaType": media_type, "digest": "sha256:" + hashlib.sha256(data).hexdigest(), "size": len(data), **kw}
+        return {"mediaType": media_type, "digest": "sha256:" + hashlib.sha256(data).hexdigest(), "size": len(data), **kw}  # noqa: E501
 
     manifest = json.dumps({"schemaVersion": 2, "config": desc(config, "application/vnd.oci.image.config.v1+json"),
                            "layers": [desc(b, "application/vnd.oci.image.layer.v1.tar+gzip") for b in blobs]}).encode()

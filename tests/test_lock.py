@@ -178,7 +178,7 @@ def test_a_resolution_for_other_markers_is_refused(recipe):
 def test_lock_is_deterministic_whatever_order_pip_reports_in(recipe):
     first = locked_text(recipe)
     shuffled = copy.deepcopy(REPORT)
-    random.Random(7).shuffle(shuffled["install"])
+    random.Random(7).shuffle(shuffled["install"])  # noqa: S311
     assert locked_text(recipe, resolver=FakeResolver(shuffled)) == first
     assert locked_text(recipe) == first
 
@@ -229,7 +229,7 @@ def test_a_malformed_lock_is_an_error(recipe):
 # --- staleness ------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("edit, change", [
+@pytest.mark.parametrize(("edit", "change"), [
     (("requests[socks]==2.32.3", "requests[socks]==2.32.2"), "pip: requests 2.32.3 -> 2.32.2"),
     (('python: "3.11"\n', 'python: "3.12"\n'), "python 3.11 -> 3.12"),
     (('pip: [', 'pip: ["einops==0.8.0", '), "pip: added einops==0.8.0"),
@@ -390,7 +390,7 @@ def test_cli_lock_writes_the_file(recipe, monkeypatch):
     monkeypatch.setattr(lock, "pin_base", pinner)
     code, out, err = run_cli("lock", str(recipe))
     assert code == 0, err
-    assert f"{len(REPORT['install'])} packages, 1/1 bases by digest\nwrote {recipe.with_suffix('.lock')} (1 variant" in out
+    assert f"{len(REPORT['install'])} packages, 1/1 bases by digest\nwrote {recipe.with_suffix('.lock')} (1 variant" in out  # noqa: E501
     code, out, err = run_cli("lock", str(recipe))
     assert code == 0 and "\nunchanged " in out
 
@@ -405,7 +405,7 @@ def test_the_locked_base_digest_wins_over_the_one_the_plan_looked_up(recipe):
     moved = "sha256:" + "99" * 32
     labels = {**plan.labels, lock.BASE_DIGEST_LABEL: moved}
     final = dataclasses.replace(plan.final, base=f"{plan.final.base}@{moved}", steps=tuple(
-        dataclasses.replace(s, labels=tuple(labels.items())) if isinstance(s, MetaStep) else s for s in plan.final.steps))
+        dataclasses.replace(s, labels=tuple(labels.items())) if isinstance(s, MetaStep) else s for s in plan.final.steps))  # noqa: E501
     looked_up = dataclasses.replace(plan, stages=(final,), labels=labels)
     assert lock.lock_inputs(looked_up) == lock.lock_inputs(plan)
     text = render_dockerfile(lock.use_lock(looked_up).plan)

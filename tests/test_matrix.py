@@ -45,7 +45,7 @@ def issues(exc: RecipeError) -> list[tuple[int | None, str, str]]:
 # without the jsonschema package; where jsonschema is installed it validates as well.
 
 
-def validate(instance, schema, path="$"):
+def validate(instance, schema, path="$"):  # noqa: C901
     t = schema.get("type")
     types = {"object": dict, "array": list, "string": str, "integer": int, "boolean": bool, "null": type(None)}
     if t is not None:
@@ -221,7 +221,7 @@ def test_incompatible_python_is_dropped_not_an_error(tmp_path):
 # --- schema errors: file, line, key -----------------------------------------------------------
 
 
-@pytest.mark.parametrize("matrix_text, expected", [
+@pytest.mark.parametrize(("matrix_text", "expected"), [
     ("  cuda.verison: ['12.1']", (8, "matrix.cuda.verison", "did you mean 'cuda.version'?")),
     ("  python: '3.11'", (8, "matrix.python", "non-empty list")),
     ("  python: []", (8, "matrix.python", "non-empty list")),

@@ -6,7 +6,6 @@ import sys
 import venv
 
 import pytest
-
 from helpers import REPO
 
 

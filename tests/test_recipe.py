@@ -3,11 +3,10 @@
 from pathlib import Path
 
 import pytest
+from helpers import REPO, write_recipe
 
 from buildkit_py.errors import RecipeError
 from buildkit_py.recipe import load_recipe, parse_size
-
-from helpers import REPO, write_recipe
 
 GOOD = """\
 name: team/trainer
@@ -52,7 +51,7 @@ def test_unquoted_versions_keep_their_text(tmp_path):
     assert recipe.cuda.version == "12.4"
 
 
-@pytest.mark.parametrize("edit, line, key, words", [
+@pytest.mark.parametrize(("edit", "line", "key", "words"), [
     (("python: \"3.11\"", "python: \"3.11\"\ntorchh: \"2.4.1\""), 10, "torchh", "did you mean 'torch'"),
     (("flavor: runtime", "flavor: slim"), 5, "cuda.flavor", "not one of base, runtime, devel"),
     (('version: "12.4.1"', 'version: "twelve"'), 4, "cuda.version", "not a CUDA version"),
@@ -120,13 +119,13 @@ def test_wheels_source_needs_base_image(tmp_path):
 
 def test_digest_ignores_formatting(tmp_path):
     a = load_recipe(write_recipe(tmp_path / "a", GOOD))
-    b = load_recipe(write_recipe(tmp_path / "b", "# comment\n" + GOOD.replace('pip: ["numpy==1.26.4"]', "pip:\n  - NumPy==1.26.4")))
+    b = load_recipe(write_recipe(tmp_path / "b", "# comment\n" + GOOD.replace('pip: ["numpy==1.26.4"]', "pip:\n  - NumPy==1.26.4")))  # noqa: E501
     assert a.digest == b.digest
     c = load_recipe(write_recipe(tmp_path / "c", GOOD.replace("1.26.4", "1.26.3")))
     assert c.digest != a.digest
 
 
-@pytest.mark.parametrize("text, expected", [
+@pytest.mark.parametrize(("text", "expected"), [
     ("6GB", 6_000_000_000), ("512MiB", 512 * 2**20), ("1.5 GB", 1_500_000_000), ("100", 100), ("big", None),
 ])
 def test_parse_size(text, expected):
@@ -157,7 +156,7 @@ def test_uppercase_label_keys_accepted(tmp_path, key):
     assert recipe.labels == ((key, "ml"),)
 
 
-@pytest.mark.parametrize("key, words", [
+@pytest.mark.parametrize(("key", "words"), [
     ("team owner", "not a valid label key"), ("-team", "not a valid label key"), ("team.", "not a valid label key"),
     ("IO.imgbuild.cuda.version", "set by imgbuild itself"),
 ])

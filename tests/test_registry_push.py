@@ -7,7 +7,7 @@ from buildkit_py.registry import digest_of_chunk, push_image
 DIGEST = "sha256:" + "ab" * 32
 
 
-@pytest.mark.parametrize("chunk, found", [
+@pytest.mark.parametrize(("chunk", "found"), [
     ({"aux": {"Tag": "1", "Digest": DIGEST, "Size": 856}}, (DIGEST, 856)),  # 20.10
     ({"status": f"0.1: digest: {DIGEST} size: 856"}, (DIGEST, 856)),  # the containerd store
     ({"status": "Pushed", "id": "abc"}, None),
@@ -35,4 +35,4 @@ def test_push_reads_the_status_line_digest(monkeypatch):
     chunks = [{"status": "Pushing", "id": "l1"}, {"status": "Pushed", "id": "l1"},
               {"status": f"0.1: digest: {DIGEST} size: 856"}]
     result = push_image(Client(chunks), "127.0.0.1:5000/team/a:0.1")
-    assert (result.ref, result.tag, result.digest, result.size) == (f"127.0.0.1:5000/team/a@{DIGEST}", "0.1", DIGEST, 856)
+    assert (result.ref, result.tag, result.digest, result.size) == (f"127.0.0.1:5000/team/a@{DIGEST}", "0.1", DIGEST, 856)  # noqa: E501

@@ -7,12 +7,11 @@ import sys
 
 import dockerfile
 import pytest
+from helpers import REPO, write_recipe
 
 from buildkit_py.plan import make_plan
 from buildkit_py.recipe import load_recipe
 from buildkit_py.render import dockerfile_string, exec_form, render_dockerfile, shell_word
-
-from helpers import REPO, write_recipe
 
 GOLDEN = REPO / "tests" / "golden"
 RECIPES = sorted((REPO / "recipes").glob("*.yaml"))
@@ -30,7 +29,7 @@ def test_golden(recipe):
     if UPDATE:
         golden.write_text(text)
     assert golden.exists(), f"no golden file: run `make golden` to create {golden.name}"
-    assert text == golden.read_text(), f"{recipe.name} renders differently from {golden.name} (`make golden` if intended)"
+    assert text == golden.read_text(), f"{recipe.name} renders differently from {golden.name} (`make golden` if intended)"  # noqa: E501
 
 
 # Renders every recipe (Dockerfile and plan JSON, keys in the order written) in a fresh interpreter.
@@ -86,7 +85,7 @@ def test_buildkit_parser_reads_the_plan(recipe):
     expected = [st.id for s in plan.stages for st in s.steps if st.is_run]
     assert marks == expected
     label = [c for c in commands if c.cmd == "LABEL"][0]
-    pairs = dict(zip(label.value[0::2], label.value[1::2]))
+    pairs = dict(zip(label.value[0::2], label.value[1::2], strict=False))
     assert {unquote(k): unquote(v) for k, v in pairs.items()} == plan.labels
 
 
@@ -114,17 +113,17 @@ copy: [{src: app/, dest: /app}]
     plan = make_plan(load_recipe(path))
     ids = [s.id for s in plan.final.steps]
     assert ids == ["os", "python", "mount-stubs", "cuda-libs", "cuda-cublas", "cuda-cudnn", "cuda-cufft",
-                   "cuda-cusolver", "cuda-cusparse", "cuda-nccl", "torch", "heavy", "pins", "ldconfig", "copy-0", "meta"]
+                   "cuda-cusolver", "cuda-cusparse", "cuda-nccl", "torch", "heavy", "pins", "ldconfig", "copy-0", "meta"]  # noqa: E501
 
 
-@pytest.mark.parametrize("value, expected", [
+@pytest.mark.parametrize(("value", "expected"), [
     ("plain", "plain"), ("a b", "'a b'"), ("$(id)", "'$(id)'"), ("it's", "'it'\"'\"'s'"), ("x\\", "'x\\'"),
 ])
 def test_shell_word(value, expected):
     assert shell_word(value) == expected
 
 
-@pytest.mark.parametrize("value, expected", [
+@pytest.mark.parametrize(("value", "expected"), [
     ("v", '"v"'), ('a"b', '"a\\"b"'), ("$HOME", '"\\$HOME"'), ("c:\\x", '"c:\\\\x"'),
 ])
 def test_dockerfile_string(value, expected):
@@ -132,7 +131,7 @@ def test_dockerfile_string(value, expected):
 
 
 def test_dockerfile_string_refuses_newlines():
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError):  # noqa: PT011
         dockerfile_string("a\nRUN evil")
 
 
@@ -154,6 +153,6 @@ entrypoint: ["sh", "-c", "echo \\"$HOME\\"; ]"]
     commands = dockerfile.parse_string(render_dockerfile(plan))
     assert [c.cmd for c in commands].count("RUN") == len([s for s in plan.final.steps if s.is_run])
     env = [c for c in commands if c.cmd == "ENV" and "A" in c.value][0]
-    assert dict(zip(env.value[0::2], env.value[1::2]))["A"] == '"\\$(touch /pwned) && echo \\"x\\" \\\\"'
+    assert dict(zip(env.value[0::2], env.value[1::2], strict=False))["A"] == '"\\$(touch /pwned) && echo \\"x\\" \\\\"'
     entry = [c for c in commands if c.cmd == "ENTRYPOINT"][0]
     assert entry.json and list(entry.value) == ["sh", "-c", 'echo "$HOME"; ]']

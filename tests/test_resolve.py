@@ -1,13 +1,12 @@
 """Resolution: pins that fit resolve; clashing ones raise CompatibilityError naming both sides."""
 
 import pytest
+from helpers import write_recipe
 
 from buildkit_py.errors import CompatibilityError
 from buildkit_py.plan import make_plan
 from buildkit_py.recipe import load_recipe
 from buildkit_py.resolve import resolve
-
-from helpers import write_recipe
 
 BASE = """\
 name: team/x
@@ -134,7 +133,7 @@ def test_arch_not_supported_by_flash_attn(tmp_path):
 
 
 def test_flash_attn_prebuilt_wheel_url(tmp_path):
-    res = resolve(recipe(tmp_path, base="base: {image: 'ubuntu:22.04'}", extra='torch: "2.4.1"\npip: ["flash-attn==2.6.3"]'))
+    res = resolve(recipe(tmp_path, base="base: {image: 'ubuntu:22.04'}", extra='torch: "2.4.1"\npip: ["flash-attn==2.6.3"]'))  # noqa: E501
     assert res.compile == ()
     assert dict(res.prebuilt_urls)["flash-attn"] == (
         "https://github.com/Dao-AILab/flash-attention/releases/download/v2.6.3/"
@@ -164,14 +163,14 @@ def test_bitsandbytes_torch_floor_refused_with_hint(tmp_path):
 
 
 def test_bitsandbytes_compute_capability_floor(tmp_path):
-    err = clash(tmp_path, cuda="12.4", extra='torch: "2.4.1"\npip: ["bitsandbytes==0.50.2"]\nbuild: {cuda_arch: ["5.2"]}')
+    err = clash(tmp_path, cuda="12.4", extra='torch: "2.4.1"\npip: ["bitsandbytes==0.50.2"]\nbuild: {cuda_arch: ["5.2"]}')  # noqa: E501
     assert err.other == "cuda_arch" and "6.0" in err.message
     res = resolve(recipe(tmp_path, cuda="12.4", extra='torch: "2.4.1"\npip: ["bitsandbytes==0.50.2"]\n'
                          'build: {cuda_arch: ["7.0"]}'))
     assert any("LLM.int8() needs compute capability 7.5+" in w for w in res.warnings)
 
 
-@pytest.mark.parametrize("extra, newest", [
+@pytest.mark.parametrize(("extra", "newest"), [
     ('torch: "2.99.0"', "2.15.0"),
     ('torch: "2.4.1"\npip: ["flash-attn==9.9.9"]', "2.8.3.post2"),
     ('pip: ["bitsandbytes==9.9.9"]', "0.50.2"),
@@ -216,7 +215,7 @@ def test_every_cuda_flavor_source_plans_or_refuses_cleanly(tmp_path, source, fla
                 make_plan(r)
                 outcomes["plan"] += 1
             except CompatibilityError as exc:
-                assert exc.key and exc.line and exc.hint, (spec, extra, exc.message)
+                assert exc.key and exc.line and exc.hint, (spec, extra, exc.message)  # noqa: PT017
                 outcomes["refused"] += 1
     assert outcomes["plan"] > 0
 
@@ -226,7 +225,7 @@ def test_wheels_for_cuda_without_a_runtime_wheel_is_a_resolution_error(tmp_path)
     assert err.key == "cuda.version" and "11.7.99" in err.message and "11.8" in err.hint
 
 
-@pytest.mark.parametrize("cuda, pin", [("11.8", "nvidia-cuda-runtime-cu11==11.8.89"),
+@pytest.mark.parametrize(("cuda", "pin"), [("11.8", "nvidia-cuda-runtime-cu11==11.8.89"),
                                        ("12.9", "nvidia-cuda-runtime-cu12==12.9.79"),
                                        ("13.2", "nvidia-cuda-runtime==13.2.86")])
 def test_wheels_install_the_runtime_of_that_cuda(tmp_path, cuda, pin):
@@ -235,13 +234,13 @@ def test_wheels_install_the_runtime_of_that_cuda(tmp_path, cuda, pin):
 
 
 def test_cudnn_from_wheels_is_installed(tmp_path):
-    text = BASE.format(cuda="12.4", source="wheels", python="3.11", base="base: {image: debian:bookworm-slim}", extra="")
+    text = BASE.format(cuda="12.4", source="wheels", python="3.11", base="base: {image: debian:bookworm-slim}", extra="")  # noqa: E501
     res = resolve(load_recipe(write_recipe(tmp_path, text.replace("source: wheels", 'source: wheels\n  cudnn: "9"'))))
     assert "nvidia-cudnn-cu12==9.10.2.21" in res.cuda_wheels and "nvidia-cublas-cu12==12.4.5.8" in res.cuda_wheels
 
 
 def _devel(tmp_path, cuda, extra=""):
-    text = BASE.format(cuda=cuda, source="wheels", python="3.11", base="base: {image: debian:bookworm-slim}", extra=extra)
+    text = BASE.format(cuda=cuda, source="wheels", python="3.11", base="base: {image: debian:bookworm-slim}", extra=extra)  # noqa: E501
     return load_recipe(write_recipe(tmp_path, text.replace("source: wheels", "source: wheels\n  flavor: devel")))
 
 

@@ -78,7 +78,7 @@ def test_bad_service_is_a_recipe_error(tmp_path):
 
 def test_weights_label_is_json(tmp_path):
     plan = make_plan(load_recipe(write_recipe(tmp_path, RECIPE)))
-    assert json.loads(plan.labels["io.imgbuild.weights"]) == [{"mount": "/models/llm", "ref": "r.example.com/models/llm:1"}]
+    assert json.loads(plan.labels["io.imgbuild.weights"]) == [{"mount": "/models/llm", "ref": "r.example.com/models/llm:1"}]  # noqa: E501
 
 
 def test_plan_flags_copy_of_weights(tmp_path):
@@ -133,7 +133,7 @@ def test_the_compose_check_can_fail():
     assert compose_problems({"services": {"db": {"image": 1}}})  # the schema part
 
 
-@pytest.mark.parametrize("text", [RECIPE, SERVICES_WITH_VOLUMES, RECIPE.split("services:")[0]],
+@pytest.mark.parametrize("text", [RECIPE, SERVICES_WITH_VOLUMES, RECIPE.split("services:", maxsplit=1)[0]],
                          ids=["services", "named-volumes", "no-services"])
 def test_compose_document_is_valid_compose(tmp_path, text):
     recipe = load_recipe(write_recipe(tmp_path, text))
@@ -150,7 +150,7 @@ def test_compose_declares_each_named_volume_once(tmp_path):
     assert "volumes" not in compose_document("team/infer:latest", load_recipe(write_recipe(tmp_path, RECIPE)))
 
 
-@pytest.mark.parametrize("spec, words", [
+@pytest.mark.parametrize(("spec", "words"), [
     ("qdrant-data", "must be an absolute path"),
     ("data:storage", "must be an absolute path"),
     ("data:/a:/b:ro", "is not [SOURCE:]TARGET[:OPTIONS]"),

@@ -109,7 +109,7 @@ def parse_compression(value: str | None) -> tuple[str, int | None] | None:
     limits = {"gzip": (0, 9), "zstd": (0, 22), "estargz": (0, 9), "uncompressed": None}
     if name not in limits or (level and (limits[name] is None or not level.isdigit()
                                          or not limits[name][0] <= int(level) <= limits[name][1])):
-        from ..errors import UsageError
+        from ..errors import UsageError  # noqa: PLC0415
 
         raise UsageError(f"--compression {value!r}: use gzip[:0-9], zstd[:0-22], estargz or uncompressed")
     return name, int(level) if level else None
@@ -187,7 +187,7 @@ class Engine:
         """A docker SDK client for this engine, one per thread (requests sessions are not shared)."""
         client = getattr(self._local, "client", None)
         if client is None:
-            import docker  # heavy: only when the engine is really used
+            import docker  # heavy: only when the engine is really used  # noqa: PLC0415
 
             try:
                 client = docker.DockerClient(base_url=self.host, timeout=600) if self.host \
@@ -211,7 +211,7 @@ class Engine:
 
     def image_attrs(self, ref: str) -> dict | None:
         """`docker image inspect` of ``ref``, None when the engine does not have it."""
-        import docker.errors
+        import docker.errors  # noqa: PLC0415
 
         try:
             return self.sdk().api.inspect_image(ref)
@@ -239,7 +239,7 @@ class Engine:
 
     def tag(self, image: str, ref: str) -> None:
         """Give ``image`` (an id or a reference) the tag ``ref``."""
-        from .. import oci
+        from .. import oci  # noqa: PLC0415
 
         parsed = oci.parse_reference(ref)
         self.sdk().images.get(image).tag(ref.rsplit(":", 1)[0], parsed.tag or "latest")
@@ -253,7 +253,7 @@ class Engine:
 
     def push(self, ref: str, *, on_progress: ProgressSink | None = None) -> PushResult:
         """Push one tag that is in the engine, through the SDK."""
-        from ..registry import push_image
+        from ..registry import push_image  # noqa: PLC0415
 
         return push_image(self.sdk(), ref, on_progress=on_progress)
 
@@ -270,7 +270,7 @@ BuildBackend = Engine
 
 def _client_version(binary: str, env: dict[str, str] | None = None) -> tuple[int, ...] | None:
     try:
-        out = subprocess.run([binary, "version", "--format", "{{.Client.Version}}"], capture_output=True,
+        out = subprocess.run([binary, "version", "--format", "{{.Client.Version}}"], capture_output=True,  # noqa: PLW1510
                              text=True, timeout=20, env=env)
     except (OSError, subprocess.TimeoutExpired):
         return None
@@ -281,7 +281,7 @@ def _client_version(binary: str, env: dict[str, str] | None = None) -> tuple[int
 
 def _has_buildx(binary: str) -> bool:
     try:
-        out = subprocess.run([binary, "buildx", "version"], capture_output=True, text=True, timeout=20)
+        out = subprocess.run([binary, "buildx", "version"], capture_output=True, text=True, timeout=20)  # noqa: PLW1510
     except (OSError, subprocess.TimeoutExpired):
         return False
     return out.returncode == 0
@@ -324,8 +324,8 @@ def select_engine(preference: str | None = None, *, builder: str | None = None,
     PATH, then Debian's), the engine from ``host`` or $DOCKER_HOST, a named builder from
     --builder. Auto prefers buildx; a client older than 23.0 without it still speaks BuildKit
     with DOCKER_BUILDKIT=1 (newer ones fall back to the legacy builder: refused)."""
-    from .buildx import BuilderEngine, BuildxEngine
-    from .docker_cli import ClassicEngine
+    from .buildx import BuilderEngine, BuildxEngine  # noqa: PLC0415
+    from .docker_cli import ClassicEngine  # noqa: PLC0415
 
     preference = preference or os.environ.get("IMGBUILD_ENGINE") or os.environ.get("IMGBUILD_BACKEND") or "auto"
     if preference not in ENGINE_KINDS:
@@ -372,7 +372,7 @@ def engine_for_reading() -> Engine:
         return select_engine()
     except ImgbuildError:
         clients = [c for c in (os.environ.get("IMGBUILD_DOCKER"), shutil.which("docker"), "/usr/bin/docker") if c]
-        from .docker_cli import ClassicEngine
+        from .docker_cli import ClassicEngine  # noqa: PLC0415
 
         return ClassicEngine(clients[0] if clients else "docker")
 

@@ -62,7 +62,7 @@ class BuildxEngine(ClassicEngine):
         store = ""
         try:
             store = ", containerd image store" if self.containerd_store() else ", classic image store"
-        except Exception:  # noqa: BLE001
+        except Exception:  # noqa: BLE001, S110
             pass
         return f"buildx engine ({self.client}{', ' + self.host if self.host else ''}{store})"
 
@@ -112,8 +112,8 @@ class BuildxEngine(ClassicEngine):
         env = self.environment()
         if not request.push:
             return env
-        from .. import auth
-        from ..registry import registry_host
+        from .. import auth  # noqa: PLC0415
+        from ..registry import registry_host  # noqa: PLC0415
 
         found = {}
         for tag in request.tags:
@@ -142,8 +142,8 @@ class BuildxEngine(ClassicEngine):
     def refine_failure(self, request: BuildRequest, log: str) -> None:
         if not request.push:
             return
-        from ..errors import AuthenticationError, RegistryError
-        from ..registry import classify_push_error, registry_host
+        from ..errors import AuthenticationError, RegistryError  # noqa: PLC0415
+        from ..registry import classify_push_error, registry_host  # noqa: PLC0415
 
         lines = [ln for ln in log.splitlines() if "ERROR" in ln or "error" in ln.lower()]
         message = " ".join(lines[-1].split()) if lines else ""

@@ -78,7 +78,7 @@ class ClassicEngine(Engine):
                                         stdin=subprocess.DEVNULL)
             except OSError as exc:
                 raise EnvironmentProblem(f"cannot run {self.client}: {exc}") from None
-            assert proc.stdout is not None
+            assert proc.stdout is not None  # noqa: S101
             for raw in proc.stdout:
                 line = raw.rstrip("\n")
                 tail.append(line)

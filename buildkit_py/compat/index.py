@@ -15,17 +15,17 @@ the stdlib ``urllib`` is used: nothing here may slow down ``import buildkit_py``
 from __future__ import annotations
 
 import email.parser
-import os
 import json
+import os
 import re
 import ssl
 import struct
 import urllib.error
 import urllib.request
-from typing import Any
 import zlib
 from dataclasses import dataclass
 from html.parser import HTMLParser
+from typing import Any
 from urllib.parse import urldefrag, urljoin, urlsplit
 
 from packaging.utils import canonicalize_name, parse_sdist_filename, parse_wheel_filename
@@ -106,7 +106,7 @@ class IndexClient:
         self.bytes_read = 0
 
     def _open(self, url: str, headers: dict[str, str] | None = None):
-        req = urllib.request.Request(url, headers={"User-Agent": "imgbuild-index-client", **(headers or {})})
+        req = urllib.request.Request(url, headers={"User-Agent": "imgbuild-index-client", **(headers or {})})  # noqa: S310
         self.requests += 1
         try:
             context = self._ctx if url.startswith("https:") else None
@@ -117,7 +117,7 @@ class IndexClient:
         except (urllib.error.URLError, OSError, ValueError) as exc:
             reason = getattr(exc, "reason", exc)
             raise PackageIndexError(f"package index {redact(self.index_url)} unreachable: {reason}",
-                              hint="check the network or pip's index-url; --offline uses only the shipped data") from None
+                              hint="check the network or pip's index-url; --offline uses only the shipped data") from None  # noqa: E501
 
     def _read(self, url: str, headers: dict[str, str] | None = None) -> tuple[bytes, Any]:
         with self._open(url, headers) as r:
@@ -177,7 +177,7 @@ class IndexClient:
         if total is not None and len(tail) == total:   # whole file came back
             return _member_from_zip_bytes(tail, f.filename)
         if total is None:
-            raise PackageIndexError(f"package index: {f.filename}: the server answered a range request without Content-Range")
+            raise PackageIndexError(f"package index: {f.filename}: the server answered a range request without Content-Range")  # noqa: E501
         start_of_tail = total - len(tail)
         cd_offset, cd_size = _central_directory(tail, start_of_tail, f.filename, self, f.url)
         if cd_offset >= start_of_tail:
@@ -273,7 +273,7 @@ def _parse_html(text: str, page_url: str) -> list[dict]:
         filename = url.rsplit("/", 1)[-1] or a["_text"].strip()
         meta = a.get("data-core-metadata", a.get("data-dist-info-metadata"))
         out.append({"filename": filename, "url": url, "requires_python": a.get("data-requires-python"),
-                    "yanked": "data-yanked" in a, "metadata_url": _metadata_url(url, meta if meta is not None else None)})
+                    "yanked": "data-yanked" in a, "metadata_url": _metadata_url(url, meta if meta is not None else None)})  # noqa: E501
     return out
 
 
@@ -344,8 +344,8 @@ def _inflate(data: bytes, method: int, filename: str) -> bytes:
 
 
 def _member_from_zip_bytes(body: bytes, filename: str) -> bytes:
-    import io
-    import zipfile
+    import io  # noqa: PLC0415
+    import zipfile  # noqa: PLC0415
     try:
         with zipfile.ZipFile(io.BytesIO(body)) as z:
             for n in z.namelist():
@@ -386,7 +386,7 @@ def index_settings(*, index_url: str | None = None, pip_config: str | None = Non
     """The index pip would use: ``--index-url``, then ``PIP_INDEX_URL``, then ``--pip-config`` FILE
     (imgbuild's own option, the file pip steps get), then pip's config files ([global], [install]);
     PyPI otherwise. The CA bundle likewise from ``PIP_CERT`` / ``cert =``."""
-    import configparser
+    import configparser  # noqa: PLC0415
 
     env = dict(os.environ if env is None else env)
     files = [pip_config] if pip_config else _pip_config_files(env, env.get("HOME") or os.path.expanduser("~"))

@@ -47,10 +47,10 @@ def cached_rows() -> dict[str, dict]:
 def cached_torch(version: str):
     """The cached row as a checked ``TorchRelease``, or None (also for a row the current data
     cannot accept, e.g. a CUDA variant no shipped toolkit knows)."""
-    from packaging.version import InvalidVersion, Version
+    from packaging.version import InvalidVersion, Version  # noqa: PLC0415
 
-    from ..errors import CompatDataError
-    from . import tables
+    from ..errors import CompatDataError  # noqa: PLC0415
+    from . import tables  # noqa: PLC0415
 
     try:
         want = Version(str(version))
@@ -68,7 +68,7 @@ def cached_torch(version: str):
 
 
 def _store(version: str, row: dict) -> Path:
-    from ..files import write_atomic
+    from ..files import write_atomic  # noqa: PLC0415
 
     path = _torch_file()
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -80,9 +80,9 @@ def _store(version: str, row: dict) -> Path:
 
 def torch_row_from_index(version: str, settings, *, today: str | None = None) -> dict:
     """Read torch ``version`` from the index: a torch.json row (source = index URL + wheel)."""
-    from packaging.version import Version
+    from packaging.version import Version  # noqa: PLC0415
 
-    from . import index, refresh
+    from . import index, refresh  # noqa: PLC0415
 
     client = index.client_for(settings)
     project = client.project("torch")
@@ -97,7 +97,7 @@ def torch_row_from_index(version: str, settings, *, today: str | None = None) ->
 def ensure_torch(version: str, settings, *, offline: bool) -> str | None:
     """Make ``torch_release(version)`` answerable. Returns a note for the user (None when the
     shipped data or the cache already knew it). Raises LookupError / PackageIndexError."""
-    from . import index, tables
+    from . import index, tables  # noqa: PLC0415
 
     if any(r.version == version for r in tables.torch_releases()) or cached_torch(version) is not None:
         return None
@@ -108,6 +108,6 @@ def ensure_torch(version: str, settings, *, offline: bool) -> str | None:
     path = _store(row["version"], row)
     if cached_torch(version) is None:   # e.g. a CUDA the shipped toolkits do not know yet
         variant = row.get("pypi_variant")
-        raise LookupError(f"torch {version} on {index.redact(settings.url)} is a {variant} build, a CUDA imgbuild's shipped data "
+        raise LookupError(f"torch {version} on {index.redact(settings.url)} is a {variant} build, a CUDA imgbuild's shipped data "  # noqa: E501
                           "does not know yet")
-    return f"looked torch {version} up on {index.redact(settings.url)} (its Linux wheel's METADATA) and cached it in {path}"
+    return f"looked torch {version} up on {index.redact(settings.url)} (its Linux wheel's METADATA) and cached it in {path}"  # noqa: E501

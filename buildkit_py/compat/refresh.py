@@ -173,7 +173,7 @@ _NO_VARIANTS_NOTE = ("only the PyPI build is known from the index; PyTorch's oth
 
 def torch_row(client, project: Project, version: str, *, today: str) -> dict:
     """A torch.json row for ``version`` from its Linux x86_64 wheel's METADATA."""
-    from .index import PackageIndexError, redact
+    from .index import PackageIndexError, redact  # noqa: PLC0415
 
     files = linux_x86_64_wheels(project, version)
     wheel = pick_wheel(files)
@@ -258,13 +258,13 @@ def _sorted_rows(rows, key="version"):
     return sorted(rows, key=lambda r: Version(r[key]))
 
 
-def refresh(client, data: dict[str, dict], *, today: str, since: str = "1.13") -> RefreshReport:
+def refresh(client, data: dict[str, dict], *, today: str, since: str = "1.13") -> RefreshReport:  # noqa: C901
     """Compare the shipped data (``data``: file name -> raw JSON) with the index; return the
     changed files and what changed. Rows keep their hand-sourced fields (variants from PyTorch's
     matrix, Table 3 drivers); only what the index serves is rewritten, each with its source and date."""
-    import copy
+    import copy  # noqa: PLC0415
 
-    from .index import redact
+    from .index import redact  # noqa: PLC0415
 
     data = copy.deepcopy(data)
     changes: list[Change] = []
@@ -334,11 +334,11 @@ def refresh(client, data: dict[str, dict], *, today: str, since: str = "1.13") -
                            "notes": "added by imgbuild data refresh from the package index: look its minimum driver "
                                     "up in NVIDIA's release notes Table 3"}
             changes.append(Change("toolkits.json", tv, f"new toolkit (cuda-toolkit {mv} on the index; floor "
-                                                       f"{floor['linux_min_driver']} from minor-version compatibility)"))
+                                                       f"{floor['linux_min_driver']} from minor-version compatibility)"))  # noqa: E501
             review.append(f"toolkit {tv}: its Table 3 minimum driver, nvcc architectures (archs.json) and "
                           "nvidia/cuda images (images.json) need reading NVIDIA's pages")
             data["images.json"].setdefault("absent", {})[tv] = {
-                "reason": f"added by imgbuild data refresh on {today}: no nvidia/cuda tags read for it yet", "read": today}
+                "reason": f"added by imgbuild data refresh on {today}: no nvidia/cuda tags read for it yet", "read": today}  # noqa: E501
             touched.update({"toolkits.json", "images.json"})
         old = wheel_rows.get(tv)
         if old is None:
@@ -392,7 +392,7 @@ def refresh(client, data: dict[str, dict], *, today: str, since: str = "1.13") -
 
 def dump(raw: dict) -> str:
     """The data files' own layout: one-space indent, keys in file order, UTF-8, final newline."""
-    import json
+    import json  # noqa: PLC0415
 
     return json.dumps(raw, indent=1, ensure_ascii=False) + "\n"
 
@@ -400,15 +400,15 @@ def dump(raw: dict) -> str:
 def validate_files(files: dict[str, str]) -> None:
     """Load the shipped data with ``files`` (name -> text) swapped in, in a child process, and
     raise CompatDataError with the loader's message if any invariant breaks."""
-    import os
-    import shutil
-    import subprocess
-    import sys
-    import tempfile
-    from pathlib import Path
+    import os  # noqa: PLC0415
+    import shutil  # noqa: PLC0415
+    import subprocess  # noqa: PLC0415
+    import sys  # noqa: PLC0415
+    import tempfile  # noqa: PLC0415
+    from pathlib import Path  # noqa: PLC0415
 
-    from ..errors import CompatDataError
-    from . import tables
+    from ..errors import CompatDataError  # noqa: PLC0415
+    from . import tables  # noqa: PLC0415
 
     with tempfile.TemporaryDirectory(prefix="imgbuild-compat-") as tmp:
         for name in tables.DATA_FILES:
@@ -416,7 +416,7 @@ def validate_files(files: dict[str, str]) -> None:
         for name, text in files.items():
             (Path(tmp) / name).write_text(text, encoding="utf-8")
         env = dict(os.environ, IMGBUILD_COMPAT_DATA=tmp)
-        proc = subprocess.run([sys.executable, "-c", "from buildkit_py.compat import validate_all; validate_all()"],
+        proc = subprocess.run([sys.executable, "-c", "from buildkit_py.compat import validate_all; validate_all()"],  # noqa: PLW1510
                               env=env, capture_output=True, text=True, timeout=120)
         if proc.returncode:
             last = (proc.stderr.strip().splitlines() or ["?"])[-1]
@@ -425,9 +425,9 @@ def validate_files(files: dict[str, str]) -> None:
 
 
 def write_files(files: dict[str, str], directory) -> list[str]:
-    from pathlib import Path
+    from pathlib import Path  # noqa: PLC0415
 
-    from ..files import write_atomic
+    from ..files import write_atomic  # noqa: PLC0415
 
     written = []
     for name, text in files.items():

@@ -169,7 +169,7 @@ def nearest_versions(value: str, known, n: int = 4) -> tuple[str, ...]:
 
     def dist(v: str) -> tuple[float, Version]:
         x = Version(v)
-        return (abs(x.major * 1000 + x.minor + (x.micro / 1000 if len(x.release) > 2 else 0) - tv), -x.major * 1000 - x.minor)
+        return (abs(x.major * 1000 + x.minor + (x.micro / 1000 if len(x.release) > 2 else 0) - tv), -x.major * 1000 - x.minor)  # noqa: E501
 
     return tuple(sorted(sorted(known, key=dist)[:n], key=Version))
 
@@ -211,7 +211,7 @@ def _need_source(file: str, entry: Any, obj: dict) -> str:
 
 def _ascending(file: str, keys: list[str]) -> None:
     vs = [_ver(file, k, k) for k in keys]
-    for a, b, ka, kb in zip(vs, vs[1:], keys, keys[1:]):
+    for a, b, ka, kb in zip(vs, vs[1:], keys, keys[1:], strict=False):
         if not a < b:
             raise _fail(file, kb, f"versions must be strictly ascending and unique ({ka} then {kb})")
 
@@ -230,14 +230,14 @@ def _load_raw(name: str) -> dict:
     except (OSError, json.JSONDecodeError) as exc:
         raise CompatDataError(f"compat data {name}: cannot be read: {exc}") from exc
     if not isinstance(data, dict) or data.get("schema") != SCHEMA:
-        raise _fail(name, "schema", f"expected schema {SCHEMA}, got {data.get('schema') if isinstance(data, dict) else data!r}")
+        raise _fail(name, "schema", f"expected schema {SCHEMA}, got {data.get('schema') if isinstance(data, dict) else data!r}")  # noqa: E501
     _need_source(name, "<top level>", data)
     return data
 
 
 # ----------------------------------------------------------------------------- loaders (validated)
-@functools.lru_cache(maxsize=None)
-def _toolkit_data() -> tuple[tuple[Toolkit, ...], dict[str, tuple[str, ...]]]:
+@functools.cache
+def _toolkit_data() -> tuple[tuple[Toolkit, ...], dict[str, tuple[str, ...]]]:  # noqa: C901
     f = "toolkits.json"
     raw = _load_raw(f)
     out = []
@@ -257,21 +257,21 @@ def _toolkit_data() -> tuple[tuple[Toolkit, ...], dict[str, tuple[str, ...]]]:
     _ascending(f, [t.version for t in out])
     floors = _minor_floors()
     published = [t for t in out if t.min_driver_basis != "minor-compat"]
-    for a, b in zip(published, published[1:]):
+    for a, b in zip(published, published[1:], strict=False):
         if Version(b.linux_min_driver) < Version(a.linux_min_driver):
-            raise _fail(f, b.version, f"Linux driver {b.linux_min_driver} lower than {a.version}'s {a.linux_min_driver}")
+            raise _fail(f, b.version, f"Linux driver {b.linux_min_driver} lower than {a.version}'s {a.linux_min_driver}")  # noqa: E501
     for t in out:
         mj = int(t.version.split(".")[0])
         if t.min_driver_basis == "minor-compat":
             floor = floors.get(mj)
             if floor is None or t.linux_min_driver != floor.linux_min_driver:
                 raise _fail(f, t.version, f"a 'minor-compat' floor must be the CUDA {mj}.x minor-version floor "
-                                          f"({floor.linux_min_driver if floor else 'none recorded'}), got {t.linux_min_driver}")
+                                          f"({floor.linux_min_driver if floor else 'none recorded'}), got {t.linux_min_driver}")  # noqa: E501
         elif t.min_driver_basis == "same-minor":
             same = [x for x in published if x.major_minor == t.major_minor and x.min_driver_basis == "table3"
                     and Version(x.version) < Version(t.version)]
             if not same or same[-1].linux_min_driver != t.linux_min_driver:
-                raise _fail(f, t.version, "a 'same-minor' floor must equal the newest earlier Table 3 value of its minor")
+                raise _fail(f, t.version, "a 'same-minor' floor must equal the newest earlier Table 3 value of its minor")  # noqa: E501
     skipped = {k: tuple(v) for k, v in raw.get("skipped_minors", {}).items()}
     # no gaps inside a release line: every minor from 0 to the last known one, except declared skips
     by_major: dict[int, set[int]] = {}
@@ -296,7 +296,7 @@ def _known_versions() -> set[str]:
     return {t.version for t in _toolkit_data()[0]}
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _minor_floors() -> dict[int, MinorCompatFloor]:
     f = "minor_compat.json"
     raw = _load_raw(f)
@@ -306,13 +306,13 @@ def _minor_floors() -> dict[int, MinorCompatFloor]:
         if not isinstance(mj, int) or mj in out:
             raise _fail(f, mj, "major must be a unique integer")
         out[mj] = MinorCompatFloor(mj, _driver(f, mj, e.get("linux_min_driver")),
-                                   None if e.get("windows_min_driver") is None else _driver(f, mj, e["windows_min_driver"]),
+                                   None if e.get("windows_min_driver") is None else _driver(f, mj, e["windows_min_driver"]),  # noqa: E501
                                    e.get("below_branch"), _need_source(f, mj, e))
     _ascending(f, [str(k) for k in out])
     return out
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _forward_compat() -> tuple[_RangeEntry, ...]:
     f = "forward_compat.json"
     raw = _load_raw(f)
@@ -326,12 +326,12 @@ def _forward_compat() -> tuple[_RangeEntry, ...]:
             raise _fail(f, key, "an entry without branches must say why (none_supported)")
         eol = set(raw.get("end_of_life", {})) & set(branches)
         if eol:
-            raise _fail(f, key, f"branch(es) {', '.join(sorted(eol))} reached end of life (end_of_life) and are no target")
+            raise _fail(f, key, f"branch(es) {', '.join(sorted(eol))} reached end of life (end_of_life) and are no target")  # noqa: E501
         out.append(_RangeEntry(_spec(f, key, key), branches, _need_source(f, key, e)))
     return tuple(out)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _images() -> tuple[dict, dict[str, ImageSet]]:
     f = "images.json"
     raw = _load_raw(f)
@@ -357,7 +357,7 @@ def _images() -> tuple[dict, dict[str, ImageSet]]:
     return meta, out
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _torch() -> tuple[str, tuple[TorchRelease, ...]]:
     f = "torch.json"
     raw = _load_raw(f)
@@ -395,7 +395,7 @@ def _archs_ok(f: str, key: Any, archs: tuple[str, ...]) -> None:
         raise _fail(f, key, "compute capabilities must be unique and ascending")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _flash_attn() -> tuple[FlashAttnRelease, ...]:
     f = "flash_attn.json"
     raw = _load_raw(f)
@@ -404,14 +404,14 @@ def _flash_attn() -> tuple[FlashAttnRelease, ...]:
         v = e.get("version")
         archs = tuple(e.get("archs", ()))
         _archs_ok(f, v, archs)
-        pre = tuple(PrebuiltWheel(p["cuda"], p["torch"], tuple(p["python"]), tuple(p["cxx11abi"])) for p in e.get("prebuilt", ()))
-        out.append(FlashAttnRelease(v, _spec(f, v, e.get("torch")), _spec(f, v, e.get("cuda")), _spec(f, v, e.get("python")),
+        pre = tuple(PrebuiltWheel(p["cuda"], p["torch"], tuple(p["python"]), tuple(p["cxx11abi"])) for p in e.get("prebuilt", ()))  # noqa: E501
+        out.append(FlashAttnRelease(v, _spec(f, v, e.get("torch")), _spec(f, v, e.get("cuda")), _spec(f, v, e.get("python")),  # noqa: E501
                                     archs, pre, _need_source(f, v, e), e.get("notes")))
     _ascending(f, [r.version for r in out])
     return tuple(out)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _bnb() -> tuple[BnbRelease, ...]:
     f = "bitsandbytes.json"
     raw = _load_raw(f)
@@ -437,7 +437,7 @@ def _bnb() -> tuple[BnbRelease, ...]:
     return tuple(out)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _archs() -> tuple[_RangeEntry, ...]:
     f = "archs.json"
     raw = _load_raw(f)
@@ -496,11 +496,11 @@ class _WheelData:
     devel_source: str
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _wheels() -> _WheelData:
     f = "wheels.json"
     raw = _load_raw(f)
-    known = _known_versions()
+    _known_versions()
     families = raw.get("families", {})
     for mj, fam in families.items():
         if fam.get("naming") not in {"suffixed", "unsuffixed"}:
@@ -549,7 +549,7 @@ def _wheels() -> _WheelData:
                       _ver(f, "devel", devel.get("needs_nvcc_binary_from", "999")), devel.get("source", ""))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _coverage() -> None:
     """Cross-file check: every toolkit minor has CUDA wheels, an nvcc architecture list and
     nvidia/cuda images, or the file in question says why it deliberately has none."""
@@ -576,8 +576,8 @@ DATA_FILES = ("toolkits.json", "minor_compat.json", "forward_compat.json", "imag
 
 def validate_all() -> None:
     """Load every data file (raising CompatDataError on the first broken invariant)."""
-    _toolkit_data(); _minor_floors(); _forward_compat(); _images(); _torch()
-    _flash_attn(); _bnb(); _archs(); _wheels(); _coverage()
+    _toolkit_data(); _minor_floors(); _forward_compat(); _images(); _torch()  # noqa: E702
+    _flash_attn(); _bnb(); _archs(); _wheels(); _coverage()  # noqa: E702
 
 
 # ----------------------------------------------------------------------------- public API
@@ -715,7 +715,7 @@ def torch_release(version: str) -> TorchRelease:
     for r in torch_releases():
         if Version(r.version) == Version(version):
             return r
-    from . import live   # small; only on a miss
+    from . import live  # small; only on a miss  # noqa: PLC0415
 
     cached = live.cached_torch(version)
     if cached is not None:
