@@ -790,8 +790,11 @@ def build_all(matrix: Matrix, backend, options, *, jobs: int = 1, registry: str 
                              cache_to=options.cache_to, builder=options.builder)
         require(backend, required_capabilities(plan.needs, probe))
     runner = runner or run_build
-    _, chains = shared_stages(plans)
+    stages, chains = shared_stages(plans)
     say = on_event or (lambda _t: None)
+    scratch: tuple[str, ...] = ()  # shared-stage images built for --no-cache, untagged at the end
+    if options.no_cache and stages and getattr(backend, "kind", None) != "builder":
+        plans, chains, scratch = _prebuild_shared_stages(matrix, plans, backend, options, runner, on_line, say)
 
     def one(v: Variant) -> VariantBuild:
         plan = plans[v.id]
@@ -830,7 +833,37 @@ def build_all(matrix: Matrix, backend, options, *, jobs: int = 1, registry: str 
                 ready.update(chains[v.id])
                 say(f"[{v.id}] " + (f"built in {result.seconds:.1f}s" if result.ok
                                     else f"FAILED: {result.error.message.splitlines()[0]}"))
+    for tag in scratch:  # the variants keep their layers; only the helper tag goes
+        backend.remove(tag)
     return MatrixBuild(matrix, tuple(results[v.id] for v in chosen), time.monotonic() - start)
+
+
+def _prebuild_shared_stages(matrix: Matrix, plans: dict[str, BuildPlan], backend, options, runner, on_line, say):
+    """--no-cache with shared prefixes: the prefix is a run of steps inside each variant's final
+    stage, which no per-stage cache filter can reach (and 20.10 has none). So each shared stage
+    is built once, without cache, as a local image FROM its parent's, and the variants are then
+    built without cache FROM the last one they share, with only their own steps. (A named
+    builder cannot see the engine's images: there the variants rebuild the prefix.)"""
+    stages, chains = shared_stages(plans)
+    built: dict[str, str] = {}
+    for key in _topological(stages):
+        st = stages[key]
+        any_plan = plans[st.users[0]]
+        base = built[st.parent] if st.parent else st.base
+        tag = f"imgbuild-shared/{_slug(matrix.name)}:{key}"
+        shared = replace(any_plan, stages=(Stage("shared", base, st.steps, "final"),), tags=(tag,))
+        say(f"[shared] building {', '.join(s.id for s in st.steps)} once for {', '.join(st.users)}")
+        sink = (lambda line: on_line("shared", line)) if on_line else (lambda _l: None)
+        runner(shared, backend, replace(options, tags=(tag,), push=False, cache_to=()), sink)
+        built[key] = tag
+    out = dict(plans)
+    for vid, chain in chains.items():
+        if chain:
+            plan = plans[vid]
+            skip = sum(len(stages[k].steps) for k in chain)
+            final = replace(plan.final, base=built[chain[-1]], steps=plan.final.steps[skip:])
+            out[vid] = replace(plan, stages=plan.stages[:-1] + (final,))
+    return out, {vid: [] for vid in plans}, tuple(built.values())
 
 
 def build_report(result: MatrixBuild) -> dict[str, Any]:

@@ -35,7 +35,7 @@ def project(tmp_path, base_image, unique_name):
     return write_recipe(tmp_path, RECIPE.format(name=unique_name, base=base_image))
 
 
-def test_build_all_two_by_two(project, docker_client, cleanup_images, unique_name):
+def test_build_all_two_by_two(project, engine, docker_client, cleanup_images, unique_name):
     code, out, err = run_cli("build", str(project), "--all", "-j", "2", "--json", "--progress", "quiet", *ca_args())
     report = json.loads(out) if out.strip().startswith("{") else {}
     for v in report.get("variants", []):
@@ -66,12 +66,37 @@ def test_build_all_two_by_two(project, docker_client, cleanup_images, unique_nam
     # the CUDA 12.4 leader shares os+python with the first build
     assert not {"os", "python"} & set(by_id["cu124-idna3_7"]["steps_rerun"])
 
-    out = subprocess.run(["/usr/bin/docker", "run", "--rm", "--network", "none", "--entrypoint", "python",
-                          by_id["cu124-idna3_8"]["image_id"], "-c",
-                          "import ctypes, idna; ctypes.CDLL('libcudart.so.12'); print(idna.__version__)"],
-                         capture_output=True, text=True, timeout=120)
+    assert run_python(engine, by_id["cu124-idna3_8"]["image_id"]) == "3.8"
+
+
+def run_python(engine, image: str) -> str:
+    """Load libcudart and print idna's version inside ``image``, on the engine that built it."""
+    out = subprocess.run([*engine.docker_argv(), "run", "--rm", "--network", "none", "--entrypoint", "python",
+                          image, "-c", "import ctypes, idna; ctypes.CDLL('libcudart.so.12'); print(idna.__version__)"],
+                         capture_output=True, text=True, timeout=120, env=engine.environment(), check=False)
     assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == "3.8"
+    return out.stdout.strip()
+
+
+def test_build_all_no_cache_builds_the_shared_prefix_once(project, engine, docker_client, cleanup_images):
+    """Issue 11 item 22: with --no-cache the shared os/python prefix is built once, as a local
+    image the variants are built FROM, instead of once per variant."""
+    code, out, err = run_cli("build", str(project), "--all", "-j", "2", "--no-cache", "--json", "--progress", "quiet",
+                             *ca_args())
+    report = json.loads(out) if out.strip().startswith("{") else {}
+    for v in report.get("variants", []):
+        cleanup_images.extend(v["tags"])
+    assert code == 0, err
+    assert report["ok"] == 4
+    for v in report["variants"]:
+        # the variant's own build ran without cache and never reached os or python again
+        assert v["steps_cached"] == 0, v
+        assert not {"os", "python"} & set(v["steps_rerun"]), v
+        labels = docker_client.images.get(v["tags"][0]).labels
+        assert labels["io.imgbuild.cuda.version"] in {"12.1.1", "12.4.1"}
+    assert run_python(engine, report["variants"][1]["image_id"]) == "3.8"
+    # the helper tags of the shared stages are gone; the variants keep the layers
+    assert not [t for i in docker_client.images.list() for t in i.tags if t.startswith("imgbuild-shared/")]
 
 
 def test_build_all_one_failure_keeps_the_others(tmp_path, base_image, docker_client, cleanup_images, unique_name):

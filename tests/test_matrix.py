@@ -531,3 +531,62 @@ def test_cli_build_help_mentions_matrix_flags():
     assert code == 0 and "--all" in out and "--jobs" in out and "--variant" in out and "--builder" in out
     code, out, _ = run_cli("matrix", "--help")
     assert code == 0 and "github" in out and "bake" in out
+
+
+def test_no_cache_builds_each_shared_prefix_once_then_variants_from_it(tmp_path):
+    """Issue 11 item 22: with --no-cache every variant used to rebuild the shared os/python
+    prefix. Now each shared stage is built once (no cache) as a local image, and each variant
+    is built (no cache) FROM the last stage it shares, with only its own steps."""
+    m = two_by_two(tmp_path)
+    plans = {v.id: mx.variant_plan(v) for v in m.variants}
+    stages, chains = mx.shared_stages(plans)
+    built: list = []
+    removed: list[str] = []
+
+    class Engine(FakeBackend):
+        kind = "classic"
+
+        def remove(self, ref):
+            removed.append(ref)
+
+    def runner(plan, backend, options, on_line):
+        assert options.no_cache
+        built.append(plan)
+        result = BuildResult(image_id="sha256:" + "cd" * 32, tags=plan.tags, log_tail="", cached_steps=0,
+                             run_steps=len(plan.final.steps), seconds=0.0)
+        return BuildOutcome(plan, backend.name, result, size=1)
+
+    result = mx.build_all(m, Engine(), BuildOptions(no_cache=True), jobs=2, runner=runner)
+    assert not result.failed
+    shared, variants = built[:len(stages)], built[len(stages):]
+    assert [p.tags[0].split(":")[1] for p in shared] == mx._topological(stages)
+    assert all(p.tags[0].startswith("imgbuild-shared/team_mx:") for p in shared)
+    assert len(variants) == 4 and sorted(removed) == sorted(p.tags[0] for p in shared)
+    by_tag = {p.tags[0]: p for p in shared}
+    for plan in variants:
+        vid = plan.tags[0].rsplit(":", 1)[1]
+        last = stages[chains[vid][-1]]
+        assert plan.final.base == f"imgbuild-shared/team_mx:{last.key}"
+        own = plans[vid].final.steps[sum(len(stages[k].steps) for k in chains[vid]):]
+        assert plan.final.steps == own  # the shared steps are not run again
+        assert by_tag[plan.final.base].final.steps == last.steps
+    # every shared step ran exactly once across all builds
+    ran = [s for p in built for s in p.final.steps]
+    assert all(ran.count(step) == 1 for st in stages.values() for step in st.steps)
+
+
+def test_no_cache_on_a_named_builder_keeps_the_shared_prefix_in_each_variant(tmp_path):
+    m = two_by_two(tmp_path)
+    built: list = []
+
+    class Builder(FakeBackend):
+        kind = "builder"
+
+    def runner(plan, backend, options, on_line):
+        built.append(plan)
+        result = BuildResult(image_id="sha256:" + "cd" * 32, tags=plan.tags, log_tail="", cached_steps=0,
+                             run_steps=1, seconds=0.0)
+        return BuildOutcome(plan, backend.name, result, size=1)
+
+    mx.build_all(m, Builder(), BuildOptions(no_cache=True), jobs=1, runner=runner)
+    assert len(built) == 4 and not any(p.final.base.startswith("imgbuild-shared/") for p in built)
