@@ -547,6 +547,20 @@ def shared_stages(plans: dict[str, BuildPlan]) -> tuple[dict[str, SharedStage], 
     return stages, chains
 
 
+
+def shared_stage_plan(stage: SharedStage, plans: dict[str, BuildPlan], base: str) -> BuildPlan:
+    """The plan of one shared stage alone: its steps FROM ``base`` (the base image, or what
+    its parent stage became: a bake context name or a locally built image)."""
+    return replace(plans[stage.users[0]], stages=(Stage("shared", base, stage.steps, "final"),))
+
+
+def after_shared(plan: BuildPlan, chain: list[str], stages: dict[str, SharedStage], base: str) -> BuildPlan:
+    """``plan`` with its final stage FROM ``base`` (what the last stage of ``chain`` became),
+    less the steps the chain's stages already hold."""
+    skip = sum(len(stages[k].steps) for k in chain)
+    final = replace(plan.final, base=base, steps=plan.final.steps[skip:])
+    return replace(plan, stages=plan.stages[:-1] + (final,))
+
 # --- outputs --------------------------------------------------------------------------
 
 
@@ -640,8 +654,7 @@ def bake_file(matrix: Matrix, *, registry: str | None = None, ca_cert: Path | No
     order = _topological(stages)
     for key in order:
         st = stages[key]
-        any_plan = plans[st.users[0]]
-        text = render_dockerfile(replace(any_plan, stages=(Stage("shared", st.base, st.steps, "final"),)))
+        text = render_dockerfile(shared_stage_plan(st, plans, st.base))
         body = "\n".join(line for line in text.splitlines() if not line.startswith("#"))
         head = (f"# Shared stage of the imgbuild matrix {matrix.name}: {', '.join(s.id for s in st.steps)};\n"
                 f"# used by {', '.join(st.users)}.\n")
@@ -658,10 +671,7 @@ def bake_file(matrix: Matrix, *, registry: str | None = None, ca_cert: Path | No
         plan = plans[v.id]
         chain = chains[v.id]
         if chain:
-            last = stages[chain[-1]]
-            skip = sum(len(stages[k].steps) for k in chain)
-            final = replace(plan.final, base=last.context, steps=plan.final.steps[skip:])
-            plan = replace(plan, stages=plan.stages[:-1] + (final,))
+            plan = after_shared(plan, chain, stages, stages[chain[-1]].context)
         target = {"context": context, "dockerfile-inline": render_dockerfile(plan), "tags": list(plan.tags)}
         if chain:
             last = stages[chain[-1]]
@@ -848,10 +858,9 @@ def _prebuild_shared_stages(matrix: Matrix, plans: dict[str, BuildPlan], backend
     built: dict[str, str] = {}
     for key in _topological(stages):
         st = stages[key]
-        any_plan = plans[st.users[0]]
         base = built[st.parent] if st.parent else st.base
         tag = f"imgbuild-shared/{_slug(matrix.name)}:{key}"
-        shared = replace(any_plan, stages=(Stage("shared", base, st.steps, "final"),), tags=(tag,))
+        shared = replace(shared_stage_plan(st, plans, base), tags=(tag,))
         say(f"[shared] building {', '.join(s.id for s in st.steps)} once for {', '.join(st.users)}")
         sink = (lambda line: on_line("shared", line)) if on_line else (lambda _l: None)
         runner(shared, backend, replace(options, tags=(tag,), push=False, cache_to=()), sink)
@@ -859,10 +868,7 @@ def _prebuild_shared_stages(matrix: Matrix, plans: dict[str, BuildPlan], backend
     out = dict(plans)
     for vid, chain in chains.items():
         if chain:
-            plan = plans[vid]
-            skip = sum(len(stages[k].steps) for k in chain)
-            final = replace(plan.final, base=built[chain[-1]], steps=plan.final.steps[skip:])
-            out[vid] = replace(plan, stages=plan.stages[:-1] + (final,))
+            out[vid] = after_shared(plans[vid], chain, stages, built[chain[-1]])
     return out, {vid: [] for vid in plans}, tuple(built.values())
 
 
