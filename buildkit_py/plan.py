@@ -10,7 +10,7 @@ from typing import Any
 from . import labels as L
 from .compat.torch_pins import cuda_layers, torch_cuda_pins
 from .errors import UsageError
-from .recipe import Recipe
+from .recipe import Recipe, pin_name
 from .resolve import HEAVY_PACKAGES, Resolution, resolve
 from .steps import (
     AptStep,
@@ -147,7 +147,7 @@ def _split_pins(recipe: Recipe, res: Resolution) -> tuple[list[str], list[str], 
     compiled, heavy, other = [], [], []
     prebuilt = dict(res.prebuilt_urls)
     for spec in recipe.pip:
-        name = spec.split("==")[0].split("[")[0]
+        name = pin_name(spec)
         if name in res.compile:
             compiled.append(spec)
         elif name in prebuilt:
@@ -259,7 +259,7 @@ def make_plan(recipe: Recipe, *, tags: tuple[str, ...] = (), registry: str | Non
             jobs=recipe.build.jobs or 2,
             no_isolation=bool(res.torch),
             # Force a source build even where the index has a binary wheel.
-            no_binary=",".join(sorted(r.split("==")[0].split("[")[0] for r in compiled)),
+            no_binary=",".join(sorted(pin_name(r) for r in compiled)),
         ))
         stages.append(Stage("builder", res.builder_image, tuple(builder_steps), "builder"))
 

@@ -371,6 +371,11 @@ def parse_size(text: str) -> int | None:
     return int(number * scale)
 
 
+def pin_name(spec: str) -> str:
+    """The project name of a normalized pin: 'flash-attn[x]==2.6.3' -> 'flash-attn'."""
+    return spec.split("==", 1)[0].split("[", 1)[0]
+
+
 def _check_pip(spec: str, key: str, v: _Validator) -> str | None:
     try:
         req = Requirement(spec)
@@ -548,7 +553,7 @@ def parse_recipe(text: str, path: Path, *, overrides: dict[str, Any] | None = No
     torch = v.version(data.get("torch"), "torch", EXACT_VERSION_RE, "an exact torch version like 2.4.1")
 
     pip = v.string_list(data.get("pip"), "pip", lambda s, k: _check_pip(s, k, v))
-    names = [p.split("==")[0].split("[")[0] for p in pip]
+    names = [pin_name(p) for p in pip]
     for dup in sorted({n for n in names if names.count(n) > 1}):
         v.fail("pip", f"{dup} is listed more than once")
     if "torch" in names:

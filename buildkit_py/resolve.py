@@ -12,7 +12,7 @@ from packaging.version import Version
 
 from . import compat
 from .errors import CompatibilityError
-from .recipe import Recipe
+from .recipe import Recipe, pin_name
 
 # The Python each OS ships as python3 (Debian and Ubuntu package archives).
 OS_PYTHON = {
@@ -126,7 +126,7 @@ def _gap(recipe: Recipe, key: str, exc: LookupError, component: str, version: st
 
 def _pin(recipe: Recipe, name: str) -> tuple[int, str] | None:
     for i, spec in enumerate(recipe.pip):
-        if spec.split("==")[0].split("[")[0] == name:
+        if pin_name(spec) == name:
             return i, spec.split("==", 1)[1]
     return None
 
