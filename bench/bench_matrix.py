@@ -27,9 +27,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from buildkit_py import matrix as mx
-from buildkit_py.backends import select_engine
-from buildkit_py.build import BuildOptions, run_build
+from buildkit_py.engine import select_engine
+from buildkit_py.engine.build import BuildOptions, run_build
+from buildkit_py.plan import matrix as mx
 
 DOCKER = "/usr/bin/docker"
 CA = Path("/etc/ssl/certs/ca-certificates.crt")

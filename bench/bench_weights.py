@@ -36,8 +36,10 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from buildkit_py import auth, oci, weights  # noqa: E402
+from buildkit_py import oci
+from buildkit_py.artifacts import weights  # noqa: E402
 from buildkit_py.errors import RegistryError  # noqa: E402
+from buildkit_py.oci import auth
 
 STATE_DIR = Path(os.environ.get("IMGBUILD_STATE_DIR", "/var/lib/imgbuild-services"))
 RSS_LIMIT_MB = 150

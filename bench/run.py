@@ -30,10 +30,10 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from buildkit_py.backends import select_engine  # noqa: E402
-from buildkit_py.build import BuildOptions, run_build  # noqa: E402
-from buildkit_py.plan import make_plan  # noqa: E402
-from buildkit_py.recipe import load_recipe  # noqa: E402
+from buildkit_py.engine import select_engine  # noqa: E402
+from buildkit_py.engine.build import BuildOptions, run_build  # noqa: E402
+from buildkit_py.plan.build_plan import make_plan  # noqa: E402
+from buildkit_py.recipe.model import load_recipe  # noqa: E402
 
 DOCKER = "/usr/bin/docker"
 CA = Path("/etc/ssl/certs/ca-certificates.crt")

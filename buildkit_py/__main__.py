@@ -1,3 +1,3 @@
-from .cli import entrypoint
+from buildkit_py.cli.main import entrypoint
 
 entrypoint()

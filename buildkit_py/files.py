@@ -6,7 +6,7 @@ import os
 import secrets
 from pathlib import Path
 
-from .errors import UsageError
+from buildkit_py.errors import UsageError
 
 
 def write_atomic(path: str | os.PathLike, data: str | bytes, *, private: bool = False) -> Path:

@@ -21,7 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
 
-from buildkit_py.cli import main  # noqa: E402
+from buildkit_py.cli.main import main  # noqa: E402
 
 if __name__ == "__main__":
     sys.exit(main(["data", "refresh", *sys.argv[1:]]))

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Write buildkit_py/compat/data/torch_cuda_pins.json: the CUDA wheels each torch release on
-the Python registry installs, at exact versions, for the reproducible CUDA layers (plan.py).
+the Python registry installs, at exact versions, for the reproducible CUDA layers (plan/build_plan.py).
 
     python scripts/torch_cuda_pins.py                # print the file
     python scripts/torch_cuda_pins.py --write        # rewrite it in this checkout

@@ -57,10 +57,10 @@ def engine_settings(name: str) -> dict[str, str | None]:
 
 @pytest.fixture(scope="session", params=ENGINE_NAMES)
 def engine(request):
-    """The engine object (buildkit_py.backends) the test runs on, parametrized over every engine
+    """The engine object (buildkit_py.engine) the test runs on, parametrized over every engine
     in IMGBUILD_TEST_ENGINES. While its tests run, IMGBUILD_DOCKER and DOCKER_HOST point at it,
     so the CLI, the SDK and a plain `docker` in a subprocess all reach the same engine."""
-    from buildkit_py.backends import select_engine
+    from buildkit_py.engine import select_engine
 
     with pytest.MonkeyPatch.context() as mp:
         for key, value in engine_settings(request.param).items():
@@ -132,7 +132,7 @@ def registry() -> Registry:
 def hadolint() -> str:
     """The hadolint binary lint would run (PATH, else beside this interpreter: `make test` runs
     .venv/bin/python without the venv on PATH). Missing: skip here, fail in CI."""
-    from buildkit_py.lint import find_hadolint
+    from buildkit_py.analysis.lint import find_hadolint
 
     binary = find_hadolint()
     if binary is None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import io
 from pathlib import Path
 
-from buildkit_py.cli import main
+from buildkit_py.cli.main import main
 
 REPO = Path(__file__).resolve().parent.parent
 SYSTEM_CA = Path("/etc/ssl/certs/ca-certificates.crt")

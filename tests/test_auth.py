@@ -13,8 +13,9 @@ import textwrap
 
 import pytest
 
-from buildkit_py import auth, oci
+from buildkit_py import oci
 from buildkit_py.errors import AuthenticationError, CredentialHelperError
+from buildkit_py.oci import auth
 
 HOST = "127.0.0.1:5000"
 

@@ -5,10 +5,10 @@ import textwrap
 
 import pytest
 
-from buildkit_py import backends
-from buildkit_py.backends import BuildRequest, detect_backend, require, required_capabilities
-from buildkit_py.backends.buildx import BuildxBackend
-from buildkit_py.backends.docker_cli import ClassicBuildKitBackend
+from buildkit_py import engine as backends
+from buildkit_py.engine import BuildRequest, detect_backend, require, required_capabilities
+from buildkit_py.engine.buildx import BuildxBackend
+from buildkit_py.engine.docker_cli import ClassicBuildKitBackend
 from buildkit_py.errors import BackendCapabilityError, EnvironmentProblem
 
 
@@ -111,7 +111,7 @@ def test_buildx_push_and_output_options(tmp_path):
 
 
 def test_named_builder_loads_only_when_asked(tmp_path):
-    from buildkit_py.backends.buildx import BuilderEngine
+    from buildkit_py.engine.buildx import BuilderEngine
 
     engine = BuilderEngine("/usr/bin/docker", builder="k8s")
     push_only = engine.command(BuildRequest(tmp_path, tmp_path / "D", ("r/a:1",), push=True, load=False), tmp_path / "i")  # noqa: E501
@@ -170,7 +170,7 @@ def test_imgbuild_docker_without_buildkit_is_an_error(tmp_path, monkeypatch):
 
 
 def test_builder_selects_the_builder_engine(tmp_path, clients):
-    from buildkit_py.backends.buildx import BuilderEngine
+    from buildkit_py.engine.buildx import BuilderEngine
 
     clients += [fake_client(tmp_path, "new", "28.2.2", buildx=True)]
     engine = backends.select_engine(builder="k8s", host="unix:///run/x.sock")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from buildkit_py.check import check_compat
+from buildkit_py.analysis.check import check_compat
 
 
 @pytest.mark.parametrize(("cuda", "driver", "datacenter", "verdict"), [

@@ -148,7 +148,7 @@ def test_tags_and_registry_checked_for_every_command(command, case):
 
 
 def test_registry_with_trailing_slash_and_path_is_fine():
-    from buildkit_py.plan import check_registry
+    from buildkit_py.plan.build_plan import check_registry
 
     assert check_registry("127.0.0.1:5055/") == "127.0.0.1:5055"
     assert check_registry("ghcr.io/team") == "ghcr.io/team"

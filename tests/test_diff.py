@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from buildkit_py import diff as D
+from buildkit_py.analysis import diff as D
 from buildkit_py.errors import RegistryError, UsageError
 
 FIX = Path(__file__).parent / "fixtures" / "diff"

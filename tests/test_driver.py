@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from buildkit_py import driver as drv
-from buildkit_py.driver import Gpu, HostDriver, read_nvidia_smi
+from buildkit_py.analysis import driver as drv
+from buildkit_py.analysis.driver import Gpu, HostDriver, read_nvidia_smi
 from buildkit_py.errors import DriverCheckError
 
 FIX = Path(__file__).parent / "fixtures" / "nvidia-smi"

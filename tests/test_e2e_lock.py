@@ -15,7 +15,8 @@ import yaml
 from helpers import run_cli, write_recipe
 from packaging.utils import canonicalize_name
 
-from buildkit_py import lock, oci
+from buildkit_py import oci
+from buildkit_py.plan import lock
 
 CA = "/etc/ssl/certs/ca-certificates.crt"
 DOCKER = "/usr/bin/docker"

@@ -25,9 +25,9 @@ import requests
 from conftest import unavailable
 from helpers import run_cli, write_recipe
 
-from buildkit_py.cli import main
+from buildkit_py.cli.main import main
+from buildkit_py.engine.push import push_image
 from buildkit_py.errors import AuthenticationError, ExitStatus, RegistryError, RegistryUnreachable
-from buildkit_py.registry import push_image
 
 DOCKER = "/usr/bin/docker"
 USER, PASSWORD = "fault", "fault-s3cret-" + uuid.uuid4().hex[:8]

@@ -17,7 +17,7 @@ from helpers import run_cli, write_recipe
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from buildkit_py.render import dockerfile_string, exec_form, shell_word
+from buildkit_py.render.dockerfile import dockerfile_string, exec_form, shell_word
 
 CANARY = "/tmp/imgbuild-pwned"
 HOSTILE = [
@@ -91,7 +91,7 @@ QUOTED_REFUSES = {"env.value": "\n\r\x00", "labels.value": "\n\r\x00", "entrypoi
 def offline_bases(monkeypatch):
     """Rendering needs no registry: base lookups (bases.py) answer "unreachable" at once."""
     try:
-        from buildkit_py import bases
+        from buildkit_py.compat import bases
     except ImportError:
         return
     monkeypatch.setattr(bases, "fetch_base_facts", lambda ref, client=None: bases.BaseFacts(ref, None, error="offline"))

@@ -241,7 +241,7 @@ def test_lint_clean_recipe_exit_0(tmp_path):
     assert code == 0, err
     data = json.loads(out)
     assert data["errors"] == 0 and data["warnings"] == 0, data
-    from buildkit_py.lint import find_hadolint
+    from buildkit_py.analysis.lint import find_hadolint
 
     if find_hadolint() is None:
         assert data["hadolint"] is None
@@ -291,7 +291,7 @@ def test_lint_finds_hadolint_beside_the_interpreter(tmp_path, monkeypatch):
     """`.venv/bin/imgbuild lint` without the venv on PATH still runs the venv's hadolint."""
     import sys
 
-    from buildkit_py.lint import find_hadolint
+    from buildkit_py.analysis.lint import find_hadolint
 
     venv_bin = tmp_path / "venv" / "bin"
     venv_bin.mkdir(parents=True)

@@ -9,7 +9,7 @@ import pytest
 from helpers import write_recipe
 from pyindex import LocalIndex
 
-from buildkit_py.cli import main
+from buildkit_py.cli.main import main
 from buildkit_py.compat import index, live, refresh, tables
 from buildkit_py.errors import PackageIndexError
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from buildkit_py import inspect as I
+from buildkit_py.analysis import inspect as I
 from buildkit_py.errors import ImageMissing, InspectError, SizeBudgetExceeded
 
 FIXTURES = Path(__file__).parent / "fixtures" / "inspect"

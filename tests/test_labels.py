@@ -5,9 +5,9 @@ import subprocess
 import pytest
 from helpers import write_recipe
 
-from buildkit_py import labels as L
-from buildkit_py.plan import make_plan
-from buildkit_py.recipe import load_recipe
+from buildkit_py.plan import labels as L
+from buildkit_py.plan.build_plan import make_plan
+from buildkit_py.recipe.model import load_recipe
 
 RECIPE = """\
 name: team/x

@@ -11,13 +11,13 @@ import pytest
 import yaml
 from helpers import REPO, run_cli, write_recipe
 
-from buildkit_py import lock
-from buildkit_py.build import assemble_context
+from buildkit_py.engine.build import assemble_context
 from buildkit_py.errors import ExitStatus, LockDrift, LockError, LockStale
-from buildkit_py.plan import make_plan
-from buildkit_py.recipe import load_recipe
-from buildkit_py.render import render_dockerfile
-from buildkit_py.steps import MetaStep
+from buildkit_py.plan import lock
+from buildkit_py.plan.build_plan import make_plan
+from buildkit_py.plan.steps import MetaStep
+from buildkit_py.recipe.model import load_recipe
+from buildkit_py.render.dockerfile import render_dockerfile
 
 FIXTURES = REPO / "tests" / "fixtures" / "lock"
 REPORT = json.loads((FIXTURES / "torch-report.json").read_text())

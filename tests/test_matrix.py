@@ -13,11 +13,11 @@ import pytest
 import yaml
 from helpers import REPO, run_cli, write_recipe
 
-from buildkit_py import matrix as mx
-from buildkit_py.backends import BuildResult
-from buildkit_py.build import BuildOptions, BuildOutcome
+from buildkit_py.engine import BuildResult
+from buildkit_py.engine.build import BuildOptions, BuildOutcome
 from buildkit_py.errors import BuildFailed, RecipeError, UsageError
-from buildkit_py.render import render_dockerfile
+from buildkit_py.plan import matrix as mx
+from buildkit_py.render.dockerfile import render_dockerfile
 
 EXAMPLE = REPO / "recipes" / "matrix.yaml"
 
@@ -503,7 +503,8 @@ def test_dropped_variant_cannot_be_selected():
 
 @pytest.fixture
 def fake_engine(monkeypatch):
-    from buildkit_py import backends, build
+    from buildkit_py import engine as backends
+    from buildkit_py.engine import build
 
     runner = FakeRunner(fail={"cu124-idna3_8"})
     monkeypatch.setattr(backends, "select_engine", lambda preference=None, **_kw: FakeBackend())

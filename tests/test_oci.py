@@ -20,7 +20,7 @@ from typing import ClassVar
 import pytest
 import requests
 
-from buildkit_py import auth, oci
+from buildkit_py import oci
 from buildkit_py.errors import (
     AuthenticationError,
     DigestMismatch,
@@ -29,7 +29,7 @@ from buildkit_py.errors import (
     RegistryUnreachable,
     UsageError,
 )
-from buildkit_py.oci import blobs, download
+from buildkit_py.oci import auth, blobs, download
 
 DIGEST = "sha256:" + "a" * 64
 

@@ -6,7 +6,7 @@ import pytest
 from helpers import REPO, write_recipe
 
 from buildkit_py.errors import RecipeError
-from buildkit_py.recipe import load_recipe, parse_size
+from buildkit_py.recipe.model import load_recipe, parse_size
 
 GOOD = """\
 name: team/trainer

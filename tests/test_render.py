@@ -9,9 +9,14 @@ import dockerfile
 import pytest
 from helpers import REPO, write_recipe
 
-from buildkit_py.plan import make_plan
-from buildkit_py.recipe import load_recipe
-from buildkit_py.render import dockerfile_string, exec_form, render_dockerfile, shell_word
+from buildkit_py.plan.build_plan import make_plan
+from buildkit_py.recipe.model import load_recipe
+from buildkit_py.render.dockerfile import (
+    dockerfile_string,
+    exec_form,
+    render_dockerfile,
+    shell_word,
+)
 
 GOLDEN = REPO / "tests" / "golden"
 RECIPES = sorted((REPO / "recipes").glob("*.yaml"))
@@ -35,9 +40,9 @@ def test_golden(recipe):
 # Renders every recipe (Dockerfile and plan JSON, keys in the order written) in a fresh interpreter.
 _RENDER_ALL = """
 import json, sys
-from buildkit_py.plan import make_plan, plan_json
-from buildkit_py.recipe import load_recipe
-from buildkit_py.render import render_dockerfile
+from buildkit_py.plan.build_plan import make_plan, plan_json
+from buildkit_py.recipe.model import load_recipe
+from buildkit_py.render.dockerfile import render_dockerfile
 out = {}
 for path in sys.argv[1:]:
     plan = make_plan(load_recipe(path))

@@ -3,10 +3,10 @@
 import pytest
 from helpers import write_recipe
 
+from buildkit_py.compat.resolve import resolve
 from buildkit_py.errors import CompatibilityError
-from buildkit_py.plan import make_plan
-from buildkit_py.recipe import load_recipe
-from buildkit_py.resolve import resolve
+from buildkit_py.plan.build_plan import make_plan
+from buildkit_py.recipe.model import load_recipe
 
 BASE = """\
 name: team/x

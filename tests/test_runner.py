@@ -8,9 +8,9 @@ import pytest
 import yaml
 from helpers import REPO, run_cli, write_recipe
 
-from buildkit_py.plan import make_plan
-from buildkit_py.recipe import load_recipe
-from buildkit_py.runner import compose_document, gpu_runtime, make_run_plan, weights_dir_name
+from buildkit_py.engine.run import compose_document, gpu_runtime, make_run_plan, weights_dir_name
+from buildkit_py.plan.build_plan import make_plan
+from buildkit_py.recipe.model import load_recipe
 
 COMPOSE_SCHEMA = json.loads((Path(__file__).parent / "fixtures" / "compose-spec" / "compose-spec.json").read_text())
 
@@ -26,7 +26,7 @@ services:
 
 
 def test_gpu_runtime_from_engine_info(tmp_path, monkeypatch):
-    monkeypatch.setattr("buildkit_py.runner.CDI_DIRS", (tmp_path,))
+    monkeypatch.setattr("buildkit_py.engine.run.CDI_DIRS", (tmp_path,))
     assert gpu_runtime({"Runtimes": {"runc": {}, "nvidia": {"path": "nvidia-container-runtime"}}})
     assert not gpu_runtime({"Runtimes": {"runc": {}}})
     (tmp_path / "nvidia.yaml").write_text("cdiVersion: 0.5.0\n")

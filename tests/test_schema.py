@@ -10,9 +10,9 @@ import jsonschema
 import pytest
 import yaml
 
-from buildkit_py import recipe as recipe_mod
-from buildkit_py.cli import main
+from buildkit_py.cli.main import main
 from buildkit_py.errors import RecipeError
+from buildkit_py.recipe import model as recipe_mod
 
 REPO = Path(__file__).resolve().parent.parent
 SCHEMA = recipe_mod.recipe_schema()

@@ -6,8 +6,7 @@ import re
 
 import pytest
 
-from buildkit_py.render import render_step, template_dir
-from buildkit_py.steps import (
+from buildkit_py.plan.steps import (
     STEP_TYPES,
     AptStep,
     ContextFile,
@@ -23,6 +22,7 @@ from buildkit_py.steps import (
     VenvStep,
     WheelBuildStep,
 )
+from buildkit_py.render.dockerfile import render_step, template_dir
 
 CASES = {
     "apt": (

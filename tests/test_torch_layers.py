@@ -4,10 +4,10 @@ reproducible layer of its own, before torch (plan.py, compat/torch_pins.py)."""
 from helpers import write_recipe
 
 from buildkit_py.compat.torch_pins import CudaWheel, cuda_layers, torch_cuda_pins
-from buildkit_py.plan import make_plan
-from buildkit_py.recipe import load_recipe
-from buildkit_py.render import render_step
-from buildkit_py.steps import MountStubsStep, PipStep
+from buildkit_py.plan.build_plan import make_plan
+from buildkit_py.plan.steps import MountStubsStep, PipStep
+from buildkit_py.recipe.model import load_recipe
+from buildkit_py.render.dockerfile import render_step
 
 RECIPE = """\
 name: team/x

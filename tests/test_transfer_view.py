@@ -6,7 +6,7 @@ from __future__ import annotations
 import io
 import threading
 
-from buildkit_py.transfer_view import transfer_progress
+from buildkit_py.cli.progress import transfer_progress
 
 
 def test_plain_lines_every_ten_percent_and_each_state():

@@ -14,8 +14,10 @@ from pathlib import Path
 import pytest
 from conftest import unavailable
 
-from buildkit_py import auth, oci, weights
+from buildkit_py import oci
+from buildkit_py.artifacts import weights
 from buildkit_py.errors import DigestMismatch, ManifestNotFound, UnsafePath, WeightsError
+from buildkit_py.oci import auth
 
 REGISTRY_BLOBS = Path(os.environ.get("IMGBUILD_STATE_DIR", "/var/lib/imgbuild-services")) / \
     "registry/data/docker/registry/v2/blobs/sha256"

@@ -1,6 +1,6 @@
 """Compatibility knowledge (CUDA toolkits, drivers, images, wheels) as sourced data files."""
 
-from .tables import (
+from buildkit_py.compat.tables import (
     BnbRelease,
     CompatGap,
     CudnnWheel,

@@ -31,7 +31,7 @@ from urllib.parse import urldefrag, urljoin, urlsplit
 from packaging.utils import canonicalize_name, parse_sdist_filename, parse_wheel_filename
 from packaging.version import InvalidVersion, Version
 
-from ..errors import PackageIndexError
+from buildkit_py.errors import PackageIndexError
 
 PYPI = "https://pypi.org/simple/"
 _JSON = "application/vnd.pypi.simple.v1+json"

@@ -49,8 +49,8 @@ def cached_torch(version: str):
     cannot accept, e.g. a CUDA variant no shipped toolkit knows)."""
     from packaging.version import InvalidVersion, Version  # noqa: PLC0415
 
-    from ..errors import CompatDataError  # noqa: PLC0415
-    from . import tables  # noqa: PLC0415
+    from buildkit_py.compat import tables  # noqa: PLC0415
+    from buildkit_py.errors import CompatDataError  # noqa: PLC0415
 
     try:
         want = Version(str(version))
@@ -68,7 +68,7 @@ def cached_torch(version: str):
 
 
 def _store(version: str, row: dict) -> Path:
-    from ..files import write_atomic  # noqa: PLC0415
+    from buildkit_py.files import write_atomic  # noqa: PLC0415
 
     path = _torch_file()
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -82,7 +82,7 @@ def torch_row_from_index(version: str, settings, *, today: str | None = None) ->
     """Read torch ``version`` from the index: a torch.json row (source = index URL + wheel)."""
     from packaging.version import Version  # noqa: PLC0415
 
-    from . import index, refresh  # noqa: PLC0415
+    from buildkit_py.compat import index, refresh  # noqa: PLC0415
 
     client = index.client_for(settings)
     project = client.project("torch")
@@ -97,7 +97,7 @@ def torch_row_from_index(version: str, settings, *, today: str | None = None) ->
 def ensure_torch(version: str, settings, *, offline: bool) -> str | None:
     """Make ``torch_release(version)`` answerable. Returns a note for the user (None when the
     shipped data or the cache already knew it). Raises LookupError / PackageIndexError."""
-    from . import index, tables  # noqa: PLC0415
+    from buildkit_py.compat import index, tables  # noqa: PLC0415
 
     if any(r.version == version for r in tables.torch_releases()) or cached_torch(version) is not None:
         return None

@@ -20,7 +20,7 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
-from .index import DistFile, Metadata, Project
+from buildkit_py.compat.index import DistFile, Metadata, Project
 
 # The environment a Linux x86_64 wheel is installed in, for evaluating Requires-Dist markers.
 _LINUX = {"platform_system": "Linux", "sys_platform": "linux", "platform_machine": "x86_64",
@@ -173,7 +173,7 @@ _NO_VARIANTS_NOTE = ("only the PyPI build is known from the index; PyTorch's oth
 
 def torch_row(client, project: Project, version: str, *, today: str) -> dict:
     """A torch.json row for ``version`` from its Linux x86_64 wheel's METADATA."""
-    from .index import PackageIndexError, redact  # noqa: PLC0415
+    from buildkit_py.compat.index import PackageIndexError, redact  # noqa: PLC0415
 
     files = linux_x86_64_wheels(project, version)
     wheel = pick_wheel(files)
@@ -264,7 +264,7 @@ def refresh(client, data: dict[str, dict], *, today: str, since: str = "1.13") -
     matrix, Table 3 drivers); only what the index serves is rewritten, each with its source and date."""
     import copy  # noqa: PLC0415
 
-    from .index import redact  # noqa: PLC0415
+    from buildkit_py.compat.index import redact  # noqa: PLC0415
 
     data = copy.deepcopy(data)
     changes: list[Change] = []
@@ -407,8 +407,8 @@ def validate_files(files: dict[str, str]) -> None:
     import tempfile  # noqa: PLC0415
     from pathlib import Path  # noqa: PLC0415
 
-    from ..errors import CompatDataError  # noqa: PLC0415
-    from . import tables  # noqa: PLC0415
+    from buildkit_py.compat import tables  # noqa: PLC0415
+    from buildkit_py.errors import CompatDataError  # noqa: PLC0415
 
     with tempfile.TemporaryDirectory(prefix="imgbuild-compat-") as tmp:
         for name in tables.DATA_FILES:
@@ -427,7 +427,7 @@ def validate_files(files: dict[str, str]) -> None:
 def write_files(files: dict[str, str], directory) -> list[str]:
     from pathlib import Path  # noqa: PLC0415
 
-    from ..files import write_atomic  # noqa: PLC0415
+    from buildkit_py.files import write_atomic  # noqa: PLC0415
 
     written = []
     for name, text in files.items():

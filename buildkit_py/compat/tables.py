@@ -19,7 +19,7 @@ from typing import Any
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 
-from ..errors import CompatDataError
+from buildkit_py.errors import CompatDataError
 
 SCHEMA = 1
 _DRIVER_RE = re.compile(r"^\d{3}(\.\d{1,3}){0,2}$")
@@ -715,7 +715,7 @@ def torch_release(version: str) -> TorchRelease:
     for r in torch_releases():
         if Version(r.version) == Version(version):
             return r
-    from . import live  # small; only on a miss  # noqa: PLC0415
+    from buildkit_py.compat import live  # small; only on a miss  # noqa: PLC0415
 
     cached = live.cached_torch(version)
     if cached is not None:

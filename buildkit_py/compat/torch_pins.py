@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
-from .tables import _fail, _load_raw, _need_source
+from buildkit_py.compat.tables import _fail, _load_raw, _need_source
 
 FILE = "torch_cuda_pins.json"
 _SHA_RE = re.compile(r"^[0-9a-f]{64}$")

@@ -16,7 +16,7 @@ total)`` callbacks, possibly from worker threads.
 
 from __future__ import annotations
 
-from .blobs import (
+from buildkit_py.oci.blobs import (
     CHUNK,
     MEDIA_OCTET,
     UploadResult,
@@ -29,9 +29,9 @@ from .blobs import (
     upload_blob,
     upload_bytes,
 )
-from .copy import copy_image
-from .download import default_streams, get_blob
-from .manifests import (
+from buildkit_py.oci.copy import copy_image
+from buildkit_py.oci.download import default_streams, get_blob
+from buildkit_py.oci.manifests import (
     ACCEPT,
     DEFAULT_PLATFORM,
     INDEX_TYPES,
@@ -52,8 +52,15 @@ from .manifests import (
     put_manifest,
     select_platform,
 )
-from .reference import DOCKER_HUB, DOCKER_HUB_API, Reference, as_reference, is_loopback, parse_reference
-from .transport import (
+from buildkit_py.oci.reference import (
+    DOCKER_HUB,
+    DOCKER_HUB_API,
+    Reference,
+    as_reference,
+    is_loopback,
+    parse_reference,
+)
+from buildkit_py.oci.transport import (
     TRANSIENT_STATUS,
     Challenge,
     Client,

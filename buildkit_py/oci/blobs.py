@@ -24,9 +24,17 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from urllib.parse import urljoin
 
-from ..errors import DigestMismatch, RegistryError, RegistryUnreachable
-from .reference import Reference, as_reference
-from .transport import STREAM_ERRORS, Client, Progress, pull_scope, push_scope, read_limited, sha256_bytes
+from buildkit_py.errors import DigestMismatch, RegistryError, RegistryUnreachable
+from buildkit_py.oci.reference import Reference, as_reference
+from buildkit_py.oci.transport import (
+    STREAM_ERRORS,
+    Client,
+    Progress,
+    pull_scope,
+    push_scope,
+    read_limited,
+    sha256_bytes,
+)
 
 CHUNK = 1 << 20  # read/hash unit of small helpers
 UPLOAD_PIECE = 4 << 20  # a streamed upload body is read from the file in pieces this big

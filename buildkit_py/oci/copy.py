@@ -6,11 +6,17 @@ from __future__ import annotations
 
 import json
 
-from ..errors import RegistryError, RegistryUnreachable
-from .blobs import MEDIA_OCTET, SizedBody, blob_exists, start_upload
-from .manifests import DEFAULT_PLATFORM, INDEX_TYPES, fetch_manifest, put_manifest, select_platform
-from .reference import Reference, as_reference
-from .transport import Client, Progress, pull_scope, push_scope
+from buildkit_py.errors import RegistryError, RegistryUnreachable
+from buildkit_py.oci.blobs import MEDIA_OCTET, SizedBody, blob_exists, start_upload
+from buildkit_py.oci.manifests import (
+    DEFAULT_PLATFORM,
+    INDEX_TYPES,
+    fetch_manifest,
+    put_manifest,
+    select_platform,
+)
+from buildkit_py.oci.reference import Reference, as_reference
+from buildkit_py.oci.transport import Client, Progress, pull_scope, push_scope
 
 CHUNK = 1 << 20
 

@@ -36,9 +36,9 @@ try:
 except ImportError:  # not POSIX: no splice either, and no pipe to size
     fcntl = None  # type: ignore[assignment]
 
-from ..errors import DigestMismatch, RegistryError, RegistryUnreachable
-from .reference import Reference
-from .transport import STREAM_ERRORS, Client, Progress, pull_scope
+from buildkit_py.errors import DigestMismatch, RegistryError, RegistryUnreachable
+from buildkit_py.oci.reference import Reference
+from buildkit_py.oci.transport import STREAM_ERRORS, Client, Progress, pull_scope
 
 BUFFER = 4 << 20  # requests path: readinto this much per call
 HASH_WINDOW = 16 << 20  # bytes mapped at once for hashing

@@ -7,10 +7,10 @@ import json
 
 import requests
 
-from ..errors import DigestMismatch, RegistryError
-from .blobs import MAX_CONFIG_BYTES, read_blob
-from .reference import Reference, as_reference
-from .transport import Client, pull_scope, push_scope, read_limited, sha256_bytes
+from buildkit_py.errors import DigestMismatch, RegistryError
+from buildkit_py.oci.blobs import MAX_CONFIG_BYTES, read_blob
+from buildkit_py.oci.reference import Reference, as_reference
+from buildkit_py.oci.transport import Client, pull_scope, push_scope, read_limited, sha256_bytes
 
 MAX_MANIFEST_BYTES = 4 << 20  # distribution-spec's suggested manifest size limit
 

@@ -7,7 +7,7 @@ import ipaddress
 import re
 from dataclasses import dataclass, replace
 
-from ..errors import UsageError
+from buildkit_py.errors import UsageError
 
 DOCKER_HUB = "docker.io"
 DOCKER_HUB_API = "registry-1.docker.io"

@@ -28,9 +28,14 @@ from urllib.parse import urljoin
 import requests
 import urllib3.exceptions
 
-from .. import auth
-from ..errors import AuthenticationError, ManifestNotFound, RegistryError, RegistryUnreachable
-from .reference import DOCKER_HUB, DOCKER_HUB_API, is_loopback
+from buildkit_py.errors import (
+    AuthenticationError,
+    ManifestNotFound,
+    RegistryError,
+    RegistryUnreachable,
+)
+from buildkit_py.oci import auth
+from buildkit_py.oci.reference import DOCKER_HUB, DOCKER_HUB_API, is_loopback
 
 # progress(event, label, done, total); may be called from worker threads.
 Progress = Callable[[str, str, int, int], None]

@@ -24,8 +24,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .errors import AuthenticationError, CredentialHelperError
-from .files import write_atomic
+from buildkit_py.errors import AuthenticationError, CredentialHelperError
+from buildkit_py.files import write_atomic
 
 ENV_USER = "IMGBUILD_REGISTRY_USER"
 ENV_PASSWORD = "IMGBUILD_REGISTRY_PASSWORD"  # noqa: S105 (the name of a variable, not a secret)
@@ -244,7 +244,7 @@ def login(registry: str, user: str, password_from_stdin: str, *, client=None) ->
     The CLI reads the password from stdin and passes it here; it never comes from argv.
     Raises AuthenticationError when the registry refuses them (nothing is stored then).
     """
-    from . import oci  # noqa: PLC0415 (oci.transport reads credentials from here: a cycle at import)
+    from buildkit_py import oci  # noqa: PLC0415 (oci.transport reads credentials from here: a cycle at import)
 
     password = password_from_stdin.rstrip("\r\n")
     if not user or not password:

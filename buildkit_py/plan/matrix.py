@@ -32,10 +32,18 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from .bases import resolve_with_base
-from .errors import CompatibilityError, ImgbuildError, RecipeError, RecipeIssue, UsageError
-from .plan import BuildPlan, Stage, make_plan
-from .recipe import (
+from buildkit_py.compat.bases import resolve_with_base
+from buildkit_py.compat.resolve import Resolution
+from buildkit_py.errors import (
+    CompatibilityError,
+    ImgbuildError,
+    RecipeError,
+    RecipeIssue,
+    UsageError,
+)
+from buildkit_py.plan.build_plan import BuildPlan, Stage, make_plan
+from buildkit_py.plan.steps import Step
+from buildkit_py.recipe.model import (
     BASE_KEYS,
     BUILD_KEYS,
     CUDA_KEYS,
@@ -47,8 +55,6 @@ from .recipe import (
     parse_recipe,
     read_recipe_text,
 )
-from .resolve import Resolution
-from .steps import Step
 
 GITHUB_MAX_JOBS = 256  # GitHub Actions: a matrix generates at most 256 jobs per workflow run
 GITLAB_MAX_JOBS = 200  # GitLab CI: parallel:matrix creates at most 200 jobs
@@ -639,7 +645,7 @@ def bake_file(matrix: Matrix, *, registry: str | None = None, ca_cert: Path | No
     (through ``contexts: {name: "target:shared-..."}``). Shared targets export only cache;
     variant targets load into the engine, or push their tags with ``push``. (Bake's own
     --push/--load would set every target's output, the tagless shared ones too.)"""
-    from .render import render_dockerfile  # noqa: PLC0415
+    from buildkit_py.render.dockerfile import render_dockerfile  # noqa: PLC0415
 
     plans = {v.id: variant_plan(v, registry=registry) for v in matrix.variants}
     stages, chains = shared_stages(plans)
@@ -788,8 +794,8 @@ def build_all(matrix: Matrix, backend, options, *, jobs: int = 1, registry: str 
     ``{variant}`` in --cache-from/--cache-to values becomes each variant's id. ``prepare``
     (e.g. applying the variant's lock) runs on every plan before anything builds.
     """
-    from .backends import BuildRequest, require, required_capabilities  # noqa: PLC0415
-    from .build import run_build  # noqa: PLC0415
+    from buildkit_py.engine import BuildRequest, require, required_capabilities  # noqa: PLC0415
+    from buildkit_py.engine.build import run_build  # noqa: PLC0415
 
     chosen = select_variants(matrix, variant_ids, jobs=jobs, tags=tags)
     plans = {v.id: variant_plan(v, registry=registry, tags=tags) for v in chosen}
@@ -894,7 +900,7 @@ def build_report(result: MatrixBuild) -> dict[str, Any]:
 
 
 def summary_lines(result: MatrixBuild) -> list[str]:
-    from .build import _human  # noqa: PLC0415
+    from buildkit_py.engine.build import _human  # noqa: PLC0415
 
     rows = [("VARIANT", "STATUS", "SIZE", "DIGEST", "TIME", "CACHED", "TAGS")]
     for b in result.builds:

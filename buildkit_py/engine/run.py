@@ -10,8 +10,8 @@ from pathlib import Path
 
 import yaml
 
-from .errors import UsageError
-from .recipe import named_volume
+from buildkit_py.errors import UsageError
+from buildkit_py.recipe.model import named_volume
 
 # Where the NVIDIA container toolkit writes CDI specs (`nvidia-ctk cdi generate`).
 CDI_DIRS = (Path("/etc/cdi"), Path("/var/run/cdi"))

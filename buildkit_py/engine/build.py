@@ -12,12 +12,20 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from . import labels as L
-from .backends import PUSH, BuildRequest, BuildResult, Engine, ImageSizes, require, required_capabilities
-from .errors import BudgetExceeded, BuildFailed, ImgbuildError, RegistryError, UsageError
-from .plan import BuildPlan
-from .registry import PushResult
-from .render import render_dockerfile
+from buildkit_py.engine import (
+    PUSH,
+    BuildRequest,
+    BuildResult,
+    Engine,
+    ImageSizes,
+    require,
+    required_capabilities,
+)
+from buildkit_py.engine.push import PushResult
+from buildkit_py.errors import BudgetExceeded, BuildFailed, ImgbuildError, RegistryError, UsageError
+from buildkit_py.plan import labels as L
+from buildkit_py.plan.build_plan import BuildPlan
+from buildkit_py.render.dockerfile import render_dockerfile
 
 LineSink = Callable[[str], None]
 CA_SECRET_ID = "cacert"  # noqa: S105
@@ -59,7 +67,7 @@ class BuildOutcome:
 
 def registry_compressed_size(ref: str) -> int | None:
     """Bytes a pull of ``ref`` downloads: config + layers of its linux/amd64 manifest."""
-    from . import oci  # noqa: PLC0415
+    from buildkit_py import oci  # noqa: PLC0415
 
     try:
         manifest, _, _ = oci.get_manifest(ref)
@@ -97,7 +105,7 @@ def assemble_context(plan: BuildPlan, dockerfile: str, workdir: Path) -> tuple[P
 def layer_groups(engine: Engine, image_id: str, plan: BuildPlan) -> dict[str, int]:
     """Bytes per layer group (base, os, python, cuda, ...), from the engine's history: cheap
     enough to run after every build, unlike `imgbuild inspect`, which streams the image."""
-    from .inspect import attribute_entries  # noqa: PLC0415
+    from buildkit_py.analysis.inspect import attribute_entries  # noqa: PLC0415
 
     history = engine.history(image_id)
     step_groups = {st.id: st.group for st in plan.final.steps}
@@ -126,7 +134,7 @@ def run_build(plan: BuildPlan, engine: Engine, options: BuildOptions, on_line: L
             raise UsageError(f"--pip-config {options.pip_config}: no such file")
         secrets[PIP_CONFIG_SECRET_ID] = options.pip_config.resolve()
     tags = plan.tags if not options.tags else options.tags
-    from .plan import check_image_tag  # noqa: PLC0415
+    from buildkit_py.plan.build_plan import check_image_tag  # noqa: PLC0415
 
     for tag in tags:  # reach argv and the registry, never a shell: check the grammar, exit 2
         check_image_tag(tag)
@@ -161,7 +169,7 @@ def run_build(plan: BuildPlan, engine: Engine, options: BuildOptions, on_line: L
         if budget and sizes and sizes.uncompressed > plan.recipe.max_size:
             # The image loses the tags we gave it (nothing may push or run it by them) and is
             # kept as REPO:rejected, so the hint can name something to inspect.
-            from .registry import split_tag  # noqa: PLC0415
+            from buildkit_py.engine.push import split_tag  # noqa: PLC0415
 
             rejected = f"{split_tag(tags[0])[0]}:{REJECTED_TAG}"
             engine.tag(result.image_id, rejected)
@@ -182,7 +190,7 @@ def run_build(plan: BuildPlan, engine: Engine, options: BuildOptions, on_line: L
             if not result.digest:
                 raise RegistryError("the build pushed but its metadata file has no containerimage.digest",
                                     hint="is the buildx plugin older than 0.10? push with --engine docker")
-            from .registry import split_tag  # noqa: PLC0415
+            from buildkit_py.engine.push import split_tag  # noqa: PLC0415
 
             pushes = [PushResult(f"{split_tag(t)[0]}@{result.digest}", split_tag(t)[1], result.digest, None, 1)
                       for t in tags]
@@ -193,7 +201,7 @@ def run_build(plan: BuildPlan, engine: Engine, options: BuildOptions, on_line: L
         if compressed is not None:
             sizes = ImageSizes(sizes.uncompressed if sizes else 0, compressed)
     if pushes and not image_labels:  # pushed from a builder without loading: read them back from the registry
-        from . import oci  # noqa: PLC0415
+        from buildkit_py import oci  # noqa: PLC0415
 
         config = oci.get_image_config(pushes[0].ref).get("config") or {}
         image_labels = dict(sorted((config.get("Labels") or {}).items()))

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import jinja2
 
-from .plan import SOURCE_DATE_EPOCH, STEP_MARK, BuildPlan
-from .steps import Step
+from buildkit_py.plan.build_plan import SOURCE_DATE_EPOCH, STEP_MARK, BuildPlan
+from buildkit_py.plan.steps import Step
 
 TEMPLATE = "Dockerfile.j2"
 
@@ -22,7 +22,7 @@ def template_dir() -> Path:
     packaged = resources.files("buildkit_py") / "templates"
     if packaged.is_dir():
         return Path(str(packaged))
-    source = Path(__file__).resolve().parent.parent / "templates"
+    source = Path(__file__).resolve().parents[2] / "templates"
     if source.is_dir():
         return source
     raise FileNotFoundError("imgbuild's templates are missing from this installation")

@@ -32,8 +32,8 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import NamedTuple
 
-from . import oci
-from .errors import DigestMismatch, UnsafePath, UsageError, WeightsError
+from buildkit_py import oci
+from buildkit_py.errors import DigestMismatch, UnsafePath, UsageError, WeightsError
 
 ARTIFACT_TYPE = "application/vnd.cncf.model.manifest.v1+json"
 CONFIG_MEDIA_TYPE = "application/vnd.cncf.model.config.v1+json"

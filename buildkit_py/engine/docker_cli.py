@@ -9,8 +9,17 @@ import tempfile
 import time
 from pathlib import Path
 
-from ..errors import BuildFailed, EnvironmentProblem
-from . import CACHE_FROM, CACHE_MOUNTS, MULTI_STAGE, SECRETS, BuildRequest, BuildResult, Engine, LineSink
+from buildkit_py.engine import (
+    CACHE_FROM,
+    CACHE_MOUNTS,
+    MULTI_STAGE,
+    SECRETS,
+    BuildRequest,
+    BuildResult,
+    Engine,
+    LineSink,
+)
+from buildkit_py.errors import BuildFailed, EnvironmentProblem
 
 _STEP_RE = re.compile(r"^#(\d+) \[[^\]]*\d+/\d+\] (\S+)(.*)$")
 _MARK_RE = re.compile(r": imgbuild-step=([\w.-]+);")

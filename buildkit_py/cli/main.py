@@ -10,9 +10,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import IO
 
-from . import __version__
-from .errors import EnvironmentProblem, ExitStatus, ImgbuildError, UsageError
-from .files import write_atomic
+from buildkit_py import __version__
+from buildkit_py.errors import EnvironmentProblem, ExitStatus, ImgbuildError, UsageError
+from buildkit_py.files import write_atomic
 
 EPILOG = """exit codes: 0 ok; 1 build, push or check failed; 2 bad recipe or usage;
 3 environment (no engine, no BuildKit-capable client, registry unreachable or refusing credentials)"""
@@ -321,9 +321,9 @@ class _Out:
 
 
 def _plan(args, recipe_path: Path, out: _Out | None = None):
-    from .bases import resolve_with_base
-    from .plan import make_plan
-    from .recipe import load_recipe
+    from buildkit_py.compat.bases import resolve_with_base
+    from buildkit_py.plan.build_plan import make_plan
+    from buildkit_py.recipe.model import load_recipe
 
     recipe = load_recipe(recipe_path)
     _look_up_newer_pins(args, recipe, _Out(sys.stdout, sys.stderr) if out is None else out)
@@ -336,7 +336,7 @@ def _look_up_newer_pins(args, recipe, out: _Out) -> None:
     resolving, unless --offline. Only then is the index client imported."""
     if not recipe.torch or not hasattr(args, "offline"):
         return
-    from .compat import tables
+    from buildkit_py.compat import tables
 
     try:
         tables.torch_release(recipe.torch)
@@ -345,8 +345,8 @@ def _look_up_newer_pins(args, recipe, out: _Out) -> None:
         pass
     if args.offline:
         return  # the resolver's error says what the shipped data and the cache lack
-    from .compat import index, live
-    from .errors import PackageIndexError
+    from buildkit_py.compat import index, live
+    from buildkit_py.errors import PackageIndexError
 
     settings = index.index_settings(index_url=args.index_url,
                                     pip_config=str(args.pip_config) if args.pip_config else None)
@@ -361,7 +361,7 @@ def _look_up_newer_pins(args, recipe, out: _Out) -> None:
 
 
 def cmd_render(args, out: _Out) -> int:
-    from .render import render_dockerfile
+    from buildkit_py.render.dockerfile import render_dockerfile
 
     plan = _plan(args, args.recipe, out)
     text = render_dockerfile(plan)
@@ -376,8 +376,8 @@ def cmd_render(args, out: _Out) -> int:
 
 
 def cmd_plan(args, out: _Out) -> int:
-    from .plan import plan_json
-    from .render import render_dockerfile
+    from buildkit_py.plan.build_plan import plan_json
+    from buildkit_py.render.dockerfile import render_dockerfile
 
     plan = _plan(args, args.recipe, out)
     data = plan_json(plan, render_dockerfile(plan))
@@ -404,8 +404,8 @@ def cmd_plan(args, out: _Out) -> int:
 
 
 def cmd_build(args, out: _Out) -> int:
-    from .backends import select_engine
-    from .build import BuildOptions, run_build
+    from buildkit_py.engine import select_engine
+    from buildkit_py.engine.build import BuildOptions, run_build
 
     if args.jobs < 1:
         raise UsageError(f"-j {args.jobs}: the number of parallel builds must be at least 1")
@@ -417,7 +417,7 @@ def cmd_build(args, out: _Out) -> int:
     plan = _plan(args, args.recipe, out)
     for w in plan.warnings:
         out.warn(w)
-    from .lock import use_lock
+    from buildkit_py.plan.lock import use_lock
 
     # Before the backend: a stale lock is refused even where no engine runs.
     locked = use_lock(plan, mode="update" if args.update_lock else "locked" if args.locked else "auto",
@@ -462,7 +462,7 @@ def cmd_build(args, out: _Out) -> int:
     if args.json:
         out.data(report)
         return 0
-    from .build import _human
+    from buildkit_py.engine.build import _human
 
     out.line(f"image    {r.image_id}")
     out.line(f"tags     {', '.join(r.tags)}")
@@ -478,10 +478,10 @@ def cmd_build_matrix(args, out: _Out) -> int:
     """build --all / --variant: the matrix's variants, N at a time, one summary at the end."""
     import threading
 
-    from . import matrix as mx
-    from .backends import select_engine
-    from .build import BuildOptions
-    from .lock import use_lock
+    from buildkit_py.engine import select_engine
+    from buildkit_py.engine.build import BuildOptions
+    from buildkit_py.plan import matrix as mx
+    from buildkit_py.plan.lock import use_lock
 
     if args.all and args.variant:
         raise UsageError("use --all or --variant, not both")
@@ -530,7 +530,7 @@ def cmd_build_matrix(args, out: _Out) -> int:
 
 
 def cmd_matrix(args, out: _Out) -> int:
-    from . import matrix as mx
+    from buildkit_py.plan import matrix as mx
 
     fmt = args.format or ("json" if args.json else "text")
     matrix = mx.load_matrix(args.recipe)
@@ -556,8 +556,8 @@ def cmd_matrix(args, out: _Out) -> int:
 def cmd_lock(args, out: _Out) -> int:
     import time
 
-    from . import lock
-    from . import matrix as mx
+    from buildkit_py.plan import lock
+    from buildkit_py.plan import matrix as mx
 
     matrix = mx.load_matrix(args.recipe)
     if not matrix.variants:
@@ -592,8 +592,8 @@ def cmd_lock(args, out: _Out) -> int:
 
 
 def cmd_check(args, out: _Out) -> int:
-    from .check import check_compat
-    from .driver import read_host_driver
+    from buildkit_py.analysis.check import check_compat
+    from buildkit_py.analysis.driver import read_host_driver
 
     if bool(args.target) == bool(args.cuda):
         raise UsageError("check needs exactly one of IMAGE, RECIPE or --cuda VERSION")
@@ -633,8 +633,8 @@ def cmd_check(args, out: _Out) -> int:
 def _cuda_of_target(target: str) -> tuple[str, str]:
     path = Path(target)
     if path.suffix in {".yaml", ".yml"} or path.is_file():
-        from .recipe import load_recipe
-        from .resolve import resolve
+        from buildkit_py.compat.resolve import resolve
+        from buildkit_py.recipe.model import load_recipe
 
         res = resolve(load_recipe(path))
         return res.cuda_version, f"recipe {target}"
@@ -649,7 +649,7 @@ def _cuda_of_target(target: str) -> tuple[str, str]:
 def _image_labels(ref: str) -> tuple[dict, dict]:
     """Labels and env of an image: from the local engine if it has it, else from its registry
     (manifest and config blob only, no layers pulled)."""
-    from .backends import engine_for_reading
+    from buildkit_py.engine import engine_for_reading
 
     try:
         attrs = engine_for_reading().image_attrs(ref)
@@ -658,8 +658,8 @@ def _image_labels(ref: str) -> tuple[dict, dict]:
     if attrs is not None:
         cfg = attrs.get("Config") or {}
         return cfg.get("Labels") or {}, dict(e.split("=", 1) for e in cfg.get("Env") or [] if "=" in e)
-    from . import oci
-    from .errors import ImageMissing, ManifestNotFound
+    from buildkit_py import oci
+    from buildkit_py.errors import ImageMissing, ManifestNotFound
 
     try:
         config = oci.get_image_config(ref).get("config") or {}
@@ -671,7 +671,7 @@ def _image_labels(ref: str) -> tuple[dict, dict]:
 
 
 def cmd_lint(args, out: _Out) -> int:
-    from .lint import lint_recipe
+    from buildkit_py.analysis.lint import lint_recipe
 
     report = lint_recipe(args.recipe, hadolint=None if args.no_hadolint else "auto")
     if args.json:
@@ -685,7 +685,7 @@ def cmd_lint(args, out: _Out) -> int:
 
 
 def cmd_login(args, out: _Out, stdin: IO[str]) -> int:
-    from . import auth
+    from buildkit_py.oci import auth
 
     hint = "echo \"$PASSWORD\" | imgbuild login REGISTRY -u USER --password-stdin"
     if args.password is not None:
@@ -702,13 +702,13 @@ def cmd_login(args, out: _Out, stdin: IO[str]) -> int:
 
 def _transfer_progress(out: _Out):
     """Transfer progress on stderr: rich bytes/speed/ETA on a terminal, plain lines else."""
-    from .transfer_view import transfer_progress
+    from buildkit_py.cli.progress import transfer_progress
 
     return transfer_progress(out.stderr)
 
 
 def cmd_weights(args, out: _Out) -> int:
-    from . import weights
+    from buildkit_py.artifacts import weights
 
     if args.weights_command == "push":
         with _transfer_progress(out) as progress:
@@ -744,9 +744,9 @@ def cmd_weights(args, out: _Out) -> int:
 
 
 def cmd_inspect(args, out: _Out) -> int:
-    from .backends import engine_for_reading
-    from .inspect import inspect_image, render_table, report_json
-    from .recipe import parse_size
+    from buildkit_py.analysis.inspect import inspect_image, render_table, report_json
+    from buildkit_py.engine import engine_for_reading
+    from buildkit_py.recipe.model import parse_size
 
     threshold = parse_size(args.weight_threshold)
     if threshold is None:
@@ -764,7 +764,7 @@ def cmd_inspect(args, out: _Out) -> int:
 
 
 def cmd_diff(args, out: _Out) -> int:
-    from .diff import diff_images, diff_json, render_table
+    from buildkit_py.analysis.diff import diff_images, diff_json, render_table
 
     result = diff_images(args.image_a, args.image_b, source=args.source, bandwidth_mbps=args.bandwidth,
                          uncompressed=not args.no_uncompressed, unpack_mbps=args.unpack_rate)
@@ -780,9 +780,9 @@ def cmd_diff(args, out: _Out) -> int:
 def cmd_run(args, out: _Out) -> int:
     import subprocess
 
-    from . import weights
-    from .labels import weights_from_labels
-    from .runner import default_weights_root, dry_run_json, make_run_plan
+    from buildkit_py.artifacts import weights
+    from buildkit_py.engine.run import default_weights_root, dry_run_json, make_run_plan
+    from buildkit_py.plan.labels import weights_from_labels
 
     command = args.container_command
     path = Path(args.target)
@@ -794,7 +794,7 @@ def cmd_run(args, out: _Out) -> int:
         image = args.target
         labels, _env = _image_labels(image)
         pairs = weights_from_labels(labels)
-    from .backends import engine_for_reading
+    from buildkit_py.engine import engine_for_reading
 
     engine = engine_for_reading()
     info: dict = {}
@@ -830,8 +830,8 @@ def cmd_run(args, out: _Out) -> int:
 def _require_built(engine, image: str, recipe: Path) -> None:
     """A recipe's image must be in the local engine, or (for a registry tag) in its registry:
     else `docker run` would fail with 125 after every weight was downloaded."""
-    from . import oci
-    from .errors import ImageMissing, ManifestNotFound
+    from buildkit_py import oci
+    from buildkit_py.errors import ImageMissing, ManifestNotFound
 
     if engine.image_attrs(image) is not None:
         return
@@ -848,7 +848,7 @@ def _require_built(engine, image: str, recipe: Path) -> None:
 
 
 def cmd_compose(args, out: _Out) -> int:
-    from .runner import compose_text
+    from buildkit_py.engine.run import compose_text
 
     plan = _plan(args, args.recipe)
     text = compose_text(plan.tags[0], plan.recipe)
@@ -861,15 +861,15 @@ def cmd_compose(args, out: _Out) -> int:
 
 
 def cmd_schema(args, out: _Out) -> int:
-    from .recipe import SCHEMA_PATH
+    from buildkit_py.recipe.model import SCHEMA_PATH
 
     out.stdout.write(SCHEMA_PATH.read_text(encoding="utf-8"))
     return 0
 
 
 def cmd_mirror(args, out: _Out) -> int:
-    from . import oci
-    from .resolve import mirrored_ref
+    from buildkit_py import oci
+    from buildkit_py.compat.resolve import mirrored_ref
 
     if bool(args.dest) == bool(args.to_mirror):
         raise UsageError("mirror needs DEST or --to-mirror PREFIX (one of them)")
@@ -887,7 +887,7 @@ def cmd_mirror(args, out: _Out) -> int:
 
 
 def cmd_data(args, out: _Out) -> int:
-    from .compat import live, tables
+    from buildkit_py.compat import live, tables
 
     if args.data_command == "refresh":
         return cmd_data_refresh(args, out)
@@ -919,7 +919,7 @@ def cmd_data(args, out: _Out) -> int:
 def cmd_data_refresh(args, out: _Out) -> int:
     import datetime
 
-    from .compat import index, refresh, tables
+    from buildkit_py.compat import index, refresh, tables
 
     settings = index.index_settings(index_url=args.index_url,
                                     pip_config=str(args.pip_config) if args.pip_config else None)

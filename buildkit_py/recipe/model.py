@@ -18,7 +18,7 @@ from typing import Any
 import yaml
 from packaging.requirements import InvalidRequirement, Requirement
 
-from .errors import RecipeError, RecipeIssue
+from buildkit_py.errors import RecipeError, RecipeIssue
 
 RECIPE_SCHEMA_VERSION = 1
 
@@ -337,7 +337,7 @@ def _closest(word: str, options) -> str | None:
     return match[0] if match else None
 
 
-SCHEMA_PATH = Path(__file__).parent / "schemas" / "recipe.schema.json"
+SCHEMA_PATH = Path(__file__).parent.parent / "schemas" / "recipe.schema.json"
 _JSON_TYPES = {"string": str, "object": dict, "array": list, "boolean": bool, "integer": int}
 
 

@@ -40,10 +40,10 @@ from packaging.markers import InvalidMarker
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 
-from .errors import ImgbuildError, LockDrift, LockError, LockStale, UsageError
-from .files import write_atomic
-from .plan import BuildPlan, Stage
-from .steps import ContextFile, LockedPipStep, MetaStep, PipStep, Step
+from buildkit_py.errors import ImgbuildError, LockDrift, LockError, LockStale, UsageError
+from buildkit_py.files import write_atomic
+from buildkit_py.plan.build_plan import BuildPlan, Stage
+from buildkit_py.plan.steps import ContextFile, LockedPipStep, MetaStep, PipStep, Step
 
 LOCK_VERSION = 1
 DEFAULT_VARIANT = "default"
@@ -282,7 +282,7 @@ def packages_from_report(report: dict, target: Target, steps: list[dict]) -> lis
 def _engine():
     """The SDK client of the engine the CLI would choose (DOCKER_HOST, IMGBUILD_DOCKER); None
     where no engine runs."""
-    from .backends import engine_for_reading  # noqa: PLC0415
+    from buildkit_py.engine import engine_for_reading  # noqa: PLC0415
 
     try:
         return engine_for_reading().sdk()
@@ -294,7 +294,7 @@ def pin_base(ref: str, *, client=None) -> dict[str, Any]:
     """``{ref, digest}`` from the registry (the manifest or index digest a FROM can name), else
     from the engine's RepoDigests; a base only in the local engine (imported, never pushed)
     has no digest: its image id is recorded and checked, and the lock says it is not pinned."""
-    from . import oci  # noqa: PLC0415
+    from buildkit_py import oci  # noqa: PLC0415
 
     try:
         _, digest, _ = oci.fetch_manifest(ref, client=oci.Client(max_retries=1, timeout=(5.0, 30.0)))

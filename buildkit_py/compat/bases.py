@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .errors import ImgbuildError
-from .recipe import Recipe
+from buildkit_py.errors import ImgbuildError
+from buildkit_py.recipe.model import Recipe
 
 
 @dataclass(frozen=True)
@@ -31,13 +31,13 @@ def in_private_registry(ref: str) -> bool:
     """True when the reference names its registry host (127.0.0.1:5000/x, ghcr.io/x):
     those are looked up. Docker Hub short names are not, so rendering a recipe on
     `ubuntu:22.04` needs no network."""
-    from . import oci  # noqa: PLC0415
+    from buildkit_py import oci  # noqa: PLC0415
 
     return oci.parse_reference(ref).registry != oci.DOCKER_HUB
 
 
 def fetch_base_facts(ref: str, *, client=None) -> BaseFacts:
-    from . import oci  # noqa: PLC0415
+    from buildkit_py import oci  # noqa: PLC0415
 
     # Planning must not stall on an unreachable registry: one short try, then a warning.
     client = client or oci.Client(timeout=5, max_retries=1)
@@ -62,7 +62,7 @@ def resolve_with_base(recipe: Recipe, *, client=None, cache: dict[str, BaseFacts
     registry: a shared base built by imgbuild says its OS and Python in its labels. Every
     command that resolves a recipe (plan, build, matrix, lock) goes through here. ``cache``
     (base ref -> facts) lets a matrix look each base up once."""
-    from .resolve import mirrored_ref, resolve  # noqa: PLC0415
+    from buildkit_py.compat.resolve import mirrored_ref, resolve  # noqa: PLC0415
 
     if recipe.base.image:
         base_ref = mirrored_ref(recipe.base.image, recipe.base.mirror)

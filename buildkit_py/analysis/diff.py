@@ -27,9 +27,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from . import oci
-from .errors import ImageMissing, ManifestNotFound, RegistryError, UsageError
-from .inspect import attribute_layers, human_size, instruction_of, pull_seconds
+from buildkit_py import oci
+from buildkit_py.analysis.inspect import attribute_layers, human_size, instruction_of, pull_seconds
+from buildkit_py.errors import ImageMissing, ManifestNotFound, RegistryError, UsageError
 
 SCHEMA = 1
 SOURCE_REGISTRY, SOURCE_ENGINE = "registry", "engine"
@@ -268,7 +268,7 @@ def read_image(image: str, *, source: str = "auto", client: oci.Client | None = 
             if source == SOURCE_REGISTRY:
                 raise
     if engine is None:
-        from .backends import engine_for_reading  # noqa: PLC0415
+        from buildkit_py.engine import engine_for_reading  # noqa: PLC0415
 
         engine = engine_for_reading()
     return read_engine(image, engine)
@@ -320,7 +320,7 @@ def diff_json(d: ImageDiff) -> dict[str, Any]:
 def render_table(d: ImageDiff, console) -> None:
     from rich.table import Table  # noqa: PLC0415
 
-    from .inspect import _short_created  # noqa: PLC0415
+    from buildkit_py.analysis.inspect import _short_created  # noqa: PLC0415
 
     t = d.totals
     console.print(f"[bold]{d.b.image}[/bold] for a node holding [bold]{d.a.image}[/bold] "

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
-from .errors import DriverCheckError
+from buildkit_py.errors import DriverCheckError
 
 _QUERY_NEW = ["--query-gpu=driver_version,name,compute_cap", "--format=csv,noheader"]
 _QUERY_OLD = ["--query-gpu=driver_version,name", "--format=csv,noheader"]

@@ -92,9 +92,9 @@ class LintReport:
 
 def lint_recipe(path: str | os.PathLike, *, hadolint: str | None = "auto") -> LintReport:
     """hadolint: "auto" (use it where ``find_hadolint`` finds it), a binary path, or None (skip it)."""
-    from .plan import make_plan, weights_in_copies, weights_in_copy_warning  # noqa: PLC0415
-    from .recipe import load_recipe, locate, read_recipe_text  # noqa: PLC0415
-    from .render import render_dockerfile  # noqa: PLC0415
+    from buildkit_py.plan.build_plan import make_plan, weights_in_copies, weights_in_copy_warning  # noqa: PLC0415
+    from buildkit_py.recipe.model import load_recipe, locate, read_recipe_text  # noqa: PLC0415
+    from buildkit_py.render.dockerfile import render_dockerfile  # noqa: PLC0415
 
     path = Path(path)
     recipe = load_recipe(path)  # RecipeError: exit 2
@@ -140,7 +140,7 @@ def _apt_findings(raw, file: str) -> list[LintFinding]:
 
 
 def _copy_findings(recipe, file: str) -> list[LintFinding]:
-    from .inspect import is_weight_file  # noqa: PLC0415
+    from buildkit_py.analysis.inspect import is_weight_file  # noqa: PLC0415
 
     out = []
     root = recipe.context_dir

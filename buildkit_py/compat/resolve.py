@@ -10,9 +10,9 @@ from dataclasses import dataclass
 
 from packaging.version import Version
 
-from . import compat
-from .errors import CompatibilityError
-from .recipe import Recipe, pin_name
+from buildkit_py import compat
+from buildkit_py.errors import CompatibilityError
+from buildkit_py.recipe.model import Recipe, pin_name
 
 # The Python each OS ships as python3 (Debian and Ubuntu package archives).
 OS_PYTHON = {
@@ -155,7 +155,7 @@ def mirrored_ref(image: str, mirror: str | None) -> str:
 
 
 def resolve(recipe: Recipe, base=None) -> Resolution:  # noqa: C901
-    """``base``: BaseFacts of the final stage's base read from its registry (see bases.py),
+    """``base``: BaseFacts of the final stage's base read from its registry (see compat/bases.py),
     or None where it is not looked up."""
     warnings: list[str] = []
     try:

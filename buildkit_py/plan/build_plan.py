@@ -7,12 +7,11 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from . import labels as L
-from .compat.torch_pins import cuda_layers, torch_cuda_pins
-from .errors import UsageError
-from .recipe import Recipe, pin_name
-from .resolve import HEAVY_PACKAGES, Resolution, resolve
-from .steps import (
+from buildkit_py.compat.resolve import HEAVY_PACKAGES, Resolution, resolve
+from buildkit_py.compat.torch_pins import cuda_layers, torch_cuda_pins
+from buildkit_py.errors import UsageError
+from buildkit_py.plan import labels as L
+from buildkit_py.plan.steps import (
     AptStep,
     ContextFile,
     CopyStep,
@@ -27,6 +26,7 @@ from .steps import (
     VenvStep,
     WheelBuildStep,
 )
+from buildkit_py.recipe.model import Recipe, pin_name
 
 VENV = "/opt/venv"
 STEP_MARK = "imgbuild-step"  # written into each RUN so `inspect` can map layers to steps
@@ -95,7 +95,7 @@ def default_tags(recipe: Recipe, registry: str | None = None, extra: tuple[str, 
 
 def check_registry(registry: str) -> str:
     """A --registry value: host[:port][/path], no scheme. Returns it without a trailing /."""
-    from .oci import parse_reference  # noqa: PLC0415
+    from buildkit_py.oci import parse_reference  # noqa: PLC0415
 
     value = registry.strip().rstrip("/")
     hint = "e.g. --registry 127.0.0.1:5000 or --registry ghcr.io/team (no http://)"
@@ -114,7 +114,7 @@ def check_registry(registry: str) -> str:
 def check_image_tag(tag: str, *, origin: str = "tag") -> str:
     """A tag to apply to a built image, by oci.parse_reference's grammar (no digest). ``origin``
     names what produced it (--tag, --registry, the recipe's name) for the message."""
-    from .oci import parse_reference  # noqa: PLC0415
+    from buildkit_py.oci import parse_reference  # noqa: PLC0415
 
     try:
         ref = parse_reference(tag)
@@ -219,7 +219,7 @@ def _cuda_home_step(res: Resolution) -> CudaHomeStep:
 def weights_in_copies(recipe: Recipe, threshold: int = WEIGHT_FILE_THRESHOLD) -> list[tuple[int, str, int]]:
     """(copy index, path, bytes) of weight-like files a COPY would bake into the image.
     The one read of the file system in planning: sizes of the files the build sends anyway."""
-    from .inspect import is_weight_file  # noqa: PLC0415
+    from buildkit_py.analysis.inspect import is_weight_file  # noqa: PLC0415
 
     found = []
     for i, c in enumerate(recipe.copy):

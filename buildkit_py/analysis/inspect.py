@@ -48,9 +48,9 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import IO, Any
 
-from . import labels as L
-from .errors import ImageMissing, InspectError, SizeBudgetExceeded
-from .plan import GROUPS, STEP_MARK
+from buildkit_py.errors import ImageMissing, InspectError, SizeBudgetExceeded
+from buildkit_py.plan import labels as L
+from buildkit_py.plan.build_plan import GROUPS, STEP_MARK
 
 MiB = 1 << 20
 GZIP_LEVEL = 6
@@ -810,8 +810,8 @@ def inspect_image(engine, ref: str, *, bandwidth_mbps: float = 1000, weight_thre
 def registry_layer_sizes(ref: str, n_layers: int) -> list[int] | None:
     """Compressed layer sizes from ``ref``'s manifest in its registry (what a pull moves);
     None when it is not there or its layers are not the image's."""
-    from . import oci  # noqa: PLC0415
-    from .errors import ImgbuildError  # noqa: PLC0415
+    from buildkit_py import oci  # noqa: PLC0415
+    from buildkit_py.errors import ImgbuildError  # noqa: PLC0415
 
     try:
         manifest, _, _ = oci.get_manifest(ref, client=oci.Client(max_retries=1, timeout=(5.0, 30.0)))

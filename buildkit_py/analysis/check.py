@@ -6,7 +6,13 @@ from dataclasses import dataclass
 
 from packaging.version import Version
 
-from .compat import driver_branch_end_of_life, forward_compat_branches, minor_compat_floor, resolve_cuda, toolkits
+from buildkit_py.compat import (
+    driver_branch_end_of_life,
+    forward_compat_branches,
+    minor_compat_floor,
+    resolve_cuda,
+    toolkits,
+)
 
 NATIVE, MINOR, FORWARD, INCOMPATIBLE = "native", "minor-version", "forward-compat", "incompatible"
 

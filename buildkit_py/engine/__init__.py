@@ -21,10 +21,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..errors import BackendCapabilityError, EnvironmentProblem, ImgbuildError
+from buildkit_py.errors import BackendCapabilityError, EnvironmentProblem, ImgbuildError
 
 if TYPE_CHECKING:
-    from ..registry import PushResult
+    from buildkit_py.engine.push import PushResult
 
 # Capability names
 MULTI_STAGE = "multi-stage"
@@ -109,7 +109,7 @@ def parse_compression(value: str | None) -> tuple[str, int | None] | None:
     limits = {"gzip": (0, 9), "zstd": (0, 22), "estargz": (0, 9), "uncompressed": None}
     if name not in limits or (level and (limits[name] is None or not level.isdigit()
                                          or not limits[name][0] <= int(level) <= limits[name][1])):
-        from ..errors import UsageError  # noqa: PLC0415
+        from buildkit_py.errors import UsageError  # noqa: PLC0415
 
         raise UsageError(f"--compression {value!r}: use gzip[:0-9], zstd[:0-22], estargz or uncompressed")
     return name, int(level) if level else None
@@ -239,7 +239,7 @@ class Engine:
 
     def tag(self, image: str, ref: str) -> None:
         """Give ``image`` (an id or a reference) the tag ``ref``."""
-        from .. import oci  # noqa: PLC0415
+        from buildkit_py import oci  # noqa: PLC0415
 
         parsed = oci.parse_reference(ref)
         self.sdk().images.get(image).tag(ref.rsplit(":", 1)[0], parsed.tag or "latest")
@@ -253,7 +253,7 @@ class Engine:
 
     def push(self, ref: str, *, on_progress: ProgressSink | None = None) -> PushResult:
         """Push one tag that is in the engine, through the SDK."""
-        from ..registry import push_image  # noqa: PLC0415
+        from buildkit_py.engine.push import push_image  # noqa: PLC0415
 
         return push_image(self.sdk(), ref, on_progress=on_progress)
 
@@ -324,8 +324,8 @@ def select_engine(preference: str | None = None, *, builder: str | None = None,
     PATH, then Debian's), the engine from ``host`` or $DOCKER_HOST, a named builder from
     --builder. Auto prefers buildx; a client older than 23.0 without it still speaks BuildKit
     with DOCKER_BUILDKIT=1 (newer ones fall back to the legacy builder: refused)."""
-    from .buildx import BuilderEngine, BuildxEngine  # noqa: PLC0415
-    from .docker_cli import ClassicEngine  # noqa: PLC0415
+    from buildkit_py.engine.buildx import BuilderEngine, BuildxEngine  # noqa: PLC0415
+    from buildkit_py.engine.docker_cli import ClassicEngine  # noqa: PLC0415
 
     preference = preference or os.environ.get("IMGBUILD_ENGINE") or os.environ.get("IMGBUILD_BACKEND") or "auto"
     if preference not in ENGINE_KINDS:
@@ -372,7 +372,7 @@ def engine_for_reading() -> Engine:
         return select_engine()
     except ImgbuildError:
         clients = [c for c in (os.environ.get("IMGBUILD_DOCKER"), shutil.which("docker"), "/usr/bin/docker") if c]
-        from .docker_cli import ClassicEngine  # noqa: PLC0415
+        from buildkit_py.engine.docker_cli import ClassicEngine  # noqa: PLC0415
 
         return ClassicEngine(clients[0] if clients else "docker")
 

@@ -8,8 +8,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from . import auth, oci
-from .errors import AuthenticationError, RegistryError, RegistryUnreachable
+from buildkit_py import oci
+from buildkit_py.errors import AuthenticationError, RegistryError, RegistryUnreachable
+from buildkit_py.oci import auth
 
 ProgressSink = Callable[[str], None]
 

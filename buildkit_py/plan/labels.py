@@ -11,8 +11,8 @@ import json
 import subprocess
 from pathlib import Path
 
-from .recipe import Recipe
-from .resolve import Resolution
+from buildkit_py.compat.resolve import Resolution
+from buildkit_py.recipe.model import Recipe
 
 PREFIX = "io.imgbuild."
 CUDA_VERSION = PREFIX + "cuda.version"
