@@ -15,7 +15,7 @@ import pytest
 
 from buildkit_py import oci
 from buildkit_py.errors import AuthenticationError, CredentialHelperError
-from buildkit_py.oci import auth
+from buildkit_py.oci import auth, login
 
 HOST = "127.0.0.1:5000"
 
@@ -191,8 +191,8 @@ def test_helper_identity_token(docker_config, no_env, helper):
 def test_login_writes_config_0600(registry, docker_config, no_env, unique_name):
     path = docker_config / "config.json"
     write_config(docker_config, {"auths": {"ghcr.io": {"auth": b64("x:y")}}, "psFormat": "table"})
-    result = auth.login(registry.address, registry.user, registry.password + "\n")
-    assert result == auth.LoginResult(registry.address, registry.user, str(path))
+    result = login.login(registry.address, registry.user, registry.password + "\n")
+    assert result == login.LoginResult(registry.address, registry.user, str(path))
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
     config = json.loads(path.read_text())
     assert config["psFormat"] == "table" and "ghcr.io" in config["auths"]  # the rest is kept
@@ -206,7 +206,7 @@ def test_login_writes_config_0600(registry, docker_config, no_env, unique_name):
 
 def test_login_with_wrong_password_stores_nothing(registry, docker_config, no_env):
     with pytest.raises(AuthenticationError) as exc:
-        auth.login(registry.address, registry.user, "definitely-wrong")
+        login.login(registry.address, registry.user, "definitely-wrong")
     assert "definitely-wrong" not in exc.value.render()
     assert "imgbuild login" not in exc.value.render()  # it is what failed: no hint to run it again
     assert not (docker_config / "config.json").exists()
@@ -214,7 +214,7 @@ def test_login_with_wrong_password_stores_nothing(registry, docker_config, no_en
 
 def test_login_through_creds_store(registry, docker_config, no_env, helper):
     write_config(docker_config, {"credsStore": "test"})
-    result = auth.login(registry.address, registry.user, registry.password)
+    result = login.login(registry.address, registry.user, registry.password)
     assert result.stored_in == "credsStore:test"
     assert helper.keys()[registry.address] == {"Username": registry.user, "Secret": registry.password}
     text = (docker_config / "config.json").read_text()
@@ -231,4 +231,4 @@ def test_login_to_unreachable_registry(docker_config, no_env):
 
     client = oci.Client(max_retries=0)
     with pytest.raises(RegistryUnreachable):
-        auth.login("127.0.0.1:1", "ci", "pw", client=client)
+        login.login("127.0.0.1:1", "ci", "pw", client=client)

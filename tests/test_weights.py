@@ -83,6 +83,22 @@ def test_media_types_follow_modelpack(path, media_type, untested):
     assert weights.media_type_for(path) == (media_type, untested)
 
 
+@pytest.mark.parametrize(("path", "weights_named"), [
+    ("model.safetensors", True), ("model.safetensors.part1", True), ("llama.gguf.00001", True),
+    ("/opt/app/ckpt/Final.PT", True), ("pytorch_model.bin", True), ("emb.npy", True),
+    ("tokenizer.model", False),  # a tokenizer, though .model is a weights extension
+    ("config.json", False), ("README.md", False), ("train.py", False), ("mystery.xyz", False),
+])
+def test_one_weight_file_fact_for_push_plan_lint_and_inspect(path, weights_named):
+    """The plan, lint and inspect call a file weights exactly when `weights push` would give it
+    the weights media type by name (not as a guess)."""
+    from buildkit_py.artifacts.file_kinds import is_weight_file
+
+    assert is_weight_file(path) is weights_named
+    media_type, guessed = weights.media_type_for(path)
+    assert (media_type == weights.MEDIA_WEIGHT and not guessed) is weights_named
+
+
 @pytest.mark.parametrize("path", ["../evil", "a/../../evil", "/etc/passwd", "a//b", "./a", "a/./b", "",
                                   "a\\..\\b", "C:/x", "a/b.partial", "a\x00b"])
 def test_unsafe_paths_are_refused(path):

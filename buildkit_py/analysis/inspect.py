@@ -48,6 +48,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import IO, Any
 
+from buildkit_py.artifacts.file_kinds import is_weight_file
 from buildkit_py.errors import ImageMissing, InspectError, SizeBudgetExceeded
 from buildkit_py.plan import labels as L
 from buildkit_py.plan.build_plan import GROUPS, STEP_MARK
@@ -78,8 +79,6 @@ WEIGHTS, CACHE, COMPILER, CUDA_DUPLICATE, DELETED = (
     "weights", "cache", "compiler-in-runtime", "cuda-duplicate", "deleted-later")
 WARNING, INFO = "warning", "info"
 _SEVERITY_RANK = {WARNING: 0, INFO: 1}
-
-WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".gguf", ".onnx", ".h5", ".msgpack")
 
 # (regex, the cache's root as reported). A file under one of these in a layer is a cache that
 # was left in the image instead of on a build cache mount. __pycache__ is deliberately absent.
@@ -221,10 +220,6 @@ def whiteout_target(path: str) -> tuple[str, bool] | None:
     if base.startswith(WHITEOUT_PREFIX):
         return posixpath.join(parent, base[len(WHITEOUT_PREFIX):]), False
     return None
-
-
-def is_weight_file(path: str) -> bool:
-    return path.lower().endswith(WEIGHT_SUFFIXES)
 
 
 def cache_root(path: str) -> str | None:

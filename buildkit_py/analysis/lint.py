@@ -20,6 +20,8 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from buildkit_py.artifacts.file_kinds import is_weight_file
+
 ERROR, WARNING, INFO = "error", "warning", "info"
 _RANK = {ERROR: 0, WARNING: 1, INFO: 2}
 
@@ -140,8 +142,6 @@ def _apt_findings(raw, file: str) -> list[LintFinding]:
 
 
 def _copy_findings(recipe, file: str) -> list[LintFinding]:
-    from buildkit_py.analysis.inspect import is_weight_file  # noqa: PLC0415
-
     out = []
     root = recipe.context_dir
     for i, c in enumerate(recipe.copy):

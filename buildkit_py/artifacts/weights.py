@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import json
 import os
-import posixpath
 import stat
 from collections.abc import Callable, Iterable
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
@@ -33,6 +32,7 @@ from pathlib import Path, PurePosixPath
 from typing import NamedTuple
 
 from buildkit_py import oci
+from buildkit_py.artifacts.file_kinds import FileKind, file_kind
 from buildkit_py.errors import DigestMismatch, UnsafePath, UsageError, WeightsError
 
 ARTIFACT_TYPE = "application/vnd.cncf.model.manifest.v1+json"
@@ -42,6 +42,8 @@ MEDIA_WEIGHT_CONFIG = "application/vnd.cncf.model.weight.config.v1.raw"
 MEDIA_DOC = "application/vnd.cncf.model.doc.v1.raw"
 MEDIA_CODE = "application/vnd.cncf.model.code.v1.raw"
 MEDIA_DATASET = "application/vnd.cncf.model.dataset.v1.raw"
+_MEDIA_OF_KIND: dict[FileKind, str] = {
+    "weights": MEDIA_WEIGHT, "config": MEDIA_WEIGHT_CONFIG, "doc": MEDIA_DOC, "code": MEDIA_CODE}
 RAW_MEDIA_TYPES = frozenset({MEDIA_WEIGHT, MEDIA_WEIGHT_CONFIG, MEDIA_DOC, MEDIA_CODE, MEDIA_DATASET})
 
 ANNOTATION_FILEPATH = "org.cncf.model.filepath"
@@ -60,13 +62,6 @@ _TYPEFLAG_REGULAR = ord("0")
 # overlaps the next file's transfer) and 4 or 8 (they only contend for the CPU).
 DEFAULT_JOBS = max(1, min(4, os.cpu_count() or 2))
 
-_WEIGHT_EXT = {".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".gguf", ".ggml", ".onnx", ".h5", ".msgpack",
-               ".pb", ".tflite", ".mlmodel", ".npz", ".npy", ".engine", ".plan", ".nemo", ".pkl", ".model"}
-_CONFIG_EXT = {".json", ".yaml", ".yml", ".toml", ".jinja", ".tiktoken"}
-_CONFIG_NAMES = {"vocab.txt", "merges.txt", "tokenizer.model", "spiece.model", "sentencepiece.bpe.model"}
-_DOC_EXT = {".md", ".rst", ".txt", ".pdf", ".html"}
-_DOC_STEMS = {"readme", "license", "licence", "notice", "copying", "authors", "citation", "model_card"}
-_CODE_EXT = {".py", ".sh", ".ipynb", ".js", ".ts", ".go", ".rs", ".c", ".cc", ".cpp", ".cu", ".h"}
 
 
 class ArtifactFile(NamedTuple):
@@ -105,17 +100,8 @@ class PullResult:
 def media_type_for(relpath: str) -> tuple[str, bool]:
     """``(media type, untested)`` for a file by name; unknown files count as weights
     (``untested``: the type is a guess)."""
-    name = PurePosixPath(relpath).name.lower()
-    stem, ext = posixpath.splitext(name)
-    if name in _CONFIG_NAMES or ext in _CONFIG_EXT:
-        return MEDIA_WEIGHT_CONFIG, False
-    if stem in _DOC_STEMS or ext in _DOC_EXT:
-        return MEDIA_DOC, False
-    if ext in _CODE_EXT:
-        return MEDIA_CODE, False
-    if ext in _WEIGHT_EXT or ".safetensors" in name or ".gguf" in name:
-        return MEDIA_WEIGHT, False
-    return MEDIA_WEIGHT, True
+    kind, guessed = file_kind(relpath)
+    return _MEDIA_OF_KIND[kind], guessed
 
 
 def safe_relpath(path: str) -> str:

@@ -685,7 +685,7 @@ def cmd_lint(args, out: _Out) -> int:
 
 
 def cmd_login(args, out: _Out, stdin: IO[str]) -> int:
-    from buildkit_py.oci import auth
+    from buildkit_py.oci.login import login
 
     hint = "echo \"$PASSWORD\" | imgbuild login REGISTRY -u USER --password-stdin"
     if args.password is not None:
@@ -695,7 +695,7 @@ def cmd_login(args, out: _Out, stdin: IO[str]) -> int:
     password = stdin.readline().rstrip("\r\n")
     if not password:
         raise UsageError("no password on stdin", hint=hint)
-    result = auth.login(args.registry, args.username, password)
+    result = login(args.registry, args.username, password)
     out.line(f"logged in to {result.registry} as {result.username} (stored in {result.stored_in})")
     return 0
 

@@ -12,64 +12,101 @@
 Module functions take an optional ``client``; pass one ``Client`` to share connections and
 tokens across calls. Nothing here prints; progress goes to ``progress(event, label, done,
 total)`` callbacks, possibly from worker threads.
+
+Importing this package is cheap: each name is loaded from its module on first use (PEP 562),
+so code that needs only ``reference`` (the plan, the CLI's argument checks) does not pay for
+``requests`` and the transfer machinery.
 """
 
 from __future__ import annotations
 
-from buildkit_py.oci.blobs import (
-    CHUNK,
-    MEDIA_OCTET,
-    UploadResult,
-    blob_exists,
-    delete_blob,
-    head_blob,
-    read_blob,
-    sha256_file,
-    start_upload,
-    upload_blob,
-    upload_bytes,
-)
-from buildkit_py.oci.copy import copy_image
-from buildkit_py.oci.download import default_streams, get_blob
-from buildkit_py.oci.manifests import (
-    ACCEPT,
-    DEFAULT_PLATFORM,
-    INDEX_TYPES,
-    MANIFEST_TYPES,
-    MAX_CONFIG_BYTES,
-    MAX_MANIFEST_BYTES,
-    MEDIA_DOCKER_CONFIG,
-    MEDIA_DOCKER_LIST,
-    MEDIA_DOCKER_MANIFEST,
-    MEDIA_OCI_CONFIG,
-    MEDIA_OCI_INDEX,
-    MEDIA_OCI_MANIFEST,
-    canonical_json,
-    delete_manifest,
-    fetch_manifest,
-    get_image_config,
-    get_manifest,
-    put_manifest,
-    select_platform,
-)
-from buildkit_py.oci.reference import (
-    DOCKER_HUB,
-    DOCKER_HUB_API,
-    Reference,
-    as_reference,
-    is_loopback,
-    parse_reference,
-)
-from buildkit_py.oci.transport import (
-    TRANSIENT_STATUS,
-    Challenge,
-    Client,
-    Progress,
-    RetryPolicy,
-    pull_scope,
-    push_scope,
-    sha256_bytes,
-)
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # the eager view, for type checkers and readers
+    from buildkit_py.oci.blobs import (
+        CHUNK,
+        MEDIA_OCTET,
+        UploadResult,
+        blob_exists,
+        delete_blob,
+        head_blob,
+        read_blob,
+        sha256_file,
+        start_upload,
+        upload_blob,
+        upload_bytes,
+    )
+    from buildkit_py.oci.copy import copy_image
+    from buildkit_py.oci.download import default_streams, get_blob
+    from buildkit_py.oci.manifests import (
+        ACCEPT,
+        DEFAULT_PLATFORM,
+        INDEX_TYPES,
+        MANIFEST_TYPES,
+        MAX_CONFIG_BYTES,
+        MAX_MANIFEST_BYTES,
+        MEDIA_DOCKER_CONFIG,
+        MEDIA_DOCKER_LIST,
+        MEDIA_DOCKER_MANIFEST,
+        MEDIA_OCI_CONFIG,
+        MEDIA_OCI_INDEX,
+        MEDIA_OCI_MANIFEST,
+        canonical_json,
+        delete_manifest,
+        fetch_manifest,
+        get_image_config,
+        get_manifest,
+        put_manifest,
+        select_platform,
+    )
+    from buildkit_py.oci.reference import (
+        DOCKER_HUB,
+        DOCKER_HUB_API,
+        Reference,
+        as_reference,
+        is_loopback,
+        parse_reference,
+    )
+    from buildkit_py.oci.transport import (
+        TRANSIENT_STATUS,
+        Challenge,
+        Client,
+        Progress,
+        RetryPolicy,
+        pull_scope,
+        push_scope,
+        sha256_bytes,
+    )
+
+# Where each public name lives.
+_HOME = {name: module for module, names in {
+    "blobs": ("CHUNK", "MEDIA_OCTET", "UploadResult", "blob_exists", "delete_blob", "head_blob", "read_blob",
+              "sha256_file", "start_upload", "upload_blob", "upload_bytes"),
+    "copy": ("copy_image",),
+    "download": ("default_streams", "get_blob"),
+    "manifests": ("ACCEPT", "DEFAULT_PLATFORM", "INDEX_TYPES", "MANIFEST_TYPES", "MAX_CONFIG_BYTES",
+                  "MAX_MANIFEST_BYTES", "MEDIA_DOCKER_CONFIG", "MEDIA_DOCKER_LIST", "MEDIA_DOCKER_MANIFEST",
+                  "MEDIA_OCI_CONFIG", "MEDIA_OCI_INDEX", "MEDIA_OCI_MANIFEST", "canonical_json", "delete_manifest",
+                  "fetch_manifest", "get_image_config", "get_manifest", "put_manifest", "select_platform"),
+    "reference": ("DOCKER_HUB", "DOCKER_HUB_API", "Reference", "as_reference", "is_loopback", "parse_reference"),
+    "transport": ("TRANSIENT_STATUS", "Challenge", "Client", "Progress", "RetryPolicy", "pull_scope", "push_scope",
+                  "sha256_bytes"),
+}.items() for name in names}
+
+
+def __getattr__(name: str) -> Any:
+    module = _HOME.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value  # later look-ups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_HOME])
+
 
 __all__ = [
     "ACCEPT", "CHUNK", "DEFAULT_PLATFORM", "DOCKER_HUB", "DOCKER_HUB_API", "INDEX_TYPES", "MANIFEST_TYPES",

@@ -7,9 +7,11 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+from buildkit_py.artifacts.file_kinds import is_weight_file
 from buildkit_py.compat.resolve import HEAVY_PACKAGES, Resolution, resolve
 from buildkit_py.compat.torch_pins import cuda_layers, torch_cuda_pins
 from buildkit_py.errors import UsageError
+from buildkit_py.oci.reference import parse_reference
 from buildkit_py.plan import labels as L
 from buildkit_py.plan.steps import (
     AptStep,
@@ -95,8 +97,6 @@ def default_tags(recipe: Recipe, registry: str | None = None, extra: tuple[str, 
 
 def check_registry(registry: str) -> str:
     """A --registry value: host[:port][/path], no scheme. Returns it without a trailing /."""
-    from buildkit_py.oci import parse_reference  # noqa: PLC0415
-
     value = registry.strip().rstrip("/")
     hint = "e.g. --registry 127.0.0.1:5000 or --registry ghcr.io/team (no http://)"
     if "://" in value:
@@ -114,8 +114,6 @@ def check_registry(registry: str) -> str:
 def check_image_tag(tag: str, *, origin: str = "tag") -> str:
     """A tag to apply to a built image, by oci.parse_reference's grammar (no digest). ``origin``
     names what produced it (--tag, --registry, the recipe's name) for the message."""
-    from buildkit_py.oci import parse_reference  # noqa: PLC0415
-
     try:
         ref = parse_reference(tag)
         problem = "a tag cannot carry a digest" if ref.digest else None
@@ -219,8 +217,6 @@ def _cuda_home_step(res: Resolution) -> CudaHomeStep:
 def weights_in_copies(recipe: Recipe, threshold: int = WEIGHT_FILE_THRESHOLD) -> list[tuple[int, str, int]]:
     """(copy index, path, bytes) of weight-like files a COPY would bake into the image.
     The one read of the file system in planning: sizes of the files the build sends anyway."""
-    from buildkit_py.analysis.inspect import is_weight_file  # noqa: PLC0415
-
     found = []
     for i, c in enumerate(recipe.copy):
         src = recipe.context_dir / c.src
