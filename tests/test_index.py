@@ -203,7 +203,8 @@ def test_plan_looks_a_newer_torch_up_and_caches_it(ix, tmp_path, monkeypatch):
     assert main(["plan", str(recipe), "--json", "--index-url", ix.url], out, err) == 0, err.getvalue()
     plan = json.loads(out.getvalue())
     assert plan["resolution"]["torch"] == "2.16.0+cu135" and plan["resolution"]["torch_index_url"] is None
-    assert any("come from the package index" in w and ix.url in w for w in plan["warnings"])
+    assert any(w["code"] == "torch-from-index" and w["key"] == "torch" and ix.url in w["message"]
+               for w in plan["warnings"])
     assert "looked torch 2.16.0 up" in err.getvalue()
     cached = json.loads((tmp_path / "cache" / "imgbuild" / "compat" / "torch.json").read_text())
     assert cached["releases"]["2.16.0"]["index"] == ix.url

@@ -94,14 +94,15 @@ def test_require_cuda_for_wheels_is_minor_version_floor(tmp_path):
 def test_torch_on_nvidia_runtime_warns_about_cuda_twice(tmp_path):
     res = resolve(recipe(tmp_path, source="nvidia", python="3.10", base="base: {os: ubuntu22.04}",
                          extra='torch: "2.4.1"'))
-    assert any("a second time" in w for w in res.warnings)
+    assert [(w.code, w.key) for w in res.warnings] == [("cuda-twice", "torch")]
+    assert "a second time" in res.warnings[0].message
 
 
 def test_devel_without_compile_warns(tmp_path):
     text = BASE.format(cuda="12.4", source="nvidia", python="3.10", base="base: {os: ubuntu22.04}", extra="")
     text = text.replace("source: nvidia", "source: nvidia\n  flavor: devel")
     res = resolve(load_recipe(write_recipe(tmp_path, text)))
-    assert any("flavor devel" in w for w in res.warnings)
+    assert [(w.code, w.key) for w in res.warnings] == [("devel-without-compile", "cuda.flavor")]
 
 
 def test_unknown_cuda(tmp_path):
@@ -167,7 +168,8 @@ def test_bitsandbytes_compute_capability_floor(tmp_path):
     assert err.other == "cuda_arch" and "6.0" in err.message
     res = resolve(recipe(tmp_path, cuda="12.4", extra='torch: "2.4.1"\npip: ["bitsandbytes==0.50.2"]\n'
                          'build: {cuda_arch: ["7.0"]}'))
-    assert any("LLM.int8() needs compute capability 7.5+" in w for w in res.warnings)
+    assert [(w.code, w.key) for w in res.warnings] == [("bitsandbytes-int8-arch", "build.cuda_arch[0]")]
+    assert "LLM.int8() needs compute capability 7.5+" in res.warnings[0].message
 
 
 @pytest.mark.parametrize(("extra", "newest"), [
@@ -290,5 +292,6 @@ def test_cuda_kernel_source_build_on_debian_gets_nvcc_from_cuda13_wheels(tmp_pat
 
 def test_runtime_compile_warning_does_not_send_users_to_a_ptxas_only_wheel(tmp_path):
     res = resolve(recipe(tmp_path, extra="runtime_compile: true"))
-    text = " ".join(res.warnings)
+    assert [w.code for w in res.warnings] == ["runtime-compile-without-nvcc"]
+    text = " ".join(w.message for w in res.warnings)
     assert "flavor: devel" in text and "nvidia-cuda-nvcc-cu12" not in text

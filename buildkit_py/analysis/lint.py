@@ -2,7 +2,8 @@
 the Dockerfile it renders (when hadolint is installed).
 
 Nothing here re-derives what the resolver knows: its warnings (devel without a compile,
-CUDA twice, end-of-life images, JIT packages) become findings as they are. Lint adds only
+CUDA twice, end-of-life images, JIT packages) become findings as they are, under their own
+code and recipe key (``compat.codes``; the text is never matched). Lint adds only
 what needs the recipe's files or its raw text: unpinned apt packages and weight-like files
 under a ``copy:`` source. No engine and no registry are contacted.
 
@@ -21,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from buildkit_py.artifacts.file_kinds import is_weight_file
+from buildkit_py.compat import codes
 
 ERROR, WARNING, INFO = "error", "warning", "info"
 _RANK = {ERROR: 0, WARNING: 1, INFO: 2}
@@ -38,17 +40,14 @@ HADOLINT_IGNORED = {
 }
 HADOLINT_TIMEOUT_S = 60
 
-# Resolver warnings -> finding codes (first match wins); others are "resolve".
-_WARNING_CODES = (
-    ("cuda.flavor devel", "devel-without-compile"),
-    ("a second time", "cuda-twice"),
-    ("past NVIDIA's support window", "eol-image"),
-    ("compile(s) CUDA kernels at run time", "jit-without-runtime-compile"),
-    ("runtime_compile", "runtime-compile-without-nvcc"),
-)
-_WARNING_KEYS = {
-    "devel-without-compile": "cuda.flavor", "cuda-twice": "torch", "eol-image": "cuda.version",
-    "jit-without-runtime-compile": "pip", "runtime-compile-without-nvcc": "runtime_compile",
+# Lint's own codes (the resolver's and the plan's are in compat.codes.CODES; hadolint's are its
+# rule ids, DL3xxx/SC2xxx). The README's table of codes is checked against both.
+APT_UNPINNED = "apt-unpinned"
+HADOLINT_FAILED = "hadolint-failed"
+LINT_CODES: dict[str, str] = {
+    APT_UNPINNED: "an apt: entry has no =version: the image changes when the archive does",
+    codes.WEIGHTS_IN_COPY: "a weight-like file under a copy: source; an error above 10 MiB, a warning below",
+    HADOLINT_FAILED: "hadolint is installed but did not run or its output could not be read",
 }
 
 
@@ -94,7 +93,7 @@ class LintReport:
 
 def lint_recipe(path: str | os.PathLike, *, hadolint: str | None = "auto") -> LintReport:
     """hadolint: "auto" (use it where ``find_hadolint`` finds it), a binary path, or None (skip it)."""
-    from buildkit_py.plan.build_plan import make_plan, weights_in_copies, weights_in_copy_warning  # noqa: PLC0415
+    from buildkit_py.plan.build_plan import make_plan  # noqa: PLC0415
     from buildkit_py.recipe.model import load_recipe, locate, read_recipe_text  # noqa: PLC0415
     from buildkit_py.render.dockerfile import render_dockerfile  # noqa: PLC0415
 
@@ -108,13 +107,11 @@ def lint_recipe(path: str | os.PathLike, *, hadolint: str | None = "auto") -> Li
 
     # Weights in copy: lint reports each file itself (an error above WEIGHT_ERROR_BYTES), so the
     # plan's warning about the same files would say it twice.
-    own = {weights_in_copy_warning(*found) for found in weights_in_copies(recipe)}
-    for text in plan.warnings:
-        if text in own:
+    for w in plan.warnings:
+        if w.code == codes.WEIGHTS_IN_COPY:
             continue
-        code = next((c for marker, c in _WARNING_CODES if marker in text), "resolve")
-        key = _WARNING_KEYS.get(code)
-        findings.append(LintFinding(code, WARNING, text, file, recipe.line_of(key) if key else None, key))
+        message = f"{w.message} ({w.hint})" if w.hint else w.message
+        findings.append(LintFinding(w.code, WARNING, message, file, recipe.line_of(w.key) if w.key else None, w.key))
 
     findings += _apt_findings(raw, file)
     findings += _copy_findings(recipe, file)
@@ -134,7 +131,7 @@ def _apt_findings(raw, file: str) -> list[LintFinding]:
     for i, spec in enumerate(data.get("apt") or []):
         if isinstance(spec, str) and "=" not in spec:
             key = f"apt[{i}]"
-            out.append(LintFinding("apt-unpinned", WARNING,
+            out.append(LintFinding(APT_UNPINNED, WARNING,
                                    f"{spec} is not pinned: the image changes when the archive does "
                                    f"(write {spec}=<version>; `apt-cache policy {spec}` shows it)",
                                    file, raw.lines.get(key), key))
@@ -155,7 +152,7 @@ def _copy_findings(recipe, file: str) -> list[LintFinding]:
             rel = os.path.relpath(f, root)
             severity = ERROR if size > WEIGHT_ERROR_BYTES else WARNING
             out.append(LintFinding(
-                "weights-in-copy", severity,
+                codes.WEIGHTS_IN_COPY, severity,
                 f"{rel} ({size} bytes) looks like model weights: copied, it is baked into a layer every pull "
                 "moves; push it with `imgbuild weights push` and list it under `weights:` instead",
                 file, recipe.line_of(key), key))
@@ -180,12 +177,12 @@ def run_hadolint(binary: str, dockerfile: str, file: str) -> tuple[str | None, l
         proc = subprocess.run([binary, "--format", "json", "--no-fail", "-"], input=dockerfile,  # noqa: PLW1510
                               capture_output=True, text=True, timeout=HADOLINT_TIMEOUT_S)
     except (OSError, subprocess.TimeoutExpired) as exc:
-        return None, [LintFinding("hadolint-failed", WARNING, f"hadolint did not run: {exc}", file)]
+        return None, [LintFinding(HADOLINT_FAILED, WARNING, f"hadolint did not run: {exc}", file)]
     try:
         results = json.loads(proc.stdout or "[]")
     except json.JSONDecodeError:
         tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
-        return version, [LintFinding("hadolint-failed", WARNING, f"hadolint output unreadable: {tail[0]}", file)]
+        return version, [LintFinding(HADOLINT_FAILED, WARNING, f"hadolint output unreadable: {tail[0]}", file)]
     out = []
     for r in results:
         code = str(r.get("code", "hadolint"))

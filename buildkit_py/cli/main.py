@@ -366,7 +366,7 @@ def cmd_render(args, out: _Out) -> int:
     plan = _plan(args, args.recipe, out)
     text = render_dockerfile(plan)
     for w in plan.warnings:
-        out.warn(w)
+        out.warn(w.render())
     if args.output:
         write_atomic(args.output, text)  # never a half-written Dockerfile
         out.info(f"wrote {args.output}")
@@ -398,8 +398,8 @@ def cmd_plan(args, out: _Out) -> int:
     for stage in data["stages"]:
         out.line(f"  stage {stage['name']:<8} FROM {stage['base']}: " + ", ".join(s["id"] for s in stage["steps"]))
     out.line(f"  tags      {', '.join(data['tags'])}")
-    for w in data["warnings"]:
-        out.line(f"  warning   {w}")
+    for w in plan.warnings:
+        out.line(f"  warning   {w.render()}")
     return 0
 
 
@@ -416,7 +416,7 @@ def cmd_build(args, out: _Out) -> int:
                          hint="one recipe without --all is one build")
     plan = _plan(args, args.recipe, out)
     for w in plan.warnings:
-        out.warn(w)
+        out.warn(w.render())
     from buildkit_py.plan.lock import use_lock
 
     # Before the backend: a stale lock is refused even where no engine runs.
@@ -456,7 +456,8 @@ def cmd_build(args, out: _Out) -> int:
         "size_uncompressed": outcome.sizes.uncompressed if outcome.sizes else None,
         "size_compressed": outcome.sizes.compressed if outcome.sizes else None,
         "seconds": round(r.seconds, 2), "steps_run": r.run_steps, "steps_cached": r.cached_steps, "steps_rerun": list(r.rerun),  # noqa: E501
-        "groups": outcome.groups, "labels": outcome.labels, "warnings": list(plan.warnings),
+        "groups": outcome.groups, "labels": outcome.labels,
+        "warnings": [w.to_json() for w in plan.warnings],
         "pushes": [{"ref": p.ref, "tag": p.tag, "digest": p.digest, "size": p.size} for p in outcome.pushes],
     }
     if args.json:
@@ -501,7 +502,7 @@ def cmd_build_matrix(args, out: _Out) -> int:
 
     def prepare(variant, plan):
         locked = use_lock(plan, mode=lock_mode, variant=variant.id, ca_cert=args.ca_cert)
-        for w in tuple(plan.warnings) + tuple(locked.warnings):
+        for w in [pw.render() for pw in plan.warnings] + list(locked.warnings):
             out.warn(f"[{variant.id}] {w}")
         return locked.plan
 

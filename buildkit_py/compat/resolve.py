@@ -11,6 +11,8 @@ from dataclasses import dataclass
 from packaging.version import Version
 
 from buildkit_py import compat
+from buildkit_py.compat import codes
+from buildkit_py.compat.codes import RecipeWarning
 from buildkit_py.errors import CompatibilityError
 from buildkit_py.recipe.model import Recipe, pin_name
 
@@ -80,7 +82,7 @@ class Resolution:
     compile: tuple[str, ...] = ()  # pins built from source in the builder stage
     prebuilt_urls: tuple[tuple[str, str], ...] = ()  # (package, wheel URL) taken instead of building
     cuda_arch: tuple[str, ...] = ()
-    warnings: tuple[str, ...] = ()
+    warnings: tuple[RecipeWarning, ...] = ()
     base_digest: str | None = None  # the final stage's base, pinned (shared bases, mirrors)
 
     @property
@@ -157,7 +159,7 @@ def mirrored_ref(image: str, mirror: str | None) -> str:
 def resolve(recipe: Recipe, base=None) -> Resolution:  # noqa: C901
     """``base``: BaseFacts of the final stage's base read from its registry (see compat/bases.py),
     or None where it is not looked up."""
-    warnings: list[str] = []
+    warnings: list[RecipeWarning] = []
     try:
         toolkit = compat.resolve_cuda(recipe.cuda.version)
     except LookupError as exc:
@@ -236,9 +238,11 @@ def resolve(recipe: Recipe, base=None) -> Resolution:  # noqa: C901
                         hint=_newest_hint("torch", known) + "; or plan without --offline, with the package index "
                         "reachable, to look a newer release up") from None
         if release.from_cache:
-            warnings.append(f"torch {release.version} is newer than imgbuild's shipped data: its CUDA variant, pins "
-                            f"and Python range come from the package index ({release.source}; cached in "
-                            f"{release.from_cache}); only its PyPI build ({release.pypi_variant}) is known")
+            warnings.append(RecipeWarning(
+                codes.TORCH_FROM_INDEX, "torch",
+                f"torch {release.version} is newer than imgbuild's shipped data: its CUDA variant, pins "
+                f"and Python range come from the package index ({release.source}; cached in "
+                f"{release.from_cache}); only its PyPI build ({release.pypi_variant}) is known"))
         torch_version = release.version
         wanted = "cu" + _mm(cuda).replace(".", "")
         if wanted not in release.variants:
@@ -266,10 +270,11 @@ def resolve(recipe: Recipe, base=None) -> Resolution:  # noqa: C901
         if release.pypi_variant != wanted:
             torch_index = compat.torch_index_url(wanted)
         if recipe.cuda.source == "nvidia" and recipe.cuda.flavor != "base":
-            warnings.append(
+            warnings.append(RecipeWarning(
+                codes.CUDA_TWICE, "torch",
                 f"torch {release.version}+{wanted} brings its own CUDA libraries as nvidia-*-cu{major} wheels; "
                 f"the nvidia/cuda {recipe.cuda.flavor} base carries them a second time (several GB). "
-                "Use cuda.source: wheels (or flavor: base) unless you need the base's toolkit.")
+                "Use cuda.source: wheels (or flavor: base) unless you need the base's toolkit."))
 
     # --- flash-attn, bitsandbytes --------------------------------------------------------
     from_source = set(recipe.build.from_source)
@@ -356,8 +361,10 @@ def resolve(recipe: Recipe, base=None) -> Resolution:  # noqa: C901
                             f"bitsandbytes {bnb_version}'s PyPI wheel has kernels for compute capability {cc_floor} and newer",  # noqa: E501
                             hint=f"drop {arch} or build bitsandbytes from source")
             if brel.int8_compute_capability and Version(cc) < Version(brel.int8_compute_capability):
-                warnings.append(f"bitsandbytes: LLM.int8() needs compute capability {brel.int8_compute_capability}+; "
-                                f"on {arch} only 8-bit optimizers and NF4/FP4 quantization work")
+                warnings.append(RecipeWarning(
+                    codes.BNB_INT8_ARCH, f"build.cuda_arch[{j}]",
+                    f"bitsandbytes: LLM.int8() needs compute capability {brel.int8_compute_capability}+; "
+                    f"on {arch} only 8-bit optimizers and NF4/FP4 quantization work"))
 
     if from_source and not archs:
         archs = tuple(a for a in DEFAULT_BUILD_ARCHS if a in supported_archs)
@@ -373,8 +380,10 @@ def resolve(recipe: Recipe, base=None) -> Resolution:  # noqa: C901
             base_image = _nvidia_image(recipe, cuda, recipe.cuda.flavor, os_name)
         eol = compat.image_end_of_life(cuda)
         if eol:
-            warnings.append(f"nvidia/cuda {cuda} images are past NVIDIA's support window and may be deleted "
-                            "from Docker Hub; mirror the tag (imgbuild mirror) or move to a supported CUDA")
+            warnings.append(RecipeWarning(
+                codes.EOL_IMAGE, "cuda.version",
+                f"nvidia/cuda {cuda} images are past NVIDIA's support window and may be deleted "
+                "from Docker Hub; mirror the tag (imgbuild mirror) or move to a supported CUDA"))
         needs_devel_builder = bool(from_source) and recipe.cuda.flavor != "devel"
         if from_source:
             builder_image = _nvidia_image(recipe, cuda, "devel", os_name) if needs_devel_builder else base_image
@@ -385,21 +394,29 @@ def resolve(recipe: Recipe, base=None) -> Resolution:  # noqa: C901
                                                                                from_source)
 
     if recipe.cuda.flavor == "devel" and not from_source and not recipe.runtime_compile:
-        warnings.append("cuda.flavor devel ships nvcc, headers and static libraries (several GB) but this "
-                        "recipe compiles nothing at run time; use flavor: runtime (extensions still build "
-                        "in a devel stage)" if recipe.cuda.source == "nvidia" else
-                        "cuda.flavor devel installs nvcc, headers and the math libraries from wheels (GBs) but "
-                        "this recipe compiles nothing at run time; use flavor: runtime")
-    jit = sorted(n for n in JIT_PACKAGES if _pin(recipe, n))
+        warnings.append(RecipeWarning(
+            codes.DEVEL_WITHOUT_COMPILE, "cuda.flavor",
+            "cuda.flavor devel ships nvcc, headers and static libraries (several GB) but this "
+            "recipe compiles nothing at run time; use flavor: runtime (extensions still build "
+            "in a devel stage)" if recipe.cuda.source == "nvidia" else
+            "cuda.flavor devel installs nvcc, headers and the math libraries from wheels (GBs) but "
+            "this recipe compiles nothing at run time; use flavor: runtime"))
+    jit = sorted((pin[0], n) for n in JIT_PACKAGES if (pin := _pin(recipe, n)))
     if jit and not recipe.runtime_compile:
-        warnings.append(f"{', '.join(jit)} compile(s) CUDA kernels at run time, which needs nvcc and headers in "
-                        "the final image: set runtime_compile: true if you use that path")
+        warnings.append(RecipeWarning(
+            codes.JIT_WITHOUT_RUNTIME_COMPILE, f"pip[{jit[0][0]}]",
+            f"{', '.join(sorted(n for _, n in jit))} compile(s) CUDA kernels at run time, which needs nvcc and "
+            "headers in the final image: set runtime_compile: true if you use that path"))
     if recipe.runtime_compile and recipe.cuda.source == "wheels" and recipe.cuda.flavor != "devel":
         # the cu11/cu12 nvidia-cuda-nvcc wheels hold ptxas only; CUDA 13's hold nvcc (flavor: devel)
-        warnings.append("runtime_compile with cuda.source: wheels needs nvcc in the image: use flavor: devel "
-                        "(CUDA 13+: nvcc from wheels) or source: nvidia with flavor: devel")
+        warnings.append(RecipeWarning(
+            codes.RUNTIME_COMPILE_WITHOUT_NVCC, "runtime_compile",
+            "runtime_compile with cuda.source: wheels needs nvcc in the image: use flavor: devel "
+            "(CUDA 13+: nvcc from wheels) or source: nvidia with flavor: devel"))
     if recipe.runtime_compile and recipe.cuda.source == "nvidia" and recipe.cuda.flavor != "devel":
-        warnings.append("runtime_compile needs nvcc and headers: the final image must use flavor: devel")
+        warnings.append(RecipeWarning(
+            codes.RUNTIME_COMPILE_WITHOUT_NVCC, "runtime_compile",
+            "runtime_compile needs nvcc and headers: the final image must use flavor: devel"))
 
     base_digest = None
     if base is not None:
@@ -502,12 +519,14 @@ def _wheels_builder(recipe: Recipe, cuda: str, os_name: str | None, base_image: 
 
 
 def _check_base(recipe: Recipe, base, cuda: str, torch_version, torch_variant, base_image: str,
-                warnings: list[str]) -> tuple[str, str | None]:
+                warnings: list[RecipeWarning]) -> tuple[str, str | None]:
     """A base read from its registry: refuse one whose CUDA or torch contradicts the recipe,
     then pin it by digest."""
     if base.error:
-        warnings.append(f"could not read {base.ref} from its registry ({base.error}); "
-                        "it is neither checked against this recipe nor pinned by digest")
+        warnings.append(RecipeWarning(
+            codes.BASE_UNREADABLE, "base.image",
+            f"could not read {base.ref} from its registry ({base.error}); "
+            "it is neither checked against this recipe nor pinned by digest"))
         return base_image, None
     base_cuda = base.labels.get("io.imgbuild.cuda.version") or base.env.get("CUDA_VERSION")
     if base_cuda and _mm(base_cuda) != _mm(cuda):

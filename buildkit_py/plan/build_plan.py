@@ -8,6 +8,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from buildkit_py.artifacts.file_kinds import is_weight_file
+from buildkit_py.compat import codes
+from buildkit_py.compat.codes import RecipeWarning
 from buildkit_py.compat.resolve import HEAVY_PACKAGES, Resolution, resolve
 from buildkit_py.compat.torch_pins import cuda_layers, torch_cuda_pins
 from buildkit_py.errors import UsageError
@@ -64,7 +66,7 @@ class BuildPlan:
     env: dict[str, str]
     tags: tuple[str, ...]
     needs: frozenset[str]  # backend capabilities this plan cannot build without
-    warnings: tuple[str, ...]
+    warnings: tuple[RecipeWarning, ...]
 
     @property
     def final(self) -> Stage:
@@ -227,9 +229,11 @@ def weights_in_copies(recipe: Recipe, threshold: int = WEIGHT_FILE_THRESHOLD) ->
     return found
 
 
-def weights_in_copy_warning(index: int, rel: str, size: int) -> str:
-    return (f"copy[{index}] puts {rel} ({size / 2**20:.0f} MiB) into the image: keep weights out of images "
-            "(imgbuild weights push, then list them under weights: to mount them at run time)")
+def weights_in_copy_warning(index: int, rel: str, size: int) -> RecipeWarning:
+    return RecipeWarning(
+        codes.WEIGHTS_IN_COPY, f"copy[{index}].src",
+        f"copy[{index}] puts {rel} ({size / 2**20:.0f} MiB) into the image: keep weights out of images "
+        "(imgbuild weights push, then list them under weights: to mount them at run time)")
 
 
 def make_plan(recipe: Recipe, *, tags: tuple[str, ...] = (), registry: str | None = None,
@@ -341,5 +345,5 @@ def plan_json(plan: BuildPlan, dockerfile: str) -> dict[str, Any]:
             "require_cuda": res.require_cuda,
         },
         "needs": sorted(plan.needs),
-        "warnings": list(plan.warnings),
+        "warnings": [w.to_json() for w in plan.warnings],
     }

@@ -583,7 +583,7 @@ def matrix_json(matrix: Matrix, *, registry: str | None = None) -> dict[str, Any
             "variant": v.id, "source": v.source, "values": v.values, "tags": list(plan.tags),
             "content_tag": v.content_tag, "recipe_digest": v.recipe.digest, "cuda": r.cuda_version,
             "cuda_short": r.cuda_major_minor.replace(".", ""), "python": r.python, "torch": r.torch_label,
-            "base_image": r.base_image, "warnings": list(r.warnings),
+            "base_image": r.base_image, "warnings": [w.to_json() for w in r.warnings],
         })
     dropped = [{
         "variant": d.id, "source": d.source, "values": d.values, "reason": _short_message(d.error),
