@@ -1,0 +1,197 @@
+"""imgbuild build: one recipe, or the variants of its matrix (--all, --variant)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from buildkit_py.cli.common import (
+    AddCommand,
+    Out,
+    ca_option,
+    engine_options,
+    json_option,
+    network_option,
+    offline_options,
+    pip_config_option,
+    plan_recipe,
+    progress_option,
+)
+from buildkit_py.errors import ExitStatus, UsageError
+
+if TYPE_CHECKING:
+    from buildkit_py.engine.build import BuildOptions
+
+
+def register(add: AddCommand) -> None:
+    b = add("build", "build a recipe with BuildKit, optionally push it",
+            "Build a recipe with BuildKit (docker buildx, or DOCKER_BUILDKIT=1 with a 20.10 client).\n"
+            "Prints the image id, tags and size; after --push, each registry reference and its digest.")
+    b.add_argument("recipe", type=Path)
+    b.add_argument("--tag", action="append", default=[], help="tag instead of NAME:VERSION (repeatable)")
+    b.add_argument("--push", action="store_true", help="push every tag after the build")
+    b.add_argument("--registry", help="prefix tags with this registry, e.g. 127.0.0.1:5000")
+    ca_option(b, "CA bundle for downloads inside the build, passed as a BuildKit secret (never in a layer)")
+    pip_config_option(b, "pip.conf for every pip step (e.g. a private index-url with credentials), passed as a "
+                         "BuildKit secret read through PIP_CONFIG_FILE (never in a layer)")
+    network_option(b, "host", "network for RUN steps (default: host; 'default' for the engine's)")
+    b.add_argument("--no-cache", action="store_true", help="ignore the layer cache")
+    progress_option(b, "build log")
+    engine_options(b)
+    b.add_argument("--load", action="store_true",
+                   help="with --push on a named builder: also load the image into the engine")
+    b.add_argument("--compression", metavar="ALGO[:LEVEL]",
+                   help="layer compression of the pushed image: gzip[:0-9] or zstd[:0-22] (buildx)")
+    b.add_argument("--oci-mediatypes", action="store_true", help="OCI media types in the manifest (buildx)")
+    b.add_argument("--provenance", choices=["min", "max", "false"], default=None,
+                   help="provenance attestation mode (buildx; default: the client's)")
+    b.add_argument("--platform", action="append", default=[], metavar="OS/ARCH",
+                   help="target platform, passed to buildx (repeatable)")
+    b.add_argument("--cache-from", action="append", default=[], metavar="REF",
+                   help="import build cache (e.g. type=registry,ref=R/cache or an image built with inline cache)")
+    b.add_argument("--cache-to", action="append", default=[], metavar="REF",
+                   help="export build cache (buildx only), e.g. type=registry,ref=R/cache,mode=max")
+    json_option(b, "print a JSON report on stdout")
+    b.add_argument("--all", action="store_true",
+                   help="build every variant of the recipe's matrix here (shared stages once), then print a "
+                        "summary; exit 1 if any failed")
+    b.add_argument("--variant", action="append", default=[], metavar="ID",
+                   help="build this matrix variant (repeatable; ids from `imgbuild matrix RECIPE`)")
+    b.add_argument("-j", "--jobs", type=int, default=1, metavar="N",
+                   help="with --all: build up to N variants at once (default 1)")
+    offline_options(b)
+    locking = b.add_mutually_exclusive_group()
+    locking.add_argument("--update-lock", action="store_true",
+                         help="re-resolve and rewrite the recipe's lock file, then build with it")
+    locking.add_argument("--locked", action="store_true",
+                         help="CI: fail (exit 1) if the lock file is missing or would change; never write it")
+    b.set_defaults(handler=cmd_build)
+
+
+def _build_options(args: argparse.Namespace) -> BuildOptions:
+    from buildkit_py.engine.build import BuildOptions
+
+    return BuildOptions(
+        tags=(), push=args.push, ca_cert=args.ca_cert, pip_config=args.pip_config,
+        network=None if args.network == "default" else args.network, no_cache=args.no_cache,
+        cache_from=tuple(args.cache_from), cache_to=tuple(args.cache_to), builder=args.builder,
+        load=args.load, compression=args.compression, oci_mediatypes=args.oci_mediatypes,
+        provenance=args.provenance, platforms=tuple(args.platform),
+    )
+
+
+def _lock_mode(args: argparse.Namespace) -> str:
+    return "update" if args.update_lock else "locked" if args.locked else "auto"
+
+
+def cmd_build(args: argparse.Namespace, out: Out) -> int:
+    from buildkit_py.engine import select_engine
+    from buildkit_py.engine.build import _human as human_size
+    from buildkit_py.engine.build import run_build
+    from buildkit_py.plan.lock import use_lock
+
+    if args.jobs < 1:
+        raise UsageError(f"-j {args.jobs}: the number of parallel builds must be at least 1")
+    if args.all or args.variant:
+        return cmd_build_matrix(args, out)
+    if args.jobs != 1:
+        raise UsageError(f"-j {args.jobs} builds matrix variants in parallel: use it with --all or --variant",
+                         hint="one recipe without --all is one build")
+    plan = plan_recipe(args, args.recipe, out)
+    for w in plan.warnings:
+        out.warn(w.render())
+    # Before the backend: a stale lock is refused even where no engine runs.
+    locked = use_lock(plan, mode=_lock_mode(args), ca_cert=args.ca_cert)
+    plan = locked.plan
+    for w in locked.warnings:
+        out.warn(w)
+    if locked.status != "none":
+        out.info(f"lock     {locked.path} ({locked.status})")
+    backend = select_engine(args.backend, builder=args.builder)
+    options = _build_options(args)
+
+    shown: set[str] = set()
+
+    def on_line(line: str) -> None:
+        if args.progress == "plain":
+            out.info(line)
+        elif args.progress == "auto":
+            # One line per step as it starts (BuildKit repeats headers), and every error.
+            head = line.split(" ", 1)[0]
+            if "ERROR" in line or (" [" in line[:8] and head not in shown):
+                shown.add(head)
+                out.info(" ".join(line.split())[:160])
+
+    out.info(f"building {', '.join(plan.tags)} with the {backend.describe()}")
+    outcome = run_build(plan, backend, options, on_line, on_progress=out.info if args.progress != "quiet" else None)
+    r = outcome.result
+    report = {
+        "image_id": r.image_id, "tags": list(r.tags), "size": outcome.size, "backend": outcome.backend,
+        "size_uncompressed": outcome.sizes.uncompressed if outcome.sizes else None,
+        "size_compressed": outcome.sizes.compressed if outcome.sizes else None,
+        "seconds": round(r.seconds, 2), "steps_run": r.run_steps, "steps_cached": r.cached_steps,
+        "steps_rerun": list(r.rerun), "groups": outcome.groups, "labels": outcome.labels,
+        "warnings": [w.to_json() for w in plan.warnings],
+        "pushes": [{"ref": p.ref, "tag": p.tag, "digest": p.digest, "size": p.size} for p in outcome.pushes],
+    }
+    if args.json:
+        out.data(report)
+        return 0
+    compressed = outcome.sizes.compressed if outcome.sizes else None
+    out.line(f"image    {r.image_id}")
+    out.line(f"tags     {', '.join(r.tags)}")
+    out.line(f"size     {human_size(outcome.size)} ({outcome.size} bytes) uncompressed"
+             + (f", {human_size(compressed)} compressed" if compressed else ""))
+    out.line(f"steps    {r.run_steps} run, {r.cached_steps} cached, {r.seconds:.1f}s")
+    for p in outcome.pushes:
+        out.line(f"pushed   {p.ref}")
+    return 0
+
+
+def cmd_build_matrix(args: argparse.Namespace, out: Out) -> int:
+    """build --all / --variant: the matrix's variants, N at a time, one summary at the end."""
+    import threading
+
+    from buildkit_py.engine import select_engine
+    from buildkit_py.plan import matrix as mx
+    from buildkit_py.plan.lock import use_lock
+
+    if args.all and args.variant:
+        raise UsageError("use --all or --variant, not both")
+    matrix = mx.load_matrix(args.recipe)
+    mx.select_variants(matrix, tuple(args.variant), jobs=args.jobs, tags=tuple(args.tag))  # before any output
+    for w in mx.dropped_warnings(matrix):
+        out.warn(w)
+    backend = select_engine(args.backend, builder=args.builder)
+    options = _build_options(args)
+    lock_mode = _lock_mode(args)
+
+    def prepare(variant, plan):
+        locked = use_lock(plan, mode=lock_mode, variant=variant.id, ca_cert=args.ca_cert)
+        for w in [pw.render() for pw in plan.warnings] + list(locked.warnings):
+            out.warn(f"[{variant.id}] {w}")
+        return locked.plan
+
+    lock = threading.Lock()
+    shown: set[tuple[str, str]] = set()
+
+    def on_line(vid: str, line: str) -> None:
+        head = line.split(" ", 1)[0]
+        if args.progress == "plain" or (args.progress == "auto" and (
+                "ERROR" in line or (" [" in line[:8] and (vid, head) not in shown))):
+            with lock:
+                shown.add((vid, head))
+                out.info(f"[{vid}] " + " ".join(line.split())[:160])
+
+    out.info(f"building {'all ' if args.all else ''}{len(args.variant) or len(matrix.variants)} variant(s) of "
+             f"{matrix.name} with the {backend.describe()}, {args.jobs} at a time")
+    result = mx.build_all(matrix, backend, options, jobs=args.jobs, registry=args.registry,
+                          variant_ids=tuple(args.variant), tags=tuple(args.tag), on_line=on_line,
+                          on_event=out.info if args.progress != "quiet" else None, prepare=prepare)
+    if args.json:
+        out.data(mx.build_report(result))
+    else:
+        for line in mx.summary_lines(result):
+            out.line(line)
+    return ExitStatus.FAILED if result.failed else 0

@@ -1,0 +1,81 @@
+"""imgbuild check: a host driver against an image, a recipe or a CUDA version."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from buildkit_py.cli.common import AddCommand, Out, image_labels, is_recipe, json_option, reading_engine
+from buildkit_py.errors import ExitStatus, UsageError
+
+if TYPE_CHECKING:
+    from buildkit_py.engine import Engine
+
+
+def register(add: AddCommand) -> None:
+    c = add("check", "check a host driver against an image, a recipe or a CUDA version",
+            "Verdicts: native, minor-version, forward-compat, incompatible. Exit 0 when the image\n"
+            "can run (native or minor-version), 1 when not, 2 for bad input.")
+    target = c.add_argument_group("target (one of)")
+    target.add_argument("target", nargs="?", help="an image (local or in a registry) or a recipe file")
+    target.add_argument("--cuda", help="a CUDA toolkit version instead of an image or recipe")
+    c.add_argument("--driver", help="driver version to check (default: read the host with NVML or nvidia-smi)")
+    c.add_argument("--datacenter", action=argparse.BooleanOptionalAction, default=None,
+                   help="the GPU is a data-center part (forward compatibility); default: from the GPU name")
+    json_option(c)
+    c.set_defaults(handler=cmd_check)
+
+
+def cmd_check(args: argparse.Namespace, out: Out) -> int:
+    from buildkit_py.analysis.check import check_compat
+    from buildkit_py.analysis.driver import read_host_driver
+
+    if bool(args.target) == bool(args.cuda):
+        raise UsageError("check needs exactly one of IMAGE, RECIPE or --cuda VERSION")
+    if args.driver is not None and not args.driver.strip():
+        raise UsageError("--driver '': give a driver version such as 550.54.15",
+                         hint="leave --driver out to read the host's driver")
+    if args.cuda:
+        cuda, what = args.cuda, f"CUDA {args.cuda}"
+    else:
+        cuda, what = _cuda_of_target(None if is_recipe(args.target) else reading_engine(args), args.target)
+    datacenter = args.datacenter
+    if args.driver:
+        driver = args.driver
+    else:
+        host = read_host_driver()
+        driver = host.version
+        if datacenter is None:
+            datacenter = host.datacenter
+    try:
+        result = check_compat(cuda, driver, datacenter=datacenter)
+    except LookupError as exc:
+        raise UsageError(f"unknown CUDA version {cuda}: {str(exc).strip(chr(39))}") from None
+    except ValueError as exc:
+        raise UsageError(f"bad driver version {driver!r}: {exc}") from None
+    if args.json:
+        data = result.to_json()
+        data["target"] = what
+        out.data(data)
+    else:
+        out.line(f"{what}: {result.verdict} on driver {driver}")
+        out.line(f"  {result.message}")
+        if result.remedy:
+            out.line(f"  remedy: {result.remedy}")
+    return 0 if result.compatible else ExitStatus.FAILED
+
+
+def _cuda_of_target(engine: Engine | None, target: str) -> tuple[str, str]:
+    if is_recipe(target):
+        from buildkit_py.compat.resolve import resolve
+        from buildkit_py.recipe.model import load_recipe
+
+        res = resolve(load_recipe(Path(target)))
+        return res.cuda_version, f"recipe {target}"
+    labels, env = image_labels(engine, target)
+    cuda = labels.get("io.imgbuild.cuda.version") or env.get("CUDA_VERSION")
+    if not cuda:
+        raise UsageError(f"image {target} has no io.imgbuild.cuda.version label and no CUDA_VERSION env",
+                         hint="check it with --cuda VERSION")
+    return cuda, f"image {target}"

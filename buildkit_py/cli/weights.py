@@ -1,0 +1,64 @@
+"""imgbuild weights push|pull|ls: model weights as OCI artifacts."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from buildkit_py.cli.common import AddCommand, Out, json_option
+from buildkit_py.cli.progress import transfer_progress
+from buildkit_py.errors import UsageError
+
+
+def register(add: AddCommand, epilog: str) -> None:
+    w = add("weights", "model weights as OCI artifacts (CNCF ModelPack), kept out of images")
+    wsub = w.add_subparsers(dest="weights_command", metavar="ACTION", parser_class=type(w))
+    wp = wsub.add_parser("push", help="push every file of DIR as one layer of REF", epilog=epilog)
+    wp.add_argument("directory", type=Path)
+    wp.add_argument("ref")
+    json_option(wp)
+    wl = wsub.add_parser("pull", help="pull REF into DIR: verified, resumable, skips files already there",
+                         epilog=epilog)
+    wl.add_argument("ref")
+    wl.add_argument("directory", type=Path)
+    json_option(wl)
+    ws = wsub.add_parser("ls", help="list the files of REF", epilog=epilog)
+    ws.add_argument("ref")
+    json_option(ws)
+    w.set_defaults(handler=cmd_weights)
+
+
+def cmd_weights(args: argparse.Namespace, out: Out) -> int:
+    from buildkit_py.artifacts import weights
+
+    if args.weights_command == "push":
+        with transfer_progress(out.stderr) as progress:
+            res = weights.push(args.directory, args.ref, progress=progress)
+        if args.json:
+            out.data({"ref": res.ref, "digest": res.digest, "pinned": f"{res.ref}@{res.digest}",
+                      "uploaded_bytes": sum(f.uploaded_bytes for f in res.files),
+                      "files": [{"path": f.path, "size": f.size, "digest": f.digest, "media_type": f.media_type,
+                                 "uploaded_bytes": f.uploaded_bytes} for f in res.files]})
+        else:
+            uploaded = sum(f.uploaded_bytes for f in res.files)
+            out.line(f"pushed {len(res.files)} files ({uploaded} bytes uploaded): {res.ref}@{res.digest}")
+        return 0
+    if args.weights_command == "pull":
+        with transfer_progress(out.stderr) as progress:
+            pulled = weights.pull(args.ref, args.directory, progress=progress)
+        if args.json:
+            out.data({"ref": args.ref, "directory": str(args.directory), "downloaded_bytes": pulled.downloaded_bytes,
+                      "files": [f._asdict() for f in pulled.files], "skipped": list(pulled.skipped)})
+        else:
+            out.line(f"{len(pulled.files)} files in {args.directory}: {pulled.downloaded_bytes} bytes downloaded, "
+                     f"{len(pulled.skipped)} already present")
+        return 0
+    if args.weights_command == "ls":
+        files = weights.ls(args.ref)
+        if args.json:
+            out.data([{"path": f.path, "size": f.size, "digest": f.digest} for f in files])
+        else:
+            for f in files:
+                out.line(f"{f.size:>14}  {f.digest[:19]}  {f.path}")
+        return 0
+    raise UsageError("weights needs an action: push, pull or ls", hint="see `imgbuild weights --help`")
