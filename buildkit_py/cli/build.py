@@ -104,8 +104,8 @@ def cmd_build(args: argparse.Namespace, out: Out) -> int:
     # Before the backend: a stale lock is refused even where no engine runs.
     locked = use_lock(plan, mode=_lock_mode(args), ca_cert=args.ca_cert)
     plan = locked.plan
-    for w in locked.warnings:
-        out.warn(w)
+    for note in locked.warnings:
+        out.warn(note)
     if locked.status != "none":
         out.info(f"lock     {locked.path} ({locked.status})")
     backend = select_engine(args.backend, builder=args.builder)
