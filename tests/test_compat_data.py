@@ -257,7 +257,7 @@ def test_flash_attn_prebuilt_abi_matches_pypi_torch():
     ("0.50.0", "13.1", True), ("0.50.2", "12.9", True), ("0.50.2", "11.8", True),
 ])
 def test_bitsandbytes_cuda_binaries(version, cuda, ok):
-    from buildkit_py.compat.resolve import _cuda_in
+    from buildkit_py.compat.rules import _cuda_in
     assert _cuda_in(compat.bitsandbytes_release(version).cuda, cuda) is ok
 
 

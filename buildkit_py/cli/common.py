@@ -125,7 +125,7 @@ def is_recipe(target: str) -> bool:
 
 
 def plan_recipe(args: argparse.Namespace, recipe_path: Path, out: Out | None = None) -> BuildPlan:
-    from buildkit_py.compat.bases import resolve_with_base
+    from buildkit_py.compat.resolve import resolve_with_base
     from buildkit_py.plan.build_plan import make_plan
     from buildkit_py.recipe.model import load_recipe
 

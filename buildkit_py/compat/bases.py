@@ -1,11 +1,13 @@
 """Facts about a base image in a registry, read before resolution (the pipeline's only
 registry I/O before a build): its digest, to pin it, and its labels and env, to check a
-shared base built by imgbuild against the recipe that builds on it. No layer is pulled."""
+shared base built by imgbuild against the recipe that builds on it. No layer is pulled.
+``resolve.resolve_with_base`` looks the base up and resolves against its facts."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from buildkit_py import oci
 from buildkit_py.errors import ImgbuildError
 from buildkit_py.recipe.model import Recipe
 
@@ -31,16 +33,12 @@ def in_private_registry(ref: str) -> bool:
     """True when the reference names its registry host (127.0.0.1:5000/x, ghcr.io/x):
     those are looked up. Docker Hub short names are not, so rendering a recipe on
     `ubuntu:22.04` needs no network."""
-    from buildkit_py import oci  # noqa: PLC0415
-
     return oci.parse_reference(ref).registry != oci.DOCKER_HUB
 
 
 def fetch_base_facts(ref: str, *, client=None) -> BaseFacts:
-    from buildkit_py import oci  # noqa: PLC0415
-
     # Planning must not stall on an unreachable registry: one short try, then a warning.
-    client = client or oci.Client(timeout=5, max_retries=1)
+    client = client or oci.Client(timeout=(5.0, 5.0), max_retries=1)
     try:
         _raw, digest, _media_type = oci.fetch_manifest(ref, client=client)
         config = oci.get_image_config(ref, client=client).get("config") or {}
@@ -55,25 +53,3 @@ def base_facts_for(recipe: Recipe, base_image: str, *, client=None) -> BaseFacts
     if "@sha256:" in base_image or not in_private_registry(base_image):
         return None
     return fetch_base_facts(base_image, client=client)
-
-
-def resolve_with_base(recipe: Recipe, *, client=None, cache: dict[str, BaseFacts | None] | None = None):
-    """Resolve against the final base's own facts (labels, env) when it sits in a named
-    registry: a shared base built by imgbuild says its OS and Python in its labels. Every
-    command that resolves a recipe (plan, build, matrix, lock) goes through here. ``cache``
-    (base ref -> facts) lets a matrix look each base up once."""
-    from buildkit_py.compat.resolve import mirrored_ref, resolve  # noqa: PLC0415
-
-    if recipe.base.image:
-        base_ref = mirrored_ref(recipe.base.image, recipe.base.mirror)
-    elif recipe.base.mirror:
-        base_ref = resolve(recipe).base_image  # an nvidia/cuda tag under the mirror
-    else:
-        return resolve(recipe)  # nvidia/cuda on Docker Hub: nothing to look up
-    if cache is not None and base_ref in cache:
-        facts = cache[base_ref]
-    else:
-        facts = base_facts_for(recipe, base_ref, client=client)
-        if cache is not None:
-            cache[base_ref] = facts
-    return resolve(recipe, base=facts)

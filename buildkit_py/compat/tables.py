@@ -167,9 +167,10 @@ def nearest_versions(value: str, known, n: int = 4) -> tuple[str, ...]:
     except InvalidVersion:
         return tuple(sorted(known, key=Version)[-n:])
 
-    def dist(v: str) -> tuple[float, Version]:
+    def dist(v: str) -> tuple[float, int]:
         x = Version(v)
-        return (abs(x.major * 1000 + x.minor + (x.micro / 1000 if len(x.release) > 2 else 0) - tv), -x.major * 1000 - x.minor)  # noqa: E501
+        xv = x.major * 1000 + x.minor + (x.micro / 1000 if len(x.release) > 2 else 0)
+        return abs(xv - tv), -x.major * 1000 - x.minor
 
     return tuple(sorted(sorted(known, key=dist)[:n], key=Version))
 
@@ -382,7 +383,7 @@ def torch_row(f: str, e: dict, known: set[str] | None = None) -> TorchRelease:
     pv = e.get("pypi_variant")
     if pv is not None and pv not in variants:
         raise _fail(f, v, f"pypi_variant {pv} is not one of the variants")
-    return TorchRelease(v, _spec(f, v, e.get("python")), variants, pv,
+    return TorchRelease(str(v), _spec(f, v, e.get("python")), variants, pv,
                         dict(e.get("pypi_cuda_wheels", {})), e.get("triton"), _need_source(f, v, e), e.get("notes"),
                         tuple(e.get("pypi_cuda_toolkit_extras", ())))
 

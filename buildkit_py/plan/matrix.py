@@ -32,8 +32,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from buildkit_py.compat.bases import resolve_with_base
-from buildkit_py.compat.resolve import Resolution
+from buildkit_py.compat.resolve import Resolution, resolve_with_base
 from buildkit_py.errors import (
     CompatibilityError,
     ImgbuildError,

@@ -1,0 +1,689 @@
+"""The resolver's rules: one function per component, each deciding its part of the resolution.
+
+``resolve.resolve`` calls them in this order, each with the recipe and what the rules before it
+decided; each returns a frozen part (with its own ``warnings``), or only warnings where it
+decides nothing, and raises CompatibilityError at the recipe key that clashes:
+
+1. ``cuda_rule``         the toolkit (and the wheel set a ``source: wheels`` recipe installs)
+2. ``cudnn_rule``        cuda.cudnn against what NVIDIA publishes for that CUDA
+3. ``python_rule``       the OS and who provides Python (OS, deadsnakes, a python image, a base)
+4. ``torch_rule``        the torch build for that CUDA and Python, and where it comes from
+5. ``arch_rule``         build.cuda_arch against what nvcc targets
+6. ``flash_attn_rule``   a flash-attn pin: a release wheel, or a source build
+7. ``bitsandbytes_rule`` a bitsandbytes pin against CUDA, Python, torch and the architectures
+8. ``images_rule``       the final stage's FROM and the compile stage's
+9. ``flavor_rule``       flavor and runtime_compile against what the recipe compiles
+10. ``base_rule``        a base read from its registry: checked, then pinned by digest
+11. ``cuda_wheels_rule`` the nvidia-* wheels the final stage installs
+
+Only rules live here; the version knowledge comes from the sourced tables in ``compat``. A
+new rule goes here, as one more function with its own part, and is called from ``resolve``.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from packaging.specifiers import SpecifierSet
+from packaging.version import Version
+
+from buildkit_py import compat
+from buildkit_py.compat import codes
+from buildkit_py.compat.bases import BaseFacts
+from buildkit_py.compat.codes import RecipeWarning
+from buildkit_py.compat.tables import BnbRelease, FlashAttnRelease, Toolkit, TorchRelease, WheelSet
+from buildkit_py.errors import CompatibilityError
+from buildkit_py.recipe.model import Recipe, pin_name
+
+# The Python each OS ships as python3 (Debian and Ubuntu package archives).
+OS_PYTHON = {
+    "debian11": "3.9",
+    "debian12": "3.11",
+    "debian13": "3.13",
+    "ubuntu20.04": "3.8",
+    "ubuntu22.04": "3.10",
+    "ubuntu24.04": "3.12",
+    "ubuntu26.04": "3.14",  # packages.ubuntu.com resolute (26.04 LTS): python3 3.14.3-0ubuntu2, read 2026-12-03
+}
+# Image names whose OS imgbuild can tell without pulling them.
+_OS_FROM_IMAGE = [
+    (re.compile(r"(^|/)debian:(bookworm|12)\b"), "debian12"),
+    (re.compile(r"(^|/)debian:(bullseye|11)\b"), "debian11"),
+    (re.compile(r"(^|/)debian:(trixie|13)\b"), "debian13"),
+    (re.compile(r"(^|/)ubuntu:(22\.04|jammy)\b"), "ubuntu22.04"),
+    (re.compile(r"(^|/)ubuntu:(24\.04|noble)\b"), "ubuntu24.04"),
+    (re.compile(r"(^|/)ubuntu:(26\.04|resolute)\b"), "ubuntu26.04"),
+    (re.compile(r"(^|/)ubuntu:(20\.04|focal)\b"), "ubuntu20.04"),
+]
+_PYTHON_IMAGE = re.compile(r"(^|/)python:(3\.\d+)")
+
+# Packages that compile CUDA kernels when first used, so they need nvcc and headers at run
+# time (DeepSpeed's op builder, NVIDIA Apex's JIT path, xFormers when built without wheels).
+JIT_PACKAGES = frozenset({"deepspeed", "apex", "cupy", "pycuda"})
+# Compute capabilities built for when a recipe compiles kernels but names none:
+# Ampere, Ada and Hopper, the data-center and workstation GPUs rented today.
+DEFAULT_BUILD_ARCHS = ("8.0", "8.6", "8.9", "9.0")
+# What flash-attn's GitHub release wheels are compiled for (its publish workflow builds with
+# CUDA 12.3/12.4 toolchains, which predate Blackwell).
+FLASH_ATTN_WHEEL_ARCHS = frozenset({"8.0", "8.6", "8.9", "9.0"})
+# Packages whose source build compiles CUDA kernels, so the compile stage needs nvcc.
+CUDA_KERNEL_PACKAGES = frozenset({"flash-attn", "flash_attn", "xformers", "apex"})
+
+Warnings = tuple[RecipeWarning, ...]
+
+
+# ----------------------------------------------------------------------------- the parts
+@dataclass(frozen=True)
+class CudaPart:
+    toolkit: Toolkit
+    wheel_set: WheelSet | None  # the toolkit's own wheels, where the final stage installs them
+    floor: str | None  # the major's minor-version-compatibility driver floor
+
+    @property
+    def version(self) -> str:
+        return self.toolkit.version
+
+
+@dataclass(frozen=True)
+class PythonPart:
+    python: str
+    provider: str  # os | deadsnakes | image | base
+    os: str | None
+
+
+@dataclass(frozen=True)
+class TorchPart:
+    version: str | None = None
+    variant: str | None = None
+    index_url: str | None = None  # None: the Python registry's default wheel
+    warnings: Warnings = ()
+
+    @property
+    def label(self) -> str | None:
+        return f"{self.version}+{self.variant}" if self.version else None
+
+
+@dataclass(frozen=True)
+class ArchPart:
+    requested: tuple[str, ...]  # build.cuda_arch as written
+    supported: tuple[str, ...]  # what nvcc of the toolkit targets (empty: not recorded)
+
+    def for_build(self, compiles: bool) -> tuple[str, ...]:
+        """What kernels are built for: the recipe's list, else the defaults nvcc targets."""
+        if self.requested or not compiles:
+            return self.requested
+        return tuple(a for a in DEFAULT_BUILD_ARCHS if a in self.supported)
+
+
+@dataclass(frozen=True)
+class FlashAttnPart:
+    compile: frozenset[str] = frozenset()  # {"flash-attn"} when it builds from source
+    prebuilt: tuple[tuple[str, str], ...] = ()  # (package, wheel URL) taken instead of building
+
+
+@dataclass(frozen=True)
+class ImagesPart:
+    base_image: str  # FROM of the final stage
+    builder_image: str | None  # FROM of the compile stage, when one is needed
+    builder_cuda_wheels: tuple[str, ...] = ()  # nvcc and headers from wheels for the compile stage
+    builder_home: str | None = None  # CUDA_HOME of those wheels
+    warnings: Warnings = ()
+
+
+@dataclass(frozen=True)
+class BasePart:
+    base_image: str  # the final stage's FROM, pinned by digest when the registry was read
+    digest: str | None
+    warnings: Warnings = ()
+
+
+@dataclass(frozen=True)
+class CudaWheelsPart:
+    pins: tuple[str, ...] = ()
+    home: str | None = None  # the CUDA_HOME tree a devel flavor gets from wheels
+
+
+# ----------------------------------------------------------------------------- helpers
+def _mm(version: str) -> str:
+    return ".".join(version.split(".")[:2])
+
+
+def _variant_cuda(variant: str) -> str:
+    """cu124 -> 12.4, cu118 -> 11.8."""
+    digits = variant[2:]
+    return f"{digits[:-1]}.{digits[-1]}"
+
+
+def _fail(recipe: Recipe, key: str, *args: str, hint: str | None = None) -> CompatibilityError:
+    return CompatibilityError(*args, hint=hint, file=str(recipe.path), line=recipe.line_of(key), key=key)
+
+
+def _newest_hint(what: str, known: list[str]) -> str:
+    """The newest releases the shipped data knows (the list is ascending), newest first."""
+    newest = sorted(known, key=Version, reverse=True)[:6]
+    return f"use a {what} release imgbuild knows; the newest are {', '.join(newest)}"
+
+
+def _gap(recipe: Recipe, key: str, exc: LookupError, component: str, version: str) -> CompatibilityError:
+    """A look-up the shipped data cannot answer, as a resolution error at the recipe key."""
+    reason = getattr(exc, "reason", None) or str(exc).strip("'\"")
+    nearest = getattr(exc, "nearest", ())
+    if nearest:
+        reason += f" (known near it: {', '.join(nearest)})"
+    return _fail(recipe, key, component, version, "imgbuild's compatibility data", compat.data_as_of(), reason,
+                 hint=getattr(exc, "hint", None))
+
+
+def _pin(recipe: Recipe, name: str) -> tuple[int, str] | None:
+    for i, spec in enumerate(recipe.pip):
+        if pin_name(spec) == name:
+            return i, spec.split("==", 1)[1]
+    return None
+
+
+def _usable(base: BaseFacts | None) -> BaseFacts | None:
+    """The base's facts when its registry was read."""
+    return base if base is not None and not base.error else None
+
+
+def _cuda_in(supported: SpecifierSet | tuple[str, ...], cuda: str) -> bool:
+    if isinstance(supported, SpecifierSet):
+        return supported.contains(cuda) or supported.contains(_mm(cuda))
+    return _mm(cuda) in supported or cuda in supported
+
+
+def _describe(supported: SpecifierSet | tuple[str, ...]) -> str:
+    return str(supported) if isinstance(supported, SpecifierSet) else ", ".join(supported)
+
+
+def detect_os(recipe: Recipe) -> str | None:
+    if recipe.cuda.source == "nvidia" and not recipe.base.image:
+        return recipe.base.os
+    image = recipe.base.image or ""
+    for pattern, os_name in _OS_FROM_IMAGE:
+        if pattern.search(image):
+            return os_name
+    if "os" in {k.split(".")[-1] for k in recipe.lines if k.startswith("base.")}:
+        return recipe.base.os
+    return None
+
+
+def mirrored_ref(image: str, mirror: str | None) -> str:
+    """Where base.mirror puts an image: R/mirror/nvidia/cuda:tag (upstream host dropped)."""
+    if not mirror:
+        return image
+    path = image
+    first = image.split("/", maxsplit=1)[0]
+    if "/" in image and ("." in first or ":" in first or first == "localhost"):
+        path = image.split("/", 1)[1]  # drop the upstream registry host
+    return f"{mirror.rstrip('/')}/{path}"
+
+
+def require_cuda(recipe: Recipe, cuda: str, floor: str | None) -> str:
+    """NVIDIA_REQUIRE_CUDA for the image: what the NVIDIA container runtime lets it start on.
+
+    The runtime compares it with the CUDA version the host driver supports. A wheels image
+    carries no cuda-compat package, so forward compatibility is out; minor-version
+    compatibility (driver >= the major's floor) is in, because the CUDA user-space libraries
+    of one major run on any driver of that major's floor. Code that JIT-compiles PTX at run
+    time is the exception: PTX from a newer toolkit needs the newer driver.
+    """
+    major = cuda.split(".", maxsplit=1)[0]
+    if recipe.cuda.source == "wheels" and floor is not None and not recipe.runtime_compile:
+        return f"cuda>={major}.0"
+    return f"cuda>={_mm(cuda)}"
+
+
+def flash_attn_wheel_url(fa_version: str, wheel_cuda: str, torch_mm: str, python: str, torch_version: str) -> str:
+    """The GitHub release wheel flash-attn's own setup.py would fetch for this combination."""
+    # torch's Linux wheels switched to the C++11 ABI with 2.7 (manylinux_2_28 builds).
+    abi = "TRUE" if Version(torch_version) >= Version("2.7") else "FALSE"
+    cu = "cu" + wheel_cuda.replace(".", "")
+    py = "cp" + python.replace(".", "")
+    return (f"https://github.com/Dao-AILab/flash-attention/releases/download/v{fa_version}/"
+            f"flash_attn-{fa_version}+{cu}torch{torch_mm}cxx11abi{abi}-{py}-{py}-linux_x86_64.whl")
+
+
+def _nvidia_image(recipe: Recipe, cuda: str, flavor: str, os_name: str | None, *, any_patch: bool = False) -> str:
+    """The nvidia/cuda image for that toolkit. any_patch: a compile stage may use another
+    patch release of the same X.Y (nvcc X.Y.a output runs on the X.Y.b runtime)."""
+    os_name = os_name or recipe.base.os
+    candidates = [cuda]
+    if any_patch:
+        candidates += [t.version for t in reversed(compat.toolkits())
+                       if _mm(t.version) == _mm(cuda) and t.version != cuda]
+    first_error: LookupError | None = None
+    for candidate in candidates:
+        try:
+            tag = compat.cuda_image_tag(candidate, flavor, recipe.cuda.cudnn, os_name)
+            return mirrored_ref(f"nvidia/cuda:{tag}", recipe.base.mirror)
+        except LookupError as exc:
+            first_error = first_error or exc
+    raise _fail(recipe, "base.os" if "os" in str(first_error).lower() else "cuda", "nvidia/cuda", cuda, "image",
+                f"{flavor}/{os_name}/cudnn {recipe.cuda.cudnn or '-'}", str(first_error).strip("'\""),
+                hint=f"available OSes: {', '.join(compat.cuda_image_oses(cuda))}")
+
+
+# ----------------------------------------------------------------------------- 1. CUDA
+def cuda_rule(recipe: Recipe, base: BaseFacts | None) -> CudaPart:
+    """cuda.version -> the toolkit. ``source: wheels`` installs the toolkit's own wheels unless
+    torch (which pins its own) or an imgbuild base (which has them) brings them; then the
+    toolkit is one PyPI has wheels for."""
+    try:
+        toolkit = compat.resolve_cuda(recipe.cuda.version)
+    except LookupError as exc:
+        raise _gap(recipe, "cuda.version", exc, "cuda", recipe.cuda.version) from None
+    exact = recipe.cuda.version.count(".") == 2
+    if recipe.cuda.source == "nvidia" and not recipe.base.image and not exact:
+        toolkit = _newest_with_image(recipe, toolkit)
+    from_imgbuild_base = (facts := _usable(base)) is not None and facts.built_by_imgbuild
+    brought = from_imgbuild_base or (recipe.torch and recipe.cuda.flavor != "devel")
+    wheel_set = None
+    if recipe.cuda.source == "wheels" and not brought:
+        try:
+            wheel_set = compat.cuda_wheel_set(recipe.cuda.version if exact else toolkit.major_minor)
+        except LookupError as exc:
+            raise _gap(recipe, "cuda.version", exc, "cuda", recipe.cuda.version) from None
+        toolkit = compat.resolve_cuda(wheel_set.toolkit)
+    return CudaPart(toolkit, wheel_set, compat.minor_compat_floor(int(toolkit.version.split(".")[0])))
+
+
+def _newest_with_image(recipe: Recipe, newest: Toolkit) -> Toolkit:
+    """For nvidia/cuda bases, "12.8" means the newest 12.8.x that NVIDIA published an image for."""
+    same_line = [t for t in compat.toolkits() if _mm(t.version) == _mm(newest.version)]
+    os_name = detect_os(recipe) or recipe.base.os
+    for toolkit in reversed(same_line):
+        try:
+            compat.cuda_image_tag(toolkit.version, recipe.cuda.flavor, recipe.cuda.cudnn, os_name)
+        except LookupError:
+            continue
+        return toolkit
+    return newest  # none has an image: the tag lookup later explains what exists
+
+
+# ----------------------------------------------------------------------------- 2. cuDNN
+def cudnn_rule(recipe: Recipe, cuda: str) -> str | None:
+    """cuda.cudnn: with source: wheels an nvidia-cudnn wheel of that major must exist for the
+    CUDA (installed by imgbuild, or pinned by torch: checked in ``torch_rule``); with nvidia,
+    an image with that cuDNN."""
+    cudnn = recipe.cuda.cudnn
+    if cudnn is None:
+        return None
+    if recipe.cuda.source == "wheels":
+        try:
+            compat.cudnn_wheel(cuda, cudnn)
+        except LookupError as exc:
+            raise _gap(recipe, "cuda.cudnn", exc, "cudnn", cudnn) from None
+        return cudnn
+    available = compat.cudnn_versions(cuda)
+    if cudnn.split(".")[0] not in available:
+        raise _fail(recipe, "cuda.cudnn", "cudnn", cudnn, "cuda", cuda,
+                    f"cuDNN {cudnn} is not published for CUDA {cuda} "
+                    f"(available: {', '.join(available) or 'none'})",
+                    hint=f"use cudnn: \"{available[-1]}\"" if available else "drop cuda.cudnn")
+    return cudnn
+
+
+# ----------------------------------------------------------------------------- 3. OS and Python
+def python_rule(recipe: Recipe, base: BaseFacts | None) -> PythonPart:
+    """Who provides ``python``: an imgbuild base (its label), a python:X.Y image, the OS's own
+    python3, or deadsnakes on Ubuntu. Anything else is refused."""
+    facts = _usable(base)
+    os_name = detect_os(recipe)
+    if os_name is None and facts is not None:
+        os_name = facts.labels.get("io.imgbuild.os")
+    python = recipe.python
+    base_python = facts.labels.get("io.imgbuild.python.version") if facts is not None else None
+    py_image = _PYTHON_IMAGE.search(recipe.base.image or "")
+    if facts is not None and base_python:
+        if base_python != python:
+            raise _fail(recipe, "python", "python", python, "base.image", f"{facts.ref} (python {base_python})",
+                        f"the base image was built with Python {base_python}",
+                        hint=f"use python: \"{base_python}\" or a base built for Python {python}")
+        return PythonPart(python, "base", os_name)
+    if py_image:
+        if py_image.group(2) != python:
+            raise _fail(recipe, "python", "python", python, "base.image", recipe.base.image or "",
+                        f"the image ships Python {py_image.group(2)}",
+                        hint=f"use python: \"{py_image.group(2)}\" or a python:{python} image")
+        return PythonPart(python, "image", os_name)
+    return PythonPart(python, _os_python_provider(recipe, os_name), os_name)
+
+
+def _os_python_provider(recipe: Recipe, os_name: str | None) -> str:
+    python = recipe.python
+    if os_name is None:
+        raise _fail(recipe, "base.image", "base.image", recipe.base.image or "", "python", python,
+                    "imgbuild cannot tell which OS (and so which Python) this image has",
+                    hint="set base.os (e.g. debian12, ubuntu22.04) for this image")
+    if OS_PYTHON.get(os_name) == python:
+        return "os"
+    if os_name.startswith("ubuntu"):
+        return "deadsnakes"  # Ubuntu's PPA packages every maintained Python for each LTS
+    raise _fail(recipe, "python", "python", python, "os", os_name,
+                f"{os_name} ships Python {OS_PYTHON.get(os_name, '?')} and no other",
+                hint=f"use python: \"{OS_PYTHON.get(os_name)}\", an Ubuntu base, or a python:{python} base image")
+
+
+# ----------------------------------------------------------------------------- 4. torch
+def torch_rule(recipe: Recipe, cuda: str, python: str, cudnn: str | None) -> TorchPart:
+    """torch: the build for the CUDA's variant (cu124), which must exist and accept the Python;
+    taken from the Python registry when its default wheel is that variant, else from
+    PyTorch's per-CUDA index."""
+    if not recipe.torch:
+        return TorchPart()
+    release = _torch_release(recipe)
+    warnings: list[RecipeWarning] = []
+    if release.from_cache:
+        warnings.append(RecipeWarning(
+            codes.TORCH_FROM_INDEX, "torch",
+            f"torch {release.version} is newer than imgbuild's shipped data: its CUDA variant, pins "
+            f"and Python range come from the package index ({release.source}; cached in "
+            f"{release.from_cache}); only its PyPI build ({release.pypi_variant}) is known"))
+    wanted = "cu" + _mm(cuda).replace(".", "")
+    if wanted not in release.variants:
+        raise _torch_variant_error(recipe, release, wanted, cuda)
+    if python not in release.python:
+        raise _fail(recipe, "python", "torch", release.version, "python", python,
+                    f"torch {release.version} publishes wheels for Python {release.python}",
+                    hint="pick a Python in that range")
+    torch_cudnn = _torch_cudnn(release, wanted)
+    if cudnn and recipe.cuda.source == "wheels" and torch_cudnn and torch_cudnn != cudnn.split(".")[0]:
+        raise _fail(recipe, "cuda.cudnn", "cudnn", cudnn, "torch", f"{release.version}+{wanted}",
+                    f"torch {release.version}+{wanted} pins cuDNN {torch_cudnn} wheels",
+                    hint=f"use cudnn: \"{torch_cudnn}\" (or drop cuda.cudnn: torch brings its own)")
+    if recipe.cuda.source == "nvidia" and recipe.cuda.flavor != "base":
+        major = cuda.split(".", maxsplit=1)[0]
+        warnings.append(RecipeWarning(
+            codes.CUDA_TWICE, "torch",
+            f"torch {release.version}+{wanted} brings its own CUDA libraries as nvidia-*-cu{major} "
+            f"wheels; the nvidia/cuda {recipe.cuda.flavor} base carries them a second time (several GB). "
+            "Use cuda.source: wheels (or flavor: base) unless you need the base's toolkit."))
+    # The Python registry's Linux wheel is one CUDA variant; take it from there when it is
+    # the one wanted (it is the same build), else from PyTorch's per-CUDA index.
+    index = compat.torch_index_url(wanted) if release.pypi_variant != wanted else None
+    return TorchPart(release.version, wanted, index, tuple(warnings))
+
+
+def _torch_release(recipe: Recipe) -> TorchRelease:
+    version = recipe.torch or ""
+    try:
+        return compat.torch_release(version)
+    except LookupError:
+        known = [r.version for r in compat.torch_releases()]
+        raise _fail(recipe, "torch", "torch", version, "imgbuild's torch table", known[-1],
+                    f"this torch release is unknown to the shipped data ({compat.data_as_of()}) and to the "
+                    "look-up cache",
+                    hint=_newest_hint("torch", known) + "; or plan without --offline, with the package index "
+                    "reachable, to look a newer release up") from None
+
+
+def _torch_variant_error(recipe: Recipe, release: TorchRelease, wanted: str, cuda: str) -> CompatibilityError:
+    """No torch build for that CUDA: name the CUDAs this torch has, and the torch that has this CUDA."""
+    variants = sorted(release.variants, key=lambda v: Version(_variant_cuda(v)))
+    newer = [r.version for r in compat.torch_releases() if wanted in r.variants]
+    options = [f"cuda {_variant_cuda(v)}" for v in variants[-2:]]
+    if newer:
+        first = min(newer, key=Version)
+        options.append(f"torch >= {first}" if Version(first) > Version(release.version) else f"torch {first}")
+    return _fail(recipe, "torch", "torch", release.version, "cuda", cuda,
+                 f"torch {release.version} has CUDA wheels only for {' and '.join(variants)}",
+                 hint="use " + " or ".join(options))
+
+
+def _torch_cudnn(release: TorchRelease, variant: str) -> str | None:
+    """The cuDNN major the torch wheel of the Python registry pins (None: not recorded)."""
+    if release.pypi_variant != variant:
+        return None
+    pins = [v for n, v in release.pypi_cuda_wheels.items() if n.startswith("nvidia-cudnn")]
+    return pins[0].split(".")[0] if pins else None
+
+
+# ----------------------------------------------------------------------------- 5. architectures
+def arch_rule(recipe: Recipe, cuda: str) -> ArchPart:
+    """build.cuda_arch: each must be a target of that CUDA's nvcc."""
+    archs = tuple(recipe.build.cuda_arch)
+    try:
+        supported = compat.cuda_archs(cuda)
+    except LookupError as exc:
+        if archs:
+            raise _gap(recipe, "build.cuda_arch", exc, "cuda", cuda) from None
+        supported = ()
+    for i, arch in enumerate(archs):
+        if arch.replace("+PTX", "") not in supported:
+            raise _fail(recipe, f"build.cuda_arch[{i}]", "cuda_arch", arch, "cuda", cuda,
+                        f"nvcc {_mm(cuda)} targets {', '.join(supported)}",
+                        hint="drop that architecture or pick a CUDA that supports it")
+    return ArchPart(archs, supported)
+
+
+# ----------------------------------------------------------------------------- 6. flash-attn
+def flash_attn_rule(recipe: Recipe, cuda: str, python: str, torch: str | None, archs: tuple[str, ...]) -> FlashAttnPart:
+    """A flash-attn pin must fit torch, CUDA, Python and the architectures; it comes as its
+    GitHub release wheel where one is recorded for that combination, else builds from source."""
+    fa = _pin(recipe, "flash-attn")
+    if not fa:
+        return FlashAttnPart()
+    i, version = fa
+    rel = _check_flash_attn(recipe, f"pip[{i}]", version, cuda, python, torch)
+    for j, arch in enumerate(archs):
+        if compat.arch_base(arch) not in rel.archs:
+            raise _fail(recipe, f"build.cuda_arch[{j}]", "flash-attn", version, "cuda_arch", arch,
+                        f"flash-attn {version} runs on compute capabilities {', '.join(rel.archs)}",
+                        hint="FlashAttention 2 needs Ampere (8.0) or newer")
+    # The release wheels carry kernels for Ampere, Ada and Hopper only; Blackwell or other
+    # targets need a source build with a new enough nvcc.
+    beyond_wheels = [a for a in archs if compat.arch_base(a) not in FLASH_ATTN_WHEEL_ARCHS]
+    torch_version = torch or ""  # _check_flash_attn refused a recipe without torch
+    wheel = None if ("flash-attn" in recipe.build.from_source or beyond_wheels) else compat.flash_attn_prebuilt(
+        version, cuda, _mm(torch_version), python)
+    if wheel is None:
+        return FlashAttnPart(compile=frozenset({"flash-attn"}))
+    url = flash_attn_wheel_url(version, wheel.cuda, _mm(torch_version), python, torch_version)
+    return FlashAttnPart(prebuilt=(("flash-attn", url),))
+
+
+def _check_flash_attn(recipe: Recipe, key: str, version: str, cuda: str, python: str,
+                      torch: str | None) -> FlashAttnRelease:
+    try:
+        rel = compat.flash_attn_release(version)
+    except LookupError:
+        known = [r.version for r in compat.flash_attn_releases()]
+        raise _fail(recipe, key, "flash-attn", version, "imgbuild's flash-attn table", known[-1],
+                    "this flash-attn release is unknown", hint=_newest_hint("flash-attn", known)) from None
+    if not torch:
+        raise _fail(recipe, key, "flash-attn", version, "torch", "(none)",
+                    "flash-attn builds against torch", hint="pin torch: in the recipe")
+    if torch not in rel.torch:
+        raise _fail(recipe, key, "flash-attn", version, "torch", torch,
+                    f"flash-attn {version} supports torch {rel.torch}", hint="change one of the two pins")
+    if cuda not in rel.cuda and _mm(cuda) not in rel.cuda:
+        raise _fail(recipe, key, "flash-attn", version, "cuda", cuda,
+                    f"flash-attn {version} supports CUDA {rel.cuda}", hint="change one of the two pins")
+    if python not in rel.python:
+        raise _fail(recipe, key, "flash-attn", version, "python", python,
+                    f"flash-attn {version} supports Python {rel.python}")
+    return rel
+
+
+# ----------------------------------------------------------------------------- 7. bitsandbytes
+def bitsandbytes_rule(recipe: Recipe, cuda: str, python: str, torch: str | None, archs: tuple[str, ...]) -> Warnings:
+    """A bitsandbytes pin must ship binaries for the CUDA, accept the Python and torch, and
+    have kernels for every architecture; LLM.int8() needs a newer GPU than the rest."""
+    bnb = _pin(recipe, "bitsandbytes")
+    if not bnb:
+        return ()
+    i, version = bnb
+    rel = _check_bitsandbytes(recipe, f"pip[{i}]", version, cuda, python, torch)
+    warnings = []
+    for j, arch in enumerate(archs):
+        cc = compat.arch_base(arch)
+        if rel.min_compute_capability and Version(cc) < Version(rel.min_compute_capability):
+            raise _fail(recipe, f"build.cuda_arch[{j}]", "bitsandbytes", version, "cuda_arch", arch,
+                        f"bitsandbytes {version}'s PyPI wheel has kernels for compute capability "
+                        f"{rel.min_compute_capability} and newer",
+                        hint=f"drop {arch} or build bitsandbytes from source")
+        if rel.int8_compute_capability and Version(cc) < Version(rel.int8_compute_capability):
+            warnings.append(RecipeWarning(
+                codes.BNB_INT8_ARCH, f"build.cuda_arch[{j}]",
+                f"bitsandbytes: LLM.int8() needs compute capability {rel.int8_compute_capability}+; "
+                f"on {arch} only 8-bit optimizers and NF4/FP4 quantization work"))
+    return tuple(warnings)
+
+
+def _check_bitsandbytes(recipe: Recipe, key: str, version: str, cuda: str, python: str,
+                        torch: str | None) -> BnbRelease:
+    try:
+        rel = compat.bitsandbytes_release(version)
+    except LookupError:
+        known = [r.version for r in compat.bitsandbytes_releases()]
+        raise _fail(recipe, key, "bitsandbytes", version, "imgbuild's bitsandbytes table", known[-1],
+                    "this bitsandbytes release is unknown", hint=_newest_hint("bitsandbytes", known)) from None
+    if not _cuda_in(rel.cuda, cuda):
+        raise _fail(recipe, key, "bitsandbytes", version, "cuda", cuda,
+                    f"bitsandbytes {version} ships CUDA binaries for {_describe(rel.cuda)}",
+                    hint="pick a CUDA it supports or another bitsandbytes release")
+    if python not in rel.python:
+        raise _fail(recipe, key, "bitsandbytes", version, "python", python,
+                    f"bitsandbytes {version} supports Python {rel.python}")
+    if torch and rel.torch and torch not in rel.torch:
+        fits = [r.version for r in compat.bitsandbytes_releases()
+                if torch in r.torch and _cuda_in(r.cuda, cuda) and python in r.python]
+        raise _fail(recipe, key, "bitsandbytes", version, "torch", torch,
+                    f"bitsandbytes {version} requires torch {rel.torch}",
+                    hint=(f"use bitsandbytes=={fits[-1]} (the newest that accepts torch {torch})"
+                          if fits else f"use a torch in {rel.torch}"))
+    return rel
+
+
+# ----------------------------------------------------------------------------- 8. images
+def images_rule(recipe: Recipe, cuda: str, os_name: str | None, compile_: frozenset[str]) -> ImagesPart:
+    """The final stage's FROM (base.image, or NVIDIA's image for the toolkit, under base.mirror)
+    and, when something compiles, the compile stage's."""
+    if recipe.base.image:  # always set with source: wheels (the recipe loader requires it)
+        base_image = mirrored_ref(recipe.base.image, recipe.base.mirror)
+    else:
+        base_image = _nvidia_image(recipe, cuda, recipe.cuda.flavor, os_name)
+    if recipe.cuda.source != "nvidia":
+        if not compile_:
+            return ImagesPart(base_image, None)
+        builder, wheels, home = _wheels_builder(recipe, cuda, os_name, base_image, compile_)
+        return ImagesPart(base_image, builder, wheels, home)
+    warnings: Warnings = ()
+    if compat.image_end_of_life(cuda):
+        warnings = (RecipeWarning(
+            codes.EOL_IMAGE, "cuda.version",
+            f"nvidia/cuda {cuda} images are past NVIDIA's support window and may be deleted "
+            "from Docker Hub; mirror the tag (imgbuild mirror) or move to a supported CUDA"),)
+    builder_image = None
+    if compile_:
+        needs_devel = recipe.cuda.flavor != "devel"
+        builder_image = _nvidia_image(recipe, cuda, "devel", os_name) if needs_devel else base_image
+    return ImagesPart(base_image, builder_image, warnings=warnings)
+
+
+def _wheels_builder(recipe: Recipe, cuda: str, os_name: str | None, base_image: str,
+                    from_source: frozenset[str]) -> tuple[str, tuple[str, ...], str | None]:
+    """The compile stage of a source: wheels recipe: (FROM, nvcc wheels, CUDA_HOME). C/C++
+    extensions build on the final image's OS with a compiler. CUDA extensions need nvcc of the
+    same CUDA: NVIDIA's devel image where the OS has one, else the CUDA 13+ nvcc wheels on the
+    same base; with neither, refuse before anything builds."""
+    if not from_source & CUDA_KERNEL_PACKAGES:
+        return base_image, (), None
+    if os_name and os_name.startswith("ubuntu"):
+        try:
+            return _nvidia_image(recipe, cuda, "devel", os_name, any_patch=True), (), None
+        except CompatibilityError:
+            pass  # no devel image for that OS: try nvcc from wheels
+    try:
+        extras = compat.devel_wheel_extras(cuda)
+        ws = compat.cuda_wheel_set(cuda)
+    except LookupError as exc:
+        names = ", ".join(sorted(from_source & CUDA_KERNEL_PACKAGES))
+        raise _fail(recipe, "build.from_source" if recipe.build.from_source else "pip", names, "(source build)",
+                    "cuda", cuda, f"{names} compiles CUDA kernels and needs nvcc {_mm(cuda)}: there is no nvidia/cuda "
+                    f"devel image for {os_name or recipe.base.image}, and {exc}",
+                    hint="use an Ubuntu base (the compile stage then uses nvidia/cuda's devel image), "
+                         "cuda.source: nvidia, CUDA >= 13.0 (nvcc from wheels), or a prebuilt wheel") from None
+    return base_image, ws.pins(*extras), compat.cuda_wheel_home(cuda)
+
+
+# ----------------------------------------------------------------------------- 9. flavor
+def flavor_rule(recipe: Recipe, compile_: frozenset[str]) -> Warnings:
+    """Warnings only: a devel flavor that nothing uses, JIT packages without runtime_compile,
+    runtime_compile without nvcc in the final image."""
+    warnings = []
+    source, flavor = recipe.cuda.source, recipe.cuda.flavor
+    if flavor == "devel" and not compile_ and not recipe.runtime_compile:
+        warnings.append(RecipeWarning(
+            codes.DEVEL_WITHOUT_COMPILE, "cuda.flavor",
+            "cuda.flavor devel ships nvcc, headers and static libraries (several GB) but this "
+            "recipe compiles nothing at run time; use flavor: runtime (extensions still build "
+            "in a devel stage)" if source == "nvidia" else
+            "cuda.flavor devel installs nvcc, headers and the math libraries from wheels (GBs) but "
+            "this recipe compiles nothing at run time; use flavor: runtime"))
+    jit = sorted((pin[0], name) for name in JIT_PACKAGES if (pin := _pin(recipe, name)))
+    if jit and not recipe.runtime_compile:
+        warnings.append(RecipeWarning(
+            codes.JIT_WITHOUT_RUNTIME_COMPILE, f"pip[{jit[0][0]}]",
+            f"{', '.join(sorted(name for _, name in jit))} compile(s) CUDA kernels at run time, which needs nvcc and "
+            "headers in the final image: set runtime_compile: true if you use that path"))
+    if recipe.runtime_compile and flavor != "devel":
+        # the cu11/cu12 nvidia-cuda-nvcc wheels hold ptxas only; CUDA 13's hold nvcc (flavor: devel)
+        warnings.append(RecipeWarning(
+            codes.RUNTIME_COMPILE_WITHOUT_NVCC, "runtime_compile",
+            "runtime_compile with cuda.source: wheels needs nvcc in the image: use flavor: devel "
+            "(CUDA 13+: nvcc from wheels) or source: nvidia with flavor: devel" if source == "wheels" else
+            "runtime_compile needs nvcc and headers: the final image must use flavor: devel"))
+    return tuple(warnings)
+
+
+# ----------------------------------------------------------------------------- 10. the base's facts
+def base_rule(recipe: Recipe, base: BaseFacts | None, cuda: str, torch: TorchPart, base_image: str) -> BasePart:
+    """A base read from its registry: refuse one whose CUDA or torch contradicts the recipe,
+    then pin it by digest. Not read (no registry named): the image as it is."""
+    if base is None:
+        return BasePart(base_image, None)
+    if base.error:
+        return BasePart(base_image, None, (RecipeWarning(
+            codes.BASE_UNREADABLE, "base.image",
+            f"could not read {base.ref} from its registry ({base.error}); "
+            "it is neither checked against this recipe nor pinned by digest"),))
+    base_cuda = base.labels.get("io.imgbuild.cuda.version") or base.env.get("CUDA_VERSION")
+    if base_cuda and _mm(base_cuda) != _mm(cuda):
+        what, version = ("torch", torch.label or "") if torch.version else ("cuda", cuda)
+        raise _fail(recipe, "base.image", "base.image", f"{base.ref} (CUDA {base_cuda})", what, version,
+                    f"the base carries CUDA {base_cuda} but this recipe needs CUDA {_mm(cuda)}",
+                    hint=f"use cuda.version \"{_mm(base_cuda)}\" or a base built for CUDA {_mm(cuda)}")
+    base_torch = base.labels.get("io.imgbuild.torch.version")
+    if base_torch and torch.label and base_torch != torch.label:
+        raise _fail(recipe, "torch", "base.image", f"{base.ref} (torch {base_torch})", "torch",
+                    torch.label, "the base already has another torch build",
+                    hint=f"drop torch: from the recipe (the base has {base_torch}) or rebuild the base")
+    return BasePart(base.pinned, base.digest)
+
+
+# ----------------------------------------------------------------------------- 11. CUDA wheels
+def cuda_wheels_rule(recipe: Recipe, wheel_set: WheelSet | None, cuda: str, cudnn: str | None,
+                     torch: str | None) -> CudaWheelsPart:
+    """The nvidia-* pins the final stage installs, and the CUDA_HOME tree a devel flavor gets.
+    Runtime/base: cudart (+ cuDNN and what it loads: cuBLAS, NVRTC). Devel: the toolkit's
+    nvcc, headers and math libraries, where that CUDA's wheels carry nvcc (CUDA 13+)."""
+    if wheel_set is None:
+        return CudaWheelsPart()
+    extras: tuple[str, ...] = ("cudart",)
+    home = None
+    if recipe.cuda.flavor == "devel":
+        try:
+            extras = compat.devel_wheel_extras(cuda)
+        except LookupError as exc:
+            raise _gap(recipe, "cuda.flavor", exc, "cuda.flavor", "devel") from None
+        home = compat.cuda_wheel_home(cuda)
+    elif torch:
+        return CudaWheelsPart()  # torch pins its own CUDA wheels
+    pins = list(wheel_set.pins(*extras))
+    if cudnn and not torch:
+        cw = compat.cudnn_wheel(cuda, cudnn)
+        pins = sorted(set(pins) | {f"{cw.wheel}=={cw.version}"} | set(wheel_set.pins("cublas", "nvrtc")))
+    return CudaWheelsPart(tuple(pins), home)

@@ -1,0 +1,78 @@
+"""The resolver's rules one at a time: each returns its own part and its own warnings."""
+
+import pytest
+from helpers import write_recipe
+
+from buildkit_py.compat import codes, rules
+from buildkit_py.compat.bases import BaseFacts
+from buildkit_py.errors import CompatibilityError
+from buildkit_py.recipe.model import load_recipe
+
+RECIPE = """\
+name: team/x
+cuda: {{version: "12.4", source: {source}, flavor: {flavor}}}
+base: {{{base}}}
+python: "{python}"
+{extra}
+"""
+
+
+def recipe(tmp_path, source="wheels", flavor="runtime", base="image: debian:bookworm-slim", python="3.11", extra=""):
+    return load_recipe(write_recipe(tmp_path, RECIPE.format(source=source, flavor=flavor, base=base, python=python,
+                                                            extra=extra)))
+
+
+def test_cuda_rule_takes_the_toolkit_of_the_wheels(tmp_path):
+    part = rules.cuda_rule(recipe(tmp_path), None)
+    assert part.version == "12.4.1" and part.wheel_set is not None and part.floor == "525.60.13"
+    with_torch = rules.cuda_rule(recipe(tmp_path, extra='torch: "2.4.1"'), None)
+    assert with_torch.wheel_set is None  # torch pins its own CUDA wheels
+
+
+def test_python_rule_names_the_provider(tmp_path):
+    assert rules.python_rule(recipe(tmp_path), None) == rules.PythonPart("3.11", "os", "debian12")
+    ubuntu = recipe(tmp_path, source="nvidia", base="os: ubuntu22.04", python="3.12")
+    assert rules.python_rule(ubuntu, None).provider == "deadsnakes"
+    base = BaseFacts("r.example.com/base:1", "sha256:" + "a" * 64,
+                     {"io.imgbuild.python.version": "3.11", "io.imgbuild.os": "debian12"})
+    shared = recipe(tmp_path, base="image: r.example.com/base:1")
+    assert rules.python_rule(shared, base) == rules.PythonPart("3.11", "base", "debian12")
+
+
+def test_torch_rule_part_and_its_warning(tmp_path):
+    r = recipe(tmp_path, source="nvidia", base="os: ubuntu22.04", python="3.10", extra='torch: "2.4.1"')
+    part = rules.torch_rule(r, "12.4.1", "3.10", None)
+    assert (part.version, part.variant, part.label) == ("2.4.1", "cu124", "2.4.1+cu124")
+    assert [(w.code, w.key) for w in part.warnings] == [(codes.CUDA_TWICE, "torch")]
+    assert rules.torch_rule(recipe(tmp_path), "12.4.1", "3.11", None) == rules.TorchPart()
+
+
+def test_arch_rule_defaults_only_when_something_compiles(tmp_path):
+    part = rules.arch_rule(recipe(tmp_path), "12.4.1")
+    assert part.requested == () and part.for_build(compiles=False) == ()
+    assert part.for_build(compiles=True) == ("8.0", "8.6", "8.9", "9.0")
+    with pytest.raises(CompatibilityError) as info:
+        rules.arch_rule(recipe(tmp_path, extra="build: {cuda_arch: ['12.0']}"), "12.4.1")
+    assert info.value.key == "build.cuda_arch[0]"
+
+
+def test_flavor_rule_is_warnings_only(tmp_path):
+    r = recipe(tmp_path, flavor="devel", extra="pip: [requests==2.32.3, cupy-cuda12x==13.3.0, pycuda==2024.1.2]")
+    assert [(w.code, w.key) for w in rules.flavor_rule(r, frozenset())] == [
+        (codes.DEVEL_WITHOUT_COMPILE, "cuda.flavor"), (codes.JIT_WITHOUT_RUNTIME_COMPILE, "pip[2]")]
+    assert [w.code for w in rules.flavor_rule(r, frozenset({"flash-attn"}))] == [codes.JIT_WITHOUT_RUNTIME_COMPILE]
+
+
+def test_base_rule_pins_warns_or_refuses(tmp_path):
+    r = recipe(tmp_path, base="image: r.example.com/base:1")
+    torch = rules.TorchPart()
+    assert rules.base_rule(r, None, "12.4.1", torch, "r.example.com/base:1") == rules.BasePart(
+        "r.example.com/base:1", None)
+    read = BaseFacts("r.example.com/base:1", "sha256:" + "a" * 64, {"io.imgbuild.cuda.version": "12.4.1"})
+    assert rules.base_rule(r, read, "12.4.1", torch, "r.example.com/base:1").base_image == \
+        "r.example.com/base:1@sha256:" + "a" * 64
+    unread = rules.base_rule(r, BaseFacts("r.example.com/base:1", None, error="offline"), "12.4.1", torch, "x")
+    assert [(w.code, w.key) for w in unread.warnings] == [(codes.BASE_UNREADABLE, "base.image")]
+    with pytest.raises(CompatibilityError) as info:
+        rules.base_rule(r, read, "12.8.1", torch, "r.example.com/base:1")
+    assert info.value.key == "base.image" and "CUDA 12.4.1" in info.value.message
