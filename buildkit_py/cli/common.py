@@ -19,6 +19,8 @@ if TYPE_CHECKING:
     from buildkit_py.plan.build_plan import BuildPlan
     from buildkit_py.recipe.model import Recipe
 
+JSON_SCHEMA = 1  # the version of the --json contract (README, CLI reference: "The --json contract")
+
 # register(add) in each command module: add(name, help, description=None) -> its subparser
 AddCommand = Callable[..., argparse.ArgumentParser]
 
@@ -31,9 +33,11 @@ class Out:
         self.stdout, self.stderr = stdout, stderr
         self.stdin = stdin if stdin is not None else sys.stdin
 
-    def data(self, obj: Any) -> None:
-        """One JSON document on stdout."""
-        self.stdout.write(json.dumps(obj, indent=2, sort_keys=True) + "\n")
+    def data(self, obj: dict[str, Any]) -> None:
+        """One JSON document on stdout: ``"schema"`` first, then the command's keys, sorted
+        at every level (the contract every --json shares)."""
+        doc = {"schema": JSON_SCHEMA, **_sorted(obj)}
+        self.stdout.write(json.dumps(doc, indent=2) + "\n")
 
     def line(self, text: str = "") -> None:
         self.stdout.write(text + "\n")
@@ -46,10 +50,24 @@ class Out:
         self.stderr.write(f"warning: {text}\n")
 
 
+def _sorted(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _sorted(value[k]) for k in sorted(value)}
+    if isinstance(value, (list, tuple)):
+        return [_sorted(v) for v in value]
+    return value
+
+
+def wants_json(args: argparse.Namespace) -> bool:
+    """Did the parsed command line ask for JSON (--json, or matrix --format json)?"""
+    return bool(getattr(args, "json", False)) or getattr(args, "format", None) == "json"
+
+
 # --- option groups ----------------------------------------------------------------------------
 
 
-def json_option(sp: argparse.ArgumentParser, help_text: str = "machine-readable output") -> None:
+def json_option(sp: argparse.ArgumentParser,
+                help_text: str = 'one JSON document on stdout ("schema": 1; errors as JSON too)') -> None:
     sp.add_argument("--json", action="store_true", help=help_text)
 
 

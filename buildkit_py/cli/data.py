@@ -44,7 +44,7 @@ def cmd_data(args: argparse.Namespace, out: Out) -> int:
              "pypi_variant": r.get("pypi_variant"), "shipped": any(t.version == v for t in tables.torch_releases())}
             for v, r in sorted(cached.items())]
     cache = str(live.cache_dir())
-    report = {"schema_version": 1, "shipped_as_of": shipped, "files": as_of, "cache": cache, "cached": rows}
+    report = {"shipped_as_of": shipped, "files": as_of, "cache": cache, "cached": rows}
     if args.json:
         out.data(report)
         return 0
@@ -80,7 +80,7 @@ def cmd_data_refresh(args: argparse.Namespace, out: Out) -> int:
     if args.write and texts:
         written = refresh.write_files(texts, args.data_dir or tables.data_dir())
     if args.json:
-        out.data({**report.to_json(), "schema_version": 1, "written": written,
+        out.data({**report.to_json(), "written": written,
                   "requests": client.requests, "bytes_read": client.bytes_read})
         return 0
     for c in report.changes:

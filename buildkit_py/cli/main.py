@@ -15,7 +15,7 @@ from typing import IO, TYPE_CHECKING, Any, NoReturn
 
 from buildkit_py import __version__
 from buildkit_py.cli import build, check, data, inspect, lock, matrix, recipe, registry, run, weights
-from buildkit_py.cli.common import Out
+from buildkit_py.cli.common import Out, wants_json
 from buildkit_py.errors import ExitStatus, ImgbuildError, UsageError
 
 if TYPE_CHECKING:
@@ -98,7 +98,7 @@ def main(argv: Sequence[str] | None = None, stdout: IO[str] | None = None, stder
     if "--" in argv:
         after_dashes = argv[argv.index("--") + 1:]
         argv = argv[:argv.index("--")]
-    wants_json = "--json" in argv
+    args: argparse.Namespace | None = None
     try:
         parser = _build_parser(stdout)
         args = parser.parse_args(argv)
@@ -111,18 +111,33 @@ def main(argv: Sequence[str] | None = None, stdout: IO[str] | None = None, stder
         return exc.status
     except ImgbuildError as exc:
         stderr.write(f"imgbuild: error: {exc.render()}\n")
-        if wants_json:
-            out.data(exc.to_json())
-        return int(exc.exit_status)
+        code = int(exc.exit_status)
+        if _json_requested(args, argv):
+            out.data({**exc.to_json(), "hint": exc.hint, "exit_code": code})
     except KeyboardInterrupt:
         stderr.write("imgbuild: interrupted\n")
-        return 130
+        code = 130
+        if _json_requested(args, argv):
+            out.data({"error": "Interrupted", "message": "interrupted", "hint": None, "exit_code": code})
     except Exception as exc:  # a bug: say so briefly; the traceback only on request
         if os.environ.get("IMGBUILD_DEBUG"):
             raise
-        stderr.write(f"imgbuild: internal error: {exc.__class__.__name__}: {exc}\n"
-                     "  set IMGBUILD_DEBUG=1 to see the traceback, and please report it\n")
-        return int(ExitStatus.FAILED)
+        hint = "set IMGBUILD_DEBUG=1 to see the traceback, and please report it"
+        stderr.write(f"imgbuild: internal error: {exc.__class__.__name__}: {exc}\n  {hint}\n")
+        code = int(ExitStatus.FAILED)
+        if _json_requested(args, argv):
+            out.data({"error": "InternalError", "message": f"{exc.__class__.__name__}: {exc}", "hint": hint,
+                      "exit_code": code})
+    return code
+
+
+def _json_requested(args: argparse.Namespace | None, argv: list[str]) -> bool:
+    """Errors come out as JSON whenever JSON was asked for: decided by the parsed arguments;
+    only when the command line did not parse, by its tokens (--json, --format json)."""
+    if args is not None:
+        return wants_json(args)
+    return "--json" in argv or "--format=json" in argv or any(
+        a == "--format" and b == "json" for a, b in zip(argv, argv[1:], strict=False))
 
 
 def entrypoint() -> None:

@@ -6,7 +6,8 @@ import argparse
 import json
 from pathlib import Path
 
-from buildkit_py.cli.common import AddCommand, Out, ca_option
+from buildkit_py.cli.common import AddCommand, Out, ca_option, json_option
+from buildkit_py.errors import UsageError
 
 
 def register(add: AddCommand) -> None:
@@ -18,7 +19,7 @@ def register(add: AddCommand) -> None:
     mx.add_argument("recipe", type=Path)
     mx.add_argument("--format", choices=["text", "json", "github", "gitlab", "bake"], default=None,
                     help="text (default), json, github, gitlab or bake")
-    mx.add_argument("--json", action="store_true", help="same as --format json")
+    json_option(mx, 'same as --format json: one JSON document ("schema": 1)')
     mx.add_argument("--registry", help="prefix tags and cache refs with this registry, e.g. 127.0.0.1:5000")
     ca_option(mx, "bake: pass this CA bundle to every target as the cacert secret")
     mx.add_argument("--push", action="store_true", help="bake: variant targets push their tags instead of loading")
@@ -28,6 +29,8 @@ def register(add: AddCommand) -> None:
 def cmd_matrix(args: argparse.Namespace, out: Out) -> int:
     from buildkit_py.plan import matrix as mx
 
+    if args.json and args.format not in (None, "json"):
+        raise UsageError(f"matrix: --json is --format json; it cannot go with --format {args.format}")
     fmt = args.format or ("json" if args.json else "text")
     matrix = mx.load_matrix(args.recipe)
     if fmt != "text":

@@ -14,6 +14,7 @@ def register_render(add: AddCommand) -> None:
     r = add("render", "print the Dockerfile a recipe renders to (byte-identical for the same recipe)")
     r.add_argument("recipe", type=Path)
     r.add_argument("-o", "--output", type=Path, help="write to this file instead of stdout")
+    json_option(r, 'one JSON document on stdout ("schema": 1): dockerfile (the text), tags, warnings, output')
     offline_options(r)
     r.set_defaults(handler=cmd_render)
 
@@ -58,7 +59,11 @@ def cmd_render(args: argparse.Namespace, out: Out) -> int:
     if args.output:
         write_atomic(args.output, text)  # never a half-written Dockerfile
         out.info(f"wrote {args.output}")
-    else:
+    if args.json:
+        out.data({"recipe": str(args.recipe), "dockerfile": text, "tags": list(plan.tags),
+                  "warnings": [w.to_json() for w in plan.warnings],
+                  "output": str(args.output) if args.output else None})
+    elif not args.output:
         out.stdout.write(text)
     return 0
 

@@ -16,6 +16,7 @@ def register_login(add: AddCommand) -> None:
     lg.add_argument("--password-stdin", action="store_true",
                     help="read the password from stdin (required: passwords never go on the command line)")
     lg.add_argument("--password", "-p", help=argparse.SUPPRESS)  # only to refuse it with the right hint
+    json_option(lg)
     lg.set_defaults(handler=cmd_login)
 
 
@@ -45,7 +46,10 @@ def cmd_login(args: argparse.Namespace, out: Out) -> int:
     if not password:
         raise UsageError("no password on stdin", hint=hint)
     result = login(args.registry, args.username, password)
-    out.line(f"logged in to {result.registry} as {result.username} (stored in {result.stored_in})")
+    if args.json:
+        out.data({"registry": result.registry, "username": result.username, "stored_in": str(result.stored_in)})
+    else:
+        out.line(f"logged in to {result.registry} as {result.username} (stored in {result.stored_in})")
     return 0
 
 

@@ -19,7 +19,7 @@ from buildkit_py.cli.common import (
     tag_options,
 )
 from buildkit_py.cli.progress import transfer_progress
-from buildkit_py.errors import EnvironmentProblem
+from buildkit_py.errors import EnvironmentProblem, UsageError
 from buildkit_py.files import write_atomic
 
 if TYPE_CHECKING:
@@ -48,6 +48,7 @@ def register(add: AddCommand) -> None:
     cp.add_argument("recipe", type=Path)
     cp.add_argument("-o", "--output", type=Path, default=None, help="file to write (default: stdout)")
     tag_options(cp, "image to run instead of the recipe's first tag", "prefix the image with this registry")
+    json_option(cp, 'one JSON document on stdout ("schema": 1): image, compose (the document), output')
     cp.set_defaults(handler=cmd_compose)
 
 
@@ -58,6 +59,9 @@ def cmd_run(args: argparse.Namespace, out: Out) -> int:
     from buildkit_py.engine.run import default_weights_root, dry_run_json, make_run_plan
     from buildkit_py.plan.labels import weights_from_labels
 
+    if args.json and not args.dry_run:
+        raise UsageError("run --json prints the plan: use it with --dry-run",
+                         hint="without --dry-run the container's own output goes to stdout")
     engine = reading_engine(args)
     from_recipe = is_recipe(args.target)
     if from_recipe:
@@ -119,13 +123,16 @@ def _require_built(engine: Engine, image: str, recipe: Path) -> None:
 
 
 def cmd_compose(args: argparse.Namespace, out: Out) -> int:
-    from buildkit_py.engine.run import compose_text
+    from buildkit_py.engine.run import compose_document, compose_text
 
     plan = plan_recipe(args, args.recipe)
     text = compose_text(plan.tags[0], plan.recipe)
     if args.output:
         write_atomic(args.output, text)
         out.info(f"wrote {args.output}")
-    else:
+    if args.json:
+        out.data({"image": plan.tags[0], "compose": compose_document(plan.tags[0], plan.recipe),
+                  "output": str(args.output) if args.output else None})
+    elif not args.output:
         out.stdout.write(text)
     return 0

@@ -56,7 +56,7 @@ def cmd_weights(args: argparse.Namespace, out: Out) -> int:
     if args.weights_command == "ls":
         files = weights.ls(args.ref)
         if args.json:
-            out.data([{"path": f.path, "size": f.size, "digest": f.digest} for f in files])
+            out.data({"ref": args.ref, "files": [{"path": f.path, "size": f.size, "digest": f.digest} for f in files]})
         else:
             for f in files:
                 out.line(f"{f.size:>14}  {f.digest[:19]}  {f.path}")
