@@ -72,12 +72,20 @@ class RecipeError(ImgbuildError):
         return out
 
 
+class RecipeLocation(NamedTuple):
+    """Where in a recipe file an error points: the file, the line, the key path."""
+
+    file: str | None
+    line: int | None = None
+    key: str | None = None
+
+
 class CompatibilityError(ImgbuildError):
-    """Two pinned components that cannot work together."""
+    """Two pinned components that cannot work together; ``at`` says where the recipe pins them."""
 
     exit_status = ExitStatus.BAD_INPUT
 
-    def __init__(  # noqa: PLR0913
+    def __init__(
         self,
         component: str,
         version: str,
@@ -86,13 +94,12 @@ class CompatibilityError(ImgbuildError):
         reason: str,
         *,
         hint: str | None = None,
-        file: str | None = None,
-        line: int | None = None,
-        key: str | None = None,
+        at: RecipeLocation | None = None,
     ):
         self.component, self.version = component, version
         self.other, self.other_version = other, other_version
         self.reason = reason
+        file, line, key = at or RecipeLocation(None)
         self.file, self.line, self.key = file, line, key
         where = ""
         if file:

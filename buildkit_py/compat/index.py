@@ -14,7 +14,9 @@ the stdlib ``urllib`` is used: nothing here may slow down ``import buildkit_py``
 
 from __future__ import annotations
 
+import configparser
 import email.parser
+import io
 import json
 import os
 import re
@@ -22,6 +24,7 @@ import ssl
 import struct
 import urllib.error
 import urllib.request
+import zipfile
 import zlib
 from dataclasses import dataclass
 from html.parser import HTMLParser
@@ -344,8 +347,6 @@ def _inflate(data: bytes, method: int, filename: str) -> bytes:
 
 
 def _member_from_zip_bytes(body: bytes, filename: str) -> bytes:
-    import io  # noqa: PLC0415
-    import zipfile  # noqa: PLC0415
     try:
         with zipfile.ZipFile(io.BytesIO(body)) as z:
             for n in z.namelist():
@@ -386,8 +387,6 @@ def index_settings(*, index_url: str | None = None, pip_config: str | None = Non
     """The index pip would use: ``--index-url``, then ``PIP_INDEX_URL``, then ``--pip-config`` FILE
     (imgbuild's own option, the file pip steps get), then pip's config files ([global], [install]);
     PyPI otherwise. The CA bundle likewise from ``PIP_CERT`` / ``cert =``."""
-    import configparser  # noqa: PLC0415
-
     env = dict(os.environ if env is None else env)
     files = [pip_config] if pip_config else _pip_config_files(env, env.get("HOME") or os.path.expanduser("~"))
     url = cafile = None

@@ -12,15 +12,26 @@ wheels (``Requires-Python`` has no upper bound and admits Pythons without a whee
 
 from __future__ import annotations
 
+import copy
+import json
+import os
 import re
+import shutil
+import subprocess
+import sys
+import tempfile
 from dataclasses import dataclass
+from pathlib import Path
 
 from packaging.markers import Marker
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
-from buildkit_py.compat.index import DistFile, Metadata, Project
+from buildkit_py.compat import tables
+from buildkit_py.compat.index import DistFile, Metadata, PackageIndexError, Project, redact
+from buildkit_py.errors import CompatDataError
+from buildkit_py.files import write_atomic
 
 # The environment a Linux x86_64 wheel is installed in, for evaluating Requires-Dist markers.
 _LINUX = {"platform_system": "Linux", "sys_platform": "linux", "platform_machine": "x86_64",
@@ -173,8 +184,6 @@ _NO_VARIANTS_NOTE = ("only the PyPI build is known from the index; PyTorch's oth
 
 def torch_row(client, project: Project, version: str, *, today: str) -> dict:
     """A torch.json row for ``version`` from its Linux x86_64 wheel's METADATA."""
-    from buildkit_py.compat.index import PackageIndexError, redact  # noqa: PLC0415
-
     files = linux_x86_64_wheels(project, version)
     wheel = pick_wheel(files)
     if wheel is None:
@@ -258,158 +267,176 @@ def _sorted_rows(rows, key="version"):
     return sorted(rows, key=lambda r: Version(r[key]))
 
 
-def refresh(client, data: dict[str, dict], *, today: str, since: str = "1.13") -> RefreshReport:  # noqa: C901
+def refresh(client, data: dict[str, dict], *, today: str, since: str = "1.13") -> RefreshReport:
     """Compare the shipped data (``data``: file name -> raw JSON) with the index; return the
     changed files and what changed. Rows keep their hand-sourced fields (variants from PyTorch's
     matrix, Table 3 drivers); only what the index serves is rewritten, each with its source and date."""
-    import copy  # noqa: PLC0415
+    run = _Refresh(client, copy.deepcopy(data), today)
+    run.torch(since)
+    run.toolkits()
+    run.new_releases()
+    run.bitsandbytes()
+    for name in run.touched:
+        run.data[name]["as_of"] = today
+    return RefreshReport(redact(client.index_url), today, tuple(run.changes), tuple(run.review),
+                         {name: run.data[name] for name in sorted(run.touched)})
 
-    from buildkit_py.compat.index import redact  # noqa: PLC0415
 
-    data = copy.deepcopy(data)
-    changes: list[Change] = []
-    review: list[str] = []
-    touched: set[str] = set()
-    known_mm = {".".join(t["version"].split(".")[:2]) for t in data["toolkits.json"]["toolkits"]}
+class _Refresh:
+    """One refresh run: the data being rewritten, and what changed, what needs a person, which files."""
+
+    def __init__(self, client, data: dict[str, dict], today: str):
+        self.client, self.data, self.today = client, data, today
+        self.changes: list[Change] = []
+        self.review: list[str] = []
+        self.touched: set[str] = set()
+        self._projects: dict[str, Project] = {}
+
+    def project(self, name: str) -> Project:
+        if name not in self._projects:
+            self._projects[name] = self.client.project(name)
+        return self._projects[name]
 
     # --- torch: every release on the index, by version ---------------------------------------
-    torch = client.project("torch")
-    rows = {r["version"]: r for r in data["torch.json"]["releases"]}
-    for v in torch.releases():
-        if Version(v) < Version(since):
-            continue
-        try:
-            new = torch_row(client, torch, v, today=today)
-        except Exception as exc:  # one bad release must not stop the refresh; say which
-            review.append(f"torch {v}: {exc}")
-            continue
-        before = len(changes)
-        merged = _merge_torch(rows.get(v), new, changes, known_mm)
-        if merged is None:
-            review.append(f"torch {v}: its PyPI build {new['pypi_variant']} is a CUDA no shipped toolkit knows; "
-                          "add the toolkit (toolkits.json) first")
-            continue
-        rows[v] = merged
-        if len(changes) > before:
-            touched.add("torch.json")
-    data["torch.json"]["releases"] = _sorted_rows(rows.values())
+    def torch(self, since: str) -> None:
+        data = self.data
+        known_mm = {".".join(t["version"].split(".")[:2]) for t in data["toolkits.json"]["toolkits"]}
+        torch = self.client.project("torch")
+        rows = {r["version"]: r for r in data["torch.json"]["releases"]}
+        for v in torch.releases():
+            if Version(v) < Version(since):
+                continue
+            try:
+                new = torch_row(self.client, torch, v, today=self.today)
+            except Exception as exc:  # one bad release must not stop the refresh; say which
+                self.review.append(f"torch {v}: {exc}")
+                continue
+            before = len(self.changes)
+            merged = _merge_torch(rows.get(v), new, self.changes, known_mm)
+            if merged is None:
+                self.review.append(f"torch {v}: its PyPI build {new['pypi_variant']} is a CUDA no shipped toolkit "
+                                   "knows; add the toolkit (toolkits.json) first")
+                continue
+            rows[v] = merged
+            if len(self.changes) > before:
+                self.touched.add("torch.json")
+        data["torch.json"]["releases"] = _sorted_rows(rows.values())
 
     # --- CUDA toolkits: NVIDIA's cuda-toolkit meta package -> wheels.json releases ----------
-    tk = client.project("cuda-toolkit")
-    tk_rows = {t["version"]: t for t in data["toolkits.json"]["toolkits"]}
-    wheel_rows = {r["toolkit"]: r for r in data["wheels.json"]["releases"]}
-    floors = {f["major"]: f for f in data["minor_compat.json"]["floors"]}
-    projects: dict[str, Project] = {}
+    def toolkits(self) -> None:
+        data = self.data
+        tk = self.client.project("cuda-toolkit")
+        tk_rows = {t["version"]: t for t in data["toolkits.json"]["toolkits"]}
+        wheel_rows = {r["toolkit"]: r for r in data["wheels.json"]["releases"]}
+        for mv in tk.releases():
+            tv = toolkit_version(mv)
+            wheels = [f for f in tk.files_of(mv) if f.is_wheel]
+            if not wheels or Version(tv).major < 11:
+                continue
+            extras = self._toolkit_extras(mv, wheels[0])
+            if tv not in tk_rows:
+                row = self._new_toolkit(tk, mv, tv, wheels[0])
+                if row is None:
+                    continue
+                tk_rows[tv] = row
+            src = (f"{redact(tk.index_url)}cuda-toolkit/ {wheels[0].filename} METADATA Requires-Dist per extra, "
+                   f"each pin resolved to the newest Linux x86_64 wheel of that package on {redact(tk.index_url)}")
+            self._merge_wheels(wheel_rows, tv, mv, extras, src)
+        data["toolkits.json"]["toolkits"] = _sorted_rows(tk_rows.values())
+        data["wheels.json"]["releases"] = _sorted_rows(wheel_rows.values(), key="toolkit")
 
-    def project(name: str) -> Project:
-        if name not in projects:
-            projects[name] = client.project(name)
-        return projects[name]
-
-    for mv in tk.releases():
-        tv = toolkit_version(mv)
-        wheels = [f for f in tk.files_of(mv) if f.is_wheel]
-        if not wheels or Version(tv).major < 11:
-            continue
+    def _toolkit_extras(self, mv: str, wheel: DistFile) -> dict[str, dict[str, str]]:
+        """cuda-toolkit's extras, each pin resolved to the newest wheel on the index that matches."""
         extras: dict[str, dict[str, str]] = {}
-        for extra, reqs in toolkit_extras(client.metadata(wheels[0])).items():
+        for extra, reqs in toolkit_extras(self.client.metadata(wheel)).items():
             for name, spec in reqs.items():
-                got = newest_matching(project(name), spec)
+                got = newest_matching(self.project(name), spec)
                 if got is None:
-                    review.append(f"cuda-toolkit {mv}: extra {extra}: no {name} wheel matches {spec}")
+                    self.review.append(f"cuda-toolkit {mv}: extra {extra}: no {name} wheel matches {spec}")
                     continue
                 extras.setdefault(extra, {})[name] = got
-        src = (f"{redact(tk.index_url)}cuda-toolkit/ {wheels[0].filename} METADATA Requires-Dist per extra, each "
-               f"pin resolved to the newest Linux x86_64 wheel of that package on {redact(tk.index_url)}")
-        if tv not in tk_rows:
-            floor = floors.get(Version(tv).major)
-            if floor is None:
-                review.append(f"cuda-toolkit {mv}: CUDA {Version(tv).major}.x has no minor-version floor recorded")
-                continue
-            tk_rows[tv] = {"version": tv, "linux_min_driver": floor["linux_min_driver"], "windows_min_driver": None,
-                           "min_driver_basis": "minor-compat",
-                           "source": f"{redact(tk.index_url)}cuda-toolkit/ {wheels[0].filename} (the release); "
-                                     f"floor: the CUDA {Version(tv).major}.x minor-version floor (minor_compat.json)",
-                           "read": today,
-                           "notes": "added by imgbuild data refresh from the package index: look its minimum driver "
-                                    "up in NVIDIA's release notes Table 3"}
-            changes.append(Change("toolkits.json", tv, f"new toolkit (cuda-toolkit {mv} on the index; floor "
-                                                       f"{floor['linux_min_driver']} from minor-version compatibility)"))  # noqa: E501
-            review.append(f"toolkit {tv}: its Table 3 minimum driver, nvcc architectures (archs.json) and "
-                          "nvidia/cuda images (images.json) need reading NVIDIA's pages")
-            data["images.json"].setdefault("absent", {})[tv] = {
-                "reason": f"added by imgbuild data refresh on {today}: no nvidia/cuda tags read for it yet", "read": today}  # noqa: E501
-            touched.update({"toolkits.json", "images.json"})
+        return extras
+
+    def _new_toolkit(self, tk: Project, mv: str, tv: str, wheel: DistFile) -> dict | None:
+        """A toolkit the data lacks, on its major's minor-version floor until a person reads Table 3."""
+        major = Version(tv).major
+        floor = {f["major"]: f for f in self.data["minor_compat.json"]["floors"]}.get(major)
+        if floor is None:
+            self.review.append(f"cuda-toolkit {mv}: CUDA {major}.x has no minor-version floor recorded")
+            return None
+        self.changes.append(Change("toolkits.json", tv, f"new toolkit (cuda-toolkit {mv} on the index; floor "
+                                                        f"{floor['linux_min_driver']} from minor-version "
+                                                        "compatibility)"))
+        self.review.append(f"toolkit {tv}: its Table 3 minimum driver, nvcc architectures (archs.json) and "
+                           "nvidia/cuda images (images.json) need reading NVIDIA's pages")
+        self.data["images.json"].setdefault("absent", {})[tv] = {
+            "reason": f"added by imgbuild data refresh on {self.today}: no nvidia/cuda tags read for it yet",
+            "read": self.today}
+        self.touched.update({"toolkits.json", "images.json"})
+        return {"version": tv, "linux_min_driver": floor["linux_min_driver"], "windows_min_driver": None,
+                "min_driver_basis": "minor-compat",
+                "source": f"{redact(tk.index_url)}cuda-toolkit/ {wheel.filename} (the release); "
+                          f"floor: the CUDA {major}.x minor-version floor (minor_compat.json)",
+                "read": self.today,
+                "notes": "added by imgbuild data refresh from the package index: look its minimum driver "
+                         "up in NVIDIA's release notes Table 3"}
+
+    def _merge_wheels(self, wheel_rows: dict[str, dict], tv: str, mv: str, extras: dict[str, dict[str, str]],
+                      src: str) -> None:
         old = wheel_rows.get(tv)
         if old is None:
             wheel_rows[tv] = {"toolkit": tv, "meta_package": f"cuda-toolkit=={mv}",
-                              "extras": dict(sorted(extras.items())), "source": src, "read": today}
-            changes.append(Change("wheels.json", tv, f"new release from cuda-toolkit {mv} "
-                                                     f"(cudart {extras.get('cudart')})"))
-            touched.add("wheels.json")
+                              "extras": dict(sorted(extras.items())), "source": src, "read": self.today}
+            self.changes.append(Change("wheels.json", tv, f"new release from cuda-toolkit {mv} "
+                                                          f"(cudart {extras.get('cudart')})"))
+            self.touched.add("wheels.json")
         elif old.get("extras") != extras:
             diff = sorted(x for x in set(extras) | set(old.get("extras", {}))
                           if extras.get(x) != old.get("extras", {}).get(x))
-            changes.append(Change("wheels.json", tv, f"extras changed: {', '.join(diff)}"))
+            self.changes.append(Change("wheels.json", tv, f"extras changed: {', '.join(diff)}"))
             wheel_rows[tv] = {**old, "extras": dict(sorted(extras.items())), "meta_package": f"cuda-toolkit=={mv}",
-                              "source": src, "read": today}
-            touched.add("wheels.json")
-    data["toolkits.json"]["toolkits"] = _sorted_rows(tk_rows.values())
-    data["wheels.json"]["releases"] = _sorted_rows(wheel_rows.values(), key="toolkit")
+                              "source": src, "read": self.today}
+            self.touched.add("wheels.json")
 
     # --- flash-attn and bitsandbytes: release lists; bnb wheel METADATA -----------------------
-    for name, file in (("flash-attn", "flash_attn.json"), ("bitsandbytes", "bitsandbytes.json")):
-        listing = client.project(name)
-        shipped = {r["version"] for r in data[file]["releases"]}
-        newest_shipped = max((Version(v) for v in shipped), default=Version("0"))
-        for v in listing.releases():
-            if v not in shipped and Version(v) > newest_shipped:
-                review.append(f"{name} {v}: new on the index (shipped data ends at {newest_shipped}); "
-                              "its CUDA/torch support needs reading its sources")
-    bnb = client.project("bitsandbytes")
-    for row in data["bitsandbytes.json"]["releases"]:
-        wheels = [f for f in linux_x86_64_wheels(bnb, row["version"])] or \
-                 [f for f in bnb.files_of(row["version"]) if f.is_wheel and any(t.endswith("-any") for t in f.tags)]
-        if not wheels or Version(row["version"]) < Version("0.45"):
-            continue
-        meta = client.metadata(wheels[0])
-        torch_req = next((r for r in _linux_reqs(meta) if r.name.lower() == "torch"), None)
-        torch_spec = str(torch_req.specifier) if torch_req is not None and str(torch_req.specifier) else None
-        py = meta.requires_python
-        checks: tuple[tuple[str, str | None], ...] = (("torch", torch_spec), ("python", py))
-        for key, val in checks:
-            if val and SpecifierSet(val) != SpecifierSet(row.get(key) or ""):
-                changes.append(Change("bitsandbytes.json", row["version"], f"{key}: {row.get(key)!r} -> {val!r}"))
-                row[key] = val
-                row["read"] = today
-                touched.add("bitsandbytes.json")
+    def new_releases(self) -> None:
+        for name, file in (("flash-attn", "flash_attn.json"), ("bitsandbytes", "bitsandbytes.json")):
+            listing = self.client.project(name)
+            shipped = {r["version"] for r in self.data[file]["releases"]}
+            newest_shipped = max((Version(v) for v in shipped), default=Version("0"))
+            for v in listing.releases():
+                if v not in shipped and Version(v) > newest_shipped:
+                    self.review.append(f"{name} {v}: new on the index (shipped data ends at {newest_shipped}); "
+                                       "its CUDA/torch support needs reading its sources")
 
-    for name in touched:
-        data[name]["as_of"] = today
-    return RefreshReport(redact(client.index_url), today, tuple(changes), tuple(review),
-                         {name: data[name] for name in sorted(touched)})
+    def bitsandbytes(self) -> None:
+        bnb = self.client.project("bitsandbytes")
+        for row in self.data["bitsandbytes.json"]["releases"]:
+            wheels = list(linux_x86_64_wheels(bnb, row["version"])) or \
+                [f for f in bnb.files_of(row["version"]) if f.is_wheel and any(t.endswith("-any") for t in f.tags)]
+            if not wheels or Version(row["version"]) < Version("0.45"):
+                continue
+            meta = self.client.metadata(wheels[0])
+            torch_req = next((r for r in _linux_reqs(meta) if r.name.lower() == "torch"), None)
+            torch_spec = str(torch_req.specifier) if torch_req is not None and str(torch_req.specifier) else None
+            checks: tuple[tuple[str, str | None], ...] = (("torch", torch_spec), ("python", meta.requires_python))
+            for key, val in checks:
+                if val and SpecifierSet(val) != SpecifierSet(row.get(key) or ""):
+                    self.changes.append(Change("bitsandbytes.json", row["version"],
+                                               f"{key}: {row.get(key)!r} -> {val!r}"))
+                    row[key] = val
+                    row["read"] = self.today
+                    self.touched.add("bitsandbytes.json")
 
 
 def dump(raw: dict) -> str:
     """The data files' own layout: one-space indent, keys in file order, UTF-8, final newline."""
-    import json  # noqa: PLC0415
-
     return json.dumps(raw, indent=1, ensure_ascii=False) + "\n"
 
 
 def validate_files(files: dict[str, str]) -> None:
     """Load the shipped data with ``files`` (name -> text) swapped in, in a child process, and
     raise CompatDataError with the loader's message if any invariant breaks."""
-    import os  # noqa: PLC0415
-    import shutil  # noqa: PLC0415
-    import subprocess  # noqa: PLC0415
-    import sys  # noqa: PLC0415
-    import tempfile  # noqa: PLC0415
-    from pathlib import Path  # noqa: PLC0415
-
-    from buildkit_py.compat import tables  # noqa: PLC0415
-    from buildkit_py.errors import CompatDataError  # noqa: PLC0415
-
     with tempfile.TemporaryDirectory(prefix="imgbuild-compat-") as tmp:
         for name in tables.DATA_FILES:
             shutil.copyfile(str(tables.data_dir().joinpath(name)), Path(tmp) / name)
@@ -425,10 +452,6 @@ def validate_files(files: dict[str, str]) -> None:
 
 
 def write_files(files: dict[str, str], directory) -> list[str]:
-    from pathlib import Path  # noqa: PLC0415
-
-    from buildkit_py.files import write_atomic  # noqa: PLC0415
-
     written = []
     for name, text in files.items():
         path = Path(directory) / name

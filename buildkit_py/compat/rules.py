@@ -33,7 +33,7 @@ from buildkit_py.compat import codes
 from buildkit_py.compat.bases import BaseFacts
 from buildkit_py.compat.codes import RecipeWarning
 from buildkit_py.compat.tables import BnbRelease, FlashAttnRelease, Toolkit, TorchRelease, WheelSet
-from buildkit_py.errors import CompatibilityError
+from buildkit_py.errors import CompatibilityError, RecipeLocation
 from buildkit_py.recipe.model import Recipe, pin_name
 
 # The Python each OS ships as python3 (Debian and Ubuntu package archives).
@@ -156,7 +156,7 @@ def _variant_cuda(variant: str) -> str:
 
 
 def _fail(recipe: Recipe, key: str, *args: str, hint: str | None = None) -> CompatibilityError:
-    return CompatibilityError(*args, hint=hint, file=str(recipe.path), line=recipe.line_of(key), key=key)
+    return CompatibilityError(*args, hint=hint, at=RecipeLocation(str(recipe.path), recipe.line_of(key), key))
 
 
 def _newest_hint(what: str, known: list[str]) -> str:

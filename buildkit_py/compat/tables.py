@@ -7,6 +7,7 @@ the file and the entry. Code here holds rules only; numbers live in ``data/*.jso
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import os
@@ -19,6 +20,7 @@ from typing import Any
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 
+from buildkit_py.compat import cache
 from buildkit_py.errors import CompatDataError
 
 SCHEMA = 1
@@ -238,45 +240,62 @@ def _load_raw(name: str) -> dict:
 
 # ----------------------------------------------------------------------------- loaders (validated)
 @functools.cache
-def _toolkit_data() -> tuple[tuple[Toolkit, ...], dict[str, tuple[str, ...]]]:  # noqa: C901
+def _toolkit_data() -> tuple[tuple[Toolkit, ...], dict[str, tuple[str, ...]]]:
     f = "toolkits.json"
     raw = _load_raw(f)
-    out = []
-    for e in raw["toolkits"]:
-        v = e.get("version")
-        _ver(f, v, v)
-        if len(str(v).split(".")) != 3:
-            raise _fail(f, v, "toolkit versions are major.minor.patch")
-        basis = e.get("min_driver_basis", "table3")
-        if basis not in _BASES:
-            raise _fail(f, v, f"min_driver_basis must be one of {', '.join(_BASES)}, got {basis!r}")
-        runfile = e.get("runfile_driver")
-        out.append(Toolkit(v, _driver(f, v, e.get("linux_min_driver")),
-                           None if e.get("windows_min_driver") is None else _driver(f, v, e["windows_min_driver"]),
-                           _need_source(f, v, e), e.get("notes"), basis,
-                           None if runfile is None else _driver(f, v, runfile)))
+    out = [_toolkit_row(f, e) for e in raw["toolkits"]]
     _ascending(f, [t.version for t in out])
+    _check_driver_floors(f, out)
+    skipped = {k: tuple(v) for k, v in raw.get("skipped_minors", {}).items()}
+    _check_release_lines(f, out, skipped)
+    return tuple(out), skipped
+
+
+def _toolkit_row(f: str, e: dict) -> Toolkit:
+    v = e.get("version")
+    _ver(f, v, v)
+    if len(str(v).split(".")) != 3:
+        raise _fail(f, v, "toolkit versions are major.minor.patch")
+    basis = e.get("min_driver_basis", "table3")
+    if basis not in _BASES:
+        raise _fail(f, v, f"min_driver_basis must be one of {', '.join(_BASES)}, got {basis!r}")
+    runfile = e.get("runfile_driver")
+    windows = e.get("windows_min_driver")
+    return Toolkit(str(v), _driver(f, v, e.get("linux_min_driver")),
+                   None if windows is None else _driver(f, v, windows),
+                   _need_source(f, v, e), e.get("notes"), basis,
+                   None if runfile is None else _driver(f, v, runfile))
+
+
+def _check_driver_floors(f: str, toolkits: list[Toolkit]) -> None:
+    """Table 3 floors never go down; a 'minor-compat' floor is its major's minor-version floor; a
+    'same-minor' floor is the newest earlier Table 3 value of its minor."""
     floors = _minor_floors()
-    published = [t for t in out if t.min_driver_basis != "minor-compat"]
+    published = [t for t in toolkits if t.min_driver_basis != "minor-compat"]
     for a, b in zip(published, published[1:], strict=False):
         if Version(b.linux_min_driver) < Version(a.linux_min_driver):
-            raise _fail(f, b.version, f"Linux driver {b.linux_min_driver} lower than {a.version}'s {a.linux_min_driver}")  # noqa: E501
-    for t in out:
+            raise _fail(f, b.version,
+                        f"Linux driver {b.linux_min_driver} lower than {a.version}'s {a.linux_min_driver}")
+    for t in toolkits:
         mj = int(t.version.split(".")[0])
         if t.min_driver_basis == "minor-compat":
             floor = floors.get(mj)
             if floor is None or t.linux_min_driver != floor.linux_min_driver:
                 raise _fail(f, t.version, f"a 'minor-compat' floor must be the CUDA {mj}.x minor-version floor "
-                                          f"({floor.linux_min_driver if floor else 'none recorded'}), got {t.linux_min_driver}")  # noqa: E501
+                                          f"({floor.linux_min_driver if floor else 'none recorded'}), "
+                                          f"got {t.linux_min_driver}")
         elif t.min_driver_basis == "same-minor":
             same = [x for x in published if x.major_minor == t.major_minor and x.min_driver_basis == "table3"
                     and Version(x.version) < Version(t.version)]
             if not same or same[-1].linux_min_driver != t.linux_min_driver:
-                raise _fail(f, t.version, "a 'same-minor' floor must equal the newest earlier Table 3 value of its minor")  # noqa: E501
-    skipped = {k: tuple(v) for k, v in raw.get("skipped_minors", {}).items()}
-    # no gaps inside a release line: every minor from 0 to the last known one, except declared skips
+                raise _fail(f, t.version,
+                            "a 'same-minor' floor must equal the newest earlier Table 3 value of its minor")
+
+
+def _check_release_lines(f: str, toolkits: list[Toolkit], skipped: dict[str, tuple[str, ...]]) -> None:
+    """No gaps inside a release line: every minor from 0 to the last known one, except declared skips."""
     by_major: dict[int, set[int]] = {}
-    for t in out:
+    for t in toolkits:
         mj, mn, _ = (int(x) for x in t.version.split("."))
         by_major.setdefault(mj, set()).add(mn)
     for mj, mins in by_major.items():
@@ -286,7 +305,6 @@ def _toolkit_data() -> tuple[tuple[Toolkit, ...], dict[str, tuple[str, ...]]]:  
                 raise _fail(f, f"{mj}.{mn}", f"gap in the {mj}.x line: {mj}.{mn} missing and not in skipped_minors")
             if mn in mins and mn in skip:
                 raise _fail(f, f"{mj}.{mn}", "listed as skipped but present")
-    return tuple(out), skipped
 
 
 def _known_mm() -> set[str]:
@@ -716,13 +734,30 @@ def torch_release(version: str) -> TorchRelease:
     for r in torch_releases():
         if Version(r.version) == Version(version):
             return r
-    from buildkit_py.compat import live  # small; only on a miss  # noqa: PLC0415
-
-    cached = live.cached_torch(version)
+    cached = cached_torch(version)
     if cached is not None:
         return cached
     known = ", ".join(r.version for r in torch_releases())
     raise LookupError(f"unknown torch release {version!r}; known: {known}")
+
+
+def cached_torch(version: str) -> TorchRelease | None:
+    """The look-up cache's row for ``version`` as a checked ``TorchRelease`` (``from_cache`` set),
+    or None (also for a row the current data cannot accept, e.g. a CUDA variant no shipped
+    toolkit knows)."""
+    try:
+        want = Version(str(version))
+    except InvalidVersion:
+        return None
+    for v, row in cache.cached_rows().items():
+        try:
+            if Version(v) != want:
+                continue
+            rel = torch_row("look-up cache torch.json", row)
+        except (InvalidVersion, CompatDataError, AttributeError, TypeError):
+            return None
+        return dataclasses.replace(rel, from_cache=str(cache.torch_file()))
+    return None
 
 
 def data_files_as_of() -> dict[str, str | None]:
