@@ -57,7 +57,7 @@ budget: {{max_size: "50MB"}}
     path = write_recipe(tmp_path, recipe)
     code, out, err = run_cli("build", str(path), "--progress", "quiet", *CA_ARGS)
     assert code == 1, err
-    assert "over the recipe's budget of 50.0 MB" in err
+    assert "over the recipe's budget of 47.7 MiB" in err
     assert "base " in err and "os " in err  # breakdown by layer group
     assert docker("image", "inspect", f"{unique_name}:latest").returncode != 0
     # kept under :rejected, which the hint names (and `imgbuild inspect` reads)

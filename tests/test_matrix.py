@@ -469,7 +469,7 @@ def test_one_failure_does_not_stop_the_others(tmp_path):
     assert report["variants"][0]["error"]["error"] == "BuildFailed"
     lines = mx.summary_lines(result)
     assert lines[0].split()[:7] == ["VARIANT", "STATUS", "SIZE", "DIGEST", "TIME", "CACHED", "TAGS"]
-    row = r"cu121-idna3_8\s+ok\s+123\.0 MB\s+abababababab\s+\S+s\s+3/5\s+team/mx:cu121-idna3_8"
+    row = r"cu121-idna3_8\s+ok\s+117\.3 MiB\s+abababababab\s+\S+s\s+3/5\s+team/mx:cu121-idna3_8"
     assert re.search(row, "\n".join(lines))
     assert "3 built, 1 failed, 0 dropped" in "\n".join(lines)
 

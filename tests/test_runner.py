@@ -88,7 +88,7 @@ def test_plan_flags_copy_of_weights(tmp_path):
     path = write_recipe(tmp_path, RECIPE + "copy: [{src: app/, dest: /app}]\n")
     warnings = make_plan(load_recipe(path)).warnings
     assert [(w.code, w.key) for w in warnings] == [("weights-in-copy", "copy[0].src")]
-    assert "app/model.safetensors (11 MiB)" in warnings[0].message and "weights push" in warnings[0].message
+    assert "app/model.safetensors (11.0 MiB)" in warnings[0].message and "weights push" in warnings[0].message
 
 
 def test_run_dry_run_json():

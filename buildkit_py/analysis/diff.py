@@ -28,8 +28,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from buildkit_py import oci
-from buildkit_py.analysis.inspect import attribute_layers, human_size, instruction_of, pull_seconds
+from buildkit_py.analysis.inspect import attribute_layers, instruction_of, pull_seconds
 from buildkit_py.errors import ImageMissing, ManifestNotFound, RegistryError, UsageError
+from buildkit_py.sizes import human_size
 
 SCHEMA = 1
 SOURCE_REGISTRY, SOURCE_ENGINE = "registry", "engine"

@@ -52,6 +52,7 @@ from buildkit_py.artifacts.file_kinds import is_weight_file
 from buildkit_py.errors import ImageMissing, InspectError, SizeBudgetExceeded
 from buildkit_py.plan import labels as L
 from buildkit_py.plan.build_plan import GROUPS, STEP_MARK
+from buildkit_py.sizes import human_size
 
 MiB = 1 << 20
 GZIP_LEVEL = 6
@@ -172,17 +173,6 @@ class ImageReport:
 
 
 # ---------------------------------------------------------------- pure helpers
-
-
-def human_size(n: float | None) -> str:
-    if n is None:
-        return "-"
-    n = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(n) < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    raise AssertionError("unreachable")
 
 
 def pull_seconds(compressed_size: int, bandwidth_mbps: float, unpacked_size: int | None = None,

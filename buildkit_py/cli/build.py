@@ -87,9 +87,9 @@ def _lock_mode(args: argparse.Namespace) -> str:
 
 def cmd_build(args: argparse.Namespace, out: Out) -> int:
     from buildkit_py.engine import select_engine
-    from buildkit_py.engine.build import _human as human_size
     from buildkit_py.engine.build import run_build
     from buildkit_py.plan.lock import use_lock
+    from buildkit_py.sizes import human_size
 
     if args.jobs < 1:
         raise UsageError(f"-j {args.jobs}: the number of parallel builds must be at least 1")

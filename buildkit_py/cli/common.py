@@ -15,6 +15,8 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from rich.console import Console
+
     from buildkit_py.engine import Engine
     from buildkit_py.plan.build_plan import BuildPlan
     from buildkit_py.recipe.model import Recipe
@@ -38,6 +40,13 @@ class Out:
         at every level (the contract every --json shares)."""
         doc = {"schema": JSON_SCHEMA, **_sorted(obj)}
         self.stdout.write(json.dumps(doc, indent=2) + "\n")
+
+    def console(self) -> Console:
+        """A rich console on stdout for tables (inspect, diff, the matrix summary): colour on a
+        terminal, plain text in a pipe; wide, so a table's rows are not wrapped."""
+        from rich.console import Console  # heavy: only for a command that prints a table
+
+        return Console(file=self.stdout, width=160, soft_wrap=False)
 
     def line(self, text: str = "") -> None:
         self.stdout.write(text + "\n")

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from buildkit_py.cli.common import AddCommand, Out, index_options, json_option
 from buildkit_py.errors import UsageError
+from buildkit_py.sizes import human_size
 
 
 def register(add: AddCommand, epilog: str) -> None:
@@ -89,7 +90,7 @@ def cmd_data_refresh(args: argparse.Namespace, out: Out) -> int:
         out.line(f"review: {r}")
     if not report.changes:
         out.line("the data matches the index")
-    out.info(f"{client.requests} requests, {client.bytes_read / 1e6:.1f} MB read"
+    out.info(f"{client.requests} requests, {human_size(client.bytes_read)} read"
              + (f"; wrote {', '.join(written)}" if written else
                 ("; nothing written (use --write)" if texts and not args.write else "")))
     return 0

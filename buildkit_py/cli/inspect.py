@@ -47,9 +47,7 @@ def cmd_inspect(args: argparse.Namespace, out: Out) -> int:
     if args.json:
         out.data(report_json(report))
     else:
-        from rich.console import Console
-
-        render_table(report, Console(file=out.stdout, width=160, soft_wrap=False))
+        render_table(report, out.console())
     return 0
 
 
@@ -62,7 +60,5 @@ def cmd_diff(args: argparse.Namespace, out: Out) -> int:
     if args.json:
         out.data(diff_json(result))
     else:
-        from rich.console import Console
-
-        render_table(result, Console(file=out.stdout, width=160, soft_wrap=False))
+        render_table(result, out.console())
     return 0

@@ -26,6 +26,7 @@ from buildkit_py.errors import BudgetExceeded, BuildFailed, ImgbuildError, Regis
 from buildkit_py.plan import labels as L
 from buildkit_py.plan.build_plan import BuildPlan
 from buildkit_py.render.dockerfile import render_dockerfile
+from buildkit_py.sizes import human_size
 
 LineSink = Callable[[str], None]
 CA_SECRET_ID = "cacert"  # noqa: S105
@@ -176,10 +177,10 @@ def run_build(plan: BuildPlan, engine: Engine, options: BuildOptions, on_line: L
             for tag in tags:
                 if tag != rejected:
                     engine.untag(tag)
-            breakdown = ", ".join(f"{g} {_human(b)}" for g, b in groups.items())
+            breakdown = ", ".join(f"{g} {human_size(b)}" for g, b in groups.items())
             raise BudgetExceeded(
-                f"image {result.image_id[:19]} is {_human(sizes.uncompressed)}, over the recipe's budget of "
-                f"{_human(plan.recipe.max_size)}: {breakdown}; kept as {rejected}",
+                f"image {result.image_id[:19]} is {human_size(sizes.uncompressed)}, over the recipe's budget of "
+                f"{human_size(plan.recipe.max_size)}: {breakdown}; kept as {rejected}",
                 hint=f"see `imgbuild inspect {rejected}` for the biggest layers; drop heavy pins or use a "
                      "runtime flavor")
 
@@ -231,11 +232,3 @@ def _local_digest(engine: Engine, ref: str) -> str | None:
         if "@" in d:
             return d.split("@", 1)[1]
     return None
-
-
-def _human(n: int) -> str:
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if abs(n) < 1000 or unit == "TB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1000
-    return f"{n} B"

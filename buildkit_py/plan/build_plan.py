@@ -31,6 +31,7 @@ from buildkit_py.plan.steps import (
     WheelBuildStep,
 )
 from buildkit_py.recipe.model import Recipe, pin_name
+from buildkit_py.sizes import human_size
 
 VENV = "/opt/venv"
 STEP_MARK = "imgbuild-step"  # written into each RUN so `inspect` can map layers to steps
@@ -232,7 +233,7 @@ def weights_in_copies(recipe: Recipe, threshold: int = WEIGHT_FILE_THRESHOLD) ->
 def weights_in_copy_warning(index: int, rel: str, size: int) -> RecipeWarning:
     return RecipeWarning(
         codes.WEIGHTS_IN_COPY, f"copy[{index}].src",
-        f"copy[{index}] puts {rel} ({size / 2**20:.0f} MiB) into the image: keep weights out of images "
+        f"copy[{index}] puts {rel} ({human_size(size)}) into the image: keep weights out of images "
         "(imgbuild weights push, then list them under weights: to mount them at run time)")
 
 

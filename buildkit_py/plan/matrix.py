@@ -54,6 +54,7 @@ from buildkit_py.recipe.model import (
     parse_recipe,
     read_recipe_text,
 )
+from buildkit_py.sizes import human_size
 
 GITHUB_MAX_JOBS = 256  # GitHub Actions: a matrix generates at most 256 jobs per workflow run
 GITLAB_MAX_JOBS = 200  # GitLab CI: parallel:matrix creates at most 200 jobs
@@ -899,14 +900,12 @@ def build_report(result: MatrixBuild) -> dict[str, Any]:
 
 
 def summary_lines(result: MatrixBuild) -> list[str]:
-    from buildkit_py.engine.build import _human  # noqa: PLC0415
-
     rows = [("VARIANT", "STATUS", "SIZE", "DIGEST", "TIME", "CACHED", "TAGS")]
     for b in result.builds:
         if b.outcome is not None:
             r = b.outcome.result
             digest = (b.digest or "").replace("sha256:", "")[:12]
-            rows.append((b.variant.id, "ok", _human(b.outcome.size), digest, f"{b.seconds:.1f}s",
+            rows.append((b.variant.id, "ok", human_size(b.outcome.size), digest, f"{b.seconds:.1f}s",
                          f"{r.cached_steps}/{r.cached_steps + r.run_steps}", ", ".join(b.plan.tags)))
         else:
             rows.append((b.variant.id, "FAILED", "-", "-", f"{b.seconds:.1f}s", "-", ", ".join(b.plan.tags)))
