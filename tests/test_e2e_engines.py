@@ -1,8 +1,8 @@
 """End to end on each engine (classic 20.10, and Docker 26 + buildx + the containerd store):
 the digest printed after a push is the registry's, for one tag and several; buildx output
 options (zstd, OCI media types, provenance) land in the registry as asked and the classic
-client refuses them before building; registry cache survives `docker buildx prune -af`; the
-bake file `imgbuild matrix --format bake` writes builds for real."""
+client refuses them before building; registry cache survives `docker buildx prune -af`. (The
+bake folder `imgbuild matrix --format bake -o DIR` writes is built for real in test_e2e_matrix.)"""
 
 import json
 import subprocess
@@ -118,51 +118,3 @@ def test_registry_cache_survives_prune(project, logged_in, engine, cleanup_image
     assert second["steps_rerun"] == ["COPY", "WORKDIR"], "\n".join(
         ln for ln in err.splitlines() if "cache" in ln.lower() or "ERROR" in ln)[-3000:]
     assert second["steps_cached"] == first["steps_run"] + first["steps_cached"] - len(second["steps_rerun"])
-
-
-BAKE_RECIPE = """\
-name: {name}
-version: "1.0"
-cuda: {{version: "12.4", source: wheels}}
-base: {{image: {base}}}
-python: "3.11"
-labels: {{team: ml-platform}}
-matrix:
-  pip: [["idna==3.7"], ["idna==3.8"]]
-  tags: ["{{version}}-{{variant}}"]
-"""
-
-
-def test_bake_file_builds_for_real(tmp_path, logged_in, engine, base_image, cleanup_images, unique_name):
-    buildx_only(engine)
-    if not engine.containerd_store():
-        pytest.skip("the bake file's registry cache needs the containerd image store on the docker driver")
-    recipe = write_recipe(tmp_path, BAKE_RECIPE.format(name=unique_name, base=base_image))
-    code, out, err = run_cli("matrix", str(recipe), "--format", "bake", "--registry", logged_in.address, *CA_ARGS)
-    assert code == 0, err
-    bake = tmp_path / "docker-bake.json"
-    bake.write_text(out)
-    variants = [t for t, spec in json.loads(out)["target"].items() if spec.get("tags")]
-    assert len(variants) == 2
-    # the real bake reads the file: every target, its tags and its network
-    printed = subprocess.run([*engine.buildx, "bake", "-f", str(bake), "--print"], capture_output=True, text=True,
-                             env=engine.environment(), check=False, timeout=120, cwd=tmp_path)
-    assert printed.returncode == 0, printed.stderr[-3000:]
-    resolved = json.loads(printed.stdout)["target"]
-    assert {t: resolved[t].get("tags") for t in variants} == {t: json.loads(out)["target"][t]["tags"] for t in variants}
-    if any(resolved[t].get("network") != "host" for t in resolved):
-        # buildx 0.13 drops a target's `network` (newer bake honours it); the engines here have no
-        # bridge network, so RUN steps could not reach the package mirrors
-        pytest.skip("this buildx bake ignores target.network and the engine has no bridge network")
-    proc = subprocess.run([*engine.buildx, "bake", "-f", str(bake), "--progress", "plain"], capture_output=True,
-                          text=True, env=engine.environment(), check=False, timeout=900, cwd=tmp_path)
-    for spec in json.loads(out)["target"].values():
-        cleanup_images.extend(spec.get("tags") or [])
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    for vid in variants:
-        tag = json.loads(out)["target"][vid]["tags"][0]
-        attrs = engine.image_attrs(tag)
-        assert attrs is not None, f"bake did not load {tag}"
-        labels = attrs["Config"]["Labels"]
-        assert labels["team"] == "ml-platform" and labels["io.imgbuild.cuda.version"] == "12.4.1"
-        assert tag.endswith(f":1.0-{vid}")

@@ -1,13 +1,17 @@
 """End to end on the real engine: a 2x2 matrix (CUDA 12.1/12.4 from the runtime wheels x two
 idna pins) built with `build --all -j 2`. Four images with the right labels and tags, and the
-variants that share a prefix with one built before them take it from the cache."""
+variants that share a prefix with one built before them take it from the cache. And the bake
+folder `imgbuild matrix --format bake -o DIR` writes, built by a real `docker buildx bake`."""
 
 import json
 import os
 import subprocess
 
 import pytest
-from helpers import run_cli, write_recipe
+from conftest import unavailable
+from helpers import CA_ARGS, run_cli, write_recipe
+
+from buildkit_py import oci
 
 CA = "/etc/ssl/certs/ca-certificates.crt"
 RECIPE = """\
@@ -110,3 +114,92 @@ def test_build_all_one_failure_keeps_the_others(tmp_path, base_image, docker_cli
     assert "1 built, 1 failed" in out
     assert "cu124-idna0_0_1: build failed" in out
     docker_client.images.get(f"{unique_name}:1.0-cu124-cu124-idna3_7")
+
+
+BAKE_RECIPE = """\
+name: {name}
+version: "1.0"
+cuda: {{version: "12.4", source: wheels}}
+base: {{image: {base}}}
+python: "3.11"
+labels: {{team: ml-platform}}
+copy:
+  - {{src: app/, dest: /app}}
+matrix:
+  pip: [["idna==3.7"], ["idna==3.8"]]
+  tags: ["{{version}}-{{variant}}"]
+"""
+
+
+@pytest.fixture
+def registry_refs():
+    """Tags this test had pushed into the registry (bake's cache); deleted afterwards."""
+    refs: list[str] = []
+    yield refs
+    for ref in refs:
+        try:
+            oci.delete_manifest(ref)
+        except Exception:  # noqa: S110 (best effort: a bake that failed early pushed nothing)
+            pass
+
+
+def test_bake_folder_builds_every_variant(tmp_path, logged_in, engine, base_image, cleanup_images, registry_refs,
+                                          unique_name):
+    """Issue 13 item 6: `docker buildx bake` in the folder `matrix --format bake -o` writes builds
+    each variant (locked, with the CA secret, a COPY of the app, the reproducible CUDA layer's
+    stub file and the shared stages as targets of their own) into the engine, with the tags and
+    io.imgbuild.* labels `matrix --json` announces. buildx 0.13 reads the builds' host network
+    from the folder's compose.yaml."""
+    if not hasattr(engine, "buildx"):
+        # The classic 20.10 client has no bake; the docker26 run covers it. In CI that engine
+        # must be there (conftest adds it), so a missing buildx fails the run there, never skips.
+        if engine.test_name == "docker26":
+            unavailable("the docker26 engine has no buildx plugin")
+        pytest.skip("docker buildx bake needs buildx; the classic client has none")
+    project = tmp_path / "project"
+    (project / "app").mkdir(parents=True)
+    (project / "app" / "main.py").write_text(f"print({unique_name!r})\n")
+    recipe = write_recipe(project, BAKE_RECIPE.format(name=unique_name, base=base_image))
+    code, _, err = run_cli("lock", str(recipe), *CA_ARGS)
+    assert code == 0, err
+    code, out, err = run_cli("matrix", str(recipe), "--json", "--registry", logged_in.address)
+    assert code == 0, err
+    announced = {v["variant"]: v for v in json.loads(out)["variants"]}
+    assert sorted(announced) == ["idna3_7", "idna3_8"]
+    for v in announced.values():
+        cleanup_images.extend(v["tags"])
+        registry_refs.append(f"{logged_in.address}/{unique_name}:cache-{v['variant']}")
+
+    folder = tmp_path / "bake"
+    code, _, err = run_cli("matrix", str(recipe), "--format", "bake", "--registry", logged_in.address, "-o",
+                           str(folder), *CA_ARGS)
+    assert code == 0, err
+    bake = json.loads((folder / "docker-bake.json").read_text())
+    shared = [t for t in bake["target"] if t.startswith("shared-")]
+    assert shared and all(t not in announced for t in shared)
+    registry_refs.extend(f"{logged_in.address}/{unique_name}:cache-{t}" for t in shared)
+    contexts = folder / "contexts"
+    assert (contexts / "idna3_8" / "app" / "main.py").is_file()
+    assert (contexts / "idna3_8" / ".imgbuild-lock" / "final-pins.txt").is_file()  # the lock is used
+    assert any((contexts / t / ".imgbuild" / "empty").is_file() for t in shared)
+
+    # bake with no -f reads docker-bake.json and compose.yaml (the host network) in the folder
+    proc = subprocess.run([*engine.buildx, "bake", "--progress", "plain"], capture_output=True, text=True,
+                          env=engine.environment(), check=False, timeout=900, cwd=folder)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert "--mount=type=bind,source=.imgbuild-lock/final-pins.txt" in proc.stderr
+    for vid, v in announced.items():
+        attrs = [engine.image_attrs(tag) for tag in v["tags"]]
+        assert all(attrs), f"bake did not load every tag of {vid}: {v['tags']}"
+        assert len({a["Id"] for a in attrs}) == 1, f"{vid}: its tags name different images"
+        assert v["tags"] == [f"{logged_in.address}/{unique_name}:1.0-{vid}",
+                             f"{logged_in.address}/{unique_name}:{v['content_tag']}"]
+        labels = attrs[0]["Config"]["Labels"]
+        assert labels["io.imgbuild.recipe.digest"] == v["recipe_digest"]
+        assert labels["io.imgbuild.cuda.version"] == v["cuda"] == "12.4.1"
+        assert labels["io.imgbuild.python.version"] == v["python"] == "3.11"
+        assert labels["org.opencontainers.image.title"] == unique_name and labels["team"] == "ml-platform"
+    assert run_python(engine, announced["idna3_8"]["tags"][0]) == "3.8"
+    # every target exported its registry cache
+    for ref in registry_refs:
+        assert oci.fetch_manifest(ref)[1].startswith("sha256:"), ref

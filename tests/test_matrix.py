@@ -113,10 +113,11 @@ GITLAB_SCHEMA = {
                                     "additionalProperties": False}}}}},
 }
 BAKE_TARGET = {
-    "type": "object", "required": ["context", "dockerfile-inline", "cache-from", "cache-to"],
+    "type": "object", "required": ["context", "dockerfile-inline", "output", "network"],
     "additionalProperties": False,
     "properties": {
-        "context": STR, "dockerfile-inline": STR, "tags": {"type": "array", "items": TAG_REF},
+        "context": {"type": "string", "pattern": r"^contexts/[a-zA-Z0-9_-]+$"},
+        "dockerfile-inline": STR, "tags": {"type": "array", "items": TAG_REF},
         "contexts": {"type": "object",
                      "patternProperties": {r"^[a-z0-9-]+$": {"type": "string", "pattern": r"^target:"}},
                      "additionalProperties": False},
@@ -335,11 +336,13 @@ def test_gitlab_format_schema_and_200_cap(tmp_path):
     assert code == 2 and "at most 200" in err
 
 
-def test_bake_format_schema_order_and_contexts():
-    code, out, err = run_cli("matrix", str(EXAMPLE), "--format", "bake", "--registry", "127.0.0.1:5000",
-                             "--ca-cert", "/etc/ssl/certs/ca-certificates.crt")
+def test_bake_folder_schema_order_contexts_and_network(tmp_path):
+    folder = tmp_path / "bake"
+    code, _, err = run_cli("matrix", str(EXAMPLE), "--format", "bake", "--registry", "127.0.0.1:5000",
+                           "--ca-cert", "/etc/ssl/certs/ca-certificates.crt", "-o", str(folder))
     assert code == 0, err
-    bake = json.loads(out)
+    assert f"cd {folder} && docker buildx bake" in err
+    bake = json.loads((folder / "docker-bake.json").read_text())
     validate(bake, BAKE_SCHEMA)
     targets = bake["target"]
     order = bake["group"]["default"]["targets"]
@@ -351,17 +354,50 @@ def test_bake_format_schema_order_and_contexts():
             dep = ctx.removeprefix("target:")
             assert order.index(dep) < order.index(name), f"{dep} must come before {name}"
         assert target["secret"] == ["id=cacert,src=/etc/ssl/certs/ca-certificates.crt"]
+        assert target["network"] == "host"
         if name.startswith("shared-"):
             assert target["output"] == ["type=cacheonly"] and "tags" not in target
         else:
             assert target["output"] == ["type=docker"]
+        # each target's own context: what its Dockerfile reads, nothing else
+        assert target["context"] == f"contexts/{name}"
+        context = folder / target["context"]
+        copies = [c.value[0] for c in dockerfile.parse_string(target["dockerfile-inline"]) if c.cmd == "COPY"]
+        assert sorted(str(p.relative_to(context)) for p in context.rglob("*") if p.is_file()) == sorted(
+            {".imgbuild/empty"} & set(copies)
+            | ({"app/serve.py", "app/train.py"} if "app/" in copies else set()))
     v = targets["cu124-py311"]
     assert v["cache-from"] == ["type=registry,ref=127.0.0.1:5000/team/serve:cache-cu124-py311"]
     assert v["cache-to"] == ["type=registry,ref=127.0.0.1:5000/team/serve:cache-cu124-py311,mode=max"]
     assert v["tags"][0] == "127.0.0.1:5000/team/serve:2.0-cu124-py3.11"
-    assert v["context"] == str(EXAMPLE.parent)
-    code, out, _ = run_cli("matrix", str(EXAMPLE), "--format", "bake", "--push")
-    assert json.loads(out)["target"]["cu124-py311"]["output"] == ["type=registry"]
+    # buildx < 0.17 takes the network only from a compose file, which bake reads beside it
+    compose = yaml.safe_load((folder / "compose.yaml").read_text())
+    assert compose == {"services": {t: {"build": {"network": "host"}} for t in order}}
+
+    # the folder is ours now: written again in place, with --push and a pip.conf secret
+    pip_conf = tmp_path / "pip.conf"
+    pip_conf.write_text("[global]\nindex-url = https://pypi.example/simple\n")
+    code, _, err = run_cli("matrix", str(EXAMPLE), "--format", "bake", "--push", "--pip-config", str(pip_conf),
+                           "-o", str(folder))
+    assert code == 0, err
+    again = json.loads((folder / "docker-bake.json").read_text())["target"]["cu124-py311"]
+    assert again["output"] == ["type=registry"]
+    assert again["secret"] == [f"id=pipconf,src={pip_conf}"]
+    assert "cache-from" not in again and "cache-to" not in again  # no registry: no cache refs (not Docker Hub)
+
+
+def test_bake_usage_errors(tmp_path):
+    code, out, err = run_cli("matrix", str(EXAMPLE), "--format", "bake")
+    assert code == 2 and "-o DIR" in err and out == ""
+    (tmp_path / "mine.txt").write_text("keep me")
+    code, _, err = run_cli("matrix", str(EXAMPLE), "--format", "bake", "-o", str(tmp_path))
+    assert code == 2 and "not empty" in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mine.txt"]
+    code, _, err = run_cli("matrix", str(EXAMPLE), "--format", "json", "-o", str(tmp_path / "x"))
+    assert code == 2 and "only --format bake" in err
+    code, _, err = run_cli("matrix", str(EXAMPLE), "--format", "bake", "--ca-cert", str(tmp_path / "nope"),
+                           "-o", str(tmp_path / "b"))
+    assert code == 2 and "--ca-cert" in err and not (tmp_path / "b").exists()
 
 
 def _instructions(text: str) -> list[str]:

@@ -5,17 +5,24 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from buildkit_py.cli.common import AddCommand, Out, ca_option, json_option
+from buildkit_py.cli.common import AddCommand, Out, ca_option, json_option, pip_config_option
 from buildkit_py.errors import UsageError
+
+if TYPE_CHECKING:
+    from buildkit_py.plan.build_plan import BuildPlan
+    from buildkit_py.plan.matrix import Matrix, Variant
 
 
 def register(add: AddCommand) -> None:
     mx = add("matrix", "expand a recipe's matrix: variants kept and dropped (with reasons), a CI matrix or a bake file",
              "Expand the recipe's matrix: into the variants kept and those dropped by the compatibility\n"
              "check, each with its reason; or into a GitHub Actions strategy.matrix (at most 256 jobs), a\n"
-             "GitLab parallel:matrix (at most 200) or a docker-bake.json (one target per variant,\n"
-             "per-target registry cache, shared base stages as targets of their own).")
+             "GitLab parallel:matrix (at most 200) or, with -o DIR, a bake folder: docker-bake.json (one\n"
+             "target per variant, per-target registry cache, shared base stages as targets of their own),\n"
+             "compose.yaml (network: host for buildx < 0.17) and each target's build context. Then:\n\n"
+             "  imgbuild matrix RECIPE --format bake --registry R -o bake/ && cd bake && docker buildx bake")
     mx.add_argument("recipe", type=Path)
     mx.add_argument("--format", choices=["text", "json", "github", "gitlab", "bake"], default=None,
                     help="text (default), json, github, gitlab or bake")
@@ -23,6 +30,9 @@ def register(add: AddCommand) -> None:
     mx.add_argument("--registry", help="prefix tags and cache refs with this registry, e.g. 127.0.0.1:5000")
     ca_option(mx, "bake: pass this CA bundle to every target as the cacert secret")
     mx.add_argument("--push", action="store_true", help="bake: variant targets push their tags instead of loading")
+    pip_config_option(mx, "bake: pass this pip.conf to every target as the pipconf secret")
+    mx.add_argument("-o", "--output", type=Path, default=None, metavar="DIR",
+                    help="bake: the folder to write (new, empty, or an earlier bake folder); required")
     mx.set_defaults(handler=cmd_matrix)
 
 
@@ -32,6 +42,12 @@ def cmd_matrix(args: argparse.Namespace, out: Out) -> int:
     if args.json and args.format not in (None, "json"):
         raise UsageError(f"matrix: --json is --format json; it cannot go with --format {args.format}")
     fmt = args.format or ("json" if args.json else "text")
+    if args.output is not None and fmt != "bake":
+        raise UsageError(f"-o {args.output}: only --format bake writes a folder", hint="other formats print to stdout")
+    if fmt == "bake" and args.output is None:
+        raise UsageError("--format bake writes a folder: the bake file, its compose.yaml and each target's "
+                         "build context (files imgbuild writes, e.g. .imgbuild/empty and lock requirements)",
+                         hint="add -o DIR, then run `docker buildx bake` in DIR")
     matrix = mx.load_matrix(args.recipe)
     if fmt != "text":
         for w in mx.dropped_warnings(matrix):
@@ -47,7 +63,23 @@ def cmd_matrix(args: argparse.Namespace, out: Out) -> int:
         import yaml
 
         out.stdout.write(yaml.safe_dump(mx.gitlab_matrix(matrix, registry=args.registry), sort_keys=False))
-    else:  # bake: key order matters (shared stages first), so no sort_keys
-        bake = mx.bake_file(matrix, registry=args.registry, ca_cert=args.ca_cert, push=args.push)
-        out.line(json.dumps(bake, indent=2))
+    else:
+        _write_bake(args, matrix, out)
     return 0
+
+
+def _write_bake(args: argparse.Namespace, matrix: Matrix, out: Out) -> None:
+    from buildkit_py.plan import matrix as mx
+    from buildkit_py.plan.lock import use_lock
+
+    def prepare(variant: Variant, plan: BuildPlan) -> BuildPlan:  # a lock beside the recipe: as build --all uses it
+        locked = use_lock(plan, variant=variant.id, ca_cert=args.ca_cert)
+        for w in locked.warnings:
+            out.warn(f"[{variant.id}] {w}")
+        return locked.plan
+
+    written = mx.write_bake(matrix, args.output, registry=args.registry, ca_cert=args.ca_cert,
+                            pip_config=args.pip_config, push=args.push, prepare=prepare)
+    for path in written:
+        out.info(f"wrote    {path}")
+    out.info(f"run      cd {args.output} && docker buildx bake")

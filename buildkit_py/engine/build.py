@@ -25,6 +25,7 @@ from buildkit_py.engine.push import PushResult
 from buildkit_py.errors import BudgetExceeded, BuildFailed, ImgbuildError, RegistryError, UsageError
 from buildkit_py.plan import labels as L
 from buildkit_py.plan.build_plan import BuildPlan
+from buildkit_py.plan.steps import CopyStep
 from buildkit_py.render.dockerfile import render_dockerfile
 from buildkit_py.sizes import human_size
 
@@ -78,26 +79,44 @@ def registry_compressed_size(ref: str) -> int | None:
         int(layer.get("size") or 0) for layer in manifest.get("layers") or [])
 
 
-def assemble_context(plan: BuildPlan, dockerfile: str, workdir: Path) -> tuple[Path, Path]:
-    """A build context holding only what the recipe copies, so nothing else in the recipe's
-    folder (secrets, data, .git) is sent to the engine."""
-    context = workdir / "context"
-    context.mkdir()
+def build_secrets(ca_cert: Path | None, pip_config: Path | None) -> dict[str, Path]:
+    """The BuildKit secrets a build passes (id -> absolute file): the CA bundle pip trusts and
+    the pip.conf pip steps read; a missing file is a usage error before anything builds."""
+    secrets: dict[str, Path] = {}
+    for sid, option, path in ((CA_SECRET_ID, "--ca-cert", ca_cert), (PIP_CONFIG_SECRET_ID, "--pip-config", pip_config)):
+        if path is None:
+            continue
+        if not path.is_file():
+            raise UsageError(f"{option} {path}: no such file")
+        secrets[sid] = path.resolve()
+    return secrets
+
+
+def write_context(plan: BuildPlan, context: Path) -> Path:
+    """Fill the folder ``context`` (created) with what the plan's build reads from its context,
+    and only that, so nothing else in the recipe's folder (secrets, data, .git) reaches the
+    engine: the sources its COPY steps name and the files its steps bind-mount or COPY (a locked
+    build's requirement files, the mount stubs' empty file; see ``BuildPlan.context_files``)."""
+    context.mkdir(parents=True)
     root = plan.recipe.context_dir
-    for c in plan.recipe.copy:
-        src = root / c.src
-        dest = context / c.src
+    for step in (s for stage in plan.stages for s in stage.steps if isinstance(s, CopyStep)):
+        src = root / step.src
+        dest = context / step.src
         dest.parent.mkdir(parents=True, exist_ok=True)
         if src.is_dir():
             shutil.copytree(src, dest, symlinks=True, dirs_exist_ok=True)
         else:
             shutil.copy2(src, dest)
-    # Files a step bind-mounts from the context (a locked build's requirement files, see
-    # lock.apply_lock): the plan names them, so the Dockerfile and the context agree.
     for f in plan.context_files:
         target = context / f.path
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_text(f.text)
+    return context
+
+
+def assemble_context(plan: BuildPlan, dockerfile: str, workdir: Path) -> tuple[Path, Path]:
+    """The build context (``workdir``/context) and the Dockerfile beside it."""
+    context = write_context(plan, workdir / "context")
     path = workdir / "Dockerfile"
     path.write_text(dockerfile)
     return context, path
@@ -125,15 +144,7 @@ def run_build(plan: BuildPlan, engine: Engine, options: BuildOptions, on_line: L
     engine's SDK. The image is kept in the engine when asked (--load), when a budget must be
     checked first, or when the engine keeps every image anyway (the docker driver)."""
     dockerfile = render_dockerfile(plan)
-    secrets: dict[str, Path] = {}
-    if options.ca_cert is not None:
-        if not options.ca_cert.is_file():
-            raise UsageError(f"--ca-cert {options.ca_cert}: no such file")
-        secrets[CA_SECRET_ID] = options.ca_cert.resolve()
-    if options.pip_config is not None:
-        if not options.pip_config.is_file():
-            raise UsageError(f"--pip-config {options.pip_config}: no such file")
-        secrets[PIP_CONFIG_SECRET_ID] = options.pip_config.resolve()
+    secrets = build_secrets(options.ca_cert, options.pip_config)
     tags = plan.tags if not options.tags else options.tags
     from buildkit_py.plan.build_plan import check_image_tag  # noqa: PLC0415
 

@@ -25,6 +25,7 @@ import hashlib
 import itertools
 import json
 import re
+import shutil
 import time
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
@@ -33,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from buildkit_py.compat.resolve import Resolution, resolve_with_base
+from buildkit_py.engine.build import build_secrets, write_context
 from buildkit_py.errors import (
     CompatibilityError,
     ImgbuildError,
@@ -40,6 +42,7 @@ from buildkit_py.errors import (
     RecipeIssue,
     UsageError,
 )
+from buildkit_py.files import write_atomic
 from buildkit_py.plan.build_plan import BuildPlan, Stage, make_plan
 from buildkit_py.plan.steps import Step
 from buildkit_py.recipe.model import (
@@ -54,6 +57,7 @@ from buildkit_py.recipe.model import (
     parse_recipe,
     read_recipe_text,
 )
+from buildkit_py.render.dockerfile import render_dockerfile
 from buildkit_py.sizes import human_size
 
 GITHUB_MAX_JOBS = 256  # GitHub Actions: a matrix generates at most 256 jobs per workflow run
@@ -638,57 +642,116 @@ def gitlab_matrix(matrix: Matrix, *, registry: str | None = None) -> dict[str, A
     return {"parallel": {"matrix": entries}}
 
 
-def bake_file(matrix: Matrix, *, registry: str | None = None, ca_cert: Path | None = None,
-              push: bool = False) -> dict[str, Any]:
-    """A docker-bake.json: one target per variant with its own registry cache, and the stages
-    the variants share as targets of their own, ahead of the targets that build FROM them
-    (through ``contexts: {name: "target:shared-..."}``). Shared targets export only cache;
-    variant targets load into the engine, or push their tags with ``push``. (Bake's own
-    --push/--load would set every target's output, the tagless shared ones too.)"""
-    from buildkit_py.render.dockerfile import render_dockerfile  # noqa: PLC0415
+BAKE_FILE = "docker-bake.json"
+# buildx before 0.17 reads a target's `network` only from a compose file: this one sets it.
+BAKE_NETWORK_FILE = "compose.yaml"
+BAKE_CONTEXTS = "contexts"  # one build context per target, beside the bake file
+_BAKE_MARK = ".imgbuild-bake"  # a folder holding it may be rewritten by the next `--format bake -o`
 
+
+@dataclass(frozen=True)
+class BakeTarget:
+    name: str
+    spec: dict[str, Any]  # the target as docker-bake.json holds it
+    plan: BuildPlan  # what its build context must hold (write_context)
+
+
+def bake_targets(matrix: Matrix, *, registry: str | None = None, ca_cert: Path | None = None,
+                 pip_config: Path | None = None, push: bool = False,
+                 prepare: Callable[[Variant, BuildPlan], BuildPlan] | None = None) -> list[BakeTarget]:
+    """The targets of the bake file, shared stages first: one per variant with its own registry
+    cache (when there is a ``registry``), and the stages the variants share as targets of their
+    own, ahead of the targets that build FROM them (through ``contexts: {name: "target:shared-..."}``).
+    Shared targets export only cache; variant targets load into the engine, or push their tags
+    with ``push``. (Bake's own --push/--load would set every target's output, the tagless shared
+    ones too.) Each target's build context is ``contexts/<target>`` beside the bake file.
+    The CA bundle and pip.conf reach every target as the secrets `imgbuild build` passes;
+    ``prepare`` (the variant's lock) runs on each variant's plan first."""
+    secrets = build_secrets(ca_cert, pip_config)
     plans = {v.id: variant_plan(v, registry=registry) for v in matrix.variants}
+    if prepare is not None:
+        plans = {v.id: prepare(v, plans[v.id]) for v in matrix.variants}
     stages, chains = shared_stages(plans)
-    context = str(matrix.path.parent)
-    secret = [f"id=cacert,src={ca_cert}"] if ca_cert else []
+    common: dict[str, Any] = {"network": "host"}  # like `imgbuild build` (its --network default)
+    if secrets:
+        common["secret"] = [f"id={sid},src={src}" for sid, src in sorted(secrets.items())]
 
     def cache(ref_name: str) -> dict[str, list[str]]:
+        if not registry:  # no registry: no cache refs (a bare name would mean Docker Hub)
+            return {}
         ref = cache_ref(matrix, ref_name, registry)
         return {"cache-from": [f"type=registry,ref={ref}"], "cache-to": [f"type=registry,ref={ref},mode=max"]}
 
-    targets: dict[str, dict[str, Any]] = {}
-    order = _topological(stages)
-    for key in order:
+    targets: list[BakeTarget] = []
+    for key in _topological(stages):
         st = stages[key]
-        text = render_dockerfile(shared_stage_plan(st, plans, st.base))
-        body = "\n".join(line for line in text.splitlines() if not line.startswith("#"))
+        plan = shared_stage_plan(st, plans, st.base)
+        body = "\n".join(line for line in render_dockerfile(plan).splitlines() if not line.startswith("#"))
         head = (f"# Shared stage of the imgbuild matrix {matrix.name}: {', '.join(s.id for s in st.steps)};\n"
                 f"# used by {', '.join(st.users)}.\n")
-        target: dict[str, Any] = {"context": context, "dockerfile-inline": head + body.strip("\n") + "\n"}
+        spec: dict[str, Any] = {"context": f"{BAKE_CONTEXTS}/{st.target}",
+                                "dockerfile-inline": head + body.strip("\n") + "\n"}
         if st.parent:
-            target["contexts"] = {stages[st.parent].context: f"target:{stages[st.parent].target}"}
-        target.update(cache(st.target))
-        target["output"] = ["type=cacheonly"]
-        target["network"] = "host"  # like `imgbuild build` (its --network default): no bridge needed
-        if secret:
-            target["secret"] = secret
-        targets[st.target] = target
+            spec["contexts"] = {stages[st.parent].context: f"target:{stages[st.parent].target}"}
+        targets.append(BakeTarget(st.target, {**spec, **cache(st.target), "output": ["type=cacheonly"], **common},
+                                  plan))
     for v in matrix.variants:
         plan = plans[v.id]
         chain = chains[v.id]
         if chain:
             plan = after_shared(plan, chain, stages, stages[chain[-1]].context)
-        target = {"context": context, "dockerfile-inline": render_dockerfile(plan), "tags": list(plan.tags)}
+        spec = {"context": f"{BAKE_CONTEXTS}/{v.id}", "dockerfile-inline": render_dockerfile(plan),
+                "tags": list(plan.tags)}
         if chain:
             last = stages[chain[-1]]
-            target["contexts"] = {last.context: f"target:{last.target}"}
-        target.update(cache(v.id))
-        target["output"] = ["type=registry"] if push else ["type=docker"]
-        target["network"] = "host"
-        if secret:
-            target["secret"] = secret
-        targets[v.id] = target
-    return {"group": {"default": {"targets": list(targets)}}, "target": targets}
+            spec["contexts"] = {last.context: f"target:{last.target}"}
+        output = ["type=registry"] if push else ["type=docker"]
+        targets.append(BakeTarget(v.id, {**spec, **cache(v.id), "output": output, **common}, plan))
+    return targets
+
+
+def bake_file(matrix: Matrix, **kwargs: Any) -> dict[str, Any]:
+    """The docker-bake.json of ``bake_targets(matrix, **kwargs)``."""
+    return _bake_json(bake_targets(matrix, **kwargs))
+
+
+def _bake_json(targets: list[BakeTarget]) -> dict[str, Any]:
+    return {"group": {"default": {"targets": [t.name for t in targets]}},
+            "target": {t.name: t.spec for t in targets}}
+
+
+def bake_network_file(targets: list[BakeTarget]) -> str:
+    """compose.yaml beside the bake file: ``network: host`` for every target, which buildx bake
+    before 0.17 reads only from a compose file (it ignores the bake file's ``network``)."""
+    services = "".join(f"  {t.name}:\n    build:\n      network: host\n" for t in targets)
+    return (f"# Written by `imgbuild matrix --format bake` with {BAKE_FILE}: `docker buildx bake` run in this\n"
+            "# folder reads both. buildx < 0.17 takes a target's network only from a compose file; the\n"
+            "# builds reach the package registries through the host's network, as `imgbuild build` does.\n"
+            f"services:\n{services}")
+
+
+def write_bake(matrix: Matrix, folder: Path, **kwargs: Any) -> list[Path]:
+    """Write the bake file, its network overlay and every target's build context into
+    ``folder`` (created; an existing one must be empty or hold an earlier bake of ours), so
+    that `docker buildx bake` run there builds exactly what `imgbuild build --all` would.
+    Returns the paths written, the bake file first."""
+    if folder.exists() and not folder.is_dir():
+        raise UsageError(f"-o {folder}: not a folder", hint="give a folder for the bake file and its contexts")
+    if folder.is_dir() and any(folder.iterdir()) and not (folder / _BAKE_MARK).exists():
+        raise UsageError(f"-o {folder}: the folder is not empty and holds no earlier bake of imgbuild's",
+                         hint="give a new or empty folder; imgbuild replaces only a folder it wrote")
+    targets = bake_targets(matrix, **kwargs)
+    folder.mkdir(parents=True, exist_ok=True)
+    staging = folder / f".{BAKE_CONTEXTS}.new"
+    shutil.rmtree(staging, ignore_errors=True)
+    for t in targets:
+        write_context(t.plan, staging / t.name)
+    shutil.rmtree(folder / BAKE_CONTEXTS, ignore_errors=True)
+    staging.rename(folder / BAKE_CONTEXTS)
+    write_atomic(folder / _BAKE_MARK, f"written by imgbuild matrix --format bake from {matrix.path}\n")
+    # key order matters (shared stages first), so no sort_keys
+    return [write_atomic(folder / BAKE_FILE, json.dumps(_bake_json(targets), indent=2) + "\n"),
+            write_atomic(folder / BAKE_NETWORK_FILE, bake_network_file(targets)), folder / BAKE_CONTEXTS]
 
 
 def _topological(stages: dict[str, SharedStage]) -> list[str]:
