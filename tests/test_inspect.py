@@ -226,8 +226,9 @@ def test_analyze_save_stream_on_a_synthetic_image(oci):
     raw, image_id, diff_ids = _save_tar(layers, SYNTH_HISTORY, oci=oci)
     saved = I.analyze_save_stream(io.BytesIO(raw), image_id=image_id, diff_ids=diff_ids, workers=1)
     assert saved.config and saved.config["history"] == SYNTH_HISTORY
-    report = I.build_report("synthetic:1", image_id, diff_ids, saved, saved.config["history"],
-                            {"io.imgbuild.cuda.flavor": "runtime"}, bandwidth_mbps=8, weight_threshold=4096)
+    report = I.build_report(I.ImageFacts("synthetic:1", image_id, diff_ids, saved.config["history"],
+                                         {"io.imgbuild.cuda.flavor": "runtime"}),
+                            saved, I.InspectOptions(bandwidth_mbps=8, weight_threshold=4096))
     assert [x.digest for x in report.layers] == diff_ids
     assert [x.blob_size for x in report.layers] == [len(b) for b in layers]
     assert report.layers[0].size == 100 + 3000 + 500 + len("gcc-12")
@@ -236,8 +237,8 @@ def test_analyze_save_stream_on_a_synthetic_image(oci):
     for x, blob in zip(report.layers, layers, strict=False):
         assert abs(x.compressed_size - len(gzip.compress(blob, 6))) <= 32
     assert report.pull_seconds == pytest.approx(report.compressed_size * 8 / 8e6)
-    with_unpack = I.build_report("synthetic:1", image_id, diff_ids, saved, saved.config["history"], {},
-                                 bandwidth_mbps=8, unpack_mbps=0.5)
+    with_unpack = I.build_report(I.ImageFacts("synthetic:1", image_id, diff_ids, saved.config["history"], {}),
+                                 saved, I.InspectOptions(bandwidth_mbps=8, unpack_mbps=0.5))
     assert with_unpack.pull_seconds == pytest.approx(report.compressed_size * 8 / 8e6 + report.blob_size / 0.5e6)
     assert I.report_json(with_unpack)["unpack_mbps"] == 0.5
 
@@ -296,15 +297,15 @@ def test_analyze_the_containerd_stores_oci_layout():
     saved = I.analyze_save_stream(io.BytesIO(raw), image_id=image_id, diff_ids=diff_ids, workers=1)
     assert saved.config and saved.config["history"] == SYNTH_HISTORY
     assert [saved.layers[d].compression for d in diff_ids] == ["gzip", "zstd", "gzip", "zstd"]
-    report = I.build_report("c:1", image_id, diff_ids, saved, saved.config["history"], {})
+    report = I.build_report(I.ImageFacts("c:1", image_id, diff_ids, saved.config["history"], {}), saved)
     # uncompressed from the tars inside, compressed exactly the stored blobs (no estimate)
     assert [x.blob_size for x in report.layers] == [len(b) for b in layers]
     assert [x.compressed_size for x in report.layers] == blob_sizes
     assert report.compressed_source == "store" and report.compressed_size == sum(blob_sizes)
     out = I.report_json(report)
     assert out["size_uncompressed"] == report.size and out["size_compressed"] == sum(blob_sizes)
-    remote = I.build_report("c:1", image_id, diff_ids, saved, saved.config["history"], {},
-                            registry_sizes=[1, 2, 3, 4])
+    remote = I.build_report(I.ImageFacts("c:1", image_id, diff_ids, saved.config["history"], {},
+                                         registry_sizes=[1, 2, 3, 4]), saved)
     assert remote.compressed_size == 10 and remote.compressed_source == "registry"
 
 
@@ -322,7 +323,7 @@ def test_repeated_layers_and_missing_layers():
     raw, image_id, diff_ids = _save_tar([layer, layer], [_h("ADD a /"), _h("ADD a /")])
     saved = I.analyze_save_stream(io.BytesIO(raw), image_id=image_id, diff_ids=diff_ids,
                                   estimate_compressed=False)
-    report = I.build_report("r", image_id, diff_ids, saved, saved.config["history"], {})
+    report = I.build_report(I.ImageFacts("r", image_id, diff_ids, saved.config["history"], {}), saved)
     assert [x.size for x in report.layers] == [10, 10] and report.compressed_size is None
     assert report.pull_seconds is None
     with pytest.raises(InspectError, match="lacks layer"):
@@ -332,8 +333,9 @@ def test_repeated_layers_and_missing_layers():
 def _tiny_report() -> I.ImageReport:
     raw, image_id, diff_ids = _save_tar(_synthetic_layers(), SYNTH_HISTORY)
     saved = I.analyze_save_stream(io.BytesIO(raw), image_id=image_id, diff_ids=diff_ids, workers=1)
-    return I.build_report("synthetic:1", image_id, diff_ids, saved, saved.config["history"],
-                          {"io.imgbuild.cuda.flavor": "devel"}, weight_threshold=4096)
+    return I.build_report(I.ImageFacts("synthetic:1", image_id, diff_ids, saved.config["history"],
+                                       {"io.imgbuild.cuda.flavor": "devel"}),
+                          saved, I.InspectOptions(weight_threshold=4096))
 
 
 def test_report_json_keys_and_budget():
@@ -397,12 +399,12 @@ def built(docker_client, base_image, tmp_path_factory):
 @pytest.fixture(scope="module")
 def dirty(engine, built):
     # No gzip pass here (the clean image checks it): it is most of the time on a small machine.
-    return I.inspect_image(engine, built["dirty"], estimate_compressed=False)
+    return I.inspect_image(engine, built["dirty"], I.InspectOptions(estimate_compressed=False))
 
 
 @pytest.fixture(scope="module")
 def clean(engine, built):
-    return I.inspect_image(engine, built["clean"], bandwidth_mbps=100)
+    return I.inspect_image(engine, built["clean"], I.InspectOptions(bandwidth_mbps=100))
 
 
 def _one(report: I.ImageReport, kind: str, path: str) -> I.Finding:
@@ -495,8 +497,8 @@ def test_compilers_grouped_by_folder_and_layer():
     history = [_h("RUN /bin/sh -c : imgbuild-step=os; x # buildkit")]
     raw, image_id, diff_ids = _save_tar([layer], history)
     saved = I.analyze_save_stream(io.BytesIO(raw), image_id=image_id, diff_ids=diff_ids, workers=1)
-    report = I.build_report("gcc:1", image_id, diff_ids, saved, history, {"io.imgbuild.cuda.flavor": "runtime"},
-                            bandwidth_mbps=8, weight_threshold=4096)
+    report = I.build_report(I.ImageFacts("gcc:1", image_id, diff_ids, history, {"io.imgbuild.cuda.flavor": "runtime"}),
+                            saved, I.InspectOptions(bandwidth_mbps=8, weight_threshold=4096))
     compilers = {f.path: f for f in report.findings if f.kind == I.COMPILER}
     assert {p: f.size for p, f in compilers.items()} == {"/usr/bin": 70, "/usr/lib/gcc/x86_64-linux-gnu/12/cc1": 100}
     assert "7 compiler files in /usr/bin (c++, cc, g++, gcc, gcc-12 and 2 more)" in compilers["/usr/bin"].message

@@ -28,7 +28,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from buildkit_py import oci
-from buildkit_py.analysis.inspect import attribute_layers, instruction_of, pull_seconds
+from buildkit_py.analysis.inspect import attribute_layers, instruction_of, pull_seconds, short_created
+from buildkit_py.engine import engine_for_reading
 from buildkit_py.errors import ImageMissing, ManifestNotFound, RegistryError, UsageError
 from buildkit_py.sizes import human_size
 
@@ -269,8 +270,6 @@ def read_image(image: str, *, source: str = "auto", client: oci.Client | None = 
             if source == SOURCE_REGISTRY:
                 raise
     if engine is None:
-        from buildkit_py.engine import engine_for_reading  # noqa: PLC0415
-
         engine = engine_for_reading()
     return read_engine(image, engine)
 
@@ -319,9 +318,7 @@ def diff_json(d: ImageDiff) -> dict[str, Any]:
 
 
 def render_table(d: ImageDiff, console) -> None:
-    from rich.table import Table  # noqa: PLC0415
-
-    from buildkit_py.analysis.inspect import _short_created  # noqa: PLC0415
+    from rich.table import Table  # ~80 ms; only the table view needs it, never --json  # noqa: PLC0415
 
     t = d.totals
     console.print(f"[bold]{d.b.image}[/bold] for a node holding [bold]{d.a.image}[/bold] "
@@ -333,7 +330,7 @@ def render_table(d: ImageDiff, console) -> None:
     for x in d.layers:
         mark = "[green]shared[/green]" if x.status == SHARED else "[yellow]new[/yellow]"
         table.add_row(str(x.layer.index), x.layer.step or "-", x.layer.group, human_size(x.layer.compressed_size),
-                      human_size(x.layer.size), mark, _short_created(x.layer.created_by))
+                      human_size(x.layer.size), mark, short_created(x.layer.created_by))
     console.print(table)
     frac = t.new_fraction
     share = "" if frac is None else f" ({100 * frac:.1f}% of B's {human_size(t.compressed_size)})"

@@ -108,7 +108,7 @@ def read_nvidia_smi(*, binary: str = "nvidia-smi", timeout: float = 20.0,
 
 def read_nvml() -> HostDriver:
     try:
-        import pynvml  # type: ignore[import-not-found]  # noqa: PLC0415
+        import pynvml  # type: ignore[import-not-found]  # optional: the nvml extra  # noqa: PLC0415
     except ImportError as exc:
         raise DriverCheckError("pynvml (nvidia-ml-py) is not installed") from exc
     try:
@@ -142,7 +142,7 @@ def read_host_driver(*, prefer_nvml: bool = True) -> HostDriver:
     """NVML when pynvml is importable and works, otherwise nvidia-smi."""
     if prefer_nvml:
         try:
-            import pynvml  # type: ignore[import-not-found]  # noqa: F401, PLC0415
+            import pynvml  # type: ignore[import-not-found]  # optional: the nvml extra  # noqa: F401, PLC0415
         except ImportError:
             pass
         else:

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
+import gzip
 import hashlib
 import io
 import json
@@ -48,8 +49,9 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import IO, Any
 
+from buildkit_py import oci
 from buildkit_py.artifacts.file_kinds import is_weight_file
-from buildkit_py.errors import ImageMissing, InspectError, SizeBudgetExceeded
+from buildkit_py.errors import ImageMissing, ImgbuildError, InspectError, SizeBudgetExceeded
 from buildkit_py.plan import labels as L
 from buildkit_py.plan.build_plan import GROUPS, STEP_MARK
 from buildkit_py.sizes import human_size
@@ -316,7 +318,8 @@ def attribute_layers(history: list[dict], n_layers: int,
     ``history`` is the image config's ``history`` (entries with ``created_by`` and
     ``empty_layer``). When the history does not account for every layer (a squashed or
     hand-made image), the layers it cannot place are attributed to nothing (group ``base``)."""
-    out = [a for a, entry in zip(attribute_entries(history, step_groups), history, strict=False) if not entry.get("empty_layer")]  # noqa: E501
+    entries = zip(attribute_entries(history, step_groups), history, strict=False)
+    out = [a for a, entry in entries if not entry.get("empty_layer")]
     if len(out) != n_layers:
         # Untrustworthy history: keep only what lines up from the top (the newest entries).
         pad = [Attribution(None, BASE_GROUP, "", "")] * max(0, n_layers - len(out))
@@ -502,11 +505,8 @@ def _blob_compression(head: bytes) -> str | None:
 
 def _decompressing(f: IO[bytes], compression: str) -> IO[bytes]:
     if compression == "gzip":
-        import gzip  # noqa: PLC0415
-
         return gzip.GzipFile(fileobj=f, mode="rb")  # type: ignore[return-value]
-    # Lazy: only images stored with zstd need it (Python < 3.14 has no zstd of its own).
-    import zstandard  # noqa: PLC0415
+    import zstandard  # lazy: only zstd-stored images need it (no zstd in Python < 3.14)  # noqa: PLC0415
 
     return zstandard.ZstdDecompressor().stream_reader(f, read_across_frames=True)  # type: ignore[return-value]
 
@@ -545,71 +545,89 @@ def _is_config_member(name: str, image_hex: str) -> bool:
     return name in (f"{image_hex}.json", f"blobs/sha256/{image_hex}")
 
 
-def analyze_save_stream(stream: IO[bytes], *, image_id: str, diff_ids: list[str],  # noqa: C901
+def analyze_save_stream(stream: IO[bytes], *, image_id: str, diff_ids: list[str],
                         estimate_compressed: bool = True, workers: int | None = None) -> SaveScan:
     """Parse a ``docker save`` tar read from ``stream`` (never seeking), scanning each layer
     once. Raises InspectError when a layer of ``diff_ids`` is not in it."""
-    image_hex = image_id.split(":", 1)[-1]
-    diff_hexes = {d.split(":", 1)[-1] for d in diff_ids}
-    wanted = set(diff_ids)
-    config: dict | None = None
-    layers: dict[str, LayerScan] = {}
-    json_blobs: dict[str, dict] = {}
     if workers is None:
         # Threads pay off from 4 cores up; on 2 the engine streaming the image needs one of them.
         cpus = os.cpu_count() or 1
         workers = min(8, cpus) if cpus >= 4 else 1
     pool = concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="imgbuild-gzip") \
         if estimate_compressed and workers > 1 else None
+    reader = _SaveReader(image_id, diff_ids, estimate_compressed=estimate_compressed, pool=pool, workers=workers)
     try:
         with tarfile.open(fileobj=stream, mode="r|") as outer:  # type: ignore[arg-type]
             for m in outer:
-                if not m.isreg():
-                    continue  # duplicate layers are symlinks to the first copy
-                if _is_config_member(m.name, image_hex) and m.name.endswith(".json"):
-                    if m.size > MAX_CONFIG_BYTES:
-                        raise InspectError(f"image config {m.name} is {m.size} bytes, more than a config should be")
-                    f = outer.extractfile(m)
-                    assert f is not None  # noqa: S101
-                    config = json.loads(f.read())
-                elif m.name.startswith("blobs/sha256/") and m.name.rsplit("/", 1)[-1] not in diff_hexes:
-                    # OCI layout (the containerd store): compressed layers, configs, manifests, indexes.
-                    f = outer.extractfile(m)
-                    assert f is not None  # noqa: S101
-                    head = f.peek(4)[:4]  # type: ignore[attr-defined]
-                    if compression := _blob_compression(head):
-                        scan = scan_layer(_decompressing(f, compression), counter=None)
-                        scan.compressed_size, scan.compression = m.size, compression
-                        if scan.digest in wanted:
-                            layers[scan.digest] = scan
-                    elif m.size <= MAX_CONFIG_BYTES and head[:1] == b"{":
-                        try:
-                            doc = json.loads(f.read())
-                        except ValueError:
-                            doc = None  # not JSON after all: no config, manifest or index
-                        if isinstance(doc, dict):
-                            json_blobs[m.name.rsplit("/", 1)[-1]] = doc
-                        else:
-                            pass
-                elif _is_layer_member(m.name, diff_hexes):
-                    f = outer.extractfile(m)
-                    assert f is not None  # noqa: S101
-                    counter = GzipCounter(pool, workers) if estimate_compressed else None
-                    scan = scan_layer(f, counter=counter)
-                    if scan.digest in wanted:
-                        layers[scan.digest] = scan
+                if m.isreg():  # duplicate layers are symlinks to the first copy
+                    reader.member(outer, m)
     except (tarfile.TarError, ValueError) as exc:
         raise InspectError(f"could not read the image stream: {exc}") from exc
     finally:
         if pool is not None:
             pool.shutdown(wait=True, cancel_futures=True)
-    if config is None:
-        config = resolve_config(json_blobs, image_hex)
-    missing = [d for d in diff_ids if d not in layers]
-    if missing:
-        raise InspectError(f"the saved image lacks layer {missing[0]} of its own rootfs",
-                           hint="is the image complete? `docker save` of it should load back")
-    return SaveScan(config, layers)
+    return reader.result(diff_ids)
+
+
+class _SaveReader:
+    """What ``analyze_save_stream`` keeps from the members of the outer tar: the image config,
+    the scans of the wanted layers, and (OCI layout) the JSON blobs the config may be behind."""
+
+    def __init__(self, image_id: str, diff_ids: list[str], *, estimate_compressed: bool,
+                 pool: concurrent.futures.Executor | None, workers: int):
+        self.image_hex = image_id.split(":", 1)[-1]
+        self.diff_hexes = {d.split(":", 1)[-1] for d in diff_ids}
+        self.wanted = set(diff_ids)
+        self.estimate_compressed, self.pool, self.workers = estimate_compressed, pool, workers
+        self.config: dict | None = None
+        self.layers: dict[str, LayerScan] = {}
+        self.json_blobs: dict[str, dict] = {}
+
+    def member(self, outer: tarfile.TarFile, m: tarfile.TarInfo) -> None:
+        if _is_config_member(m.name, self.image_hex) and m.name.endswith(".json"):
+            if m.size > MAX_CONFIG_BYTES:
+                raise InspectError(f"image config {m.name} is {m.size} bytes, more than a config should be")
+            self.config = json.loads(_extract(outer, m).read())
+        elif m.name.startswith("blobs/sha256/") and m.name.rsplit("/", 1)[-1] not in self.diff_hexes:
+            self._oci_blob(outer, m)
+        elif _is_layer_member(m.name, self.diff_hexes):
+            counter = GzipCounter(self.pool, self.workers) if self.estimate_compressed else None
+            self._keep(scan_layer(_extract(outer, m), counter=counter))
+
+    def _oci_blob(self, outer: tarfile.TarFile, m: tarfile.TarInfo) -> None:
+        """OCI layout (the containerd store): compressed layers, configs, manifests, indexes."""
+        f = _extract(outer, m)
+        head = f.peek(4)[:4]  # type: ignore[attr-defined]
+        if compression := _blob_compression(head):
+            scan = scan_layer(_decompressing(f, compression), counter=None)
+            scan.compressed_size, scan.compression = m.size, compression
+            self._keep(scan)
+        elif m.size <= MAX_CONFIG_BYTES and head[:1] == b"{":
+            try:
+                doc = json.loads(f.read())
+            except ValueError:
+                return  # not JSON after all: no config, manifest or index
+            if isinstance(doc, dict):
+                self.json_blobs[m.name.rsplit("/", 1)[-1]] = doc
+
+    def _keep(self, scan: LayerScan) -> None:
+        if scan.digest in self.wanted:
+            self.layers[scan.digest] = scan
+
+    def result(self, diff_ids: list[str]) -> SaveScan:
+        config = self.config if self.config is not None else resolve_config(self.json_blobs, self.image_hex)
+        missing = [d for d in diff_ids if d not in self.layers]
+        if missing:
+            raise InspectError(f"the saved image lacks layer {missing[0]} of its own rootfs",
+                               hint="is the image complete? `docker save` of it should load back")
+        return SaveScan(config, self.layers)
+
+
+def _extract(outer: tarfile.TarFile, m: tarfile.TarInfo) -> IO[bytes]:
+    f = outer.extractfile(m)
+    if f is None:  # only for members that are not files; callers pass regular files
+        raise InspectError(f"could not read {m.name} from the image stream")
+    return f
 
 
 # ---------------------------------------------------------------- findings
@@ -637,6 +655,10 @@ class _Deletions:
     def __bool__(self) -> bool:
         return bool(self.removed or self.opaque)
 
+    def alive(self, path: str, layer: int) -> bool:
+        """Not deleted by any layer above ``layer``."""
+        return not self or self.deleted_by(path, layer) is None
+
     def deleted_by(self, path: str, layer: int) -> tuple[str, int] | None:
         """(whiteout path, layer) of the lowest deletion above ``layer`` hiding ``path``."""
         best: tuple[str, int] | None = None
@@ -656,101 +678,157 @@ def _where(layers: list[Layer], i: int) -> str:
     return f"layer {i} (step {layer.step})" if layer.step else f"layer {i} ({layer.group})"
 
 
-def find_problems(layers: list[Layer], scans: list[LayerScan], *, flavor: str | None,  # noqa: C901
+def find_problems(layers: list[Layer], scans: list[LayerScan], *, flavor: str | None,
                   weight_threshold: int = 10 * MiB) -> list[Finding]:
-    """Every finding for an image whose layer ``i`` is ``layers[i]`` scanned as ``scans[i]``."""
-    findings: list[Finding] = []
+    """Every finding for an image whose layer ``i`` is ``layers[i]`` scanned as ``scans[i]``:
+    weights, caches, compilers (runtime flavour only), CUDA shipped twice, bytes deleted later."""
     deletions = _Deletions(scans)
-
-    def alive(path: str, i: int) -> bool:
-        return not deletions or deletions.deleted_by(path, i) is None
-
-    def finding(kind: str, severity: str, i: int, path: str, size: int, message: str) -> None:
-        findings.append(Finding(kind, severity, i, layers[i].step, path, size, message))
-
-    caches: dict[tuple[int, str], list[int]] = {}
-    compilers: dict[str, tuple[int, int]] = {}  # path -> (layer, size); the top copy wins
-    cuda: dict[str, dict[str, dict[str, tuple[int, int]]]] = {}  # soname -> origin -> path -> (layer, size)
-    for i, scan in enumerate(scans):
-        for kind, detail, path, size in scan.hits:
-            if kind == WEIGHTS:
-                if size <= weight_threshold:
-                    continue
-                finding(WEIGHTS, WARNING, i, path, size,
-                        f"model weights ({human_size(size)}) baked into {_where(layers, i)}: every pull "
-                        f"moves them; fetch them at run time (recipe `weights:`) or mount them")
-            elif kind == CACHE:
-                acc = caches.setdefault((i, detail), [0, 0])
-                acc[0] += 1
-                acc[1] += size
-            elif kind == COMPILER:
-                compilers[path] = (i, size)
-            elif kind == CUDA_DUPLICATE:
-                soname, origin = detail.split(":")
-                cuda.setdefault(soname, {}).setdefault(origin, {})[path] = (i, size)
-
-    for (i, root), (count, size) in caches.items():
-        finding(CACHE, WARNING if size >= weight_threshold else INFO, i, root, size,
-                f"{root} left in {_where(layers, i)}: {count} file(s), {human_size(size)}; use a build "
-                f"cache mount (RUN --mount=type=cache) or clean it in the same RUN")
-
+    hits = _Hits.collect(scans)
+    findings = [*_weight_findings(layers, hits.weights, weight_threshold),
+                *_cache_findings(layers, hits.caches, weight_threshold)]
     if flavor == "runtime":
-        # One finding per folder and layer (apt's gcc alone brings ~10 names to /usr/bin).
-        folders: dict[tuple[int, str], list[tuple[str, int]]] = {}
-        for path, (i, size) in sorted(compilers.items()):
-            if alive(path, i):
-                folders.setdefault((i, posixpath.dirname(path)), []).append((path, size))
-        for (i, folder), files in sorted(folders.items()):
-            size = sum(s for _, s in files)
-            if len(files) == 1:
-                path, what = files[0][0], files[0][0]
-            else:
-                names = [posixpath.basename(p) for p, _ in files]
-                shown = ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
-                path, what = folder, f"{len(files)} compiler files in {folder} ({shown})"
-            finding(COMPILER, WARNING, i, path, size,
-                    f"{what} in a runtime-flavour image ({_where(layers, i)}): compilers and CUDA "
-                    f"headers belong in a builder stage or a devel flavour")
+        findings += _compiler_findings(layers, hits.compilers, deletions)
+    findings += _cuda_findings(layers, hits.cuda, deletions)
+    if deletions:
+        findings += _deleted_findings(layers, scans, deletions, weight_threshold)
+    findings.sort(key=lambda f: (_SEVERITY_RANK.get(f.severity, 9), -f.size, f.layer or 0, f.path, f.kind))
+    return findings
 
+
+@dataclass
+class _Hits:
+    """The scans' rule hits by kind, as the finders need them."""
+
+    weights: list[tuple[int, str, int]] = field(default_factory=list)  # (layer, path, size)
+    caches: dict[tuple[int, str], list[int]] = field(default_factory=dict)  # (layer, root) -> [files, bytes]
+    compilers: dict[str, tuple[int, int]] = field(default_factory=dict)  # path -> (layer, size); the top copy wins
+    # soname -> origin (system | wheel) -> path -> (layer, size)
+    cuda: dict[str, dict[str, dict[str, tuple[int, int]]]] = field(default_factory=dict)
+
+    @classmethod
+    def collect(cls, scans: list[LayerScan]) -> _Hits:
+        hits = cls()
+        for i, scan in enumerate(scans):
+            for kind, detail, path, size in scan.hits:
+                if kind == WEIGHTS:
+                    hits.weights.append((i, path, size))
+                elif kind == CACHE:
+                    acc = hits.caches.setdefault((i, detail), [0, 0])
+                    acc[0] += 1
+                    acc[1] += size
+                elif kind == COMPILER:
+                    hits.compilers[path] = (i, size)
+                elif kind == CUDA_DUPLICATE:
+                    soname, origin = detail.split(":")
+                    hits.cuda.setdefault(soname, {}).setdefault(origin, {})[path] = (i, size)
+        return hits
+
+
+def _finding(layers: list[Layer], kind: str, severity: str, i: int, path: str, size: int, message: str) -> Finding:
+    return Finding(kind, severity, i, layers[i].step, path, size, message)
+
+
+def _weight_findings(layers: list[Layer], weights: list[tuple[int, str, int]], threshold: int) -> list[Finding]:
+    return [_finding(layers, WEIGHTS, WARNING, i, path, size,
+                     f"model weights ({human_size(size)}) baked into {_where(layers, i)}: every pull "
+                     f"moves them; fetch them at run time (recipe `weights:`) or mount them")
+            for i, path, size in weights if size > threshold]
+
+
+def _cache_findings(layers: list[Layer], caches: dict[tuple[int, str], list[int]], threshold: int) -> list[Finding]:
+    return [_finding(layers, CACHE, WARNING if size >= threshold else INFO, i, root, size,
+                     f"{root} left in {_where(layers, i)}: {count} file(s), {human_size(size)}; use a build "
+                     f"cache mount (RUN --mount=type=cache) or clean it in the same RUN")
+            for (i, root), (count, size) in caches.items()]
+
+
+def _compiler_findings(layers: list[Layer], compilers: dict[str, tuple[int, int]],
+                       deletions: _Deletions) -> list[Finding]:
+    """One finding per folder and layer (apt's gcc alone brings ~10 names to /usr/bin)."""
+    folders: dict[tuple[int, str], list[tuple[str, int]]] = {}
+    for path, (i, size) in sorted(compilers.items()):
+        if deletions.alive(path, i):
+            folders.setdefault((i, posixpath.dirname(path)), []).append((path, size))
+    out = []
+    for (i, folder), files in sorted(folders.items()):
+        size = sum(s for _, s in files)
+        if len(files) == 1:
+            path, what = files[0][0], files[0][0]
+        else:
+            names = [posixpath.basename(p) for p, _ in files]
+            shown = ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
+            path, what = folder, f"{len(files)} compiler files in {folder} ({shown})"
+        out.append(_finding(layers, COMPILER, WARNING, i, path, size,
+                            f"{what} in a runtime-flavour image ({_where(layers, i)}): compilers and CUDA "
+                            f"headers belong in a builder stage or a devel flavour"))
+    return out
+
+
+def _cuda_findings(layers: list[Layer], cuda: dict[str, dict[str, dict[str, tuple[int, int]]]],
+                   deletions: _Deletions) -> list[Finding]:
+    out = []
     for soname, origins in sorted(cuda.items()):
-        live = {o: {p: v for p, v in paths.items() if alive(p, v[0])} for o, paths in origins.items()}
+        live = {o: {p: v for p, v in paths.items() if deletions.alive(p, v[0])} for o, paths in origins.items()}
         system, wheel = live.get("system") or {}, live.get("wheel") or {}
         if not system or not wheel:
             continue
         sys_bytes, wheel_bytes = sum(s for _, s in system.values()), sum(s for _, s in wheel.values())
         wpath, (wi, _) = min(wheel.items())
         spath, (si, _) = min(system.items())
-        finding(CUDA_DUPLICATE, WARNING, wi, wpath, min(sys_bytes, wheel_bytes),
-                f"{soname} is shipped twice: {spath} ({_where(layers, si)}, {human_size(sys_bytes)}) and "
-                f"{wpath} ({_where(layers, wi)}, {human_size(wheel_bytes)}); the nvidia-*-cu12 wheels "
-                f"bring their own CUDA, so use a plain base or CUDA from wheels only")
+        out.append(_finding(layers, CUDA_DUPLICATE, WARNING, wi, wpath, min(sys_bytes, wheel_bytes),
+                            f"{soname} is shipped twice: {spath} ({_where(layers, si)}, {human_size(sys_bytes)}) and "
+                            f"{wpath} ({_where(layers, wi)}, {human_size(wheel_bytes)}); the nvidia-*-cu12 wheels "
+                            f"bring their own CUDA, so use a plain base or CUDA from wheels only"))
+    return out
 
-    if deletions:
-        wasted: dict[tuple[int, str, int], list[int]] = {}
-        for i, scan in enumerate(scans):
-            for path, size in scan.files:
-                hit = deletions.deleted_by(path, i)
-                if hit:
-                    acc = wasted.setdefault((i, hit[0], hit[1]), [0, 0])
-                    acc[0] += 1
-                    acc[1] += size
-        for (i, path, j), (count, size) in wasted.items():
-            finding(DELETED, WARNING if size >= weight_threshold else INFO, i, path, size,
-                    f"{path} ({count} file(s), {human_size(size)}) shipped in {_where(layers, i)} but "
-                    f"deleted in {_where(layers, j)}: the bytes are still pulled; delete in the same RUN "
-                    f"that creates them")
 
-    findings.sort(key=lambda f: (_SEVERITY_RANK.get(f.severity, 9), -f.size, f.layer or 0, f.path, f.kind))
-    return findings
+def _deleted_findings(layers: list[Layer], scans: list[LayerScan], deletions: _Deletions,
+                      threshold: int) -> list[Finding]:
+    wasted: dict[tuple[int, str, int], list[int]] = {}
+    for i, scan in enumerate(scans):
+        for path, size in scan.files:
+            hit = deletions.deleted_by(path, i)
+            if hit:
+                acc = wasted.setdefault((i, hit[0], hit[1]), [0, 0])
+                acc[0] += 1
+                acc[1] += size
+    return [_finding(layers, DELETED, WARNING if size >= threshold else INFO, i, path, size,
+                     f"{path} ({count} file(s), {human_size(size)}) shipped in {_where(layers, i)} but "
+                     f"deleted in {_where(layers, j)}: the bytes are still pulled; delete in the same RUN "
+                     f"that creates them")
+            for (i, path, j), (count, size) in wasted.items()]
 
 
 # ---------------------------------------------------------------- the entry point
 
 
-def inspect_image(engine, ref: str, *, bandwidth_mbps: float = 1000, weight_threshold: int = 10 * MiB,  # noqa: PLR0913
-                  estimate_compressed: bool = True, step_groups: Mapping[str, str] | None = None,
-                  workers: int | None = None, registry_sizes: bool = True,
-                  unpack_mbps: float | None = None) -> ImageReport:
+@dataclass(frozen=True)
+class InspectOptions:
+    """How to inspect: the link a pull is timed on, what counts as weights, what to estimate."""
+
+    bandwidth_mbps: float = 1000
+    weight_threshold: int = 10 * MiB
+    estimate_compressed: bool = True  # False skips the gzip estimate: several times faster on big images
+    step_groups: Mapping[str, str] | None = None  # a plan's step -> group table (DEFAULT_STEP_GROUPS)
+    workers: int | None = None  # gzip threads; None: by the cores
+    registry_sizes: bool = True  # take compressed sizes from the registry's manifest when it has the image
+    unpack_mbps: float | None = None  # MB/s of unpacking counted in the pull time; None: network only
+
+
+@dataclass(frozen=True)
+class ImageFacts:
+    """What the engine (and the registry) say about an image, beside its saved layers."""
+
+    ref: str
+    image_id: str
+    diff_ids: list[str]
+    history: list[dict]  # the image config's history
+    labels: Mapping[str, str]  # io.imgbuild.* only
+    engine_sizes: list[int] | None = None  # per-layer sizes from the engine's history
+    registry_sizes: list[int] | None = None  # compressed layer sizes from the registry's manifest
+
+
+def inspect_image(engine, ref: str, options: InspectOptions | None = None) -> ImageReport:
     """Read image ``ref`` from ``engine`` (a backends.Engine) and report on it.
 
     One ``docker save`` stream is read (the classic layout or, on the containerd store, an
@@ -759,12 +837,13 @@ def inspect_image(engine, ref: str, *, bandwidth_mbps: float = 1000, weight_thre
     blobs when they are compressed, else from a gzip -6 estimate; with
     ``estimate_compressed=False`` the estimate is skipped, which makes inspection of a large
     image several times faster."""
-    import docker.errors  # only the entry point needs the SDK  # noqa: PLC0415
+    import docker.errors  # the SDK takes ~0.6 s to import; only this entry point needs it  # noqa: PLC0415
 
-    if bandwidth_mbps <= 0:
-        raise InspectError(f"bandwidth must be positive, got {bandwidth_mbps} Mbit/s")
-    if unpack_mbps is not None and unpack_mbps <= 0:
-        raise InspectError(f"unpack rate must be positive, got {unpack_mbps} MB/s")
+    opts = options or InspectOptions()
+    if opts.bandwidth_mbps <= 0:
+        raise InspectError(f"bandwidth must be positive, got {opts.bandwidth_mbps} Mbit/s")
+    if opts.unpack_mbps is not None and opts.unpack_mbps <= 0:
+        raise InspectError(f"unpack rate must be positive, got {opts.unpack_mbps} MB/s")
     attrs = engine.image_attrs(ref)
     if attrs is None:
         raise ImageMissing(f"no image {ref!r} in the engine",
@@ -773,11 +852,12 @@ def inspect_image(engine, ref: str, *, bandwidth_mbps: float = 1000, weight_thre
     diff_ids = list((attrs.get("RootFS") or {}).get("Layers") or [])
     labels = {k: v for k, v in sorted(((attrs.get("Config") or {}).get("Labels") or {}).items())
               if k.startswith(L.PREFIX)}
-    remote = registry_layer_sizes(ref, len(diff_ids)) if registry_sizes and attrs.get("RepoDigests") else None
+    remote = registry_layer_sizes(ref, len(diff_ids)) if opts.registry_sizes and attrs.get("RepoDigests") else None
     try:
         stream = io.BufferedReader(_IterStream(engine.save(ref)), 1 << 20)
         saved = analyze_save_stream(stream, image_id=image_id, diff_ids=diff_ids,
-                                    estimate_compressed=estimate_compressed and remote is None, workers=workers)
+                                    estimate_compressed=opts.estimate_compressed and remote is None,
+                                    workers=opts.workers)
     except docker.errors.DockerException as exc:
         raise InspectError(f"could not export {ref} from the engine: {exc}") from exc
     history = (saved.config or {}).get("history") or []
@@ -785,19 +865,15 @@ def inspect_image(engine, ref: str, *, bandwidth_mbps: float = 1000, weight_thre
         engine_history = list(reversed(engine.history(image_id)))
     except docker.errors.DockerException:
         engine_history = []
-    report = build_report(ref, image_id, diff_ids, saved, history, labels, bandwidth_mbps=bandwidth_mbps,
-                          weight_threshold=weight_threshold, step_groups=step_groups,
-                          engine_sizes=engine_layer_sizes(history, engine_history, len(diff_ids)),
-                          registry_sizes=remote, unpack_mbps=unpack_mbps)
-    return report
+    facts = ImageFacts(ref, image_id, diff_ids, history, labels,
+                       engine_sizes=engine_layer_sizes(history, engine_history, len(diff_ids)),
+                       registry_sizes=remote)
+    return build_report(facts, saved, opts)
 
 
 def registry_layer_sizes(ref: str, n_layers: int) -> list[int] | None:
     """Compressed layer sizes from ``ref``'s manifest in its registry (what a pull moves);
     None when it is not there or its layers are not the image's."""
-    from buildkit_py import oci  # noqa: PLC0415
-    from buildkit_py.errors import ImgbuildError  # noqa: PLC0415
-
     try:
         manifest, _, _ = oci.get_manifest(ref, client=oci.Client(max_retries=1, timeout=(5.0, 30.0)))
     except (ImgbuildError, ValueError):
@@ -816,13 +892,12 @@ def engine_layer_sizes(config_history: list[dict], engine_history: list[dict], n
     return sizes if len(sizes) == n_layers else None
 
 
-def build_report(ref: str, image_id: str, diff_ids: list[str], saved: SaveScan, history: list[dict],  # noqa: PLR0913
-                 labels: Mapping[str, str], *, bandwidth_mbps: float = 1000, weight_threshold: int = 10 * MiB,
-                 step_groups: Mapping[str, str] | None = None, engine_sizes: list[int] | None = None,
-                 registry_sizes: list[int] | None = None, unpack_mbps: float | None = None) -> ImageReport:
+def build_report(facts: ImageFacts, saved: SaveScan, options: InspectOptions | None = None) -> ImageReport:
     """The pure half of inspect_image: scans + history (+ the engine's layer sizes, + the
     registry's compressed sizes) -> report."""
-    attributions = attribute_layers(history, len(diff_ids), step_groups)
+    opts = options or InspectOptions()
+    diff_ids, registry_sizes = facts.diff_ids, facts.registry_sizes
+    attributions = attribute_layers(facts.history, len(diff_ids), opts.step_groups)
     scans = [saved.layers[d] for d in diff_ids]
     source = "registry" if registry_sizes is not None else \
         "store" if scans and all(s.compression for s in scans) else \
@@ -830,7 +905,7 @@ def build_report(ref: str, image_id: str, diff_ids: list[str], saved: SaveScan, 
     if registry_sizes is not None:
         for scan, remote in zip(scans, registry_sizes, strict=False):
             scan.compressed_size = remote
-    sizes = engine_sizes if engine_sizes is not None else [s.content_size for s in scans]
+    sizes = facts.engine_sizes if facts.engine_sizes is not None else [s.content_size for s in scans]
     layers = [
         Layer(index=i, digest=d, size=sizes[i], blob_size=s.blob_size, compressed_size=s.compressed_size,
               files=s.members, step=a.step, group=a.group, created_by=a.created_by, instruction=a.instruction)
@@ -839,14 +914,15 @@ def build_report(ref: str, image_id: str, diff_ids: list[str], saved: SaveScan, 
     compressed: int | None = None
     if all(s.compressed_size is not None for s in scans):
         compressed = sum(s.compressed_size or 0 for s in scans)
-    findings = find_problems(layers, scans, flavor=labels.get(L.CUDA_FLAVOR), weight_threshold=weight_threshold)
+    findings = find_problems(layers, scans, flavor=facts.labels.get(L.CUDA_FLAVOR),
+                             weight_threshold=opts.weight_threshold)
     blob_size = sum(x.blob_size for x in layers)
+    pull = None if compressed is None else pull_seconds(compressed, opts.bandwidth_mbps, blob_size, opts.unpack_mbps)
     return ImageReport(
-        image=ref, id=image_id, size=sum(x.size for x in layers), blob_size=blob_size,
-        compressed_size=compressed, unpack_mbps=unpack_mbps,
-        pull_seconds=None if compressed is None else pull_seconds(compressed, bandwidth_mbps, blob_size, unpack_mbps),
-        bandwidth_mbps=bandwidth_mbps, layers=tuple(layers), labels=dict(labels), findings=tuple(findings),
-        compressed_source=source if compressed is not None else None,
+        image=facts.ref, id=facts.image_id, size=sum(x.size for x in layers), blob_size=blob_size,
+        compressed_size=compressed, unpack_mbps=opts.unpack_mbps, pull_seconds=pull,
+        bandwidth_mbps=opts.bandwidth_mbps, layers=tuple(layers), labels=dict(facts.labels),
+        findings=tuple(findings), compressed_source=source if compressed is not None else None,
     )
 
 
@@ -901,14 +977,14 @@ def report_json(report: ImageReport) -> dict[str, Any]:
     }
 
 
-def _short_created(created_by: str, width: int = 60) -> str:
+def short_created(created_by: str, width: int = 60) -> str:
     s = " ".join(created_by.replace("/bin/sh -c #(nop) ", "").replace(" # buildkit", "").split())
     return s if len(s) <= width else s[: width - 1] + "…"
 
 
 def render_table(report: ImageReport, console) -> None:
     """Print the report on a rich ``Console``: summary, layers, groups, findings."""
-    from rich.table import Table  # noqa: PLC0415
+    from rich.table import Table  # ~80 ms; only the table view needs it, never --json  # noqa: PLC0415
 
     pull = "-" if report.pull_seconds is None else f"{report.pull_seconds:.1f} s at {report.bandwidth_mbps:g} Mbit/s"
     if report.pull_seconds is not None and report.unpack_mbps:
@@ -924,7 +1000,7 @@ def render_table(report: ImageReport, console) -> None:
         layers.add_column(col, justify=just)  # type: ignore[arg-type]
     for x in report.layers:
         layers.add_row(str(x.index), x.step or "-", x.group, human_size(x.size), human_size(x.compressed_size),
-                       _short_created(x.created_by))
+                       short_created(x.created_by))
     console.print(layers)
 
     groups = Table(title="Groups", title_justify="left")

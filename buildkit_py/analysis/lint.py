@@ -23,6 +23,9 @@ from pathlib import Path
 
 from buildkit_py.artifacts.file_kinds import is_weight_file
 from buildkit_py.compat import codes
+from buildkit_py.plan.build_plan import make_plan
+from buildkit_py.recipe.model import load_recipe, locate, read_recipe_text
+from buildkit_py.render.dockerfile import render_dockerfile
 
 ERROR, WARNING, INFO = "error", "warning", "info"
 _RANK = {ERROR: 0, WARNING: 1, INFO: 2}
@@ -93,10 +96,6 @@ class LintReport:
 
 def lint_recipe(path: str | os.PathLike, *, hadolint: str | None = "auto") -> LintReport:
     """hadolint: "auto" (use it where ``find_hadolint`` finds it), a binary path, or None (skip it)."""
-    from buildkit_py.plan.build_plan import make_plan  # noqa: PLC0415
-    from buildkit_py.recipe.model import load_recipe, locate, read_recipe_text  # noqa: PLC0415
-    from buildkit_py.render.dockerfile import render_dockerfile  # noqa: PLC0415
-
     path = Path(path)
     recipe = load_recipe(path)  # RecipeError: exit 2
     plan = make_plan(recipe)  # CompatibilityError: exit 2

@@ -34,16 +34,16 @@ def register(add: AddCommand) -> None:
 
 
 def cmd_inspect(args: argparse.Namespace, out: Out) -> int:
-    from buildkit_py.analysis.inspect import inspect_image, render_table, report_json
+    from buildkit_py.analysis.inspect import InspectOptions, inspect_image, render_table, report_json
     from buildkit_py.recipe.model import parse_size
 
     threshold = parse_size(args.weight_threshold)
     if threshold is None:
         raise UsageError(f"--weight-threshold {args.weight_threshold!r} is not a size like 10MiB")
     out.info(f"reading {args.image} (one pass over its layers)")
-    report = inspect_image(reading_engine(args), args.image, bandwidth_mbps=args.bandwidth,
-                           weight_threshold=threshold, estimate_compressed=not args.no_compressed,
-                           unpack_mbps=args.unpack_rate)
+    report = inspect_image(reading_engine(args), args.image, InspectOptions(
+        bandwidth_mbps=args.bandwidth, weight_threshold=threshold, estimate_compressed=not args.no_compressed,
+        unpack_mbps=args.unpack_rate))
     if args.json:
         out.data(report_json(report))
     else:
