@@ -54,8 +54,8 @@ print(json.dumps({"rc": rc, "wall_s": wall,
                   "maxrss_kib": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss}))
 """
 
-_IMGBUILD_PULL = "import sys; from buildkit_py import weights; weights.pull(sys.argv[1], sys.argv[2])"
-_IMGBUILD_PUSH = "import sys; from buildkit_py import weights; weights.push(sys.argv[1], sys.argv[2])"
+_IMGBUILD_PULL = "import sys; from buildkit_py.artifacts import weights; weights.pull(sys.argv[1], sys.argv[2])"
+_IMGBUILD_PUSH = "import sys; from buildkit_py.artifacts import weights; weights.push(sys.argv[1], sys.argv[2])"
 # oras-py: basic auth against the htpasswd registry; credentials from the environment.
 _ORAS = r"""
 import os, sys

@@ -307,7 +307,7 @@ def test_pull_memory_stays_flat(client, registry, ref, tmp_path):
     with open(src / "big.safetensors", "wb") as fh:
         fh.writelines(os.urandom(1 << 20) for _ in range(size >> 20))
     weights.push(src, ref, client=client)
-    code = ("import resource, sys; from buildkit_py import weights; "
+    code = ("import resource, sys; from buildkit_py.artifacts import weights; "
             "r = weights.pull(sys.argv[1], sys.argv[2]) if len(sys.argv) > 2 else None; "
             "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)")
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
