@@ -103,6 +103,16 @@ def test_unreachable_index_is_an_environment_error():
     assert exc.value.exit_status == 3
 
 
+def test_only_http_and_https_are_read(tmp_path):
+    """urllib would read a file: URL; an index URL (or a link on an index page) never does."""
+    (tmp_path / "torch").mkdir()
+    (tmp_path / "torch" / "index.html").write_text("<a href='torch-2.4.1.tar.gz'>torch-2.4.1.tar.gz</a>")
+    client = index.IndexClient(tmp_path.as_uri())
+    with pytest.raises(PackageIndexError, match="only http and https URLs are read"):
+        client.project("torch")
+    assert client.requests == 0
+
+
 def test_torch_facts_cuda13_and_cuda12(ix):
     c = index.IndexClient(ix.url)
     p = c.project("torch")

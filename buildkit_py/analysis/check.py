@@ -79,7 +79,8 @@ def check_compat(cuda: str, driver: str, *, datacenter: bool | None = None) -> C
         if datacenter:
             return result(FORWARD,
                           f"driver {driver} is too old for CUDA {tk.version} (minimum {need}, minor-version floor "
-                          f"{floor}), but branch R{branch} is supported by cuda-compat for this toolkit on data-center GPUs",  # noqa: E501
+                          f"{floor}), but branch R{branch} is supported by cuda-compat for this toolkit on "
+                          "data-center GPUs",
                           f"install cuda-compat-{tk.version.split('.')[0]}-{tk.version.split('.')[1]} in the image "
                           f"and put it on LD_LIBRARY_PATH, or upgrade the driver to >= {need}")
         why = ("forward compatibility needs a data-center GPU, and this host's GPUs are not" if datacenter is False
@@ -88,8 +89,8 @@ def check_compat(cuda: str, driver: str, *, datacenter: bool | None = None) -> C
                       + (f", minor-version floor {floor}" if floor else "") + f"); {why}",
                       f"upgrade the driver to >= {need}{runs_natively}")
     eol = driver_branch_end_of_life(branch)
-    why_not = (f"R{branch} reached end of life ({eol}), so forward compatibility (cuda-compat) is no longer supported on it"  # noqa: E501
-               if eol else f"R{branch} is not a cuda-compat branch for it")
+    why_not = (f"R{branch} reached end of life ({eol}), so forward compatibility (cuda-compat) is no longer "
+               "supported on it" if eol else f"R{branch} is not a cuda-compat branch for it")
     return result(INCOMPATIBLE,
                   f"driver {driver} is too old for CUDA {tk.version} (minimum {need}"
                   + (f", minor-version floor {floor}" if floor else "") + ") and " + why_not,

@@ -16,7 +16,8 @@ _QUERY_OLD = ["--query-gpu=driver_version,name", "--format=csv,noheader"]
 _DRIVER_RE = re.compile(r"^\d{3}(\.\d{1,3}){1,2}$")
 _CAP_RE = re.compile(r"^\d{1,2}\.\d$")
 # Name fragments of NVIDIA data-center products (forward compatibility applies to these).
-_DATACENTER = re.compile(r"\b(Tesla|A100|A800|A30|A40|A10G?|A16|A2|H100|H200|H800|H20|GH200|B100|B200|B300|GB200|GB300|L4|L40S?|L20|T4|V100|P100|P40|K80)\b")  # noqa: E501
+_DATACENTER = re.compile(r"\b(Tesla|A100|A800|A30|A40|A10G?|A16|A2|H100|H200|H800|H20|GH200|B100|B200|B300|GB200"
+                         r"|GB300|L4|L40S?|L20|T4|V100|P100|P40|K80)\b")
 _CONSUMER = re.compile(r"\b(GeForce|TITAN|Quadro|RTX \d{4}|RTX A\d{4})\b")
 
 
@@ -84,7 +85,8 @@ def read_nvidia_smi(*, binary: str = "nvidia-smi", timeout: float = 20.0,
     path = shutil.which(binary)
     if path is None:
         raise DriverCheckError(f"{binary} not found on PATH",
-                               hint="install the NVIDIA driver, or run where the GPU is visible (e.g. docker run --gpus all)")  # noqa: E501
+                               hint="install the NVIDIA driver, or run where the GPU is visible "
+                                    "(e.g. docker run --gpus all)")
 
     def call(args: list[str]) -> subprocess.CompletedProcess:
         try:
@@ -124,7 +126,7 @@ def read_nvml() -> HostDriver:
                 try:
                     mj, mn = pynvml.nvmlDeviceGetCudaComputeCapability(h)
                     cap = f"{mj}.{mn}"
-                except Exception:  # noqa: BLE001 - old NVML without this call
+                except Exception:  # old NVML without this call
                     cap = None
                 gpus.append(Gpu(name, cap, classify_datacenter(name)))
         finally:

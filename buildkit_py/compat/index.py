@@ -109,18 +109,23 @@ class IndexClient:
         self.bytes_read = 0
 
     def _open(self, url: str, headers: dict[str, str] | None = None):
+        # urllib would open file: and other schemes too (what S310 warns of): refuse them here.
+        if urlsplit(url).scheme not in ("http", "https"):
+            raise PackageIndexError(f"package index: {redact(url)}: only http and https URLs are read",
+                                    hint="set the index URL (pip's index-url) to an http(s) URL")
         req = urllib.request.Request(url, headers={"User-Agent": "imgbuild-index-client", **(headers or {})})  # noqa: S310
         self.requests += 1
         try:
             context = self._ctx if url.startswith("https:") else None
-            return urllib.request.urlopen(req, timeout=self.timeout, context=context)  # noqa: S310 (http/https index URLs only)
+            return urllib.request.urlopen(req, timeout=self.timeout, context=context)  # noqa: S310
         except urllib.error.HTTPError as exc:
             raise PackageIndexError(f"package index: GET {redact(url)}: HTTP {exc.code}",
-                              hint="check the index URL (pip's index-url) and that the project exists") from None
+                                    hint="check the index URL (pip's index-url) and that the project exists") from None
         except (urllib.error.URLError, OSError, ValueError) as exc:
             reason = getattr(exc, "reason", exc)
             raise PackageIndexError(f"package index {redact(self.index_url)} unreachable: {reason}",
-                              hint="check the network or pip's index-url; --offline uses only the shipped data") from None  # noqa: E501
+                                    hint="check the network or pip's index-url; --offline uses only the shipped "
+                                         "data") from None
 
     def _read(self, url: str, headers: dict[str, str] | None = None) -> tuple[bytes, Any]:
         with self._open(url, headers) as r:
@@ -180,7 +185,8 @@ class IndexClient:
         if total is not None and len(tail) == total:   # whole file came back
             return _member_from_zip_bytes(tail, f.filename)
         if total is None:
-            raise PackageIndexError(f"package index: {f.filename}: the server answered a range request without Content-Range")  # noqa: E501
+            raise PackageIndexError(f"package index: {f.filename}: the server answered a range request "
+                                    "without Content-Range")
         start_of_tail = total - len(tail)
         cd_offset, cd_size = _central_directory(tail, start_of_tail, f.filename, self, f.url)
         if cd_offset >= start_of_tail:
@@ -276,7 +282,7 @@ def _parse_html(text: str, page_url: str) -> list[dict]:
         filename = url.rsplit("/", 1)[-1] or a["_text"].strip()
         meta = a.get("data-core-metadata", a.get("data-dist-info-metadata"))
         out.append({"filename": filename, "url": url, "requires_python": a.get("data-requires-python"),
-                    "yanked": "data-yanked" in a, "metadata_url": _metadata_url(url, meta if meta is not None else None)})  # noqa: E501
+                    "yanked": "data-yanked" in a, "metadata_url": _metadata_url(url, meta)})
     return out
 
 

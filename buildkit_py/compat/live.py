@@ -49,6 +49,7 @@ def ensure_torch(version: str, settings, *, offline: bool) -> str | None:
     path = store(row["version"], row)
     if tables.cached_torch(version) is None:   # e.g. a CUDA the shipped toolkits do not know yet
         variant = row.get("pypi_variant")
-        raise LookupError(f"torch {version} on {index.redact(settings.url)} is a {variant} build, a CUDA imgbuild's shipped data "  # noqa: E501
-                          "does not know yet")
-    return f"looked torch {version} up on {index.redact(settings.url)} (its Linux wheel's METADATA) and cached it in {path}"  # noqa: E501
+        raise LookupError(f"torch {version} on {index.redact(settings.url)} is a {variant} build, a CUDA "
+                          "imgbuild's shipped data does not know yet")
+    return (f"looked torch {version} up on {index.redact(settings.url)} (its Linux wheel's METADATA) "
+            f"and cached it in {path}")

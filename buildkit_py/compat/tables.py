@@ -233,7 +233,8 @@ def _load_raw(name: str) -> dict:
     except (OSError, json.JSONDecodeError) as exc:
         raise CompatDataError(f"compat data {name}: cannot be read: {exc}") from exc
     if not isinstance(data, dict) or data.get("schema") != SCHEMA:
-        raise _fail(name, "schema", f"expected schema {SCHEMA}, got {data.get('schema') if isinstance(data, dict) else data!r}")  # noqa: E501
+        got = data.get("schema") if isinstance(data, dict) else data
+        raise _fail(name, "schema", f"expected schema {SCHEMA}, got {got!r}")
     _need_source(name, "<top level>", data)
     return data
 
@@ -324,8 +325,9 @@ def _minor_floors() -> dict[int, MinorCompatFloor]:
         mj = e.get("major")
         if not isinstance(mj, int) or mj in out:
             raise _fail(f, mj, "major must be a unique integer")
+        windows = e.get("windows_min_driver")
         out[mj] = MinorCompatFloor(mj, _driver(f, mj, e.get("linux_min_driver")),
-                                   None if e.get("windows_min_driver") is None else _driver(f, mj, e["windows_min_driver"]),  # noqa: E501
+                                   None if windows is None else _driver(f, mj, windows),
                                    e.get("below_branch"), _need_source(f, mj, e))
     _ascending(f, [str(k) for k in out])
     return out
@@ -345,7 +347,8 @@ def _forward_compat() -> tuple[_RangeEntry, ...]:
             raise _fail(f, key, "an entry without branches must say why (none_supported)")
         eol = set(raw.get("end_of_life", {})) & set(branches)
         if eol:
-            raise _fail(f, key, f"branch(es) {', '.join(sorted(eol))} reached end of life (end_of_life) and are no target")  # noqa: E501
+            raise _fail(f, key, f"branch(es) {', '.join(sorted(eol))} reached end of life (end_of_life) "
+                                "and are no target")
         out.append(_RangeEntry(_spec(f, key, key), branches, _need_source(f, key, e)))
     return tuple(out)
 
@@ -423,9 +426,10 @@ def _flash_attn() -> tuple[FlashAttnRelease, ...]:
         v = e.get("version")
         archs = tuple(e.get("archs", ()))
         _archs_ok(f, v, archs)
-        pre = tuple(PrebuiltWheel(p["cuda"], p["torch"], tuple(p["python"]), tuple(p["cxx11abi"])) for p in e.get("prebuilt", ()))  # noqa: E501
-        out.append(FlashAttnRelease(v, _spec(f, v, e.get("torch")), _spec(f, v, e.get("cuda")), _spec(f, v, e.get("python")),  # noqa: E501
-                                    archs, pre, _need_source(f, v, e), e.get("notes")))
+        pre = tuple(PrebuiltWheel(p["cuda"], p["torch"], tuple(p["python"]), tuple(p["cxx11abi"]))
+                    for p in e.get("prebuilt", ()))
+        out.append(FlashAttnRelease(v, _spec(f, v, e.get("torch")), _spec(f, v, e.get("cuda")),
+                                    _spec(f, v, e.get("python")), archs, pre, _need_source(f, v, e), e.get("notes")))
     _ascending(f, [r.version for r in out])
     return tuple(out)
 
@@ -595,8 +599,9 @@ DATA_FILES = ("toolkits.json", "minor_compat.json", "forward_compat.json", "imag
 
 def validate_all() -> None:
     """Load every data file (raising CompatDataError on the first broken invariant)."""
-    _toolkit_data(); _minor_floors(); _forward_compat(); _images(); _torch()  # noqa: E702
-    _flash_attn(); _bnb(); _archs(); _wheels(); _coverage()  # noqa: E702
+    for load in (_toolkit_data, _minor_floors, _forward_compat, _images, _torch, _flash_attn, _bnb, _archs, _wheels,
+                 _coverage):
+        load()
 
 
 # ----------------------------------------------------------------------------- public API
