@@ -9,6 +9,7 @@ a ratio. Needs the Docker engine and the base image (`make bench` starts them).
   (6) CLI start-up vs a bare interpreter (bench_startup.py)
   (7) on Docker 26 + buildx + containerd store: pull+unpack gzip vs zstd, build-and-push from
       BuildKit vs build + API push (bench_engines.py), when that engine runs
+  (8) the schema validator: import and validation time vs jsonschema and pydantic (bench_schemas.py)
 
 "Cold" means no layer cache (--no-cache); pip and apt download caches stay warm in both arms,
 so the ratios measure layering, not the network.
@@ -169,13 +170,15 @@ def bench_prefix(b: Bench) -> dict:
             "shared_bytes": shared_bytes, "common_bytes": common}
 
 
+BENCHES = ("rebuild", "multistage", "prefix", "matrix", "weights", "startup", "engines", "schemas")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--only", choices=["rebuild", "multistage", "prefix", "matrix", "weights", "startup", "engines"],  # noqa: E501
-                        action="append")
+    parser.add_argument("--only", choices=BENCHES, action="append")
     parser.add_argument("--json", type=Path, help="also write the figures to this file")
     args = parser.parse_args()
-    chosen = args.only or ["rebuild", "multistage", "prefix", "matrix", "weights", "startup", "engines"]
+    chosen = args.only or list(BENCHES)
     b = Bench()
     results: dict = {}
     print(f"imgbuild benchmarks on {b.backend.name} ({b.backend.client}), base {BASE}\n", flush=True)
@@ -198,6 +201,9 @@ def main() -> int:
     if "engines" in chosen:
         proc = subprocess.run([sys.executable, str(REPO / "bench" / "bench_engines.py")], text=True)  # noqa: PLW1510
         results["engines_exit"] = proc.returncode
+    if "schemas" in chosen:
+        proc = subprocess.run([sys.executable, str(REPO / "bench" / "bench_schemas.py")], text=True, check=False)
+        results["schemas_exit"] = proc.returncode
     if args.json:
         args.json.write_text(json.dumps(results, indent=2))
     return 0

@@ -21,9 +21,11 @@ recipe digest. Expansion is pure: no I/O beyond reading the recipe.
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import itertools
 import json
+import math
 import re
 import shutil
 import time
@@ -47,17 +49,19 @@ from buildkit_py.plan.build_plan import BuildPlan, Stage, make_plan
 from buildkit_py.plan.steps import Step
 from buildkit_py.recipe.model import (
     BASE_KEYS,
+    BUDGET_KEYS,
     BUILD_KEYS,
     CUDA_KEYS,
     TAG_RE,
     TOP_KEYS,
     Recipe,
-    _closest,
+    line_of,
     locate,
     parse_recipe,
     read_recipe_text,
 )
 from buildkit_py.render.dockerfile import render_dockerfile
+from buildkit_py.schemas import closest, load_schema, prune, validate
 from buildkit_py.sizes import human_size
 
 GITHUB_MAX_JOBS = 256  # GitHub Actions: a matrix generates at most 256 jobs per workflow run
@@ -68,7 +72,8 @@ RESERVED = ("exclude", "include", "tags")
 PLACEHOLDERS = ("cuda", "cuda_short", "cuda_major", "python", "python_short", "torch", "version", "variant",
                 "flavor")
 _PLACEHOLDER_RE = re.compile(r"\{([^{}]*)\}")
-_SUB_TABLES = {"cuda": CUDA_KEYS, "base": BASE_KEYS, "build": BUILD_KEYS, "budget": {"max_size": str}}
+_SUB_TABLES = {"cuda": CUDA_KEYS, "base": BASE_KEYS, "build": BUILD_KEYS, "budget": BUDGET_KEYS}
+MATRIX_SCHEMA = {"$ref": "#/$defs/matrix"}  # in the recipe's schema, so editors check matrices too
 # Every key path a matrix may vary, with the type the recipe expects there.
 KEY_TYPES: dict[str, type] = {k: t for k, t in TOP_KEYS.items() if k not in {"matrix", "name"}}
 KEY_TYPES.update({f"{top}.{k}": t for top, table in _SUB_TABLES.items() for k, t in table.items()})
@@ -149,99 +154,34 @@ class Matrix:
 # --- parsing the spec ------------------------------------------------------------------
 
 
-def parse_matrix_spec(located, file: str) -> MatrixSpec | None:  # noqa: C901
-    """The ``matrix:`` mapping of a located recipe, validated; None when there is none."""
+def parse_matrix_spec(located, file: str) -> MatrixSpec | None:
+    """The ``matrix:`` mapping of a located recipe, validated (the recipe schema's
+    ``$defs/matrix``, then the rules below); None when there is none."""
     data = located.data if isinstance(located.data, dict) else {}
-    raw = data.get("matrix")
-    if raw is None:
+    if data.get("matrix") is None:
         return None
     issues: list[RecipeIssue] = []
 
     def fail(path: str, message: str) -> None:
-        issues.append(RecipeIssue(file, _line(located.lines, path), path, message))
+        issues.append(RecipeIssue(file, line_of(located.lines, path), path, message))
 
-    if not isinstance(raw, dict):
-        fail("matrix", "must be a mapping of recipe keys to lists of values")
+    refused = validate(data["matrix"], MATRIX_SCHEMA, root=load_schema("recipe"), at=("matrix",))
+    for issue in refused:
+        fail(issue.key, issue.message)
+    if not isinstance(data["matrix"], dict):
         raise RecipeError(issues)
-    axes: list[tuple[str, tuple[Any, ...]]] = []
-    for key, values in raw.items():
-        key = str(key)  # noqa: PLW2901
-        path = f"matrix.{key}"
-        if key in RESERVED:
-            continue
-        if not _known_key(key, fail, path):
-            continue
-        if not isinstance(values, list) or not values:
-            fail(path, "must be a non-empty list of values")
-            continue
-        normalized = tuple(_normalize(v, f"{path}[{i}]", KEY_TYPES[key], located) for i, v in enumerate(values))
-        seen: dict[str, int] = {}
-        for i, value in enumerate(normalized):
-            if _canon(value) in seen:
-                fail(f"{path}[{i}]", f"{_show(value)} is listed twice (also {path}[{seen[_canon(value)]}])")
-            seen.setdefault(_canon(value), i)
-        axes.append((key, normalized))
-    axis_keys = [k for k, _ in axes]
-    _check_overlap(axis_keys, fail, "matrix")
-
-    def entries(name: str) -> list[dict[str, Any]]:
-        items = raw.get(name)
-        if items is None:
-            return []
-        if not isinstance(items, list):
-            fail(f"matrix.{name}", "must be a list of mappings (recipe key -> value)")
-            return []
-        out = []
-        for i, item in enumerate(items):
-            path = f"matrix.{name}[{i}]"
-            if not isinstance(item, dict) or not item:
-                fail(path, "must be a non-empty mapping of recipe keys to values")
-                continue
-            entry = {}
-            for key, value in item.items():
-                key = str(key)  # noqa: PLW2901
-                if _known_key(key, fail, f"{path}.{key}"):
-                    entry[key] = _normalize(value, f"{path}.{key}", KEY_TYPES[key], located)
-            _check_overlap(list(entry), fail, path)
-            out.append(entry)
-        return out
-
-    exclude = entries("exclude")
-    for i, entry in enumerate(exclude):
-        for key, value in entry.items():
-            path = f"matrix.exclude[{i}].{key}"
-            axis = dict(axes).get(key)
-            if axis is None:
-                fail(path, f"{key} is not a matrix axis (axes: {', '.join(axis_keys) or 'none'})")
-            elif _canon(value) not in {_canon(v) for v in axis}:
-                fail(path, f"{_show(value)} is not one of the values of matrix.{key}, so this never matches")
-    include = entries("include")
-    for i, entry in enumerate(include):
-        for key in entry:
-            if any(key != k and (k.startswith(key + ".") or key.startswith(k + ".")) for k in axis_keys):
-                fail(f"matrix.include[{i}].{key}", f"{key} overlaps a matrix axis; set the axis key itself")
-
-    tags: tuple[str, ...] = DEFAULT_TAGS
-    if "tags" in raw:
-        t = raw["tags"]
-        if not isinstance(t, list) or not t or not all(isinstance(x, str) for x in t):
-            fail("matrix.tags", "must be a non-empty list of tag templates (strings)")
-        else:
-            for i, template in enumerate(t):
-                for name in _PLACEHOLDER_RE.findall(template):
-                    if name not in PLACEHOLDERS:
-                        close = _closest(name, PLACEHOLDERS)
-                        fail(f"matrix.tags[{i}]", f"unknown placeholder {{{name}}}"
-                             + (f" (did you mean {{{close}}}?)" if close else "")
-                             + f"; known: {', '.join('{' + p + '}' for p in PLACEHOLDERS)}")
-                if _PLACEHOLDER_RE.sub("", template).count("{") or _PLACEHOLDER_RE.sub("", template).count("}"):
-                    fail(f"matrix.tags[{i}]", f"{template!r} has an unmatched brace")
-            tags = tuple(t)
+    raw = {"matrix": copy.deepcopy(data["matrix"])}
+    prune(raw, refused)
+    spec = raw["matrix"]
+    axes = _axes(spec, located, fail)
+    exclude = _entries(spec.get("exclude", []), "exclude", located, fail)
+    include = _entries(spec.get("include", []), "include", located, fail)
+    _check_excludes(exclude, axes, fail)
+    _check_includes(include, [k for k, _ in axes], fail)
+    tags = _tags(spec.get("tags"), fail) if "tags" in data["matrix"] else DEFAULT_TAGS
     if not axes and not include and not issues:
         fail("matrix", "needs at least one axis (a recipe key with a list of values) or an include")
-    total = 1
-    for _, values in axes:
-        total *= len(values)
+    total = math.prod(len(values) for _, values in axes)
     if total > MAX_COMBINATIONS:
         fail("matrix", f"expands to {total} combinations, over the limit of {MAX_COMBINATIONS}")
     if issues:
@@ -250,12 +190,80 @@ def parse_matrix_spec(located, file: str) -> MatrixSpec | None:  # noqa: C901
     return MatrixSpec(tuple(axes), tuple(include), tuple(exclude), tags, lines)
 
 
+def _axes(spec: dict, located, fail) -> list[tuple[str, tuple[Any, ...]]]:
+    """Each axis (a recipe key path -> its values, read as the recipe loader reads them), in
+    the order written; a value listed twice is refused."""
+    axes: list[tuple[str, tuple[Any, ...]]] = []
+    for key, values in spec.items():
+        path = f"matrix.{key}"
+        if key in RESERVED or not _known_key(key, fail, path):
+            continue
+        normalized = tuple(_normalize(v, f"{path}[{i}]", KEY_TYPES[key], located) for i, v in enumerate(values))
+        seen: dict[str, int] = {}
+        for i, value in enumerate(normalized):
+            if _canon(value) in seen:
+                fail(f"{path}[{i}]", f"{_show(value)} is listed twice (also {path}[{seen[_canon(value)]}])")
+            seen.setdefault(_canon(value), i)
+        axes.append((key, normalized))
+    _check_overlap([k for k, _ in axes], fail, "matrix")
+    return axes
+
+
+def _entries(items: list, name: str, located, fail) -> list[dict[str, Any]]:
+    """``include``/``exclude``: each entry's recipe key paths -> values (the schema checked the shapes)."""
+    out = []
+    for i, item in enumerate(items):
+        if item is None:
+            continue
+        path = f"matrix.{name}[{i}]"
+        entry = {key: _normalize(value, f"{path}.{key}", KEY_TYPES[key], located)
+                 for key, value in item.items() if _known_key(str(key), fail, f"{path}.{key}")}
+        _check_overlap(list(entry), fail, path)
+        out.append(entry)
+    return out
+
+
+def _check_excludes(exclude: list[dict[str, Any]], axes: list[tuple[str, tuple[Any, ...]]], fail) -> None:
+    values = dict(axes)
+    for i, entry in enumerate(exclude):
+        for key, value in entry.items():
+            path = f"matrix.exclude[{i}].{key}"
+            if key not in values:
+                fail(path, f"{key} is not a matrix axis (axes: {', '.join(values) or 'none'})")
+            elif _canon(value) not in {_canon(v) for v in values[key]}:
+                fail(path, f"{_show(value)} is not one of the values of matrix.{key}, so this never matches")
+
+
+def _check_includes(include: list[dict[str, Any]], axis_keys: list[str], fail) -> None:
+    for i, entry in enumerate(include):
+        for key in entry:
+            if any(key != k and (k.startswith(key + ".") or key.startswith(k + ".")) for k in axis_keys):
+                fail(f"matrix.include[{i}].{key}", f"{key} overlaps a matrix axis; set the axis key itself")
+
+
+def _tags(templates: list | None, fail) -> tuple[str, ...]:
+    """Tag templates: every placeholder known, every brace matched."""
+    if templates is None:  # refused by the schema
+        return DEFAULT_TAGS
+    for i, template in enumerate(templates):
+        for name in _PLACEHOLDER_RE.findall(template):
+            if name not in PLACEHOLDERS:
+                close = closest(name, PLACEHOLDERS)
+                fail(f"matrix.tags[{i}]", f"unknown placeholder {{{name}}}"
+                     + (f" (did you mean {{{close}}}?)" if close else "")
+                     + f"; known: {', '.join('{' + p + '}' for p in PLACEHOLDERS)}")
+        rest = _PLACEHOLDER_RE.sub("", template)
+        if "{" in rest or "}" in rest:
+            fail(f"matrix.tags[{i}]", f"{template!r} has an unmatched brace")
+    return tuple(templates)
+
+
 def _known_key(key: str, fail, path: str) -> bool:
     if key == "name":
         fail(path, "a matrix varies one image repository; name cannot be an axis")
         return False
     if key == "matrix" or key not in KEY_TYPES:
-        close = _closest(key, KEY_TYPES)
+        close = closest(key, KEY_TYPES)
         fail(path, "not a recipe key" + (f" (did you mean '{close}'?)" if close else "")
              + "; a matrix axis is a recipe key path such as cuda.version, python, torch or pip")
         return False
@@ -286,14 +294,6 @@ def _canon(value: Any) -> str:
 
 def _show(value: Any) -> str:
     return json.dumps(value) if not isinstance(value, str) else repr(value)
-
-
-def _line(lines: dict[str, int], path: str) -> int | None:
-    while path:
-        if path in lines:
-            return lines[path]
-        path = re.sub(r"(\[\d+\]|\.[^.\[\]]+)$", "", path) if re.search(r"(\[\d+\]|\.[^.\[\]]+)$", path) else ""
-    return None
 
 
 def _get_path(data: Any, dotted: str) -> Any:
@@ -330,7 +330,7 @@ def expand_matrix(text: str, path: Path) -> Matrix:
     base_data = located.data
     base_values = {k: _normalize(_get_path(base_data, k), k, KEY_TYPES[k], located) for k in spec.keys}
     # Candidates, in order: the product of the axes, then the includes.
-    candidates: list[tuple[dict[str, Any], str, dict[str, int]]] = []
+    candidates: list[tuple[dict[str, Any], str, dict[str, str]]] = []
     excluded_raw: list[tuple[dict[str, Any], str]] = []
     if spec.axes:
         keys = [k for k, _ in spec.axes]
@@ -356,7 +356,7 @@ def expand_matrix(text: str, path: Path) -> Matrix:
     dropped: list[DroppedVariant] = []
     issues: list[RecipeIssue] = []
     for (values, source, paths), vid in zip(candidates, ids, strict=False):
-        lines = {k: _line(spec.lines, p) for k, p in paths.items()}
+        lines = {k: line_of(spec.lines, p) for k, p in paths.items()}
         override_lines = {k: line for k, line in lines.items() if line is not None}
         try:
             recipe = parse_recipe(text, path, overrides=values, override_lines=override_lines)
@@ -375,7 +375,7 @@ def expand_matrix(text: str, path: Path) -> Matrix:
     for v in kept:
         for tag in v.tags:
             if tag in owners and owners[tag] != v.id:
-                issues.append(RecipeIssue(file, _line(spec.lines, "matrix.tags"), "matrix.tags",
+                issues.append(RecipeIssue(file, line_of(spec.lines, "matrix.tags"), "matrix.tags",
                                           f"variants {owners[tag]} and {v.id} would both be tagged {tag}; "
                                           "add {variant} or the varying keys to a tag template"))
             owners.setdefault(tag, v.id)
@@ -400,7 +400,7 @@ def _relocate(issues, values, paths: dict[str, str], spec_lines: dict[str, int],
             out.append(issue._replace(message=f"(variant {vid}) {issue.message}"))
             continue
         where = paths[key] + issue.key[len(key):]
-        out.append(RecipeIssue(issue.file, _line(spec_lines, where) or issue.line, where, issue.message))
+        out.append(RecipeIssue(issue.file, line_of(spec_lines, where) or issue.line, where, issue.message))
     return out
 
 
@@ -431,12 +431,12 @@ def _render_tags(spec: MatrixSpec, recipe: Recipe, res: Resolution, vid: str,
         key = f"matrix.tags[{i}]" if spec.tags is not DEFAULT_TAGS else "matrix"
         missing = [n for n in _PLACEHOLDER_RE.findall(template) if not values.get(n)]
         if missing:
-            issues.append(RecipeIssue(file, _line(spec.lines, key), key,
+            issues.append(RecipeIssue(file, line_of(spec.lines, key), key,
                                       f"variant {vid} has no {missing[0]} for {{{missing[0]}}}"))
             continue
         tag = _PLACEHOLDER_RE.sub(lambda m: str(values[m.group(1)]), template)
         if not TAG_RE.match(tag):
-            issues.append(RecipeIssue(file, _line(spec.lines, key), key,
+            issues.append(RecipeIssue(file, line_of(spec.lines, key), key,
                                       f"{template!r} gives {tag!r} for variant {vid}, not a valid tag "
                                       "(letters, digits, '.', '_', '-'; at most 128)"))
             continue
@@ -760,8 +760,9 @@ def _topological(stages: dict[str, SharedStage]) -> list[str]:
     def visit(key: str) -> None:
         if key in order:
             return
-        if stages[key].parent:
-            visit(stages[key].parent)
+        parent = stages[key].parent
+        if parent:
+            visit(parent)
         order.append(key)
 
     for key in stages:
