@@ -55,8 +55,8 @@ class RecipeIssue(NamedTuple):
         return f"{where}:{key} {self.message}"
 
 
-class RecipeError(ImgbuildError):
-    """A recipe that cannot be loaded. Carries every issue found, not just the first."""
+class _FileIssues(ImgbuildError):
+    """An input file that breaks its schema or rules: every issue, each as `file:line: key: message`."""
 
     exit_status = ExitStatus.BAD_INPUT
 
@@ -70,6 +70,10 @@ class RecipeError(ImgbuildError):
             {"file": i.file, "line": i.line, "key": i.key, "message": i.message} for i in self.issues
         ]
         return out
+
+
+class RecipeError(_FileIssues):
+    """A recipe that cannot be loaded. Carries every issue found, not just the first."""
 
 
 class RecipeLocation(NamedTuple):
@@ -230,6 +234,10 @@ class LockError(ImgbuildError):
     """A lock file that cannot be read, or pins that cannot be resolved into one."""
 
     exit_status = ExitStatus.FAILED
+
+
+class LockFileError(_FileIssues, LockError):
+    """A lock file that breaks its schema (lock.schema.json): every issue located (exit 2)."""
 
 
 class _LockChanges(LockError):

@@ -12,7 +12,7 @@ import yaml
 from helpers import REPO, run_cli, write_recipe
 
 from buildkit_py.engine.build import assemble_context
-from buildkit_py.errors import ExitStatus, LockDrift, LockError, LockStale
+from buildkit_py.errors import ExitStatus, LockDrift, LockError, LockFileError, LockStale
 from buildkit_py.plan import lock
 from buildkit_py.plan.build_plan import make_plan
 from buildkit_py.plan.steps import MetaStep
@@ -216,14 +216,27 @@ def test_lock_holds_several_variants(recipe):
 
 
 def test_a_malformed_lock_is_an_error(recipe):
-    lock.lock_path(recipe).write_text("lock_version: 99\n")
-    with pytest.raises(LockError, match="not an imgbuild lock file"):
+    path = lock.lock_path(recipe)
+    path.write_text("lock_version: 99\n")
+    with pytest.raises(LockFileError, match="not an imgbuild lock file") as exc:
         lock.use_lock(plan_of(recipe))
+    assert exc.value.exit_status == ExitStatus.BAD_INPUT and "imgbuild lock" in exc.value.hint
+    assert f"{path}:1: lock_version: not an imgbuild lock file of version 1" in str(exc.value)
+    assert {i.key for i in exc.value.issues} == {"lock_version", "recipe", "inputs_digest", "variants"}
     text = write(recipe)
     sha = packages(recipe)["certifi"]["sha256"]
-    lock.lock_path(recipe).write_text(text.replace(sha, "0" * 64))  # YAML reads that as the number 0
-    with pytest.raises(LockError, match="package 'certifi' has a malformed sha256"):
+    # YAML reads the first as the number 0; every broken value is reported in one pass
+    broken = text.replace(sha, "0" * 64).replace("step: pins", "step: [pins]", 1)
+    path.write_text(broken)
+    with pytest.raises(LockError) as exc:
         lock.use_lock(plan_of(recipe))
+    lines = broken.splitlines()
+    found = {(i.key.rsplit(".", 1)[-1], i.line) for i in exc.value.issues}
+    assert len(found) == 2 and {k for k, _ in found} == {"sha256", "step"}, exc.value.issues
+    sha_issue = next(i for i in exc.value.issues if i.key.endswith(".sha256"))
+    assert sha_issue.key.startswith("variants.default.packages.final[") and "malformed sha256" in sha_issue.message
+    assert lines[sha_issue.line - 1].strip() == f"sha256: {'0' * 64}"
+    assert str(exc.value).startswith(f"{path}:{sha_issue.line}: {sha_issue.key}: malformed sha256")
 
 
 # --- staleness ------------------------------------------------------------------------------
@@ -442,3 +455,29 @@ def test_locked_dockerfile_lints(recipe, tmp_path, hadolint):
                          capture_output=True, text=True, check=False)
     assert [f for f in json.loads(out.stdout) if f["level"] == "error"] == []
     assert out.returncode == 0, out.stderr
+
+
+def test_written_lock_follows_its_schema_for_both_validators(recipe):
+    import jsonschema
+
+    from buildkit_py import schemas
+
+    write(recipe)
+    data = yaml.safe_load(lock.lock_path(recipe).read_text())
+    schema = schemas.load_schema("lock")
+    assert [e.message for e in jsonschema.Draft202012Validator(schema).iter_errors(data)] == []
+    assert schemas.validate(data, schema) == []
+    assert lock.read_lock(lock.lock_path(recipe)) == data
+
+
+def test_lock_file_errors_exit_2_with_file_line_key_and_hint(recipe):
+    path = lock.lock_path(recipe)
+    text = write(recipe)
+    path.write_text(text.replace("lock_version: 1", "lock_version: 1\nextra: true"))
+    code, out, err = run_cli("build", str(recipe), "--json")
+    assert code == 2 and "Traceback" not in err
+    data = json.loads(out)
+    assert data["error"] == "LockFileError" and "imgbuild lock" in data["hint"]
+    line = text.splitlines().index("lock_version: 1") + 2
+    assert data["issues"] == [{"file": str(path), "line": line, "key": "extra",
+                               "message": "unknown key; allowed: inputs_digest, lock_version, recipe, variants"}]

@@ -30,7 +30,7 @@ import subprocess
 import sys
 import tempfile
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -40,10 +40,21 @@ from packaging.markers import InvalidMarker
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 
-from buildkit_py.errors import ImgbuildError, LockDrift, LockError, LockStale, UsageError
+from buildkit_py.errors import (
+    ImgbuildError,
+    LockDrift,
+    LockError,
+    LockFileError,
+    LockStale,
+    RecipeError,
+    RecipeIssue,
+    UsageError,
+)
 from buildkit_py.files import write_atomic
 from buildkit_py.plan.build_plan import BuildPlan, Stage
 from buildkit_py.plan.steps import ContextFile, LockedPipStep, MetaStep, PipStep, Step
+from buildkit_py.recipe.model import line_of, locate
+from buildkit_py.schemas import load_schema, validate
 
 LOCK_VERSION = 1
 DEFAULT_VARIANT = "default"
@@ -166,7 +177,7 @@ def pip_report_args(target: Target, indexes: list[str], requirements_file: str, 
 
 
 def run_pip_report(target: Target, indexes: list[str], requirements: list[str], *,
-                   constraints: list[str] = (), ca_cert: Path | None = None) -> dict:
+                   constraints: Sequence[str] = (), ca_cert: Path | None = None) -> dict:
     """pip's installation report for ``requirements`` resolved for ``target``. The machine's
     pip configuration (config files, PIP_* variables: local find-links, constraints) is off."""
     python = os.environ.get("IMGBUILD_LOCK_PYTHON") or sys.executable
@@ -207,7 +218,7 @@ def _root(spec: str, by_url: dict[str, str]) -> tuple[str, frozenset[str]]:
 
 
 def _deps(item: dict, extras: frozenset[str], markers: dict[str, str]) -> list[tuple[str, frozenset[str]]]:
-    out = []
+    out: list[tuple[str, frozenset[str]]] = []
     for text in item["metadata"].get("requires_dist") or []:
         try:
             req = Requirement(text)
@@ -225,7 +236,7 @@ def packages_from_report(report: dict, target: Target, steps: list[dict]) -> lis
     requirements need it (so torch's closure lands in the torch layer, and a change to a small
     pin re-runs only the last layers). ``steps`` is ``[{"id", "requirements"}]`` in order, with
     ``"no_deps": True`` on a step that installs exactly its pins (then its packages are its own)."""
-    items = {canonicalize_name(i["metadata"]["name"]): i for i in report["install"]}
+    items: dict[str, dict] = {canonicalize_name(i["metadata"]["name"]): i for i in report["install"]}
     by_url = {i["download_info"]["url"]: n for n, i in items.items()}
     markers = target.markers
     step_of: dict[str, str] = {}
@@ -396,25 +407,25 @@ def write_lock(path: Path, text: str) -> bool:
 
 
 def read_lock(path: Path) -> dict[str, Any]:
+    """The lock file, checked against its schema (lock.schema.json): LockFileError (exit 2)
+    with every issue at its `file:line: key`."""
+    hint = "regenerate it with `imgbuild lock`"
     try:
-        data = yaml.safe_load(path.read_text())
-    except (OSError, yaml.YAMLError) as exc:
-        raise LockError(f"{path}: cannot read the lock file ({exc.__class__.__name__})",
-                        hint="regenerate it with `imgbuild lock`") from None
-    if not isinstance(data, dict) or data.get("lock_version") != LOCK_VERSION or not isinstance(data.get("variants"), dict):  # noqa: E501
-        raise LockError(f"{path}: not an imgbuild lock file of version {LOCK_VERSION}",
-                        hint="regenerate it with `imgbuild lock`")
-    for vid, entry in data["variants"].items():
-        for stage, packages in ((entry or {}).get("packages") or {}).items():
-            for p in packages or []:
-                bad = [k for k in ("name", "version", "step") if not isinstance(p.get(k), str)]
-                sha = p.get("sha256")
-                if not (isinstance(sha, str) and len(sha) == 64 and all(c in "0123456789abcdef" for c in sha)):
-                    bad.append("sha256")
-                if bad:
-                    raise LockError(f"{path}: variant {vid}, stage {stage}: package {p.get('name')!r} has a malformed "
-                                    f"{', '.join(bad)}", hint="regenerate it with `imgbuild lock`")
-    return data
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise LockError(f"{path}: cannot read the lock file ({exc.__class__.__name__})", hint=hint) from None
+    try:
+        located = locate(text, str(path))
+    except RecipeError as exc:  # not YAML: located by the loader
+        raise LockFileError(exc.issues, hint=hint) from None
+    if not isinstance(located.data, dict):
+        raise LockFileError([RecipeIssue(str(path), 1, "", f"not an imgbuild lock file of version {LOCK_VERSION}")],
+                            hint=hint)
+    issues = located.issues + [RecipeIssue(str(path), line_of(located.lines, i.key) or 1, i.key, i.message)
+                                for i in validate(located.data, load_schema("lock"))]
+    if issues:
+        raise LockFileError(issues, hint=hint)
+    return located.data
 
 
 # --- staleness and drift --------------------------------------------------------------------
@@ -422,7 +433,7 @@ def read_lock(path: Path) -> dict[str, Any]:
 
 def _pins(inputs: dict) -> dict[tuple[str, str], tuple[str, str]]:
     """(stage, package) -> (step, requirement) over every pip step."""
-    out = {}
+    out: dict[tuple[str, str], tuple[str, str]] = {}
     for stage, s in inputs.get("stages", {}).items():
         for step in s["steps"]:
             for r in step["requirements"]:
@@ -438,24 +449,39 @@ def _version(req: str) -> str:
     return req.split("==", 1)[1] if "==" in req else req
 
 
-def diff_inputs(old: dict, new: dict) -> list[str]:  # noqa: C901
+def diff_inputs(old: dict, new: dict) -> list[str]:
     """What changed between the inputs a lock was made from and the plan's, in words."""
-    changes = []
-    for key in ("python", "glibc"):
-        if old.get(key) != new.get(key):
-            changes.append(f"{key} {old.get(key)} -> {new.get(key)}")
+    changes = [f"{key} {old.get(key)} -> {new.get(key)}" for key in ("python", "glibc") if old.get(key) != new.get(key)]
     if old.get("platform") != new.get("platform") and old.get("glibc") == new.get("glibc"):
         changes.append(f"platform {old.get('platform')} -> {new.get('platform')}")
-    for stage in sorted(set(old.get("bases", {})) | set(new.get("bases", {}))):
-        a, b = old.get("bases", {}).get(stage), new.get("bases", {}).get(stage)
-        if a != b:
-            changes.append(f"base of stage {stage}: {a or 'none'} -> {b or 'none'}")
-    for stage in sorted(set(old.get("stages", {})) | set(new.get("stages", {}))):
-        a = old.get("stages", {}).get(stage, {}).get("indexes")
-        b = new.get("stages", {}).get(stage, {}).get("indexes")
+    changes += _base_changes(old.get("bases", {}), new.get("bases", {}))
+    changes += _index_changes(old.get("stages", {}), new.get("stages", {}))
+    changes += _pin_changes(_pins(old), _pins(new))
+    if old.get("unlocked") != new.get("unlocked"):
+        changes.append(f"built from source: {', '.join(old.get('unlocked') or []) or 'none'} -> "
+                       f"{', '.join(new.get('unlocked') or []) or 'none'}")
+    if not changes and old != new:
+        changes.append("the plan's pip steps changed (order or grouping)")
+    return changes
+
+
+def _base_changes(old: dict[str, str], new: dict[str, str]) -> list[str]:
+    return [f"base of stage {stage}: {old.get(stage) or 'none'} -> {new.get(stage) or 'none'}"
+            for stage in sorted(set(old) | set(new)) if old.get(stage) != new.get(stage)]
+
+
+def _index_changes(old: dict[str, dict], new: dict[str, dict]) -> list[str]:
+    changes = []
+    for stage in sorted(set(old) | set(new)):
+        a, b = old.get(stage, {}).get("indexes"), new.get(stage, {}).get("indexes")
         if a and b and a != b:
             changes.append(f"wheel index of stage {stage}: {a[0]} -> {b[0]}")
-    pa, pb = _pins(old), _pins(new)
+    return changes
+
+
+def _pin_changes(pa: dict[tuple[str, str], tuple[str, str]], pb: dict[tuple[str, str], tuple[str, str]]) -> list[str]:
+    """pip pins added, removed, re-pinned or moved to another step, per (stage, package)."""
+    changes = []
     for key in sorted(set(pa) | set(pb)):
         stage, name = key
         where = "" if stage == "final" else f" (stage {stage})"
@@ -470,11 +496,6 @@ def diff_inputs(old: dict, new: dict) -> list[str]:  # noqa: C901
             changes.append(f"pip: {name} {a} -> {b}{where}")
         elif pa[key][0] != pb[key][0]:
             changes.append(f"pip: {name} moved from step {pa[key][0]} to {pb[key][0]}{where}")
-    if old.get("unlocked") != new.get("unlocked"):
-        changes.append(f"built from source: {', '.join(old.get('unlocked') or []) or 'none'} -> "
-                       f"{', '.join(new.get('unlocked') or []) or 'none'}")
-    if not changes and old != new:
-        changes.append("the plan's pip steps changed (order or grouping)")
     return changes
 
 
@@ -482,8 +503,8 @@ def diff_locked(old: dict, new: dict) -> list[str]:
     """What a fresh resolve of the same inputs would change in a variant's packages and bases."""
     changes = []
     for stage in sorted(set(old.get("packages", {})) | set(new.get("packages", {}))):
-        a = {canonicalize_name(p["name"]): p for p in old.get("packages", {}).get(stage, [])}
-        b = {canonicalize_name(p["name"]): p for p in new.get("packages", {}).get(stage, [])}
+        a: dict[str, dict] = {canonicalize_name(p["name"]): p for p in old.get("packages", {}).get(stage, [])}
+        b: dict[str, dict] = {canonicalize_name(p["name"]): p for p in new.get("packages", {}).get(stage, [])}
         where = "" if stage == "final" else f" (stage {stage})"
         for name in sorted(set(a) | set(b)):
             if name not in b:
@@ -608,7 +629,7 @@ def use_lock(plan: BuildPlan, *, mode: str = "auto", variant: str = DEFAULT_VARI
     present, refuse a stale one), ``update`` (re-lock, then use it) or ``locked`` (CI: it must
     exist and a fresh resolve must not change it; never written)."""
     path = lock_path(plan.recipe.path)
-    kwargs = {"ca_cert": ca_cert, "resolver": resolver, "base_pinner": base_pinner}
+    kwargs: dict[str, Any] = {"ca_cert": ca_cert, "resolver": resolver, "base_pinner": base_pinner}
     if mode == "update":
         entry = lock_variant(plan, **kwargs)
         with _UPDATE:  # other variants of the file are kept
