@@ -27,7 +27,7 @@ def fake_client(tmp_path, name, version, buildx):
 @pytest.fixture
 def clients(monkeypatch):
     found: list[str] = []
-    monkeypatch.setattr(backends, "candidate_clients", lambda: found)
+    monkeypatch.setattr("buildkit_py.engine.select.candidate_clients", lambda: found)  # what select_engine calls
     monkeypatch.delenv("IMGBUILD_BACKEND", raising=False)
     return found
 

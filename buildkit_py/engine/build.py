@@ -12,6 +12,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from buildkit_py import oci
+from buildkit_py.analysis.inspect import attribute_entries
 from buildkit_py.engine import (
     PUSH,
     BuildRequest,
@@ -21,10 +23,10 @@ from buildkit_py.engine import (
     require,
     required_capabilities,
 )
-from buildkit_py.engine.push import PushResult
+from buildkit_py.engine.push import PushResult, split_tag
 from buildkit_py.errors import BudgetExceeded, BuildFailed, ImgbuildError, RegistryError, UsageError
 from buildkit_py.plan import labels as L
-from buildkit_py.plan.build_plan import BuildPlan
+from buildkit_py.plan.build_plan import BuildPlan, check_image_tag
 from buildkit_py.plan.steps import CopyStep
 from buildkit_py.render.dockerfile import render_dockerfile
 from buildkit_py.sizes import human_size
@@ -69,8 +71,6 @@ class BuildOutcome:
 
 def registry_compressed_size(ref: str) -> int | None:
     """Bytes a pull of ``ref`` downloads: config + layers of its linux/amd64 manifest."""
-    from buildkit_py import oci  # noqa: PLC0415
-
     try:
         manifest, _, _ = oci.get_manifest(ref)
     except ImgbuildError:
@@ -125,8 +125,6 @@ def assemble_context(plan: BuildPlan, dockerfile: str, workdir: Path) -> tuple[P
 def layer_groups(engine: Engine, image_id: str, plan: BuildPlan) -> dict[str, int]:
     """Bytes per layer group (base, os, python, cuda, ...), from the engine's history: cheap
     enough to run after every build, unlike `imgbuild inspect`, which streams the image."""
-    from buildkit_py.analysis.inspect import attribute_entries  # noqa: PLC0415
-
     history = engine.history(image_id)
     step_groups = {st.id: st.group for st in plan.final.steps}
     groups: dict[str, int] = {}
@@ -138,7 +136,7 @@ def layer_groups(engine: Engine, image_id: str, plan: BuildPlan) -> dict[str, in
 REJECTED_TAG = "rejected"  # an image over its size budget keeps only this tag
 
 
-def run_build(plan: BuildPlan, engine: Engine, options: BuildOptions, on_line: LineSink,  # noqa: C901
+def run_build(plan: BuildPlan, engine: Engine, options: BuildOptions, on_line: LineSink,
               on_progress: LineSink | None = None) -> BuildOutcome:
     """Build on ``engine``; push from BuildKit where the engine can (buildx), else through the
     engine's SDK. The image is kept in the engine when asked (--load), when a budget must be
@@ -146,14 +144,12 @@ def run_build(plan: BuildPlan, engine: Engine, options: BuildOptions, on_line: L
     dockerfile = render_dockerfile(plan)
     secrets = build_secrets(options.ca_cert, options.pip_config)
     tags = plan.tags if not options.tags else options.tags
-    from buildkit_py.plan.build_plan import check_image_tag  # noqa: PLC0415
-
     for tag in tags:  # reach argv and the registry, never a shell: check the grammar, exit 2
         check_image_tag(tag)
-    budget = plan.recipe.max_size is not None
+    budget = plan.recipe.max_size
     from_buildkit = options.push and PUSH in engine.capabilities
     # A budget is checked on the image in the engine before anything is pushed.
-    keep_local = options.load or budget or not options.push or engine.kind != "builder"
+    keep_local = options.load or budget is not None or not options.push or engine.kind != "builder"
     probe = BuildRequest(Path("."), Path("Dockerfile"), tags, cache_from=options.cache_from,
                          cache_to=options.cache_to, builder=options.builder, compression=options.compression,
                          oci_mediatypes=options.oci_mediatypes, provenance=options.provenance,
@@ -168,57 +164,58 @@ def run_build(plan: BuildPlan, engine: Engine, options: BuildOptions, on_line: L
         request = BuildRequest(
             context_dir=context, dockerfile=dockerfile_path, tags=tags, labels=volatile, secrets=secrets,
             network=options.network, no_cache=options.no_cache, cache_from=options.cache_from,
-            cache_to=options.cache_to, builder=options.builder, push=from_buildkit and not budget,
+            cache_to=options.cache_to, builder=options.builder, push=from_buildkit and budget is None,
             load=keep_local, compression=options.compression, oci_mediatypes=options.oci_mediatypes,
             provenance=options.provenance, platforms=options.platforms,
         )
         result = _build(engine, request, on_line)
-
         sizes = engine.image_sizes(result.image_id) if keep_local and result.image_id else None
         groups = layer_groups(engine, result.image_id, plan) if sizes else {}
         attrs = (engine.image_attrs(result.image_id) or {}) if sizes else {}
         image_labels = dict(sorted(((attrs.get("Config") or {}).get("Labels") or {}).items()))
-        if budget and sizes and sizes.uncompressed > plan.recipe.max_size:
-            # The image loses the tags we gave it (nothing may push or run it by them) and is
-            # kept as REPO:rejected, so the hint can name something to inspect.
-            from buildkit_py.engine.push import split_tag  # noqa: PLC0415
-
-            rejected = f"{split_tag(tags[0])[0]}:{REJECTED_TAG}"
-            engine.tag(result.image_id, rejected)
-            for tag in tags:
-                if tag != rejected:
-                    engine.untag(tag)
-            breakdown = ", ".join(f"{g} {human_size(b)}" for g, b in groups.items())
-            raise BudgetExceeded(
-                f"image {result.image_id[:19]} is {human_size(sizes.uncompressed)}, over the recipe's budget of "
-                f"{human_size(plan.recipe.max_size)}: {breakdown}; kept as {rejected}",
-                hint=f"see `imgbuild inspect {rejected}` for the biggest layers; drop heavy pins or use a "
-                     "runtime flavor")
-
+        if budget is not None and sizes and sizes.uncompressed > budget:
+            _reject_over_budget(engine, result.image_id, tags, sizes.uncompressed, budget, groups)
         pushes: list[PushResult] = []
         if options.push and from_buildkit:
             if not request.push:  # checked first: the same build again, every step cached, pushes
                 result = replace(_build(engine, replace(request, push=True), on_line), seconds=result.seconds)
-            if not result.digest:
-                raise RegistryError("the build pushed but its metadata file has no containerimage.digest",
-                                    hint="is the buildx plugin older than 0.10? push with --engine docker")
-            from buildkit_py.engine.push import split_tag  # noqa: PLC0415
-
-            pushes = [PushResult(f"{split_tag(t)[0]}@{result.digest}", split_tag(t)[1], result.digest, None, 1)
-                      for t in tags]
+            pushes = _buildkit_pushes(result, tags)
         elif options.push:
             pushes = [engine.push(tag, on_progress=on_progress) for tag in tags]
     if pushes:  # what a pull really downloads, from the registry's manifest
         compressed = registry_compressed_size(pushes[0].ref)
         if compressed is not None:
             sizes = ImageSizes(sizes.uncompressed if sizes else 0, compressed)
-    if pushes and not image_labels:  # pushed from a builder without loading: read them back from the registry
-        from buildkit_py import oci  # noqa: PLC0415
-
-        config = oci.get_image_config(pushes[0].ref).get("config") or {}
-        image_labels = dict(sorted((config.get("Labels") or {}).items()))
+        if not image_labels:  # pushed from a builder without loading: read them back from the registry
+            config = oci.get_image_config(pushes[0].ref).get("config") or {}
+            image_labels = dict(sorted((config.get("Labels") or {}).items()))
     return BuildOutcome(plan, engine.name, result, sizes.uncompressed if sizes else 0, tuple(pushes), groups,
                         labels=image_labels, sizes=sizes)
+
+
+def _reject_over_budget(engine: Engine, image_id: str, tags: tuple[str, ...], size: int, budget: int,
+                        groups: dict[str, int]) -> None:
+    """The image loses the tags we gave it (nothing may push or run it by them) and is kept as
+    REPO:rejected, so the hint can name something to inspect."""
+    rejected = f"{split_tag(tags[0])[0]}:{REJECTED_TAG}"
+    engine.tag(image_id, rejected)
+    for tag in tags:
+        if tag != rejected:
+            engine.untag(tag)
+    breakdown = ", ".join(f"{g} {human_size(b)}" for g, b in groups.items())
+    raise BudgetExceeded(
+        f"image {image_id[:19]} is {human_size(size)}, over the recipe's budget of "
+        f"{human_size(budget)}: {breakdown}; kept as {rejected}",
+        hint=f"see `imgbuild inspect {rejected}` for the biggest layers; drop heavy pins or use a "
+             "runtime flavor")
+
+
+def _buildkit_pushes(result: BuildResult, tags: tuple[str, ...]) -> list[PushResult]:
+    """What BuildKit pushed: every tag at the digest its metadata file names."""
+    if not result.digest:
+        raise RegistryError("the build pushed but its metadata file has no containerimage.digest",
+                            hint="is the buildx plugin older than 0.10? push with --engine docker")
+    return [PushResult(f"{split_tag(t)[0]}@{result.digest}", split_tag(t)[1], result.digest, None, 1) for t in tags]
 
 
 def _build(engine: Engine, request: BuildRequest, on_line: LineSink) -> BuildResult:

@@ -8,7 +8,7 @@ import json
 import os
 from pathlib import Path
 
-from buildkit_py.engine import (
+from buildkit_py.engine.base import (
     BUILDER_SELECT,
     CACHE_EXPORT,
     CACHE_FROM,
@@ -25,6 +25,9 @@ from buildkit_py.engine import (
     parse_compression,
 )
 from buildkit_py.engine.docker_cli import ClassicEngine
+from buildkit_py.engine.push import classify_push_error, registry_host
+from buildkit_py.errors import AuthenticationError, RegistryError
+from buildkit_py.oci import auth
 
 _BASE = frozenset({MULTI_STAGE, CACHE_MOUNTS, SECRETS, CACHE_FROM, PUSH, METADATA_FILE, PLATFORM})
 # What the docker driver can do only with the containerd image store (on the classic store
@@ -112,9 +115,6 @@ class BuildxEngine(ClassicEngine):
         env = self.environment()
         if not request.push:
             return env
-        from buildkit_py.engine.push import registry_host  # noqa: PLC0415
-        from buildkit_py.oci import auth  # noqa: PLC0415
-
         found = {}
         for tag in request.tags:
             host = registry_host(tag)
@@ -142,9 +142,6 @@ class BuildxEngine(ClassicEngine):
     def refine_failure(self, request: BuildRequest, log: str) -> None:
         if not request.push:
             return
-        from buildkit_py.engine.push import classify_push_error, registry_host  # noqa: PLC0415
-        from buildkit_py.errors import AuthenticationError, RegistryError  # noqa: PLC0415
-
         lines = [ln for ln in log.splitlines() if "ERROR" in ln or "error" in ln.lower()]
         message = " ".join(lines[-1].split()) if lines else ""
         low = log.lower()

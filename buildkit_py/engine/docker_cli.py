@@ -9,7 +9,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from buildkit_py.engine import (
+from buildkit_py.engine.base import (
     CACHE_FROM,
     CACHE_MOUNTS,
     MULTI_STAGE,
