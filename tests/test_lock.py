@@ -38,7 +38,7 @@ class FakeResolver:
         return copy.deepcopy(self.report)
 
 
-def pinner(ref):
+def pinner(ref, engine=None):
     return {"ref": ref, "digest": DIGEST}
 
 
@@ -46,13 +46,14 @@ def local_pinner(ref):
     return {"ref": ref, "digest": None, "image_id": "sha256:" + "cd" * 32, "note": "exists only in the local engine"}
 
 
-class FakeClient:
+class FakeEngine:
+    """The engine the CLI passes down: what `image inspect` says of a base."""
+
     def __init__(self, image_id):
-        self.images = self
         self.image_id = image_id
 
-    def get(self, ref):
-        return type("Image", (), {"attrs": {"Id": self.image_id}})()
+    def image_attrs(self, ref):
+        return {"Id": self.image_id}
 
 
 @pytest.fixture
@@ -266,7 +267,7 @@ def test_a_stale_lock_is_refused_naming_the_change(recipe, edit, change):
 def test_a_change_outside_the_pins_keeps_the_lock(recipe):
     write(recipe)
     recipe.write_text(RECIPE + "env: {HF_HOME: /models}\nlabels: {team: ml}\n")
-    use = lock.use_lock(plan_of(recipe), client=FakeClient("x"))
+    use = lock.use_lock(plan_of(recipe), engine=FakeEngine("x"))
     assert use.status == "used"
 
 
@@ -322,11 +323,11 @@ def test_locked_fails_on_a_stale_lock_with_exit_1(recipe):
 def test_locked_fails_when_a_local_base_changed(recipe):
     write(recipe, base_pinner=local_pinner)
     kwargs = {"resolver": FakeResolver(), "base_pinner": local_pinner}
-    assert lock.use_lock(plan_of(recipe), mode="locked", client=FakeClient("sha256:" + "cd" * 32), **kwargs)
-    auto = lock.use_lock(plan_of(recipe), client=FakeClient("sha256:" + "ef" * 32))
+    assert lock.use_lock(plan_of(recipe), mode="locked", engine=FakeEngine("sha256:" + "cd" * 32), **kwargs)
+    auto = lock.use_lock(plan_of(recipe), engine=FakeEngine("sha256:" + "ef" * 32))
     assert any("is not the image locked" in w for w in auto.warnings)
     with pytest.raises(LockDrift, match="is not the image locked"):
-        lock.use_lock(plan_of(recipe), mode="locked", client=FakeClient("sha256:" + "ef" * 32), **kwargs)
+        lock.use_lock(plan_of(recipe), mode="locked", engine=FakeEngine("sha256:" + "ef" * 32), **kwargs)
 
 
 def test_update_lock_rewrites_a_stale_lock(recipe):

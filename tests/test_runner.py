@@ -8,7 +8,7 @@ import pytest
 import yaml
 from helpers import REPO, run_cli, write_recipe
 
-from buildkit_py.engine.run import compose_document, gpu_runtime, make_run_plan, weights_dir_name
+from buildkit_py.engine.run import RunOptions, compose_document, gpu_runtime, make_run_plan, weights_dir_name
 from buildkit_py.plan.build_plan import make_plan
 from buildkit_py.recipe.model import load_recipe
 
@@ -34,17 +34,17 @@ def test_gpu_runtime_from_engine_info(tmp_path, monkeypatch):
 
 
 def test_run_plan_mounts_weights_read_only(tmp_path):
-    plan = make_run_plan("team/infer:1", [("r.example.com/models/llm:1", "/models/llm")], root=tmp_path,
-                         gpus="auto", engine_info={"Runtimes": {"nvidia": {}}}, network="none", extra=[],
-                         command=["python", "-m", "serve"])
+    options = RunOptions(root=tmp_path, gpus="auto", network="none", command=("python", "-m", "serve"))
+    plan = make_run_plan("team/infer:1", [("r.example.com/models/llm:1", "/models/llm")], options,
+                         engine_info={"Runtimes": {"nvidia": {}}})
     assert plan.gpu
     argv = list(plan.argv)
     assert argv[argv.index("--gpus") + 1] == "all"
     host = tmp_path / weights_dir_name("r.example.com/models/llm:1")
     assert f"type=bind,source={host},target=/models/llm,readonly" in argv
     assert argv[-4:] == ["team/infer:1", "python", "-m", "serve"]
-    assert not make_run_plan("x", [], root=tmp_path, gpus="none", engine_info={"Runtimes": {"nvidia": {}}},
-                             network=None, extra=[], command=[]).gpu
+    assert not make_run_plan("x", [], RunOptions(root=tmp_path, gpus="none"),
+                             engine_info={"Runtimes": {"nvidia": {}}}).gpu
 
 
 def test_compose_document(tmp_path):
@@ -176,3 +176,20 @@ def test_compose_keeps_dollar_signs_literal(tmp_path):
     assert qdrant["environment"] == {"QDRANT__API_KEY": "p$$w$${HOME}", "QDRANT__LOG_LEVEL": "INFO"}
     assert qdrant["command"] == ["sh", "-c", "echo $$HOSTNAME $$$$"]
     assert compose_problems(doc) == []
+
+
+def test_run_uses_the_engine_the_cli_created(tmp_path, monkeypatch):
+    """`imgbuild run` reaches the engine $IMGBUILD_DOCKER and $DOCKER_HOST name (issue 12: the
+    runner's client was fixed at import time): the CLI creates the engine once and the run plan
+    takes its client command line."""
+    client = tmp_path / "docker"
+    client.write_text("#!/bin/sh\n[ \"$1\" = version ] && echo 20.10.24 && exit 0\nexit 1\n")
+    client.chmod(0o755)
+    monkeypatch.setenv("IMGBUILD_DOCKER", str(client))
+    monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path}/engine.sock")
+    code, out, _ = run_cli("run", str(REPO / "recipes" / "demo.yaml"), "--dry-run", "--json", "--gpus", "none",
+                           "--weights-dir", str(tmp_path / "w"), "--", "python", "-V")
+    assert code == 0
+    argv = json.loads(out)["argv"]
+    assert argv[:4] == [str(client), "--host", f"unix://{tmp_path}/engine.sock", "run"]
+    assert argv[-2:] == ["python", "-V"]

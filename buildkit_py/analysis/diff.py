@@ -29,7 +29,6 @@ from typing import Any
 
 from buildkit_py import oci
 from buildkit_py.analysis.inspect import attribute_layers, instruction_of, pull_seconds, short_created
-from buildkit_py.engine import engine_for_reading
 from buildkit_py.errors import ImageMissing, ManifestNotFound, RegistryError, UsageError
 from buildkit_py.sizes import human_size
 
@@ -269,8 +268,9 @@ def read_image(image: str, *, source: str = "auto", client: oci.Client | None = 
         except ManifestNotFound:
             if source == SOURCE_REGISTRY:
                 raise
-    if engine is None:
-        engine = engine_for_reading()
+    if engine is None:  # the CLI passes the engine it created; a library caller may have none
+        raise ImageMissing(f"{image}: not in its registry, and no engine was given to read it from",
+                           hint="pass the engine (the CLI does), or read the image from its registry")
     return read_engine(image, engine)
 
 

@@ -17,6 +17,7 @@ from buildkit_py.cli.common import (
     pip_config_option,
     plan_recipe,
     progress_option,
+    reading_engine,
 )
 from buildkit_py.errors import ExitStatus, UsageError
 
@@ -102,7 +103,7 @@ def cmd_build(args: argparse.Namespace, out: Out) -> int:
     for w in plan.warnings:
         out.warn(w.render())
     # Before the backend: a stale lock is refused even where no engine runs.
-    locked = use_lock(plan, mode=_lock_mode(args), ca_cert=args.ca_cert)
+    locked = use_lock(plan, mode=_lock_mode(args), ca_cert=args.ca_cert, engine=reading_engine(args))
     plan = locked.plan
     for note in locked.warnings:
         out.warn(note)
@@ -168,7 +169,7 @@ def cmd_build_matrix(args: argparse.Namespace, out: Out) -> int:
     lock_mode = _lock_mode(args)
 
     def prepare(variant, plan):
-        locked = use_lock(plan, mode=lock_mode, variant=variant.id, ca_cert=args.ca_cert)
+        locked = use_lock(plan, mode=lock_mode, variant=variant.id, ca_cert=args.ca_cert, engine=backend)
         for w in [pw.render() for pw in plan.warnings] + list(locked.warnings):
             out.warn(f"[{variant.id}] {w}")
         return locked.plan

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from buildkit_py.cli.common import AddCommand, Out, ca_option, json_option, plan_recipe
+from buildkit_py.cli.common import AddCommand, Out, ca_option, json_option, plan_recipe, reading_engine
 from buildkit_py.errors import UsageError
 
 
@@ -36,7 +36,7 @@ def cmd_lock(args: argparse.Namespace, out: Out) -> int:
     else:  # every variant the matrix keeps, as `build --all` plans them
         plans = {v.id: mx.variant_plan(v) for v in matrix.variants}
     started = time.monotonic()
-    data = lock.lock_recipe(plans, ca_cert=args.ca_cert)
+    data = lock.lock_recipe(plans, ca_cert=args.ca_cert, engine=reading_engine(args))
     path = lock.lock_path(args.recipe)
     changed = lock.write_lock(path, lock.dump_lock(data))
     seconds = time.monotonic() - started

@@ -56,7 +56,7 @@ def cmd_run(args: argparse.Namespace, out: Out) -> int:
     import subprocess
 
     from buildkit_py.artifacts import weights
-    from buildkit_py.engine.run import default_weights_root, dry_run_json, make_run_plan
+    from buildkit_py.engine.run import RunOptions, default_weights_root, dry_run_json, make_run_plan
     from buildkit_py.plan.labels import weights_from_labels
 
     if args.json and not args.dry_run:
@@ -80,10 +80,9 @@ def cmd_run(args: argparse.Namespace, out: Out) -> int:
             raise
     if from_recipe and not args.dry_run:  # before any weight is downloaded
         _require_built(engine, image, Path(args.target))
-    root = args.weights_dir or default_weights_root()
-    run = make_run_plan(image, pairs, root=root, gpus=args.gpus, engine_info=info, network=args.network,
-                        extra=list(args.docker_arg), command=args.container_command,
-                        docker=tuple(engine.docker_argv()))
+    options = RunOptions(root=args.weights_dir or default_weights_root(), gpus=args.gpus, network=args.network,
+                         extra=tuple(args.docker_arg), command=tuple(args.container_command))
+    run = make_run_plan(image, pairs, options, engine_info=info, docker=tuple(engine.docker_argv()))
     if args.dry_run:
         if args.json:
             out.data(dry_run_json(run))

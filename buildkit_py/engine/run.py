@@ -67,18 +67,32 @@ def run_argv(image: str, weights: tuple[WeightsMount, ...], *, gpu: bool, networ
     return tuple(argv + extra + [image] + command)
 
 
-def make_run_plan(image: str, weights_pairs: list[tuple[str, str]], *, root: Path, gpus: str, engine_info: dict,  # noqa: PLR0913
-                  network: str | None, extra: list[str], command: list[str],
+@dataclass(frozen=True)
+class RunOptions:
+    """What `imgbuild run` was asked for: where weights go on the host, GPUs (auto: when the
+    engine has a GPU runtime), the network, extra `docker run` arguments and the command."""
+
+    root: Path
+    gpus: str = "auto"  # auto | all | none
+    network: str | None = None
+    extra: tuple[str, ...] = ()
+    command: tuple[str, ...] = ()
+
+
+def make_run_plan(image: str, weights_pairs: list[tuple[str, str]], options: RunOptions, *, engine_info: dict,
                   docker: tuple[str, ...] = ("docker",)) -> RunPlan:
-    mounts = tuple(WeightsMount(ref, root / weights_dir_name(ref), mount) for ref, mount in weights_pairs)
-    if gpus == "auto":
+    """``engine_info``: the engine's `docker info`; ``docker``: its client command line
+    (Engine.docker_argv(), so $IMGBUILD_DOCKER and $DOCKER_HOST are honoured)."""
+    mounts = tuple(WeightsMount(ref, options.root / weights_dir_name(ref), mount) for ref, mount in weights_pairs)
+    if options.gpus == "auto":
         gpu = gpu_runtime(engine_info)
-    elif gpus in {"all", "none"}:
-        gpu = gpus == "all"
+    elif options.gpus in {"all", "none"}:
+        gpu = options.gpus == "all"
     else:
-        raise UsageError(f"--gpus {gpus!r}: use auto, all or none")
-    return RunPlan(image, mounts, gpu, run_argv(image, mounts, gpu=gpu, network=network, extra=extra,
-                                                command=command, docker=docker))
+        raise UsageError(f"--gpus {options.gpus!r}: use auto, all or none")
+    return RunPlan(image, mounts, gpu, run_argv(image, mounts, gpu=gpu, network=options.network,
+                                                extra=list(options.extra), command=list(options.command),
+                                                docker=docker))
 
 
 def compose_document(image: str, recipe) -> dict:

@@ -23,6 +23,7 @@ else is pure and tested with a recorded pip report (tests/fixtures/lock/).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 import os
@@ -33,7 +34,7 @@ import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 from packaging.markers import InvalidMarker
@@ -55,6 +56,9 @@ from buildkit_py.plan.build_plan import BuildPlan, Stage
 from buildkit_py.plan.steps import ContextFile, LockedPipStep, MetaStep, PipStep, Step
 from buildkit_py.recipe.model import line_of, locate
 from buildkit_py.schemas import load_schema, validate
+
+if TYPE_CHECKING:
+    from buildkit_py.engine import Engine
 
 LOCK_VERSION = 1
 DEFAULT_VARIANT = "default"
@@ -290,18 +294,18 @@ def packages_from_report(report: dict, target: Target, steps: list[dict]) -> lis
 # --- base images ----------------------------------------------------------------------------
 
 
-def _engine():
-    """The SDK client of the engine the CLI would choose (DOCKER_HOST, IMGBUILD_DOCKER); None
-    where no engine runs."""
-    from buildkit_py.engine import engine_for_reading  # noqa: PLC0415
-
+def _local_image(engine: Engine | None, ref: str) -> dict | None:
+    """The engine's `image inspect` of ``ref``; None when there is no engine (the CLI passes
+    the one it created, or None), the engine is unreachable or does not have it."""
+    if engine is None:
+        return None
     try:
-        return engine_for_reading().sdk()
+        return engine.image_attrs(ref)
     except ImgbuildError:
         return None
 
 
-def pin_base(ref: str, *, client=None) -> dict[str, Any]:
+def pin_base(ref: str, *, engine: Engine | None = None) -> dict[str, Any]:
     """``{ref, digest}`` from the registry (the manifest or index digest a FROM can name), else
     from the engine's RepoDigests; a base only in the local engine (imported, never pushed)
     has no digest: its image id is recorded and checked, and the lock says it is not pinned."""
@@ -312,22 +316,17 @@ def pin_base(ref: str, *, client=None) -> dict[str, Any]:
         return {"ref": ref, "digest": digest}
     except ImgbuildError:  # unreachable, refusing or unknown to its registry: ask the engine
         pass
-    client = client or _engine()
-    if client is not None:
-        try:
-            attrs = client.images.get(ref).attrs
-        except Exception:  # noqa: BLE001 - docker's NotFound/APIError/transport errors alike
-            attrs = None
-        if attrs:
-            last = ref.rsplit("/", 1)[-1]
-            name_of_ref = ref[: len(ref) - len(last)] + last.split("@")[0].split(":")[0]
-            for d in attrs.get("RepoDigests") or []:
-                name, _, digest = d.partition("@")
-                if digest and name == name_of_ref:  # a digest of this repository, not another
-                    return {"ref": ref, "digest": digest}
-            return {"ref": ref, "digest": None, "image_id": attrs["Id"],
-                    "note": "exists only in the local engine (no registry digest): pinned by image id, "
-                            "which other machines cannot reproduce; push it to a registry to pin it"}
+    attrs = _local_image(engine, ref)
+    if attrs:
+        last = ref.rsplit("/", 1)[-1]
+        name_of_ref = ref[: len(ref) - len(last)] + last.split("@")[0].split(":")[0]
+        for d in attrs.get("RepoDigests") or []:
+            name, _, digest = d.partition("@")
+            if digest and name == name_of_ref:  # a digest of this repository, not another
+                return {"ref": ref, "digest": digest}
+        return {"ref": ref, "digest": None, "image_id": attrs["Id"],
+                "note": "exists only in the local engine (no registry digest): pinned by image id, "
+                        "which other machines cannot reproduce; push it to a registry to pin it"}
     return {"ref": ref, "digest": None,
             "note": "neither its registry nor the local engine knows it: not pinned"}
 
@@ -337,12 +336,12 @@ def pin_base(ref: str, *, client=None) -> dict[str, Any]:
 
 def lock_variant(plan: BuildPlan, *, ca_cert: Path | None = None, resolver: Resolver | None = None,
                  base_pinner: Callable[[str], dict] | None = None,
-                 prefer: dict[str, Any] | None = None) -> dict[str, Any]:
+                 prefer: dict[str, Any] | None = None, engine: Engine | None = None) -> dict[str, Any]:
     """The lock of one variant. ``prefer``: an existing variant lock whose versions are
     passed as constraints (so re-checking a current lock does not pick up new releases).
     ``resolver`` and ``base_pinner`` default to pip and the registry/engine (tests pass fakes)."""
     resolver = resolver or run_pip_report
-    base_pinner = base_pinner or pin_base
+    base_pinner = base_pinner or functools.partial(pin_base, engine=engine)
     inputs = lock_inputs(plan)
     target = target_of(plan)
     packages: dict[str, list] = {}
@@ -598,17 +597,14 @@ def apply_lock(plan: BuildPlan, entry: dict) -> BuildPlan:
     return dataclasses.replace(plan, stages=tuple(stages), labels=labels)
 
 
-def local_base_warnings(entry: dict, client=None) -> list[str]:
+def local_base_warnings(entry: dict, engine: Engine | None = None) -> list[str]:
     """Bases locked by local image id whose image has changed since (not reproducible)."""
     out = []
     for stage, b in sorted((entry.get("bases") or {}).items()):  # noqa: B007
         if b.get("digest") or not b.get("image_id"):
             continue
-        client = client or _engine()
-        try:
-            now = client.images.get(b["ref"]).attrs["Id"] if client else None
-        except Exception:  # noqa: BLE001 - gone from the engine, or no engine: not the locked image
-            now = None
+        # gone from the engine, or no engine: not the locked image
+        now = (_local_image(engine, b["ref"]) or {}).get("Id")
         if now != b["image_id"]:
             out.append(f"base {b['ref']} is not the image locked (locked {b['image_id'][:19]}, now {str(now)[:19]})")
     return out
@@ -624,12 +620,13 @@ class LockUse:
 
 def use_lock(plan: BuildPlan, *, mode: str = "auto", variant: str = DEFAULT_VARIANT, ca_cert: Path | None = None,
              resolver: Resolver | None = None, base_pinner: Callable[[str], dict] | None = None,
-             client=None) -> LockUse:
+             engine: Engine | None = None) -> LockUse:
     """What `imgbuild build` does with the recipe's lock. ``mode``: ``auto`` (use it when
     present, refuse a stale one), ``update`` (re-lock, then use it) or ``locked`` (CI: it must
     exist and a fresh resolve must not change it; never written)."""
     path = lock_path(plan.recipe.path)
-    kwargs: dict[str, Any] = {"ca_cert": ca_cert, "resolver": resolver, "base_pinner": base_pinner}
+    kwargs: dict[str, Any] = {"ca_cert": ca_cert, "resolver": resolver, "base_pinner": base_pinner,
+                              "engine": engine}
     if mode == "update":
         entry = lock_variant(plan, **kwargs)
         with _UPDATE:  # other variants of the file are kept
@@ -654,7 +651,7 @@ def use_lock(plan: BuildPlan, *, mode: str = "auto", variant: str = DEFAULT_VARI
                 raise LockDrift(f"--locked: {path.name} would change (variant {variant}): " + "; ".join(changes),
                                 changes=changes, path=str(path),
                                 hint=f"run `imgbuild lock {plan.recipe.path}` and review the diff")
-    warnings = tuple(variant_notes(entry)) + tuple(local_base_warnings(entry, client))
+    warnings = tuple(variant_notes(entry)) + tuple(local_base_warnings(entry, engine))
     if mode == "locked" and any("is not the image locked" in w for w in warnings):
         raise LockDrift(f"--locked: {path.name}: " + "; ".join(warnings), changes=list(warnings), path=str(path))
     return LockUse(apply_lock(plan, entry), path, status, warnings)
