@@ -165,6 +165,12 @@ def _newest_hint(what: str, known: list[str]) -> str:
     return f"use a {what} release imgbuild knows; the newest are {', '.join(newest)}"
 
 
+def _unknown_release(recipe: Recipe, key: str, name: str, version: str, known: list[str]) -> CompatibilityError:
+    """A pin of a release the shipped table lacks (``known``: the table's versions, ascending)."""
+    return _fail(recipe, key, name, version, f"imgbuild's {name} table", known[-1],
+                 f"this {name} release is unknown", hint=_newest_hint(name, known))
+
+
 def _gap(recipe: Recipe, key: str, exc: LookupError, component: str, version: str) -> CompatibilityError:
     """A look-up the shipped data cannot answer, as a resolution error at the recipe key."""
     reason = getattr(exc, "reason", None) or str(exc).strip("'\"")
@@ -489,9 +495,8 @@ def _check_flash_attn(recipe: Recipe, key: str, version: str, cuda: str, python:
     try:
         rel = compat.flash_attn_release(version)
     except LookupError:
-        known = [r.version for r in compat.flash_attn_releases()]
-        raise _fail(recipe, key, "flash-attn", version, "imgbuild's flash-attn table", known[-1],
-                    "this flash-attn release is unknown", hint=_newest_hint("flash-attn", known)) from None
+        raise _unknown_release(recipe, key, "flash-attn", version,
+                               [r.version for r in compat.flash_attn_releases()]) from None
     if not torch:
         raise _fail(recipe, key, "flash-attn", version, "torch", "(none)",
                     "flash-attn builds against torch", hint="pin torch: in the recipe")
@@ -537,9 +542,8 @@ def _check_bitsandbytes(recipe: Recipe, key: str, version: str, cuda: str, pytho
     try:
         rel = compat.bitsandbytes_release(version)
     except LookupError:
-        known = [r.version for r in compat.bitsandbytes_releases()]
-        raise _fail(recipe, key, "bitsandbytes", version, "imgbuild's bitsandbytes table", known[-1],
-                    "this bitsandbytes release is unknown", hint=_newest_hint("bitsandbytes", known)) from None
+        raise _unknown_release(recipe, key, "bitsandbytes", version,
+                               [r.version for r in compat.bitsandbytes_releases()]) from None
     if not _cuda_in(rel.cuda, cuda):
         raise _fail(recipe, key, "bitsandbytes", version, "cuda", cuda,
                     f"bitsandbytes {version} ships CUDA binaries for {_describe(rel.cuda)}",
