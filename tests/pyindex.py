@@ -30,6 +30,21 @@ def metadata_text(name: str, version: str, requires_dist=(), requires_python: st
     return "\n".join(lines) + "\n\n"
 
 
+def _do_head(handler) -> None:
+    """HEAD of a wheel file: its size and that it serves byte ranges (as GET does)."""
+    m = re.fullmatch(r"/files/([^/]+)", handler.path)
+    path = handler.files_dir / m.group(1) if m else None
+    if path is None or not path.is_file():
+        handler.send_response(404)
+        handler.end_headers()
+        return
+    handler.send_response(200)
+    handler.send_header("Content-Type", "application/octet-stream")
+    handler.send_header("Content-Length", str(path.stat().st_size))
+    handler.send_header("Accept-Ranges", "bytes")
+    handler.end_headers()
+
+
 class LocalIndex:
     def __init__(self, root: Path):
         self.root = Path(root)
@@ -53,6 +68,9 @@ class LocalIndex:
                 z.writestr(zipfile.ZipInfo(f"{dist}/blob.bin"), os.urandom(padding), compress_type=zipfile.ZIP_STORED)
             z.writestr(f"{dist}-{version}.dist-info/METADATA", meta, compress_type=zipfile.ZIP_DEFLATED)
             z.writestr(f"{dist}-{version}.dist-info/WHEEL", "Wheel-Version: 1.0\n")
+            # RECORD, which uv requires of a wheel (pip tolerates its absence)
+            z.writestr(f"{dist}-{version}.dist-info/RECORD", "".join(f"{n},,\n" for n in z.namelist())
+                       + f"{dist}-{version}.dist-info/RECORD,,\n")
         if pep658:
             (self.files_dir / (filename + ".metadata")).write_text(meta)
         self._add(name, filename, requires_python, pep658)
@@ -132,6 +150,8 @@ class LocalIndex:
                 return self._send(206, data[start:end + 1], "application/octet-stream",
                                   {"Content-Range": f"bytes {start}-{end}/{len(data)}", "Accept-Ranges": "bytes"})
 
+        Handler.files_dir = index.files_dir
+        Handler.do_HEAD = _do_head  # uv asks whether a wheel serves ranges before reading its METADATA
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         threading.Thread(target=self._server.serve_forever, daemon=True).start()
         return self

@@ -15,6 +15,7 @@ version: "1.0"
 cuda: {{version: "12.4", source: wheels}}
 base: {{image: {base}}}
 python: "3.11"
+build: {{installer: {installer}}}
 {apt}
 """
 
@@ -25,11 +26,13 @@ def layers_by_step(tag: str) -> dict[str, str]:
     return {x["step"]: x["digest"] for x in json.loads(out)["layers"] if x["step"]}
 
 
+@pytest.mark.parametrize("installer", ["uv", "pip"])
 def test_the_cuda_layer_is_byte_identical_over_different_lower_layers(tmp_path, base_image, unique_name,
-                                                                     docker_client, cleanup_images):
+                                                                     docker_client, cleanup_images, installer):
     digests = []
     for i, apt in enumerate(["", "apt: [less]"]):
-        path = write_recipe(tmp_path / str(i), RECIPE.format(name=f"{unique_name}-{i}", base=base_image, apt=apt))
+        path = write_recipe(tmp_path / str(i), RECIPE.format(name=f"{unique_name}-{i}", base=base_image, apt=apt,
+                                                                  installer=installer))
         code, out, err = run_cli("build", str(path), "--json", "--progress", "quiet", *CA_ARGS)
         assert code == 0, err
         report = json.loads(out)

@@ -6,6 +6,7 @@ import re
 
 import pytest
 
+from buildkit_py.plan.installer import UV_INSTALLER
 from buildkit_py.plan.steps import (
     STEP_TYPES,
     AptStep,
@@ -23,6 +24,29 @@ from buildkit_py.plan.steps import (
     WheelBuildStep,
 )
 from buildkit_py.render.dockerfile import render_step, template_dir
+
+# What every uv step places: uv's mounts, then (after the secrets) uv's env and its first-use
+# install into the cache mount, pinned by hash (plan/installer.py). Exact, like every case here.
+UV_MOUNTS = r"""--mount=type=cache,target=/root/.cache/uv \
+    --mount=type=cache,target=/run/imgbuild-uv \
+    --mount=type=secret,id=cacert \
+    --mount=type=secret,id=pipconf \
+    --mount=type=secret,id=uvenv"""
+UV_ENV = r"""if [ -s /run/secrets/cacert ]; then export PIP_CERT=/run/secrets/cacert SSL_CERT_FILE=/run/secrets/cacert; fi; \
+    if [ -s /run/secrets/pipconf ]; then export PIP_CONFIG_FILE=/run/secrets/pipconf; fi; \
+    export UV_CACHE_DIR=/root/.cache/uv UV_LINK_MODE=copy UV_PYTHON_DOWNLOADS=never UV_NO_PROGRESS=1; \
+    if [ -s /run/secrets/uvenv ]; then . /run/secrets/uvenv; fi; \
+    uv=/run/imgbuild-uv/0.13.9/bin/uv; \
+    if [ ! -x "$uv" ]; then \
+        new="$(mktemp -d /run/imgbuild-uv/new.XXXXXX)"; \
+        echo 'uv==0.13.9 --hash=sha256:d7f459fe4fd247d830351c75686d3996ace3c6f3f728eb0e85a30b7ada0cef19 --hash=sha256:5435c5ce14a56431208ca0996416d310f1598e8c2c8ba707688985a16bb82dbe --hash=sha256:ecb6028d79dc96fbeafffe5c8af62a7099487ebc05a701e76714eebcffd06375' > "$new.txt"; \
+        PYTHONDONTWRITEBYTECODE=1 pip install -q --disable-pip-version-check --no-cache-dir --no-deps --require-hashes --target "$new" -r "$new.txt"; \
+        rm -f "$new.txt"; mv -T "$new" /run/imgbuild-uv/0.13.9 2>/dev/null || rm -rf "$new"; \
+    fi"""  # noqa: E501
+
+
+def uv(text: str) -> str:
+    return text.replace("@UV_MOUNTS@", UV_MOUNTS).replace("@UV_ENV@", UV_ENV)
 
 CASES = {
     "apt": (
@@ -192,6 +216,65 @@ RUN --mount=type=cache,target=/root/.cache/pip \
     for d in "$prefix"/lib/python*/site-packages "$prefix/bin"; do \
         while [ "$d" != / ]; do touch -h -d "@$SOURCE_DATE_EPOCH" "$d"; d="$(dirname "$d")"; done; \
     done''',
+    ),
+    "pip-uv": (
+        PipStep("pins", "pins", requirements=("numpy==2.1.0", "requests==2.32.3"), installer=UV_INSTALLER),
+        uv(r'''\
+RUN @UV_MOUNTS@ \
+    set -eu; : imgbuild-step=pins; \
+    @UV_ENV@; \
+    "$uv" pip install --python "$(command -v python)" --compile-bytecode \
+        numpy==2.1.0 \
+        requests==2.32.3'''),
+    ),
+    "pip-uv-reproducible": (
+        PipStep("cuda-cudnn", "cuda", requirements=("nvidia-cudnn-cu13==9.24.0.43",), no_deps=True, reproducible=True,
+                installer=UV_INSTALLER),
+        uv(r'''\
+RUN @UV_MOUNTS@ \
+    --mount=type=tmpfs,target=/tmp \
+    set -eu; : imgbuild-step=cuda-cudnn; \
+    @UV_ENV@; \
+    export PYTHONDONTWRITEBYTECODE=1; SOURCE_DATE_EPOCH=315532800; touch /tmp/imgbuild-stamp; \
+    "$uv" pip install --python "$(command -v python)" --no-deps \
+        nvidia-cudnn-cu13==9.24.0.43; \
+    prefix="$(python -c 'import sys; print(sys.prefix)')"; \
+    find "$prefix" -newer /tmp/imgbuild-stamp -name '*.py' > /tmp/imgbuild-new-py; \
+    find "$prefix" -newer /tmp/imgbuild-stamp -exec touch -h -d "@$SOURCE_DATE_EPOCH" {} +; \
+    if [ -s /tmp/imgbuild-new-py ]; then \
+        PYTHONHASHSEED=0 python -m compileall -qq --invalidation-mode timestamp -i /tmp/imgbuild-new-py || :; \
+    fi; \
+    find "$prefix" -newer /tmp/imgbuild-stamp -exec touch -h -d "@$SOURCE_DATE_EPOCH" {} +; \
+    for d in "$prefix"/lib/python*/site-packages "$prefix/bin"; do \
+        while [ "$d" != / ]; do touch -h -d "@$SOURCE_DATE_EPOCH" "$d"; d="$(dirname "$d")"; done; \
+    done'''),
+    ),
+    "pip-locked-uv": (
+        LockedPipStep("pins", "pins",
+                      requirements_file=ContextFile(".imgbuild/lock/final-pins.txt", "x==1 --hash=sha256:00\n"),
+                      mount_target="/tmp/imgbuild-lock/final-pins.txt", index_url="https://download.pytorch.org/whl/cu124",
+                      extra_index_urls=("https://pypi.org/simple",), installer=UV_INSTALLER),
+        uv(r'''\
+RUN @UV_MOUNTS@ \
+    --mount=type=bind,source=.imgbuild/lock/final-pins.txt,target=/tmp/imgbuild-lock/final-pins.txt \
+    set -eu; : imgbuild-step=pins; \
+    @UV_ENV@; \
+    "$uv" pip install --python "$(command -v python)" --no-deps --require-hashes --compile-bytecode \
+        --index-url https://download.pytorch.org/whl/cu124 \
+        --extra-index-url https://pypi.org/simple \
+        --index-strategy unsafe-best-match \
+        -r /tmp/imgbuild-lock/final-pins.txt'''),
+    ),
+    "local-wheels-uv": (
+        LocalWheelsStep("compiled", "heavy", packages=("flash-attn==2.6.3",), wheels_from="builder",
+                        installer=UV_INSTALLER),
+        uv(r'''\
+RUN @UV_MOUNTS@ \
+    --mount=type=bind,from=builder,source=/wheels,target=/tmp/wheels \
+    set -eu; : imgbuild-step=compiled; \
+    @UV_ENV@; \
+    "$uv" pip install --python "$(command -v python)" --compile-bytecode /tmp/wheels/*.whl; \
+    : built from source: flash-attn==2.6.3'''),
     ),
     "mount-stubs": (
         MountStubsStep("mount-stubs", "python", hosts=ContextFile(".imgbuild/empty", ""),

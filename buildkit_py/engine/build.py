@@ -25,8 +25,10 @@ from buildkit_py.engine import (
 )
 from buildkit_py.engine.push import PushResult, split_tag
 from buildkit_py.errors import BudgetExceeded, BuildFailed, ImgbuildError, RegistryError, UsageError
+from buildkit_py.files import write_atomic
 from buildkit_py.plan import labels as L
 from buildkit_py.plan.build_plan import BuildPlan, check_image_tag
+from buildkit_py.plan.installer import UV_ENV_SECRET_ID, uv_env_for
 from buildkit_py.plan.steps import CopyStep
 from buildkit_py.render.dockerfile import render_dockerfile
 from buildkit_py.sizes import human_size
@@ -143,6 +145,8 @@ def run_build(plan: BuildPlan, engine: Engine, options: BuildOptions, on_line: L
     checked first, or when the engine keeps every image anyway (the docker driver)."""
     dockerfile = render_dockerfile(plan)
     secrets = build_secrets(options.ca_cert, options.pip_config)
+    # uv reads no pip.conf: its steps get the translation (UV_* variables) as a secret of their own.
+    uv_env = uv_env_for(plan, options.pip_config, ca_cert=options.ca_cert is not None)
     tags = plan.tags if not options.tags else options.tags
     for tag in tags:  # reach argv and the registry, never a shell: check the grammar, exit 2
         check_image_tag(tag)
@@ -161,6 +165,9 @@ def run_build(plan: BuildPlan, engine: Engine, options: BuildOptions, on_line: L
     volatile = L.volatile_labels(plan.recipe, base_digest=base_digest)
     with tempfile.TemporaryDirectory(prefix="imgbuild-") as tmp:
         context, dockerfile_path = assemble_context(plan, dockerfile, Path(tmp))
+        if uv_env is not None:  # beside the context, never in it
+            secrets[UV_ENV_SECRET_ID] = Path(tmp, UV_ENV_SECRET_ID)
+            write_atomic(secrets[UV_ENV_SECRET_ID], uv_env, private=True)
         request = BuildRequest(
             context_dir=context, dockerfile=dockerfile_path, tags=tags, labels=volatile, secrets=secrets,
             network=options.network, no_cache=options.no_cache, cache_from=options.cache_from,

@@ -15,6 +15,7 @@ from buildkit_py.compat.torch_pins import cuda_layers, torch_cuda_pins
 from buildkit_py.errors import UsageError
 from buildkit_py.oci.reference import parse_reference
 from buildkit_py.plan import labels as L
+from buildkit_py.plan.installer import Installer, installer_for
 from buildkit_py.plan.steps import (
     AptStep,
     ContextFile,
@@ -201,14 +202,21 @@ def _torch_stack(res: Resolution) -> list[Step]:
     return steps + torch
 
 
-def _mount_stubs(steps: list[Step]) -> list[Step]:
+def _with_installer(steps: list[Step], installer: Installer) -> list[Step]:
+    """The steps, each install step (pip, locked pip, local wheels) made by ``installer``.
+    Source builds (WheelBuildStep) stay pip: uv has no ``pip wheel``."""
+    kinds = (PipStep, LocalWheelsStep)
+    return [dataclasses.replace(s, installer=installer) if isinstance(s, kinds) else s for s in steps]
+
+
+def _mount_stubs(steps: list[Step], installer: Installer) -> list[Step]:
     """A MountStubsStep before the first reproducible step, when there is one."""
     first = next((i for i, s in enumerate(steps) if isinstance(s, PipStep) and s.reproducible), None)
     if first is None:
         return steps
     stubs = MountStubsStep("mount-stubs", "python", hosts=ContextFile(".imgbuild/empty", ""),
-                           dirs=("/root/.cache/pip", "/run/secrets"),
-                           files=("/run/secrets/cacert", "/run/secrets/pipconf"))
+                           dirs=(*installer.stub_dirs, "/run/secrets"),
+                           files=("/run/secrets/cacert", "/run/secrets/pipconf", *installer.stub_files))
     return steps[:first] + [stubs] + steps[first:]
 
 
@@ -240,6 +248,7 @@ def weights_in_copy_warning(index: int, rel: str, size: int) -> RecipeWarning:
 def make_plan(recipe: Recipe, *, tags: tuple[str, ...] = (), registry: str | None = None,
               resolution: Resolution | None = None) -> BuildPlan:
     res = resolution or resolve(recipe)
+    installer = installer_for(recipe.build.installer)
     compiled, heavy, other = _split_pins(recipe, res)
     stages: list[Stage] = []
 
@@ -262,7 +271,7 @@ def make_plan(recipe: Recipe, *, tags: tuple[str, ...] = (), registry: str | Non
             # Force a source build even where the index has a binary wheel.
             no_binary=",".join(sorted(pin_name(r) for r in compiled)),
         ))
-        stages.append(Stage("builder", res.builder_image, tuple(builder_steps), "builder"))
+        stages.append(Stage("builder", res.builder_image, tuple(_with_installer(builder_steps, installer)), "builder"))
 
     devel_wheels = res.cuda_flavor == "devel" and res.cuda_source == "wheels"
     # nvcc needs a host C++ compiler; NVIDIA's devel images are the other source of one
@@ -284,7 +293,7 @@ def make_plan(recipe: Recipe, *, tags: tuple[str, ...] = (), registry: str | Non
         steps.append(LdconfigStep("ldconfig", "cuda", venv=VENV))
     for i, c in enumerate(recipe.copy):
         steps.append(CopyStep(f"copy-{i}", "app", src=c.src, dest=c.dest))
-    steps = _mount_stubs(steps)
+    steps = _mount_stubs(_with_installer(steps, installer), installer)
 
     env = dict(recipe.env)
     if res.cuda_source == "wheels":

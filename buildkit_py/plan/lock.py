@@ -566,6 +566,7 @@ def _locked_step(stage: Stage, step: PipStep, packages: list[dict]) -> LockedPip
         index_url=indexes[0] if len(indexes) > 1 else None,
         extra_index_urls=tuple(indexes[1:]),
         reproducible=step.reproducible,
+        installer=step.installer,  # hashes hold with either: uv and pip both take --require-hashes
     )
 
 

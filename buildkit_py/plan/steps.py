@@ -14,6 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
+from buildkit_py.plan.installer import PIP_INSTALLER, Installer
+
 
 @dataclass(frozen=True)
 class ContextFile:
@@ -75,7 +77,8 @@ class VenvStep(Step):
 
 @dataclass(frozen=True)
 class PipStep(Step):
-    """``pip install`` of requirement specifiers (with their dependencies), in the order given.
+    """``pip install`` (or ``uv pip install``, by ``installer``) of requirement specifiers (with
+    their dependencies), in the order given. uv compiles bytecode as pip does.
 
     ``no_deps``: the requirements are a complete set of exact pins (the CUDA wheels of a torch
     release), installed without resolving. ``reproducible``: the layer is byte-identical
@@ -89,6 +92,7 @@ class PipStep(Step):
     index_url: str | None = None  # replaces the Python registry (the torch index), or None
     no_deps: bool = False
     reproducible: bool = False
+    installer: Installer = PIP_INSTALLER  # uv: the same install by uv (plan/installer.py)
 
 
 @dataclass(frozen=True)
@@ -102,6 +106,7 @@ class LockedPipStep(Step):
     index_url: str | None
     extra_index_urls: tuple[str, ...]
     reproducible: bool = False  # as PipStep.reproducible
+    installer: Installer = PIP_INSTALLER  # as PipStep.installer
 
     @property
     def context_files(self) -> tuple[ContextFile, ...]:
@@ -144,6 +149,7 @@ class LocalWheelsStep(Step):
     MACRO: ClassVar[str] = "step_local_wheels"
     packages: tuple[str, ...]  # what was built, written as a comment for the reader
     wheels_from: str  # stage name
+    installer: Installer = PIP_INSTALLER  # as PipStep.installer
 
 
 @dataclass(frozen=True)

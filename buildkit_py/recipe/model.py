@@ -100,6 +100,7 @@ class BuildSpec:
     from_source: tuple[str, ...] = ()
     cuda_arch: tuple[str, ...] = ()
     jobs: int | None = None
+    installer: str | None = None  # uv | pip; None: imgbuild's default (plan/installer.py)
 
 
 @dataclass(frozen=True)
@@ -180,7 +181,9 @@ class Recipe:
             "entrypoint": list(self.entrypoint),
             "cmd": list(self.cmd),
             "labels": dict(self.labels),
-            "build": {k: list(v) if isinstance(v, tuple) else v for k, v in spec(self.build).items()},
+            # an unset installer is left out, so recipes that do not name one keep their digest
+            "build": {k: list(v) if isinstance(v, tuple) else v for k, v in spec(self.build).items()
+                      if not (k == "installer" and v is None)},
             "runtime_compile": self.runtime_compile,
             "max_size": self.max_size,
             "weights": [spec(w) for w in self.weights],
@@ -282,6 +285,7 @@ TOP_KEYS = _key_types(_SCHEMA)
 CUDA_KEYS = _key_types(_node("cuda"))
 BASE_KEYS = _key_types(_node("base"))
 BUILD_KEYS = _key_types(_node("build"))
+INSTALLERS = tuple(_node("build", "installer")["enum"])
 BUDGET_KEYS = _key_types(_node("budget"))
 
 
@@ -422,7 +426,7 @@ def _build(build: dict, pip: tuple[str, ...], report: _Issues) -> BuildSpec:
         if pkg is not None and pkg.lower() not in pinned:
             report.fail(f"build.from_source[{i}]", f"{pkg!r} must also be pinned in pip:")
     return BuildSpec(tuple(p.lower() for p in _texts(from_source)), _texts(build.get("cuda_arch", [])),
-                     build.get("jobs"))
+                     build.get("jobs"), build.get("installer"))
 
 
 def _cross_checks(data: dict, report: _Issues) -> None:
