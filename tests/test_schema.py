@@ -70,7 +70,8 @@ def test_readme_modeline_names_the_file_imgbuild_schema_writes():
 def test_parser_key_tables_come_from_the_schema():
     assert set(recipe_mod.TOP_KEYS) == set(SCHEMA["properties"])
     assert recipe_mod.CUDA_KEYS == {"version": str, "flavor": str, "cudnn": str, "source": str}
-    assert recipe_mod.BUILD_KEYS == {"from_source": list, "cuda_arch": list, "jobs": int}
+    assert recipe_mod.BUILD_KEYS == {"from_source": list, "cuda_arch": list, "jobs": int, "installer": str}
+    assert recipe_mod.INSTALLERS == ("uv", "pip")
 
 
 @pytest.mark.parametrize("path", RECIPES, ids=lambda p: p.name)
