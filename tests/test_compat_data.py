@@ -423,3 +423,55 @@ def test_current_image_oses(cuda, os_):
 def test_image_absent_names_its_reason():
     with pytest.raises(LookupError, match="no nvidia/cuda 13.5.0 tag seen"):
         compat.cuda_image_tag("13.5", "runtime", None, "ubuntu24.04")
+
+
+# ---------------------------------------------------------------- the schema (compat.schema.json)
+@pytest.mark.parametrize("name", [*tables.DATA_FILES, "torch_cuda_pins.json"])
+def test_shipped_data_follows_its_schema_for_both_validators(name):
+    from importlib import resources
+
+    import jsonschema
+
+    from buildkit_py import schemas
+
+    data = json.loads(resources.files("buildkit_py.compat").joinpath("data", name).read_text())
+    schema = schemas.load_schema("compat")
+    assert name in schema["$defs"]
+    assert schemas.validate(data, {"$ref": f"#/$defs/{name}"}, root=schema) == []
+    assert [e.message for e in jsonschema.Draft202012Validator({**schema, "$ref": f"#/$defs/{name}"})
+            .iter_errors(data)] == []
+
+
+def test_every_data_file_has_its_schema():
+    from importlib import resources
+
+    from buildkit_py import schemas
+
+    shipped = {p.name for p in resources.files("buildkit_py.compat").joinpath("data").iterdir()
+               if p.name.endswith(".json")}
+    defs = {k for k in schemas.load_schema("compat")["$defs"] if k.endswith(".json")}
+    assert shipped == defs
+
+
+def test_schema_errors_are_all_reported_at_file_line_and_key(monkeypatch, tmp_path):
+    def mutate(o):
+        o["toolkits"][3]["linux_min_driver"] = "five fifty"
+        o["toolkits"][5]["read"] = "yesterday"
+        o["toolkits"][7]["sorce"] = "typo"
+
+    _with_data(monkeypatch, tmp_path, "toolkits.json", mutate)
+    path = tmp_path / "data" / "toolkits.json"
+    obj = json.loads(path.read_text())
+    text = json.dumps(obj, indent=1)  # one key a line, as the shipped files are written
+    path.write_text(text)
+    with pytest.raises(CompatDataError) as exc:
+        tables.validate_all()
+    lines = text.splitlines()
+    found = [ln for ln in exc.value.message.splitlines() if ln.startswith(str(path))]
+    assert len(found) == 3, exc.value.message
+    for entry, key, words in [(3, "linux_min_driver", "malformed driver version"), (5, "read", "YYYY-MM-DD"),
+                              (7, "sorce", "unknown key (did you mean 'source'?)")]:
+        issue = next(f for f in found if f".toolkits[{entry}].{key}:" in f or f": toolkits[{entry}].{key}:" in f)
+        line = int(issue[len(str(path)) + 1:].split(":", 1)[0])
+        assert f'"{key}"' in lines[line - 1] and words in issue, (issue, lines[line - 1])
+    assert exc.value.exit_status == 1 and "bug in the shipped data" in exc.value.hint

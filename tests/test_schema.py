@@ -20,7 +20,7 @@ from buildkit_py.errors import RecipeError
 from buildkit_py.recipe import model as recipe_mod
 
 REPO = Path(__file__).resolve().parent.parent
-NAMES = ("recipe", "lock")
+NAMES = ("recipe", "lock", "compat")
 SCHEMA = recipe_mod.recipe_schema()
 VALIDATOR = jsonschema.Draft202012Validator(SCHEMA)
 RECIPES = sorted((REPO / "recipes").glob("*.yaml"))

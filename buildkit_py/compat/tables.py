@@ -1,8 +1,11 @@
 """Compatibility tables: load the sourced JSON files, check their invariants, answer look-ups.
 
-Every data file is ``{"schema": 1, "source": ..., ...}`` with a ``source`` on every entry.
-Invariants are checked once, at first load; a broken file raises CompatDataError naming
-the file and the entry. Code here holds rules only; numbers live in ``data/*.json``.
+Every data file is ``{"schema": 1, "source": ..., ...}`` with a ``source`` on every entry; its
+shape is its ``$defs`` entry in ``buildkit_py/schemas/compat.schema.json``, checked when the file
+is first read (every problem at once, at ``file:line: key``). The invariants a schema cannot
+state (ascending versions, driver floors, references between files) are checked once, at first
+load; a broken file raises CompatDataError naming the file and the entry. Code here holds rules
+only; numbers live in ``data/*.json``.
 """
 
 from __future__ import annotations
@@ -21,14 +24,11 @@ from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 
 from buildkit_py.compat import cache
-from buildkit_py.errors import CompatDataError
+from buildkit_py.errors import CompatDataError, RecipeIssue
+from buildkit_py.schemas import json_lines, line_of, load_schema, validate
 
 SCHEMA = 1
-_DRIVER_RE = re.compile(r"^\d{3}(\.\d{1,3}){0,2}$")
-_ARCH_RE = re.compile(r"^\d{1,2}\.\d[af]?$")  # 9.0a: arch-specific, 10.0f: family-specific
 _VARIANT_RE = re.compile(r"^cu(\d{2})(\d)$")
-_DATE_RE = re.compile(r"^20\d\d-[01]\d-[0-3]\d$")
-_BASES = ("table3", "same-minor", "minor-compat")
 
 
 # ----------------------------------------------------------------------------- dataclasses
@@ -196,22 +196,6 @@ def _spec(file: str, entry: Any, text: Any) -> SpecifierSet:
         raise _fail(file, entry, f"not a specifier: {text!r}") from None
 
 
-def _driver(file: str, entry: Any, text: Any) -> str:
-    if not isinstance(text, str) or not _DRIVER_RE.match(text):
-        raise _fail(file, entry, f"malformed driver version {text!r}")
-    return text
-
-
-def _need_source(file: str, entry: Any, obj: dict) -> str:
-    src = obj.get("source")
-    if not isinstance(src, str) or not src.strip():
-        raise _fail(file, entry, "missing 'source'")
-    read = obj.get("read")
-    if read is not None and not (isinstance(read, str) and _DATE_RE.match(read)):
-        raise _fail(file, entry, f"'read' must be the date the source was read (YYYY-MM-DD), got {read!r}")
-    return src
-
-
 def _ascending(file: str, keys: list[str]) -> None:
     vs = [_ver(file, k, k) for k in keys]
     for a, b, ka, kb in zip(vs, vs[1:], keys, keys[1:], strict=False):
@@ -227,16 +211,27 @@ def data_dir():
 
 
 def _load_raw(name: str) -> dict:
+    """A data file's JSON, checked against its schema (compat.schema.json, ``$defs/<name>``)."""
+    path = data_dir().joinpath(name)
     try:
-        text = data_dir().joinpath(name).read_text(encoding="utf-8")
+        text = path.read_text(encoding="utf-8")
         data = json.loads(text)
     except (OSError, json.JSONDecodeError) as exc:
         raise CompatDataError(f"compat data {name}: cannot be read: {exc}") from exc
-    if not isinstance(data, dict) or data.get("schema") != SCHEMA:
-        got = data.get("schema") if isinstance(data, dict) else data
-        raise _fail(name, "schema", f"expected schema {SCHEMA}, got {got!r}")
-    _need_source(name, "<top level>", data)
+    _check_schema(str(path), name, text)
     return data
+
+
+@functools.lru_cache(maxsize=32)
+def _check_schema(where: str, name: str, text: str) -> None:
+    """Each file's text is checked once per process (look-ups read some files again)."""
+    data = json.loads(text)
+    issues = validate(data, {"$ref": f"#/$defs/{name}"}, root=load_schema("compat"))
+    if issues:
+        lines = json_lines(text)
+        raise CompatDataError(f"compat data {name} breaks its schema:\n" + "\n".join(
+            RecipeIssue(where, line_of(lines, i.key), i.key, i.message).render() for i in issues),
+            hint="this is a bug in the shipped data; fix the file and its source")
 
 
 # ----------------------------------------------------------------------------- loaders (validated)
@@ -255,17 +250,10 @@ def _toolkit_data() -> tuple[tuple[Toolkit, ...], dict[str, tuple[str, ...]]]:
 def _toolkit_row(f: str, e: dict) -> Toolkit:
     v = e.get("version")
     _ver(f, v, v)
-    if len(str(v).split(".")) != 3:
-        raise _fail(f, v, "toolkit versions are major.minor.patch")
     basis = e.get("min_driver_basis", "table3")
-    if basis not in _BASES:
-        raise _fail(f, v, f"min_driver_basis must be one of {', '.join(_BASES)}, got {basis!r}")
     runfile = e.get("runfile_driver")
     windows = e.get("windows_min_driver")
-    return Toolkit(str(v), _driver(f, v, e.get("linux_min_driver")),
-                   None if windows is None else _driver(f, v, windows),
-                   _need_source(f, v, e), e.get("notes"), basis,
-                   None if runfile is None else _driver(f, v, runfile))
+    return Toolkit(str(v), e["linux_min_driver"], windows, e["source"], e.get("notes"), basis, runfile)
 
 
 def _check_driver_floors(f: str, toolkits: list[Toolkit]) -> None:
@@ -322,13 +310,11 @@ def _minor_floors() -> dict[int, MinorCompatFloor]:
     raw = _load_raw(f)
     out: dict[int, MinorCompatFloor] = {}
     for e in raw["floors"]:
-        mj = e.get("major")
-        if not isinstance(mj, int) or mj in out:
-            raise _fail(f, mj, "major must be a unique integer")
+        mj = e["major"]
+        if mj in out:
+            raise _fail(f, mj, "major must be unique")
         windows = e.get("windows_min_driver")
-        out[mj] = MinorCompatFloor(mj, _driver(f, mj, e.get("linux_min_driver")),
-                                   None if windows is None else _driver(f, mj, windows),
-                                   e.get("below_branch"), _need_source(f, mj, e))
+        out[mj] = MinorCompatFloor(mj, e["linux_min_driver"], windows, e.get("below_branch"), e["source"])
     _ascending(f, [str(k) for k in out])
     return out
 
@@ -340,16 +326,14 @@ def _forward_compat() -> tuple[_RangeEntry, ...]:
     out = []
     for e in raw["entries"]:
         key = e.get("cuda")
-        branches = tuple(e.get("branches", ()))
-        if not all(re.fullmatch(r"\d{3}", b) for b in branches):
-            raise _fail(f, key, f"branches must be 3-digit driver branches, got {branches!r}")
+        branches = tuple(e["branches"])
         if not branches and not e.get("none_supported"):
             raise _fail(f, key, "an entry without branches must say why (none_supported)")
         eol = set(raw.get("end_of_life", {})) & set(branches)
         if eol:
             raise _fail(f, key, f"branch(es) {', '.join(sorted(eol))} reached end of life (end_of_life) "
                                 "and are no target")
-        out.append(_RangeEntry(_spec(f, key, key), branches, _need_source(f, key, e)))
+        out.append(_RangeEntry(_spec(f, key, key), branches, e["source"]))
     return tuple(out)
 
 
@@ -363,17 +347,13 @@ def _images() -> tuple[dict, dict[str, ImageSet]]:
         v = e.get("cuda")
         if v not in known:
             raise _fail(f, v, "image CUDA version is not a known toolkit (toolkits.json)")
-        oses = tuple(e.get("os", ()))
-        if not oses or len(set(oses)) != len(oses):
-            raise _fail(f, v, "os list empty or duplicated")
-        out[v] = ImageSet(v, oses, tuple(e.get("cudnn", ())), e.get("cudnn_tag", ""), _need_source(f, v, e))
+        oses = tuple(e["os"])
+        out[v] = ImageSet(v, oses, tuple(e.get("cudnn", ())), e.get("cudnn_tag", ""), e["source"])
     _ascending(f, list(out))
     absent = raw.get("absent", {})
-    for v, why in absent.items():
+    for v in absent:
         if v not in known or v in out:
             raise _fail(f, v, "an 'absent' entry must be a known toolkit without image rows")
-        if not (isinstance(why, dict) and why.get("reason")):
-            raise _fail(f, v, "an 'absent' entry needs a reason")
     meta = {"flavors": tuple(raw["flavors"]), "cudnn_flavors": tuple(raw["cudnn_flavors"]),
             "eol": raw.get("end_of_life", {}), "absent": {v: why["reason"] for v, why in absent.items()}}
     return meta, out
@@ -405,14 +385,11 @@ def torch_row(f: str, e: dict, known: set[str] | None = None) -> TorchRelease:
     if pv is not None and pv not in variants:
         raise _fail(f, v, f"pypi_variant {pv} is not one of the variants")
     return TorchRelease(str(v), _spec(f, v, e.get("python")), variants, pv,
-                        dict(e.get("pypi_cuda_wheels", {})), e.get("triton"), _need_source(f, v, e), e.get("notes"),
+                        dict(e.get("pypi_cuda_wheels", {})), e.get("triton"), e["source"], e.get("notes"),
                         tuple(e.get("pypi_cuda_toolkit_extras", ())))
 
 
 def _archs_ok(f: str, key: Any, archs: tuple[str, ...]) -> None:
-    for a in archs:
-        if not _ARCH_RE.match(a):
-            raise _fail(f, key, f"malformed compute capability {a!r}")
     if list(archs) != sorted(set(archs), key=arch_key):
         raise _fail(f, key, "compute capabilities must be unique and ascending")
 
@@ -429,7 +406,7 @@ def _flash_attn() -> tuple[FlashAttnRelease, ...]:
         pre = tuple(PrebuiltWheel(p["cuda"], p["torch"], tuple(p["python"]), tuple(p["cxx11abi"]))
                     for p in e.get("prebuilt", ()))
         out.append(FlashAttnRelease(v, _spec(f, v, e.get("torch")), _spec(f, v, e.get("cuda")),
-                                    _spec(f, v, e.get("python")), archs, pre, _need_source(f, v, e), e.get("notes")))
+                                    _spec(f, v, e.get("python")), archs, pre, e["source"], e.get("notes")))
     _ascending(f, [r.version for r in out])
     return tuple(out)
 
@@ -454,7 +431,7 @@ def _bnb() -> tuple[BnbRelease, ...]:
             cuda_v = _spec(f, v, cuda)
         ccs = [e.get("min_compute_capability"), e.get("int8_compute_capability")]
         _archs_ok(f, v, tuple(c for c in ccs if c is not None))
-        out.append(BnbRelease(v, cuda_v, _spec(f, v, e.get("python")), _need_source(f, v, e), e.get("notes"),
+        out.append(BnbRelease(v, cuda_v, _spec(f, v, e.get("python")), e["source"], e.get("notes"),
                               _spec(f, v, e.get("torch")), ccs[0], ccs[1]))
     _ascending(f, [r.version for r in out])
     return tuple(out)
@@ -469,7 +446,7 @@ def _archs() -> tuple[_RangeEntry, ...]:
         key = e.get("cuda")
         archs = tuple(e.get("archs", ()))
         _archs_ok(f, key, archs)
-        out.append(_RangeEntry(_spec(f, key, key), archs, _need_source(f, key, e)))
+        out.append(_RangeEntry(_spec(f, key, key), archs, e["source"]))
     return tuple(out)
 
 
@@ -525,10 +502,6 @@ def _wheels() -> _WheelData:
     raw = _load_raw(f)
     _known_versions()
     families = raw.get("families", {})
-    for mj, fam in families.items():
-        if fam.get("naming") not in {"suffixed", "unsuffixed"}:
-            raise _fail(f, f"families.{mj}", "naming must be 'suffixed' or 'unsuffixed'")
-        _need_source(f, f"families.{mj}", fam)
     releases = []
     for e in raw["releases"]:
         v = e.get("toolkit")
@@ -550,7 +523,7 @@ def _wheels() -> _WheelData:
                     raise _fail(f, v, f"{extra}: {pkg} lacks the {fam['suffix']} suffix of this family")
         releases.append(WheelSet(v, fam["naming"], e.get("meta_package"),
                                  tuple((x, tuple(sorted(p.items()))) for x, p in sorted(extras.items())),
-                                 _need_source(f, v, e)))
+                                 e["source"]))
     _ascending(f, [r.toolkit for r in releases])
     cudnn = []
     for e in raw.get("cudnn", ()):
@@ -559,11 +532,9 @@ def _wheels() -> _WheelData:
         if not str(e.get("version")).startswith(f"{e.get('cudnn')}."):
             raise _fail(f, key, "version must be of the cudnn major it is listed under")
         cudnn.append(CudnnWheel(_spec(f, key, e.get("cuda")), str(e["cudnn"]), e["wheel"], e["version"],
-                                _need_source(f, key, e)))
+                                e["source"]))
     absent = {}
     for mm, why in raw.get("absent", {}).items():
-        if not (isinstance(why, dict) and why.get("reason")):
-            raise _fail(f, mm, "an 'absent' entry needs a reason")
         if any(_mm(r.toolkit) == mm for r in releases):
             raise _fail(f, mm, "listed as absent but has releases")
         absent[mm] = why["reason"]
@@ -758,6 +729,8 @@ def cached_torch(version: str) -> TorchRelease | None:
         try:
             if Version(v) != want:
                 continue
+            if validate(row, {"$ref": "#/$defs/torch_release"}, root=load_schema("compat")):
+                return None  # not the shape of a torch.json row
             rel = torch_row("look-up cache torch.json", row)
         except (InvalidVersion, CompatDataError, AttributeError, TypeError):
             return None

@@ -15,10 +15,9 @@ from dataclasses import dataclass
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
-from buildkit_py.compat.tables import _fail, _load_raw, _need_source
+from buildkit_py.compat.tables import _fail, _load_raw
 
 FILE = "torch_cuda_pins.json"
-_SHA_RE = re.compile(r"^[0-9a-f]{64}$")
 _SUFFIX_RE = re.compile(r"-cu\d+$")
 
 # Wheels at least this big (compressed, as the index serves them) get a layer of their own:
@@ -92,13 +91,11 @@ def _rows() -> dict[str, TorchCudaPins]:
                 Version(str(version))
             except InvalidVersion:
                 raise _fail(FILE, key, f"{name}: version {version!r} is not exact") from None
-            if not isinstance(size, int) or size < 0 or not isinstance(sha, str) or not _SHA_RE.match(sha):
-                raise _fail(FILE, key, f"{name}: size and sha256 are required")
             wheels.append(CudaWheel(name, str(version), size, sha))
         if [w.name for w in wheels] != sorted({w.name for w in wheels}):
             raise _fail(FILE, key, "wheels are sorted by name, each once")
         out[key] = TorchCudaPins(key, str(e.get("variant")), str(e.get("python")), tuple(wheels),
-                                 _need_source(FILE, key, e), str(e.get("read")))
+                                 e["source"], str(e.get("read")))
     return out
 
 

@@ -23,6 +23,7 @@ from packaging.requirements import InvalidRequirement, Requirement
 
 from buildkit_py.errors import RecipeError, RecipeIssue
 from buildkit_py.schemas import (
+    line_of,
     load_schema,
     prune,
     read_as_written,
@@ -260,15 +261,6 @@ class _Issues:
     def fail(self, key: str, message: str) -> None:
         line = line_of(self.loc.lines, key) or self.loc.lines.get("") or 1  # every issue has a line
         self.issues.append(RecipeIssue(self.loc.file, line, key, message))
-
-
-def line_of(lines: dict[str, int], key: str) -> int | None:
-    """The line of a key path in the loader's table; a key that is not in the file (a missing
-    one) is at its closest parent that is; None where no parent is."""
-    probe = key
-    while probe and probe not in lines:
-        probe = re.sub(r"(?:\.[^.\[]*|\[\d+\])$", "", probe) if re.search(r"[.\[]", probe) else ""
-    return lines.get(probe)
 
 
 def _key_types(node: dict[str, Any]) -> dict[str, type]:

@@ -2,7 +2,8 @@
 
 Each format imgbuild reads has one declarative schema here, JSON Schema draft 2020-12:
 ``recipe.schema.json`` (published for editors by `imgbuild schema`; its ``$defs/matrix`` is the
-``matrix:`` spec) and ``lock.schema.json`` (lock files). Rules a schema cannot state (one key
+``matrix:`` spec), ``lock.schema.json`` (lock files) and ``compat.schema.json`` (the
+compatibility data files, one ``$defs`` entry per file). Rules a schema cannot state (one key
 that needs another, paths inside the recipe's folder, versions that fit together) stay small
 functions beside the parsers.
 
@@ -69,6 +70,49 @@ def join_path(parts: tuple[str | int, ...], prefix: str = "") -> str:
     for part in parts:
         out = key_path(out, part)
     return out
+
+
+def line_of(lines: dict[str, int], key: str) -> int | None:
+    """The line of a key path in a loader's table (key path -> line); a key that is not in the file (a missing
+    one) is at its closest parent that is; None where no parent is."""
+    probe = key
+    while probe and probe not in lines:
+        probe = re.sub(r"(?:\.[^.\[]*|\[\d+\])$", "", probe) if re.search(r"[.\[]", probe) else ""
+    return lines.get(probe)
+
+
+
+_JSON_TOKEN = re.compile(r'"(?:[^"\\]|\\.)*"|[{}\[\],:]|[^\s{}\[\],:"]+|\n')
+
+
+def json_lines(text: str) -> dict[str, int]:
+    """Key path -> line of every value in a JSON document (``validate``'s key paths), for the
+    ``file:line`` of an error; the text is assumed valid JSON (``json.loads`` read it first)."""
+    lines: dict[str, int] = {}
+    stack: list[list] = []  # per open container: [path, next list index or None for an object]
+    line, key, path = 1, None, ""
+    for piece in _JSON_TOKEN.findall(text):
+        if piece == "\n":
+            line += 1
+            continue
+        if piece in ",:":
+            continue
+        if piece in "]}":
+            stack.pop()
+            continue
+        if stack and stack[-1][1] is None and key is None:  # an object's key
+            key = json.loads(piece)
+            continue
+        if stack:
+            parent = stack[-1]
+            path = key_path(parent[0], key) if parent[1] is None else key_path(parent[0], parent[1])
+            if parent[1] is not None:
+                parent[1] += 1
+        key = None
+        lines.setdefault(path, line)
+        if piece in "[{":
+            stack.append([path, 0 if piece == "[" else None])
+    return lines
 
 
 def type_name(value: Any) -> str:
@@ -191,16 +235,21 @@ class _Walk:
     def __init__(self, root: dict[str, Any], issues: list[SchemaIssue]):
         self.root = root
         self.issues = issues
+        self.resolved: dict[int, dict[str, Any]] = {}  # id of a schema node -> it, $ref merged and checked
 
     def fail(self, path: tuple[str | int, ...], message: str) -> None:
         self.issues.append(SchemaIssue(join_path(path), message, path))
 
     def resolve(self, schema: dict[str, Any]) -> dict[str, Any]:
-        schema = resolve_ref(schema, self.root)
-        unknown = set(schema) - KEYWORDS
+        done = self.resolved.get(id(schema))
+        if done is not None:
+            return done
+        done = resolve_ref(schema, self.root)
+        unknown = set(done) - KEYWORDS
         if unknown:
             raise ValueError(f"schema keyword(s) {', '.join(sorted(unknown))} not supported by buildkit_py.schemas")
-        return schema
+        self.resolved[id(schema)] = done  # the nodes outlive this walk, so their ids stay unique
+        return done
 
     def node(self, value: Any, schema: dict[str, Any], path: tuple[str | int, ...]) -> None:
         schema = self.resolve(schema)
