@@ -7,6 +7,7 @@ End-to-end fixtures find a real Docker engine and the local registry that
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import uuid
@@ -156,6 +157,20 @@ def logged_in(registry, docker_config) -> Registry:
                            stdin=registry.password + "\n")
     assert code == 0, err
     return registry
+
+
+@pytest.fixture
+def registry_refs():
+    """References a test had pushed into the registry (e.g. a build's cache); their manifests
+    are deleted afterwards, while the test's registry login still holds."""
+    from buildkit_py import oci
+    from buildkit_py.errors import ImgbuildError
+
+    refs: list[str] = []
+    yield refs
+    for ref in refs:
+        with contextlib.suppress(ImgbuildError):  # a build that failed early pushed nothing
+            oci.delete_manifest(ref)
 
 
 @pytest.fixture

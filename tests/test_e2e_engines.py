@@ -6,6 +6,7 @@ bake folder `imgbuild matrix --format bake -o DIR` writes is built for real in t
 
 import json
 import subprocess
+import uuid
 
 import pytest
 from helpers import CA_ARGS, run_cli, write_recipe
@@ -97,21 +98,84 @@ def test_zstd_oci_provenance_push_and_inspect(project, logged_in, engine, cleanu
     assert [x["compressed_size"] for x in seen["layers"]] == [x["size"] for x in manifest["layers"]]
 
 
-def test_registry_cache_survives_prune(project, logged_in, engine, cleanup_images, unique_name):
+def own_base(engine, base_image: str, folder) -> tuple[str, str]:
+    """A base only this test builds on: ``base_image`` plus a file holding a fresh marker, so
+    every cache record of the builds above it is this test's alone (other tests and workers
+    share the engine and its cache). Tagged debian:bookworm-...: the name tells imgbuild the OS."""
+    marker = uuid.uuid4().hex[:16]
+    tag = f"debian:bookworm-imgbuild-test-{marker}"
+    folder.mkdir()
+    (folder / "Dockerfile").write_text(f"FROM {base_image}\nRUN echo {marker} > /etc/imgbuild-test-marker\n")
+    proc = subprocess.run([*engine.buildx, "build", "--network", "host", "--output", f"type=docker,name={tag}",
+                           str(folder)], capture_output=True, text=True, env=engine.environment(), check=False,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return tag, marker
+
+
+def cache_records(engine) -> list[dict[str, str]]:
+    """`docker buildx du --verbose`: one dict per cache record (ID, Parent(s), Description...)."""
+    proc = subprocess.run([*engine.buildx, "du", "--verbose"], capture_output=True, text=True,
+                          env=engine.environment(), check=False, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    records = []
+    for block in proc.stdout.split("\n\n"):
+        fields = dict(line.split(":", 1) for line in block.splitlines() if ":" in line)
+        fields = {k.strip(): v.strip() for k, v in fields.items()}
+        if "ID" in fields:
+            records.append(fields)
+    return records
+
+
+def prune_own_cache(engine, marker: str) -> int:
+    """Prune the cache records built on the marker's layer, newest first, one id at a time,
+    and nothing else: `docker buildx prune -af` would empty every other worker's cache too
+    (and their cache-hit assertions would fail while this test runs). Returns how many."""
+    records = cache_records(engine)
+    children: dict[str, list[str]] = {}
+    for r in records:
+        for parent in (r.get("Parent") or r.get("Parents") or "").replace(",", " ").split():
+            children.setdefault(parent, []).append(r["ID"])
+    order: list[str] = []
+    todo = [r["ID"] for r in records if marker in r.get("Description", "")]
+    assert todo, f"no cache record of the base marked {marker}"
+    while todo:
+        rid = todo.pop()
+        for child in children.get(rid, []):
+            if child not in order:
+                order.append(child)
+                todo.append(child)
+    for rid in reversed(order):  # leaves first: a record with a child is still in use
+        proc = subprocess.run([*engine.buildx, "prune", "-af", "--filter", f"id={rid}"], capture_output=True,
+                              text=True, env=engine.environment(), check=False, timeout=300)
+        assert proc.returncode == 0, proc.stderr
+    return len(order)
+
+
+def test_registry_cache_survives_prune(tmp_path, base_image, logged_in, engine, cleanup_images, registry_refs,
+                                       unique_name):
+    """After the local cache of this build is pruned, the rebuild takes every step but the app's
+    from the registry cache. Only this build's records are pruned (see prune_own_cache)."""
     buildx_only(engine)
     if not engine.containerd_store():
         pytest.skip("the docker driver exports cache only with the containerd image store")
+    base, marker = own_base(engine, base_image, tmp_path / "base")
+    cleanup_images.append(base)
+    project = tmp_path / "project"
+    (project / "app").mkdir(parents=True)
+    (project / "app" / "main.py").write_text(f"print({unique_name!r})\n")
+    recipe = write_recipe(project, RECIPE.format(name=unique_name, base=base))
     cache = f"{logged_in.address}/{unique_name}-cache:buildcache"
+    registry_refs.append(cache)
     args = ["--cache-to", f"type=registry,ref={cache},mode=max", "--cache-from", f"type=registry,ref={cache}"]
-    first = build(str(project), *args)
+    first = build(str(recipe), *args)
     cleanup_images.extend(first["tags"])
-    pruned = subprocess.run([*engine.buildx, "prune", "-af"], capture_output=True, text=True,
-                            env=engine.environment(), check=False, timeout=600)
-    assert pruned.returncode == 0, pruned.stderr
     for tag in first["tags"]:
         engine.remove(tag)
-    (project.parent / "app" / "main.py").write_text(f"print({unique_name!r}, 2)\n")
-    code, out, err = run_cli("build", str(project), *args, "--json", "--progress", "plain", *CA_ARGS)
+    pruned = prune_own_cache(engine, marker)
+    assert pruned >= first["steps_run"] + first["steps_cached"], pruned  # every step's record, at least
+    (project / "app" / "main.py").write_text(f"print({unique_name!r}, 2)\n")
+    code, out, err = run_cli("build", str(recipe), *args, "--json", "--progress", "plain", *CA_ARGS)
     assert code == 0, err[-3000:]
     second = json.loads(out)
     # every step but the app's came from the registry cache

@@ -131,18 +131,6 @@ matrix:
 """
 
 
-@pytest.fixture
-def registry_refs():
-    """Tags this test had pushed into the registry (bake's cache); deleted afterwards."""
-    refs: list[str] = []
-    yield refs
-    for ref in refs:
-        try:
-            oci.delete_manifest(ref)
-        except Exception:  # noqa: S110 (best effort: a bake that failed early pushed nothing)
-            pass
-
-
 def test_bake_folder_builds_every_variant(tmp_path, logged_in, engine, base_image, cleanup_images, registry_refs,
                                           unique_name):
     """Issue 13 item 6: `docker buildx bake` in the folder `matrix --format bake -o` writes builds
