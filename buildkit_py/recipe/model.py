@@ -153,11 +153,8 @@ class Recipe:
         return self.path.parent
 
     def line_of(self, key: str) -> int | None:
-        while key:
-            if key in self.lines:
-                return self.lines[key]
-            key = key.rpartition(".")[0]
-        return None
+        """The line of a key path (``pip[1]``, ``cuda.cudnn``), else of its closest parent in the file."""
+        return line_of(self.lines, key)
 
     def normalized(self) -> dict[str, Any]:
         """The recipe as plain sorted data: the input of ``digest``."""
