@@ -4,7 +4,7 @@ lock's steps, and the translation of a pip.conf into what uv reads."""
 import subprocess
 
 import pytest
-from helpers import write_recipe
+from helpers import REPO, write_recipe
 
 from buildkit_py.errors import RecipeError, UsageError
 from buildkit_py.plan import lock
@@ -80,12 +80,16 @@ def test_uv_installs_every_install_step_and_pip_builds_from_source(tmp_path):
     assert "pip wheel" in render_dockerfile(plan) and wheels.macro == "step_pip_wheel"  # uv has no `pip wheel`
 
 
-def test_the_default_installer_and_pip_by_name(tmp_path):
-    assert installer_for(None) == PIP_INSTALLER and installer_for("pip") == PIP_INSTALLER
-    assert installer_for("uv") == UV_INSTALLER
-    plan = make_plan(recipe(tmp_path, "build: {installer: pip}"))
+def test_uv_by_default_and_pip_by_name_each_in_a_label(tmp_path):
+    assert installer_for(None) == UV_INSTALLER and installer_for("uv") == UV_INSTALLER
+    assert installer_for("pip") == PIP_INSTALLER
+    default = make_plan(recipe(tmp_path / "a"))
+    assert all(s.installer == UV_INSTALLER for s in install_steps(default))
+    assert default.labels["io.imgbuild.installer"] == f"uv {UV_VERSION}"
+    plan = make_plan(recipe(tmp_path / "b", "build: {installer: pip}"))
     assert all(s.installer == PIP_INSTALLER for s in install_steps(plan))
-    assert "uv" not in render_dockerfile(plan).replace("imgbuild-uv", "")
+    assert plan.labels["io.imgbuild.installer"] == "pip"
+    assert "uv" not in render_dockerfile(plan).replace("io.imgbuild.installer", "")
 
 
 def test_uv_mount_points_are_stubbed_before_the_reproducible_layers(tmp_path):
@@ -197,3 +201,15 @@ def test_the_secret_is_made_only_for_a_uv_build_with_a_pip_conf(tmp_path):
     assert uv_env_for(uv_plan, conf, ca_cert=False) == "export UV_INDEX_URL=https://mirror.example/simple\n"
     assert uv_env_for(uv_plan, None, ca_cert=False) is None
     assert uv_env_for(pip_plan, conf, ca_cert=False) is None  # pip reads the pip.conf itself
+
+
+def test_a_bake_file_refuses_a_pip_conf_its_uv_steps_could_not_read(tmp_path):
+    from buildkit_py.plan import matrix as mx  # noqa: PLC0415
+
+    conf = tmp_path / "pip.conf"
+    conf.write_text("[global]\nindex-url = https://mirror.example/simple\n")
+    matrix = mx.load_matrix(REPO / "recipes" / "matrix.yaml")
+    with pytest.raises(UsageError, match="cannot pass a pip.conf to uv steps") as info:
+        mx.bake_file(matrix, pip_config=conf)
+    assert "build.installer: pip" in info.value.hint
+    assert mx.bake_file(matrix)  # without one it bakes

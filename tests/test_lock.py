@@ -353,7 +353,8 @@ def test_locked_plan_installs_hashed_files_from_bind_mounts(recipe, tmp_path):
     text = render_dockerfile(use.plan)
     assert f"FROM debian:bookworm-slim@{DIGEST} AS final" in text
     layers = sum(1 for s in plan_of(recipe).final.steps if s.id.startswith("cuda-"))
-    assert layers >= 6 and text.count("--no-deps --require-hashes") == 3 + layers
+    assert layers >= 6 and text.count("--no-deps --require-hashes") == 2 * (3 + layers)  # and uv's own install
+    assert text.count("-r /run/imgbuild-lock/") == 3 + layers
     assert ("--mount=type=bind,source=.imgbuild-lock/final-torch.txt,"
             "target=/run/imgbuild-lock/final-torch.txt") in text
     assert "-r /run/imgbuild-lock/final-pins.txt" in text

@@ -30,7 +30,7 @@ if TYPE_CHECKING:  # build_plan imports this module
 
 PIP = "pip"
 UV = "uv"
-DEFAULT_INSTALLER = PIP
+DEFAULT_INSTALLER = UV  # pip by `build.installer: pip`
 
 # uv from the Python registry: https://pypi.org/project/uv/0.13.9/ (the newest release on
 # 2026-12-03), sha256 of its linux wheels as the index lists them (x86_64, aarch64 old and new glibc).

@@ -12,6 +12,7 @@ import subprocess
 from pathlib import Path
 
 from buildkit_py.compat.resolve import Resolution
+from buildkit_py.plan.installer import installer_for
 from buildkit_py.recipe.model import Recipe
 
 PREFIX = "io.imgbuild."
@@ -23,6 +24,7 @@ DRIVER_MIN_COMPAT = PREFIX + "cuda.driver.min-compat"
 CUDNN_VERSION = PREFIX + "cudnn.version"
 TORCH_VERSION = PREFIX + "torch.version"
 PYTHON_VERSION = PREFIX + "python.version"
+INSTALLER = PREFIX + "installer"  # what installed the Python packages: "uv 0.13.9" or "pip"
 OS = PREFIX + "os"  # lets an image built on this one know its OS without pulling it
 CUDA_ARCH = PREFIX + "cuda.arch"
 RECIPE_DIGEST = PREFIX + "recipe.digest"
@@ -39,6 +41,7 @@ def static_labels(recipe: Recipe, res: Resolution) -> dict[str, str]:
         CUDA_SOURCE: res.cuda_source,
         DRIVER_MIN: res.min_driver,
         PYTHON_VERSION: res.python,
+        INSTALLER: installer_for(recipe.build.installer).label,
         RECIPE_DIGEST: recipe.digest,
         OCI + "title": recipe.name,
         # Always set: otherwise the base's own value (Ubuntu stamps its release) shows through.

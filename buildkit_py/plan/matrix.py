@@ -46,6 +46,7 @@ from buildkit_py.errors import (
 )
 from buildkit_py.files import write_atomic
 from buildkit_py.plan.build_plan import BuildPlan, Stage, make_plan
+from buildkit_py.plan.installer import uses_uv
 from buildkit_py.plan.steps import Step
 from buildkit_py.recipe.model import (
     BASE_KEYS,
@@ -671,6 +672,11 @@ def bake_targets(matrix: Matrix, *, registry: str | None = None, ca_cert: Path |
     plans = {v.id: variant_plan(v, registry=registry) for v in matrix.variants}
     if prepare is not None:
         plans = {v.id: prepare(v, plans[v.id]) for v in matrix.variants}
+    if pip_config is not None and any(uses_uv(p.stages) for p in plans.values()):
+        # uv reads no pip.conf; its translation (plan/installer.py) is a secret bake has no file for yet
+        raise UsageError(f"--pip-config {pip_config}: the bake file cannot pass a pip.conf to uv steps",
+                         hint="set build.installer: pip in the matrix recipe, or build each variant with "
+                              "`imgbuild build`")
     stages, chains = shared_stages(plans)
     common: dict[str, Any] = {"network": "host"}  # like `imgbuild build` (its --network default)
     if secrets:

@@ -15,17 +15,28 @@ RUN set -eu; : imgbuild-step=python; \
 ENV PATH="/opt/venv/bin:$PATH"
 COPY [".imgbuild/empty", "/etc/hosts"]
 RUN set -eu; : imgbuild-step=mount-stubs; \
-    mkdir -p /root/.cache/pip /run/secrets; \
-    touch /run/secrets/cacert /run/secrets/pipconf
-RUN --mount=type=cache,target=/root/.cache/pip \
+    mkdir -p /root/.cache/uv /run/imgbuild-uv /run/secrets; \
+    touch /run/secrets/cacert /run/secrets/pipconf /run/secrets/uvenv
+RUN --mount=type=cache,target=/root/.cache/uv \
+    --mount=type=cache,target=/run/imgbuild-uv \
     --mount=type=secret,id=cacert \
     --mount=type=secret,id=pipconf \
+    --mount=type=secret,id=uvenv \
     --mount=type=tmpfs,target=/tmp \
     set -eu; : imgbuild-step=cuda; \
     if [ -s /run/secrets/cacert ]; then export PIP_CERT=/run/secrets/cacert SSL_CERT_FILE=/run/secrets/cacert; fi; \
     if [ -s /run/secrets/pipconf ]; then export PIP_CONFIG_FILE=/run/secrets/pipconf; fi; \
+    export UV_CACHE_DIR=/root/.cache/uv UV_LINK_MODE=copy UV_PYTHON_DOWNLOADS=never UV_NO_PROGRESS=1; \
+    if [ -s /run/secrets/uvenv ]; then . /run/secrets/uvenv; fi; \
+    uv=/run/imgbuild-uv/0.13.9/bin/uv; \
+    if [ ! -x "$uv" ]; then \
+        new="$(mktemp -d /run/imgbuild-uv/new.XXXXXX)"; \
+        echo 'uv==0.13.9 --hash=sha256:d7f459fe4fd247d830351c75686d3996ace3c6f3f728eb0e85a30b7ada0cef19 --hash=sha256:5435c5ce14a56431208ca0996416d310f1598e8c2c8ba707688985a16bb82dbe --hash=sha256:ecb6028d79dc96fbeafffe5c8af62a7099487ebc05a701e76714eebcffd06375' > "$new.txt"; \
+        PYTHONDONTWRITEBYTECODE=1 pip install -q --disable-pip-version-check --no-cache-dir --no-deps --require-hashes --target "$new" -r "$new.txt"; \
+        rm -f "$new.txt"; mv -T "$new" /run/imgbuild-uv/0.13.9 2>/dev/null || rm -rf "$new"; \
+    fi; \
     export PYTHONDONTWRITEBYTECODE=1; SOURCE_DATE_EPOCH=315532800; touch /tmp/imgbuild-stamp; \
-    pip install --disable-pip-version-check --no-warn-script-location --no-compile \
+    "$uv" pip install --python "$(command -v python)" \
         nvidia-cuda-runtime-cu12==12.4.127; \
     prefix="$(python -c 'import sys; print(sys.prefix)')"; \
     find "$prefix" -newer /tmp/imgbuild-stamp -name '*.py' > /tmp/imgbuild-new-py; \
@@ -37,13 +48,24 @@ RUN --mount=type=cache,target=/root/.cache/pip \
     for d in "$prefix"/lib/python*/site-packages "$prefix/bin"; do \
         while [ "$d" != / ]; do touch -h -d "@$SOURCE_DATE_EPOCH" "$d"; d="$(dirname "$d")"; done; \
     done
-RUN --mount=type=cache,target=/root/.cache/pip \
+RUN --mount=type=cache,target=/root/.cache/uv \
+    --mount=type=cache,target=/run/imgbuild-uv \
     --mount=type=secret,id=cacert \
     --mount=type=secret,id=pipconf \
+    --mount=type=secret,id=uvenv \
     set -eu; : imgbuild-step=pins; \
     if [ -s /run/secrets/cacert ]; then export PIP_CERT=/run/secrets/cacert SSL_CERT_FILE=/run/secrets/cacert; fi; \
     if [ -s /run/secrets/pipconf ]; then export PIP_CONFIG_FILE=/run/secrets/pipconf; fi; \
-    pip install --disable-pip-version-check --no-warn-script-location \
+    export UV_CACHE_DIR=/root/.cache/uv UV_LINK_MODE=copy UV_PYTHON_DOWNLOADS=never UV_NO_PROGRESS=1; \
+    if [ -s /run/secrets/uvenv ]; then . /run/secrets/uvenv; fi; \
+    uv=/run/imgbuild-uv/0.13.9/bin/uv; \
+    if [ ! -x "$uv" ]; then \
+        new="$(mktemp -d /run/imgbuild-uv/new.XXXXXX)"; \
+        echo 'uv==0.13.9 --hash=sha256:d7f459fe4fd247d830351c75686d3996ace3c6f3f728eb0e85a30b7ada0cef19 --hash=sha256:5435c5ce14a56431208ca0996416d310f1598e8c2c8ba707688985a16bb82dbe --hash=sha256:ecb6028d79dc96fbeafffe5c8af62a7099487ebc05a701e76714eebcffd06375' > "$new.txt"; \
+        PYTHONDONTWRITEBYTECODE=1 pip install -q --disable-pip-version-check --no-cache-dir --no-deps --require-hashes --target "$new" -r "$new.txt"; \
+        rm -f "$new.txt"; mv -T "$new" /run/imgbuild-uv/0.13.9 2>/dev/null || rm -rf "$new"; \
+    fi; \
+    "$uv" pip install --python "$(command -v python)" --compile-bytecode \
         numpy==1.26.4
 RUN set -eu; : imgbuild-step=ldconfig; \
     for d in /opt/venv/lib/python*/site-packages/nvidia/*/lib; do \
@@ -62,6 +84,7 @@ LABEL "io.imgbuild.cuda.driver.min"="550.54.15" \
       "io.imgbuild.cuda.flavor"="runtime" \
       "io.imgbuild.cuda.source"="wheels" \
       "io.imgbuild.cuda.version"="12.4.1" \
+      "io.imgbuild.installer"="uv 0.13.9" \
       "io.imgbuild.os"="debian12" \
       "io.imgbuild.python.version"="3.11" \
       "io.imgbuild.recipe.digest"="sha256:8fe29288768fbb4def9f39c965a31f58c901609b98d215b4b40bedc9e7add605" \

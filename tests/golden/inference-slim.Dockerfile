@@ -15,17 +15,28 @@ RUN set -eu; : imgbuild-step=python; \
 ENV PATH="/opt/venv/bin:$PATH"
 COPY [".imgbuild/empty", "/etc/hosts"]
 RUN set -eu; : imgbuild-step=mount-stubs; \
-    mkdir -p /root/.cache/pip /run/secrets; \
-    touch /run/secrets/cacert /run/secrets/pipconf
-RUN --mount=type=cache,target=/root/.cache/pip \
+    mkdir -p /root/.cache/uv /run/imgbuild-uv /run/secrets; \
+    touch /run/secrets/cacert /run/secrets/pipconf /run/secrets/uvenv
+RUN --mount=type=cache,target=/root/.cache/uv \
+    --mount=type=cache,target=/run/imgbuild-uv \
     --mount=type=secret,id=cacert \
     --mount=type=secret,id=pipconf \
+    --mount=type=secret,id=uvenv \
     --mount=type=tmpfs,target=/tmp \
     set -eu; : imgbuild-step=cuda-libs; \
     if [ -s /run/secrets/cacert ]; then export PIP_CERT=/run/secrets/cacert SSL_CERT_FILE=/run/secrets/cacert; fi; \
     if [ -s /run/secrets/pipconf ]; then export PIP_CONFIG_FILE=/run/secrets/pipconf; fi; \
+    export UV_CACHE_DIR=/root/.cache/uv UV_LINK_MODE=copy UV_PYTHON_DOWNLOADS=never UV_NO_PROGRESS=1; \
+    if [ -s /run/secrets/uvenv ]; then . /run/secrets/uvenv; fi; \
+    uv=/run/imgbuild-uv/0.13.9/bin/uv; \
+    if [ ! -x "$uv" ]; then \
+        new="$(mktemp -d /run/imgbuild-uv/new.XXXXXX)"; \
+        echo 'uv==0.13.9 --hash=sha256:d7f459fe4fd247d830351c75686d3996ace3c6f3f728eb0e85a30b7ada0cef19 --hash=sha256:5435c5ce14a56431208ca0996416d310f1598e8c2c8ba707688985a16bb82dbe --hash=sha256:ecb6028d79dc96fbeafffe5c8af62a7099487ebc05a701e76714eebcffd06375' > "$new.txt"; \
+        PYTHONDONTWRITEBYTECODE=1 pip install -q --disable-pip-version-check --no-cache-dir --no-deps --require-hashes --target "$new" -r "$new.txt"; \
+        rm -f "$new.txt"; mv -T "$new" /run/imgbuild-uv/0.13.9 2>/dev/null || rm -rf "$new"; \
+    fi; \
     export PYTHONDONTWRITEBYTECODE=1; SOURCE_DATE_EPOCH=315532800; touch /tmp/imgbuild-stamp; \
-    pip install --disable-pip-version-check --no-warn-script-location --no-deps --no-compile \
+    "$uv" pip install --python "$(command -v python)" --no-deps \
         nvidia-cuda-cupti-cu12==12.1.105 \
         nvidia-cuda-nvrtc-cu12==12.1.105 \
         nvidia-cuda-runtime-cu12==12.1.105 \
@@ -42,15 +53,26 @@ RUN --mount=type=cache,target=/root/.cache/pip \
     for d in "$prefix"/lib/python*/site-packages "$prefix/bin"; do \
         while [ "$d" != / ]; do touch -h -d "@$SOURCE_DATE_EPOCH" "$d"; d="$(dirname "$d")"; done; \
     done
-RUN --mount=type=cache,target=/root/.cache/pip \
+RUN --mount=type=cache,target=/root/.cache/uv \
+    --mount=type=cache,target=/run/imgbuild-uv \
     --mount=type=secret,id=cacert \
     --mount=type=secret,id=pipconf \
+    --mount=type=secret,id=uvenv \
     --mount=type=tmpfs,target=/tmp \
     set -eu; : imgbuild-step=cuda-cublas; \
     if [ -s /run/secrets/cacert ]; then export PIP_CERT=/run/secrets/cacert SSL_CERT_FILE=/run/secrets/cacert; fi; \
     if [ -s /run/secrets/pipconf ]; then export PIP_CONFIG_FILE=/run/secrets/pipconf; fi; \
+    export UV_CACHE_DIR=/root/.cache/uv UV_LINK_MODE=copy UV_PYTHON_DOWNLOADS=never UV_NO_PROGRESS=1; \
+    if [ -s /run/secrets/uvenv ]; then . /run/secrets/uvenv; fi; \
+    uv=/run/imgbuild-uv/0.13.9/bin/uv; \
+    if [ ! -x "$uv" ]; then \
+        new="$(mktemp -d /run/imgbuild-uv/new.XXXXXX)"; \
+        echo 'uv==0.13.9 --hash=sha256:d7f459fe4fd247d830351c75686d3996ace3c6f3f728eb0e85a30b7ada0cef19 --hash=sha256:5435c5ce14a56431208ca0996416d310f1598e8c2c8ba707688985a16bb82dbe --hash=sha256:ecb6028d79dc96fbeafffe5c8af62a7099487ebc05a701e76714eebcffd06375' > "$new.txt"; \
+        PYTHONDONTWRITEBYTECODE=1 pip install -q --disable-pip-version-check --no-cache-dir --no-deps --require-hashes --target "$new" -r "$new.txt"; \
+        rm -f "$new.txt"; mv -T "$new" /run/imgbuild-uv/0.13.9 2>/dev/null || rm -rf "$new"; \
+    fi; \
     export PYTHONDONTWRITEBYTECODE=1; SOURCE_DATE_EPOCH=315532800; touch /tmp/imgbuild-stamp; \
-    pip install --disable-pip-version-check --no-warn-script-location --no-deps --no-compile \
+    "$uv" pip install --python "$(command -v python)" --no-deps \
         nvidia-cublas-cu12==12.1.3.1; \
     prefix="$(python -c 'import sys; print(sys.prefix)')"; \
     find "$prefix" -newer /tmp/imgbuild-stamp -name '*.py' > /tmp/imgbuild-new-py; \
@@ -62,15 +84,26 @@ RUN --mount=type=cache,target=/root/.cache/pip \
     for d in "$prefix"/lib/python*/site-packages "$prefix/bin"; do \
         while [ "$d" != / ]; do touch -h -d "@$SOURCE_DATE_EPOCH" "$d"; d="$(dirname "$d")"; done; \
     done
-RUN --mount=type=cache,target=/root/.cache/pip \
+RUN --mount=type=cache,target=/root/.cache/uv \
+    --mount=type=cache,target=/run/imgbuild-uv \
     --mount=type=secret,id=cacert \
     --mount=type=secret,id=pipconf \
+    --mount=type=secret,id=uvenv \
     --mount=type=tmpfs,target=/tmp \
     set -eu; : imgbuild-step=cuda-cudnn; \
     if [ -s /run/secrets/cacert ]; then export PIP_CERT=/run/secrets/cacert SSL_CERT_FILE=/run/secrets/cacert; fi; \
     if [ -s /run/secrets/pipconf ]; then export PIP_CONFIG_FILE=/run/secrets/pipconf; fi; \
+    export UV_CACHE_DIR=/root/.cache/uv UV_LINK_MODE=copy UV_PYTHON_DOWNLOADS=never UV_NO_PROGRESS=1; \
+    if [ -s /run/secrets/uvenv ]; then . /run/secrets/uvenv; fi; \
+    uv=/run/imgbuild-uv/0.13.9/bin/uv; \
+    if [ ! -x "$uv" ]; then \
+        new="$(mktemp -d /run/imgbuild-uv/new.XXXXXX)"; \
+        echo 'uv==0.13.9 --hash=sha256:d7f459fe4fd247d830351c75686d3996ace3c6f3f728eb0e85a30b7ada0cef19 --hash=sha256:5435c5ce14a56431208ca0996416d310f1598e8c2c8ba707688985a16bb82dbe --hash=sha256:ecb6028d79dc96fbeafffe5c8af62a7099487ebc05a701e76714eebcffd06375' > "$new.txt"; \
+        PYTHONDONTWRITEBYTECODE=1 pip install -q --disable-pip-version-check --no-cache-dir --no-deps --require-hashes --target "$new" -r "$new.txt"; \
+        rm -f "$new.txt"; mv -T "$new" /run/imgbuild-uv/0.13.9 2>/dev/null || rm -rf "$new"; \
+    fi; \
     export PYTHONDONTWRITEBYTECODE=1; SOURCE_DATE_EPOCH=315532800; touch /tmp/imgbuild-stamp; \
-    pip install --disable-pip-version-check --no-warn-script-location --no-deps --no-compile \
+    "$uv" pip install --python "$(command -v python)" --no-deps \
         nvidia-cudnn-cu12==9.1.0.70; \
     prefix="$(python -c 'import sys; print(sys.prefix)')"; \
     find "$prefix" -newer /tmp/imgbuild-stamp -name '*.py' > /tmp/imgbuild-new-py; \
@@ -82,15 +115,26 @@ RUN --mount=type=cache,target=/root/.cache/pip \
     for d in "$prefix"/lib/python*/site-packages "$prefix/bin"; do \
         while [ "$d" != / ]; do touch -h -d "@$SOURCE_DATE_EPOCH" "$d"; d="$(dirname "$d")"; done; \
     done
-RUN --mount=type=cache,target=/root/.cache/pip \
+RUN --mount=type=cache,target=/root/.cache/uv \
+    --mount=type=cache,target=/run/imgbuild-uv \
     --mount=type=secret,id=cacert \
     --mount=type=secret,id=pipconf \
+    --mount=type=secret,id=uvenv \
     --mount=type=tmpfs,target=/tmp \
     set -eu; : imgbuild-step=cuda-cufft; \
     if [ -s /run/secrets/cacert ]; then export PIP_CERT=/run/secrets/cacert SSL_CERT_FILE=/run/secrets/cacert; fi; \
     if [ -s /run/secrets/pipconf ]; then export PIP_CONFIG_FILE=/run/secrets/pipconf; fi; \
+    export UV_CACHE_DIR=/root/.cache/uv UV_LINK_MODE=copy UV_PYTHON_DOWNLOADS=never UV_NO_PROGRESS=1; \
+    if [ -s /run/secrets/uvenv ]; then . /run/secrets/uvenv; fi; \
+    uv=/run/imgbuild-uv/0.13.9/bin/uv; \
+    if [ ! -x "$uv" ]; then \
+        new="$(mktemp -d /run/imgbuild-uv/new.XXXXXX)"; \
+        echo 'uv==0.13.9 --hash=sha256:d7f459fe4fd247d830351c75686d3996ace3c6f3f728eb0e85a30b7ada0cef19 --hash=sha256:5435c5ce14a56431208ca0996416d310f1598e8c2c8ba707688985a16bb82dbe --hash=sha256:ecb6028d79dc96fbeafffe5c8af62a7099487ebc05a701e76714eebcffd06375' > "$new.txt"; \
+        PYTHONDONTWRITEBYTECODE=1 pip install -q --disable-pip-version-check --no-cache-dir --no-deps --require-hashes --target "$new" -r "$new.txt"; \
+        rm -f "$new.txt"; mv -T "$new" /run/imgbuild-uv/0.13.9 2>/dev/null || rm -rf "$new"; \
+    fi; \
     export PYTHONDONTWRITEBYTECODE=1; SOURCE_DATE_EPOCH=315532800; touch /tmp/imgbuild-stamp; \
-    pip install --disable-pip-version-check --no-warn-script-location --no-deps --no-compile \
+    "$uv" pip install --python "$(command -v python)" --no-deps \
         nvidia-cufft-cu12==11.0.2.54; \
     prefix="$(python -c 'import sys; print(sys.prefix)')"; \
     find "$prefix" -newer /tmp/imgbuild-stamp -name '*.py' > /tmp/imgbuild-new-py; \
@@ -102,15 +146,26 @@ RUN --mount=type=cache,target=/root/.cache/pip \
     for d in "$prefix"/lib/python*/site-packages "$prefix/bin"; do \
         while [ "$d" != / ]; do touch -h -d "@$SOURCE_DATE_EPOCH" "$d"; d="$(dirname "$d")"; done; \
     done
-RUN --mount=type=cache,target=/root/.cache/pip \
+RUN --mount=type=cache,target=/root/.cache/uv \
+    --mount=type=cache,target=/run/imgbuild-uv \
     --mount=type=secret,id=cacert \
     --mount=type=secret,id=pipconf \
+    --mount=type=secret,id=uvenv \
     --mount=type=tmpfs,target=/tmp \
     set -eu; : imgbuild-step=cuda-cusolver; \
     if [ -s /run/secrets/cacert ]; then export PIP_CERT=/run/secrets/cacert SSL_CERT_FILE=/run/secrets/cacert; fi; \
     if [ -s /run/secrets/pipconf ]; then export PIP_CONFIG_FILE=/run/secrets/pipconf; fi; \
+    export UV_CACHE_DIR=/root/.cache/uv UV_LINK_MODE=copy UV_PYTHON_DOWNLOADS=never UV_NO_PROGRESS=1; \
+    if [ -s /run/secrets/uvenv ]; then . /run/secrets/uvenv; fi; \
+    uv=/run/imgbuild-uv/0.13.9/bin/uv; \
+    if [ ! -x "$uv" ]; then \
+        new="$(mktemp -d /run/imgbuild-uv/new.XXXXXX)"; \
+        echo 'uv==0.13.9 --hash=sha256:d7f459fe4fd247d830351c75686d3996ace3c6f3f728eb0e85a30b7ada0cef19 --hash=sha256:5435c5ce14a56431208ca0996416d310f1598e8c2c8ba707688985a16bb82dbe --hash=sha256:ecb6028d79dc96fbeafffe5c8af62a7099487ebc05a701e76714eebcffd06375' > "$new.txt"; \
+        PYTHONDONTWRITEBYTECODE=1 pip install -q --disable-pip-version-check --no-cache-dir --no-deps --require-hashes --target "$new" -r "$new.txt"; \
+        rm -f "$new.txt"; mv -T "$new" /run/imgbuild-uv/0.13.9 2>/dev/null || rm -rf "$new"; \
+    fi; \
     export PYTHONDONTWRITEBYTECODE=1; SOURCE_DATE_EPOCH=315532800; touch /tmp/imgbuild-stamp; \
-    pip install --disable-pip-version-check --no-warn-script-location --no-deps --no-compile \
+    "$uv" pip install --python "$(command -v python)" --no-deps \
         nvidia-cusolver-cu12==11.4.5.107; \
     prefix="$(python -c 'import sys; print(sys.prefix)')"; \
     find "$prefix" -newer /tmp/imgbuild-stamp -name '*.py' > /tmp/imgbuild-new-py; \
@@ -122,15 +177,26 @@ RUN --mount=type=cache,target=/root/.cache/pip \
     for d in "$prefix"/lib/python*/site-packages "$prefix/bin"; do \
         while [ "$d" != / ]; do touch -h -d "@$SOURCE_DATE_EPOCH" "$d"; d="$(dirname "$d")"; done; \
     done
-RUN --mount=type=cache,target=/root/.cache/pip \
+RUN --mount=type=cache,target=/root/.cache/uv \
+    --mount=type=cache,target=/run/imgbuild-uv \
     --mount=type=secret,id=cacert \
     --mount=type=secret,id=pipconf \
+    --mount=type=secret,id=uvenv \
     --mount=type=tmpfs,target=/tmp \
     set -eu; : imgbuild-step=cuda-cusparse; \
     if [ -s /run/secrets/cacert ]; then export PIP_CERT=/run/secrets/cacert SSL_CERT_FILE=/run/secrets/cacert; fi; \
     if [ -s /run/secrets/pipconf ]; then export PIP_CONFIG_FILE=/run/secrets/pipconf; fi; \
+    export UV_CACHE_DIR=/root/.cache/uv UV_LINK_MODE=copy UV_PYTHON_DOWNLOADS=never UV_NO_PROGRESS=1; \
+    if [ -s /run/secrets/uvenv ]; then . /run/secrets/uvenv; fi; \
+    uv=/run/imgbuild-uv/0.13.9/bin/uv; \
+    if [ ! -x "$uv" ]; then \
+        new="$(mktemp -d /run/imgbuild-uv/new.XXXXXX)"; \
+        echo 'uv==0.13.9 --hash=sha256:d7f459fe4fd247d830351c75686d3996ace3c6f3f728eb0e85a30b7ada0cef19 --hash=sha256:5435c5ce14a56431208ca0996416d310f1598e8c2c8ba707688985a16bb82dbe --hash=sha256:ecb6028d79dc96fbeafffe5c8af62a7099487ebc05a701e76714eebcffd06375' > "$new.txt"; \
+        PYTHONDONTWRITEBYTECODE=1 pip install -q --disable-pip-version-check --no-cache-dir --no-deps --require-hashes --target "$new" -r "$new.txt"; \
+        rm -f "$new.txt"; mv -T "$new" /run/imgbuild-uv/0.13.9 2>/dev/null || rm -rf "$new"; \
+    fi; \
     export PYTHONDONTWRITEBYTECODE=1; SOURCE_DATE_EPOCH=315532800; touch /tmp/imgbuild-stamp; \
-    pip install --disable-pip-version-check --no-warn-script-location --no-deps --no-compile \
+    "$uv" pip install --python "$(command -v python)" --no-deps \
         nvidia-cusparse-cu12==12.1.0.106; \
     prefix="$(python -c 'import sys; print(sys.prefix)')"; \
     find "$prefix" -newer /tmp/imgbuild-stamp -name '*.py' > /tmp/imgbuild-new-py; \
@@ -142,15 +208,26 @@ RUN --mount=type=cache,target=/root/.cache/pip \
     for d in "$prefix"/lib/python*/site-packages "$prefix/bin"; do \
         while [ "$d" != / ]; do touch -h -d "@$SOURCE_DATE_EPOCH" "$d"; d="$(dirname "$d")"; done; \
     done
-RUN --mount=type=cache,target=/root/.cache/pip \
+RUN --mount=type=cache,target=/root/.cache/uv \
+    --mount=type=cache,target=/run/imgbuild-uv \
     --mount=type=secret,id=cacert \
     --mount=type=secret,id=pipconf \
+    --mount=type=secret,id=uvenv \
     --mount=type=tmpfs,target=/tmp \
     set -eu; : imgbuild-step=cuda-nccl; \
     if [ -s /run/secrets/cacert ]; then export PIP_CERT=/run/secrets/cacert SSL_CERT_FILE=/run/secrets/cacert; fi; \
     if [ -s /run/secrets/pipconf ]; then export PIP_CONFIG_FILE=/run/secrets/pipconf; fi; \
+    export UV_CACHE_DIR=/root/.cache/uv UV_LINK_MODE=copy UV_PYTHON_DOWNLOADS=never UV_NO_PROGRESS=1; \
+    if [ -s /run/secrets/uvenv ]; then . /run/secrets/uvenv; fi; \
+    uv=/run/imgbuild-uv/0.13.9/bin/uv; \
+    if [ ! -x "$uv" ]; then \
+        new="$(mktemp -d /run/imgbuild-uv/new.XXXXXX)"; \
+        echo 'uv==0.13.9 --hash=sha256:d7f459fe4fd247d830351c75686d3996ace3c6f3f728eb0e85a30b7ada0cef19 --hash=sha256:5435c5ce14a56431208ca0996416d310f1598e8c2c8ba707688985a16bb82dbe --hash=sha256:ecb6028d79dc96fbeafffe5c8af62a7099487ebc05a701e76714eebcffd06375' > "$new.txt"; \
+        PYTHONDONTWRITEBYTECODE=1 pip install -q --disable-pip-version-check --no-cache-dir --no-deps --require-hashes --target "$new" -r "$new.txt"; \
+        rm -f "$new.txt"; mv -T "$new" /run/imgbuild-uv/0.13.9 2>/dev/null || rm -rf "$new"; \
+    fi; \
     export PYTHONDONTWRITEBYTECODE=1; SOURCE_DATE_EPOCH=315532800; touch /tmp/imgbuild-stamp; \
-    pip install --disable-pip-version-check --no-warn-script-location --no-deps --no-compile \
+    "$uv" pip install --python "$(command -v python)" --no-deps \
         nvidia-nccl-cu12==2.20.5; \
     prefix="$(python -c 'import sys; print(sys.prefix)')"; \
     find "$prefix" -newer /tmp/imgbuild-stamp -name '*.py' > /tmp/imgbuild-new-py; \
@@ -162,15 +239,26 @@ RUN --mount=type=cache,target=/root/.cache/pip \
     for d in "$prefix"/lib/python*/site-packages "$prefix/bin"; do \
         while [ "$d" != / ]; do touch -h -d "@$SOURCE_DATE_EPOCH" "$d"; d="$(dirname "$d")"; done; \
     done
-RUN --mount=type=cache,target=/root/.cache/pip \
+RUN --mount=type=cache,target=/root/.cache/uv \
+    --mount=type=cache,target=/run/imgbuild-uv \
     --mount=type=secret,id=cacert \
     --mount=type=secret,id=pipconf \
+    --mount=type=secret,id=uvenv \
     --mount=type=tmpfs,target=/tmp \
     set -eu; : imgbuild-step=torch; \
     if [ -s /run/secrets/cacert ]; then export PIP_CERT=/run/secrets/cacert SSL_CERT_FILE=/run/secrets/cacert; fi; \
     if [ -s /run/secrets/pipconf ]; then export PIP_CONFIG_FILE=/run/secrets/pipconf; fi; \
+    export UV_CACHE_DIR=/root/.cache/uv UV_LINK_MODE=copy UV_PYTHON_DOWNLOADS=never UV_NO_PROGRESS=1; \
+    if [ -s /run/secrets/uvenv ]; then . /run/secrets/uvenv; fi; \
+    uv=/run/imgbuild-uv/0.13.9/bin/uv; \
+    if [ ! -x "$uv" ]; then \
+        new="$(mktemp -d /run/imgbuild-uv/new.XXXXXX)"; \
+        echo 'uv==0.13.9 --hash=sha256:d7f459fe4fd247d830351c75686d3996ace3c6f3f728eb0e85a30b7ada0cef19 --hash=sha256:5435c5ce14a56431208ca0996416d310f1598e8c2c8ba707688985a16bb82dbe --hash=sha256:ecb6028d79dc96fbeafffe5c8af62a7099487ebc05a701e76714eebcffd06375' > "$new.txt"; \
+        PYTHONDONTWRITEBYTECODE=1 pip install -q --disable-pip-version-check --no-cache-dir --no-deps --require-hashes --target "$new" -r "$new.txt"; \
+        rm -f "$new.txt"; mv -T "$new" /run/imgbuild-uv/0.13.9 2>/dev/null || rm -rf "$new"; \
+    fi; \
     export PYTHONDONTWRITEBYTECODE=1; SOURCE_DATE_EPOCH=315532800; touch /tmp/imgbuild-stamp; \
-    pip install --disable-pip-version-check --no-warn-script-location --no-compile \
+    "$uv" pip install --python "$(command -v python)" \
         torch==2.4.1; \
     prefix="$(python -c 'import sys; print(sys.prefix)')"; \
     find "$prefix" -newer /tmp/imgbuild-stamp -name '*.py' > /tmp/imgbuild-new-py; \
@@ -182,13 +270,24 @@ RUN --mount=type=cache,target=/root/.cache/pip \
     for d in "$prefix"/lib/python*/site-packages "$prefix/bin"; do \
         while [ "$d" != / ]; do touch -h -d "@$SOURCE_DATE_EPOCH" "$d"; d="$(dirname "$d")"; done; \
     done
-RUN --mount=type=cache,target=/root/.cache/pip \
+RUN --mount=type=cache,target=/root/.cache/uv \
+    --mount=type=cache,target=/run/imgbuild-uv \
     --mount=type=secret,id=cacert \
     --mount=type=secret,id=pipconf \
+    --mount=type=secret,id=uvenv \
     set -eu; : imgbuild-step=pins; \
     if [ -s /run/secrets/cacert ]; then export PIP_CERT=/run/secrets/cacert SSL_CERT_FILE=/run/secrets/cacert; fi; \
     if [ -s /run/secrets/pipconf ]; then export PIP_CONFIG_FILE=/run/secrets/pipconf; fi; \
-    pip install --disable-pip-version-check --no-warn-script-location \
+    export UV_CACHE_DIR=/root/.cache/uv UV_LINK_MODE=copy UV_PYTHON_DOWNLOADS=never UV_NO_PROGRESS=1; \
+    if [ -s /run/secrets/uvenv ]; then . /run/secrets/uvenv; fi; \
+    uv=/run/imgbuild-uv/0.13.9/bin/uv; \
+    if [ ! -x "$uv" ]; then \
+        new="$(mktemp -d /run/imgbuild-uv/new.XXXXXX)"; \
+        echo 'uv==0.13.9 --hash=sha256:d7f459fe4fd247d830351c75686d3996ace3c6f3f728eb0e85a30b7ada0cef19 --hash=sha256:5435c5ce14a56431208ca0996416d310f1598e8c2c8ba707688985a16bb82dbe --hash=sha256:ecb6028d79dc96fbeafffe5c8af62a7099487ebc05a701e76714eebcffd06375' > "$new.txt"; \
+        PYTHONDONTWRITEBYTECODE=1 pip install -q --disable-pip-version-check --no-cache-dir --no-deps --require-hashes --target "$new" -r "$new.txt"; \
+        rm -f "$new.txt"; mv -T "$new" /run/imgbuild-uv/0.13.9 2>/dev/null || rm -rf "$new"; \
+    fi; \
+    "$uv" pip install --python "$(command -v python)" --compile-bytecode \
         fastapi==0.115.0 \
         safetensors==0.4.5 \
         uvicorn==0.30.6
@@ -209,6 +308,7 @@ LABEL "io.imgbuild.cuda.driver.min"="530.30.02" \
       "io.imgbuild.cuda.flavor"="runtime" \
       "io.imgbuild.cuda.source"="wheels" \
       "io.imgbuild.cuda.version"="12.1.1" \
+      "io.imgbuild.installer"="uv 0.13.9" \
       "io.imgbuild.os"="debian12" \
       "io.imgbuild.python.version"="3.11" \
       "io.imgbuild.recipe.digest"="sha256:9a771688cd07d8411ebe0bae08dedc81c34e71b45b03514a9a3b6bf81b82e515" \

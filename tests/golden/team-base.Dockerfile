@@ -16,13 +16,24 @@ RUN --mount=type=cache,target=/var/cache/apt,sharing=locked \
 RUN set -eu; : imgbuild-step=python; \
     python3 -m venv /opt/venv
 ENV PATH="/opt/venv/bin:$PATH"
-RUN --mount=type=cache,target=/root/.cache/pip \
+RUN --mount=type=cache,target=/root/.cache/uv \
+    --mount=type=cache,target=/run/imgbuild-uv \
     --mount=type=secret,id=cacert \
     --mount=type=secret,id=pipconf \
+    --mount=type=secret,id=uvenv \
     set -eu; : imgbuild-step=pins; \
     if [ -s /run/secrets/cacert ]; then export PIP_CERT=/run/secrets/cacert SSL_CERT_FILE=/run/secrets/cacert; fi; \
     if [ -s /run/secrets/pipconf ]; then export PIP_CONFIG_FILE=/run/secrets/pipconf; fi; \
-    pip install --disable-pip-version-check --no-warn-script-location \
+    export UV_CACHE_DIR=/root/.cache/uv UV_LINK_MODE=copy UV_PYTHON_DOWNLOADS=never UV_NO_PROGRESS=1; \
+    if [ -s /run/secrets/uvenv ]; then . /run/secrets/uvenv; fi; \
+    uv=/run/imgbuild-uv/0.13.9/bin/uv; \
+    if [ ! -x "$uv" ]; then \
+        new="$(mktemp -d /run/imgbuild-uv/new.XXXXXX)"; \
+        echo 'uv==0.13.9 --hash=sha256:d7f459fe4fd247d830351c75686d3996ace3c6f3f728eb0e85a30b7ada0cef19 --hash=sha256:5435c5ce14a56431208ca0996416d310f1598e8c2c8ba707688985a16bb82dbe --hash=sha256:ecb6028d79dc96fbeafffe5c8af62a7099487ebc05a701e76714eebcffd06375' > "$new.txt"; \
+        PYTHONDONTWRITEBYTECODE=1 pip install -q --disable-pip-version-check --no-cache-dir --no-deps --require-hashes --target "$new" -r "$new.txt"; \
+        rm -f "$new.txt"; mv -T "$new" /run/imgbuild-uv/0.13.9 2>/dev/null || rm -rf "$new"; \
+    fi; \
+    "$uv" pip install --python "$(command -v python)" --compile-bytecode \
         numpy==1.26.4
 LABEL "io.imgbuild.cuda.driver.min"="550.54.15" \
       "io.imgbuild.cuda.driver.min-compat"="525.60.13" \
@@ -30,6 +41,7 @@ LABEL "io.imgbuild.cuda.driver.min"="550.54.15" \
       "io.imgbuild.cuda.source"="nvidia" \
       "io.imgbuild.cuda.version"="12.4.1" \
       "io.imgbuild.cudnn.version"="9" \
+      "io.imgbuild.installer"="uv 0.13.9" \
       "io.imgbuild.os"="ubuntu22.04" \
       "io.imgbuild.python.version"="3.10" \
       "io.imgbuild.recipe.digest"="sha256:adb536fa3961290c83f87d11eff5dae1884465630006a00e9596e28f6caf4f23" \
