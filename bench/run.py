@@ -10,6 +10,8 @@ a ratio. Needs the Docker engine and the base image (`make bench` starts them).
   (7) on Docker 26 + buildx + containerd store: pull+unpack gzip vs zstd, build-and-push from
       BuildKit vs build + API push (bench_engines.py), when that engine runs
   (8) the schema validator: import and validation time vs jsonschema and pydantic (bench_schemas.py)
+  (9) uv vs pip as the installer: cold and warm build time of a torch recipe (bench_installer.py;
+      IMGBUILD_BENCH_STACK=small for the stack without torch)
 
 "Cold" means no layer cache (--no-cache); pip and apt download caches stay warm in both arms,
 so the ratios measure layering, not the network.
@@ -170,7 +172,7 @@ def bench_prefix(b: Bench) -> dict:
             "shared_bytes": shared_bytes, "common_bytes": common}
 
 
-BENCHES = ("rebuild", "multistage", "prefix", "matrix", "weights", "startup", "engines", "schemas")
+BENCHES = ("rebuild", "multistage", "prefix", "matrix", "weights", "startup", "engines", "schemas", "installer")
 
 
 def main() -> int:
@@ -204,6 +206,9 @@ def main() -> int:
     if "schemas" in chosen:
         proc = subprocess.run([sys.executable, str(REPO / "bench" / "bench_schemas.py")], text=True, check=False)
         results["schemas_exit"] = proc.returncode
+    if "installer" in chosen:
+        proc = subprocess.run([sys.executable, str(REPO / "bench" / "bench_installer.py")], text=True, check=False)
+        results["installer_exit"] = proc.returncode
     if args.json:
         args.json.write_text(json.dumps(results, indent=2))
     return 0
