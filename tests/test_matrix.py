@@ -382,7 +382,10 @@ def test_bake_folder_schema_order_contexts_and_network(tmp_path):
     assert code == 0, err
     again = json.loads((folder / "docker-bake.json").read_text())["target"]["cu124-py311"]
     assert again["output"] == ["type=registry"]
-    assert again["secret"] == [f"id=pipconf,src={pip_conf}"]
+    # uv steps read the pip.conf translated, from a private file beside the bake file
+    assert again["secret"] == [f"id=pipconf,src={pip_conf}", f"id=uvenv,src={folder.resolve() / 'uvenv'}"]
+    assert (folder / "uvenv").read_text() == "export UV_INDEX_URL=https://pypi.example/simple\n"
+    assert (folder / "uvenv").stat().st_mode & 0o777 == 0o600
     assert "cache-from" not in again and "cache-to" not in again  # no registry: no cache refs (not Docker Hub)
 
 

@@ -46,7 +46,7 @@ from buildkit_py.errors import (
 )
 from buildkit_py.files import write_atomic
 from buildkit_py.plan.build_plan import BuildPlan, Stage, make_plan
-from buildkit_py.plan.installer import uses_uv
+from buildkit_py.plan.installer import UV_ENV_SECRET_ID, read_pip_config_for_uv, uses_uv
 from buildkit_py.plan.steps import Step
 from buildkit_py.recipe.model import (
     BASE_KEYS,
@@ -659,24 +659,27 @@ class BakeTarget:
 
 def bake_targets(matrix: Matrix, *, registry: str | None = None, ca_cert: Path | None = None,
                  pip_config: Path | None = None, push: bool = False,
-                 prepare: Callable[[Variant, BuildPlan], BuildPlan] | None = None) -> list[BakeTarget]:
+                 prepare: Callable[[Variant, BuildPlan], BuildPlan] | None = None,
+                 uv_env: Path | None = None) -> list[BakeTarget]:
     """The targets of the bake file, shared stages first: one per variant with its own registry
     cache (when there is a ``registry``), and the stages the variants share as targets of their
     own, ahead of the targets that build FROM them (through ``contexts: {name: "target:shared-..."}``).
     Shared targets export only cache; variant targets load into the engine, or push their tags
     with ``push``. (Bake's own --push/--load would set every target's output, the tagless shared
     ones too.) Each target's build context is ``contexts/<target>`` beside the bake file.
-    The CA bundle and pip.conf reach every target as the secrets `imgbuild build` passes;
+    The CA bundle and pip.conf reach every target as the secrets `imgbuild build` passes, and
+    for uv steps the pip.conf's translation (the file ``uv_env``, which write_bake writes);
     ``prepare`` (the variant's lock) runs on each variant's plan first."""
     secrets = build_secrets(ca_cert, pip_config)
     plans = {v.id: variant_plan(v, registry=registry) for v in matrix.variants}
     if prepare is not None:
         plans = {v.id: prepare(v, plans[v.id]) for v in matrix.variants}
     if pip_config is not None and any(uses_uv(p.stages) for p in plans.values()):
-        # uv reads no pip.conf; its translation (plan/installer.py) is a secret bake has no file for yet
-        raise UsageError(f"--pip-config {pip_config}: the bake file cannot pass a pip.conf to uv steps",
-                         hint="set build.installer: pip in the matrix recipe, or build each variant with "
-                              "`imgbuild build`")
+        read_pip_config_for_uv(pip_config, ca_cert=ca_cert is not None)  # a key uv cannot honour: refused here
+        if uv_env is None:
+            raise UsageError(f"--pip-config {pip_config}: uv steps read its translation from a file beside "
+                             "the bake file", hint="write the bake folder (-o DIR)")
+        secrets[UV_ENV_SECRET_ID] = uv_env
     stages, chains = shared_stages(plans)
     common: dict[str, Any] = {"network": "host"}  # like `imgbuild build` (its --network default)
     if secrets:
@@ -746,8 +749,14 @@ def write_bake(matrix: Matrix, folder: Path, **kwargs: Any) -> list[Path]:
     if folder.is_dir() and any(folder.iterdir()) and not (folder / _BAKE_MARK).exists():
         raise UsageError(f"-o {folder}: the folder is not empty and holds no earlier bake of imgbuild's",
                          hint="give a new or empty folder; imgbuild replaces only a folder it wrote")
-    targets = bake_targets(matrix, **kwargs)
+    uv_env = folder.resolve() / UV_ENV_SECRET_ID  # the pip.conf translated for uv steps, 0600
+    targets = bake_targets(matrix, uv_env=uv_env, **kwargs)
     folder.mkdir(parents=True, exist_ok=True)
+    if any(t.spec.get("secret") and f"id={UV_ENV_SECRET_ID},src={uv_env}" in t.spec["secret"] for t in targets):
+        write_atomic(uv_env, read_pip_config_for_uv(kwargs["pip_config"], ca_cert=kwargs.get("ca_cert") is not None),
+                     private=True)
+    else:
+        uv_env.unlink(missing_ok=True)
     staging = folder / f".{BAKE_CONTEXTS}.new"
     shutil.rmtree(staging, ignore_errors=True)
     for t in targets:
