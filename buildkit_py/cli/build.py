@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from buildkit_py.cli.common import (
     AddCommand,
@@ -19,9 +19,13 @@ from buildkit_py.cli.common import (
     progress_option,
     reading_engine,
 )
+from buildkit_py.cli.progress import StepView
 from buildkit_py.errors import ExitStatus, UsageError
+from buildkit_py.sizes import human_size
 
 if TYPE_CHECKING:
+    from rich.console import Console
+
     from buildkit_py.engine.build import BuildOptions
 
 
@@ -112,20 +116,9 @@ def cmd_build(args: argparse.Namespace, out: Out) -> int:
     backend = select_engine(args.backend, builder=args.builder)
     options = _build_options(args)
 
-    shown: set[str] = set()
-
-    def on_line(line: str) -> None:
-        if args.progress == "plain":
-            out.info(line)
-        elif args.progress == "auto":
-            # One line per step as it starts (BuildKit repeats headers), and every error.
-            head = line.split(" ", 1)[0]
-            if "ERROR" in line or (" [" in line[:8] and head not in shown):
-                shown.add(head)
-                out.info(" ".join(line.split())[:160])
-
     out.info(f"building {', '.join(plan.tags)} with the {backend.describe()}")
-    outcome = run_build(plan, backend, options, on_line, on_progress=out.info if args.progress != "quiet" else None)
+    with StepView.for_option(out.stderr, args.progress) as view:
+        outcome = run_build(plan, backend, options, view.line, on_progress=view.note, on_transfer=view.transfer)
     r = outcome.result
     report = {
         "image_id": r.image_id, "tags": list(r.tags), "size": outcome.size, "backend": outcome.backend,
@@ -152,8 +145,6 @@ def cmd_build(args: argparse.Namespace, out: Out) -> int:
 
 def cmd_build_matrix(args: argparse.Namespace, out: Out) -> int:
     """build --all / --variant: the matrix's variants, N at a time, one summary at the end."""
-    import threading
-
     from buildkit_py.engine import select_engine
     from buildkit_py.plan import matrix as mx
     from buildkit_py.plan.lock import use_lock
@@ -174,25 +165,40 @@ def cmd_build_matrix(args: argparse.Namespace, out: Out) -> int:
             out.warn(f"[{variant.id}] {w}")
         return locked.plan
 
-    lock = threading.Lock()
-    shown: set[tuple[str, str]] = set()
-
-    def on_line(vid: str, line: str) -> None:
-        head = line.split(" ", 1)[0]
-        if args.progress == "plain" or (args.progress == "auto" and (
-                "ERROR" in line or (" [" in line[:8] and (vid, head) not in shown))):
-            with lock:
-                shown.add((vid, head))
-                out.info(f"[{vid}] " + " ".join(line.split())[:160])
-
     out.info(f"building {'all ' if args.all else ''}{len(args.variant) or len(matrix.variants)} variant(s) of "
              f"{matrix.name} with the {backend.describe()}, {args.jobs} at a time")
-    result = mx.build_all(matrix, backend, options, jobs=args.jobs, registry=args.registry,
-                          variant_ids=tuple(args.variant), tags=tuple(args.tag), on_line=on_line,
-                          on_event=out.info if args.progress != "quiet" else None, prepare=prepare)
+    with StepView.for_option(out.stderr, args.progress) as view:
+        result = mx.build_all(matrix, backend, options, jobs=args.jobs, registry=args.registry,
+                              variant_ids=tuple(args.variant), tags=tuple(args.tag),
+                              on_line=lambda vid, line: view.line(line, vid), on_event=view.note, prepare=prepare)
     if args.json:
         out.data(mx.build_report(result))
+    elif out.stdout.isatty():
+        summary_table(mx.build_report(result), out.console())
     else:
         for line in mx.summary_lines(result):
             out.line(line)
     return ExitStatus.FAILED if result.failed else 0
+
+
+def summary_table(report: dict[str, Any], console: Console) -> None:
+    """The matrix summary (``matrix.build_report``) as a rich table, for a terminal; pipes and
+    CI logs get ``matrix.summary_lines``, plain and stable."""
+    from rich.table import Table
+
+    table = Table(title=report["name"], title_justify="left")
+    for column in ("variant", "status", "size", "digest", "time", "cached", "tags"):
+        table.add_column(column, justify="right" if column in ("size", "time", "cached") else "left")
+    for v in report["variants"]:
+        ok = v["status"] == "ok"
+        steps = (v.get("steps_cached") or 0) + (v.get("steps_run") or 0)
+        table.add_row(v["variant"], "[green]ok[/]" if ok else "[bold red]FAILED[/]",
+                      human_size(v["size"]) if ok else "-",
+                      (v.get("digest") or "").replace("sha256:", "")[:12] or "-",
+                      f"{v['seconds']:.1f}s", f"{v['steps_cached']}/{steps}" if ok else "-", ", ".join(v["tags"]))
+    console.print(table)
+    console.print(f"{report['ok']} built, {report['failed']} failed, {len(report['dropped'])} dropped, "
+                  f"in {report['seconds']:.1f}s", markup=False, highlight=False)
+    for v in report["variants"]:
+        if v.get("error"):
+            console.print(f"{v['variant']}: {v['error']['message']}", markup=False, highlight=False)

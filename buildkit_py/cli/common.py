@@ -117,7 +117,7 @@ def engine_options(sp: argparse.ArgumentParser) -> None:
 
 def progress_option(sp: argparse.ArgumentParser, what: str) -> None:
     sp.add_argument("--progress", choices=["auto", "plain", "quiet"], default="auto",
-                    help=f"{what} on stderr: auto (steps), plain (everything), quiet")
+                    help=f"{what} on stderr: auto (live on a terminal, plain lines otherwise), plain, quiet")
 
 
 def tag_options(sp: argparse.ArgumentParser, tag_help: str, registry_help: str) -> None:

@@ -1,14 +1,19 @@
-"""How the CLI shows the transfer progress the library reports (``progress(event, label,
-done, total)``, possibly from several threads): a rich progress display with bytes, speed
-and ETA per file on a terminal, plain lines (one per file per 10%) otherwise. The library
-never prints; only the CLI creates one of these."""
+"""How the CLI shows the progress the library reports; the library never prints.
+
+- transfers (``progress(event, label, done, total)``, possibly from several threads: weights
+  push/pull, mirror, image push): a rich progress display with bytes, speed and ETA per file on
+  a terminal, plain lines (one per file per 10%) otherwise;
+- builds (BuildKit's plain progress lines, which every engine passes on): ``StepView``, a live
+  table of the steps (cached, running, done, elapsed) on a terminal, plain lines otherwise."""
 
 from __future__ import annotations
 
+import re
 import threading
+import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from typing import IO
+from contextlib import ExitStack, contextmanager
+from typing import IO, Any
 
 Progress = Callable[[str, str, int, int], None]
 _DONE_EVENTS = frozenset({"exists", "present", "mounted", "manifest"})
@@ -44,6 +49,17 @@ def transfer_progress(stream: IO[str], *, live: bool | None = None) -> Iterator[
         yield progress
 
 
+@contextmanager
+def transfer_view(stream: IO[str], progress: str = "auto") -> Iterator[Progress]:
+    """The transfer callback for --progress auto|plain|quiet: auto draws rich bars on a
+    terminal and plain lines elsewhere, plain always plain lines, quiet nothing."""
+    if progress == "quiet":
+        yield lambda _event, _label, _done, _total: None
+        return
+    with transfer_progress(stream, live=None if progress == "auto" else False) as callback:
+        yield callback
+
+
 def plain_lines(stream: IO[str]) -> Progress:
     """One line per file at every 10% and at each state change (``exists``, ``present``...)."""
     last: dict[str, int] = {}
@@ -58,3 +74,219 @@ def plain_lines(stream: IO[str]) -> Progress:
                 stream.flush()
 
     return progress
+
+
+# --- the build's steps ---------------------------------------------------------------------------
+
+# BuildKit's plain progress (`--progress plain`, what every engine passes to the line sink):
+#   #7 [app 2/4] RUN --mount=... : imgbuild-step=pip-app; pip install ...   a step starts (repeated
+#                                                                           when its output resumes)
+#   #7 CACHED | #7 DONE 12.3s | #7 ERROR: process ... did not complete      how it ended
+#   #7 0.512 Collecting numpy                                               its output
+_START_RE = re.compile(r"^#(\d+) \[([^\]]*?)\s*(\d+/\d+)\] (.*)$")
+_CACHED_RE = re.compile(r"^#(\d+) CACHED$")
+_DONE_RE = re.compile(r"^#(\d+) DONE (\d+(?:\.\d+)?)s$")
+_ERROR_RE = re.compile(r"^#(\d+) ERROR:? ?(.*)$")
+_MARK_RE = re.compile(r"imgbuild-step=([\w.-]+)")
+_NAME_WIDTH = 90
+
+
+class Step:
+    """One Dockerfile step as BuildKit reports it. (A plain class: this module is imported at
+    start-up, dataclasses is not.)"""
+
+    __slots__ = ("key", "message", "seconds", "stage", "started", "state", "what")
+
+    def __init__(self, key: tuple[str, str], stage: str, what: str, started: float):
+        self.key = key  # (variant, vertex)
+        self.stage = stage  # "[app 2/4]"
+        self.what = what  # the step's id (imgbuild-step=...) or its instruction, shortened
+        self.started = started
+        self.state = "running"  # running | cached | done | error
+        self.seconds: float | None = None  # BuildKit's own figure once done
+        self.message = ""
+
+    @property
+    def name(self) -> str:
+        return f"{self.stage} {self.what}"
+
+    def elapsed(self, now: float) -> float:
+        return self.seconds if self.seconds is not None else now - self.started
+
+
+def _what(instruction: str) -> str:
+    mark = _MARK_RE.search(instruction)
+    if mark:
+        return mark.group(1)
+    text = " ".join(instruction.split())
+    return text if len(text) <= _NAME_WIDTH else text[:_NAME_WIDTH - 3] + "..."
+
+
+class BuildSteps:
+    """The steps of one or more builds (matrix variants), read from BuildKit's plain lines.
+    ``feed`` returns the step a line started or ended, None for any other line."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic):
+        self.clock = clock
+        self.steps: dict[tuple[str, str], Step] = {}
+        self.lock = threading.Lock()
+
+    def feed(self, line: str, variant: str = "") -> tuple[str, Step] | None:
+        with self.lock:
+            if m := _START_RE.match(line):
+                key = (variant, m.group(1))
+                stage = f"[{m.group(2)} {m.group(3)}]".replace("[ ", "[")
+                what = _what(m.group(4))
+                known = self.steps.get(key)
+                if known is not None and (known.stage, known.what) == (stage, what):
+                    return None  # BuildKit repeats a step's header when its output resumes
+                started = self.steps[key] = Step(key, stage, what, self.clock())
+                return "start", started
+            for regex, state in ((_CACHED_RE, "cached"), (_DONE_RE, "done"), (_ERROR_RE, "error")):
+                if (m := regex.match(line)) and (step := self.steps.get((variant, m.group(1)))) is not None:
+                    return self._end(step, state, m.group(2) if regex.groups > 1 else "")
+            return None
+
+    def _end(self, step: Step, state: str, detail: str) -> tuple[str, Step] | None:
+        if step.state != "running":
+            return None
+        step.state = state
+        if state == "done":
+            step.seconds = float(detail)
+        elif state == "error":
+            step.message = detail
+            step.seconds = self.clock() - step.started
+        else:
+            step.seconds = 0.0
+        return state, step
+
+    def ordered(self) -> list[Step]:
+        with self.lock:
+            return sorted(self.steps.values(), key=lambda s: (s.key[0], s.started, int(s.key[1])))
+
+
+def plain_step_line(event: str, step: Step, variant: str = "") -> str | None:
+    """The plain-text line for a step event (CI logs, --progress auto off a terminal)."""
+    prefix = f"[{variant}] " if variant else ""
+    if event == "start":
+        return f"{prefix}{step.name}"
+    if event == "done":
+        return f"{prefix}{step.name}: done in {step.seconds:.1f}s"
+    if event == "error":
+        return f"{prefix}{step.name}: ERROR {step.message}"
+    return None  # cached: its start line is enough; the summary counts them
+
+
+class StepView:
+    """How the CLI shows a build's progress on stderr:
+
+    - ``live``: a rich Live table on a terminal: each step with cached / running / done /
+      error and its elapsed time, redrawn four times a second;
+    - ``plain``: one line per step as it starts, one when a step that ran finishes (with its
+      time), every error line; nothing else (CI logs, pipes);
+    - ``all``: every BuildKit line (``--progress plain``);
+    - ``quiet``: nothing.
+
+    ``line(text, variant)`` takes the engine's lines (from several threads for a matrix);
+    ``note(text)`` a line of imgbuild's own (lock, push); ``transfer`` a push's byte
+    progress (a rich bar with bytes, speed and ETA on a terminal)."""
+
+    def __init__(self, stream: IO[str], mode: str, *, clock: Callable[[], float] = time.monotonic):
+        if mode not in ("live", "plain", "all", "quiet"):
+            raise ValueError(f"unknown step view mode {mode!r}")
+        self.stream, self.mode = stream, mode
+        self.steps = BuildSteps(clock)
+        self.clock = clock
+        self._write_lock = threading.Lock()
+        self._live: Any = None  # a rich.live.Live while the step table is drawn
+        self._transfer: Progress | None = None
+        self._stack = ExitStack()
+
+    @classmethod
+    def for_option(cls, stream: IO[str], progress: str) -> StepView:
+        """From --progress auto|plain|quiet: auto is live on a terminal, plain lines elsewhere."""
+        if progress == "quiet":
+            return cls(stream, "quiet")
+        if progress == "plain":
+            return cls(stream, "all")
+        return cls(stream, "live" if stream.isatty() else "plain")
+
+    def __enter__(self) -> StepView:
+        if self.mode == "live":
+            import rich.console  # noqa: PLC0415 - rich only for a terminal (start-up)
+            import rich.live  # noqa: PLC0415
+
+            self._live = rich.live.Live(console=rich.console.Console(file=self.stream), refresh_per_second=4,
+                                        get_renderable=self.render, transient=False)
+            self._live.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop_live()
+        self._stack.close()
+
+    def _stop_live(self) -> None:
+        live, self._live = self._live, None
+        if live is not None:
+            live.refresh()
+            live.stop()
+
+    def _write(self, text: str) -> None:
+        with self._write_lock:
+            self.stream.write(text + "\n")
+            self.stream.flush()
+
+    def line(self, text: str, variant: str = "") -> None:
+        event = self.steps.feed(text, variant)
+        if self.mode == "all":
+            self._write(f"[{variant}] {text}" if variant else text)
+        elif self.mode == "plain":
+            out = plain_step_line(*event, variant) if event else None
+            if out is None and "ERROR" in text and not (event and event[0] == "error"):
+                out = (f"[{variant}] " if variant else "") + " ".join(text.split())[:160]
+            if out is not None:
+                self._write(out)
+
+    def note(self, text: str) -> None:
+        if self.mode == "quiet":
+            return
+        if self._live is not None:
+            self._live.console.print(text, markup=False, highlight=False)
+        else:
+            self._write(text)
+
+    def transfer(self, event: str, label: str, done: int, total: int) -> None:
+        """A push's bytes: the step table is finished first (one live display at a time)."""
+        if self.mode == "quiet":
+            return
+        if self._transfer is None:
+            self._stop_live()
+            self._transfer = self._stack.enter_context(transfer_progress(self.stream, live=self.mode == "live"))
+        self._transfer(event, label, done, total)
+
+    def render(self) -> Any:
+        """The rich table of the steps so far (what the live view redraws)."""
+        from rich.table import Table  # noqa: PLC0415
+        from rich.text import Text  # noqa: PLC0415
+
+        now = self.clock()
+        steps = self.steps.ordered()
+        variants = any(s.key[0] for s in steps)
+        table = Table(show_header=True, header_style="bold", box=None, pad_edge=False)
+        table.add_column("", min_width=7, no_wrap=True)
+        table.add_column("time", justify="right", min_width=7, no_wrap=True)
+        if variants:
+            table.add_column("variant", no_wrap=True)
+        table.add_column("step", overflow="ellipsis", no_wrap=True)
+        styles = {"running": "yellow", "cached": "dim", "done": "green", "error": "bold red"}
+        for s in steps:  # Text: a step's name is BuildKit's text ("[final 2/10] ..."), never markup
+            row = [Text(s.state, style=styles[s.state]), Text("" if s.state == "cached" else f"{s.elapsed(now):.1f}s")]
+            if variants:
+                row.append(Text(s.key[0]))
+            row.append(Text(s.name))
+            table.add_row(*row)
+        cached = sum(1 for s in steps if s.state == "cached")
+        ran = sum(1 for s in steps if s.state in ("done", "running", "error"))
+        if steps:
+            table.caption = f"{len(steps)} steps: {cached} cached, {ran} run"
+        return table

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from buildkit_py.cli.common import AddCommand, Out, json_option
-from buildkit_py.cli.progress import transfer_progress
+from buildkit_py.cli.common import AddCommand, Out, json_option, progress_option
+from buildkit_py.cli.progress import transfer_view
 from buildkit_py.errors import UsageError
 
 
@@ -31,6 +31,7 @@ def register_mirror(add: AddCommand) -> None:
     m.add_argument("--to-mirror", metavar="PREFIX", help="destination as base.mirror PREFIX would look it up")
     m.add_argument("--all-platforms", action="store_true", help="copy every platform of a multi-platform image")
     json_option(m)
+    progress_option(m, "copy progress")
     m.set_defaults(handler=cmd_mirror)
 
 
@@ -60,7 +61,7 @@ def cmd_mirror(args: argparse.Namespace, out: Out) -> int:
     if bool(args.dest) == bool(args.to_mirror):
         raise UsageError("mirror needs DEST or --to-mirror PREFIX (one of them)")
     dest = args.dest or mirrored_ref(args.source, args.to_mirror)
-    with transfer_progress(out.stderr) as progress:
+    with transfer_view(out.stderr, args.progress) as progress:
         digest = oci.copy_image(args.source, dest, all_platforms=args.all_platforms, progress=progress)
     pinned = f"{dest.rsplit(':', 1)[0] if ':' in dest.rsplit('/', 1)[-1] else dest}@{digest}"
     if args.json:

@@ -15,10 +15,11 @@ from buildkit_py.cli.common import (
     json_option,
     network_option,
     plan_recipe,
+    progress_option,
     reading_engine,
     tag_options,
 )
-from buildkit_py.cli.progress import transfer_progress
+from buildkit_py.cli.progress import transfer_view
 from buildkit_py.errors import EnvironmentProblem, UsageError
 from buildkit_py.files import write_atomic
 
@@ -42,6 +43,7 @@ def register(add: AddCommand) -> None:
     rn.add_argument("--docker-arg", action="append", default=[], metavar="ARG",
                     help="extra docker run argument, repeatable (e.g. --docker-arg=-p --docker-arg=8000:8000)")
     json_option(rn, "with --dry-run: the plan as JSON")
+    progress_option(rn, "weights download progress")
     rn.set_defaults(handler=cmd_run)
 
     cp = add("compose", "write a compose.yaml: GPU reservation, weights volumes, the recipe's extra services")
@@ -93,7 +95,7 @@ def cmd_run(args: argparse.Namespace, out: Out) -> int:
         return 0
     for w in run.weights:
         w.host_dir.mkdir(parents=True, exist_ok=True)
-        with transfer_progress(out.stderr) as progress:
+        with transfer_view(out.stderr, args.progress) as progress:
             res = weights.pull(w.ref, w.host_dir, progress=progress)
         out.info(f"weights {w.ref}: {res.downloaded_bytes} bytes downloaded, {len(res.skipped)} files already present")
     out.info("running " + " ".join(run.argv))

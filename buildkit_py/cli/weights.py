@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from buildkit_py.cli.common import AddCommand, Out, json_option
-from buildkit_py.cli.progress import transfer_progress
+from buildkit_py.cli.common import AddCommand, Out, json_option, progress_option
+from buildkit_py.cli.progress import transfer_view
 from buildkit_py.errors import UsageError
 
 
@@ -17,11 +17,13 @@ def register(add: AddCommand, epilog: str) -> None:
     wp.add_argument("directory", type=Path)
     wp.add_argument("ref")
     json_option(wp)
+    progress_option(wp, "upload progress")
     wl = wsub.add_parser("pull", help="pull REF into DIR: verified, resumable, skips files already there",
                          epilog=epilog)
     wl.add_argument("ref")
     wl.add_argument("directory", type=Path)
     json_option(wl)
+    progress_option(wl, "download progress")
     ws = wsub.add_parser("ls", help="list the files of REF", epilog=epilog)
     ws.add_argument("ref")
     json_option(ws)
@@ -32,7 +34,7 @@ def cmd_weights(args: argparse.Namespace, out: Out) -> int:
     from buildkit_py.artifacts import weights
 
     if args.weights_command == "push":
-        with transfer_progress(out.stderr) as progress:
+        with transfer_view(out.stderr, args.progress) as progress:
             res = weights.push(args.directory, args.ref, progress=progress)
         if args.json:
             out.data({"ref": res.ref, "digest": res.digest, "pinned": f"{res.ref}@{res.digest}",
@@ -44,7 +46,7 @@ def cmd_weights(args: argparse.Namespace, out: Out) -> int:
             out.line(f"pushed {len(res.files)} files ({uploaded} bytes uploaded): {res.ref}@{res.digest}")
         return 0
     if args.weights_command == "pull":
-        with transfer_progress(out.stderr) as progress:
+        with transfer_view(out.stderr, args.progress) as progress:
             pulled = weights.pull(args.ref, args.directory, progress=progress)
         if args.json:
             out.data({"ref": args.ref, "directory": str(args.directory), "downloaded_bytes": pulled.downloaded_bytes,

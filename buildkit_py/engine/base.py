@@ -14,7 +14,7 @@ from pathlib import Path
 from types import ModuleType
 
 from buildkit_py import oci
-from buildkit_py.engine.push import PushResult, push_image
+from buildkit_py.engine.push import PushResult, TransferSink, push_image
 from buildkit_py.errors import BackendCapabilityError, EnvironmentProblem, UsageError
 
 # Capability names
@@ -245,9 +245,11 @@ class Engine:
         subprocess.run([*self.docker_argv(), "image", "rm", "-f", ref], capture_output=True, check=False,
                        env=self.environment())
 
-    def push(self, ref: str, *, on_progress: ProgressSink | None = None) -> PushResult:
-        """Push one tag that is in the engine, through the SDK."""
-        return push_image(self.sdk(), ref, on_progress=on_progress)
+    def push(self, ref: str, *, on_progress: ProgressSink | None = None,
+             on_transfer: TransferSink | None = None) -> PushResult:
+        """Push one tag that is in the engine, through the SDK; ``on_transfer`` hears each
+        layer's bytes, ``on_progress`` the rest (see push.push_image)."""
+        return push_image(self.sdk(), ref, on_progress=on_progress, on_transfer=on_transfer)
 
     def build(self, request: BuildRequest, on_line: LineSink) -> BuildResult:  # pragma: no cover - abstract
         raise NotImplementedError

@@ -23,7 +23,7 @@ from buildkit_py.engine import (
     require,
     required_capabilities,
 )
-from buildkit_py.engine.push import PushResult, split_tag
+from buildkit_py.engine.push import PushResult, TransferSink, split_tag
 from buildkit_py.errors import BudgetExceeded, BuildFailed, ImgbuildError, RegistryError, UsageError
 from buildkit_py.files import write_atomic
 from buildkit_py.plan import labels as L
@@ -139,7 +139,7 @@ REJECTED_TAG = "rejected"  # an image over its size budget keeps only this tag
 
 
 def run_build(plan: BuildPlan, engine: Engine, options: BuildOptions, on_line: LineSink,
-              on_progress: LineSink | None = None) -> BuildOutcome:
+              on_progress: LineSink | None = None, on_transfer: TransferSink | None = None) -> BuildOutcome:
     """Build on ``engine``; push from BuildKit where the engine can (buildx), else through the
     engine's SDK. The image is kept in the engine when asked (--load), when a budget must be
     checked first, or when the engine keeps every image anyway (the docker driver)."""
@@ -188,7 +188,7 @@ def run_build(plan: BuildPlan, engine: Engine, options: BuildOptions, on_line: L
                 result = replace(_build(engine, replace(request, push=True), on_line), seconds=result.seconds)
             pushes = _buildkit_pushes(result, tags)
         elif options.push:
-            pushes = [engine.push(tag, on_progress=on_progress) for tag in tags]
+            pushes = [engine.push(tag, on_progress=on_progress, on_transfer=on_transfer) for tag in tags]
     if pushes:  # what a pull really downloads, from the registry's manifest
         compressed = registry_compressed_size(pushes[0].ref)
         if compressed is not None:

@@ -13,6 +13,11 @@ from buildkit_py.errors import AuthenticationError, RegistryError, RegistryUnrea
 from buildkit_py.oci import auth
 
 ProgressSink = Callable[[str], None]
+# progress(event, label, done, total): the transfer callback weights and mirror report through;
+# for a push, label is the layer and done/total its bytes (the stream's progressDetail).
+TransferSink = Callable[[str, str, int, int], None]
+# The push stream's per-layer states, as transfer events (a layer the registry has is done).
+_LAYER_DONE = {"Pushed": "pushed", "Layer already exists": "exists", "Mounted from": "mounted"}
 
 _AUTH_MARKERS = ("unauthorized", "authentication required", "no basic auth credentials", "denied",
                  "incorrect username or password")
@@ -91,33 +96,75 @@ def digest_of_chunk(chunk: dict) -> tuple[str, int | None] | None:
     return None
 
 
-def push_image(client, ref: str, *, on_progress: ProgressSink | None = None, attempts: int = 4,
-               backoff_s: float = 1.0, sleep=time.sleep) -> PushResult:
+def layer_transfer(chunk: dict, sizes: dict[str, int]) -> tuple[str, str, int, int] | None:
+    """The transfer event one push-stream record carries: ``("push", layer, current, total)``
+    while a layer uploads (its progressDetail), ``("pushed"|"exists"|"mounted", layer, n, n)``
+    when it is in the registry; None for other records. ``sizes`` remembers each layer's total."""
+    layer, status = chunk.get("id") or "", chunk.get("status") or ""
+    if not layer or not isinstance(status, str):
+        return None
+    detail = chunk.get("progressDetail") or {}
+    if status == "Pushing" and isinstance(detail.get("total"), int) and isinstance(detail.get("current"), int):
+        sizes[layer] = detail["total"]
+        return "push", layer, min(detail["current"], detail["total"]), detail["total"]
+    for prefix, event in _LAYER_DONE.items():
+        if status.startswith(prefix):
+            total = sizes.get(layer, 0)
+            return event, layer, total, total
+    return None
+
+
+class _Reporter:
+    """What the caller hears of one push's stream: each layer's bytes (``on_transfer``), else a
+    line per layer and state ("Pushing", "Pushed", "Layer already exists")."""
+
+    def __init__(self, on_progress: ProgressSink | None, on_transfer: TransferSink | None):
+        self.on_progress, self.on_transfer = on_progress, on_transfer
+        self.last_status: dict[str, str] = {}
+        self.sizes: dict[str, int] = {}
+
+    def __call__(self, chunk: dict) -> None:
+        if self.on_transfer is not None:
+            if event := layer_transfer(chunk, self.sizes):
+                self.on_transfer(*event)
+            return
+        status, layer = chunk.get("status"), chunk.get("id", "")
+        if self.on_progress and status and self.last_status.get(layer) != status:
+            self.last_status[layer] = status
+            self.on_progress(f"{layer + ': ' if layer else ''}{status}")
+
+
+def _push_once(client, repo: str, tag: str, auth_config: dict | None,
+               report: _Reporter) -> tuple[str | None, int | None, str | None]:
+    """One try: (digest, size, None), or (None, None, the error message)."""
+    digest = size = None
+    try:
+        for chunk in client.images.push(repo, tag=tag, stream=True, decode=True, auth_config=auth_config):
+            # The engine reports failures inside a 200 stream: look at every chunk.
+            if "error" in chunk or "errorDetail" in chunk:
+                return None, None, chunk.get("error") or chunk.get("errorDetail", {}).get("message", "unknown error")
+            if found := digest_of_chunk(chunk):
+                digest, size = found
+            report(chunk)
+    except Exception as exc:  # the SDK raises APIError / requests errors for transport failures
+        return None, None, str(exc)
+    return digest, size, None
+
+
+def push_image(client, ref: str, *, on_progress: ProgressSink | None = None,
+               on_transfer: TransferSink | None = None, attempts: int = 4, backoff_s: float = 1.0,
+               sleep=time.sleep) -> PushResult:
     """Push one tag. The registry moves the tag only once the manifest is put, which happens
-    after every blob is in, so a failed push never leaves the tag pointing at a partial image."""
+    after every blob is in, so a failed push never leaves the tag pointing at a partial image.
+    ``on_transfer`` gets each layer's bytes (a progress bar); without it ``on_progress`` gets
+    a line per layer and state. ``on_progress`` also hears about retries."""
     repo, tag = split_tag(ref)
     host = registry_host(ref)
     auth_config = auth_config_for(ref)
     last_error: Exception | None = None
-    last_status: dict[str, str] = {}
+    report = _Reporter(on_progress, on_transfer)
     for attempt in range(1, attempts + 1):
-        digest = size = None
-        error = None
-        try:
-            for chunk in client.images.push(repo, tag=tag, stream=True, decode=True, auth_config=auth_config):
-                # The engine reports failures inside a 200 stream: look at every chunk.
-                if "error" in chunk or "errorDetail" in chunk:
-                    error = chunk.get("error") or chunk.get("errorDetail", {}).get("message", "unknown error")
-                    break
-                if found := digest_of_chunk(chunk):
-                    digest, size = found
-                status, layer = chunk.get("status"), chunk.get("id", "")
-                # One line per layer and state ("Pushing", "Pushed", "Layer already exists").
-                if on_progress and status and last_status.get(layer) != status:
-                    last_status[layer] = status
-                    on_progress(f"{layer + ': ' if layer else ''}{status}")
-        except Exception as exc:  # the SDK raises APIError / requests errors for transport failures
-            error = str(exc)
+        digest, size, error = _push_once(client, repo, tag, auth_config, report)
         if error is None and digest:
             return PushResult(f"{repo}@{digest}", tag, digest, size, attempt)
         if error is None:

@@ -1,0 +1,199 @@
+"""The build's step view and the image push's bytes, from recorded engine output:
+tests/fixtures/buildkit/*.log are the BuildKit plain progress two real builds of recipes/demo.yaml
+passed to the line sink (Debian's 20.10 client, and buildx on Docker 26 with the containerd
+store), with every base step cached and the pip, ldconfig and copy steps run;
+tests/fixtures/push/*.jsonl the docker SDK push streams of a real push to the local registry."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+import pytest
+from helpers import REPO
+
+from buildkit_py.cli.progress import BuildSteps, StepView
+from buildkit_py.engine.push import push_image
+
+FIXTURES = REPO / "tests" / "fixtures"
+DOCKER20 = FIXTURES / "buildkit" / "docker20-classic.log"
+DOCKER26 = FIXTURES / "buildkit" / "docker26-buildx.log"
+
+
+def lines(path: Path) -> list[str]:
+    return path.read_text().splitlines()
+
+
+class Clock:
+    def __init__(self):
+        self.now = 100.0
+
+    def __call__(self):
+        self.now += 0.5
+        return self.now
+
+
+def test_steps_parsed_from_the_classic_client():
+    steps = BuildSteps(Clock())
+    for line in lines(DOCKER20):
+        steps.feed(line)
+    by_name = {s.name: s for s in steps.ordered()}
+    # the step id imgbuild marks each RUN with, else the instruction
+    assert by_name["[final 2/10] os"].state == "cached"
+    assert by_name["[final 7/10] pins"].state == "done" and by_name["[final 7/10] pins"].seconds == 12.8
+    assert by_name["[final 9/10] COPY [demo-app/, /app]"].state == "done"
+    # what the engine itself counted for this build: "4 run, 5 cached" (FROM aside)
+    real = [s for s in steps.ordered() if "FROM" not in s.what]
+    assert sum(s.state == "cached" for s in real) == 5 and sum(s.state == "done" for s in real) == 4
+    assert all(s.state != "running" for s in steps.ordered())  # every step ended
+
+
+def test_steps_parsed_from_buildx_on_the_containerd_store():
+    steps = BuildSteps(Clock())
+    events = [e for line in lines(DOCKER26) if (e := steps.feed(line))]
+    names = [s.name for s in steps.ordered()]
+    assert names[0].startswith("[final 1/7] FROM docker.io/library/debian:bookworm-slim@sha256:4cda618c9c95")
+    assert names[0].endswith("...")  # a long instruction is shortened
+    assert names[1:3] == ["[final 2/18] os", "[final 3/18] python"]
+    pins = next(s for s in steps.ordered() if s.name == "[final 7/10] pins")
+    assert (pins.state, pins.seconds) == ("done", 16.1)
+    starts = [e[1].key for e in events if e[0] == "start"]
+    assert len(starts) == len(set(starts)) == len(steps.ordered())  # a header BuildKit repeats is one step
+
+
+@pytest.mark.parametrize("log", [DOCKER20, DOCKER26])
+def test_plain_view_one_line_per_step_and_the_time_of_each_that_ran(log):
+    stream = io.StringIO()
+    with StepView(stream, "plain", clock=Clock()) as view:
+        for line in lines(log):
+            view.line(line)
+    text = stream.getvalue()
+    assert "[final 7/10] pins\n" in text
+    assert "[final 7/10] pins: done in 1" in text  # 12.8s on 20.10, 16.1s on 26
+    assert "[final 9/10] COPY [demo-app/, /app]: done in" in text
+    assert "Collecting numpy" not in text and "sha256:bcf7" not in text  # step output stays out
+    assert "[internal]" not in text  # BuildKit's own vertices are not steps
+    assert text.count("\n") == len({ln for ln in text.splitlines()})  # no line twice
+
+
+def test_plain_progress_passes_every_line_and_quiet_none():
+    stream = io.StringIO()
+    with StepView.for_option(stream, "plain") as view:
+        for line in lines(DOCKER20):
+            view.line(line)
+    assert stream.getvalue().splitlines() == lines(DOCKER20)
+    stream = io.StringIO()
+    with StepView.for_option(stream, "quiet") as view:
+        for line in lines(DOCKER20):
+            view.line(line)
+        view.note("lock used")
+        view.transfer("push", "abc", 1, 2)
+    assert stream.getvalue() == ""
+
+
+def test_auto_is_plain_off_a_terminal_and_live_on_one():
+    assert StepView.for_option(io.StringIO(), "auto").mode == "plain"
+
+    class Tty(io.StringIO):
+        def isatty(self):
+            return True
+
+    assert StepView.for_option(Tty(), "auto").mode == "live"
+
+
+def test_live_view_draws_a_table_of_steps_with_state_and_time():
+    stream = io.StringIO()
+    clock = Clock()
+    with StepView(stream, "live", clock=clock) as view:
+        for line in lines(DOCKER26):
+            view.line(line)
+        table = view.render()
+        view.note("lock     recipe.lock (used)")
+    text = stream.getvalue()  # rich draws the final frame when the view closes
+    expected = (("[final 2/18] os", "cached"), ("[final 7/10] pins", "done"), ("[final 10/10] WORKDIR /app", "done"))
+    for name, state in expected:
+        row = next(ln for ln in text.splitlines() if name in ln)
+        assert row.split()[0] == state, row
+    assert "16.1s" in text and "lock     recipe.lock (used)" in text
+    assert table.caption == "12 steps: 6 cached, 6 run"
+
+
+def test_live_view_shows_a_running_step_with_its_elapsed_time():
+    clock = Clock()
+    view = StepView(io.StringIO(), "live", clock=clock)
+    view.line("#11 [final  7/10] RUN set -eu; : imgbuild-step=pins;     pip install numpy==1.26.4")
+    clock.now += 30
+    stream = io.StringIO()
+    import rich.console
+
+    rich.console.Console(file=stream, width=120).print(view.render())
+    row = next(ln for ln in stream.getvalue().splitlines() if "pins" in ln)
+    assert row.split()[:2] == ["running", "30.5s"]
+
+
+def test_matrix_variants_are_told_apart():
+    stream = io.StringIO()
+    with StepView(stream, "plain", clock=Clock()) as view:
+        for line in lines(DOCKER20)[:40]:
+            view.line(line, "cu121-py311")
+            view.line(line, "cu124-py311")
+    text = stream.getvalue()
+    assert "[cu121-py311] [final 2/10] os\n" in text and "[cu124-py311] [final 2/10] os\n" in text
+
+
+@pytest.mark.parametrize(("stream", "layer", "total"), [
+    (FIXTURES / "push" / "docker20.jsonl", "be99c261ec96", 6_000_000),
+    (FIXTURES / "push" / "docker26.jsonl", "ab3f4110c8da", 65_775_185),
+])
+def test_push_reports_each_layers_bytes(monkeypatch, stream, layer, total):
+    chunks = [json.loads(line) for line in stream.read_text().splitlines()]
+
+    class Client:
+        class images:  # noqa: N801 - the SDK's attribute name
+            @staticmethod
+            def push(repo, tag, **_kw):
+                return iter(chunks)
+
+    monkeypatch.setattr("buildkit_py.engine.push.auth_config_for", lambda ref: None)
+    events, notes = [], []
+    result = push_image(Client(), "127.0.0.1:5000/imgbuild-rec/push:1", on_progress=notes.append,
+                        on_transfer=lambda *e: events.append(e))
+    assert result.digest.startswith("sha256:")
+    ours = [e for e in events if e[1] == layer]
+    assert ours[0][0] == "push" and ours[-1] == ("pushed", layer, total, total)
+    done = [e[2] for e in ours]
+    assert done == sorted(done) and all(e[3] == total for e in ours)
+    assert notes == []  # the bytes went to the bar, not a line per state
+
+
+def test_push_bar_after_the_steps_in_plain_lines():
+    stream = io.StringIO()
+    with StepView(stream, "plain", clock=Clock()) as view:
+        view.line("#5 [final 2/10] RUN : imgbuild-step=os; apt-get update")
+        view.line("#5 DONE 1.0s")
+        view.transfer("push", "be99c261ec96", 3_000_000, 6_000_000)
+        view.transfer("pushed", "be99c261ec96", 6_000_000, 6_000_000)
+    out = stream.getvalue().splitlines()
+    assert out[:2] == ["[final 2/10] os", "[final 2/10] os: done in 1.0s"]
+    assert out[-1] == "   pushed be99c261ec96 100% (6000000/6000000 bytes)"
+
+
+def test_matrix_summary_table_on_a_terminal():
+    import rich.console
+
+    from buildkit_py.cli.build import summary_table
+
+    report = {"name": "team/mx", "seconds": 42.0, "ok": 1, "failed": 1, "dropped": [{"id": "cu118-py312"}],
+              "variants": [
+                  {"variant": "cu121-py311", "status": "ok", "tags": ["team/mx:cu121-py311"], "seconds": 30.5,
+                   "digest": "sha256:" + "ab" * 32, "size": 6_000_000_000, "steps_run": 2, "steps_cached": 3},
+                  {"variant": "cu124-py311", "status": "failed", "tags": ["team/mx:cu124-py311"], "seconds": 11.0,
+                   "error": {"error": "BuildFailed", "message": "build failed (exit 1)"}}]}
+    stream = io.StringIO()
+    summary_table(report, rich.console.Console(file=stream, width=120))
+    text = stream.getvalue()
+    ok = next(ln for ln in text.splitlines() if "cu121-py311" in ln and "ok" in ln)
+    assert ["5.6 GiB", "abababababab", "30.5s", "3/5"] == [c for c in (c.strip() for c in ok.split("│")) if c][2:6]
+    assert any("cu124-py311" in ln and "FAILED" in ln for ln in text.splitlines())
+    assert "1 built, 1 failed, 1 dropped, in 42.0s" in text and "cu124-py311: build failed (exit 1)" in text
