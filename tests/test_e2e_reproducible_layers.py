@@ -41,3 +41,36 @@ def test_the_cuda_layer_is_byte_identical_over_different_lower_layers(tmp_path, 
     a, b = digests
     assert a["os"] != b["os"] and a["python"] != b["python"]  # the lower layers differ...
     assert a["cuda"] == b["cuda"]  # ...and the CUDA wheels' layer does not
+
+
+# cuDNN and cuBLAS from wheels without torch (plan._final_cuda_wheels), and two heavy pins, each
+# in a layer of its own (plan._heavy_steps). The second image has another apt package below all
+# of them and another cupy release: every CUDA layer and jaxlib's layer, which re-runs above the
+# changed cupy layer, must come out byte-identical. About 1.3 GB of wheels (pip cache mount).
+SPLIT = """\
+name: {name}
+version: "1.0"
+cuda: {{version: "12.4", source: wheels, cudnn: "9"}}
+base: {{image: {base}}}
+python: "3.11"
+pip: [cupy-cuda12x=={cupy}, jaxlib==0.9.0]
+{apt}
+"""
+
+
+def test_cuda_library_and_heavy_pin_layers_are_byte_identical_where_their_pins_are(
+        tmp_path, base_image, unique_name, docker_client, cleanup_images):
+    digests = []
+    for i, (apt, cupy) in enumerate([("", "14.1.0"), ("apt: [less]", "14.1.1")]):
+        text = SPLIT.format(name=f"{unique_name}-{i}", base=base_image, apt=apt, cupy=cupy)
+        path = write_recipe(tmp_path / str(i), text)
+        code, out, err = run_cli("build", str(path), "--json", "--progress", "quiet", *CA_ARGS)
+        assert code == 0, err
+        report = json.loads(out)
+        cleanup_images.extend(report["tags"])
+        digests.append(layers_by_step(report["tags"][0]))
+    a, b = digests
+    assert a["os"] != b["os"] and a["heavy-cupy-cuda12x"] != b["heavy-cupy-cuda12x"]  # what changed...
+    for step in ("cuda", "cuda-cublas", "cuda-cudnn", "heavy-jaxlib"):  # ...and what must not have
+        assert a[step] == b[step], step
+    assert len({a["cuda"], a["cuda-cublas"], a["cuda-cudnn"]}) == 3  # three layers, not one

@@ -88,14 +88,14 @@ def test_each_package_goes_to_the_earliest_step_that_needs_it(recipe):
     plan = plan_of(recipe)
     steps = lock.lock_inputs(plan)["stages"]["final"]["steps"]
     cuda = [s.id for s in plan.final.steps if s.id.startswith("cuda-")]
-    assert [s["id"] for s in steps] == [*cuda, "torch", "heavy", "pins"]
+    assert [s["id"] for s in steps] == [*cuda, "torch", "heavy-bitsandbytes", "pins"]
     got = {p["name"]: p["step"] for p in lock.packages_from_report(REPORT, lock.target_of(plan), steps)}
     # the CUDA wheels torch pins are in their own layers (plan._torch_stack), the rest of its closure in torch's
     assert got["nvidia-cudnn-cu12"] == "cuda-cudnn" and got["nvidia-cublas-cu12"] == "cuda-cublas"
     assert got["torch"] == got["triton"] == got["MarkupSafe"] == "torch"
     assert got["sympy"] == got["mpmath"] == got["typing_extensions"] == "torch"
     # bitsandbytes needs torch (already there) and numpy (not in torch 2.4.1's closure)
-    assert got["bitsandbytes"] == got["numpy"] == "heavy"
+    assert got["bitsandbytes"] == got["numpy"] == "heavy-bitsandbytes"
     # requests[socks]: the extra's dependency is locked with it
     assert got["requests"] == got["urllib3"] == got["certifi"] == got["PySocks"] == "pins"
     assert len(got) == len(REPORT["install"])
@@ -359,7 +359,8 @@ def test_locked_plan_installs_hashed_files_from_bind_mounts(recipe, tmp_path):
             "target=/run/imgbuild-lock/final-torch.txt") in text
     assert "-r /run/imgbuild-lock/final-pins.txt" in text
     assert "requests" not in text.split("imgbuild-step=pins")[1].split("RUN")[0]  # pins are in the file
-    assert ": imgbuild-step=torch;" in text and ": imgbuild-step=heavy;" in text  # inspect still maps layers
+    # inspect still maps layers
+    assert ": imgbuild-step=torch;" in text and ": imgbuild-step=heavy-bitsandbytes;" in text
     work = tmp_path / "work"
     work.mkdir()
     context, _ = assemble_context(use.plan, text, work)

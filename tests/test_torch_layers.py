@@ -3,8 +3,8 @@ reproducible layer of its own, before torch (plan.py, compat/torch_pins.py)."""
 
 from helpers import write_recipe
 
-from buildkit_py.compat.torch_pins import CudaWheel, cuda_layers, torch_cuda_pins
-from buildkit_py.plan.build_plan import make_plan
+from buildkit_py.compat.torch_pins import CudaWheel, big_libraries, cuda_layers, cuda_pin_layers, torch_cuda_pins
+from buildkit_py.plan.build_plan import MAX_HEAVY_LAYERS, _heavy_steps, make_plan
 from buildkit_py.plan.steps import MountStubsStep, PipStep
 from buildkit_py.recipe.model import load_recipe
 from buildkit_py.render.dockerfile import render_step
@@ -69,11 +69,21 @@ def test_cuda_layers_big_wheels_alone_toolkit_parts_first_small_ones_together():
     wheels = (_w("cuda-toolkit", 0), _w("nvidia-cublas", 423), _w("nvidia-cudnn-cu13", 553),
               _w("nvidia-cuda-runtime", 2), _w("nvidia-nccl-cu13", 216), _w("nvidia-cufft", 214))
     layers = cuda_layers(wheels)
-    assert [(x.id, [w.name for w in x.wheels]) for x in layers] == [
-        ("cuda-libs", ["cuda-toolkit", "nvidia-cuda-runtime"]),
-        ("cuda-cublas", ["nvidia-cublas"]), ("cuda-cufft", ["nvidia-cufft"]),
-        ("cuda-cudnn", ["nvidia-cudnn-cu13"]), ("cuda-nccl", ["nvidia-nccl-cu13"])]
+    assert [(x.id, x.pins, x.own) for x in layers] == [
+        ("cuda-libs", ("cuda-toolkit==1.0", "nvidia-cuda-runtime==1.0"), False),
+        ("cuda-cublas", ("nvidia-cublas==1.0",), True), ("cuda-cufft", ("nvidia-cufft==1.0",), True),
+        ("cuda-cudnn", ("nvidia-cudnn-cu13==1.0",), True), ("cuda-nccl", ("nvidia-nccl-cu13==1.0",), True)]
     assert [x.id for x in cuda_layers(wheels, own_layer_bytes=10**12)] == ["cuda-libs"]
+
+
+def test_big_libraries_come_from_the_measured_sizes_whatever_the_cuda_major():
+    big = big_libraries()
+    assert {"cudnn", "cublas", "cufft", "cusolver", "cusparse", "nccl"} <= big
+    assert not {"cuda-runtime", "cuda-nvrtc", "nvjitlink", "cuda-nvcc"} & big  # under 100 MB each
+    pins = ("nvidia-cublas-cu12==12.4.5.8", "nvidia-cuda-nvrtc-cu12==12.4.127", "nvidia-cuda-runtime-cu12==12.4.127",
+            "nvidia-cudnn-cu12==9.10.2.21")
+    assert [(x.id, x.pins, x.own) for x in cuda_pin_layers(pins)] == [
+        ("cuda", pins[1:3], False), ("cuda-cublas", pins[:1], True), ("cuda-cudnn", pins[3:], True)]
 
 
 def test_the_data_covers_the_current_releases_with_sources():
@@ -82,3 +92,96 @@ def test_the_data_covers_the_current_releases_with_sources():
         assert row is not None and row.source and row.read
         assert any(w.name.startswith("nvidia-cudnn") for w in row.wheels)
     assert torch_cuda_pins("0.1.0") is None
+
+
+# --- cuda.source: wheels without torch, and the heavy extensions -----------------------------
+
+WHEELS = """\
+name: team/x
+cuda: {{version: "{cuda}", source: wheels{extra}}}
+base: {{image: debian:bookworm-slim}}
+python: "3.11"
+"""
+
+
+def cuda_plan(tmp_path, cuda, extra=""):
+    return make_plan(load_recipe(write_recipe(tmp_path, WHEELS.format(cuda=cuda, extra=extra))))
+
+
+def test_cudnn_from_wheels_without_torch_gets_cudnn_and_cublas_layers_of_their_own(tmp_path):
+    plan = cuda_plan(tmp_path, "13.0", ', cudnn: "9"')
+    steps = {s.id: s for s in plan.final.steps if s.group == "cuda" and isinstance(s, PipStep)}
+    assert list(steps) == ["cuda", "cuda-cublas", "cuda-cudnn"]
+    assert steps["cuda"].requirements == ("nvidia-cuda-nvrtc==13.0.88", "nvidia-cuda-runtime==13.0.96")
+    assert steps["cuda-cublas"].requirements == ("nvidia-cublas==13.1.1.3",)
+    assert steps["cuda-cudnn"].requirements == ("nvidia-cudnn-cu13==9.24.0.43",)
+    assert not steps["cuda"].no_deps and steps["cuda-cudnn"].no_deps and steps["cuda-cublas"].no_deps
+    assert all(s.reproducible for s in steps.values())
+    assert sorted(r for s in steps.values() for r in s.requirements) == sorted(plan.resolution.cuda_wheels)
+    assert isinstance(plan.final.steps[[s.id for s in plan.final.steps].index("cuda") - 1], MountStubsStep)
+
+
+def test_the_devel_toolkit_splits_its_math_libraries_and_keeps_nvcc_with_the_small_ones(tmp_path):
+    plan = cuda_plan(tmp_path, "13.0", ", flavor: devel")
+    ids = [s.id for s in plan.final.steps if s.group == "cuda"]
+    assert ids == ["cuda", "cuda-cublas", "cuda-cufft", "cuda-cusolver", "cuda-cusparse", "cuda-home", "ldconfig"]
+    small = plan.final.steps[[s.id for s in plan.final.steps].index("cuda")]
+    assert "nvidia-cuda-nvcc==13.0.88" in small.requirements
+
+
+def test_a_runtime_only_recipe_keeps_its_one_cuda_step(tmp_path):
+    plan = cuda_plan(tmp_path, "12.4")
+    assert [s.id for s in plan.final.steps if s.group == "cuda"] == ["cuda", "ldconfig"]
+
+
+def test_cudnn_layers_are_the_same_steps_whatever_else_the_image_holds(tmp_path):
+    a = cuda_plan(tmp_path / "a", "12.4", ', cudnn: "9"')
+    b = make_plan(load_recipe(write_recipe(tmp_path / "b", WHEELS.format(cuda="12.4", extra=', cudnn: "9"')
+                                           + "apt: [less]\npip: [requests==2.32.3]\n")))
+    text = {s.id: render_step(s) for s in a.final.steps}
+    same = [s.id for s in b.final.steps if text.get(s.id) == render_step(s)]
+    assert {"cuda", "cuda-cublas", "cuda-cudnn"} <= set(same) and "os" not in same
+
+
+HEAVY = """\
+name: team/x
+cuda: {{version: "12.4", source: wheels}}
+base: {{image: debian:bookworm-slim}}
+python: "3.11"
+torch: "2.5.1"
+pip: [{pins}]
+"""
+
+
+def heavy_plan(tmp_path, pins):
+    return make_plan(load_recipe(write_recipe(tmp_path, HEAVY.format(pins=", ".join(pins)))))
+
+
+def test_each_heavy_pin_gets_its_own_reproducible_layer_before_the_other_pins(tmp_path):
+    plan = heavy_plan(tmp_path, ["requests==2.32.3", "xformers==0.0.28.post3", "bitsandbytes==0.44.1"])
+    ids = [s.id for s in plan.final.steps]
+    assert ids[ids.index("torch") + 1:ids.index("pins") + 1] == ["heavy-bitsandbytes", "heavy-xformers", "pins"]
+    heavy = [s for s in plan.final.steps if s.group == "heavy"]
+    assert [s.requirements for s in heavy] == [("bitsandbytes==0.44.1",), ("xformers==0.0.28.post3",)]
+    assert all(isinstance(s, PipStep) and s.reproducible and not s.no_deps for s in heavy)
+
+
+def test_bumping_one_heavy_pin_changes_only_its_layer(tmp_path):
+    a = heavy_plan(tmp_path / "a", ["xformers==0.0.28.post3", "bitsandbytes==0.44.1"])
+    b = heavy_plan(tmp_path / "b", ["xformers==0.0.28.post3", "bitsandbytes==0.45.0"])
+    text = {s.id: render_step(s) for s in a.final.steps}
+    # xformers re-runs on the new layer below it, and, reproducible, writes the same bytes
+    assert [s.id for s in b.final.steps if text.get(s.id) != render_step(s)] == ["heavy-bitsandbytes", "meta"]
+
+
+def test_heavy_layers_are_capped_and_the_layer_count_stays_well_under_the_engine_limit():
+    pins = [(f"pkg{i}", f"pkg{i}==1.0") for i in range(MAX_HEAVY_LAYERS + 3)]
+    steps = _heavy_steps(pins)
+    assert len(steps) == MAX_HEAVY_LAYERS and steps[-1].id == "heavy-rest"
+    assert steps[-1].requirements == tuple(s for _, s in pins[MAX_HEAVY_LAYERS - 1:])
+    assert [s.id for s in _heavy_steps(pins[:MAX_HEAVY_LAYERS])][-1] == f"heavy-pkg{MAX_HEAVY_LAYERS - 1}"
+
+
+def test_a_torch_image_with_heavy_pins_stays_far_under_127_layers(tmp_path):
+    plan = heavy_plan(tmp_path, ["xformers==0.0.28.post3", "bitsandbytes==0.44.1", "requests==2.32.3"])
+    assert len(plan.final.steps) < 40  # overlay2 stacks at most 128 layers, the base's included

@@ -75,6 +75,15 @@ DEFAULT_STEP_GROUPS: dict[str, str] = {
     "pins": "pins", "build-tools": "pins", "meta": META_GROUP,
 }
 
+def _group_of(step: str) -> str:
+    """A step's group by its id when the table has no entry: the id itself, or its prefix for
+    the per-library and per-package layers (cuda-cudnn -> cuda, heavy-flash-attn -> heavy)."""
+    for group in (step, step.split("-", 1)[0]):
+        if group in GROUPS:
+            return group
+    return OTHER_GROUP
+
+
 MARKER_RE = re.compile(r":\s*" + re.escape(STEP_MARK) + r"=([^;\s]+)")
 
 # Finding kinds and severities.
@@ -296,7 +305,7 @@ def attribute_entries(history: list[dict], step_groups: Mapping[str, str] | None
         if m:
             seen_marker = True
             step = m.group(1)
-            group = step_groups.get(step) or (step if step in GROUPS else OTHER_GROUP)
+            group = step_groups.get(step) or _group_of(step)
         elif not seen_marker:
             step, group = None, BASE_GROUP
         elif instr in ("COPY", "ADD"):

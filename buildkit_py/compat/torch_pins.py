@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import functools
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
 from buildkit_py.compat.tables import _fail, _load_raw
+from buildkit_py.recipe.model import pin_name
 
 FILE = "torch_cuda_pins.json"
 _SUFFIX_RE = re.compile(r"-cu\d+$")
@@ -41,13 +43,7 @@ class CudaWheel:
     @property
     def short(self) -> str:
         """cudnn for nvidia-cudnn-cu13, cublas for nvidia-cublas: the layer's step id."""
-        return _SUFFIX_RE.sub("", self.name.removeprefix("nvidia-"))
-
-    @property
-    def is_toolkit_part(self) -> bool:
-        """Unsuffixed CUDA 13 names (nvidia-cublas) move with the cuda-toolkit pin; suffixed
-        libraries (nvidia-cudnn-cu13, nvidia-nccl-cu13, every cu11/cu12 wheel) move on their own."""
-        return not _SUFFIX_RE.search(self.name)
+        return _short(self.name)
 
 
 @dataclass(frozen=True)
@@ -63,11 +59,8 @@ class TorchCudaPins:
 @dataclass(frozen=True)
 class CudaLayer:
     id: str  # step id: cuda-libs, cuda-cudnn, ...
-    wheels: tuple[CudaWheel, ...]
-
-    @property
-    def pins(self) -> tuple[str, ...]:
-        return tuple(w.pin for w in self.wheels)
+    pins: tuple[str, ...]  # name==version, sorted by name
+    own: bool = False  # one big library in a layer of its own (installed --no-deps)
 
 
 @functools.lru_cache(maxsize=1)
@@ -105,10 +98,40 @@ def torch_cuda_pins(torch: str) -> TorchCudaPins | None:
 
 
 def cuda_layers(wheels: tuple[CudaWheel, ...], own_layer_bytes: int = OWN_LAYER_BYTES) -> tuple[CudaLayer, ...]:
+    """The layers of a torch release's CUDA wheels, by their measured sizes: see split_layers."""
+    big = {w.name for w in wheels if w.size >= own_layer_bytes}
+    return split_layers(tuple(w.pin for w in wheels), lambda name: name in big)
+
+
+@functools.lru_cache(maxsize=1)
+def big_libraries(own_layer_bytes: int = OWN_LAYER_BYTES) -> frozenset[str]:
+    """Short names (cudnn, cublas, ...) of the CUDA libraries whose wheel measured at least
+    ``own_layer_bytes`` in some torch release's row: the rule for CUDA wheels whose sizes were
+    not read (``cuda.source: wheels`` without torch), whatever CUDA major names them."""
+    return frozenset(w.short for row in _rows().values() for w in row.wheels if w.size >= own_layer_bytes)
+
+
+def cuda_pin_layers(pins: tuple[str, ...], *, small_id: str = "cuda") -> tuple[CudaLayer, ...]:
+    """The layers of CUDA wheel pins without a torch row (``cuda.source: wheels``): a library
+    that is big in the torch data (big_libraries) gets a layer of its own. ``small_id`` names
+    the layer of the small ones ("cuda", as the single CUDA step has always been called)."""
+    big = big_libraries()
+    return split_layers(pins, lambda name: _short(name) in big, small_id=small_id)
+
+
+def split_layers(pins: tuple[str, ...], is_big: Callable[[str], bool], *,
+                 small_id: str = "cuda-libs") -> tuple[CudaLayer, ...]:
     """The layers, least often changed first: the small wheels together, then each big toolkit
     part (moves with the cuda-toolkit pin), then each big library pinned on its own (cuDNN,
-    NCCL, ...: these change between torch releases that keep the toolkit). Names sort within."""
-    small = tuple(w for w in wheels if w.size < own_layer_bytes)
-    big = sorted((w for w in wheels if w.size >= own_layer_bytes), key=lambda w: (not w.is_toolkit_part, w.name))
-    layers = [CudaLayer("cuda-libs", small)] if small else []
-    return tuple(layers + [CudaLayer(f"cuda-{w.short}", (w,)) for w in big])
+    NCCL, ...: these change between releases that keep the toolkit). Names sort within, so the
+    same pins give the same layers whatever else the image holds."""
+    named = sorted(((canonicalize_name(pin_name(p)), p) for p in pins), key=lambda x: x[0])
+    small = tuple(p for n, p in named if not is_big(n))
+    big = sorted(((n, p) for n, p in named if is_big(n)), key=lambda x: (bool(_SUFFIX_RE.search(x[0])), x[0]))
+    layers = [CudaLayer(small_id, small)] if small else []
+    return tuple(layers + [CudaLayer(f"cuda-{_short(n)}", (p,), own=True) for n, p in big])
+
+
+def _short(name: str) -> str:
+    """cudnn for nvidia-cudnn-cu13, cublas for nvidia-cublas: a layer's step id."""
+    return _SUFFIX_RE.sub("", canonicalize_name(name).removeprefix("nvidia-"))

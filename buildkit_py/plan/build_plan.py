@@ -7,11 +7,13 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+from packaging.utils import canonicalize_name
+
 from buildkit_py.artifacts.file_kinds import is_weight_file
 from buildkit_py.compat import codes
 from buildkit_py.compat.codes import RecipeWarning
 from buildkit_py.compat.resolve import HEAVY_PACKAGES, Resolution, resolve
-from buildkit_py.compat.torch_pins import cuda_layers, torch_cuda_pins
+from buildkit_py.compat.torch_pins import CudaLayer, TorchCudaPins, cuda_layers, cuda_pin_layers, torch_cuda_pins
 from buildkit_py.errors import UsageError
 from buildkit_py.oci.reference import parse_reference
 from buildkit_py.plan import labels as L
@@ -46,6 +48,10 @@ TORCH_BUILD_TOOLS = ("ninja==1.11.1.1", "packaging==24.2", "psutil==6.1.1")
 SOURCE_DATE_EPOCH = 315532800
 
 WEIGHT_FILE_THRESHOLD = 10 * 2**20  # the same bar `imgbuild inspect` uses
+
+# Heavy pins (flash-attn, bitsandbytes, xformers, ...: tens to hundreds of MB each, pinned and
+# bumped one at a time) get a reproducible layer each, up to this many; any beyond share one.
+MAX_HEAVY_LAYERS = 6
 
 # Layer groups, in the order they appear: least often changed first.
 GROUPS = ("os", "python", "cuda", "torch", "heavy", "pins", "app", "meta")
@@ -144,8 +150,8 @@ def _python_bin(res: Resolution) -> str:
     return "python3"
 
 
-def _split_pins(recipe: Recipe, res: Resolution) -> tuple[list[str], list[str], list[str]]:
-    """(compiled, heavy, other) pins, each sorted for stable layers."""
+def _split_pins(recipe: Recipe, res: Resolution) -> tuple[list[str], list[tuple[str, str]], list[str]]:
+    """(compiled, heavy as (name, requirement), other) pins, each sorted by name for stable layers."""
     compiled, heavy, other = [], [], []
     prebuilt = dict(res.prebuilt_urls)
     for spec in recipe.pip:
@@ -153,12 +159,34 @@ def _split_pins(recipe: Recipe, res: Resolution) -> tuple[list[str], list[str], 
         if name in res.compile:
             compiled.append(spec)
         elif name in prebuilt:
-            heavy.append(prebuilt[name])
+            heavy.append((name, prebuilt[name]))
         elif name in HEAVY_PACKAGES:
-            heavy.append(spec)
+            heavy.append((name, spec))
         else:
             other.append(spec)
     return sorted(compiled), sorted(heavy), sorted(other)
+
+
+def _heavy_steps(heavy: list[tuple[str, str]]) -> list[Step]:
+    """One reproducible layer per heavy pin, so bumping one (bitsandbytes) leaves the others'
+    layers (flash-attn) byte-identical; past MAX_HEAVY_LAYERS the rest share a last one."""
+    own, rest = heavy[:MAX_HEAVY_LAYERS - 1], heavy[MAX_HEAVY_LAYERS - 1:]
+    if len(rest) == 1:
+        own, rest = heavy, []
+    steps: list[Step] = [PipStep(f"heavy-{canonicalize_name(name)}", "heavy", requirements=(spec,), reproducible=True)
+                         for name, spec in own]
+    if rest:
+        steps.append(PipStep("heavy-rest", "heavy", requirements=tuple(s for _, s in rest), reproducible=True))
+    return steps
+
+
+def _cuda_steps(layers: tuple[CudaLayer, ...], *, complete: bool = False) -> list[Step]:
+    """A reproducible step per CUDA layer. A big library's own layer installs --no-deps: the
+    pins are a complete set (cuda-toolkit's extras, cuDNN with cuBLAS) whose other members sit
+    in the layers around it; the small wheels' layer resolves as the one CUDA step always did.
+    ``complete``: every layer --no-deps (pip's own resolution of a torch release)."""
+    return [PipStep(layer.id, "cuda", requirements=layer.pins, no_deps=complete or layer.own, reproducible=True)
+            for layer in layers]
 
 
 def _os_steps(res: Resolution, apt: list[str], *, dev: bool) -> list[Step]:
@@ -195,11 +223,26 @@ def _torch_stack(res: Resolution) -> list[Step]:
     the data has no row for, installs with its CUDA dependencies in the (reproducible) torch step."""
     if not res.torch:
         return []
-    pins = None if res.torch_index_url else torch_cuda_pins(res.torch)
-    steps: list[Step] = [PipStep(layer.id, "cuda", requirements=layer.pins, no_deps=True, reproducible=True)
-                         for layer in cuda_layers(pins.wheels)] if pins else []
+    pins = _torch_pins(res)
+    steps = _cuda_steps(cuda_layers(pins.wheels), complete=True) if pins else []
     torch = [dataclasses.replace(s, reproducible=True) if isinstance(s, PipStep) else s for s in _torch_step(res)]
     return steps + torch
+
+
+def _torch_pins(res: Resolution) -> TorchCudaPins | None:
+    """The torch release's CUDA pins from the data, where its CUDA wheels get layers."""
+    return None if not res.torch or res.torch_index_url else torch_cuda_pins(res.torch)
+
+
+def _final_cuda_wheels(res: Resolution) -> list[Step]:
+    """The final stage's CUDA wheels without torch's (``cuda.source: wheels``): each big library
+    in a layer of its own (compat/torch_pins.cuda_pin_layers). Beside a torch stack that has
+    its own CUDA layers (a devel flavor), the toolkit's wheels stay one step."""
+    if not res.cuda_wheels:
+        return []
+    if _torch_pins(res):
+        return [PipStep("cuda", "cuda", requirements=res.cuda_wheels, reproducible=True)]
+    return _cuda_steps(cuda_pin_layers(res.cuda_wheels))
 
 
 def _with_installer(steps: list[Step], installer: Installer) -> list[Step]:
@@ -276,8 +319,7 @@ def make_plan(recipe: Recipe, *, tags: tuple[str, ...] = (), registry: str | Non
     devel_wheels = res.cuda_flavor == "devel" and res.cuda_source == "wheels"
     # nvcc needs a host C++ compiler; NVIDIA's devel images are the other source of one
     steps = _os_steps(res, list(recipe.apt) + (["g++"] if devel_wheels else []), dev=False)
-    if res.cuda_wheels:
-        steps.append(dataclasses.replace(_pip_step("cuda", "cuda", list(res.cuda_wheels)), reproducible=True))
+    steps += _final_cuda_wheels(res)
     if devel_wheels:
         steps.append(_cuda_home_step(res))
     steps += _torch_stack(res)
@@ -285,8 +327,7 @@ def make_plan(recipe: Recipe, *, tags: tuple[str, ...] = (), registry: str | Non
         # Install the builder's wheel files by path: given only a name, pip would prefer the
         # index's manylinux wheel over a locally built linux_x86_64 one.
         steps.append(LocalWheelsStep("compiled", "heavy", packages=tuple(compiled), wheels_from="builder"))
-    if heavy:
-        steps.append(dataclasses.replace(_pip_step("heavy", "heavy", heavy), reproducible=True))
+    steps += _heavy_steps(heavy)
     if other:
         steps.append(_pip_step("pins", "pins", other))
     if res.cuda_source == "wheels":
