@@ -185,3 +185,11 @@ def test_heavy_layers_are_capped_and_the_layer_count_stays_well_under_the_engine
 def test_a_torch_image_with_heavy_pins_stays_far_under_127_layers(tmp_path):
     plan = heavy_plan(tmp_path, ["xformers==0.0.28.post3", "bitsandbytes==0.44.1", "requests==2.32.3"])
     assert len(plan.final.steps) < 40  # overlay2 stacks at most 128 layers, the base's included
+
+
+def test_inspect_groups_the_per_library_and_per_package_layers_by_their_prefix():
+    from buildkit_py.analysis.inspect import attribute_entries
+
+    history = [{"created_by": f"RUN /bin/sh -c set -eu; : imgbuild-step={step}; pip install x # buildkit"}
+               for step in ("cuda", "cuda-cudnn", "cuda-libs", "heavy-flash-attn", "heavy-rest", "mount-stubs")]
+    assert [a.group for a in attribute_entries(history)] == ["cuda", "cuda", "cuda", "heavy", "heavy", "other"]
