@@ -9,6 +9,8 @@ a ratio. Needs the Docker engine and the base image (`make bench` starts them).
   (6) CLI start-up vs a bare interpreter (bench_startup.py)
   (7) on Docker 26 + buildx + containerd store: pull+unpack gzip vs zstd, build-and-push from
       BuildKit vs build + API push (bench_engines.py), when that engine runs
+  (8) on real torch images: bytes a node pulls again after an app change, a pin bump and a
+      torch patch bump, ours vs the hand-written Dockerfile (bench_reuse.py); needs ~22 GB free
   (8) the schema validator: import and validation time vs jsonschema and pydantic (bench_schemas.py)
   (9) uv vs pip as the installer: cold and warm build time of a torch recipe (bench_installer.py;
       IMGBUILD_BENCH_STACK=small for the stack without torch)
@@ -209,6 +211,9 @@ def main() -> int:
     if "installer" in chosen:
         proc = subprocess.run([sys.executable, str(REPO / "bench" / "bench_installer.py")], text=True, check=False)
         results["installer_exit"] = proc.returncode
+    if "reuse" in chosen:
+        proc = subprocess.run([sys.executable, str(REPO / "bench" / "bench_reuse.py")], text=True)  # noqa: PLW1510
+        results["reuse_exit"] = proc.returncode
     if args.json:
         args.json.write_text(json.dumps(results, indent=2))
     return 0
