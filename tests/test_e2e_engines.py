@@ -5,6 +5,7 @@ client refuses them before building; registry cache survives `docker buildx prun
 bake folder `imgbuild matrix --format bake -o DIR` writes is built for real in test_e2e_matrix.)"""
 
 import json
+import os
 import subprocess
 import uuid
 
@@ -96,6 +97,33 @@ def test_zstd_oci_provenance_push_and_inspect(project, logged_in, engine, cleanu
     assert seen["size_uncompressed"] == report["size_uncompressed"]
     assert seen["compressed_source"] == "registry"
     assert [x["compressed_size"] for x in seen["layers"]] == [x["size"] for x in manifest["layers"]]
+
+
+def test_named_builder_of_a_docker_context(project, engine, docker_config, monkeypatch, cleanup_images,
+                                           unique_name):
+    """`--builder NAME` with a named builder: here the docker-driver builder of a docker context
+    (`docker context create` + `use`, no DOCKER_HOST: how Docker Desktop's builders are named),
+    since a docker-container builder needs the moby/buildkit image from Docker Hub. The build
+    runs through that builder, loads the image (type=docker output), and imgbuild reads sizes
+    and labels from the context's engine, not the default socket's (the SDK's from_env follows
+    the current context too)."""
+    buildx_only(engine)
+    if not engine.host:
+        pytest.skip("needs an engine on a socket of its own to name in a context")
+    name = f"imgbuild-test-{uuid.uuid4().hex[:8]}"
+    for argv in (["context", "create", name, "--docker", f"host={engine.host}"], ["context", "use", name]):
+        proc = subprocess.run([engine.client, *argv], capture_output=True, text=True, check=False, timeout=60,
+                              env={k: v for k, v in os.environ.items() if k != "DOCKER_HOST"})
+        assert proc.returncode == 0, proc.stderr
+    monkeypatch.delenv("DOCKER_HOST")  # the context says where the engine is
+    report = build(str(project), "--builder", name)
+    cleanup_images.extend(report["tags"])
+    assert report["backend"] == "buildx-builder"
+    attrs = engine.image_attrs(report["tags"][0])  # the engine fixture names the socket itself
+    assert attrs is not None and attrs["Id"] == report["image_id"]
+    assert attrs["Config"]["Labels"]["io.imgbuild.cuda.version"] == "12.4.1"
+    assert report["labels"]["io.imgbuild.recipe.digest"] == attrs["Config"]["Labels"]["io.imgbuild.recipe.digest"]
+    assert report["size_uncompressed"] == sum(report["groups"].values()) > 0
 
 
 def own_base(engine, base_image: str, folder) -> tuple[str, str]:
