@@ -53,6 +53,7 @@ class LocalIndex:
         self.projects: dict[str, list[dict]] = {}
         self.bytes_sent = 0
         self.requests: list[str] = []
+        self.authorizations: set[str] = set()  # Authorization headers seen: proof a credential arrived
         self._server: ThreadingHTTPServer | None = None
 
     # ------------------------------------------------------------------ content
@@ -117,6 +118,8 @@ class LocalIndex:
 
             def do_GET(self):  # noqa: N802 (http.server API)
                 index.requests.append(self.path)
+                if self.headers.get("Authorization"):
+                    index.authorizations.add(self.headers["Authorization"])
                 m = re.fullmatch(r"/simple/([^/]+)/", self.path)
                 if m:
                     files = index.projects.get(m.group(1))

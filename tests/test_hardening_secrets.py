@@ -14,6 +14,7 @@ import uuid
 
 from conftest import unavailable
 from helpers import run_cli, write_recipe
+from pyindex import LocalIndex
 
 from buildkit_py import oci
 
@@ -27,7 +28,7 @@ cuda:
 base:
   image: {base}
 python: "3.11"
-pip: ["six==1.16.0"]
+pip: ["{probe}==1.0"]
 """
 
 
@@ -56,10 +57,11 @@ def test_no_secret_reaches_image_registry_or_output(tmp_path, docker_client, bas
     bundle, cert_canary = _canary_cert(tmp_path)
     pip_token = "pypi-CANARY" + uuid.uuid4().hex
     identity_token = "idtok-CANARY" + uuid.uuid4().hex
+    # A private index that wants a token: the installer (uv by default) must read it from the
+    # pip.conf secret and send it, and nothing may keep it.
+    probe = f"imgbuild-secret-probe-{uuid.uuid4().hex[:8]}"  # only this index has it
     pip_conf = tmp_path / "secrets" / "pip.conf"
     pip_conf.parent.mkdir()
-    # PyPI ignores basic auth on its simple index, so this works like a private index would.
-    pip_conf.write_text(f"[global]\nindex-url = https://__token__:{pip_token}@pypi.org/simple/\n")
     # A docker config with an identity token for another registry (must not leak either) ...
     (docker_config / "config.json").write_text(json.dumps(
         {"auths": {"registry.example.com": {"identitytoken": identity_token}}}))
@@ -67,21 +69,27 @@ def test_no_secret_reaches_image_registry_or_output(tmp_path, docker_client, bas
     monkeypatch.setenv("IMGBUILD_REGISTRY_USER", registry.user)
     monkeypatch.setenv("IMGBUILD_REGISTRY_PASSWORD", registry.password)
     monkeypatch.setenv("IMGBUILD_REGISTRY_HOST", registry.address)
-    recipe = write_recipe(tmp_path / "project", RECIPE.format(name=unique_name, base=base_image))
+    recipe = write_recipe(tmp_path / "project", RECIPE.format(name=unique_name, base=base_image, probe=probe))
 
     outputs: dict[str, str] = {}
     code, out, err = run_cli("plan", str(recipe), "--json", "--registry", registry.address)
     assert code == 0, err
     outputs["plan"] = out + err
-    code, out, err = run_cli("build", str(recipe), "--registry", registry.address, "--push", "--json",
-                             "--progress", "plain", "--ca-cert", bundle, "--pip-config", str(pip_conf),
-                             "--no-cache")  # every step runs with the secrets, on every run
+    with LocalIndex(tmp_path / "index") as index:
+        index.add_wheel(probe, "1.0")
+        pip_conf.write_text(f"[global]\nextra-index-url = {index.url.replace('http://', f'http://__token__:{pip_token}@')}\n"
+                            "trusted-host = 127.0.0.1\n")
+        code, out, err = run_cli("build", str(recipe), "--registry", registry.address, "--push", "--json",
+                                 "--progress", "plain", "--ca-cert", bundle, "--pip-config", str(pip_conf),
+                                 "--no-cache")  # every step runs with the secrets, on every run
     outputs["build"] = out + err
     assert code == 0, err[-4000:]
     report = json.loads(out)
     cleanup_images.extend(report["tags"])
-    # pip read the index from the secret (and redacted it in its own log line)
-    assert "Looking in indexes: https://__token__:****@pypi.org/simple/" in err, err[-4000:]
+    # the installer read the index and its token from the secret
+    assert f"/simple/{probe}/" in index.requests, index.requests
+    sent = base64.b64encode(f"__token__:{pip_token}".encode()).decode()
+    assert f"Basic {sent}" in index.authorizations, index.authorizations
 
     image_id = report["image_id"]
     attrs = docker_client.images.get(image_id).attrs
@@ -119,10 +127,12 @@ def test_no_secret_reaches_image_registry_or_output(tmp_path, docker_client, bas
                         blobs[f"{m.name}!{lm.name}"] = lm.name.encode() + (
                             layer.extractfile(lm).read() if lm.isfile() else lm.linkname.encode())
 
-    canaries = {"registry password": registry.password, "pip token": pip_token, "identity token": identity_token,
+    canaries = {"registry password": registry.password, "pip token": pip_token, "pip credential": sent,
+                "identity token": identity_token,
                 "CA bundle cert": cert_canary}
     assert len(blobs) > 10
-    assert any(n.endswith("site-packages/six.py") for n in blobs), "the scan must see the layers' files"
+    module = probe.replace("-", "_")
+    assert any(n.endswith(f"site-packages/{module}/__init__.py") for n in blobs), "the scan must see the layers' files"
     for what, secret in canaries.items():
         for variant in _variants(secret):
             for name, text in outputs.items():
