@@ -29,6 +29,7 @@ sys.path.insert(0, str(REPO))
 
 from buildkit_py.engine import select_engine
 from buildkit_py.engine.build import BuildOptions, run_build
+from buildkit_py.engine.matrix_build import build_all
 from buildkit_py.plan import matrix as mx
 
 DOCKER = "/usr/bin/docker"
@@ -109,7 +110,7 @@ def main() -> int:
 
         # (b) the matrix: build --all, shared stages once, then reused from the cache
         mat = load("matrix")
-        result = mx.build_all(mat, backend, BuildOptions(ca_cert=ca), jobs=args.jobs)
+        result = build_all(mat, backend, BuildOptions(ca_cert=ca), jobs=args.jobs)
         for b in result.builds:
             made.extend(b.plan.tags)
         if result.failed:

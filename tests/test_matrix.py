@@ -15,6 +15,7 @@ from helpers import REPO, run_cli, write_recipe
 
 from buildkit_py.engine import BuildResult
 from buildkit_py.engine.build import BuildOptions, BuildOutcome
+from buildkit_py.engine.matrix_build import BuildHooks, build_all, build_report, summary_lines
 from buildkit_py.errors import BuildFailed, RecipeError, UsageError
 from buildkit_py.plan import matrix as mx
 from buildkit_py.render.dockerfile import render_dockerfile
@@ -477,8 +478,8 @@ def two_by_two(tmp_path) -> mx.Matrix:
 def test_build_all_builds_shared_prefixes_once_before_their_sharers(tmp_path):
     m = two_by_two(tmp_path)
     runner = FakeRunner()
-    result = mx.build_all(m, FakeBackend(), BuildOptions(cache_to=("type=registry,ref=r/x:cache-{variant},mode=max",)),
-                          jobs=4, runner=runner)
+    result = build_all(m, FakeBackend(), BuildOptions(cache_to=("type=registry,ref=r/x:cache-{variant},mode=max",)),
+                       jobs=4, hooks=BuildHooks(runner=runner))
     assert [b.variant.id for b in result.builds] == [v.id for v in m.variants] and not result.failed
     ev = runner.events
     # the first variant builds os+python and the 12.1 wheels alone; then one of each CUDA
@@ -493,20 +494,20 @@ def test_build_all_runs_unrelated_variants_in_parallel(tmp_path):
     # different base images: nothing shared, so -j 2 starts two at once
     path = recipe(tmp_path, "  base.image: ['debian:bookworm-slim', 'debian:12']\n  tags: ['{variant}']")
     runner = FakeRunner()
-    mx.build_all(mx.load_matrix(path), FakeBackend(), BuildOptions(), jobs=2, runner=runner)
+    build_all(mx.load_matrix(path), FakeBackend(), BuildOptions(), jobs=2, hooks=BuildHooks(runner=runner))
     assert [e[0] for e in runner.events] == ["start", "start", "end", "end"]
 
 
 def test_one_failure_does_not_stop_the_others(tmp_path):
     m = two_by_two(tmp_path)
     runner = FakeRunner(fail={"cu121-idna3_7"})
-    result = mx.build_all(m, FakeBackend(), BuildOptions(), jobs=2, runner=runner)
+    result = build_all(m, FakeBackend(), BuildOptions(), jobs=2, hooks=BuildHooks(runner=runner))
     assert [b.variant.id for b in result.failed] == ["cu121-idna3_7"]
     assert sum(1 for b in result.builds if b.ok) == 3
-    report = mx.build_report(result)
+    report = build_report(result)
     assert report["failed"] == 1 and report["ok"] == 3
     assert report["variants"][0]["error"]["error"] == "BuildFailed"
-    lines = mx.summary_lines(result)
+    lines = summary_lines(result)
     assert lines[0].split()[:7] == ["VARIANT", "STATUS", "SIZE", "DIGEST", "TIME", "CACHED", "TAGS"]
     row = r"cu121-idna3_8\s+ok\s+117\.3 MiB\s+abababababab\s+\S+s\s+3/5\s+team/mx:cu121-idna3_8"
     assert re.search(row, "\n".join(lines))
@@ -520,19 +521,19 @@ def test_build_all_refuses_capabilities_before_building(tmp_path):
 
     runner = FakeRunner()
     with pytest.raises(Exception, match="cache-export"):
-        mx.build_all(two_by_two(tmp_path), Classic(), BuildOptions(cache_to=("type=registry,ref=r/x",)),
-                     runner=runner)
+        build_all(two_by_two(tmp_path), Classic(), BuildOptions(cache_to=("type=registry,ref=r/x",)),
+                  hooks=BuildHooks(runner=runner))
     assert runner.events == []
 
 
 def test_build_all_usage_errors(tmp_path):
     m = two_by_two(tmp_path)
     with pytest.raises(UsageError, match="at least 1"):
-        mx.build_all(m, FakeBackend(), BuildOptions(), jobs=0, runner=FakeRunner())
+        build_all(m, FakeBackend(), BuildOptions(), jobs=0, hooks=BuildHooks(runner=FakeRunner()))
     with pytest.raises(UsageError, match="single --variant"):
-        mx.build_all(m, FakeBackend(), BuildOptions(), tags=("x:1",), runner=FakeRunner())
+        build_all(m, FakeBackend(), BuildOptions(), tags=("x:1",), hooks=BuildHooks(runner=FakeRunner()))
     with pytest.raises(UsageError, match="no variant 'cu999'"):
-        mx.build_all(m, FakeBackend(), BuildOptions(), variant_ids=("cu999",), runner=FakeRunner())
+        build_all(m, FakeBackend(), BuildOptions(), variant_ids=("cu999",), hooks=BuildHooks(runner=FakeRunner()))
 
 
 def test_dropped_variant_cannot_be_selected():
@@ -543,11 +544,12 @@ def test_dropped_variant_cannot_be_selected():
 @pytest.fixture
 def fake_engine(monkeypatch):
     from buildkit_py import engine as backends
-    from buildkit_py.engine import build
+    from buildkit_py.engine import build, matrix_build
 
     runner = FakeRunner(fail={"cu124-idna3_8"})
     monkeypatch.setattr(backends, "select_engine", lambda preference=None, **_kw: FakeBackend())
     monkeypatch.setattr(build, "run_build", runner)
+    monkeypatch.setattr(matrix_build, "run_build", runner)
     return runner
 
 
@@ -596,10 +598,10 @@ def test_no_cache_builds_each_shared_prefix_once_then_variants_from_it(tmp_path)
                              run_steps=len(plan.final.steps), seconds=0.0)
         return BuildOutcome(plan, backend.name, result, size=1)
 
-    result = mx.build_all(m, Engine(), BuildOptions(no_cache=True), jobs=2, runner=runner)
+    result = build_all(m, Engine(), BuildOptions(no_cache=True), jobs=2, hooks=BuildHooks(runner=runner))
     assert not result.failed
     shared, variants = built[:len(stages)], built[len(stages):]
-    assert [p.tags[0].split(":")[1] for p in shared] == mx._topological(stages)
+    assert [p.tags[0].split(":")[1] for p in shared] == mx.build_order(stages)
     assert all(p.tags[0].startswith("imgbuild-shared/team_mx:") for p in shared)
     assert len(variants) == 4 and sorted(removed) == sorted(p.tags[0] for p in shared)
     by_tag = {p.tags[0]: p for p in shared}
@@ -628,5 +630,5 @@ def test_no_cache_on_a_named_builder_keeps_the_shared_prefix_in_each_variant(tmp
                              run_steps=1, seconds=0.0)
         return BuildOutcome(plan, backend.name, result, size=1)
 
-    mx.build_all(m, Builder(), BuildOptions(no_cache=True), jobs=1, runner=runner)
+    build_all(m, Builder(), BuildOptions(no_cache=True), jobs=1, hooks=BuildHooks(runner=runner))
     assert len(built) == 4 and not any(p.final.base.startswith("imgbuild-shared/") for p in built)

@@ -94,7 +94,6 @@ def cmd_build(args: argparse.Namespace, out: Out) -> int:
     from buildkit_py.engine import select_engine
     from buildkit_py.engine.build import run_build
     from buildkit_py.plan.lock import use_lock
-    from buildkit_py.sizes import human_size
 
     if args.jobs < 1:
         raise UsageError(f"-j {args.jobs}: the number of parallel builds must be at least 1")
@@ -146,6 +145,7 @@ def cmd_build(args: argparse.Namespace, out: Out) -> int:
 def cmd_build_matrix(args: argparse.Namespace, out: Out) -> int:
     """build --all / --variant: the matrix's variants, N at a time, one summary at the end."""
     from buildkit_py.engine import select_engine
+    from buildkit_py.engine.matrix_build import BuildHooks, build_all, build_report, summary_lines
     from buildkit_py.plan import matrix as mx
     from buildkit_py.plan.lock import use_lock
 
@@ -168,22 +168,22 @@ def cmd_build_matrix(args: argparse.Namespace, out: Out) -> int:
     out.info(f"building {'all ' if args.all else ''}{len(args.variant) or len(matrix.variants)} variant(s) of "
              f"{matrix.name} with the {backend.describe()}, {args.jobs} at a time")
     with StepView.for_option(out.stderr, args.progress) as view:
-        result = mx.build_all(matrix, backend, options, jobs=args.jobs, registry=args.registry,
-                              variant_ids=tuple(args.variant), tags=tuple(args.tag),
-                              on_line=lambda vid, line: view.line(line, vid), on_event=view.note, prepare=prepare)
+        hooks = BuildHooks(on_line=lambda vid, line: view.line(line, vid), on_event=view.note, prepare=prepare)
+        result = build_all(matrix, backend, options, jobs=args.jobs, registry=args.registry,
+                           variant_ids=tuple(args.variant), tags=tuple(args.tag), hooks=hooks)
     if args.json:
-        out.data(mx.build_report(result))
+        out.data(build_report(result))
     elif out.stdout.isatty():
-        summary_table(mx.build_report(result), out.console())
+        summary_table(build_report(result), out.console())
     else:
-        for line in mx.summary_lines(result):
+        for line in summary_lines(result):
             out.line(line)
     return ExitStatus.FAILED if result.failed else 0
 
 
 def summary_table(report: dict[str, Any], console: Console) -> None:
-    """The matrix summary (``matrix.build_report``) as a rich table, for a terminal; pipes and
-    CI logs get ``matrix.summary_lines``, plain and stable."""
+    """The matrix summary (``matrix_build.build_report``) as a rich table, for a terminal; pipes and
+    CI logs get ``matrix_build.summary_lines``, plain and stable."""
     from rich.table import Table
 
     table = Table(title=report["name"], title_justify="left")

@@ -28,9 +28,7 @@ import json
 import math
 import re
 import shutil
-import time
 from collections.abc import Callable
-from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -39,7 +37,6 @@ from buildkit_py.compat.resolve import Resolution, resolve_with_base
 from buildkit_py.engine.build import build_secrets, write_context
 from buildkit_py.errors import (
     CompatibilityError,
-    ImgbuildError,
     RecipeError,
     RecipeIssue,
     UsageError,
@@ -63,7 +60,6 @@ from buildkit_py.recipe.model import (
 )
 from buildkit_py.render.dockerfile import render_dockerfile
 from buildkit_py.schemas import closest, load_schema, prune, validate
-from buildkit_py.sizes import human_size
 
 GITHUB_MAX_JOBS = 256  # GitHub Actions: a matrix generates at most 256 jobs per workflow run
 GITLAB_MAX_JOBS = 200  # GitLab CI: parallel:matrix creates at most 200 jobs
@@ -565,6 +561,11 @@ def shared_stage_plan(stage: SharedStage, plans: dict[str, BuildPlan], base: str
     return replace(plans[stage.users[0]], stages=(Stage("shared", base, stage.steps, "final"),))
 
 
+def shared_stage_tag(matrix: Matrix, key: str) -> str:
+    """The local tag of a shared stage built once for --no-cache (untagged after the build)."""
+    return f"imgbuild-shared/{_slug(matrix.name)}:{key}"
+
+
 def after_shared(plan: BuildPlan, chain: list[str], stages: dict[str, SharedStage], base: str) -> BuildPlan:
     """``plan`` with its final stage FROM ``base`` (what the last stage of ``chain`` became),
     less the steps the chain's stages already hold."""
@@ -692,7 +693,7 @@ def bake_targets(matrix: Matrix, *, registry: str | None = None, ca_cert: Path |
         return {"cache-from": [f"type=registry,ref={ref}"], "cache-to": [f"type=registry,ref={ref},mode=max"]}
 
     targets: list[BakeTarget] = []
-    for key in _topological(stages):
+    for key in build_order(stages):
         st = stages[key]
         plan = shared_stage_plan(st, plans, st.base)
         body = "\n".join(line for line in render_dockerfile(plan).splitlines() if not line.startswith("#"))
@@ -769,7 +770,8 @@ def write_bake(matrix: Matrix, folder: Path, **kwargs: Any) -> list[Path]:
             write_atomic(folder / BAKE_NETWORK_FILE, bake_network_file(targets)), folder / BAKE_CONTEXTS]
 
 
-def _topological(stages: dict[str, SharedStage]) -> list[str]:
+def build_order(stages: dict[str, SharedStage]) -> list[str]:
+    """The shared stages' keys, each after its parent."""
     order: list[str] = []
 
     def visit(key: str) -> None:
@@ -807,43 +809,6 @@ def dropped_warnings(matrix: Matrix) -> list[str]:
             for d in matrix.dropped]
 
 
-# --- building every variant -----------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class VariantBuild:
-    variant: Variant
-    plan: BuildPlan
-    outcome: Any = None  # build.BuildOutcome when it built
-    error: ImgbuildError | None = None
-    seconds: float = 0.0
-
-    @property
-    def ok(self) -> bool:
-        return self.error is None
-
-    @property
-    def digest(self) -> str | None:
-        if self.outcome is None:
-            return None
-        pushed = [p.digest for p in self.outcome.pushes if p.digest]
-        return pushed[0] if pushed else self.outcome.result.image_id
-
-
-@dataclass(frozen=True)
-class MatrixBuild:
-    matrix: Matrix
-    builds: tuple[VariantBuild, ...]
-    seconds: float
-
-    @property
-    def failed(self) -> tuple[VariantBuild, ...]:
-        return tuple(b for b in self.builds if not b.ok)
-
-
-VariantSink = Callable[[str, str], None]  # (variant id, log line)
-
-
 def select_variants(matrix: Matrix, variant_ids: tuple[str, ...] = (), *, jobs: int = 1,
                     tags: tuple[str, ...] = ()) -> list[Variant]:
     """The variants a build asks for (all when ``variant_ids`` is empty), or UsageError: the
@@ -858,140 +823,3 @@ def select_variants(matrix: Matrix, variant_ids: tuple[str, ...] = (), *, jobs: 
         raise UsageError("--tag names one image: use it with a single --variant, not with --all",
                          hint="set matrix.tags in the recipe to tag every variant")
     return chosen
-
-
-def build_all(matrix: Matrix, backend, options, *, jobs: int = 1, registry: str | None = None,  # noqa: PLR0913
-              variant_ids: tuple[str, ...] = (), tags: tuple[str, ...] = (), on_line: VariantSink | None = None,
-              on_event: Callable[[str], None] | None = None,
-              runner: Callable[..., Any] | None = None,
-              prepare: Callable[[Variant, BuildPlan], BuildPlan] | None = None) -> MatrixBuild:
-    """Build the variants (all, or ``variant_ids``) on one engine, up to ``jobs`` at a time.
-
-    A variant that builds a prefix others share (the stages ``shared_stages`` finds) goes
-    first; the variants that share it wait for it, then find it in BuildKit's cache, so each
-    shared stage is built once even with ``jobs`` > 1. One failure does not stop the others.
-    ``{variant}`` in --cache-from/--cache-to values becomes each variant's id. ``prepare``
-    (e.g. applying the variant's lock) runs on every plan before anything builds.
-    """
-    from buildkit_py.engine import BuildRequest, require, required_capabilities  # noqa: PLC0415
-    from buildkit_py.engine.build import run_build  # noqa: PLC0415
-
-    chosen = select_variants(matrix, variant_ids, jobs=jobs, tags=tags)
-    plans = {v.id: variant_plan(v, registry=registry, tags=tags) for v in chosen}
-    if prepare is not None:
-        plans = {v.id: prepare(v, plans[v.id]) for v in chosen}
-    for plan in plans.values():  # refuse before anything builds
-        probe = BuildRequest(Path("."), Path("Dockerfile"), plan.tags, cache_from=options.cache_from,
-                             cache_to=options.cache_to, builder=options.builder)
-        require(backend, required_capabilities(plan.needs, probe))
-    runner = runner or run_build
-    stages, chains = shared_stages(plans)
-    say = on_event or (lambda _t: None)
-    scratch: tuple[str, ...] = ()  # shared-stage images built for --no-cache, untagged at the end
-    if options.no_cache and stages and getattr(backend, "kind", None) != "builder":
-        plans, chains, scratch = _prebuild_shared_stages(matrix, plans, backend, options, runner, on_line, say)
-
-    def one(v: Variant) -> VariantBuild:
-        plan = plans[v.id]
-        opts = replace(options, tags=(),
-                       cache_from=tuple(r.replace("{variant}", v.id) for r in options.cache_from),
-                       cache_to=tuple(r.replace("{variant}", v.id) for r in options.cache_to))
-        start = time.monotonic()
-        try:
-            outcome = runner(plan, backend, opts, (lambda line: on_line(v.id, line)) if on_line else (lambda _l: None))
-        except ImgbuildError as exc:
-            return VariantBuild(v, plan, error=exc, seconds=time.monotonic() - start)
-        return VariantBuild(v, plan, outcome=outcome, seconds=time.monotonic() - start)
-
-    start = time.monotonic()
-    pending = list(chosen)
-    claimed: set[str] = set()
-    ready: set[str] = set()
-    results: dict[str, VariantBuild] = {}
-    with ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="imgbuild-variant") as pool:
-        running: dict[Any, Variant] = {}
-        while pending or running:
-            for v in list(pending):
-                if len(running) >= jobs:
-                    break
-                if any(k in claimed and k not in ready for k in chains[v.id]):
-                    continue  # another variant is building a stage this one shares: wait for the cache
-                claimed.update(chains[v.id])
-                pending.remove(v)
-                say(f"[{v.id}] building {', '.join(plans[v.id].tags)}")
-                running[pool.submit(one, v)] = v
-            done, _ = wait(running, return_when=FIRST_COMPLETED)
-            for fut in done:
-                v = running.pop(fut)
-                result = fut.result()
-                results[v.id] = result
-                ready.update(chains[v.id])
-                say(f"[{v.id}] " + (f"built in {result.seconds:.1f}s" if result.ok
-                                    else f"FAILED: {result.error.message.splitlines()[0]}"))
-    for tag in scratch:  # the variants keep their layers; only the helper tag goes
-        backend.remove(tag)
-    return MatrixBuild(matrix, tuple(results[v.id] for v in chosen), time.monotonic() - start)
-
-
-def _prebuild_shared_stages(matrix: Matrix, plans: dict[str, BuildPlan], backend, options, runner, on_line, say):
-    """--no-cache with shared prefixes: the prefix is a run of steps inside each variant's final
-    stage, which no per-stage cache filter can reach (and 20.10 has none). So each shared stage
-    is built once, without cache, as a local image FROM its parent's, and the variants are then
-    built without cache FROM the last one they share, with only their own steps. (A named
-    builder cannot see the engine's images: there the variants rebuild the prefix.)"""
-    stages, chains = shared_stages(plans)
-    built: dict[str, str] = {}
-    for key in _topological(stages):
-        st = stages[key]
-        base = built[st.parent] if st.parent else st.base
-        tag = f"imgbuild-shared/{_slug(matrix.name)}:{key}"
-        shared = replace(shared_stage_plan(st, plans, base), tags=(tag,))
-        say(f"[shared] building {', '.join(s.id for s in st.steps)} once for {', '.join(st.users)}")
-        sink = (lambda line: on_line("shared", line)) if on_line else (lambda _l: None)
-        runner(shared, backend, replace(options, tags=(tag,), push=False, cache_to=()), sink)
-        built[key] = tag
-    out = dict(plans)
-    for vid, chain in chains.items():
-        if chain:
-            out[vid] = after_shared(plans[vid], chain, stages, built[chain[-1]])
-    return out, {vid: [] for vid in plans}, tuple(built.values())
-
-
-def build_report(result: MatrixBuild) -> dict[str, Any]:
-    variants = []
-    for b in result.builds:
-        entry: dict[str, Any] = {"variant": b.variant.id, "status": "ok" if b.ok else "failed",
-                                 "tags": list(b.plan.tags), "seconds": round(b.seconds, 2)}
-        if b.outcome is not None:
-            r = b.outcome.result
-            entry.update(image_id=r.image_id, digest=b.digest, size=b.outcome.size, steps_run=r.run_steps,
-                         steps_cached=r.cached_steps, steps_rerun=list(r.rerun), groups=b.outcome.groups,
-                         pushes=[{"ref": p.ref, "tag": p.tag, "digest": p.digest, "size": p.size}
-                                 for p in b.outcome.pushes])
-        else:
-            entry["error"] = b.error.to_json() if b.error else None
-        variants.append(entry)
-    return {
-        "recipe": str(result.matrix.path), "name": result.matrix.name, "seconds": round(result.seconds, 2),
-        "ok": sum(1 for b in result.builds if b.ok), "failed": len(result.failed), "variants": variants,
-        "dropped": matrix_json(result.matrix)["dropped"],
-    }
-
-
-def summary_lines(result: MatrixBuild) -> list[str]:
-    rows = [("VARIANT", "STATUS", "SIZE", "DIGEST", "TIME", "CACHED", "TAGS")]
-    for b in result.builds:
-        if b.outcome is not None:
-            r = b.outcome.result
-            digest = (b.digest or "").replace("sha256:", "")[:12]
-            rows.append((b.variant.id, "ok", human_size(b.outcome.size), digest, f"{b.seconds:.1f}s",
-                         f"{r.cached_steps}/{r.cached_steps + r.run_steps}", ", ".join(b.plan.tags)))
-        else:
-            rows.append((b.variant.id, "FAILED", "-", "-", f"{b.seconds:.1f}s", "-", ", ".join(b.plan.tags)))
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(r[:-1], widths, strict=False)) + "  " + r[-1] for r in rows]
-    lines.append(f"{len(result.builds) - len(result.failed)} built, {len(result.failed)} failed, "
-                 f"{len(result.matrix.dropped)} dropped, in {result.seconds:.1f}s")
-    for b in result.failed:
-        lines.append(f"{b.variant.id}: {b.error.render() if b.error else 'failed'}")
-    return lines

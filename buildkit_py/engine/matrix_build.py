@@ -1,0 +1,211 @@
+"""Building a matrix: every variant of a recipe's matrix on one engine, shared prefixes once.
+
+The plan side (variants, their plans, the stages they share) is ``plan.matrix``; this module
+runs those plans through ``engine.build.run_build`` and reports what happened.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from buildkit_py.engine import BuildRequest, Engine, require, required_capabilities
+from buildkit_py.engine.build import BuildOptions, BuildOutcome, run_build
+from buildkit_py.errors import ImgbuildError
+from buildkit_py.plan.build_plan import BuildPlan
+from buildkit_py.plan.matrix import (
+    Matrix,
+    Variant,
+    after_shared,
+    build_order,
+    matrix_json,
+    select_variants,
+    shared_stage_plan,
+    shared_stage_tag,
+    shared_stages,
+    variant_plan,
+)
+from buildkit_py.sizes import human_size
+
+VariantSink = Callable[[str, str], None]  # (variant id, log line)
+
+
+@dataclass(frozen=True)
+class BuildHooks:
+    """What a caller plugs into ``build_all``: where log lines and events go, a step run on
+    every plan before anything builds (e.g. applying the variant's lock), and the function
+    that builds one plan (``run_build``; tests pass a fake)."""
+
+    on_line: VariantSink | None = None
+    on_event: Callable[[str], None] | None = None
+    prepare: Callable[[Variant, BuildPlan], BuildPlan] | None = None
+    runner: Callable[..., BuildOutcome] | None = None
+
+
+NO_HOOKS = BuildHooks()
+
+
+@dataclass(frozen=True)
+class VariantBuild:
+    variant: Variant
+    plan: BuildPlan
+    outcome: BuildOutcome | None = None  # when it built
+    error: ImgbuildError | None = None
+    seconds: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+    @property
+    def digest(self) -> str | None:
+        if self.outcome is None:
+            return None
+        pushed = [p.digest for p in self.outcome.pushes if p.digest]
+        return pushed[0] if pushed else self.outcome.result.image_id
+
+
+@dataclass(frozen=True)
+class MatrixBuild:
+    matrix: Matrix
+    builds: tuple[VariantBuild, ...]
+    seconds: float
+
+    @property
+    def failed(self) -> tuple[VariantBuild, ...]:
+        return tuple(b for b in self.builds if not b.ok)
+
+
+def build_all(matrix: Matrix, backend: Engine, options: BuildOptions, *, jobs: int = 1,
+              registry: str | None = None, variant_ids: tuple[str, ...] = (), tags: tuple[str, ...] = (),
+              hooks: BuildHooks = NO_HOOKS) -> MatrixBuild:
+    """Build the variants (all, or ``variant_ids``) on one engine, up to ``jobs`` at a time.
+
+    A variant that builds a prefix others share (the stages ``shared_stages`` finds) goes
+    first; the variants that share it wait for it, then find it in BuildKit's cache, so each
+    shared stage is built once even with ``jobs`` > 1. One failure does not stop the others.
+    ``{variant}`` in --cache-from/--cache-to values becomes each variant's id.
+    """
+    on_line, prepare, runner = hooks.on_line, hooks.prepare, hooks.runner or run_build
+    chosen = select_variants(matrix, variant_ids, jobs=jobs, tags=tags)
+    plans = {v.id: variant_plan(v, registry=registry, tags=tags) for v in chosen}
+    if prepare is not None:
+        plans = {v.id: prepare(v, plans[v.id]) for v in chosen}
+    for plan in plans.values():  # refuse before anything builds
+        probe = BuildRequest(Path("."), Path("Dockerfile"), plan.tags, cache_from=options.cache_from,
+                             cache_to=options.cache_to, builder=options.builder)
+        require(backend, required_capabilities(plan.needs, probe))
+    stages, chains = shared_stages(plans)
+    say = hooks.on_event or (lambda _t: None)
+    scratch: tuple[str, ...] = ()  # shared-stage images built for --no-cache, untagged at the end
+    if options.no_cache and stages and getattr(backend, "kind", None) != "builder":
+        plans, chains, scratch = _prebuild_shared_stages(matrix, plans, backend, options, runner, on_line, say)
+
+    def one(v: Variant) -> VariantBuild:
+        plan = plans[v.id]
+        opts = replace(options, tags=(),
+                       cache_from=tuple(r.replace("{variant}", v.id) for r in options.cache_from),
+                       cache_to=tuple(r.replace("{variant}", v.id) for r in options.cache_to))
+        start = time.monotonic()
+        try:
+            outcome = runner(plan, backend, opts, (lambda line: on_line(v.id, line)) if on_line else (lambda _l: None))
+        except ImgbuildError as exc:
+            return VariantBuild(v, plan, error=exc, seconds=time.monotonic() - start)
+        return VariantBuild(v, plan, outcome=outcome, seconds=time.monotonic() - start)
+
+    start = time.monotonic()
+    pending = list(chosen)
+    claimed: set[str] = set()
+    ready: set[str] = set()
+    results: dict[str, VariantBuild] = {}
+    with ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="imgbuild-variant") as pool:
+        running: dict[Any, Variant] = {}
+        while pending or running:
+            for v in list(pending):
+                if len(running) >= jobs:
+                    break
+                if any(k in claimed and k not in ready for k in chains[v.id]):
+                    continue  # another variant is building a stage this one shares: wait for the cache
+                claimed.update(chains[v.id])
+                pending.remove(v)
+                say(f"[{v.id}] building {', '.join(plans[v.id].tags)}")
+                running[pool.submit(one, v)] = v
+            done, _ = wait(running, return_when=FIRST_COMPLETED)
+            for fut in done:
+                v = running.pop(fut)
+                result = fut.result()
+                results[v.id] = result
+                ready.update(chains[v.id])
+                say(f"[{v.id}] " + (f"built in {result.seconds:.1f}s" if result.ok
+                                    else f"FAILED: {result.error.message.splitlines()[0]}"))
+    for tag in scratch:  # the variants keep their layers; only the helper tag goes
+        backend.remove(tag)
+    return MatrixBuild(matrix, tuple(results[v.id] for v in chosen), time.monotonic() - start)
+
+
+def _prebuild_shared_stages(matrix: Matrix, plans: dict[str, BuildPlan], backend, options, runner, on_line, say):
+    """--no-cache with shared prefixes: the prefix is a run of steps inside each variant's final
+    stage, which no per-stage cache filter can reach (and 20.10 has none). So each shared stage
+    is built once, without cache, as a local image FROM its parent's, and the variants are then
+    built without cache FROM the last one they share, with only their own steps. (A named
+    builder cannot see the engine's images: there the variants rebuild the prefix.)"""
+    stages, chains = shared_stages(plans)
+    built: dict[str, str] = {}
+    for key in build_order(stages):
+        st = stages[key]
+        base = built[st.parent] if st.parent else st.base
+        tag = shared_stage_tag(matrix, key)
+        shared = replace(shared_stage_plan(st, plans, base), tags=(tag,))
+        say(f"[shared] building {', '.join(s.id for s in st.steps)} once for {', '.join(st.users)}")
+        sink = (lambda line: on_line("shared", line)) if on_line else (lambda _l: None)
+        runner(shared, backend, replace(options, tags=(tag,), push=False, cache_to=()), sink)
+        built[key] = tag
+    out = dict(plans)
+    for vid, chain in chains.items():
+        if chain:
+            out[vid] = after_shared(plans[vid], chain, stages, built[chain[-1]])
+    return out, {vid: [] for vid in plans}, tuple(built.values())
+
+
+def build_report(result: MatrixBuild) -> dict[str, Any]:
+    variants = []
+    for b in result.builds:
+        entry: dict[str, Any] = {"variant": b.variant.id, "status": "ok" if b.ok else "failed",
+                                 "tags": list(b.plan.tags), "seconds": round(b.seconds, 2)}
+        if b.outcome is not None:
+            r = b.outcome.result
+            entry.update(image_id=r.image_id, digest=b.digest, size=b.outcome.size, steps_run=r.run_steps,
+                         steps_cached=r.cached_steps, steps_rerun=list(r.rerun), groups=b.outcome.groups,
+                         pushes=[{"ref": p.ref, "tag": p.tag, "digest": p.digest, "size": p.size}
+                                 for p in b.outcome.pushes])
+        else:
+            entry["error"] = b.error.to_json() if b.error else None
+        variants.append(entry)
+    return {
+        "recipe": str(result.matrix.path), "name": result.matrix.name, "seconds": round(result.seconds, 2),
+        "ok": sum(1 for b in result.builds if b.ok), "failed": len(result.failed), "variants": variants,
+        "dropped": matrix_json(result.matrix)["dropped"],
+    }
+
+
+def summary_lines(result: MatrixBuild) -> list[str]:
+    rows = [("VARIANT", "STATUS", "SIZE", "DIGEST", "TIME", "CACHED", "TAGS")]
+    for b in result.builds:
+        if b.outcome is not None:
+            r = b.outcome.result
+            digest = (b.digest or "").replace("sha256:", "")[:12]
+            rows.append((b.variant.id, "ok", human_size(b.outcome.size), digest, f"{b.seconds:.1f}s",
+                         f"{r.cached_steps}/{r.cached_steps + r.run_steps}", ", ".join(b.plan.tags)))
+        else:
+            rows.append((b.variant.id, "FAILED", "-", "-", f"{b.seconds:.1f}s", "-", ", ".join(b.plan.tags)))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r[:-1], widths, strict=False)) + "  " + r[-1] for r in rows]
+    lines.append(f"{len(result.builds) - len(result.failed)} built, {len(result.failed)} failed, "
+                 f"{len(result.matrix.dropped)} dropped, in {result.seconds:.1f}s")
+    for b in result.failed:
+        lines.append(f"{b.variant.id}: {b.error.render() if b.error else 'failed'}")
+    return lines
