@@ -330,6 +330,16 @@ def test_locked_fails_when_a_local_base_changed(recipe):
         lock.use_lock(plan_of(recipe), mode="locked", engine=FakeEngine("sha256:" + "ef" * 32), **kwargs)
 
 
+def test_local_base_drift_is_typed_and_ignores_digest_pinned_bases():
+    entry = {"bases": {"final": {"ref": "local/base:1", "image_id": "sha256:" + "cd" * 32},
+                       "builder": {"ref": "reg/base:1", "digest": "sha256:" + "00" * 32, "image_id": "x"}}}
+    assert lock.local_base_drift(entry, FakeEngine("sha256:" + "cd" * 32)) == []
+    assert lock.local_base_drift(entry, FakeEngine("sha256:" + "ef" * 32)) == [
+        lock.LocalBaseDrift("local/base:1", "sha256:" + "cd" * 32, "sha256:" + "ef" * 32)]
+    (gone,) = lock.local_base_drift(entry, None)  # no engine to ask: not provably the locked image
+    assert gone.now_id is None and gone.render().endswith("now None)")
+
+
 def test_update_lock_rewrites_a_stale_lock(recipe):
     write(recipe)
     recipe.write_text(RECIPE.replace("bitsandbytes==0.43.3", "bitsandbytes==0.43.1"))

@@ -598,16 +598,28 @@ def apply_lock(plan: BuildPlan, entry: dict) -> BuildPlan:
     return dataclasses.replace(plan, stages=tuple(stages), labels=labels)
 
 
-def local_base_warnings(entry: dict, engine: Engine | None = None) -> list[str]:
-    """Bases locked by local image id whose image has changed since (not reproducible)."""
+@dataclass(frozen=True)
+class LocalBaseDrift:
+    """A base locked by local image id (no registry digest) whose image has changed since, or
+    is gone: the build would not reproduce the lock. A warning, and a refusal under --locked."""
+
+    ref: str
+    locked_id: str
+    now_id: str | None  # None: not in the engine, or no engine to ask
+
+    def render(self) -> str:
+        return f"base {self.ref} is not the image locked (locked {self.locked_id[:19]}, now {str(self.now_id)[:19]})"
+
+
+def local_base_drift(entry: dict, engine: Engine | None = None) -> list[LocalBaseDrift]:
+    """The entry's bases locked by local image id whose image is no longer that one."""
     out = []
-    for stage, b in sorted((entry.get("bases") or {}).items()):  # noqa: B007
+    for b in (b for _stage, b in sorted((entry.get("bases") or {}).items())):
         if b.get("digest") or not b.get("image_id"):
             continue
-        # gone from the engine, or no engine: not the locked image
         now = (_local_image(engine, b["ref"]) or {}).get("Id")
         if now != b["image_id"]:
-            out.append(f"base {b['ref']} is not the image locked (locked {b['image_id'][:19]}, now {str(now)[:19]})")
+            out.append(LocalBaseDrift(b["ref"], b["image_id"], now))
     return out
 
 
@@ -652,7 +664,8 @@ def use_lock(plan: BuildPlan, *, mode: str = "auto", variant: str = DEFAULT_VARI
                 raise LockDrift(f"--locked: {path.name} would change (variant {variant}): " + "; ".join(changes),
                                 changes=changes, path=str(path),
                                 hint=f"run `imgbuild lock {plan.recipe.path}` and review the diff")
-    warnings = tuple(variant_notes(entry)) + tuple(local_base_warnings(entry, engine))
-    if mode == "locked" and any("is not the image locked" in w for w in warnings):
-        raise LockDrift(f"--locked: {path.name}: " + "; ".join(warnings), changes=list(warnings), path=str(path))
+    drift = [d.render() for d in local_base_drift(entry, engine)]
+    if mode == "locked" and drift:
+        raise LockDrift(f"--locked: {path.name}: " + "; ".join(drift), changes=drift, path=str(path))
+    warnings = tuple(variant_notes(entry)) + tuple(drift)
     return LockUse(apply_lock(plan, entry), path, status, warnings)
