@@ -57,6 +57,13 @@ class Resolution:
         return ".".join(self.cuda_version.split(".")[:2])
 
     @property
+    def compile_stage_base(self) -> str:
+        """FROM of the compile stage; resolve() sets builder_image whenever it sets compile."""
+        if self.builder_image is None:
+            raise ValueError("this resolution has no compile stage")
+        return self.builder_image
+
+    @property
     def torch_label(self) -> str | None:
         if not self.torch:
             return None

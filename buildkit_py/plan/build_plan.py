@@ -263,9 +263,12 @@ def _mount_stubs(steps: list[Step], installer: Installer) -> list[Step]:
     return steps[:first] + [stubs] + steps[first:]
 
 
-def _cuda_home_step(res: Resolution) -> CudaHomeStep:
-    """Make the toolkit tree the CUDA 13 wheels install (site-packages/nvidia/cu13) CUDA_HOME."""
-    return CudaHomeStep("cuda-home", "cuda", venv=VENV, tree=res.cuda_wheel_home, home="/usr/local/cuda")
+def _cuda_home_steps(res: Resolution) -> list[Step]:
+    """Make the toolkit tree the CUDA wheels install (site-packages/nvidia/cu13) CUDA_HOME;
+    nothing where the wheels install no such tree."""
+    if res.cuda_wheel_home is None:
+        return []
+    return [CudaHomeStep("cuda-home", "cuda", venv=VENV, tree=res.cuda_wheel_home, home="/usr/local/cuda")]
 
 
 def weights_in_copies(recipe: Recipe, threshold: int = WEIGHT_FILE_THRESHOLD) -> list[tuple[int, str, int]]:
@@ -299,7 +302,7 @@ def make_plan(recipe: Recipe, *, tags: tuple[str, ...] = (), registry: str | Non
         builder_steps = _os_steps(res, ["build-essential"], dev=True)
         if res.builder_cuda_wheels:  # nvcc and headers from the CUDA 13+ wheels
             builder_steps.append(_pip_step("cuda", "cuda", list(res.builder_cuda_wheels)))
-            builder_steps.append(_cuda_home_step(res))
+            builder_steps += _cuda_home_steps(res)
         # Extensions that build against torch (flash-attn, xformers) build without isolation,
         # so torch and their build tools must be installed first.
         builder_steps += _torch_step(res)
@@ -314,14 +317,15 @@ def make_plan(recipe: Recipe, *, tags: tuple[str, ...] = (), registry: str | Non
             # Force a source build even where the index has a binary wheel.
             no_binary=",".join(sorted(pin_name(r) for r in compiled)),
         ))
-        stages.append(Stage("builder", res.builder_image, tuple(_with_installer(builder_steps, installer)), "builder"))
+        builder = tuple(_with_installer(builder_steps, installer))
+        stages.append(Stage("builder", res.compile_stage_base, builder, "builder"))
 
     devel_wheels = res.cuda_flavor == "devel" and res.cuda_source == "wheels"
     # nvcc needs a host C++ compiler; NVIDIA's devel images are the other source of one
     steps = _os_steps(res, list(recipe.apt) + (["g++"] if devel_wheels else []), dev=False)
     steps += _final_cuda_wheels(res)
     if devel_wheels:
-        steps.append(_cuda_home_step(res))
+        steps += _cuda_home_steps(res)
     steps += _torch_stack(res)
     if compiled:
         # Install the builder's wheel files by path: given only a name, pip would prefer the
