@@ -17,6 +17,8 @@ import pytest
 from rich.console import Console
 
 from buildkit_py.analysis import inspect as I
+from buildkit_py.analysis import layer_paths as P
+from buildkit_py.analysis import saved_image as S
 from buildkit_py.errors import ImageMissing, InspectError, SizeBudgetExceeded
 
 FIXTURES = Path(__file__).parent / "fixtures" / "inspect"
@@ -65,17 +67,17 @@ MiB = 1 << 20
     ("/srv/libcudart.so.12", 10, []),  # neither a toolkit tree nor a wheel
 ])
 def test_classify_path(path, size, expected):
-    assert I.classify_path(path, size, weight_threshold=10 * MiB) == expected
+    assert P.classify_path(path, size, weight_threshold=10 * MiB) == expected
 
 
 def test_member_names_and_whiteouts():
-    assert I.normalize_member("./usr/bin/") == "/usr/bin"
-    assert I.normalize_member("usr/bin/env") == "/usr/bin/env"
-    assert I.normalize_member("./") is None and I.normalize_member(".") is None
-    assert I.whiteout_target("/tmp/.wh.scratch") == ("/tmp/scratch", False)
-    assert I.whiteout_target("/opt/app/.wh..wh..opq") == ("/opt/app", True)
-    assert I.whiteout_target("/.wh.top") == ("/top", False)
-    assert I.whiteout_target("/tmp/what.wh.not") is None
+    assert P.normalize_member("./usr/bin/") == "/usr/bin"
+    assert P.normalize_member("usr/bin/env") == "/usr/bin/env"
+    assert P.normalize_member("./") is None and P.normalize_member(".") is None
+    assert P.whiteout_target("/tmp/.wh.scratch") == ("/tmp/scratch", False)
+    assert P.whiteout_target("/opt/app/.wh..wh..opq") == ("/opt/app", True)
+    assert P.whiteout_target("/.wh.top") == ("/top", False)
+    assert P.whiteout_target("/tmp/what.wh.not") is None
 
 
 def test_instruction_of():
@@ -134,12 +136,12 @@ def test_gzip_counter_matches_gzip_6(workers):
     import concurrent.futures
 
     with concurrent.futures.ThreadPoolExecutor(workers) as pool:
-        counter = I.GzipCounter(pool if workers > 1 else None, workers)
+        counter = S.GzipCounter(pool if workers > 1 else None, workers)
         for i in range(0, len(data), 77_777):  # odd feed sizes
             counter.update(data[i:i + 77_777])
         got = counter.finish()
     assert abs(got - expected) <= expected * 0.002 + 64
-    assert I.GzipCounter().finish() == len(gzip.compress(b"", 6, mtime=0))
+    assert S.GzipCounter().finish() == len(gzip.compress(b"", 6, mtime=0))
 
 
 # ---------------------------------------------------------------- synthetic docker save streams
@@ -224,7 +226,7 @@ def _synthetic_layers() -> list[bytes]:
 def test_analyze_save_stream_on_a_synthetic_image(oci):
     layers = _synthetic_layers()
     raw, image_id, diff_ids = _save_tar(layers, SYNTH_HISTORY, oci=oci)
-    saved = I.analyze_save_stream(io.BytesIO(raw), image_id=image_id, diff_ids=diff_ids, workers=1)
+    saved = S.analyze_save_stream(io.BytesIO(raw), image_id=image_id, diff_ids=diff_ids, workers=1)
     assert saved.config and saved.config["history"] == SYNTH_HISTORY
     report = I.build_report(I.ImageFacts("synthetic:1", image_id, diff_ids, saved.config["history"],
                                          {"io.imgbuild.cuda.flavor": "runtime"}),
@@ -294,7 +296,7 @@ def _containerd_save_tar(layers: list[bytes], history: list[dict]) -> tuple[byte
 def test_analyze_the_containerd_stores_oci_layout():
     layers = _synthetic_layers()
     raw, image_id, diff_ids, blob_sizes = _containerd_save_tar(layers, SYNTH_HISTORY)
-    saved = I.analyze_save_stream(io.BytesIO(raw), image_id=image_id, diff_ids=diff_ids, workers=1)
+    saved = S.analyze_save_stream(io.BytesIO(raw), image_id=image_id, diff_ids=diff_ids, workers=1)
     assert saved.config and saved.config["history"] == SYNTH_HISTORY
     assert [saved.layers[d].compression for d in diff_ids] == ["gzip", "zstd", "gzip", "zstd"]
     report = I.build_report(I.ImageFacts("c:1", image_id, diff_ids, saved.config["history"], {}), saved)
@@ -314,25 +316,25 @@ def test_resolve_config_follows_index_and_manifest():
     blobs = {"c" * 64: config, "m" * 64: {"config": {"digest": "sha256:" + "c" * 64}, "layers": []},
              "i" * 64: {"manifests": [{"digest": "sha256:" + "m" * 64,
                                        "platform": {"os": "linux", "architecture": "amd64"}}]}}
-    assert I.resolve_config(blobs, "i" * 64) is config and I.resolve_config(blobs, "m" * 64) is config
-    assert I.resolve_config(blobs, "c" * 64) is config and I.resolve_config(blobs, "x" * 64) is None
+    assert S.resolve_config(blobs, "i" * 64) is config and S.resolve_config(blobs, "m" * 64) is config
+    assert S.resolve_config(blobs, "c" * 64) is config and S.resolve_config(blobs, "x" * 64) is None
 
 
 def test_repeated_layers_and_missing_layers():
     layer = _layer_tar([("a", b"a" * 10, None)])
     raw, image_id, diff_ids = _save_tar([layer, layer], [_h("ADD a /"), _h("ADD a /")])
-    saved = I.analyze_save_stream(io.BytesIO(raw), image_id=image_id, diff_ids=diff_ids,
+    saved = S.analyze_save_stream(io.BytesIO(raw), image_id=image_id, diff_ids=diff_ids,
                                   estimate_compressed=False)
     report = I.build_report(I.ImageFacts("r", image_id, diff_ids, saved.config["history"], {}), saved)
     assert [x.size for x in report.layers] == [10, 10] and report.compressed_size is None
     assert report.pull_seconds is None
     with pytest.raises(InspectError, match="lacks layer"):
-        I.analyze_save_stream(io.BytesIO(raw), image_id=image_id, diff_ids=diff_ids + ["sha256:" + "0" * 64])
+        S.analyze_save_stream(io.BytesIO(raw), image_id=image_id, diff_ids=diff_ids + ["sha256:" + "0" * 64])
 
 
 def _tiny_report() -> I.ImageReport:
     raw, image_id, diff_ids = _save_tar(_synthetic_layers(), SYNTH_HISTORY)
-    saved = I.analyze_save_stream(io.BytesIO(raw), image_id=image_id, diff_ids=diff_ids, workers=1)
+    saved = S.analyze_save_stream(io.BytesIO(raw), image_id=image_id, diff_ids=diff_ids, workers=1)
     return I.build_report(I.ImageFacts("synthetic:1", image_id, diff_ids, saved.config["history"],
                                        {"io.imgbuild.cuda.flavor": "devel"}),
                           saved, I.InspectOptions(weight_threshold=4096))
@@ -496,7 +498,7 @@ def test_compilers_grouped_by_folder_and_layer():
                        + [("usr/lib/gcc/x86_64-linux-gnu/12/cc1", b"c" * 100, None)])
     history = [_h("RUN /bin/sh -c : imgbuild-step=os; x # buildkit")]
     raw, image_id, diff_ids = _save_tar([layer], history)
-    saved = I.analyze_save_stream(io.BytesIO(raw), image_id=image_id, diff_ids=diff_ids, workers=1)
+    saved = S.analyze_save_stream(io.BytesIO(raw), image_id=image_id, diff_ids=diff_ids, workers=1)
     report = I.build_report(I.ImageFacts("gcc:1", image_id, diff_ids, history, {"io.imgbuild.cuda.flavor": "runtime"}),
                             saved, I.InspectOptions(bandwidth_mbps=8, weight_threshold=4096))
     compilers = {f.path: f for f in report.findings if f.kind == I.COMPILER}

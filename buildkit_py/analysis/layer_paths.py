@@ -1,0 +1,115 @@
+"""What a path in a layer is: a whiteout, a cache left in the image, a compiler, a CUDA library
+(and from where), or a weight-like file. Pure functions on path strings and sizes; the layer
+scan (``saved_image``) applies them to every member, the finding rules (``inspect``) to the hits."""
+
+from __future__ import annotations
+
+import posixpath
+import re
+
+from buildkit_py.artifacts.file_kinds import is_weight_file
+
+MiB = 1 << 20
+
+# Finding kinds: what classify_path reports, and (with DELETED) what inspect's findings are.
+WEIGHTS, CACHE, COMPILER, CUDA_DUPLICATE, DELETED = (
+    "weights", "cache", "compiler-in-runtime", "cuda-duplicate", "deleted-later")
+
+# (regex, the cache's root as reported). A file under one of these in a layer is a cache that
+# was left in the image instead of on a build cache mount. __pycache__ is deliberately absent.
+_CACHE_RULES: tuple[tuple[re.Pattern[str], str], ...] = (
+    (re.compile(r"^(/root|/home/[^/]+)/\.cache/pip/"), r"\1/.cache/pip"),
+    (re.compile(r"^(/root|/home/[^/]+)/\.cache/huggingface/"), r"\1/.cache/huggingface"),
+    (re.compile(r"^/var/cache/apt/archives/(?:partial/)?[^/]+\.deb$"), "/var/cache/apt/archives"),
+    # The lists' lock file and partial/ are in every Debian image; the indexes are not.
+    (re.compile(r"^/var/lib/apt/lists/(?!lock$|partial(?:/|$)|auxfiles(?:/|$))"), "/var/lib/apt/lists"),
+    (re.compile(r"^(.*/(?:conda|miniconda3?|miniforge3?|mambaforge|anaconda3?|\.conda))/pkgs/"), r"\1/pkgs"),
+)
+
+# Build tools that a ``runtime`` flavour image should not carry. Symlinks count (usr/bin/gcc).
+_COMPILER_RULES: tuple[re.Pattern[str], ...] = (
+    re.compile(r"^/usr/bin/(?:[\w.-]+-linux-gnu-)?(?:gcc|g\+\+)[^/]*$"),
+    re.compile(r"^/usr/bin/(?:cc|c\+\+)$"),
+    re.compile(r"^/usr/(?:lib|libexec)/gcc/.+/cc1(?:plus)?$"),
+    re.compile(r"(?:^|/)bin/nvcc$"),  # /usr/bin, /usr/local/cuda*/bin, site-packages/nvidia/cuda_nvcc/bin
+    re.compile(r"^/usr/local/cuda[^/]*/(?:targets/[^/]+/)?include/cuda\.h$"),
+    re.compile(r"^/usr/include/cuda\.h$"),
+)
+
+# CUDA user-space libraries that come both with NVIDIA's images and as nvidia-*-cu12 wheels.
+_CUDA_LIB_RE = re.compile(
+    r"^lib(cudart|cublas|cublasLt|cufft|cufftw|curand|cusolver|cusolverMg|cusparse|cusparseLt|"
+    r"cudnn(?:_[a-z_]+)?|nccl|nvrtc(?:-builtins)?|nvJitLink|cupti|nvToolsExt|nvjpeg|npp[a-z]*|cufile)"
+    r"\.so\.(\d+)(?:\.[\d.]+)?$")
+_CUDA_SYSTEM_RE = re.compile(r"^/usr/local/cuda[^/]*/|^/usr/lib/[^/]*-linux-gnu/")
+_CUDA_WHEEL_RE = re.compile(r"/site-packages/nvidia/[^/]+/lib/")
+
+WHITEOUT_PREFIX = ".wh."
+OPAQUE = ".wh..wh..opq"
+
+
+def normalize_member(name: str) -> str | None:
+    """A tar member name as an absolute path ('./usr/bin/' -> '/usr/bin'); None for the root."""
+    while name.startswith("./"):
+        name = name[2:]
+    name = name.strip("/")
+    if name in ("", "."):
+        return None
+    return "/" + name
+
+
+def whiteout_target(path: str) -> tuple[str, bool] | None:
+    """For an overlay whiteout entry, (the path it deletes, opaque?); None for other paths.
+    ``/a/.wh.b`` deletes ``/a/b``; ``/a/.wh..wh..opq`` hides everything lower layers had in /a."""
+    parent, base = posixpath.split(path)
+    if base == OPAQUE:
+        return parent or "/", True
+    if base.startswith(WHITEOUT_PREFIX):
+        return posixpath.join(parent, base[len(WHITEOUT_PREFIX):]), False
+    return None
+
+
+def cache_root(path: str) -> str | None:
+    """The cache directory ``path`` lies in (pip, apt, Hugging Face, conda), or None."""
+    if "/__pycache__/" in path:
+        return None
+    for rule, root in _CACHE_RULES:
+        m = rule.search(path)
+        if m:
+            return m.expand(root)
+    return None
+
+
+def is_compiler(path: str) -> bool:
+    return any(rule.search(path) for rule in _COMPILER_RULES)
+
+
+def cuda_library(path: str) -> tuple[str, str] | None:
+    """(soname like 'libcublas.so.12', 'system' | 'wheel') for a CUDA library file, else None."""
+    m = _CUDA_LIB_RE.match(posixpath.basename(path))
+    if not m:
+        return None
+    soname = f"lib{m.group(1)}.so.{m.group(2)}"
+    if _CUDA_WHEEL_RE.search(path):
+        return soname, "wheel"
+    if _CUDA_SYSTEM_RE.search(path):
+        return soname, "system"
+    return None
+
+
+def classify_path(path: str, size: int, *, weight_threshold: int = 10 * MiB) -> list[tuple[str, str]]:
+    """Every rule a file at ``path`` of ``size`` bytes matches, as (kind, detail) pairs; detail is
+    the cache root, the CUDA soname and origin ('libcudart.so.12:wheel'), or the path itself.
+    The compiler rule only matters in runtime images; the caller decides that."""
+    out: list[tuple[str, str]] = []
+    if size > weight_threshold and is_weight_file(path):
+        out.append((WEIGHTS, path))
+    root = cache_root(path)
+    if root:
+        out.append((CACHE, root))
+    if is_compiler(path):
+        out.append((COMPILER, path))
+    lib = cuda_library(path)
+    if lib:
+        out.append((CUDA_DUPLICATE, f"{lib[0]}:{lib[1]}"))
+    return out

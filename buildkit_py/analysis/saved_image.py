@@ -1,0 +1,330 @@
+"""One streamed pass over a saved image (``docker save``: the classic layout of 20.10 or the
+OCI layout of the containerd store): per layer tar its digest, sizes, a gzip estimate and the
+members of interest, plus the image config; nothing is written to disk. See ``inspect`` for
+how the report is built from it."""
+
+from __future__ import annotations
+
+import collections
+import concurrent.futures
+import gzip
+import hashlib
+import io
+import json
+import os
+import tarfile
+import zlib
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import IO
+
+from buildkit_py.analysis.layer_paths import CUDA_DUPLICATE, classify_path, normalize_member, whiteout_target
+from buildkit_py.errors import InspectError
+
+GZIP_LEVEL = 6
+GZIP_CHUNK = 1 << 20  # one compression job
+GZIP_WINDOW = 32 << 10  # deflate's window: the priming dictionary for the next piece
+GZIP_OVERHEAD = 10 + 8  # gzip header and trailer around the deflate stream
+MAX_CONFIG_BYTES = 16 << 20
+
+
+
+
+class IterStream(io.RawIOBase):
+    """A readable file over an iterator of byte chunks (the docker SDK's save() stream)."""
+
+    def __init__(self, chunks: Iterable[bytes]):
+        self._it: Iterator[bytes] = iter(chunks)
+        self._buf = memoryview(b"")
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b) -> int:  # type: ignore[override]
+        while not self._buf:
+            try:
+                self._buf = memoryview(next(self._it))
+            except StopIteration:
+                return 0
+        n = min(len(b), len(self._buf))
+        b[:n] = self._buf[:n]
+        self._buf = self._buf[n:]
+        return n
+
+
+def _deflate_piece(data: bytes, zdict: bytes, last: bool) -> int:
+    c = zlib.compressobj(GZIP_LEVEL, zlib.DEFLATED, -15, 8, zlib.Z_DEFAULT_STRATEGY, zdict) if zdict else \
+        zlib.compressobj(GZIP_LEVEL, zlib.DEFLATED, -15)
+    return len(c.compress(data)) + len(c.flush(zlib.Z_FINISH if last else zlib.Z_SYNC_FLUSH))
+
+
+class GzipCounter:
+    """Counts the bytes ``gzip -6`` would write for the data fed to it, keeping at most a few
+    pieces in memory. Pieces are deflated in parallel on ``pool`` (zlib releases the GIL)."""
+
+    def __init__(self, pool: concurrent.futures.Executor | None = None, workers: int = 1):
+        self._pool = pool
+        self._buf = bytearray()
+        self._prev_tail = b""
+        self._pending: collections.deque[concurrent.futures.Future[int] | int] = collections.deque()
+        self._max_pending = 2 * max(1, workers)  # bounds memory: a few MiB in flight
+        self.total = GZIP_OVERHEAD
+
+    def update(self, data: bytes | memoryview) -> None:
+        self._buf += data
+        while len(self._buf) >= 2 * GZIP_CHUNK:  # keep one piece back: the last one finishes the stream
+            self._submit(bytes(self._buf[:GZIP_CHUNK]), last=False)
+            del self._buf[:GZIP_CHUNK]
+
+    def _submit(self, piece: bytes, last: bool) -> None:
+        zdict, self._prev_tail = self._prev_tail, piece[-GZIP_WINDOW:]
+        if self._pool is None:
+            self._pending.append(_deflate_piece(piece, zdict, last))
+        else:
+            self._pending.append(self._pool.submit(_deflate_piece, piece, zdict, last))
+        while len(self._pending) > self._max_pending:
+            self._collect_one()
+
+    def _collect_one(self) -> None:
+        job = self._pending.popleft()
+        self.total += job if isinstance(job, int) else job.result()
+
+    def finish(self) -> int:
+        if len(self._buf) > GZIP_CHUNK:
+            self._submit(bytes(self._buf[:GZIP_CHUNK]), last=False)
+            del self._buf[:GZIP_CHUNK]
+        self._submit(bytes(self._buf), last=True)
+        self._buf = bytearray()
+        while self._pending:
+            self._collect_one()
+        return self.total
+
+
+class _TeeReader(io.RawIOBase):
+    """Reads a layer tar from the outer stream, hashing and gzip-counting every byte."""
+
+    def __init__(self, raw: IO[bytes], counter: GzipCounter | None):
+        self._raw = raw
+        self.sha = hashlib.sha256()
+        self.counter = counter
+        self.size = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b) -> int:  # type: ignore[override]
+        data = self._raw.read(len(b))
+        n = len(data)
+        if n:
+            b[:n] = data
+            self.sha.update(data)
+            if self.counter is not None:
+                self.counter.update(data)
+            self.size += n
+        return n
+
+    def drain(self) -> None:
+        while self.read(1 << 20):
+            pass
+
+
+@dataclass
+class LayerScan:
+    """What one pass over a layer tar found (mutable while scanning, then read-only)."""
+
+    digest: str = ""
+    blob_size: int = 0
+    content_size: int = 0
+    compressed_size: int | None = None
+    members: int = 0
+    files: list[tuple[str, int]] = field(default_factory=list)  # regular files with bytes
+    whiteouts: list[tuple[str, bool]] = field(default_factory=list)  # (deleted path, opaque)
+    # (kind, detail, path, size) for every rule hit, see classify_path
+    hits: list[tuple[str, str, str, int]] = field(default_factory=list)
+    compression: str | None = None  # how the saved blob was stored: gzip, zstd; None: a plain tar
+
+
+def scan_layer(fileobj: IO[bytes], *, counter: GzipCounter | None) -> LayerScan:
+    """One streaming pass over a layer tar: digest, sizes, gzip estimate, members of interest.
+    Weight-like files are kept whatever their size; find_problems applies the threshold."""
+    tee = _TeeReader(fileobj, counter)
+    scan = LayerScan()
+    try:
+        # An empty blob, or one that is no tar at all, raises ReadError: the digest decides what it was.
+        with tarfile.open(fileobj=tee, mode="r|") as inner:  # type: ignore[arg-type]
+            for m in inner:
+                scan.members += 1
+                path = normalize_member(m.name)
+                if path is None:
+                    continue
+                wh = whiteout_target(path)
+                if wh:
+                    scan.whiteouts.append(wh)
+                    continue
+                if m.isreg():
+                    size = m.size
+                elif m.issym():
+                    size = len(m.linkname.encode("utf-8", "surrogateescape"))
+                else:
+                    size = 0
+                scan.content_size += size
+                if m.isreg() and size:
+                    scan.files.append((path, size))
+                if m.isreg() or m.issym():
+                    for kind, detail in classify_path(path, m.size if m.isreg() else 0, weight_threshold=-1):
+                        if kind == CUDA_DUPLICATE and not m.isreg():
+                            continue  # sonames are symlinks to the one real file
+                        scan.hits.append((kind, detail, path, m.size if m.isreg() else 0))
+    except tarfile.ReadError:
+        scan = LayerScan()
+    tee.drain()
+    scan.digest = "sha256:" + tee.sha.hexdigest()
+    scan.blob_size = tee.size
+    if counter is not None:
+        scan.compressed_size = counter.finish()
+    return scan
+
+
+@dataclass
+class SaveScan:
+    config: dict | None
+    layers: dict[str, LayerScan]  # by diff id
+
+
+_GZIP_MAGIC = b"\x1f\x8b"
+_ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
+
+
+def _blob_compression(head: bytes) -> str | None:
+    if head.startswith(_GZIP_MAGIC):
+        return "gzip"
+    if head.startswith(_ZSTD_MAGIC):
+        return "zstd"
+    return None
+
+
+def _decompressing(f: IO[bytes], compression: str) -> IO[bytes]:
+    if compression == "gzip":
+        return gzip.GzipFile(fileobj=f, mode="rb")  # type: ignore[return-value]
+    import zstandard  # lazy: only zstd-stored images need it (no zstd in Python < 3.14)  # noqa: PLC0415
+
+    return zstandard.ZstdDecompressor().stream_reader(f, read_across_frames=True)  # type: ignore[return-value]
+
+
+def resolve_config(blobs: Mapping[str, dict], image_hex: str, platform: str = "linux/amd64") -> dict | None:
+    """The image config in an OCI layout, from the image id (on the containerd store the id is
+    the digest of an index or manifest, not of the config): index -> this platform's
+    manifest -> config. ``blobs`` are the layout's JSON blobs by hex digest."""
+    doc = blobs.get(image_hex)
+    for _ in range(4):  # index -> manifest -> config, nested indexes at most twice
+        if doc is None:
+            return None
+        if "manifests" in doc:
+            os_name, _, arch = platform.partition("/")
+            entries = [e for e in doc.get("manifests") or [] if isinstance(e, dict)]
+            chosen = next((e for e in entries if (e.get("platform") or {}).get("os") == os_name
+                           and (e.get("platform") or {}).get("architecture") == arch), None)
+            chosen = chosen or next((e for e in entries if (e.get("platform") or {}).get("architecture") != "unknown"),
+                                    None)
+            doc = blobs.get(str((chosen or {}).get("digest", "")).split(":", 1)[-1])
+        elif "layers" in doc and isinstance(doc.get("config"), dict):
+            doc = blobs.get(str(doc["config"].get("digest", "")).split(":", 1)[-1])
+        else:
+            return doc if "rootfs" in doc else None
+    return None
+
+
+def _is_layer_member(name: str, diff_hexes: set[str]) -> bool:
+    # docker save, legacy layout (Engine < 25): <v1 id>/layer.tar; OCI layout: blobs/sha256/<diff id>
+    if name.endswith("/layer.tar") or name == "layer.tar":
+        return True
+    return name.startswith("blobs/sha256/") and name.rsplit("/", 1)[-1] in diff_hexes
+
+
+def _is_config_member(name: str, image_hex: str) -> bool:
+    return name in (f"{image_hex}.json", f"blobs/sha256/{image_hex}")
+
+
+def analyze_save_stream(stream: IO[bytes], *, image_id: str, diff_ids: list[str],
+                        estimate_compressed: bool = True, workers: int | None = None) -> SaveScan:
+    """Parse a ``docker save`` tar read from ``stream`` (never seeking), scanning each layer
+    once. Raises InspectError when a layer of ``diff_ids`` is not in it."""
+    if workers is None:
+        # Threads pay off from 4 cores up; on 2 the engine streaming the image needs one of them.
+        cpus = os.cpu_count() or 1
+        workers = min(8, cpus) if cpus >= 4 else 1
+    pool = concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="imgbuild-gzip") \
+        if estimate_compressed and workers > 1 else None
+    reader = _SaveReader(image_id, diff_ids, estimate_compressed=estimate_compressed, pool=pool, workers=workers)
+    try:
+        with tarfile.open(fileobj=stream, mode="r|") as outer:  # type: ignore[arg-type]
+            for m in outer:
+                if m.isreg():  # duplicate layers are symlinks to the first copy
+                    reader.member(outer, m)
+    except (tarfile.TarError, ValueError) as exc:
+        raise InspectError(f"could not read the image stream: {exc}") from exc
+    finally:
+        if pool is not None:
+            pool.shutdown(wait=True, cancel_futures=True)
+    return reader.result(diff_ids)
+
+
+class _SaveReader:
+    """What ``analyze_save_stream`` keeps from the members of the outer tar: the image config,
+    the scans of the wanted layers, and (OCI layout) the JSON blobs the config may be behind."""
+
+    def __init__(self, image_id: str, diff_ids: list[str], *, estimate_compressed: bool,
+                 pool: concurrent.futures.Executor | None, workers: int):
+        self.image_hex = image_id.split(":", 1)[-1]
+        self.diff_hexes = {d.split(":", 1)[-1] for d in diff_ids}
+        self.wanted = set(diff_ids)
+        self.estimate_compressed, self.pool, self.workers = estimate_compressed, pool, workers
+        self.config: dict | None = None
+        self.layers: dict[str, LayerScan] = {}
+        self.json_blobs: dict[str, dict] = {}
+
+    def member(self, outer: tarfile.TarFile, m: tarfile.TarInfo) -> None:
+        if _is_config_member(m.name, self.image_hex) and m.name.endswith(".json"):
+            if m.size > MAX_CONFIG_BYTES:
+                raise InspectError(f"image config {m.name} is {m.size} bytes, more than a config should be")
+            self.config = json.loads(_extract(outer, m).read())
+        elif m.name.startswith("blobs/sha256/") and m.name.rsplit("/", 1)[-1] not in self.diff_hexes:
+            self._oci_blob(outer, m)
+        elif _is_layer_member(m.name, self.diff_hexes):
+            counter = GzipCounter(self.pool, self.workers) if self.estimate_compressed else None
+            self._keep(scan_layer(_extract(outer, m), counter=counter))
+
+    def _oci_blob(self, outer: tarfile.TarFile, m: tarfile.TarInfo) -> None:
+        """OCI layout (the containerd store): compressed layers, configs, manifests, indexes."""
+        f = _extract(outer, m)
+        head = f.peek(4)[:4]  # type: ignore[attr-defined]
+        if compression := _blob_compression(head):
+            scan = scan_layer(_decompressing(f, compression), counter=None)
+            scan.compressed_size, scan.compression = m.size, compression
+            self._keep(scan)
+        elif m.size <= MAX_CONFIG_BYTES and head[:1] == b"{":
+            try:
+                doc = json.loads(f.read())
+            except ValueError:
+                return  # not JSON after all: no config, manifest or index
+            if isinstance(doc, dict):
+                self.json_blobs[m.name.rsplit("/", 1)[-1]] = doc
+
+    def _keep(self, scan: LayerScan) -> None:
+        if scan.digest in self.wanted:
+            self.layers[scan.digest] = scan
+
+    def result(self, diff_ids: list[str]) -> SaveScan:
+        config = self.config if self.config is not None else resolve_config(self.json_blobs, self.image_hex)
+        missing = [d for d in diff_ids if d not in self.layers]
+        if missing:
+            raise InspectError(f"the saved image lacks layer {missing[0]} of its own rootfs",
+                               hint="is the image complete? `docker save` of it should load back")
+        return SaveScan(config, self.layers)
+
+
+def _extract(outer: tarfile.TarFile, m: tarfile.TarInfo) -> IO[bytes]:
+    f = outer.extractfile(m)
+    if f is None:  # only for members that are not files; callers pass regular files
+        raise InspectError(f"could not read {m.name} from the image stream")
+    return f
