@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import secrets
 from pathlib import Path
 
 from buildkit_py.errors import UsageError
@@ -25,7 +24,9 @@ def write_atomic(path: str | os.PathLike, data: str | bytes, *, private: bool = 
     if not parent.is_dir():
         raise UsageError(f"cannot write {path}: folder {parent} does not exist",
                          hint=f"create it first (mkdir -p {parent})")
-    tmp = parent / f".{path.name}.{secrets.token_hex(4)}.tmp"
+    # O_EXCL below makes a clash an error, not a race; os.urandom spares every CLI start the
+    # import of `secrets` (hmac, hashlib, random: a quarter of `imgbuild --version`).
+    tmp = parent / f".{path.name}.{os.urandom(4).hex()}.tmp"
     raw = data.encode() if isinstance(data, str) else data
     try:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600 if private else 0o666)
