@@ -16,8 +16,10 @@ the app. It gets the CA bundle as a BuildKit secret and the pip cache mount as o
 so wheels download once for both.
 
 One engine: Docker 26 with buildx and the containerd image store (what users have), pushing to
-the local registry with gzip layers (the default). Each image leaves the engine once pushed;
-the hand-written images' build cache (found by a marker unique to this run in their RUN line)
+the local registry with gzip layers (the default). Each variant's image leaves the engine once
+pushed and diffed, the starting image A when its arm ends (removing A earlier deletes blobs its
+build cache still points at: moby/moby#48700, `failed to solve: not found`); the hand-written
+images' build cache (found by a marker unique to this run in their RUN line)
 is pruned by record id once no later scenario needs it; registry manifests are deleted at the
 end (the registry keeps blobs until its garbage collection). Refuses to start when the disk
 has less than FULL_GB free, and stops before any build the disk cannot hold: a torch image is
@@ -165,7 +167,6 @@ class Arm:
                                    secrets={"cacert": CA}, push=True, load=False, progress="plain")
             self.engine.build(request, lambda _l: None)
         self.refs[v.key] = ref
-        self.engine.remove(ref)  # pushed: the registry holds it, the engine's copy is not needed
         return ref
 
     @property
@@ -216,8 +217,14 @@ def run_arm(arm: Arm, say: Callable[[str], None]) -> dict:
         t = d["totals"]
         say(f"  {arm.name} {labels[v.key]}: {t['new_compressed_size']:,} B of {t['compressed_size']:,} B "
             f"({fraction(d):.2%}); new layers: {steps_of_new_layers(d)}")
+        # Pushed, so the engine's copy of the variant can go; A stays until the arm ends: with the
+        # containerd store, removing an image deletes blobs the build cache still points at, and
+        # the next build that reuses A's layers fails with `failed to solve: not found`
+        # (moby/moby#48700). What a variant adds beyond A no later build reuses.
+        arm.engine.remove(arm.refs[v.key])
         if arm.name == "handwritten":
             prune_marked(arm.engine, arm.marker)  # A's pip layer served (a); (b), (c) re-run pip anyway
+    arm.engine.remove(arm.refs["a0"])
     return out
 
 
