@@ -56,6 +56,14 @@ def engine_settings(name: str) -> dict[str, str | None]:
     raise ValueError(f"IMGBUILD_TEST_ENGINES: unknown engine {name!r} (docker20, docker26)")
 
 
+def on_engine(name: str):
+    """Run an E2E test on one engine instead of every one. Only for costly tests whose subject
+    the engine does not change (what nvcc compiles, which bytes a pip install writes): the
+    engine-specific paths they pass through (build, store, push, inspect) run on every engine in
+    cheaper tests. Keeps CI under 30 minutes; the engine, when missing, fails in CI as always."""
+    return pytest.mark.parametrize("engine", [name], indirect=True)
+
+
 @pytest.fixture(scope="session", params=ENGINE_NAMES)
 def engine(request):
     """The engine object (buildkit_py.engine) the test runs on, parametrized over every engine

@@ -5,6 +5,7 @@ what changed for the other (plan.PipStep.reproducible, steps.j2 repro_begin/repr
 import json
 
 import pytest
+from conftest import on_engine
 from helpers import CA_ARGS, run_cli, write_recipe
 
 pytestmark = pytest.mark.e2e
@@ -58,6 +59,7 @@ pip: [cupy-cuda12x=={cupy}, jaxlib==0.9.0]
 """
 
 
+@on_engine("docker26")  # ~8 minutes per engine; the cheap test above covers both
 def test_cuda_library_and_heavy_pin_layers_are_byte_identical_where_their_pins_are(
         tmp_path, base_image, unique_name, docker_client, cleanup_images):
     digests = []
