@@ -109,7 +109,7 @@ def test_build_all_one_failure_keeps_the_others(tmp_path, base_image, docker_cli
         'pip: [["idna==3.7"], ["idna==3.8"]]', 'pip: [["idna==3.7"], ["idna==0.0.1"]]').replace(
         'cuda.version: ["12.1", "12.4"]', 'cuda.version: ["12.4"]'))
     code, out, err = run_cli("build", str(path), "--all", "--progress", "quiet", *ca_args())
-    cleanup_images.extend([f"{unique_name}:1.0-cu124-cu124-idna3_7", f"{unique_name}:1.0-cu124-cu124-idna0_0_1"])
+    cleanup_images.extend(t for image in docker_client.images.list(name=unique_name) for t in image.tags)
     assert code == 1, err
     assert "1 built, 1 failed" in out
     assert "cu124-idna0_0_1: build failed" in out

@@ -70,8 +70,10 @@ entrypoint: ["python", "/app/main.py"]
     labels = docker_client.images.get(app["image_id"]).labels
     assert labels["org.opencontainers.image.base.digest"] == base_digest
     assert labels["team"] == "platform"  # inherited from the base
-    code, out, err = run_cli("build", str(derived), "--all", "--progress", "quiet", *CA_ARGS)  # a matrix of one
+    # a matrix of one
+    code, out, err = run_cli("build", str(derived), "--all", "--json", "--progress", "quiet", *CA_ARGS)
     assert code == 0, err
+    cleanup_images.extend(t for v in json.loads(out)["variants"] for t in v["tags"])
 
     mismatched = write_recipe(tmp_path / "bad", f"""\
 name: {unique_name}-bad
