@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""Write buildkit_py/compat/data/torch_cuda_pins.json: the CUDA wheels each torch release on
-the Python registry installs, at exact versions, for the reproducible CUDA layers (plan/build_plan.py).
+"""Write buildkit_py/compat/data/torch_cuda_pins.json: the CUDA wheels (and Triton) each torch
+release on the Python registry installs, at exact versions, for the reproducible layers below
+torch's own (plan/build_plan.py).
 
     python scripts/torch_cuda_pins.py                # print the file
     python scripts/torch_cuda_pins.py --write        # rewrite it in this checkout
@@ -10,7 +11,7 @@ How: for each torch release of compat/data/torch.json, pip resolves ``torch==X``
 x86_64 and one CPython the release supports (``--dry-run --report``, wheels only, reading the
 index's PEP 658 METADATA, so no big wheel is downloaded), with the machine's pip configuration
 ignored (``PIP_CONFIG_FILE=/dev/null``, ``--isolated``); from the report it keeps the nvidia-*
-and cuda-* distributions (name, version, sha256 and size of the wheel chosen). Versions torch
+and cuda-* distributions and triton (name, version, sha256 and size of the wheel chosen). Versions torch
 pins exactly (cuda-toolkit, cuDNN, NCCL, ...) are the release's; the few it leaves open
 (e.g. nvidia-nvjitlink through cuda-toolkit) are the newest on the read date, which the row
 records.
@@ -43,9 +44,11 @@ PLATFORMS = [f"manylinux_2_{m}_x86_64" for m in range(39, 4, -1)] + [
     "manylinux2014_x86_64", "manylinux2010_x86_64", "manylinux1_x86_64"]
 
 
-def is_cuda_wheel(name: str) -> bool:
+def is_layered_wheel(name: str) -> bool:
+    """The wheels that get layers before torch's own: its CUDA libraries, and Triton (torch's
+    one big non-CUDA dependency, ~170 MB, which torch patch releases keep)."""
     n = canonicalize_name(name)
-    return n.startswith(("nvidia-", "cuda-"))
+    return n.startswith(("nvidia-", "cuda-")) or n in ("triton", "pytorch-triton")
 
 
 def pick_python(spec: str) -> str:
@@ -86,7 +89,7 @@ def row(client: IndexClient, release: dict, today: str, cache: dict) -> dict:
     wheels = []
     for item in items:
         name = item["metadata"]["name"]
-        if not is_cuda_wheel(name):
+        if not is_layered_wheel(name):
             continue
         url = item["download_info"]["url"]
         filename = url.rsplit("/", 1)[-1]
@@ -127,12 +130,12 @@ def main(argv: list[str]) -> int:
     merged.update({r["torch"]: r for r in rows})
     doc = {
         "schema": 1,
-        "source": "the Python registry's torch wheels and their CUDA dependencies, resolved by pip from PEP 658 "
-                  "METADATA (scripts/torch_cuda_pins.py)",
+        "source": "the Python registry's torch wheels and their CUDA dependencies and Triton, resolved by pip "
+                  "from PEP 658 METADATA (scripts/torch_cuda_pins.py)",
         "as_of": today,
         "notes": "Per torch release on PyPI (its default CUDA variant): every nvidia-* / cuda-* wheel pip installs "
-                 "with it on Linux x86_64, at the version resolved on the read date, with the chosen wheel's size "
-                 "and sha256. imgbuild installs these with --no-deps in their own layers before torch.",
+                 "with it on Linux x86_64, and triton, at the version resolved on the read date, with the chosen "
+                 "wheel's size and sha256. imgbuild installs these with --no-deps in their own layers before torch.",
         "releases": [merged[v] for v in sorted(merged, key=Version)],
     }
     text = json.dumps(doc, indent=1) + "\n"

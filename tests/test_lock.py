@@ -88,11 +88,13 @@ def test_each_package_goes_to_the_earliest_step_that_needs_it(recipe):
     plan = plan_of(recipe)
     steps = lock.lock_inputs(plan)["stages"]["final"]["steps"]
     cuda = [s.id for s in plan.final.steps if s.id.startswith("cuda-")]
-    assert [s["id"] for s in steps] == [*cuda, "torch", "heavy-bitsandbytes", "pins"]
+    assert [s["id"] for s in steps] == [*cuda, "torch-triton", "torch", "heavy-bitsandbytes", "pins"]
     got = {p["name"]: p["step"] for p in lock.packages_from_report(REPORT, lock.target_of(plan), steps)}
-    # the CUDA wheels torch pins are in their own layers (plan._torch_stack), the rest of its closure in torch's
+    # the CUDA wheels torch pins are in their own layers (plan._torch_stack), Triton in its own, the
+    # rest of its closure in torch's
     assert got["nvidia-cudnn-cu12"] == "cuda-cudnn" and got["nvidia-cublas-cu12"] == "cuda-cublas"
-    assert got["torch"] == got["triton"] == got["MarkupSafe"] == "torch"
+    assert got["triton"] == "torch-triton"
+    assert got["torch"] == got["MarkupSafe"] == "torch"
     assert got["sympy"] == got["mpmath"] == got["typing_extensions"] == "torch"
     # bitsandbytes needs torch (already there) and numpy (not in torch 2.4.1's closure)
     assert got["bitsandbytes"] == got["numpy"] == "heavy-bitsandbytes"
@@ -117,7 +119,7 @@ def test_resolver_asked_for_the_image_python_and_platform(recipe):
     (call,) = resolver.calls
     assert call["target"].python == "3.11" and call["target"].glibc == 36  # debian12
     assert call["requirements"][-3:] == ["torch==2.4.1", "bitsandbytes==0.43.3", "requests[socks]==2.32.3"]
-    assert all(r.startswith("nvidia-") for r in call["requirements"][:-3])  # the CUDA layers' pins
+    assert all(r.startswith(("nvidia-", "triton==")) for r in call["requirements"][:-3])  # the CUDA and Triton layers
     assert call["indexes"] == [lock.PYPI_SIMPLE]
     args = lock.pip_report_args(call["target"], ["https://download.pytorch.org/whl/cu124", lock.PYPI_SIMPLE],
                                 "req.txt", "report.json")
@@ -362,8 +364,8 @@ def test_locked_plan_installs_hashed_files_from_bind_mounts(recipe, tmp_path):
     use = lock.use_lock(plan_of(recipe))
     text = render_dockerfile(use.plan)
     assert f"FROM debian:bookworm-slim@{DIGEST} AS final" in text
-    layers = sum(1 for s in plan_of(recipe).final.steps if s.id.startswith("cuda-"))
-    assert layers >= 6 and text.count("--no-deps --require-hashes") == 2 * (3 + layers)  # and uv's own install
+    layers = sum(1 for s in plan_of(recipe).final.steps if s.id.startswith(("cuda-", "torch-")))  # + Triton's
+    assert layers >= 7 and text.count("--no-deps --require-hashes") == 2 * (3 + layers)  # and uv's own install
     assert text.count("-r /run/imgbuild-lock/") == 3 + layers
     assert ("--mount=type=bind,source=.imgbuild-lock/final-torch.txt,"
             "target=/run/imgbuild-lock/final-torch.txt") in text
@@ -456,7 +458,7 @@ def test_locked_dockerfile_parses(recipe):
     write(recipe)
     text = render_dockerfile(lock.use_lock(plan_of(recipe)).plan)
     runs = [c for c in dockerfile.parse_string(text) if c.cmd == "RUN"]
-    layers = sum(1 for s in plan_of(recipe).final.steps if s.id.startswith("cuda-"))
+    layers = sum(1 for s in plan_of(recipe).final.steps if s.id.startswith(("cuda-", "torch-")))
     assert sum("--require-hashes" in " ".join(c.value) for c in runs) == 3 + layers
 
 

@@ -27,11 +27,16 @@ def test_torch_from_the_registry_gets_its_cuda_wheels_in_layers_before_it(tmp_pa
     plan = plan_for(tmp_path, "2.14.1")
     ids = [s.id for s in plan.final.steps]
     assert ids == ["os", "python", "mount-stubs", "cuda-libs", "cuda-cublas", "cuda-cufft", "cuda-cusolver",
-                   "cuda-cusparse", "cuda-cudnn", "cuda-cusparselt", "cuda-nccl", "torch", "pins", "ldconfig", "meta"]
+                   "cuda-cusparse", "cuda-cudnn", "cuda-cusparselt", "cuda-nccl", "torch-triton", "torch", "pins",
+                   "ldconfig", "meta"]
     cuda = [s for s in plan.final.steps if s.id.startswith("cuda-")]
     assert all(isinstance(s, PipStep) and s.no_deps and s.reproducible and s.group == "cuda" for s in cuda)
     installed = sorted(r for s in cuda for r in s.requirements)
-    assert installed == sorted(w.pin for w in torch_cuda_pins("2.14.1").wheels)
+    assert installed == sorted(w.pin for w in torch_cuda_pins("2.14.1").cuda_wheels)
+    # Triton, torch's one big other dependency, in a layer of its own below torch's
+    triton = plan.final.steps[ids.index("torch-triton")]
+    assert triton.requirements == ("triton==3.8.0",) and triton.no_deps and triton.reproducible
+    assert triton.group == "torch"
     assert "nvidia-cudnn-cu13==9.24.0.43" in installed and "cuda-toolkit==13.0.3.0" in installed
     torch = plan.final.steps[ids.index("torch")]
     assert torch.requirements == ("torch==2.14.1",) and torch.reproducible and not torch.no_deps
@@ -40,7 +45,9 @@ def test_torch_from_the_registry_gets_its_cuda_wheels_in_layers_before_it(tmp_pa
 
 
 def test_a_torch_patch_release_with_the_same_pins_changes_only_the_torch_step(tmp_path):
+    """The same CUDA pins and the same Triton (3.8.0): only torch's own layer is new."""
     a, b = plan_for(tmp_path / "a", "2.14.0"), plan_for(tmp_path / "b", "2.14.1")
+    assert "torch-triton" in [s.id for s in b.final.steps]
     text = {s.id: render_step(s) for s in a.final.steps}
     changed = [s.id for s in b.final.steps if text.get(s.id) != render_step(s)]
     assert changed == ["torch", "meta"]  # meta: the torch label
@@ -50,7 +57,7 @@ def test_a_release_that_bumps_cudnn_and_nccl_changes_only_those_layers(tmp_path)
     a, b = plan_for(tmp_path / "a", "2.13.0"), plan_for(tmp_path / "b", "2.14.0")
     text = {s.id: render_step(s) for s in a.final.steps}
     changed = [s.id for s in b.final.steps if text.get(s.id) != render_step(s)]
-    assert changed == ["cuda-cudnn", "cuda-nccl", "torch", "meta"]
+    assert changed == ["cuda-cudnn", "cuda-nccl", "torch-triton", "torch", "meta"]  # Triton 3.7.1 -> 3.8.0
 
 
 def test_torch_from_another_index_keeps_one_step(tmp_path):
@@ -91,6 +98,7 @@ def test_the_data_covers_the_current_releases_with_sources():
         row = torch_cuda_pins(v)
         assert row is not None and row.source and row.read
         assert any(w.name.startswith("nvidia-cudnn") for w in row.wheels)
+        assert [w.name for w in row.dependency_wheels] == ["triton"]
     assert torch_cuda_pins("0.1.0") is None
 
 

@@ -1,5 +1,5 @@
-"""The CUDA wheels each torch release of the Python registry installs (data/torch_cuda_pins.json),
-and the rule that splits them into layers.
+"""The CUDA wheels each torch release of the Python registry installs, and Triton, its one big
+other dependency (data/torch_cuda_pins.json), and the rule that splits them into layers.
 
 The file is written by scripts/torch_cuda_pins.py from pip's resolution of ``torch==X`` (PEP 658
 METADATA); each row has its source and read date. Checked when loaded: exact versions, sha256,
@@ -46,14 +46,29 @@ class CudaWheel:
         return _short(self.name)
 
 
+def is_cuda_wheel(name: str) -> bool:
+    """nvidia-* and cuda-* distributions: the CUDA libraries and toolkit parts."""
+    return canonicalize_name(name).startswith(("nvidia-", "cuda-"))
+
+
 @dataclass(frozen=True)
 class TorchCudaPins:
     torch: str
     variant: str
     python: str
-    wheels: tuple[CudaWheel, ...]
+    wheels: tuple[CudaWheel, ...]  # the CUDA wheels and Triton, as pip resolved torch==X
     source: str
     read: str
+
+    @property
+    def cuda_wheels(self) -> tuple[CudaWheel, ...]:
+        return tuple(w for w in self.wheels if is_cuda_wheel(w.name))
+
+    @property
+    def dependency_wheels(self) -> tuple[CudaWheel, ...]:
+        """Triton: ~250 MB that torch patch releases keep (2.14.0 and 2.14.1 both pin 3.8.0),
+        so it gets a layer of its own below torch's instead of riding in it."""
+        return tuple(w for w in self.wheels if not is_cuda_wheel(w.name))
 
 
 @dataclass(frozen=True)
@@ -103,12 +118,17 @@ def cuda_layers(wheels: tuple[CudaWheel, ...], own_layer_bytes: int = OWN_LAYER_
     return split_layers(tuple(w.pin for w in wheels), lambda name: name in big)
 
 
+def dependency_layers(wheels: tuple[CudaWheel, ...]) -> tuple[CudaLayer, ...]:
+    """One layer per non-CUDA wheel of the row (Triton): ``torch-<name>``, installed --no-deps."""
+    return tuple(CudaLayer(f"torch-{w.name}", (w.pin,), own=True) for w in sorted(wheels, key=lambda w: w.name))
+
+
 @functools.lru_cache(maxsize=1)
 def big_libraries(own_layer_bytes: int = OWN_LAYER_BYTES) -> frozenset[str]:
     """Short names (cudnn, cublas, ...) of the CUDA libraries whose wheel measured at least
     ``own_layer_bytes`` in some torch release's row: the rule for CUDA wheels whose sizes were
     not read (``cuda.source: wheels`` without torch), whatever CUDA major names them."""
-    return frozenset(w.short for row in _rows().values() for w in row.wheels if w.size >= own_layer_bytes)
+    return frozenset(w.short for row in _rows().values() for w in row.cuda_wheels if w.size >= own_layer_bytes)
 
 
 def cuda_pin_layers(pins: tuple[str, ...], *, small_id: str = "cuda") -> tuple[CudaLayer, ...]:

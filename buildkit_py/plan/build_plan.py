@@ -13,7 +13,14 @@ from buildkit_py.artifacts.file_kinds import is_weight_file
 from buildkit_py.compat import codes
 from buildkit_py.compat.codes import RecipeWarning
 from buildkit_py.compat.resolve import HEAVY_PACKAGES, Resolution, resolve
-from buildkit_py.compat.torch_pins import CudaLayer, TorchCudaPins, cuda_layers, cuda_pin_layers, torch_cuda_pins
+from buildkit_py.compat.torch_pins import (
+    CudaLayer,
+    TorchCudaPins,
+    cuda_layers,
+    cuda_pin_layers,
+    dependency_layers,
+    torch_cuda_pins,
+)
 from buildkit_py.errors import UsageError
 from buildkit_py.oci.reference import parse_reference
 from buildkit_py.plan import labels as L
@@ -217,14 +224,18 @@ def _torch_step(res: Resolution) -> list[Step]:
 
 def _torch_stack(res: Resolution) -> list[Step]:
     """The final stage's torch: the CUDA wheels its release pins, each big library in a
-    reproducible layer of its own (compat/torch_pins.py), then torch itself. Two images with the
-    same pins share those layers byte for byte; a torch patch release that keeps its pins
-    (2.14.0 -> 2.14.1) re-pulls only the torch layer. A torch from another index, or a release
-    the data has no row for, installs with its CUDA dependencies in the (reproducible) torch step."""
+    reproducible layer of its own (compat/torch_pins.py), then Triton in one of its own, then
+    torch itself. Two images with the same pins share those layers byte for byte; a torch patch
+    release that keeps its pins (2.14.0 -> 2.14.1) re-pulls only the torch layer. A torch from
+    another index, or a release the data has no row for, installs with its CUDA dependencies in
+    the (reproducible) torch step."""
     if not res.torch:
         return []
     pins = _torch_pins(res)
-    steps = _cuda_steps(cuda_layers(pins.wheels), complete=True) if pins else []
+    steps = _cuda_steps(cuda_layers(pins.cuda_wheels), complete=True) if pins else []
+    if pins:
+        steps += [PipStep(layer.id, "torch", requirements=layer.pins, no_deps=True, reproducible=True)
+                  for layer in dependency_layers(pins.dependency_wheels)]
     torch = [dataclasses.replace(s, reproducible=True) if isinstance(s, PipStep) else s for s in _torch_step(res)]
     return steps + torch
 
