@@ -273,7 +273,14 @@ def setup():
     return engine
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("json_out", nargs="?", help="write the figures here as JSON")
+    parser.add_argument("--arm", choices=("both", "ours", "handwritten"), default="both",
+                        help="build one arm only (its diffs are printed; the comparison needs both)")
+    args = parser.parse_args(argv)
     try:
         engine = setup()
     except Exception as exc:  # noqa: BLE001 - whatever is missing, say it and skip (fail in CI)
@@ -286,13 +293,17 @@ def main() -> int:
 
     say(f"imgbuild reuse benchmarks on real torch images, {engine.describe()}, gzip layers, registry {REGISTRY}\n")
     run = uuid.uuid4().hex[:8]
+    names = ("ours", "handwritten") if args.arm == "both" else (args.arm,)
+    results: dict = {}
     with tempfile.TemporaryDirectory(prefix="imgbuild-bench-reuse-") as tmp_name:
-        arms = [Arm("ours", engine, Path(tmp_name), run), Arm("handwritten", engine, Path(tmp_name), run)]
+        arms = [Arm(name, engine, Path(tmp_name), run) for name in names]
         try:
-            ours = run_arm(arms[0], say)
-            hand = run_arm(arms[1], say)
-            say("")
-            results = print_results(ours, hand, say)
+            diffs = {arm.name: run_arm(arm, say) for arm in arms}
+            if len(diffs) == 2:
+                say("")
+                results = print_results(diffs["ours"], diffs["handwritten"], say)
+            else:
+                results = {name: {k: d["totals"] for k, d in out.items()} for name, out in diffs.items()}
         finally:
             for arm in arms:
                 for ref in arm.refs.values():
@@ -303,8 +314,8 @@ def main() -> int:
                         say(f"    could not delete {ref}: {exc}")
                 if arm.name == "handwritten":
                     prune_marked(engine, arm.marker)
-    if len(sys.argv) > 1:
-        Path(sys.argv[1]).write_text(json.dumps(results, indent=2))
+    if args.json_out:
+        Path(args.json_out).write_text(json.dumps(results, indent=2))
     return 0
 
 
