@@ -29,8 +29,8 @@ def transfer_progress(stream: IO[str], *, live: bool | None = None) -> Iterator[
         yield plain_lines(stream)
         return
     # rich only for a terminal: it is the heavy part of this module (lazy, for start-up).
-    import rich.console  # noqa: PLC0415
-    import rich.progress as rp  # noqa: PLC0415
+    import rich.console  # noqa: PLC0415 - see above
+    import rich.progress as rp  # noqa: PLC0415 - see above
 
     view = rp.Progress(rp.TextColumn("{task.description}"), rp.BarColumn(), rp.DownloadColumn(binary_units=True),
                        rp.TransferSpeedColumn(), rp.TimeRemainingColumn(),
@@ -214,7 +214,7 @@ class StepView:
     def __enter__(self) -> StepView:
         if self.mode == "live":
             import rich.console  # noqa: PLC0415 - rich only for a terminal (start-up)
-            import rich.live  # noqa: PLC0415
+            import rich.live  # noqa: PLC0415 - as above
 
             self._live = rich.live.Live(console=rich.console.Console(file=self.stream), refresh_per_second=4,
                                         get_renderable=self.render, transient=False)
@@ -266,8 +266,8 @@ class StepView:
 
     def render(self) -> Any:
         """The rich table of the steps so far (what the live view redraws)."""
-        from rich.table import Table  # noqa: PLC0415
-        from rich.text import Text  # noqa: PLC0415
+        from rich.table import Table  # noqa: PLC0415 - rich only when a live view draws (start-up)
+        from rich.text import Text  # noqa: PLC0415 - as above
 
         now = self.clock()
         steps = self.steps.ordered()

@@ -41,6 +41,7 @@ from packaging.markers import InvalidMarker
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 
+from buildkit_py import oci
 from buildkit_py.errors import (
     ImgbuildError,
     LockDrift,
@@ -309,8 +310,6 @@ def pin_base(ref: str, *, engine: Engine | None = None) -> dict[str, Any]:
     """``{ref, digest}`` from the registry (the manifest or index digest a FROM can name), else
     from the engine's RepoDigests; a base only in the local engine (imported, never pushed)
     has no digest: its image id is recorded and checked, and the lock says it is not pinned."""
-    from buildkit_py import oci  # noqa: PLC0415
-
     try:
         _, digest, _ = oci.fetch_manifest(ref, client=oci.Client(max_retries=1, timeout=(5.0, 30.0)))
         return {"ref": ref, "digest": digest}
