@@ -37,7 +37,9 @@ def _leaf_commands(parser: argparse.ArgumentParser, prefix=()):
 def test_every_command_that_prints_data_takes_json():
     import io
 
-    commands = dict(_leaf_commands(_build_parser(io.StringIO())))
+    from buildkit_py.cli.main import COMMANDS
+
+    commands = dict(_leaf_commands(_build_parser(io.StringIO(), list(COMMANDS))))
     # schema prints the recipe's JSON Schema: already a JSON document of its own (not the contract)
     assert set(commands) - {("schema",)}
     for name, parser in commands.items():

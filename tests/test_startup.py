@@ -54,3 +54,56 @@ def test_oci_package_exports_resolve_to_their_modules():
     assert oci.Client is transport.Client
     with pytest.raises(AttributeError, match="no_such_name"):
         _ = oci.no_such_name
+
+
+@pytest.mark.parametrize("argv", [["--version"], ["--help"]])
+def test_cli_start_imports_no_command_module(argv):
+    """`--help` lists the commands from cli/main.py's COMMANDS; their modules (and what those
+    import: pathlib, json, the shared option groups) load only for the invoked command."""
+    code = (
+        "import sys, runpy\n"
+        f"sys.argv = ['imgbuild', *{argv!r}]\n"
+        "try:\n    runpy.run_module('buildkit_py', run_name='__main__')\n"
+        "except SystemExit:\n    pass\n"
+        "print('\\n'.join(sorted(sys.modules)), file=sys.stderr)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    loaded = {name for name in proc.stderr.split() if name.startswith("buildkit_py.cli.")}
+    assert loaded == {"buildkit_py.cli.main"}
+
+
+def test_command_table_names_every_register_function_once():
+    """COMMANDS is the one list of commands: each register function of a command module is in it
+    exactly once, and registers the command it is listed under (with its handler)."""
+    import inspect as pyinspect
+    import io
+    import pkgutil
+
+    import buildkit_py.cli
+    from buildkit_py.cli.main import COMMANDS, _build_parser
+
+    listed = [where for _, where in COMMANDS.values()]
+    found = []
+    for info in pkgutil.iter_modules(buildkit_py.cli.__path__):
+        module = importlib.import_module(f"buildkit_py.cli.{info.name}")
+        found += [f"{info.name}:{name}" for name, fn in pyinspect.getmembers(module, pyinspect.isfunction)
+                  if name.startswith("register") and fn.__module__ == module.__name__]
+    assert sorted(listed) == sorted(found)
+    for name in COMMANDS:
+        parser = _build_parser(io.StringIO(), [name])
+        sub = next(a for a in parser._actions if a.dest == "command")
+        assert callable(sub.choices[name].get_default("handler")), name
+        others = [n for n, p in sub.choices.items() if n != name and p.get_default("handler")]
+        assert others == [], f"registering {name} also registered {others}"
+
+
+def test_help_lists_every_command_with_its_summary():
+    from helpers import run_cli
+
+    from buildkit_py.cli.main import COMMANDS
+
+    code, out, _ = run_cli("--help")
+    assert code == 0
+    flat = " ".join(out.split())
+    for name, (summary, _) in COMMANDS.items():
+        assert f"{name} {' '.join(summary.split())}" in flat, name

@@ -30,8 +30,7 @@ if TYPE_CHECKING:
 
 
 def register(add: AddCommand) -> None:
-    b = add("build", "build a recipe with BuildKit, optionally push it",
-            "Build a recipe with BuildKit (docker buildx, or DOCKER_BUILDKIT=1 with a 20.10 client).\n"
+    b = add("build", "Build a recipe with BuildKit (docker buildx, or DOCKER_BUILDKIT=1 with a 20.10 client).\n"
             "Prints the image id, tags and size; after --push, each registry reference and its digest.")
     b.add_argument("recipe", type=Path)
     b.add_argument("--tag", action="append", default=[], help="tag instead of NAME:VERSION (repeatable)")

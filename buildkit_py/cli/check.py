@@ -14,8 +14,7 @@ if TYPE_CHECKING:
 
 
 def register(add: AddCommand) -> None:
-    c = add("check", "check a host driver against an image, a recipe or a CUDA version",
-            "Verdicts: native, minor-version, forward-compat, incompatible. Exit 0 when the image\n"
+    c = add("check", "Verdicts: native, minor-version, forward-compat, incompatible. Exit 0 when the image\n"
             "can run (native or minor-version), 1 when not, 2 for bad input.")
     target = c.add_argument_group("target (one of)")
     target.add_argument("target", nargs="?", help="an image (local or in a registry) or a recipe file")

@@ -23,7 +23,8 @@ if TYPE_CHECKING:
 
 JSON_SCHEMA = 1  # the version of the --json contract (README, CLI reference: "The --json contract")
 
-# register(add) in each command module: add(name, help, description=None) -> its subparser
+# register(add) in each command module: add(name, description=None) -> its subparser (the one-line
+# summary is cli/main.py's COMMANDS, so `imgbuild --help` needs no command module)
 AddCommand = Callable[..., argparse.ArgumentParser]
 
 

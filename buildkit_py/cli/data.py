@@ -11,19 +11,18 @@ from buildkit_py.errors import UsageError
 from buildkit_py.sizes import human_size
 
 
-def register(add: AddCommand, epilog: str) -> None:
-    d = add("data", "the compatibility data: its date and what the look-up cache adds; refresh it from the index",
-            "imgbuild's compatibility data (CUDA toolkits and drivers, torch, flash-attn, bitsandbytes,\n"
+def register(add: AddCommand) -> None:
+    d = add("data", "imgbuild's compatibility data (CUDA toolkits and drivers, torch, flash-attn, bitsandbytes,\n"
             "images) ships with it, each row with its source and the date read. `data status` prints the\n"
             "shipped data's date and the releases the plan-time look-up cached since; `data refresh`\n"
             "re-reads what the package index serves (release lists, wheel METADATA) and shows or --write s\n"
             "the changes. The index is the one pip would use: --index-url, PIP_INDEX_URL, --pip-config,\n"
             "pip's config files, else PyPI.")
     dsub = d.add_subparsers(dest="data_command", metavar="ACTION", parser_class=type(d))
-    ds = dsub.add_parser("status", help="the shipped data's date and what the look-up cache adds", epilog=epilog)
+    ds = dsub.add_parser("status", help="the shipped data's date and what the look-up cache adds", epilog=d.epilog)
     json_option(ds)
     dr = dsub.add_parser("refresh", help="compare the data with the package index; --write to update the files",
-                         epilog=epilog)
+                         epilog=d.epilog)
     dr.add_argument("--write", action="store_true", help="write the changed data files (default: only show them)")
     dr.add_argument("--data-dir", type=Path, default=None, help="data files to update (default: the installed ones)")
     json_option(dr)

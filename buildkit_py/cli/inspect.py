@@ -8,8 +8,8 @@ from buildkit_py.cli.common import AddCommand, Out, json_option, rate_options, r
 from buildkit_py.errors import UsageError
 
 
-def register(add: AddCommand) -> None:
-    i = add("inspect", "layers, sizes, pull time and findings (weights, caches, compilers, CUDA twice) of an image")
+def register_inspect(add: AddCommand) -> None:
+    i = add("inspect")
     i.add_argument("image", help="a local image (name:tag or id)")
     rate_options(i)
     i.add_argument("--weight-threshold", default="10MiB", help="flag weight-like files above this size (default 10MiB)")
@@ -17,8 +17,9 @@ def register(add: AddCommand) -> None:
     json_option(i)
     i.set_defaults(handler=cmd_inspect)
 
-    df = add("diff", "what a node holding IMAGE_A must download for IMAGE_B: per layer step, bytes, shared or new",
-             "Reads both images from their registry (manifest and config; B's layer blobs are streamed\n"
+
+def register_diff(add: AddCommand) -> None:
+    df = add("diff", "Reads both images from their registry (manifest and config; B's layer blobs are streamed\n"
              "once to count unpacked bytes) or from the local engine store. A layer is shared when A\n"
              "has the same blob (the same diff id when one side is the local store).\n\n"
              "  imgbuild diff 127.0.0.1:5000/team/app:1 127.0.0.1:5000/team/app:2")

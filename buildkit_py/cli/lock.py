@@ -10,8 +10,7 @@ from buildkit_py.errors import UsageError
 
 
 def register(add: AddCommand) -> None:
-    lk = add("lock", "pin every base image by digest and every pip package (transitive ones too) by hash",
-             "Resolve the recipe for the image's Python and platform and write RECIPE.lock beside it:\n"
+    lk = add("lock", "Resolve the recipe for the image's Python and platform and write RECIPE.lock beside it:\n"
              "bases by digest, every wheel with its version and sha256, assigned to the pip step that\n"
              "installs it. `imgbuild build` then installs exactly that (pip --require-hashes).")
     lk.add_argument("recipe", type=Path)

@@ -1,28 +1,60 @@
 """Command line: the parser assembled from one module per command group, and the one place
 where typed errors become messages, JSON error documents and exit codes.
 
-Each command module (``cli/build.py``, ``cli/inspect.py``...) has ``register(add)``, which adds
-its subcommands with their handler; the shared option groups live in ``cli/common.py``. Command
-modules import the library lazily, inside their handlers, so ``--help`` stays cheap."""
+Each command module (``cli/build.py``, ``cli/inspect.py``...) has a ``register(add)`` per
+command, which adds its arguments and handler; the shared option groups live in
+``cli/common.py``. Only the invoked command's module is imported (``COMMANDS`` holds every
+command's one-line summary for ``imgbuild --help``), and command modules import the library
+inside their handlers: ``--version`` and ``--help`` import neither."""
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import sys
 from collections.abc import Sequence
 from typing import IO, TYPE_CHECKING, Any, NoReturn
 
 from buildkit_py import __version__
-from buildkit_py.cli import build, check, data, inspect, lock, matrix, recipe, registry, run, weights
-from buildkit_py.cli.common import Out, wants_json
 from buildkit_py.errors import ExitStatus, ImgbuildError, UsageError
 
 if TYPE_CHECKING:
     from _typeshed import SupportsWrite
 
+    from buildkit_py.cli.common import Out
+
 EPILOG = """exit codes: 0 ok; 1 build, push or check failed; 2 bad recipe or usage;
 3 environment (no engine, no BuildKit-capable client, registry unreachable or refusing credentials)"""
+
+# name -> (one-line summary, "module:register function" in buildkit_py.cli), in `--help` order.
+COMMANDS: dict[str, tuple[str, str]] = {
+    "render": ("print the Dockerfile a recipe renders to (byte-identical for the same recipe)",
+               "recipe:register_render"),
+    "plan": ("show the resolved plan: CUDA, driver contract, stages, labels, tags, warnings", "recipe:register_plan"),
+    "build": ("build a recipe with BuildKit, optionally push it", "build:register"),
+    "lock": ("pin every base image by digest and every pip package (transitive ones too) by hash", "lock:register"),
+    "check": ("check a host driver against an image, a recipe or a CUDA version", "check:register"),
+    "lint": ("recipe findings (unpinned apt, weights in copy, devel unused, CUDA twice) plus hadolint",
+             "recipe:register_lint"),
+    "login": ("store registry credentials (password from stdin, never argv)", "registry:register_login"),
+    "weights": ("model weights as OCI artifacts (CNCF ModelPack), kept out of images", "weights:register"),
+    "inspect": ("layers, sizes, pull time and findings (weights, caches, compilers, CUDA twice) of an image",
+                "inspect:register_inspect"),
+    "diff": ("what a node holding IMAGE_A must download for IMAGE_B: per layer step, bytes, shared or new",
+             "inspect:register_diff"),
+    "run": ("pull an image's weights onto host volumes, then run it with GPUs and the weights read-only "
+            "(imgbuild run TARGET [options] -- COMMAND)", "run:register_run"),
+    "compose": ("write a compose.yaml: GPU reservation, weights volumes, the recipe's extra services",
+                "run:register_compose"),
+    "matrix": ("expand a recipe's matrix: variants kept and dropped (with reasons), a CI matrix or a bake file",
+               "matrix:register"),
+    "mirror": ("copy an image (e.g. an nvidia/cuda tag) into a private registry and print its digest",
+               "registry:register_mirror"),
+    "data": ("the compatibility data: its date and what the look-up cache adds; refresh it from the index",
+             "data:register"),
+    "schema": ("print the recipe's JSON Schema, for editors that complete and check YAML", "recipe:register_schema"),
+}
 
 
 class _Parser(argparse.ArgumentParser):
@@ -56,7 +88,9 @@ class _Exit(Exception):
         self.status = status
 
 
-def _build_parser(stdout: IO[str]) -> _Parser:
+def _build_parser(stdout: IO[str], commands: Sequence[str] = ()) -> _Parser:
+    """The parser, with the arguments of ``commands`` (the invoked one; a test asks for all);
+    every other command is listed by its summary only."""
     _Parser.stdout = stdout
     fmt = argparse.RawDescriptionHelpFormatter
     p = _Parser(prog="imgbuild", description="Build slim, labelled CUDA container images from YAML recipes.",
@@ -64,34 +98,33 @@ def _build_parser(stdout: IO[str]) -> _Parser:
     p.add_argument("--version", action="version", version=f"imgbuild {__version__}")
     sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
 
-    def add(name: str, help_text: str, description: str | None = None) -> argparse.ArgumentParser:
-        parser: argparse.ArgumentParser = sub.add_parser(name, help=help_text, description=description or help_text,
+    def add(name: str, description: str | None = None) -> argparse.ArgumentParser:
+        parser: argparse.ArgumentParser = sub.add_parser(name, help=COMMANDS[name][0],
+                                                         description=description or COMMANDS[name][0],
                                                          epilog=EPILOG, formatter_class=fmt)
         return parser
 
-    # The order of `imgbuild --help`.
-    recipe.register_render(add)
-    recipe.register_plan(add)
-    build.register(add)
-    lock.register(add)
-    check.register(add)
-    recipe.register_lint(add)
-    registry.register_login(add)
-    weights.register(add, EPILOG)
-    inspect.register(add)
-    run.register(add)
-    matrix.register(add)
-    registry.register_mirror(add)
-    data.register(add, EPILOG)
-    recipe.register_schema(add)
+    for name, (_, where) in COMMANDS.items():
+        if name not in commands:
+            add(name)
+            continue
+        module, function = where.split(":")
+        register = getattr(importlib.import_module(f"buildkit_py.cli.{module}"), function)
+        register(add)
     return p
+
+
+def _invoked_command(argv: Sequence[str]) -> list[str]:
+    """The command named on the command line: the first word that is not an option (the
+    top-level parser has no option that takes a value)."""
+    first = next((a for a in argv if not a.startswith("-")), None)
+    return [first] if first in COMMANDS else []
 
 
 def main(argv: Sequence[str] | None = None, stdout: IO[str] | None = None, stderr: IO[str] | None = None,
          stdin: IO[str] | None = None) -> int:
     stdout = stdout or sys.stdout
     stderr = stderr or sys.stderr
-    out = Out(stdout, stderr, stdin or sys.stdin)
     argv = list(sys.argv[1:] if argv is None else argv)
     # Everything after "--" is the container's command line (imgbuild run ... -- CMD).
     after_dashes: list[str] = []
@@ -100,41 +133,48 @@ def main(argv: Sequence[str] | None = None, stdout: IO[str] | None = None, stder
         argv = argv[:argv.index("--")]
     args: argparse.Namespace | None = None
     try:
-        parser = _build_parser(stdout)
+        parser = _build_parser(stdout, _invoked_command(argv))
         args = parser.parse_args(argv)
         args.container_command = after_dashes
         if not args.command:
             parser.print_help()
             return ExitStatus.BAD_INPUT
-        return int(args.handler(args, out))
+        return int(args.handler(args, _out(stdout, stderr, stdin)))
     except _Exit as exc:
         return exc.status
     except ImgbuildError as exc:
         stderr.write(f"imgbuild: error: {exc.render()}\n")
         code = int(exc.exit_status)
-        if _json_requested(args, argv):
-            out.data({**exc.to_json(), "hint": exc.hint, "exit_code": code})
+        document = {**exc.to_json(), "hint": exc.hint, "exit_code": code}
     except KeyboardInterrupt:
         stderr.write("imgbuild: interrupted\n")
         code = 130
-        if _json_requested(args, argv):
-            out.data({"error": "Interrupted", "message": "interrupted", "hint": None, "exit_code": code})
+        document = {"error": "Interrupted", "message": "interrupted", "hint": None, "exit_code": code}
     except Exception as exc:  # a bug: say so briefly; the traceback only on request
         if os.environ.get("IMGBUILD_DEBUG"):
             raise
         hint = "set IMGBUILD_DEBUG=1 to see the traceback, and please report it"
         stderr.write(f"imgbuild: internal error: {exc.__class__.__name__}: {exc}\n  {hint}\n")
         code = int(ExitStatus.FAILED)
-        if _json_requested(args, argv):
-            out.data({"error": "InternalError", "message": f"{exc.__class__.__name__}: {exc}", "hint": hint,
-                      "exit_code": code})
+        document = {"error": "InternalError", "message": f"{exc.__class__.__name__}: {exc}", "hint": hint,
+                    "exit_code": code}
+    if _json_requested(args, argv):
+        _out(stdout, stderr, stdin).data(document)
     return code
+
+
+def _out(stdout: IO[str], stderr: IO[str], stdin: IO[str] | None) -> Out:
+    from buildkit_py.cli.common import Out  # with a command only: --help and --version skip it
+
+    return Out(stdout, stderr, stdin or sys.stdin)
 
 
 def _json_requested(args: argparse.Namespace | None, argv: list[str]) -> bool:
     """Errors come out as JSON whenever JSON was asked for: decided by the parsed arguments;
     only when the command line did not parse, by its tokens (--json, --format json)."""
     if args is not None:
+        from buildkit_py.cli.common import wants_json  # as in _out
+
         return wants_json(args)
     return "--json" in argv or "--format=json" in argv or any(
         a == "--format" and b == "json" for a, b in zip(argv, argv[1:], strict=False))

@@ -16,8 +16,7 @@ if TYPE_CHECKING:
 
 
 def register(add: AddCommand) -> None:
-    mx = add("matrix", "expand a recipe's matrix: variants kept and dropped (with reasons), a CI matrix or a bake file",
-             "Expand the recipe's matrix: into the variants kept and those dropped by the compatibility\n"
+    mx = add("matrix", "Expand the recipe's matrix: into the variants kept and those dropped by the compatibility\n"
              "check, each with its reason; or into a GitHub Actions strategy.matrix (at most 256 jobs), a\n"
              "GitLab parallel:matrix (at most 200) or, with -o DIR, a bake folder: docker-bake.json (one\n"
              "target per variant, per-target registry cache, shared base stages as targets of their own),\n"

