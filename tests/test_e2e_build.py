@@ -102,12 +102,13 @@ def test_push_with_auth_and_read_manifest_back(project, registry, docker_config,
     assert json.loads(out)["verdict"] == "minor-version"
 
 
-def test_push_with_bad_credentials_exit_3(project, registry, docker_config, cleanup_images, monkeypatch):
+def test_push_with_bad_credentials_exit_3(project, registry, docker_config, cleanup_images, monkeypatch,
+                                         unique_name):
     monkeypatch.setenv("IMGBUILD_REGISTRY_USER", registry.user)
     monkeypatch.setenv("IMGBUILD_REGISTRY_PASSWORD", "wrong-" + registry.password)
     code, out, err = run_cli("build", str(project), "--registry", registry.address, "--push", "--progress", "quiet",
                              *CA_ARGS)
-    cleanup_images.append(f"{registry.address}/{project.parent.name}")
+    cleanup_images.append(f"{registry.address}/{unique_name}:1.0")  # built and tagged; only the push failed
     assert code == 3, err
     assert "refused the credentials" in err and "imgbuild login" in err
     assert "wrong-" not in err and registry.password not in err
