@@ -37,6 +37,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run from a checkout
 
 from buildkit_py.compat.index import PYPI, IndexClient  # noqa: E402
+from buildkit_py.compat.torch_pins import is_cuda_wheel  # noqa: E402
 
 DATA = ROOT / "buildkit_py" / "compat" / "data"
 OUT = DATA / "torch_cuda_pins.json"
@@ -46,9 +47,8 @@ PLATFORMS = [f"manylinux_2_{m}_x86_64" for m in range(39, 4, -1)] + [
 
 def is_layered_wheel(name: str) -> bool:
     """The wheels that get layers before torch's own: its CUDA libraries, and Triton (torch's
-    one big non-CUDA dependency, ~170 MB, which torch patch releases keep)."""
-    n = canonicalize_name(name)
-    return n.startswith(("nvidia-", "cuda-")) or n in ("triton", "pytorch-triton")
+    one big non-CUDA dependency, 200-290 MB, which torch patch releases keep)."""
+    return is_cuda_wheel(name) or canonicalize_name(name) in ("triton", "pytorch-triton")
 
 
 def pick_python(spec: str) -> str:

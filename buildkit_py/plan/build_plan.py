@@ -232,8 +232,9 @@ def _torch_stack(res: Resolution) -> list[Step]:
     if not res.torch:
         return []
     pins = _torch_pins(res)
-    steps = _cuda_steps(cuda_layers(pins.cuda_wheels), complete=True) if pins else []
+    steps: list[Step] = []
     if pins:
+        steps = _cuda_steps(cuda_layers(pins.cuda_wheels), complete=True)
         steps += [PipStep(layer.id, "torch", requirements=layer.pins, no_deps=True, reproducible=True)
                   for layer in dependency_layers(pins.dependency_wheels)]
     torch = [dataclasses.replace(s, reproducible=True) if isinstance(s, PipStep) else s for s in _torch_step(res)]

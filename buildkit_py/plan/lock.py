@@ -613,7 +613,7 @@ class LocalBaseDrift:
 def local_base_drift(entry: dict, engine: Engine | None = None) -> list[LocalBaseDrift]:
     """The entry's bases locked by local image id whose image is no longer that one."""
     out = []
-    for b in (b for _stage, b in sorted((entry.get("bases") or {}).items())):
+    for _stage, b in sorted((entry.get("bases") or {}).items()):
         if b.get("digest") or not b.get("image_id"):
             continue
         now = (_local_image(engine, b["ref"]) or {}).get("Id")
