@@ -21,8 +21,11 @@ _LAYER_DONE = {"Pushed": "pushed", "Layer already exists": "exists", "Mounted fr
 
 _AUTH_MARKERS = ("unauthorized", "authentication required", "no basic auth credentials", "denied",
                  "incorrect username or password")
+# "use of closed network connection": Go's word for a connection the registry dropped while the
+# engine was writing to it (a registry restarted mid-upload), like a reset or a broken pipe.
 _TRANSIENT_MARKERS = ("connection refused", "connection reset", "i/o timeout", "timeout", "eof",
-                      "503", "502", "504", "429", "too many requests", "broken pipe", "tls handshake")
+                      "503", "502", "504", "429", "too many requests", "broken pipe", "tls handshake",
+                      "use of closed network connection")
 _UNREACHABLE_MARKERS = ("connection refused", "no such host", "dial tcp")
 # Engines on the containerd store report the manifest only in a status line, no aux record:
 # "0.1: digest: sha256:... size: 856".
