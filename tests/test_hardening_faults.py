@@ -71,7 +71,9 @@ class OwnRegistry:
         deadline = time.monotonic() + 15
         while time.monotonic() < deadline:
             try:
-                if requests.get(f"http://{self.address}/v2/", timeout=1).status_code == 401:
+                # ours, not another process on the port (ours exits when it cannot bind)
+                answered = requests.get(f"http://{self.address}/v2/", timeout=1).status_code
+                if answered == 401 and self.proc.poll() is None:
                     return
             except requests.RequestException:
                 pass
@@ -185,15 +187,23 @@ def test_registry_killed_mid_push_recovers_and_rerun_uploads_nothing(docker_clie
     ref = tagged(reg, "killed")
     lines: list[str] = []
     killed = threading.Event()
+    restart = threading.Timer(2.0, reg.start)
 
     def on_progress(line: str) -> None:
         lines.append(line)
         if "Pushing" in line and not killed.is_set():
             killed.set()
             reg.kill()  # mid-upload: the registry dies under the engine
-            threading.Timer(2.0, reg.start).start()
+            restart.start()
 
-    result = push_image(docker_client, ref, on_progress=on_progress, backoff_s=1.0)
+    try:
+        result = push_image(docker_client, ref, on_progress=on_progress, backoff_s=1.0)
+    finally:
+        # The restarted registry must be the fixture's to stop: a push that fails within the 2 s
+        # once left it running after the test, holding its port, and the next run's registry on
+        # that port lost the bind while requests reached the orphan (a 401: other credentials).
+        if restart.is_alive():
+            restart.join()
     assert killed.is_set()
     assert result.digest.startswith("sha256:")
     assert reg.assert_tag_is_whole("fault/killed", "1")
