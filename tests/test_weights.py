@@ -9,6 +9,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -17,7 +18,7 @@ from conftest import unavailable
 from buildkit_py import oci
 from buildkit_py.artifacts import weights
 from buildkit_py.errors import DigestMismatch, ManifestNotFound, UnsafePath, WeightsError
-from buildkit_py.oci import auth
+from buildkit_py.oci import auth, download
 
 REGISTRY_BLOBS = Path(os.environ.get("IMGBUILD_STATE_DIR", "/var/lib/imgbuild-services")) / \
     "registry/data/docker/registry/v2/blobs/sha256"
@@ -205,6 +206,72 @@ def test_interrupted_pull_resumes_from_partial(client, ref, tmp_path):
     result = weights.pull(ref, dest, client=client)
     assert result.downloaded_bytes == 2_000_000 + 4_000_000
     assert tree(dest) == files
+
+
+def _interrupt_at(name: str, at: int):
+    """A progress callback that stops a pull once ``name`` has ``at`` bytes, as Ctrl-C
+    would; it first gives the hashing thread time to catch up with what is on disk."""
+    def progress(event, label, done, _total):
+        if event == "download" and label == name and done >= at:
+            time.sleep(0.3)
+            raise KeyboardInterrupt
+    return progress
+
+
+def _count_hashed(monkeypatch) -> list[int]:
+    """Bytes each ResumableSha256.update call takes in, in call order (the real hash runs)."""
+    seen: list[int] = []
+    real = download.ResumableSha256.update
+
+    def update(self, data):
+        seen.append(memoryview(data).nbytes)
+        real(self, data)
+    monkeypatch.setattr(download.ResumableSha256, "update", update)
+    return seen
+
+
+def test_interrupted_pull_keeps_its_hash_so_resume_hashes_only_the_rest(client, ref, tmp_path, monkeypatch):
+    if download.ResumableSha256().saved() is None:
+        unavailable("libcrypto's SHA256_* calls are not loadable here: a resume re-hashes")
+    src, dest = tmp_path / "src", tmp_path / "dest"
+    files = make_model(src, big=4_000_000)
+    weights.push(src, ref, client=client)
+    name = "model-00001-of-00002.safetensors"
+    partial = dest / (name + weights.PARTIAL_SUFFIX)
+    with pytest.raises(KeyboardInterrupt):
+        weights.pull(ref, dest, progress=_interrupt_at(name, 2_000_000), client=client, jobs=1, streams=1)
+    have = partial.stat().st_size
+    record = json.loads(os.getxattr(partial, download.HASH_STATE_XATTR))
+    assert 2_000_000 <= have < 4_000_000 and record["hashed"] == have and record["digest"].startswith("sha256:")
+
+    missing = sum(len(data) for rel, data in files.items() if rel != name and not (dest / rel).exists())
+
+    hashed = _count_hashed(monkeypatch)
+    result = weights.pull(ref, dest, client=client, jobs=1)
+    assert tree(dest) == files
+    assert result.downloaded_bytes == 4_000_000 - have + missing
+    # The interrupted file's first ``have`` bytes were not read again: only what came over the network was hashed.
+    assert sum(hashed) == 4_000_000 - have + missing
+    assert download.HASH_STATE_XATTR not in os.listxattr(dest / name)
+
+
+def test_a_partial_changed_after_the_interruption_is_hashed_again(client, ref, tmp_path, monkeypatch):
+    src, dest = tmp_path / "src", tmp_path / "dest"
+    files = make_model(src, big=4_000_000)
+    weights.push(src, ref, client=client)
+    name = "model-00001-of-00002.safetensors"
+    partial = dest / (name + weights.PARTIAL_SUFFIX)
+    with pytest.raises(KeyboardInterrupt):
+        weights.pull(ref, dest, progress=_interrupt_at(name, 2_000_000), client=client, jobs=1, streams=1)
+    have = partial.stat().st_size
+    data = bytearray(partial.read_bytes())
+    data[100] ^= 0xFF  # damaged after the interruption: the saved hash no longer describes it
+    partial.write_bytes(bytes(data))
+    hashed = _count_hashed(monkeypatch)
+    result = weights.pull(ref, dest, client=client, jobs=1)
+    assert tree(dest) == files  # the damage was found and the file fetched again from zero
+    assert result.downloaded_bytes >= 4_000_000 + (4_000_000 - have)
+    assert sum(hashed) >= have + 4_000_000  # the damaged partial was read, then the fresh copy
 
 
 def test_corrupt_blob_on_registry_disk_is_caught(client, ref, tmp_path):
