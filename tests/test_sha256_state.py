@@ -9,7 +9,7 @@ import os
 import pytest
 from conftest import unavailable
 
-from buildkit_py.oci import sha256_state
+from buildkit_py.oci import download, sha256_state
 from buildkit_py.oci.sha256_state import CTX_SIZE, ResumableSha256
 
 DATA = os.urandom(300_000)
@@ -72,3 +72,30 @@ def test_a_library_that_hashes_wrongly_fails_the_self_check():
             return 1
 
     assert sha256_state._self_check(Wrong()) is False
+
+
+def test_hash_state_on_a_file_round_trips_only_while_the_file_is_unchanged(libcrypto, tmp_path):
+    path = tmp_path / "blob.partial"
+    path.write_bytes(DATA[:5000])
+    digest = "sha256:" + hashlib.sha256(DATA).hexdigest()
+    hashing = download._Hashing(ResumableSha256())
+    hashing.hasher.update(DATA[:4096])
+    hashing.hashed = 4096
+    with open(path, "r+b") as fh:
+        hashing.settled = False  # a hashing thread may still be running: nothing is saved
+        download._save_hash_state(fh.fileno(), digest, hashing)
+        assert download.HASH_STATE_XATTR not in os.listxattr(fh.fileno())
+        hashing.settled = True
+        download._save_hash_state(fh.fileno(), digest, hashing)
+        other = download._load_hash_state(fh.fileno(), "sha256:" + "0" * 64, 5000)  # another blob's
+        assert other.hashed == 0
+        download._save_hash_state(fh.fileno(), digest, hashing)
+        loaded = download._load_hash_state(fh.fileno(), digest, 5000)
+        assert loaded.hashed == 4096 and download.HASH_STATE_XATTR not in os.listxattr(fh.fileno())
+        loaded.hasher.update(DATA[4096:])
+        assert "sha256:" + loaded.hasher.hexdigest() == digest
+        download._save_hash_state(fh.fileno(), digest, hashing)
+    with open(path, "ab") as fh:
+        fh.write(b"more")  # the file changed after the state was saved
+    with open(path, "r+b") as fh:
+        assert download._load_hash_state(fh.fileno(), digest, 5004).hashed == 0

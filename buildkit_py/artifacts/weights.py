@@ -325,7 +325,8 @@ def pull(ref: str | oci.Reference, directory: str | os.PathLike, progress: oci.P
     writing through symlinks). A file already there with the right sha256 is skipped.
     Each download goes to ``<name>.partial`` next to its final path, is hashed while it
     streams, and is renamed into place only when the digest matches. An existing
-    ``.partial`` is resumed with a Range request. A corrupt blob raises DigestMismatch;
+    ``.partial`` is resumed with a Range request (hashing only the new bytes when the
+    interrupted pull saved its hash state on the partial). A corrupt blob raises DigestMismatch;
     its partial is deleted and nothing appears at the final path. Up to ``jobs`` files at
     once, each in ``streams`` ranges (oci.get_blob); ``progress`` may be called from
     several threads.

@@ -146,9 +146,17 @@ class _Hashing:
 
     def __init__(self, hasher: ResumableSha256, hashed: int = 0):
         self.hasher, self.hashed = hasher, hashed
+        self.settled = True  # False while a hashing thread may still change it
 
 
 def _hash_file(fd: int, size: int, frontier: _Frontier, hashing: _Hashing) -> None:
+    try:
+        _hash_prefix(fd, size, frontier, hashing)
+    finally:
+        hashing.settled = True
+
+
+def _hash_prefix(fd: int, size: int, frontier: _Frontier, hashing: _Hashing) -> None:
     buf = bytearray(HASH_BUFFER)
     view = memoryview(buf)
     pos = hashing.hashed
@@ -188,7 +196,7 @@ def _save_hash_state(fd: int, digest: str, hashing: _Hashing) -> None:
     """Keep the running hash on the file for the next call; best effort (a filesystem
     without user xattrs only costs that call a re-hash)."""
     state = hashing.hasher.saved()
-    if state is None or not hashing.hashed:
+    if state is None or not hashing.hashed or not hashing.settled:  # a second Ctrl-C cut the join short
         return
     st = os.fstat(fd)
     record = {"digest": digest, "hashed": hashing.hashed, "size": st.st_size, "mtime_ns": st.st_mtime_ns,
@@ -206,9 +214,10 @@ def get_blob(ref: Reference, digest: str, dest_file, *, size: int | None = None,
     descriptor, not through its buffer), verifying its sha256; returns the bytes received
     over the network.
 
-    The bytes already in the file (a ``.partial`` an earlier call left) are kept: hashed,
-    not fetched. Raises DigestMismatch when the bytes do not match (with ``received_bytes``);
-    what was written stays in the file for the caller to discard.
+    The bytes already in the file (a ``.partial`` an earlier call left) are kept, not
+    fetched; they are hashed again unless that call saved its hash state on the file.
+    Raises DigestMismatch when the bytes do not match (with ``received_bytes``); what was
+    written stays in the file for the caller to discard.
     """
     client = client or Client()
     if size is None:
@@ -294,6 +303,7 @@ def _transfer(job_of: Callable[[_Frontier, list, Callable], _Job], offset: int, 
 
     hash_thread = threading.Thread(target=_hash_file, args=(fd, size, frontier, hashing),
                                    name="blob-hash", daemon=True)
+    hashing.settled = False
     hash_thread.start()
     workers = [threading.Thread(target=run_part, args=(i,), name=f"blob-part-{i}", daemon=True)
                for i in range(1, len(bounds))]
