@@ -230,21 +230,29 @@ def _count_hashed(monkeypatch) -> list[int]:
     return seen
 
 
-def test_interrupted_pull_keeps_its_hash_so_resume_hashes_only_the_rest(client, ref, tmp_path, monkeypatch):
-    if download.ResumableSha256().saved() is None:
-        unavailable("libcrypto's SHA256_* calls are not loadable here: a resume re-hashes")
+BIG = "model-00001-of-00002.safetensors"
+
+
+def _pull_stopped_half_way(client, ref, tmp_path) -> tuple[dict[str, bytes], Path, int, int]:
+    """Push a model, pull it with Ctrl-C once the big file has 2 of its 4 MB: ``(files,
+    dest, bytes in the big file's partial, bytes of the other files not yet pulled)``."""
     src, dest = tmp_path / "src", tmp_path / "dest"
     files = make_model(src, big=4_000_000)
     weights.push(src, ref, client=client)
-    name = "model-00001-of-00002.safetensors"
-    partial = dest / (name + weights.PARTIAL_SUFFIX)
     with pytest.raises(KeyboardInterrupt):
-        weights.pull(ref, dest, progress=_interrupt_at(name, 2_000_000), client=client, jobs=1, streams=1)
-    have = partial.stat().st_size
-    record = json.loads(os.getxattr(partial, download.HASH_STATE_XATTR))
-    assert 2_000_000 <= have < 4_000_000 and record["hashed"] == have and record["digest"].startswith("sha256:")
+        weights.pull(ref, dest, progress=_interrupt_at(BIG, 2_000_000), client=client, jobs=1, streams=1)
+    have = (dest / (BIG + weights.PARTIAL_SUFFIX)).stat().st_size
+    assert 2_000_000 <= have < 4_000_000
+    missing = sum(len(data) for rel, data in files.items() if rel != BIG and not (dest / rel).exists())
+    return files, dest, have, missing
 
-    missing = sum(len(data) for rel, data in files.items() if rel != name and not (dest / rel).exists())
+
+def test_interrupted_pull_keeps_its_hash_so_resume_hashes_only_the_rest(client, ref, tmp_path, monkeypatch):
+    if download.ResumableSha256().saved() is None:
+        unavailable("libcrypto's SHA256_* calls are not loadable here: a resume re-hashes")
+    files, dest, have, missing = _pull_stopped_half_way(client, ref, tmp_path)
+    record = json.loads(os.getxattr(dest / (BIG + weights.PARTIAL_SUFFIX), download.HASH_STATE_XATTR))
+    assert record["hashed"] == have and record["digest"].startswith("sha256:")
 
     hashed = _count_hashed(monkeypatch)
     result = weights.pull(ref, dest, client=client, jobs=1)
@@ -252,26 +260,20 @@ def test_interrupted_pull_keeps_its_hash_so_resume_hashes_only_the_rest(client, 
     assert result.downloaded_bytes == 4_000_000 - have + missing
     # The interrupted file's first ``have`` bytes were not read again: only what came over the network was hashed.
     assert sum(hashed) == 4_000_000 - have + missing
-    assert download.HASH_STATE_XATTR not in os.listxattr(dest / name)
+    assert download.HASH_STATE_XATTR not in os.listxattr(dest / BIG)
 
 
 def test_a_partial_changed_after_the_interruption_is_hashed_again(client, ref, tmp_path, monkeypatch):
-    src, dest = tmp_path / "src", tmp_path / "dest"
-    files = make_model(src, big=4_000_000)
-    weights.push(src, ref, client=client)
-    name = "model-00001-of-00002.safetensors"
-    partial = dest / (name + weights.PARTIAL_SUFFIX)
-    with pytest.raises(KeyboardInterrupt):
-        weights.pull(ref, dest, progress=_interrupt_at(name, 2_000_000), client=client, jobs=1, streams=1)
-    have = partial.stat().st_size
+    files, dest, have, missing = _pull_stopped_half_way(client, ref, tmp_path)
+    partial = dest / (BIG + weights.PARTIAL_SUFFIX)
     data = bytearray(partial.read_bytes())
     data[100] ^= 0xFF  # damaged after the interruption: the saved hash no longer describes it
     partial.write_bytes(bytes(data))
     hashed = _count_hashed(monkeypatch)
     result = weights.pull(ref, dest, client=client, jobs=1)
     assert tree(dest) == files  # the damage was found and the file fetched again from zero
-    assert result.downloaded_bytes >= 4_000_000 + (4_000_000 - have)
-    assert sum(hashed) >= have + 4_000_000  # the damaged partial was read, then the fresh copy
+    assert result.downloaded_bytes == (4_000_000 - have) + 4_000_000 + missing
+    assert sum(hashed) == have + (4_000_000 - have) + 4_000_000 + missing  # the damaged partial was read whole
 
 
 def test_corrupt_blob_on_registry_disk_is_caught(client, ref, tmp_path):
