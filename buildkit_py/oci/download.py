@@ -198,6 +198,12 @@ def _save_hash_state(fd: int, digest: str, hashing: _Hashing) -> None:
     state = hashing.hasher.saved()
     if state is None or not hashing.hashed or not hashing.settled:  # a second Ctrl-C cut the join short
         return
+    try:
+        # The bytes must be on disk before a record that vouches for them: after a crash the
+        # record could outlive unwritten pages, and the resume would trust bytes never written.
+        os.fsync(fd)
+    except OSError:
+        return
     st = os.fstat(fd)
     record = {"digest": digest, "hashed": hashing.hashed, "size": st.st_size, "mtime_ns": st.st_mtime_ns,
               "state": base64.b64encode(state).decode()}
