@@ -7,8 +7,10 @@ import contextlib
 import hashlib
 import json
 import os
+import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -274,6 +276,63 @@ def test_a_partial_changed_after_the_interruption_is_hashed_again(client, ref, t
     assert tree(dest) == files  # the damage was found and the file fetched again from zero
     assert result.downloaded_bytes == (4_000_000 - have) + 4_000_000 + missing
     assert sum(hashed) == have + (4_000_000 - have) + 4_000_000 + missing  # the damaged partial was read whole
+
+
+def _ctrl_c_once(at_event: str, at: int):
+    """A progress callback that, from whichever thread reports, sends SIGINT to the main
+    thread once a file has ``at`` bytes: Ctrl-C while files move in parallel."""
+    sent = threading.Event()
+
+    def progress(event, _label, done, _total):
+        if event == at_event and done >= at and not sent.is_set():
+            sent.set()
+            signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
+    return progress
+
+
+def _shards(root: Path, count: int = 3, size: int = 24 << 20) -> dict[str, bytes]:
+    files = {f"shard-{i}.safetensors": os.urandom(size) for i in range(count)}
+    root.mkdir(parents=True)
+    for rel, data in files.items():
+        (root / rel).write_bytes(data)
+    return files
+
+
+@pytest.fixture
+def ctrl_c():
+    """Python's own SIGINT handler (KeyboardInterrupt in the main thread) for the test."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
+def test_ctrl_c_stops_a_parallel_pull_at_once_and_the_next_pull_resumes(client, ref, tmp_path, ctrl_c):
+    src, dest = tmp_path / "src", tmp_path / "dest"
+    files = _shards(src)
+    weights.push(src, ref, client=client)
+    with pytest.raises(KeyboardInterrupt):
+        weights.pull(ref, dest, progress=_ctrl_c_once("download", 4 << 20), client=client, jobs=2, streams=1)
+    present = {p.name: p.stat().st_size for p in dest.iterdir()}
+    # The two running downloads stopped part-way; the third never started.
+    assert "shard-2.safetensors" not in present and "shard-2.safetensors.partial" not in present
+    assert any(name.endswith(weights.PARTIAL_SUFFIX) for name in present)
+    assert sum(present.values()) < 2 * (24 << 20)
+    result = weights.pull(ref, dest, client=client, jobs=2)
+    assert tree(dest) == files
+    assert result.downloaded_bytes == 3 * (24 << 20) - sum(present.values())
+
+
+def test_ctrl_c_stops_a_parallel_push_before_its_manifest(client, ref, tmp_path, ctrl_c):
+    src = tmp_path / "src"
+    files = _shards(src)
+    with pytest.raises(KeyboardInterrupt):
+        weights.push(src, ref, progress=_ctrl_c_once("upload", 4 << 20), client=client, jobs=2)
+    with pytest.raises(ManifestNotFound):
+        oci.get_manifest(ref, client=client)
+    third = "sha256:" + hashlib.sha256(files["shard-2.safetensors"]).hexdigest()
+    assert not oci.blob_exists(ref, third, client=client)  # never started
+    pushed = weights.push(src, ref, client=client)  # and a second push completes it
+    assert [f.path for f in pushed.files] == sorted(files)
 
 
 def test_corrupt_blob_on_registry_disk_is_caught(client, ref, tmp_path):

@@ -25,11 +25,12 @@ from __future__ import annotations
 import json
 import os
 import stat
+import threading
 from collections.abc import Callable, Iterable
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from buildkit_py import oci
 from buildkit_py.artifacts.file_kinds import FileKind, file_kind
@@ -194,22 +195,43 @@ def model_config(layers: list[dict], descriptor: dict | None = None, config: dic
     }
 
 
-def _in_parallel(fn: Callable, items: Iterable, jobs: int) -> list:
-    """``[fn(item) ...]`` on up to ``jobs`` threads, in order; the first failure is raised
-    once the running calls end, and calls not started yet are dropped."""
+class _Stopped(BaseException):
+    """Another file failed, or Ctrl-C: this one stops at its next progress report (a
+    download keeps its partial, and its hash state, for the next pull). A BaseException, so
+    that no retry loop takes it for a network error."""
+
+
+def _in_parallel(fn: Callable[[Any, oci.Progress | None], Any], items: Iterable, jobs: int,
+                 progress: oci.Progress | None) -> list:
+    """``[fn(item, progress) ...]`` on up to ``jobs`` threads, in order. The first failure,
+    or Ctrl-C, stops the running calls at their next progress report (within a MiB or
+    so) and drops those not started; then it is raised."""
     items = list(items)
-    if jobs <= 1 or len(items) <= 1:
-        return [fn(item) for item in items]
-    with ThreadPoolExecutor(max_workers=min(jobs, len(items)), thread_name_prefix="weights") as pool:
-        futures = [pool.submit(fn, item) for item in items]
+    if jobs <= 1 or len(items) <= 1:  # one thread: Ctrl-C lands in the call itself
+        return [fn(item, progress) for item in items]
+    stop = threading.Event()
+
+    def reporting(event: str, label: str, done: int, total: int) -> None:
+        if stop.is_set():
+            raise _Stopped
+        if progress:
+            progress(event, label, done, total)
+
+    pool = ThreadPoolExecutor(max_workers=min(jobs, len(items)), thread_name_prefix="weights")
+    futures = [pool.submit(fn, item, reporting) for item in items]
+    try:
         wait(futures, return_when=FIRST_EXCEPTION)
-        for future in futures:
-            error = future.exception() if future.done() else None
-            if error is not None:
-                for other in futures:
-                    other.cancel()
-                raise error
-        return [future.result() for future in futures]
+    except BaseException:  # Ctrl-C in the waiting thread
+        stop.set()
+        pool.shutdown(wait=True, cancel_futures=True)
+        raise
+    if any(f.done() and f.exception() is not None for f in futures):
+        stop.set()
+    pool.shutdown(wait=True, cancel_futures=True)
+    errors = [e for f in futures if not f.cancelled() and (e := f.exception()) is not None]
+    if errors:
+        raise next((e for e in errors if not isinstance(e, _Stopped)), errors[0])
+    return [f.result() for f in futures]
 
 
 def push(directory: str | os.PathLike, ref: str | oci.Reference, progress: oci.Progress | None = None, *,
@@ -226,8 +248,8 @@ def push(directory: str | os.PathLike, ref: str | oci.Reference, progress: oci.P
     reference = oci.as_reference(ref)
     client = client or oci.Client()
     files = scan_dir(directory)
-    results = _in_parallel(lambda item: oci.upload_blob(reference, item[1], client=client, progress=progress,
-                                                        label=item[0]), files, jobs)
+    results = _in_parallel(lambda item, report: oci.upload_blob(reference, item[1], client=client, progress=report,
+                                                                label=item[0]), files, jobs, progress)
     layers, pushed = [], []
     for (relpath, path), result in zip(files, results, strict=True):
         layer = _layer(relpath, path, result.digest, result.size)
@@ -350,20 +372,20 @@ def pull(ref: str | oci.Reference, directory: str | os.PathLike, progress: oci.P
         if partial.is_symlink():
             raise UnsafePath(f"{partial} is a symlink; pull does not write through symlinks")
 
-    def one(item) -> int | None:
+    def one(item, report: oci.Progress | None) -> int | None:
         f, target, layer = item
         if _file_matches(target, f.size, f.digest):
-            if progress:
-                progress("present", f.path, f.size, f.size)
+            if report:
+                report("present", f.path, f.size, f.size)
             return None
         target.parent.mkdir(parents=True, exist_ok=True)
         partial = target.with_name(target.name + PARTIAL_SUFFIX)
-        received = _download(reference, f, partial, client, progress, streams)
+        received = _download(reference, f, partial, client, report, streams)
         _apply_mode(partial, layer)
         os.replace(partial, target)
         return received
 
-    received = _in_parallel(one, targets, jobs)
+    received = _in_parallel(one, targets, jobs, progress)
     skipped = tuple(f.path for (f, _, _), got in zip(targets, received, strict=True) if got is None)
     return PullResult(tuple(f for f, _ in entries), sum(got or 0 for got in received), skipped)
 
