@@ -221,13 +221,9 @@ def _in_parallel(fn: Callable[[Any, oci.Progress | None], Any], items: Iterable,
     futures = [pool.submit(fn, item, reporting) for item in items]
     try:
         wait(futures, return_when=FIRST_EXCEPTION)
-    except BaseException:  # Ctrl-C in the waiting thread
+    finally:  # all done, one failed, or Ctrl-C in this thread: whatever still runs stops
         stop.set()
         pool.shutdown(wait=True, cancel_futures=True)
-        raise
-    if any(f.done() and f.exception() is not None for f in futures):
-        stop.set()
-    pool.shutdown(wait=True, cancel_futures=True)
     errors = [e for f in futures if not f.cancelled() and (e := f.exception()) is not None]
     if errors:
         raise next((e for e in errors if not isinstance(e, _Stopped)), errors[0])

@@ -144,8 +144,8 @@ class _Job:
 class _Hashing:
     """The blob's hash and how many of its first bytes it has taken in."""
 
-    def __init__(self, hasher: ResumableSha256, hashed: int = 0):
-        self.hasher, self.hashed = hasher, hashed
+    def __init__(self, hasher: ResumableSha256 | None = None, hashed: int = 0):
+        self.hasher, self.hashed = hasher or ResumableSha256(), hashed
         self.settled = True  # False while a hashing thread may still change it
 
 
@@ -180,7 +180,7 @@ def _load_hash_state(fd: int, digest: str, offset: int) -> _Hashing:
         saved = json.loads(os.getxattr(fd, HASH_STATE_XATTR))
         os.removexattr(fd, HASH_STATE_XATTR)  # it is written again if this call stops too
     except (OSError, ValueError, AttributeError):  # none, no xattrs here, or not POSIX
-        return _Hashing(ResumableSha256())
+        return _Hashing()
     st = os.fstat(fd)
     try:
         fits = (saved["digest"] == digest and saved["size"] == st.st_size == offset
@@ -189,7 +189,7 @@ def _load_hash_state(fd: int, digest: str, offset: int) -> _Hashing:
             return _Hashing(ResumableSha256(base64.b64decode(saved["state"])), saved["hashed"])
     except (KeyError, TypeError, ValueError):
         pass  # another version's or a damaged record: hash from the start
-    return _Hashing(ResumableSha256())
+    return _Hashing()
 
 
 def _save_hash_state(fd: int, digest: str, hashing: _Hashing) -> None:
@@ -245,7 +245,7 @@ def get_blob(ref: Reference, digest: str, dest_file, *, size: int | None = None,
             received, got_size = _transfer(job_of, offset, size, progress, label, streams, hashing)
         except _NoRange:
             os.ftruncate(fd, 0)
-            hashing = _Hashing(ResumableSha256())
+            hashing = _Hashing()
             received, got_size = _transfer(job_of, 0, size, progress, label, 1, hashing)
     except BaseException:  # stopped: what is in the file stays, and so does its hash
         _save_hash_state(fd, digest, hashing)
