@@ -205,6 +205,13 @@ def reading_engine(args: argparse.Namespace) -> Engine:
 def image_labels(engine: Engine | None, ref: str) -> tuple[dict[str, str], dict[str, str]]:
     """Labels and env of an image: from the local engine if it has it, else from its registry
     (manifest and config blob only, no layers pulled)."""
+    config = image_config(engine, ref)
+    return config.get("Labels") or {}, dict(e.split("=", 1) for e in config.get("Env") or [] if "=" in e)
+
+
+def image_config(engine: Engine | None, ref: str) -> dict[str, Any]:
+    """The ``config`` of an image (Labels, Env, Entrypoint, Cmd...): from the local engine if it
+    has it, else from its registry (manifest and config blob only, no layers pulled)."""
     from buildkit_py.errors import ImgbuildError
 
     try:
@@ -212,15 +219,13 @@ def image_labels(engine: Engine | None, ref: str) -> tuple[dict[str, str], dict[
     except ImgbuildError:
         attrs = None  # no engine here: ask the registry
     if attrs is not None:
-        cfg = attrs.get("Config") or {}
-        return cfg.get("Labels") or {}, dict(e.split("=", 1) for e in cfg.get("Env") or [] if "=" in e)
+        return dict(attrs.get("Config") or {})
     from buildkit_py import oci
     from buildkit_py.errors import ImageMissing, ManifestNotFound
 
     try:
-        config = oci.get_image_config(ref).get("config") or {}
+        return dict(oci.get_image_config(ref).get("config") or {})
     except ManifestNotFound as exc:
         raise ImageMissing(f"no image {ref}: not in the local engine, and {exc.message}",
                            hint="check the name and tag (`docker images`), or build and push it first "
                                 "(`imgbuild build RECIPE --push`)") from None
-    return config.get("Labels") or {}, dict(e.split("=", 1) for e in config.get("Env") or [] if "=" in e)
