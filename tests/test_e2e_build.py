@@ -77,6 +77,13 @@ def test_build_labels_env_and_cuda_loads(project, docker_client, cleanup_images,
     # the CA bundle passed as a secret is not in the image
     history = json.dumps(docker_client.api.history(report["image_id"]))
     assert "ca-certificates.crt" not in history and "BEGIN CERTIFICATE" not in history
+    # inspect names each layer's recipe step: the mount stubs' COPY is theirs, the recipe's copy[0]
+    # is copy-0 (issue 22: 11: they were copy-0 and copy-1)
+    code, out, err = run_cli("inspect", report["tags"][0], "--json", "--no-compressed")
+    assert code == 0, err
+    layers = [(x["step"], x["group"], x["created_by"][:4].strip()) for x in json.loads(out)["layers"]]
+    assert [x for x in layers if x[0] in ("mount-stubs", "copy-0", "copy-1")] == [
+        ("mount-stubs", "python", "COPY"), ("mount-stubs", "python", "RUN"), ("copy-0", "app", "COPY")]
 
 
 def test_push_with_auth_and_read_manifest_back(project, registry, docker_config, docker_client, cleanup_images,

@@ -14,12 +14,15 @@ import uuid
 from pathlib import Path
 
 import pytest
+from helpers import REPO
 from rich.console import Console
 
 from buildkit_py.analysis import inspect as I
 from buildkit_py.analysis import layer_paths as P
 from buildkit_py.analysis import saved_image as S
 from buildkit_py.errors import ImageMissing, InspectError, SizeBudgetExceeded
+from buildkit_py.plan.build_plan import make_plan
+from buildkit_py.recipe.model import load_recipe
 
 FIXTURES = Path(__file__).parent / "fixtures" / "inspect"
 MiB = 1 << 20
@@ -119,6 +122,33 @@ def test_attribute_layers_maps_markers_copies_and_base():
     # A plan's own table wins over the defaults.
     custom = I.attribute_layers(history, 9, {"os": "python", "copy-1": "heavy"})
     assert custom[2].group == "python" and custom[7].group == "heavy"
+
+
+def test_the_mount_stubs_copy_is_not_the_recipes_copy_0():
+    """issue 22: 11: the COPY of the mount stubs (.imgbuild/empty to /etc/hosts) was labelled
+    copy-0 (group app) and the recipe's copy[0] copy-1. History as BuildKit records a wheels
+    recipe with one copy: entry (docker20's and docker26's read the same)."""
+    history = [
+        _h("/bin/sh -c #(nop) ADD file:abc in / "),
+        _h("RUN /bin/sh -c set -eu; : imgbuild-step=os; apt-get install x # buildkit"),
+        _h("RUN /bin/sh -c set -eu; : imgbuild-step=python; python3 -m venv /opt/venv # buildkit"),
+        _h("ENV PATH=/opt/venv/bin:$PATH", empty=True),
+        _h("COPY .imgbuild/empty /etc/hosts # buildkit"),
+        _h("RUN /bin/sh -c set -eu; : imgbuild-step=mount-stubs; mkdir -p /root/.cache/uv # buildkit"),
+        _h("RUN /bin/sh -c set -eu; : imgbuild-step=cuda; uv pip install x # buildkit"),
+        _h("RUN /bin/sh -c set -eu; : imgbuild-step=ldconfig; ldconfig # buildkit"),
+        _h("COPY app/ /app # buildkit"),
+        _h("WORKDIR /app"),
+    ]
+    got = [(a.step, a.group) for a in I.attribute_layers(history, 9)]
+    assert got == [(None, "base"), ("os", "os"), ("python", "python"), ("mount-stubs", "python"),
+                   ("mount-stubs", "python"), ("cuda", "cuda"), ("ldconfig", "cuda"), ("copy-0", "app"),
+                   ("meta", "meta")]
+    # With the plan's own table (what a build's size breakdown passes): the same steps and groups.
+    plan = make_plan(load_recipe(REPO / "recipes" / "demo.yaml"))
+    table = {st.id: st.group for st in plan.final.steps}
+    assert [(a.step, a.group) for a in I.attribute_layers(history, 9, table)] == got
+    assert table["copy-0"] == "app" and table["mount-stubs"] == "python"
 
 
 def test_attribute_layers_with_a_short_history():

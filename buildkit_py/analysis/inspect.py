@@ -15,9 +15,10 @@ each layer tar inside it, in the same pass:
 The image config (found in the same stream: the member whose sha256 is the image id) gives
 the history; each non-empty history entry is one layer. imgbuild writes
 ``: imgbuild-step=<id>;`` into every RUN it renders (``plan.STEP_MARK``), so a layer maps to
-the step and the layer group that made it. COPY entries carry no marker: the n-th COPY after
-the first marked step is ``copy-<n>`` (how ``plan`` numbers them). Layers before the first
-marked step came with the base image (group ``base``).
+the step and the layer group that made it. COPY entries carry no marker: the COPY of the mount
+stubs is known by its source (``plan.MOUNT_STUB_FILE``) and belongs to their step; the n-th other
+COPY after the first marked step is ``copy-<n>``, the recipe's ``copy[n]`` (how ``plan``
+numbers them). Layers before the first marked step came with the base image (group ``base``).
 
 Sizes: a layer's ``size`` is the engine's own number for it (``docker history``; they sum to
 the SIZE of ``docker images``), so a budget reads the same as the tools users know. The
@@ -48,7 +49,7 @@ from buildkit_py.analysis.layer_paths import CACHE, COMPILER, CUDA_DUPLICATE, DE
 from buildkit_py.analysis.saved_image import IterStream, LayerScan, SaveScan, analyze_save_stream
 from buildkit_py.errors import ImageMissing, ImgbuildError, InspectError, SizeBudgetExceeded
 from buildkit_py.plan import labels as L
-from buildkit_py.plan.build_plan import GROUPS, STEP_MARK
+from buildkit_py.plan.build_plan import GROUPS, MOUNT_STUB_FILE, MOUNT_STUBS_GROUP, MOUNT_STUBS_STEP, STEP_MARK
 from buildkit_py.sizes import human_size
 
 BASE_GROUP, OTHER_GROUP, APP_GROUP, META_GROUP = "base", "other", "app", "meta"
@@ -60,7 +61,7 @@ GROUP_ORDER = (BASE_GROUP,) + tuple(GROUPS) + (OTHER_GROUP,)
 DEFAULT_STEP_GROUPS: dict[str, str] = {
     "python-ppa": "os", "os": "os", "python": "python", "cuda": "cuda", "ldconfig": "cuda",
     "torch": "torch", "compiled": "heavy", "heavy": "heavy", "wheels": "heavy",
-    "pins": "pins", "build-tools": "pins", "meta": META_GROUP,
+    "pins": "pins", "build-tools": "pins", "meta": META_GROUP, MOUNT_STUBS_STEP: MOUNT_STUBS_GROUP,
 }
 
 def _group_of(step: str) -> str:
@@ -196,6 +197,9 @@ def attribute_entries(history: list[dict], step_groups: Mapping[str, str] | None
             group = step_groups.get(step) or _group_of(step)
         elif not seen_marker:
             step, group = None, BASE_GROUP
+        elif instr == "COPY" and MOUNT_STUB_FILE in created.split():
+            step = MOUNT_STUBS_STEP
+            group = step_groups.get(step, MOUNT_STUBS_GROUP)
         elif instr in ("COPY", "ADD"):
             step = f"copy-{copies}"
             copies += 1

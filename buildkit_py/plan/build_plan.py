@@ -45,6 +45,9 @@ from buildkit_py.sizes import human_size
 
 VENV = "/opt/venv"
 STEP_MARK = "imgbuild-step"  # written into each RUN so `inspect` can map layers to steps
+# The mount stubs' step, and the empty context file its COPY (to /etc/hosts) reads: `inspect`
+# knows that COPY by its source, so the recipe's own copy[0] stays copy-0.
+MOUNT_STUBS_STEP, MOUNT_STUBS_GROUP, MOUNT_STUB_FILE = "mount-stubs", "python", ".imgbuild/empty"
 
 # Build front-end tools of the builder stage, pinned so builds repeat. They never reach the
 # final image. setuptools 75.3 is the last release that still supports Python 3.8.
@@ -269,7 +272,7 @@ def _mount_stubs(steps: list[Step], installer: Installer) -> list[Step]:
     first = next((i for i, s in enumerate(steps) if isinstance(s, PipStep) and s.reproducible), None)
     if first is None:
         return steps
-    stubs = MountStubsStep("mount-stubs", "python", hosts=ContextFile(".imgbuild/empty", ""),
+    stubs = MountStubsStep(MOUNT_STUBS_STEP, MOUNT_STUBS_GROUP, hosts=ContextFile(MOUNT_STUB_FILE, ""),
                            dirs=(*installer.stub_dirs, "/run/secrets"),
                            files=("/run/secrets/cacert", "/run/secrets/pipconf", *installer.stub_files))
     return steps[:first] + [stubs] + steps[first:]
