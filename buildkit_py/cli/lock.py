@@ -6,7 +6,6 @@ import argparse
 from pathlib import Path
 
 from buildkit_py.cli.common import AddCommand, Out, ca_option, json_option, plan_recipe, reading_engine
-from buildkit_py.errors import UsageError
 
 
 def register(add: AddCommand) -> None:
@@ -26,10 +25,7 @@ def cmd_lock(args: argparse.Namespace, out: Out) -> int:
     from buildkit_py.plan import matrix as mx
 
     matrix = mx.load_matrix(args.recipe)
-    if not matrix.variants:
-        reasons = "\n".join(f"  {w}" for w in mx.dropped_warnings(matrix))
-        raise UsageError(f"{args.recipe}: every variant was dropped, nothing to lock:\n{reasons}",
-                         hint=f"see `imgbuild matrix {args.recipe}`")
+    mx.require_variants(matrix, "lock")
     if [v.source for v in matrix.variants] == ["recipe"]:  # no matrix: the plan `build` makes
         plans = {lock.DEFAULT_VARIANT: plan_recipe(args, args.recipe)}
     else:  # every variant the matrix keeps, as `build --all` plans them
