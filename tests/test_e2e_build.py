@@ -84,6 +84,11 @@ def test_build_labels_env_and_cuda_loads(project, docker_client, cleanup_images,
     layers = [(x["step"], x["group"], x["created_by"][:4].strip()) for x in json.loads(out)["layers"]]
     assert [x for x in layers if x[0] in ("mount-stubs", "copy-0", "copy-1")] == [
         ("mount-stubs", "python", "COPY"), ("mount-stubs", "python", "RUN"), ("copy-0", "app", "COPY")]
+    # into a pipe (run_cli's stdout): aligned text columns, not box tables (issue 22: 9)
+    code, out, err = run_cli("inspect", report["tags"][0], "--no-compressed")
+    assert code == 0, err
+    assert "\nLayers\n#  STEP " in out and not set("┃│━┏└") & set(out)
+    assert any(line.split()[:3] == ["7", "copy-0", "app"] for line in out.splitlines())
 
 
 def test_push_with_auth_and_read_manifest_back(project, registry, docker_config, docker_client, cleanup_images,
@@ -118,6 +123,7 @@ def test_push_with_bad_credentials_exit_3(project, registry, docker_config, clea
     cleanup_images.append(f"{registry.address}/{unique_name}:1.0")  # built and tagged; only the push failed
     assert code == 3, err
     assert "refused the credentials" in err and "imgbuild login" in err
+    assert err.startswith("imgbuild: error:")  # quiet: the error alone
     assert "wrong-" not in err and registry.password not in err
 
 
@@ -131,6 +137,10 @@ def test_app_only_change_reruns_only_app_steps(project, docker_client, cleanup_i
     assert second["steps_rerun"] == ["COPY", "WORKDIR"]
     assert second["steps_cached"] == 6
     assert second["image_id"] != first["image_id"]
+    # --progress quiet: nothing on stderr but errors (issue 22: 9: the "building ..." line came through)
+    code, out, err = run_cli("build", str(project), "--progress", "quiet", *CA_ARGS)
+    assert code == 0 and err == "", err
+    assert out.startswith("image    sha256:") and "steps    0 run, 8 cached" in out
 
 
 def test_classic_backend_refuses_cache_to_before_building(project, docker_client, monkeypatch):

@@ -15,14 +15,15 @@ from pathlib import Path
 
 import pytest
 from helpers import REPO
-from rich.console import Console
 
 from buildkit_py.analysis import inspect as I
 from buildkit_py.analysis import layer_paths as P
 from buildkit_py.analysis import saved_image as S
+from buildkit_py.cli.common import Out
 from buildkit_py.errors import ImageMissing, InspectError, SizeBudgetExceeded
 from buildkit_py.plan.build_plan import make_plan
 from buildkit_py.recipe.model import load_recipe
+from buildkit_py.text_table import TextTable
 
 FIXTURES = Path(__file__).parent / "fixtures" / "inspect"
 MiB = 1 << 20
@@ -388,12 +389,45 @@ def test_report_json_keys_and_budget():
     assert exc.value.to_json()["max_size"] == report.size - 1
 
 
-def test_render_table():
-    console = Console(record=True, width=200)
-    I.render_table(_tiny_report(), console)
-    text = console.export_text()
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+BOX = set("┃│━─┏┡└")
+
+
+def test_report_is_aligned_text_in_a_pipe():
+    """issue 22: 9: inspect drew 160-column box tables into a pipe; off a terminal it prints
+    aligned columns, as build --all does."""
+    stdout = io.StringIO()
+    Out(stdout, io.StringIO()).blocks(I.report_blocks(_tiny_report()))
+    text = stdout.getvalue()
+    assert not BOX & set(text) and "\x1b[" not in text
+    for needle in ("synthetic:1", "\nLayers\n", "\nGroups\n", "\nFindings\n", "weights", "deleted-later",
+                   "/data/big.bin"):
+        assert needle in text
+    lines = text.splitlines()
+    header = lines[lines.index("Layers") + 1]
+    assert header.split() == ["#", "STEP", "GROUP", "SIZE", "COMPRESSED", "CREATED", "BY"]
+    rows = lines[lines.index("Layers") + 2:lines.index("Groups") - 1]
+    size_end = header.index("SIZE") + len("SIZE")  # right-aligned: every size ends under the header's end
+    assert rows and all(row[size_end - 1] != " " and row[size_end] == " " for row in rows)
+    assert all(line == line.rstrip() for line in lines)
+
+
+def test_report_is_a_rich_table_on_a_terminal():
+    stdout = _Terminal()
+    Out(stdout, io.StringIO()).blocks(I.report_blocks(_tiny_report()))
+    text = stdout.getvalue()
+    assert BOX & set(text)
     for needle in ("synthetic:1", "Layers", "Groups", "Findings", "weights", "deleted-later", "/data/big.bin"):
         assert needle in text
+
+
+def test_text_table_columns():
+    table = TextTable("T", ("name", "size"), (("a", "1 B"), ("long-name", "10.0 MiB")), right=frozenset({"size"}))
+    assert table.lines() == ["T", "NAME           SIZE", "a               1 B", "long-name  10.0 MiB"]
 
 
 # ---------------------------------------------------------------- real images (BuildKit, real engine)

@@ -176,7 +176,7 @@ def test_push_bar_after_the_steps_in_plain_lines():
         view.transfer("pushed", "be99c261ec96", 6_000_000, 6_000_000)
     out = stream.getvalue().splitlines()
     assert out[:2] == ["[final 2/10] os", "[final 2/10] os: done in 1.0s"]
-    assert out[-1] == "   pushed be99c261ec96 100% (6000000/6000000 bytes)"
+    assert out[-1] == "   pushed be99c261ec96 100% (5.7 MiB of 5.7 MiB)"
 
 
 def test_matrix_summary_table_on_a_terminal():

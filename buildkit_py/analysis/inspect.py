@@ -51,6 +51,7 @@ from buildkit_py.errors import ImageMissing, ImgbuildError, InspectError, SizeBu
 from buildkit_py.plan import labels as L
 from buildkit_py.plan.build_plan import GROUPS, MOUNT_STUB_FILE, MOUNT_STUBS_GROUP, MOUNT_STUBS_STEP, STEP_MARK
 from buildkit_py.sizes import human_size
+from buildkit_py.text_table import Block, TextTable
 
 BASE_GROUP, OTHER_GROUP, APP_GROUP, META_GROUP = "base", "other", "app", "meta"
 # Report order: the base image's layers, then plan's groups in build order, then unknowns.
@@ -580,43 +581,25 @@ def short_created(created_by: str, width: int = 60) -> str:
     return s if len(s) <= width else s[: width - 1] + "…"
 
 
-def render_table(report: ImageReport, console) -> None:
-    """Print the report on a rich ``Console``: summary, layers, groups, findings."""
-    from rich.table import Table  # ~80 ms; only the table view needs it, never --json  # noqa: PLC0415
-
+def report_blocks(report: ImageReport) -> list[Block]:
+    """The report as the CLI prints it: summary lines, then the layers, groups and findings
+    tables (text_table: rich on a terminal, aligned columns in a pipe)."""
     pull = "-" if report.pull_seconds is None else f"{report.pull_seconds:.1f} s at {report.bandwidth_mbps:g} Mbit/s"
     if report.pull_seconds is not None and report.unpack_mbps:
         pull += f", unpacking at {report.unpack_mbps:g} MB/s"
-    console.print(f"[bold]{report.image}[/bold]  {report.id[:19]}  size {human_size(report.size)}, "
-                  f"compressed {human_size(report.compressed_size)}, pull {pull}")
+    blocks: list[Block] = [f"{report.image}  {report.id[:19]}  size {human_size(report.size)}, "
+                           f"compressed {human_size(report.compressed_size)}, pull {pull}"]
     if report.labels:
-        console.print(", ".join(f"{k.removeprefix(L.PREFIX)}={v}" for k, v in report.labels.items()))
-
-    layers = Table(title="Layers", title_justify="left")
-    for col, just in (("#", "right"), ("step", "left"), ("group", "left"), ("size", "right"),
-                      ("compressed", "right"), ("created by", "left")):
-        layers.add_column(col, justify=just)  # type: ignore[arg-type]
-    for x in report.layers:
-        layers.add_row(str(x.index), x.step or "-", x.group, human_size(x.size), human_size(x.compressed_size),
-                       short_created(x.created_by))
-    console.print(layers)
-
-    groups = Table(title="Groups", title_justify="left")
-    groups.add_column("group")
-    groups.add_column("size", justify="right")
-    groups.add_column("share", justify="right")
-    for g, b in group_sizes(report).items():
-        groups.add_row(g, human_size(b), f"{100 * b / report.size:.1f}%" if report.size else "-")
-    console.print(groups)
-
+        blocks.append(", ".join(f"{k.removeprefix(L.PREFIX)}={v}" for k, v in report.labels.items()))
+    blocks.append(TextTable("Layers", ("#", "step", "group", "size", "compressed", "created by"), tuple(
+        (str(x.index), x.step or "-", x.group, human_size(x.size), human_size(x.compressed_size),
+         short_created(x.created_by)) for x in report.layers), right=frozenset({"#", "size", "compressed"})))
+    blocks.append(TextTable("Groups", ("group", "size", "share"), tuple(
+        (g, human_size(b), f"{100 * b / report.size:.1f}%" if report.size else "-")
+        for g, b in group_sizes(report).items()), right=frozenset({"size", "share"})))
     if not report.findings:
-        console.print("No findings.")
-        return
-    findings = Table(title="Findings", title_justify="left")
-    for col in ("severity", "kind", "layer", "path", "size", "message"):
-        findings.add_column(col, justify="right" if col == "size" else "left")
-    for f in report.findings:
-        style = "yellow" if f.severity == WARNING else "dim"
-        findings.add_row(f"[{style}]{f.severity}[/{style}]", f.kind,
-                         f"{f.layer} {f.step}" if f.step else str(f.layer), f.path, human_size(f.size), f.message)
-    console.print(findings)
+        return [*blocks, "No findings."]
+    blocks.append(TextTable("Findings", ("severity", "kind", "layer", "path", "size", "message"), tuple(
+        (f.severity, f.kind, f"{f.layer} {f.step}" if f.step else str(f.layer), f.path, human_size(f.size), f.message)
+        for f in report.findings), right=frozenset({"size"}), styles={WARNING: "yellow", INFO: "dim"}))
+    return blocks

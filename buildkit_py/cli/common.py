@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from buildkit_py.engine import Engine
     from buildkit_py.plan.build_plan import BuildPlan
     from buildkit_py.recipe.model import Recipe
+    from buildkit_py.text_table import Block
 
 JSON_SCHEMA = 1  # the version of the --json contract (README, CLI reference: "The --json contract")
 
@@ -30,11 +31,13 @@ AddCommand = Callable[..., argparse.ArgumentParser]
 
 class Out:
     """Where a command writes: data and result lines on stdout, progress and notes on stderr;
-    ``stdin`` for the one command that reads a secret from it (login)."""
+    ``stdin`` for the one command that reads a secret from it (login). ``quiet``
+    (``--progress quiet``): no notes either, only warnings and errors on stderr."""
 
-    def __init__(self, stdout: IO[str], stderr: IO[str], stdin: IO[str] | None = None):
+    def __init__(self, stdout: IO[str], stderr: IO[str], stdin: IO[str] | None = None, *, quiet: bool = False):
         self.stdout, self.stderr = stdout, stderr
         self.stdin = stdin if stdin is not None else sys.stdin
+        self.quiet = quiet
 
     def data(self, obj: dict[str, Any]) -> None:
         """One JSON document on stdout: ``"schema"`` first, then the command's keys, sorted
@@ -49,10 +52,37 @@ class Out:
 
         return Console(file=self.stdout, width=160, soft_wrap=False)
 
+    def blocks(self, blocks: list[Block]) -> None:
+        """A report's lines and tables (inspect, diff) on stdout: rich tables on a terminal, aligned
+        text columns in a pipe or a CI log (no box characters, no width to fit)."""
+        from buildkit_py.text_table import plain_lines
+
+        if not self.stdout.isatty():
+            for line in plain_lines(blocks):
+                self.line(line)
+            return
+        from rich.table import Table
+        from rich.text import Text
+
+        console = self.console()
+        for block in blocks:
+            if isinstance(block, str):
+                console.print(block, markup=False, highlight=False)
+                continue
+            table = Table(title=block.title, title_justify="left")
+            for column in block.columns:
+                table.add_column(column, justify="right" if column in block.right else "left")
+            for row in block.rows:  # Text: paths and commands are never markup
+                table.add_row(*(Text(cell, style=block.styles.get(cell, "")) for cell in row))
+            console.print(table)
+
     def line(self, text: str = "") -> None:
         self.stdout.write(text + "\n")
 
     def info(self, text: str) -> None:
+        """A note on stderr (what is being done, where a file went): none with --progress quiet."""
+        if self.quiet:
+            return
         self.stderr.write(text + "\n")
         self.stderr.flush()
 

@@ -35,7 +35,7 @@ def register_diff(add: AddCommand) -> None:
 
 
 def cmd_inspect(args: argparse.Namespace, out: Out) -> int:
-    from buildkit_py.analysis.inspect import InspectOptions, inspect_image, render_table, report_json
+    from buildkit_py.analysis.inspect import InspectOptions, inspect_image, report_blocks, report_json
     from buildkit_py.recipe.model import parse_size
 
     threshold = parse_size(args.weight_threshold)
@@ -48,12 +48,12 @@ def cmd_inspect(args: argparse.Namespace, out: Out) -> int:
     if args.json:
         out.data(report_json(report))
     else:
-        render_table(report, out.console())
+        out.blocks(report_blocks(report))
     return 0
 
 
 def cmd_diff(args: argparse.Namespace, out: Out) -> int:
-    from buildkit_py.analysis.diff import diff_images, diff_json, render_table
+    from buildkit_py.analysis.diff import diff_blocks, diff_images, diff_json
 
     result = diff_images(args.image_a, args.image_b, source=args.source, bandwidth_mbps=args.bandwidth,
                          uncompressed=not args.no_uncompressed, unpack_mbps=args.unpack_rate,
@@ -61,5 +61,5 @@ def cmd_diff(args: argparse.Namespace, out: Out) -> int:
     if args.json:
         out.data(diff_json(result))
     else:
-        render_table(result, out.console())
+        out.blocks(diff_blocks(result))
     return 0

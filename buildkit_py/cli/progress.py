@@ -15,6 +15,8 @@ from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from typing import IO, Any
 
+from buildkit_py.sizes import human_size
+
 Progress = Callable[[str, str, int, int], None]
 _DONE_EVENTS = frozenset({"exists", "present", "mounted", "manifest"})
 
@@ -32,9 +34,9 @@ def transfer_progress(stream: IO[str], *, live: bool | None = None) -> Iterator[
     import rich.console  # noqa: PLC0415 - see above
     import rich.progress as rp  # noqa: PLC0415 - see above
 
-    view = rp.Progress(rp.TextColumn("{task.description}"), rp.BarColumn(), rp.DownloadColumn(binary_units=True),
-                       rp.TransferSpeedColumn(), rp.TimeRemainingColumn(),
-                       console=rich.console.Console(file=stream), transient=False)
+    size_column, speed_column = _size_columns(rp)
+    view = rp.Progress(rp.TextColumn("{task.description}"), rp.BarColumn(), size_column(), speed_column(),
+                       rp.TimeRemainingColumn(), console=rich.console.Console(file=stream), transient=False)
     tasks: dict = {}  # label -> rich TaskID
     lock = threading.Lock()
 
@@ -49,6 +51,24 @@ def transfer_progress(stream: IO[str], *, live: bool | None = None) -> Iterator[
         yield progress
 
 
+def _size_columns(rp: Any) -> tuple[type, type]:
+    """rich's bytes and speed columns in sizes.py's units: its DownloadColumn and
+    TransferSpeedColumn count in their own code (the speed in decimal MB/s)."""
+    from rich.text import Text  # noqa: PLC0415 - rich only for a terminal (start-up)
+
+    class SizeColumn(rp.ProgressColumn):
+        def render(self, task: Any) -> Text:
+            done = human_size(task.completed)
+            return Text(f"{done} of {human_size(task.total)}" if task.total else done, style="progress.download")
+
+    class SpeedColumn(rp.ProgressColumn):
+        def render(self, task: Any) -> Text:
+            speed = task.finished_speed or task.speed
+            return Text("?" if speed is None else f"{human_size(speed)}/s", style="progress.data.speed")
+
+    return SizeColumn, SpeedColumn
+
+
 @contextmanager
 def transfer_view(stream: IO[str], progress: str = "auto") -> Iterator[Progress]:
     """The transfer callback for --progress auto|plain|quiet: auto draws rich bars on a
@@ -58,6 +78,11 @@ def transfer_view(stream: IO[str], progress: str = "auto") -> Iterator[Progress]
         return
     with transfer_progress(stream, live=None if progress == "auto" else False) as callback:
         yield callback
+
+
+def transferred(done: int, total: int) -> str:
+    """``4.0 MiB of 11.4 MiB`` (``total`` 0: unknown)."""
+    return f"{human_size(done)} of {human_size(total)}" if total else human_size(done)
 
 
 def plain_lines(stream: IO[str]) -> Progress:
@@ -70,7 +95,7 @@ def plain_lines(stream: IO[str]) -> Progress:
         with lock:
             if event in _DONE_EVENTS or pct >= last.get(label, -10) + 10 or done == total:
                 last[label] = pct
-                stream.write(f"{event:>9} {label} {pct:3d}% ({done}/{total} bytes)\n")
+                stream.write(f"{event:>9} {label} {pct:3d}% ({transferred(done, total)})\n")
                 stream.flush()
 
     return progress

@@ -23,6 +23,7 @@ from buildkit_py.cli.common import (
 from buildkit_py.cli.progress import transfer_view
 from buildkit_py.errors import EnvironmentProblem, UsageError
 from buildkit_py.files import write_atomic
+from buildkit_py.sizes import human_size
 
 if TYPE_CHECKING:
     from buildkit_py.engine import Engine
@@ -117,7 +118,8 @@ def cmd_run(args: argparse.Namespace, out: Out) -> int:
         w.host_dir.mkdir(parents=True, exist_ok=True)
         with transfer_view(out.stderr, args.progress) as progress:
             res = weights.pull(w.ref, w.host_dir, progress=progress)
-        out.info(f"weights {w.ref}: {res.downloaded_bytes} bytes downloaded, {len(res.skipped)} files already present")
+        out.info(f"weights {w.ref}: {human_size(res.downloaded_bytes)} downloaded, {len(res.skipped)} files already "
+                 "present")
     out.info(f"running {run.command_line}")
     if process is not None:
         out.info(f"  container runs {shlex.join(process.argv)}: {process.how}")
