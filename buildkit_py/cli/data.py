@@ -6,7 +6,8 @@ import argparse
 import json
 from pathlib import Path
 
-from buildkit_py.cli.common import AddCommand, Out, index_options, json_option
+from buildkit_py.cli.common import AddCommand, Out, index_options, json_option, progress_option
+from buildkit_py.cli.progress import Activity
 from buildkit_py.errors import UsageError
 from buildkit_py.sizes import human_size
 
@@ -27,6 +28,7 @@ def register(add: AddCommand) -> None:
     dr.add_argument("--data-dir", type=Path, default=None, help="data files to update (default: the installed ones)")
     json_option(dr)
     index_options(dr)
+    progress_option(dr, "what is being read")
     d.set_defaults(handler=cmd_data)
 
 
@@ -72,7 +74,8 @@ def cmd_data_refresh(args: argparse.Namespace, out: Out) -> int:
     client = index.client_for(settings)
     data = {name: json.loads(tables.data_dir().joinpath(name).read_text(encoding="utf-8"))
             for name in tables.DATA_FILES}
-    report = refresh.refresh(client, data, today=datetime.date.today().isoformat())
+    with Activity.for_option(out.stderr, args.progress) as activity:
+        report = refresh.refresh(client, data, today=datetime.date.today().isoformat(), on_status=activity)
     texts = {name: refresh.dump(raw) for name, raw in report.files.items()}
     written: list[str] = []
     if texts:

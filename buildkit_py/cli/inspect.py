@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from buildkit_py.cli.common import AddCommand, Out, json_option, rate_options, reading_engine
+from buildkit_py.cli.common import AddCommand, Out, json_option, progress_option, rate_options, reading_engine
+from buildkit_py.cli.progress import transfer_view
 from buildkit_py.errors import UsageError
 
 
@@ -15,6 +16,7 @@ def register_inspect(add: AddCommand) -> None:
     i.add_argument("--weight-threshold", default="10MiB", help="flag weight-like files above this size (default 10MiB)")
     i.add_argument("--no-compressed", action="store_true", help="skip the gzip estimate (faster on big images)")
     json_option(i)
+    progress_option(i, "bytes of the image read")
     i.set_defaults(handler=cmd_inspect)
 
 
@@ -42,9 +44,10 @@ def cmd_inspect(args: argparse.Namespace, out: Out) -> int:
     if threshold is None:
         raise UsageError(f"--weight-threshold {args.weight_threshold!r} is not a size like 10MiB")
     out.info(f"reading {args.image} (one pass over its layers)")
-    report = inspect_image(reading_engine(args), args.image, InspectOptions(
-        bandwidth_mbps=args.bandwidth, weight_threshold=threshold, estimate_compressed=not args.no_compressed,
-        unpack_mbps=args.unpack_rate))
+    with transfer_view(out.stderr, args.progress) as progress:
+        report = inspect_image(reading_engine(args), args.image, InspectOptions(
+            bandwidth_mbps=args.bandwidth, weight_threshold=threshold, estimate_compressed=not args.no_compressed,
+            unpack_mbps=args.unpack_rate), progress=progress)
     if args.json:
         out.data(report_json(report))
     else:

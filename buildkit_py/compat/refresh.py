@@ -20,6 +20,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -267,11 +268,13 @@ def _sorted_rows(rows, key="version"):
     return sorted(rows, key=lambda r: Version(r[key]))
 
 
-def refresh(client, data: dict[str, dict], *, today: str, since: str = "1.13") -> RefreshReport:
+def refresh(client, data: dict[str, dict], *, today: str, since: str = "1.13",
+            on_status: Callable[[str], None] | None = None) -> RefreshReport:
     """Compare the shipped data (``data``: file name -> raw JSON) with the index; return the
     changed files and what changed. Rows keep their hand-sourced fields (variants from PyTorch's
-    matrix, Table 3 drivers); only what the index serves is rewritten, each with its source and date."""
-    run = _Refresh(client, copy.deepcopy(data), today)
+    matrix, Table 3 drivers); only what the index serves is rewritten, each with its source and date.
+    ``on_status`` hears what is being read (a refresh makes a few hundred requests)."""
+    run = _Refresh(client, copy.deepcopy(data), today, on_status or (lambda _text: None))
     run.torch(since)
     run.toolkits()
     run.new_releases()
@@ -285,8 +288,8 @@ def refresh(client, data: dict[str, dict], *, today: str, since: str = "1.13") -
 class _Refresh:
     """One refresh run: the data being rewritten, and what changed, what needs a person, which files."""
 
-    def __init__(self, client, data: dict[str, dict], today: str):
-        self.client, self.data, self.today = client, data, today
+    def __init__(self, client, data: dict[str, dict], today: str, status: Callable[[str], None]):
+        self.client, self.data, self.today, self.status = client, data, today, status
         self.changes: list[Change] = []
         self.review: list[str] = []
         self.touched: set[str] = set()
@@ -294,6 +297,7 @@ class _Refresh:
 
     def project(self, name: str) -> Project:
         if name not in self._projects:
+            self.status(f"reading the {name} releases")
             self._projects[name] = self.client.project(name)
         return self._projects[name]
 
@@ -301,11 +305,12 @@ class _Refresh:
     def torch(self, since: str) -> None:
         data = self.data
         known_mm = {".".join(t["version"].split(".")[:2]) for t in data["toolkits.json"]["toolkits"]}
+        self.status("reading the torch releases")
         torch = self.client.project("torch")
         rows = {r["version"]: r for r in data["torch.json"]["releases"]}
-        for v in torch.releases():
-            if Version(v) < Version(since):
-                continue
+        releases = [v for v in torch.releases() if Version(v) >= Version(since)]
+        for n, v in enumerate(releases, 1):
+            self.status(f"reading torch {v}'s wheel METADATA ({n} of {len(releases)})")
             try:
                 new = torch_row(self.client, torch, v, today=self.today)
             except Exception as exc:  # one bad release must not stop the refresh; say which
@@ -325,6 +330,7 @@ class _Refresh:
     # --- CUDA toolkits: NVIDIA's cuda-toolkit meta package -> wheels.json releases ----------
     def toolkits(self) -> None:
         data = self.data
+        self.status("reading the cuda-toolkit releases")
         tk = self.client.project("cuda-toolkit")
         tk_rows = {t["version"]: t for t in data["toolkits.json"]["toolkits"]}
         wheel_rows = {r["toolkit"]: r for r in data["wheels.json"]["releases"]}
@@ -333,6 +339,7 @@ class _Refresh:
             wheels = [f for f in tk.files_of(mv) if f.is_wheel]
             if not wheels or Version(tv).major < 11:
                 continue
+            self.status(f"reading cuda-toolkit {mv}'s extras and their wheels")
             extras = self._toolkit_extras(mv, wheels[0])
             if tv not in tk_rows:
                 row = self._new_toolkit(tk, mv, tv, wheels[0])
@@ -401,6 +408,7 @@ class _Refresh:
     # --- flash-attn and bitsandbytes: release lists; bnb wheel METADATA -----------------------
     def new_releases(self) -> None:
         for name, file in (("flash-attn", "flash_attn.json"), ("bitsandbytes", "bitsandbytes.json")):
+            self.status(f"reading the {name} releases")
             listing = self.client.project(name)
             shipped = {r["version"] for r in self.data[file]["releases"]}
             newest_shipped = max((Version(v) for v in shipped), default=Version("0"))
@@ -410,6 +418,7 @@ class _Refresh:
                                        "its CUDA/torch support needs reading its sources")
 
     def bitsandbytes(self) -> None:
+        self.status("reading bitsandbytes' wheel METADATA")
         bnb = self.client.project("bitsandbytes")
         for row in self.data["bitsandbytes.json"]["releases"]:
             wheels = list(linux_x86_64_wheels(bnb, row["version"])) or \
