@@ -318,7 +318,9 @@ def _set_tk(version, key, value):
     ("toolkits.json", _set_tk("12.4.1", "linux_min_driver", "five fifty"), "malformed"),
     ("toolkits.json", _set_tk("12.4.1", "source", ""), "source"),
     ("toolkits.json", lambda o: o.__setitem__("schema", 2), "schema"),
-    ("toolkits.json", _set_tk("13.5.0", "linux_min_driver", "610.43.02"), "minor-version floor"),
+    ("toolkits.json", _set_tk("13.5.0", "linux_min_driver", "610.43.02"), "'unpublished' floor must be null"),
+    ("toolkits.json", _set_tk("13.2.2", "linux_min_driver", None), "only an 'unpublished' floor may be null"),
+    ("toolkits.json", _set_tk("13.5.0", "min_driver_basis", "minor-compat"), "min_driver_basis"),
     ("toolkits.json", _set_tk("12.8.2", "linux_min_driver", "570.211.01"), "same-minor"),
     ("toolkits.json", _set_tk("12.8.2", "min_driver_basis", "runfile"), "min_driver_basis"),
     ("toolkits.json", _set_tk("12.8.2", "read", "yesterday"), "YYYY-MM-DD"),
@@ -354,13 +356,24 @@ def test_invariants(monkeypatch, tmp_path, name, mutate, match):
     ("12.8", "570.124.06", "same-minor", "570.211.01"),   # 12.8.2: no Table 3 row; the runfile's driver is no floor
     ("12.8.1", "570.124.06", "table3", None),
     ("13.0.3", "580.95.05", "same-minor", "580.126.20"),
-    ("13.3.1", "580", "minor-compat", "610.43.02"),
-    ("13.4", "580", "minor-compat", None),
-    ("13.5", "580", "minor-compat", None),
+    ("13.3.1", None, "unpublished", "610.43.02"),   # no Table 3 row for 13.3: the native floor is unknown
+    ("13.4", None, "unpublished", None),
+    ("13.5", None, "unpublished", None),
 ])
 def test_toolkit_floor_basis(cuda, floor, basis, runfile):
     t = compat.resolve_cuda(cuda)
     assert (t.linux_min_driver, t.min_driver_basis, t.runfile_driver) == (floor, basis, runfile)
+
+
+@pytest.mark.parametrize(("cuda", "driver"), [
+    ("13.3.0", "610.43.02"),   # the driver NVIDIA's 13.3.0 installer bundles runs 13.3 natively
+    ("13.3.1", "610.43.02"),   # ... and every 13.3.x (one driver API version per minor)
+    ("13.4", None),            # no installer driver, no later published floor: unknown
+    ("13.2.2", None),          # published floor: no evidence needed
+])
+def test_known_native_driver(cuda, driver):
+    got = compat.known_native_driver(cuda)
+    assert (got.driver if got else None) == driver
 
 
 def test_toolkits_through_13_5():

@@ -164,7 +164,7 @@ def test_refresh_against_local_index(ix):
     assert new_torch["2.4.1"]["variants"] == {"cu118": "11.8", "cu121": "12.1", "cu124": "12.4"}
     assert [r["version"] for r in report.files["torch.json"]["releases"]][-2:] == ["2.15.0", "2.16.0"]
     tk = {t["version"]: t for t in report.files["toolkits.json"]["toolkits"]}["13.6.0"]
-    assert (tk["linux_min_driver"], tk["min_driver_basis"]) == ("580", "minor-compat")
+    assert (tk["linux_min_driver"], tk["min_driver_basis"]) == (None, "unpublished")
     ws = {r["toolkit"]: r for r in report.files["wheels.json"]["releases"]}["13.6.0"]
     assert ws["extras"]["cudart"] == {"nvidia-cuda-runtime": "13.6.20.post1"}
     assert ws["extras"]["nvcc"]["nvidia-cuda-nvcc"] == "13.6.20.post1" and ws["meta_package"] == "cuda-toolkit==13.6.0"

@@ -25,6 +25,17 @@ def test_no_version_labels_latest_like_the_tag(tmp_path):
     assert plan.labels[L.OCI + "version"] == "2.1"
 
 
+@pytest.mark.parametrize(("cuda", "driver_min"), [("12.4", "550.54.15"), ("13.2", "595.71.05"),
+                                                 ("13.3", None), ("13.4", None)])
+def test_driver_min_label_only_where_nvidia_publishes_a_floor(tmp_path, cuda, driver_min):
+    """CUDA 13.3-13.5 have no Table 3 row: their native floor is unknown, so no driver.min label is
+    stamped; the minor-version floor (a fact) is, and plan says the same (issue 21: 2)."""
+    plan = make_plan(load_recipe(write_recipe(tmp_path, RECIPE.replace('"12.4"', f'"{cuda}"'))))
+    assert plan.labels.get(L.DRIVER_MIN) == driver_min
+    assert plan.labels[L.DRIVER_MIN_COMPAT] == ("525.60.13" if cuda.startswith("12") else "580")
+    assert plan.resolution.min_driver == driver_min
+
+
 def git(folder, *args):
     subprocess.run(["git", "-C", str(folder), *args], check=True, capture_output=True,
                    env={"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@example.com", "GIT_COMMITTER_NAME": "t",

@@ -40,15 +40,16 @@ def cmd_check(args: argparse.Namespace, out: Out) -> int:
     else:
         cuda, what = _cuda_of_target(None if is_recipe(args.target) else reading_engine(args), args.target)
     datacenter = args.datacenter
+    driver_cuda = None
     if args.driver:
         driver = args.driver
     else:
         host = read_host_driver()
-        driver = host.version
+        driver, driver_cuda = host.version, host.cuda_version
         if datacenter is None:
             datacenter = host.datacenter
     try:
-        result = check_compat(cuda, driver, datacenter=datacenter)
+        result = check_compat(cuda, driver, datacenter=datacenter, driver_cuda=driver_cuda)
     except LookupError as exc:
         raise UsageError(f"unknown CUDA version {cuda}: {str(exc).strip(chr(39))}") from None
     except ValueError as exc:

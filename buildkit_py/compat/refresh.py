@@ -358,25 +358,26 @@ class _Refresh:
         return extras
 
     def _new_toolkit(self, tk: Project, mv: str, tv: str, wheel: DistFile) -> dict | None:
-        """A toolkit the data lacks, on its major's minor-version floor until a person reads Table 3."""
+        """A toolkit the data lacks: its native floor unpublished (null) until a person reads Table 3; its
+        major must have a minor-version floor, the only one then known."""
         major = Version(tv).major
         floor = {f["major"]: f for f in self.data["minor_compat.json"]["floors"]}.get(major)
         if floor is None:
             self.review.append(f"cuda-toolkit {mv}: CUDA {major}.x has no minor-version floor recorded")
             return None
-        self.changes.append(Change("toolkits.json", tv, f"new toolkit (cuda-toolkit {mv} on the index; floor "
-                                                        f"{floor['linux_min_driver']} from minor-version "
-                                                        "compatibility)"))
+        self.changes.append(Change("toolkits.json", tv, f"new toolkit (cuda-toolkit {mv} on the index; native "
+                                                        "floor unpublished until a person reads Table 3; minor-"
+                                                        f"version floor {floor['linux_min_driver']})"))
         self.review.append(f"toolkit {tv}: its Table 3 minimum driver, nvcc architectures (archs.json) and "
                            "nvidia/cuda images (images.json) need reading NVIDIA's pages")
         self.data["images.json"].setdefault("absent", {})[tv] = {
             "reason": f"added by imgbuild data refresh on {self.today}: no nvidia/cuda tags read for it yet",
             "read": self.today}
         self.touched.update({"toolkits.json", "images.json"})
-        return {"version": tv, "linux_min_driver": floor["linux_min_driver"], "windows_min_driver": None,
-                "min_driver_basis": "minor-compat",
-                "source": f"{redact(tk.index_url)}cuda-toolkit/ {wheel.filename} (the release); "
-                          f"floor: the CUDA {major}.x minor-version floor (minor_compat.json)",
+        return {"version": tv, "linux_min_driver": None, "windows_min_driver": None,
+                "min_driver_basis": "unpublished",
+                "source": f"{redact(tk.index_url)}cuda-toolkit/ {wheel.filename} (the release); no native floor "
+                          f"read: the CUDA {major}.x minor-version floor (minor_compat.json) is the only one known",
                 "read": self.today,
                 "notes": "added by imgbuild data refresh from the package index: look its minimum driver "
                          "up in NVIDIA's release notes Table 3"}

@@ -14,6 +14,7 @@ from buildkit_py.compat import bases, rules
 from buildkit_py.compat.bases import BaseFacts
 from buildkit_py.compat.codes import RecipeWarning
 from buildkit_py.compat.rules import mirrored_ref
+from buildkit_py.compat.tables import NativeEvidence, known_native_driver
 from buildkit_py.recipe.model import Recipe
 
 # Pins whose wheels are large and change rarely: they get a layer of their own, before
@@ -29,7 +30,7 @@ class Resolution:
     cuda_version: str  # full toolkit version, e.g. 12.4.1
     cuda_flavor: str
     cuda_source: str
-    min_driver: str
+    min_driver: str | None  # the native floor; None where NVIDIA publishes none for the minor
     min_driver_compat: str | None
     cudnn: str | None
     python: str
@@ -51,6 +52,8 @@ class Resolution:
     cuda_arch: tuple[str, ...] = ()
     warnings: tuple[RecipeWarning, ...] = ()
     base_digest: str | None = None  # the final stage's base, pinned (shared bases, mirrors)
+    # Where the native floor is unpublished: the lowest driver known to run it natively, and why
+    native_driver: NativeEvidence | None = None
 
     @property
     def cuda_major_minor(self) -> str:
@@ -109,6 +112,7 @@ def resolve(recipe: Recipe, base: BaseFacts | None = None) -> Resolution:
         cuda_arch=archs.for_build(bool(compile_)),
         warnings=torch.warnings + bnb_warnings + images.warnings + flavor_warnings + pinned.warnings,
         base_digest=pinned.digest,
+        native_driver=known_native_driver(cuda.version),
     )
 
 

@@ -34,13 +34,14 @@ _VARIANT_RE = re.compile(r"^cu(\d{2})(\d)$")
 # ----------------------------------------------------------------------------- dataclasses
 @dataclass(frozen=True)
 class Toolkit:
-    """``linux_min_driver`` is the floor: NVIDIA's Table 3 value (``min_driver_basis`` "table3"), the
-    newest Table 3 value of the same minor where NVIDIA publishes no row ("same-minor"), or the major's
-    minor-version-compatibility floor where the whole minor has no row ("minor-compat": a driver at the
-    floor runs it with minor-version limits only). ``runfile_driver`` is the driver bundled in NVIDIA's
-    runfile, never a floor. Its PyPI wheels are in wheels.json."""
+    """``linux_min_driver`` is the native floor: NVIDIA's Table 3 value (``min_driver_basis``
+    "table3"), or the newest Table 3 value of the same minor where NVIDIA publishes no row for the
+    release ("same-minor"). Where the whole minor has no row ("unpublished") the native floor is
+    unknown and ``linux_min_driver`` is None: only the major's minor-version floor (minor_compat.json)
+    is known, and a driver NVIDIA's installer bundles (``runfile_driver``) is known to run it
+    natively. A runfile driver is never a floor. Its PyPI wheels are in wheels.json."""
     version: str
-    linux_min_driver: str
+    linux_min_driver: str | None
     windows_min_driver: str | None
     source: str
     notes: str | None = None
@@ -50,6 +51,10 @@ class Toolkit:
     @property
     def major_minor(self) -> str:
         return _mm(self.version)
+
+    @property
+    def native_floor_known(self) -> bool:
+        return self.linux_min_driver is not None
 
 
 @dataclass(frozen=True)
@@ -257,22 +262,26 @@ def _toolkit_row(f: str, e: dict) -> Toolkit:
 
 
 def _check_driver_floors(f: str, toolkits: list[Toolkit]) -> None:
-    """Table 3 floors never go down; a 'minor-compat' floor is its major's minor-version floor; a
-    'same-minor' floor is the newest earlier Table 3 value of its minor."""
+    """Table 3 floors never go down; an 'unpublished' floor is null and its major has a minor-version
+    floor (the only floor then known); a 'same-minor' floor is the newest earlier Table 3 value of its
+    minor."""
     floors = _minor_floors()
-    published = [t for t in toolkits if t.min_driver_basis != "minor-compat"]
+    published = [t for t in toolkits if t.min_driver_basis != "unpublished"]
     for a, b in zip(published, published[1:], strict=False):
+        if a.linux_min_driver is None or b.linux_min_driver is None:
+            raise _fail(f, (b if b.linux_min_driver is None else a).version,
+                        "only an 'unpublished' floor may be null")
         if Version(b.linux_min_driver) < Version(a.linux_min_driver):
             raise _fail(f, b.version,
                         f"Linux driver {b.linux_min_driver} lower than {a.version}'s {a.linux_min_driver}")
     for t in toolkits:
         mj = int(t.version.split(".")[0])
-        if t.min_driver_basis == "minor-compat":
-            floor = floors.get(mj)
-            if floor is None or t.linux_min_driver != floor.linux_min_driver:
-                raise _fail(f, t.version, f"a 'minor-compat' floor must be the CUDA {mj}.x minor-version floor "
-                                          f"({floor.linux_min_driver if floor else 'none recorded'}), "
-                                          f"got {t.linux_min_driver}")
+        if t.min_driver_basis == "unpublished":
+            if t.linux_min_driver is not None:
+                raise _fail(f, t.version, "an 'unpublished' floor must be null (NVIDIA publishes none)")
+            if mj not in floors:
+                raise _fail(f, t.version, f"an 'unpublished' floor needs the CUDA {mj}.x minor-version floor "
+                                          "(minor_compat.json)")
         elif t.min_driver_basis == "same-minor":
             same = [x for x in published if x.major_minor == t.major_minor and x.min_driver_basis == "table3"
                     and Version(x.version) < Version(t.version)]
@@ -608,6 +617,34 @@ def resolve_cuda(spec: str) -> Toolkit:
         if matches:
             return matches[-1]
     raise _cuda_gap(spec, "not a CUDA toolkit release imgbuild knows")
+
+
+@dataclass(frozen=True)
+class NativeEvidence:
+    """The lowest driver known to run a toolkit natively where NVIDIA publishes no floor for it:
+    ``driver``, and ``why`` (which installer bundles it, or which newer toolkit's floor it is)."""
+    driver: str
+    why: str
+
+
+def known_native_driver(version: str) -> NativeEvidence | None:
+    """For a toolkit without a published floor: the lowest driver known to run it natively. A driver
+    runs natively every CUDA minor up to the one it was released for, so the evidence is a driver
+    bundled with an installer of the same minor, or the published floor of any later minor. None
+    where neither exists (or where the floor is published: that floor is the answer)."""
+    tk = resolve_cuda(version)
+    if tk.native_floor_known:
+        return None
+    v_mm = Version(tk.major_minor)
+    found: list[NativeEvidence] = []
+    for t in toolkits():
+        t_mm = Version(t.major_minor)
+        if t_mm == v_mm and t.runfile_driver:
+            found.append(NativeEvidence(t.runfile_driver, f"the driver NVIDIA's CUDA {t.version} installer bundles"))
+        elif t_mm > v_mm and t.linux_min_driver:
+            found.append(NativeEvidence(t.linux_min_driver, f"CUDA {t.version}'s published minimum, which covers "
+                                                            f"every earlier CUDA minor"))
+    return min(found, key=lambda e: Version(e.driver)) if found else None
 
 
 def minor_compat_floor(major: int) -> str | None:

@@ -39,7 +39,6 @@ def static_labels(recipe: Recipe, res: Resolution) -> dict[str, str]:
         CUDA_VERSION: res.cuda_version,
         CUDA_FLAVOR: res.cuda_flavor,
         CUDA_SOURCE: res.cuda_source,
-        DRIVER_MIN: res.min_driver,
         PYTHON_VERSION: res.python,
         INSTALLER: installer_for(recipe.build.installer).label,
         RECIPE_DIGEST: recipe.digest,
@@ -53,6 +52,8 @@ def static_labels(recipe: Recipe, res: Resolution) -> dict[str, str]:
         labels[OS] = res.os
     if res.base_digest:
         labels[OCI + "base.digest"] = res.base_digest
+    if res.min_driver:  # never stamped where NVIDIA publishes no native floor (CUDA 13.3-13.5)
+        labels[DRIVER_MIN] = res.min_driver
     if res.min_driver_compat:
         labels[DRIVER_MIN_COMPAT] = res.min_driver_compat
     if res.cudnn:
