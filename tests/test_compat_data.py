@@ -280,17 +280,13 @@ def _with_data(monkeypatch, tmp_path, name: str, mutate):
     mutate(obj)
     (data_dir / name).write_text(json.dumps(obj))
     monkeypatch.setattr(tables.resources, "files", lambda pkg: tmp_path)
-    for fn in (tables._toolkit_data, tables._minor_floors, tables._forward_compat, tables._images, tables._torch,
-               tables._flash_attn, tables._bnb, tables._archs, tables._wheels, tables._coverage):
-        fn.cache_clear()
+    tables.clear_caches()
 
 
 @pytest.fixture(autouse=True)
 def _clear_caches():
     yield
-    for fn in (tables._toolkit_data, tables._minor_floors, tables._forward_compat, tables._images, tables._torch,
-               tables._flash_attn, tables._bnb, tables._archs, tables._wheels, tables._coverage):
-        fn.cache_clear()
+    tables.clear_caches()
 
 
 def _swap_first_two(o):
@@ -340,6 +336,9 @@ def _set_tk(version, key, value):
     ("archs.json", lambda o: o["entries"].pop(0), "archs.json.*11.0.2.*architecture list"),
     ("archs.json", lambda o: o["entries"][-1]["archs"].__setitem__(slice(None), ["9.0a", "9.0"]), "ascending"),
     ("images.json", lambda o: o["absent"].pop("13.5.0"), "images.json.*13.5.*absent"),
+    ("wheels.json", lambda o: o["cudnn"][2].__setitem__("cuda", ">=12.0,<13"), "outside cuDNN 8's support matrix"),
+    ("cudnn.json", lambda o: o["majors"][0].__setitem__("cudnn", "eight"), "cuDNN major"),
+    ("cudnn.json", lambda o: o["majors"][0].__setitem__("cuda", ">=11.0,<<12"), "not a specifier"),
 ])
 def test_invariants(monkeypatch, tmp_path, name, mutate, match):
     _with_data(monkeypatch, tmp_path, name, mutate)

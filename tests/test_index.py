@@ -225,7 +225,7 @@ def test_plan_looks_a_newer_torch_up_and_caches_it(ix, tmp_path, monkeypatch):
     status = io.StringIO()
     assert main(["data", "status", "--json"], status, io.StringIO()) == 0
     st = json.loads(status.getvalue())
-    assert st["shipped_as_of"] == "2026-12-03"
+    assert st["shipped_as_of"] == tables.data_as_of().removeprefix("as of ")
     assert st["cached"] == [{"component": "torch", "version": "2.16.0", "index": ix.url, "read": st["cached"][0]["read"],  # noqa: E501
                              "pypi_variant": "cu135", "shipped": False}]
 
@@ -237,7 +237,7 @@ def test_offline_unknown_pin_is_a_clear_error(ix, tmp_path, monkeypatch):
     assert main(["plan", str(recipe), "--offline", "--index-url", ix.url], out, err) == 2
     assert ix.requests == []
     text = err.getvalue()
-    assert "torch: " in text and "unknown to the shipped data (as of 2026-12-03)" in text and "without --offline" in text  # noqa: E501
+    assert "torch: " in text and f"unknown to the shipped data ({tables.data_as_of()})" in text and "without --offline" in text  # noqa: E501
 
 
 def test_unreachable_index_falls_back_with_warning(tmp_path, monkeypatch):
@@ -253,4 +253,4 @@ def test_data_status_text_with_empty_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     out = io.StringIO()
     assert main(["data", "status"], out, io.StringIO()) == 0
-    assert "shipped compatibility data as of 2026-12-03" in out.getvalue() and "empty" in out.getvalue()
+    assert f"shipped compatibility data {tables.data_as_of()}" in out.getvalue() and "empty" in out.getvalue()

@@ -295,3 +295,40 @@ def test_runtime_compile_warning_does_not_send_users_to_a_ptxas_only_wheel(tmp_p
     assert [w.code for w in res.warnings] == ["runtime-compile-without-nvcc"]
     text = " ".join(w.message for w in res.warnings)
     assert "flavor: devel" in text and "nvidia-cuda-nvcc-cu12" not in text
+
+
+# ---------------------------------------------------------------- cuDNN: one rule for both sources (issue 21: 4)
+def _with_cudnn(tmp_path, cuda, source, cudnn, extra="", python="3.11"):
+    base = "base: {image: debian:bookworm-slim}" if source == "wheels" else "base: {os: ubuntu22.04}"
+    text = BASE.format(cuda=cuda, source=source, python=python, base=base, extra=extra)
+    text = text.replace(f"source: {source}", f'source: {source}\n  cudnn: "{cudnn}"')
+    return load_recipe(write_recipe(tmp_path, text))
+
+
+@pytest.mark.parametrize("source", ["wheels", "nvidia"])
+@pytest.mark.parametrize(("cuda", "cudnn", "ok"), [
+    ("12.2", "8", True), ("12.3", "8", False), ("12.8", "8", False), ("12.8", "9", True), ("13.0", "8", False),
+])
+def test_cudnn_support_matrix_is_one_rule(tmp_path, source, cuda, cudnn, ok):
+    """cuDNN 8.9 for CUDA 12.x supports 12.0-12.2: the wheels path used to accept cuDNN 8 on 12.3-12.9
+    (a wheel installs there) while the nvidia path refused it; both now give the same answer."""
+    python = "3.10" if source == "nvidia" else "3.11"
+    r = _with_cudnn(tmp_path, cuda, source, cudnn, python=python)
+    if ok:
+        assert resolve(r).cudnn == cudnn
+        return
+    with pytest.raises(CompatibilityError) as info:
+        resolve(r)
+    err = info.value
+    assert err.key == "cuda.cudnn" and "support matrix lists cuDNN 8 for CUDA 11.0-11.8 and 12.0-12.2" in err.message
+    assert 'cuda.version "12.2"' in err.hint
+
+
+def test_cudnn_label_never_names_a_cudnn_torch_does_not_bring(tmp_path):
+    """torch 2.7.1 on CUDA 11.8 from wheels brings cuDNN 9 (every 2.4+ build does), and nothing else
+    installs cuDNN: cuda.cudnn "8" would label a cuDNN the image lacks."""
+    with pytest.raises(CompatibilityError) as info:
+        resolve(_with_cudnn(tmp_path, "11.8", "wheels", "8", extra='torch: "2.7.1"'))
+    assert "brings cuDNN 9" in info.value.message and 'cudnn: "9"' in info.value.hint
+    res = resolve(_with_cudnn(tmp_path, "11.8", "wheels", "9", extra='torch: "2.7.1"'))
+    assert (res.cudnn, res.torch_label) == ("9", "2.7.1+cu118")

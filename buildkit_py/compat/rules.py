@@ -316,6 +316,8 @@ def cudnn_rule(recipe: Recipe, cuda: str) -> str | None:
     cudnn = recipe.cuda.cudnn
     if cudnn is None:
         return None
+    if not compat.cudnn_supported(cuda, cudnn):  # one rule for both sources: NVIDIA's support matrix
+        raise _cudnn_unsupported(recipe, cudnn, cuda)
     if recipe.cuda.source == "wheels":
         try:
             compat.cudnn_wheel(cuda, cudnn)
@@ -329,6 +331,32 @@ def cudnn_rule(recipe: Recipe, cuda: str) -> str | None:
                     f"(available: {', '.join(available) or 'none'})",
                     hint=f"use cudnn: \"{available[-1]}\"" if available else "drop cuda.cudnn")
     return cudnn
+
+
+def _cudnn_unsupported(recipe: Recipe, cudnn: str, cuda: str) -> CompatibilityError:
+    """A cuDNN major NVIDIA's support matrix does not list for this CUDA: name the CUDAs it does
+    support and the cuDNN majors this CUDA has."""
+    major = cudnn.split(".", maxsplit=1)[0]
+    rows = compat.cudnn_support(major)
+    spans = [_minors_in(r.cuda) for r in rows]
+    supports = " and ".join(s for s in spans if s) or "no CUDA imgbuild knows"
+    here = compat.cudnn_majors_for(cuda)
+    newest_cuda = max((t.version for t in compat.toolkits() for r in rows if Version(_mm(t.version)) in r.cuda),
+                      key=Version, default=None)
+    options = [f'cudnn: "{here[-1]}" (the newest cuDNN for CUDA {_mm(cuda)})'] if here else []
+    if newest_cuda:
+        options.append(f'cuda.version "{_mm(newest_cuda)}" (the newest CUDA cuDNN {major} supports)')
+    return _fail(recipe, "cuda.cudnn", "cudnn", cudnn, "cuda", cuda,
+                 f"NVIDIA's cuDNN support matrix lists cuDNN {major} for CUDA {supports} only",
+                 hint="use " + " or ".join(options) if options else "drop cuda.cudnn")
+
+
+def _minors_in(spec: SpecifierSet) -> str:
+    """The known CUDA minors a range covers, as "12.0-12.2" (empty when none)."""
+    minors = sorted({_mm(t.version) for t in compat.toolkits() if Version(_mm(t.version)) in spec}, key=Version)
+    if not minors:
+        return ""
+    return minors[0] if len(minors) == 1 else f"{minors[0]}-{minors[-1]}"
 
 
 # ----------------------------------------------------------------------------- 3. OS and Python
@@ -394,11 +422,8 @@ def torch_rule(recipe: Recipe, cuda: str, python: str, cudnn: str | None) -> Tor
         raise _fail(recipe, "python", "torch", release.version, "python", python,
                     f"torch {release.version} publishes wheels for Python {release.python}",
                     hint="pick a Python in that range")
-    torch_cudnn = _torch_cudnn(release, wanted)
-    if cudnn and recipe.cuda.source == "wheels" and torch_cudnn and torch_cudnn != cudnn.split(".")[0]:
-        raise _fail(recipe, "cuda.cudnn", "cudnn", cudnn, "torch", f"{release.version}+{wanted}",
-                    f"torch {release.version}+{wanted} pins cuDNN {torch_cudnn} wheels",
-                    hint=f"use cudnn: \"{torch_cudnn}\" (or drop cuda.cudnn: torch brings its own)")
+    if cudnn and recipe.cuda.source == "wheels":
+        _check_torch_cudnn(recipe, release, wanted, cudnn)
     if recipe.cuda.source == "nvidia" and recipe.cuda.flavor != "base":
         major = cuda.split(".", maxsplit=1)[0]
         warnings.append(RecipeWarning(
@@ -438,10 +463,26 @@ def _torch_variant_error(recipe: Recipe, release: TorchRelease, wanted: str, cud
                  hint="use " + " or ".join(options))
 
 
-def _torch_cudnn(release: TorchRelease, variant: str) -> str | None:
-    """The cuDNN major the torch wheel of the Python registry pins (None: not recorded)."""
-    if release.pypi_variant != variant:
-        return None
+def _check_torch_cudnn(recipe: Recipe, release: TorchRelease, variant: str, cudnn: str) -> None:
+    """With source: wheels and torch, cuDNN is the one torch's wheel pins, nothing else installs
+    one: cuda.cudnn must be that major, or it would label a cuDNN the image does not carry."""
+    torch_cudnn = torch_cudnn_major(release)
+    build = f"{release.version}+{variant}"
+    if torch_cudnn is None:
+        raise _fail(recipe, "cuda.cudnn", "cudnn", cudnn, "torch", build,
+                    f"imgbuild's data does not say which cuDNN torch {build} brings, and with source: wheels "
+                    "torch's is the only cuDNN in the image", hint="drop cuda.cudnn (torch brings its own cuDNN)")
+    if torch_cudnn != cudnn.split(".", maxsplit=1)[0]:
+        raise _fail(recipe, "cuda.cudnn", "cudnn", cudnn, "torch", build,
+                    f"torch {build} brings cuDNN {torch_cudnn} (its nvidia-cudnn wheel), and with source: wheels "
+                    "that is the only cuDNN in the image",
+                    hint=f"use cudnn: \"{torch_cudnn}\" (or drop cuda.cudnn: torch brings its own)")
+
+
+def torch_cudnn_major(release: TorchRelease) -> str | None:
+    """The cuDNN major of a torch release: its PyPI wheel's nvidia-cudnn pin. PyTorch builds every
+    CUDA variant of a release against one cuDNN major (RELEASE.md's compatibility matrix: 2.1-2.3
+    cuDNN 8 on cu118 and cu121, 2.4+ cuDNN 9 on every variant), so it holds for the other variants."""
     pins = [v for n, v in release.pypi_cuda_wheels.items() if n.startswith("nvidia-cudnn")]
     return pins[0].split(".")[0] if pins else None
 

@@ -573,15 +573,70 @@ def _coverage() -> None:
             raise _fail("images.json", mm, "toolkit minor without nvidia/cuda images and not listed under 'absent'")
 
 
+@dataclass(frozen=True)
+class CudnnSupport:
+    """One row of NVIDIA's cuDNN support matrix: a cuDNN major and the CUDA toolkits it supports."""
+    cudnn: str
+    cuda: SpecifierSet
+    newest: str | None
+    source: str
+
+
+@functools.cache
+def _cudnn_support() -> tuple[CudnnSupport, ...]:
+    f = "cudnn.json"
+    raw = _load_raw(f)
+    out = [CudnnSupport(str(e["cudnn"]), _spec(f, e.get("cudnn"), e.get("cuda")), e.get("newest"), e["source"])
+           for e in raw["majors"]]
+    for w in _wheels().cudnn:  # a wheel row may not claim a CUDA the support matrix does not list
+        for t in _toolkit_data()[0]:
+            if Version(t.version) in w.cuda and not cudnn_supported(t.version, w.cudnn, rows=out):
+                raise _fail("wheels.json", f"cudnn {w.cudnn} for {w.cuda}",
+                            f"CUDA {t.version} is outside cuDNN {w.cudnn}'s support matrix (cudnn.json)")
+    return tuple(out)
+
+
+def cudnn_supported(cuda: str, cudnn: str, *, rows: list[CudnnSupport] | None = None) -> bool:
+    """Does NVIDIA's support matrix list CUDA ``cuda`` for cuDNN major ``cudnn``?"""
+    v = Version(_mm(str(cuda)))
+    major = str(cudnn).split(".")[0]
+    return any(r.cudnn == major and v in r.cuda for r in (rows if rows is not None else _cudnn_support()))
+
+
+def cudnn_majors_for(cuda: str) -> tuple[str, ...]:
+    """The cuDNN majors NVIDIA's support matrix lists for that CUDA, ascending."""
+    v = Version(_mm(str(cuda)))
+    return tuple(sorted({r.cudnn for r in _cudnn_support() if v in r.cuda}, key=int))
+
+
+def cudnn_support(cudnn: str) -> tuple[CudnnSupport, ...]:
+    """The support-matrix rows of one cuDNN major (empty: a major NVIDIA never published)."""
+    return tuple(r for r in _cudnn_support() if r.cudnn == str(cudnn).split(".")[0])
+
+
 DATA_FILES = ("toolkits.json", "minor_compat.json", "forward_compat.json", "images.json", "torch.json",
-              "flash_attn.json", "bitsandbytes.json", "archs.json", "wheels.json")
+              "flash_attn.json", "bitsandbytes.json", "archs.json", "wheels.json", "cudnn.json",
+              "torch_cuda_pins.json")
+
+
+def _loaders() -> tuple[Any, ...]:
+    """Every cached loader, in the order their invariants depend on each other."""
+    from buildkit_py.compat import torch_pins  # noqa: PLC0415  # it reads tables: a top-level import would circle
+
+    return (_toolkit_data, _minor_floors, _forward_compat, _images, _torch, _flash_attn, _bnb, _archs, _wheels,
+            _cudnn_support, torch_pins.rows, _coverage)
 
 
 def validate_all() -> None:
     """Load every data file (raising CompatDataError on the first broken invariant)."""
-    for load in (_toolkit_data, _minor_floors, _forward_compat, _images, _torch, _flash_attn, _bnb, _archs, _wheels,
-                 _coverage):
+    for load in _loaders():
         load()
+
+
+def clear_caches() -> None:
+    """Forget every loaded file (tests that serve other data; ``data refresh`` after writing)."""
+    for load in _loaders():
+        load.cache_clear()
 
 
 # ----------------------------------------------------------------------------- public API
