@@ -348,7 +348,7 @@ def test_registry_disk_full_during_upload_clear_error_no_tag(docker_client, own_
 RECIPE = """\
 name: {name}
 version: "1.0"
-cuda: {{version: "12.4", source: nvidia}}
+cuda: {{version: "12.4", source: wheels, flavor: base}}
 base: {{image: debian:bookworm-slim}}
 python: "3.11"
 apt: [{apt}]

@@ -38,7 +38,7 @@ VALUES_THAT_BUILD = {  # accepted where quoted: their text must survive unchange
 RECIPE = {
     "name": "team/inject",
     "version": "1.0",
-    "cuda": {"version": "12.4", "source": "nvidia"},
+    "cuda": {"version": "12.4", "source": "wheels"},
     "base": {"image": "debian:bookworm-slim"},
     "python": "3.11",
 }
@@ -48,11 +48,12 @@ FIELDS = {
     "version": lambda v: {"version": v},
     "base.image": lambda v: {"base": {"image": v}},
     "base.mirror": lambda v: {"base": {"image": "debian:bookworm-slim", "mirror": v}},
-    "base.os": lambda v: {"cuda": {"version": "12.4", "source": "nvidia"}, "base": {"os": v}},
+    # source: nvidia takes CUDA from the nvidia/cuda image these fields pick (no base.image: None drops it)
+    "base.os": lambda v: {"cuda": {"version": "12.4", "source": "nvidia"}, "base": {"image": None, "os": v}},
     "python": lambda v: {"python": v},
     "torch": lambda v: {"torch": v},
-    "cuda.version": lambda v: {"cuda": {"version": v, "source": "nvidia"}},
-    "cuda.cudnn": lambda v: {"cuda": {"version": "12.4", "source": "nvidia", "cudnn": v}},
+    "cuda.version": lambda v: {"cuda": {"version": v, "source": "nvidia"}, "base": {"image": None}},
+    "cuda.cudnn": lambda v: {"cuda": {"version": "12.4", "source": "nvidia", "cudnn": v}, "base": {"image": None}},
     "pip": lambda v: {"pip": [v]},
     "pip.version": lambda v: {"pip": ["six==" + v]},
     "pip.extra": lambda v: {"pip": [f"six[{v}]==1.16.0"]},
@@ -98,10 +99,12 @@ def offline_bases(monkeypatch):
 
 
 def merge(base: dict, extra: dict) -> dict:
+    """``base`` updated with ``extra`` one level deep; a None value removes the key."""
     out = json.loads(json.dumps(base))
     for k, v in extra.items():
         if isinstance(v, dict) and isinstance(out.get(k), dict):
             out[k].update(v)
+            out[k] = {kk: vv for kk, vv in out[k].items() if vv is not None}
         else:
             out[k] = v
     return out

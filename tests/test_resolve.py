@@ -332,3 +332,57 @@ def test_cudnn_label_never_names_a_cudnn_torch_does_not_bring(tmp_path):
     assert "brings cuDNN 9" in info.value.message and 'cudnn: "9"' in info.value.hint
     res = resolve(_with_cudnn(tmp_path, "11.8", "wheels", "9", extra='torch: "2.7.1"'))
     assert (res.cudnn, res.torch_label) == ("9", "2.7.1+cu118")
+
+
+# ---------------------------------------------------------------- source: nvidia needs a CUDA base (issue 21: 1)
+def _nvidia_on(tmp_path, image, cuda="12.4", flavor="runtime", cudnn=None, base=None):
+    text = (f'name: team/x\ncuda: {{version: "{cuda}", source: nvidia, flavor: {flavor}'
+            + (f', cudnn: "{cudnn}"' if cudnn else "") + f'}}\nbase: {{image: "{image}"}}\npython: "3.10"\n')
+    return resolve(load_recipe(write_recipe(tmp_path, text)), base=base)
+
+
+@pytest.mark.parametrize("cuda", ["11.2", "12.4", "13.0"])
+def test_nvidia_source_on_a_plain_os_base_is_refused(tmp_path, cuda):
+    """It used to plan with exit 0, render FROM debian with no CUDA and label cuda.version and a
+    driver floor (for 11.0-11.6 too, which are otherwise refused)."""
+    with pytest.raises(CompatibilityError) as info:
+        _nvidia_on(tmp_path, "debian:bookworm-slim", cuda=cuda)
+    err = info.value
+    assert err.key == "base.image" and "plain OS image" in err.message and "cuda.source: wheels" in err.hint
+
+
+def test_nvidia_source_takes_cuda_flavor_and_os_from_an_nvidia_tag(tmp_path):
+    res = _nvidia_on(tmp_path, "nvidia/cuda:12.4.0-runtime-ubuntu22.04")
+    assert (res.cuda_version, res.os, res.min_driver) == ("12.4.0", "ubuntu22.04", "550.54.14")
+    res = _nvidia_on(tmp_path, "127.0.0.1:5000/mirror/nvidia/cuda:12.4.1-cudnn-runtime-ubuntu22.04", cudnn="9")
+    assert (res.cuda_version, res.cudnn) == ("12.4.1", "9")
+
+
+@pytest.mark.parametrize(("image", "kw", "key", "text"), [
+    ("nvidia/cuda:12.4.1-devel-ubuntu22.04", {}, "cuda.flavor", "the devel tier"),
+    ("nvidia/cuda:12.1.1-runtime-ubuntu22.04", {}, "cuda.version", "carries CUDA 12.1.1"),
+    ("nvidia/cuda:12.4.1-runtime-ubuntu22.04", {"cudnn": "9"}, "cuda.cudnn", "carries no cuDNN"),
+    ("nvidia/cuda:12.4.1-cudnn-runtime-ubuntu22.04", {"cudnn": "8"}, "cuda.cudnn", "carries cuDNN 9"),
+])
+def test_nvidia_source_checks_the_tag_against_the_recipe(tmp_path, image, kw, key, text):
+    with pytest.raises(CompatibilityError) as info:
+        _nvidia_on(tmp_path, image, **kw)
+    assert info.value.key == key and text in info.value.message
+
+
+def test_nvidia_source_reads_a_registry_base_config(tmp_path):
+    from buildkit_py.compat.bases import BaseFacts
+
+    ref = "127.0.0.1:5000/team/base:1"
+    plain = BaseFacts(ref, "sha256:" + "a" * 64, {}, {"PATH": "/usr/bin"})
+    with pytest.raises(CompatibilityError) as info:
+        _nvidia_on(tmp_path, ref, base=plain)
+    assert "carries no CUDA" in info.value.message and "no CUDA_VERSION env" in info.value.message
+    nvidia_env = {"CUDA_VERSION": "12.4.1", "NV_LIBCUBLAS_VERSION": "12.4.5.8-1", "NV_CUDNN_VERSION": "9.1.0.70-1"}
+    with_cuda = BaseFacts(ref, "sha256:" + "a" * 64, {"io.imgbuild.os": "ubuntu22.04"}, nvidia_env)
+    res = _nvidia_on(tmp_path, ref, cudnn="9", base=with_cuda)
+    assert (res.cuda_version, res.cudnn, res.base_digest) == ("12.4.1", "9", "sha256:" + "a" * 64)
+    unreadable = BaseFacts(ref, None, error="401 Unauthorized")
+    with pytest.raises(CompatibilityError) as info:
+        _nvidia_on(tmp_path, ref, base=unreadable)
+    assert "401 Unauthorized" in info.value.message

@@ -146,6 +146,11 @@ def main(argv: Sequence[str] | None = None, stdout: IO[str] | None = None, stder
         stderr.write(f"imgbuild: error: {exc.render()}\n")
         code = int(exc.exit_status)
         document = {**exc.to_json(), "hint": exc.hint, "exit_code": code}
+    except BrokenPipeError:
+        # The reader went away (`imgbuild plan ... | head`): stop quietly, as cat does, and keep
+        # Python from failing again when it flushes stdout at exit.
+        _silence_stdout(stdout)
+        return 128 + 13  # SIGPIPE's status, what a shell reports for a writer whose pipe closed
     except KeyboardInterrupt:
         stderr.write("imgbuild: interrupted\n")
         code = 130
@@ -161,6 +166,12 @@ def main(argv: Sequence[str] | None = None, stdout: IO[str] | None = None, stder
     if _json_requested(args, argv):
         _out(stdout, stderr, stdin).data(document)
     return code
+
+
+def _silence_stdout(stdout: IO[str]) -> None:
+    if stdout is sys.stdout:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
 
 
 def _out(stdout: IO[str], stderr: IO[str], stdin: IO[str] | None) -> Out:

@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from buildkit_py import oci
+from buildkit_py.compat import cuda_base
 from buildkit_py.errors import ImgbuildError
 from buildkit_py.recipe.model import Recipe
 
@@ -49,7 +50,11 @@ def fetch_base_facts(ref: str, *, client=None) -> BaseFacts:
 
 
 def base_facts_for(recipe: Recipe, base_image: str, *, client=None) -> BaseFacts | None:
-    """Look up the final stage's base when it sits in a named registry (a team base, a mirror)."""
+    """Look up the final stage's base when it sits in a named registry (a team base, a mirror), and,
+    with ``cuda.source: nvidia``, any base whose CUDA its name does not tell (Docker Hub included):
+    the resolver refuses to label CUDA it has not seen (compat/cuda_base.py)."""
+    if cuda_base.needs_config(recipe.cuda.source, base_image):
+        return fetch_base_facts(base_image, client=client)
     if "@sha256:" in base_image or not in_private_registry(base_image):
         return None
     return fetch_base_facts(base_image, client=client)

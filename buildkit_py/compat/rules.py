@@ -29,7 +29,7 @@ from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
 from buildkit_py import compat
-from buildkit_py.compat import codes
+from buildkit_py.compat import codes, cuda_base
 from buildkit_py.compat.bases import BaseFacts
 from buildkit_py.compat.codes import RecipeWarning
 from buildkit_py.compat.tables import BnbRelease, FlashAttnRelease, Toolkit, TorchRelease, WheelSet
@@ -207,6 +207,9 @@ def detect_os(recipe: Recipe) -> str | None:
     if recipe.cuda.source == "nvidia" and not recipe.base.image:
         return recipe.base.os
     image = recipe.base.image or ""
+    tagged = cuda_base.from_tag(image)
+    if tagged is not None:
+        return tagged.os
     for pattern, os_name in _OS_FROM_IMAGE:
         if pattern.search(image):
             return os_name
@@ -283,6 +286,8 @@ def cuda_rule(recipe: Recipe, base: BaseFacts | None) -> CudaPart:
     exact = recipe.cuda.version.count(".") == 2
     if recipe.cuda.source == "nvidia" and not recipe.base.image and not exact:
         toolkit = _newest_with_image(recipe, toolkit)
+    if recipe.cuda.source == "nvidia" and recipe.base.image:
+        toolkit = _nvidia_base_toolkit(recipe, base, toolkit)
     from_imgbuild_base = (facts := _usable(base)) is not None and facts.built_by_imgbuild
     brought = from_imgbuild_base or (recipe.torch and recipe.cuda.flavor != "devel")
     wheel_set = None
@@ -293,6 +298,68 @@ def cuda_rule(recipe: Recipe, base: BaseFacts | None) -> CudaPart:
             raise _gap(recipe, "cuda.version", exc, "cuda", recipe.cuda.version) from None
         toolkit = compat.resolve_cuda(wheel_set.toolkit)
     return CudaPart(toolkit, wheel_set, compat.minor_compat_floor(int(toolkit.version.split(".")[0])))
+
+
+def _nvidia_base_toolkit(recipe: Recipe, base: BaseFacts | None, wanted: Toolkit) -> Toolkit:
+    """``source: nvidia`` on a named base: nothing installs CUDA, so the base must carry the recipe's
+    CUDA, flavor and cuDNN, read from its nvidia/cuda tag or its config. The toolkit is then the
+    base's own release (the labels name what is inside), never a guess."""
+    image = recipe.base.image or ""
+    facts = cuda_base.from_tag(image) or cuda_base.from_tag(mirrored_ref(image, recipe.base.mirror))
+    if facts is None and (read := _usable(base)) is not None:
+        facts = cuda_base.from_config(read.labels, read.env)
+    if facts is None or facts.cuda is None:
+        raise _not_a_cuda_base(recipe, image, base, facts)
+    if _mm(facts.cuda) != wanted.major_minor or (recipe.cuda.version.count(".") == 2 and facts.cuda.count(".") == 2
+                                                  and facts.cuda != wanted.version):
+        raise _fail(recipe, "cuda.version", "cuda", recipe.cuda.version, "base.image", f"{image} (CUDA {facts.cuda})",
+                    f"with source: nvidia the CUDA is the base's, and {image} carries CUDA {facts.cuda} "
+                    f"({facts.evidence})", hint=f'use cuda.version "{facts.cuda}" or a base with CUDA '
+                                                f"{recipe.cuda.version}")
+    if facts.flavor != recipe.cuda.flavor:
+        raise _fail(recipe, "cuda.flavor", "cuda.flavor", recipe.cuda.flavor, "base.image",
+                    f"{image} ({facts.flavor or 'flavor unknown'})",
+                    f"with source: nvidia the image carries the base's CUDA tier, and {image} is "
+                    + (f"the {facts.flavor} tier ({facts.evidence})" if facts.flavor else
+                       f"of a tier imgbuild cannot tell ({facts.evidence})"),
+                    hint=f"use cuda.flavor: {facts.flavor}" if facts.flavor else
+                    "use an nvidia/cuda tag or an imgbuild base, which say their tier")
+    cudnn = recipe.cuda.cudnn
+    base_cudnn = facts.cudnn
+    if base_cudnn == "":  # a bare "cudnn" tag: the major NVIDIA publishes for that CUDA, when only one
+        majors = compat.cudnn_versions(facts.cuda)
+        base_cudnn = majors[0] if len(majors) == 1 else None
+    if cudnn and base_cudnn != cudnn.split(".", maxsplit=1)[0]:
+        carries = (f"cuDNN {base_cudnn}" if base_cudnn else "a cuDNN of a major imgbuild cannot tell"
+                   if facts.cudnn == "" else "no cuDNN")
+        raise _fail(recipe, "cuda.cudnn", "cudnn", cudnn, "base.image", image,
+                    f"with source: nvidia cuDNN comes from the base, and {image} carries {carries} "
+                    f"({facts.evidence})",
+                    hint=f'use cudnn: "{base_cudnn}"' if base_cudnn else
+                    "drop cuda.cudnn or use a base with that cuDNN (an nvidia/cuda cudnn tag)")
+    if facts.cuda.count(".") < 2:
+        return wanted
+    try:
+        return compat.resolve_cuda(facts.cuda)
+    except LookupError as exc:
+        raise _gap(recipe, "base.image", exc, "cuda", facts.cuda) from None
+
+
+def _not_a_cuda_base(recipe: Recipe, image: str, base: BaseFacts | None,
+                     facts: cuda_base.CudaBase | None) -> CompatibilityError:
+    if facts is not None:
+        why = f"it carries no CUDA: {facts.evidence}"
+    elif cuda_base.plain_os_image(image):
+        why = "it is a plain OS image: nothing in it or in the recipe installs CUDA"
+    elif base is not None and base.error:
+        why = f"its registry could not be read ({base.error}), so its CUDA cannot be checked"
+    else:
+        why = "it is not an nvidia/cuda tag and its config was not read, so its CUDA cannot be checked"
+    return _fail(recipe, "base.image", "base.image", image, "cuda.source", "nvidia",
+                 f"source: nvidia takes CUDA from the base image, and {why}",
+                 hint="use cuda.source: wheels (CUDA from NVIDIA's wheels on this base), drop base.image "
+                      "(imgbuild picks the nvidia/cuda tag), or name an nvidia/cuda tag or a CUDA base in a "
+                      "registry imgbuild can read")
 
 
 def _newest_with_image(recipe: Recipe, newest: Toolkit) -> Toolkit:
