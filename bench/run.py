@@ -47,7 +47,7 @@ BASE = os.environ.get("IMGBUILD_TEST_BASE_IMAGE", "debian:bookworm-slim")
 RECIPE = """\
 name: {name}
 version: "{version}"
-cuda: {{version: "12.4", source: wheels}}
+cuda: {{version: "12.4", source: wheels, flavor: base}}
 base: {{image: {base}}}
 python: "3.11"
 pip: [{pins}]

@@ -16,6 +16,7 @@ version: "1.0"
 cuda:
   version: "12.4"
   source: wheels
+  flavor: base
 base:
   image: {base}
 python: "3.11"

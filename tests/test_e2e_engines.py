@@ -17,7 +17,7 @@ from buildkit_py import oci
 RECIPE = """\
 name: {name}
 version: "1.0"
-cuda: {{version: "12.4", source: wheels}}
+cuda: {{version: "12.4", source: wheels, flavor: base}}
 base: {{image: {base}}}
 python: "3.11"
 copy:

@@ -9,7 +9,7 @@ from helpers import CA_ARGS, run_cli, write_recipe
 COMPILED = """\
 name: {name}
 version: "1.0"
-cuda: {{version: "12.4", source: wheels}}
+cuda: {{version: "12.4", source: wheels, flavor: base}}
 base: {{image: {base}}}
 python: "3.11"
 pip: [markupsafe==2.1.5]
@@ -49,7 +49,7 @@ def test_extension_compiled_in_builder_ships_without_compiler(tmp_path, base_ima
 def test_budget_exceeded_fails_with_breakdown_and_untags(tmp_path, base_image, unique_name, docker_client):
     recipe = f"""\
 name: {unique_name}
-cuda: {{version: "12.4", source: wheels}}
+cuda: {{version: "12.4", source: wheels, flavor: base}}
 base: {{image: {base_image}}}
 python: "3.11"
 budget: {{max_size: "50MB"}}

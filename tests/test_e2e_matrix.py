@@ -17,7 +17,7 @@ CA = "/etc/ssl/certs/ca-certificates.crt"
 RECIPE = """\
 name: {name}
 version: "1.0"
-cuda: {{version: "12.4", source: wheels}}
+cuda: {{version: "12.4", source: wheels, flavor: base}}
 base: {{image: {base}}}
 python: "3.11"
 pip: ["idna==3.7"]
@@ -119,7 +119,7 @@ def test_build_all_one_failure_keeps_the_others(tmp_path, base_image, docker_cli
 BAKE_RECIPE = """\
 name: {name}
 version: "1.0"
-cuda: {{version: "12.4", source: wheels}}
+cuda: {{version: "12.4", source: wheels, flavor: base}}
 base: {{image: {base}}}
 python: "3.11"
 labels: {{team: ml-platform}}

@@ -25,7 +25,7 @@ def test_shared_base_pinned_by_digest_and_checked(tmp_path, logged_in, base_imag
     base_recipe = write_recipe(tmp_path / "base", f"""\
 name: {unique_name}-base
 version: "1"
-cuda: {{version: "12.4", source: wheels}}
+cuda: {{version: "12.4", source: wheels, flavor: base}}
 base: {{image: {base_image}}}
 python: "3.11"
 labels: {{team: platform}}
@@ -39,7 +39,7 @@ labels: {{team: platform}}
     derived = write_recipe(tmp_path / "app", f"""\
 name: {unique_name}-app
 version: "1"
-cuda: {{version: "12.4", source: wheels}}
+cuda: {{version: "12.4", source: wheels, flavor: base}}
 base: {{image: {base_ref}}}
 python: "3.11"
 copy: [{{src: src/, dest: /app}}]
@@ -77,7 +77,7 @@ entrypoint: ["python", "/app/main.py"]
 
     mismatched = write_recipe(tmp_path / "bad", f"""\
 name: {unique_name}-bad
-cuda: {{version: "12.1", source: wheels}}
+cuda: {{version: "12.1", source: wheels, flavor: base}}
 base: {{image: {base_ref}}}
 python: "3.11"
 """)
@@ -111,7 +111,7 @@ def test_mirror_survives_upstream_deletion(tmp_path, logged_in, base_image, uniq
         oci.get_manifest(upstream)
     recipe = write_recipe(tmp_path, f"""\
 name: {unique_name}-mirrored
-cuda: {{version: "12.4", source: wheels}}
+cuda: {{version: "12.4", source: wheels, flavor: base}}
 base: {{image: {upstream}, mirror: {mirror_prefix}, os: debian12}}
 python: "3.11"
 """)
@@ -143,7 +143,7 @@ def test_run_pulls_weights_once_and_mounts_them_read_only(tmp_path, logged_in, b
 
     recipe = write_recipe(tmp_path / "app", f"""\
 name: {unique_name}-run
-cuda: {{version: "12.4", source: wheels}}
+cuda: {{version: "12.4", source: wheels, flavor: base}}
 base: {{image: {base_image}}}
 python: "3.11"
 weights: [{{ref: "{ref}", mount: /models/tiny}}]

@@ -13,7 +13,7 @@ pytestmark = pytest.mark.e2e
 RECIPE = """\
 name: {name}
 version: "1.0"
-cuda: {{version: "12.4", source: wheels}}
+cuda: {{version: "12.4", source: wheels, flavor: base}}
 base: {{image: {base}}}
 python: "3.11"
 build: {{installer: {installer}}}
@@ -51,7 +51,7 @@ def test_the_cuda_layer_is_byte_identical_over_different_lower_layers(tmp_path, 
 SPLIT = """\
 name: {name}
 version: "1.0"
-cuda: {{version: "12.4", source: wheels, cudnn: "9"}}
+cuda: {{version: "12.4", source: wheels, cudnn: "9", flavor: base}}
 base: {{image: {base}}}
 python: "3.11"
 pip: [cupy-cuda12x=={cupy}, jaxlib==0.9.0]

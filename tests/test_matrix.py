@@ -25,7 +25,7 @@ EXAMPLE = REPO / "recipes" / "matrix.yaml"
 WHEELS = """\
 name: team/mx
 version: "1.0"
-cuda: {{version: "12.4", source: wheels}}
+cuda: {{version: "12.4", source: wheels, flavor: base}}
 base: {{image: debian:bookworm-slim}}
 python: "3.11"
 pip: [numpy==1.26.4]

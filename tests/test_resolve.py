@@ -1,5 +1,7 @@
 """Resolution: pins that fit resolve; clashing ones raise CompatibilityError naming both sides."""
 
+import re
+
 import pytest
 from helpers import write_recipe
 
@@ -231,8 +233,24 @@ def test_wheels_for_cuda_without_a_runtime_wheel_is_a_resolution_error(tmp_path)
                                        ("12.9", "nvidia-cuda-runtime-cu12==12.9.79"),
                                        ("13.2", "nvidia-cuda-runtime==13.2.86")])
 def test_wheels_install_the_runtime_of_that_cuda(tmp_path, cuda, pin):
-    res = resolve(recipe(tmp_path, cuda=cuda))
-    assert res.cuda_wheels == (pin,)
+    text = BASE.format(cuda=cuda, source="wheels", python="3.11", base="base: {image: debian:bookworm-slim}", extra="")
+    text = text.replace("source: wheels", "source: wheels\n  flavor: base")
+    base = resolve(load_recipe(write_recipe(tmp_path, text)))
+    assert base.cuda_wheels == (pin,)  # NVIDIA's base tier: cudart
+    runtime = resolve(recipe(tmp_path, cuda=cuda))  # the default flavor, runtime: NVIDIA's runtime tier
+    names = {re.sub(r"-cu1\d$", "", p.split("==")[0]) for p in runtime.cuda_wheels}
+    assert pin in runtime.cuda_wheels
+    assert {"nvidia-cublas", "nvidia-cufft", "nvidia-curand", "nvidia-cusolver", "nvidia-cusparse", "nvidia-npp",
+            "nvidia-nvjpeg", "nvidia-cuda-nvrtc", "nvidia-nvtx", "nvidia-nccl"} <= names, names
+
+
+def test_runtime_tier_with_torch_adds_only_what_torch_does_not_bring(tmp_path):
+    """torch 2.4.1 (cu121, PyPI) pins cuBLAS, cuFFT, NCCL...: a runtime image adds NVIDIA's other runtime
+    libraries (NPP, nvJPEG, OpenCL) and never a second copy of what torch pins (nor nvJitLink, which
+    pip brings with torch's cuSPARSE)."""
+    res = resolve(recipe(tmp_path, cuda="12.1", extra='torch: "2.4.1"'))
+    assert res.cuda_wheels == ("nvidia-cuda-opencl-cu12==12.1.105", "nvidia-npp-cu12==12.1.0.40",
+                               "nvidia-nvjpeg-cu12==12.2.0.2")
 
 
 def test_cudnn_from_wheels_is_installed(tmp_path):

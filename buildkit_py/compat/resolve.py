@@ -87,7 +87,7 @@ def resolve(recipe: Recipe, base: BaseFacts | None = None) -> Resolution:
     images = rules.images_rule(recipe, cuda.version, py.os, compile_)
     flavor_warnings = rules.flavor_rule(recipe, compile_)
     pinned = rules.base_rule(recipe, base, cuda.version, torch, images.base_image)
-    wheels = rules.cuda_wheels_rule(recipe, cuda.wheel_set, cuda.version, cudnn, torch.version)
+    wheels = rules.cuda_wheels_rule(recipe, cuda.wheel_set, cuda.version, cudnn, torch, base)
     return Resolution(
         cuda_version=cuda.version,
         cuda_flavor=recipe.cuda.flavor,

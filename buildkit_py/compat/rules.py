@@ -29,7 +29,7 @@ from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
 from buildkit_py import compat
-from buildkit_py.compat import codes, cuda_base
+from buildkit_py.compat import codes, cuda_base, torch_pins
 from buildkit_py.compat.bases import BaseFacts
 from buildkit_py.compat.codes import RecipeWarning
 from buildkit_py.compat.tables import BnbRelease, FlashAttnRelease, Toolkit, TorchRelease, WheelSet
@@ -98,6 +98,7 @@ class TorchPart:
     variant: str | None = None
     index_url: str | None = None  # None: the Python registry's default wheel
     warnings: Warnings = ()
+    release: TorchRelease | None = None  # its facts: the CUDA wheels it brings
 
     @property
     def label(self) -> str | None:
@@ -291,12 +292,14 @@ def cuda_rule(recipe: Recipe, base: BaseFacts | None) -> CudaPart:
     from_imgbuild_base = (facts := _usable(base)) is not None and facts.built_by_imgbuild
     brought = from_imgbuild_base or (recipe.torch and recipe.cuda.flavor != "devel")
     wheel_set = None
-    if recipe.cuda.source == "wheels" and not brought:
+    if recipe.cuda.source == "wheels":
         try:
             wheel_set = compat.cuda_wheel_set(recipe.cuda.version if exact else toolkit.major_minor)
         except LookupError as exc:
-            raise _gap(recipe, "cuda.version", exc, "cuda", recipe.cuda.version) from None
-        toolkit = compat.resolve_cuda(wheel_set.toolkit)
+            if not brought:  # else cuda_wheels_rule refuses only if the tier needs more than torch/the base has
+                raise _gap(recipe, "cuda.version", exc, "cuda", recipe.cuda.version) from None
+        if wheel_set is not None and not brought:
+            toolkit = compat.resolve_cuda(wheel_set.toolkit)
     return CudaPart(toolkit, wheel_set, compat.minor_compat_floor(int(toolkit.version.split(".")[0])))
 
 
@@ -501,7 +504,7 @@ def torch_rule(recipe: Recipe, cuda: str, python: str, cudnn: str | None) -> Tor
     # The Python registry's Linux wheel is one CUDA variant; take it from there when it is
     # the one wanted (it is the same build), else from PyTorch's per-CUDA index.
     index = compat.torch_index_url(wanted) if release.pypi_variant != wanted else None
-    return TorchPart(release.version, wanted, index, tuple(warnings))
+    return TorchPart(release.version, wanted, index, tuple(warnings), release)
 
 
 def _torch_release(recipe: Recipe) -> TorchRelease:
@@ -768,6 +771,11 @@ def base_rule(recipe: Recipe, base: BaseFacts | None, cuda: str, torch: TorchPar
         raise _fail(recipe, "base.image", "base.image", f"{base.ref} (CUDA {base_cuda})", what, version,
                     f"the base carries CUDA {base_cuda} but this recipe needs CUDA {_mm(cuda)}",
                     hint=f"use cuda.version \"{_mm(base_cuda)}\" or a base built for CUDA {_mm(cuda)}")
+    base_tier = base.labels.get("io.imgbuild.cuda.flavor")
+    if base_tier in _TIER_RANK and _TIER_RANK[base_tier] > _TIER_RANK.get(recipe.cuda.flavor, 0):
+        raise _fail(recipe, "cuda.flavor", "cuda.flavor", recipe.cuda.flavor, "base.image",
+                    f"{base.ref} ({base_tier})", f"the base is the {base_tier} tier, so the image carries "
+                    f"{base_tier} CUDA whatever this recipe says", hint=f"use cuda.flavor: {base_tier}")
     base_torch = base.labels.get("io.imgbuild.torch.version")
     if base_torch and torch.label and base_torch != torch.label:
         raise _fail(recipe, "torch", "base.image", f"{base.ref} (torch {base_torch})", "torch",
@@ -777,25 +785,68 @@ def base_rule(recipe: Recipe, base: BaseFacts | None, cuda: str, torch: TorchPar
 
 
 # ----------------------------------------------------------------------------- 11. CUDA wheels
+_TIER_RANK = {"base": 0, "runtime": 1, "devel": 2}
+
+
 def cuda_wheels_rule(recipe: Recipe, wheel_set: WheelSet | None, cuda: str, cudnn: str | None,
-                     torch: str | None) -> CudaWheelsPart:
-    """The nvidia-* pins the final stage installs, and the CUDA_HOME tree a devel flavor gets.
-    Runtime/base: cudart (+ cuDNN and what it loads: cuBLAS, NVRTC). Devel: the toolkit's
-    nvcc, headers and math libraries, where that CUDA's wheels carry nvcc (CUDA 13+)."""
-    if wheel_set is None:
+                     torch: TorchPart, base: BaseFacts | None = None) -> CudaWheelsPart:
+    """The nvidia-* pins the final stage installs, and the CUDA_HOME tree a devel flavor gets: the
+    library set of NVIDIA's image tier (wheels.json ``tiers``: base = cudart; runtime = the runtime
+    libraries and NCCL; devel = those plus nvcc and headers, where that CUDA's wheels carry nvcc),
+    less what torch's pins or an imgbuild base already bring; plus cuDNN and what it loads."""
+    if recipe.cuda.source != "wheels":
         return CudaWheelsPart()
-    extras: tuple[str, ...] = ("cudart",)
-    home = None
-    if recipe.cuda.flavor == "devel":
-        try:
-            extras = compat.devel_wheel_extras(cuda)
-        except LookupError as exc:
-            raise _gap(recipe, "cuda.flavor", exc, "cuda.flavor", "devel") from None
-        home = compat.cuda_wheel_home(cuda)
-    elif torch:
-        return CudaWheelsPart()  # torch pins its own CUDA wheels
-    pins = list(wheel_set.pins(*extras))
-    if cudnn and not torch:
+    flavor = recipe.cuda.flavor
+    facts = _usable(base)
+    imgbuild_base = facts if facts is not None and facts.built_by_imgbuild else None
+    if wheel_set is None:  # torch or the base brings CUDA; does the tier need more than that?
+        if flavor == "base" or imgbuild_base is not None and _base_tier(imgbuild_base) == flavor:
+            return CudaWheelsPart()
+        raise _fail(recipe, "cuda.flavor", "cuda.flavor", flavor, "cuda", cuda,
+                    f"the {flavor} tier needs CUDA libraries torch does not bring, and PyPI has no CUDA "
+                    f"{_mm(cuda)} wheels to add them from", hint="use cuda.flavor: base (torch's own CUDA libraries)")
+    try:
+        extras = compat.tier_extras(flavor, wheel_set.toolkit)
+    except LookupError as exc:
+        raise _gap(recipe, "cuda.flavor", exc, "cuda.flavor", flavor) from None
+    brought = _brought_extras(wheel_set, torch.release, imgbuild_base)
+    pins = set(wheel_set.pins(*(x for x in extras if x not in brought)))
+    if flavor != "base" and "nccl" not in brought:
+        pins.add(compat.nccl_pin(cuda))
+    if cudnn and not torch.version:
         cw = compat.cudnn_wheel(cuda, cudnn)
-        pins = sorted(set(pins) | {f"{cw.wheel}=={cw.version}"} | set(wheel_set.pins("cublas", "nvrtc")))
-    return CudaWheelsPart(tuple(pins), home)
+        pins |= {f"{cw.wheel}=={cw.version}"} | set(wheel_set.pins(*(x for x in ("cublas", "nvrtc")
+                                                                       if x not in brought)))
+    home = compat.cuda_wheel_home(cuda) if flavor == "devel" else None
+    return CudaWheelsPart(tuple(sorted(pins)), home)
+
+
+def _base_tier(facts: BaseFacts) -> str:
+    """The tier an imgbuild base was built as (an unlabelled one: cudart only, the least it has)."""
+    return facts.labels.get("io.imgbuild.cuda.flavor", "base")
+
+
+def _brought_extras(wheel_set: WheelSet, torch: TorchRelease | None, base: BaseFacts | None) -> frozenset[str]:
+    """The tier extras (and "nccl") already in the image: what torch's wheel pins (its PyPI build's
+    pins: PyTorch's other variants depend on the same libraries of their CUDA), or an imgbuild base's tier."""
+    out: set[str] = set()
+    if base is not None:
+        tier = _base_tier(base)
+        out |= set(compat.tier_extras("runtime" if tier == "devel" else tier, wheel_set.toolkit))
+        if tier != "base":
+            out.add("nccl")
+    if torch is not None:
+        # the wheel's own pins, and every CUDA wheel pip resolves with it (nvjitlink comes in through cuSPARSE)
+        resolved = torch_pins.torch_cuda_pins(torch.version)
+        names = set(torch.pypi_cuda_wheels) | {w.name for w in (resolved.wheels if resolved else ())}
+        out |= set(torch.pypi_cuda_toolkit_extras)
+        out |= {extra for extra, pkgs in wheel_set.extras
+                if any(_unsuffixed(p) in {_unsuffixed(n) for n in names} for p, _ in pkgs)}
+        if any(n.startswith("nvidia-nccl") for n in names):
+            out.add("nccl")
+    return frozenset(out)
+
+
+def _unsuffixed(package: str) -> str:
+    """nvidia-cublas-cu12 -> nvidia-cublas: torch's pins and the toolkit's wheels name one library alike."""
+    return re.sub(r"-cu\d+$", "", package)

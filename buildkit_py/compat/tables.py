@@ -503,6 +503,8 @@ class _WheelData:
     devel_extras: tuple[str, ...]
     devel_from: Version  # first CUDA whose nvcc wheel holds a working nvcc (not only ptxas)
     devel_source: str
+    tiers: dict[str, tuple[str, ...]]  # base / runtime -> the cuda-toolkit extras NVIDIA's tier carries
+    nccl: dict[str, str]  # CUDA major -> "nvidia-nccl-cuXX==version" (libnccl2 of the runtime tier)
 
 
 @functools.cache
@@ -548,8 +550,26 @@ def _wheels() -> _WheelData:
             raise _fail(f, mm, "listed as absent but has releases")
         absent[mm] = why["reason"]
     devel = raw.get("devel", {})
+    tiers, nccl = _tiers_and_nccl(f, raw, releases)
     return _WheelData(tuple(releases), tuple(cudnn), absent, tuple(devel.get("extras", ())),
-                      _ver(f, "devel", devel.get("needs_nvcc_binary_from", "999")), devel.get("source", ""))
+                      _ver(f, "devel", devel.get("needs_nvcc_binary_from", "999")), devel.get("source", ""),
+                      tiers, nccl)
+
+
+def _tiers_and_nccl(f: str, raw: dict, releases: list[WheelSet]) -> tuple[dict[str, tuple[str, ...]], dict[str, str]]:
+    """wheels.json's image tiers (each extra one some release has) and its NCCL wheel per CUDA major."""
+    tiers = {name: tuple(raw.get("tiers", {}).get(name, ())) for name in ("base", "runtime")}
+    known_extras = {x for r in releases for x, _ in r.extras}
+    for name, extras in tiers.items():
+        if unknown := sorted(set(extras) - known_extras):
+            raise _fail(f, f"tiers.{name}", f"not an extra of any cuda-toolkit release: {', '.join(unknown)}")
+    nccl = {}
+    for e in raw.get("nccl", ()):
+        _ver(f, f"nccl {e.get('major')}", e.get("version"))
+        nccl[str(e["major"])] = f"{e['wheel']}=={e['version']}"
+    if missing := sorted(set(raw.get("families", {})) - set(nccl), key=int):
+        raise _fail(f, "nccl", f"no NCCL wheel for CUDA {', '.join(missing)} (the runtime tier carries NCCL)")
+    return tiers, nccl
 
 
 @functools.cache
@@ -946,6 +966,23 @@ def devel_wheel_extras(cuda: str) -> tuple[str, ...]:
                         hint=f"use cuda.source: nvidia (a devel image), or CUDA >= {data.devel_from} "
                              f"(newest with wheels: {newest})")
     return tuple(x for x in data.devel_extras if ws.has(x))
+
+
+def tier_extras(flavor: str, cuda: str) -> tuple[str, ...]:
+    """The cuda-toolkit extras NVIDIA's ``flavor`` tier carries that this CUDA's wheels have:
+    base (cudart), runtime (the runtime libraries), devel (runtime plus nvcc, headers and the
+    compiler's parts; CompatGap where that CUDA's wheels hold no nvcc)."""
+    data = _wheels()
+    ws = cuda_wheel_set(cuda)
+    extras = data.tiers["runtime"] if flavor in ("runtime", "devel") else data.tiers["base"]
+    if flavor == "devel":
+        extras = tuple(dict.fromkeys(extras + devel_wheel_extras(cuda)))
+    return tuple(x for x in extras if ws.has(x))
+
+
+def nccl_pin(cuda: str) -> str:
+    """The NCCL wheel of the runtime tier for that CUDA's major (``nvidia-nccl-cu12==2.32.3``)."""
+    return _wheels().nccl[str(cuda).split(".", maxsplit=1)[0]]
 
 
 def cuda_wheel_home(cuda: str) -> str | None:
