@@ -105,22 +105,105 @@ def test_torch_unknown_and_index():
     ("11.8.0", "devel", "8", "ubuntu22.04", "11.8.0-cudnn8-devel-ubuntu22.04"),
     ("12.3.2", "devel", "9", "ubuntu20.04", "12.3.2-cudnn9-devel-ubuntu20.04"),
     ("12.6.3", "base", None, "ubuntu24.04", "12.6.3-base-ubuntu24.04"),
+    ("12.5", "runtime", None, "ubuntu24.04", "12.5.1-runtime-ubuntu24.04"),
+    # X.Y takes the newest patch that has this image for this OS, not the newest patch
+    ("13.3", "runtime", "9", "ubuntu26.04", "13.3.1-cudnn-runtime-ubuntu26.04"),
+    ("13.3", "runtime", None, "ubuntu26.04", "13.3.1-runtime-ubuntu26.04"),
+    ("13.1", "devel", None, "ubuntu22.04", "13.1.2-devel-ubuntu22.04"),
 ])
 def test_image_tags(cuda, flavor, cudnn, os, tag):
     assert compat.cuda_image_tag(cuda, flavor, cudnn, os) == tag
 
 
-@pytest.mark.parametrize("args", [("12.4.1", "runtime", "9", "ubuntu24.04"), ("12.4.1", "base", "9", "ubuntu22.04"),
-                                  ("12.1.1", "runtime", "9", "ubuntu22.04"), ("10.2", "runtime", None, "ubuntu18.04")])
-def test_image_tag_missing_lists_what_exists(args):
-    with pytest.raises(LookupError, match="available|with images"):
+@pytest.mark.parametrize("args", [
+    ("12.5.1", "runtime", "9", "ubuntu24.04"),   # 12.5.1 on 24.04: base/runtime/devel only
+    ("12.5.1", "devel", "9", "ubuntu24.04"),
+    ("12.5", "runtime", "9", "ubuntu24.04"),
+    ("13.1.0", "devel", "9", "ubuntu24.04"),     # 13.1.0 has no cudnn tags
+    ("13.3.0", "runtime", "9", "ubuntu26.04"),   # 26.04 cudnn tags start at 13.3.1
+    ("12.1.0", "runtime", "8", "ubuntu18.04"),
+    ("13.4", "runtime", None, "ubuntu22.04"),    # no 13.4.x for 22.04
+    ("11.6.1", "runtime", None, "ubuntu18.04"),  # deleted
+    ("12.4.1", "runtime", "9", "ubuntu24.04"), ("12.4.1", "base", "9", "ubuntu22.04"),
+    ("12.1.1", "runtime", "9", "ubuntu22.04"), ("10.2", "runtime", None, "ubuntu18.04"),
+])
+def test_image_tag_nvidia_never_published_is_refused(args):
+    with pytest.raises(compat.ImageGap):
         compat.cuda_image_tag(*args)
 
 
-def test_image_oses_cudnn_eol():
+def test_every_tag_is_one_the_data_records():
+    """cuda_image_tag answers exactly the (release, OS, flavor, cuDNN) combinations images.json
+    lists, read here straight from the file."""
+    raw = json.loads(tables.data_dir().joinpath("images.json").read_text())
+    oses = sorted({o for row in raw["images"] for o in row["os"]} | {"ubuntu26.04"})
+    seen = 0
+    for row in raw["images"]:
+        for os_ in oses:
+            for flavor in ("base", "runtime", "devel"):
+                for cudnn in (None, "8", "9"):
+                    listed = os_ in row["os"] and (cudnn is None or (cudnn in row["os"][os_] and flavor != "base"))
+                    try:
+                        tag = compat.cuda_image_tag(row["cuda"], flavor, cudnn, os_)
+                    except compat.ImageGap:
+                        tag = None
+                    assert (tag is not None) == listed, (row["cuda"], os_, flavor, cudnn, tag)
+                    if tag:
+                        assert tag in compat.cuda_image_tags(row["cuda"]) and tag.endswith(f"-{flavor}-{os_}")
+                        seen += 1
+    assert seen > 300
+
+
+def test_minor_on_an_os_without_it_names_what_exists():
+    with pytest.raises(compat.ImageGap) as info:
+        compat.image_release("13.4", "runtime", None, "ubuntu22.04")
+    gap = info.value
+    assert gap.reason == ("nvidia/cuda publishes 13.4.x runtime images for ubuntu24.04, ubuntu26.04; "
+                          "for ubuntu22.04 the newest is 13.3.1")
+    assert gap.hint.startswith('use cuda: "13.3" on ubuntu22.04 (the newest that fit: 13.3.1, 13.2.1, 13.1.2)')
+    assert "base.os: ubuntu26.04 (13.4.2), ubuntu24.04 (13.4.2)" in gap.hint
+    assert (gap.key, gap.other, gap.other_value) == ("cuda.version", "base.os", "ubuntu22.04")
+
+
+def test_cudnn_missing_on_one_os_names_the_newest_of_both_majors():
+    with pytest.raises(compat.ImageGap) as info:
+        compat.image_release("12.5", "runtime", "9", "ubuntu24.04")
+    gap = info.value
+    assert gap.reason == ("nvidia/cuda publishes 12.5.x cuDNN 9 runtime images for ubuntu20.04, ubuntu22.04; "
+                          "for ubuntu24.04 the newest with cuDNN 9 is 13.4.2 (12.x: 12.9.2)")
+    assert '"12.9" (12.9.2) to stay on CUDA 12' in gap.hint
+    assert (gap.key, gap.other_value) == ("cuda.cudnn", "9 on ubuntu24.04")
+
+
+def test_image_oses_cudnn():
     assert compat.cuda_image_oses("12.4") == ("ubuntu20.04", "ubuntu22.04")
     assert compat.cudnn_versions("12.1") == ("8",) and compat.cudnn_versions("12.4") == ("9",)
-    assert compat.image_end_of_life("11.8") is None  # policy not sourced
+    assert compat.cudnn_versions("12.5.1", "ubuntu24.04") == () and compat.cudnn_versions("13.1.0") == ()
+    assert compat.newest_images("runtime", "9", "ubuntu26.04") == ("13.4.2", "13.3.1")
+
+
+@pytest.mark.parametrize(("cuda", "before", "on", "deletion", "basis"), [
+    ("12.4.1", "2026-05-31", "2026-06-01", "2026-12-01", "driver"),   # R535 EOL, NVIDIA's chart
+    ("12.6.2", "2024-12-02", "2024-12-03", "2025-06-03", "chart"),
+    ("11.0.3", "2023-06-30", "2023-07-01", "2024-01-01", "chart"),
+    ("12.8.0", "2025-03-12", "2025-03-13", "2025-09-13", "newer-patch"),  # 12.8.1 released
+    ("11.8.0", "2025-08-10", "2025-08-11", None, "major"),  # CUDA 13 out: two majors
+    ("13.4.1", "2026-10-04", "2026-10-05", "2027-04-05", "newer-patch"),
+])
+def test_image_end_of_life_against_the_date(cuda, before, on, deletion, basis):
+    import datetime
+    day = datetime.date.fromisoformat
+    assert compat.image_end_of_life(cuda, day(before)) is None
+    eol = compat.image_end_of_life(cuda, day(on))
+    assert eol is not None and (eol.date, eol.basis) == (day(on), basis)
+    assert eol.deletion == (day(deletion) if deletion else None)
+    assert compat.image_end_of_life(cuda) == eol  # today's date is past all of these
+
+
+@pytest.mark.parametrize("cuda", ["13.4.2", "13.3.1", "12.9.2", "13.2.2"])
+def test_image_without_a_published_end_of_life(cuda):
+    import datetime
+    assert compat.image_end_of_life(cuda, datetime.date(2099, 1, 1)) is None
 
 
 @pytest.mark.parametrize(("cuda", "has", "lacks"), [
@@ -297,6 +380,18 @@ def _drop(version):
     return lambda o: o.__setitem__("toolkits", [t for t in o["toolkits"] if t["version"] != version])
 
 
+def _set_img(cuda, key, value):
+    """Set (None: remove) one key of images.json's row for ``cuda``."""
+    def m(o):
+        for row in o["images"]:
+            if row["cuda"] == cuda:
+                if value is None:
+                    row.pop(key, None)
+                else:
+                    row[key] = value
+    return m
+
+
 def _set_tk(version, key, value):
     def m(o):
         for t in o["toolkits"]:
@@ -308,7 +403,7 @@ def _set_tk(version, key, value):
 @pytest.mark.parametrize(("name", "mutate", "match"), [
     ("toolkits.json", _swap_first_two, "ascending"),
     ("toolkits.json", lambda o: o["toolkits"].append(dict(o["toolkits"][-1])), "ascending"),
-    ("toolkits.json", _drop("12.2.0"), None),  # 12.2.x still present via 12.2.1
+    ("toolkits.json", _drop("12.2.1"), None),  # 12.2.x still present via 12.2.0 and 12.2.2
     ("toolkits.json", lambda o: o["toolkits"].__setitem__(slice(None), [t for t in o["toolkits"] if not t["version"].startswith("12.5.")]), "gap"),  # noqa: E501
     ("toolkits.json", _set_tk("12.4.1", "linux_min_driver", "500.00"), "lower than"),
     ("toolkits.json", _set_tk("12.4.1", "linux_min_driver", "five fifty"), "malformed"),
@@ -339,6 +434,21 @@ def _set_tk(version, key, value):
     ("wheels.json", lambda o: o["cudnn"][2].__setitem__("cuda", ">=12.0,<13"), "outside cuDNN 8's support matrix"),
     ("cudnn.json", lambda o: o["majors"][0].__setitem__("cudnn", "eight"), "cuDNN major"),
     ("cudnn.json", lambda o: o["majors"][0].__setitem__("cuda", ">=11.0,<<12"), "not a specifier"),
+    ("images.json", lambda o: o["images"].insert(1, o["images"][1]), "ascending and unique"),
+    ("images.json", _set_img("13.0.0", "end_of_life", None), "13.0.1 supersedes it"),
+    ("images.json", _set_img("13.2.1", "end_of_life_unknown", None), "13.2.2 supersedes it"),
+    ("images.json", _set_img("13.4.2", "end_of_life", {"date": "2027-01-01", "basis": "newer-patch", "source": "x",
+                                                       "read": "2026-12-04"}), "no newer patch"),
+    ("images.json", _set_img("12.4.1", "end_of_life", {"date": "2026-06-01", "basis": "driver",
+                                                       "deletion": "2026-01-01", "source": "x",
+                                                       "read": "2026-12-04"}), "deletion 2026-01-01 before"),
+    ("images.json", _set_img("12.4.1", "end_of_life", {"date": "2026-06-01", "basis": "guess", "source": "x",
+                                                       "read": "2026-12-04"}), "is not one of chart"),
+    ("images.json", _set_img("12.4.1", "cudnn_tag", None), "no cudnn_tag"),
+    ("images.json", _set_img("12.4.1", "os", {"ubuntu20.04": ["8"], "ubuntu22.04": ["9"]}), "tags would clash"),
+    ("images.json", _set_img("12.3.2", "cudnn_tag", "cudnn8"), "another cuDNN major"),
+    ("images.json", _set_img("12.4.1", "os", {"ubuntu2204": ["9"]}), "not an OS of nvidia/cuda tags"),
+    ("images.json", _set_img("12.4.1", "os", {}), "images.json"),
 ])
 def test_invariants(monkeypatch, tmp_path, name, mutate, match):
     _with_data(monkeypatch, tmp_path, name, mutate)

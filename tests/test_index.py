@@ -225,7 +225,7 @@ def test_plan_looks_a_newer_torch_up_and_caches_it(ix, tmp_path, monkeypatch):
     status = io.StringIO()
     assert main(["data", "status", "--json"], status, io.StringIO()) == 0
     st = json.loads(status.getvalue())
-    assert st["shipped_as_of"] == tables.data_as_of().removeprefix("as of ")
+    assert st["shipped_as_of"] == max(d for d in tables.data_files_as_of().values() if d)
     assert st["cached"] == [{"component": "torch", "version": "2.16.0", "index": ix.url, "read": st["cached"][0]["read"],  # noqa: E501
                              "pypi_variant": "cu135", "shipped": False}]
 
@@ -237,7 +237,8 @@ def test_offline_unknown_pin_is_a_clear_error(ix, tmp_path, monkeypatch):
     assert main(["plan", str(recipe), "--offline", "--index-url", ix.url], out, err) == 2
     assert ix.requests == []
     text = err.getvalue()
-    assert "torch: " in text and f"unknown to the shipped data ({tables.data_as_of()})" in text and "without --offline" in text  # noqa: E501
+    assert "torch: " in text and f"unknown to the shipped data ({tables.data_as_of()})" in text
+    assert "without --offline" in text
 
 
 def test_unreachable_index_falls_back_with_warning(tmp_path, monkeypatch):
@@ -253,4 +254,22 @@ def test_data_status_text_with_empty_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     out = io.StringIO()
     assert main(["data", "status"], out, io.StringIO()) == 0
-    assert f"shipped compatibility data {tables.data_as_of()}" in out.getvalue() and "empty" in out.getvalue()
+    shipped = max(d for d in tables.data_files_as_of().values() if d)
+    assert f"shipped compatibility data as of {shipped}" in out.getvalue() and "empty" in out.getvalue()
+
+
+def test_data_status_shows_the_images_end_of_life(tmp_path, monkeypatch):
+    import datetime
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    out = io.StringIO()
+    assert main(["data", "status", "--json"], out, io.StringIO()) == 0
+    images = json.loads(out.getvalue())["images"]
+    assert images["today"] == str(datetime.date.today()) and images["releases"] == len(tables.image_releases())
+    row = next(r for r in images["end_of_life"] if r["cuda"] == "12.4.1")
+    assert row == {"cuda": "12.4.1", "date": "2026-06-01", "basis": "driver", "deletion": "2026-12-01", "past": True}
+    assert "13.4.2" in images["no_end_of_life"] and "13.2.1" in images["end_of_life_unknown"]
+    assert "latest patch" in images["policy"]
+    text = io.StringIO()
+    assert main(["data", "status"], text, io.StringIO()) == 0
+    assert f"past NVIDIA's end of life on {datetime.date.today()}" in text.getvalue()
+    assert "no end-of-life date published: " in text.getvalue() and "13.4.2" in text.getvalue()

@@ -96,15 +96,55 @@ def test_require_cuda_for_wheels_is_minor_version_floor(tmp_path):
 def test_torch_on_nvidia_runtime_warns_about_cuda_twice(tmp_path):
     res = resolve(recipe(tmp_path, source="nvidia", python="3.10", base="base: {os: ubuntu22.04}",
                          extra='torch: "2.4.1"'))
-    assert [(w.code, w.key) for w in res.warnings] == [("cuda-twice", "torch")]
+    assert [(w.code, w.key) for w in res.warnings] == [("cuda-twice", "torch"), ("eol-image", "cuda.version")]
     assert "a second time" in res.warnings[0].message
 
 
 def test_devel_without_compile_warns(tmp_path):
-    text = BASE.format(cuda="12.4", source="nvidia", python="3.10", base="base: {os: ubuntu22.04}", extra="")
+    text = BASE.format(cuda="12.8", source="nvidia", python="3.10", base="base: {os: ubuntu22.04}", extra="")
     text = text.replace("source: nvidia", "source: nvidia\n  flavor: devel")
     res = resolve(load_recipe(write_recipe(tmp_path, text)))
     assert [(w.code, w.key) for w in res.warnings] == [("devel-without-compile", "cuda.flavor")]
+
+
+def test_end_of_life_nvidia_image_warns_with_its_dates(tmp_path):
+    """12.4.1's images reached end of life on 2026-06-01 (NVIDIA's EOL chart: R535's end of life)."""
+    res = resolve(recipe(tmp_path, source="nvidia", python="3.10", base="base: {os: ubuntu22.04}"))
+    (w,) = [w for w in res.warnings if w.code == "eol-image"]
+    assert w.key == "cuda.version" and "12.4.1 images reached end of life on 2026-06-01" in w.message
+    assert "from 2026-12-01" in w.message and "imgbuild mirror" in w.hint
+
+
+def test_minor_without_an_image_for_the_os_is_refused_naming_what_exists(tmp_path):
+    err = clash(tmp_path, cuda="13.4", source="nvidia", python="3.10", base="base: {os: ubuntu22.04}")
+    assert (err.key, err.line, err.component, err.version, err.other, err.other_version) == \
+        ("cuda.version", 3, "cuda", "13.4", "base.os", "ubuntu22.04")
+    assert err.reason == ("nvidia/cuda publishes 13.4.x runtime images for ubuntu24.04, ubuntu26.04; "
+                          "for ubuntu22.04 the newest is 13.3.1")
+    assert err.hint.startswith('use cuda: "13.3" on ubuntu22.04')
+
+
+def test_minor_picks_the_newest_patch_with_the_image_for_the_os(tmp_path):
+    """13.3 on ubuntu26.04 with cuDNN: 13.3.1 (13.3.0 has no cudnn tags for 26.04)."""
+    text = BASE.format(cuda="13.3", source="nvidia", python="3.14", base="base: {os: ubuntu26.04}", extra="")
+    res = resolve(load_recipe(write_recipe(tmp_path, text.replace("source: nvidia", 'source: nvidia\n  cudnn: "9"'))))
+    assert res.base_image == "nvidia/cuda:13.3.1-cudnn-runtime-ubuntu26.04" and res.cuda_version == "13.3.1"
+
+
+def test_cudnn_image_nvidia_never_published_is_refused(tmp_path):
+    """12.5.1 has base/runtime/devel for ubuntu24.04 but no cudnn tags there (the plan used to say
+    FROM nvidia/cuda:12.5.1-cudnn-runtime-ubuntu24.04)."""
+    text = BASE.format(cuda="12.5", source="nvidia", python="3.12", base="base: {os: ubuntu24.04}", extra="")
+    r = load_recipe(write_recipe(tmp_path, text.replace("source: nvidia", 'source: nvidia\n  cudnn: "9"')))
+    with pytest.raises(CompatibilityError) as info:
+        resolve(r)
+    err = info.value
+    assert (err.key, err.other, err.other_version) == ("cuda.cudnn", "cuda.cudnn", "9 on ubuntu24.04")
+    assert "for ubuntu24.04 the newest with cuDNN 9 is 13.4.2 (12.x: 12.9.2)" in err.reason
+    exact = load_recipe(write_recipe(tmp_path / "exact", text.replace('"12.5"', '"12.5.1"')
+                                     .replace("source: nvidia", 'source: nvidia\n  cudnn: "9"')))
+    with pytest.raises(CompatibilityError, match="publishes 12.5.1 cuDNN 9 runtime images for ubuntu20.04"):
+        resolve(exact)
 
 
 def test_unknown_cuda(tmp_path):
@@ -380,7 +420,8 @@ def test_nvidia_source_takes_cuda_flavor_and_os_from_an_nvidia_tag(tmp_path):
     ("nvidia/cuda:12.4.1-devel-ubuntu22.04", {}, "cuda.flavor", "the devel tier"),
     ("nvidia/cuda:12.1.1-runtime-ubuntu22.04", {}, "cuda.version", "carries CUDA 12.1.1"),
     ("nvidia/cuda:12.4.1-runtime-ubuntu22.04", {"cudnn": "9"}, "cuda.cudnn", "carries no cuDNN"),
-    ("nvidia/cuda:12.4.1-cudnn-runtime-ubuntu22.04", {"cudnn": "8"}, "cuda.cudnn", "carries cuDNN 9"),
+    ("nvidia/cuda:11.8.0-cudnn8-runtime-ubuntu22.04", {"cudnn": "9", "cuda": "11.8"}, "cuda.cudnn", "carries cuDNN 8"),
+    ("nvidia/cuda:12.4.1-cudnn-runtime-ubuntu22.04", {"cudnn": "8"}, "cuda.cudnn", "support matrix"),
 ])
 def test_nvidia_source_checks_the_tag_against_the_recipe(tmp_path, image, kw, key, text):
     with pytest.raises(CompatibilityError) as info:

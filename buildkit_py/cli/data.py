@@ -5,10 +5,14 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from buildkit_py.cli.common import AddCommand, Out, index_options, json_option
 from buildkit_py.errors import UsageError
 from buildkit_py.sizes import human_size
+
+if TYPE_CHECKING:
+    import datetime
 
 
 def register(add: AddCommand) -> None:
@@ -31,6 +35,8 @@ def register(add: AddCommand) -> None:
 
 
 def cmd_data(args: argparse.Namespace, out: Out) -> int:
+    import datetime
+
     from buildkit_py.compat import live, tables
 
     if args.data_command == "refresh":
@@ -44,13 +50,26 @@ def cmd_data(args: argparse.Namespace, out: Out) -> int:
              "pypi_variant": r.get("pypi_variant"), "shipped": any(t.version == v for t in tables.torch_releases())}
             for v, r in sorted(cached.items())]
     cache = str(live.cache_dir())
-    report = {"shipped_as_of": shipped, "files": as_of, "cache": cache, "cached": rows}
+    images = _images_status(datetime.date.today())
+    report = {"shipped_as_of": shipped, "files": as_of, "cache": cache, "cached": rows, "images": images}
     if args.json:
         out.data(report)
         return 0
     out.line(f"shipped compatibility data as of {shipped or 'unknown'}")
     for name, date in as_of.items():
         out.line(f"  {name:<20} {date or '-'}")
+    past = [r for r in images["end_of_life"] if r["past"]]
+    newest = f" (newest: {past[-1]['cuda']}, {past[-1]['date']})" if past else ""
+    out.line(f"nvidia/cuda images: {images['releases']} releases, {len(past)} past NVIDIA's end of life on "
+             f"{images['today']}{newest}")
+    coming = [f"{r['cuda']} ({r['date']})" for r in images["end_of_life"] if not r["past"]]
+    if coming:
+        out.line(f"  end of life ahead: {', '.join(coming)}")
+    if images["end_of_life_unknown"]:
+        out.line(f"  end of life, no date: {', '.join(images['end_of_life_unknown'])}")
+    out.line(f"  no end-of-life date published: {', '.join(images['no_end_of_life']) or '-'}")
+    if images["policy"]:
+        out.line(f"  policy: {images['policy']}")
     if not cached:
         out.line(f"look-up cache ({cache}): empty")
     else:
@@ -59,6 +78,21 @@ def cmd_data(args: argparse.Namespace, out: Out) -> int:
             out.line(f"  torch {c['version']:<9} {c['pypi_variant'] or '?':<6} from {c['index']} (read {c['read']})"
                      + ("  [now also shipped]" if c["shipped"] else ""))
     return 0
+
+
+def _images_status(today: datetime.date) -> dict:
+    """The nvidia/cuda releases images.json records and where each stands in NVIDIA's support policy."""
+    from buildkit_py.compat import tables
+
+    releases = tables.image_releases()
+    eols = [{"cuda": i.cuda, "date": str(i.end_of_life.date), "basis": i.end_of_life.basis,
+             "deletion": str(i.end_of_life.deletion) if i.end_of_life.deletion else None,
+             "past": today >= i.end_of_life.date}
+            for i in releases if i.end_of_life is not None]
+    return {"today": str(today), "releases": len(releases), "policy": tables.image_support_policy().get("summary"),
+            "end_of_life": eols,
+            "end_of_life_unknown": [i.cuda for i in releases if i.end_of_life_unknown],
+            "no_end_of_life": [i.cuda for i in releases if i.end_of_life is None and not i.end_of_life_unknown]}
 
 
 def cmd_data_refresh(args: argparse.Namespace, out: Out) -> int:

@@ -22,6 +22,7 @@ new rule goes here, as one more function with its own part, and is called from `
 
 from __future__ import annotations
 
+import datetime
 import re
 from dataclasses import dataclass
 
@@ -256,23 +257,15 @@ def flash_attn_wheel_url(fa_version: str, wheel_cuda: str, torch_mm: str, python
 
 
 def _nvidia_image(recipe: Recipe, cuda: str, flavor: str, os_name: str | None, *, any_patch: bool = False) -> str:
-    """The nvidia/cuda image for that toolkit. any_patch: a compile stage may use another
-    patch release of the same X.Y (nvcc X.Y.a output runs on the X.Y.b runtime)."""
+    """The nvidia/cuda image for that toolkit: only a tag the data records. any_patch: a compile
+    stage may use another patch release of the same X.Y (nvcc X.Y.a output runs on the X.Y.b runtime)."""
     os_name = os_name or recipe.base.os
-    candidates = [cuda]
-    if any_patch:
-        candidates += [t.version for t in reversed(compat.toolkits())
-                       if _mm(t.version) == _mm(cuda) and t.version != cuda]
-    first_error: LookupError | None = None
-    for candidate in candidates:
-        try:
-            tag = compat.cuda_image_tag(candidate, flavor, recipe.cuda.cudnn, os_name)
-            return mirrored_ref(f"nvidia/cuda:{tag}", recipe.base.mirror)
-        except LookupError as exc:
-            first_error = first_error or exc
-    raise _fail(recipe, "base.os" if "os" in str(first_error).lower() else "cuda", "nvidia/cuda", cuda, "image",
-                f"{flavor}/{os_name}/cudnn {recipe.cuda.cudnn or '-'}", str(first_error).strip("'\""),
-                hint=f"available OSes: {', '.join(compat.cuda_image_oses(cuda))}")
+    try:
+        release = compat.image_release(cuda, flavor, recipe.cuda.cudnn, os_name, any_patch=any_patch)
+    except compat.ImageGap as gap:
+        raise _fail(recipe, gap.key, "cuda", gap.value, gap.other, gap.other_value, gap.reason, hint=gap.hint) from None
+    return mirrored_ref(f"nvidia/cuda:{compat.cuda_image_tag(release, flavor, recipe.cuda.cudnn, os_name)}",
+                        recipe.base.mirror)
 
 
 # ----------------------------------------------------------------------------- 1. CUDA
@@ -285,6 +278,9 @@ def cuda_rule(recipe: Recipe, base: BaseFacts | None) -> CudaPart:
     except LookupError as exc:
         raise _gap(recipe, "cuda.version", exc, "cuda", recipe.cuda.version) from None
     exact = recipe.cuda.version.count(".") == 2
+    if recipe.cuda.cudnn and not compat.cudnn_supported(toolkit.version, recipe.cuda.cudnn):
+        # before any image or wheel is looked for: one answer for both sources (cudnn_rule)
+        raise _cudnn_unsupported(recipe, recipe.cuda.cudnn, toolkit.version)
     if recipe.cuda.source == "nvidia" and not recipe.base.image and not exact:
         toolkit = _newest_with_image(recipe, toolkit)
     if recipe.cuda.source == "nvidia" and recipe.base.image:
@@ -366,16 +362,16 @@ def _not_a_cuda_base(recipe: Recipe, image: str, base: BaseFacts | None,
 
 
 def _newest_with_image(recipe: Recipe, newest: Toolkit) -> Toolkit:
-    """For nvidia/cuda bases, "12.8" means the newest 12.8.x that NVIDIA published an image for."""
-    same_line = [t for t in compat.toolkits() if _mm(t.version) == _mm(newest.version)]
+    """For nvidia/cuda bases, "12.8" means the newest 12.8.x that NVIDIA published this image for
+    (flavor, cuDNN and the recipe's OS); none: refuse, naming the OSes that minor has and the newest
+    release for this OS."""
     os_name = detect_os(recipe) or recipe.base.os
-    for toolkit in reversed(same_line):
-        try:
-            compat.cuda_image_tag(toolkit.version, recipe.cuda.flavor, recipe.cuda.cudnn, os_name)
-        except LookupError:
-            continue
-        return toolkit
-    return newest  # none has an image: the tag lookup later explains what exists
+    try:
+        release = compat.image_release(newest.major_minor, recipe.cuda.flavor, recipe.cuda.cudnn, os_name)
+    except compat.ImageGap as gap:
+        raise _fail(recipe, gap.key, "cuda", recipe.cuda.version, gap.other, gap.other_value, gap.reason,
+                    hint=gap.hint) from None
+    return compat.resolve_cuda(release)
 
 
 # ----------------------------------------------------------------------------- 2. cuDNN
@@ -673,9 +669,11 @@ def _check_bitsandbytes(recipe: Recipe, key: str, version: str, cuda: str, pytho
 
 
 # ----------------------------------------------------------------------------- 8. images
-def images_rule(recipe: Recipe, cuda: str, os_name: str | None, compile_: frozenset[str]) -> ImagesPart:
+def images_rule(recipe: Recipe, cuda: str, os_name: str | None, compile_: frozenset[str], *,
+                today: datetime.date | None = None) -> ImagesPart:
     """The final stage's FROM (base.image, or NVIDIA's image for the toolkit, under base.mirror)
-    and, when something compiles, the compile stage's."""
+    and, when something compiles, the compile stage's; a warning when NVIDIA's support policy has
+    put that image past its end of life on ``today`` (default: the current date)."""
     if recipe.base.image:  # always set with source: wheels (the recipe loader requires it)
         base_image = mirrored_ref(recipe.base.image, recipe.base.mirror)
     else:
@@ -685,16 +683,20 @@ def images_rule(recipe: Recipe, cuda: str, os_name: str | None, compile_: frozen
             return ImagesPart(base_image, None)
         builder, wheels, home = _wheels_builder(recipe, cuda, os_name, base_image, compile_)
         return ImagesPart(base_image, builder, wheels, home)
-    warnings: Warnings = ()
-    if compat.image_end_of_life(cuda):
-        warnings = (RecipeWarning(
-            codes.EOL_IMAGE, "cuda.version",
-            f"nvidia/cuda {cuda} images are past NVIDIA's support window and may be deleted "
-            "from Docker Hub; mirror the tag (imgbuild mirror) or move to a supported CUDA"),)
     builder_image = None
     if compile_:
         needs_devel = recipe.cuda.flavor != "devel"
         builder_image = _nvidia_image(recipe, cuda, "devel", os_name) if needs_devel else base_image
+    warnings: Warnings = ()
+    eol = compat.image_end_of_life(cuda, today)
+    pulls_nvidia = not recipe.base.image or builder_image not in (None, base_image)
+    if eol is not None and pulls_nvidia:
+        gone = f" from {eol.deletion}" if eol.deletion else ""
+        warnings = (RecipeWarning(
+            codes.EOL_IMAGE, "cuda.version",
+            f"nvidia/cuda {cuda} images reached end of life on {eol.date} ({eol.why}); NVIDIA's policy "
+            f"deletes them from Docker Hub{gone}",
+            hint="mirror the tag (imgbuild mirror) or move to a supported CUDA"),)
     return ImagesPart(base_image, builder_image, warnings=warnings)
 
 
