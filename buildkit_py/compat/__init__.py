@@ -4,6 +4,7 @@ from buildkit_py.compat.tables import (
     BnbRelease,
     CompatGap,
     CudnnWheel,
+    CxxStd,
     FlashAttnRelease,
     MinorCompatFloor,
     PrebuiltWheel,
@@ -38,7 +39,9 @@ from buildkit_py.compat.tables import (
     minor_compat,
     minor_compat_floor,
     resolve_cuda,
+    sass_runs_on,
     toolkits,
+    torch_cxx_std,
     torch_index_url,
     torch_release,
     torch_releases,
@@ -46,12 +49,12 @@ from buildkit_py.compat.tables import (
 )
 
 __all__ = [
-    "CompatGap", "CudnnWheel", "WheelSet", "arch_base", "arch_key", "cuda_wheel_home", "cuda_wheel_set",
+    "CompatGap", "CudnnWheel", "CxxStd", "WheelSet", "arch_base", "arch_key", "cuda_wheel_home", "cuda_wheel_set",
     "cuda_wheel_sets", "cudnn_wheel", "cudnn_wheel_majors", "data_as_of", "devel_wheel_extras",
     "BnbRelease", "FlashAttnRelease", "MinorCompatFloor", "PrebuiltWheel", "Toolkit", "TorchRelease",
     "bitsandbytes_release", "bitsandbytes_releases", "cuda_archs", "cuda_image_oses", "cuda_image_tag",
     "cuda_image_tags", "cuda_runtime_wheels", "cudnn_versions", "data_files_as_of", "data_sources",
     "driver_branch_end_of_life", "flash_attn_prebuilt", "flash_attn_release", "flash_attn_releases",
     "forward_compat_branches", "image_end_of_life", "minor_compat", "minor_compat_floor", "resolve_cuda",
-    "toolkits", "torch_index_url", "torch_release", "torch_releases", "validate_all",
+    "sass_runs_on", "toolkits", "torch_cxx_std", "torch_index_url", "torch_release", "torch_releases", "validate_all",
 ]
