@@ -376,6 +376,10 @@ def _swap_first_two(o):
     o["toolkits"][0], o["toolkits"][1] = o["toolkits"][1], o["toolkits"][0]
 
 
+def _fa_row(o, version):
+    return next(r for r in o["releases"] if r["version"] == version)
+
+
 def _drop(version):
     return lambda o: o.__setitem__("toolkits", [t for t in o["toolkits"] if t["version"] != version])
 
@@ -423,7 +427,17 @@ def _set_tk(version, key, value):
     ("images.json", lambda o: o["images"][0].__setitem__("cuda", "11.0.9"), "known toolkit"),
     ("archs.json", lambda o: o["entries"][0]["archs"].append("sm_90"), "malformed"),
     ("archs.json", lambda o: o["entries"][0]["archs"].reverse(), "ascending"),
-    ("flash_attn.json", lambda o: o["releases"][0].__setitem__("archs", ["9.0", "8.0"]), "ascending"),
+    ("flash_attn.json", lambda o: o["releases"][-1].__setitem__("archs", ["9.0", "8.0"]), "ascending"),
+    ("flash_attn.json", lambda o: o["releases"][-1].pop("cxx_std"), "no cxx_std: a row without them must say why"),
+    ("flash_attn.json", lambda o: _fa_row(o, "2.8.3")["prebuilt"][0].__setitem__("torch", "2.5"), "named torch2.5"),
+    ("flash_attn.json", lambda o: _fa_row(o, "2.8.3")["prebuilt"][0].__setitem__("build_cuda", "13.0.2"), "named cu12"),
+    ("flash_attn.json", lambda o: _fa_row(o, "2.8.3")["gencode"].reverse(), "ascending"),
+    ("cxx_std.json", lambda o: o["torch"].pop(), "torch 2.14.0 falls in 0 ranges"),
+    ("cxx_std.json", lambda o: o["torch"][1].__setitem__("torch", ">=2.1"), "torch 2.14.0 falls in 2 ranges"),
+    ("cxx_std.json", lambda o: o["torch"][0].__setitem__("cxx_std", 15), "15 is not one of 11, 14, 17, 20"),
+    ("bitsandbytes.json", lambda o: o["releases"][-1].__setitem__("cuda_nocublaslt", ["12.1"]),
+     "goes with a cuda list"),
+    ("bitsandbytes.json", lambda o: o["releases"][0].pop("partial"), "must say why"),
     ("wheels.json", lambda o: o["absent"].pop("11.3"), "wheels.json.*11.3.*absent"),
     ("wheels.json", lambda o: o["absent"]["11.3"].pop("reason"), "reason"),
     ("wheels.json", lambda o: o["releases"][-1]["extras"]["cudart"].__setitem__("nvidia-cuda-runtime", "13.4.92"), "same major.minor"),  # noqa: E501
@@ -510,11 +524,13 @@ def test_torch_2_15_python_floor():
 
 
 def test_every_row_has_a_read_date_in_owned_files():
+    """Each file's "as of" is the newest date one of its rows was read."""
     for name, rows_key in [("toolkits.json", "toolkits"), ("torch.json", "releases"), ("flash_attn.json", "releases"),
-                           ("bitsandbytes.json", "releases"), ("minor_compat.json", "floors")]:
+                           ("bitsandbytes.json", "releases"), ("minor_compat.json", "floors"),
+                           ("cxx_std.json", "torch")]:
         raw = tables._load_raw(name)
-        assert raw["as_of"] == "2026-12-03"
         assert all(r.get("read") for r in raw[rows_key]), name
+        assert raw["as_of"] == max(r["read"] for r in raw[rows_key]), name
 
 
 def test_flash_attn_post_releases_and_fa3():
@@ -597,3 +613,116 @@ def test_schema_errors_are_all_reported_at_file_line_and_key(monkeypatch, tmp_pa
         line = int(issue[len(str(path)) + 1:].split(":", 1)[0])
         assert f'"{key}"' in lines[line - 1] and words in issue, (issue, lines[line - 1])
     assert exc.value.exit_status == 1 and "bug in the shipped data" in exc.value.hint
+
+
+# ---------------------------------------------------------------- issue 21: flash-attn and bitsandbytes releases
+# Every release https://pypi.org/simple/flash-attn/ and .../bitsandbytes/ list (read 2026-12-04; flash-attn 1.0.3
+# is yanked there). The data had 7 and 29 of them.
+FLASH_ATTN_ON_PYPI = """
+0.2.0 0.2.1 0.2.2 0.2.3 0.2.4 0.2.5 0.2.6.post1 0.2.7 0.2.8 1.0.0 1.0.1 1.0.2 1.0.3.post0 1.0.4 1.0.5 1.0.6 1.0.7 1.0.8
+1.0.9 2.0.0.post1 2.0.1 2.0.2 2.0.3 2.0.4 2.0.5 2.0.6 2.0.6.post2 2.0.7 2.0.8 2.0.9 2.1.0 2.1.1 2.1.2.post3 2.2.0 2.2.1
+2.2.2 2.2.3.post2 2.2.4 2.2.4.post1 2.2.5 2.3.0 2.3.1.post1 2.3.2 2.3.3 2.3.4 2.3.5 2.3.6 2.4.0.post1 2.4.1 2.4.2
+2.4.3.post1 2.5.0 2.5.1.post1 2.5.2 2.5.3 2.5.4 2.5.5 2.5.6 2.5.7 2.5.8 2.5.9.post1 2.6.0.post1 2.6.1 2.6.2 2.6.3
+2.7.0.post2 2.7.1.post4 2.7.2.post1 2.7.3 2.7.4.post1 2.8.0.post2 2.8.1 2.8.2 2.8.3 2.8.3.post1 2.8.3.post2""".split()
+BNB_ON_PYPI = """
+0.31.8 0.32.0 0.32.2 0.32.3 0.33.0 0.34.0 0.35.0 0.35.2 0.35.3 0.35.4 0.36.0 0.36.0.post2 0.37.0 0.37.1 0.37.2 0.38.0
+0.38.0.post1 0.38.0.post2 0.38.1 0.39.0 0.39.1 0.40.0 0.40.0.post1 0.40.0.post2 0.40.0.post3 0.40.0.post4 0.40.1
+0.40.1.post1 0.40.2 0.41.0 0.41.1 0.41.2 0.41.2.post1 0.41.2.post2 0.41.3 0.41.3.post1 0.41.3.post2 0.42.0 0.43.0 0.43.1
+0.43.2 0.43.3 0.44.0 0.44.1 0.45.0 0.45.1 0.45.2 0.45.3 0.45.4 0.45.5 0.46.0 0.46.1 0.47.0 0.48.0 0.48.1 0.48.2 0.49.0
+0.49.1 0.49.2 0.50.0 0.50.1 0.50.2""".split()
+
+
+def test_every_release_on_the_index_is_known():
+    assert (len(FLASH_ATTN_ON_PYPI), len(BNB_ON_PYPI)) == (76, 62)
+    assert [r.version for r in compat.flash_attn_releases()] == FLASH_ATTN_ON_PYPI
+    assert [r.version for r in compat.bitsandbytes_releases()] == BNB_ON_PYPI
+
+
+def test_partial_rows_are_the_ones_the_sources_cannot_settle():
+    # flash-attn: no tag in the repository (0.2.0, 0.2.6.post1, 2.0.0.post1) or a README without the PyTorch and
+    # CUDA floors (0.2.x); bitsandbytes: every release whose loader finds CUDA by a libcudart.so search (< 0.40.1)
+    assert [r.version for r in compat.flash_attn_releases() if r.partial] == [
+        "0.2.0", "0.2.1", "0.2.2", "0.2.3", "0.2.4", "0.2.5", "0.2.6.post1", "0.2.7", "0.2.8", "2.0.0.post1"]
+    assert [r.version for r in compat.bitsandbytes_releases() if r.partial] == BNB_ON_PYPI[:26]
+    assert BNB_ON_PYPI[26] == "0.40.1" and "libcudart.so" in compat.bitsandbytes_release("0.40.0.post4").partial
+
+
+@pytest.mark.parametrize(("version", "wheels"), [
+    # python x torch x CUDA x cxx11abi of the tag's publish.yml, minus its excludes
+    ("2.5.8", 74), ("2.6.3", 84), ("2.7.3", 100), ("2.7.4.post1", 44), ("2.8.0.post2", 38), ("2.8.3", 48),
+    ("2.8.3.post1", 48), ("2.8.3.post2", 0), ("2.0.6", 72), ("2.0.5", 0),
+])
+def test_flash_attn_release_wheels_per_publish_matrix(version, wheels):
+    r = compat.flash_attn_release(version)
+    assert sum(len(w.python) * len(w.cxx11abi) for w in r.prebuilt) == wheels
+
+
+@pytest.mark.parametrize(("version", "nvcc", "sms"), [
+    ("2.8.3", "12.9.1", ("8.0", "9.0", "10.0", "12.0")),   # its wheels' toolkit
+    ("2.7.4.post1", "12.4.1", ("8.0", "9.0")),              # its wheels' toolkit: no Blackwell SASS
+    ("2.7.4.post1", "12.8.1", ("8.0", "9.0", "10.0", "12.0")),
+    ("2.6.3", "12.8", ("8.0", "9.0")),
+    ("2.5.8", "11.7", ("8.0",)),
+    ("2.2.4", "12.2", ("8.0",)),   # sm_90 commented out in that tag's setup.py
+])
+def test_flash_attn_gencode(version, nvcc, sms):
+    assert compat.flash_attn_release(version).sms(nvcc) == sms
+
+
+def test_flash_attn_archs_follow_gencode():
+    assert compat.flash_attn_release("2.2.4").archs == ("8.0", "8.6", "8.9")
+    assert compat.flash_attn_release("2.7.3").archs == ("8.0", "8.6", "8.9", "9.0", "10.0", "12.0")
+    assert compat.flash_attn_release("1.0.9").archs == ("7.5", "8.0", "8.6", "8.9", "9.0")
+
+
+@pytest.mark.parametrize(("version", "cuda", "torch", "python", "archs", "abi", "wheel_cuda"), [
+    ("2.8.3", "12.8", "2.7", "3.11", ("10.0", "12.0"), True, "12"),   # built with CUDA 12.9.1
+    ("2.8.0.post2", "12.8", "2.7", "3.12", ("12.0",), True, "12"),    # built with CUDA 12.9.0
+    ("2.7.4.post1", "12.6", "2.6", "3.11", ("9.0",), False, "12"),
+    ("2.7.4.post1", "12.6", "2.6", "3.11", ("10.0",), False, None),   # built with CUDA 12.4.1
+    ("2.7.3", "11.8", "2.5", "3.11", (), False, "11"),
+    ("2.6.3", "12.4", "2.4", "3.11", ("8.6", "8.9"), False, "12.3"),  # 8.x runs the sm_80 cubin
+    ("2.6.3", "12.4", "2.4", "3.11", (), True, "12.3"),               # both ABIs built
+    # 2.2.x built cu116/cu117/cu118/cu122: setup.py asks for torch's own CUDA, no other
+    ("2.2.2", "11.7", "2.0", "3.10", (), False, "11.7"),
+    ("2.2.2", "11.8", "2.0", "3.10", (), False, "11.8"),
+    ("2.2.2", "12.1", "2.1", "3.10", (), False, None),                # torch 2.1 wheels: built on a 2.1 nightly
+    ("2.5.8", "12.4", "2.4", "3.11", (), False, None),                # torch 2.4 wheels: built on 2.4.0.dev20240407
+    ("2.5.8", "12.4", "2.3", "3.11", (), False, "12.2"),
+])
+def test_flash_attn_prebuilt_by_sass_label_and_abi(version, cuda, torch, python, archs, abi, wheel_cuda):
+    w = compat.flash_attn_prebuilt(version, cuda, torch, python, archs=archs, cxx11abi=abi)
+    assert (w.cuda if w else None) == wheel_cuda
+
+
+@pytest.mark.parametrize(("sm", "arch", "runs"), [
+    ("8.0", "8.0", True), ("8.0", "8.6", True), ("8.0", "8.9", True), ("8.6", "8.0", False), ("8.0", "9.0", False),
+    ("9.0", "9.0a", True), ("10.0", "10.3", True), ("10.0", "12.0", False), ("12.0", "10.0", False),
+])
+def test_sass_runs_on_same_major_same_or_newer_minor(sm, arch, runs):
+    assert compat.sass_runs_on(sm, arch) is runs
+
+
+@pytest.mark.parametrize(("torch", "std"), [
+    ("1.13.0", 14), ("2.0.1", 14), ("2.1.0", 17), ("2.12.0", 17), ("2.13.0", 17), ("2.14.0", 20), ("2.14.1", 20),
+    ("2.15.0", 20), ("2.16.0", 20),
+])
+def test_torch_cxx_std_from_its_header_guards(torch, std):
+    assert compat.torch_cxx_std(torch) == std
+
+
+def test_every_flash_attn_release_compiles_as_cxx17():
+    """setup.py passes -std=c++17 to nvcc and the host compiler at every tag, 2.8.3.post2's sdist too."""
+    assert {r.cxx_std for r in compat.flash_attn_releases() if not r.partial} == {17}
+
+
+@pytest.mark.parametrize(("version", "cuda", "nocublaslt"), [
+    ("0.40.1", ["11.0", "11.1", "11.3", "11.4", "11.5", "11.7", "11.8", "12.0", "12.1", "12.2"],
+     ["11.0", "11.1", "11.3", "11.4", "11.5", "11.7", "12.0", "12.1", "12.2"]),
+    ("0.41.3.post2", ["11.0", "11.1", "11.4", "11.5", "11.7", "11.8", "12.0", "12.1", "12.2"], None),
+    ("0.36.0", [], ["11.0", "11.1", "11.2", "11.3", "11.4", "11.5", "11.6", "11.7", "11.8", "12.0"]),
+])
+def test_bitsandbytes_cuda_libraries_from_the_wheel(version, cuda, nocublaslt):
+    r = compat.bitsandbytes_release(version)
+    assert list(r.cuda) == cuda
+    assert (list(r.cuda_nocublaslt) if r.cuda_nocublaslt is not None else None) == nocublaslt

@@ -1,9 +1,11 @@
 """Resolution: pins that fit resolve; clashing ones raise CompatibilityError naming both sides."""
 
+import dataclasses
 import re
 
 import pytest
 from helpers import write_recipe
+from packaging.specifiers import SpecifierSet
 
 from buildkit_py.compat.resolve import resolve
 from buildkit_py.errors import CompatibilityError
@@ -183,10 +185,96 @@ def test_flash_attn_prebuilt_wheel_url(tmp_path):
         "flash_attn-2.6.3+cu123torch2.4cxx11abiFALSE-cp311-cp311-linux_x86_64.whl")
 
 
-def test_flash_attn_blackwell_builds_from_source(tmp_path):
+def test_flash_attn_blackwell_takes_the_release_wheel_built_with_cuda_12_9(tmp_path):
+    """2.8.3's release wheels were compiled with CUDA 12.9.1, whose nvcc setup.py lets emit sm_100
+    and sm_120: a Blackwell recipe takes the wheel (it was refused as 'needs a source build')."""
     res = resolve(recipe(tmp_path, cuda="12.8", base="base: {image: 'ubuntu:22.04'}",
-                         extra='torch: "2.7.1"\npip: ["flash-attn==2.8.3"]\nbuild: {cuda_arch: ["10.0"]}'))
+                         extra='torch: "2.7.1"\npip: ["flash-attn==2.8.3"]\nbuild: {cuda_arch: ["10.0", "12.0"]}'))
+    assert res.compile == ()
+    assert dict(res.prebuilt_urls)["flash-attn"] == (
+        "https://github.com/Dao-AILab/flash-attention/releases/download/v2.8.3/"
+        "flash_attn-2.8.3+cu12torch2.7cxx11abiTRUE-cp311-cp311-linux_x86_64.whl")
+
+
+def test_flash_attn_wheel_without_blackwell_sass_builds_from_source(tmp_path):
+    """2.7.4.post1's wheels were compiled with CUDA 12.4.1 (sm_80/sm_90 only): 9.0 takes the
+    wheel, 10.0 builds from source with nvcc 12.8."""
+    base = "base: {image: 'ubuntu:22.04'}"
+    res = resolve(recipe(tmp_path, cuda="12.6", base=base,
+                         extra='torch: "2.6.0"\npip: ["flash-attn==2.7.4.post1"]\nbuild: {cuda_arch: ["9.0"]}'))
+    assert res.compile == () and "cu12torch2.6cxx11abiFALSE" in dict(res.prebuilt_urls)["flash-attn"]
+    res = resolve(recipe(tmp_path / "bw", cuda="12.8", base=base,
+                         extra='torch: "2.7.1"\npip: ["flash-attn==2.7.4.post1"]\nbuild: {cuda_arch: ["10.0"]}'))
     assert res.compile == ("flash-attn",) and res.prebuilt_urls == ()
+
+
+@pytest.mark.parametrize(("cuda", "torch", "fa"), [
+    ("13.2", "2.15.0", "2.8.3.post2"),
+    ("13.0", "2.14.1", "2.8.3.post2"),
+    ("13.0", "2.14.0", "2.8.3"),
+])
+def test_flash_attn_source_build_refused_where_torch_headers_need_cxx20(tmp_path, cuda, torch, fa):
+    """torch >= 2.14's headers #error below C++20; every flash-attn setup.py compiles as C++17, so
+    the source build would fail hours in: the plan refuses, naming the newest torch that fits."""
+    err = clash(tmp_path, cuda=cuda, python="3.12", base="base: {image: 'ubuntu:24.04'}",
+                extra=f'torch: "{torch}"\npip: ["flash-attn=={fa}"]')
+    assert (err.component, err.version, err.other, err.other_version, err.key) == ("flash-attn", fa, "torch", torch,
+                                                                                   "pip[0]")
+    assert "-std=c++17" in err.message and "need C++20" in err.message
+    assert err.hint.startswith("use torch 2.13.0, 2.12.1, 2.12.0 (the newest whose headers compile as C++17")
+    assert "no flash-attn release imgbuild knows compiles as C++20" in err.hint
+
+
+def test_flash_attn_source_build_with_torch_2_13_passes(tmp_path):
+    res = resolve(recipe(tmp_path, cuda="13.2", python="3.12", base="base: {image: 'ubuntu:24.04'}",
+                         extra='torch: "2.13.0"\npip: ["flash-attn==2.8.3.post2"]'))
+    assert res.compile == ("flash-attn",)
+
+
+def test_flash_attn_source_build_needs_nvcc_that_compiles_the_arch(tmp_path, monkeypatch):
+    """The SASS a source build gets is setup.py's -gencode list for the toolkit's nvcc: with
+    sm_100 compiled only from nvcc 12.9 (a release saying so), CUDA 12.8 cannot serve 10.0."""
+    from buildkit_py.compat import tables
+    real = tables.flash_attn_release("2.8.3")
+    later = dataclasses.replace(real, gencode=tuple((sm, SpecifierSet(">=12.9") if sm == "10.0" else spec)
+                                                    for sm, spec in real.gencode), prebuilt=())
+    monkeypatch.setattr(tables, "_flash_attn", lambda: (later,))
+    err = clash(tmp_path, cuda="12.8", base="base: {image: 'ubuntu:22.04'}",
+                extra='torch: "2.7.1"\npip: ["flash-attn==2.8.3"]\nbuild: {cuda_arch: ["10.0"]}')
+    assert (err.key, err.other, err.other_version) == ("build.cuda_arch[0]", "cuda", "12.8.2")
+    assert "sm_80, sm_90, sm_120 with nvcc 12.8" in err.message
+
+
+@pytest.mark.parametrize("fa", ["0.2.8", "2.0.0.post1"])
+def test_flash_attn_known_from_the_index_only_is_refused(tmp_path, fa):
+    err = clash(tmp_path, base="base: {image: 'ubuntu:22.04'}", extra=f'torch: "2.4.1"\npip: ["flash-attn=={fa}"]')
+    assert (err.component, err.version, err.key) == ("flash-attn", fa, "pip[0]")
+    assert "known from the package index only" in err.message
+    assert err.hint == ("use flash-attn 2.8.3.post2, 2.8.3.post1, 2.8.3, 2.8.2 (the newest fully recorded that fit "
+                        "torch 2.4.1, CUDA 12.4 and Python 3.11)")
+
+
+def test_bitsandbytes_post_releases_are_known(tmp_path):
+    res = resolve(recipe(tmp_path, cuda="12.2", extra='pip: ["bitsandbytes==0.41.3.post2"]'))
+    assert res.cuda_version.startswith("12.2")
+    err = clash(tmp_path / "x", cuda="12.3", extra='pip: ["bitsandbytes==0.41.2.post2"]')
+    assert err.other == "cuda" and "11.0, 11.1, 11.4, 11.5, 11.7, 11.8, 12.0, 12.1, 12.2" in err.message
+
+
+def test_bitsandbytes_whose_loader_searches_libcudart_is_refused(tmp_path):
+    err = clash(tmp_path, cuda="12.1", extra='pip: ["bitsandbytes==0.39.1"]')
+    assert (err.component, err.version, err.key) == ("bitsandbytes", "0.39.1", "pip[0]")
+    assert "libcudart.so" in err.message and err.hint == "use bitsandbytes==0.50.2 (the newest that fits CUDA 12.1)"
+
+
+def test_bitsandbytes_without_nocublaslt_library_refused_below_7_5(tmp_path):
+    """0.40.1 ships libbitsandbytes_cuda118.so but no cuda118_nocublaslt.so, which its loader opens
+    on GPUs below compute capability 7.5."""
+    ok = resolve(recipe(tmp_path, cuda="11.8", extra='pip: ["bitsandbytes==0.40.1"]\nbuild: {cuda_arch: ["8.0"]}'))
+    assert ok.cuda_arch == ("8.0",)
+    err = clash(tmp_path / "old", cuda="11.8", extra='pip: ["bitsandbytes==0.40.1"]\nbuild: {cuda_arch: ["7.0"]}')
+    assert (err.key, err.other, err.other_version) == ("build.cuda_arch[0]", "cuda_arch", "7.0")
+    assert "libbitsandbytes_cuda118_nocublaslt.so" in err.message
 
 
 def test_bitsandbytes_cuda_clash(tmp_path):
@@ -336,7 +424,7 @@ def test_arch_variants_accepted(tmp_path):
 
 
 def test_cuda_kernel_source_build_on_debian_gets_nvcc_from_cuda13_wheels(tmp_path):
-    r = recipe(tmp_path, cuda="13.0", extra='torch: "2.14.0"\npip: ["flash-attn==2.8.3"]\n'
+    r = recipe(tmp_path, cuda="13.0", extra='torch: "2.13.0"\npip: ["flash-attn==2.8.3"]\n'
                "build: {from_source: [flash-attn]}")
     plan = make_plan(r)
     builder = plan.stages[0]

@@ -19,9 +19,10 @@ def register(add: AddCommand) -> None:
     d = add("data", "imgbuild's compatibility data (CUDA toolkits and drivers, torch, flash-attn, bitsandbytes,\n"
             "images) ships with it, each row with its source and the date read. `data status` prints the\n"
             "shipped data's date and the releases the plan-time look-up cached since; `data refresh`\n"
-            "re-reads what the package index serves (release lists, wheel METADATA) and shows or --write s\n"
-            "the changes. The index is the one pip would use: --index-url, PIP_INDEX_URL, --pip-config,\n"
-            "pip's config files, else PyPI.")
+            "re-reads what the package index serves (release lists, wheel METADATA, the CUDA libraries in\n"
+            "bitsandbytes wheels) and shows or --write s the changes, every flash-attn and bitsandbytes\n"
+            "release the data lacks included. The index is the one pip would use: --index-url,\n"
+            "PIP_INDEX_URL, --pip-config, pip's config files, else PyPI.")
     dsub = d.add_subparsers(dest="data_command", metavar="ACTION", parser_class=type(d))
     ds = dsub.add_parser("status", help="the shipped data's date and what the look-up cache adds", epilog=d.epilog)
     json_option(ds)
@@ -29,6 +30,10 @@ def register(add: AddCommand) -> None:
                          epilog=d.epilog)
     dr.add_argument("--write", action="store_true", help="write the changed data files (default: only show them)")
     dr.add_argument("--data-dir", type=Path, default=None, help="data files to update (default: the installed ones)")
+    dr.add_argument("--flash-attn-repo", type=Path, default=None, metavar="PATH",
+                    help="a clone (or bare mirror) of Dao-AILab/flash-attention: flash-attn releases are filled from "
+                         "their tags (publish.yml wheel matrix, setup.py, README); without it a release the data "
+                         "lacks is added as a partial row")
     json_option(dr)
     index_options(dr)
     d.set_defaults(handler=cmd_data)
@@ -106,7 +111,8 @@ def cmd_data_refresh(args: argparse.Namespace, out: Out) -> int:
     client = index.client_for(settings)
     data = {name: json.loads(tables.data_dir().joinpath(name).read_text(encoding="utf-8"))
             for name in tables.DATA_FILES}
-    report = refresh.refresh(client, data, today=datetime.date.today().isoformat())
+    report = refresh.refresh(client, data, today=datetime.date.today().isoformat(),
+                             flash_attn_repo=args.flash_attn_repo)
     texts = {name: refresh.dump(raw) for name, raw in report.files.items()}
     written: list[str] = []
     if texts:

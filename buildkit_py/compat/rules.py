@@ -65,9 +65,6 @@ JIT_PACKAGES = frozenset({"deepspeed", "apex", "cupy", "pycuda"})
 # Compute capabilities built for when a recipe compiles kernels but names none:
 # Ampere, Ada and Hopper, the data-center and workstation GPUs rented today.
 DEFAULT_BUILD_ARCHS = ("8.0", "8.6", "8.9", "9.0")
-# What flash-attn's GitHub release wheels are compiled for (its publish workflow builds with
-# CUDA 12.3/12.4 toolchains, which predate Blackwell).
-FLASH_ATTN_WHEEL_ARCHS = frozenset({"8.0", "8.6", "8.9", "9.0"})
 # Packages whose source build compiles CUDA kernels, so the compile stage needs nvcc.
 CUDA_KERNEL_PACKAGES = frozenset({"flash-attn", "flash_attn", "xformers", "apex"})
 
@@ -202,7 +199,7 @@ def _cuda_in(supported: SpecifierSet | tuple[str, ...], cuda: str) -> bool:
 
 
 def _describe(supported: SpecifierSet | tuple[str, ...]) -> str:
-    return str(supported) if isinstance(supported, SpecifierSet) else ", ".join(supported)
+    return str(supported) if isinstance(supported, SpecifierSet) else (", ".join(supported) or "no CUDA")
 
 
 def detect_os(recipe: Recipe) -> str | None:
@@ -246,10 +243,14 @@ def require_cuda(recipe: Recipe, cuda: str, floor: str | None) -> str:
     return f"cuda>={_mm(cuda)}"
 
 
+def torch_cxx11_abi(torch_version: str) -> bool:
+    """torch._C._GLIBCXX_USE_CXX11_ABI of torch's Linux wheels: True from 2.7 (manylinux_2_28 builds)."""
+    return Version(torch_version) >= Version("2.7")
+
+
 def flash_attn_wheel_url(fa_version: str, wheel_cuda: str, torch_mm: str, python: str, torch_version: str) -> str:
     """The GitHub release wheel flash-attn's own setup.py would fetch for this combination."""
-    # torch's Linux wheels switched to the C++11 ABI with 2.7 (manylinux_2_28 builds).
-    abi = "TRUE" if Version(torch_version) >= Version("2.7") else "FALSE"
+    abi = "TRUE" if torch_cxx11_abi(torch_version) else "FALSE"
     cu = "cu" + wheel_cuda.replace(".", "")
     py = "cp" + python.replace(".", "")
     return (f"https://github.com/Dao-AILab/flash-attention/releases/download/v{fa_version}/"
@@ -574,24 +575,26 @@ def arch_rule(recipe: Recipe, cuda: str) -> ArchPart:
 # ----------------------------------------------------------------------------- 6. flash-attn
 def flash_attn_rule(recipe: Recipe, cuda: str, python: str, torch: str | None, archs: tuple[str, ...]) -> FlashAttnPart:
     """A flash-attn pin must fit torch, CUDA, Python and the architectures; it comes as its
-    GitHub release wheel where one is recorded for that combination, else builds from source."""
+    GitHub release wheel where its release workflow built one for that combination whose SASS
+    runs on every build.cuda_arch, else it builds from source, which its C++ standard and the
+    toolkit's nvcc must allow."""
     fa = _pin(recipe, "flash-attn")
     if not fa:
         return FlashAttnPart()
     i, version = fa
-    rel = _check_flash_attn(recipe, f"pip[{i}]", version, cuda, python, torch)
+    key = f"pip[{i}]"
+    rel = _check_flash_attn(recipe, key, version, cuda, python, torch)
     for j, arch in enumerate(archs):
         if compat.arch_base(arch) not in rel.archs:
             raise _fail(recipe, f"build.cuda_arch[{j}]", "flash-attn", version, "cuda_arch", arch,
                         f"flash-attn {version} runs on compute capabilities {', '.join(rel.archs)}",
                         hint="FlashAttention 2 needs Ampere (8.0) or newer")
-    # The release wheels carry kernels for Ampere, Ada and Hopper only; Blackwell or other
-    # targets need a source build with a new enough nvcc.
-    beyond_wheels = [a for a in archs if compat.arch_base(a) not in FLASH_ATTN_WHEEL_ARCHS]
     torch_version = torch or ""  # _check_flash_attn refused a recipe without torch
-    wheel = None if ("flash-attn" in recipe.build.from_source or beyond_wheels) else compat.flash_attn_prebuilt(
-        version, cuda, _mm(torch_version), python)
+    wheel = None if "flash-attn" in recipe.build.from_source else compat.flash_attn_prebuilt(
+        version, cuda, _mm(torch_version), python, archs=tuple(compat.arch_base(a) for a in archs),
+        cxx11abi=torch_cxx11_abi(torch_version))
     if wheel is None:
+        _check_flash_attn_source_build(recipe, key, rel, cuda, python, torch_version, archs)
         return FlashAttnPart(compile=frozenset({"flash-attn"}))
     url = flash_attn_wheel_url(version, wheel.cuda, _mm(torch_version), python, torch_version)
     return FlashAttnPart(prebuilt=(("flash-attn", url),))
@@ -604,6 +607,15 @@ def _check_flash_attn(recipe: Recipe, key: str, version: str, cuda: str, python:
     except LookupError:
         raise _unknown_release(recipe, key, "flash-attn", version,
                                [r.version for r in compat.flash_attn_releases()]) from None
+    if rel.partial:
+        fits = [r.version for r in compat.flash_attn_releases() if not r.partial
+                and (not torch or torch in r.torch) and (cuda in r.cuda or _mm(cuda) in r.cuda) and python in r.python]
+        newest = sorted(fits, key=Version, reverse=True)[:4]
+        raise _fail(recipe, key, "flash-attn", version, "imgbuild's flash-attn table", compat.data_as_of(),
+                    f"flash-attn {version} is {rel.partial}",
+                    hint=f"use flash-attn {', '.join(newest)} (the newest fully recorded that fit"
+                         f"{f' torch {torch},' if torch else ''} CUDA {_mm(cuda)} and Python {python})" if fits else
+                    _newest_hint("flash-attn", [r.version for r in compat.flash_attn_releases() if not r.partial]))
     if not torch:
         raise _fail(recipe, key, "flash-attn", version, "torch", "(none)",
                     "flash-attn builds against torch", hint="pin torch: in the recipe")
@@ -617,6 +629,48 @@ def _check_flash_attn(recipe: Recipe, key: str, version: str, cuda: str, python:
         raise _fail(recipe, key, "flash-attn", version, "python", python,
                     f"flash-attn {version} supports Python {rel.python}")
     return rel
+
+
+def _check_flash_attn_source_build(recipe: Recipe, key: str, rel: FlashAttnRelease, cuda: str, python: str,
+                                   torch: str, archs: tuple[str, ...]) -> None:
+    """A source build compiles as the C++ standard flash-attn's setup.py passes (-std=c++17 for
+    nvcc and the host compiler), which torch's headers must accept; and only the SASS targets
+    setup.py compiles with this toolkit's nvcc (sm_100/sm_120 from 12.8)."""
+    need = compat.torch_cxx_std(torch)
+    if need is not None and rel.cxx_std is not None and need > rel.cxx_std:
+        older = [t.version for t in compat.torch_releases()
+                 if (compat.torch_cxx_std(t.version) or need) <= rel.cxx_std and t.version in rel.torch
+                 and python in t.python and _mm(cuda) in t.variants.values()]
+        newer_fa = [r.version for r in compat.flash_attn_releases()
+                    if not r.partial and (r.cxx_std or 0) >= need and torch in r.torch]
+        hints = []
+        if newer_fa:
+            hints.append(f"use flash-attn {', '.join(sorted(newer_fa, key=Version, reverse=True)[:3])} "
+                         f"(compiles as C++{need})")
+        if older:
+            hints.append(f"use torch {', '.join(sorted(older, key=Version, reverse=True)[:3])} "
+                         f"(the newest whose headers compile as C++{rel.cxx_std}, with a CUDA {_mm(cuda)} build)")
+        else:
+            any_older = [t.version for t in compat.torch_releases()
+                         if (compat.torch_cxx_std(t.version) or need) <= rel.cxx_std and t.version in rel.torch]
+            if any_older:
+                hints.append(f"use torch {max(any_older, key=Version)} (the newest whose headers compile as "
+                             f"C++{rel.cxx_std}) with a CUDA it has a build for")
+        if not newer_fa:
+            hints.append(f"no flash-attn release imgbuild knows compiles as C++{need}")
+        raise _fail(recipe, key, "flash-attn", rel.version, "torch", torch,
+                    f"flash-attn {rel.version} builds from source here and its setup.py compiles as "
+                    f"-std=c++{rel.cxx_std}, but torch {torch}'s headers need C++{need} "
+                    f"('#error C++{need} or later compatible compiler is required')",
+                    hint="; ".join(hints))
+    sms = rel.sms(cuda)
+    for j, arch in enumerate(archs):
+        if not any(compat.sass_runs_on(sm, arch) for sm in sms):
+            raise _fail(recipe, f"build.cuda_arch[{j}]", "flash-attn", rel.version, "cuda", cuda,
+                        f"flash-attn {rel.version} builds from source here, and its setup.py compiles "
+                        f"{', '.join('sm_' + sm.replace('.', '') for sm in sms) or 'no SASS'} with nvcc {_mm(cuda)}: "
+                        f"nothing runs on {arch}",
+                        hint="use a CUDA whose nvcc flash-attn compiles that architecture with (sm_100/sm_120: 12.8+)")
 
 
 # ----------------------------------------------------------------------------- 7. bitsandbytes
@@ -636,6 +690,15 @@ def bitsandbytes_rule(recipe: Recipe, cuda: str, python: str, torch: str | None,
                         f"bitsandbytes {version}'s PyPI wheel has kernels for compute capability "
                         f"{rel.min_compute_capability} and newer",
                         hint=f"drop {arch} or build bitsandbytes from source")
+        # below the LLM.int8() floor (cuBLASLt's, 7.5) the loader opens the _nocublaslt library
+        below_lt = rel.int8_compute_capability and Version(cc) < Version(rel.int8_compute_capability)
+        if rel.cuda_nocublaslt is not None and below_lt and not _cuda_in(rel.cuda_nocublaslt, cuda):
+            raise _fail(recipe, f"build.cuda_arch[{j}]", "bitsandbytes", version, "cuda_arch", arch,
+                        f"bitsandbytes {version} loads libbitsandbytes_cuda{_mm(cuda).replace('.', '')}_nocublaslt.so "
+                        f"below compute capability {rel.int8_compute_capability}, and its wheel has that library "
+                        "only for CUDA "
+                        f"{_describe(rel.cuda_nocublaslt)}",
+                        hint=_bnb_hint(cuda, python, torch))
         if rel.int8_compute_capability and Version(cc) < Version(rel.int8_compute_capability):
             warnings.append(RecipeWarning(
                 codes.BNB_INT8_ARCH, f"build.cuda_arch[{j}]",
@@ -651,6 +714,9 @@ def _check_bitsandbytes(recipe: Recipe, key: str, version: str, cuda: str, pytho
     except LookupError:
         raise _unknown_release(recipe, key, "bitsandbytes", version,
                                [r.version for r in compat.bitsandbytes_releases()]) from None
+    if rel.partial:
+        raise _fail(recipe, key, "bitsandbytes", version, "imgbuild's bitsandbytes table", compat.data_as_of(),
+                    f"bitsandbytes {version} is known only in part: {rel.partial}", hint=_bnb_hint(cuda, python, torch))
     if not _cuda_in(rel.cuda, cuda):
         raise _fail(recipe, key, "bitsandbytes", version, "cuda", cuda,
                     f"bitsandbytes {version} ships CUDA binaries for {_describe(rel.cuda)}",
@@ -659,13 +725,26 @@ def _check_bitsandbytes(recipe: Recipe, key: str, version: str, cuda: str, pytho
         raise _fail(recipe, key, "bitsandbytes", version, "python", python,
                     f"bitsandbytes {version} supports Python {rel.python}")
     if torch and rel.torch and torch not in rel.torch:
-        fits = [r.version for r in compat.bitsandbytes_releases()
-                if torch in r.torch and _cuda_in(r.cuda, cuda) and python in r.python]
+        fits = _bnb_fits(cuda, python, torch)
         raise _fail(recipe, key, "bitsandbytes", version, "torch", torch,
                     f"bitsandbytes {version} requires torch {rel.torch}",
                     hint=(f"use bitsandbytes=={fits[-1]} (the newest that accepts torch {torch})"
                           if fits else f"use a torch in {rel.torch}"))
     return rel
+
+
+def _bnb_fits(cuda: str, python: str, torch: str | None) -> list[str]:
+    """The fully recorded bitsandbytes releases that accept this CUDA, Python and torch, ascending."""
+    return [r.version for r in compat.bitsandbytes_releases() if not r.partial and _cuda_in(r.cuda, cuda)
+            and python in r.python and (not torch or torch in r.torch)]
+
+
+def _bnb_hint(cuda: str, python: str, torch: str | None) -> str:
+    fits = _bnb_fits(cuda, python, torch)
+    if fits:
+        return f"use bitsandbytes=={fits[-1]} (the newest that fits CUDA {_mm(cuda)}" + \
+            (f" and torch {torch})" if torch else ")")
+    return _newest_hint("bitsandbytes", [r.version for r in compat.bitsandbytes_releases() if not r.partial])
 
 
 # ----------------------------------------------------------------------------- 8. images

@@ -74,14 +74,24 @@ class TorchRelease:
 
 @dataclass(frozen=True)
 class PrebuiltWheel:
+    """One group of flash-attn's GitHub release wheels, as its release workflow (publish.yml)
+    builds them: the CUDA in the wheel's name (``12`` for cu12, ``12.3`` for cu123), the torch
+    major.minor in it, the toolkit whose nvcc compiled it, the torch release it was built
+    against, and the CPython versions and C++ ABIs built."""
     cuda: str
     torch: str
     python: tuple[str, ...]
     cxx11abi: tuple[bool, ...]
+    build_cuda: str
+    torch_build: str
 
 
 @dataclass(frozen=True)
 class FlashAttnRelease:
+    """``gencode``: setup.py's SASS targets, each with the nvcc versions that compile it (sm_90
+    only from nvcc 11.8, sm_100/sm_120 only from 12.8); ``cxx_std``: the C++ standard setup.py
+    compiles the extension as. ``partial`` says why a row lacks the build facts (a release known
+    from the package index only): plans refuse such a release."""
     version: str
     torch: SpecifierSet
     cuda: SpecifierSet
@@ -90,12 +100,23 @@ class FlashAttnRelease:
     prebuilt: tuple[PrebuiltWheel, ...]
     source: str
     notes: str | None = None
+    cxx_std: int | None = None
+    gencode: tuple[tuple[str, SpecifierSet], ...] = ()
+    partial: str | None = None
+
+    def sms(self, nvcc: str) -> tuple[str, ...]:
+        """The SASS targets setup.py compiles with that nvcc (a wheel's, or the recipe's toolkit)."""
+        v = Version(str(nvcc))
+        return tuple(sm for sm, spec in self.gencode if spec.contains(v, prereleases=True))
 
 
 @dataclass(frozen=True)
 class BnbRelease:
     """``cuda`` is a SpecifierSet (any CUDA in range works) or, for releases whose loader needs an exact
-    ``libbitsandbytes_cudaXYZ.so``, the tuple of CUDA major.minor versions shipped in the wheel."""
+    ``libbitsandbytes_cudaXYZ.so``, the tuple of CUDA major.minor versions shipped in the wheel.
+    ``cuda_nocublaslt``: where it differs from ``cuda``, the CUDA versions with the
+    ``_nocublaslt`` library the loader takes on GPUs below compute capability 7.5. ``partial``
+    says why a row is incomplete (plans refuse such a release)."""
     version: str
     cuda: SpecifierSet | tuple[str, ...]
     python: SpecifierSet
@@ -104,6 +125,16 @@ class BnbRelease:
     torch: SpecifierSet = SpecifierSet()        # the wheel's Requires-Dist on torch (empty: none declared)
     min_compute_capability: str | None = None   # GPUs below it have no kernels in the PyPI wheel
     int8_compute_capability: str | None = None  # LLM.int8() needs at least this
+    cuda_nocublaslt: tuple[str, ...] | None = None
+    partial: str | None = None
+
+
+@dataclass(frozen=True)
+class CxxStd:
+    """The C++ standard an extension must compile as to include the headers of torch releases in ``torch``."""
+    torch: SpecifierSet
+    cxx_std: int
+    source: str
 
 
 @dataclass(frozen=True)
@@ -203,6 +234,14 @@ def arch_key(arch: str) -> tuple[int, int, str]:
 def arch_base(arch: str) -> str:
     """``9.0a+PTX`` -> ``9.0``: the compute capability a GPU reports."""
     return re.sub(r"[af]$", "", arch.replace("+PTX", ""))
+
+
+def sass_runs_on(sm: str, arch: str) -> bool:
+    """Whether SASS compiled for ``sm`` runs on a GPU of compute capability ``arch``: a cubin for
+    X.y runs on X.z with z >= y, never on another major (CUDA C++ Programming Guide, "Binary
+    Compatibility"); arch-specific ``a``/``f`` targets are compared by their base."""
+    s, a = arch_key(arch_base(sm)), arch_key(arch_base(arch))
+    return s[0] == a[0] and s[1] <= a[1]
 
 
 def nearest_versions(value: str, known, n: int = 4) -> tuple[str, ...]:
@@ -484,21 +523,43 @@ def _archs_ok(f: str, key: Any, archs: tuple[str, ...]) -> None:
         raise _fail(f, key, "compute capabilities must be unique and ascending")
 
 
+_FA_BUILD_KEYS = ("torch", "cuda", "archs", "cxx_std", "gencode")
+
+
 @functools.cache
 def _flash_attn() -> tuple[FlashAttnRelease, ...]:
     f = "flash_attn.json"
     raw = _load_raw(f)
-    out = []
-    for e in raw["releases"]:
-        v = e.get("version")
-        archs = tuple(e.get("archs", ()))
-        _archs_ok(f, v, archs)
-        pre = tuple(PrebuiltWheel(p["cuda"], p["torch"], tuple(p["python"]), tuple(p["cxx11abi"]))
-                    for p in e.get("prebuilt", ()))
-        out.append(FlashAttnRelease(v, _spec(f, v, e.get("torch")), _spec(f, v, e.get("cuda")),
-                                    _spec(f, v, e.get("python")), archs, pre, e["source"], e.get("notes")))
+    out = [_flash_attn_row(f, e) for e in raw["releases"]]
     _ascending(f, [r.version for r in out])
     return tuple(out)
+
+
+def _flash_attn_row(f: str, e: dict) -> FlashAttnRelease:
+    v = e.get("version")
+    partial = e.get("partial")
+    missing = [k for k in _FA_BUILD_KEYS if k not in e]
+    if missing and not partial:
+        raise _fail(f, v, f"no {', '.join(missing)}: a row without them must say why (partial)")
+    archs = tuple(e.get("archs", ()))
+    _archs_ok(f, v, archs)
+    gencode = tuple((g["sm"], _spec(f, v, g["nvcc"])) for g in e.get("gencode", ()))
+    _archs_ok(f, v, tuple(sm for sm, _ in gencode))
+    pre = []
+    for p in e.get("prebuilt", ()):
+        key = f"{v} prebuilt cu{p['cuda']} torch {p['torch_build']}"
+        build, built = _ver(f, key, p["build_cuda"]), _ver(f, key, p["torch_build"])
+        if f"{built.major}.{built.minor}" != p["torch"]:
+            raise _fail(f, key, f"built against torch {built}, named torch{p['torch']}")
+        if str(build.major) != p["cuda"].split(".")[0]:
+            raise _fail(f, key, f"compiled with CUDA {build}, named cu{p['cuda']}")
+        if list(p["python"]) != sorted(set(p["python"]), key=Version) or not p["cxx11abi"]:
+            raise _fail(f, key, "python must be unique and ascending, cxx11abi not empty")
+        pre.append(PrebuiltWheel(p["cuda"], p["torch"], tuple(p["python"]), tuple(p["cxx11abi"]), str(build),
+                                 str(built)))
+    return FlashAttnRelease(str(v), _spec(f, v, e.get("torch")), _spec(f, v, e.get("cuda")),
+                            _spec(f, v, e.get("python")), archs, tuple(pre), e["source"], e.get("notes"),
+                            e.get("cxx_std"), gencode, partial)
 
 
 @functools.cache
@@ -511,20 +572,44 @@ def _bnb() -> tuple[BnbRelease, ...]:
         v = e["version"]
         cuda = e.get("cuda")
         if isinstance(cuda, list):
-            for c in cuda:
-                if c not in known:
-                    raise _fail(f, v, f"CUDA {c!r} is not a known toolkit major.minor (toolkits.json)")
-            if cuda != sorted(set(cuda), key=Version):
-                raise _fail(f, v, "CUDA list must be unique and ascending")
-            cuda_v: SpecifierSet | tuple[str, ...] = tuple(cuda)
+            cuda_v: SpecifierSet | tuple[str, ...] = _cuda_list(f, v, cuda, known)
         else:
             cuda_v = _spec(f, v, cuda)
+        nocublaslt = e.get("cuda_nocublaslt")
+        if nocublaslt is not None:
+            if not isinstance(cuda, list):
+                raise _fail(f, v, "cuda_nocublaslt goes with a cuda list (releases that need an exact library)")
+            nocublaslt = _cuda_list(f, v, nocublaslt, known)
         ccs = [e.get("min_compute_capability"), e.get("int8_compute_capability")]
         _archs_ok(f, v, tuple(c for c in ccs if c is not None))
+        if not e.get("partial") and (cuda is None or ccs[0] is None):
+            raise _fail(f, v, "no cuda or min_compute_capability: a row without them must say why (partial)")
         out.append(BnbRelease(v, cuda_v, _spec(f, v, e.get("python")), e["source"], e.get("notes"),
-                              _spec(f, v, e.get("torch")), ccs[0], ccs[1]))
+                              _spec(f, v, e.get("torch")), ccs[0], ccs[1], nocublaslt, e.get("partial")))
     _ascending(f, [r.version for r in out])
     return tuple(out)
+
+
+def _cuda_list(f: str, v: str, cuda: list, known: set[str]) -> tuple[str, ...]:
+    for c in cuda:
+        if c not in known:
+            raise _fail(f, v, f"CUDA {c!r} is not a known toolkit major.minor (toolkits.json)")
+    if cuda != sorted(set(cuda), key=Version):
+        raise _fail(f, v, "CUDA list must be unique and ascending")
+    return tuple(cuda)
+
+
+@functools.cache
+def _cxx_std() -> tuple[CxxStd, ...]:
+    f = "cxx_std.json"
+    raw = _load_raw(f)
+    out = tuple(CxxStd(_spec(f, e.get("torch"), e.get("torch")), e["cxx_std"], e["source"]) for e in raw["torch"])
+    for t in _torch()[1]:  # every torch release imgbuild knows falls in exactly one range
+        hits = [str(e.torch) for e in out if e.torch.contains(t.version, prereleases=True)]
+        if len(hits) != 1:
+            raise _fail(f, t.version, f"torch {t.version} falls in {len(hits)} ranges ({', '.join(hits) or 'none'}); "
+                                      "it must fall in exactly one")
+    return out
 
 
 @functools.cache
@@ -716,7 +801,7 @@ def cudnn_support(cudnn: str) -> tuple[CudnnSupport, ...]:
 
 
 DATA_FILES = ("toolkits.json", "minor_compat.json", "forward_compat.json", "images.json", "torch.json",
-              "flash_attn.json", "bitsandbytes.json", "archs.json", "wheels.json", "cudnn.json",
+              "flash_attn.json", "bitsandbytes.json", "cxx_std.json", "archs.json", "wheels.json", "cudnn.json",
               "torch_cuda_pins.json")
 
 
@@ -724,8 +809,8 @@ def _loaders() -> tuple[Any, ...]:
     """Every cached loader, in the order their invariants depend on each other."""
     from buildkit_py.compat import torch_pins  # noqa: PLC0415  # it reads tables: a top-level import would circle
 
-    return (_toolkit_data, _minor_floors, _forward_compat, _images, _torch, _flash_attn, _bnb, _archs, _wheels,
-            _cudnn_support, torch_pins.rows, _coverage)
+    return (_toolkit_data, _minor_floors, _forward_compat, _images, _torch, _flash_attn, _bnb, _cxx_std, _archs,
+            _wheels, _cudnn_support, torch_pins.rows, _coverage)
 
 
 def validate_all() -> None:
@@ -1063,15 +1148,37 @@ def flash_attn_release(version: str) -> FlashAttnRelease:
     raise LookupError(f"unknown flash-attn release {version!r}; known: {', '.join(r.version for r in _flash_attn())}")
 
 
-def flash_attn_prebuilt(version: str, cuda: str, torch: str, python: str) -> PrebuiltWheel | None:
-    """Prebuilt GitHub-release wheel covering (CUDA major, torch major.minor, python), if recorded."""
+def flash_attn_prebuilt(version: str, cuda: str, torch: str, python: str, *, archs: tuple[str, ...] = (),
+                        cxx11abi: bool | None = None) -> PrebuiltWheel | None:
+    """The GitHub release wheel flash-attn's publish workflow built for (torch's CUDA, torch
+    major.minor, Python, C++ ABI), whose SASS runs on every compute capability in ``archs``;
+    None where no such wheel was built (then it builds from source).
+
+    The CUDA in the wheel's name is the one setup.py's get_wheel_url asks for: the build of
+    torch's own CUDA major.minor where the release has one (2.0-2.2 built cu116/cu117/cu118 and
+    cu121/cu122), else the release's only build of that CUDA major (cu118 and cu122/cu123 for
+    2.3-2.6, cu12 from 2.7). Wheels built against a torch pre-release are not taken."""
     rel = flash_attn_release(version)
-    cuda_major = str(cuda).split(".")[0]
-    torch_mm = _mm(str(torch))
-    py = _mm(str(python))
+    if rel.partial:
+        return None
+    cuda_mm, major = _mm(str(cuda)), str(cuda).split(".")[0]
+    torch_mm, py = _mm(str(torch)), _mm(str(python))
+    labels = {w.cuda for w in rel.prebuilt if w.cuda.split(".")[0] == major}
+    label = cuda_mm if cuda_mm in labels else (labels.pop() if len(labels) == 1 else None)
     for w in rel.prebuilt:
-        if w.cuda.split(".")[0] == cuda_major and w.torch == torch_mm and py in w.python:
+        if (w.cuda == label and w.torch == torch_mm and py in w.python and not Version(w.torch_build).is_prerelease
+                and (cxx11abi is None or cxx11abi in w.cxx11abi)
+                and all(any(sass_runs_on(sm, a) for sm in rel.sms(w.build_cuda)) for a in archs)):
             return w
+    return None
+
+
+def torch_cxx_std(version: str) -> int | None:
+    """The C++ standard an extension including torch ``version``'s headers must compile as
+    (cxx_std.json); None for a torch no range covers."""
+    for e in _cxx_std():
+        if e.torch.contains(str(version), prereleases=True):
+            return e.cxx_std
     return None
 
 
