@@ -126,6 +126,10 @@ python: "3.11"
 def test_mirror_usage_errors():
     assert run_cli("mirror", "a/b:1")[0] == 2
     assert run_cli("mirror", "a/b:1", "c/d:1", "--to-mirror", "r/m")[0] == 2
+    code, _, err = run_cli("mirror", "a/b:1", "c/d:1", "--platform", "linux")
+    assert code == 2 and "not OS/ARCH" in err
+    code, _, err = run_cli("mirror", "a/b:1", "c/d:1", "--platform", "linux/amd64", "--all-platforms")
+    assert code == 2 and "contradict" in err
 
 
 def test_run_pulls_weights_once_and_mounts_them_read_only(tmp_path, logged_in, base_image, unique_name,
