@@ -30,6 +30,7 @@ from buildkit_py.errors import (
     UsageError,
 )
 from buildkit_py.oci import auth, blobs, download
+from buildkit_py.oci.login import check_push_access
 
 DIGEST = "sha256:" + "a" * 64
 
@@ -439,6 +440,17 @@ class _TokenProxy(BaseHTTPRequestHandler):
     def do_HEAD(self):
         self._handle()
 
+    def do_POST(self):
+        """A read-only front: an upload is refused to every token, as to a user who may only pull."""
+        auth_header = self.headers.get("Authorization", "")
+        if auth_header.startswith("Bearer ") and auth_header[7:] in self.tokens:
+            return self._reply(403, b'{"errors":[{"code":"DENIED","message":"requested access to the resource '
+                                    b'is denied"}]}')
+        repo = self.path.split("/v2/", 1)[-1].split("/blobs/", 1)[0]
+        port = self.server.server_address[1]
+        return self._reply(401, b"", {"WWW-Authenticate": f'Bearer realm="http://127.0.0.1:{port}/token",'
+                                                          f'service="stub-registry",scope="repository:{repo}:pull,push"'})
+
     def _handle(self):
         port = self.server.server_address[1]
         if self.path.startswith("/token"):
@@ -475,7 +487,7 @@ class _TokenProxy(BaseHTTPRequestHandler):
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
-        if self.command == "GET":
+        if self.command != "HEAD":
             self.wfile.write(body)
 
 
@@ -513,6 +525,39 @@ def test_bearer_token_flow(client, registry, unique_name, token_registry):
     with pytest.raises(AuthenticationError, match="rejected the credentials"):
         oci.get_manifest(front_ref, client=wrong)
     bearer.check_login(front, alice)  # /v2/ with an unscoped token, as `docker login` does
+
+
+# ---------------------------------------------------------------- may these credentials push? (build --push asks first)
+
+
+def test_check_push_access_asks_the_registry_without_pushing(client, registry, unique_name, monkeypatch,
+                                                             token_registry):
+    ref = oci.parse_reference(registry.repo(unique_name) + ":1")
+    check_push_access(ref, client=client)  # the right credentials: nothing raised
+    # nothing was pushed: the repository is still unknown to the registry (the session was cancelled)
+    client.request("GET", ref.api_host, f"/v2/{ref.repository}/tags/list", scope=oci.pull_scope(ref.repository),
+                   expect=(404,)).close()
+    wrong = oci.Client(credentials=lambda h: auth.Credentials(registry.user, "wrong-" + registry.password, "test"))
+    with pytest.raises(AuthenticationError, match=r"rejected the credentials of 'ci' from test for "
+                                                  rf"repository:{unique_name}:pull,push") as exc:
+        check_push_access(ref, client=wrong)
+    assert exc.value.exit_status == 3 and "wrong-" not in exc.value.render()
+    with pytest.raises(AuthenticationError, match="no credentials were found"):
+        check_push_access(ref, client=oci.Client(credentials=lambda h: None))
+    with pytest.raises(RegistryUnreachable):
+        check_push_access(f"127.0.0.1:{_closed_port()}/team/app:1",
+                          client=oci.Client(credentials=lambda h: None, backoff_s=0.001, max_retries=1))
+    # a token registry that lets the user pull but not push (Docker Hub, ghcr, Harbor answer DENIED)
+    _, front = token_registry
+    alice = oci.Client(credentials=lambda h: auth.Credentials("alice", "wonderland", "test"))
+    with pytest.raises(AuthenticationError, match=r"denied access for repository:team/app:pull,push to 'alice'"):
+        check_push_access(f"{front}/team/app:1", client=alice)
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 # ---------------------------------------------------------------- a streamed upload re-challenged
