@@ -76,6 +76,11 @@ class RecipeError(_FileIssues):
     """A recipe that cannot be loaded. Carries every issue found, not just the first."""
 
 
+class BaseImageNotFound(RecipeError):
+    """The recipe's base (``base.image``, or the nvidia/cuda tag under ``base.mirror``) is not in its
+    registry: no such repository or tag. Located at that key (exit 2: the recipe names it)."""
+
+
 class RecipeLocation(NamedTuple):
     """Where in a recipe file an error points: the file, the line, the key path."""
 

@@ -87,6 +87,16 @@ def test_zstd_oci_provenance_push_and_inspect(project, logged_in, engine, cleanu
     index = json.loads(raw)
     kinds = [(m.get("annotations") or {}).get("vnd.docker.reference.type") for m in index["manifests"]]
     assert "attestation-manifest" in kinds  # provenance mode=min
+    # mirror copies that index whole: the same digest, the attestation manifest with it (issue 22 item 1)
+    copy = f"{logged_in.address}/{unique_name}-mirror:zstd"
+    code, out, err = run_cli("mirror", tag, copy, "--json", "--progress", "quiet")
+    assert code == 0, err
+    mirrored = json.loads(out)
+    assert mirrored["digest"] == mirrored["source_digest"] == digest and mirrored["same_digest"] is True
+    assert (mirrored["platforms"], mirrored["attestations"], mirrored["left_out"]) == (["linux/amd64"], 1, [])
+    assert oci.fetch_manifest(copy)[:2] == (raw, digest)
+    for entry in index["manifests"]:
+        assert oci.fetch_manifest(f"{logged_in.address}/{unique_name}-mirror@{entry['digest']}")[1] == entry["digest"]
     manifest, _, _ = oci.get_manifest(tag)
     assert manifest["mediaType"] == "application/vnd.oci.image.manifest.v1+json"
     assert {x["mediaType"] for x in manifest["layers"]} == {"application/vnd.oci.image.layer.v1.tar+zstd"}

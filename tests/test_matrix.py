@@ -16,7 +16,7 @@ from helpers import REPO, run_cli, write_recipe
 from buildkit_py.engine import BuildResult
 from buildkit_py.engine.build import BuildOptions, BuildOutcome
 from buildkit_py.engine.matrix_build import BuildHooks, build_all, build_report, summary_lines
-from buildkit_py.errors import BuildFailed, RecipeError, UsageError
+from buildkit_py.errors import AuthenticationError, BuildFailed, RecipeError, UsageError
 from buildkit_py.plan import matrix as mx
 from buildkit_py.render.dockerfile import render_dockerfile
 
@@ -523,6 +523,18 @@ def test_build_all_refuses_capabilities_before_building(tmp_path):
     with pytest.raises(Exception, match="cache-export"):
         build_all(two_by_two(tmp_path), Classic(), BuildOptions(cache_to=("type=registry,ref=r/x",)),
                   hooks=BuildHooks(runner=runner))
+    assert runner.events == []
+
+
+def test_build_all_checks_push_credentials_before_any_variant_builds(tmp_path, registry, docker_config, monkeypatch):
+    """Issue 22 item 5, for a matrix: a wrong password fails once, before the first variant."""
+    monkeypatch.setenv("IMGBUILD_REGISTRY_USER", registry.user)
+    monkeypatch.setenv("IMGBUILD_REGISTRY_PASSWORD", "wrong-" + registry.password)
+    runner = FakeRunner()
+    with pytest.raises(AuthenticationError, match=r"cannot push .*nothing was built") as exc:
+        build_all(two_by_two(tmp_path), FakeBackend(), BuildOptions(push=True), registry=registry.address,
+                  hooks=BuildHooks(runner=runner))
+    assert exc.value.exit_status == 3
     assert runner.events == []
 
 

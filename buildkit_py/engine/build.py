@@ -23,7 +23,7 @@ from buildkit_py.engine import (
     require,
     required_capabilities,
 )
-from buildkit_py.engine.push import PushResult, TransferSink, split_tag
+from buildkit_py.engine.push import PushResult, TransferSink, check_can_push, split_tag
 from buildkit_py.errors import BudgetExceeded, BuildFailed, ImgbuildError, RegistryError, UsageError
 from buildkit_py.files import write_atomic
 from buildkit_py.plan import labels as L
@@ -159,6 +159,8 @@ def run_build(plan: BuildPlan, engine: Engine, options: BuildOptions, on_line: L
                          oci_mediatypes=options.oci_mediatypes, provenance=options.provenance,
                          platforms=options.platforms)
     require(engine, required_capabilities(plan.needs, probe))
+    if options.push:  # wrong credentials fail now, not after the whole build
+        check_can_push(tags)
 
     # A base pinned at plan time carries its digest as a static label already.
     base_digest = None if plan.resolution.base_digest else _local_digest(engine, plan.resolution.base_image)

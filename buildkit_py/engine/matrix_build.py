@@ -15,6 +15,7 @@ from typing import Any
 
 from buildkit_py.engine import BuildRequest, Engine, require, required_capabilities
 from buildkit_py.engine.build import BuildOptions, BuildOutcome, run_build
+from buildkit_py.engine.push import check_can_push
 from buildkit_py.errors import ImgbuildError
 from buildkit_py.plan.build_plan import BuildPlan
 from buildkit_py.plan.matrix import (
@@ -99,6 +100,8 @@ def build_all(matrix: Matrix, backend: Engine, options: BuildOptions, *, jobs: i
         probe = BuildRequest(Path("."), Path("Dockerfile"), plan.tags, cache_from=options.cache_from,
                              cache_to=options.cache_to, builder=options.builder)
         require(backend, required_capabilities(plan.needs, probe))
+    if options.push:  # every variant's repository, once, before any variant builds
+        check_can_push([t for plan in plans.values() for t in plan.tags])
     stages, chains = shared_stages(plans)
     say = hooks.on_event or (lambda _t: None)
     scratch: tuple[str, ...] = ()  # shared-stage images built for --no-cache, untagged at the end
