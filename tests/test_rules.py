@@ -72,8 +72,6 @@ def test_base_rule_pins_warns_or_refuses(tmp_path):
     read = BaseFacts("r.example.com/base:1", "sha256:" + "a" * 64, {"io.imgbuild.cuda.version": "12.4.1"})
     assert rules.base_rule(r, read, "12.4.1", torch, "r.example.com/base:1").base_image == \
         "r.example.com/base:1@sha256:" + "a" * 64
-    unread = rules.base_rule(r, BaseFacts("r.example.com/base:1", None, error="offline"), "12.4.1", torch, "x")
-    assert [(w.code, w.key) for w in unread.warnings] == [(codes.BASE_UNREADABLE, "base.image")]
     with pytest.raises(CompatibilityError) as info:
         rules.base_rule(r, read, "12.8.1", torch, "r.example.com/base:1")
     assert info.value.key == "base.image" and "CUDA 12.4.1" in info.value.message

@@ -31,7 +31,6 @@ class BaseFacts:
     digest: str | None  # what the tag points at (an index for multi-platform images)
     labels: dict[str, str] = field(default_factory=dict)
     env: dict[str, str] = field(default_factory=dict)
-    error: str | None = None  # why the registry could not be read, when it could not
 
     @property
     def pinned(self) -> str:

@@ -187,11 +187,6 @@ def _pin(recipe: Recipe, name: str) -> tuple[int, str] | None:
     return None
 
 
-def _usable(base: BaseFacts | None) -> BaseFacts | None:
-    """The base's facts when its registry was read."""
-    return base if base is not None and not base.error else None
-
-
 def _cuda_in(supported: SpecifierSet | tuple[str, ...], cuda: str) -> bool:
     if isinstance(supported, SpecifierSet):
         return supported.contains(cuda) or supported.contains(_mm(cuda))
@@ -286,7 +281,7 @@ def cuda_rule(recipe: Recipe, base: BaseFacts | None) -> CudaPart:
         toolkit = _newest_with_image(recipe, toolkit)
     if recipe.cuda.source == "nvidia" and recipe.base.image:
         toolkit = _nvidia_base_toolkit(recipe, base, toolkit)
-    from_imgbuild_base = (facts := _usable(base)) is not None and facts.built_by_imgbuild
+    from_imgbuild_base = (facts := base) is not None and facts.built_by_imgbuild
     brought = from_imgbuild_base or (recipe.torch and recipe.cuda.flavor != "devel")
     wheel_set = None
     if recipe.cuda.source == "wheels":
@@ -306,7 +301,7 @@ def _nvidia_base_toolkit(recipe: Recipe, base: BaseFacts | None, wanted: Toolkit
     base's own release (the labels name what is inside), never a guess."""
     image = recipe.base.image or ""
     facts = cuda_base.from_tag(image) or cuda_base.from_tag(mirrored_ref(image, recipe.base.mirror))
-    if facts is None and (read := _usable(base)) is not None:
+    if facts is None and (read := base) is not None:
         facts = cuda_base.from_config(read.labels, read.env)
     if facts is None or facts.cuda is None:
         raise _not_a_cuda_base(recipe, image, base, facts)
@@ -351,8 +346,6 @@ def _not_a_cuda_base(recipe: Recipe, image: str, base: BaseFacts | None,
         why = f"it carries no CUDA: {facts.evidence}"
     elif cuda_base.plain_os_image(image):
         why = "it is a plain OS image: nothing in it or in the recipe installs CUDA"
-    elif base is not None and base.error:
-        why = f"its registry could not be read ({base.error}), so its CUDA cannot be checked"
     else:
         why = "it is not an nvidia/cuda tag and its config was not read, so its CUDA cannot be checked"
     return _fail(recipe, "base.image", "base.image", image, "cuda.source", "nvidia",
@@ -430,7 +423,7 @@ def _minors_in(spec: SpecifierSet) -> str:
 def python_rule(recipe: Recipe, base: BaseFacts | None) -> PythonPart:
     """Who provides ``python``: an imgbuild base (its label), a python:X.Y image, the OS's own
     python3, or deadsnakes on Ubuntu. Anything else is refused."""
-    facts = _usable(base)
+    facts = base
     os_name = detect_os(recipe)
     if os_name is None and facts is not None:
         os_name = facts.labels.get("io.imgbuild.os")
@@ -841,11 +834,6 @@ def base_rule(recipe: Recipe, base: BaseFacts | None, cuda: str, torch: TorchPar
     then pin it by digest. Not read (no registry named): the image as it is."""
     if base is None:
         return BasePart(base_image, None)
-    if base.error:
-        return BasePart(base_image, None, (RecipeWarning(
-            codes.BASE_UNREADABLE, "base.image",
-            f"could not read {base.ref} from its registry ({base.error}); "
-            "it is neither checked against this recipe nor pinned by digest"),))
     base_cuda = base.labels.get("io.imgbuild.cuda.version") or base.env.get("CUDA_VERSION")
     if base_cuda and _mm(base_cuda) != _mm(cuda):
         what, version = ("torch", torch.label or "") if torch.version else ("cuda", cuda)
@@ -878,7 +866,7 @@ def cuda_wheels_rule(recipe: Recipe, wheel_set: WheelSet | None, cuda: str, cudn
     if recipe.cuda.source != "wheels":
         return CudaWheelsPart()
     flavor = recipe.cuda.flavor
-    facts = _usable(base)
+    facts = base
     imgbuild_base = facts if facts is not None and facts.built_by_imgbuild else None
     if wheel_set is None:  # torch or the base brings CUDA; does the tier need more than that?
         if flavor == "base" or imgbuild_base is not None and _base_tier(imgbuild_base) == flavor:
