@@ -11,7 +11,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from helpers import CA_ARGS, run_cli, write_recipe
+from helpers import CA_ARGS, assert_labels_true, run_cli, write_recipe
 
 from buildkit_py import oci
 
@@ -78,6 +78,21 @@ entrypoint: ["python", "/app/main.py"]
     assert code == 0, err
     cleanup_images.extend(t for v in json.loads(out)["variants"] for t in v["tags"])
 
+    # source: nvidia on the shared base: CUDA, tier and OS come from the base's labels, never guessed,
+    # and every label of the image is checked against what is inside it (issue 21: 1)
+    on_cuda_base = write_recipe(tmp_path / "nv", f"""\
+name: {unique_name}-nv
+version: "1"
+cuda: {{version: "12.4", source: nvidia, flavor: base}}
+base: {{image: {base_ref}}}
+python: "3.11"
+""")
+    nv = build_json(str(on_cuda_base))
+    cleanup_images.extend(nv["tags"])
+    nv_labels = docker_client.images.get(nv["image_id"]).labels
+    assert (nv_labels["io.imgbuild.cuda.version"], nv_labels["io.imgbuild.cuda.source"]) == ("12.4.1", "nvidia")
+    assert_labels_true(nv["image_id"], nv_labels)
+
     mismatched = write_recipe(tmp_path / "bad", f"""\
 name: {unique_name}-bad
 cuda: {{version: "12.1", source: wheels, flavor: base}}
@@ -106,6 +121,16 @@ def test_mirror_survives_upstream_deletion(tmp_path, logged_in, base_image, uniq
     assert mirrored["dest"] == f"{mirror_prefix}/{unique_name}/upstream/debian:bookworm-slim"
     _, digest, _ = oci.get_manifest(mirrored["dest"])
     assert digest == pushed.digest
+
+    # a base in a registry whose config shows no CUDA cannot be a source: nvidia base (issue 21: 1)
+    plain = write_recipe(tmp_path / "plain", f"""\
+name: {unique_name}-plain
+cuda: {{version: "12.4", source: nvidia}}
+base: {{image: {upstream}}}
+python: "3.11"
+""")
+    code, _, err = run_cli("plan", str(plain))
+    assert code == 2 and "base.image" in err and "it carries no CUDA" in err, err
 
     oci.delete_manifest(f"{reg}/{unique_name}/upstream/debian@{pushed.digest}")
     from buildkit_py.errors import RegistryError

@@ -529,3 +529,24 @@ def test_nvidia_source_reads_a_registry_base_config(tmp_path):
     with_cuda = BaseFacts(ref, "sha256:" + "a" * 64, {"io.imgbuild.os": "ubuntu22.04"}, nvidia_env)
     res = _nvidia_on(tmp_path, ref, cudnn="9", base=with_cuda)
     assert (res.cuda_version, res.cudnn, res.base_digest) == ("12.4.1", "9", "sha256:" + "a" * 64)
+
+
+# ---------------------------------------------------------------- every source build gets nvcc (issue 21: 6)
+@pytest.mark.parametrize(("cuda", "base", "builder", "nvcc_from_wheels"), [
+    ("13.0", "base: {image: debian:bookworm-slim}", "debian:bookworm-slim", True),
+    ("12.4", "base: {image: ubuntu:22.04}", "nvidia/cuda:12.4.1-devel-ubuntu22.04", False),
+])
+def test_a_package_outside_any_list_builds_with_the_devel_toolchain(tmp_path, cuda, base, builder, nvcc_from_wheels):
+    """pycuda used to compile in a builder with no nvcc and no cuda.h while plan and the cuda.arch
+    label said it compiled for 8.0-9.0."""
+    res = resolve(recipe(tmp_path, cuda=cuda, base=base,
+                         extra='pip: ["pycuda==2024.1.2"]\nbuild: {from_source: [pycuda]}'))
+    assert res.compile == ("pycuda",) and res.builder_image == builder
+    assert any(p.startswith("nvidia-cuda-nvcc") for p in res.builder_cuda_wheels) is nvcc_from_wheels
+    assert res.cuda_arch == ("8.0", "8.6", "8.9", "9.0")
+
+
+def test_a_source_build_without_a_devel_toolchain_is_refused(tmp_path):
+    err = clash(tmp_path, extra='pip: ["pycuda==2024.1.2"]\nbuild: {from_source: [pycuda]}')
+    assert err.key == "build.from_source" and "devel toolchain" in err.message and "ptxas only" in err.message
+    assert "Ubuntu" in err.hint and "CUDA >= 13.0" in err.hint

@@ -65,8 +65,6 @@ JIT_PACKAGES = frozenset({"deepspeed", "apex", "cupy", "pycuda"})
 # Compute capabilities built for when a recipe compiles kernels but names none:
 # Ampere, Ada and Hopper, the data-center and workstation GPUs rented today.
 DEFAULT_BUILD_ARCHS = ("8.0", "8.6", "8.9", "9.0")
-# Packages whose source build compiles CUDA kernels, so the compile stage needs nvcc.
-CUDA_KERNEL_PACKAGES = frozenset({"flash-attn", "flash_attn", "xformers", "apex"})
 
 Warnings = tuple[RecipeWarning, ...]
 
@@ -774,27 +772,28 @@ def images_rule(recipe: Recipe, cuda: str, os_name: str | None, compile_: frozen
 
 def _wheels_builder(recipe: Recipe, cuda: str, os_name: str | None, base_image: str,
                     from_source: frozenset[str]) -> tuple[str, tuple[str, ...], str | None]:
-    """The compile stage of a source: wheels recipe: (FROM, nvcc wheels, CUDA_HOME). C/C++
-    extensions build on the final image's OS with a compiler. CUDA extensions need nvcc of the
-    same CUDA: NVIDIA's devel image where the OS has one, else the CUDA 13+ nvcc wheels on the
-    same base; with neither, refuse before anything builds."""
-    if not from_source & CUDA_KERNEL_PACKAGES:
-        return base_image, (), None
+    """The compile stage of a source: wheels recipe: (FROM, nvcc wheels, CUDA_HOME). Every package
+    built from source gets NVIDIA's devel toolchain of the same CUDA (nvcc, headers, the math
+    libraries): whether a package's build compiles CUDA code (pycuda's does; a list of known ones
+    would miss the next) is not something imgbuild can tell from outside, and the cuda.arch label
+    promises what was compiled for. NVIDIA's devel image where the OS has one, else the CUDA 13+
+    nvcc wheels on the same base; with neither, refuse before anything builds."""
     if os_name and os_name.startswith("ubuntu"):
         try:
             return _nvidia_image(recipe, cuda, "devel", os_name, any_patch=True), (), None
         except CompatibilityError:
             pass  # no devel image for that OS: try nvcc from wheels
     try:
-        extras = compat.devel_wheel_extras(cuda)
+        extras = compat.tier_extras("devel", cuda)
         ws = compat.cuda_wheel_set(cuda)
     except LookupError as exc:
-        names = ", ".join(sorted(from_source & CUDA_KERNEL_PACKAGES))
+        names = ", ".join(sorted(from_source))
         raise _fail(recipe, "build.from_source" if recipe.build.from_source else "pip", names, "(source build)",
-                    "cuda", cuda, f"{names} compiles CUDA kernels and needs nvcc {_mm(cuda)}: there is no nvidia/cuda "
-                    f"devel image for {os_name or recipe.base.image}, and {exc}",
+                    "cuda", cuda, f"a source build gets the CUDA {_mm(cuda)} devel toolchain (nvcc, headers), and "
+                    f"there is no nvidia/cuda devel image for {os_name or recipe.base.image}, and {exc}",
                     hint="use an Ubuntu base (the compile stage then uses nvidia/cuda's devel image), "
-                         "cuda.source: nvidia, CUDA >= 13.0 (nvcc from wheels), or a prebuilt wheel") from None
+                         "cuda.source: nvidia, CUDA >= 13.0 (nvcc from wheels), or the package's wheel "
+                         "(drop it from build.from_source)") from None
     return base_image, ws.pins(*extras), compat.cuda_wheel_home(cuda)
 
 
