@@ -104,7 +104,9 @@ class CompatibilityError(ImgbuildError):
         *,
         hint: str | None = None,
         at: RecipeLocation | None = None,
+        partial: bool = False,
     ):
+        self.partial = partial  # the refusal rests on data that is known to be incomplete: "unknown", not "no"
         self.component, self.version = component, version
         self.other, self.other_version = other, other_version
         self.reason = reason
@@ -125,6 +127,7 @@ class CompatibilityError(ImgbuildError):
             file=self.file,
             line=self.line,
             key=self.key,
+            partial=self.partial,
         )
         return out
 

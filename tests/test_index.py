@@ -423,8 +423,9 @@ def test_offline_unknown_pin_is_a_clear_error(ix, tmp_path, monkeypatch):
     assert main(["plan", str(recipe), "--offline", "--index-url", ix.url], out, err) == 2
     assert ix.requests == []
     text = err.getvalue()
-    assert "torch: " in text and f"unknown to the shipped data ({tables.data_as_of()})" in text
-    assert "without --offline" in text
+    assert "torch 2.16.0 is newer than imgbuild's data (newest known: 2.15.0), and --offline: the package " \
+           "index was not asked" in text
+    assert "plan without --offline" in text
 
 
 def test_unreachable_index_falls_back_with_warning(tmp_path, monkeypatch):
@@ -442,6 +443,17 @@ def test_data_status_text_with_empty_cache(tmp_path, monkeypatch):
     assert main(["data", "status"], out, io.StringIO()) == 0
     shipped = max(d for d in tables.data_files_as_of().values() if d)
     assert f"shipped compatibility data as of {shipped}" in out.getvalue() and "empty" in out.getvalue()
+
+
+def test_data_status_lists_rows_known_only_in_part(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    out = io.StringIO()
+    assert main(["data", "status", "--json"], out, io.StringIO()) == 0
+    st = json.loads(out.getvalue())
+    assert st["partial"]["torch"] == ["2.15.0"] and "torch_cuda_pins.json" in st["files"]
+    text = io.StringIO()
+    assert main(["data", "status"], text, io.StringIO()) == 0
+    assert "known only in part: torch 2.15.0" in text.getvalue()
 
 
 def test_data_status_shows_the_images_end_of_life(tmp_path, monkeypatch):

@@ -166,7 +166,7 @@ def test_example_recipe_expands_in_order_with_drops_and_reasons():
     d = m.dropped[0]
     assert (d.error.component, d.error.version, d.error.other, d.error.other_version) == ("torch", "2.5.1", "cuda",
                                                                                           "12.6.3")
-    assert "cu124" in d.error.reason and "torch >= 2.6.0" in d.error.hint
+    assert "cu124" in d.error.reason and "torch 2.6.0 (the nearest release with cu126" in d.error.hint
     assert [(e.id, e.by) for e in m.excluded] == [("cu121-py312", "matrix.exclude[0]")]
     inc = m.variants[-1]
     assert inc.source == "include[0]" and inc.values == {"cuda.version": "12.6", "python": "3.12", "torch": "2.6.0"}
@@ -295,7 +295,8 @@ def test_text_format_lists_kept_dropped_excluded():
     assert code == 0
     assert "6 variants kept, 3 dropped, 1 excluded" in out
     assert re.search(r"dropped\s+cu126-py310\s+torch 2.5.1 conflicts with cuda 12.6.3", out)
-    assert "hint: use cuda 12.1 or cuda 12.4 or torch >= 2.6.0" in out
+    assert "hint: use cuda 12.4 (the nearest CUDA torch 2.5.1 has a build for) or torch 2.6.0 (the nearest " \
+           "release with cu126 for Python 3.10; the newest: 2.14.1)" in out
     assert re.search(r"excluded\s+cu121-py312\s+by matrix.exclude\[0\]", out)
 
 

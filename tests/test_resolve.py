@@ -46,7 +46,8 @@ def test_torch_without_cuda_variant_is_refused_with_hint(tmp_path):
     err = clash(tmp_path, extra='torch: "2.1.2"')
     assert (err.component, err.version, err.other, err.other_version) == ("torch", "2.1.2", "cuda", "12.4.1")
     assert "cu118 and cu121" in err.message
-    assert "cuda 12.1" in err.hint and "torch >= 2.4" in err.hint
+    assert "cuda 12.1 (the nearest CUDA torch 2.1.2 has a build for)" in err.hint
+    assert "torch 2.4.0 (the nearest release with cu124 for Python 3.11; the newest: 2.6.0)" in err.hint
     assert err.key == "torch" and err.line == 7
 
 
@@ -302,8 +303,12 @@ def test_bitsandbytes_compute_capability_floor(tmp_path):
     assert "LLM.int8() needs compute capability 7.5+" in res.warnings[0].message
 
 
+def test_unknown_torch_newer_than_the_data_hints_the_newest(tmp_path):
+    err = clash(tmp_path, extra='torch: "2.99.0"')
+    assert "newer than imgbuild's data (newest known: 2.15.0)" in err.message and "torch 2.15.0" in err.hint
+
+
 @pytest.mark.parametrize(("extra", "newest"), [
-    ('torch: "2.99.0"', "2.15.0"),
     ('torch: "2.4.1"\npip: ["flash-attn==9.9.9"]', "2.8.3.post2"),
     ('pip: ["bitsandbytes==9.9.9"]', "0.50.2"),
 ])
@@ -550,3 +555,35 @@ def test_a_source_build_without_a_devel_toolchain_is_refused(tmp_path):
     err = clash(tmp_path, extra='pip: ["pycuda==2024.1.2"]\nbuild: {from_source: [pycuda]}')
     assert err.key == "build.from_source" and "devel toolchain" in err.message and "ptxas only" in err.message
     assert "Ubuntu" in err.hint and "CUDA >= 13.0" in err.hint
+
+
+# ---------------------------------------------------------------- hints and partial rows (issue 21: 9, 10)
+def test_a_typo_in_an_old_torch_is_not_called_newer(tmp_path):
+    """torch "2.4.7" was called "newer than the data" and sent to "plan without --offline"."""
+    err = clash(tmp_path, extra='torch: "2.4.7"')
+    assert "newer" not in err.message and "offline" not in err.hint
+    assert "known near it: 2.4.0, 2.4.1" in err.message and err.hint.startswith("use torch 2.4.1 (the nearest release)")
+
+
+@pytest.mark.parametrize(("cuda", "torch", "python", "hint"), [
+    # the newest with cu130, not 2.9.0 (the oldest)
+    ("13.0", "2.15.0", "3.11", "torch 2.14.1 (the nearest release with cu130 for Python 3.11)"),
+    # cu124: 2.6.0 fits, not 2.4.0
+    ("12.4", "2.7.1", "3.11", "torch 2.6.0 (the nearest release with cu124 for Python 3.11)"),
+    # 12.6 is the CUDA 2.9.1 has nearest to 12.4, not 12.8 or 13.0
+    ("12.4", "2.9.1", "3.11", "use cuda 12.6 (the nearest CUDA torch 2.9.1 has a build for)"),
+])
+def test_torch_hints_name_the_nearest_release_that_fits(tmp_path, cuda, torch, python, hint):
+    err = clash(tmp_path, cuda=cuda, python=python, extra=f'torch: "{torch}"')
+    assert hint in err.hint, err.hint
+
+
+def test_a_partial_torch_row_makes_an_unknown_not_a_no(tmp_path):
+    """torch 2.15.0's data records only its PyPI build (cu132): cu130 is unknown, not refused as a fact."""
+    err = clash(tmp_path, cuda="13.0", extra='torch: "2.15.0"')
+    assert err.partial is True and err.to_json()["partial"] is True
+    assert "whether torch 2.15.0 has a cu130 build is unknown" in err.message and "partial" in err.message
+    assert "cuda 13.2" in err.hint and "torch 2.14.1" in err.hint
+    assert resolve(recipe(tmp_path, cuda="13.2", extra='torch: "2.15.0"')).torch_label == "2.15.0+cu132"
+    full = clash(tmp_path, cuda="12.4", extra='torch: "2.1.2"')
+    assert full.partial is False

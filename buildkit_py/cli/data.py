@@ -56,7 +56,11 @@ def cmd_data(args: argparse.Namespace, out: Out) -> int:
             for v, r in sorted(cached.items())]
     cache = str(live.cache_dir())
     images = _images_status(datetime.date.today())
-    report = {"shipped_as_of": shipped, "files": as_of, "cache": cache, "cached": rows, "images": images}
+    partial = {"torch": [r.version for r in tables.torch_releases() if r.partial],
+               "flash-attn": [r.version for r in tables.flash_attn_releases() if r.partial],
+               "bitsandbytes": [r.version for r in tables.bitsandbytes_releases() if r.partial]}
+    report = {"shipped_as_of": shipped, "files": as_of, "cache": cache, "cached": rows, "images": images,
+              "partial": partial}
     if args.json:
         out.data(report)
         return 0
@@ -75,6 +79,10 @@ def cmd_data(args: argparse.Namespace, out: Out) -> int:
     out.line(f"  no end-of-life date published: {', '.join(images['no_end_of_life']) or '-'}")
     if images["policy"]:
         out.line(f"  policy: {images['policy']}")
+    # rows known only in part: a plan that needs what they lack says "unknown" and refuses
+    for component, versions in partial.items():
+        if versions:
+            out.line(f"known only in part: {component} {', '.join(versions)}")
     if not cached:
         out.line(f"look-up cache ({cache}): empty")
     else:

@@ -73,13 +73,14 @@ class Resolution:
         return f"{self.torch}+{self.torch_variant}" if self.torch_variant else self.torch
 
 
-def resolve(recipe: Recipe, base: BaseFacts | None = None) -> Resolution:
+def resolve(recipe: Recipe, base: BaseFacts | None = None, lookup: rules.PinLookup | None = None) -> Resolution:
     """``base``: the facts of the final stage's base read from its registry (compat/bases.py),
-    or None where it is not looked up. Each rule gets what the rules before it decided."""
+    or None where it is not looked up; ``lookup``: what the plan-time look-up of a pin newer than
+    the data did (its refusal then says why). Each rule gets what the rules before it decided."""
     cuda = rules.cuda_rule(recipe, base)
     cudnn = rules.cudnn_rule(recipe, cuda.version)
     py = rules.python_rule(recipe, base)
-    torch = rules.torch_rule(recipe, cuda.version, py.python, cudnn)
+    torch = rules.torch_rule(recipe, cuda.version, py.python, cudnn, lookup)
     archs = rules.arch_rule(recipe, cuda.version)
     flash_attn = rules.flash_attn_rule(recipe, cuda.version, py.python, torch.version, archs.requested)
     bnb_warnings = rules.bitsandbytes_rule(recipe, cuda.version, py.python, torch.version, archs.requested)
@@ -116,7 +117,8 @@ def resolve(recipe: Recipe, base: BaseFacts | None = None) -> Resolution:
     )
 
 
-def resolve_with_base(recipe: Recipe, *, client=None, cache: dict[str, BaseFacts | None] | None = None) -> Resolution:
+def resolve_with_base(recipe: Recipe, *, client=None, cache: dict[str, BaseFacts | None] | None = None,
+                      lookup: rules.PinLookup | None = None) -> Resolution:
     """Resolve against the final base's own facts (labels, env) when it sits in a named
     registry: a shared base built by imgbuild says its OS and Python in its labels. Every
     command that resolves a recipe (plan, build, matrix, lock) goes through here. ``cache``
@@ -124,13 +126,13 @@ def resolve_with_base(recipe: Recipe, *, client=None, cache: dict[str, BaseFacts
     if recipe.base.image:
         base_ref = mirrored_ref(recipe.base.image, recipe.base.mirror)
     elif recipe.base.mirror:
-        base_ref = resolve(recipe).base_image  # an nvidia/cuda tag under the mirror
+        base_ref = resolve(recipe, lookup=lookup).base_image  # an nvidia/cuda tag under the mirror
     else:
-        return resolve(recipe)  # nvidia/cuda on Docker Hub: nothing to look up
+        return resolve(recipe, lookup=lookup)  # nvidia/cuda on Docker Hub: nothing to look up
     if cache is not None and base_ref in cache:
         facts = cache[base_ref]
     else:
         facts = bases.base_facts_for(recipe, base_ref, client=client)
         if cache is not None:
             cache[base_ref] = facts
-    return resolve(recipe, base=facts)
+    return resolve(recipe, base=facts, lookup=lookup)

@@ -27,7 +27,7 @@ import re
 from dataclasses import dataclass
 
 from packaging.specifiers import SpecifierSet
-from packaging.version import Version
+from packaging.version import InvalidVersion, Version
 
 from buildkit_py import compat
 from buildkit_py.compat import codes, cuda_base, torch_pins
@@ -152,8 +152,9 @@ def _variant_cuda(variant: str) -> str:
     return f"{digits[:-1]}.{digits[-1]}"
 
 
-def _fail(recipe: Recipe, key: str, *args: str, hint: str | None = None) -> CompatibilityError:
-    return CompatibilityError(*args, hint=hint, at=RecipeLocation(str(recipe.path), recipe.line_of(key), key))
+def _fail(recipe: Recipe, key: str, *args: str, hint: str | None = None, partial: bool = False) -> CompatibilityError:
+    return CompatibilityError(*args, hint=hint, at=RecipeLocation(str(recipe.path), recipe.line_of(key), key),
+                              partial=partial)
 
 
 def _newest_hint(what: str, known: list[str]) -> str:
@@ -257,7 +258,7 @@ def _nvidia_image(recipe: Recipe, cuda: str, flavor: str, os_name: str | None, *
     try:
         release = compat.image_release(cuda, flavor, recipe.cuda.cudnn, os_name, any_patch=any_patch)
     except compat.ImageGap as gap:
-        raise _fail(recipe, gap.key, "cuda", gap.value, gap.other, gap.other_value, gap.reason, hint=gap.hint) from None
+        raise _image_gap(recipe, gap, gap.value, os_name) from None
     return mirrored_ref(f"nvidia/cuda:{compat.cuda_image_tag(release, flavor, recipe.cuda.cudnn, os_name)}",
                         recipe.base.mirror)
 
@@ -361,9 +362,15 @@ def _newest_with_image(recipe: Recipe, newest: Toolkit) -> Toolkit:
     try:
         release = compat.image_release(newest.major_minor, recipe.cuda.flavor, recipe.cuda.cudnn, os_name)
     except compat.ImageGap as gap:
-        raise _fail(recipe, gap.key, "cuda", recipe.cuda.version, gap.other, gap.other_value, gap.reason,
-                    hint=gap.hint) from None
+        raise _image_gap(recipe, gap, recipe.cuda.version, os_name) from None
     return compat.resolve_cuda(release)
+
+
+def _image_gap(recipe: Recipe, gap: compat.ImageGap, cuda: str, os_name: str) -> CompatibilityError:
+    """An image the data does not record, blamed on the key that is wrong (base.os when no CUDA
+    release has that image for the OS)."""
+    component, value = ("base.os", os_name) if gap.key == "base.os" else ("cuda", cuda)
+    return _fail(recipe, gap.key, component, value, gap.other, gap.other_value, gap.reason, hint=gap.hint)
 
 
 # ----------------------------------------------------------------------------- 2. cuDNN
@@ -459,13 +466,22 @@ def _os_python_provider(recipe: Recipe, os_name: str | None) -> str:
 
 
 # ----------------------------------------------------------------------------- 4. torch
-def torch_rule(recipe: Recipe, cuda: str, python: str, cudnn: str | None) -> TorchPart:
+@dataclass(frozen=True)
+class PinLookup:
+    """What the plan-time look-up of a pin the shipped data lacks did (``compat.live``): never asked
+    (``offline``), or asked and failed (``failure``: the index's answer). The default: not known."""
+    offline: bool = False
+    failure: str | None = None
+
+
+def torch_rule(recipe: Recipe, cuda: str, python: str, cudnn: str | None,
+               lookup: PinLookup | None = None) -> TorchPart:
     """torch: the build for the CUDA's variant (cu124), which must exist and accept the Python;
     taken from the Python registry when its default wheel is that variant, else from
     PyTorch's per-CUDA index."""
     if not recipe.torch:
         return TorchPart()
-    release = _torch_release(recipe)
+    release = torch_release_rule(recipe, lookup)
     warnings: list[RecipeWarning] = []
     if release.from_cache:
         warnings.append(RecipeWarning(
@@ -475,7 +491,7 @@ def torch_rule(recipe: Recipe, cuda: str, python: str, cudnn: str | None) -> Tor
             f"{release.from_cache}); only its PyPI build ({release.pypi_variant}) is known"))
     wanted = "cu" + _mm(cuda).replace(".", "")
     if wanted not in release.variants:
-        raise _torch_variant_error(recipe, release, wanted, cuda)
+        raise _torch_variant_error(recipe, release, wanted, cuda, python)
     if python not in release.python:
         raise _fail(recipe, "python", "torch", release.version, "python", python,
                     f"torch {release.version} publishes wheels for Python {release.python}",
@@ -495,30 +511,70 @@ def torch_rule(recipe: Recipe, cuda: str, python: str, cudnn: str | None) -> Tor
     return TorchPart(release.version, wanted, index, tuple(warnings), release)
 
 
-def _torch_release(recipe: Recipe) -> TorchRelease:
+def torch_release_rule(recipe: Recipe, lookup: PinLookup | None = None) -> TorchRelease:
+    """The torch pin's release from the shipped data or the look-up cache. Unknown: a release near
+    known ones is most likely a typo (never "newer than the data"); one newer than the data could
+    not be looked up, and the hint says why (offline, or the index's answer)."""
     version = recipe.torch or ""
     try:
         return compat.torch_release(version)
     except LookupError:
-        known = [r.version for r in compat.torch_releases()]
-        raise _fail(recipe, "torch", "torch", version, "imgbuild's torch table", known[-1],
-                    f"this torch release is unknown to the shipped data ({compat.data_as_of()}) and to the "
-                    "look-up cache",
-                    hint=_newest_hint("torch", known) + "; or plan without --offline, with the package index "
-                    "reachable, to look a newer release up") from None
+        pass
+    known = [r.version for r in compat.torch_releases()]
+    newest = known[-1]
+    near = compat.nearest_versions(version, known)
+    try:
+        newer = Version(version) > Version(newest)
+    except InvalidVersion:
+        newer = False
+    if not newer:
+        nearest = compat.nearest_versions(version, known, n=1)[0]
+        raise _fail(recipe, "torch", "torch", version, "imgbuild's torch data", compat.data_as_of(),
+                    f"{version} is not a torch release imgbuild knows (known near it: {', '.join(near)})",
+                    hint=f"use torch {nearest} (the nearest release), or the newest, {newest}")
+    lookup = lookup or PinLookup()
+    if lookup.offline:
+        why = "--offline: the package index was not asked"
+        how = "plan without --offline (the index reachable) to look it up"
+    elif lookup.failure:
+        why, how = f"the package index could not answer: {lookup.failure}", "check the version"
+    else:
+        why, how = "it is not in the look-up cache", "plan with the package index reachable to look it up"
+    raise _fail(recipe, "torch", "torch", version, "imgbuild's torch data", compat.data_as_of(),
+                f"torch {version} is newer than imgbuild's data (newest known: {newest}), and {why}",
+                hint=f"{how}, or use torch {newest} (the newest imgbuild knows)")
 
 
-def _torch_variant_error(recipe: Recipe, release: TorchRelease, wanted: str, cuda: str) -> CompatibilityError:
-    """No torch build for that CUDA: name the CUDAs this torch has, and the torch that has this CUDA."""
+def _torch_variant_error(recipe: Recipe, release: TorchRelease, wanted: str, cuda: str,
+                         python: str) -> CompatibilityError:
+    """No torch build for that CUDA: name the nearest CUDA this torch has a build for and the newest
+    torch that has this CUDA and this Python. On a row known to be partial, the build is unknown,
+    not missing: the refusal says so."""
     variants = sorted(release.variants, key=lambda v: Version(_variant_cuda(v)))
-    newer = [r.version for r in compat.torch_releases() if wanted in r.variants]
-    options = [f"cuda {_variant_cuda(v)}" for v in variants[-2:]]
-    if newer:
-        first = min(newer, key=Version)
-        options.append(f"torch >= {first}" if Version(first) > Version(release.version) else f"torch {first}")
+
+    def distance(variant: str) -> tuple[int, int]:
+        a, b = Version(_variant_cuda(variant)), Version(_mm(cuda))
+        return abs((a.major * 100 + a.minor) - (b.major * 100 + b.minor)), -(a.major * 100 + a.minor)
+
+    nearest = min(variants, key=distance) if variants else None
+    fits = [r.version for r in compat.torch_releases() if wanted in r.variants and python in r.python]
+    options = []
+    if nearest:
+        options.append(f"cuda {_variant_cuda(nearest)} (the nearest CUDA torch {release.version} "
+                       + ("is known to have a build for)" if release.unknown_variants else "has a build for)"))
+    if fits:
+        close = compat.nearest_versions(release.version, fits, n=1)[0]
+        also = f"; the newest: {fits[-1]}" if fits[-1] != close else ""
+        options.append(f"torch {close} (the nearest release with {wanted} for Python {python}{also})")
+    hint = "use " + " or ".join(options) if options else None
+    if release.unknown_variants:
+        return _fail(recipe, "torch", "torch", release.version, "cuda", cuda,
+                     f"whether torch {release.version} has a {wanted} build is unknown: imgbuild's data for it is "
+                     f"partial ({release.unknown_variants})", hint=hint, partial=True)
     return _fail(recipe, "torch", "torch", release.version, "cuda", cuda,
-                 f"torch {release.version} has CUDA wheels only for {' and '.join(variants)}",
-                 hint="use " + " or ".join(options))
+                 f"torch {release.version} has CUDA wheels only for "
+                 + (f"{', '.join(variants[:-1])} and {variants[-1]}" if len(variants) > 1 else "".join(variants)),
+                 hint=hint)
 
 
 def _check_torch_cudnn(recipe: Recipe, release: TorchRelease, variant: str, cudnn: str) -> None:

@@ -70,6 +70,16 @@ class TorchRelease:
     notes: str | None = None
     pypi_cuda_toolkit_extras: tuple[str, ...] = ()   # cuda-toolkit[...] extras the PyPI wheel asks for (CUDA 13+)
     from_cache: str | None = None   # the look-up cache file it came from (newer than the shipped data)
+    partial: str | None = None   # why some of its facts (its other CUDA variants) are not recorded
+
+    @property
+    def unknown_variants(self) -> str | None:
+        """Why a CUDA variant the row lacks may still exist (None: the row lists every variant)."""
+        if self.partial:
+            return self.partial
+        if self.from_cache:
+            return f"only its PyPI build ({self.pypi_variant}) was read from the package index"
+        return None
 
 
 @dataclass(frozen=True)
@@ -515,7 +525,7 @@ def torch_row(f: str, e: dict, known: set[str] | None = None) -> TorchRelease:
         raise _fail(f, v, f"pypi_variant {pv} is not one of the variants")
     return TorchRelease(str(v), _spec(f, v, e.get("python")), variants, pv,
                         dict(e.get("pypi_cuda_wheels", {})), e.get("triton"), e["source"], e.get("notes"),
-                        tuple(e.get("pypi_cuda_toolkit_extras", ())))
+                        tuple(e.get("pypi_cuda_toolkit_extras", ())), partial=e.get("partial"))
 
 
 def _archs_ok(f: str, key: Any, archs: tuple[str, ...]) -> None:
@@ -1062,6 +1072,8 @@ def image_gap(cuda: str, flavor: str, cudnn: str | None, os_: str) -> ImageGap:
     on_os = [v for v in group if images[v].cudnn_on(os_) is not None]
     if cudnn is not None and on_os:
         key, other, other_value = "cuda.cudnn", "cuda.cudnn", f"{_cudnn_major(cudnn)} on {os_}"
+    elif not fits:  # no CUDA release has this image for the OS: the OS is what is wrong (issue 21: 11)
+        key, other, other_value = "base.os", "cuda", spec
     return ImageGap(spec, reason, hint=", or ".join(hints), key=key, other=other, other_value=other_value)
 
 
