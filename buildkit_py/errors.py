@@ -132,6 +132,27 @@ class CompatibilityError(ImgbuildError):
         return out
 
 
+class CompatibilityErrors(CompatibilityError):
+    """Several compatibility problems found in one pass (the README promises every problem at once):
+    the fields of the first, so callers that read one error keep working; ``errors`` holds them all."""
+
+    def __init__(self, errors: list[CompatibilityError]):
+        first = errors[0]
+        super().__init__(first.component, first.version, first.other, first.other_version, first.reason,
+                         hint=first.hint, at=RecipeLocation(first.file, first.line, first.key), partial=first.partial)
+        self.errors = list(errors)
+        self.message = "\n".join(e.message for e in self.errors)
+        self.args = (self.message,)
+
+    def render(self) -> str:
+        return "\n".join(e.render() for e in self.errors)
+
+    def to_json(self) -> dict:
+        out = super().to_json()
+        out["errors"] = [e.to_json() for e in self.errors]
+        return out
+
+
 class CompatDataError(ImgbuildError):
     """A compatibility data file broke one of its invariants (a bug in the shipped data)."""
 

@@ -645,3 +645,11 @@ def test_no_cache_on_a_named_builder_keeps_the_shared_prefix_in_each_variant(tmp
 
     build_all(m, Builder(), BuildOptions(no_cache=True), jobs=1, hooks=BuildHooks(runner=runner))
     assert len(built) == 4 and not any(p.final.base.startswith("imgbuild-shared/") for p in built)
+
+
+def test_matrix_key_and_value_errors_come_in_one_pass(tmp_path):
+    """A value error used to show only after every key error was fixed (issue 21: 11)."""
+    path = recipe(tmp_path, '  cuda.version: ["12.1", 12]\n  pythn: ["3.10"]\n  python: ["3.x"]')
+    with pytest.raises(RecipeError) as info:
+        mx.load_matrix(path)
+    assert [i.key for i in info.value.issues] == ["matrix.cuda.version[1]", "matrix.pythn", "matrix.python[0]"]

@@ -587,3 +587,23 @@ def test_a_partial_torch_row_makes_an_unknown_not_a_no(tmp_path):
     assert resolve(recipe(tmp_path, cuda="13.2", extra='torch: "2.15.0"')).torch_label == "2.15.0+cu132"
     full = clash(tmp_path, cuda="12.4", extra='torch: "2.1.2"')
     assert full.partial is False
+
+
+# ---------------------------------------------------------------- every problem in one pass (issue 21: 11)
+def test_independent_problems_come_together(tmp_path):
+    from buildkit_py.errors import CompatibilityErrors
+
+    r = recipe(tmp_path, cuda="12.99", python="3.10", extra='torch: "2.4.7"\npip: ["bitsandbytes==9.9.9"]')
+    with pytest.raises(CompatibilityErrors) as info:
+        resolve(r)
+    keys = [(e.key, e.line) for e in info.value.errors]
+    assert keys == [("cuda.version", 3), ("python", 6), ("torch", 7), ("pip[0]", 8)]
+    rendered = info.value.render()
+    assert rendered.count("conflicts with") == 4 and rendered.count("hint:") == 4
+    assert [e["key"] for e in info.value.to_json()["errors"]] == ["cuda.version", "python", "torch", "pip[0]"]
+
+
+def test_a_wrong_base_os_is_blamed_on_base_os(tmp_path):
+    err = clash(tmp_path, source="nvidia", base="base: {os: debian12}", python="3.11")
+    assert (err.key, err.line, err.component, err.version) == ("base.os", 5, "base.os", "debian12")
+    assert "no release has one for debian12" in err.message and "ubuntu22.04" in err.hint

@@ -15,6 +15,7 @@ from buildkit_py.compat.bases import BaseFacts
 from buildkit_py.compat.codes import RecipeWarning
 from buildkit_py.compat.rules import mirrored_ref
 from buildkit_py.compat.tables import NativeEvidence, known_native_driver
+from buildkit_py.errors import CompatibilityError, CompatibilityErrors
 from buildkit_py.recipe.model import Recipe
 
 # Pins whose wheels are large and change rarely: they get a layer of their own, before
@@ -76,12 +77,9 @@ class Resolution:
 def resolve(recipe: Recipe, base: BaseFacts | None = None, lookup: rules.PinLookup | None = None) -> Resolution:
     """``base``: the facts of the final stage's base read from its registry (compat/bases.py),
     or None where it is not looked up; ``lookup``: what the plan-time look-up of a pin newer than
-    the data did (its refusal then says why). Each rule gets what the rules before it decided."""
-    cuda = rules.cuda_rule(recipe, base)
-    cudnn = rules.cudnn_rule(recipe, cuda.version)
-    py = rules.python_rule(recipe, base)
-    torch = rules.torch_rule(recipe, cuda.version, py.python, cudnn, lookup)
-    archs = rules.arch_rule(recipe, cuda.version)
+    the data did (its refusal then says why). Each rule gets what the rules before it decided; the
+    rules that do not depend on each other all run, so every independent problem is reported at once."""
+    cuda, cudnn, py, torch, archs = _independent_parts(recipe, base, lookup)
     flash_attn = rules.flash_attn_rule(recipe, cuda.version, py.python, torch.version, archs.requested)
     bnb_warnings = rules.bitsandbytes_rule(recipe, cuda.version, py.python, torch.version, archs.requested)
     compile_ = frozenset(recipe.build.from_source) | flash_attn.compile
@@ -115,6 +113,32 @@ def resolve(recipe: Recipe, base: BaseFacts | None = None, lookup: rules.PinLook
         base_digest=pinned.digest,
         native_driver=known_native_driver(cuda.version),
     )
+
+
+def _independent_parts(recipe: Recipe, base: BaseFacts | None, lookup: rules.PinLookup | None):
+    """CUDA, cuDNN, Python, torch and the architectures: each rule runs when what it needs was decided,
+    and every problem found is raised together (CompatibilityErrors), not the first one alone."""
+    problems: list[CompatibilityError] = []
+
+    def attempt(rule, *args):
+        try:
+            return rule(*args)
+        except CompatibilityError as exc:
+            problems.append(exc)
+            return None
+
+    cuda = attempt(rules.cuda_rule, recipe, base)
+    py = attempt(rules.python_rule, recipe, base)
+    # every pin of a release the data lacks, not only the first (a list: all() would stop at one)
+    known = all([attempt(check, recipe, *extra) is not None for check, extra in rules.release_checks(recipe, lookup)])
+    cudnn = attempt(rules.cudnn_rule, recipe, cuda.version) if cuda else None
+    archs = attempt(rules.arch_rule, recipe, cuda.version) if cuda else None
+    torch = None
+    if cuda and py and known and not problems:
+        torch = attempt(rules.torch_rule, recipe, cuda.version, py.python, cudnn, lookup)
+    if problems:
+        raise problems[0] if len(problems) == 1 else CompatibilityErrors(problems)
+    return cuda, cudnn, py, torch, archs
 
 
 def resolve_with_base(recipe: Recipe, *, client=None, cache: dict[str, BaseFacts | None] | None = None,

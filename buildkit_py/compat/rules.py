@@ -25,6 +25,7 @@ from __future__ import annotations
 import datetime
 import re
 from dataclasses import dataclass
+from typing import Any
 
 from packaging.specifiers import SpecifierSet
 from packaging.version import InvalidVersion, Version
@@ -543,6 +544,26 @@ def torch_release_rule(recipe: Recipe, lookup: PinLookup | None = None) -> Torch
     raise _fail(recipe, "torch", "torch", version, "imgbuild's torch data", compat.data_as_of(),
                 f"torch {version} is newer than imgbuild's data (newest known: {newest}), and {why}",
                 hint=f"{how}, or use torch {newest} (the newest imgbuild knows)")
+
+
+def release_checks(recipe: Recipe, lookup: PinLookup | None = None) -> list[tuple[Any, tuple]]:
+    """The checks that a pinned torch, flash-attn or bitsandbytes is a release the data knows, each
+    (function, extra args): they need nothing else decided, so resolve runs them beside the CUDA and
+    Python rules and reports every unknown pin at once."""
+    checks: list[tuple[Any, tuple]] = []
+    if recipe.torch:
+        checks.append((torch_release_rule, (lookup,)))
+    for name, table in (("flash-attn", compat.flash_attn_releases), ("bitsandbytes", compat.bitsandbytes_releases)):
+        if (pin := _pin(recipe, name)) is not None:
+            checks.append((_known_release, (f"pip[{pin[0]}]", name, pin[1], table)))
+    return checks
+
+
+def _known_release(recipe: Recipe, key: str, name: str, version: str, table) -> str:
+    known = [r.version for r in table()]
+    if not any(Version(v) == Version(version) for v in known):
+        raise _unknown_release(recipe, key, name, version, known)
+    return version
 
 
 def _torch_variant_error(recipe: Recipe, release: TorchRelease, wanted: str, cuda: str,
