@@ -72,6 +72,13 @@ def assert_labels_true(image_id: str, labels: dict[str, str]) -> set[str]:
     facts = json.loads(image_sh(image_id, _FACTS))
     checked = set()
     cuda = labels["io.imgbuild.cuda.version"]
+    from buildkit_py import compat
+
+    # the driver floors are the data's: driver.min only where NVIDIA publishes one (issue 21: 2)
+    toolkit = compat.resolve_cuda(cuda)
+    assert labels.get("io.imgbuild.cuda.driver.min") == toolkit.linux_min_driver, labels
+    assert labels.get("io.imgbuild.cuda.driver.min-compat") == compat.minor_compat_floor(int(cuda.split(".")[0]))
+    checked |= {"io.imgbuild.cuda.driver.min", "io.imgbuild.cuda.driver.min-compat"}
     mm = ".".join(cuda.split(".")[:2])
     runtime = {n: v for n, v in facts["pkgs"].items() if n.startswith("nvidia-cuda-runtime")}
     flavor = labels.get("io.imgbuild.cuda.flavor")

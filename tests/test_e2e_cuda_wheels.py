@@ -46,6 +46,17 @@ def test_cuda13_wheels_image_loads_libcudart_by_name(tmp_path, base_image, docke
     assert assert_labels_true(report["image_id"], labels) >= {"io.imgbuild.cuda.version", "io.imgbuild.cuda.source"}
 
 
+@on_engine("docker20")  # the labels come from the Dockerfile; the engine paths run on both above
+def test_cuda_13_4_image_claims_no_native_floor(tmp_path, base_image, docker_client, cleanup_images, unique_name):
+    """NVIDIA publishes no minimum driver for CUDA 13.4: no io.imgbuild.cuda.driver.min label, the
+    minor-version floor only (issue 21: 2); the checker holds every other label to the content."""
+    report = _build(tmp_path, unique_name, base_image, "13.4")
+    cleanup_images.extend(report["tags"])
+    labels = docker_client.images.get(report["image_id"]).labels
+    assert "io.imgbuild.cuda.driver.min" not in labels and labels["io.imgbuild.cuda.driver.min-compat"] == "580"
+    assert {"io.imgbuild.cuda.driver.min", "io.imgbuild.cuda.version"} <= assert_labels_true(report["image_id"], labels)
+
+
 @on_engine("docker20")  # what nvcc compiles does not depend on the engine; the build above runs on both
 def test_devel_from_cuda13_wheels_compiles_with_nvcc(tmp_path, base_image, docker_client, cleanup_images,
                                                      unique_name):
