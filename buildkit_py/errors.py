@@ -147,18 +147,43 @@ class BackendCapabilityError(ImgbuildError):
     exit_status = ExitStatus.ENVIRONMENT
 
 
+class FailedStep(NamedTuple):
+    """The step a build failed at, as its error shows it: ``name`` (the recipe step id and its
+    place, "pins [final 7/8]"), the exit code of its command, its last lines of output."""
+
+    name: str
+    exit_code: int | None
+    output: tuple[str, ...]
+
+
 class BuildFailed(ImgbuildError):
+    """A build that failed. Where the log names the step that failed (``step``), the message shows
+    that step once with its own last lines, and ``cause`` names a known cause (certificate,
+    index-unreachable, compiler, hash-mismatch, hash-missing, disk-space) whose hint says what
+    to do; otherwise the message ends with the last lines of the log."""
+
     exit_status = ExitStatus.FAILED
 
     def __init__(self, message: str, *, command: list[str] | None = None, returncode: int | None = None,
-                 log_tail: str = "", hint: str | None = None):
+                 log_tail: str = "", hint: str | None = None, step: FailedStep | None = None,
+                 cause: str | None = None):
         self.command = command or []
         self.returncode = returncode
         self.log_tail = log_tail
+        self.step, self.cause = step, cause
         text = message
-        if log_tail:
+        if step is not None and step.output:
+            text += f"\n--- last {len(step.output)} lines of {step.name} ---\n" + "\n".join(step.output)
+        elif log_tail:
             text += "\n--- last lines of the build log ---\n" + log_tail.rstrip()
         super().__init__(text, hint=hint)
+
+    def to_json(self) -> dict:
+        out = super().to_json()
+        out["cause"] = self.cause
+        out["step"] = None if self.step is None else {
+            "name": self.step.name, "exit_code": self.step.exit_code, "output": list(self.step.output)}
+        return out
 
 
 class BudgetExceeded(ImgbuildError):

@@ -15,6 +15,7 @@ from pathlib import Path
 from buildkit_py import oci
 from buildkit_py.analysis.inspect import attribute_entries
 from buildkit_py.engine import (
+    CA_SECRET_ID,
     PUSH,
     BuildRequest,
     BuildResult,
@@ -24,7 +25,7 @@ from buildkit_py.engine import (
     required_capabilities,
 )
 from buildkit_py.engine.push import PushResult, TransferSink, split_tag
-from buildkit_py.errors import BudgetExceeded, BuildFailed, ImgbuildError, RegistryError, UsageError
+from buildkit_py.errors import BudgetExceeded, ImgbuildError, RegistryError, UsageError
 from buildkit_py.files import write_atomic
 from buildkit_py.plan import labels as L
 from buildkit_py.plan.build_plan import BuildPlan, check_image_tag
@@ -34,7 +35,6 @@ from buildkit_py.render.dockerfile import render_dockerfile
 from buildkit_py.sizes import human_size
 
 LineSink = Callable[[str], None]
-CA_SECRET_ID = "cacert"  # noqa: S105
 # A pip.conf (private index URL with credentials), read by pip steps as PIP_CONFIG_FILE.
 PIP_CONFIG_SECRET_ID = "pipconf"  # noqa: S105
 
@@ -226,15 +226,9 @@ def _buildkit_pushes(result: BuildResult, tags: tuple[str, ...]) -> list[PushRes
 
 
 def _build(engine: Engine, request: BuildRequest, on_line: LineSink) -> BuildResult:
-    try:
-        return engine.build(request, on_line)
-    except BuildFailed as exc:
-        if "no space left on device" not in exc.log_tail.lower() or exc.hint:
-            raise
-        raise BuildFailed("build failed: the engine ran out of disk space", command=exc.command,
-                          returncode=exc.returncode, log_tail=exc.log_tail,
-                          hint="free space in the engine's data root (docker system prune, "
-                               "docker builder prune) and build again; no image was tagged") from None
+    # A failure comes back as BuildFailed naming the step, its last lines and the known cause
+    # (engine/buildlog.py), a full disk included.
+    return engine.build(request, on_line)
 
 
 def _local_digest(engine: Engine, ref: str) -> str | None:
