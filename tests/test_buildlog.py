@@ -160,3 +160,20 @@ def test_plain_progress_names_the_failing_step_once_without_its_script(engine):
     assert "[final 6/8] cuda: ERROR exit code: 1" in text.splitlines()
     assert "/bin/sh -c" not in text and "failed to solve" not in text
     assert text.count("No matching distribution found for nvidia-cuda-runtime-cu12") == 1
+
+
+def test_a_step_found_in_an_imported_cache_stays_cached():
+    """buildx 0.13 with --cache-from type=registry: a step is CACHED, then its layers are fetched
+    and extracted under the same vertex, which ends DONE (lines as printed in
+    test_e2e_engines.py::test_registry_cache_survives_prune, layer digests shortened)."""
+    log = BuildLog()
+    for line in ["#12 [final 4/9] COPY [.imgbuild/empty, /etc/hosts]", "#12 CACHED",
+                 "#13 [final 7/9] RUN set -eu; : imgbuild-step=ldconfig;     for d in /opt/venv/lib/python*/site-pa",
+                 "#13 CACHED",
+                 "#13 [final 7/9] RUN set -eu; : imgbuild-step=ldconfig;     for d in /opt/venv/lib/python*/site-pa",
+                 "#13 sha256:09a28077aa4e 3.13kB / 3.13kB 0.1s done", "#13 DONE 0.7s",
+                 "#13 [final 7/9] RUN set -eu; : imgbuild-step=ldconfig;     for d in /opt/venv/lib/python*/site-pa",
+                 "#13 extracting sha256:93196c4b96be 1.3s done", "#13 DONE 2.0s",
+                 "#14 [final 8/9] COPY [app/, /app]", "#14 DONE 0.2s"]:
+        log.feed(line)
+    assert log.steps() == [("12", "COPY", "cached"), ("13", "ldconfig", "cached"), ("14", "COPY", "done")]

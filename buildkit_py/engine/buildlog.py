@@ -204,6 +204,8 @@ class BuildLog:
             if vertex is None:
                 return
             word = m.group(2).split()[0].rstrip(":")
+            if vertex.state == "cached":
+                return  # BuildKit may report a step found in an imported cache again as DONE
             vertex.state = {"CACHED": "cached", "CANCELED": "canceled", "DONE": "done"}.get(word, "error")
             if vertex.state == "error":
                 vertex.error = (m.group(3) or "").strip()
