@@ -16,6 +16,7 @@ from buildkit_py import oci
 from buildkit_py.analysis.inspect import attribute_entries
 from buildkit_py.engine import (
     CA_SECRET_ID,
+    PROVENANCE,
     PUSH,
     BuildRequest,
     BuildResult,
@@ -160,6 +161,11 @@ def run_build(plan: BuildPlan, engine: Engine, options: BuildOptions, on_line: L
                          platforms=options.platforms)
     require(engine, required_capabilities(plan.needs, probe))
 
+    # No attestation unless asked for: BuildKit's provenance carries the build's start time and a
+    # random invocation id, so with it every build, even of nothing changed, gets a new digest.
+    provenance = options.provenance
+    if provenance is None and PROVENANCE in engine.capabilities:
+        provenance = "false"
     # A base pinned at plan time carries its digest as a static label already.
     base_digest = None if plan.resolution.base_digest else _local_digest(engine, plan.resolution.base_image)
     volatile = L.volatile_labels(plan.recipe, base_digest=base_digest)
@@ -173,7 +179,7 @@ def run_build(plan: BuildPlan, engine: Engine, options: BuildOptions, on_line: L
             network=options.network, no_cache=options.no_cache, cache_from=options.cache_from,
             cache_to=options.cache_to, builder=options.builder, push=from_buildkit and budget is None,
             load=keep_local, compression=options.compression, oci_mediatypes=options.oci_mediatypes,
-            provenance=options.provenance, platforms=options.platforms,
+            provenance=provenance, platforms=options.platforms,
         )
         result = _build(engine, request, on_line)
         sizes = engine.image_sizes(result.image_id) if keep_local and result.image_id else None

@@ -64,6 +64,10 @@ class ClassicEngine(Engine):
     def read_metadata(self, metadata: Path) -> str | None:
         return None
 
+    def image_id(self, iid: str, digest: str | None) -> str:
+        """What the engine names the built image by, from --iidfile and the metadata file's digest."""
+        return iid
+
     def build_environment(self, request: BuildRequest, tmp: Path) -> dict[str, str]:
         return self.environment()
 
@@ -95,8 +99,8 @@ class ClassicEngine(Engine):
                                              hint="start it (scripts/services.sh up) or set DOCKER_HOST")
                 self.refine_failure(request, tail)
                 raise build_failure(log, cmd, code, ca_cert=CA_SECRET_ID in request.secrets)
-            image_id = iidfile.read_text().strip() if iidfile.exists() else ""
             digest = self.read_metadata(metadata)
+            image_id = self.image_id(iidfile.read_text().strip() if iidfile.exists() else "", digest)
         steps = log.steps()
         rerun = tuple(name for _, name, state in steps if state != "cached")
         return BuildResult(image_id=image_id, tags=request.tags, log_tail=tail,
