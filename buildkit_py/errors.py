@@ -286,3 +286,16 @@ class LockDrift(_LockChanges):
     """``--locked``: the lock is missing, stale, or a fresh resolve would change it (exit 1)."""
 
     exit_status = ExitStatus.FAILED
+
+
+class Interrupted(KeyboardInterrupt):
+    """SIGINT (Ctrl-C) or SIGTERM (`kill`, a CI job cancelled), raised in the main thread by the
+    CLI's handlers (cli/main.py) so that the same unwinding runs for both: children stopped
+    (engine/children.py), temporary files removed by their ``with`` blocks. A KeyboardInterrupt,
+    so every ``except KeyboardInterrupt`` already in the library handles SIGTERM too. ``stopped``
+    names what was stopped on the way out, for the one line the CLI prints."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+        self.stopped: list[str] = []

@@ -20,6 +20,13 @@ def write_recipe(folder: Path, text: str, name: str = "recipe.yaml") -> Path:
     return path
 
 
+def tiny_recipe(name: str, base: str, *, installer: str = "uv", pip: tuple[str, ...] = ()) -> str:
+    """The smallest recipe that builds: CUDA 12.4's runtime wheel on ``base``, Python 3.11."""
+    text = (f'name: {name}\nversion: "1"\ncuda: {{version: "12.4", source: wheels}}\nbase: {{image: {base}}}\n'
+            f'python: "3.11"\nbuild: {{installer: {installer}}}\n')
+    return text + (f"pip: [{', '.join(repr(p) for p in pip)}]\n" if pip else "")
+
+
 def run_cli(*argv: str, stdin: str = "") -> tuple[int, str, str]:
     """Run the CLI in-process: (exit code, stdout, stderr)."""
     out, err = io.StringIO(), io.StringIO()

@@ -6,23 +6,13 @@ causes are covered on recorded logs of both engines (test_buildlog.py)."""
 import json
 
 import pytest
-from helpers import run_cli, write_recipe
+from helpers import run_cli, tiny_recipe, write_recipe
 
 pytestmark = pytest.mark.e2e
 
-RECIPE = """\
-name: {name}
-version: "1"
-cuda: {{version: "12.4", source: wheels}}
-base: {{image: {base}}}
-python: "3.11"
-build: {{installer: pip}}
-"""
-
-
 def test_a_pip_step_without_the_ca_bundle_names_the_step_and_hints_ca_cert(tmp_path, base_image, unique_name,
                                                                            docker_client, cleanup_images):
-    recipe = write_recipe(tmp_path, RECIPE.format(name=unique_name, base=base_image))
+    recipe = write_recipe(tmp_path, tiny_recipe(unique_name, base_image, installer="pip"))
     cleanup_images.append(f"{unique_name}:1")  # nothing is tagged; removed should that ever change
     # --no-cache: a cached layer of the same step, built with the bundle by another test, would succeed.
     code, out, err = run_cli("build", str(recipe), "--no-cache", "--json")

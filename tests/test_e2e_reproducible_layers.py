@@ -8,7 +8,7 @@ import time
 
 import pytest
 from conftest import on_engine
-from helpers import CA_ARGS, run_cli, write_recipe
+from helpers import CA_ARGS, run_cli, tiny_recipe, write_recipe
 
 pytestmark = pytest.mark.e2e
 
@@ -80,15 +80,6 @@ def test_cuda_library_and_heavy_pin_layers_are_byte_identical_where_their_pins_a
     assert len({a["cuda"], a["cuda-cublas"], a["cuda-cudnn"]}) == 3  # three layers, not one
 
 
-TINY = """\
-name: {name}
-version: "1"
-cuda: {{version: "12.4", source: wheels}}
-base: {{image: {base}}}
-python: "3.11"
-pip: [six==1.16.0]
-"""
-
 
 def test_an_unchanged_rebuild_gives_the_same_image_id_and_pushed_digest(tmp_path, base_image, unique_name, engine,
                                                                          logged_in, cleanup_images, registry_refs):
@@ -97,7 +88,7 @@ def test_an_unchanged_rebuild_gives_the_same_image_id_and_pushed_digest(tmp_path
     with its start time and random id, a new index digest). Now created is when the inputs last
     changed (labels.created_time: the recipe's mtime here, outside git) and no attestation is
     attached unless asked for: a rebuild gives the same id, and its push the same digest."""
-    recipe = write_recipe(tmp_path, TINY.format(name=unique_name, base=base_image))
+    recipe = write_recipe(tmp_path, tiny_recipe(unique_name, base_image, pip=("six==1.16.0",)))
     os.utime(recipe, (1_000_000_000, 1_000_000_000))
     reports = []
     for _ in range(2):

@@ -19,6 +19,7 @@ from buildkit_py.engine.base import (
     LineSink,
 )
 from buildkit_py.engine.buildlog import BuildLog
+from buildkit_py.engine.children import supervised
 from buildkit_py.errors import BuildFailed, EnvironmentProblem, FailedStep
 
 _ENGINE_DOWN = ("Cannot connect to the Docker daemon", "connect: no such file or directory",
@@ -64,6 +65,11 @@ class ClassicEngine(Engine):
     def read_metadata(self, metadata: Path) -> str | None:
         return None
 
+    def build_name(self, cmd: list[str]) -> str:
+        """How a message names the build command: "docker build", "docker buildx build"."""
+        words = cmd[:cmd.index("build") + 1] if "build" in cmd else cmd[:1]
+        return " ".join([Path(words[0]).name, *(w for w in words[1:] if w in ("buildx", "build"))])
+
     def image_id(self, iid: str, digest: str | None) -> str:
         """What the engine names the built image by, from --iidfile and the metadata file's digest."""
         return iid
@@ -81,17 +87,19 @@ class ClassicEngine(Engine):
             iidfile, metadata = Path(tmp) / "iid", Path(tmp) / "metadata.json"
             cmd = self.command(request, iidfile, metadata)
             try:
+                # A session of its own: an interrupt reaches imgbuild, which stops the build (children.py).
                 proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                         env=self.build_environment(request, Path(tmp)), errors="replace",
-                                        stdin=subprocess.DEVNULL)
+                                        stdin=subprocess.DEVNULL, start_new_session=True)
             except OSError as exc:
                 raise EnvironmentProblem(f"cannot run {self.client}: {exc}") from None
             assert proc.stdout is not None  # noqa: S101
-            for raw in proc.stdout:
-                line = raw.rstrip("\n")
-                log.feed(line)
-                on_line(line)
-            code = proc.wait()
+            with proc.stdout, supervised(proc, f"{self.build_name(cmd)} of {', '.join(request.tags) or 'the image'}"):
+                for raw in proc.stdout:
+                    line = raw.rstrip("\n")
+                    log.feed(line)
+                    on_line(line)
+                code = proc.wait()
             tail = "\n".join(log.tail)
             if code != 0:
                 if any(s in tail for s in _ENGINE_DOWN):
