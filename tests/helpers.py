@@ -3,12 +3,27 @@
 from __future__ import annotations
 
 import io
+import uuid
 from pathlib import Path
 
 from buildkit_py.cli.main import main
 
 REPO = Path(__file__).resolve().parent.parent
 SYSTEM_CA = Path("/etc/ssl/certs/ca-certificates.crt")
+# This pytest run's mark: every image, tag or registry repository a test creates carries it in its
+# name (``unique``, the ``unique_name`` fixture) or in the RUN_LABEL label, so the check at the end of
+# the session (conftest.py) finds what a test left behind, and only this run's, while other runs
+# share the engines.
+RUN_MARK = "tr" + uuid.uuid4().hex[:6]
+RUN_LABEL = "io.imgbuild.test-run"
+
+
+def unique(prefix: str) -> str:
+    """A new name for something a test creates, marked with this run: ``imgbuild-test/diff`` ->
+    ``imgbuild-test/diff-tr3fa2c1-5d0e9a1b``."""
+    return f"{prefix}-{RUN_MARK}-{uuid.uuid4().hex[:8]}"
+
+
 # Builds here reach PyPI through a proxy whose CA only the system bundle has (environment.md).
 CA_ARGS = ["--ca-cert", str(SYSTEM_CA)] if SYSTEM_CA.exists() else []
 
