@@ -15,7 +15,7 @@ SYSTEM_CA = Path("/etc/ssl/certs/ca-certificates.crt")
 # the session (conftest.py) finds what a test left behind, and only this run's, while other runs
 # share the engines.
 RUN_MARK = "tr" + uuid.uuid4().hex[:6]
-RUN_LABEL = "io.imgbuild.test-run"
+RUN_LABEL = "imgbuild-test.run"  # not io.imgbuild.*: inspect reports those
 
 
 def unique(prefix: str) -> str:
