@@ -6,12 +6,27 @@ import io
 import json
 import re
 import subprocess
+import uuid
 from pathlib import Path
 
 from buildkit_py.cli.main import main
 
 REPO = Path(__file__).resolve().parent.parent
 SYSTEM_CA = Path("/etc/ssl/certs/ca-certificates.crt")
+# This pytest run's mark: every image, tag or registry repository a test creates carries it in its
+# name (``unique``, the ``unique_name`` fixture) or in the RUN_LABEL label, so the check at the end of
+# the session (conftest.py) finds what a test left behind, and only this run's, while other runs
+# share the engines.
+RUN_MARK = "tr" + uuid.uuid4().hex[:6]
+RUN_LABEL = "imgbuild-test.run"  # not io.imgbuild.*: inspect reports those
+
+
+def unique(prefix: str) -> str:
+    """A new name for something a test creates, marked with this run: ``imgbuild-test/diff`` ->
+    ``imgbuild-test/diff-tr3fa2c1-5d0e9a1b``."""
+    return f"{prefix}-{RUN_MARK}-{uuid.uuid4().hex[:8]}"
+
+
 # Builds here reach PyPI through a proxy whose CA only the system bundle has (environment.md).
 CA_ARGS = ["--ca-cert", str(SYSTEM_CA)] if SYSTEM_CA.exists() else []
 
@@ -21,6 +36,13 @@ def write_recipe(folder: Path, text: str, name: str = "recipe.yaml") -> Path:
     path = folder / name
     path.write_text(text)
     return path
+
+
+def tiny_recipe(name: str, base: str, *, installer: str = "uv", pip: tuple[str, ...] = ()) -> str:
+    """The smallest recipe that builds: CUDA 12.4's runtime wheel on ``base``, Python 3.11."""
+    text = (f'name: {name}\nversion: "1"\ncuda: {{version: "12.4", source: wheels}}\nbase: {{image: {base}}}\n'
+            f'python: "3.11"\nbuild: {{installer: {installer}}}\n')
+    return text + (f"pip: [{', '.join(repr(p) for p in pip)}]\n" if pip else "")
 
 
 def run_cli(*argv: str, stdin: str = "") -> tuple[int, str, str]:

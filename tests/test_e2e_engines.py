@@ -10,7 +10,7 @@ import subprocess
 import uuid
 
 import pytest
-from helpers import CA_ARGS, run_cli, write_recipe
+from helpers import CA_ARGS, RUN_LABEL, RUN_MARK, run_cli, unique, write_recipe
 
 from buildkit_py import oci
 
@@ -120,7 +120,7 @@ def test_named_builder_of_a_docker_context(project, engine, docker_config, monke
     buildx_only(engine)
     if not engine.host:
         pytest.skip("needs an engine on a socket of its own to name in a context")
-    name = f"imgbuild-test-{uuid.uuid4().hex[:8]}"
+    name = unique("imgbuild-test")
     for argv in (["context", "create", name, "--docker", f"host={engine.host}"], ["context", "use", name]):
         proc = subprocess.run([engine.client, *argv], capture_output=True, text=True, check=False, timeout=60,
                               env={k: v for k, v in os.environ.items() if k != "DOCKER_HOST"})
@@ -141,10 +141,11 @@ def own_base(engine, base_image: str, folder) -> tuple[str, str]:
     every cache record of the builds above it is this test's alone (other tests and workers
     share the engine and its cache). Tagged debian:bookworm-...: the name tells imgbuild the OS."""
     marker = uuid.uuid4().hex[:16]
-    tag = f"debian:bookworm-imgbuild-test-{marker}"
+    tag = f"debian:bookworm-imgbuild-test-{RUN_MARK}-{marker}"
     folder.mkdir()
     (folder / "Dockerfile").write_text(f"FROM {base_image}\nRUN echo {marker} > /etc/imgbuild-test-marker\n")
-    proc = subprocess.run([*engine.buildx, "build", "--network", "host", "--output", f"type=docker,name={tag}",
+    proc = subprocess.run([*engine.buildx, "build", "--network", "host", "--label", f"{RUN_LABEL}={RUN_MARK}",
+                           "--output", f"type=docker,name={tag}",
                            str(folder)], capture_output=True, text=True, env=engine.environment(), check=False,
                           timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]

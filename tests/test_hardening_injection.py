@@ -8,12 +8,11 @@ from __future__ import annotations
 
 import json
 import subprocess
-import uuid
 from pathlib import Path
 
 import dockerfile
 import pytest
-from helpers import run_cli, write_recipe
+from helpers import run_cli, unique, write_recipe
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -254,7 +253,7 @@ def test_hostile_tags_refused_before_any_build(tmp_path, tag, monkeypatch):
 
 
 def test_hostile_values_do_not_run_in_a_build(tmp_path, docker_client, base_image, cleanup_images):
-    name = f"imgbuild-test/{uuid.uuid4().hex[:10]}"
+    name = unique("imgbuild-test/hostile")
     env = {f"V{i}": v for i, v in enumerate(VALUES_THAT_BUILD["env"])}
     labels = {f"l{i}": v for i, v in enumerate(VALUES_THAT_BUILD["labels"])}
     data = merge(RECIPE, {"name": name, "base": {"image": base_image}, "env": env, "labels": labels,

@@ -4,6 +4,8 @@ fake builder. The real-engine 2x2 build is in test_e2e_matrix.py."""
 
 import json
 import re
+import signal
+import subprocess
 import threading
 import time
 from pathlib import Path
@@ -13,10 +15,10 @@ import pytest
 import yaml
 from helpers import REPO, run_cli, write_recipe
 
-from buildkit_py.engine import BuildResult
+from buildkit_py.engine import BuildResult, children
 from buildkit_py.engine.build import BuildOptions, BuildOutcome
 from buildkit_py.engine.matrix_build import BuildHooks, build_all, build_report, summary_lines
-from buildkit_py.errors import AuthenticationError, BuildFailed, RecipeError, UsageError
+from buildkit_py.errors import AuthenticationError, BuildFailed, Interrupted, RecipeError, UsageError
 from buildkit_py.plan import matrix as mx
 from buildkit_py.render.dockerfile import render_dockerfile
 
@@ -497,6 +499,54 @@ def test_build_all_runs_unrelated_variants_in_parallel(tmp_path):
     runner = FakeRunner()
     build_all(mx.load_matrix(path), FakeBackend(), BuildOptions(), jobs=2, hooks=BuildHooks(runner=runner))
     assert [e[0] for e in runner.events] == ["start", "start", "end", "end"]
+
+
+class StalledRunner:
+    """Stands in for build.run_build with a real child per variant (a `sleep` in a session of its
+    own, supervised as engine builds are), which only an interrupt ends."""
+
+    def __init__(self):
+        self.procs: list[subprocess.Popen] = []
+        self.tags: list[str] = []
+
+    def __call__(self, plan, backend, options, on_line):
+        proc = subprocess.Popen(["sleep", "60"], start_new_session=True)
+        self.tags.append(plan.tags[0].rsplit(":", 1)[1])
+        self.procs.append(proc)
+        with children.supervised(proc, f"build of {plan.tags[0]}"):
+            proc.wait()
+        raise BuildFailed(f"build failed (exit {proc.returncode})", returncode=proc.returncode)
+
+
+def test_an_interrupt_stops_every_variant_build_at_once(tmp_path):
+    """Issue 22 item 7: the signal reaches the main thread, which waits for the workers; before,
+    leaving the thread pool waited for every running build to end (here 60 s)."""
+    path = recipe(tmp_path, "  base.image: ['debian:bookworm-slim', 'debian:12']\n  tags: ['{variant}']")
+    runner = StalledRunner()
+
+    def interrupt_when_both_run():
+        while len(runner.procs) < 2:
+            time.sleep(0.05)
+        signal.pthread_kill(threading.main_thread().ident, signal.SIGTERM)
+
+    def raise_interrupted(signum, _frame):
+        raise Interrupted(signum)
+
+    previous = signal.signal(signal.SIGTERM, raise_interrupted)
+    threading.Thread(target=interrupt_when_both_run, daemon=True).start()
+    start = time.monotonic()
+    try:
+        with pytest.raises(Interrupted) as raised:
+            build_all(mx.load_matrix(path), FakeBackend(), BuildOptions(), jobs=2, hooks=BuildHooks(runner=runner))
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        for proc in runner.procs:
+            if proc.poll() is None:
+                proc.kill()
+    assert time.monotonic() - start < 20
+    assert all(proc.poll() is not None for proc in runner.procs)
+    assert sorted(raised.value.stopped) == sorted(f"build of team/mx:{tag} (pid {proc.pid})" for proc, tag in zip(
+        runner.procs, runner.tags, strict=True))
 
 
 def test_one_failure_does_not_stop_the_others(tmp_path):
