@@ -39,7 +39,7 @@ REGISTRY = os.environ.get("IMGBUILD_TEST_REGISTRY", "127.0.0.1:5000")
 RECIPE = """\
 name: imgbuild-bench/{name}
 version: "1"
-cuda: {{version: "12.4", source: wheels}}
+cuda: {{version: "12.4", source: wheels, flavor: base}}
 base: {{image: {base}}}
 python: "3.11"
 pip: ["numpy==1.26.4"]

@@ -54,7 +54,7 @@ STACKS = {
 RECIPE = """\
 name: imgbuild-bench/installer-{installer}
 version: "{run}"
-cuda: {{version: "{cuda}", source: wheels}}
+cuda: {{version: "{cuda}", source: wheels, flavor: base}}
 base: {{image: {base}}}
 python: "3.11"
 {torch}pip: [{pins}]

@@ -39,7 +39,7 @@ BASE = os.environ.get("IMGBUILD_TEST_BASE_IMAGE", "debian:bookworm-slim")
 RECIPE = """\
 name: {name}
 version: "1"
-cuda: {{version: "12.4", source: wheels}}
+cuda: {{version: "12.4", source: wheels, flavor: base}}
 base: {{image: {base}, os: debian12}}
 python: "3.11"
 pip: [numpy==1.26.4]

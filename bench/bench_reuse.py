@@ -71,7 +71,7 @@ GOALS = {"app": 0.01, "pin": 0.05, "torch": 0.25}
 RECIPE = """\
 name: imgbuild-bench/reuse-{run}
 version: "{version}"
-cuda: {{version: "13.0", source: wheels}}
+cuda: {{version: "13.0", source: wheels, flavor: base}}
 base: {{image: {base}}}
 python: "3.11"
 torch: "{torch}"

@@ -47,7 +47,7 @@ BASE = os.environ.get("IMGBUILD_TEST_BASE_IMAGE", "debian:bookworm-slim")
 RECIPE = """\
 name: {name}
 version: "{version}"
-cuda: {{version: "12.4", source: wheels}}
+cuda: {{version: "{cuda}", source: wheels, flavor: base}}
 base: {{image: {base}}}
 python: "3.11"
 pip: [{pins}]
@@ -61,7 +61,7 @@ FROM {base}
 RUN apt-get update && apt-get install -y build-essential python3-dev python3-venv
 RUN python3 -m venv /opt/venv
 ENV PATH=/opt/venv/bin:$PATH
-RUN --mount=type=secret,id=cacert PIP_CERT=/run/secrets/cacert pip install nvidia-cuda-runtime-cu12==12.4.127
+RUN --mount=type=secret,id=cacert PIP_CERT=/run/secrets/cacert pip install nvidia-cuda-runtime==13.0.96
 RUN --mount=type=secret,id=cacert PIP_CERT=/run/secrets/cacert pip install --no-binary markupsafe markupsafe==2.1.5 numpy==1.26.4
 COPY app/ /app
 WORKDIR /app
@@ -76,13 +76,13 @@ class Bench:
         self.images: list[str] = []
         self.rows: list[tuple[str, str]] = []
 
-    def project(self, name: str, pins: str, extra: str = "", version: str = "1") -> Path:
+    def project(self, name: str, pins: str, extra: str = "", version: str = "1", cuda: str = "12.4") -> Path:
         folder = self.tmp / name
         (folder / "app").mkdir(parents=True, exist_ok=True)
         (folder / "app" / "main.py").write_text(f"print({uuid.uuid4().hex!r})\n")
         path = folder / "recipe.yaml"
         path.write_text(RECIPE.format(name=f"imgbuild-bench/{name}", version=version, base=BASE, pins=pins,
-                                      extra=extra))
+                                      extra=extra, cuda=cuda))
         return path
 
     def build(self, recipe: Path, *, no_cache: bool = False):
@@ -126,7 +126,9 @@ def bench_rebuild(b: Bench) -> dict:
 
 
 def bench_multistage(b: Bench) -> dict:
-    recipe = b.project("multistage", "markupsafe==2.1.5, numpy==1.26.4", extra="build: {from_source: [markupsafe]}")
+    # CUDA 13: a source build gets the CUDA devel toolchain, which CUDA 12's wheels cannot give on Debian
+    recipe = b.project("multistage", "markupsafe==2.1.5, numpy==1.26.4", extra="build: {from_source: [markupsafe]}",
+                       cuda="13.0")
     slim = b.build(recipe, no_cache=True)
     naive_dir = b.tmp / "naive"
     shutil.copytree(recipe.parent / "app", naive_dir / "app")

@@ -76,6 +76,11 @@ class RecipeError(_FileIssues):
     """A recipe that cannot be loaded. Carries every issue found, not just the first."""
 
 
+class BaseImageNotFound(RecipeError):
+    """The recipe's base (``base.image``, or the nvidia/cuda tag under ``base.mirror``) is not in its
+    registry: no such repository or tag. Located at that key (exit 2: the recipe names it)."""
+
+
 class RecipeLocation(NamedTuple):
     """Where in a recipe file an error points: the file, the line, the key path."""
 
@@ -99,7 +104,9 @@ class CompatibilityError(ImgbuildError):
         *,
         hint: str | None = None,
         at: RecipeLocation | None = None,
+        partial: bool = False,
     ):
+        self.partial = partial  # the refusal rests on data that is known to be incomplete: "unknown", not "no"
         self.component, self.version = component, version
         self.other, self.other_version = other, other_version
         self.reason = reason
@@ -120,7 +127,29 @@ class CompatibilityError(ImgbuildError):
             file=self.file,
             line=self.line,
             key=self.key,
+            partial=self.partial,
         )
+        return out
+
+
+class CompatibilityErrors(CompatibilityError):
+    """Several compatibility problems found in one pass (the README promises every problem at once):
+    the fields of the first, so callers that read one error keep working; ``errors`` holds them all."""
+
+    def __init__(self, errors: list[CompatibilityError]):
+        first = errors[0]
+        super().__init__(first.component, first.version, first.other, first.other_version, first.reason,
+                         hint=first.hint, at=RecipeLocation(first.file, first.line, first.key), partial=first.partial)
+        self.errors = list(errors)
+        self.message = "\n".join(e.message for e in self.errors)
+        self.args = (self.message,)
+
+    def render(self) -> str:
+        return "\n".join(e.render() for e in self.errors)
+
+    def to_json(self) -> dict:
+        out = super().to_json()
+        out["errors"] = [e.to_json() for e in self.errors]
         return out
 
 
@@ -147,18 +176,43 @@ class BackendCapabilityError(ImgbuildError):
     exit_status = ExitStatus.ENVIRONMENT
 
 
+class FailedStep(NamedTuple):
+    """The step a build failed at, as its error shows it: ``name`` (the recipe step id and its
+    place, "pins [final 7/8]"), the exit code of its command, its last lines of output."""
+
+    name: str
+    exit_code: int | None
+    output: tuple[str, ...]
+
+
 class BuildFailed(ImgbuildError):
+    """A build that failed. Where the log names the step that failed (``step``), the message shows
+    that step once with its own last lines, and ``cause`` names a known cause (certificate,
+    index-unreachable, compiler, hash-mismatch, hash-missing, disk-space) whose hint says what
+    to do; otherwise the message ends with the last lines of the log."""
+
     exit_status = ExitStatus.FAILED
 
     def __init__(self, message: str, *, command: list[str] | None = None, returncode: int | None = None,
-                 log_tail: str = "", hint: str | None = None):
+                 log_tail: str = "", hint: str | None = None, step: FailedStep | None = None,
+                 cause: str | None = None):
         self.command = command or []
         self.returncode = returncode
         self.log_tail = log_tail
+        self.step, self.cause = step, cause
         text = message
-        if log_tail:
+        if step is not None and step.output:
+            text += f"\n--- last {len(step.output)} lines of {step.name} ---\n" + "\n".join(step.output)
+        elif log_tail:
             text += "\n--- last lines of the build log ---\n" + log_tail.rstrip()
         super().__init__(text, hint=hint)
+
+    def to_json(self) -> dict:
+        out = super().to_json()
+        out["cause"] = self.cause
+        out["step"] = None if self.step is None else {
+            "name": self.step.name, "exit_code": self.step.exit_code, "output": list(self.step.output)}
+        return out
 
 
 class BudgetExceeded(ImgbuildError):
@@ -261,3 +315,16 @@ class LockDrift(_LockChanges):
     """``--locked``: the lock is missing, stale, or a fresh resolve would change it (exit 1)."""
 
     exit_status = ExitStatus.FAILED
+
+
+class Interrupted(KeyboardInterrupt):
+    """SIGINT (Ctrl-C) or SIGTERM (`kill`, a CI job cancelled), raised in the main thread by the
+    CLI's handlers (cli/main.py) so that the same unwinding runs for both: children stopped
+    (engine/children.py), temporary files removed by their ``with`` blocks. A KeyboardInterrupt,
+    so every ``except KeyboardInterrupt`` already in the library handles SIGTERM too. ``stopped``
+    names what was stopped on the way out, for the one line the CLI prints."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+        self.stopped: list[str] = []

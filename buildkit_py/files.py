@@ -1,8 +1,12 @@
-"""Writing output files: the one atomic-write helper every command uses."""
+"""Writing output files: the one atomic-write helper every command uses, and the one folder lock
+(downloads into a shared folder)."""
 
 from __future__ import annotations
 
+import errno
 import os
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from buildkit_py.errors import UsageError
@@ -42,3 +46,43 @@ def write_atomic(path: str | os.PathLike, data: str | bytes, *, private: bool = 
         tmp.unlink(missing_ok=True)
         raise
     return path
+
+
+@contextmanager
+def exclusive_folder(path: str | os.PathLike, *, fallback: str | os.PathLike,
+                     on_wait: Callable[[], None] | None = None) -> Iterator[None]:
+    """Hold an exclusive lock on folder ``path`` while the block runs: another holder, in this
+    process or another, waits until it ends (``on_wait`` is called once before waiting).
+
+    The lock is ``flock`` on the folder itself, so nothing is written into it. A file system that
+    refuses to lock a folder (NFS emulates flock with byte-range locks, which need a file open for
+    writing) gets the same lock on the file ``fallback`` instead, created if missing and kept:
+    removing a lock file others may hold open would let two holders in. The kernel drops the lock
+    when its holder exits, so a killed process never leaves a stale one.
+    """
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        try:
+            _lock(fd, on_wait)
+        except OSError as exc:
+            if exc.errno not in (errno.EBADF, errno.ENOLCK, errno.EINVAL, errno.EOPNOTSUPP):
+                raise
+            os.close(fd)
+            fd = -1
+            fd = os.open(fallback, os.O_RDWR | os.O_CREAT, 0o644)
+            _lock(fd, on_wait)
+        yield
+    finally:
+        if fd >= 0:
+            os.close(fd)  # closing the last descriptor releases the lock
+
+
+def _lock(fd: int, on_wait: Callable[[], None] | None) -> None:
+    import fcntl  # noqa: PLC0415 - POSIX only, and only a pull needs it
+
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        if on_wait:
+            on_wait()
+        fcntl.flock(fd, fcntl.LOCK_EX)

@@ -8,14 +8,17 @@ End-to-end fixtures find a real Docker engine and the local registry that
 from __future__ import annotations
 
 import contextlib
+import json
 import os
+import shutil
 import subprocess
+import tempfile
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from helpers import run_cli
+from helpers import RUN_LABEL, RUN_MARK, run_cli
 
 STATE_DIR = Path(os.environ.get("IMGBUILD_STATE_DIR", "/var/lib/imgbuild-services"))
 IN_CI = os.environ.get("CI", "").lower() in {"1", "true", "yes"}
@@ -183,16 +186,119 @@ def registry_refs():
 
 @pytest.fixture
 def unique_name() -> str:
-    return f"imgbuild-test/{uuid.uuid4().hex[:10]}"
+    """A repository name for the images a test builds, marked with this run (helpers.RUN_MARK)."""
+    return f"imgbuild-test/{RUN_MARK}-{uuid.uuid4().hex[:10]}"
+
+
+def _docker(*args: str) -> subprocess.CompletedProcess:
+    """The docker client on the engine the test runs on (IMGBUILD_DOCKER / DOCKER_HOST as the
+    engine fixture set them); Debian's 20.10 client speaks to both engines."""
+    client = "/usr/bin/docker" if Path("/usr/bin/docker").exists() else os.environ.get("IMGBUILD_DOCKER", "docker")
+    return subprocess.run([client, *args], capture_output=True, text=True, timeout=120)
+
+
+def _repository(ref: str) -> str:
+    """team/x of 127.0.0.1:5000/team/x:1 (what the image's title label says: the recipe's name)."""
+    name = ref.split("@", 1)[0]
+    if ":" in name.rsplit("/", 1)[-1]:
+        name = name.rsplit(":", 1)[0]
+    first, _, rest = name.partition("/")
+    return rest if rest and ("." in first or ":" in first or first == "localhost") else name
 
 
 @pytest.fixture
 def cleanup_images(docker_client):
-    """Collect image references; they are removed after the test (the base and cache stay)."""
+    """Collect image references; after the test they are removed, and so are the untagged images
+    built under their names (a rebuild of a tag leaves the image it replaced without one; the
+    base and the build cache stay)."""
     refs: list[str] = []
     yield refs
     for ref in refs:
-        subprocess.run(["/usr/bin/docker", "image", "rm", "-f", ref], capture_output=True)
+        _docker("image", "rm", "-f", ref)
+    for repo in sorted({_repository(ref) for ref in refs}):
+        old = _docker("image", "ls", "-aq", "--no-trunc", "--filter", "dangling=true", "--filter",
+                      f"label=org.opencontainers.image.title={repo}").stdout.split()
+        if old:
+            _docker("image", "rm", "-f", *old)
+
+
+# --- what a run leaves behind (issue 22 item 13) -------------------------------------------------
+# Every test removes what it creates. At the end of the session the run fails if anything it made
+# is still there: a folder in its temporary directory, or an image or container on an engine whose
+# name, title label or RUN_LABEL carries this run's mark (other runs share the engines and /tmp).
+
+RUN_TMP = Path(tempfile.gettempdir()) / f"imgbuild-test-{RUN_MARK}"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _run_temporary_directory(tmp_path_factory):
+    """Temporary files of this run (imgbuild's own included, which honour TMPDIR, in-process and
+    in subprocesses) go to RUN_TMP; pytest's tmp_path folders stay where they were."""
+    tmp_path_factory.getbasetemp()
+    RUN_TMP.mkdir(exist_ok=True)
+    before = (os.environ.get("TMPDIR"), tempfile.tempdir)
+    os.environ["TMPDIR"] = tempfile.tempdir = str(RUN_TMP)
+    yield RUN_TMP
+    if before[0] is None:
+        os.environ.pop("TMPDIR", None)
+    else:
+        os.environ["TMPDIR"] = before[0]
+    tempfile.tempdir = before[1]
+
+
+def run_leftovers(engines: list[str]) -> list[str]:
+    """What this run left: entries of RUN_TMP, and on each reachable engine the images (tagged or
+    not) and containers marked with RUN_MARK."""
+    found = [f"{p}" for p in sorted(RUN_TMP.iterdir())] if RUN_TMP.is_dir() else []
+    for name in engines:
+        settings = engine_settings(name)
+        env = {k: v for k, v in os.environ.items() if k != "DOCKER_HOST"}
+        if settings["DOCKER_HOST"]:
+            env["DOCKER_HOST"] = settings["DOCKER_HOST"]
+        client = "/usr/bin/docker" if Path("/usr/bin/docker").exists() else str(settings["IMGBUILD_DOCKER"])
+
+        def docker(*args: str, env=env, client=client) -> str | None:
+            try:
+                out = subprocess.run([client, *args], capture_output=True, text=True, timeout=60, env=env)
+            except (OSError, subprocess.TimeoutExpired):
+                return None
+            return out.stdout if out.returncode == 0 else None
+
+        tags = docker("image", "ls", "-a", "--format", "{{.Repository}}:{{.Tag}} {{.ID}}")
+        if tags is None:
+            continue  # no such engine here
+        found += [f"{name}: image {line}" for line in tags.splitlines() if RUN_MARK in line.split()[0]]
+        dangling = (docker("image", "ls", "-aq", "--no-trunc", "--filter", "dangling=true") or "").split()
+        for attrs in json.loads(docker("image", "inspect", *dangling) or "[]") if dangling else []:
+            labels = (attrs.get("Config") or {}).get("Labels") or {}
+            if RUN_MARK in labels.get("org.opencontainers.image.title", "") + labels.get(RUN_LABEL, ""):
+                found.append(f"{name}: untagged image {attrs['Id'][:19]} "
+                             f"({labels.get('org.opencontainers.image.title') or labels.get(RUN_LABEL)})")
+        containers = docker("ps", "-a", "--format", "{{.ID}} {{.Image}} {{.Names}} {{.Status}}") or ""
+        found += [f"{name}: container {line}" for line in containers.splitlines() if RUN_MARK in line]
+    return found
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_sessionfinish(session, exitstatus):
+    e2e = any(item.get_closest_marker("e2e") for item in session.items)
+    left = run_leftovers(ENGINE_NAMES if e2e else [])
+    session.config.stash[_LEFTOVERS] = left
+    shutil.rmtree(RUN_TMP, ignore_errors=True)
+    if left and session.exitstatus == 0:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    left = config.stash.get(_LEFTOVERS, [])
+    if left:
+        terminalreporter.section("left behind by this run (every test must remove what it creates)", red=True)
+        for line in left:
+            terminalreporter.write_line(line)
+        terminalreporter.write_line("(so this run fails)")
+
+
+_LEFTOVERS = pytest.StashKey[list]()
 
 
 E2E_FIXTURES = {"docker_client", "base_image", "registry", "cleanup_images", "engine"}

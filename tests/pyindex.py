@@ -58,13 +58,15 @@ class LocalIndex:
 
     # ------------------------------------------------------------------ content
     def add_wheel(self, name: str, version: str, tag: str = "py3-none-any", *, requires_dist=(),
-                  requires_python=None, extras=(), pep658: bool = False, padding: int = 0) -> Path:
+                  requires_python=None, extras=(), pep658: bool = False, padding: int = 0, files=()) -> Path:
         dist = re.sub(r"[-_.]+", "_", name)
         filename = f"{dist}-{version}-{tag}.whl"
         path = self.files_dir / filename
         meta = metadata_text(name, version, requires_dist, requires_python, extras)
         with zipfile.ZipFile(path, "w") as z:
             z.writestr(f"{dist}/__init__.py", "")
+            for member in files:   # e.g. bitsandbytes/libbitsandbytes_cuda118.so: names a test reads back
+                z.writestr(member, b"\x7fELF")
             if padding:   # incompressible bytes, stored: a wheel too big to read whole
                 z.writestr(zipfile.ZipInfo(f"{dist}/blob.bin"), os.urandom(padding), compress_type=zipfile.ZIP_STORED)
             z.writestr(f"{dist}-{version}.dist-info/METADATA", meta, compress_type=zipfile.ZIP_DEFLATED)

@@ -85,3 +85,34 @@ def test_to_json_keys():
 def test_unknown_cuda_raises():
     with pytest.raises(LookupError):
         check_compat("12.7", "550.54.15")
+
+
+# ---------------------------------------------------------------- unpublished native floors (issue 21: 2)
+@pytest.mark.parametrize(("cuda", "driver", "verdict"), [
+    ("13.3", "575.51.03", "incompatible"),   # below the 13.x minor-version floor
+    ("13.3", "580.65.06", "minor-version"),  # native floor unknown: only minor-version is claimed
+    ("13.3", "605.10.01", "minor-version"),
+    ("13.3", "610.43.02", "native"),         # the driver NVIDIA's own 13.3 installer bundles
+    ("13.4", "620.10.01", "minor-version"),  # no installer driver recorded: never claimed native
+])
+def test_unpublished_floor_verdicts(cuda, driver, verdict):
+    r = check_compat(cuda, driver)
+    assert (r.verdict, r.min_driver, r.min_driver_compat) == (verdict, None, "580")
+    if verdict == "minor-version":
+        assert r.message.startswith("native floor unknown") and ">= 580" in r.message
+
+
+def test_unpublished_floor_remedy_names_the_bundled_driver():
+    assert "610.43.02" in check_compat("13.3", "580.65.06").remedy
+    assert "released with or after CUDA 13.4" in check_compat("13.4", "580.65.06").remedy
+
+
+@pytest.mark.parametrize(("cuda", "driver_cuda", "verdict"), [
+    ("13.4", "13.4", "native"),        # the driver's own word: it runs CUDA 13.4
+    ("13.4", "13.5", "native"),
+    ("13.4", "13.3", "minor-version"),
+    ("12.4", "12.2", "minor-version"),  # 535 reports 12.2: below 12.4's floor as Table 3 says
+])
+def test_driver_reported_cuda_decides_native(cuda, driver_cuda, verdict):
+    driver = "535.104.05" if cuda.startswith("12") else "600.10.01"
+    assert check_compat(cuda, driver, driver_cuda=driver_cuda).verdict == verdict

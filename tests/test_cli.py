@@ -117,6 +117,25 @@ def test_check_without_a_gpu_says_how_to_give_the_driver(tmp_path, monkeypatch):
         assert f"imgbuild check {target.replace('=', ' ')} --driver {driver}" in err
 
 
+def test_plan_and_check_say_the_same_of_an_unpublished_floor(tmp_path):
+    """CUDA 13.3: plan, labels and check all say the native floor is unknown; the minor-version
+    floor and the driver NVIDIA's installer bundles are what is known (issue 21: 2)."""
+    recipe = write_recipe(tmp_path, 'name: t/x\ncuda: {version: "13.3", source: wheels}\n'
+                                    "base: {image: debian:bookworm-slim}\npython: \"3.11\"\n")
+    code, out, _ = run_cli("plan", str(recipe), "--offline")
+    assert code == 0
+    driver_line = next(line for line in out.splitlines() if line.strip().startswith("driver"))
+    assert "native floor unknown" in driver_line and ">= 580 with minor-version" in driver_line
+    assert ">= 610.43.02 known to run it natively" in driver_line
+    data = json.loads(run_cli("plan", str(recipe), "--offline", "--json")[1])
+    assert data["resolution"]["min_driver"] is None and data["resolution"]["native_driver"] == "610.43.02"
+    assert "io.imgbuild.cuda.driver.min" not in data["labels"]
+    rc, out, _ = run_cli("check", str(recipe), "--driver", "590.48.01")
+    assert rc == 0 and "minor-version" in out and "native floor unknown" in out
+    rc, out, _ = run_cli("check", str(recipe), "--driver", "610.43.02")
+    assert rc == 0 and "native on driver" in out
+
+
 def test_check_bad_input_exit_2():
     assert run_cli("check", "--cuda", "99.1", "--driver", "550.54.15")[0] == 2
     assert run_cli("check", "--cuda", "12.4", "--driver", "banana")[0] == 2

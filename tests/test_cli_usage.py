@@ -1,6 +1,9 @@
 """Usage errors a new user hits: exit 2, one clear message, no traceback, nothing half-written."""
 
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -183,3 +186,15 @@ def test_build_does_not_blame_a_tag_never_given():
     code, out, err = run_cli("build", DEMO, "--registry", "http://x:5/")
     _usage(code, out, err)
     assert "--tag" not in err
+
+
+def test_a_reader_that_goes_away_is_no_internal_error():
+    """`imgbuild plan ... | head -3`: the pipe closes under a write; imgbuild stops quietly with
+    SIGPIPE's status instead of reporting an internal error."""
+    read_fd, write_fd = os.pipe()
+    os.close(read_fd)  # the reader is gone before the first write
+    proc = subprocess.run([sys.executable, "-m", "buildkit_py", "render", str(REPO / "recipes" / "demo.yaml")],
+                          stdout=write_fd, stderr=subprocess.PIPE, text=True, timeout=60)
+    os.close(write_fd)
+    assert proc.returncode == 141, proc.stderr
+    assert proc.stderr == ""

@@ -86,7 +86,7 @@ def test_plan_prints_codes_and_json_has_them(tmp_path):
     code, out, err = run_cli("plan", str(path), "--json")
     assert code == 0, err
     warnings = json.loads(out)["warnings"]
-    assert [(w["code"], w["key"]) for w in warnings] == [("cuda-twice", "torch")]
+    assert [(w["code"], w["key"]) for w in warnings] == [("cuda-twice", "torch"), ("eol-image", "cuda.version")]
     assert warnings[0]["hint"] is None and "a second time" in warnings[0]["message"]
     code, out, err = run_cli("render", str(path))
     assert code == 0 and "warning: [cuda-twice] torch 2.4.1+cu124" in err
@@ -114,5 +114,6 @@ def test_build_json_reports_warning_codes(tmp_path, monkeypatch):
     path = write_recipe(tmp_path, NVIDIA_TORCH)
     code, out, err = run_cli("build", str(path), "--json", "--progress", "quiet")
     assert code == 0, err
-    assert [(w["code"], w["key"]) for w in json.loads(out)["warnings"]] == [("cuda-twice", "torch")]
+    assert [(w["code"], w["key"]) for w in json.loads(out)["warnings"]] == [("cuda-twice", "torch"),
+                                                                           ("eol-image", "cuda.version")]
     assert "warning: [cuda-twice] torch 2.4.1+cu124" in err

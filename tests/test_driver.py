@@ -109,3 +109,46 @@ def test_falls_back_to_smi_without_pynvml(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "pynvml", None)  # import raises ImportError
     fake_smi(tmp_path, monkeypatch, new=(0, "single_rtx4090.csv"))
     assert drv.read_host_driver().source == "nvidia-smi"
+
+
+BANNER = """\
++-----------------------------------------------------------------------------------------+
+| NVIDIA-SMI 550.54.15              Driver Version: 550.54.15      CUDA Version: 12.4     |
+|-----------------------------------------+------------------------+----------------------+
+"""
+
+
+@pytest.mark.parametrize(("text", "cuda"), [
+    (BANNER, "12.4"),
+    ("Driver Version                            : 580.95.05\nCUDA Version                              : 13.0\n",
+     "13.0"),   # nvidia-smi -q
+    ("| NVIDIA-SMI 470.82.01    Driver Version: 470.82.01    CUDA Version: N/A      |", None),
+    ("", None),
+])
+def test_driver_cuda_version_from_nvidia_smi(text, cuda):
+    assert drv.parse_smi_cuda_version(text) == cuda
+
+
+def test_nvidia_smi_reports_the_drivers_cuda(tmp_path, monkeypatch):
+    (tmp_path / "banner.txt").write_text(BANNER)
+    script = tmp_path / "nvidia-smi"
+    script.write_text(f"#!{sys.executable}\nimport sys\n"
+                      f"sys.stdout.write(open({str(FIX / 'multi_h100.csv')!r} if sys.argv[1:] else "
+                      f"{str(tmp_path / 'banner.txt')!r}).read())\n")
+    script.chmod(script.stat().st_mode | stat.S_IEXEC)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    assert read_nvidia_smi().cuda_version == "12.4"
+
+
+def test_nvml_reports_the_drivers_cuda(monkeypatch):
+    class FakeNvml:
+        def nvmlInit(self): pass
+        def nvmlShutdown(self): pass
+        def nvmlSystemGetDriverVersion(self): return "580.95.05"
+        def nvmlSystemGetCudaDriverVersion(self): return 13000
+        def nvmlDeviceGetCount(self): return 1
+        def nvmlDeviceGetHandleByIndex(self, i): return i
+        def nvmlDeviceGetName(self, h): return "NVIDIA H200"
+        def nvmlDeviceGetCudaComputeCapability(self, h): return (9, 0)
+    monkeypatch.setitem(sys.modules, "pynvml", FakeNvml())
+    assert drv.read_host_driver().cuda_version == "13.0"

@@ -2,6 +2,7 @@
 labels and env, run it with no network to prove libcudart loads by name, push it with auth
 and read the manifest back from the registry."""
 
+import base64
 import json
 import re
 import subprocess
@@ -18,6 +19,7 @@ version: "1.0"
 cuda:
   version: "12.4"
   source: wheels
+  flavor: base
 base:
   image: {base}
 python: "3.11"
@@ -119,17 +121,29 @@ def test_push_with_auth_and_read_manifest_back(project, registry, docker_config,
     assert json.loads(out)["verdict"] == "minor-version"
 
 
-def test_push_with_bad_credentials_exit_3(project, registry, docker_config, cleanup_images, monkeypatch,
-                                         unique_name):
-    monkeypatch.setenv("IMGBUILD_REGISTRY_USER", registry.user)
-    monkeypatch.setenv("IMGBUILD_REGISTRY_PASSWORD", "wrong-" + registry.password)
-    code, out, err = run_cli("build", str(project), "--registry", registry.address, "--push", "--progress", "quiet",
+@pytest.mark.parametrize("where", ["env", "docker-config"])
+def test_wrong_push_credentials_exit_3_before_anything_builds(project, registry, docker_config, docker_client,
+                                                              cleanup_images, monkeypatch, unique_name, where):
+    """Issue 22 item 5: wrong credentials were found only when the push began, after the whole
+    build (minutes for a torch image). Now the registry is asked before the engine builds:
+    exit 3, no step ran, no image was made."""
+    tag = f"{registry.address}/{unique_name}:1.0"
+    cleanup_images.append(tag)  # in case a build ran after all (the old code built and tagged it)
+    if where == "env":
+        monkeypatch.setenv("IMGBUILD_REGISTRY_USER", registry.user)
+        monkeypatch.setenv("IMGBUILD_REGISTRY_PASSWORD", "wrong-" + registry.password)
+    else:
+        auth = base64.b64encode(f"{registry.user}:wrong-{registry.password}".encode()).decode()
+        (docker_config / "config.json").write_text(json.dumps({"auths": {registry.address: {"auth": auth}}}))
+    code, out, err = run_cli("build", str(project), "--registry", registry.address, "--push", "--progress", "plain",
                              *CA_ARGS)
-    cleanup_images.append(f"{registry.address}/{unique_name}:1.0")  # built and tagged; only the push failed
     assert code == 3, err
-    assert "refused the credentials" in err and "imgbuild login" in err
+    assert f"cannot push {tag}: registry {registry.address} rejected the credentials of 'ci'" in err
+    assert "nothing was built" in err and "imgbuild login" in err
     assert err.startswith("imgbuild: error:")  # quiet: the error alone
     assert "wrong-" not in err and registry.password not in err
+    assert "#1 " not in err and "[final" not in err  # BuildKit never started: no step, not even the context
+    assert docker_client.images.list(name=tag) == []
 
 
 def test_app_only_change_reruns_only_app_steps(project, docker_client, cleanup_images, unique_name):

@@ -4,11 +4,10 @@ unsuffixed wheels loads libcudart by name, a devel flavor from CUDA 13 wheels co
 really inside it (ldconfig -p, pip list, python, /etc/os-release)."""
 
 import json
-import subprocess
 
 import pytest
 from conftest import on_engine
-from helpers import CA_ARGS, run_cli, write_recipe
+from helpers import CA_ARGS, assert_labels_true, image_sh, run_cli, tier_packages, write_recipe
 
 pytestmark = pytest.mark.e2e
 
@@ -27,53 +26,12 @@ int main() { int v = 0; cudaRuntimeGetVersion(&v); printf("%d\\n", v); return 0;
 """
 
 
-def _build(tmp_path, name, base, cuda, flavor="runtime", cudnn=None):
+def _build(tmp_path, name, base, cuda, flavor="base", cudnn=None):
     path = write_recipe(tmp_path, RECIPE.format(name=name, cuda=cuda, flavor=flavor, base=base,
                                                 cudnn=f', cudnn: "{cudnn}"' if cudnn else ""))
     code, out, err = run_cli("build", str(path), *CA_ARGS, "--json", "--progress", "quiet")
     assert code == 0, err
     return json.loads(out)
-
-
-def _sh(image_id, script, timeout=120):
-    out = subprocess.run(["/usr/bin/docker", "run", "--rm", "--network", "none", "--entrypoint", "sh", image_id,
-                          "-c", script], capture_output=True, text=True, timeout=timeout)
-    assert out.returncode == 0, out.stderr
-    return out.stdout
-
-
-def assert_labels_true(image_id, labels):
-    """Each io.imgbuild.* label that names content must match the image's content."""
-    facts = json.loads(_sh(image_id, "python - <<'EOF'\n"
-                           "import json, platform, subprocess, shutil\n"
-                           "from importlib import metadata\n"
-                           "pkgs = {d.metadata['Name'].lower(): d.version for d in metadata.distributions()}\n"
-                           "ld = subprocess.run(['ldconfig', '-p'], capture_output=True, text=True).stdout\n"
-                           "osr = dict(l.split('=', 1) for l in open('/etc/os-release').read().split() if '=' in l)\n"
-                           "print(json.dumps({'pkgs': pkgs, 'ld': ld, 'py': platform.python_version(),\n"
-                           "  'os': osr['ID'] + osr['VERSION_ID'].strip('\"'), 'nvcc': bool(shutil.which('nvcc'))}))\n"
-                           "EOF"))
-    checked = set()
-    mm = ".".join(labels["io.imgbuild.cuda.version"].split(".")[:2])
-    runtime = {n: v for n, v in facts["pkgs"].items() if n.startswith("nvidia-cuda-runtime")}
-    if labels.get("io.imgbuild.cuda.source") == "wheels":
-        assert runtime and all(v.startswith(mm + ".") for v in runtime.values()), runtime
-        assert f"libcudart.so.{mm.split('.')[0]}" in facts["ld"]
-        checked |= {"io.imgbuild.cuda.version", "io.imgbuild.cuda.source"}
-    cudnn = labels.get("io.imgbuild.cudnn.version")
-    if cudnn:
-        assert f"libcudnn.so.{cudnn}" in facts["ld"], "cuDNN label without libcudnn in the loader cache"
-        checked.add("io.imgbuild.cudnn.version")
-    else:
-        assert "libcudnn.so" not in facts["ld"]
-    assert facts["py"].startswith(labels["io.imgbuild.python.version"] + ".")
-    assert facts["os"].replace("debian", "debian") == labels["io.imgbuild.os"]
-    flavor = labels.get("io.imgbuild.cuda.flavor")
-    assert facts["nvcc"] == (flavor == "devel"), f"flavor {flavor} but nvcc on PATH: {facts['nvcc']}"
-    torch = labels.get("io.imgbuild.torch.version")
-    assert (facts["pkgs"].get("torch") or None) == (torch.split("+")[0] if torch else None)
-    checked |= {"io.imgbuild.python.version", "io.imgbuild.os", "io.imgbuild.cuda.flavor"}
-    return checked
 
 
 def test_cuda13_wheels_image_loads_libcudart_by_name(tmp_path, base_image, docker_client, cleanup_images,
@@ -82,10 +40,21 @@ def test_cuda13_wheels_image_loads_libcudart_by_name(tmp_path, base_image, docke
     cleanup_images.extend(report["tags"])
     labels = docker_client.images.get(report["image_id"]).labels
     assert labels["io.imgbuild.cuda.version"] == "13.0.3"
-    out = _sh(report["image_id"], "python -c \"import ctypes; ctypes.CDLL('libcudart.so.13'); print('cudart 13 loaded')\"")  # noqa: E501
+    out = image_sh(report["image_id"], "python -c \"import ctypes; ctypes.CDLL('libcudart.so.13'); print('cudart 13 loaded')\"")  # noqa: E501
     assert out.strip() == "cudart 13 loaded"
-    assert "nvidia-cuda-runtime==13.0.96" in _sh(report["image_id"], "pip list --format=freeze")
+    assert "nvidia-cuda-runtime==13.0.96" in image_sh(report["image_id"], "pip list --format=freeze")
     assert assert_labels_true(report["image_id"], labels) >= {"io.imgbuild.cuda.version", "io.imgbuild.cuda.source"}
+
+
+@on_engine("docker20")  # the labels come from the Dockerfile; the engine paths run on both above
+def test_cuda_13_4_image_claims_no_native_floor(tmp_path, base_image, docker_client, cleanup_images, unique_name):
+    """NVIDIA publishes no minimum driver for CUDA 13.4: no io.imgbuild.cuda.driver.min label, the
+    minor-version floor only (issue 21: 2); the checker holds every other label to the content."""
+    report = _build(tmp_path, unique_name, base_image, "13.4")
+    cleanup_images.extend(report["tags"])
+    labels = docker_client.images.get(report["image_id"]).labels
+    assert "io.imgbuild.cuda.driver.min" not in labels and labels["io.imgbuild.cuda.driver.min-compat"] == "580"
+    assert {"io.imgbuild.cuda.driver.min", "io.imgbuild.cuda.version"} <= assert_labels_true(report["image_id"], labels)
 
 
 @on_engine("docker20")  # what nvcc compiles does not depend on the engine; the build above runs on both
@@ -97,15 +66,25 @@ def test_devel_from_cuda13_wheels_compiles_with_nvcc(tmp_path, base_image, docke
     assert labels["io.imgbuild.cuda.flavor"] == "devel"
     script = (f"cat > /tmp/k.cu <<'EOF'\n{KERNEL}EOF\n"
               "nvcc -arch=sm_90a -o /tmp/k /tmp/k.cu && /tmp/k && echo $CUDA_HOME")
-    out = _sh(report["image_id"], script, timeout=300).split()
+    out = image_sh(report["image_id"], script, timeout=300).split()
     assert out == ["13000", "/usr/local/cuda"]
     assert_labels_true(report["image_id"], labels)
 
 
-@on_engine("docker26")  # ~1 GB of cuDNN wheels; the labels themselves are checked on both engines above
-def test_cudnn_label_is_backed_by_libcudnn(tmp_path, base_image, docker_client, cleanup_images, unique_name):
-    report = _build(tmp_path, unique_name, base_image, "13.0", cudnn="9")
+@on_engine("docker26")  # ~2 GB of wheels (the runtime tier, cuDNN); the labels are checked on both engines above
+def test_runtime_tier_and_cudnn_labels_are_backed_by_the_libraries(tmp_path, base_image, docker_client,
+                                                                   cleanup_images, unique_name):
+    """flavor: runtime from wheels carries NVIDIA's runtime tier (cuBLAS, cuFFT, cuRAND, cuSOLVER,
+    cuSPARSE, NPP, nvJPEG, NVRTC, nvJitLink, NVTX, cuFile, NCCL...), not only cudart (issue 21: 3);
+    the checker compares the whole set with wheels.json's tier."""
+    report = _build(tmp_path, unique_name, base_image, "13.0", flavor="runtime", cudnn="9")
     cleanup_images.extend(report["tags"])
     labels = docker_client.images.get(report["image_id"]).labels
-    assert labels["io.imgbuild.cudnn.version"] == "9"
+    assert (labels["io.imgbuild.cudnn.version"], labels["io.imgbuild.cuda.flavor"]) == ("9", "runtime")
     assert "io.imgbuild.cudnn.version" in assert_labels_true(report["image_id"], labels)
+    assert {"nvidia-cublas", "nvidia-npp", "nvidia-nvjpeg", "nvidia-nccl", "nvidia-cufft"} <= tier_packages(
+        "runtime", "13.0")
+    loaded = image_sh(report["image_id"], "python -c \"import ctypes; [ctypes.CDLL(n) for n in "
+                                          "('libcublas.so.13', 'libnppc.so.13', 'libnvjpeg.so.13', 'libnccl.so.2')]; "
+                                          "print('ok')\"")
+    assert loaded.strip() == "ok"

@@ -10,11 +10,10 @@ import subprocess
 import tarfile
 import tempfile
 import time
-import uuid
 
 import pytest
 from conftest import ENGINE_NAMES
-from helpers import run_cli
+from helpers import RUN_LABEL, RUN_MARK, run_cli, unique
 
 from buildkit_py import oci
 
@@ -43,7 +42,8 @@ def build_and_push(tmp_path, base: str, ref: str, built: list) -> None:
     (ctx / "Dockerfile").write_text(DOCKERFILE.format(base=base))
     (ctx / "v.txt").write_text("1")
     env = {"DOCKER_BUILDKIT": "1", "PATH": "/usr/bin:/bin", "DOCKER_CONFIG": str(tmp_path / "docker-config")}
-    subprocess.run(["/usr/bin/docker", "build", "-q", "--network", "host", "-t", ref, str(ctx)], check=True,
+    subprocess.run(["/usr/bin/docker", "build", "-q", "--network", "host", "--label", f"{RUN_LABEL}={RUN_MARK}",
+                    "-t", ref, str(ctx)], check=True,
                    capture_output=True, env=env)
     built.append(ref)
     subprocess.run(["/usr/bin/docker", "push", "-q", ref], check=True, capture_output=True, env=env)
@@ -122,7 +122,7 @@ def pulled_blobs(docker_client, ref: str) -> set[str]:
 
 def test_diff_matches_what_docker_pull_downloads(tmp_path, logged_in, base_image, docker_client,
                                                  cleanup_images, pushed, built_here):
-    name = f"{logged_in.address}/imgbuild-test/diff-{uuid.uuid4().hex[:8]}"
+    name = unique(f"{logged_in.address}/imgbuild-test/diff")
     a, b = f"{name}:a", f"{name}:b"
     pushed.extend([b, a])
     build_and_push(tmp_path, base_image, a, built_here)
@@ -226,7 +226,7 @@ def test_pull_time_estimates_match_a_timed_docker_pull(tmp_path, engine, logged_
     the pull; hence PULL_TOLERANCE = 50%. Not modelled: per-layer cost. A 3-layer target
     (2000 small files in one layer) came out 21%, 41% and 73% under, so both images here have
     one layer."""
-    name = f"{logged_in.address}/imgbuild-test/pull-{uuid.uuid4().hex[:8]}"
+    name = unique(f"{logged_in.address}/imgbuild-test/pull")
     calib, target = f"{name}:calib", f"{name}:target"
     cleanup_images.extend([calib, target])
     pushed.extend([calib, target])

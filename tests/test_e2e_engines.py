@@ -10,14 +10,14 @@ import subprocess
 import uuid
 
 import pytest
-from helpers import CA_ARGS, run_cli, write_recipe
+from helpers import CA_ARGS, RUN_LABEL, RUN_MARK, run_cli, unique, write_recipe
 
 from buildkit_py import oci
 
 RECIPE = """\
 name: {name}
 version: "1.0"
-cuda: {{version: "12.4", source: wheels}}
+cuda: {{version: "12.4", source: wheels, flavor: base}}
 base: {{image: {base}}}
 python: "3.11"
 copy:
@@ -87,6 +87,16 @@ def test_zstd_oci_provenance_push_and_inspect(project, logged_in, engine, cleanu
     index = json.loads(raw)
     kinds = [(m.get("annotations") or {}).get("vnd.docker.reference.type") for m in index["manifests"]]
     assert "attestation-manifest" in kinds  # provenance mode=min
+    # mirror copies that index whole: the same digest, the attestation manifest with it (issue 22 item 1)
+    copy = f"{logged_in.address}/{unique_name}-mirror:zstd"
+    code, out, err = run_cli("mirror", tag, copy, "--json", "--progress", "quiet")
+    assert code == 0, err
+    mirrored = json.loads(out)
+    assert mirrored["digest"] == mirrored["source_digest"] == digest and mirrored["same_digest"] is True
+    assert (mirrored["platforms"], mirrored["attestations"], mirrored["left_out"]) == (["linux/amd64"], 1, [])
+    assert oci.fetch_manifest(copy)[:2] == (raw, digest)
+    for entry in index["manifests"]:
+        assert oci.fetch_manifest(f"{logged_in.address}/{unique_name}-mirror@{entry['digest']}")[1] == entry["digest"]
     manifest, _, _ = oci.get_manifest(tag)
     assert manifest["mediaType"] == "application/vnd.oci.image.manifest.v1+json"
     assert {x["mediaType"] for x in manifest["layers"]} == {"application/vnd.oci.image.layer.v1.tar+zstd"}
@@ -110,7 +120,7 @@ def test_named_builder_of_a_docker_context(project, engine, docker_config, monke
     buildx_only(engine)
     if not engine.host:
         pytest.skip("needs an engine on a socket of its own to name in a context")
-    name = f"imgbuild-test-{uuid.uuid4().hex[:8]}"
+    name = unique("imgbuild-test")
     for argv in (["context", "create", name, "--docker", f"host={engine.host}"], ["context", "use", name]):
         proc = subprocess.run([engine.client, *argv], capture_output=True, text=True, check=False, timeout=60,
                               env={k: v for k, v in os.environ.items() if k != "DOCKER_HOST"})
@@ -131,10 +141,11 @@ def own_base(engine, base_image: str, folder) -> tuple[str, str]:
     every cache record of the builds above it is this test's alone (other tests and workers
     share the engine and its cache). Tagged debian:bookworm-...: the name tells imgbuild the OS."""
     marker = uuid.uuid4().hex[:16]
-    tag = f"debian:bookworm-imgbuild-test-{marker}"
+    tag = f"debian:bookworm-imgbuild-test-{RUN_MARK}-{marker}"
     folder.mkdir()
     (folder / "Dockerfile").write_text(f"FROM {base_image}\nRUN echo {marker} > /etc/imgbuild-test-marker\n")
-    proc = subprocess.run([*engine.buildx, "build", "--network", "host", "--output", f"type=docker,name={tag}",
+    proc = subprocess.run([*engine.buildx, "build", "--network", "host", "--label", f"{RUN_LABEL}={RUN_MARK}",
+                           "--output", f"type=docker,name={tag}",
                            str(folder)], capture_output=True, text=True, env=engine.environment(), check=False,
                           timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]

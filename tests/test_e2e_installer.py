@@ -21,7 +21,7 @@ DOCKER = "/usr/bin/docker"
 RECIPE = """\
 name: {name}
 version: "1.0"
-cuda: {{version: "12.4", source: wheels}}
+cuda: {{version: "12.4", source: wheels, flavor: base}}
 base: {{image: {base}}}
 python: "3.11"
 pip: [{pins}]

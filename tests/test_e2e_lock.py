@@ -8,11 +8,10 @@ import json
 import os
 import subprocess
 import time
-import uuid
 
 import pytest
 import yaml
-from helpers import run_cli, write_recipe
+from helpers import run_cli, unique, write_recipe
 from packaging.utils import canonicalize_name
 
 from buildkit_py import oci
@@ -26,6 +25,7 @@ version: "1.0"
 cuda:
   version: "12.4"
   source: wheels
+  flavor: base
 base:
   image: {base}
 python: "3.11"
@@ -45,7 +45,7 @@ def pushed_base(registry, docker_config, docker_client, base_image):
     code, _, err = run_cli("login", registry.address, "-u", registry.user, "--password-stdin",
                            stdin=registry.password + "\n")
     assert code == 0, err
-    ref = f"{registry.address}/imgbuild-test-{uuid.uuid4().hex[:8]}/debian:bookworm-slim"
+    ref = unique(f"{registry.address}/imgbuild-test") + "/debian:bookworm-slim"
     subprocess.run([DOCKER, "tag", base_image, ref], check=True, capture_output=True)
     push = subprocess.run([DOCKER, "push", ref], capture_output=True, text=True, check=False, timeout=300)
     assert push.returncode == 0, push.stderr

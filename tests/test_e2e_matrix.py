@@ -17,7 +17,7 @@ CA = "/etc/ssl/certs/ca-certificates.crt"
 RECIPE = """\
 name: {name}
 version: "1.0"
-cuda: {{version: "12.4", source: wheels}}
+cuda: {{version: "12.4", source: wheels, flavor: base}}
 base: {{image: {base}}}
 python: "3.11"
 pip: ["idna==3.7"]
@@ -119,7 +119,7 @@ def test_build_all_one_failure_keeps_the_others(tmp_path, base_image, docker_cli
 BAKE_RECIPE = """\
 name: {name}
 version: "1.0"
-cuda: {{version: "12.4", source: wheels}}
+cuda: {{version: "12.4", source: wheels, flavor: base}}
 base: {{image: {base}}}
 python: "3.11"
 labels: {{team: ml-platform}}
@@ -171,9 +171,13 @@ def test_bake_folder_builds_every_variant(tmp_path, logged_in, engine, base_imag
     assert (contexts / "idna3_8" / ".imgbuild-lock" / "final-pins.txt").is_file()  # the lock is used
     assert any((contexts / t / ".imgbuild" / "empty").is_file() for t in shared)
 
-    # bake with no -f reads docker-bake.json and compose.yaml (the host network) in the folder
+    # bake with no -f reads docker-bake.json and compose.yaml (the host network) in the folder.
+    # buildx 0.13 writes each dockerfile-inline to a folder in TMPDIR and leaves it there: this
+    # test's own, not the run's (conftest fails a run on what it leaves in its TMPDIR).
+    (tmp_path / "buildx-tmp").mkdir()
     proc = subprocess.run([*engine.buildx, "bake", "--progress", "plain"], capture_output=True, text=True,
-                          env=engine.environment(), check=False, timeout=900, cwd=folder)
+                          env={**engine.environment(), "TMPDIR": str(tmp_path / "buildx-tmp")}, check=False,
+                          timeout=900, cwd=folder)
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert "--mount=type=bind,source=.imgbuild-lock/final-pins.txt" in proc.stderr
     for vid, v in announced.items():

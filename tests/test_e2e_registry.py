@@ -1,14 +1,17 @@
 """Shared bases and mirrors against the real registry with htpasswd auth: a base published
 by imgbuild, then used by a derived recipe and pinned by digest; a mismatched base refused;
-a mirrored base that survives deletion of its upstream tag."""
+a mirrored base that survives deletion of its upstream tag; a base that cannot be read stops
+the plan with the registry's reason."""
 
+import base64
 import json
 import os
+import socket
 import subprocess
 from pathlib import Path
 
 import pytest
-from helpers import CA_ARGS, run_cli, write_recipe
+from helpers import CA_ARGS, assert_labels_true, run_cli, write_recipe
 
 from buildkit_py import oci
 
@@ -25,7 +28,7 @@ def test_shared_base_pinned_by_digest_and_checked(tmp_path, logged_in, base_imag
     base_recipe = write_recipe(tmp_path / "base", f"""\
 name: {unique_name}-base
 version: "1"
-cuda: {{version: "12.4", source: wheels}}
+cuda: {{version: "12.4", source: wheels, flavor: base}}
 base: {{image: {base_image}}}
 python: "3.11"
 labels: {{team: platform}}
@@ -39,7 +42,7 @@ labels: {{team: platform}}
     derived = write_recipe(tmp_path / "app", f"""\
 name: {unique_name}-app
 version: "1"
-cuda: {{version: "12.4", source: wheels}}
+cuda: {{version: "12.4", source: wheels, flavor: base}}
 base: {{image: {base_ref}}}
 python: "3.11"
 copy: [{{src: src/, dest: /app}}]
@@ -75,9 +78,24 @@ entrypoint: ["python", "/app/main.py"]
     assert code == 0, err
     cleanup_images.extend(t for v in json.loads(out)["variants"] for t in v["tags"])
 
+    # source: nvidia on the shared base: CUDA, tier and OS come from the base's labels, never guessed,
+    # and every label of the image is checked against what is inside it (issue 21: 1)
+    on_cuda_base = write_recipe(tmp_path / "nv", f"""\
+name: {unique_name}-nv
+version: "1"
+cuda: {{version: "12.4", source: nvidia, flavor: base}}
+base: {{image: {base_ref}}}
+python: "3.11"
+""")
+    nv = build_json(str(on_cuda_base))
+    cleanup_images.extend(nv["tags"])
+    nv_labels = docker_client.images.get(nv["image_id"]).labels
+    assert (nv_labels["io.imgbuild.cuda.version"], nv_labels["io.imgbuild.cuda.source"]) == ("12.4.1", "nvidia")
+    assert_labels_true(nv["image_id"], nv_labels)
+
     mismatched = write_recipe(tmp_path / "bad", f"""\
 name: {unique_name}-bad
-cuda: {{version: "12.1", source: wheels}}
+cuda: {{version: "12.1", source: wheels, flavor: base}}
 base: {{image: {base_ref}}}
 python: "3.11"
 """)
@@ -104,6 +122,16 @@ def test_mirror_survives_upstream_deletion(tmp_path, logged_in, base_image, uniq
     _, digest, _ = oci.get_manifest(mirrored["dest"])
     assert digest == pushed.digest
 
+    # a base in a registry whose config shows no CUDA cannot be a source: nvidia base (issue 21: 1)
+    plain = write_recipe(tmp_path / "plain", f"""\
+name: {unique_name}-plain
+cuda: {{version: "12.4", source: nvidia}}
+base: {{image: {upstream}}}
+python: "3.11"
+""")
+    code, _, err = run_cli("plan", str(plain))
+    assert code == 2 and "base.image" in err and "it carries no CUDA" in err, err
+
     oci.delete_manifest(f"{reg}/{unique_name}/upstream/debian@{pushed.digest}")
     from buildkit_py.errors import RegistryError
 
@@ -111,7 +139,7 @@ def test_mirror_survives_upstream_deletion(tmp_path, logged_in, base_image, uniq
         oci.get_manifest(upstream)
     recipe = write_recipe(tmp_path, f"""\
 name: {unique_name}-mirrored
-cuda: {{version: "12.4", source: wheels}}
+cuda: {{version: "12.4", source: wheels, flavor: base}}
 base: {{image: {upstream}, mirror: {mirror_prefix}, os: debian12}}
 python: "3.11"
 """)
@@ -126,6 +154,10 @@ python: "3.11"
 def test_mirror_usage_errors():
     assert run_cli("mirror", "a/b:1")[0] == 2
     assert run_cli("mirror", "a/b:1", "c/d:1", "--to-mirror", "r/m")[0] == 2
+    code, _, err = run_cli("mirror", "a/b:1", "c/d:1", "--platform", "linux")
+    assert code == 2 and "not OS/ARCH" in err
+    code, _, err = run_cli("mirror", "a/b:1", "c/d:1", "--platform", "linux/amd64", "--all-platforms")
+    assert code == 2 and "contradict" in err
 
 
 def test_run_pulls_weights_once_and_mounts_them_read_only(tmp_path, logged_in, base_image, unique_name,
@@ -153,7 +185,7 @@ def test_run_pulls_weights_once_and_mounts_them_read_only(tmp_path, logged_in, b
 
     recipe = write_recipe(tmp_path / "app", f"""\
 name: {unique_name}-run
-cuda: {{version: "12.4", source: wheels}}
+cuda: {{version: "12.4", source: wheels, flavor: base}}
 base: {{image: {base_image}}}
 python: "3.11"
 weights: [{{ref: "{ref}", mount: /models/tiny}}]
@@ -174,3 +206,59 @@ weights: [{{ref: "{ref}", mount: /models/tiny}}]
     assert "0 B downloaded, 2 files already present" in second.stderr
     assert (tmp_path / "vol").is_dir() and "model.safetensors" not in json.dumps(
         subprocess.run(["/usr/bin/docker", "history", "--no-trunc", image], capture_output=True, text=True).stdout)
+
+
+def _base_recipe(folder: Path, image: str, extra: str = "") -> Path:
+    return write_recipe(folder, f"""\
+name: app
+version: "1"
+cuda: {{version: "12.4.1", source: wheels}}
+base:
+  image: {image}
+{extra}python: "3.11"
+""")
+
+
+@pytest.mark.parametrize("os_line", ["", "  os: debian12\n"], ids=["no-os", "base.os"])
+def test_unreadable_base_says_the_registrys_reason_first(tmp_path, logged_in, unique_name, os_line):
+    """Issue 22 item 2: a base the registry could not give (wrong credentials, missing tag) was
+    refused with "cannot tell which OS; set base.os", and once base.os was set the real reason
+    was only a warning and the plan passed. Now the registry's reason comes first: exit 2 at
+    base.image (file:line) for a missing tag, exit 3 for credentials or an unreachable registry."""
+    missing = f"{logged_in.address}/{unique_name}/team-base:nope"
+    recipe = _base_recipe(tmp_path, missing, os_line)
+    code, out, err = run_cli("plan", str(recipe), "--json")
+    assert code == 2, err
+    assert err.startswith(f"imgbuild: error: {recipe}:5: base.image: the base image {missing} is not in its "
+                          "registry (MANIFEST_UNKNOWN: manifest unknown)"), err
+    assert "cannot tell which OS" not in err
+    doc = json.loads(out)
+    assert (doc["error"], doc["exit_code"]) == ("BaseImageNotFound", 2)
+    assert [(i["line"], i["key"]) for i in doc["issues"]] == [(5, "base.image")]
+
+    (tmp_path / "wrong").mkdir()
+    (tmp_path / "wrong" / "config.json").write_text(json.dumps({"auths": {logged_in.address: {
+        "auth": base64.b64encode(f"{logged_in.user}:wrong-{logged_in.password}".encode()).decode()}}}))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("DOCKER_CONFIG", str(tmp_path / "wrong"))
+        code, _, err = run_cli("plan", str(recipe))
+    assert code == 3, err
+    assert err.startswith(f"imgbuild: error: cannot read the base image {missing} ({recipe}:5: base.image): "
+                          f"registry {logged_in.address} rejected the credentials of 'ci'"), err
+    assert "cannot tell which OS" not in err and "wrong-" not in err
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        closed = s.getsockname()[1]
+    code, _, err = run_cli("plan", str(_base_recipe(tmp_path / "down", f"127.0.0.1:{closed}/team/base:1", os_line)))
+    assert code == 3, err
+    assert "cannot reach registry" in err and "cannot tell which OS" not in err
+
+
+def test_base_missing_from_the_mirror_names_base_mirror_and_how_to_fill_it(tmp_path, logged_in, unique_name):
+    mirror = f"{logged_in.address}/{unique_name}/mirror"
+    recipe = _base_recipe(tmp_path, "ghcr.io/team/base:1", f"  mirror: {mirror}\n  os: debian12\n")
+    code, _, err = run_cli("plan", str(recipe))
+    assert code == 2, err
+    assert f"{recipe}:6: base.mirror: the base image {mirror}/team/base:1 is not in its registry" in err
+    assert f"hint: copy it into the mirror first: imgbuild mirror ghcr.io/team/base:1 --to-mirror {mirror}" in err

@@ -26,7 +26,7 @@ def test_torch_image_reports_what_its_labels_say(tmp_path, engine, base_image, u
     recipe = write_recipe(tmp_path, f"""\
 name: {unique_name}-torch
 version: "{TORCH}"
-cuda: {{version: "13.0", source: wheels}}
+cuda: {{version: "13.0", source: wheels, flavor: base}}
 base: {{image: {base_image}}}
 python: "3.11"
 torch: "{TORCH}"

@@ -15,6 +15,7 @@ import os
 import shutil
 import signal
 import subprocess
+import tempfile
 import threading
 import time
 import uuid
@@ -23,7 +24,7 @@ from pathlib import Path
 import pytest
 import requests
 from conftest import unavailable
-from helpers import run_cli, write_recipe
+from helpers import RUN_LABEL, RUN_MARK, run_cli, unique, write_recipe
 
 from buildkit_py.cli.main import main
 from buildkit_py.engine.push import push_image
@@ -139,9 +140,8 @@ def own_registry(tmp_path, monkeypatch):
 @pytest.fixture(scope="module")
 def layered_image(docker_client, base_image):
     """A local image with three random layers (1, 2 and 8 MB) on the base; removed afterwards."""
-    ref = f"imgbuild-fault/{uuid.uuid4().hex[:10]}:src"
-    ctx = Path(f"/tmp/imgbuild-fault-{uuid.uuid4().hex[:8]}")
-    ctx.mkdir()
+    ref = unique("imgbuild-fault/layered") + ":src"
+    ctx = Path(tempfile.mkdtemp(prefix="imgbuild-fault-"))
     (ctx / "Dockerfile").write_text(
         f"FROM {base_image} AS partial\n"
         "RUN head -c 1000000 /dev/urandom > /a\n"
@@ -150,7 +150,8 @@ def layered_image(docker_client, base_image):
         "RUN head -c 8000000 /dev/urandom > /c\n")
     env = {**os.environ, "DOCKER_BUILDKIT": "1"}
     for target, tag in (("partial", ref + "-partial"), (None, ref)):
-        out = subprocess.run([DOCKER, "build", "--network", "none", "-q", "-t", tag, str(ctx)]
+        out = subprocess.run([DOCKER, "build", "--network", "none", "-q", "--label", f"{RUN_LABEL}={RUN_MARK}",
+                              "-t", tag, str(ctx)]
                              + (["--target", target] if target else []),
                              capture_output=True, text=True, env=env, timeout=300)
         assert out.returncode == 0, out.stderr
@@ -286,13 +287,13 @@ def _assert_disk_full_error(err: RegistryError, reg: OwnRegistry) -> None:
 @pytest.fixture(scope="module")
 def tiny_image(docker_client):
     """FROM scratch with two small random files: it fits a 20 MB registry store."""
-    ref = f"imgbuild-fault/{uuid.uuid4().hex[:10]}:tiny"
-    ctx = Path(f"/tmp/imgbuild-fault-{uuid.uuid4().hex[:8]}")
-    ctx.mkdir()
+    ref = unique("imgbuild-fault/tiny") + ":tiny"
+    ctx = Path(tempfile.mkdtemp(prefix="imgbuild-fault-"))
     (ctx / "a").write_bytes(os.urandom(300_000))
     (ctx / "b").write_bytes(os.urandom(600_000))
     (ctx / "Dockerfile").write_text("FROM scratch\nCOPY a /a\nCOPY b /b\n")
-    out = subprocess.run([DOCKER, "build", "-q", "-t", ref, str(ctx)], capture_output=True, text=True,
+    out = subprocess.run([DOCKER, "build", "-q", "--label", f"{RUN_LABEL}={RUN_MARK}", "-t", ref, str(ctx)],
+                         capture_output=True, text=True,
                          env={**os.environ, "DOCKER_BUILDKIT": "1"}, timeout=120)
     shutil.rmtree(ctx, ignore_errors=True)
     assert out.returncode == 0, out.stderr
@@ -348,7 +349,7 @@ def test_registry_disk_full_during_upload_clear_error_no_tag(docker_client, own_
 RECIPE = """\
 name: {name}
 version: "1.0"
-cuda: {{version: "12.4", source: nvidia}}
+cuda: {{version: "12.4", source: wheels, flavor: base}}
 base: {{image: debian:bookworm-slim}}
 python: "3.11"
 apt: [{apt}]
@@ -440,8 +441,7 @@ def second_engine(docker_client, base_image, engine, monkeypatch):
     monkeypatch.setenv("IMGBUILD_DOCKER", "/usr/bin/docker")
     if not ROOTFS.exists():
         unavailable(f"{ROOTFS} (the base's rootfs tar) is missing")
-    root = Path(f"/tmp/imgbuild-d2-{uuid.uuid4().hex[:8]}")  # short: unix socket paths are limited
-    root.mkdir()
+    root = Path(tempfile.mkdtemp(prefix="imgbuild-d2-"))  # short: unix socket paths are limited
     engine = SecondEngine(root)
     try:
         engine.start()
@@ -496,8 +496,8 @@ def test_engine_killed_mid_build_clear_error_and_no_tag(tmp_path, second_engine)
 def test_engine_disk_full_clear_error_and_no_tag(tmp_path):
     if os.geteuid() != 0 or not ROOTFS.exists():
         unavailable("needs root and the base rootfs tar")
-    root = Path(f"/tmp/imgbuild-d3-{uuid.uuid4().hex[:8]}")
-    (root / "data").mkdir(parents=True)
+    root = Path(tempfile.mkdtemp(prefix="imgbuild-d3-"))
+    (root / "data").mkdir()
     # room for the base (~180 MB) and little else: apt's lists and packages do not fit
     size = ROOTFS.stat().st_size // 2**20 + 40
     mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}m", "tmpfs", str(root / "data")],

@@ -254,7 +254,8 @@ def test_lint_clean_recipe_exit_0(tmp_path):
 
 
 def test_lint_findings_unpinned_apt_devel_and_cuda_twice(tmp_path):
-    code, out, err = lint(tmp_path, "--json", source="nvidia", flavor="devel", image="ubuntu:22.04", python="3.10",
+    code, out, err = lint(tmp_path, "--json", source="nvidia", flavor="devel",
+                          image="nvidia/cuda:12.4.1-devel-ubuntu22.04", python="3.10",
                           extra='torch: "2.4.1"\napt: [git, "curl=7.81.0-1ubuntu1.16"]\n')
     assert code == 0, err  # warnings only
     data = json.loads(out)

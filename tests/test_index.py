@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import io
 import json
+import subprocess
 
 import pytest
 from helpers import write_recipe
+from packaging.version import Version
 from pyindex import LocalIndex
 
 from buildkit_py.cli.main import main
-from buildkit_py.compat import index, live, refresh, tables
+from buildkit_py.compat import fa_repo, index, live, refresh, tables
 from buildkit_py.errors import PackageIndexError
 
 LINUX = 'platform_system == "Linux"'
@@ -164,7 +166,7 @@ def test_refresh_against_local_index(ix):
     assert new_torch["2.4.1"]["variants"] == {"cu118": "11.8", "cu121": "12.1", "cu124": "12.4"}
     assert [r["version"] for r in report.files["torch.json"]["releases"]][-2:] == ["2.15.0", "2.16.0"]
     tk = {t["version"]: t for t in report.files["toolkits.json"]["toolkits"]}["13.6.0"]
-    assert (tk["linux_min_driver"], tk["min_driver_basis"]) == ("580", "minor-compat")
+    assert (tk["linux_min_driver"], tk["min_driver_basis"]) == (None, "unpublished")
     ws = {r["toolkit"]: r for r in report.files["wheels.json"]["releases"]}["13.6.0"]
     assert ws["extras"]["cudart"] == {"nvidia-cuda-runtime": "13.6.20.post1"}
     assert ws["extras"]["nvcc"]["nvidia-cuda-nvcc"] == "13.6.20.post1" and ws["meta_package"] == "cuda-toolkit==13.6.0"
@@ -175,6 +177,187 @@ def test_refresh_against_local_index(ix):
     assert any("flash-attn 2.9.0" in r for r in report.review) and any("flash-attn 2.8.10" in r for r in report.review)
     assert report.files["torch.json"]["as_of"] == "2026-12-24"
     refresh.validate_files({n: refresh.dump(raw) for n, raw in report.files.items()})
+
+
+# A flash-attention tag as the refresh reads it: publish.yml's matrix and wheel name, setup.py's nvcc
+# floor, -gencode list and -std, the README's requirements (shaped like tag v2.8.3's files).
+SMALL_MATRIX = """\
+          python-version: ['3.10', '3.11']
+          torch-version: ['2.4.0', '2.5.1', '2.6.0.dev20241001']
+          cuda-version: ['12.9.1']
+          cxx11_abi: ['FALSE', 'TRUE']
+          exclude:
+            - torch-version: '2.4.0'
+              python-version: '3.11'
+"""
+# tag v2.6.3's, as published: 5 Pythons x 5 torch x 2 CUDA x 2 ABIs minus three excludes
+V2_6_3_MATRIX = """\
+          python-version: ['3.8', '3.9', '3.10', '3.11', '3.12']
+          torch-version: ['2.0.1', '2.1.2', '2.2.2', '2.3.1', '2.4.0']
+          cuda-version: ['11.8.0', '12.3.2']
+          cxx11_abi: ['FALSE', 'TRUE']
+          exclude:
+            - torch-version: '2.0.1'
+              python-version: '3.12'
+            - torch-version: '2.1.2'
+              python-version: '3.12'
+            - torch-version: '2.0.1'
+              cuda-version: '12.3.2'
+"""
+
+
+def publish_yml(matrix: str, cuda_label: str = "WHEEL_CUDA_VERSION") -> str:
+    return ("name: Build wheels and deploy\njobs:\n  build_wheels:\n    strategy:\n      fail-fast: false\n"
+            "      matrix:\n          os: [ubuntu-22.04]\n" + matrix +
+            "    steps:\n      - name: Build wheel\n        run: |\n"
+            "          tmpname=cu${" + cuda_label + "}torch${MATRIX_TORCH_VERSION}cxx11abi${{ matrix.cxx11_abi}}\n")
+
+
+SETUP_PY = """\
+    if CUDA_HOME is not None:
+        _, bare_metal_version = get_cuda_bare_metal_version(CUDA_HOME)
+        if bare_metal_version < Version("11.7"):
+            raise RuntimeError("FlashAttention is only supported on CUDA 11.7 and above.")
+    if "80" in cuda_archs():
+        cc_flag.append("-gencode")
+        cc_flag.append("arch=compute_80,code=sm_80")
+    if CUDA_HOME is not None:
+        if bare_metal_version >= Version("11.8") and "90" in cuda_archs():
+            cc_flag.append("-gencode")
+            cc_flag.append("arch=compute_90,code=sm_90")
+        if bare_metal_version >= Version("12.8") and "100" in cuda_archs():
+            cc_flag.append("-gencode")
+            cc_flag.append("arch=compute_100,code=sm_100")
+    nvcc_flags = [
+    "-O3",
+    "-std=c++17",
+    ]
+"""
+README = """\
+**Requirements:**
+- CUDA toolkit or ROCm toolkit
+- PyTorch 2.2 and above.
+
+FlashAttention-2 with CUDA currently supports:
+1. Ampere, Ada, or Hopper GPUs (e.g., A100, RTX 3090, RTX 4090, H100). Support for Turing
+   GPUs (T4, RTX 2080) is coming soon, please use FlashAttention 1.x for Turing
+"""
+
+
+def _fa_repo(path) -> str:
+    """A git repository with tag v2.7.3 holding the three files the refresh reads."""
+    git = ["git", "-c", "user.email=t@example.invalid", "-c", "user.name=t", "-C", str(path)]
+    (path / ".github" / "workflows").mkdir(parents=True)
+    (path / ".github" / "workflows" / "publish.yml").write_text(publish_yml(SMALL_MATRIX))
+    (path / "setup.py").write_text(SETUP_PY)
+    (path / "README.md").write_text(README)
+    subprocess.run(["git", "init", "-q", str(path)], check=True)
+    subprocess.run([*git, "add", "-A"], check=True)
+    subprocess.run([*git, "commit", "-q", "-m", "v2.7.3"], check=True)
+    subprocess.run([*git, "tag", "v2.7.3"], check=True)
+    return str(path)
+
+
+def _bnb_libs(*cuda: str, nocublaslt=()) -> list[str]:
+    return [f"bitsandbytes/libbitsandbytes_cuda{c}.so" for c in cuda] + \
+        [f"bitsandbytes/libbitsandbytes_cuda{c}_nocublaslt.so" for c in nocublaslt]
+
+
+@pytest.fixture
+def middle(ix):
+    """The index above, also serving releases the data has on both sides of one it lacks (flash-attn
+    2.7.3, bitsandbytes 0.41.3.post1): the refresh used to report only releases newer than the newest known."""
+    for v in ("2.7.2.post1", "2.7.3", "2.7.4.post1"):
+        ix.add_sdist("flash-attn", v, requires_python=">=3.9")
+    libs = ("110", "111", "114", "115", "117", "118", "120", "121", "122")
+    ix.add_wheel("bitsandbytes", "0.41.3", files=_bnb_libs(*libs, nocublaslt=libs))
+    ix.add_wheel("bitsandbytes", "0.41.3.post1", files=_bnb_libs("102", *libs, nocublaslt=libs[:-1]))
+    ix.add_wheel("bitsandbytes", "0.41.3.post2", files=_bnb_libs(*libs[:-1], nocublaslt=libs))
+    data = _shipped()
+    data["flash_attn.json"]["releases"] = [r for r in data["flash_attn.json"]["releases"] if r["version"] != "2.7.3"]
+    data["bitsandbytes.json"]["releases"] = [r for r in data["bitsandbytes.json"]["releases"]
+                                             if r["version"] != "0.41.3.post1"]
+    return ix, data
+
+
+def test_refresh_adds_a_release_missing_in_the_middle(middle, tmp_path):
+    served, data = middle
+    report = refresh.refresh(index.IndexClient(served.url), data, today="2026-12-24",
+                             flash_attn_repo=_fa_repo(tmp_path / "fa"))
+    by = {(c.file, c.key): c.what for c in report.changes}
+    assert by[("flash_attn.json", "2.7.3")] == "new release (from the index and tag v2.7.3: 10 release wheels)"
+    fa = {r["version"]: r for r in report.files["flash_attn.json"]["releases"]}["2.7.3"]
+    assert {k: fa[k] for k in ("python", "torch", "cuda", "archs", "cxx_std")} == {
+        "python": ">=3.9", "torch": ">=2.2", "cuda": ">=11.7", "archs": ["8.0", "8.6", "8.9", "9.0", "10.0"],
+        "cxx_std": 17}
+    assert fa["gencode"] == [{"sm": "8.0", "nvcc": ""}, {"sm": "9.0", "nvcc": ">=11.8"},
+                             {"sm": "10.0", "nvcc": ">=12.8"}]
+    assert [(w["torch_build"], w["python"], w["cxx11abi"]) for w in fa["prebuilt"]] == [
+        ("2.4.0", ["3.10"], [False, True]), ("2.5.1", ["3.10", "3.11"], [False, True]),
+        ("2.6.0.dev20241001", ["3.10", "3.11"], [False, True])]
+    assert {(w["cuda"], w["build_cuda"]) for w in fa["prebuilt"]} == {("12", "12.9.1")}
+    assert "2.6.0.dev20241001" in fa["notes"] and "partial" not in fa and served.url in fa["source"]
+    # bitsandbytes: the libraries from the wheel's zip listing (CUDA 10.2: no toolkit imgbuild knows)
+    bnb = {r["version"]: r for r in report.files["bitsandbytes.json"]["releases"]}
+    new = bnb["0.41.3.post1"]
+    assert new["cuda"] == ["11.0", "11.1", "11.4", "11.5", "11.7", "11.8", "12.0", "12.1", "12.2"]
+    assert new["cuda_nocublaslt"] == new["cuda"][:-1] and "CUDA 10.2" in new["notes"]
+    assert new["partial"].startswith("added by imgbuild data refresh") and new["python"] == ""
+    assert by[("bitsandbytes.json", "0.41.3.post1")] == "new release, partial (CUDA libraries 11.0, 11.1, 11.4, " \
+                                                        "11.5, 11.7, 11.8, 12.0, 12.1, 12.2)"
+    # a known release whose wheel carries other libraries than the data says
+    assert by[("bitsandbytes.json", "0.41.3.post2")].endswith("-> ['11.0', '11.1', '11.4', '11.5', '11.7', '11.8', "
+                                                               "'12.0', '12.1'] (the wheel's CUDA libraries)")
+    assert ("bitsandbytes.json", "0.41.3") not in by
+    assert any(r.startswith("flash-attn 2.6.3: in flash_attn.json but not a release on the index")
+               for r in report.review)
+    refresh.validate_files({n: refresh.dump(raw) for n, raw in report.files.items()})
+
+
+def test_refresh_without_the_repository_adds_a_partial_row(middle):
+    served, data = middle
+    report = refresh.refresh(index.IndexClient(served.url), data, today="2026-12-24")
+    fa = {r["version"]: r for r in report.files["flash_attn.json"]["releases"]}["2.7.3"]
+    assert fa["partial"].startswith("known from the package index only (no flash-attention repository given "
+                                    "(--flash-attn-repo))")
+    assert set(fa) == {"version", "python", "partial", "source", "read"}
+    assert any(r.startswith("flash-attn 2.7.3: partial row") for r in report.review)
+
+
+def test_refresh_fills_a_partial_row_from_its_tag(middle, tmp_path):
+    served, data = middle
+    data["flash_attn.json"]["releases"].append({"version": "2.7.3", "python": ">=3.9", "partial": "index only",
+                                                "source": "the index", "read": "2026-12-01"})
+    data["flash_attn.json"]["releases"].sort(key=lambda r: Version(r["version"]))
+    report = refresh.refresh(index.IndexClient(served.url), data, today="2026-12-24",
+                             flash_attn_repo=_fa_repo(tmp_path / "fa"))
+    assert [c.what for c in report.changes if c.key == "2.7.3"] == [
+        "was partial, now filled (from the index and tag v2.7.3: 10 release wheels)"]
+    row = {r["version"]: r for r in report.files["flash_attn.json"]["releases"]}["2.7.3"]
+    assert "partial" not in row and row["cxx_std"] == 17 and row["read"] == "2026-12-24"
+
+
+def test_cli_refresh_fills_flash_attn_from_the_repository(middle, tmp_path):
+    served, _ = middle
+    out = io.StringIO()
+    assert main(["data", "refresh", "--index-url", served.url, "--flash-attn-repo", _fa_repo(tmp_path / "fa")],
+                out, io.StringIO()) == 0
+    # the shipped data has every release this index serves: nothing new, but the tag read here differs
+    # from the real v2.7.3 (10 wheels, not 100): the refresh reports the difference
+    assert "flash_attn.json: 2.7.3: prebuilt: 100 -> 10 release wheels (v2.7.3 publish.yml)" in out.getvalue()
+    err = io.StringIO()
+    assert main(["data", "refresh", "--index-url", served.url, "--flash-attn-repo", str(tmp_path)],
+                io.StringIO(), err) == 3
+    assert "not a git repository" in err.getvalue()
+
+
+def test_publish_matrix_of_v2_6_3_is_84_wheels():
+    wheels, why = fa_repo.publish_matrix(publish_yml(V2_6_3_MATRIX, "MATRIX_CUDA_VERSION"))
+    assert why is None and fa_repo.combinations(wheels) == 84
+    assert {w["cuda"] for w in wheels} == {"11.8", "12.3"}
+    assert not any(w["torch"] == "2.0" and w["cuda"] == "12.3" for w in wheels)
+    unnamed = publish_yml(V2_6_3_MATRIX).replace("cxx11abi${{ matrix.cxx11_abi}}", "")
+    assert fa_repo.publish_matrix(unnamed)[1].startswith("publish.yml names its wheels without")
 
 
 def test_cli_refresh_writes_data_that_loads(ix, tmp_path):
@@ -189,7 +372,10 @@ def test_cli_refresh_writes_data_that_loads(ix, tmp_path):
     assert main(["data", "refresh", "--index-url", ix.url, "--write", "--data-dir", str(data), "--json"],
                 out, io.StringIO()) == 0
     report = json.loads(out.getvalue())
-    assert sorted(report["written"]) == ["images.json", "toolkits.json", "torch.json", "wheels.json"]
+    # this index serves flash-attn 2.9.0/2.8.10 and bitsandbytes 0.49.9/0.49.10/0.51.0, which the data lacks:
+    # they are added as partial rows (the data then still loads; plans refuse them)
+    assert sorted(report["written"]) == ["bitsandbytes.json", "flash_attn.json", "images.json", "toolkits.json",
+                                         "torch.json", "wheels.json"]
     rows = json.loads((data / "torch.json").read_text())["releases"]
     assert rows[-1]["version"] == "2.16.0" and rows[-1]["pypi_variant"] == "cu135"
 
@@ -225,7 +411,7 @@ def test_plan_looks_a_newer_torch_up_and_caches_it(ix, tmp_path, monkeypatch):
     status = io.StringIO()
     assert main(["data", "status", "--json"], status, io.StringIO()) == 0
     st = json.loads(status.getvalue())
-    assert st["shipped_as_of"] == "2026-12-03"
+    assert st["shipped_as_of"] == max(d for d in tables.data_files_as_of().values() if d)
     assert st["cached"] == [{"component": "torch", "version": "2.16.0", "index": ix.url, "read": st["cached"][0]["read"],  # noqa: E501
                              "pypi_variant": "cu135", "shipped": False}]
 
@@ -237,7 +423,9 @@ def test_offline_unknown_pin_is_a_clear_error(ix, tmp_path, monkeypatch):
     assert main(["plan", str(recipe), "--offline", "--index-url", ix.url], out, err) == 2
     assert ix.requests == []
     text = err.getvalue()
-    assert "torch: " in text and "unknown to the shipped data (as of 2026-12-03)" in text and "without --offline" in text  # noqa: E501
+    assert "torch 2.16.0 is newer than imgbuild's data (newest known: 2.15.0), and --offline: the package " \
+           "index was not asked" in text
+    assert "plan without --offline" in text
 
 
 def test_unreachable_index_falls_back_with_warning(tmp_path, monkeypatch):
@@ -253,4 +441,33 @@ def test_data_status_text_with_empty_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     out = io.StringIO()
     assert main(["data", "status"], out, io.StringIO()) == 0
-    assert "shipped compatibility data as of 2026-12-03" in out.getvalue() and "empty" in out.getvalue()
+    shipped = max(d for d in tables.data_files_as_of().values() if d)
+    assert f"shipped compatibility data as of {shipped}" in out.getvalue() and "empty" in out.getvalue()
+
+
+def test_data_status_lists_rows_known_only_in_part(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    out = io.StringIO()
+    assert main(["data", "status", "--json"], out, io.StringIO()) == 0
+    st = json.loads(out.getvalue())
+    assert st["partial"]["torch"] == ["2.15.0"] and "torch_cuda_pins.json" in st["files"]
+    text = io.StringIO()
+    assert main(["data", "status"], text, io.StringIO()) == 0
+    assert "known only in part: torch 2.15.0" in text.getvalue()
+
+
+def test_data_status_shows_the_images_end_of_life(tmp_path, monkeypatch):
+    import datetime
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    out = io.StringIO()
+    assert main(["data", "status", "--json"], out, io.StringIO()) == 0
+    images = json.loads(out.getvalue())["images"]
+    assert images["today"] == str(datetime.date.today()) and images["releases"] == len(tables.image_releases())
+    row = next(r for r in images["end_of_life"] if r["cuda"] == "12.4.1")
+    assert row == {"cuda": "12.4.1", "date": "2026-06-01", "basis": "driver", "deletion": "2026-12-01", "past": True}
+    assert "13.4.2" in images["no_end_of_life"] and "13.2.1" in images["end_of_life_unknown"]
+    assert "latest patch" in images["policy"]
+    text = io.StringIO()
+    assert main(["data", "status"], text, io.StringIO()) == 0
+    assert f"past NVIDIA's end of life on {datetime.date.today()}" in text.getvalue()
+    assert "no end-of-life date published: " in text.getvalue() and "13.4.2" in text.getvalue()

@@ -14,7 +14,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from helpers import REPO
+from helpers import REPO, RUN_LABEL, RUN_MARK, unique
 
 from buildkit_py.analysis import inspect as I
 from buildkit_py.analysis import layer_paths as P
@@ -451,6 +451,7 @@ def _build(base_image: str, dockerfile: str, tag: str, tmp: Path) -> str:
     shutil.copy(FIXTURES / dockerfile, tmp / "Dockerfile")
     iid = tmp / "iid"
     cmd = ["/usr/bin/docker", "build", "--network", "host", "--build-arg", f"BASE={base_image}",
+           "--label", f"{RUN_LABEL}={RUN_MARK}",
            "-f", str(tmp / "Dockerfile"), "-t", tag, "--iidfile", str(iid), str(context)]
     proc = subprocess.run(cmd, check=False, env={**os.environ, "DOCKER_BUILDKIT": "1"}, capture_output=True, text=True,
                           timeout=300)
@@ -462,7 +463,7 @@ def _build(base_image: str, dockerfile: str, tag: str, tmp: Path) -> str:
 @pytest.fixture(scope="module")
 def built(docker_client, base_image, tmp_path_factory):
     """The dirty and the clean image, built once for the module and removed after it."""
-    name = f"imgbuild-test/inspect-{uuid.uuid4().hex[:10]}"
+    name = unique("imgbuild-test/inspect")
     tags = {"dirty": f"{name}:dirty", "clean": f"{name}:clean"}
     try:
         for kind, tag in tags.items():

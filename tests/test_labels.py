@@ -1,10 +1,12 @@
 """The image contract in labels: version and git facts as the image should claim them."""
 
+import os
 import subprocess
 
 import pytest
 from helpers import write_recipe
 
+from buildkit_py.errors import UsageError
 from buildkit_py.plan import labels as L
 from buildkit_py.plan.build_plan import make_plan
 from buildkit_py.recipe.model import load_recipe
@@ -25,10 +27,23 @@ def test_no_version_labels_latest_like_the_tag(tmp_path):
     assert plan.labels[L.OCI + "version"] == "2.1"
 
 
-def git(folder, *args):
+@pytest.mark.parametrize(("cuda", "driver_min"), [("12.4", "550.54.15"), ("13.2", "595.71.05"),
+                                                 ("13.3", None), ("13.4", None)])
+def test_driver_min_label_only_where_nvidia_publishes_a_floor(tmp_path, cuda, driver_min):
+    """CUDA 13.3-13.5 have no Table 3 row: their native floor is unknown, so no driver.min label is
+    stamped; the minor-version floor (a fact) is, and plan says the same (issue 21: 2)."""
+    plan = make_plan(load_recipe(write_recipe(tmp_path, RECIPE.replace('"12.4"', f'"{cuda}"'))))
+    assert plan.labels.get(L.DRIVER_MIN) == driver_min
+    assert plan.labels[L.DRIVER_MIN_COMPAT] == ("525.60.13" if cuda.startswith("12") else "580")
+    assert plan.resolution.min_driver == driver_min
+
+
+def git(folder, *args, date: str | None = None):
+    dates = {"GIT_AUTHOR_DATE": date, "GIT_COMMITTER_DATE": date} if date else {}
     subprocess.run(["git", "-C", str(folder), *args], check=True, capture_output=True,
                    env={"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@example.com", "GIT_COMMITTER_NAME": "t",
-                        "GIT_COMMITTER_EMAIL": "t@example.com", "HOME": str(folder), "PATH": "/usr/bin:/bin"})
+                        "GIT_COMMITTER_EMAIL": "t@example.com", "HOME": str(folder), "PATH": "/usr/bin:/bin",
+                        **dates})
 
 
 @pytest.fixture
@@ -61,3 +76,86 @@ def test_no_repository_no_revision(tmp_path):
     recipe = write_recipe(tmp_path, RECIPE)
     assert L.git_facts(recipe.parent) == (None, None)
     assert L.OCI + "revision" not in L.volatile_labels(load_recipe(recipe))
+
+
+# --- created: when the inputs last changed, never the clock (issue 22 item 6) --------------------
+# Before, org.opencontainers.image.created was the time of the build: every rebuild of an unchanged
+# recipe got a new image id and digest, moved the sha-<recipe> tag and broke digest pins.
+
+COMMITTED = "2001-02-03T04:05:06Z"
+COPY_RECIPE = RECIPE + "copy: [{src: app/, dest: /app}]\n"
+
+
+def created(recipe_path, environ=None) -> str:
+    return L.created_time(load_recipe(recipe_path), environ or {}).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def set_mtime(path, stamp: int) -> None:
+    os.utime(path, (stamp, stamp))
+
+
+@pytest.fixture
+def committed(tmp_path):
+    """A recipe with a copy: folder, committed at COMMITTED; a README beside it."""
+    git(tmp_path, "init", "-q")
+    recipe = write_recipe(tmp_path / "recipes", COPY_RECIPE)
+    (recipe.parent / "app").mkdir()
+    (recipe.parent / "app" / "main.py").write_text("print(1)\n")
+    (recipe.parent / "README.md").write_text("notes\n")
+    git(tmp_path, "add", "-A")
+    git(tmp_path, "commit", "-q", "-m", "recipe", date=COMMITTED)
+    return recipe
+
+
+def test_created_of_a_committed_recipe_is_its_commit_time_on_every_build(committed, monkeypatch):
+    monkeypatch.delenv("SOURCE_DATE_EPOCH", raising=False)
+    assert L.volatile_labels(load_recipe(committed))[L.OCI + "created"] == COMMITTED  # the label a build gets
+    assert created(committed) == COMMITTED
+    (committed.parent / "README.md").write_text("edited: not an input of the build\n")
+    (committed.parent / "notes.txt").write_text("untracked, not an input either\n")
+    assert created(committed) == COMMITTED
+    git(committed.parent, "commit", "-q", "-am", "readme", date="2005-01-01T00:00:00Z")
+    assert created(committed) == COMMITTED  # the last commit that touched the inputs
+
+
+def test_created_of_an_uncommitted_change_is_the_newest_input_mtime(committed):
+    main = committed.parent / "app" / "main.py"
+    main.write_text("print(2)\n")
+    for path, stamp in ((committed, 1_000_000_000), (main, 1_100_000_000), (committed.parent / "app", 1_000_000_000)):
+        set_mtime(path, stamp)
+    assert created(committed) == "2004-11-09T11:33:20Z"  # main.py's
+    assert created(committed) == "2004-11-09T11:33:20Z"  # a rebuild of the same files: the same
+    set_mtime(main, 1_200_000_000)
+    assert created(committed) == "2008-01-10T21:20:00Z"  # edited (touched) again: later
+
+
+def test_an_untracked_input_counts_as_uncommitted(committed):
+    new = committed.parent / "app" / "new.py"
+    new.write_text("x = 1\n")
+    for path in (committed, committed.parent / "app", committed.parent / "app" / "main.py"):
+        set_mtime(path, 1_000_000_000)
+    set_mtime(new, 1_050_000_000)
+    assert created(committed) == "2003-04-10T18:40:00Z"
+
+
+def test_created_without_a_repository_is_the_newest_input_mtime(tmp_path):
+    recipe = write_recipe(tmp_path, COPY_RECIPE)
+    (tmp_path / "app").mkdir()
+    (tmp_path / "app" / "main.py").write_text("print(1)\n")
+    (tmp_path / "unrelated.bin").write_text("not read by the build")
+    for path, stamp in ((recipe, 1_000_000_000), (tmp_path / "app", 900_000_000), (tmp_path / "app" / "main.py",
+                                                                                    950_000_000)):
+        set_mtime(path, stamp)
+    set_mtime(tmp_path / "unrelated.bin", 1_300_000_000)
+    assert created(recipe) == "2001-09-09T01:46:40Z"  # the recipe's: newest of what the build reads
+    lock = recipe.with_suffix(".lock")
+    lock.write_text("# a lock file beside the recipe is an input\n")
+    set_mtime(lock, 1_010_000_000)
+    assert created(recipe) == "2002-01-02T19:33:20Z"
+
+
+def test_source_date_epoch_wins_and_must_be_seconds(committed):
+    assert created(committed, {"SOURCE_DATE_EPOCH": "1700000000"}) == "2023-11-14T22:13:20Z"
+    assert created(committed, {"SOURCE_DATE_EPOCH": ""}) == COMMITTED  # set but empty: as unset
+    with pytest.raises(UsageError, match="SOURCE_DATE_EPOCH='yesterday'"):
+        created(committed, {"SOURCE_DATE_EPOCH": "yesterday"})

@@ -4,6 +4,8 @@ fake builder. The real-engine 2x2 build is in test_e2e_matrix.py."""
 
 import json
 import re
+import signal
+import subprocess
 import threading
 import time
 from pathlib import Path
@@ -13,10 +15,10 @@ import pytest
 import yaml
 from helpers import REPO, run_cli, write_recipe
 
-from buildkit_py.engine import BuildResult
+from buildkit_py.engine import BuildResult, children
 from buildkit_py.engine.build import BuildOptions, BuildOutcome
 from buildkit_py.engine.matrix_build import BuildHooks, build_all, build_report, summary_lines
-from buildkit_py.errors import BuildFailed, RecipeError, UsageError
+from buildkit_py.errors import AuthenticationError, BuildFailed, Interrupted, RecipeError, UsageError
 from buildkit_py.plan import matrix as mx
 from buildkit_py.render.dockerfile import render_dockerfile
 
@@ -25,7 +27,7 @@ EXAMPLE = REPO / "recipes" / "matrix.yaml"
 WHEELS = """\
 name: team/mx
 version: "1.0"
-cuda: {{version: "12.4", source: wheels}}
+cuda: {{version: "12.4", source: wheels, flavor: base}}
 base: {{image: debian:bookworm-slim}}
 python: "3.11"
 pip: [numpy==1.26.4]
@@ -166,7 +168,7 @@ def test_example_recipe_expands_in_order_with_drops_and_reasons():
     d = m.dropped[0]
     assert (d.error.component, d.error.version, d.error.other, d.error.other_version) == ("torch", "2.5.1", "cuda",
                                                                                           "12.6.3")
-    assert "cu124" in d.error.reason and "torch >= 2.6.0" in d.error.hint
+    assert "cu124" in d.error.reason and "torch 2.6.0 (the nearest release with cu126" in d.error.hint
     assert [(e.id, e.by) for e in m.excluded] == [("cu121-py312", "matrix.exclude[0]")]
     inc = m.variants[-1]
     assert inc.source == "include[0]" and inc.values == {"cuda.version": "12.6", "python": "3.12", "torch": "2.6.0"}
@@ -322,7 +324,8 @@ def test_text_format_lists_kept_dropped_excluded():
     assert code == 0
     assert "6 variants kept, 3 dropped, 1 excluded" in out
     assert re.search(r"dropped\s+cu126-py310\s+torch 2.5.1 conflicts with cuda 12.6.3", out)
-    assert "hint: use cuda 12.1 or cuda 12.4 or torch >= 2.6.0" in out
+    assert "hint: use cuda 12.4 (the nearest CUDA torch 2.5.1 has a build for) or torch 2.6.0 (the nearest " \
+           "release with cu126 for Python 3.10; the newest: 2.14.1)" in out
     assert re.search(r"excluded\s+cu121-py312\s+by matrix.exclude\[0\]", out)
 
 
@@ -525,6 +528,54 @@ def test_build_all_runs_unrelated_variants_in_parallel(tmp_path):
     assert [e[0] for e in runner.events] == ["start", "start", "end", "end"]
 
 
+class StalledRunner:
+    """Stands in for build.run_build with a real child per variant (a `sleep` in a session of its
+    own, supervised as engine builds are), which only an interrupt ends."""
+
+    def __init__(self):
+        self.procs: list[subprocess.Popen] = []
+        self.tags: list[str] = []
+
+    def __call__(self, plan, backend, options, on_line):
+        proc = subprocess.Popen(["sleep", "60"], start_new_session=True)
+        self.tags.append(plan.tags[0].rsplit(":", 1)[1])
+        self.procs.append(proc)
+        with children.supervised(proc, f"build of {plan.tags[0]}"):
+            proc.wait()
+        raise BuildFailed(f"build failed (exit {proc.returncode})", returncode=proc.returncode)
+
+
+def test_an_interrupt_stops_every_variant_build_at_once(tmp_path):
+    """Issue 22 item 7: the signal reaches the main thread, which waits for the workers; before,
+    leaving the thread pool waited for every running build to end (here 60 s)."""
+    path = recipe(tmp_path, "  base.image: ['debian:bookworm-slim', 'debian:12']\n  tags: ['{variant}']")
+    runner = StalledRunner()
+
+    def interrupt_when_both_run():
+        while len(runner.procs) < 2:
+            time.sleep(0.05)
+        signal.pthread_kill(threading.main_thread().ident, signal.SIGTERM)
+
+    def raise_interrupted(signum, _frame):
+        raise Interrupted(signum)
+
+    previous = signal.signal(signal.SIGTERM, raise_interrupted)
+    threading.Thread(target=interrupt_when_both_run, daemon=True).start()
+    start = time.monotonic()
+    try:
+        with pytest.raises(Interrupted) as raised:
+            build_all(mx.load_matrix(path), FakeBackend(), BuildOptions(), jobs=2, hooks=BuildHooks(runner=runner))
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        for proc in runner.procs:
+            if proc.poll() is None:
+                proc.kill()
+    assert time.monotonic() - start < 20
+    assert all(proc.poll() is not None for proc in runner.procs)
+    assert sorted(raised.value.stopped) == sorted(f"build of team/mx:{tag} (pid {proc.pid})" for proc, tag in zip(
+        runner.procs, runner.tags, strict=True))
+
+
 def test_one_failure_does_not_stop_the_others(tmp_path):
     m = two_by_two(tmp_path)
     runner = FakeRunner(fail={"cu121-idna3_7"})
@@ -550,6 +601,18 @@ def test_build_all_refuses_capabilities_before_building(tmp_path):
     with pytest.raises(Exception, match="cache-export"):
         build_all(two_by_two(tmp_path), Classic(), BuildOptions(cache_to=("type=registry,ref=r/x",)),
                   hooks=BuildHooks(runner=runner))
+    assert runner.events == []
+
+
+def test_build_all_checks_push_credentials_before_any_variant_builds(tmp_path, registry, docker_config, monkeypatch):
+    """Issue 22 item 5, for a matrix: a wrong password fails once, before the first variant."""
+    monkeypatch.setenv("IMGBUILD_REGISTRY_USER", registry.user)
+    monkeypatch.setenv("IMGBUILD_REGISTRY_PASSWORD", "wrong-" + registry.password)
+    runner = FakeRunner()
+    with pytest.raises(AuthenticationError, match=r"cannot push .*nothing was built") as exc:
+        build_all(two_by_two(tmp_path), FakeBackend(), BuildOptions(push=True), registry=registry.address,
+                  hooks=BuildHooks(runner=runner))
+    assert exc.value.exit_status == 3
     assert runner.events == []
 
 
@@ -659,3 +722,11 @@ def test_no_cache_on_a_named_builder_keeps_the_shared_prefix_in_each_variant(tmp
 
     build_all(m, Builder(), BuildOptions(no_cache=True), jobs=1, hooks=BuildHooks(runner=runner))
     assert len(built) == 4 and not any(p.final.base.startswith("imgbuild-shared/") for p in built)
+
+
+def test_matrix_key_and_value_errors_come_in_one_pass(tmp_path):
+    """A value error used to show only after every key error was fixed (issue 21: 11)."""
+    path = recipe(tmp_path, '  cuda.version: ["12.1", 12]\n  pythn: ["3.10"]\n  python: ["3.x"]')
+    with pytest.raises(RecipeError) as info:
+        mx.load_matrix(path)
+    assert [i.key for i in info.value.issues] == ["matrix.cuda.version[1]", "matrix.pythn", "matrix.python[0]"]

@@ -30,6 +30,7 @@ from buildkit_py.errors import (
     UsageError,
 )
 from buildkit_py.oci import auth, blobs, download
+from buildkit_py.oci.login import check_push_access
 
 DIGEST = "sha256:" + "a" * 64
 
@@ -301,7 +302,7 @@ def test_manifest_round_trip_and_image_config_without_pull(client, registry, uni
         oci.get_manifest(ref.with_tag("nope"), client=client)
 
 
-def test_index_picks_linux_amd64_and_copy_image(client, registry, unique_name):
+def test_index_picks_linux_amd64(client, registry, unique_name):
     ref = oci.parse_reference(registry.repo(unique_name) + ":multi")
     children = {}
     for arch in ("arm64", "amd64"):
@@ -311,21 +312,111 @@ def test_index_picks_linux_amd64_and_copy_image(client, registry, unique_name):
     index = {"schemaVersion": 2, "mediaType": oci.MEDIA_OCI_INDEX, "manifests": [
         {"mediaType": oci.MEDIA_DOCKER_MANIFEST, "digest": d, "size": n,
          "platform": {"os": "linux", "architecture": arch}} for arch, (d, n) in children.items()]}
-    index_digest = oci.put_manifest(ref, index, client=client)
+    oci.put_manifest(ref, index, client=client)
     _, digest, media_type = oci.get_manifest(ref, client=client)
     assert digest == children["amd64"][0] and media_type == oci.MEDIA_DOCKER_MANIFEST
     assert oci.get_image_config(ref, client=client)["config"]["Labels"] == {"arch": "amd64"}
 
-    # Mirror: one platform (the amd64 manifest, digest unchanged), then all of it.
-    dest = oci.parse_reference(registry.repo(unique_name + "-mirror") + ":cuda")
-    assert oci.copy_image(ref, dest, client=client) == children["amd64"][0]
-    assert oci.get_manifest(dest, client=client)[1] == children["amd64"][0]
+
+def _attestation(client, ref, subject: str) -> tuple[bytes, dict]:
+    """An attestation manifest as BuildKit writes one (an in-toto statement layer, an empty
+    config), and its index entry pointing at ``subject``."""
+    statement = oci.canonical_json({"_type": "https://in-toto.io/Statement/v0.1", "subject": [{"digest": subject}]})
+    config = b"{}"
+    layer_d = oci.upload_bytes(ref, statement, client=client).digest
+    config_d = oci.upload_bytes(ref, config, client=client).digest
+    raw = oci.canonical_json({
+        "schemaVersion": 2, "mediaType": oci.MEDIA_OCI_MANIFEST,
+        "config": {"mediaType": oci.MEDIA_OCI_CONFIG, "digest": config_d, "size": len(config)},
+        "layers": [{"mediaType": "application/vnd.in-toto+json", "digest": layer_d, "size": len(statement),
+                    "annotations": {"in-toto.io/predicate-type": "https://slsa.dev/provenance/v0.2"}}]})
+    entry = {"mediaType": oci.MEDIA_OCI_MANIFEST, "digest": oci.sha256_bytes(raw), "size": len(raw),
+             "annotations": {"vnd.docker.reference.digest": subject,
+                             "vnd.docker.reference.type": "attestation-manifest"},
+             "platform": {"architecture": "unknown", "os": "unknown"}}
+    return raw, entry
+
+
+@pytest.fixture
+def image_index(client, registry, unique_name):
+    """A multi-platform index like buildx pushes with provenance: linux/amd64 and linux/arm64
+    images, and an attestation manifest for the amd64 one. ``(ref, index digest, children)``,
+    children by name: ``(digest, raw manifest)``."""
+    ref = oci.parse_reference(registry.repo(unique_name + "-src") + ":1")
+    children, entries = {}, []
+    for arch in ("amd64", "arm64"):
+        raw, digest = _image(client, ref, {"arch": arch}, arch)
+        oci.put_manifest(ref.with_tag(None).with_digest(digest), raw, oci.MEDIA_DOCKER_MANIFEST, client=client)
+        children[arch] = (digest, raw)
+        entries.append({"mediaType": oci.MEDIA_DOCKER_MANIFEST, "digest": digest, "size": len(raw),
+                        "platform": {"os": "linux", "architecture": arch}})
+    raw, entry = _attestation(client, ref, children["amd64"][0])
+    oci.put_manifest(ref.with_tag(None).with_digest(entry["digest"]), raw, oci.MEDIA_OCI_MANIFEST, client=client)
+    children["attestation"] = (entry["digest"], raw)
+    entries.append(entry)
+    digest = oci.put_manifest(ref, {"schemaVersion": 2, "mediaType": oci.MEDIA_OCI_INDEX, "manifests": entries},
+                              client=client)
+    return ref, digest, children
+
+
+def _holds_everything(client, dest, children: dict) -> None:
+    """Every child manifest is at ``dest`` by digest, with the same bytes, and every blob it names."""
+    for digest, raw in children.values():
+        got, got_digest, _ = oci.fetch_manifest(dest.with_tag(None).with_digest(digest), client=client)
+        assert (got, got_digest) == (raw, digest)
+        body = json.loads(raw)
+        for desc in [body["config"], *body["layers"]]:
+            assert oci.head_blob(dest, desc["digest"], client=client) == desc["size"]
+
+
+@pytest.mark.parametrize("host", ["same", "other"])
+def test_mirror_of_an_index_keeps_its_digest(client, registry, unique_name, image_index, host):
+    """Issue 22 item 1: mirror copied only the amd64 manifest, so the copy's digest was not the
+    index's. Now the index, every manifest it names (the attestation too) and their blobs go.
+    ``other``: the same registry under another name (localhost), so the blobs are streamed
+    from one to the other instead of mounted."""
+    ref, index_digest, children = image_index
+    address = registry.address if host == "same" else registry.address.replace("127.0.0.1", "localhost")
+    dest = oci.parse_reference(f"{address}/{unique_name}-copy:mirrored")
     events = []
-    dest_all = oci.parse_reference(registry.repo(unique_name + "-all"))
-    assert oci.copy_image(ref, dest_all, all_platforms=True, client=client,
-                          progress=lambda *e: events.append(e[0])) == index_digest
-    assert oci.fetch_manifest(dest_all.with_tag("multi"), client=client)[1] == index_digest
-    assert "mounted" in events  # same registry: blobs are linked, not copied
+    copied = oci.copy_image(ref, dest, client=client, progress=lambda *e: events.append(e[0]))
+    assert oci.fetch_manifest(dest, client=client)[:2] == oci.fetch_manifest(ref, client=client)[:2]
+    _holds_everything(client, dest, children)
+    assert copied.digest == copied.source_digest == index_digest and copied.same_digest
+    assert (copied.platforms, copied.left_out, copied.attestations, copied.manifests) == (
+        ("linux/amd64", "linux/arm64"), (), 1, 4)
+    assert ("mounted" if host == "same" else "copy") in events
+    # again: everything is there, nothing crosses
+    events.clear()
+    assert oci.copy_image(ref, dest, client=client, progress=lambda *e: events.append(e[0])).same_digest
+    assert "copy" not in events and "mounted" not in events
+
+
+def test_mirror_of_chosen_platforms_says_the_digest_changes(client, registry, unique_name, image_index):
+    ref, index_digest, children = image_index
+    dest = oci.parse_reference(registry.repo(unique_name + "-amd64") + ":1")
+    copied = oci.copy_image(ref, dest, platforms=("linux/amd64",), client=client)
+    assert (copied.platforms, copied.left_out, copied.attestations) == (("linux/amd64",), ("linux/arm64",), 1)
+    assert not copied.same_digest and copied.source_digest == index_digest
+    raw, digest, media_type = oci.fetch_manifest(dest, client=client)
+    assert (digest, media_type) == (copied.digest, oci.MEDIA_OCI_INDEX)
+    assert [e["digest"] for e in json.loads(raw)["manifests"]] == [children["amd64"][0], children["attestation"][0]]
+    _holds_everything(client, dest, {k: children[k] for k in ("amd64", "attestation")})
+    with pytest.raises(ManifestNotFound):
+        oci.fetch_manifest(dest.with_tag(None).with_digest(children["arm64"][0]), client=client)
+    # arm64 has no attestation here; every platform chosen is the whole index, digest kept
+    arm = oci.copy_image(ref, dest.with_tag("arm"), platforms=("linux/arm64",), client=client)
+    assert (arm.platforms, arm.attestations) == (("linux/arm64",), 0)
+    both = oci.copy_image(ref, dest.with_tag("both"), platforms=("linux/arm64", "linux/amd64"), client=client)
+    assert both.same_digest and both.digest == index_digest
+    with pytest.raises(UsageError, match=r"no linux/s390x manifest \(has: linux/amd64, linux/arm64\)"):
+        oci.copy_image(ref, dest.with_tag("s390x"), platforms=("linux/s390x",), client=client)
+    single = oci.copy_image(ref.with_tag(None).with_digest(children["arm64"][0]), dest.with_tag("single"),
+                            client=client)
+    assert (single.same_digest, single.platforms) == (True, ("linux/arm64",))
+    with pytest.raises(UsageError, match=r"single-platform image \(linux/arm64\)"):
+        oci.copy_image(ref.with_tag(None).with_digest(children["arm64"][0]), dest.with_tag("x"),
+                       platforms=("linux/amd64",), client=client)
 
 
 def test_bad_credentials_raise_authentication_error(registry, docker_config, unique_name):
@@ -368,6 +459,17 @@ class _TokenProxy(BaseHTTPRequestHandler):
     def do_HEAD(self):
         self._handle()
 
+    def do_POST(self):
+        """A read-only front: an upload is refused to every token, as to a user who may only pull."""
+        auth_header = self.headers.get("Authorization", "")
+        if auth_header.startswith("Bearer ") and auth_header[7:] in self.tokens:
+            return self._reply(403, b'{"errors":[{"code":"DENIED","message":"requested access to the resource '
+                                    b'is denied"}]}')
+        repo = self.path.split("/v2/", 1)[-1].split("/blobs/", 1)[0]
+        port = self.server.server_address[1]
+        return self._reply(401, b"", {"WWW-Authenticate": f'Bearer realm="http://127.0.0.1:{port}/token",'
+                                                          f'service="stub-registry",scope="repository:{repo}:pull,push"'})
+
     def _handle(self):
         port = self.server.server_address[1]
         if self.path.startswith("/token"):
@@ -404,7 +506,7 @@ class _TokenProxy(BaseHTTPRequestHandler):
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
-        if self.command == "GET":
+        if self.command != "HEAD":
             self.wfile.write(body)
 
 
@@ -442,6 +544,39 @@ def test_bearer_token_flow(client, registry, unique_name, token_registry):
     with pytest.raises(AuthenticationError, match="rejected the credentials"):
         oci.get_manifest(front_ref, client=wrong)
     bearer.check_login(front, alice)  # /v2/ with an unscoped token, as `docker login` does
+
+
+# ---------------------------------------------------------------- may these credentials push? (build --push asks first)
+
+
+def test_check_push_access_asks_the_registry_without_pushing(client, registry, unique_name, monkeypatch,
+                                                             token_registry):
+    ref = oci.parse_reference(registry.repo(unique_name) + ":1")
+    check_push_access(ref, client=client)  # the right credentials: nothing raised
+    # nothing was pushed: the repository is still unknown to the registry (the session was cancelled)
+    client.request("GET", ref.api_host, f"/v2/{ref.repository}/tags/list", scope=oci.pull_scope(ref.repository),
+                   expect=(404,)).close()
+    wrong = oci.Client(credentials=lambda h: auth.Credentials(registry.user, "wrong-" + registry.password, "test"))
+    with pytest.raises(AuthenticationError, match=r"rejected the credentials of 'ci' from test for "
+                                                  rf"repository:{unique_name}:pull,push") as exc:
+        check_push_access(ref, client=wrong)
+    assert exc.value.exit_status == 3 and "wrong-" not in exc.value.render()
+    with pytest.raises(AuthenticationError, match="no credentials were found"):
+        check_push_access(ref, client=oci.Client(credentials=lambda h: None))
+    with pytest.raises(RegistryUnreachable):
+        check_push_access(f"127.0.0.1:{_closed_port()}/team/app:1",
+                          client=oci.Client(credentials=lambda h: None, backoff_s=0.001, max_retries=1))
+    # a token registry that lets the user pull but not push (Docker Hub, ghcr, Harbor answer DENIED)
+    _, front = token_registry
+    alice = oci.Client(credentials=lambda h: auth.Credentials("alice", "wonderland", "test"))
+    with pytest.raises(AuthenticationError, match=r"denied access for repository:team/app:pull,push to 'alice'"):
+        check_push_access(f"{front}/team/app:1", client=alice)
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 # ---------------------------------------------------------------- a streamed upload re-challenged

@@ -117,7 +117,7 @@ copy: [{src: app/, dest: /app}]
 """)
     plan = make_plan(load_recipe(path))
     ids = [s.id for s in plan.final.steps]
-    assert ids == ["os", "python", "mount-stubs", "cuda-libs", "cuda-cublas", "cuda-cudnn", "cuda-cufft",
+    assert ids == ["os", "python", "mount-stubs", "cuda", "cuda-libs", "cuda-cublas", "cuda-cudnn", "cuda-cufft",
                    "cuda-cusolver", "cuda-cusparse", "cuda-nccl", "torch-triton", "torch", "heavy-bitsandbytes", "pins",
                    "ldconfig", "copy-0", "meta"]
 

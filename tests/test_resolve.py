@@ -1,7 +1,11 @@
 """Resolution: pins that fit resolve; clashing ones raise CompatibilityError naming both sides."""
 
+import dataclasses
+import re
+
 import pytest
 from helpers import write_recipe
+from packaging.specifiers import SpecifierSet
 
 from buildkit_py.compat.resolve import resolve
 from buildkit_py.errors import CompatibilityError
@@ -42,7 +46,8 @@ def test_torch_without_cuda_variant_is_refused_with_hint(tmp_path):
     err = clash(tmp_path, extra='torch: "2.1.2"')
     assert (err.component, err.version, err.other, err.other_version) == ("torch", "2.1.2", "cuda", "12.4.1")
     assert "cu118 and cu121" in err.message
-    assert "cuda 12.1" in err.hint and "torch >= 2.4" in err.hint
+    assert "cuda 12.1 (the nearest CUDA torch 2.1.2 has a build for)" in err.hint
+    assert "torch 2.4.0 (the nearest release with cu124 for Python 3.11; the newest: 2.6.0)" in err.hint
     assert err.key == "torch" and err.line == 7
 
 
@@ -94,15 +99,55 @@ def test_require_cuda_for_wheels_is_minor_version_floor(tmp_path):
 def test_torch_on_nvidia_runtime_warns_about_cuda_twice(tmp_path):
     res = resolve(recipe(tmp_path, source="nvidia", python="3.10", base="base: {os: ubuntu22.04}",
                          extra='torch: "2.4.1"'))
-    assert [(w.code, w.key) for w in res.warnings] == [("cuda-twice", "torch")]
+    assert [(w.code, w.key) for w in res.warnings] == [("cuda-twice", "torch"), ("eol-image", "cuda.version")]
     assert "a second time" in res.warnings[0].message
 
 
 def test_devel_without_compile_warns(tmp_path):
-    text = BASE.format(cuda="12.4", source="nvidia", python="3.10", base="base: {os: ubuntu22.04}", extra="")
+    text = BASE.format(cuda="12.8", source="nvidia", python="3.10", base="base: {os: ubuntu22.04}", extra="")
     text = text.replace("source: nvidia", "source: nvidia\n  flavor: devel")
     res = resolve(load_recipe(write_recipe(tmp_path, text)))
     assert [(w.code, w.key) for w in res.warnings] == [("devel-without-compile", "cuda.flavor")]
+
+
+def test_end_of_life_nvidia_image_warns_with_its_dates(tmp_path):
+    """12.4.1's images reached end of life on 2026-06-01 (NVIDIA's EOL chart: R535's end of life)."""
+    res = resolve(recipe(tmp_path, source="nvidia", python="3.10", base="base: {os: ubuntu22.04}"))
+    (w,) = [w for w in res.warnings if w.code == "eol-image"]
+    assert w.key == "cuda.version" and "12.4.1 images reached end of life on 2026-06-01" in w.message
+    assert "from 2026-12-01" in w.message and "imgbuild mirror" in w.hint
+
+
+def test_minor_without_an_image_for_the_os_is_refused_naming_what_exists(tmp_path):
+    err = clash(tmp_path, cuda="13.4", source="nvidia", python="3.10", base="base: {os: ubuntu22.04}")
+    assert (err.key, err.line, err.component, err.version, err.other, err.other_version) == \
+        ("cuda.version", 3, "cuda", "13.4", "base.os", "ubuntu22.04")
+    assert err.reason == ("nvidia/cuda publishes 13.4.x runtime images for ubuntu24.04, ubuntu26.04; "
+                          "for ubuntu22.04 the newest is 13.3.1")
+    assert err.hint.startswith('use cuda: "13.3" on ubuntu22.04')
+
+
+def test_minor_picks_the_newest_patch_with_the_image_for_the_os(tmp_path):
+    """13.3 on ubuntu26.04 with cuDNN: 13.3.1 (13.3.0 has no cudnn tags for 26.04)."""
+    text = BASE.format(cuda="13.3", source="nvidia", python="3.14", base="base: {os: ubuntu26.04}", extra="")
+    res = resolve(load_recipe(write_recipe(tmp_path, text.replace("source: nvidia", 'source: nvidia\n  cudnn: "9"'))))
+    assert res.base_image == "nvidia/cuda:13.3.1-cudnn-runtime-ubuntu26.04" and res.cuda_version == "13.3.1"
+
+
+def test_cudnn_image_nvidia_never_published_is_refused(tmp_path):
+    """12.5.1 has base/runtime/devel for ubuntu24.04 but no cudnn tags there (the plan used to say
+    FROM nvidia/cuda:12.5.1-cudnn-runtime-ubuntu24.04)."""
+    text = BASE.format(cuda="12.5", source="nvidia", python="3.12", base="base: {os: ubuntu24.04}", extra="")
+    r = load_recipe(write_recipe(tmp_path, text.replace("source: nvidia", 'source: nvidia\n  cudnn: "9"')))
+    with pytest.raises(CompatibilityError) as info:
+        resolve(r)
+    err = info.value
+    assert (err.key, err.other, err.other_version) == ("cuda.cudnn", "cuda.cudnn", "9 on ubuntu24.04")
+    assert "for ubuntu24.04 the newest with cuDNN 9 is 13.4.2 (12.x: 12.9.2)" in err.reason
+    exact = load_recipe(write_recipe(tmp_path / "exact", text.replace('"12.5"', '"12.5.1"')
+                                     .replace("source: nvidia", 'source: nvidia\n  cudnn: "9"')))
+    with pytest.raises(CompatibilityError, match="publishes 12.5.1 cuDNN 9 runtime images for ubuntu20.04"):
+        resolve(exact)
 
 
 def test_unknown_cuda(tmp_path):
@@ -141,10 +186,96 @@ def test_flash_attn_prebuilt_wheel_url(tmp_path):
         "flash_attn-2.6.3+cu123torch2.4cxx11abiFALSE-cp311-cp311-linux_x86_64.whl")
 
 
-def test_flash_attn_blackwell_builds_from_source(tmp_path):
+def test_flash_attn_blackwell_takes_the_release_wheel_built_with_cuda_12_9(tmp_path):
+    """2.8.3's release wheels were compiled with CUDA 12.9.1, whose nvcc setup.py lets emit sm_100
+    and sm_120: a Blackwell recipe takes the wheel (it was refused as 'needs a source build')."""
     res = resolve(recipe(tmp_path, cuda="12.8", base="base: {image: 'ubuntu:22.04'}",
-                         extra='torch: "2.7.1"\npip: ["flash-attn==2.8.3"]\nbuild: {cuda_arch: ["10.0"]}'))
+                         extra='torch: "2.7.1"\npip: ["flash-attn==2.8.3"]\nbuild: {cuda_arch: ["10.0", "12.0"]}'))
+    assert res.compile == ()
+    assert dict(res.prebuilt_urls)["flash-attn"] == (
+        "https://github.com/Dao-AILab/flash-attention/releases/download/v2.8.3/"
+        "flash_attn-2.8.3+cu12torch2.7cxx11abiTRUE-cp311-cp311-linux_x86_64.whl")
+
+
+def test_flash_attn_wheel_without_blackwell_sass_builds_from_source(tmp_path):
+    """2.7.4.post1's wheels were compiled with CUDA 12.4.1 (sm_80/sm_90 only): 9.0 takes the
+    wheel, 10.0 builds from source with nvcc 12.8."""
+    base = "base: {image: 'ubuntu:22.04'}"
+    res = resolve(recipe(tmp_path, cuda="12.6", base=base,
+                         extra='torch: "2.6.0"\npip: ["flash-attn==2.7.4.post1"]\nbuild: {cuda_arch: ["9.0"]}'))
+    assert res.compile == () and "cu12torch2.6cxx11abiFALSE" in dict(res.prebuilt_urls)["flash-attn"]
+    res = resolve(recipe(tmp_path / "bw", cuda="12.8", base=base,
+                         extra='torch: "2.7.1"\npip: ["flash-attn==2.7.4.post1"]\nbuild: {cuda_arch: ["10.0"]}'))
     assert res.compile == ("flash-attn",) and res.prebuilt_urls == ()
+
+
+@pytest.mark.parametrize(("cuda", "torch", "fa"), [
+    ("13.2", "2.15.0", "2.8.3.post2"),
+    ("13.0", "2.14.1", "2.8.3.post2"),
+    ("13.0", "2.14.0", "2.8.3"),
+])
+def test_flash_attn_source_build_refused_where_torch_headers_need_cxx20(tmp_path, cuda, torch, fa):
+    """torch >= 2.14's headers #error below C++20; every flash-attn setup.py compiles as C++17, so
+    the source build would fail hours in: the plan refuses, naming the newest torch that fits."""
+    err = clash(tmp_path, cuda=cuda, python="3.12", base="base: {image: 'ubuntu:24.04'}",
+                extra=f'torch: "{torch}"\npip: ["flash-attn=={fa}"]')
+    assert (err.component, err.version, err.other, err.other_version, err.key) == ("flash-attn", fa, "torch", torch,
+                                                                                   "pip[0]")
+    assert "-std=c++17" in err.message and "need C++20" in err.message
+    assert err.hint.startswith("use torch 2.13.0, 2.12.1, 2.12.0 (the newest whose headers compile as C++17")
+    assert "no flash-attn release imgbuild knows compiles as C++20" in err.hint
+
+
+def test_flash_attn_source_build_with_torch_2_13_passes(tmp_path):
+    res = resolve(recipe(tmp_path, cuda="13.2", python="3.12", base="base: {image: 'ubuntu:24.04'}",
+                         extra='torch: "2.13.0"\npip: ["flash-attn==2.8.3.post2"]'))
+    assert res.compile == ("flash-attn",)
+
+
+def test_flash_attn_source_build_needs_nvcc_that_compiles_the_arch(tmp_path, monkeypatch):
+    """The SASS a source build gets is setup.py's -gencode list for the toolkit's nvcc: with
+    sm_100 compiled only from nvcc 12.9 (a release saying so), CUDA 12.8 cannot serve 10.0."""
+    from buildkit_py.compat import tables
+    real = tables.flash_attn_release("2.8.3")
+    later = dataclasses.replace(real, gencode=tuple((sm, SpecifierSet(">=12.9") if sm == "10.0" else spec)
+                                                    for sm, spec in real.gencode), prebuilt=())
+    monkeypatch.setattr(tables, "_flash_attn", lambda: (later,))
+    err = clash(tmp_path, cuda="12.8", base="base: {image: 'ubuntu:22.04'}",
+                extra='torch: "2.7.1"\npip: ["flash-attn==2.8.3"]\nbuild: {cuda_arch: ["10.0"]}')
+    assert (err.key, err.other, err.other_version) == ("build.cuda_arch[0]", "cuda", "12.8.2")
+    assert "sm_80, sm_90, sm_120 with nvcc 12.8" in err.message
+
+
+@pytest.mark.parametrize("fa", ["0.2.8", "2.0.0.post1"])
+def test_flash_attn_known_from_the_index_only_is_refused(tmp_path, fa):
+    err = clash(tmp_path, base="base: {image: 'ubuntu:22.04'}", extra=f'torch: "2.4.1"\npip: ["flash-attn=={fa}"]')
+    assert (err.component, err.version, err.key) == ("flash-attn", fa, "pip[0]")
+    assert "known from the package index only" in err.message
+    assert err.hint == ("use flash-attn 2.8.3.post2, 2.8.3.post1, 2.8.3, 2.8.2 (the newest fully recorded that fit "
+                        "torch 2.4.1, CUDA 12.4 and Python 3.11)")
+
+
+def test_bitsandbytes_post_releases_are_known(tmp_path):
+    res = resolve(recipe(tmp_path, cuda="12.2", extra='pip: ["bitsandbytes==0.41.3.post2"]'))
+    assert res.cuda_version.startswith("12.2")
+    err = clash(tmp_path / "x", cuda="12.3", extra='pip: ["bitsandbytes==0.41.2.post2"]')
+    assert err.other == "cuda" and "11.0, 11.1, 11.4, 11.5, 11.7, 11.8, 12.0, 12.1, 12.2" in err.message
+
+
+def test_bitsandbytes_whose_loader_searches_libcudart_is_refused(tmp_path):
+    err = clash(tmp_path, cuda="12.1", extra='pip: ["bitsandbytes==0.39.1"]')
+    assert (err.component, err.version, err.key) == ("bitsandbytes", "0.39.1", "pip[0]")
+    assert "libcudart.so" in err.message and err.hint == "use bitsandbytes==0.50.2 (the newest that fits CUDA 12.1)"
+
+
+def test_bitsandbytes_without_nocublaslt_library_refused_below_7_5(tmp_path):
+    """0.40.1 ships libbitsandbytes_cuda118.so but no cuda118_nocublaslt.so, which its loader opens
+    on GPUs below compute capability 7.5."""
+    ok = resolve(recipe(tmp_path, cuda="11.8", extra='pip: ["bitsandbytes==0.40.1"]\nbuild: {cuda_arch: ["8.0"]}'))
+    assert ok.cuda_arch == ("8.0",)
+    err = clash(tmp_path / "old", cuda="11.8", extra='pip: ["bitsandbytes==0.40.1"]\nbuild: {cuda_arch: ["7.0"]}')
+    assert (err.key, err.other, err.other_version) == ("build.cuda_arch[0]", "cuda_arch", "7.0")
+    assert "libbitsandbytes_cuda118_nocublaslt.so" in err.message
 
 
 def test_bitsandbytes_cuda_clash(tmp_path):
@@ -172,8 +303,12 @@ def test_bitsandbytes_compute_capability_floor(tmp_path):
     assert "LLM.int8() needs compute capability 7.5+" in res.warnings[0].message
 
 
+def test_unknown_torch_newer_than_the_data_hints_the_newest(tmp_path):
+    err = clash(tmp_path, extra='torch: "2.99.0"')
+    assert "newer than imgbuild's data (newest known: 2.15.0)" in err.message and "torch 2.15.0" in err.hint
+
+
 @pytest.mark.parametrize(("extra", "newest"), [
-    ('torch: "2.99.0"', "2.15.0"),
     ('torch: "2.4.1"\npip: ["flash-attn==9.9.9"]', "2.8.3.post2"),
     ('pip: ["bitsandbytes==9.9.9"]', "0.50.2"),
 ])
@@ -231,8 +366,24 @@ def test_wheels_for_cuda_without_a_runtime_wheel_is_a_resolution_error(tmp_path)
                                        ("12.9", "nvidia-cuda-runtime-cu12==12.9.79"),
                                        ("13.2", "nvidia-cuda-runtime==13.2.86")])
 def test_wheels_install_the_runtime_of_that_cuda(tmp_path, cuda, pin):
-    res = resolve(recipe(tmp_path, cuda=cuda))
-    assert res.cuda_wheels == (pin,)
+    text = BASE.format(cuda=cuda, source="wheels", python="3.11", base="base: {image: debian:bookworm-slim}", extra="")
+    text = text.replace("source: wheels", "source: wheels\n  flavor: base")
+    base = resolve(load_recipe(write_recipe(tmp_path, text)))
+    assert base.cuda_wheels == (pin,)  # NVIDIA's base tier: cudart
+    runtime = resolve(recipe(tmp_path, cuda=cuda))  # the default flavor, runtime: NVIDIA's runtime tier
+    names = {re.sub(r"-cu1\d$", "", p.split("==")[0]) for p in runtime.cuda_wheels}
+    assert pin in runtime.cuda_wheels
+    assert {"nvidia-cublas", "nvidia-cufft", "nvidia-curand", "nvidia-cusolver", "nvidia-cusparse", "nvidia-npp",
+            "nvidia-nvjpeg", "nvidia-cuda-nvrtc", "nvidia-nvtx", "nvidia-nccl"} <= names, names
+
+
+def test_runtime_tier_with_torch_adds_only_what_torch_does_not_bring(tmp_path):
+    """torch 2.4.1 (cu121, PyPI) pins cuBLAS, cuFFT, NCCL...: a runtime image adds NVIDIA's other runtime
+    libraries (NPP, nvJPEG, OpenCL) and never a second copy of what torch pins (nor nvJitLink, which
+    pip brings with torch's cuSPARSE)."""
+    res = resolve(recipe(tmp_path, cuda="12.1", extra='torch: "2.4.1"'))
+    assert res.cuda_wheels == ("nvidia-cuda-opencl-cu12==12.1.105", "nvidia-npp-cu12==12.1.0.40",
+                               "nvidia-nvjpeg-cu12==12.2.0.2")
 
 
 def test_cudnn_from_wheels_is_installed(tmp_path):
@@ -278,7 +429,7 @@ def test_arch_variants_accepted(tmp_path):
 
 
 def test_cuda_kernel_source_build_on_debian_gets_nvcc_from_cuda13_wheels(tmp_path):
-    r = recipe(tmp_path, cuda="13.0", extra='torch: "2.14.0"\npip: ["flash-attn==2.8.3"]\n'
+    r = recipe(tmp_path, cuda="13.0", extra='torch: "2.13.0"\npip: ["flash-attn==2.8.3"]\n'
                "build: {from_source: [flash-attn]}")
     plan = make_plan(r)
     builder = plan.stages[0]
@@ -295,3 +446,164 @@ def test_runtime_compile_warning_does_not_send_users_to_a_ptxas_only_wheel(tmp_p
     assert [w.code for w in res.warnings] == ["runtime-compile-without-nvcc"]
     text = " ".join(w.message for w in res.warnings)
     assert "flavor: devel" in text and "nvidia-cuda-nvcc-cu12" not in text
+
+
+# ---------------------------------------------------------------- cuDNN: one rule for both sources (issue 21: 4)
+def _with_cudnn(tmp_path, cuda, source, cudnn, extra="", python="3.11"):
+    base = "base: {image: debian:bookworm-slim}" if source == "wheels" else "base: {os: ubuntu22.04}"
+    text = BASE.format(cuda=cuda, source=source, python=python, base=base, extra=extra)
+    text = text.replace(f"source: {source}", f'source: {source}\n  cudnn: "{cudnn}"')
+    return load_recipe(write_recipe(tmp_path, text))
+
+
+@pytest.mark.parametrize("source", ["wheels", "nvidia"])
+@pytest.mark.parametrize(("cuda", "cudnn", "ok"), [
+    ("12.2", "8", True), ("12.3", "8", False), ("12.8", "8", False), ("12.8", "9", True), ("13.0", "8", False),
+])
+def test_cudnn_support_matrix_is_one_rule(tmp_path, source, cuda, cudnn, ok):
+    """cuDNN 8.9 for CUDA 12.x supports 12.0-12.2: the wheels path used to accept cuDNN 8 on 12.3-12.9
+    (a wheel installs there) while the nvidia path refused it; both now give the same answer."""
+    python = "3.10" if source == "nvidia" else "3.11"
+    r = _with_cudnn(tmp_path, cuda, source, cudnn, python=python)
+    if ok:
+        assert resolve(r).cudnn == cudnn
+        return
+    with pytest.raises(CompatibilityError) as info:
+        resolve(r)
+    err = info.value
+    assert err.key == "cuda.cudnn" and "support matrix lists cuDNN 8 for CUDA 11.0-11.8 and 12.0-12.2" in err.message
+    assert 'cuda.version "12.2"' in err.hint
+
+
+def test_cudnn_label_never_names_a_cudnn_torch_does_not_bring(tmp_path):
+    """torch 2.7.1 on CUDA 11.8 from wheels brings cuDNN 9 (every 2.4+ build does), and nothing else
+    installs cuDNN: cuda.cudnn "8" would label a cuDNN the image lacks."""
+    with pytest.raises(CompatibilityError) as info:
+        resolve(_with_cudnn(tmp_path, "11.8", "wheels", "8", extra='torch: "2.7.1"'))
+    assert "brings cuDNN 9" in info.value.message and 'cudnn: "9"' in info.value.hint
+    res = resolve(_with_cudnn(tmp_path, "11.8", "wheels", "9", extra='torch: "2.7.1"'))
+    assert (res.cudnn, res.torch_label) == ("9", "2.7.1+cu118")
+
+
+# ---------------------------------------------------------------- source: nvidia needs a CUDA base (issue 21: 1)
+def _nvidia_on(tmp_path, image, cuda="12.4", flavor="runtime", cudnn=None, base=None):
+    text = (f'name: team/x\ncuda: {{version: "{cuda}", source: nvidia, flavor: {flavor}'
+            + (f', cudnn: "{cudnn}"' if cudnn else "") + f'}}\nbase: {{image: "{image}"}}\npython: "3.10"\n')
+    return resolve(load_recipe(write_recipe(tmp_path, text)), base=base)
+
+
+@pytest.mark.parametrize("cuda", ["11.2", "12.4", "13.0"])
+def test_nvidia_source_on_a_plain_os_base_is_refused(tmp_path, cuda):
+    """It used to plan with exit 0, render FROM debian with no CUDA and label cuda.version and a
+    driver floor (for 11.0-11.6 too, which are otherwise refused)."""
+    with pytest.raises(CompatibilityError) as info:
+        _nvidia_on(tmp_path, "debian:bookworm-slim", cuda=cuda)
+    err = info.value
+    assert err.key == "base.image" and "plain OS image" in err.message and "cuda.source: wheels" in err.hint
+
+
+def test_nvidia_source_takes_cuda_flavor_and_os_from_an_nvidia_tag(tmp_path):
+    res = _nvidia_on(tmp_path, "nvidia/cuda:12.4.0-runtime-ubuntu22.04")
+    assert (res.cuda_version, res.os, res.min_driver) == ("12.4.0", "ubuntu22.04", "550.54.14")
+    res = _nvidia_on(tmp_path, "127.0.0.1:5000/mirror/nvidia/cuda:12.4.1-cudnn-runtime-ubuntu22.04", cudnn="9")
+    assert (res.cuda_version, res.cudnn) == ("12.4.1", "9")
+
+
+@pytest.mark.parametrize(("image", "kw", "key", "text"), [
+    ("nvidia/cuda:12.4.1-devel-ubuntu22.04", {}, "cuda.flavor", "the devel tier"),
+    ("nvidia/cuda:12.1.1-runtime-ubuntu22.04", {}, "cuda.version", "carries CUDA 12.1.1"),
+    ("nvidia/cuda:12.4.1-runtime-ubuntu22.04", {"cudnn": "9"}, "cuda.cudnn", "carries no cuDNN"),
+    ("nvidia/cuda:11.8.0-cudnn8-runtime-ubuntu22.04", {"cudnn": "9", "cuda": "11.8"}, "cuda.cudnn", "carries cuDNN 8"),
+    ("nvidia/cuda:12.4.1-cudnn-runtime-ubuntu22.04", {"cudnn": "8"}, "cuda.cudnn", "support matrix"),
+])
+def test_nvidia_source_checks_the_tag_against_the_recipe(tmp_path, image, kw, key, text):
+    with pytest.raises(CompatibilityError) as info:
+        _nvidia_on(tmp_path, image, **kw)
+    assert info.value.key == key and text in info.value.message
+
+
+def test_nvidia_source_reads_a_registry_base_config(tmp_path):
+    from buildkit_py.compat.bases import BaseFacts
+
+    ref = "127.0.0.1:5000/team/base:1"
+    plain = BaseFacts(ref, "sha256:" + "a" * 64, {}, {"PATH": "/usr/bin"})
+    with pytest.raises(CompatibilityError) as info:
+        _nvidia_on(tmp_path, ref, base=plain)
+    assert "carries no CUDA" in info.value.message and "no CUDA_VERSION env" in info.value.message
+    nvidia_env = {"CUDA_VERSION": "12.4.1", "NV_LIBCUBLAS_VERSION": "12.4.5.8-1", "NV_CUDNN_VERSION": "9.1.0.70-1"}
+    with_cuda = BaseFacts(ref, "sha256:" + "a" * 64, {"io.imgbuild.os": "ubuntu22.04"}, nvidia_env)
+    res = _nvidia_on(tmp_path, ref, cudnn="9", base=with_cuda)
+    assert (res.cuda_version, res.cudnn, res.base_digest) == ("12.4.1", "9", "sha256:" + "a" * 64)
+
+
+# ---------------------------------------------------------------- every source build gets nvcc (issue 21: 6)
+@pytest.mark.parametrize(("cuda", "base", "builder", "nvcc_from_wheels"), [
+    ("13.0", "base: {image: debian:bookworm-slim}", "debian:bookworm-slim", True),
+    ("12.4", "base: {image: ubuntu:22.04}", "nvidia/cuda:12.4.1-devel-ubuntu22.04", False),
+])
+def test_a_package_outside_any_list_builds_with_the_devel_toolchain(tmp_path, cuda, base, builder, nvcc_from_wheels):
+    """pycuda used to compile in a builder with no nvcc and no cuda.h while plan and the cuda.arch
+    label said it compiled for 8.0-9.0."""
+    res = resolve(recipe(tmp_path, cuda=cuda, base=base,
+                         extra='pip: ["pycuda==2024.1.2"]\nbuild: {from_source: [pycuda]}'))
+    assert res.compile == ("pycuda",) and res.builder_image == builder
+    assert any(p.startswith("nvidia-cuda-nvcc") for p in res.builder_cuda_wheels) is nvcc_from_wheels
+    assert res.cuda_arch == ("8.0", "8.6", "8.9", "9.0")
+
+
+def test_a_source_build_without_a_devel_toolchain_is_refused(tmp_path):
+    err = clash(tmp_path, extra='pip: ["pycuda==2024.1.2"]\nbuild: {from_source: [pycuda]}')
+    assert err.key == "build.from_source" and "devel toolchain" in err.message and "ptxas only" in err.message
+    assert "Ubuntu" in err.hint and "CUDA >= 13.0" in err.hint
+
+
+# ---------------------------------------------------------------- hints and partial rows (issue 21: 9, 10)
+def test_a_typo_in_an_old_torch_is_not_called_newer(tmp_path):
+    """torch "2.4.7" was called "newer than the data" and sent to "plan without --offline"."""
+    err = clash(tmp_path, extra='torch: "2.4.7"')
+    assert "newer" not in err.message and "offline" not in err.hint
+    assert "known near it: 2.4.0, 2.4.1" in err.message and err.hint.startswith("use torch 2.4.1 (the nearest release)")
+
+
+@pytest.mark.parametrize(("cuda", "torch", "python", "hint"), [
+    # the newest with cu130, not 2.9.0 (the oldest)
+    ("13.0", "2.15.0", "3.11", "torch 2.14.1 (the nearest release with cu130 for Python 3.11)"),
+    # cu124: 2.6.0 fits, not 2.4.0
+    ("12.4", "2.7.1", "3.11", "torch 2.6.0 (the nearest release with cu124 for Python 3.11)"),
+    # 12.6 is the CUDA 2.9.1 has nearest to 12.4, not 12.8 or 13.0
+    ("12.4", "2.9.1", "3.11", "use cuda 12.6 (the nearest CUDA torch 2.9.1 has a build for)"),
+])
+def test_torch_hints_name_the_nearest_release_that_fits(tmp_path, cuda, torch, python, hint):
+    err = clash(tmp_path, cuda=cuda, python=python, extra=f'torch: "{torch}"')
+    assert hint in err.hint, err.hint
+
+
+def test_a_partial_torch_row_makes_an_unknown_not_a_no(tmp_path):
+    """torch 2.15.0's data records only its PyPI build (cu132): cu130 is unknown, not refused as a fact."""
+    err = clash(tmp_path, cuda="13.0", extra='torch: "2.15.0"')
+    assert err.partial is True and err.to_json()["partial"] is True
+    assert "whether torch 2.15.0 has a cu130 build is unknown" in err.message and "partial" in err.message
+    assert "cuda 13.2" in err.hint and "torch 2.14.1" in err.hint
+    assert resolve(recipe(tmp_path, cuda="13.2", extra='torch: "2.15.0"')).torch_label == "2.15.0+cu132"
+    full = clash(tmp_path, cuda="12.4", extra='torch: "2.1.2"')
+    assert full.partial is False
+
+
+# ---------------------------------------------------------------- every problem in one pass (issue 21: 11)
+def test_independent_problems_come_together(tmp_path):
+    from buildkit_py.errors import CompatibilityErrors
+
+    r = recipe(tmp_path, cuda="12.99", python="3.10", extra='torch: "2.4.7"\npip: ["bitsandbytes==9.9.9"]')
+    with pytest.raises(CompatibilityErrors) as info:
+        resolve(r)
+    keys = [(e.key, e.line) for e in info.value.errors]
+    assert keys == [("cuda.version", 3), ("python", 6), ("torch", 7), ("pip[0]", 8)]
+    rendered = info.value.render()
+    assert rendered.count("conflicts with") == 4 and rendered.count("hint:") == 4
+    assert [e["key"] for e in info.value.to_json()["errors"]] == ["cuda.version", "python", "torch", "pip[0]"]
+
+
+def test_a_wrong_base_os_is_blamed_on_base_os(tmp_path):
+    err = clash(tmp_path, source="nvidia", base="base: {os: debian12}", python="3.11")
+    assert (err.key, err.line, err.component, err.version) == ("base.os", 5, "base.os", "debian12")
+    assert "no release has one for debian12" in err.message and "ubuntu22.04" in err.hint

@@ -26,7 +26,8 @@ def test_cuda_rule_takes_the_toolkit_of_the_wheels(tmp_path):
     part = rules.cuda_rule(recipe(tmp_path), None)
     assert part.version == "12.4.1" and part.wheel_set is not None and part.floor == "525.60.13"
     with_torch = rules.cuda_rule(recipe(tmp_path, extra='torch: "2.4.1"'), None)
-    assert with_torch.wheel_set is None  # torch pins its own CUDA wheels
+    # torch pins its own CUDA wheels and the toolkit is the recipe's; the wheel set serves the rest of the tier
+    assert with_torch.version == "12.4.1" and with_torch.wheel_set.toolkit == "12.4.1"
 
 
 def test_python_rule_names_the_provider(tmp_path):
@@ -71,8 +72,39 @@ def test_base_rule_pins_warns_or_refuses(tmp_path):
     read = BaseFacts("r.example.com/base:1", "sha256:" + "a" * 64, {"io.imgbuild.cuda.version": "12.4.1"})
     assert rules.base_rule(r, read, "12.4.1", torch, "r.example.com/base:1").base_image == \
         "r.example.com/base:1@sha256:" + "a" * 64
-    unread = rules.base_rule(r, BaseFacts("r.example.com/base:1", None, error="offline"), "12.4.1", torch, "x")
-    assert [(w.code, w.key) for w in unread.warnings] == [(codes.BASE_UNREADABLE, "base.image")]
     with pytest.raises(CompatibilityError) as info:
         rules.base_rule(r, read, "12.8.1", torch, "r.example.com/base:1")
     assert info.value.key == "base.image" and "CUDA 12.4.1" in info.value.message
+
+
+def test_images_rule_warns_from_the_end_of_life_date_on(tmp_path):
+    """12.4.1's nvidia/cuda images reach end of life on 2026-06-01 (NVIDIA's EOL chart: R535);
+    the rule compares with the date it is given, by default today's."""
+    import datetime
+    r = recipe(tmp_path, source="nvidia", base="os: ubuntu22.04", python="3.10")
+    before = rules.images_rule(r, "12.4.1", "ubuntu22.04", frozenset(), today=datetime.date(2026, 5, 31))
+    assert before.base_image == "nvidia/cuda:12.4.1-runtime-ubuntu22.04" and before.warnings == ()
+    on = rules.images_rule(r, "12.4.1", "ubuntu22.04", frozenset(), today=datetime.date(2026, 6, 1))
+    assert [(w.code, w.key) for w in on.warnings] == [(codes.EOL_IMAGE, "cuda.version")]
+    assert "reached end of life on 2026-06-01" in on.warnings[0].message
+    assert "from 2026-12-01" in on.warnings[0].message
+    assert rules.images_rule(r, "12.4.1", "ubuntu22.04", frozenset()).warnings == on.warnings
+
+
+def test_images_rule_no_warning_where_nvidia_publishes_no_end_of_life(tmp_path):
+    import datetime
+    r = recipe(tmp_path, source="nvidia", base="os: ubuntu24.04", python="3.12")
+    part = rules.images_rule(r, "13.4.2", "ubuntu24.04", frozenset(), today=datetime.date(2099, 1, 1))
+    assert part.base_image == "nvidia/cuda:13.4.2-runtime-ubuntu24.04" and part.warnings == ()
+
+
+def test_images_rule_no_eol_warning_when_no_nvidia_cuda_tag_is_pulled(tmp_path):
+    """A shared base.image is the FROM: Docker Hub deleting 12.4.1's tags cannot break it."""
+    import datetime
+    r = recipe(tmp_path, source="nvidia", base="image: r.example.com/base:1", python="3.10")
+    part = rules.images_rule(r, "12.4.1", "ubuntu22.04", frozenset(), today=datetime.date(2026, 6, 1))
+    assert part.base_image == "r.example.com/base:1" and part.warnings == ()
+    compiling = rules.images_rule(r, "12.4.1", "ubuntu22.04", frozenset({"flash-attn"}),
+                                  today=datetime.date(2026, 6, 1))
+    assert compiling.builder_image == "nvidia/cuda:12.4.1-devel-ubuntu22.04"
+    assert [w.code for w in compiling.warnings] == [codes.EOL_IMAGE]

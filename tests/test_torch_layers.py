@@ -11,7 +11,7 @@ from buildkit_py.render.dockerfile import render_step
 
 RECIPE = """\
 name: team/x
-cuda: {{version: "13.0", source: wheels}}
+cuda: {{version: "13.0", source: wheels, flavor: base}}
 base: {{image: debian:bookworm-slim}}
 python: "3.11"
 torch: "{torch}"
@@ -61,7 +61,7 @@ def test_a_release_that_bumps_cudnn_and_nccl_changes_only_those_layers(tmp_path)
 
 
 def test_torch_from_another_index_keeps_one_step(tmp_path):
-    path = write_recipe(tmp_path, 'name: x\ncuda: {version: "12.1", source: wheels}\n'
+    path = write_recipe(tmp_path, 'name: x\ncuda: {version: "12.1", source: wheels, flavor: base}\n'
                                   'base: {image: debian:bookworm-slim}\npython: "3.11"\ntorch: "2.5.1"\n')
     assert make_plan(load_recipe(path)).resolution.torch_index_url  # cu121: PyPI's 2.5.1 is cu124
     ids = [s.id for s in make_plan(load_recipe(path)).final.steps]
@@ -117,7 +117,7 @@ def cuda_plan(tmp_path, cuda, extra=""):
 
 
 def test_cudnn_from_wheels_without_torch_gets_cudnn_and_cublas_layers_of_their_own(tmp_path):
-    plan = cuda_plan(tmp_path, "13.0", ', cudnn: "9"')
+    plan = cuda_plan(tmp_path, "13.0", ', flavor: base, cudnn: "9"')
     steps = {s.id: s for s in plan.final.steps if s.group == "cuda" and isinstance(s, PipStep)}
     assert list(steps) == ["cuda", "cuda-cublas", "cuda-cudnn"]
     assert steps["cuda"].requirements == ("nvidia-cuda-nvrtc==13.0.88", "nvidia-cuda-runtime==13.0.96")
@@ -132,20 +132,28 @@ def test_cudnn_from_wheels_without_torch_gets_cudnn_and_cublas_layers_of_their_o
 def test_the_devel_toolkit_splits_its_math_libraries_and_keeps_nvcc_with_the_small_ones(tmp_path):
     plan = cuda_plan(tmp_path, "13.0", ", flavor: devel")
     ids = [s.id for s in plan.final.steps if s.group == "cuda"]
-    assert ids == ["cuda", "cuda-cublas", "cuda-cufft", "cuda-cusolver", "cuda-cusparse", "cuda-home", "ldconfig"]
+    assert ids == ["cuda", "cuda-cublas", "cuda-cufft", "cuda-cusolver", "cuda-cusparse", "cuda-nccl", "cuda-home",
+                   "ldconfig"]
     small = plan.final.steps[[s.id for s in plan.final.steps].index("cuda")]
     assert "nvidia-cuda-nvcc==13.0.88" in small.requirements
+    assert "nvidia-npp==13.0.1.2" in small.requirements  # devel is the runtime tier and the compiler
 
 
-def test_a_runtime_only_recipe_keeps_its_one_cuda_step(tmp_path):
-    plan = cuda_plan(tmp_path, "12.4")
+def test_a_base_tier_recipe_keeps_its_one_cuda_step(tmp_path):
+    plan = cuda_plan(tmp_path, "12.4", ", flavor: base")
     assert [s.id for s in plan.final.steps if s.group == "cuda"] == ["cuda", "ldconfig"]
 
 
+def test_the_runtime_tier_gives_its_big_libraries_layers_of_their_own(tmp_path):
+    plan = cuda_plan(tmp_path, "12.4")
+    assert [s.id for s in plan.final.steps if s.group == "cuda"] == [
+        "cuda", "cuda-cublas", "cuda-cufft", "cuda-cusolver", "cuda-cusparse", "cuda-nccl", "ldconfig"]
+
+
 def test_cudnn_layers_are_the_same_steps_whatever_else_the_image_holds(tmp_path):
-    a = cuda_plan(tmp_path / "a", "12.4", ', cudnn: "9"')
-    b = make_plan(load_recipe(write_recipe(tmp_path / "b", WHEELS.format(cuda="12.4", extra=', cudnn: "9"')
-                                           + "apt: [less]\npip: [requests==2.32.3]\n")))
+    a = cuda_plan(tmp_path / "a", "12.4", ', flavor: base, cudnn: "9"')
+    text = WHEELS.format(cuda="12.4", extra=', flavor: base, cudnn: "9"') + "apt: [less]\npip: [requests==2.32.3]\n"
+    b = make_plan(load_recipe(write_recipe(tmp_path / "b", text)))
     text = {s.id: render_step(s) for s in a.final.steps}
     same = [s.id for s in b.final.steps if text.get(s.id) == render_step(s)]
     assert {"cuda", "cuda-cublas", "cuda-cudnn"} <= set(same) and "os" not in same
@@ -153,7 +161,7 @@ def test_cudnn_layers_are_the_same_steps_whatever_else_the_image_holds(tmp_path)
 
 HEAVY = """\
 name: team/x
-cuda: {{version: "12.4", source: wheels}}
+cuda: {{version: "12.4", source: wheels, flavor: base}}
 base: {{image: debian:bookworm-slim}}
 python: "3.11"
 torch: "2.5.1"

@@ -335,6 +335,61 @@ def test_ctrl_c_stops_a_parallel_push_before_its_manifest(client, ref, tmp_path,
     assert [f.path for f in pushed.files] == sorted(files)
 
 
+def _pull_process(ref: str, dest: Path, log: Path) -> subprocess.Popen:
+    """`imgbuild weights pull REF DEST --json` in a process of its own (credentials from the env)."""
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+    with open(log, "w") as err:
+        return subprocess.Popen([sys.executable, "-m", "buildkit_py", "weights", "pull", ref, str(dest), "--json",
+                                 "--progress", "quiet"], stdout=subprocess.PIPE, stderr=err, text=True, env=env)
+
+
+def _until(what: str, condition, proc: subprocess.Popen | None = None, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert proc is None or proc.poll() is None or condition(), \
+            f"the process ended (exit {proc.returncode}) before {what}"
+        assert time.monotonic() < deadline, f"no {what} within {timeout}s"
+        time.sleep(0.001)
+
+
+def test_two_pulls_into_one_folder_take_turns(client, ref, tmp_path):
+    """Issue 22 item 3: two pulls into one folder wrote into the same .partial; one died with an
+    internal error (its partial renamed away), the other called the registry's blob tampered
+    with. Now the second waits for the first (a lock on the folder), then skips what it
+    finished. Real processes: the first is stopped (SIGSTOP) with its download under way,
+    so the second surely starts while it runs."""
+    src, dest = tmp_path / "src", tmp_path / "dest"
+    files = _shards(src, count=1, size=96 << 20)
+    files["config.json"] = b'{"hidden_size": 64}'
+    (src / "config.json").write_bytes(files["config.json"])
+    weights.push(src, ref, client=client)
+    first = _pull_process(ref, dest, tmp_path / "first.log")
+    second = None
+    try:
+        _until("a partial", (dest / "shard-0.safetensors.partial").exists, first)
+        os.kill(first.pid, signal.SIGSTOP)
+        second = _pull_process(ref, dest, tmp_path / "second.log")
+        _until("the second's wait notice or its end",
+               lambda: "waiting for another pull" in (tmp_path / "second.log").read_text() or second.poll() is not None)
+        waited = second.poll() is None  # it waits while the first one cannot move
+        os.kill(first.pid, signal.SIGCONT)
+        outs = [p.communicate(timeout=300)[0] for p in (first, second)]
+    finally:
+        for proc in (first, second):
+            if proc is not None and proc.poll() is None:
+                os.kill(proc.pid, signal.SIGCONT)
+                proc.kill()
+                proc.wait()
+    logs = [(tmp_path / f"{n}.log").read_text() for n in ("first", "second")]
+    assert (first.returncode, second.returncode) == (0, 0), logs
+    assert waited and "waiting for another pull into" in logs[1]
+    a, b = (json.loads(out) for out in outs)
+    assert a["downloaded_bytes"] == sum(len(d) for d in files.values()) and a["skipped"] == []
+    assert b["downloaded_bytes"] == 0 and sorted(b["skipped"]) == sorted(files)
+    assert tree(dest) == files  # nothing else: no partial, no lock file
+    assert "tampered" not in "".join(logs)
+
+
 def test_corrupt_blob_on_registry_disk_is_caught(client, ref, tmp_path):
     src, dest = tmp_path / "src", tmp_path / "dest"
     make_model(src)

@@ -9,6 +9,7 @@ from packaging.version import Version
 from buildkit_py.compat import (
     driver_branch_end_of_life,
     forward_compat_branches,
+    known_native_driver,
     minor_compat_floor,
     resolve_cuda,
     toolkits,
@@ -21,7 +22,7 @@ NATIVE, MINOR, FORWARD, INCOMPATIBLE = "native", "minor-version", "forward-compa
 class CheckResult:
     cuda: str
     driver: str
-    min_driver: str
+    min_driver: str | None  # None: NVIDIA publishes no native floor for this CUDA
     min_driver_compat: str | None
     verdict: str
     compatible: bool
@@ -40,11 +41,18 @@ class CheckResult:
 def newest_native_toolkit(driver: str) -> str | None:
     """Newest known toolkit whose Linux minimum driver is <= ``driver``."""
     d = Version(driver)
-    ok = [t.version for t in toolkits() if t.min_driver_basis != "minor-compat" and Version(t.linux_min_driver) <= d]
+    ok = [t.version for t in toolkits() if t.linux_min_driver and Version(t.linux_min_driver) <= d]
     return ok[-1] if ok else None
 
 
-def check_compat(cuda: str, driver: str, *, datacenter: bool | None = None) -> CheckResult:
+_LIMITS = ("features are limited: PTX newer than the driver cannot be JIT-compiled (ship SASS for your GPUs) "
+           "and some APIs return cudaErrorCallRequiresNewerDriver")
+
+
+def check_compat(cuda: str, driver: str, *, datacenter: bool | None = None,
+                 driver_cuda: str | None = None) -> CheckResult:
+    """``driver_cuda``: the CUDA version the driver itself reports (NVML, nvidia-smi's header), when
+    read from the host: the driver's own word on what it runs natively."""
     tk = resolve_cuda(cuda)
     d = Version(driver)
     need = tk.linux_min_driver
@@ -56,22 +64,16 @@ def check_compat(cuda: str, driver: str, *, datacenter: bool | None = None) -> C
     def result(verdict: str, message: str, remedy: str | None) -> CheckResult:
         return CheckResult(tk.version, driver, need, floor, verdict, verdict in (NATIVE, MINOR), message, remedy)
 
-    if tk.min_driver_basis == "minor-compat" and d >= Version(need):
-        return result(MINOR,
-                      f"NVIDIA publishes no minimum driver for CUDA {tk.version} (no Table 3 row); driver {driver} is "
-                      f"within CUDA {major}.x minor-version compatibility (>= {need}): features are limited: PTX newer "
-                      "than the driver cannot be JIT-compiled (ship SASS for your GPUs) and some APIs return "
-                      "cudaErrorCallRequiresNewerDriver",
-                      f"for full support use a driver released with or after CUDA {tk.major_minor}" +
-                      (f" (its runfile bundles {tk.runfile_driver})" if tk.runfile_driver else ""))
+    if driver_cuda and Version(driver_cuda) >= Version(tk.major_minor):
+        return result(NATIVE, f"driver {driver} reports CUDA {driver_cuda}, which covers CUDA {tk.version}", None)
+    if need is None:
+        return _unpublished_floor(tk, driver, floor, result)
     if d >= Version(need):
         return result(NATIVE, f"driver {driver} meets CUDA {tk.version}'s minimum {need}", None)
     if floor is not None and d >= Version(floor):
         return result(MINOR,
                       f"driver {driver} is older than CUDA {tk.version}'s minimum {need} but within CUDA {major}.x "
-                      f"minor-version compatibility (>= {floor}): features are limited: PTX newer than the driver "
-                      "cannot be JIT-compiled (ship SASS for your GPUs) and some APIs return "
-                      "cudaErrorCallRequiresNewerDriver",
+                      f"minor-version compatibility (>= {floor}): {_LIMITS}",
                       f"upgrade the driver to >= {need} for full support, or use CUDA <= {native_tk}" if native_tk
                       else f"upgrade the driver to >= {need}")
     branch = str(d.major)
@@ -95,3 +97,24 @@ def check_compat(cuda: str, driver: str, *, datacenter: bool | None = None) -> C
                   f"driver {driver} is too old for CUDA {tk.version} (minimum {need}"
                   + (f", minor-version floor {floor}" if floor else "") + ") and " + why_not,
                   f"upgrade the driver to >= {floor or need}{runs_natively}")
+
+
+def _unpublished_floor(tk, driver: str, floor: str | None, result) -> CheckResult:
+    """A toolkit whose native floor NVIDIA does not publish (CUDA 13.3-13.5): native only above a
+    driver known to run it (an installer of its minor bundles it), minor-version above the major's
+    floor, else incompatible (forward compatibility needs a published floor to aim at)."""
+    d = Version(driver)
+    known = known_native_driver(tk.version)
+    if known is not None and d >= Version(known.driver):
+        return result(NATIVE, f"NVIDIA publishes no minimum driver for CUDA {tk.major_minor}; driver {driver} is at "
+                              f"or above {known.driver}, {known.why}, so it runs CUDA {tk.version} natively", None)
+    native = (f"a driver >= {known.driver} ({known.why}) runs it natively" if known
+              else f"a driver released with or after CUDA {tk.major_minor} runs it natively")
+    if floor is not None and d >= Version(floor):
+        return result(MINOR, f"native floor unknown: NVIDIA publishes no minimum driver for CUDA {tk.major_minor}; "
+                             f"driver {driver} is within CUDA {tk.version.split('.')[0]}.x minor-version "
+                             f"compatibility (>= {floor}): {_LIMITS}",
+                      f"for full support: {native}")
+    return result(INCOMPATIBLE, f"driver {driver} is below CUDA {tk.version.split('.')[0]}.x minor-version "
+                                f"compatibility (>= {floor}) and NVIDIA publishes no minimum driver for CUDA "
+                                f"{tk.major_minor}", f"upgrade the driver to >= {floor}; {native}")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import shutil
 import subprocess
@@ -15,6 +16,9 @@ _QUERY_NEW = ["--query-gpu=driver_version,name,compute_cap", "--format=csv,nohea
 _QUERY_OLD = ["--query-gpu=driver_version,name", "--format=csv,noheader"]
 _DRIVER_RE = re.compile(r"^\d{3}(\.\d{1,3}){1,2}$")
 _CAP_RE = re.compile(r"^\d{1,2}\.\d$")
+# nvidia-smi's banner ("| NVIDIA-SMI 550.54.15   Driver Version: 550.54.15   CUDA Version: 12.4 |") and
+# `nvidia-smi -q` ("CUDA Version                              : 12.4") both say it this way.
+_SMI_CUDA_RE = re.compile(r"CUDA Version\s*:\s*(\d{1,2}\.\d{1,2})\b")
 # Name fragments of NVIDIA data-center products (forward compatibility applies to these).
 _DATACENTER = re.compile(r"\b(Tesla|A100|A800|A30|A40|A10G?|A16|A2|H100|H200|H800|H20|GH200|B100|B200|B300|GB200"
                          r"|GB300|L4|L40S?|L20|T4|V100|P100|P40|K80)\b")
@@ -33,6 +37,9 @@ class HostDriver:
     version: str
     gpus: tuple[Gpu, ...]
     source: Literal["nvidia-smi", "nvml"]
+    # The CUDA version the driver itself says it runs natively ("12.4"): NVML's
+    # nvmlSystemGetCudaDriverVersion, nvidia-smi's "CUDA Version"; None where it could not be read.
+    cuda_version: str | None = None
 
     @property
     def datacenter(self) -> bool | None:
@@ -96,16 +103,37 @@ def read_nvidia_smi(*, binary: str = "nvidia-smi", timeout: float = 20.0,
 
     proc = call(_QUERY_NEW)
     if proc.returncode == 0:
-        return parse_smi_csv(proc.stdout, with_cap=True)
+        return _with_cuda(parse_smi_csv(proc.stdout, with_cap=True), call)
     out = (proc.stdout or "") + "\n" + (proc.stderr or "")
     if "compute_cap" in out or "not a valid field" in out.lower() or "Field" in out:
         old = call(_QUERY_OLD)  # nvidia-smi older than ~510 does not know compute_cap
         if old.returncode == 0:
-            return parse_smi_csv(old.stdout, with_cap=False)
+            return _with_cuda(parse_smi_csv(old.stdout, with_cap=False), call)
         out = (old.stdout or "") + "\n" + (old.stderr or "")
         proc = old
     raise DriverCheckError(f"{binary} failed with exit code {proc.returncode}: {_tail(out)}",
                            hint="check that the NVIDIA kernel module is loaded and matches the user-space driver")
+
+
+def parse_smi_cuda_version(text: str) -> str | None:
+    """The driver's CUDA version from nvidia-smi's banner, or None when it does not say one."""
+    m = _SMI_CUDA_RE.search(text or "")
+    return m.group(1) if m else None
+
+
+def _with_cuda(host: HostDriver, call: Callable[[list[str]], subprocess.CompletedProcess]) -> HostDriver:
+    """Add what the driver says it runs natively (nvidia-smi's banner); unknown when it cannot say."""
+    try:
+        proc = call([])
+    except DriverCheckError:
+        return host
+    cuda = parse_smi_cuda_version(proc.stdout) if proc.returncode == 0 else None
+    return dataclasses.replace(host, cuda_version=cuda)
+
+
+def _cuda_from_int(value: int) -> str:
+    """NVML's CUDA driver version 12040 -> "12.4"."""
+    return f"{value // 1000}.{(value % 1000) // 10}"
 
 
 def read_nvml() -> HostDriver:
@@ -118,6 +146,10 @@ def read_nvml() -> HostDriver:
         try:
             ver = pynvml.nvmlSystemGetDriverVersion()
             ver = ver.decode() if isinstance(ver, bytes) else str(ver)
+            try:
+                cuda: str | None = _cuda_from_int(int(pynvml.nvmlSystemGetCudaDriverVersion()))
+            except Exception:  # NVML older than the call
+                cuda = None
             gpus = []
             for i in range(pynvml.nvmlDeviceGetCount()):
                 h = pynvml.nvmlDeviceGetHandleByIndex(i)
@@ -137,7 +169,7 @@ def read_nvml() -> HostDriver:
         raise DriverCheckError(f"NVML query failed: {exc}") from exc
     if not gpus:
         raise DriverCheckError("NVML reports no GPUs")
-    return HostDriver(ver, tuple(gpus), "nvml")
+    return HostDriver(ver, tuple(gpus), "nvml", cuda)
 
 
 def read_host_driver(*, prefer_nvml: bool = True) -> HostDriver:

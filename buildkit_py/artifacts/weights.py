@@ -35,6 +35,7 @@ from typing import Any, NamedTuple
 from buildkit_py import oci
 from buildkit_py.artifacts.file_kinds import FileKind, file_kind
 from buildkit_py.errors import DigestMismatch, UnsafePath, UsageError, WeightsError
+from buildkit_py.files import exclusive_folder
 
 ARTIFACT_TYPE = "application/vnd.cncf.model.manifest.v1+json"
 CONFIG_MEDIA_TYPE = "application/vnd.cncf.model.config.v1+json"
@@ -55,6 +56,9 @@ ANNOTATION_TITLE = "org.opencontainers.image.title"
 _LEGACY_FILEPATH = "org.cnai.model.filepath"
 
 PARTIAL_SUFFIX = ".partial"
+# Where pull locks a folder whose file system cannot lock the folder itself: its name ends in
+# PARTIAL_SUFFIX, so push never takes it for content and no artifact may name it.
+PULL_LOCK = ".imgbuild-pull" + PARTIAL_SUFFIX
 _SKIP_DIRS = {".git"}
 _EPOCH = "1970-01-01T00:00:00Z"  # constant mtime: reproducible manifests (spec: Reproducibility)
 _TYPEFLAG_REGULAR = ord("0")
@@ -336,7 +340,8 @@ def _file_matches(path: Path, size: int, digest: str) -> bool:
 
 
 def pull(ref: str | oci.Reference, directory: str | os.PathLike, progress: oci.Progress | None = None, *,
-         client: oci.Client | None = None, jobs: int = DEFAULT_JOBS, streams: int | None = None) -> PullResult:
+         client: oci.Client | None = None, jobs: int = DEFAULT_JOBS, streams: int | None = None,
+         on_wait: Callable[[], None] | None = None) -> PullResult:
     """Download an artifact's files into ``directory``.
 
     Every path is checked before anything is written (no ``..``, no absolute paths, no
@@ -348,6 +353,11 @@ def pull(ref: str | oci.Reference, directory: str | os.PathLike, progress: oci.P
     its partial is deleted and nothing appears at the final path. Up to ``jobs`` files at
     once, each in ``streams`` ranges (oci.get_blob); ``progress`` may be called from
     several threads.
+
+    One pull at a time per folder (a lock on the folder, ``files.exclusive_folder``): a second
+    pull into it, from another process or thread, waits (``on_wait`` is called first), then
+    finds the files the first one finished and skips them. Without the lock two pulls wrote
+    into one ``.partial`` at once and each took the other's bytes for a corrupt blob.
     """
     reference = oci.as_reference(ref)
     root = Path(directory)
@@ -381,7 +391,8 @@ def pull(ref: str | oci.Reference, directory: str | os.PathLike, progress: oci.P
         os.replace(partial, target)
         return received
 
-    received = _in_parallel(one, targets, jobs, progress)
+    with exclusive_folder(root, fallback=root / PULL_LOCK, on_wait=on_wait):
+        received = _in_parallel(one, targets, jobs, progress)
     skipped = tuple(f.path for (f, _, _), got in zip(targets, received, strict=True) if got is None)
     return PullResult(tuple(f for f, _ in entries), sum(got or 0 for got in received), skipped)
 

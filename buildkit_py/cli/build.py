@@ -49,7 +49,9 @@ def register(add: AddCommand) -> None:
                    help="layer compression of the pushed image: gzip[:0-9] or zstd[:0-22] (buildx)")
     b.add_argument("--oci-mediatypes", action="store_true", help="OCI media types in the manifest (buildx)")
     b.add_argument("--provenance", choices=["min", "max", "false"], default=None,
-                   help="provenance attestation mode (buildx; default: the client's)")
+                   help="attach a provenance attestation (buildx with the containerd store or a builder; "
+                        "default false: an attestation holds the build's start time and a random id, so every "
+                        "build, even of an unchanged recipe, would get a new digest)")
     b.add_argument("--platform", action="append", default=[], metavar="OS/ARCH",
                    help="target platform, passed to buildx (repeatable)")
     b.add_argument("--cache-from", action="append", default=[], metavar="REF",

@@ -40,15 +40,16 @@ def cmd_check(args: argparse.Namespace, out: Out) -> int:
     else:
         cuda, what = _cuda_of_target(None if is_recipe(args.target) else reading_engine(args), args.target)
     datacenter = args.datacenter
+    driver_cuda = None
     if args.driver:
         driver = args.driver
     else:
         host = _host_driver(args, cuda)
-        driver = host.version
+        driver, driver_cuda = host.version, host.cuda_version
         if datacenter is None:
             datacenter = host.datacenter
     try:
-        result = check_compat(cuda, driver, datacenter=datacenter)
+        result = check_compat(cuda, driver, datacenter=datacenter, driver_cuda=driver_cuda)
     except LookupError as exc:
         raise UsageError(f"unknown CUDA version {cuda}: {str(exc).strip(chr(39))}") from None
     except ValueError as exc:
@@ -75,10 +76,11 @@ def _host_driver(args: argparse.Namespace, cuda: str) -> HostDriver:
     try:
         return read_host_driver()
     except DriverCheckError as exc:
-        try:
-            example = resolve_cuda(cuda).linux_min_driver
+        try:  # the CUDA's native floor, or the driver NVIDIA bundles where the floor is unpublished
+            toolkit = resolve_cuda(cuda)
+            example = toolkit.linux_min_driver or toolkit.runfile_driver or "580.65.06"
         except LookupError:  # an unknown version: check_compat says so once a driver is given
-            example = "550.54.15"
+            example = "580.65.06"
         target = f"--cuda {args.cuda}" if args.cuda else args.target
         raise DriverCheckError(f"cannot read this host's NVIDIA driver: {exc.message}",
                                hint=f"to check for another machine, give its driver: imgbuild check {target} "

@@ -17,6 +17,7 @@ from typing import IO, TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from rich.console import Console
 
+    from buildkit_py.compat.rules import PinLookup
     from buildkit_py.engine import Engine
     from buildkit_py.plan.build_plan import BuildPlan
     from buildkit_py.recipe.model import Recipe
@@ -188,25 +189,27 @@ def plan_recipe(args: argparse.Namespace, recipe_path: Path, out: Out | None = N
     from buildkit_py.recipe.model import load_recipe
 
     recipe = load_recipe(recipe_path)
-    _look_up_newer_pins(args, recipe, Out(sys.stdout, sys.stderr) if out is None else out)
+    lookup = _look_up_newer_pins(args, recipe, Out(sys.stdout, sys.stderr) if out is None else out)
     return make_plan(recipe, tags=tuple(getattr(args, "tag", []) or ()), registry=getattr(args, "registry", None),
-                     resolution=resolve_with_base(recipe))
+                     resolution=resolve_with_base(recipe, lookup=lookup))
 
 
-def _look_up_newer_pins(args: argparse.Namespace, recipe: Recipe, out: Out) -> None:
-    """A torch pin newer than the shipped data: read it from the package index (cached) before
-    resolving, unless --offline. Only then is the index client imported."""
+def _look_up_newer_pins(args: argparse.Namespace, recipe: Recipe, out: Out) -> PinLookup | None:
+    """A torch pin the shipped data lacks: read it from the package index (cached) before resolving,
+    unless --offline. Only then is the index client imported. Returns what the look-up did, so the
+    resolver's refusal says why (None: nothing needed looking up)."""
     if not recipe.torch or not hasattr(args, "offline"):
-        return
+        return None
     from buildkit_py.compat import tables
+    from buildkit_py.compat.rules import PinLookup
 
     try:
         tables.torch_release(recipe.torch)
-        return
+        return None
     except LookupError:
         pass
     if args.offline:
-        return  # the resolver's error says what the shipped data and the cache lack
+        return PinLookup(offline=True)  # the resolver's error says what the shipped data and the cache lack
     from buildkit_py.compat import index, live
     from buildkit_py.errors import PackageIndexError
 
@@ -215,11 +218,12 @@ def _look_up_newer_pins(args: argparse.Namespace, recipe: Recipe, out: Out) -> N
     try:
         note = live.ensure_torch(recipe.torch, settings, offline=False)
     except (PackageIndexError, LookupError) as exc:
-        out.warn(f"torch {recipe.torch} is newer than imgbuild's compatibility data and could not be looked up: "
-                 f"{str(exc).strip(chr(39))}")
-        return
+        reason = str(exc).strip(chr(39))
+        out.warn(f"torch {recipe.torch} is not in imgbuild's compatibility data and could not be looked up: {reason}")
+        return PinLookup(failure=reason)
     if note:
         out.info(note)
+    return None
 
 
 def reading_engine(args: argparse.Namespace) -> Engine:

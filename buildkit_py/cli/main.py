@@ -12,12 +12,14 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import signal
 import sys
+import threading
 from collections.abc import Sequence
 from typing import IO, TYPE_CHECKING, Any, NoReturn
 
 from buildkit_py import __version__
-from buildkit_py.errors import ExitStatus, ImgbuildError, UsageError
+from buildkit_py.errors import ExitStatus, ImgbuildError, Interrupted, UsageError
 
 if TYPE_CHECKING:
     from _typeshed import SupportsWrite
@@ -25,7 +27,8 @@ if TYPE_CHECKING:
     from buildkit_py.cli.common import Out
 
 EPILOG = """exit codes: 0 ok; 1 build, push or check failed; 2 bad recipe or usage;
-3 environment (no engine, no BuildKit-capable client, registry unreachable or refusing credentials)"""
+3 environment (no engine, no BuildKit-capable client, registry unreachable or refusing credentials);
+130 interrupted (Ctrl-C), 143 terminated (SIGTERM): the running build stopped, temporary files removed"""
 
 # name -> (one-line summary, "module:register function" in buildkit_py.cli), in `--help` order.
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -132,6 +135,7 @@ def main(argv: Sequence[str] | None = None, stdout: IO[str] | None = None, stder
         after_dashes = argv[argv.index("--") + 1:]
         argv = argv[:argv.index("--")]
     args: argparse.Namespace | None = None
+    previous = _raise_on_signals()
     try:
         parser = _build_parser(stdout, _invoked_command(argv))
         args = parser.parse_args(argv)
@@ -146,10 +150,20 @@ def main(argv: Sequence[str] | None = None, stdout: IO[str] | None = None, stder
         stderr.write(f"imgbuild: error: {exc.render()}\n")
         code = int(exc.exit_status)
         document = {**exc.to_json(), "hint": exc.hint, "exit_code": code}
-    except KeyboardInterrupt:
-        stderr.write("imgbuild: interrupted\n")
-        code = 130
-        document = {"error": "Interrupted", "message": "interrupted", "hint": None, "exit_code": code}
+    except BrokenPipeError:
+        # The reader went away (`imgbuild plan ... | head`): stop quietly, as cat does, and keep
+        # Python from failing again when it flushes stdout at exit.
+        _silence_stdout(stdout)
+        return 128 + 13  # SIGPIPE's status, what a shell reports for a writer whose pipe closed
+    except KeyboardInterrupt as exc:  # errors.Interrupted from the handlers below, or a bare Ctrl-C
+        name = signal.Signals(getattr(exc, "signum", signal.SIGINT)).name
+        stopped = list(getattr(exc, "stopped", []))
+        message = f"interrupted by {name}" + (f": stopped {'; '.join(stopped)}; its temporary files removed"
+                                               if stopped else "")
+        stderr.write(f"imgbuild: {message}\n")
+        code = 128 + signal.Signals[name]
+        document = {"error": "Interrupted", "message": message, "hint": None, "exit_code": code, "signal": name,
+                    "stopped": stopped}
     except Exception as exc:  # a bug: say so briefly; the traceback only on request
         if os.environ.get("IMGBUILD_DEBUG"):
             raise
@@ -158,9 +172,37 @@ def main(argv: Sequence[str] | None = None, stdout: IO[str] | None = None, stder
         code = int(ExitStatus.FAILED)
         document = {"error": "InternalError", "message": f"{exc.__class__.__name__}: {exc}", "hint": hint,
                     "exit_code": code}
+    finally:
+        _restore_signals(previous)
     if _json_requested(args, argv):
         _out(stdout, stderr, stdin).data(document)
     return code
+
+
+def _silence_stdout(stdout: IO[str]) -> None:
+    if stdout is sys.stdout:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+
+
+def _raise_on_signals() -> dict[int, Any]:
+    """SIGINT and SIGTERM raise errors.Interrupted in the main thread while a command runs, so a CI
+    cancel (SIGTERM) unwinds like Ctrl-C: the build's child stopped, temporary files removed, one
+    line, exit 128+N. (Python's default for SIGTERM is to die on the spot: exit 143, no message,
+    the `docker build` still running and its temporary Dockerfile, context and iid files left.)
+    Returns the handlers to put back; none are set outside the main thread (in-process tests)."""
+    if threading.current_thread() is not threading.main_thread():
+        return {}
+
+    def handler(signum: int, _frame: object) -> None:
+        raise Interrupted(signum)
+
+    return {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
+
+
+def _restore_signals(previous: dict[int, Any]) -> None:
+    for signum, handler in previous.items():
+        signal.signal(signum, handler)
 
 
 def _out(stdout: IO[str], stderr: IO[str], stdin: IO[str] | None, *, quiet: bool = False) -> Out:

@@ -247,7 +247,9 @@ def plain_step_line(event: str, step: Step, variant: str = "") -> str | None:
     if event == "done":
         return f"{prefix}{step.name}: done in {step.seconds:.1f}s"
     if event == "error":
-        return f"{prefix}{step.name}: ERROR {step.message}"
+        from buildkit_py.engine.buildlog import short_error  # noqa: PLC0415 - only when a step fails
+
+        return f"{prefix}{step.name}: ERROR {short_error(step.message)}"
     return None  # cached: its start line is enough; the summary counts them
 
 
@@ -339,7 +341,9 @@ class StepView:
             self._write(f"[{variant}] {text}" if variant else text)
         elif self.mode == "plain":
             out = plain_step_line(*event, variant) if event else None
-            if out is None and "ERROR" in text and not (event and event[0] == "error"):
+            # Error lines of the steps' output; not BuildKit's summary after a failure (lines
+            # without "#N"), which repeats the step's script: the error message names the step.
+            if out is None and "ERROR" in text and text.startswith("#") and not (event and event[0] == "error"):
                 out = (f"[{variant}] " if variant else "") + " ".join(text.split())[:160]
             if out is not None:
                 self._write(out)

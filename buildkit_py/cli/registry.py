@@ -22,16 +22,28 @@ def register_login(add: AddCommand) -> None:
 
 def register_mirror(add: AddCommand) -> None:
     m = add("mirror", "Copy an image into your registry, byte for byte (same digest), so a deleted upstream tag\n"
-            "cannot break builds. Recipes use it with base.mirror: the copy lands where they look.\n\n"
+            "cannot break builds. An index is copied whole: every platform's manifest, BuildKit's attestation\n"
+            "manifests and their blobs. Recipes use it with base.mirror: the copy lands where they look.\n\n"
             "  imgbuild mirror nvidia/cuda:12.4.1-runtime-ubuntu22.04 --to-mirror registry.example.com/mirror\n"
-            "  imgbuild mirror SRC DEST")
+            "  imgbuild mirror SRC DEST [--platform linux/amd64]")
     m.add_argument("source")
     m.add_argument("dest", nargs="?", help="full destination reference")
     m.add_argument("--to-mirror", metavar="PREFIX", help="destination as base.mirror PREFIX would look it up")
-    m.add_argument("--all-platforms", action="store_true", help="copy every platform of a multi-platform image")
+    m.add_argument("--platform", action="append", default=[], metavar="OS/ARCH[/VARIANT]", type=_platform,
+                   help="copy only this platform of an index, with its attestations (repeatable); the copy is "
+                        "then a new index with another digest, said in the output")
+    # Copying every platform is the default now; the old flag still parses, so scripts keep working.
+    m.add_argument("--all-platforms", action="store_true", help=argparse.SUPPRESS)
     json_option(m)
     progress_option(m, "copy progress")
     m.set_defaults(handler=cmd_mirror)
+
+
+def _platform(text: str) -> str:
+    parts = text.split("/")
+    if not 2 <= len(parts) <= 3 or not all(parts):
+        raise argparse.ArgumentTypeError(f"{text!r} is not OS/ARCH or OS/ARCH/VARIANT (e.g. linux/amd64)")
+    return text
 
 
 def cmd_login(args: argparse.Namespace, out: Out) -> int:
@@ -59,14 +71,31 @@ def cmd_mirror(args: argparse.Namespace, out: Out) -> int:
 
     if bool(args.dest) == bool(args.to_mirror):
         raise UsageError("mirror needs DEST or --to-mirror PREFIX (one of them)")
+    if args.all_platforms and args.platform:
+        raise UsageError("--all-platforms and --platform contradict each other",
+                         hint="every platform is copied by default; --platform picks some")
     dest = args.dest or mirrored_ref(args.source, args.to_mirror)
     with transfer_view(out.stderr, args.progress) as progress:
-        digest = oci.copy_image(args.source, dest, all_platforms=args.all_platforms, progress=progress)
-    pinned = f"{dest.rsplit(':', 1)[0] if ':' in dest.rsplit('/', 1)[-1] else dest}@{digest}"
+        copied = oci.copy_image(args.source, dest, platforms=tuple(args.platform), progress=progress)
+    pinned = f"{dest.rsplit(':', 1)[0] if ':' in dest.rsplit('/', 1)[-1] else dest}@{copied.digest}"
     if args.json:
-        out.data({"source": args.source, "dest": dest, "digest": digest, "pinned": pinned})
+        out.data({"source": args.source, "dest": dest, "digest": copied.digest, "pinned": pinned,
+                  "source_digest": copied.source_digest, "same_digest": copied.same_digest,
+                  "media_type": copied.media_type, "platforms": list(copied.platforms),
+                  "left_out": list(copied.left_out), "attestations": copied.attestations,
+                  "manifests": copied.manifests})
+        return 0
+    out.line(f"mirrored {args.source} -> {dest}")
+    what = ", ".join(copied.platforms) or "an artifact (no platform)"
+    if copied.attestations:
+        what += f", {copied.attestations} attestation manifest{'s' if copied.attestations > 1 else ''}"
+    if copied.left_out:
+        what += f" (left out: {', '.join(copied.left_out)})"
+    out.line(f"copied   {what}")
+    if copied.same_digest:
+        out.line(f"digest   {copied.digest} (the source's)")
     else:
-        out.line(f"mirrored {args.source} -> {dest}")
-        out.line(f"digest   {digest}")
-        out.line(f"pin with {pinned}")
+        out.line(f"digest   {copied.digest}: a new index of the chosen platforms; the source's is "
+                 f"{copied.source_digest}")
+    out.line(f"pin with {pinned}")
     return 0

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import shlex
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -117,7 +118,8 @@ def cmd_run(args: argparse.Namespace, out: Out) -> int:
     for w in run.weights:
         w.host_dir.mkdir(parents=True, exist_ok=True)
         with transfer_view(out.stderr, args.progress) as progress:
-            res = weights.pull(w.ref, w.host_dir, progress=progress)
+            res = weights.pull(w.ref, w.host_dir, progress=progress,
+                               on_wait=partial(out.info, f"waiting for another pull into {w.host_dir} to end"))
         out.info(f"weights {w.ref}: {human_size(res.downloaded_bytes)} downloaded, {len(res.skipped)} files already "
                  "present")
     out.info(f"running {run.command_line}")

@@ -48,7 +48,8 @@ def cmd_weights(args: argparse.Namespace, out: Out) -> int:
         return 0
     if args.weights_command == "pull":
         with transfer_view(out.stderr, args.progress) as progress:
-            pulled = weights.pull(args.ref, args.directory, progress=progress)
+            pulled = weights.pull(args.ref, args.directory, progress=progress,
+                                  on_wait=lambda: out.info(f"waiting for another pull into {args.directory} to end"))
         if args.json:
             out.data({"ref": args.ref, "directory": str(args.directory), "downloaded_bytes": pulled.downloaded_bytes,
                       "files": [f._asdict() for f in pulled.files], "skipped": list(pulled.skipped)})

@@ -15,7 +15,6 @@ EOL_IMAGE = "eol-image"
 DEVEL_WITHOUT_COMPILE = "devel-without-compile"
 JIT_WITHOUT_RUNTIME_COMPILE = "jit-without-runtime-compile"
 RUNTIME_COMPILE_WITHOUT_NVCC = "runtime-compile-without-nvcc"
-BASE_UNREADABLE = "base-unreadable"
 WEIGHTS_IN_COPY = "weights-in-copy"
 
 # code -> what it means (the README's table is checked against this one).
@@ -29,7 +28,6 @@ CODES: dict[str, str] = {
     DEVEL_WITHOUT_COMPILE: "cuda.flavor devel, but the recipe compiles nothing at run time",
     JIT_WITHOUT_RUNTIME_COMPILE: "a pinned package compiles CUDA kernels at run time, and runtime_compile is not set",
     RUNTIME_COMPILE_WITHOUT_NVCC: "runtime_compile is set, but the final image has no nvcc",
-    BASE_UNREADABLE: "the base image's registry could not be read: the base is neither checked nor pinned",
     WEIGHTS_IN_COPY: "a copy: source holds model weights, which would be baked into a layer",
 }
 

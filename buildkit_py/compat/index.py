@@ -1,12 +1,14 @@
 """A small read-only client for a Python package index (PEP 503 HTML / PEP 691 JSON).
 
-It answers two questions, without downloading big wheels:
+It answers three questions, without downloading big wheels:
 
 - which releases a project has (``project``), sorted by version, not by the index's order;
 - what one distribution file declares in its METADATA (``metadata``): from the PEP 658 file
   (``<url>.metadata``) where the index advertises one; otherwise, for a wheel, by reading the
   zip's central directory and the METADATA member with HTTP range requests (a torch wheel is
-  500 MB; this reads tens of kB); a small file is read whole.
+  500 MB; this reads tens of kB); a small file is read whole;
+- which files a wheel holds (``members``: its zip central directory, by the same range reads),
+  e.g. the ``libbitsandbytes_cudaXYZ.so`` libraries of a bitsandbytes wheel.
 
 Imported lazily (only when a lookup misses the shipped data or on ``imgbuild data refresh``), so
 the stdlib ``urllib`` is used: nothing here may slow down ``import buildkit_py``.
@@ -180,19 +182,36 @@ class IndexClient:
             return body, len(body)
         return body, total
 
-    def _ranged_metadata(self, f: DistFile) -> bytes:
+    def members(self, f: DistFile) -> tuple[str, ...]:
+        """The file names in a wheel: its zip central directory, by HTTP range requests (or the
+        whole file below the size limit)."""
+        if f.size is not None and f.size <= _WHOLE_LIMIT:
+            body, _ = self._read(f.url)
+            return tuple(_zip_names(body, f.filename))
+        whole, cd = self._central_directory_of(f)
+        if whole is not None:
+            return tuple(_zip_names(whole, f.filename))
+        return tuple(e[0] for e in _entries(cd))
+
+    def _central_directory_of(self, f: DistFile) -> tuple[bytes | None, bytes]:
+        """(the whole file, b"") when the server sent it all, else (None, the central directory)."""
         tail, total = self._range(f.url, f"-{_TAIL}")
         if total is not None and len(tail) == total:   # whole file came back
-            return _member_from_zip_bytes(tail, f.filename)
+            return tail, b""
         if total is None:
             raise PackageIndexError(f"package index: {f.filename}: the server answered a range request "
                                     "without Content-Range")
         start_of_tail = total - len(tail)
         cd_offset, cd_size = _central_directory(tail, start_of_tail, f.filename, self, f.url)
         if cd_offset >= start_of_tail:
-            cd = tail[cd_offset - start_of_tail: cd_offset - start_of_tail + cd_size]
-        else:
-            cd, _ = self._range(f.url, f"{cd_offset}-{cd_offset + cd_size - 1}")
+            return None, tail[cd_offset - start_of_tail: cd_offset - start_of_tail + cd_size]
+        cd, _ = self._range(f.url, f"{cd_offset}-{cd_offset + cd_size - 1}")
+        return None, cd
+
+    def _ranged_metadata(self, f: DistFile) -> bytes:
+        whole, cd = self._central_directory_of(f)
+        if whole is not None:
+            return _member_from_zip_bytes(whole, f.filename)
         name, method, csize, lho = _find_metadata_entry(cd, f.filename)
         head, _ = self._range(f.url, f"{lho}-{lho + 30 + 1024 + csize - 1}")
         if head[:4] != b"PK\x03\x04":
@@ -313,7 +332,8 @@ def _central_directory(tail: bytes, tail_start: int, filename: str, client: Inde
     return cd_offset, cd_size
 
 
-def _find_metadata_entry(cd: bytes, filename: str) -> tuple[str, int, int, int]:
+def _entries(cd: bytes):
+    """(name, method, compressed size, local header offset) of each central directory record."""
     pos = 0
     while pos + 46 <= len(cd) and cd[pos:pos + 4] == b"PK\x01\x02":
         method, = struct.unpack("<H", cd[pos + 10:pos + 12])
@@ -338,10 +358,23 @@ def _find_metadata_entry(cd: bytes, filename: str) -> tuple[str, int, int, int]:
                 csize = next(it)
             if lho == 0xFFFFFFFF:
                 lho = next(it)
-        if re.fullmatch(r"[^/]+\.dist-info/METADATA", name):
-            return name, method, csize, lho
+        yield name, method, csize, lho
         pos += 46 + nlen + xlen + clen
+
+
+def _find_metadata_entry(cd: bytes, filename: str) -> tuple[str, int, int, int]:
+    for entry in _entries(cd):
+        if re.fullmatch(r"[^/]+\.dist-info/METADATA", entry[0]):
+            return entry
     raise PackageIndexError(f"package index: {filename}: no .dist-info/METADATA in the wheel")
+
+
+def _zip_names(body: bytes, filename: str) -> list[str]:
+    try:
+        with zipfile.ZipFile(io.BytesIO(body)) as z:
+            return z.namelist()
+    except zipfile.BadZipFile as exc:
+        raise PackageIndexError(f"package index: {filename}: not a zip: {exc}") from None
 
 
 def _inflate(data: bytes, method: int, filename: str) -> bytes:

@@ -29,7 +29,7 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
-from buildkit_py.compat import tables
+from buildkit_py.compat import fa_repo, tables
 from buildkit_py.compat.index import DistFile, Metadata, PackageIndexError, Project, redact
 from buildkit_py.errors import CompatDataError
 from buildkit_py.files import write_atomic
@@ -269,15 +269,18 @@ def _sorted_rows(rows, key="version"):
 
 
 def refresh(client, data: dict[str, dict], *, today: str, since: str = "1.13",
-            on_status: Callable[[str], None] | None = None) -> RefreshReport:
+            flash_attn_repo: Path | None = None, on_status: Callable[[str], None] | None = None) -> RefreshReport:
     """Compare the shipped data (``data``: file name -> raw JSON) with the index; return the
     changed files and what changed. Rows keep their hand-sourced fields (variants from PyTorch's
     matrix, Table 3 drivers); only what the index serves is rewritten, each with its source and date.
+    Every flash-attn and bitsandbytes release on the index that the data lacks is added: from the
+    index (and, for flash-attn, from its tag in ``flash_attn_repo``, a clone of
+    Dao-AILab/flash-attention), as a ``partial`` row where those do not say enough.
     ``on_status`` hears what is being read (a refresh makes a few hundred requests)."""
     run = _Refresh(client, copy.deepcopy(data), today, on_status or (lambda _text: None))
     run.torch(since)
     run.toolkits()
-    run.new_releases()
+    run.flash_attn(flash_attn_repo)
     run.bitsandbytes()
     for name in run.touched:
         run.data[name]["as_of"] = today
@@ -365,25 +368,26 @@ class _Refresh:
         return extras
 
     def _new_toolkit(self, tk: Project, mv: str, tv: str, wheel: DistFile) -> dict | None:
-        """A toolkit the data lacks, on its major's minor-version floor until a person reads Table 3."""
+        """A toolkit the data lacks: its native floor unpublished (null) until a person reads Table 3; its
+        major must have a minor-version floor, the only one then known."""
         major = Version(tv).major
         floor = {f["major"]: f for f in self.data["minor_compat.json"]["floors"]}.get(major)
         if floor is None:
             self.review.append(f"cuda-toolkit {mv}: CUDA {major}.x has no minor-version floor recorded")
             return None
-        self.changes.append(Change("toolkits.json", tv, f"new toolkit (cuda-toolkit {mv} on the index; floor "
-                                                        f"{floor['linux_min_driver']} from minor-version "
-                                                        "compatibility)"))
+        self.changes.append(Change("toolkits.json", tv, f"new toolkit (cuda-toolkit {mv} on the index; native "
+                                                        "floor unpublished until a person reads Table 3; minor-"
+                                                        f"version floor {floor['linux_min_driver']})"))
         self.review.append(f"toolkit {tv}: its Table 3 minimum driver, nvcc architectures (archs.json) and "
                            "nvidia/cuda images (images.json) need reading NVIDIA's pages")
         self.data["images.json"].setdefault("absent", {})[tv] = {
             "reason": f"added by imgbuild data refresh on {self.today}: no nvidia/cuda tags read for it yet",
             "read": self.today}
         self.touched.update({"toolkits.json", "images.json"})
-        return {"version": tv, "linux_min_driver": floor["linux_min_driver"], "windows_min_driver": None,
-                "min_driver_basis": "minor-compat",
-                "source": f"{redact(tk.index_url)}cuda-toolkit/ {wheel.filename} (the release); "
-                          f"floor: the CUDA {major}.x minor-version floor (minor_compat.json)",
+        return {"version": tv, "linux_min_driver": None, "windows_min_driver": None,
+                "min_driver_basis": "unpublished",
+                "source": f"{redact(tk.index_url)}cuda-toolkit/ {wheel.filename} (the release); no native floor "
+                          f"read: the CUDA {major}.x minor-version floor (minor_compat.json) is the only one known",
                 "read": self.today,
                 "notes": "added by imgbuild data refresh from the package index: look its minimum driver "
                          "up in NVIDIA's release notes Table 3"}
@@ -405,37 +409,192 @@ class _Refresh:
                               "source": src, "read": self.today}
             self.touched.add("wheels.json")
 
-    # --- flash-attn and bitsandbytes: release lists; bnb wheel METADATA -----------------------
-    def new_releases(self) -> None:
-        for name, file in (("flash-attn", "flash_attn.json"), ("bitsandbytes", "bitsandbytes.json")):
-            self.status(f"reading the {name} releases")
-            listing = self.client.project(name)
-            shipped = {r["version"] for r in self.data[file]["releases"]}
-            newest_shipped = max((Version(v) for v in shipped), default=Version("0"))
-            for v in listing.releases():
-                if v not in shipped and Version(v) > newest_shipped:
-                    self.review.append(f"{name} {v}: new on the index (shipped data ends at {newest_shipped}); "
-                                       "its CUDA/torch support needs reading its sources")
-
-    def bitsandbytes(self) -> None:
-        self.status("reading bitsandbytes' wheel METADATA")
-        bnb = self.client.project("bitsandbytes")
-        for row in self.data["bitsandbytes.json"]["releases"]:
-            wheels = list(linux_x86_64_wheels(bnb, row["version"])) or \
-                [f for f in bnb.files_of(row["version"]) if f.is_wheel and any(t.endswith("-any") for t in f.tags)]
-            if not wheels or Version(row["version"]) < Version("0.45"):
+    # --- flash-attn: every release on the index; build facts from its tag -------------------
+    def flash_attn(self, repo: Path | None) -> None:
+        file = "flash_attn.json"
+        listing = self.project("flash-attn")
+        rows = {r["version"]: r for r in self.data[file]["releases"]}
+        on_index = set(listing.releases())
+        for v in sorted(set(rows) - on_index, key=Version):
+            self.review.append(f"flash-attn {v}: in {file} but not a release on the index (yanked or removed)")
+        for v in listing.releases():
+            self.status(f"reading flash-attn {v}")
+            facts = fa_repo.read_tag(repo, v) if repo is not None else None
+            old = rows.get(v)
+            if old is None:
+                rows[v], what = self._fa_new_row(listing, v, facts, repo)
+                self._change(file, v, what)
                 continue
-            meta = self.client.metadata(wheels[0])
-            torch_req = next((r for r in _linux_reqs(meta) if r.name.lower() == "torch"), None)
-            torch_spec = str(torch_req.specifier) if torch_req is not None and str(torch_req.specifier) else None
-            checks: tuple[tuple[str, str | None], ...] = (("torch", torch_spec), ("python", meta.requires_python))
-            for key, val in checks:
-                if val and SpecifierSet(val) != SpecifierSet(row.get(key) or ""):
-                    self.changes.append(Change("bitsandbytes.json", row["version"],
-                                               f"{key}: {row.get(key)!r} -> {val!r}"))
-                    row[key] = val
+            if facts is None or facts.missing:
+                continue
+            if old.get("partial"):
+                rows[v], what = self._fa_new_row(listing, v, facts, repo)
+                self._change(file, v, what.replace("new release", "was partial, now filled", 1))
+                continue
+            self._fa_update(old, facts)
+        self.data[file]["releases"] = [_in_order(r, _FA_KEYS) for r in _sorted_rows(rows.values())]
+
+    def _fa_new_row(self, listing: Project, v: str, facts: fa_repo.TagFacts | None,
+                    repo: Path | None) -> tuple[dict, str]:
+        """A flash_attn.json row for release ``v`` and what to report about it."""
+        sdist = next(iter(listing.files_of(v)), None)
+        row: dict = {"version": v, "python": (sdist.requires_python if sdist else None) or ""}
+        where = f"{redact(listing.index_url)}flash-attn/ {sdist.filename if sdist else v} (Requires-Python)"
+        if facts is not None and not facts.missing:
+            row.update({"torch": facts.torch, "cuda": facts.cuda, "archs": list(facts.archs), "cxx_std": facts.cxx_std,
+                        "gencode": [{"sm": sm, "nvcc": nvcc} for sm, nvcc in facts.gencode],
+                        "prebuilt": list(facts.prebuilt)})
+            row["source"] = f"{where}; {facts.source()}"
+            n = fa_repo.combinations(facts.prebuilt)
+            row["notes"] = facts.prebuilt_note or (
+                f"{n} release wheels per the tag's publish.yml matrix (the GitHub release's assets are not read)")
+            dev = sorted({w["torch_build"] for w in facts.prebuilt if Version(w["torch_build"]).is_prerelease})
+            if dev:
+                row["notes"] += (f"; the wheels built against torch pre-releases ({', '.join(dev)}) are recorded "
+                                 "but never taken for a torch release")
+            what = f"new release (from the index and tag {facts.tag}: {n} release wheels)"
+        else:
+            if repo is None:
+                why = "no flash-attention repository given (--flash-attn-repo)"
+            elif facts is None:
+                why = f"no tag v{v} in {repo}"
+            else:
+                why = f"tag {facts.tag} does not say: {', '.join(facts.missing)}"
+            row["partial"] = (f"known from the package index only ({why}): its torch, CUDA, GPU and C++ "
+                              "requirements and release wheels are not recorded")
+            row["source"] = where
+            what = f"new release, partial ({why})"
+            self.review.append(f"flash-attn {v}: partial row ({why}); plans refuse it until its build facts "
+                               "are read")
+        row["read"] = self.today
+        return row, what
+
+    def _fa_update(self, row: dict, facts: fa_repo.TagFacts) -> None:
+        """A known release whose tag was read: its wheels, -gencode list and C++ standard follow the tag."""
+        new = {"cxx_std": facts.cxx_std, "gencode": [{"sm": sm, "nvcc": nvcc} for sm, nvcc in facts.gencode],
+               "prebuilt": list(facts.prebuilt)}
+        changed = [k for k, val in new.items() if row.get(k) != val]
+        if not changed:
+            return
+        for k in changed:
+            if k == "prebuilt":
+                before, after = fa_repo.combinations(row.get("prebuilt", ())), fa_repo.combinations(new[k])
+                self._change("flash_attn.json", row["version"], f"prebuilt: {before} -> {after} release wheels "
+                                                               f"({facts.tag} publish.yml)")
+            else:
+                self._change("flash_attn.json", row["version"], f"{k}: {row.get(k)!r} -> {new[k]!r}")
+            row[k] = new[k]
+        head = row.get("source", "").split("; Dao-AILab/flash-attention tag ")[0]
+        row["source"] = f"{head}; {facts.source()}"
+        row["read"] = self.today
+
+    def _change(self, file: str, key: str, what: str) -> None:
+        self.changes.append(Change(file, key, what))
+        self.touched.add(file)
+
+    # --- bitsandbytes: every release on the index; CUDA libraries and METADATA of its wheel --
+    def bitsandbytes(self) -> None:
+        file = "bitsandbytes.json"
+        bnb = self.project("bitsandbytes")
+        rows = {r["version"]: r for r in self.data[file]["releases"]}
+        known = {".".join(t["version"].split(".")[:2]) for t in self.data["toolkits.json"]["toolkits"]}
+        for v in sorted(set(rows) - set(bnb.releases()), key=Version):
+            self.review.append(f"bitsandbytes {v}: in {file} but not a release on the index (yanked or removed)")
+        for v in bnb.releases():
+            self.status(f"reading bitsandbytes {v}'s wheel")
+            wheel = _bnb_wheel(bnb, v)
+            row = rows.get(v)
+            if wheel is None:
+                if row is None:
+                    self.review.append(f"bitsandbytes {v}: no Linux x86_64 wheel on the index; not added")
+                continue
+            if row is None:
+                rows[v] = self._bnb_new_row(bnb, v, wheel, known)
+                continue
+            if Version(v) >= Version("0.45"):
+                self._bnb_metadata(row, wheel)
+            if isinstance(row.get("cuda"), list):
+                libs = self._bnb_libs(wheel, known)
+                if libs.cuda != row["cuda"]:
+                    self._change(file, v, f"cuda: {row['cuda']} -> {libs.cuda} (the wheel's CUDA libraries)")
+                    row["cuda"] = libs.cuda
                     row["read"] = self.today
-                    self.touched.add("bitsandbytes.json")
+        self.data[file]["releases"] = _sorted_rows(rows.values())
+
+    def _bnb_metadata(self, row: dict, wheel: DistFile) -> None:
+        meta = self.client.metadata(wheel)
+        torch_req = next((r for r in _linux_reqs(meta) if r.name.lower() == "torch"), None)
+        torch_spec = str(torch_req.specifier) if torch_req is not None and str(torch_req.specifier) else None
+        checks: tuple[tuple[str, str | None], ...] = (("torch", torch_spec), ("python", meta.requires_python))
+        for key, val in checks:
+            if val and SpecifierSet(val) != SpecifierSet(row.get(key) or ""):
+                self._change("bitsandbytes.json", row["version"], f"{key}: {row.get(key)!r} -> {val!r}")
+                row[key] = val
+                row["read"] = self.today
+
+    def _bnb_libs(self, wheel: DistFile, known: set[str]) -> BnbLibs:
+        return bnb_libs(self.client.members(wheel), known)
+
+    def _bnb_new_row(self, bnb: Project, v: str, wheel: DistFile, known: set[str]) -> dict:
+        meta = self.client.metadata(wheel)
+        libs = self._bnb_libs(wheel, known)
+        torch_req = next((r for r in _linux_reqs(meta) if r.name.lower() == "torch"), None)
+        row: dict = {"version": v, "cuda": libs.cuda}
+        if libs.nocublaslt and libs.nocublaslt != libs.cuda:   # loaders after 0.44 have no _nocublaslt variant
+            row["cuda_nocublaslt"] = libs.nocublaslt
+        row["python"] = meta.requires_python or ""
+        if torch_req is not None and str(torch_req.specifier):
+            row["torch"] = str(torch_req.specifier)
+        row["partial"] = ("added by imgbuild data refresh from the index: the wheel's CUDA libraries and METADATA "
+                          "are read; which library its loader picks and the GPUs it has kernels for are not")
+        row["source"] = (f"{redact(bnb.index_url)}bitsandbytes/ {wheel.filename}: libbitsandbytes_cuda*.so files "
+                         "in its zip central directory (HTTP range) and METADATA (Requires-Python, Requires-Dist)")
+        row["read"] = self.today
+        notes = [f"wheel tags: {', '.join(sorted(wheel.tags))}"]
+        if libs.unknown:
+            notes.append(f"also ships libraries for CUDA {', '.join(libs.unknown)}, which no toolkit imgbuild knows")
+        row["notes"] = "; ".join(notes)
+        self._change("bitsandbytes.json", v, f"new release, partial (CUDA libraries {', '.join(libs.cuda) or 'none'})")
+        self.review.append(f"bitsandbytes {v}: partial row; read its loader (cextension.py / cuda_setup) and "
+                           "installation guide for the CUDA rule and compute capability floors")
+        return row
+
+
+_FA_KEYS = ("version", "python", "torch", "cuda", "archs", "cxx_std", "gencode", "prebuilt", "partial", "source",
+            "read", "notes")
+
+
+def _in_order(row: dict, keys: tuple[str, ...]) -> dict:
+    """The row with its keys in the file's order (unknown keys last, as they were)."""
+    return {**{k: row[k] for k in keys if k in row}, **{k: v for k, v in row.items() if k not in keys}}
+
+
+@dataclass(frozen=True)
+class BnbLibs:
+    cuda: list[str]          # CUDA X.Y with libbitsandbytes_cudaXY.so, of toolkits imgbuild knows
+    nocublaslt: list[str]    # CUDA X.Y with libbitsandbytes_cudaXY_nocublaslt.so
+    unknown: list[str]       # CUDA X.Y libraries of toolkits imgbuild does not know (e.g. 10.2)
+
+
+def bnb_libs(names, known: set[str]) -> BnbLibs:
+    """The CUDA versions a bitsandbytes wheel carries libraries for, from its file names."""
+    main: set[str] = set()
+    nocublaslt: set[str] = set()
+    for n in names:
+        m = re.fullmatch(r"(?:.*/)?libbitsandbytes_cuda(\d\d+)(_nocublaslt)?\.so", n)
+        if m:   # cuda118 -> 11.8, cuda102 -> 10.2: the minor is the last digit
+            digits = m.group(1)
+            (nocublaslt if m.group(2) else main).add(f"{int(digits[:-1])}.{digits[-1]}")
+    order = sorted(main | nocublaslt, key=Version)
+    return BnbLibs([c for c in order if c in main and c in known], [c for c in order if c in nocublaslt and c in known],
+                   [c for c in order if c not in known])
+
+
+def _bnb_wheel(project: Project, version: str) -> DistFile | None:
+    """The Linux x86_64 wheel of a bitsandbytes release (py3-none-any before 0.43)."""
+    wheels = list(linux_x86_64_wheels(project, version)) or \
+        [f for f in project.files_of(version) if f.is_wheel and any(t.endswith("-any") for t in f.tags)]
+    return wheels[0] if wheels else None
 
 
 def dump(raw: dict) -> str:

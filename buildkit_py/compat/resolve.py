@@ -14,6 +14,8 @@ from buildkit_py.compat import bases, rules
 from buildkit_py.compat.bases import BaseFacts
 from buildkit_py.compat.codes import RecipeWarning
 from buildkit_py.compat.rules import mirrored_ref
+from buildkit_py.compat.tables import NativeEvidence, known_native_driver
+from buildkit_py.errors import CompatibilityError, CompatibilityErrors
 from buildkit_py.recipe.model import Recipe
 
 # Pins whose wheels are large and change rarely: they get a layer of their own, before
@@ -29,7 +31,7 @@ class Resolution:
     cuda_version: str  # full toolkit version, e.g. 12.4.1
     cuda_flavor: str
     cuda_source: str
-    min_driver: str
+    min_driver: str | None  # the native floor; None where NVIDIA publishes none for the minor
     min_driver_compat: str | None
     cudnn: str | None
     python: str
@@ -51,6 +53,8 @@ class Resolution:
     cuda_arch: tuple[str, ...] = ()
     warnings: tuple[RecipeWarning, ...] = ()
     base_digest: str | None = None  # the final stage's base, pinned (shared bases, mirrors)
+    # Where the native floor is unpublished: the lowest driver known to run it natively, and why
+    native_driver: NativeEvidence | None = None
 
     @property
     def cuda_major_minor(self) -> str:
@@ -70,21 +74,19 @@ class Resolution:
         return f"{self.torch}+{self.torch_variant}" if self.torch_variant else self.torch
 
 
-def resolve(recipe: Recipe, base: BaseFacts | None = None) -> Resolution:
+def resolve(recipe: Recipe, base: BaseFacts | None = None, lookup: rules.PinLookup | None = None) -> Resolution:
     """``base``: the facts of the final stage's base read from its registry (compat/bases.py),
-    or None where it is not looked up. Each rule gets what the rules before it decided."""
-    cuda = rules.cuda_rule(recipe, base)
-    cudnn = rules.cudnn_rule(recipe, cuda.version)
-    py = rules.python_rule(recipe, base)
-    torch = rules.torch_rule(recipe, cuda.version, py.python, cudnn)
-    archs = rules.arch_rule(recipe, cuda.version)
+    or None where it is not looked up; ``lookup``: what the plan-time look-up of a pin newer than
+    the data did (its refusal then says why). Each rule gets what the rules before it decided; the
+    rules that do not depend on each other all run, so every independent problem is reported at once."""
+    cuda, cudnn, py, torch, archs = _independent_parts(recipe, base, lookup)
     flash_attn = rules.flash_attn_rule(recipe, cuda.version, py.python, torch.version, archs.requested)
     bnb_warnings = rules.bitsandbytes_rule(recipe, cuda.version, py.python, torch.version, archs.requested)
     compile_ = frozenset(recipe.build.from_source) | flash_attn.compile
     images = rules.images_rule(recipe, cuda.version, py.os, compile_)
     flavor_warnings = rules.flavor_rule(recipe, compile_)
     pinned = rules.base_rule(recipe, base, cuda.version, torch, images.base_image)
-    wheels = rules.cuda_wheels_rule(recipe, cuda.wheel_set, cuda.version, cudnn, torch.version)
+    wheels = rules.cuda_wheels_rule(recipe, cuda.wheel_set, cuda.version, cudnn, torch, base)
     return Resolution(
         cuda_version=cuda.version,
         cuda_flavor=recipe.cuda.flavor,
@@ -109,10 +111,38 @@ def resolve(recipe: Recipe, base: BaseFacts | None = None) -> Resolution:
         cuda_arch=archs.for_build(bool(compile_)),
         warnings=torch.warnings + bnb_warnings + images.warnings + flavor_warnings + pinned.warnings,
         base_digest=pinned.digest,
+        native_driver=known_native_driver(cuda.version),
     )
 
 
-def resolve_with_base(recipe: Recipe, *, client=None, cache: dict[str, BaseFacts | None] | None = None) -> Resolution:
+def _independent_parts(recipe: Recipe, base: BaseFacts | None, lookup: rules.PinLookup | None):
+    """CUDA, cuDNN, Python, torch and the architectures: each rule runs when what it needs was decided,
+    and every problem found is raised together (CompatibilityErrors), not the first one alone."""
+    problems: list[CompatibilityError] = []
+
+    def attempt(rule, *args):
+        try:
+            return rule(*args)
+        except CompatibilityError as exc:
+            problems.append(exc)
+            return None
+
+    cuda = attempt(rules.cuda_rule, recipe, base)
+    py = attempt(rules.python_rule, recipe, base)
+    # every pin of a release the data lacks, not only the first (a list: all() would stop at one)
+    known = all([attempt(check, recipe, *extra) is not None for check, extra in rules.release_checks(recipe, lookup)])
+    cudnn = attempt(rules.cudnn_rule, recipe, cuda.version) if cuda else None
+    archs = attempt(rules.arch_rule, recipe, cuda.version) if cuda else None
+    torch = None
+    if cuda and py and known and not problems:
+        torch = attempt(rules.torch_rule, recipe, cuda.version, py.python, cudnn, lookup)
+    if problems:
+        raise problems[0] if len(problems) == 1 else CompatibilityErrors(problems)
+    return cuda, cudnn, py, torch, archs
+
+
+def resolve_with_base(recipe: Recipe, *, client=None, cache: dict[str, BaseFacts | None] | None = None,
+                      lookup: rules.PinLookup | None = None) -> Resolution:
     """Resolve against the final base's own facts (labels, env) when it sits in a named
     registry: a shared base built by imgbuild says its OS and Python in its labels. Every
     command that resolves a recipe (plan, build, matrix, lock) goes through here. ``cache``
@@ -120,13 +150,13 @@ def resolve_with_base(recipe: Recipe, *, client=None, cache: dict[str, BaseFacts
     if recipe.base.image:
         base_ref = mirrored_ref(recipe.base.image, recipe.base.mirror)
     elif recipe.base.mirror:
-        base_ref = resolve(recipe).base_image  # an nvidia/cuda tag under the mirror
+        base_ref = resolve(recipe, lookup=lookup).base_image  # an nvidia/cuda tag under the mirror
     else:
-        return resolve(recipe)  # nvidia/cuda on Docker Hub: nothing to look up
+        return resolve(recipe, lookup=lookup)  # nvidia/cuda on Docker Hub: nothing to look up
     if cache is not None and base_ref in cache:
         facts = cache[base_ref]
     else:
         facts = bases.base_facts_for(recipe, base_ref, client=client)
         if cache is not None:
             cache[base_ref] = facts
-    return resolve(recipe, base=facts)
+    return resolve(recipe, base=facts, lookup=lookup)

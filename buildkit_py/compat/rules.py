@@ -22,14 +22,16 @@ new rule goes here, as one more function with its own part, and is called from `
 
 from __future__ import annotations
 
+import datetime
 import re
 from dataclasses import dataclass
+from typing import Any
 
 from packaging.specifiers import SpecifierSet
-from packaging.version import Version
+from packaging.version import InvalidVersion, Version
 
 from buildkit_py import compat
-from buildkit_py.compat import codes
+from buildkit_py.compat import codes, cuda_base, torch_pins
 from buildkit_py.compat.bases import BaseFacts
 from buildkit_py.compat.codes import RecipeWarning
 from buildkit_py.compat.tables import BnbRelease, FlashAttnRelease, Toolkit, TorchRelease, WheelSet
@@ -64,11 +66,6 @@ JIT_PACKAGES = frozenset({"deepspeed", "apex", "cupy", "pycuda"})
 # Compute capabilities built for when a recipe compiles kernels but names none:
 # Ampere, Ada and Hopper, the data-center and workstation GPUs rented today.
 DEFAULT_BUILD_ARCHS = ("8.0", "8.6", "8.9", "9.0")
-# What flash-attn's GitHub release wheels are compiled for (its publish workflow builds with
-# CUDA 12.3/12.4 toolchains, which predate Blackwell).
-FLASH_ATTN_WHEEL_ARCHS = frozenset({"8.0", "8.6", "8.9", "9.0"})
-# Packages whose source build compiles CUDA kernels, so the compile stage needs nvcc.
-CUDA_KERNEL_PACKAGES = frozenset({"flash-attn", "flash_attn", "xformers", "apex"})
 
 Warnings = tuple[RecipeWarning, ...]
 
@@ -98,6 +95,7 @@ class TorchPart:
     variant: str | None = None
     index_url: str | None = None  # None: the Python registry's default wheel
     warnings: Warnings = ()
+    release: TorchRelease | None = None  # its facts: the CUDA wheels it brings
 
     @property
     def label(self) -> str | None:
@@ -155,8 +153,9 @@ def _variant_cuda(variant: str) -> str:
     return f"{digits[:-1]}.{digits[-1]}"
 
 
-def _fail(recipe: Recipe, key: str, *args: str, hint: str | None = None) -> CompatibilityError:
-    return CompatibilityError(*args, hint=hint, at=RecipeLocation(str(recipe.path), recipe.line_of(key), key))
+def _fail(recipe: Recipe, key: str, *args: str, hint: str | None = None, partial: bool = False) -> CompatibilityError:
+    return CompatibilityError(*args, hint=hint, at=RecipeLocation(str(recipe.path), recipe.line_of(key), key),
+                              partial=partial)
 
 
 def _newest_hint(what: str, known: list[str]) -> str:
@@ -188,11 +187,6 @@ def _pin(recipe: Recipe, name: str) -> tuple[int, str] | None:
     return None
 
 
-def _usable(base: BaseFacts | None) -> BaseFacts | None:
-    """The base's facts when its registry was read."""
-    return base if base is not None and not base.error else None
-
-
 def _cuda_in(supported: SpecifierSet | tuple[str, ...], cuda: str) -> bool:
     if isinstance(supported, SpecifierSet):
         return supported.contains(cuda) or supported.contains(_mm(cuda))
@@ -200,13 +194,16 @@ def _cuda_in(supported: SpecifierSet | tuple[str, ...], cuda: str) -> bool:
 
 
 def _describe(supported: SpecifierSet | tuple[str, ...]) -> str:
-    return str(supported) if isinstance(supported, SpecifierSet) else ", ".join(supported)
+    return str(supported) if isinstance(supported, SpecifierSet) else (", ".join(supported) or "no CUDA")
 
 
 def detect_os(recipe: Recipe) -> str | None:
     if recipe.cuda.source == "nvidia" and not recipe.base.image:
         return recipe.base.os
     image = recipe.base.image or ""
+    tagged = cuda_base.from_tag(image)
+    if tagged is not None:
+        return tagged.os
     for pattern, os_name in _OS_FROM_IMAGE:
         if pattern.search(image):
             return os_name
@@ -241,10 +238,14 @@ def require_cuda(recipe: Recipe, cuda: str, floor: str | None) -> str:
     return f"cuda>={_mm(cuda)}"
 
 
+def torch_cxx11_abi(torch_version: str) -> bool:
+    """torch._C._GLIBCXX_USE_CXX11_ABI of torch's Linux wheels: True from 2.7 (manylinux_2_28 builds)."""
+    return Version(torch_version) >= Version("2.7")
+
+
 def flash_attn_wheel_url(fa_version: str, wheel_cuda: str, torch_mm: str, python: str, torch_version: str) -> str:
     """The GitHub release wheel flash-attn's own setup.py would fetch for this combination."""
-    # torch's Linux wheels switched to the C++11 ABI with 2.7 (manylinux_2_28 builds).
-    abi = "TRUE" if Version(torch_version) >= Version("2.7") else "FALSE"
+    abi = "TRUE" if torch_cxx11_abi(torch_version) else "FALSE"
     cu = "cu" + wheel_cuda.replace(".", "")
     py = "cp" + python.replace(".", "")
     return (f"https://github.com/Dao-AILab/flash-attention/releases/download/v{fa_version}/"
@@ -252,23 +253,15 @@ def flash_attn_wheel_url(fa_version: str, wheel_cuda: str, torch_mm: str, python
 
 
 def _nvidia_image(recipe: Recipe, cuda: str, flavor: str, os_name: str | None, *, any_patch: bool = False) -> str:
-    """The nvidia/cuda image for that toolkit. any_patch: a compile stage may use another
-    patch release of the same X.Y (nvcc X.Y.a output runs on the X.Y.b runtime)."""
+    """The nvidia/cuda image for that toolkit: only a tag the data records. any_patch: a compile
+    stage may use another patch release of the same X.Y (nvcc X.Y.a output runs on the X.Y.b runtime)."""
     os_name = os_name or recipe.base.os
-    candidates = [cuda]
-    if any_patch:
-        candidates += [t.version for t in reversed(compat.toolkits())
-                       if _mm(t.version) == _mm(cuda) and t.version != cuda]
-    first_error: LookupError | None = None
-    for candidate in candidates:
-        try:
-            tag = compat.cuda_image_tag(candidate, flavor, recipe.cuda.cudnn, os_name)
-            return mirrored_ref(f"nvidia/cuda:{tag}", recipe.base.mirror)
-        except LookupError as exc:
-            first_error = first_error or exc
-    raise _fail(recipe, "base.os" if "os" in str(first_error).lower() else "cuda", "nvidia/cuda", cuda, "image",
-                f"{flavor}/{os_name}/cudnn {recipe.cuda.cudnn or '-'}", str(first_error).strip("'\""),
-                hint=f"available OSes: {', '.join(compat.cuda_image_oses(cuda))}")
+    try:
+        release = compat.image_release(cuda, flavor, recipe.cuda.cudnn, os_name, any_patch=any_patch)
+    except compat.ImageGap as gap:
+        raise _image_gap(recipe, gap, gap.value, os_name) from None
+    return mirrored_ref(f"nvidia/cuda:{compat.cuda_image_tag(release, flavor, recipe.cuda.cudnn, os_name)}",
+                        recipe.base.mirror)
 
 
 # ----------------------------------------------------------------------------- 1. CUDA
@@ -281,31 +274,104 @@ def cuda_rule(recipe: Recipe, base: BaseFacts | None) -> CudaPart:
     except LookupError as exc:
         raise _gap(recipe, "cuda.version", exc, "cuda", recipe.cuda.version) from None
     exact = recipe.cuda.version.count(".") == 2
+    if recipe.cuda.cudnn and not compat.cudnn_supported(toolkit.version, recipe.cuda.cudnn):
+        # before any image or wheel is looked for: one answer for both sources (cudnn_rule)
+        raise _cudnn_unsupported(recipe, recipe.cuda.cudnn, toolkit.version)
     if recipe.cuda.source == "nvidia" and not recipe.base.image and not exact:
         toolkit = _newest_with_image(recipe, toolkit)
-    from_imgbuild_base = (facts := _usable(base)) is not None and facts.built_by_imgbuild
+    if recipe.cuda.source == "nvidia" and recipe.base.image:
+        toolkit = _nvidia_base_toolkit(recipe, base, toolkit)
+    from_imgbuild_base = (facts := base) is not None and facts.built_by_imgbuild
     brought = from_imgbuild_base or (recipe.torch and recipe.cuda.flavor != "devel")
     wheel_set = None
-    if recipe.cuda.source == "wheels" and not brought:
+    if recipe.cuda.source == "wheels":
         try:
             wheel_set = compat.cuda_wheel_set(recipe.cuda.version if exact else toolkit.major_minor)
         except LookupError as exc:
-            raise _gap(recipe, "cuda.version", exc, "cuda", recipe.cuda.version) from None
-        toolkit = compat.resolve_cuda(wheel_set.toolkit)
+            if not brought:  # else cuda_wheels_rule refuses only if the tier needs more than torch/the base has
+                raise _gap(recipe, "cuda.version", exc, "cuda", recipe.cuda.version) from None
+        if wheel_set is not None and not brought:
+            toolkit = compat.resolve_cuda(wheel_set.toolkit)
     return CudaPart(toolkit, wheel_set, compat.minor_compat_floor(int(toolkit.version.split(".")[0])))
 
 
+def _nvidia_base_toolkit(recipe: Recipe, base: BaseFacts | None, wanted: Toolkit) -> Toolkit:
+    """``source: nvidia`` on a named base: nothing installs CUDA, so the base must carry the recipe's
+    CUDA, flavor and cuDNN, read from its nvidia/cuda tag or its config. The toolkit is then the
+    base's own release (the labels name what is inside), never a guess."""
+    image = recipe.base.image or ""
+    facts = cuda_base.from_tag(image) or cuda_base.from_tag(mirrored_ref(image, recipe.base.mirror))
+    if facts is None and (read := base) is not None:
+        facts = cuda_base.from_config(read.labels, read.env)
+    if facts is None or facts.cuda is None:
+        raise _not_a_cuda_base(recipe, image, base, facts)
+    if _mm(facts.cuda) != wanted.major_minor or (recipe.cuda.version.count(".") == 2 and facts.cuda.count(".") == 2
+                                                  and facts.cuda != wanted.version):
+        raise _fail(recipe, "cuda.version", "cuda", recipe.cuda.version, "base.image", f"{image} (CUDA {facts.cuda})",
+                    f"with source: nvidia the CUDA is the base's, and {image} carries CUDA {facts.cuda} "
+                    f"({facts.evidence})", hint=f'use cuda.version "{facts.cuda}" or a base with CUDA '
+                                                f"{recipe.cuda.version}")
+    if facts.flavor != recipe.cuda.flavor:
+        raise _fail(recipe, "cuda.flavor", "cuda.flavor", recipe.cuda.flavor, "base.image",
+                    f"{image} ({facts.flavor or 'flavor unknown'})",
+                    f"with source: nvidia the image carries the base's CUDA tier, and {image} is "
+                    + (f"the {facts.flavor} tier ({facts.evidence})" if facts.flavor else
+                       f"of a tier imgbuild cannot tell ({facts.evidence})"),
+                    hint=f"use cuda.flavor: {facts.flavor}" if facts.flavor else
+                    "use an nvidia/cuda tag or an imgbuild base, which say their tier")
+    cudnn = recipe.cuda.cudnn
+    base_cudnn = facts.cudnn
+    if base_cudnn == "":  # a bare "cudnn" tag: the major NVIDIA publishes for that CUDA, when only one
+        majors = compat.cudnn_versions(facts.cuda)
+        base_cudnn = majors[0] if len(majors) == 1 else None
+    if cudnn and base_cudnn != cudnn.split(".", maxsplit=1)[0]:
+        carries = (f"cuDNN {base_cudnn}" if base_cudnn else "a cuDNN of a major imgbuild cannot tell"
+                   if facts.cudnn == "" else "no cuDNN")
+        raise _fail(recipe, "cuda.cudnn", "cudnn", cudnn, "base.image", image,
+                    f"with source: nvidia cuDNN comes from the base, and {image} carries {carries} "
+                    f"({facts.evidence})",
+                    hint=f'use cudnn: "{base_cudnn}"' if base_cudnn else
+                    "drop cuda.cudnn or use a base with that cuDNN (an nvidia/cuda cudnn tag)")
+    if facts.cuda.count(".") < 2:
+        return wanted
+    try:
+        return compat.resolve_cuda(facts.cuda)
+    except LookupError as exc:
+        raise _gap(recipe, "base.image", exc, "cuda", facts.cuda) from None
+
+
+def _not_a_cuda_base(recipe: Recipe, image: str, base: BaseFacts | None,
+                     facts: cuda_base.CudaBase | None) -> CompatibilityError:
+    if facts is not None:
+        why = f"it carries no CUDA: {facts.evidence}"
+    elif cuda_base.plain_os_image(image):
+        why = "it is a plain OS image: nothing in it or in the recipe installs CUDA"
+    else:
+        why = "it is not an nvidia/cuda tag and its config was not read, so its CUDA cannot be checked"
+    return _fail(recipe, "base.image", "base.image", image, "cuda.source", "nvidia",
+                 f"source: nvidia takes CUDA from the base image, and {why}",
+                 hint="use cuda.source: wheels (CUDA from NVIDIA's wheels on this base), drop base.image "
+                      "(imgbuild picks the nvidia/cuda tag), or name an nvidia/cuda tag or a CUDA base in a "
+                      "registry imgbuild can read")
+
+
 def _newest_with_image(recipe: Recipe, newest: Toolkit) -> Toolkit:
-    """For nvidia/cuda bases, "12.8" means the newest 12.8.x that NVIDIA published an image for."""
-    same_line = [t for t in compat.toolkits() if _mm(t.version) == _mm(newest.version)]
+    """For nvidia/cuda bases, "12.8" means the newest 12.8.x that NVIDIA published this image for
+    (flavor, cuDNN and the recipe's OS); none: refuse, naming the OSes that minor has and the newest
+    release for this OS."""
     os_name = detect_os(recipe) or recipe.base.os
-    for toolkit in reversed(same_line):
-        try:
-            compat.cuda_image_tag(toolkit.version, recipe.cuda.flavor, recipe.cuda.cudnn, os_name)
-        except LookupError:
-            continue
-        return toolkit
-    return newest  # none has an image: the tag lookup later explains what exists
+    try:
+        release = compat.image_release(newest.major_minor, recipe.cuda.flavor, recipe.cuda.cudnn, os_name)
+    except compat.ImageGap as gap:
+        raise _image_gap(recipe, gap, recipe.cuda.version, os_name) from None
+    return compat.resolve_cuda(release)
+
+
+def _image_gap(recipe: Recipe, gap: compat.ImageGap, cuda: str, os_name: str) -> CompatibilityError:
+    """An image the data does not record, blamed on the key that is wrong (base.os when no CUDA
+    release has that image for the OS)."""
+    component, value = ("base.os", os_name) if gap.key == "base.os" else ("cuda", cuda)
+    return _fail(recipe, gap.key, component, value, gap.other, gap.other_value, gap.reason, hint=gap.hint)
 
 
 # ----------------------------------------------------------------------------- 2. cuDNN
@@ -316,6 +382,8 @@ def cudnn_rule(recipe: Recipe, cuda: str) -> str | None:
     cudnn = recipe.cuda.cudnn
     if cudnn is None:
         return None
+    if not compat.cudnn_supported(cuda, cudnn):  # one rule for both sources: NVIDIA's support matrix
+        raise _cudnn_unsupported(recipe, cudnn, cuda)
     if recipe.cuda.source == "wheels":
         try:
             compat.cudnn_wheel(cuda, cudnn)
@@ -331,11 +399,37 @@ def cudnn_rule(recipe: Recipe, cuda: str) -> str | None:
     return cudnn
 
 
+def _cudnn_unsupported(recipe: Recipe, cudnn: str, cuda: str) -> CompatibilityError:
+    """A cuDNN major NVIDIA's support matrix does not list for this CUDA: name the CUDAs it does
+    support and the cuDNN majors this CUDA has."""
+    major = cudnn.split(".", maxsplit=1)[0]
+    rows = compat.cudnn_support(major)
+    spans = [_minors_in(r.cuda) for r in rows]
+    supports = " and ".join(s for s in spans if s) or "no CUDA imgbuild knows"
+    here = compat.cudnn_majors_for(cuda)
+    newest_cuda = max((t.version for t in compat.toolkits() for r in rows if Version(_mm(t.version)) in r.cuda),
+                      key=Version, default=None)
+    options = [f'cudnn: "{here[-1]}" (the newest cuDNN for CUDA {_mm(cuda)})'] if here else []
+    if newest_cuda:
+        options.append(f'cuda.version "{_mm(newest_cuda)}" (the newest CUDA cuDNN {major} supports)')
+    return _fail(recipe, "cuda.cudnn", "cudnn", cudnn, "cuda", cuda,
+                 f"NVIDIA's cuDNN support matrix lists cuDNN {major} for CUDA {supports} only",
+                 hint="use " + " or ".join(options) if options else "drop cuda.cudnn")
+
+
+def _minors_in(spec: SpecifierSet) -> str:
+    """The known CUDA minors a range covers, as "12.0-12.2" (empty when none)."""
+    minors = sorted({_mm(t.version) for t in compat.toolkits() if Version(_mm(t.version)) in spec}, key=Version)
+    if not minors:
+        return ""
+    return minors[0] if len(minors) == 1 else f"{minors[0]}-{minors[-1]}"
+
+
 # ----------------------------------------------------------------------------- 3. OS and Python
 def python_rule(recipe: Recipe, base: BaseFacts | None) -> PythonPart:
     """Who provides ``python``: an imgbuild base (its label), a python:X.Y image, the OS's own
     python3, or deadsnakes on Ubuntu. Anything else is refused."""
-    facts = _usable(base)
+    facts = base
     os_name = detect_os(recipe)
     if os_name is None and facts is not None:
         os_name = facts.labels.get("io.imgbuild.os")
@@ -373,13 +467,22 @@ def _os_python_provider(recipe: Recipe, os_name: str | None) -> str:
 
 
 # ----------------------------------------------------------------------------- 4. torch
-def torch_rule(recipe: Recipe, cuda: str, python: str, cudnn: str | None) -> TorchPart:
+@dataclass(frozen=True)
+class PinLookup:
+    """What the plan-time look-up of a pin the shipped data lacks did (``compat.live``): never asked
+    (``offline``), or asked and failed (``failure``: the index's answer). The default: not known."""
+    offline: bool = False
+    failure: str | None = None
+
+
+def torch_rule(recipe: Recipe, cuda: str, python: str, cudnn: str | None,
+               lookup: PinLookup | None = None) -> TorchPart:
     """torch: the build for the CUDA's variant (cu124), which must exist and accept the Python;
     taken from the Python registry when its default wheel is that variant, else from
     PyTorch's per-CUDA index."""
     if not recipe.torch:
         return TorchPart()
-    release = _torch_release(recipe)
+    release = torch_release_rule(recipe, lookup)
     warnings: list[RecipeWarning] = []
     if release.from_cache:
         warnings.append(RecipeWarning(
@@ -389,16 +492,13 @@ def torch_rule(recipe: Recipe, cuda: str, python: str, cudnn: str | None) -> Tor
             f"{release.from_cache}); only its PyPI build ({release.pypi_variant}) is known"))
     wanted = "cu" + _mm(cuda).replace(".", "")
     if wanted not in release.variants:
-        raise _torch_variant_error(recipe, release, wanted, cuda)
+        raise _torch_variant_error(recipe, release, wanted, cuda, python)
     if python not in release.python:
         raise _fail(recipe, "python", "torch", release.version, "python", python,
                     f"torch {release.version} publishes wheels for Python {release.python}",
                     hint="pick a Python in that range")
-    torch_cudnn = _torch_cudnn(release, wanted)
-    if cudnn and recipe.cuda.source == "wheels" and torch_cudnn and torch_cudnn != cudnn.split(".")[0]:
-        raise _fail(recipe, "cuda.cudnn", "cudnn", cudnn, "torch", f"{release.version}+{wanted}",
-                    f"torch {release.version}+{wanted} pins cuDNN {torch_cudnn} wheels",
-                    hint=f"use cudnn: \"{torch_cudnn}\" (or drop cuda.cudnn: torch brings its own)")
+    if cudnn and recipe.cuda.source == "wheels":
+        _check_torch_cudnn(recipe, release, wanted, cudnn)
     if recipe.cuda.source == "nvidia" and recipe.cuda.flavor != "base":
         major = cuda.split(".", maxsplit=1)[0]
         warnings.append(RecipeWarning(
@@ -409,39 +509,115 @@ def torch_rule(recipe: Recipe, cuda: str, python: str, cudnn: str | None) -> Tor
     # The Python registry's Linux wheel is one CUDA variant; take it from there when it is
     # the one wanted (it is the same build), else from PyTorch's per-CUDA index.
     index = compat.torch_index_url(wanted) if release.pypi_variant != wanted else None
-    return TorchPart(release.version, wanted, index, tuple(warnings))
+    return TorchPart(release.version, wanted, index, tuple(warnings), release)
 
 
-def _torch_release(recipe: Recipe) -> TorchRelease:
+def torch_release_rule(recipe: Recipe, lookup: PinLookup | None = None) -> TorchRelease:
+    """The torch pin's release from the shipped data or the look-up cache. Unknown: a release near
+    known ones is most likely a typo (never "newer than the data"); one newer than the data could
+    not be looked up, and the hint says why (offline, or the index's answer)."""
     version = recipe.torch or ""
     try:
         return compat.torch_release(version)
     except LookupError:
-        known = [r.version for r in compat.torch_releases()]
-        raise _fail(recipe, "torch", "torch", version, "imgbuild's torch table", known[-1],
-                    f"this torch release is unknown to the shipped data ({compat.data_as_of()}) and to the "
-                    "look-up cache",
-                    hint=_newest_hint("torch", known) + "; or plan without --offline, with the package index "
-                    "reachable, to look a newer release up") from None
+        pass
+    known = [r.version for r in compat.torch_releases()]
+    newest = known[-1]
+    near = compat.nearest_versions(version, known)
+    try:
+        newer = Version(version) > Version(newest)
+    except InvalidVersion:
+        newer = False
+    if not newer:
+        nearest = compat.nearest_versions(version, known, n=1)[0]
+        raise _fail(recipe, "torch", "torch", version, "imgbuild's torch data", compat.data_as_of(),
+                    f"{version} is not a torch release imgbuild knows (known near it: {', '.join(near)})",
+                    hint=f"use torch {nearest} (the nearest release), or the newest, {newest}")
+    lookup = lookup or PinLookup()
+    if lookup.offline:
+        why = "--offline: the package index was not asked"
+        how = "plan without --offline (the index reachable) to look it up"
+    elif lookup.failure:
+        why, how = f"the package index could not answer: {lookup.failure}", "check the version"
+    else:
+        why, how = "it is not in the look-up cache", "plan with the package index reachable to look it up"
+    raise _fail(recipe, "torch", "torch", version, "imgbuild's torch data", compat.data_as_of(),
+                f"torch {version} is newer than imgbuild's data (newest known: {newest}), and {why}",
+                hint=f"{how}, or use torch {newest} (the newest imgbuild knows)")
 
 
-def _torch_variant_error(recipe: Recipe, release: TorchRelease, wanted: str, cuda: str) -> CompatibilityError:
-    """No torch build for that CUDA: name the CUDAs this torch has, and the torch that has this CUDA."""
+def release_checks(recipe: Recipe, lookup: PinLookup | None = None) -> list[tuple[Any, tuple]]:
+    """The checks that a pinned torch, flash-attn or bitsandbytes is a release the data knows, each
+    (function, extra args): they need nothing else decided, so resolve runs them beside the CUDA and
+    Python rules and reports every unknown pin at once."""
+    checks: list[tuple[Any, tuple]] = []
+    if recipe.torch:
+        checks.append((torch_release_rule, (lookup,)))
+    for name, table in (("flash-attn", compat.flash_attn_releases), ("bitsandbytes", compat.bitsandbytes_releases)):
+        if (pin := _pin(recipe, name)) is not None:
+            checks.append((_known_release, (f"pip[{pin[0]}]", name, pin[1], table)))
+    return checks
+
+
+def _known_release(recipe: Recipe, key: str, name: str, version: str, table) -> str:
+    known = [r.version for r in table()]
+    if not any(Version(v) == Version(version) for v in known):
+        raise _unknown_release(recipe, key, name, version, known)
+    return version
+
+
+def _torch_variant_error(recipe: Recipe, release: TorchRelease, wanted: str, cuda: str,
+                         python: str) -> CompatibilityError:
+    """No torch build for that CUDA: name the nearest CUDA this torch has a build for and the newest
+    torch that has this CUDA and this Python. On a row known to be partial, the build is unknown,
+    not missing: the refusal says so."""
     variants = sorted(release.variants, key=lambda v: Version(_variant_cuda(v)))
-    newer = [r.version for r in compat.torch_releases() if wanted in r.variants]
-    options = [f"cuda {_variant_cuda(v)}" for v in variants[-2:]]
-    if newer:
-        first = min(newer, key=Version)
-        options.append(f"torch >= {first}" if Version(first) > Version(release.version) else f"torch {first}")
+
+    def distance(variant: str) -> tuple[int, int]:
+        a, b = Version(_variant_cuda(variant)), Version(_mm(cuda))
+        return abs((a.major * 100 + a.minor) - (b.major * 100 + b.minor)), -(a.major * 100 + a.minor)
+
+    nearest = min(variants, key=distance) if variants else None
+    fits = [r.version for r in compat.torch_releases() if wanted in r.variants and python in r.python]
+    options = []
+    if nearest:
+        options.append(f"cuda {_variant_cuda(nearest)} (the nearest CUDA torch {release.version} "
+                       + ("is known to have a build for)" if release.unknown_variants else "has a build for)"))
+    if fits:
+        close = compat.nearest_versions(release.version, fits, n=1)[0]
+        also = f"; the newest: {fits[-1]}" if fits[-1] != close else ""
+        options.append(f"torch {close} (the nearest release with {wanted} for Python {python}{also})")
+    hint = "use " + " or ".join(options) if options else None
+    if release.unknown_variants:
+        return _fail(recipe, "torch", "torch", release.version, "cuda", cuda,
+                     f"whether torch {release.version} has a {wanted} build is unknown: imgbuild's data for it is "
+                     f"partial ({release.unknown_variants})", hint=hint, partial=True)
     return _fail(recipe, "torch", "torch", release.version, "cuda", cuda,
-                 f"torch {release.version} has CUDA wheels only for {' and '.join(variants)}",
-                 hint="use " + " or ".join(options))
+                 f"torch {release.version} has CUDA wheels only for "
+                 + (f"{', '.join(variants[:-1])} and {variants[-1]}" if len(variants) > 1 else "".join(variants)),
+                 hint=hint)
 
 
-def _torch_cudnn(release: TorchRelease, variant: str) -> str | None:
-    """The cuDNN major the torch wheel of the Python registry pins (None: not recorded)."""
-    if release.pypi_variant != variant:
-        return None
+def _check_torch_cudnn(recipe: Recipe, release: TorchRelease, variant: str, cudnn: str) -> None:
+    """With source: wheels and torch, cuDNN is the one torch's wheel pins, nothing else installs
+    one: cuda.cudnn must be that major, or it would label a cuDNN the image does not carry."""
+    torch_cudnn = torch_cudnn_major(release)
+    build = f"{release.version}+{variant}"
+    if torch_cudnn is None:
+        raise _fail(recipe, "cuda.cudnn", "cudnn", cudnn, "torch", build,
+                    f"imgbuild's data does not say which cuDNN torch {build} brings, and with source: wheels "
+                    "torch's is the only cuDNN in the image", hint="drop cuda.cudnn (torch brings its own cuDNN)")
+    if torch_cudnn != cudnn.split(".", maxsplit=1)[0]:
+        raise _fail(recipe, "cuda.cudnn", "cudnn", cudnn, "torch", build,
+                    f"torch {build} brings cuDNN {torch_cudnn} (its nvidia-cudnn wheel), and with source: wheels "
+                    "that is the only cuDNN in the image",
+                    hint=f"use cudnn: \"{torch_cudnn}\" (or drop cuda.cudnn: torch brings its own)")
+
+
+def torch_cudnn_major(release: TorchRelease) -> str | None:
+    """The cuDNN major of a torch release: its PyPI wheel's nvidia-cudnn pin. PyTorch builds every
+    CUDA variant of a release against one cuDNN major (RELEASE.md's compatibility matrix: 2.1-2.3
+    cuDNN 8 on cu118 and cu121, 2.4+ cuDNN 9 on every variant), so it holds for the other variants."""
     pins = [v for n, v in release.pypi_cuda_wheels.items() if n.startswith("nvidia-cudnn")]
     return pins[0].split(".")[0] if pins else None
 
@@ -467,24 +643,26 @@ def arch_rule(recipe: Recipe, cuda: str) -> ArchPart:
 # ----------------------------------------------------------------------------- 6. flash-attn
 def flash_attn_rule(recipe: Recipe, cuda: str, python: str, torch: str | None, archs: tuple[str, ...]) -> FlashAttnPart:
     """A flash-attn pin must fit torch, CUDA, Python and the architectures; it comes as its
-    GitHub release wheel where one is recorded for that combination, else builds from source."""
+    GitHub release wheel where its release workflow built one for that combination whose SASS
+    runs on every build.cuda_arch, else it builds from source, which its C++ standard and the
+    toolkit's nvcc must allow."""
     fa = _pin(recipe, "flash-attn")
     if not fa:
         return FlashAttnPart()
     i, version = fa
-    rel = _check_flash_attn(recipe, f"pip[{i}]", version, cuda, python, torch)
+    key = f"pip[{i}]"
+    rel = _check_flash_attn(recipe, key, version, cuda, python, torch)
     for j, arch in enumerate(archs):
         if compat.arch_base(arch) not in rel.archs:
             raise _fail(recipe, f"build.cuda_arch[{j}]", "flash-attn", version, "cuda_arch", arch,
                         f"flash-attn {version} runs on compute capabilities {', '.join(rel.archs)}",
                         hint="FlashAttention 2 needs Ampere (8.0) or newer")
-    # The release wheels carry kernels for Ampere, Ada and Hopper only; Blackwell or other
-    # targets need a source build with a new enough nvcc.
-    beyond_wheels = [a for a in archs if compat.arch_base(a) not in FLASH_ATTN_WHEEL_ARCHS]
     torch_version = torch or ""  # _check_flash_attn refused a recipe without torch
-    wheel = None if ("flash-attn" in recipe.build.from_source or beyond_wheels) else compat.flash_attn_prebuilt(
-        version, cuda, _mm(torch_version), python)
+    wheel = None if "flash-attn" in recipe.build.from_source else compat.flash_attn_prebuilt(
+        version, cuda, _mm(torch_version), python, archs=tuple(compat.arch_base(a) for a in archs),
+        cxx11abi=torch_cxx11_abi(torch_version))
     if wheel is None:
+        _check_flash_attn_source_build(recipe, key, rel, cuda, python, torch_version, archs)
         return FlashAttnPart(compile=frozenset({"flash-attn"}))
     url = flash_attn_wheel_url(version, wheel.cuda, _mm(torch_version), python, torch_version)
     return FlashAttnPart(prebuilt=(("flash-attn", url),))
@@ -497,6 +675,15 @@ def _check_flash_attn(recipe: Recipe, key: str, version: str, cuda: str, python:
     except LookupError:
         raise _unknown_release(recipe, key, "flash-attn", version,
                                [r.version for r in compat.flash_attn_releases()]) from None
+    if rel.partial:
+        fits = [r.version for r in compat.flash_attn_releases() if not r.partial
+                and (not torch or torch in r.torch) and (cuda in r.cuda or _mm(cuda) in r.cuda) and python in r.python]
+        newest = sorted(fits, key=Version, reverse=True)[:4]
+        raise _fail(recipe, key, "flash-attn", version, "imgbuild's flash-attn table", compat.data_as_of(),
+                    f"flash-attn {version} is {rel.partial}",
+                    hint=f"use flash-attn {', '.join(newest)} (the newest fully recorded that fit"
+                         f"{f' torch {torch},' if torch else ''} CUDA {_mm(cuda)} and Python {python})" if fits else
+                    _newest_hint("flash-attn", [r.version for r in compat.flash_attn_releases() if not r.partial]))
     if not torch:
         raise _fail(recipe, key, "flash-attn", version, "torch", "(none)",
                     "flash-attn builds against torch", hint="pin torch: in the recipe")
@@ -510,6 +697,48 @@ def _check_flash_attn(recipe: Recipe, key: str, version: str, cuda: str, python:
         raise _fail(recipe, key, "flash-attn", version, "python", python,
                     f"flash-attn {version} supports Python {rel.python}")
     return rel
+
+
+def _check_flash_attn_source_build(recipe: Recipe, key: str, rel: FlashAttnRelease, cuda: str, python: str,
+                                   torch: str, archs: tuple[str, ...]) -> None:
+    """A source build compiles as the C++ standard flash-attn's setup.py passes (-std=c++17 for
+    nvcc and the host compiler), which torch's headers must accept; and only the SASS targets
+    setup.py compiles with this toolkit's nvcc (sm_100/sm_120 from 12.8)."""
+    need = compat.torch_cxx_std(torch)
+    if need is not None and rel.cxx_std is not None and need > rel.cxx_std:
+        older = [t.version for t in compat.torch_releases()
+                 if (compat.torch_cxx_std(t.version) or need) <= rel.cxx_std and t.version in rel.torch
+                 and python in t.python and _mm(cuda) in t.variants.values()]
+        newer_fa = [r.version for r in compat.flash_attn_releases()
+                    if not r.partial and (r.cxx_std or 0) >= need and torch in r.torch]
+        hints = []
+        if newer_fa:
+            hints.append(f"use flash-attn {', '.join(sorted(newer_fa, key=Version, reverse=True)[:3])} "
+                         f"(compiles as C++{need})")
+        if older:
+            hints.append(f"use torch {', '.join(sorted(older, key=Version, reverse=True)[:3])} "
+                         f"(the newest whose headers compile as C++{rel.cxx_std}, with a CUDA {_mm(cuda)} build)")
+        else:
+            any_older = [t.version for t in compat.torch_releases()
+                         if (compat.torch_cxx_std(t.version) or need) <= rel.cxx_std and t.version in rel.torch]
+            if any_older:
+                hints.append(f"use torch {max(any_older, key=Version)} (the newest whose headers compile as "
+                             f"C++{rel.cxx_std}) with a CUDA it has a build for")
+        if not newer_fa:
+            hints.append(f"no flash-attn release imgbuild knows compiles as C++{need}")
+        raise _fail(recipe, key, "flash-attn", rel.version, "torch", torch,
+                    f"flash-attn {rel.version} builds from source here and its setup.py compiles as "
+                    f"-std=c++{rel.cxx_std}, but torch {torch}'s headers need C++{need} "
+                    f"('#error C++{need} or later compatible compiler is required')",
+                    hint="; ".join(hints))
+    sms = rel.sms(cuda)
+    for j, arch in enumerate(archs):
+        if not any(compat.sass_runs_on(sm, arch) for sm in sms):
+            raise _fail(recipe, f"build.cuda_arch[{j}]", "flash-attn", rel.version, "cuda", cuda,
+                        f"flash-attn {rel.version} builds from source here, and its setup.py compiles "
+                        f"{', '.join('sm_' + sm.replace('.', '') for sm in sms) or 'no SASS'} with nvcc {_mm(cuda)}: "
+                        f"nothing runs on {arch}",
+                        hint="use a CUDA whose nvcc flash-attn compiles that architecture with (sm_100/sm_120: 12.8+)")
 
 
 # ----------------------------------------------------------------------------- 7. bitsandbytes
@@ -529,6 +758,15 @@ def bitsandbytes_rule(recipe: Recipe, cuda: str, python: str, torch: str | None,
                         f"bitsandbytes {version}'s PyPI wheel has kernels for compute capability "
                         f"{rel.min_compute_capability} and newer",
                         hint=f"drop {arch} or build bitsandbytes from source")
+        # below the LLM.int8() floor (cuBLASLt's, 7.5) the loader opens the _nocublaslt library
+        below_lt = rel.int8_compute_capability and Version(cc) < Version(rel.int8_compute_capability)
+        if rel.cuda_nocublaslt is not None and below_lt and not _cuda_in(rel.cuda_nocublaslt, cuda):
+            raise _fail(recipe, f"build.cuda_arch[{j}]", "bitsandbytes", version, "cuda_arch", arch,
+                        f"bitsandbytes {version} loads libbitsandbytes_cuda{_mm(cuda).replace('.', '')}_nocublaslt.so "
+                        f"below compute capability {rel.int8_compute_capability}, and its wheel has that library "
+                        "only for CUDA "
+                        f"{_describe(rel.cuda_nocublaslt)}",
+                        hint=_bnb_hint(cuda, python, torch))
         if rel.int8_compute_capability and Version(cc) < Version(rel.int8_compute_capability):
             warnings.append(RecipeWarning(
                 codes.BNB_INT8_ARCH, f"build.cuda_arch[{j}]",
@@ -544,6 +782,9 @@ def _check_bitsandbytes(recipe: Recipe, key: str, version: str, cuda: str, pytho
     except LookupError:
         raise _unknown_release(recipe, key, "bitsandbytes", version,
                                [r.version for r in compat.bitsandbytes_releases()]) from None
+    if rel.partial:
+        raise _fail(recipe, key, "bitsandbytes", version, "imgbuild's bitsandbytes table", compat.data_as_of(),
+                    f"bitsandbytes {version} is known only in part: {rel.partial}", hint=_bnb_hint(cuda, python, torch))
     if not _cuda_in(rel.cuda, cuda):
         raise _fail(recipe, key, "bitsandbytes", version, "cuda", cuda,
                     f"bitsandbytes {version} ships CUDA binaries for {_describe(rel.cuda)}",
@@ -552,8 +793,7 @@ def _check_bitsandbytes(recipe: Recipe, key: str, version: str, cuda: str, pytho
         raise _fail(recipe, key, "bitsandbytes", version, "python", python,
                     f"bitsandbytes {version} supports Python {rel.python}")
     if torch and rel.torch and torch not in rel.torch:
-        fits = [r.version for r in compat.bitsandbytes_releases()
-                if torch in r.torch and _cuda_in(r.cuda, cuda) and python in r.python]
+        fits = _bnb_fits(cuda, python, torch)
         raise _fail(recipe, key, "bitsandbytes", version, "torch", torch,
                     f"bitsandbytes {version} requires torch {rel.torch}",
                     hint=(f"use bitsandbytes=={fits[-1]} (the newest that accepts torch {torch})"
@@ -561,10 +801,26 @@ def _check_bitsandbytes(recipe: Recipe, key: str, version: str, cuda: str, pytho
     return rel
 
 
+def _bnb_fits(cuda: str, python: str, torch: str | None) -> list[str]:
+    """The fully recorded bitsandbytes releases that accept this CUDA, Python and torch, ascending."""
+    return [r.version for r in compat.bitsandbytes_releases() if not r.partial and _cuda_in(r.cuda, cuda)
+            and python in r.python and (not torch or torch in r.torch)]
+
+
+def _bnb_hint(cuda: str, python: str, torch: str | None) -> str:
+    fits = _bnb_fits(cuda, python, torch)
+    if fits:
+        return f"use bitsandbytes=={fits[-1]} (the newest that fits CUDA {_mm(cuda)}" + \
+            (f" and torch {torch})" if torch else ")")
+    return _newest_hint("bitsandbytes", [r.version for r in compat.bitsandbytes_releases() if not r.partial])
+
+
 # ----------------------------------------------------------------------------- 8. images
-def images_rule(recipe: Recipe, cuda: str, os_name: str | None, compile_: frozenset[str]) -> ImagesPart:
+def images_rule(recipe: Recipe, cuda: str, os_name: str | None, compile_: frozenset[str], *,
+                today: datetime.date | None = None) -> ImagesPart:
     """The final stage's FROM (base.image, or NVIDIA's image for the toolkit, under base.mirror)
-    and, when something compiles, the compile stage's."""
+    and, when something compiles, the compile stage's; a warning when NVIDIA's support policy has
+    put that image past its end of life on ``today`` (default: the current date)."""
     if recipe.base.image:  # always set with source: wheels (the recipe loader requires it)
         base_image = mirrored_ref(recipe.base.image, recipe.base.mirror)
     else:
@@ -574,42 +830,47 @@ def images_rule(recipe: Recipe, cuda: str, os_name: str | None, compile_: frozen
             return ImagesPart(base_image, None)
         builder, wheels, home = _wheels_builder(recipe, cuda, os_name, base_image, compile_)
         return ImagesPart(base_image, builder, wheels, home)
-    warnings: Warnings = ()
-    if compat.image_end_of_life(cuda):
-        warnings = (RecipeWarning(
-            codes.EOL_IMAGE, "cuda.version",
-            f"nvidia/cuda {cuda} images are past NVIDIA's support window and may be deleted "
-            "from Docker Hub; mirror the tag (imgbuild mirror) or move to a supported CUDA"),)
     builder_image = None
     if compile_:
         needs_devel = recipe.cuda.flavor != "devel"
         builder_image = _nvidia_image(recipe, cuda, "devel", os_name) if needs_devel else base_image
+    warnings: Warnings = ()
+    eol = compat.image_end_of_life(cuda, today)
+    pulls_nvidia = not recipe.base.image or builder_image not in (None, base_image)
+    if eol is not None and pulls_nvidia:
+        gone = f" from {eol.deletion}" if eol.deletion else ""
+        warnings = (RecipeWarning(
+            codes.EOL_IMAGE, "cuda.version",
+            f"nvidia/cuda {cuda} images reached end of life on {eol.date} ({eol.why}); NVIDIA's policy "
+            f"deletes them from Docker Hub{gone}",
+            hint="mirror the tag (imgbuild mirror) or move to a supported CUDA"),)
     return ImagesPart(base_image, builder_image, warnings=warnings)
 
 
 def _wheels_builder(recipe: Recipe, cuda: str, os_name: str | None, base_image: str,
                     from_source: frozenset[str]) -> tuple[str, tuple[str, ...], str | None]:
-    """The compile stage of a source: wheels recipe: (FROM, nvcc wheels, CUDA_HOME). C/C++
-    extensions build on the final image's OS with a compiler. CUDA extensions need nvcc of the
-    same CUDA: NVIDIA's devel image where the OS has one, else the CUDA 13+ nvcc wheels on the
-    same base; with neither, refuse before anything builds."""
-    if not from_source & CUDA_KERNEL_PACKAGES:
-        return base_image, (), None
+    """The compile stage of a source: wheels recipe: (FROM, nvcc wheels, CUDA_HOME). Every package
+    built from source gets NVIDIA's devel toolchain of the same CUDA (nvcc, headers, the math
+    libraries): whether a package's build compiles CUDA code (pycuda's does; a list of known ones
+    would miss the next) is not something imgbuild can tell from outside, and the cuda.arch label
+    promises what was compiled for. NVIDIA's devel image where the OS has one, else the CUDA 13+
+    nvcc wheels on the same base; with neither, refuse before anything builds."""
     if os_name and os_name.startswith("ubuntu"):
         try:
             return _nvidia_image(recipe, cuda, "devel", os_name, any_patch=True), (), None
         except CompatibilityError:
             pass  # no devel image for that OS: try nvcc from wheels
     try:
-        extras = compat.devel_wheel_extras(cuda)
+        extras = compat.tier_extras("devel", cuda)
         ws = compat.cuda_wheel_set(cuda)
     except LookupError as exc:
-        names = ", ".join(sorted(from_source & CUDA_KERNEL_PACKAGES))
+        names = ", ".join(sorted(from_source))
         raise _fail(recipe, "build.from_source" if recipe.build.from_source else "pip", names, "(source build)",
-                    "cuda", cuda, f"{names} compiles CUDA kernels and needs nvcc {_mm(cuda)}: there is no nvidia/cuda "
-                    f"devel image for {os_name or recipe.base.image}, and {exc}",
+                    "cuda", cuda, f"a source build gets the CUDA {_mm(cuda)} devel toolchain (nvcc, headers), and "
+                    f"there is no nvidia/cuda devel image for {os_name or recipe.base.image}, and {exc}",
                     hint="use an Ubuntu base (the compile stage then uses nvidia/cuda's devel image), "
-                         "cuda.source: nvidia, CUDA >= 13.0 (nvcc from wheels), or a prebuilt wheel") from None
+                         "cuda.source: nvidia, CUDA >= 13.0 (nvcc from wheels), or the package's wheel "
+                         "(drop it from build.from_source)") from None
     return base_image, ws.pins(*extras), compat.cuda_wheel_home(cuda)
 
 
@@ -649,17 +910,17 @@ def base_rule(recipe: Recipe, base: BaseFacts | None, cuda: str, torch: TorchPar
     then pin it by digest. Not read (no registry named): the image as it is."""
     if base is None:
         return BasePart(base_image, None)
-    if base.error:
-        return BasePart(base_image, None, (RecipeWarning(
-            codes.BASE_UNREADABLE, "base.image",
-            f"could not read {base.ref} from its registry ({base.error}); "
-            "it is neither checked against this recipe nor pinned by digest"),))
     base_cuda = base.labels.get("io.imgbuild.cuda.version") or base.env.get("CUDA_VERSION")
     if base_cuda and _mm(base_cuda) != _mm(cuda):
         what, version = ("torch", torch.label or "") if torch.version else ("cuda", cuda)
         raise _fail(recipe, "base.image", "base.image", f"{base.ref} (CUDA {base_cuda})", what, version,
                     f"the base carries CUDA {base_cuda} but this recipe needs CUDA {_mm(cuda)}",
                     hint=f"use cuda.version \"{_mm(base_cuda)}\" or a base built for CUDA {_mm(cuda)}")
+    base_tier = base.labels.get("io.imgbuild.cuda.flavor")
+    if base_tier in _TIER_RANK and _TIER_RANK[base_tier] > _TIER_RANK.get(recipe.cuda.flavor, 0):
+        raise _fail(recipe, "cuda.flavor", "cuda.flavor", recipe.cuda.flavor, "base.image",
+                    f"{base.ref} ({base_tier})", f"the base is the {base_tier} tier, so the image carries "
+                    f"{base_tier} CUDA whatever this recipe says", hint=f"use cuda.flavor: {base_tier}")
     base_torch = base.labels.get("io.imgbuild.torch.version")
     if base_torch and torch.label and base_torch != torch.label:
         raise _fail(recipe, "torch", "base.image", f"{base.ref} (torch {base_torch})", "torch",
@@ -669,25 +930,68 @@ def base_rule(recipe: Recipe, base: BaseFacts | None, cuda: str, torch: TorchPar
 
 
 # ----------------------------------------------------------------------------- 11. CUDA wheels
+_TIER_RANK = {"base": 0, "runtime": 1, "devel": 2}
+
+
 def cuda_wheels_rule(recipe: Recipe, wheel_set: WheelSet | None, cuda: str, cudnn: str | None,
-                     torch: str | None) -> CudaWheelsPart:
-    """The nvidia-* pins the final stage installs, and the CUDA_HOME tree a devel flavor gets.
-    Runtime/base: cudart (+ cuDNN and what it loads: cuBLAS, NVRTC). Devel: the toolkit's
-    nvcc, headers and math libraries, where that CUDA's wheels carry nvcc (CUDA 13+)."""
-    if wheel_set is None:
+                     torch: TorchPart, base: BaseFacts | None = None) -> CudaWheelsPart:
+    """The nvidia-* pins the final stage installs, and the CUDA_HOME tree a devel flavor gets: the
+    library set of NVIDIA's image tier (wheels.json ``tiers``: base = cudart; runtime = the runtime
+    libraries and NCCL; devel = those plus nvcc and headers, where that CUDA's wheels carry nvcc),
+    less what torch's pins or an imgbuild base already bring; plus cuDNN and what it loads."""
+    if recipe.cuda.source != "wheels":
         return CudaWheelsPart()
-    extras: tuple[str, ...] = ("cudart",)
-    home = None
-    if recipe.cuda.flavor == "devel":
-        try:
-            extras = compat.devel_wheel_extras(cuda)
-        except LookupError as exc:
-            raise _gap(recipe, "cuda.flavor", exc, "cuda.flavor", "devel") from None
-        home = compat.cuda_wheel_home(cuda)
-    elif torch:
-        return CudaWheelsPart()  # torch pins its own CUDA wheels
-    pins = list(wheel_set.pins(*extras))
-    if cudnn and not torch:
+    flavor = recipe.cuda.flavor
+    facts = base
+    imgbuild_base = facts if facts is not None and facts.built_by_imgbuild else None
+    if wheel_set is None:  # torch or the base brings CUDA; does the tier need more than that?
+        if flavor == "base" or imgbuild_base is not None and _base_tier(imgbuild_base) == flavor:
+            return CudaWheelsPart()
+        raise _fail(recipe, "cuda.flavor", "cuda.flavor", flavor, "cuda", cuda,
+                    f"the {flavor} tier needs CUDA libraries torch does not bring, and PyPI has no CUDA "
+                    f"{_mm(cuda)} wheels to add them from", hint="use cuda.flavor: base (torch's own CUDA libraries)")
+    try:
+        extras = compat.tier_extras(flavor, wheel_set.toolkit)
+    except LookupError as exc:
+        raise _gap(recipe, "cuda.flavor", exc, "cuda.flavor", flavor) from None
+    brought = _brought_extras(wheel_set, torch.release, imgbuild_base)
+    pins = set(wheel_set.pins(*(x for x in extras if x not in brought)))
+    if flavor != "base" and "nccl" not in brought:
+        pins.add(compat.nccl_pin(cuda))
+    if cudnn and not torch.version:
         cw = compat.cudnn_wheel(cuda, cudnn)
-        pins = sorted(set(pins) | {f"{cw.wheel}=={cw.version}"} | set(wheel_set.pins("cublas", "nvrtc")))
-    return CudaWheelsPart(tuple(pins), home)
+        pins |= {f"{cw.wheel}=={cw.version}"} | set(wheel_set.pins(*(x for x in ("cublas", "nvrtc")
+                                                                       if x not in brought)))
+    home = compat.cuda_wheel_home(cuda) if flavor == "devel" else None
+    return CudaWheelsPart(tuple(sorted(pins)), home)
+
+
+def _base_tier(facts: BaseFacts) -> str:
+    """The tier an imgbuild base was built as (an unlabelled one: cudart only, the least it has)."""
+    return facts.labels.get("io.imgbuild.cuda.flavor", "base")
+
+
+def _brought_extras(wheel_set: WheelSet, torch: TorchRelease | None, base: BaseFacts | None) -> frozenset[str]:
+    """The tier extras (and "nccl") already in the image: what torch's wheel pins (its PyPI build's
+    pins: PyTorch's other variants depend on the same libraries of their CUDA), or an imgbuild base's tier."""
+    out: set[str] = set()
+    if base is not None:
+        tier = _base_tier(base)
+        out |= set(compat.tier_extras("runtime" if tier == "devel" else tier, wheel_set.toolkit))
+        if tier != "base":
+            out.add("nccl")
+    if torch is not None:
+        # the wheel's own pins, and every CUDA wheel pip resolves with it (nvjitlink comes in through cuSPARSE)
+        resolved = torch_pins.torch_cuda_pins(torch.version)
+        names = set(torch.pypi_cuda_wheels) | {w.name for w in (resolved.wheels if resolved else ())}
+        out |= set(torch.pypi_cuda_toolkit_extras)
+        out |= {extra for extra, pkgs in wheel_set.extras
+                if any(_unsuffixed(p) in {_unsuffixed(n) for n in names} for p, _ in pkgs)}
+        if any(n.startswith("nvidia-nccl") for n in names):
+            out.add("nccl")
+    return frozenset(out)
+
+
+def _unsuffixed(package: str) -> str:
+    """nvidia-cublas-cu12 -> nvidia-cublas: torch's pins and the toolkit's wheels name one library alike."""
+    return re.sub(r"-cu\d+$", "", package)

@@ -11,6 +11,7 @@ only; numbers live in ``data/*.json``.
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import functools
 import json
 import os
@@ -34,13 +35,14 @@ _VARIANT_RE = re.compile(r"^cu(\d{2})(\d)$")
 # ----------------------------------------------------------------------------- dataclasses
 @dataclass(frozen=True)
 class Toolkit:
-    """``linux_min_driver`` is the floor: NVIDIA's Table 3 value (``min_driver_basis`` "table3"), the
-    newest Table 3 value of the same minor where NVIDIA publishes no row ("same-minor"), or the major's
-    minor-version-compatibility floor where the whole minor has no row ("minor-compat": a driver at the
-    floor runs it with minor-version limits only). ``runfile_driver`` is the driver bundled in NVIDIA's
-    runfile, never a floor. Its PyPI wheels are in wheels.json."""
+    """``linux_min_driver`` is the native floor: NVIDIA's Table 3 value (``min_driver_basis``
+    "table3"), or the newest Table 3 value of the same minor where NVIDIA publishes no row for the
+    release ("same-minor"). Where the whole minor has no row ("unpublished") the native floor is
+    unknown and ``linux_min_driver`` is None: only the major's minor-version floor (minor_compat.json)
+    is known, and a driver NVIDIA's installer bundles (``runfile_driver``) is known to run it
+    natively. A runfile driver is never a floor. Its PyPI wheels are in wheels.json."""
     version: str
-    linux_min_driver: str
+    linux_min_driver: str | None
     windows_min_driver: str | None
     source: str
     notes: str | None = None
@@ -50,6 +52,10 @@ class Toolkit:
     @property
     def major_minor(self) -> str:
         return _mm(self.version)
+
+    @property
+    def native_floor_known(self) -> bool:
+        return self.linux_min_driver is not None
 
 
 @dataclass(frozen=True)
@@ -64,18 +70,38 @@ class TorchRelease:
     notes: str | None = None
     pypi_cuda_toolkit_extras: tuple[str, ...] = ()   # cuda-toolkit[...] extras the PyPI wheel asks for (CUDA 13+)
     from_cache: str | None = None   # the look-up cache file it came from (newer than the shipped data)
+    partial: str | None = None   # why some of its facts (its other CUDA variants) are not recorded
+
+    @property
+    def unknown_variants(self) -> str | None:
+        """Why a CUDA variant the row lacks may still exist (None: the row lists every variant)."""
+        if self.partial:
+            return self.partial
+        if self.from_cache:
+            return f"only its PyPI build ({self.pypi_variant}) was read from the package index"
+        return None
 
 
 @dataclass(frozen=True)
 class PrebuiltWheel:
+    """One group of flash-attn's GitHub release wheels, as its release workflow (publish.yml)
+    builds them: the CUDA in the wheel's name (``12`` for cu12, ``12.3`` for cu123), the torch
+    major.minor in it, the toolkit whose nvcc compiled it, the torch release it was built
+    against, and the CPython versions and C++ ABIs built."""
     cuda: str
     torch: str
     python: tuple[str, ...]
     cxx11abi: tuple[bool, ...]
+    build_cuda: str
+    torch_build: str
 
 
 @dataclass(frozen=True)
 class FlashAttnRelease:
+    """``gencode``: setup.py's SASS targets, each with the nvcc versions that compile it (sm_90
+    only from nvcc 11.8, sm_100/sm_120 only from 12.8); ``cxx_std``: the C++ standard setup.py
+    compiles the extension as. ``partial`` says why a row lacks the build facts (a release known
+    from the package index only): plans refuse such a release."""
     version: str
     torch: SpecifierSet
     cuda: SpecifierSet
@@ -84,12 +110,23 @@ class FlashAttnRelease:
     prebuilt: tuple[PrebuiltWheel, ...]
     source: str
     notes: str | None = None
+    cxx_std: int | None = None
+    gencode: tuple[tuple[str, SpecifierSet], ...] = ()
+    partial: str | None = None
+
+    def sms(self, nvcc: str) -> tuple[str, ...]:
+        """The SASS targets setup.py compiles with that nvcc (a wheel's, or the recipe's toolkit)."""
+        v = Version(str(nvcc))
+        return tuple(sm for sm, spec in self.gencode if spec.contains(v, prereleases=True))
 
 
 @dataclass(frozen=True)
 class BnbRelease:
     """``cuda`` is a SpecifierSet (any CUDA in range works) or, for releases whose loader needs an exact
-    ``libbitsandbytes_cudaXYZ.so``, the tuple of CUDA major.minor versions shipped in the wheel."""
+    ``libbitsandbytes_cudaXYZ.so``, the tuple of CUDA major.minor versions shipped in the wheel.
+    ``cuda_nocublaslt``: where it differs from ``cuda``, the CUDA versions with the
+    ``_nocublaslt`` library the loader takes on GPUs below compute capability 7.5. ``partial``
+    says why a row is incomplete (plans refuse such a release)."""
     version: str
     cuda: SpecifierSet | tuple[str, ...]
     python: SpecifierSet
@@ -98,6 +135,16 @@ class BnbRelease:
     torch: SpecifierSet = SpecifierSet()        # the wheel's Requires-Dist on torch (empty: none declared)
     min_compute_capability: str | None = None   # GPUs below it have no kernels in the PyPI wheel
     int8_compute_capability: str | None = None  # LLM.int8() needs at least this
+    cuda_nocublaslt: tuple[str, ...] | None = None
+    partial: str | None = None
+
+
+@dataclass(frozen=True)
+class CxxStd:
+    """The C++ standard an extension must compile as to include the headers of torch releases in ``torch``."""
+    torch: SpecifierSet
+    cxx_std: int
+    source: str
 
 
 @dataclass(frozen=True)
@@ -110,12 +157,51 @@ class MinorCompatFloor:
 
 
 @dataclass(frozen=True)
-class ImageSet:
+class ImageEol:
+    """When NVIDIA's support policy makes a release's nvidia/cuda tags unsupported (images.json
+    ``end_of_life``). ``basis``: chart (dated in NVIDIA's EOL chart), driver (the chart's rule: the
+    last driver branch it supports reached end of life), newer-patch (a newer patch of the minor has
+    images; the date is no later than the real one), major (CUDA 13 is out: 11.x left the two
+    supported majors). ``deletion``: the date the policy deletes the tags from, where one follows."""
     cuda: str
-    oses: tuple[str, ...]
-    cudnn: tuple[str, ...]
+    date: datetime.date
+    basis: str
+    deletion: datetime.date | None
+    source: str
+
+    @property
+    def why(self) -> str:
+        """The policy rule behind the date, for a person."""
+        return {"chart": "NVIDIA's EOL chart",
+                "driver": "NVIDIA's EOL chart: the last driver branch they support reached its end of life",
+                "newer-patch": f"NVIDIA supports only the newest {_mm(self.cuda)} patch, and a newer one was out",
+                "major": "NVIDIA supports two CUDA majors, and CUDA 13 was out"}[self.basis]
+
+
+@dataclass(frozen=True)
+class ImageSet:
+    """The nvidia/cuda tags of one CUDA release: ``os_cudnn`` pairs each Ubuntu release that has
+    the base/runtime/devel tags with the cuDNN majors that also have cudnn-runtime/-devel tags for
+    it. Nothing outside these pairs is assumed to exist."""
+    cuda: str
+    os_cudnn: tuple[tuple[str, tuple[str, ...]], ...]
     cudnn_tag: str
     source: str
+    end_of_life: ImageEol | None = None
+    end_of_life_unknown: str | None = None
+
+    @property
+    def oses(self) -> tuple[str, ...]:
+        return tuple(os_ for os_, _ in self.os_cudnn)
+
+    @property
+    def cudnn(self) -> tuple[str, ...]:
+        """Every cuDNN major with images on some OS, ascending."""
+        return tuple(sorted({c for _, majors in self.os_cudnn for c in majors}, key=int))
+
+    def cudnn_on(self, os_: str) -> tuple[str, ...] | None:
+        """The cuDNN majors with images for ``os_``; None: no image of this release for that OS."""
+        return dict(self.os_cudnn).get(os_)
 
 
 @dataclass(frozen=True)
@@ -158,6 +244,14 @@ def arch_key(arch: str) -> tuple[int, int, str]:
 def arch_base(arch: str) -> str:
     """``9.0a+PTX`` -> ``9.0``: the compute capability a GPU reports."""
     return re.sub(r"[af]$", "", arch.replace("+PTX", ""))
+
+
+def sass_runs_on(sm: str, arch: str) -> bool:
+    """Whether SASS compiled for ``sm`` runs on a GPU of compute capability ``arch``: a cubin for
+    X.y runs on X.z with z >= y, never on another major (CUDA C++ Programming Guide, "Binary
+    Compatibility"); arch-specific ``a``/``f`` targets are compared by their base."""
+    s, a = arch_key(arch_base(sm)), arch_key(arch_base(arch))
+    return s[0] == a[0] and s[1] <= a[1]
 
 
 def nearest_versions(value: str, known, n: int = 4) -> tuple[str, ...]:
@@ -257,22 +351,26 @@ def _toolkit_row(f: str, e: dict) -> Toolkit:
 
 
 def _check_driver_floors(f: str, toolkits: list[Toolkit]) -> None:
-    """Table 3 floors never go down; a 'minor-compat' floor is its major's minor-version floor; a
-    'same-minor' floor is the newest earlier Table 3 value of its minor."""
+    """Table 3 floors never go down; an 'unpublished' floor is null and its major has a minor-version
+    floor (the only floor then known); a 'same-minor' floor is the newest earlier Table 3 value of its
+    minor."""
     floors = _minor_floors()
-    published = [t for t in toolkits if t.min_driver_basis != "minor-compat"]
+    published = [t for t in toolkits if t.min_driver_basis != "unpublished"]
     for a, b in zip(published, published[1:], strict=False):
+        if a.linux_min_driver is None or b.linux_min_driver is None:
+            raise _fail(f, (b if b.linux_min_driver is None else a).version,
+                        "only an 'unpublished' floor may be null")
         if Version(b.linux_min_driver) < Version(a.linux_min_driver):
             raise _fail(f, b.version,
                         f"Linux driver {b.linux_min_driver} lower than {a.version}'s {a.linux_min_driver}")
     for t in toolkits:
         mj = int(t.version.split(".")[0])
-        if t.min_driver_basis == "minor-compat":
-            floor = floors.get(mj)
-            if floor is None or t.linux_min_driver != floor.linux_min_driver:
-                raise _fail(f, t.version, f"a 'minor-compat' floor must be the CUDA {mj}.x minor-version floor "
-                                          f"({floor.linux_min_driver if floor else 'none recorded'}), "
-                                          f"got {t.linux_min_driver}")
+        if t.min_driver_basis == "unpublished":
+            if t.linux_min_driver is not None:
+                raise _fail(f, t.version, "an 'unpublished' floor must be null (NVIDIA publishes none)")
+            if mj not in floors:
+                raise _fail(f, t.version, f"an 'unpublished' floor needs the CUDA {mj}.x minor-version floor "
+                                          "(minor_compat.json)")
         elif t.min_driver_basis == "same-minor":
             same = [x for x in published if x.major_minor == t.major_minor and x.min_driver_basis == "table3"
                     and Version(x.version) < Version(t.version)]
@@ -339,24 +437,65 @@ def _forward_compat() -> tuple[_RangeEntry, ...]:
 
 @functools.cache
 def _images() -> tuple[dict, dict[str, ImageSet]]:
+    """images.json: one row per CUDA release (known toolkit, ascending, no duplicate), each OS with
+    its cuDNN majors; a row a newer patch of its minor supersedes carries its end of life (NVIDIA
+    supports only the latest patch) or says why it has no date."""
     f = "images.json"
     raw = _load_raw(f)
     known = _known_versions()
+    versions = [e.get("cuda") for e in raw["images"]]
+    _ascending(f, versions)
     out: dict[str, ImageSet] = {}
     for e in raw["images"]:
-        v = e.get("cuda")
+        v = e["cuda"]
         if v not in known:
             raise _fail(f, v, "image CUDA version is not a known toolkit (toolkits.json)")
-        oses = tuple(e["os"])
-        out[v] = ImageSet(v, oses, tuple(e.get("cudnn", ())), e.get("cudnn_tag", ""), e["source"])
-    _ascending(f, list(out))
+        out[v] = _image_row(f, e)
+    for v, img in out.items():
+        newer = [w for w in out if _mm(w) == _mm(v) and Version(w) > Version(v)]
+        if newer and img.end_of_life is None and not img.end_of_life_unknown:
+            raise _fail(f, v, f"{newer[0]} supersedes it (NVIDIA supports only the latest patch): give its "
+                              "end_of_life, or end_of_life_unknown with the reason")
+        if img.end_of_life is not None and img.end_of_life.basis == "newer-patch" and not newer:
+            raise _fail(f, v, "end_of_life basis 'newer-patch' but no newer patch of its minor has images")
     absent = raw.get("absent", {})
     for v in absent:
         if v not in known or v in out:
             raise _fail(f, v, "an 'absent' entry must be a known toolkit without image rows")
     meta = {"flavors": tuple(raw["flavors"]), "cudnn_flavors": tuple(raw["cudnn_flavors"]),
-            "eol": raw.get("end_of_life", {}), "absent": {v: why["reason"] for v, why in absent.items()}}
+            "policy": raw.get("support_policy", {}), "absent": {v: why["reason"] for v, why in absent.items()}}
     return meta, out
+
+
+def _image_row(f: str, e: dict) -> ImageSet:
+    v = e["cuda"]
+    os_cudnn = tuple((os_, tuple(majors)) for os_, majors in e["os"].items())
+    majors = {c for _, cs in os_cudnn for c in cs}
+    tag = e.get("cudnn_tag", "")
+    if majors and not tag:
+        raise _fail(f, v, "cuDNN images listed but no cudnn_tag (the tag's cudnn part, e.g. cudnn8)")
+    if len(majors) > 1:
+        raise _fail(f, v, f"cuDNN majors {', '.join(sorted(majors))} under one cudnn_tag: the tags would clash")
+    if tag not in ("", "cudnn") and tag != f"cudnn{next(iter(majors), '')}":
+        raise _fail(f, v, f"cudnn_tag {tag!r} names another cuDNN major than the images list")
+    eol, unknown = e.get("end_of_life"), e.get("end_of_life_unknown")
+    if eol and unknown:
+        raise _fail(f, v, "end_of_life and end_of_life_unknown both given")
+    record = None
+    if eol:
+        date = _date(f, v, eol["date"])
+        deletion = _date(f, v, eol["deletion"]) if eol.get("deletion") else None
+        if deletion is not None and deletion < date:
+            raise _fail(f, v, f"deletion {deletion} before end of life {date}")
+        record = ImageEol(v, date, eol["basis"], deletion, eol["source"])
+    return ImageSet(v, os_cudnn, tag, e["source"], record, unknown)
+
+
+def _date(f: str, entry: Any, text: str) -> datetime.date:
+    try:
+        return datetime.date.fromisoformat(text)
+    except ValueError:
+        raise _fail(f, entry, f"not a date: {text!r}") from None
 
 
 @functools.cache
@@ -386,7 +525,7 @@ def torch_row(f: str, e: dict, known: set[str] | None = None) -> TorchRelease:
         raise _fail(f, v, f"pypi_variant {pv} is not one of the variants")
     return TorchRelease(str(v), _spec(f, v, e.get("python")), variants, pv,
                         dict(e.get("pypi_cuda_wheels", {})), e.get("triton"), e["source"], e.get("notes"),
-                        tuple(e.get("pypi_cuda_toolkit_extras", ())))
+                        tuple(e.get("pypi_cuda_toolkit_extras", ())), partial=e.get("partial"))
 
 
 def _archs_ok(f: str, key: Any, archs: tuple[str, ...]) -> None:
@@ -394,21 +533,43 @@ def _archs_ok(f: str, key: Any, archs: tuple[str, ...]) -> None:
         raise _fail(f, key, "compute capabilities must be unique and ascending")
 
 
+_FA_BUILD_KEYS = ("torch", "cuda", "archs", "cxx_std", "gencode")
+
+
 @functools.cache
 def _flash_attn() -> tuple[FlashAttnRelease, ...]:
     f = "flash_attn.json"
     raw = _load_raw(f)
-    out = []
-    for e in raw["releases"]:
-        v = e.get("version")
-        archs = tuple(e.get("archs", ()))
-        _archs_ok(f, v, archs)
-        pre = tuple(PrebuiltWheel(p["cuda"], p["torch"], tuple(p["python"]), tuple(p["cxx11abi"]))
-                    for p in e.get("prebuilt", ()))
-        out.append(FlashAttnRelease(v, _spec(f, v, e.get("torch")), _spec(f, v, e.get("cuda")),
-                                    _spec(f, v, e.get("python")), archs, pre, e["source"], e.get("notes")))
+    out = [_flash_attn_row(f, e) for e in raw["releases"]]
     _ascending(f, [r.version for r in out])
     return tuple(out)
+
+
+def _flash_attn_row(f: str, e: dict) -> FlashAttnRelease:
+    v = e.get("version")
+    partial = e.get("partial")
+    missing = [k for k in _FA_BUILD_KEYS if k not in e]
+    if missing and not partial:
+        raise _fail(f, v, f"no {', '.join(missing)}: a row without them must say why (partial)")
+    archs = tuple(e.get("archs", ()))
+    _archs_ok(f, v, archs)
+    gencode = tuple((g["sm"], _spec(f, v, g["nvcc"])) for g in e.get("gencode", ()))
+    _archs_ok(f, v, tuple(sm for sm, _ in gencode))
+    pre = []
+    for p in e.get("prebuilt", ()):
+        key = f"{v} prebuilt cu{p['cuda']} torch {p['torch_build']}"
+        build, built = _ver(f, key, p["build_cuda"]), _ver(f, key, p["torch_build"])
+        if f"{built.major}.{built.minor}" != p["torch"]:
+            raise _fail(f, key, f"built against torch {built}, named torch{p['torch']}")
+        if str(build.major) != p["cuda"].split(".")[0]:
+            raise _fail(f, key, f"compiled with CUDA {build}, named cu{p['cuda']}")
+        if list(p["python"]) != sorted(set(p["python"]), key=Version) or not p["cxx11abi"]:
+            raise _fail(f, key, "python must be unique and ascending, cxx11abi not empty")
+        pre.append(PrebuiltWheel(p["cuda"], p["torch"], tuple(p["python"]), tuple(p["cxx11abi"]), str(build),
+                                 str(built)))
+    return FlashAttnRelease(str(v), _spec(f, v, e.get("torch")), _spec(f, v, e.get("cuda")),
+                            _spec(f, v, e.get("python")), archs, tuple(pre), e["source"], e.get("notes"),
+                            e.get("cxx_std"), gencode, partial)
 
 
 @functools.cache
@@ -421,20 +582,44 @@ def _bnb() -> tuple[BnbRelease, ...]:
         v = e["version"]
         cuda = e.get("cuda")
         if isinstance(cuda, list):
-            for c in cuda:
-                if c not in known:
-                    raise _fail(f, v, f"CUDA {c!r} is not a known toolkit major.minor (toolkits.json)")
-            if cuda != sorted(set(cuda), key=Version):
-                raise _fail(f, v, "CUDA list must be unique and ascending")
-            cuda_v: SpecifierSet | tuple[str, ...] = tuple(cuda)
+            cuda_v: SpecifierSet | tuple[str, ...] = _cuda_list(f, v, cuda, known)
         else:
             cuda_v = _spec(f, v, cuda)
+        nocublaslt = e.get("cuda_nocublaslt")
+        if nocublaslt is not None:
+            if not isinstance(cuda, list):
+                raise _fail(f, v, "cuda_nocublaslt goes with a cuda list (releases that need an exact library)")
+            nocublaslt = _cuda_list(f, v, nocublaslt, known)
         ccs = [e.get("min_compute_capability"), e.get("int8_compute_capability")]
         _archs_ok(f, v, tuple(c for c in ccs if c is not None))
+        if not e.get("partial") and (cuda is None or ccs[0] is None):
+            raise _fail(f, v, "no cuda or min_compute_capability: a row without them must say why (partial)")
         out.append(BnbRelease(v, cuda_v, _spec(f, v, e.get("python")), e["source"], e.get("notes"),
-                              _spec(f, v, e.get("torch")), ccs[0], ccs[1]))
+                              _spec(f, v, e.get("torch")), ccs[0], ccs[1], nocublaslt, e.get("partial")))
     _ascending(f, [r.version for r in out])
     return tuple(out)
+
+
+def _cuda_list(f: str, v: str, cuda: list, known: set[str]) -> tuple[str, ...]:
+    for c in cuda:
+        if c not in known:
+            raise _fail(f, v, f"CUDA {c!r} is not a known toolkit major.minor (toolkits.json)")
+    if cuda != sorted(set(cuda), key=Version):
+        raise _fail(f, v, "CUDA list must be unique and ascending")
+    return tuple(cuda)
+
+
+@functools.cache
+def _cxx_std() -> tuple[CxxStd, ...]:
+    f = "cxx_std.json"
+    raw = _load_raw(f)
+    out = tuple(CxxStd(_spec(f, e.get("torch"), e.get("torch")), e["cxx_std"], e["source"]) for e in raw["torch"])
+    for t in _torch()[1]:  # every torch release imgbuild knows falls in exactly one range
+        hits = [str(e.torch) for e in out if e.torch.contains(t.version, prereleases=True)]
+        if len(hits) != 1:
+            raise _fail(f, t.version, f"torch {t.version} falls in {len(hits)} ranges ({', '.join(hits) or 'none'}); "
+                                      "it must fall in exactly one")
+    return out
 
 
 @functools.cache
@@ -494,6 +679,8 @@ class _WheelData:
     devel_extras: tuple[str, ...]
     devel_from: Version  # first CUDA whose nvcc wheel holds a working nvcc (not only ptxas)
     devel_source: str
+    tiers: dict[str, tuple[str, ...]]  # base / runtime -> the cuda-toolkit extras NVIDIA's tier carries
+    nccl: dict[str, str]  # CUDA major -> "nvidia-nccl-cuXX==version" (libnccl2 of the runtime tier)
 
 
 @functools.cache
@@ -539,8 +726,26 @@ def _wheels() -> _WheelData:
             raise _fail(f, mm, "listed as absent but has releases")
         absent[mm] = why["reason"]
     devel = raw.get("devel", {})
+    tiers, nccl = _tiers_and_nccl(f, raw, releases)
     return _WheelData(tuple(releases), tuple(cudnn), absent, tuple(devel.get("extras", ())),
-                      _ver(f, "devel", devel.get("needs_nvcc_binary_from", "999")), devel.get("source", ""))
+                      _ver(f, "devel", devel.get("needs_nvcc_binary_from", "999")), devel.get("source", ""),
+                      tiers, nccl)
+
+
+def _tiers_and_nccl(f: str, raw: dict, releases: list[WheelSet]) -> tuple[dict[str, tuple[str, ...]], dict[str, str]]:
+    """wheels.json's image tiers (each extra one some release has) and its NCCL wheel per CUDA major."""
+    tiers = {name: tuple(raw.get("tiers", {}).get(name, ())) for name in ("base", "runtime")}
+    known_extras = {x for r in releases for x, _ in r.extras}
+    for name, extras in tiers.items():
+        if unknown := sorted(set(extras) - known_extras):
+            raise _fail(f, f"tiers.{name}", f"not an extra of any cuda-toolkit release: {', '.join(unknown)}")
+    nccl = {}
+    for e in raw.get("nccl", ()):
+        _ver(f, f"nccl {e.get('major')}", e.get("version"))
+        nccl[str(e["major"])] = f"{e['wheel']}=={e['version']}"
+    if missing := sorted(set(raw.get("families", {})) - set(nccl), key=int):
+        raise _fail(f, "nccl", f"no NCCL wheel for CUDA {', '.join(missing)} (the runtime tier carries NCCL)")
+    return tiers, nccl
 
 
 @functools.cache
@@ -564,15 +769,70 @@ def _coverage() -> None:
             raise _fail("images.json", mm, "toolkit minor without nvidia/cuda images and not listed under 'absent'")
 
 
+@dataclass(frozen=True)
+class CudnnSupport:
+    """One row of NVIDIA's cuDNN support matrix: a cuDNN major and the CUDA toolkits it supports."""
+    cudnn: str
+    cuda: SpecifierSet
+    newest: str | None
+    source: str
+
+
+@functools.cache
+def _cudnn_support() -> tuple[CudnnSupport, ...]:
+    f = "cudnn.json"
+    raw = _load_raw(f)
+    out = [CudnnSupport(str(e["cudnn"]), _spec(f, e.get("cudnn"), e.get("cuda")), e.get("newest"), e["source"])
+           for e in raw["majors"]]
+    for w in _wheels().cudnn:  # a wheel row may not claim a CUDA the support matrix does not list
+        for t in _toolkit_data()[0]:
+            if Version(t.version) in w.cuda and not cudnn_supported(t.version, w.cudnn, rows=out):
+                raise _fail("wheels.json", f"cudnn {w.cudnn} for {w.cuda}",
+                            f"CUDA {t.version} is outside cuDNN {w.cudnn}'s support matrix (cudnn.json)")
+    return tuple(out)
+
+
+def cudnn_supported(cuda: str, cudnn: str, *, rows: list[CudnnSupport] | None = None) -> bool:
+    """Does NVIDIA's support matrix list CUDA ``cuda`` for cuDNN major ``cudnn``?"""
+    v = Version(_mm(str(cuda)))
+    major = str(cudnn).split(".")[0]
+    return any(r.cudnn == major and v in r.cuda for r in (rows if rows is not None else _cudnn_support()))
+
+
+def cudnn_majors_for(cuda: str) -> tuple[str, ...]:
+    """The cuDNN majors NVIDIA's support matrix lists for that CUDA, ascending."""
+    v = Version(_mm(str(cuda)))
+    return tuple(sorted({r.cudnn for r in _cudnn_support() if v in r.cuda}, key=int))
+
+
+def cudnn_support(cudnn: str) -> tuple[CudnnSupport, ...]:
+    """The support-matrix rows of one cuDNN major (empty: a major NVIDIA never published)."""
+    return tuple(r for r in _cudnn_support() if r.cudnn == str(cudnn).split(".")[0])
+
+
 DATA_FILES = ("toolkits.json", "minor_compat.json", "forward_compat.json", "images.json", "torch.json",
-              "flash_attn.json", "bitsandbytes.json", "archs.json", "wheels.json")
+              "flash_attn.json", "bitsandbytes.json", "cxx_std.json", "archs.json", "wheels.json", "cudnn.json",
+              "torch_cuda_pins.json")
+
+
+def _loaders() -> tuple[Any, ...]:
+    """Every cached loader, in the order their invariants depend on each other."""
+    from buildkit_py.compat import torch_pins  # noqa: PLC0415  # it reads tables: a top-level import would circle
+
+    return (_toolkit_data, _minor_floors, _forward_compat, _images, _torch, _flash_attn, _bnb, _cxx_std, _archs,
+            _wheels, _cudnn_support, torch_pins.rows, _coverage)
 
 
 def validate_all() -> None:
     """Load every data file (raising CompatDataError on the first broken invariant)."""
-    for load in (_toolkit_data, _minor_floors, _forward_compat, _images, _torch, _flash_attn, _bnb, _archs, _wheels,
-                 _coverage):
+    for load in _loaders():
         load()
+
+
+def clear_caches() -> None:
+    """Forget every loaded file (tests that serve other data; ``data refresh`` after writing)."""
+    for load in _loaders():
+        load.cache_clear()
 
 
 # ----------------------------------------------------------------------------- public API
@@ -610,6 +870,34 @@ def resolve_cuda(spec: str) -> Toolkit:
     raise _cuda_gap(spec, "not a CUDA toolkit release imgbuild knows")
 
 
+@dataclass(frozen=True)
+class NativeEvidence:
+    """The lowest driver known to run a toolkit natively where NVIDIA publishes no floor for it:
+    ``driver``, and ``why`` (which installer bundles it, or which newer toolkit's floor it is)."""
+    driver: str
+    why: str
+
+
+def known_native_driver(version: str) -> NativeEvidence | None:
+    """For a toolkit without a published floor: the lowest driver known to run it natively. A driver
+    runs natively every CUDA minor up to the one it was released for, so the evidence is a driver
+    bundled with an installer of the same minor, or the published floor of any later minor. None
+    where neither exists (or where the floor is published: that floor is the answer)."""
+    tk = resolve_cuda(version)
+    if tk.native_floor_known:
+        return None
+    v_mm = Version(tk.major_minor)
+    found: list[NativeEvidence] = []
+    for t in toolkits():
+        t_mm = Version(t.major_minor)
+        if t_mm == v_mm and t.runfile_driver:
+            found.append(NativeEvidence(t.runfile_driver, f"the driver NVIDIA's CUDA {t.version} installer bundles"))
+        elif t_mm > v_mm and t.linux_min_driver:
+            found.append(NativeEvidence(t.linux_min_driver, f"CUDA {t.version}'s published minimum, which covers "
+                                                            f"every earlier CUDA minor"))
+    return min(found, key=lambda e: Version(e.driver)) if found else None
+
+
 def minor_compat_floor(major: int) -> str | None:
     floor = _minor_floors().get(int(major))
     return floor.linux_min_driver if floor else None
@@ -636,6 +924,7 @@ def forward_compat_branches(cuda: str) -> tuple[str, ...]:
 
 
 def cuda_image_oses(cuda: str) -> tuple[str, ...]:
+    """The OSes with images of ``cuda`` ("X.Y": its newest patch with images)."""
     img = _image_for(cuda)
     return img.oses if img else ()
 
@@ -649,55 +938,170 @@ def _image_for(cuda: str) -> ImageSet | None:
     return images[max(cands, key=Version)] if cands else None
 
 
+def _cudnn_major(cudnn: str) -> str:
+    return str(cudnn).split(".", maxsplit=1)[0]
+
+
+def _has_image(img: ImageSet, flavor: str, cudnn: str | None, os_: str) -> bool:
+    """Whether the data records that tag: the OS is listed, and with cuDNN, its major too."""
+    meta = _images()[0]
+    majors = img.cudnn_on(os_)
+    if majors is None:
+        return False
+    if cudnn is None:
+        return flavor in meta["flavors"]
+    return flavor in meta["cudnn_flavors"] and _cudnn_major(cudnn) in majors
+
+
+def _tag(img: ImageSet, flavor: str, cudnn: str | None, os_: str) -> str:
+    return f"{img.cuda}-{flavor}-{os_}" if cudnn is None else f"{img.cuda}-{img.cudnn_tag}-{flavor}-{os_}"
+
+
 def cuda_image_tags(cuda: str) -> tuple[str, ...]:
+    """Every tag the data records for ``cuda`` ("X.Y": its newest patch with images)."""
     meta, _ = _images()
     img = _image_for(cuda)
     if img is None:
         return ()
     tags = []
-    for os_ in img.oses:
-        for fl in meta["flavors"]:
-            tags.append(f"{img.cuda}-{fl}-{os_}")
-        for fl in meta["cudnn_flavors"]:
-            tags.append(f"{img.cuda}-{img.cudnn_tag}-{fl}-{os_}")
+    for os_, majors in img.os_cudnn:
+        tags += [f"{img.cuda}-{fl}-{os_}" for fl in meta["flavors"]]
+        if majors:
+            tags += [f"{img.cuda}-{img.cudnn_tag}-{fl}-{os_}" for fl in meta["cudnn_flavors"]]
     return tuple(tags)
 
 
+class ImageGap(CompatGap):
+    """No nvidia/cuda image of a release (or minor) for a flavor, cuDNN and OS. ``reason`` says
+    which OSes that release or minor has the image for and the newest release that has it for the
+    asked OS; ``hint`` names the newest releases that fit, newest first. ``key`` is the recipe key
+    to blame, ``other``/``other_value`` the clashing side."""
+
+    def __init__(self, value: str, reason: str, *, hint: str, key: str, other: str, other_value: str):
+        super().__init__("nvidia/cuda", value, reason, hint=hint)
+        self.key, self.other, self.other_value = key, other, other_value
+
+
+def image_release(cuda: str, flavor: str, cudnn: str | None, os_: str, *, any_patch: bool = False) -> str:
+    """The CUDA release whose nvidia/cuda image serves ``cuda`` on ``os_``: "X.Y" -> the newest
+    X.Y.z the data records that image for; "X.Y.Z" -> itself (any_patch: else the newest other
+    X.Y.z with it, for a compile stage). ImageGap when there is none."""
+    images = _images()[1]
+    spec = str(cuda).strip()
+    exact = spec.count(".") == 2
+    same_minor = sorted((v for v in images if _mm(v) == _mm(spec)), key=Version, reverse=True)
+    if not exact:
+        cands = same_minor
+    else:
+        cands = [spec] if spec in images else []
+        if any_patch:
+            cands += [v for v in same_minor if v != spec]
+    for v in cands:
+        if _has_image(images[v], flavor, cudnn, os_):
+            return v
+    raise image_gap(spec, flavor, cudnn, os_)
+
+
 def cuda_image_tag(cuda: str, flavor: str, cudnn: str | None, os: str) -> str:
-    """nvidia/cuda tag, e.g. ``12.4.1-cudnn-runtime-ubuntu22.04``; LookupError listing what exists."""
-    meta, _ = _images()
+    """nvidia/cuda tag, e.g. ``12.4.1-cudnn-runtime-ubuntu22.04``, only ever one the data records;
+    "X.Y" takes the newest X.Y.z with that image for the OS. ImageGap (a LookupError) saying what
+    exists otherwise."""
+    v = image_release(cuda, flavor, cudnn, os)
+    return _tag(_images()[1][v], flavor, cudnn, os)
+
+
+def _os_key(os_: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in re.findall(r"\d+", os_))
+
+
+def newest_images(flavor: str, cudnn: str | None, os_: str, *, major: int | None = None) -> tuple[str, ...]:
+    """The newest patch of each CUDA minor with that image for ``os_`` (of one major if given), newest first."""
+    images = _images()[1]
+    best: dict[str, str] = {}
+    for v, img in images.items():
+        if (major is None or Version(v).major == major) and _has_image(img, flavor, cudnn, os_):
+            best[_mm(v)] = v  # rows ascend: the last one of a minor is its newest
+    return tuple(sorted(best.values(), key=Version, reverse=True))
+
+
+def image_gap(cuda: str, flavor: str, cudnn: str | None, os_: str) -> ImageGap:
+    """Why there is no nvidia/cuda ``flavor`` image of ``cuda`` ("X.Y" or "X.Y.Z") with ``cudnn``
+    for ``os_``, and what fits instead."""
+    meta, images = _images()
+    spec = str(cuda).strip()
+    exact = spec.count(".") == 2
+    label = spec if exact else f"{_mm(spec)}.x"
+    what = flavor if cudnn is None else f"cuDNN {_cudnn_major(cudnn)} {flavor}"
+    with_cudnn = "" if cudnn is None else f" with cuDNN {_cudnn_major(cudnn)}"
+    group = [v for v in images if (v == spec if exact else _mm(v) == _mm(spec))]
+    where: dict[str, str] = {}
+    for v in group:
+        for o in images[v].oses:
+            if _has_image(images[v], flavor, cudnn, o):
+                where[o] = v
+    if where:
+        reason = f"nvidia/cuda publishes {label} {what} images for {', '.join(sorted(where, key=_os_key))}"
+    elif group:
+        reason = f"nvidia/cuda publishes no {label} {what} image for any OS"
+    else:
+        why = meta["absent"].get(spec) or next((r for v, r in meta["absent"].items() if _mm(v) == _mm(spec)), None)
+        reason = f"nvidia/cuda publishes no {label} image" + (f" ({why})" if why else "")
+    fits = newest_images(flavor, cudnn, os_)
+    try:
+        spec_major = Version(spec).major
+    except InvalidVersion:
+        spec_major = None
+    same_major = newest_images(flavor, cudnn, os_, major=spec_major) if spec_major is not None else ()
+    if fits:
+        reason += f"; for {os_} the newest{with_cudnn} is {fits[0]}"
+        if same_major and Version(fits[0]).major != spec_major:
+            reason += f" ({spec_major}.x: {same_major[0]})"
+    else:
+        reason += f"; no release has one for {os_}"
+    hints = []
+    if fits:
+        hints.append(f"use cuda: \"{_mm(fits[0])}\" on {os_} (the newest that fit: {', '.join(fits[:3])})")
+        if same_major and Version(fits[0]).major != spec_major:
+            hints.append(f"\"{_mm(same_major[0])}\" ({same_major[0]}) to stay on CUDA {spec_major}")
+    if where:
+        newest_os = sorted(where, key=_os_key, reverse=True)
+        hints.append("base.os: " + ", ".join(f"{o} ({where[o]})" for o in newest_os) + f" for {label}")
+    if not hints:
+        hints.append("use cuda.source: wheels with a base.image for that OS")
+    key, other, other_value = "cuda.version", "base.os", os_
+    on_os = [v for v in group if images[v].cudnn_on(os_) is not None]
+    if cudnn is not None and on_os:
+        key, other, other_value = "cuda.cudnn", "cuda.cudnn", f"{_cudnn_major(cudnn)} on {os_}"
+    elif not fits:  # no CUDA release has this image for the OS: the OS is what is wrong (issue 21: 11)
+        key, other, other_value = "base.os", "cuda", spec
+    return ImageGap(spec, reason, hint=", or ".join(hints), key=key, other=other, other_value=other_value)
+
+
+def image_end_of_life(cuda: str, today: datetime.date | None = None) -> ImageEol | None:
+    """The end of life of ``cuda``'s nvidia/cuda images when ``today`` (default: the current
+    date) is on or past it; None while supported or where NVIDIA publishes no date."""
+    img = _image_for(cuda)
+    eol = img.end_of_life if img else None
+    when = today or datetime.date.today()
+    return eol if eol is not None and when >= eol.date else None
+
+
+def image_releases() -> tuple[ImageSet, ...]:
+    """Every CUDA release with nvidia/cuda images, ascending."""
+    return tuple(_images()[1].values())
+
+
+def image_support_policy() -> dict[str, str]:
+    """NVIDIA's support policy for the images as images.json records it (summary, source, read)."""
+    return dict(_images()[0]["policy"])
+
+
+def cudnn_versions(cuda: str, os_: str | None = None) -> tuple[str, ...]:
+    """cuDNN majors with images of ``cuda`` (on any OS, or on ``os_``)."""
     img = _image_for(cuda)
     if img is None:
-        known = ", ".join(sorted({_mm(v) for v in _images()[1]}, key=Version))
-        why = meta["absent"].get(str(cuda)) or next((r for v, r in meta["absent"].items() if _mm(v) == str(cuda)), None)
-        raise LookupError(f"no nvidia/cuda image recorded for CUDA {cuda}" + (f" ({why})" if why else "")
-                          + f"; CUDA versions with images: {known}")
-    exists = ", ".join(cuda_image_tags(img.cuda))
-    if os not in img.oses:
-        raise LookupError(f"no nvidia/cuda {img.cuda} image for {os}; available: {exists}")
-    if cudnn is None:
-        if flavor not in meta["flavors"]:
-            raise LookupError(f"unknown flavor {flavor!r}; available: {exists}")
-        return f"{img.cuda}-{flavor}-{os}"
-    if flavor not in meta["cudnn_flavors"]:
-        raise LookupError(f"no cuDNN image for flavor {flavor!r}; available: {exists}")
-    if str(cudnn) not in img.cudnn:
-        raise LookupError(f"cuDNN {cudnn} not available for CUDA {img.cuda} images; available: {exists}")
-    return f"{img.cuda}-{img.cudnn_tag}-{flavor}-{os}"
-
-
-def image_end_of_life(cuda: str) -> bool | None:
-    meta, _ = _images()
-    eol = meta["eol"]
-    for key in (str(cuda), _mm(str(cuda))):
-        if key in eol:
-            return bool(eol[key])
-    return None
-
-
-def cudnn_versions(cuda: str) -> tuple[str, ...]:
-    img = _image_for(cuda)
-    return img.cudnn if img else ()
+        return ()
+    return img.cudnn if os_ is None else (img.cudnn_on(os_) or ())
 
 
 def torch_releases() -> tuple[TorchRelease, ...]:
@@ -756,15 +1160,37 @@ def flash_attn_release(version: str) -> FlashAttnRelease:
     raise LookupError(f"unknown flash-attn release {version!r}; known: {', '.join(r.version for r in _flash_attn())}")
 
 
-def flash_attn_prebuilt(version: str, cuda: str, torch: str, python: str) -> PrebuiltWheel | None:
-    """Prebuilt GitHub-release wheel covering (CUDA major, torch major.minor, python), if recorded."""
+def flash_attn_prebuilt(version: str, cuda: str, torch: str, python: str, *, archs: tuple[str, ...] = (),
+                        cxx11abi: bool | None = None) -> PrebuiltWheel | None:
+    """The GitHub release wheel flash-attn's publish workflow built for (torch's CUDA, torch
+    major.minor, Python, C++ ABI), whose SASS runs on every compute capability in ``archs``;
+    None where no such wheel was built (then it builds from source).
+
+    The CUDA in the wheel's name is the one setup.py's get_wheel_url asks for: the build of
+    torch's own CUDA major.minor where the release has one (2.0-2.2 built cu116/cu117/cu118 and
+    cu121/cu122), else the release's only build of that CUDA major (cu118 and cu122/cu123 for
+    2.3-2.6, cu12 from 2.7). Wheels built against a torch pre-release are not taken."""
     rel = flash_attn_release(version)
-    cuda_major = str(cuda).split(".")[0]
-    torch_mm = _mm(str(torch))
-    py = _mm(str(python))
+    if rel.partial:
+        return None
+    cuda_mm, major = _mm(str(cuda)), str(cuda).split(".")[0]
+    torch_mm, py = _mm(str(torch)), _mm(str(python))
+    labels = {w.cuda for w in rel.prebuilt if w.cuda.split(".")[0] == major}
+    label = cuda_mm if cuda_mm in labels else (labels.pop() if len(labels) == 1 else None)
     for w in rel.prebuilt:
-        if w.cuda.split(".")[0] == cuda_major and w.torch == torch_mm and py in w.python:
+        if (w.cuda == label and w.torch == torch_mm and py in w.python and not Version(w.torch_build).is_prerelease
+                and (cxx11abi is None or cxx11abi in w.cxx11abi)
+                and all(any(sass_runs_on(sm, a) for sm in rel.sms(w.build_cuda)) for a in archs)):
             return w
+    return None
+
+
+def torch_cxx_std(version: str) -> int | None:
+    """The C++ standard an extension including torch ``version``'s headers must compile as
+    (cxx_std.json); None for a torch no range covers."""
+    for e in _cxx_std():
+        if e.torch.contains(str(version), prereleases=True):
+            return e.cxx_std
     return None
 
 
@@ -854,6 +1280,23 @@ def devel_wheel_extras(cuda: str) -> tuple[str, ...]:
                         hint=f"use cuda.source: nvidia (a devel image), or CUDA >= {data.devel_from} "
                              f"(newest with wheels: {newest})")
     return tuple(x for x in data.devel_extras if ws.has(x))
+
+
+def tier_extras(flavor: str, cuda: str) -> tuple[str, ...]:
+    """The cuda-toolkit extras NVIDIA's ``flavor`` tier carries that this CUDA's wheels have:
+    base (cudart), runtime (the runtime libraries), devel (runtime plus nvcc, headers and the
+    compiler's parts; CompatGap where that CUDA's wheels hold no nvcc)."""
+    data = _wheels()
+    ws = cuda_wheel_set(cuda)
+    extras = data.tiers["runtime"] if flavor in ("runtime", "devel") else data.tiers["base"]
+    if flavor == "devel":
+        extras = tuple(dict.fromkeys(extras + devel_wheel_extras(cuda)))
+    return tuple(x for x in extras if ws.has(x))
+
+
+def nccl_pin(cuda: str) -> str:
+    """The NCCL wheel of the runtime tier for that CUDA's major (``nvidia-nccl-cu12==2.32.3``)."""
+    return _wheels().nccl[str(cuda).split(".", maxsplit=1)[0]]
 
 
 def cuda_wheel_home(cuda: str) -> str | None:

@@ -79,7 +79,8 @@ class CudaLayer:
 
 
 @functools.lru_cache(maxsize=1)
-def _rows() -> dict[str, TorchCudaPins]:
+def rows() -> dict[str, TorchCudaPins]:
+    """Every row of the file, checked; loaded once."""
     raw = _load_raw(FILE)
     out: dict[str, TorchCudaPins] = {}
     for e in raw.get("releases", []):
@@ -109,7 +110,7 @@ def _rows() -> dict[str, TorchCudaPins]:
 
 def torch_cuda_pins(torch: str) -> TorchCudaPins | None:
     """The row of a torch release of the Python registry, or None where none was read."""
-    return _rows().get(torch)
+    return rows().get(torch)
 
 
 def cuda_layers(wheels: tuple[CudaWheel, ...], own_layer_bytes: int = OWN_LAYER_BYTES) -> tuple[CudaLayer, ...]:
@@ -128,7 +129,7 @@ def big_libraries(own_layer_bytes: int = OWN_LAYER_BYTES) -> frozenset[str]:
     """Short names (cudnn, cublas, ...) of the CUDA libraries whose wheel measured at least
     ``own_layer_bytes`` in some torch release's row: the rule for CUDA wheels whose sizes were
     not read (``cuda.source: wheels`` without torch), whatever CUDA major names them."""
-    return frozenset(w.short for row in _rows().values() for w in row.cuda_wheels if w.size >= own_layer_bytes)
+    return frozenset(w.short for row in rows().values() for w in row.cuda_wheels if w.size >= own_layer_bytes)
 
 
 def cuda_pin_layers(pins: tuple[str, ...], *, small_id: str = "cuda") -> tuple[CudaLayer, ...]:

@@ -11,6 +11,7 @@ engine cannot honour before any build starts, naming the engine or setting that 
 
 from buildkit_py.engine.base import (
     BUILDER_SELECT,
+    CA_SECRET_ID,
     CACHE_EXPORT,
     CACHE_FROM,
     CACHE_MOUNTS,
@@ -42,8 +43,8 @@ from buildkit_py.engine.select import (
     select_engine,
 )
 
-__all__ = ["BUILDER_SELECT", "CACHE_EXPORT", "CACHE_FROM", "CACHE_MOUNTS", "COMPRESSION", "ENGINE_KINDS",
-           "METADATA_FILE", "MULTI_STAGE", "OCI_MEDIATYPES", "PLATFORM", "PROVENANCE", "PUSH", "SECRETS",
-           "BuildBackend", "BuildRequest", "BuildResult", "Engine", "ImageSizes", "LineSink", "ProgressSink",
+__all__ = ["BUILDER_SELECT", "CA_SECRET_ID", "CACHE_EXPORT", "CACHE_FROM", "CACHE_MOUNTS", "COMPRESSION",
+           "ENGINE_KINDS", "METADATA_FILE", "MULTI_STAGE", "OCI_MEDIATYPES", "PLATFORM", "PROVENANCE", "PUSH",
+           "SECRETS", "BuildBackend", "BuildRequest", "BuildResult", "Engine", "ImageSizes", "LineSink", "ProgressSink",
            "buildx_beside", "candidate_clients", "detect_backend", "engine_for_reading", "parse_compression",
            "require", "required_capabilities", "select_engine"]

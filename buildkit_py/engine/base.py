@@ -31,6 +31,8 @@ OCI_MEDIATYPES = "oci-mediatypes"
 PROVENANCE = "provenance"
 PLATFORM = "platform"
 
+CA_SECRET_ID = "cacert"  # noqa: S105 - the BuildKit secret that carries --ca-cert's bundle
+
 # What can honour each capability, for the refusal's hint.
 _WHO_CAN = {
     CACHE_EXPORT: "buildx with the containerd image store (Docker >= 24 with "

@@ -15,6 +15,8 @@ from pathlib import Path
 from buildkit_py import oci
 from buildkit_py.analysis.inspect import attribute_entries
 from buildkit_py.engine import (
+    CA_SECRET_ID,
+    PROVENANCE,
     PUSH,
     BuildRequest,
     BuildResult,
@@ -23,8 +25,8 @@ from buildkit_py.engine import (
     require,
     required_capabilities,
 )
-from buildkit_py.engine.push import PushResult, TransferSink, split_tag
-from buildkit_py.errors import BudgetExceeded, BuildFailed, ImgbuildError, RegistryError, UsageError
+from buildkit_py.engine.push import PushResult, TransferSink, check_can_push, split_tag
+from buildkit_py.errors import BudgetExceeded, ImgbuildError, RegistryError, UsageError
 from buildkit_py.files import write_atomic
 from buildkit_py.plan import labels as L
 from buildkit_py.plan.build_plan import BuildPlan, check_image_tag
@@ -35,7 +37,6 @@ from buildkit_py.render.dockerfile import render_dockerfile
 from buildkit_py.sizes import human_size
 
 LineSink = Callable[[str], None]
-CA_SECRET_ID = "cacert"  # noqa: S105
 # A pip.conf (private index URL with credentials), read by pip steps as PIP_CONFIG_FILE.
 PIP_CONFIG_SECRET_ID = "pipconf"  # noqa: S105
 
@@ -160,7 +161,14 @@ def run_build(plan: BuildPlan, engine: Engine, options: BuildOptions, on_line: L
                          oci_mediatypes=options.oci_mediatypes, provenance=options.provenance,
                          platforms=options.platforms)
     require(engine, required_capabilities(plan.needs, probe))
+    if options.push:  # wrong credentials fail now, not after the whole build
+        check_can_push(tags)
 
+    # No attestation unless asked for: BuildKit's provenance carries the build's start time and a
+    # random invocation id, so with it every build, even of nothing changed, gets a new digest.
+    provenance = options.provenance
+    if provenance is None and PROVENANCE in engine.capabilities:
+        provenance = "false"
     # A base pinned at plan time carries its digest as a static label already.
     base_digest = None if plan.resolution.base_digest else _local_digest(engine, plan.resolution.base_image)
     volatile = L.volatile_labels(plan.recipe, base_digest=base_digest)
@@ -174,7 +182,7 @@ def run_build(plan: BuildPlan, engine: Engine, options: BuildOptions, on_line: L
             network=options.network, no_cache=options.no_cache, cache_from=options.cache_from,
             cache_to=options.cache_to, builder=options.builder, push=from_buildkit and budget is None,
             load=keep_local, compression=options.compression, oci_mediatypes=options.oci_mediatypes,
-            provenance=options.provenance, platforms=options.platforms,
+            provenance=provenance, platforms=options.platforms,
         )
         result = _build(engine, request, on_line)
         sizes = engine.image_sizes(result.image_id) if keep_local and result.image_id else None
@@ -236,15 +244,9 @@ def _buildkit_pushes(result: BuildResult, tags: tuple[str, ...]) -> list[PushRes
 
 
 def _build(engine: Engine, request: BuildRequest, on_line: LineSink) -> BuildResult:
-    try:
-        return engine.build(request, on_line)
-    except BuildFailed as exc:
-        if "no space left on device" not in exc.log_tail.lower() or exc.hint:
-            raise
-        raise BuildFailed("build failed: the engine ran out of disk space", command=exc.command,
-                          returncode=exc.returncode, log_tail=exc.log_tail,
-                          hint="free space in the engine's data root (docker system prune, "
-                               "docker builder prune) and build again; no image was tagged") from None
+    # A failure comes back as BuildFailed naming the step, its last lines and the known cause
+    # (engine/buildlog.py), a full disk included.
+    return engine.build(request, on_line)
 
 
 def _local_digest(engine: Engine, ref: str) -> str | None:

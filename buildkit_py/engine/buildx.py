@@ -151,6 +151,16 @@ class BuildxEngine(ClassicEngine):
             if isinstance(err, (AuthenticationError, RegistryError)):
                 raise err
 
+    def image_id(self, iid: str, digest: str | None) -> str:
+        """The containerd store names an image by its manifest's (or index's) digest, which the
+        metadata file has; --iidfile holds the config's digest when there is no index (no
+        attestation), which `docker image inspect` there does not find."""
+        try:
+            store = self.containerd_store()
+        except Exception:  # noqa: BLE001 - the engine answered the build; a failed look-up keeps the iid
+            store = False
+        return digest if store and digest else iid
+
     def read_metadata(self, metadata: Path) -> str | None:
         try:
             data = json.loads(metadata.read_text())

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import collections
-import re
 import subprocess
 import tempfile
 import time
 from pathlib import Path
 
 from buildkit_py.engine.base import (
+    CA_SECRET_ID,
     CACHE_FROM,
     CACHE_MOUNTS,
     MULTI_STAGE,
@@ -19,11 +18,10 @@ from buildkit_py.engine.base import (
     Engine,
     LineSink,
 )
-from buildkit_py.errors import BuildFailed, EnvironmentProblem
+from buildkit_py.engine.buildlog import BuildLog
+from buildkit_py.engine.children import supervised
+from buildkit_py.errors import BuildFailed, EnvironmentProblem, FailedStep
 
-_STEP_RE = re.compile(r"^#(\d+) \[[^\]]*\d+/\d+\] (\S+)(.*)$")
-_MARK_RE = re.compile(r": imgbuild-step=([\w.-]+);")
-_CACHED_RE = re.compile(r"^#(\d+) CACHED$")
 _ENGINE_DOWN = ("Cannot connect to the Docker daemon", "connect: no such file or directory",
                 "Is the docker daemon running")
 
@@ -67,6 +65,15 @@ class ClassicEngine(Engine):
     def read_metadata(self, metadata: Path) -> str | None:
         return None
 
+    def build_name(self, cmd: list[str]) -> str:
+        """How a message names the build command: "docker build", "docker buildx build"."""
+        words = cmd[:cmd.index("build") + 1] if "build" in cmd else cmd[:1]
+        return " ".join([Path(words[0]).name, *(w for w in words[1:] if w in ("buildx", "build"))])
+
+    def image_id(self, iid: str, digest: str | None) -> str:
+        """What the engine names the built image by, from --iidfile and the metadata file's digest."""
+        return iid
+
     def build_environment(self, request: BuildRequest, tmp: Path) -> dict[str, str]:
         return self.environment()
 
@@ -74,44 +81,58 @@ class ClassicEngine(Engine):
         """Raise a more precise error than BuildFailed where the log says what went wrong."""
 
     def build(self, request: BuildRequest, on_line: LineSink) -> BuildResult:
-        tail: collections.deque[str] = collections.deque(maxlen=40)
-        steps: dict[str, str] = {}  # vertex number -> step name (marker id or instruction)
-        cached: set[str] = set()
+        log = BuildLog()
         start = time.monotonic()
         with tempfile.TemporaryDirectory(prefix="imgbuild-iid-") as tmp:
             iidfile, metadata = Path(tmp) / "iid", Path(tmp) / "metadata.json"
             cmd = self.command(request, iidfile, metadata)
             try:
+                # A session of its own: an interrupt reaches imgbuild, which stops the build (children.py).
                 proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                         env=self.build_environment(request, Path(tmp)), errors="replace",
-                                        stdin=subprocess.DEVNULL)
+                                        stdin=subprocess.DEVNULL, start_new_session=True)
             except OSError as exc:
                 raise EnvironmentProblem(f"cannot run {self.client}: {exc}") from None
             assert proc.stdout is not None  # noqa: S101
-            for raw in proc.stdout:
-                line = raw.rstrip("\n")
-                tail.append(line)
-                on_line(line)
-                if (m := _STEP_RE.match(line)) and m.group(2) != "FROM":
-                    mark = _MARK_RE.search(m.group(3))
-                    steps[m.group(1)] = mark.group(1) if mark else m.group(2)
-                elif m := _CACHED_RE.match(line):
-                    cached.add(m.group(1))
-            code = proc.wait()
-            log = "\n".join(tail)
+            with proc.stdout, supervised(proc, f"{self.build_name(cmd)} of {', '.join(request.tags) or 'the image'}"):
+                for raw in proc.stdout:
+                    line = raw.rstrip("\n")
+                    log.feed(line)
+                    on_line(line)
+                code = proc.wait()
+            tail = "\n".join(log.tail)
             if code != 0:
-                if any(s in log for s in _ENGINE_DOWN):
+                if any(s in tail for s in _ENGINE_DOWN):
                     raise EnvironmentProblem("the Docker engine is not reachable",
                                              hint="start it (scripts/services.sh up) or set DOCKER_HOST")
-                self.refine_failure(request, log)
-                raise BuildFailed(f"build failed (exit {code})", command=cmd, returncode=code, log_tail=log)
-            image_id = iidfile.read_text().strip() if iidfile.exists() else ""
+                self.refine_failure(request, tail)
+                raise build_failure(log, cmd, code, ca_cert=CA_SECRET_ID in request.secrets)
             digest = self.read_metadata(metadata)
-        rerun = tuple(name for vertex, name in sorted(steps.items(), key=lambda kv: int(kv[0]))
-                      if vertex not in cached)
-        return BuildResult(image_id=image_id, tags=request.tags, log_tail=log,
-                           cached_steps=len(cached & steps.keys()), run_steps=len(rerun), rerun=rerun,
+            image_id = self.image_id(iidfile.read_text().strip() if iidfile.exists() else "", digest)
+        steps = log.steps()
+        rerun = tuple(name for _, name, state in steps if state != "cached")
+        return BuildResult(image_id=image_id, tags=request.tags, log_tail=tail,
+                           cached_steps=len(steps) - len(rerun), run_steps=len(rerun), rerun=rerun,
                            seconds=time.monotonic() - start, digest=digest)
+
+
+def build_failure(log: BuildLog, command: list[str], code: int, *, ca_cert: bool) -> BuildFailed:
+    """The error for a failed build: the step that failed, named once, with its own last lines
+    and the known cause's hint; the log's last lines when no step failed (a Dockerfile the
+    frontend refused, a base that cannot be pulled)."""
+    failed, cause = log.failure(), log.cause(ca_cert=ca_cert)
+    tail = "\n".join(log.tail)
+    if failed is None:
+        message = "build failed" + (f": {cause.summary}" if cause else f" (exit {code})")
+        return BuildFailed(message, command=command, returncode=code, log_tail=tail,
+                           hint=cause.hint if cause else None, cause=cause.code if cause else None)
+    message = f"build failed at step {failed.name}: {failed.error}"
+    if cause is not None:
+        message += f"; {cause.summary} ({cause.evidence})"
+    return BuildFailed(message, command=command, returncode=code, log_tail=tail,
+                       hint=cause.hint if cause else "--progress plain prints every line of the build",
+                       step=FailedStep(failed.name, failed.exit_code, failed.output),
+                       cause=cause.code if cause else None)
 
 
 ClassicBuildKitBackend = ClassicEngine  # the older name

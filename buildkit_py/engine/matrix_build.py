@@ -15,6 +15,8 @@ from typing import Any
 
 from buildkit_py.engine import BuildRequest, Engine, require, required_capabilities
 from buildkit_py.engine.build import BuildOptions, BuildOutcome, run_build
+from buildkit_py.engine.children import stop_all
+from buildkit_py.engine.push import check_can_push
 from buildkit_py.errors import ImgbuildError
 from buildkit_py.plan.build_plan import BuildPlan
 from buildkit_py.plan.matrix import (
@@ -99,6 +101,8 @@ def build_all(matrix: Matrix, backend: Engine, options: BuildOptions, *, jobs: i
         probe = BuildRequest(Path("."), Path("Dockerfile"), plan.tags, cache_from=options.cache_from,
                              cache_to=options.cache_to, builder=options.builder)
         require(backend, required_capabilities(plan.needs, probe))
+    if options.push:  # every variant's repository, once, before any variant builds
+        check_can_push([t for plan in plans.values() for t in plan.tags])
     stages, chains = shared_stages(plans)
     say = hooks.on_event or (lambda _t: None)
     scratch: tuple[str, ...] = ()  # shared-stage images built for --no-cache, untagged at the end
@@ -124,24 +128,31 @@ def build_all(matrix: Matrix, backend: Engine, options: BuildOptions, *, jobs: i
     results: dict[str, VariantBuild] = {}
     with ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="imgbuild-variant") as pool:
         running: dict[Any, Variant] = {}
-        while pending or running:
-            for v in list(pending):
-                if len(running) >= jobs:
-                    break
-                if any(k in claimed and k not in ready for k in chains[v.id]):
-                    continue  # another variant is building a stage this one shares: wait for the cache
-                claimed.update(chains[v.id])
-                pending.remove(v)
-                say(f"[{v.id}] building {', '.join(plans[v.id].tags)}")
-                running[pool.submit(one, v)] = v
-            done, _ = wait(running, return_when=FIRST_COMPLETED)
-            for fut in done:
-                v = running.pop(fut)
-                result = fut.result()
-                results[v.id] = result
-                ready.update(chains[v.id])
-                say(f"[{v.id}] " + (f"built in {result.seconds:.1f}s" if result.ok
-                                    else f"FAILED: {result.error.message.splitlines()[0]}"))
+        try:
+            while pending or running:
+                for v in list(pending):
+                    if len(running) >= jobs:
+                        break
+                    if any(k in claimed and k not in ready for k in chains[v.id]):
+                        continue  # another variant is building a stage this one shares: wait for the cache
+                    claimed.update(chains[v.id])
+                    pending.remove(v)
+                    say(f"[{v.id}] building {', '.join(plans[v.id].tags)}")
+                    running[pool.submit(one, v)] = v
+                done, _ = wait(running, return_when=FIRST_COMPLETED)
+                for fut in done:
+                    v = running.pop(fut)
+                    result = fut.result()
+                    results[v.id] = result
+                    ready.update(chains[v.id])
+                    say(f"[{v.id}] " + (f"built in {result.seconds:.1f}s" if result.ok
+                                        else f"FAILED: {result.error.message.splitlines()[0]}"))
+        except KeyboardInterrupt as exc:
+            # The interrupt reaches this thread only: the builds the workers wait on are stopped
+            # here (engine/children.py), so leaving the pool does not wait for them to finish.
+            stop_all(exc)
+            pool.shutdown(wait=True, cancel_futures=True)
+            raise
     for tag in scratch:  # the variants keep their layers; only the helper tag goes
         backend.remove(tag)
     return MatrixBuild(matrix, tuple(results[v.id] for v in chosen), time.monotonic() - start)

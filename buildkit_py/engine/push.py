@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from buildkit_py import oci
@@ -79,6 +79,26 @@ def classify_push_error(message: str, host: str) -> Exception:
                              hint="the registry's storage may be full or read-only: check its disk and its "
                                   "log, then push again (blobs already uploaded are not sent twice)")
     return RegistryError(f"push to {host} failed: {message}")
+
+
+def check_can_push(tags: Iterable[str], *, client: oci.Client | None = None) -> None:
+    """Before a build that will push: may the credentials found push to each tag's repository
+    (``oci.login.check_push_access``)? Refused or missing credentials, or a registry out of
+    reach, are raised here, before anything builds, instead of after the whole build."""
+    from buildkit_py.oci.login import check_push_access  # noqa: PLC0415 - only builds that push
+
+    client = client or oci.Client()
+    seen: set[tuple[str, str]] = set()
+    for tag in tags:
+        ref = oci.parse_reference(tag)
+        if (ref.registry, ref.repository) in seen:
+            continue
+        seen.add((ref.registry, ref.repository))
+        try:
+            check_push_access(ref, client=client)
+        except (AuthenticationError, RegistryUnreachable, RegistryError) as exc:
+            raise type(exc)(f"cannot push {tag}: {exc.message} (checked before building: nothing was built)",
+                            hint=exc.hint) from None
 
 
 def _transient(message: str) -> bool:

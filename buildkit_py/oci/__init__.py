@@ -37,7 +37,7 @@ if TYPE_CHECKING:  # the eager view, for type checkers and readers
         upload_blob,
         upload_bytes,
     )
-    from buildkit_py.oci.copy import copy_image
+    from buildkit_py.oci.copy import CopyResult, copy_image
     from buildkit_py.oci.download import default_streams, get_blob
     from buildkit_py.oci.manifests import (
         ACCEPT,
@@ -57,6 +57,8 @@ if TYPE_CHECKING:  # the eager view, for type checkers and readers
         fetch_manifest,
         get_image_config,
         get_manifest,
+        platform_matches,
+        platform_of,
         put_manifest,
         select_platform,
     )
@@ -83,12 +85,13 @@ if TYPE_CHECKING:  # the eager view, for type checkers and readers
 _HOME = {name: module for module, names in {
     "blobs": ("CHUNK", "MEDIA_OCTET", "UploadResult", "blob_exists", "delete_blob", "head_blob", "read_blob",
               "sha256_file", "start_upload", "upload_blob", "upload_bytes"),
-    "copy": ("copy_image",),
+    "copy": ("CopyResult", "copy_image"),
     "download": ("default_streams", "get_blob"),
     "manifests": ("ACCEPT", "DEFAULT_PLATFORM", "INDEX_TYPES", "MANIFEST_TYPES", "MAX_CONFIG_BYTES",
                   "MAX_MANIFEST_BYTES", "MEDIA_DOCKER_CONFIG", "MEDIA_DOCKER_LIST", "MEDIA_DOCKER_MANIFEST",
                   "MEDIA_OCI_CONFIG", "MEDIA_OCI_INDEX", "MEDIA_OCI_MANIFEST", "canonical_json", "delete_manifest",
-                  "fetch_manifest", "get_image_config", "get_manifest", "put_manifest", "select_platform"),
+                  "fetch_manifest", "get_image_config", "get_manifest", "platform_matches", "platform_of",
+                  "put_manifest", "select_platform"),
     "reference": ("DOCKER_HUB", "DOCKER_HUB_API", "Reference", "as_reference", "is_loopback", "parse_reference"),
     "transport": ("TRANSIENT_STATUS", "Challenge", "Client", "Progress", "RetryPolicy", "pull_scope", "push_scope",
                   "sha256_bytes"),
@@ -112,9 +115,9 @@ __all__ = [
     "ACCEPT", "CHUNK", "DEFAULT_PLATFORM", "DOCKER_HUB", "DOCKER_HUB_API", "INDEX_TYPES", "MANIFEST_TYPES",
     "MAX_CONFIG_BYTES", "MAX_MANIFEST_BYTES", "MEDIA_DOCKER_CONFIG", "MEDIA_DOCKER_LIST", "MEDIA_DOCKER_MANIFEST",
     "MEDIA_OCI_CONFIG", "MEDIA_OCI_INDEX", "MEDIA_OCI_MANIFEST", "MEDIA_OCTET", "TRANSIENT_STATUS", "Challenge",
-    "Client", "Progress", "Reference", "RetryPolicy", "UploadResult", "as_reference", "blob_exists",
+    "Client", "CopyResult", "Progress", "Reference", "RetryPolicy", "UploadResult", "as_reference", "blob_exists",
     "canonical_json", "copy_image", "default_streams", "delete_blob", "delete_manifest", "fetch_manifest",
-    "get_blob", "get_image_config", "get_manifest", "head_blob", "is_loopback", "parse_reference", "pull_scope",
-    "push_scope", "put_manifest", "read_blob", "select_platform", "sha256_bytes", "sha256_file", "start_upload",
-    "upload_blob", "upload_bytes",
+    "get_blob", "get_image_config", "get_manifest", "head_blob", "is_loopback", "parse_reference",
+    "platform_matches", "platform_of", "pull_scope", "push_scope", "put_manifest", "read_blob", "select_platform",
+    "sha256_bytes", "sha256_file", "start_upload", "upload_blob", "upload_bytes",
 ]

@@ -1,12 +1,13 @@
 """``imgbuild login``: check a username and password against a registry, then store them
-where the docker CLI would (credential helper, else the docker config)."""
+where the docker CLI would (credential helper, else the docker config). ``check_push_access``:
+may the credentials found push to a repository (``build --push`` asks before it builds)?"""
 
 from __future__ import annotations
 
 import base64
 from dataclasses import dataclass
 
-from buildkit_py.errors import AuthenticationError
+from buildkit_py.errors import AuthenticationError, RegistryError
 from buildkit_py.oci.auth import (
     Credentials,
     config_key,
@@ -16,7 +17,9 @@ from buildkit_py.oci.auth import (
     normalize_host,
     write_docker_config,
 )
-from buildkit_py.oci.transport import Client
+from buildkit_py.oci.blobs import start_upload
+from buildkit_py.oci.reference import Reference, as_reference
+from buildkit_py.oci.transport import Client, push_scope
 
 
 @dataclass(frozen=True)
@@ -64,3 +67,24 @@ def login(registry: str, user: str, password_from_stdin: str, *, client=None) ->
     auths[key] = {"auth": base64.b64encode(f"{user}:{password}".encode()).decode()}
     write_docker_config(config, path)
     return LoginResult(host, user, str(path))
+
+
+def check_push_access(ref: Reference | str, *, client: Client | None = None) -> None:
+    """Ask ``ref``'s registry whether the credentials found for it (``auth.resolve``: the same
+    ones a push uses) may push to its repository, without pushing anything: open a blob upload
+    session, the first step of every push, which the registry grants only to credentials that
+    may push there (basic or token flow, push scope), then cancel it.
+
+    Raises AuthenticationError (credentials missing, refused, or without push permission) or
+    RegistryUnreachable, both exit 3; another RegistryError when the registry answers oddly.
+    """
+    ref = as_reference(ref)
+    client = client or Client()
+    location, mounted = start_upload(ref, client=client)
+    if mounted or not location:
+        return
+    try:  # the session holds nothing yet; a registry that cannot cancel one lets it expire
+        client.request("DELETE", ref.api_host, location, scope=push_scope(ref.repository),
+                       expect=(200, 202, 204, 404)).close()
+    except RegistryError:
+        pass

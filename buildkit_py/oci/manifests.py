@@ -70,16 +70,27 @@ def get_manifest(ref: Reference | str, *, platform: str = DEFAULT_PLATFORM,
     return body, digest, media_type
 
 
-def select_platform(index: dict, platform: str, what: str = "image") -> dict:
+def platform_of(entry: dict) -> str:
+    """``os/arch[/variant]`` of an index entry (``unknown/unknown`` for BuildKit's attestations)."""
+    p = entry.get("platform") or {}
+    return "/".join(x for x in (p.get("os"), p.get("architecture"), p.get("variant")) if x) or "unknown"
+
+
+def platform_matches(entry: dict, platform: str) -> bool:
+    """Does the index entry serve ``platform`` (``os/arch``, or ``os/arch/variant`` to be exact)?"""
     os_name, _, rest = platform.partition("/")
     arch, _, variant = rest.partition("/")
-    seen = []
-    for entry in index.get("manifests") or []:
-        p = entry.get("platform") or {}
-        seen.append("/".join(x for x in (p.get("os"), p.get("architecture"), p.get("variant")) if x))
-        if p.get("os") == os_name and p.get("architecture") == arch and (not variant or p.get("variant") == variant):
+    p = entry.get("platform") or {}
+    return p.get("os") == os_name and p.get("architecture") == arch and (not variant or p.get("variant") == variant)
+
+
+def select_platform(index: dict, platform: str, what: str = "image") -> dict:
+    entries = index.get("manifests") or []
+    for entry in entries:
+        if platform_matches(entry, platform):
             return entry
-    raise RegistryError(f"{what} has no {platform} manifest (has: {', '.join(seen) or 'none'})")
+    seen = ", ".join(platform_of(e) for e in entries)
+    raise RegistryError(f"{what} has no {platform} manifest (has: {seen or 'none'})")
 
 
 def put_manifest(ref: Reference | str, manifest: dict | bytes, media_type: str | None = None, *,

@@ -420,6 +420,8 @@ def plan_json(plan: BuildPlan, dockerfile: str) -> dict[str, Any]:
         "resolution": {
             "cuda": res.cuda_version, "flavor": res.cuda_flavor, "source": res.cuda_source,
             "min_driver": res.min_driver, "min_driver_compat": res.min_driver_compat,
+            "native_driver": res.native_driver.driver if res.native_driver else None,
+            "native_driver_why": res.native_driver.why if res.native_driver else None,
             "cudnn": res.cudnn, "python": res.python, "python_provider": res.python_provider,
             "os": res.os, "torch": res.torch_label, "torch_index_url": res.torch_index_url,
             "compile": list(res.compile), "cuda_arch": list(res.cuda_arch),

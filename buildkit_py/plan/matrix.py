@@ -151,9 +151,11 @@ class Matrix:
 # --- parsing the spec ------------------------------------------------------------------
 
 
-def parse_matrix_spec(located, file: str) -> MatrixSpec | None:
+def parse_matrix_spec(located, file: str, check_value=None) -> MatrixSpec | None:
     """The ``matrix:`` mapping of a located recipe, validated (the recipe schema's
-    ``$defs/matrix``, then the rules below); None when there is none."""
+    ``$defs/matrix``, then the rules below); None when there is none. ``check_value(key, value,
+    path)`` returns the issues of one axis value as the recipe would take it, so a bad value is
+    reported in the same pass as a bad key."""
     data = located.data if isinstance(located.data, dict) else {}
     if data.get("matrix") is None:
         return None
@@ -171,6 +173,9 @@ def parse_matrix_spec(located, file: str) -> MatrixSpec | None:
     prune(raw, refused)
     spec = raw["matrix"]
     axes = _axes(spec, located, fail)
+    if check_value is not None:
+        issues.extend(i for key, values in axes for n, value in enumerate(values)
+                      for i in check_value(key, value, f"matrix.{key}[{n}]"))
     exclude = _entries(spec.get("exclude", []), "exclude", located, fail)
     include = _entries(spec.get("include", []), "include", located, fail)
     _check_excludes(exclude, axes, fail)
@@ -313,7 +318,7 @@ def load_matrix(path: str | Path) -> Matrix:
 def expand_matrix(text: str, path: Path) -> Matrix:
     file = str(path)
     located = locate(text, file)
-    spec = parse_matrix_spec(located, file)
+    spec = parse_matrix_spec(located, file, _value_checker(text, path, located))
     base = parse_recipe(text, path)  # the recipe as written must be valid on its own
     facts: dict = {}  # each base looked up once: its labels name its OS (a shared base)
     if spec is None:
@@ -382,6 +387,19 @@ def expand_matrix(text: str, path: Path) -> Matrix:
     excluded = tuple(ExcludedVariant(vid, values, by)
                      for (values, by), vid in zip(excluded_raw, ids[len(candidates):], strict=False))
     return Matrix(path, base.name, spec.keys, tuple(kept), tuple(dropped), excluded)
+
+
+def _value_checker(text: str, path: Path, located):
+    """check_value for parse_matrix_spec: the issues one axis value raises when the recipe takes it."""
+    def check_value(key: str, value: Any, where: str) -> list[RecipeIssue]:
+        line = line_of(located.lines, where)
+        try:
+            parse_recipe(text, path, overrides={key: value}, override_lines={key: line} if line else {})
+        except RecipeError as exc:  # only what this value is blamed for: the recipe's own issues come later
+            mine = [i for i in exc.issues if i.key == key or i.key.startswith((key + ".", key + "["))]
+            return _relocate(mine, {key: value}, {key: where}, located.lines, "")
+        return []
+    return check_value
 
 
 def _effective(values: dict[str, Any], base_values: dict[str, Any]) -> dict[str, Any]:

@@ -1,0 +1,98 @@
+"""The long-running child processes imgbuild starts (a `docker build`), stopped when imgbuild is
+interrupted (Ctrl-C, or SIGTERM from a CI cancel: the CLI raises ``errors.Interrupted`` for
+both, see cli/main.py).
+
+A child runs in a session of its own, so that a terminal's Ctrl-C reaches imgbuild alone and
+imgbuild stops the child's whole group itself: SIGINT first (the docker client then cancels the
+build in the engine, and the buildx plugin under `docker buildx` hears it too), SIGKILL after
+``STOP_GRACE`` seconds. Without this a SIGINT or SIGTERM sent to imgbuild's pid left the build
+running in the engine after imgbuild had gone.
+
+Each child is registered while it runs (``supervised``): the thread that waits on it stops it
+when the interrupt reaches that thread (a single build: the main thread); a matrix build's
+worker threads never see the interrupt, so the main thread stops theirs (``stop_all``)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from buildkit_py.errors import Interrupted
+
+STOP_GRACE = 10.0  # seconds a stopped docker client gets to cancel its build before SIGKILL
+
+_running: dict[int, tuple[subprocess.Popen, str]] = {}
+_lock = threading.Lock()
+
+
+def stop(proc: subprocess.Popen, grace: float = STOP_GRACE) -> None:
+    """Stop ``proc`` and the processes of its group (it leads one: ``start_new_session``):
+    SIGINT, then SIGKILL if it has not ended within ``grace`` seconds or another interrupt
+    comes while it is waited for; what is left of its group then gets SIGKILL too (a process
+    that ignores SIGINT, as a shell's background job does). Returns once it has ended."""
+    if proc.poll() is not None:
+        return
+    try:
+        _signal_group(proc, signal.SIGINT)
+        proc.wait(timeout=grace)
+    except (subprocess.TimeoutExpired, KeyboardInterrupt):
+        _signal_group(proc, signal.SIGKILL)
+        proc.wait()
+    _signal_group(proc, signal.SIGKILL, leader=False)
+
+
+def _signal_group(proc: subprocess.Popen, signum: int, *, leader: bool = True) -> None:
+    """``signum`` to the group ``proc`` leads; to ``proc`` alone where the group cannot be reached
+    (``leader``: the leader itself is still to be signalled)."""
+    try:
+        os.killpg(proc.pid, signum)
+    except (ProcessLookupError, PermissionError):
+        if leader:
+            with contextlib.suppress(ProcessLookupError):
+                proc.send_signal(signum)
+
+
+@contextmanager
+def supervised(proc: subprocess.Popen, what: str) -> Iterator[None]:
+    """While the block runs, ``proc`` is known to ``stop_all``; an interrupt raised in the block
+    stops it, and the interrupt names it (``what``: "docker build of team/x:1") for the CLI's
+    one line."""
+    with _lock:
+        _running[proc.pid] = (proc, what)
+    try:
+        yield
+    except KeyboardInterrupt as exc:
+        stop(proc)
+        noted(exc, f"{what} (pid {proc.pid})")
+        raise
+    finally:
+        with _lock:
+            _running.pop(proc.pid, None)
+
+
+def stop_all(exc: BaseException | None = None) -> list[str]:
+    """Stop every supervised child (from the main thread when an interrupt reaches it while other
+    threads wait on theirs); each is named in ``exc`` when that is an Interrupted."""
+    with _lock:
+        children = list(_running.values())
+    stopped = []
+    for proc, what in children:
+        if proc.poll() is None:
+            stop(proc)
+            stopped.append(f"{what} (pid {proc.pid})")
+    if exc is not None:
+        for what in stopped:
+            noted(exc, what)
+    return stopped
+
+
+def noted(exc: BaseException, what: str) -> None:
+    """Record on an Interrupted that ``what`` was stopped (a plain KeyboardInterrupt, from code
+    that runs without the CLI's signal handlers, carries no list)."""
+    if isinstance(exc, Interrupted) and what not in exc.stopped:
+        exc.stopped.append(what)

@@ -1,0 +1,28 @@
+"""A build that fails for a known cause says so on both engines (issue 22 item 4): the failing
+step once, its own last lines, and the hint. The TLS case is real here: the proxy's CA is not in
+a fresh image, so a pip step without --ca-cert fails with CERTIFICATE_VERIFY_FAILED. The other
+causes are covered on recorded logs of both engines (test_buildlog.py)."""
+
+import json
+
+import pytest
+from helpers import run_cli, tiny_recipe, write_recipe
+
+pytestmark = pytest.mark.e2e
+
+def test_a_pip_step_without_the_ca_bundle_names_the_step_and_hints_ca_cert(tmp_path, base_image, unique_name,
+                                                                           docker_client, cleanup_images):
+    recipe = write_recipe(tmp_path, tiny_recipe(unique_name, base_image, installer="pip"))
+    cleanup_images.append(f"{unique_name}:1")  # nothing is tagged; removed should that ever change
+    # --no-cache: a cached layer of the same step, built with the bundle by another test, would succeed.
+    code, out, err = run_cli("build", str(recipe), "--no-cache", "--json")
+    assert code == 1, err[-3000:]
+    first = err.split("imgbuild: error: ", 1)[1].splitlines()[0]
+    assert first.startswith("build failed at step cuda [final ") and "TLS certificate is not trusted" in first
+    assert "CERTIFICATE_VERIFY_FAILED" in first
+    assert "hint: builds reach the index through a proxy or a company CA" in err and "--ca-cert FILE" in err
+    assert "/bin/sh -c" not in err and "Dockerfile:" not in err  # the script and BuildKit's excerpt: gone
+    assert len(err) < 5000, len(err)  # was 14.0 KB (20.10) and 8.1 KB (buildx) for this build
+    doc = json.loads(out)
+    assert (doc["error"], doc["cause"], doc["exit_code"]) == ("BuildFailed", "certificate", 1)
+    assert doc["step"]["name"].startswith("cuda [final ") and doc["step"]["exit_code"] == 1
