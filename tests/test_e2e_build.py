@@ -140,7 +140,6 @@ def test_wrong_push_credentials_exit_3_before_anything_builds(project, registry,
     assert code == 3, err
     assert f"cannot push {tag}: registry {registry.address} rejected the credentials of 'ci'" in err
     assert "nothing was built" in err and "imgbuild login" in err
-    assert err.startswith("imgbuild: error:")  # quiet: the error alone
     assert "wrong-" not in err and registry.password not in err
     assert "#1 " not in err and "[final" not in err  # BuildKit never started: no step, not even the context
     assert docker_client.images.list(name=tag) == []

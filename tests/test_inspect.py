@@ -428,12 +428,21 @@ def test_report_is_a_rich_table_on_a_terminal():
 def test_the_save_stream_is_counted_against_the_engines_size():
     heard: list[tuple[str, str, int, int]] = []
     chunks = [b"x" * 40, b"x" * 40, b"x" * 40]  # 120 bytes where the engine said 100 (tar headers)
-    assert b"".join(I._counted(iter(chunks), lambda *a: heard.append(a), "img:1", 100)) == b"x" * 120
+    counted = I._Counted(iter(chunks), lambda *a: heard.append(a), "img:1", 100)
+    assert b"".join(counted) == b"x" * 120
+    counted.finish()
     assert heard == [("read", "img:1", 40, 100), ("read", "img:1", 80, 100), ("read", "img:1", 99, 100),
                      ("read", "img:1", 120, 120)]  # short of the estimate until the real count at the end
     heard.clear()
-    list(I._counted(iter(chunks), lambda *a: heard.append(a), "img:1", 0))  # size unknown
-    assert heard[-1] == ("read", "img:1", 120, 120) and heard[0] == ("read", "img:1", 40, 0)
+    counted = I._Counted(iter(chunks), lambda *a: heard.append(a), "img:1", 200)
+    next(iter(counted))  # the tar reader stops at the archive's end, before the stream does
+    counted.finish()
+    assert heard == [("read", "img:1", 40, 200), ("read", "img:1", 40, 40)]
+    heard.clear()
+    counted = I._Counted(iter(chunks), lambda *a: heard.append(a), "img:1", 0)  # size unknown
+    list(counted)
+    counted.finish()
+    assert heard[0] == ("read", "img:1", 40, 0) and heard[-1] == ("read", "img:1", 120, 120)
 
 
 def test_text_table_columns():

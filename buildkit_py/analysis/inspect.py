@@ -457,13 +457,12 @@ def inspect_image(engine, ref: str, options: InspectOptions | None = None,
               if k.startswith(L.PREFIX)}
     remote = registry_layer_sizes(ref, len(diff_ids)) if opts.registry_sizes and attrs.get("RepoDigests") else None
     try:
-        chunks = engine.save(ref)
-        if progress is not None:
-            chunks = _counted(chunks, progress, ref, int(attrs.get("Size") or 0))
-        stream = io.BufferedReader(IterStream(chunks), 1 << 20)
+        counted = _Counted(engine.save(ref), progress, ref, int(attrs.get("Size") or 0))
+        stream = io.BufferedReader(IterStream(iter(counted)), 1 << 20)
         saved = analyze_save_stream(stream, image_id=image_id, diff_ids=diff_ids,
                                     estimate_compressed=opts.estimate_compressed and remote is None,
                                     workers=opts.workers)
+        counted.finish()
     except docker.errors.DockerException as exc:
         raise InspectError(f"could not export {ref} from the engine: {exc}") from exc
     history = (saved.config or {}).get("history") or []
@@ -477,16 +476,27 @@ def inspect_image(engine, ref: str, options: InspectOptions | None = None,
     return build_report(facts, saved, opts)
 
 
-def _counted(chunks: Iterable[bytes], progress: Callable[[str, str, int, int], None], label: str,
-             total: int) -> Iterator[bytes]:
-    """The chunks, reporting the bytes so far against ``total``, an estimate: the stream may run
-    past it (tar headers), so the count stops short of it until the end reports the real one."""
-    done = 0
-    for chunk in chunks:
-        done += len(chunk)
-        progress("read", label, min(done, total - 1) if total else done, total)
-        yield chunk
-    progress("read", label, done, done)
+class _Counted:
+    """The chunks of a stream, reporting the bytes read so far against ``total``, an estimate:
+    the stream may run past it (tar headers) or stop short of it (the reader stops at the tar's
+    end), so the count stays short of it until ``finish`` reports the real one."""
+
+    def __init__(self, chunks: Iterable[bytes], progress: Callable[[str, str, int, int], None] | None,
+                 label: str, total: int):
+        self.chunks, self.progress, self.label, self.total = chunks, progress, label, total
+        self.done = 0
+
+    def __iter__(self) -> Iterator[bytes]:
+        for chunk in self.chunks:
+            self.done += len(chunk)
+            if self.progress is not None:
+                self.progress("read", self.label, min(self.done, self.total - 1) if self.total else self.done,
+                              self.total)
+            yield chunk
+
+    def finish(self) -> None:
+        if self.progress is not None:
+            self.progress("read", self.label, self.done, self.done)
 
 
 def registry_layer_sizes(ref: str, n_layers: int) -> list[int] | None:
