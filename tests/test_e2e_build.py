@@ -4,9 +4,11 @@ and read the manifest back from the registry."""
 
 import base64
 import json
+import re
 import subprocess
 
 import pytest
+from conftest import on_engine
 from helpers import CA_ARGS, run_cli, write_recipe
 
 from buildkit_py import oci
@@ -79,6 +81,21 @@ def test_build_labels_env_and_cuda_loads(project, docker_client, cleanup_images,
     # the CA bundle passed as a secret is not in the image
     history = json.dumps(docker_client.api.history(report["image_id"]))
     assert "ca-certificates.crt" not in history and "BEGIN CERTIFICATE" not in history
+    # inspect names each layer's recipe step: the mount stubs' COPY is theirs, the recipe's copy[0]
+    # is copy-0 (issue 22: 11: they were copy-0 and copy-1)
+    code, out, err = run_cli("inspect", report["tags"][0], "--json", "--no-compressed")
+    assert code == 0, err
+    layers = [(x["step"], x["group"], x["created_by"][:4].strip()) for x in json.loads(out)["layers"]]
+    assert [x for x in layers if x[0] in ("mount-stubs", "copy-0", "copy-1")] == [
+        ("mount-stubs", "python", "COPY"), ("mount-stubs", "python", "RUN"), ("copy-0", "app", "COPY")]
+    # into a pipe (run_cli's stdout): aligned text columns, not box tables (issue 22: 9)
+    code, out, err = run_cli("inspect", report["tags"][0], "--no-compressed")
+    assert code == 0, err
+    assert "\nLayers\n#  STEP " in out and not set("┃│━┏└") & set(out)
+    # the minute-long pass over the image shows its bytes as it reads them (issue 22: 10)
+    read = [line for line in err.splitlines() if line.startswith(f"     read {report['tags'][0]} ")]
+    assert len(read) >= 3 and read[-1].split()[2] == "100%" and "MiB of" in read[-1], err
+    assert any(line.split()[:3] == ["7", "copy-0", "app"] for line in out.splitlines())
 
 
 def test_push_with_auth_and_read_manifest_back(project, registry, docker_config, docker_client, cleanup_images,
@@ -138,6 +155,10 @@ def test_app_only_change_reruns_only_app_steps(project, docker_client, cleanup_i
     assert second["steps_rerun"] == ["COPY", "WORKDIR"]
     assert second["steps_cached"] == 6
     assert second["image_id"] != first["image_id"]
+    # --progress quiet: nothing on stderr but errors (issue 22: 9: the "building ..." line came through)
+    code, out, err = run_cli("build", str(project), "--progress", "quiet", *CA_ARGS)
+    assert code == 0 and err == "", err
+    assert out.startswith("image    sha256:") and "steps    0 run, 8 cached" in out
 
 
 def test_classic_backend_refuses_cache_to_before_building(project, docker_client, monkeypatch):
@@ -145,3 +166,21 @@ def test_classic_backend_refuses_cache_to_before_building(project, docker_client
     code, _, err = run_cli("build", str(project), "--backend", "docker", "--cache-to",
                            "type=registry,ref=127.0.0.1:5000/cache")
     assert code == 3 and "cache-export" in err
+
+
+@on_engine("docker20")  # the view reads the engine's lines; both engines' lines are in test_step_view
+def test_plain_progress_heartbeat_during_a_real_slow_step(project, cleanup_images, unique_name, monkeypatch):
+    """issue 22: 10: off a terminal a long step printed nothing between its start and end line.
+    With a 1 s heartbeat (IMGBUILD_HEARTBEAT), the uncached os/cuda steps (apt, the CUDA wheels)
+    each take several seconds: heartbeat lines name the step that is running and how long."""
+    monkeypatch.setenv("IMGBUILD_HEARTBEAT", "1")
+    code, out, err = run_cli("build", str(project), "--no-cache", *CA_ARGS)
+    cleanup_images.append(f"{unique_name}:1.0")
+    assert code == 0, err
+    lines = err.splitlines()
+    beats = [(i, line) for i, line in enumerate(lines) if line.startswith("still running [final ")]
+    assert beats, err
+    for i, line in beats:  # each names a step that started before it and had not ended yet
+        step = line.removeprefix("still running ").rsplit(" (", 1)[0]
+        assert step in lines[:i] and not any(x.startswith(f"{step}: done") for x in lines[:i]), err
+        assert re.fullmatch(r"\d+s", line.rsplit(" (", 1)[1].rstrip(")")), line

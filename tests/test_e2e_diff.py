@@ -161,6 +161,7 @@ def test_diff_matches_what_docker_pull_downloads(tmp_path, logged_in, base_image
 
     code, out, _ = run_cli("diff", a, b)
     assert code == 0 and "to download: 1 of 4 layers" in out and "copy-1" in out
+    assert not set("┃│━┏└") & set(out) and "\nLayers of B\n#  STEP" in out  # a pipe: aligned text (issue 22: 9)
 
 
 def test_diff_of_a_missing_image_is_an_error(logged_in, unique_name):

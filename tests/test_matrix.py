@@ -222,6 +222,33 @@ def test_incompatible_python_is_dropped_not_an_error(tmp_path):
     assert m.dropped[0].error.hint
 
 
+def test_a_matrix_that_keeps_nothing_is_refused_with_every_reason(tmp_path):
+    """issue 22: 12: it gave `{"include":[]}` and exit 0, and CI failed later in GitHub's own words."""
+    dropped = mx.load_matrix(recipe(tmp_path / "d", "  python: ['3.10', '3.12']"))  # debian12 has only 3.11
+    with pytest.raises(UsageError) as err:
+        mx.require_variants(dropped, "build")
+    assert "every variant was dropped, nothing to build" in err.value.message
+    assert [line.split(":")[0] for line in err.value.message.splitlines()[1:]] == [
+        "  variant py310 dropped", "  variant py312 dropped"]
+    assert "debian12 ships Python 3.11" in err.value.message and err.value.hint
+    excluded = mx.load_matrix(recipe(tmp_path / "e", "  python: ['3.11']\n  exclude: [{python: '3.11'}]"))
+    with pytest.raises(UsageError, match=r"variant py311 excluded by matrix.exclude\[0\]"):
+        mx.require_variants(excluded, "lock")
+    mx.require_variants(mx.load_matrix(recipe(tmp_path / "k", "  python: ['3.11']")), "build")  # kept: no error
+
+
+@pytest.mark.parametrize("args", [["--format", "github"], ["--format", "gitlab"], ["--json"], [],
+                                  ["--format", "bake", "-o", "{tmp}/bake"]])
+def test_matrix_command_exits_2_when_nothing_is_kept(tmp_path, args):
+    path = recipe(tmp_path, "  python: ['3.10', '3.12']")
+    code, out, err = run_cli("matrix", str(path), *[a.format(tmp=tmp_path) for a in args])
+    assert code == 2, (out, err)
+    assert "variant py310 dropped: python 3.10 conflicts" in err and "variant py312 dropped" in err
+    assert "internal error" not in err and err.count("imgbuild: error:") == 1
+    assert out == "" or json.loads(out)["error"] == "UsageError"  # --json: the error document
+    assert not (tmp_path / "bake").exists()
+
+
 # --- schema errors: file, line, key -----------------------------------------------------------
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,11 +26,61 @@ class WeightsMount:
 
 
 @dataclass(frozen=True)
+class Process:
+    """What the container runs, by docker's rule: the command after the image replaces the
+    image's CMD and is passed to its ENTRYPOINT as arguments; ``--entrypoint`` replaces the
+    ENTRYPOINT (an empty one removes it) and drops the image's CMD."""
+
+    argv: tuple[str, ...]  # ENTRYPOINT + arguments, as the container's first process gets them
+    how: str  # one sentence: which rule applied, for the user
+
+
+@dataclass(frozen=True)
+class ImageStart:
+    """An image's ENTRYPOINT and CMD and where they were read (the image, or the recipe when
+    the image is not built yet)."""
+
+    entrypoint: tuple[str, ...] = ()
+    cmd: tuple[str, ...] = ()
+    source: str = "image"  # image | recipe
+
+
+@dataclass(frozen=True)
 class RunPlan:
     image: str
     weights: tuple[WeightsMount, ...]
     gpu: bool
     argv: tuple[str, ...]  # the docker run command line
+    process: Process | None = None  # what runs in the container; None when the image's start is unknown
+
+    @property
+    def command_line(self) -> str:
+        """``argv`` quoted for a POSIX shell, so it can be pasted."""
+        return shlex.join(self.argv)
+
+
+def container_process(start: ImageStart, command: tuple[str, ...], entrypoint: str | None = None) -> Process:
+    """What ``docker run [--entrypoint E] IMAGE COMMAND...`` starts in the container."""
+    ep = start.entrypoint if entrypoint is None else ((entrypoint,) if entrypoint else ())
+    args = command if command or entrypoint is not None else start.cmd
+    origin = " (read from the recipe: the image is not built)" if start.source == "recipe" else ""
+    if not ep and not args:
+        how = f"nothing: no ENTRYPOINT, CMD or command after --{origin}"
+    elif entrypoint == "":
+        how = "--entrypoint '' removes the image's ENTRYPOINT (and its CMD): the command after -- runs as given"
+    elif entrypoint is not None:
+        how = (f"--entrypoint {shlex.quote(entrypoint)} replaces the image's ENTRYPOINT (and its CMD); "
+               "the command after -- is passed to it as arguments")
+    elif ep and command:
+        how = (f"the image's ENTRYPOINT runs with the command after -- as its arguments{origin}; "
+               "to run the command itself, use --entrypoint (e.g. --entrypoint '' -- CMD...)")
+    elif ep:
+        how = f"the image's ENTRYPOINT{' and CMD' if args else ''}{origin}"
+    elif command:
+        how = f"the command after -- (the image has no ENTRYPOINT{origin}; it replaces the image's CMD)"
+    else:
+        how = f"the image's CMD{origin}"
+    return Process(tuple(ep) + tuple(args), how)
 
 
 def default_weights_root() -> Path:
@@ -55,13 +106,17 @@ def gpu_runtime(info: dict) -> bool:
 
 
 def run_argv(image: str, weights: tuple[WeightsMount, ...], *, gpu: bool, network: str | None,
-             extra: list[str], command: list[str], docker: tuple[str, ...] = ("docker",)) -> tuple[str, ...]:
-    """``docker``: the client command line of the chosen engine (Engine.docker_argv())."""
+             extra: list[str], command: list[str], docker: tuple[str, ...] = ("docker",),
+             entrypoint: str | None = None) -> tuple[str, ...]:
+    """``docker``: the client command line of the chosen engine (Engine.docker_argv());
+    ``entrypoint``: docker's ``--entrypoint`` (None: the image's)."""
     argv = [*docker, "run", "--rm"]
     if gpu:
         argv += ["--gpus", "all"]
     if network:
         argv += ["--network", network]
+    if entrypoint is not None:
+        argv += ["--entrypoint", entrypoint]
     for w in weights:
         argv += ["--mount", f"type=bind,source={w.host_dir},target={w.mount},readonly"]
     return tuple(argv + extra + [image] + command)
@@ -77,12 +132,14 @@ class RunOptions:
     network: str | None = None
     extra: tuple[str, ...] = ()
     command: tuple[str, ...] = ()
+    entrypoint: str | None = None  # docker run --entrypoint; None: the image's
 
 
 def make_run_plan(image: str, weights_pairs: list[tuple[str, str]], options: RunOptions, *, engine_info: dict,
-                  docker: tuple[str, ...] = ("docker",)) -> RunPlan:
+                  docker: tuple[str, ...] = ("docker",), start: ImageStart | None = None) -> RunPlan:
     """``engine_info``: the engine's `docker info`; ``docker``: its client command line
-    (Engine.docker_argv(), so $IMGBUILD_DOCKER and $DOCKER_HOST are honoured)."""
+    (Engine.docker_argv(), so $IMGBUILD_DOCKER and $DOCKER_HOST are honoured); ``start``: the
+    image's ENTRYPOINT and CMD, for the plan to say what runs in the container."""
     mounts = tuple(WeightsMount(ref, options.root / weights_dir_name(ref), mount) for ref, mount in weights_pairs)
     if options.gpus == "auto":
         gpu = gpu_runtime(engine_info)
@@ -90,9 +147,10 @@ def make_run_plan(image: str, weights_pairs: list[tuple[str, str]], options: Run
         gpu = options.gpus == "all"
     else:
         raise UsageError(f"--gpus {options.gpus!r}: use auto, all or none")
-    return RunPlan(image, mounts, gpu, run_argv(image, mounts, gpu=gpu, network=options.network,
-                                                extra=list(options.extra), command=list(options.command),
-                                                docker=docker))
+    argv = run_argv(image, mounts, gpu=gpu, network=options.network, extra=list(options.extra),
+                    command=list(options.command), docker=docker, entrypoint=options.entrypoint)
+    process = container_process(start, options.command, options.entrypoint) if start is not None else None
+    return RunPlan(image, mounts, gpu, argv, process)
 
 
 def compose_document(image: str, recipe) -> dict:
@@ -144,5 +202,7 @@ def compose_text(image: str, recipe) -> str:
 
 
 def dry_run_json(plan: RunPlan) -> dict:
-    return {"image": plan.image, "gpu": plan.gpu, "argv": list(plan.argv),
+    return {"image": plan.image, "gpu": plan.gpu, "argv": list(plan.argv), "command_line": plan.command_line,
+            "process": list(plan.process.argv) if plan.process else None,
+            "process_rule": plan.process.how if plan.process else None,
             "weights": [{"ref": w.ref, "host_dir": str(w.host_dir), "mount": w.mount} for w in plan.weights]}
