@@ -52,10 +52,12 @@ def run_cli(*argv: str, stdin: str = "") -> tuple[int, str, str]:
     return code, out.getvalue(), err.getvalue()
 
 
-def image_sh(image_id: str, script: str, timeout: int = 120) -> str:
-    """stdout of ``sh -c script`` in a throw-away container of the image (no network)."""
-    out = subprocess.run(["/usr/bin/docker", "run", "--rm", "--network", "none", "--entrypoint", "sh", image_id,
-                          "-c", script], capture_output=True, text=True, timeout=timeout)
+def image_sh(image_id: str, script: str, timeout: int = 120, platform: str | None = None) -> str:
+    """stdout of ``sh -c script`` in a throw-away container of the image (no network); ``platform``:
+    that platform's image of a multi-platform one (linux/arm64 runs under qemu)."""
+    where = ["--platform", platform] if platform else []
+    out = subprocess.run(["/usr/bin/docker", "run", "--rm", "--network", "none", *where, "--entrypoint", "sh",
+                          image_id, "-c", script], capture_output=True, text=True, timeout=timeout)
     assert out.returncode == 0, out.stderr
     return out.stdout
 
@@ -87,11 +89,12 @@ def tier_packages(flavor: str, cuda: str) -> set[str]:
     return names
 
 
-def assert_labels_true(image_id: str, labels: dict[str, str]) -> set[str]:
+def assert_labels_true(image_id: str, labels: dict[str, str], platform: str | None = None) -> set[str]:
     """Each io.imgbuild.* label that names content must match the image's content: CUDA version and
     source (the runtime wheel, libcudart by name), the flavor's whole library set (NVIDIA's tier from
-    wheels.json: no more, no less for a wheels image), cuDNN, Python, OS, torch. Returns the labels checked."""
-    facts = json.loads(image_sh(image_id, _FACTS))
+    wheels.json: no more, no less for a wheels image), cuDNN, Python, OS, torch. Returns the labels checked.
+    ``platform``: check that platform's image of a multi-platform one (its own labels)."""
+    facts = json.loads(image_sh(image_id, _FACTS, timeout=300, platform=platform))
     checked = set()
     cuda = labels["io.imgbuild.cuda.version"]
     from buildkit_py import compat

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -53,7 +54,8 @@ def register(add: AddCommand) -> None:
                         "default false: an attestation holds the build's start time and a random id, so every "
                         "build, even of an unchanged recipe, would get a new digest)")
     b.add_argument("--platform", action="append", default=[], metavar="OS/ARCH",
-                   help="target platform, passed to buildx (repeatable)")
+                   help="build for this platform instead of the recipe's platforms: (repeatable: linux/amd64 and "
+                        "linux/arm64 make one index of both; each pin is checked for each platform first)")
     b.add_argument("--cache-from", action="append", default=[], metavar="REF",
                    help="import build cache (e.g. type=registry,ref=R/cache or an image built with inline cache)")
     b.add_argument("--cache-to", action="append", default=[], metavar="REF",
@@ -114,9 +116,12 @@ def cmd_build(args: argparse.Namespace, out: Out) -> int:
     if locked.status != "none":
         out.info(f"lock     {locked.path} ({locked.status})")
     backend = select_engine(args.backend, builder=args.builder)
-    options = _build_options(args)
+    # the recipe's platforms (or --platform's, which plan_recipe put in its place): one index of them
+    options = replace(_build_options(args), platforms=plan.recipe.platforms if plan.recipe.multi_platform or
+                      args.platform else ())
 
-    out.info(f"building {', '.join(plan.tags)} with the {backend.describe()}")
+    out.info(f"building {', '.join(plan.tags)} with the {backend.describe()}"
+             + (f" for {', '.join(options.platforms)}" if options.platforms else ""))
     with StepView.for_option(out.stderr, args.progress) as view:
         outcome = run_build(plan, backend, options, view.line, on_progress=view.note, on_transfer=view.transfer)
     r = outcome.result

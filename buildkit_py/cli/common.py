@@ -188,10 +188,27 @@ def plan_recipe(args: argparse.Namespace, recipe_path: Path, out: Out | None = N
     from buildkit_py.plan.build_plan import make_plan
     from buildkit_py.recipe.model import load_recipe
 
-    recipe = load_recipe(recipe_path)
+    recipe = with_platforms(load_recipe(recipe_path), getattr(args, "platform", None))
     lookup = _look_up_newer_pins(args, recipe, Out(sys.stdout, sys.stderr) if out is None else out)
     return make_plan(recipe, tags=tuple(getattr(args, "tag", []) or ()), registry=getattr(args, "registry", None),
                      resolution=resolve_with_base(recipe, lookup=lookup))
+
+
+def with_platforms(recipe: Recipe, platforms: list[str] | None) -> Recipe:
+    """The recipe with build --platform's platforms instead of its own ``platforms:``, so the
+    compatibility check covers exactly the platforms the build makes."""
+    if not platforms:
+        return recipe
+    from dataclasses import replace
+
+    from buildkit_py.errors import UsageError
+    from buildkit_py.recipe.model import PLATFORMS
+
+    for p in platforms:
+        if p not in PLATFORMS:
+            raise UsageError(f"--platform {p}: imgbuild builds {', '.join(PLATFORMS)}",
+                             hint="name one of them, once per --platform")
+    return replace(recipe, platforms=tuple(dict.fromkeys(platforms)))
 
 
 def _look_up_newer_pins(args: argparse.Namespace, recipe: Recipe, out: Out) -> PinLookup | None:

@@ -10,6 +10,7 @@ the environment's (exit 3)."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 
 from buildkit_py import oci
@@ -31,6 +32,8 @@ class BaseFacts:
     digest: str | None  # what the tag points at (an index for multi-platform images)
     labels: dict[str, str] = field(default_factory=dict)
     env: dict[str, str] = field(default_factory=dict)
+    # os/arch of each image the tag carries (an index's entries, attestations left out); () unknown
+    platforms: tuple[str, ...] = ()
 
     @property
     def pinned(self) -> str:
@@ -53,10 +56,16 @@ def fetch_base_facts(ref: str, *, client=None) -> BaseFacts:
     read (ManifestNotFound, AuthenticationError, RegistryUnreachable, RegistryError)."""
     # Planning must not stall on an unreachable registry: one short try.
     client = client or oci.Client(timeout=(5.0, 5.0), max_retries=1)
-    _raw, digest, _media_type = oci.fetch_manifest(ref, client=client)
-    config = oci.get_image_config(ref, client=client).get("config") or {}
+    raw, digest, media_type = oci.fetch_manifest(ref, client=client)
+    image = oci.get_image_config(ref, client=client)
+    config = image.get("config") or {}
     env = dict(e.split("=", 1) for e in config.get("Env") or [] if "=" in e)
-    return BaseFacts(ref, digest, dict(config.get("Labels") or {}), env)
+    if media_type in oci.INDEX_TYPES:
+        entries = json.loads(raw).get("manifests") or []
+        platforms = tuple(dict.fromkeys(p for p in map(oci.platform_of, entries) if "unknown" not in p))
+    else:
+        platforms = (f"{image.get('os', 'linux')}/{image['architecture']}",) if image.get("architecture") else ()
+    return BaseFacts(ref, digest, dict(config.get("Labels") or {}), env, platforms)
 
 
 def base_facts_for(recipe: Recipe, base_image: str, *, client=None) -> BaseFacts | None:

@@ -17,6 +17,7 @@ from buildkit_py.engine.base import (
     CACHE_MOUNTS,
     COMPRESSION,
     METADATA_FILE,
+    MULTI_PLATFORM,
     MULTI_STAGE,
     OCI_MEDIATYPES,
     PLATFORM,
@@ -44,7 +45,8 @@ from buildkit_py.engine.select import (
 )
 
 __all__ = ["BUILDER_SELECT", "CA_SECRET_ID", "CACHE_EXPORT", "CACHE_FROM", "CACHE_MOUNTS", "COMPRESSION",
-           "ENGINE_KINDS", "METADATA_FILE", "MULTI_STAGE", "OCI_MEDIATYPES", "PLATFORM", "PROVENANCE", "PUSH",
+           "ENGINE_KINDS", "METADATA_FILE", "MULTI_PLATFORM", "MULTI_STAGE", "OCI_MEDIATYPES", "PLATFORM",
+           "PROVENANCE", "PUSH",
            "SECRETS", "BuildBackend", "BuildRequest", "BuildResult", "Engine", "ImageSizes", "LineSink", "ProgressSink",
            "buildx_beside", "candidate_clients", "detect_backend", "engine_for_reading", "parse_compression",
            "require", "required_capabilities", "select_engine"]

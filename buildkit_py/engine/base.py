@@ -29,7 +29,8 @@ BUILDER_SELECT = "builder"
 COMPRESSION = "compression"  # gzip|zstd with a level
 OCI_MEDIATYPES = "oci-mediatypes"
 PROVENANCE = "provenance"
-PLATFORM = "platform"
+PLATFORM = "platform"  # build for one named platform (--platform linux/arm64, emulated where foreign)
+MULTI_PLATFORM = "multi-platform"  # several platforms in one build, exported as one index
 
 CA_SECRET_ID = "cacert"  # noqa: S105 - the BuildKit secret that carries --ca-cert's bundle
 
@@ -44,7 +45,11 @@ _WHO_CAN = {
     COMPRESSION: "buildx with the containerd image store, or a named builder (--builder)",
     OCI_MEDIATYPES: "buildx with the containerd image store, or a named builder (--builder)",
     PROVENANCE: "buildx >= 0.10 with the containerd image store, or a named builder (--builder)",
-    PLATFORM: "buildx (docker buildx plugin)",
+    PLATFORM: "buildx (docker buildx plugin), or Docker's classic builder with DOCKER_BUILDKIT=1",
+    MULTI_PLATFORM: "buildx with the containerd image store (the Docker 26 engine scripts/services.sh starts on "
+                    "/run/docker26.sock) or a named builder (--builder). Docker 20.10's classic builder builds one "
+                    "platform per build (a repeated --platform keeps only the last one) and its image store holds "
+                    "one image per tag, so it cannot make an index: build one platform there (--platform linux/arm64)",
 }
 
 LineSink = Callable[[str], None]
@@ -124,6 +129,8 @@ def required_capabilities(plan_needs: frozenset[str], request: BuildRequest) -> 
         needs.add(PROVENANCE)
     if request.platforms:
         needs.add(PLATFORM)
+    if len(request.platforms) > 1:
+        needs.add(MULTI_PLATFORM)
     return needs
 
 

@@ -12,6 +12,7 @@ from buildkit_py.engine.base import (
     CACHE_FROM,
     CACHE_MOUNTS,
     MULTI_STAGE,
+    PLATFORM,
     SECRETS,
     BuildRequest,
     BuildResult,
@@ -29,8 +30,9 @@ _ENGINE_DOWN = ("Cannot connect to the Docker daemon", "connect: no such file or
 class ClassicEngine(Engine):
     name = "docker"
     kind = "classic"
-    # The 20.10 client has no --cache-to, --push, --metadata-file, --builder or output options.
-    capabilities = frozenset({MULTI_STAGE, CACHE_MOUNTS, SECRETS, CACHE_FROM})
+    # The 20.10 client has no --cache-to, --push, --metadata-file, --builder or output options; it
+    # builds one platform per build (a repeated --platform silently keeps the last), never an index.
+    capabilities = frozenset({MULTI_STAGE, CACHE_MOUNTS, SECRETS, CACHE_FROM, PLATFORM})
 
     def build_argv(self) -> list[str]:
         return [*self.docker_argv(), "build"]
@@ -57,7 +59,10 @@ class ClassicEngine(Engine):
 
     def extra_args(self, request: BuildRequest, metadata: Path | None = None) -> list[str]:
         # Inline cache metadata lets a later --cache-from reuse this image's layers.
-        return ["--build-arg", "BUILDKIT_INLINE_CACHE=1"] if request.cache_from else []
+        args = ["--build-arg", "BUILDKIT_INLINE_CACHE=1"] if request.cache_from else []
+        if len(request.platforms) == 1:  # more were refused (MULTI_PLATFORM) before building
+            args += ["--platform", request.platforms[0]]
+        return args
 
     def tag_args(self, request: BuildRequest) -> list[str]:
         return [a for tag in request.tags for a in ("--tag", tag)]

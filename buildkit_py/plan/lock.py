@@ -333,6 +333,17 @@ def pin_base(ref: str, *, engine: Engine | None = None) -> dict[str, Any]:
 # --- the lock file --------------------------------------------------------------------------
 
 
+def single_platform(plan: BuildPlan) -> None:
+    """A lock pins the wheels (and hashes) of one platform, linux/amd64 (``ARCH``): a recipe built for
+    more is refused before any lock is written or used, since the arm64 half would install the
+    x86_64 pins under --require-hashes and fail in the build."""
+    if plan.recipe.multi_platform:
+        raise UsageError(f"{plan.recipe.path}: a lock pins linux/amd64 ({ARCH}) wheels only; this recipe builds "
+                         f"{', '.join(plan.recipe.platforms)}",
+                         hint=f"build it without a lock (move {lock_path(plan.recipe.path).name} away), or leave "
+                              "platforms: at linux/amd64 to lock it")
+
+
 def lock_variant(plan: BuildPlan, *, ca_cert: Path | None = None, resolver: Resolver | None = None,
                  base_pinner: Callable[[str], dict] | None = None,
                  prefer: dict[str, Any] | None = None, engine: Engine | None = None,
@@ -342,6 +353,7 @@ def lock_variant(plan: BuildPlan, *, ca_cert: Path | None = None, resolver: Reso
     ``resolver`` and ``base_pinner`` default to pip and the registry/engine (tests pass fakes).
     ``on_status`` hears what is being done before each wait (a pip resolution takes tens of
     seconds): the CLI shows it."""
+    single_platform(plan)
     resolver = resolver or run_pip_report
     base_pinner = base_pinner or functools.partial(pin_base, engine=engine)
     status = on_status or (lambda _text: None)
@@ -672,6 +684,7 @@ def use_lock(plan: BuildPlan, *, mode: str = "auto", variant: str = DEFAULT_VARI
                             hint=f"run `imgbuild lock {plan.recipe.path}` and commit {path.name}")
         return LockUse(plan, path, "none")
     else:
+        single_platform(plan)
         lock = read_lock(path)
         entry = check_current(lock, plan, path, variant, locked=mode == "locked")
         status = "used"

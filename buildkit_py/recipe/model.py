@@ -73,6 +73,8 @@ SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]i?B|B)?\s*$", re.IGNORECASE)
 
 FLAVORS = ("base", "runtime", "devel")
 SOURCES = ("nvidia", "wheels")
+PLATFORMS = tuple(_node("platforms")["items"]["enum"])  # linux/amd64, linux/arm64
+DEFAULT_PLATFORMS = ("linux/amd64",)
 
 
 @dataclass(frozen=True)
@@ -145,6 +147,7 @@ class Recipe:
     max_size: int | None = None  # bytes, from budget.max_size
     weights: tuple[WeightsSpec, ...] = ()
     services: tuple[ServiceSpec, ...] = ()
+    platforms: tuple[str, ...] = DEFAULT_PLATFORMS  # os/arch, in the recipe's order
     # key path ("cuda.version", "pip[1]") -> line, for errors raised after loading
     lines: dict[str, int] = field(default_factory=dict, compare=False, repr=False)
 
@@ -187,7 +190,14 @@ class Recipe:
             "weights": [spec(w) for w in self.weights],
             "services": [{**spec(x), "ports": list(x.ports), "environment": dict(x.environment),
                           "volumes": list(x.volumes), "command": list(x.command)} for x in self.services],
+            # the default is left out, so recipes that do not name platforms keep their digest
+            **({"platforms": list(self.platforms)} if self.platforms != DEFAULT_PLATFORMS else {}),
         }
+
+    @property
+    def multi_platform(self) -> bool:
+        """Built for anything but linux/amd64 alone: the build names its platforms."""
+        return self.platforms != DEFAULT_PLATFORMS
 
     @property
     def digest(self) -> str:
@@ -572,5 +582,6 @@ def _recipe(data: dict, path: Path, report: _Issues, lines: dict[str, int]) -> R
         max_size=None if budget is None else parse_size(budget),
         weights=weights,
         services=services,
+        platforms=tuple(data.get("platforms", DEFAULT_PLATFORMS)),
         lines=lines,
     )
