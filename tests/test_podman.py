@@ -151,6 +151,7 @@ def test_podman_cannot_do_what_only_buildkit_does(tmp_path):
     with pytest.raises(BackendCapabilityError) as info:
         require(engine, required_capabilities(frozenset({"secrets", "cache-mounts"}), request))
     assert f"{CACHE_EXPORT}, {COMPRESSION}" in info.value.message and "podman engine" in info.value.message
+    assert (info.value.hint or "").endswith("its own storage; a registry cache needs --engine buildx")
     require(engine, required_capabilities(frozenset({"secrets", "cache-mounts", "multi-stage"}),
                                           BuildRequest(tmp_path, tmp_path / "D", ("x:1",))))
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from buildkit_py.errors import BackendCapabilityError, UsageError
 
@@ -194,11 +194,11 @@ class Engine(Protocol):
         """Push one tag the engine has; the digest is the registry's."""
         ...
 
-    def image_attrs(self, ref: str) -> dict | None:
+    def image_attrs(self, ref: str) -> dict[str, Any] | None:
         """`docker image inspect` of ``ref``; None when the engine does not have it."""
         ...
 
-    def history(self, ref: str) -> list[dict]:
+    def history(self, ref: str) -> list[dict[str, Any]]:
         """`docker history`, oldest first."""
         ...
 

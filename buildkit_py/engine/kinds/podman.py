@@ -42,11 +42,13 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from buildkit_py import oci
 from buildkit_py.engine.base import (
     CA_SECRET_ID,
+    CACHE_EXPORT,
+    CACHE_FROM,
     CACHE_MOUNTS,
     ENGINE_STORE,
     MULTI_STAGE,
@@ -155,7 +157,7 @@ class BuildahLines:
 # --- images as docker describes them -----------------------------------------------------------
 
 
-def docker_image_attrs(attrs: Mapping) -> dict:
+def docker_image_attrs(attrs: Mapping[str, Any]) -> dict[str, Any]:
     """`podman image inspect` output in `docker image inspect`'s terms (see the module's notes)."""
     out = dict(attrs)
     image_id = str(out.get("Id") or "")
@@ -173,7 +175,7 @@ def _epoch(created: str) -> int:
         return 0
 
 
-def docker_history(entries: list[Mapping]) -> list[dict]:
+def docker_history(entries: list[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """`podman history --format json` entries (newest first) as the docker API's history gives
     them: ``Id`` (``sha256:...`` or ``<missing>``), ``Created`` (seconds), ``CreatedBy``,
     ``Size``, ``Comment``, ``Tags``; same order."""
@@ -215,7 +217,9 @@ class PodmanEngine:
     summary: ClassVar[str] = "podman build, buildah's builder; the binary is $IMGBUILD_PODMAN or PATH's"
     name = "podman"
     capabilities: frozenset[str] = frozenset({MULTI_STAGE, CACHE_MOUNTS, SECRETS, ENGINE_STORE})
-    hints: Mapping[str, str] = {}
+    hints: Mapping[str, str] = {
+        CACHE_EXPORT: "podman reuses the layers in its own storage; a registry cache needs --engine buildx",
+        CACHE_FROM: "podman reuses the layers in its own storage; a registry cache needs --engine buildx"}
     gpu_flags: ClassVar[tuple[str, ...]] = ("--device", "nvidia.com/gpu=all")  # CDI
 
     def __init__(self, binary: str = "podman", version: tuple[int, ...] | None = None):
@@ -384,7 +388,7 @@ class PodmanEngine:
         return len(raw)
 
     # -- the image store
-    def image_attrs(self, ref: str) -> dict | None:
+    def image_attrs(self, ref: str) -> dict[str, Any] | None:
         proc = self._run("image", "inspect", ref)
         if proc.returncode != 0:
             if any(m in proc.stderr.lower() for m in _NOT_FOUND):
@@ -394,7 +398,7 @@ class PodmanEngine:
         found = json.loads(proc.stdout or "[]")
         return docker_image_attrs(found[0]) if found else None
 
-    def history(self, ref: str) -> list[dict]:
+    def history(self, ref: str) -> list[dict[str, Any]]:
         proc = self._run("history", "--no-trunc", "--format", "json", ref)
         if proc.returncode != 0:
             raise InspectError(f"could not read the history of {ref} from podman: {_last_error(proc.stderr)}")
