@@ -466,13 +466,13 @@ def test_bake_chain_rebuilds_exactly_each_variants_dockerfile(tmp_path):
 
 class FakeBackend:
     name = "fake"
-    kind = "fake"
     client = "fake-docker"
+    hints: dict[str, str] = {}
 
     def describe(self) -> str:
         return f"{self.name} engine ({self.client})"
     capabilities = frozenset({"multi-stage", "cache-mounts", "secrets", "cache-from", "cache-export", "builder",
-                              "push", "metadata-file"})
+                              "push", "metadata-file", "engine-store"})
 
 
 class FakeRunner:
@@ -675,9 +675,7 @@ def test_no_cache_builds_each_shared_prefix_once_then_variants_from_it(tmp_path)
     built: list = []
     removed: list[str] = []
 
-    class Engine(FakeBackend):
-        kind = "classic"
-
+    class Engine(FakeBackend):  # builds FROM the engine's own images (ENGINE_STORE), as the docker kinds do
         def remove(self, ref):
             removed.append(ref)
 
@@ -711,8 +709,8 @@ def test_no_cache_on_a_named_builder_keeps_the_shared_prefix_in_each_variant(tmp
     m = two_by_two(tmp_path)
     built: list = []
 
-    class Builder(FakeBackend):
-        kind = "builder"
+    class Builder(FakeBackend):  # a named builder cannot see the engine's images
+        capabilities = FakeBackend.capabilities - {"engine-store"}
 
     def runner(plan, backend, options, on_line):
         built.append(plan)

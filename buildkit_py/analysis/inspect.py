@@ -1,7 +1,7 @@
 """What is in a built image, layer by layer, and what should not be there.
 
-``inspect_image`` streams the image out of the engine once (the docker SDK's
-``Image.save()``, the same bytes as ``docker save``), parses that tar on the fly and, for
+``inspect_image`` streams the image out of the engine once (``Engine.save``: the bytes of
+``docker save`` or ``podman save``), parses that tar on the fly and, for
 each layer tar inside it, in the same pass:
 
 - hashes it (sha256 = the layer's diff id, which is how a layer blob is matched to its
@@ -187,18 +187,20 @@ def attribute_entries(history: list[dict], step_groups: Mapping[str, str] | None
     seen_marker = False
     copies = 0
     out: list[Attribution] = []
-    for entry in history:
-        created = str(entry.get("created_by") or entry.get("CreatedBy") or "")
+    texts = [str(entry.get("created_by") or entry.get("CreatedBy") or "") for entry in history]
+    marks = [m.group(1) if (m := MARKER_RE.search(text)) else None for text in texts]
+    for i, created in enumerate(texts):
         instr = instruction_of(created)
-        m = MARKER_RE.search(created)
         step: str | None
-        if m:
+        if (mark := marks[i]) is not None:
             seen_marker = True
-            step = m.group(1)
-            group = step_groups.get(step) or _group_of(step)
+            step = mark
+            group = step_groups.get(mark) or _group_of(mark)
         elif not seen_marker:
             step, group = None, BASE_GROUP
-        elif instr == "COPY" and MOUNT_STUB_FILE in created.split():
+        elif instr == "COPY" and (MOUNT_STUB_FILE in created.split() or marks[i + 1:i + 2] == [MOUNT_STUBS_STEP]):
+            # BuildKit names the stub file; buildah writes `COPY file:<hash> in /etc/hosts`, and the
+            # stubs' RUN comes right after it either way.
             step = MOUNT_STUBS_STEP
             group = step_groups.get(step, MOUNT_STUBS_GROUP)
         elif instr in ("COPY", "ADD"):
@@ -429,7 +431,7 @@ class ImageFacts:
 
 def inspect_image(engine, ref: str, options: InspectOptions | None = None,
                   progress: Callable[[str, str, int, int], None] | None = None) -> ImageReport:
-    """Read image ``ref`` from ``engine`` (a backends.Engine) and report on it.
+    """Read image ``ref`` from ``engine`` (an engine.Engine) and report on it.
 
     One ``docker save`` stream is read (the classic layout or, on the containerd store, an
     OCI layout with compressed blobs); nothing is written to disk. Compressed sizes come from
@@ -440,8 +442,6 @@ def inspect_image(engine, ref: str, options: InspectOptions | None = None,
     stream as they are read (``total``: the engine's size of the image, what the stream is about;
     the last call has the real count), as a transfer callback does: the pass takes a minute on a
     few GB."""
-    import docker.errors  # the SDK takes ~0.6 s to import; only this entry point needs it  # noqa: PLC0415
-
     opts = options or InspectOptions()
     if opts.bandwidth_mbps <= 0:
         raise InspectError(f"bandwidth must be positive, got {opts.bandwidth_mbps} Mbit/s")
@@ -456,19 +456,17 @@ def inspect_image(engine, ref: str, options: InspectOptions | None = None,
     labels = {k: v for k, v in sorted(((attrs.get("Config") or {}).get("Labels") or {}).items())
               if k.startswith(L.PREFIX)}
     remote = registry_layer_sizes(ref, len(diff_ids)) if opts.registry_sizes and attrs.get("RepoDigests") else None
-    try:
-        counted = _Counted(engine.save(ref), progress, ref, int(attrs.get("Size") or 0))
-        stream = io.BufferedReader(IterStream(iter(counted)), 1 << 20)
-        saved = analyze_save_stream(stream, image_id=image_id, diff_ids=diff_ids,
-                                    estimate_compressed=opts.estimate_compressed and remote is None,
-                                    workers=opts.workers)
-        counted.finish()
-    except docker.errors.DockerException as exc:
-        raise InspectError(f"could not export {ref} from the engine: {exc}") from exc
+    # An engine that cannot export the image raises InspectError from the stream (Engine.save).
+    counted = _Counted(engine.save(ref), progress, ref, int(attrs.get("Size") or 0))
+    stream = io.BufferedReader(IterStream(iter(counted)), 1 << 20)
+    saved = analyze_save_stream(stream, image_id=image_id, diff_ids=diff_ids,
+                                estimate_compressed=opts.estimate_compressed and remote is None,
+                                workers=opts.workers)
+    counted.finish()
     history = (saved.config or {}).get("history") or []
     try:
         engine_history = list(reversed(engine.history(image_id)))
-    except docker.errors.DockerException:
+    except InspectError:
         engine_history = []
     facts = ImageFacts(ref, image_id, diff_ids, history, labels,
                        engine_sizes=engine_layer_sizes(history, engine_history, len(diff_ids)),

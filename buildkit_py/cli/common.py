@@ -141,9 +141,10 @@ def network_option(sp: argparse.ArgumentParser, default: str | None, help_text: 
 
 
 def engine_options(sp: argparse.ArgumentParser) -> None:
-    sp.add_argument("--engine", "--backend", dest="backend", choices=["auto", "buildx", "docker"], default=None,
-                    help="engine kind: buildx, or docker (a 20.10 client with DOCKER_BUILDKIT=1); default: detect "
-                         "(also $IMGBUILD_ENGINE); the client is $IMGBUILD_DOCKER, the engine $DOCKER_HOST")
+    from buildkit_py.engine.registry import kind_names, kinds_help
+
+    sp.add_argument("--engine", "--backend", dest="backend", choices=kind_names(), default=None,
+                    help=f"{kinds_help()}; also $IMGBUILD_ENGINE")
     sp.add_argument("--builder", help="buildx builder to use (remote or Kubernetes BuildKit)")
 
 
@@ -228,12 +229,13 @@ def _look_up_newer_pins(args: argparse.Namespace, recipe: Recipe, out: Out) -> P
 
 def reading_engine(args: argparse.Namespace) -> Engine:
     """The engine for a command that reads images (inspect, diff, run, check, lock): created
-    once per command from its options and the environment ($IMGBUILD_DOCKER, $DOCKER_HOST),
+    once per command from its options (--engine where it has one) and the environment
+    ($IMGBUILD_ENGINE, $IMGBUILD_DOCKER, $DOCKER_HOST),
     then passed down. Any client will do for reading, so this never fails; the engine is only
     reached when first used. Commands call it once and pass the engine down."""
     from buildkit_py.engine import engine_for_reading
 
-    return engine_for_reading()
+    return engine_for_reading(getattr(args, "backend", None))
 
 
 def image_labels(engine: Engine | None, ref: str) -> tuple[dict[str, str], dict[str, str]]:
