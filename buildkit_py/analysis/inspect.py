@@ -45,8 +45,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from buildkit_py import oci
-from buildkit_py.analysis.layer_paths import CACHE, COMPILER, CUDA_DUPLICATE, DELETED, WEIGHTS, MiB
+from buildkit_py.analysis.layer_paths import CACHE, COMPILER, CUDA_DUPLICATE, DELETED, WEIGHTS
 from buildkit_py.analysis.saved_image import IterStream, LayerScan, SaveScan, analyze_save_stream
+from buildkit_py.artifacts.file_kinds import WEIGHT_FILE_LIMIT, over_weight_limit
 from buildkit_py.errors import ImageMissing, ImgbuildError, InspectError, SizeBudgetExceeded
 from buildkit_py.plan import labels as L
 from buildkit_py.plan.build_plan import GROUPS, MOUNT_STUB_FILE, MOUNT_STUBS_GROUP, MOUNT_STUBS_STEP, STEP_MARK
@@ -278,7 +279,7 @@ def _where(layers: list[Layer], i: int) -> str:
 
 
 def find_problems(layers: list[Layer], scans: list[LayerScan], *, flavor: str | None,
-                  weight_threshold: int = 10 * MiB) -> list[Finding]:
+                  weight_threshold: int = WEIGHT_FILE_LIMIT) -> list[Finding]:
     """Every finding for an image whose layer ``i`` is ``layers[i]`` scanned as ``scans[i]``:
     weights, caches, compilers (runtime flavour only), CUDA shipped twice, bytes deleted later."""
     deletions = _Deletions(scans)
@@ -331,7 +332,7 @@ def _weight_findings(layers: list[Layer], weights: list[tuple[int, str, int]], t
     return [_finding(layers, WEIGHTS, WARNING, i, path, size,
                      f"model weights ({human_size(size)}) baked into {_where(layers, i)}: every pull "
                      f"moves them; fetch them at run time (recipe `weights:`) or mount them")
-            for i, path, size in weights if size > threshold]
+            for i, path, size in weights if over_weight_limit(size, threshold)]
 
 
 def _cache_findings(layers: list[Layer], caches: dict[tuple[int, str], list[int]], threshold: int) -> list[Finding]:
@@ -406,7 +407,7 @@ class InspectOptions:
     """How to inspect: the link a pull is timed on, what counts as weights, what to estimate."""
 
     bandwidth_mbps: float = 1000
-    weight_threshold: int = 10 * MiB
+    weight_threshold: int = WEIGHT_FILE_LIMIT  # what counts as weights: above this
     estimate_compressed: bool = True  # False skips the gzip estimate: several times faster on big images
     step_groups: Mapping[str, str] | None = None  # a plan's step -> group table (DEFAULT_STEP_GROUPS)
     workers: int | None = None  # gzip threads; None: by the cores

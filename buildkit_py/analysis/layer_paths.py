@@ -7,9 +7,7 @@ from __future__ import annotations
 import posixpath
 import re
 
-from buildkit_py.artifacts.file_kinds import is_weight_file
-
-MiB = 1 << 20
+from buildkit_py.artifacts.file_kinds import WEIGHT_FILE_LIMIT, is_weight_file, over_weight_limit
 
 # Finding kinds: what classify_path reports, and (with DELETED) what inspect's findings are.
 WEIGHTS, CACHE, COMPILER, CUDA_DUPLICATE, DELETED = (
@@ -97,12 +95,12 @@ def cuda_library(path: str) -> tuple[str, str] | None:
     return None
 
 
-def classify_path(path: str, size: int, *, weight_threshold: int = 10 * MiB) -> list[tuple[str, str]]:
+def classify_path(path: str, size: int, *, weight_threshold: int = WEIGHT_FILE_LIMIT) -> list[tuple[str, str]]:
     """Every rule a file at ``path`` of ``size`` bytes matches, as (kind, detail) pairs; detail is
     the cache root, the CUDA soname and origin ('libcudart.so.12:wheel'), or the path itself.
     The compiler rule only matters in runtime images; the caller decides that."""
     out: list[tuple[str, str]] = []
-    if size > weight_threshold and is_weight_file(path):
+    if over_weight_limit(size, weight_threshold) and is_weight_file(path):
         out.append((WEIGHTS, path))
     root = cache_root(path)
     if root:

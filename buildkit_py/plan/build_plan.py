@@ -10,7 +10,7 @@ from typing import Any
 
 from packaging.utils import canonicalize_name
 
-from buildkit_py.artifacts.file_kinds import is_weight_file
+from buildkit_py.artifacts.file_kinds import is_weight_file, over_weight_limit
 from buildkit_py.compat import codes
 from buildkit_py.compat.codes import RecipeWarning
 from buildkit_py.compat.resolve import HEAVY_PACKAGES, Resolution, resolve
@@ -57,8 +57,6 @@ TORCH_BUILD_TOOLS = ("ninja==1.11.1.1", "packaging==24.2", "psutil==6.1.1")
 
 # The mtime reproducible layers give every file they add: 1980-01-01, the earliest a wheel (zip) records.
 SOURCE_DATE_EPOCH = 315532800
-
-WEIGHT_FILE_THRESHOLD = 10 * 2**20  # the same bar `imgbuild inspect` uses
 
 # Heavy pins (flash-attn, bitsandbytes, xformers, ...: tens to hundreds of MB each, pinned and
 # bumped one at a time) get a reproducible layer each, up to this many; any beyond share one.
@@ -297,17 +295,24 @@ def _cuda_home_steps(res: Resolution) -> list[Step]:
     return [CudaHomeStep("cuda-home", "cuda", venv=VENV, tree=res.cuda_wheel_home, home="/usr/local/cuda")]
 
 
-def weights_in_copies(recipe: Recipe, threshold: int = WEIGHT_FILE_THRESHOLD) -> list[tuple[int, str, int]]:
-    """(copy index, path, bytes) of weight-like files a COPY would bake into the image.
-    The one read of the file system in planning: sizes of the files the build sends anyway."""
+def weight_files_in_copies(recipe: Recipe) -> list[tuple[int, str, int]]:
+    """(copy index, path, bytes) of every weight-like file a COPY would bake into the image, as
+    the build context holds it: a folder's symlinks stay links (engine/build.py copies them as
+    links), a source that is itself a link is followed. The one read of the file system in
+    planning: sizes of the files the build sends anyway. ``lint`` reads the same list."""
     found = []
     for i, c in enumerate(recipe.copy):
         src = recipe.context_dir / c.src
-        files = [src] if src.is_file() else sorted(p for p in src.rglob("*") if p.is_file())
+        files = [src] if src.is_file() else sorted(p for p in src.rglob("*") if p.is_file() and not p.is_symlink())
         for f in files:
-            if is_weight_file(f.name) and f.stat().st_size >= threshold:
+            if is_weight_file(f.name):
                 found.append((i, str(f.relative_to(recipe.context_dir)), f.stat().st_size))
     return found
+
+
+def weights_in_copies(recipe: Recipe) -> list[tuple[int, str, int]]:
+    """The weight-like files under copy: sources above the limit (file_kinds.WEIGHT_FILE_LIMIT)."""
+    return [found for found in weight_files_in_copies(recipe) if over_weight_limit(found[2])]
 
 
 def weights_in_copy_warning(index: int, rel: str, size: int) -> RecipeWarning:
