@@ -14,6 +14,7 @@ from helpers import REPO, run_cli, write_recipe
 
 from buildkit_py.engine.build import assemble_context
 from buildkit_py.errors import ExitStatus, LockDrift, LockError, LockFileError, LockStale
+from buildkit_py.label_keys import OCI_BASE_DIGEST
 from buildkit_py.plan import lock
 from buildkit_py.plan.build_plan import make_plan
 from buildkit_py.plan.steps import MetaStep
@@ -436,7 +437,7 @@ def test_the_locked_base_digest_wins_over_the_one_the_plan_looked_up(recipe):
     write(recipe)
     plan = plan_of(recipe)
     moved = "sha256:" + "99" * 32
-    labels = {**plan.labels, lock.BASE_DIGEST_LABEL: moved}
+    labels = {**plan.labels, OCI_BASE_DIGEST: moved}
     final = dataclasses.replace(plan.final, base=f"{plan.final.base}@{moved}", steps=tuple(
         dataclasses.replace(s, labels=tuple(labels.items())) if isinstance(s, MetaStep) else s for s in plan.final.steps))  # noqa: E501
     looked_up = dataclasses.replace(plan, stages=(final,), labels=labels)

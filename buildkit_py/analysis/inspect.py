@@ -44,12 +44,12 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from buildkit_py import label_keys as L
 from buildkit_py import oci
 from buildkit_py.analysis.layer_paths import CACHE, COMPILER, CUDA_DUPLICATE, DELETED, WEIGHTS
 from buildkit_py.analysis.saved_image import IterStream, LayerScan, SaveScan, analyze_save_stream
 from buildkit_py.artifacts.file_kinds import WEIGHT_FILE_LIMIT, over_weight_limit
 from buildkit_py.errors import ImageMissing, ImgbuildError, InspectError, SizeBudgetExceeded
-from buildkit_py.plan import labels as L
 from buildkit_py.plan.build_plan import GROUPS, MOUNT_STUB_FILE, MOUNT_STUBS_GROUP, MOUNT_STUBS_STEP, STEP_MARK
 from buildkit_py.sizes import human_size
 from buildkit_py.text_table import Block, TextTable

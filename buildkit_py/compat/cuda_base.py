@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from buildkit_py import label_keys as K
 from buildkit_py import oci
 from buildkit_py.errors import UsageError
 
@@ -66,12 +67,12 @@ def plain_os_image(ref: str) -> bool:
 
 def from_config(labels: dict[str, str], env: dict[str, str]) -> CudaBase:
     """From a base's config: imgbuild's labels first, then NVIDIA's env."""
-    if "io.imgbuild.cuda.version" in labels:
-        return CudaBase(labels["io.imgbuild.cuda.version"], labels.get("io.imgbuild.cuda.flavor"),
-                        labels.get("io.imgbuild.cudnn.version"), labels.get("io.imgbuild.os"), "its io.imgbuild labels")
+    if K.CUDA_VERSION in labels:
+        return CudaBase(labels[K.CUDA_VERSION], labels.get(K.CUDA_FLAVOR), labels.get(K.CUDNN_VERSION),
+                        labels.get(K.OS), "its io.imgbuild labels")
     cuda = env.get("CUDA_VERSION")
     if not cuda:
-        return CudaBase(None, None, None, None, "its config (no io.imgbuild.cuda.version label, no CUDA_VERSION env)")
+        return CudaBase(None, None, None, None, f"its config (no {K.CUDA_VERSION} label, no CUDA_VERSION env)")
     flavor = "devel" if _DEVEL_ENV in env else "runtime" if _RUNTIME_ENV in env else "base"
     cudnn = env.get("NV_CUDNN_VERSION", "").split(".")[0] or None
     return CudaBase(cuda, flavor, cudnn, None, "its env (CUDA_VERSION and NVIDIA's NV_* variables)")

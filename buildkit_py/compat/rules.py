@@ -31,6 +31,7 @@ from packaging.specifiers import SpecifierSet
 from packaging.version import InvalidVersion, Version
 
 from buildkit_py import compat
+from buildkit_py import label_keys as K
 from buildkit_py.compat import codes, cuda_base, torch_pins
 from buildkit_py.compat.bases import BaseFacts
 from buildkit_py.compat.codes import RecipeWarning
@@ -432,9 +433,9 @@ def python_rule(recipe: Recipe, base: BaseFacts | None) -> PythonPart:
     facts = base
     os_name = detect_os(recipe)
     if os_name is None and facts is not None:
-        os_name = facts.labels.get("io.imgbuild.os")
+        os_name = facts.labels.get(K.OS)
     python = recipe.python
-    base_python = facts.labels.get("io.imgbuild.python.version") if facts is not None else None
+    base_python = facts.labels.get(K.PYTHON_VERSION) if facts is not None else None
     py_image = _PYTHON_IMAGE.search(recipe.base.image or "")
     if facts is not None and base_python:
         if base_python != python:
@@ -910,18 +911,18 @@ def base_rule(recipe: Recipe, base: BaseFacts | None, cuda: str, torch: TorchPar
     then pin it by digest. Not read (no registry named): the image as it is."""
     if base is None:
         return BasePart(base_image, None)
-    base_cuda = base.labels.get("io.imgbuild.cuda.version") or base.env.get("CUDA_VERSION")
+    base_cuda = base.labels.get(K.CUDA_VERSION) or base.env.get("CUDA_VERSION")
     if base_cuda and _mm(base_cuda) != _mm(cuda):
         what, version = ("torch", torch.label or "") if torch.version else ("cuda", cuda)
         raise _fail(recipe, "base.image", "base.image", f"{base.ref} (CUDA {base_cuda})", what, version,
                     f"the base carries CUDA {base_cuda} but this recipe needs CUDA {_mm(cuda)}",
                     hint=f"use cuda.version \"{_mm(base_cuda)}\" or a base built for CUDA {_mm(cuda)}")
-    base_tier = base.labels.get("io.imgbuild.cuda.flavor")
+    base_tier = base.labels.get(K.CUDA_FLAVOR)
     if base_tier in _TIER_RANK and _TIER_RANK[base_tier] > _TIER_RANK.get(recipe.cuda.flavor, 0):
         raise _fail(recipe, "cuda.flavor", "cuda.flavor", recipe.cuda.flavor, "base.image",
                     f"{base.ref} ({base_tier})", f"the base is the {base_tier} tier, so the image carries "
                     f"{base_tier} CUDA whatever this recipe says", hint=f"use cuda.flavor: {base_tier}")
-    base_torch = base.labels.get("io.imgbuild.torch.version")
+    base_torch = base.labels.get(K.TORCH_VERSION)
     if base_torch and torch.label and base_torch != torch.label:
         raise _fail(recipe, "torch", "base.image", f"{base.ref} (torch {base_torch})", "torch",
                     torch.label, "the base already has another torch build",
@@ -968,7 +969,7 @@ def cuda_wheels_rule(recipe: Recipe, wheel_set: WheelSet | None, cuda: str, cudn
 
 def _base_tier(facts: BaseFacts) -> str:
     """The tier an imgbuild base was built as (an unlabelled one: cudart only, the least it has)."""
-    return facts.labels.get("io.imgbuild.cuda.flavor", "base")
+    return facts.labels.get(K.CUDA_FLAVOR, "base")
 
 
 def _brought_extras(wheel_set: WheelSet, torch: TorchRelease | None, base: BaseFacts | None) -> frozenset[str]:

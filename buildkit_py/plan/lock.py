@@ -53,6 +53,7 @@ from buildkit_py.errors import (
     UsageError,
 )
 from buildkit_py.files import write_atomic
+from buildkit_py.label_keys import OCI_BASE_DIGEST
 from buildkit_py.plan.build_plan import BuildPlan, Stage
 from buildkit_py.plan.steps import ContextFile, LockedPipStep, MetaStep, PipStep, Step
 from buildkit_py.recipe.model import line_of, locate
@@ -76,7 +77,6 @@ OS_GLIBC = {
 DEFAULT_GLIBC = 17
 # pip freeze leaves these out; a lock may still hold them (e.g. setuptools for torch on 3.12).
 FREEZE_EXCLUDED = frozenset({"pip", "setuptools", "wheel", "distribute"})
-BASE_DIGEST_LABEL = "org.opencontainers.image.base.digest"
 
 Resolver = Callable[..., dict]
 # `build --all --update-lock` re-locks variants on several threads: one read-modify-write at a time.
@@ -599,12 +599,12 @@ def apply_lock(plan: BuildPlan, entry: dict) -> BuildPlan:
         pinned = (entry.get("bases") or {}).get(stage.name) or {}
         if pinned.get("digest") and pinned.get("ref") == unpinned(base):
             base = f"{unpinned(base)}@{pinned['digest']}"
-            if stage.role == "final" and BASE_DIGEST_LABEL in labels:
-                labels[BASE_DIGEST_LABEL] = pinned["digest"]  # the base built on is the locked one
+            if stage.role == "final" and OCI_BASE_DIGEST in labels:
+                labels[OCI_BASE_DIGEST] = pinned["digest"]  # the base built on is the locked one
         packages = (entry.get("packages") or {}).get(stage.name)
         steps: list[Step] = []
         for step in stage.steps:
-            if isinstance(step, MetaStep) and BASE_DIGEST_LABEL in dict(step.labels):
+            if isinstance(step, MetaStep) and OCI_BASE_DIGEST in dict(step.labels):
                 steps.append(dataclasses.replace(step, labels=tuple(labels.items())))
             elif isinstance(step, PipStep) and packages is not None:
                 mine = [p for p in packages if p["step"] == step.id]

@@ -21,6 +21,7 @@ from typing import Any
 import yaml
 from packaging.requirements import InvalidRequirement, Requirement
 
+from buildkit_py import label_keys
 from buildkit_py.errors import RecipeError, RecipeIssue
 from buildkit_py.schemas import (
     line_of,
@@ -422,8 +423,8 @@ def _cross_checks(data: dict, report: _Issues) -> None:
     if data.get("cuda", {}).get("source") == "wheels" and "image" not in data.get("base", {}):
         report.fail("base", "cuda.source: wheels needs base.image (the OS image the CUDA wheels go on)")
     for key in data.get("labels", {}):
-        if key.lower().startswith("io.imgbuild."):
-            report.fail(f"labels.{key}", "io.imgbuild.* labels are set by imgbuild itself")
+        if key.lower().startswith(label_keys.PREFIX):
+            report.fail(f"labels.{key}", f"{label_keys.PREFIX}* labels are set by imgbuild itself")
 
 
 def split_service_volume(spec: str) -> tuple[str | None, str, tuple[str, ...]]:
