@@ -178,3 +178,22 @@ def test_builder_selects_the_builder_engine(tmp_path, clients):
     assert engine.docker_argv() == [clients[0], "--host", "unix:///run/x.sock"]
     with pytest.raises(BackendCapabilityError, match="needs buildx"):
         backends.select_engine("docker", builder="k8s")
+
+
+@pytest.mark.parametrize("word", backends.ENGINE_KINDS)
+def test_every_engine_kind_select_takes_the_command_line_takes(word):
+    """Issue 23: 3. The kinds were listed twice and differed: $IMGBUILD_ENGINE=classic was taken,
+    --engine classic refused. Both now read engine.select.EngineChoice."""
+    import io
+
+    from buildkit_py.cli.main import _build_parser
+
+    args = _build_parser(io.StringIO(), ["build"]).parse_args(["build", "r.yaml", "--engine", word])
+    assert args.backend == word
+
+
+def test_an_unknown_engine_kind_is_a_usage_error():
+    from helpers import run_cli
+
+    code, _, err = run_cli("build", "r.yaml", "--engine", "podman-remote")
+    assert code == 2 and "invalid choice: 'podman-remote' (choose from 'auto', 'buildx', 'docker', 'classic')" in err

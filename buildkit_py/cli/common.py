@@ -140,8 +140,18 @@ def network_option(sp: argparse.ArgumentParser, default: str | None, help_text: 
     sp.add_argument("--network", default=default, help=help_text)
 
 
+def engine_kind(text: str) -> str:
+    """--engine's value, checked against the engine package's one list (engine.select.EngineChoice),
+    which is imported only when the option is given: the engine package is too heavy for start-up."""
+    from buildkit_py.engine.select import ENGINE_KINDS
+
+    if text not in ENGINE_KINDS:
+        raise argparse.ArgumentTypeError(f"invalid choice: {text!r} (choose from {', '.join(map(repr, ENGINE_KINDS))})")
+    return text
+
+
 def engine_options(sp: argparse.ArgumentParser) -> None:
-    sp.add_argument("--engine", "--backend", dest="backend", choices=["auto", "buildx", "docker"], default=None,
+    sp.add_argument("--engine", "--backend", dest="backend", type=engine_kind, default=None, metavar="KIND",
                     help="engine kind: buildx, or docker (a 20.10 client with DOCKER_BUILDKIT=1); default: detect "
                          "(also $IMGBUILD_ENGINE); the client is $IMGBUILD_DOCKER, the engine $DOCKER_HOST")
     sp.add_argument("--builder", help="buildx builder to use (remote or Kubernetes BuildKit)")

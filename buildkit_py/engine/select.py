@@ -13,6 +13,7 @@ from buildkit_py.engine.base import _WHO_CAN, BUILDER_SELECT, Engine
 from buildkit_py.engine.buildx import BuilderEngine, BuildxEngine
 from buildkit_py.engine.docker_cli import ClassicEngine
 from buildkit_py.errors import BackendCapabilityError, EnvironmentProblem, ImgbuildError
+from buildkit_py.text_enum import TextEnum
 
 
 def _client_version(binary: str, env: dict[str, str] | None = None) -> tuple[int, ...] | None:
@@ -61,7 +62,17 @@ def candidate_clients() -> list[str]:
     return seen
 
 
-ENGINE_KINDS = ("auto", "buildx", "docker", "classic")
+class EngineChoice(TextEnum):
+    """What --engine and $IMGBUILD_ENGINE may say: the one list (the CLI checks --engine
+    against it too)."""
+
+    AUTO = "auto"  # buildx where the client has it, else a 20.10 client
+    BUILDX = "buildx"
+    DOCKER = "docker"  # the classic client: DOCKER_BUILDKIT=1 docker build
+    CLASSIC = "classic"  # the same, by the name of its kind (README's engine table)
+
+
+ENGINE_KINDS = EngineChoice.words()
 
 
 def select_engine(preference: str | None = None, *, builder: str | None = None,
@@ -74,7 +85,7 @@ def select_engine(preference: str | None = None, *, builder: str | None = None,
     preference = preference or os.environ.get("IMGBUILD_ENGINE") or os.environ.get("IMGBUILD_BACKEND") or "auto"
     if preference not in ENGINE_KINDS:
         raise EnvironmentProblem(f"unknown engine {preference!r}", hint="use auto, buildx or docker")
-    if builder and preference in {"docker", "classic"}:
+    if builder and preference in {EngineChoice.DOCKER, EngineChoice.CLASSIC}:
         raise BackendCapabilityError(f"--builder {builder} needs buildx, not the classic client",
                                      hint=f"builder: {_WHO_CAN[BUILDER_SELECT]}")
     clients = candidate_clients()
@@ -83,14 +94,14 @@ def select_engine(preference: str | None = None, *, builder: str | None = None,
                                  hint="install Docker (on Debian: apt-get install docker.io) "
                                       "or run scripts/services.sh up")
     seen = []
-    if preference in {"auto", "buildx"}:
+    if preference in {EngineChoice.AUTO, EngineChoice.BUILDX}:
         for c in clients:
             runner = [c, "buildx"] if _has_buildx(c) else ([p] if (p := buildx_beside(c)) else None)
             if runner:
                 cls = BuilderEngine if builder else BuildxEngine
                 return cls(c, host=host, builder=builder, buildx=runner)
             seen.append(f"{c}: no buildx plugin")
-        if preference == "buildx" or builder:
+        if preference == EngineChoice.BUILDX or builder:
             raise EnvironmentProblem("no docker client with the buildx plugin: " + "; ".join(seen),
                                      hint="install docker-buildx-plugin, or use --engine docker")
     for c in clients:
