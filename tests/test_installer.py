@@ -6,7 +6,7 @@ import subprocess
 import pytest
 from helpers import REPO, write_recipe
 
-from buildkit_py.errors import RecipeError, UsageError
+from buildkit_py.errors import PipConfigError, RecipeError, UsageError
 from buildkit_py.plan import lock
 from buildkit_py.plan.build_plan import make_plan
 from buildkit_py.plan.installer import (
@@ -201,6 +201,11 @@ def test_the_secret_is_made_only_for_a_uv_build_with_a_pip_conf(tmp_path):
     assert uv_env_for(uv_plan, conf, ca_cert=False) == "export UV_INDEX_URL=https://mirror.example/simple\n"
     assert uv_env_for(uv_plan, None, ca_cert=False) is None
     assert uv_env_for(pip_plan, conf, ca_cert=False) is None  # pip reads the pip.conf itself
+    # ... but a file pip would refuse stops the build before it starts, whichever installer reads it
+    conf.write_text("[global]\nindex-url = https://a.example/simple\nindex-url = https://b.example/simple\n")
+    for plan in (uv_plan, pip_plan):
+        with pytest.raises(PipConfigError, match=r":3: \[global\] index-url: set twice"):
+            uv_env_for(plan, conf, ca_cert=False)
 
 
 def test_a_bake_file_checks_the_pip_conf_for_uv_and_needs_a_folder_for_it(tmp_path):
