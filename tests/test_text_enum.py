@@ -16,7 +16,7 @@ class Colour(TextEnum):
 
 def test_a_member_prints_formats_and_dumps_as_its_word():
     assert [str(Colour.RED), f"{Colour.RED}", format(Colour.RED), " ".join([Colour.RED])] == ["red"] * 4
-    assert f"{Colour.RED:>5}|{Colour.DARK_BLUE!s}" == "  red|dark-blue"
+    assert f"{Colour.RED:>5}|{Colour.DARK_BLUE!s}|{Colour.RED!r}" == "  red|dark-blue|'red'"
     assert json.dumps({Colour.DARK_BLUE: [Colour.RED]}) == '{"dark-blue": ["red"]}'
     assert jinja2.Template("{{ c }} {{ c | tojson }}").render(c=Colour.RED) == 'red "red"'
 
