@@ -37,7 +37,7 @@ from buildkit_py.compat.bases import BaseFacts
 from buildkit_py.compat.codes import RecipeWarning
 from buildkit_py.compat.tables import BnbRelease, FlashAttnRelease, Toolkit, TorchRelease, WheelSet
 from buildkit_py.errors import CompatibilityError, RecipeLocation
-from buildkit_py.recipe.model import Recipe, pin_name
+from buildkit_py.recipe.model import CudaFlavor, Recipe, pin_name
 
 # The Python each OS ships as python3 (Debian and Ubuntu package archives).
 OS_PYTHON = {
@@ -918,7 +918,7 @@ def base_rule(recipe: Recipe, base: BaseFacts | None, cuda: str, torch: TorchPar
                     f"the base carries CUDA {base_cuda} but this recipe needs CUDA {_mm(cuda)}",
                     hint=f"use cuda.version \"{_mm(base_cuda)}\" or a base built for CUDA {_mm(cuda)}")
     base_tier = base.labels.get(K.CUDA_FLAVOR)
-    if base_tier in _TIER_RANK and _TIER_RANK[base_tier] > _TIER_RANK.get(recipe.cuda.flavor, 0):
+    if base_tier in CudaFlavor.words() and CudaFlavor(base_tier).rank > recipe.cuda.flavor.rank:
         raise _fail(recipe, "cuda.flavor", "cuda.flavor", recipe.cuda.flavor, "base.image",
                     f"{base.ref} ({base_tier})", f"the base is the {base_tier} tier, so the image carries "
                     f"{base_tier} CUDA whatever this recipe says", hint=f"use cuda.flavor: {base_tier}")
@@ -931,9 +931,6 @@ def base_rule(recipe: Recipe, base: BaseFacts | None, cuda: str, torch: TorchPar
 
 
 # ----------------------------------------------------------------------------- 11. CUDA wheels
-_TIER_RANK = {"base": 0, "runtime": 1, "devel": 2}
-
-
 def cuda_wheels_rule(recipe: Recipe, wheel_set: WheelSet | None, cuda: str, cudnn: str | None,
                      torch: TorchPart, base: BaseFacts | None = None) -> CudaWheelsPart:
     """The nvidia-* pins the final stage installs, and the CUDA_HOME tree a devel flavor gets: the

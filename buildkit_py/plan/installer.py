@@ -25,12 +25,13 @@ from typing import TYPE_CHECKING
 from buildkit_py.compat.pip_config import SECTIONS as PIP_SECTIONS
 from buildkit_py.compat.pip_config import PipConfig, parse_pip_config, read_pip_config
 from buildkit_py.errors import UsageError
+from buildkit_py.recipe.model import InstallerName
 
 if TYPE_CHECKING:  # build_plan imports this module
     from buildkit_py.plan.build_plan import BuildPlan, Stage
 
-PIP = "pip"
-UV = "uv"
+PIP = InstallerName.PIP
+UV = InstallerName.UV
 DEFAULT_INSTALLER = UV  # pip by `build.installer: pip`
 
 # uv from the Python registry: https://pypi.org/project/uv/0.13.9/ (the newest release on
@@ -51,7 +52,7 @@ UV_ENV_SECRET_ID = "uvenv"  # noqa: S105 - the id of the secret, not a secret
 class Installer:
     """What a pip step installs with, as the template places it."""
 
-    name: str  # pip | uv
+    name: InstallerName
     version: str | None = None  # uv's pinned release
     requirement: str | None = None  # uv's requirement line, hashes included
 
@@ -97,7 +98,7 @@ PIP_INSTALLER = Installer(PIP)
 UV_INSTALLER = Installer(UV, UV_VERSION, f"uv=={UV_VERSION} " + " ".join(f"--hash=sha256:{h}" for h in UV_WHEEL_SHA256))
 
 
-def installer_for(name: str | None) -> Installer:
+def installer_for(name: InstallerName | None) -> Installer:
     """The installer a recipe's ``build.installer`` names (None: the default)."""
     return UV_INSTALLER if (name or DEFAULT_INSTALLER) == UV else PIP_INSTALLER
 

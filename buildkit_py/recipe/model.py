@@ -33,6 +33,7 @@ from buildkit_py.schemas import (
     type_name,
     validate,
 )
+from buildkit_py.text_enum import TextEnum
 
 RECIPE_SCHEMA_VERSION = 1
 
@@ -72,16 +73,39 @@ VOLUME_OPTIONS = frozenset({"ro", "rw", "nocopy", "z", "Z", "shared", "rshared",
 SAFE_PATH_RE = _exact(r"^[A-Za-z0-9._/@+=,: -]+$")
 SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]i?B|B)?\s*$", re.IGNORECASE)
 
-FLAVORS = ("base", "runtime", "devel")
-SOURCES = ("nvidia", "wheels")
+class CudaFlavor(TextEnum):
+    """``cuda.flavor``: NVIDIA's image tiers, each holding the one before it."""
+
+    BASE = "base"  # cudart
+    RUNTIME = "runtime"  # the runtime libraries and NCCL
+    DEVEL = "devel"  # and nvcc, headers, static libraries
+
+    @property
+    def rank(self) -> int:
+        """Its place in the order above: a higher tier holds every lower one."""
+        return list(CudaFlavor).index(self)
+
+
+class CudaSource(TextEnum):
+    """``cuda.source``: where the CUDA libraries come from."""
+
+    NVIDIA = "nvidia"  # an nvidia/cuda base image
+    WHEELS = "wheels"  # NVIDIA's pip wheels on base.image
+
+
+class InstallerName(TextEnum):
+    """``build.installer``: what installs the pip steps (plan/installer.py)."""
+
+    UV = "uv"
+    PIP = "pip"
 
 
 @dataclass(frozen=True)
 class CudaSpec:
     version: str
-    flavor: str = "runtime"
+    flavor: CudaFlavor = CudaFlavor.RUNTIME
     cudnn: str | None = None
-    source: str = "nvidia"
+    source: CudaSource = CudaSource.NVIDIA
 
 
 @dataclass(frozen=True)
@@ -102,7 +126,7 @@ class BuildSpec:
     from_source: tuple[str, ...] = ()
     cuda_arch: tuple[str, ...] = ()
     jobs: int | None = None
-    installer: str | None = None  # uv | pip; None: imgbuild's default (plan/installer.py)
+    installer: InstallerName | None = None  # None: imgbuild's default (plan/installer.py)
 
 
 @dataclass(frozen=True)
@@ -275,7 +299,6 @@ TOP_KEYS = _key_types(_SCHEMA)
 CUDA_KEYS = _key_types(_node("cuda"))
 BASE_KEYS = _key_types(_node("base"))
 BUILD_KEYS = _key_types(_node("build"))
-INSTALLERS = tuple(_node("build", "installer")["enum"])
 BUDGET_KEYS = _key_types(_node("budget"))
 
 
@@ -415,12 +438,13 @@ def _build(build: dict, pip: tuple[str, ...], report: _Issues) -> BuildSpec:
     for i, pkg in enumerate(from_source):
         if pkg is not None and pkg.lower() not in pinned:
             report.fail(f"build.from_source[{i}]", f"{pkg!r} must also be pinned in pip:")
+    installer = build.get("installer")
     return BuildSpec(tuple(p.lower() for p in _texts(from_source)), _texts(build.get("cuda_arch", [])),
-                     build.get("jobs"), build.get("installer"))
+                     build.get("jobs"), None if installer is None else InstallerName(installer))
 
 
 def _cross_checks(data: dict, report: _Issues) -> None:
-    if data.get("cuda", {}).get("source") == "wheels" and "image" not in data.get("base", {}):
+    if data.get("cuda", {}).get("source") == CudaSource.WHEELS and "image" not in data.get("base", {}):
         report.fail("base", "cuda.source: wheels needs base.image (the OS image the CUDA wheels go on)")
     for key in data.get("labels", {}):
         if key.lower().startswith(label_keys.PREFIX):
@@ -555,7 +579,8 @@ def _recipe(data: dict, path: Path, report: _Issues, lines: dict[str, int]) -> R
         path=path,
         name=data["name"],
         version=data.get("version"),
-        cuda=CudaSpec(cuda["version"], cuda.get("flavor", "runtime"), cuda.get("cudnn"), cuda.get("source", "nvidia")),
+        cuda=CudaSpec(cuda["version"], CudaFlavor(cuda.get("flavor", CudaFlavor.RUNTIME)), cuda.get("cudnn"),
+                      CudaSource(cuda.get("source", CudaSource.NVIDIA))),
         base=BaseSpec(base.get("image"), base.get("os", "ubuntu22.04"), base.get("mirror")),
         python=data["python"],
         torch=data.get("torch"),
