@@ -35,7 +35,7 @@ class Resolution:
     min_driver_compat: str | None
     cudnn: str | None
     python: str
-    python_provider: str  # os | deadsnakes | image | base (an imgbuild base: Python and venv present)
+    python_provider: rules.PythonProvider
     os: str | None
     base_image: str  # FROM of the final stage
     builder_image: str | None  # FROM of the compile stage, when one is needed

@@ -38,6 +38,7 @@ from buildkit_py.compat.codes import RecipeWarning
 from buildkit_py.compat.tables import BnbRelease, FlashAttnRelease, Toolkit, TorchRelease, WheelSet
 from buildkit_py.errors import CompatibilityError, RecipeLocation
 from buildkit_py.recipe.model import CudaFlavor, Recipe, pin_name
+from buildkit_py.text_enum import TextEnum
 
 # The Python each OS ships as python3 (Debian and Ubuntu package archives).
 OS_PYTHON = {
@@ -83,10 +84,19 @@ class CudaPart:
         return self.toolkit.version
 
 
+class PythonProvider(TextEnum):
+    """Who provides the image's Python (python_rule)."""
+
+    OS = "os"  # the OS's own python3
+    DEADSNAKES = "deadsnakes"  # Ubuntu's deadsnakes PPA
+    IMAGE = "image"  # a python:X.Y base image
+    BASE = "base"  # an imgbuild base: Python and venv present
+
+
 @dataclass(frozen=True)
 class PythonPart:
     python: str
-    provider: str  # os | deadsnakes | image | base
+    provider: PythonProvider
     os: str | None
 
 
@@ -442,26 +452,26 @@ def python_rule(recipe: Recipe, base: BaseFacts | None) -> PythonPart:
             raise _fail(recipe, "python", "python", python, "base.image", f"{facts.ref} (python {base_python})",
                         f"the base image was built with Python {base_python}",
                         hint=f"use python: \"{base_python}\" or a base built for Python {python}")
-        return PythonPart(python, "base", os_name)
+        return PythonPart(python, PythonProvider.BASE, os_name)
     if py_image:
         if py_image.group(2) != python:
             raise _fail(recipe, "python", "python", python, "base.image", recipe.base.image or "",
                         f"the image ships Python {py_image.group(2)}",
                         hint=f"use python: \"{py_image.group(2)}\" or a python:{python} image")
-        return PythonPart(python, "image", os_name)
+        return PythonPart(python, PythonProvider.IMAGE, os_name)
     return PythonPart(python, _os_python_provider(recipe, os_name), os_name)
 
 
-def _os_python_provider(recipe: Recipe, os_name: str | None) -> str:
+def _os_python_provider(recipe: Recipe, os_name: str | None) -> PythonProvider:
     python = recipe.python
     if os_name is None:
         raise _fail(recipe, "base.image", "base.image", recipe.base.image or "", "python", python,
                     "imgbuild cannot tell which OS (and so which Python) this image has",
                     hint="set base.os (e.g. debian12, ubuntu22.04) for this image")
     if OS_PYTHON.get(os_name) == python:
-        return "os"
+        return PythonProvider.OS
     if os_name.startswith("ubuntu"):
-        return "deadsnakes"  # Ubuntu's PPA packages every maintained Python for each LTS
+        return PythonProvider.DEADSNAKES  # Ubuntu's PPA packages every maintained Python for each LTS
     raise _fail(recipe, "python", "python", python, "os", os_name,
                 f"{os_name} ships Python {OS_PYTHON.get(os_name, '?')} and no other",
                 hint=f"use python: \"{OS_PYTHON.get(os_name)}\", an Ubuntu base, or a python:{python} base image")

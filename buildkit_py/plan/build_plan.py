@@ -14,6 +14,7 @@ from buildkit_py.artifacts.file_kinds import is_weight_file, over_weight_limit
 from buildkit_py.compat import codes
 from buildkit_py.compat.codes import RecipeWarning
 from buildkit_py.compat.resolve import HEAVY_PACKAGES, Resolution, resolve
+from buildkit_py.compat.rules import PythonProvider
 from buildkit_py.compat.torch_pins import (
     CudaLayer,
     TorchCudaPins,
@@ -155,16 +156,16 @@ def check_image_tag(tag: str, *, origin: str = "tag") -> str:
 
 
 def _python_packages(res: Resolution, *, dev: bool) -> list[str]:
-    if res.python_provider in {"image", "base"}:
+    if res.python_provider in {PythonProvider.IMAGE, PythonProvider.BASE}:
         return []
-    if res.python_provider == "deadsnakes":
+    if res.python_provider == PythonProvider.DEADSNAKES:
         v = res.python
         return [f"python{v}", f"python{v}-venv"] + ([f"python{v}-dev"] if dev else [])
     return ["python3", "python3-venv"] + (["python3-dev"] if dev else [])
 
 
 def _python_bin(res: Resolution) -> str:
-    if res.python_provider == "deadsnakes":
+    if res.python_provider == PythonProvider.DEADSNAKES:
         return f"python{res.python}"
     return "python3"
 
@@ -210,11 +211,11 @@ def _cuda_steps(layers: tuple[CudaLayer, ...], *, complete: bool = False) -> lis
 
 def _os_steps(res: Resolution, apt: list[str], *, dev: bool) -> list[Step]:
     steps: list[Step] = []
-    if res.python_provider == "base":
+    if res.python_provider == PythonProvider.BASE:
         # an imgbuild base already has Python, the venv and PATH; a builder needs headers
         packages = sorted(set(apt + (["python3-dev"] if dev else [])))
         return [AptStep("os", "os", packages=tuple(packages))] if packages else []
-    if res.python_provider == "deadsnakes":
+    if res.python_provider == PythonProvider.DEADSNAKES:
         steps.append(DeadsnakesStep("python-ppa", "os", python=res.python))
     packages = sorted(set(_python_packages(res, dev=dev) + apt))
     if packages:
