@@ -14,8 +14,24 @@ from buildkit_py.compat import (
     resolve_cuda,
     toolkits,
 )
+from buildkit_py.text_enum import TextEnum
 
-NATIVE, MINOR, FORWARD, INCOMPATIBLE = "native", "minor-version", "forward-compat", "incompatible"
+
+class Verdict(TextEnum):
+    """Whether a driver runs a CUDA toolkit, and how."""
+
+    NATIVE = "native"  # at or above the toolkit's minimum driver
+    MINOR = "minor-version"  # minor-version compatibility: the major's floor, with limits
+    FORWARD = "forward-compat"  # only with NVIDIA's forward-compatibility package (data-centre GPUs)
+    INCOMPATIBLE = "incompatible"
+
+    @property
+    def compatible(self) -> bool:
+        """Runs as it is, without a compatibility package."""
+        return self in (Verdict.NATIVE, Verdict.MINOR)
+
+
+NATIVE, MINOR, FORWARD, INCOMPATIBLE = Verdict.NATIVE, Verdict.MINOR, Verdict.FORWARD, Verdict.INCOMPATIBLE
 
 
 @dataclass(frozen=True)
@@ -24,7 +40,7 @@ class CheckResult:
     driver: str
     min_driver: str | None  # None: NVIDIA publishes no native floor for this CUDA
     min_driver_compat: str | None
-    verdict: str
+    verdict: Verdict
     compatible: bool
     message: str
     remedy: str | None = None
@@ -61,8 +77,8 @@ def check_compat(cuda: str, driver: str, *, datacenter: bool | None = None,
     native_tk = newest_native_toolkit(driver)
     runs_natively = f"; the newest CUDA this driver runs natively is {native_tk}" if native_tk else ""
 
-    def result(verdict: str, message: str, remedy: str | None) -> CheckResult:
-        return CheckResult(tk.version, driver, need, floor, verdict, verdict in (NATIVE, MINOR), message, remedy)
+    def result(verdict: Verdict, message: str, remedy: str | None) -> CheckResult:
+        return CheckResult(tk.version, driver, need, floor, verdict, verdict.compatible, message, remedy)
 
     if driver_cuda and Version(driver_cuda) >= Version(tk.major_minor):
         return result(NATIVE, f"driver {driver} reports CUDA {driver_cuda}, which covers CUDA {tk.version}", None)
