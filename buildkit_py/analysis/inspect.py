@@ -46,8 +46,9 @@ from typing import Any
 
 from buildkit_py import label_keys as L
 from buildkit_py import oci
-from buildkit_py.analysis.layer_paths import CACHE, COMPILER, CUDA_DUPLICATE, DELETED, WEIGHTS
+from buildkit_py.analysis.layer_paths import CACHE, COMPILER, CUDA_DUPLICATE, DELETED, WEIGHTS, FindingKind
 from buildkit_py.analysis.saved_image import IterStream, LayerScan, SaveScan, analyze_save_stream
+from buildkit_py.analysis.severity import Severity
 from buildkit_py.artifacts.file_kinds import WEIGHT_FILE_LIMIT, over_weight_limit
 from buildkit_py.errors import ImageMissing, ImgbuildError, InspectError, SizeBudgetExceeded
 from buildkit_py.plan.build_plan import GROUPS, MOUNT_STUB_FILE, MOUNT_STUBS_GROUP, MOUNT_STUBS_STEP, STEP_MARK
@@ -78,8 +79,7 @@ def _group_of(step: str) -> str:
 MARKER_RE = re.compile(r":\s*" + re.escape(STEP_MARK) + r"=([^;\s]+)")
 
 # Finding severities (the kinds are layer_paths': WEIGHTS, CACHE, COMPILER, CUDA_DUPLICATE, DELETED).
-WARNING, INFO = "warning", "info"
-_SEVERITY_RANK = {WARNING: 0, INFO: 1}
+WARNING, INFO = Severity.WARNING, Severity.INFO
 
 
 
@@ -102,8 +102,8 @@ class Layer:
 
 @dataclass(frozen=True)
 class Finding:
-    kind: str
-    severity: str
+    kind: FindingKind
+    severity: Severity
     layer: int | None  # index into ImageReport.layers of the layer that ships the bytes
     step: str | None
     path: str
@@ -291,7 +291,7 @@ def find_problems(layers: list[Layer], scans: list[LayerScan], *, flavor: str | 
     findings += _cuda_findings(layers, hits.cuda, deletions)
     if deletions:
         findings += _deleted_findings(layers, scans, deletions, weight_threshold)
-    findings.sort(key=lambda f: (_SEVERITY_RANK.get(f.severity, 9), -f.size, f.layer or 0, f.path, f.kind))
+    findings.sort(key=lambda f: (f.severity.rank, -f.size, f.layer or 0, f.path, f.kind))
     return findings
 
 
@@ -324,7 +324,8 @@ class _Hits:
         return hits
 
 
-def _finding(layers: list[Layer], kind: str, severity: str, i: int, path: str, size: int, message: str) -> Finding:
+def _finding(layers: list[Layer], kind: FindingKind, severity: Severity, i: int, path: str, size: int,
+             message: str) -> Finding:
     return Finding(kind, severity, i, layers[i].step, path, size, message)
 
 

@@ -21,6 +21,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from buildkit_py.analysis.severity import Severity
 from buildkit_py.artifacts.file_kinds import WEIGHT_FILE_LIMIT, over_weight_limit
 from buildkit_py.compat import codes
 from buildkit_py.plan.build_plan import make_plan, weight_files_in_copies
@@ -28,8 +29,7 @@ from buildkit_py.recipe.model import load_recipe, locate, read_recipe_text
 from buildkit_py.render.dockerfile import render_dockerfile
 from buildkit_py.sizes import human_size
 
-ERROR, WARNING, INFO = "error", "warning", "info"
-_RANK = {ERROR: 0, WARNING: 1, INFO: 2}
+ERROR, WARNING, INFO = Severity.ERROR, Severity.WARNING, Severity.INFO
 
 # hadolint rules the rendered Dockerfile breaks on purpose, with the reason:
 HADOLINT_IGNORED = {
@@ -56,7 +56,7 @@ LINT_CODES: dict[str, str] = {
 @dataclass(frozen=True)
 class LintFinding:
     code: str
-    severity: str  # error | warning | info
+    severity: Severity
     message: str
     file: str
     line: int | None = None
@@ -119,7 +119,7 @@ def lint_recipe(path: str | os.PathLike, *, hadolint: str | None = "auto") -> Li
     if binary:
         version, found = run_hadolint(binary, dockerfile, file)
         findings += found
-    findings.sort(key=lambda f: (_RANK[f.severity], f.line or 0, f.code))
+    findings.sort(key=lambda f: (f.severity.rank, f.line or 0, f.code))
     return LintReport(file, tuple(findings), version, dockerfile)
 
 
