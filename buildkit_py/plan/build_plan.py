@@ -44,6 +44,7 @@ from buildkit_py.plan.steps import (
 )
 from buildkit_py.recipe.model import Recipe, pin_name
 from buildkit_py.sizes import human_size
+from buildkit_py.text_enum import TextEnum
 
 VENV = "/opt/venv"
 STEP_MARK = "imgbuild-step"  # written into each RUN so `inspect` can map layers to steps
@@ -67,12 +68,17 @@ MAX_HEAVY_LAYERS = 6
 GROUPS = ("os", "python", "cuda", "torch", "heavy", "pins", "app", "meta")
 
 
+class StageRole(TextEnum):
+    BUILDER = "builder"  # compiles wheels from source; the final stage copies them out
+    FINAL = "final"  # the image
+
+
 @dataclass(frozen=True)
 class Stage:
     name: str
     base: str
     steps: tuple[Step, ...]
-    role: str  # "builder" or "final"
+    role: StageRole
 
 
 @dataclass(frozen=True)
@@ -350,7 +356,7 @@ def make_plan(recipe: Recipe, *, tags: tuple[str, ...] = (), registry: str | Non
             no_binary=",".join(sorted(pin_name(r) for r in compiled)),
         ))
         builder = tuple(_with_installer(builder_steps, installer))
-        stages.append(Stage("builder", res.compile_stage_base, builder, "builder"))
+        stages.append(Stage("builder", res.compile_stage_base, builder, StageRole.BUILDER))
 
     devel_wheels = res.cuda_flavor == "devel" and res.cuda_source == "wheels"
     # nvcc needs a host C++ compiler; NVIDIA's devel images are the other source of one
@@ -390,7 +396,7 @@ def make_plan(recipe: Recipe, *, tags: tuple[str, ...] = (), registry: str | Non
         entrypoint=tuple(recipe.entrypoint),
         cmd=tuple(recipe.cmd),
     ))
-    stages.append(Stage("final", res.base_image, tuple(steps), "final"))
+    stages.append(Stage("final", res.base_image, tuple(steps), StageRole.FINAL))
 
     needs = {"multi-stage", "cache-mounts", "secrets"} if res.compile else {"cache-mounts", "secrets"}
     warnings = res.warnings + tuple(weights_in_copy_warning(*found) for found in weights_in_copies(recipe))

@@ -54,7 +54,7 @@ from buildkit_py.errors import (
 )
 from buildkit_py.files import write_atomic
 from buildkit_py.label_keys import OCI_BASE_DIGEST
-from buildkit_py.plan.build_plan import BuildPlan, Stage
+from buildkit_py.plan.build_plan import BuildPlan, Stage, StageRole
 from buildkit_py.plan.steps import ContextFile, LockedPipStep, MetaStep, PipStep, Step
 from buildkit_py.recipe.model import line_of, locate
 from buildkit_py.schemas import load_schema, validate
@@ -599,7 +599,7 @@ def apply_lock(plan: BuildPlan, entry: dict) -> BuildPlan:
         pinned = (entry.get("bases") or {}).get(stage.name) or {}
         if pinned.get("digest") and pinned.get("ref") == unpinned(base):
             base = f"{unpinned(base)}@{pinned['digest']}"
-            if stage.role == "final" and OCI_BASE_DIGEST in labels:
+            if stage.role == StageRole.FINAL and OCI_BASE_DIGEST in labels:
                 labels[OCI_BASE_DIGEST] = pinned["digest"]  # the base built on is the locked one
         packages = (entry.get("packages") or {}).get(stage.name)
         steps: list[Step] = []

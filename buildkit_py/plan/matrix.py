@@ -42,7 +42,7 @@ from buildkit_py.errors import (
     UsageError,
 )
 from buildkit_py.files import write_atomic
-from buildkit_py.plan.build_plan import BuildPlan, Stage, make_plan
+from buildkit_py.plan.build_plan import BuildPlan, Stage, StageRole, make_plan
 from buildkit_py.plan.installer import UV_ENV_SECRET_ID, read_pip_config_for_uv, uses_uv
 from buildkit_py.plan.steps import Step
 from buildkit_py.recipe.model import (
@@ -576,7 +576,7 @@ def shared_stages(plans: dict[str, BuildPlan]) -> tuple[dict[str, SharedStage], 
 def shared_stage_plan(stage: SharedStage, plans: dict[str, BuildPlan], base: str) -> BuildPlan:
     """The plan of one shared stage alone: its steps FROM ``base`` (the base image, or what
     its parent stage became: a bake context name or a locally built image)."""
-    return replace(plans[stage.users[0]], stages=(Stage("shared", base, stage.steps, "final"),))
+    return replace(plans[stage.users[0]], stages=(Stage("shared", base, stage.steps, StageRole.FINAL),))
 
 
 def shared_stage_tag(matrix: Matrix, key: str) -> str:
