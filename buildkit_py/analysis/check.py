@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from packaging.version import Version
 
@@ -14,6 +16,7 @@ from buildkit_py.compat import (
     resolve_cuda,
     toolkits,
 )
+from buildkit_py.compat.tables import Toolkit
 from buildkit_py.text_enum import TextEnum
 
 
@@ -45,8 +48,8 @@ class CheckResult:
     message: str
     remedy: str | None = None
 
-    def to_json(self) -> dict:
-        out = {"cuda": self.cuda, "driver": self.driver, "min_driver": self.min_driver,
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"cuda": self.cuda, "driver": self.driver, "min_driver": self.min_driver,
                "min_driver_compat": self.min_driver_compat, "verdict": self.verdict,
                "compatible": self.compatible, "message": self.message}
         if self.remedy:
@@ -115,7 +118,8 @@ def check_compat(cuda: str, driver: str, *, datacenter: bool | None = None,
                   f"upgrade the driver to >= {floor or need}{runs_natively}")
 
 
-def _unpublished_floor(tk, driver: str, floor: str | None, result) -> CheckResult:
+def _unpublished_floor(tk: Toolkit, driver: str, floor: str | None,
+                       result: Callable[[Verdict, str, str | None], CheckResult]) -> CheckResult:
     """A toolkit whose native floor NVIDIA does not publish (CUDA 13.3-13.5): native only above a
     driver known to run it (an installer of its minor bundles it), minor-version above the major's
     floor, else incompatible (forward compatibility needs a published floor to aim at)."""

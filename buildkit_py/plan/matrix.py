@@ -53,13 +53,12 @@ from buildkit_py.recipe.model import (
     TAG_RE,
     TOP_KEYS,
     Recipe,
-    line_of,
     locate,
     parse_recipe,
     read_recipe_text,
 )
 from buildkit_py.render.dockerfile import render_dockerfile
-from buildkit_py.schemas import closest, load_schema, prune, validate
+from buildkit_py.schemas import closest, line_of, load_schema, prune, validate
 
 GITHUB_MAX_JOBS = 256  # GitHub Actions: a matrix generates at most 256 jobs per workflow run
 GITLAB_MAX_JOBS = 200  # GitLab CI: parallel:matrix creates at most 200 jobs

@@ -38,7 +38,7 @@ from buildkit_py.text_enum import TextEnum
 RECIPE_SCHEMA_VERSION = 1
 
 
-def _exact(pattern: str, flags: int = 0) -> re.Pattern:
+def _exact(pattern: str, flags: int = 0) -> re.Pattern[str]:
     """A whole-string, ASCII-only pattern. Python's '$' also matches before a trailing newline
     (so "git\\n" passed r"^[a-z]+$" and broke the rendered Dockerfile), and \\w or \\d match
     any Unicode letter or digit: recipe values that reach a Dockerfile must be plain ASCII."""
@@ -52,7 +52,8 @@ _SCHEMA = load_schema("recipe")
 def recipe_schema() -> dict[str, Any]:
     """The recipe's JSON Schema (published by `imgbuild schema` for editors): the recipe's keys,
     types and value shapes. ``parse_recipe`` validates against it; a fresh copy."""
-    return json.loads(SCHEMA_PATH.read_text(encoding="utf-8"))
+    schema: dict[str, Any] = json.loads(SCHEMA_PATH.read_text(encoding="utf-8"))
+    return schema
 
 
 def _node(*keys: str) -> dict[str, Any]:
@@ -184,8 +185,8 @@ class Recipe:
     def normalized(self) -> dict[str, Any]:
         """The recipe as plain sorted data: the input of ``digest``."""
 
-        def spec(obj):
-            return {k: v for k, v in obj.__dict__.items()}
+        def spec(obj: object) -> dict[str, Any]:
+            return dict(vars(obj))
 
         return {
             "schema": RECIPE_SCHEMA_VERSION,
@@ -247,7 +248,7 @@ class _Located:
         finally:
             loader.dispose()
 
-    def _walk(self, node, path: str, depth: int = 0) -> None:
+    def _walk(self, node: yaml.Node, path: str, depth: int = 0) -> None:
         # YAML aliases share nodes: "billion laughs" expand to millions of paths and a
         # self-referencing alias never ends. Recipes are small; refuse such documents.
         self._budget -= 1
@@ -342,7 +343,7 @@ def _normal_pin(spec: str, key: str, report: _Issues) -> str | None:
     return f"{req.name.lower()}{extras}=={pins[0].version}"
 
 
-def _pins(items: list, report: _Issues) -> tuple[str, ...]:
+def _pins(items: list[Any], report: _Issues) -> tuple[str, ...]:
     """pip: each entry a valid, exactly pinned requirement, each project once, torch not here."""
     pins = [(i, _normal_pin(s, f"pip[{i}]", report)) for i, s in enumerate(items) if s is not None]
     pip = tuple(p for _, p in pins if p is not None)
@@ -360,7 +361,7 @@ def _image_path(path: str) -> str:
     return os.path.normpath(path)  # the schema checked it: absolute, characters safe in a Dockerfile
 
 
-def _copy(item: dict, key: str, root: Path, report: _Issues) -> CopySpec | None:
+def _copy(item: dict[str, Any], key: str, root: Path, report: _Issues) -> CopySpec | None:
     src = item["src"]
     resolved = (root / src).resolve()
     if os.path.isabs(src) or (resolved != root and root not in resolved.parents):
@@ -380,7 +381,7 @@ def _copy(item: dict, key: str, root: Path, report: _Issues) -> CopySpec | None:
     return CopySpec(src=rel, dest=_image_path(item["dest"]))
 
 
-def _copies(items: list, recipe_path: Path, report: _Issues) -> tuple[CopySpec, ...]:
+def _copies(items: list[Any], recipe_path: Path, report: _Issues) -> tuple[CopySpec, ...]:
     root = recipe_path.parent.resolve()
     out = [_copy(item, f"copy[{i}]", root, report) for i, item in enumerate(items) if _has(item, "src", "dest")]
     return tuple(c for c in out if c is not None)
@@ -391,7 +392,7 @@ def _has(item: Any, *keys: str) -> bool:
     return isinstance(item, dict) and all(k in item for k in keys)
 
 
-def _weights(items: list, report: _Issues) -> tuple[WeightsSpec, ...]:
+def _weights(items: list[Any], report: _Issues) -> tuple[WeightsSpec, ...]:
     weights = []
     mounts: dict[str, int] = {}  # mount path -> index of the first entry using it
     for i, item in enumerate(items):
@@ -409,7 +410,7 @@ def _weights(items: list, report: _Issues) -> tuple[WeightsSpec, ...]:
     return tuple(weights)
 
 
-def _services(services: dict, report: _Issues) -> tuple[ServiceSpec, ...]:
+def _services(services: dict[str, Any], report: _Issues) -> tuple[ServiceSpec, ...]:
     out = []
     for name, item in sorted(services.items()):
         if not _has(item, "image"):
@@ -428,11 +429,11 @@ def _services(services: dict, report: _Issues) -> tuple[ServiceSpec, ...]:
     return tuple(out)
 
 
-def _texts(items: list) -> tuple[str, ...]:
+def _texts(items: list[Any]) -> tuple[str, ...]:
     return tuple(s for s in items if s is not None)
 
 
-def _build(build: dict, pip: tuple[str, ...], report: _Issues) -> BuildSpec:
+def _build(build: dict[str, Any], pip: tuple[str, ...], report: _Issues) -> BuildSpec:
     pinned = {pin_name(p) for p in pip}
     from_source = build.get("from_source", [])
     for i, pkg in enumerate(from_source):
@@ -443,7 +444,7 @@ def _build(build: dict, pip: tuple[str, ...], report: _Issues) -> BuildSpec:
                      build.get("jobs"), None if installer is None else InstallerName(installer))
 
 
-def _cross_checks(data: dict, report: _Issues) -> None:
+def _cross_checks(data: dict[str, Any], report: _Issues) -> None:
     if data.get("cuda", {}).get("source") == CudaSource.WHEELS and "image" not in data.get("base", {}):
         report.fail("base", "cuda.source: wheels needs base.image (the OS image the CUDA wheels go on)")
     for key in data.get("labels", {}):
@@ -477,13 +478,13 @@ def named_volume(spec: str) -> str | None:
     return source if source is not None and source[0] not in "./~" else None
 
 
-def load_recipe(path: str | os.PathLike) -> Recipe:
+def load_recipe(path: str | os.PathLike[str]) -> Recipe:
     """Load a recipe without its matrix (see ``matrix`` for the variants)."""
     path = Path(path)
     return parse_recipe(read_recipe_text(path), path)
 
 
-def read_recipe_text(path: str | os.PathLike) -> str:
+def read_recipe_text(path: str | os.PathLike[str]) -> str:
     path = Path(path)
     try:
         return path.read_text(encoding="utf-8")
@@ -513,7 +514,7 @@ def locate(text: str, file: str) -> _Located:
         raise RecipeError([RecipeIssue(file, 1, "", f"invalid YAML: {exc}")]) from None
 
 
-def _set_path(data: dict, dotted: str, value: Any) -> None:
+def _set_path(data: dict[str, Any], dotted: str, value: Any) -> None:
     keys = dotted.split(".")
     for key in keys[:-1]:
         if not isinstance(data.get(key), dict):
@@ -561,7 +562,7 @@ def parse_recipe(text: str, path: Path, *, overrides: dict[str, Any] | None = No
     return recipe
 
 
-def _recipe(data: dict, path: Path, report: _Issues, lines: dict[str, int]) -> Recipe | None:
+def _recipe(data: dict[str, Any], path: Path, report: _Issues, lines: dict[str, int]) -> Recipe | None:
     """The frozen Recipe of schema-checked ``data`` (refused values taken out), after the rules
     across keys; None where a required value is missing (its issue is already recorded)."""
     cuda, base = data.get("cuda", {}), data.get("base", {})
