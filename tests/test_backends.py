@@ -6,7 +6,7 @@ import textwrap
 import pytest
 
 from buildkit_py import engine as backends
-from buildkit_py.engine import BuildRequest, detect_backend, require, required_capabilities
+from buildkit_py.engine import BuildRequest, detect_backend, kind_names, require, required_capabilities
 from buildkit_py.engine.kinds.buildx import BuilderEngine, BuildxEngine
 from buildkit_py.engine.kinds.docker import ClassicEngine
 from buildkit_py.errors import BackendCapabilityError, EnvironmentProblem
@@ -256,3 +256,15 @@ def test_reading_falls_back_to_any_client(tmp_path, clients):
     clients += [fake_client(tmp_path, "new", "28.2.2", buildx=False)]
     engine = backends.engine_for_reading()  # cannot build here, can read
     assert isinstance(engine, ClassicEngine)
+
+
+@pytest.mark.parametrize("word", kind_names())
+def test_every_engine_kind_select_takes_the_command_line_takes(word):
+    """Issue 23: 3. The kinds were listed twice and differed: $IMGBUILD_ENGINE=classic was taken,
+    --engine classic refused. Both now read the engine registry."""
+    import io
+
+    from buildkit_py.cli.main import _build_parser
+
+    args = _build_parser(io.StringIO(), ["build"]).parse_args(["build", "r.yaml", "--engine", word])
+    assert args.backend == word

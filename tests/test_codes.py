@@ -42,6 +42,8 @@ def test_readme_table_lists_every_code_and_no_other():
 def test_unknown_code_is_refused():
     with pytest.raises(ValueError, match="unknown warning code 'cuda-thrice'"):
         RecipeWarning("cuda-thrice", "torch", "message")
+    assert set(CODES) == set(codes.WarningCode)  # every code is explained
+    assert type(RecipeWarning("cuda-twice", "torch", "message").code) is codes.WarningCode  # typed at the boundary
 
 
 def test_warning_renders_code_message_and_hint():

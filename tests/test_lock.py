@@ -14,8 +14,10 @@ from helpers import REPO, run_cli, write_recipe
 
 from buildkit_py.engine.build import assemble_context
 from buildkit_py.errors import ExitStatus, LockDrift, LockError, LockFileError, LockStale
+from buildkit_py.label_keys import OCI_BASE_DIGEST
 from buildkit_py.plan import lock
 from buildkit_py.plan.build_plan import make_plan
+from buildkit_py.plan.lock_model import LockedBase
 from buildkit_py.plan.steps import MetaStep
 from buildkit_py.recipe.model import load_recipe
 from buildkit_py.render.dockerfile import render_dockerfile
@@ -40,11 +42,11 @@ class FakeResolver:
 
 
 def pinner(ref, engine=None):
-    return {"ref": ref, "digest": DIGEST}
+    return LockedBase(ref, DIGEST)
 
 
 def local_pinner(ref):
-    return {"ref": ref, "digest": None, "image_id": "sha256:" + "cd" * 32, "note": "exists only in the local engine"}
+    return LockedBase(ref, None, "sha256:" + "cd" * 32, "exists only in the local engine")
 
 
 class FakeEngine:
@@ -87,10 +89,10 @@ def packages(path):
 
 def test_each_package_goes_to_the_earliest_step_that_needs_it(recipe):
     plan = plan_of(recipe)
-    steps = lock.lock_inputs(plan)["stages"]["final"]["steps"]
+    steps = lock.lock_inputs(plan).stages["final"].steps
     cuda = [s.id for s in plan.final.steps if s.id.startswith("cuda-")]
-    assert [s["id"] for s in steps] == [*cuda, "torch-triton", "torch", "heavy-bitsandbytes", "pins"]
-    got = {p["name"]: p["step"] for p in lock.packages_from_report(REPORT, lock.target_of(plan), steps)}
+    assert [s.id for s in steps] == [*cuda, "torch-triton", "torch", "heavy-bitsandbytes", "pins"]
+    got = {p.name: p.step for p in lock.packages_from_report(REPORT, lock.target_of(plan), steps)}
     # the CUDA wheels torch pins are in their own layers (plan._torch_stack), Triton in its own, the
     # rest of its closure in torch's
     assert got["nvidia-cudnn-cu12"] == "cuda-cudnn" and got["nvidia-cublas-cu12"] == "cuda-cublas"
@@ -106,12 +108,12 @@ def test_each_package_goes_to_the_earliest_step_that_needs_it(recipe):
 
 def test_packages_carry_version_and_sha256_from_the_report(recipe):
     plan = plan_of(recipe)
-    steps = lock.lock_inputs(plan)["stages"]["final"]["steps"]
-    pkgs = {p["name"]: p for p in lock.packages_from_report(REPORT, lock.target_of(plan), steps)}
+    steps = lock.lock_inputs(plan).stages["final"].steps
+    pkgs = {p.name: p for p in lock.packages_from_report(REPORT, lock.target_of(plan), steps)}
     item = next(i for i in REPORT["install"] if i["metadata"]["name"] == "requests")
-    assert pkgs["requests"]["version"] == "2.32.3"
-    assert pkgs["requests"]["sha256"] == item["download_info"]["archive_info"]["hashes"]["sha256"]
-    assert "url" not in pkgs["requests"]  # from the index, not a direct URL
+    assert pkgs["requests"].version == "2.32.3"
+    assert pkgs["requests"].sha256 == item["download_info"]["archive_info"]["hashes"]["sha256"]
+    assert pkgs["requests"].url is None  # from the index, not a direct URL
 
 
 def test_resolver_asked_for_the_image_python_and_platform(recipe):
@@ -163,7 +165,7 @@ def test_a_resolution_for_other_markers_is_refused(recipe):
     """pip evaluates markers on the Python it runs on; a report that lacks what the image's
     Python needs (or holds what nothing needs) must not become a lock."""
     plan = plan_of(recipe)
-    steps = lock.lock_inputs(plan)["stages"]["final"]["steps"]
+    steps = lock.lock_inputs(plan).stages["final"].steps
     report = copy.deepcopy(REPORT)
     report["install"] = [i for i in report["install"] if i["metadata"]["name"] != "idna"]
     with pytest.raises(LockError, match="missing idna"):
@@ -193,11 +195,11 @@ def test_lock_file_is_readable_yaml_beside_the_recipe(recipe):
     assert path.read_text() == text
     assert text.startswith("# imgbuild lock file for recipe.yaml")
     data = lock.read_lock(path)
-    assert data["lock_version"] == 1 and list(data["variants"]) == ["default"]
-    entry = data["variants"]["default"]
-    assert entry["bases"]["final"] == {"ref": "debian:bookworm-slim", "digest": DIGEST}
-    assert entry["inputs"]["python"] == "3.11"
-    names = [p["name"] for p in entry["packages"]["final"]]
+    assert data.lock_version == 1 and list(data.variants) == ["default"]
+    entry = data.variants["default"]
+    assert entry.bases["final"] == LockedBase("debian:bookworm-slim", DIGEST)
+    assert entry.inputs.python == "3.11"
+    names = [p.name for p in entry.packages["final"]]
     assert names == sorted(names, key=str.lower)
     assert "  - name: torch\n" in text and "\n        version: 2.4.1\n" in text  # one key a line
     # no timestamps or host facts: the same inputs give the same bytes on any machine
@@ -214,7 +216,7 @@ def test_write_lock_is_atomic_and_reports_no_change(recipe, tmp_path):
 def test_lock_holds_several_variants(recipe):
     plan = plan_of(recipe)
     data = lock.lock_recipe({"cu121-py311": plan, "default": plan}, resolver=FakeResolver(), base_pinner=pinner)
-    assert list(data["variants"]) == ["cu121-py311", "default"]
+    assert list(data.variants) == ["cu121-py311", "default"]
     with pytest.raises(LockStale, match="no variant 'other'"):
         lock.check_current(data, plan, lock.lock_path(recipe), "other")
 
@@ -334,12 +336,12 @@ def test_locked_fails_when_a_local_base_changed(recipe):
 
 
 def test_local_base_drift_is_typed_and_ignores_digest_pinned_bases():
-    entry = {"bases": {"final": {"ref": "local/base:1", "image_id": "sha256:" + "cd" * 32},
-                       "builder": {"ref": "reg/base:1", "digest": "sha256:" + "00" * 32, "image_id": "x"}}}
-    assert lock.local_base_drift(entry, FakeEngine("sha256:" + "cd" * 32)) == []
-    assert lock.local_base_drift(entry, FakeEngine("sha256:" + "ef" * 32)) == [
+    bases = {"final": LockedBase("local/base:1", image_id="sha256:" + "cd" * 32),
+             "builder": LockedBase("reg/base:1", "sha256:" + "00" * 32, "x")}
+    assert lock.local_base_drift(bases, FakeEngine("sha256:" + "cd" * 32)) == []
+    assert lock.local_base_drift(bases, FakeEngine("sha256:" + "ef" * 32)) == [
         lock.LocalBaseDrift("local/base:1", "sha256:" + "cd" * 32, "sha256:" + "ef" * 32)]
-    (gone,) = lock.local_base_drift(entry, None)  # no engine to ask: not provably the locked image
+    (gone,) = lock.local_base_drift(bases, None)  # no engine to ask: not provably the locked image
     assert gone.now_id is None and gone.render().endswith("now None)")
 
 
@@ -436,7 +438,7 @@ def test_the_locked_base_digest_wins_over_the_one_the_plan_looked_up(recipe):
     write(recipe)
     plan = plan_of(recipe)
     moved = "sha256:" + "99" * 32
-    labels = {**plan.labels, lock.BASE_DIGEST_LABEL: moved}
+    labels = {**plan.labels, OCI_BASE_DIGEST: moved}
     final = dataclasses.replace(plan.final, base=f"{plan.final.base}@{moved}", steps=tuple(
         dataclasses.replace(s, labels=tuple(labels.items())) if isinstance(s, MetaStep) else s for s in plan.final.steps))  # noqa: E501
     looked_up = dataclasses.replace(plan, stages=(final,), labels=labels)
@@ -445,7 +447,7 @@ def test_the_locked_base_digest_wins_over_the_one_the_plan_looked_up(recipe):
     assert f"FROM debian:bookworm-slim@{DIGEST} AS final" in text and moved not in text
     # and a lock made from such a plan takes the plan's digest without asking the registry
     data = lock.lock_recipe({"default": looked_up}, resolver=FakeResolver(), base_pinner=None)
-    assert data["variants"]["default"]["bases"]["final"] == {"ref": "debian:bookworm-slim", "digest": moved}
+    assert data.variants["default"].bases["final"] == LockedBase("debian:bookworm-slim", moved)
 
 
 def test_update_lock_of_one_variant_keeps_the_others(recipe):
@@ -454,7 +456,7 @@ def test_update_lock_of_one_variant_keeps_the_others(recipe):
     lock.write_lock(lock.lock_path(recipe), lock.dump_lock(data))
     use = lock.use_lock(plan, mode="update", variant="cu121-py311", resolver=FakeResolver(), base_pinner=pinner)
     assert use.status == "unchanged"
-    assert list(lock.read_lock(lock.lock_path(recipe))["variants"]) == ["cu121-py311", "default"]
+    assert list(lock.read_lock(lock.lock_path(recipe)).variants) == ["cu121-py311", "default"]
 
 
 def test_locked_dockerfile_parses(recipe):
@@ -487,7 +489,7 @@ def test_written_lock_follows_its_schema_for_both_validators(recipe):
     schema = schemas.load_schema("lock")
     assert [e.message for e in jsonschema.Draft202012Validator(schema).iter_errors(data)] == []
     assert schemas.validate(data, schema) == []
-    assert lock.read_lock(lock.lock_path(recipe)) == data
+    assert lock.read_lock(lock.lock_path(recipe)).to_json() == data
 
 
 def test_lock_file_errors_exit_2_with_file_line_key_and_hint(recipe):
@@ -518,3 +520,51 @@ def test_lock_says_what_it_waits_for(recipe):
     one: list[str] = []
     lock.lock_recipe({"default": plan}, resolver=FakeResolver(), base_pinner=pinner, on_status=one.append)
     assert one and not any(h.startswith("[") for h in one)  # one variant: no id in front
+
+
+# --- the typed model (issue 23: 4) ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("base_pinner", [pinner, local_pinner], ids=["digest", "local"])
+def test_a_lock_reads_into_the_typed_model_and_writes_back_byte_for_byte(recipe, base_pinner):
+    from buildkit_py.plan import lock_model as M
+
+    plan = plan_of(recipe)
+    text = lock.dump_lock(lock.lock_recipe({"cu121-py311": plan, "default": plan}, resolver=FakeResolver(),
+                                           base_pinner=base_pinner))
+    path = lock.lock_path(recipe)
+    path.write_text(text)
+    data = lock.read_lock(path)
+    assert isinstance(data, M.LockFile) and isinstance(data.variants["default"], M.VariantLock)
+    entry = data.variants["default"]
+    assert isinstance(entry.inputs, M.LockInputs) and isinstance(entry.inputs.stages["final"].steps[0], M.LockedStep)
+    assert all(isinstance(p, M.LockedPackage) for p in entry.packages["final"])
+    assert lock.dump_lock(data) == text
+    assert lock.dump_lock(M.LockFile.from_json(yaml.safe_load(text))) == text
+
+
+def _fields(cls) -> tuple[set[str], set[str]]:
+    import dataclasses
+
+    fields = dataclasses.fields(cls)
+    return {f.name for f in fields}, {f.name for f in fields if f.default is dataclasses.MISSING
+                                      and f.default_factory is dataclasses.MISSING}
+
+
+@pytest.mark.parametrize(("name", "where"), [
+    ("LockFile", ()), ("VariantLock", ("$defs", "variant")), ("LockInputs", ("$defs", "inputs")),
+    ("StageInputs", ("$defs", "inputs", "properties", "stages", "additionalProperties")),
+    ("LockedStep", ("$defs", "inputs", "properties", "stages", "additionalProperties", "properties", "steps", "items")),
+    ("LockedPackage", ("$defs", "package")), ("LockedBase", ("$defs", "base")),
+])
+def test_each_model_class_has_the_keys_its_schema_object_has(name, where):
+    """The dataclasses and lock.schema.json describe one document: a field per property, the
+    schema's required keys the fields without a default."""
+    from buildkit_py import schemas
+    from buildkit_py.plan import lock_model as M
+
+    node = schemas.load_schema("lock")
+    for key in where:
+        node = node[key]
+    fields, required = _fields(getattr(M, name))
+    assert fields == set(node["properties"]) and required == set(node["required"])

@@ -44,11 +44,13 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from buildkit_py import label_keys as L
 from buildkit_py import oci
-from buildkit_py.analysis.layer_paths import CACHE, COMPILER, CUDA_DUPLICATE, DELETED, WEIGHTS, MiB
+from buildkit_py.analysis.layer_paths import CACHE, COMPILER, CUDA_DUPLICATE, DELETED, WEIGHTS, FindingKind
 from buildkit_py.analysis.saved_image import IterStream, LayerScan, SaveScan, analyze_save_stream
+from buildkit_py.analysis.severity import Severity
+from buildkit_py.artifacts.file_kinds import WEIGHT_FILE_LIMIT, over_weight_limit
 from buildkit_py.errors import ImageMissing, ImgbuildError, InspectError, SizeBudgetExceeded
-from buildkit_py.plan import labels as L
 from buildkit_py.plan.build_plan import GROUPS, MOUNT_STUB_FILE, MOUNT_STUBS_GROUP, MOUNT_STUBS_STEP, STEP_MARK
 from buildkit_py.sizes import human_size
 from buildkit_py.text_table import Block, TextTable
@@ -77,8 +79,7 @@ def _group_of(step: str) -> str:
 MARKER_RE = re.compile(r":\s*" + re.escape(STEP_MARK) + r"=([^;\s]+)")
 
 # Finding severities (the kinds are layer_paths': WEIGHTS, CACHE, COMPILER, CUDA_DUPLICATE, DELETED).
-WARNING, INFO = "warning", "info"
-_SEVERITY_RANK = {WARNING: 0, INFO: 1}
+WARNING, INFO = Severity.WARNING, Severity.INFO
 
 
 
@@ -101,8 +102,8 @@ class Layer:
 
 @dataclass(frozen=True)
 class Finding:
-    kind: str
-    severity: str
+    kind: FindingKind
+    severity: Severity
     layer: int | None  # index into ImageReport.layers of the layer that ships the bytes
     step: str | None
     path: str
@@ -280,7 +281,7 @@ def _where(layers: list[Layer], i: int) -> str:
 
 
 def find_problems(layers: list[Layer], scans: list[LayerScan], *, flavor: str | None,
-                  weight_threshold: int = 10 * MiB) -> list[Finding]:
+                  weight_threshold: int = WEIGHT_FILE_LIMIT) -> list[Finding]:
     """Every finding for an image whose layer ``i`` is ``layers[i]`` scanned as ``scans[i]``:
     weights, caches, compilers (runtime flavour only), CUDA shipped twice, bytes deleted later."""
     deletions = _Deletions(scans)
@@ -292,7 +293,7 @@ def find_problems(layers: list[Layer], scans: list[LayerScan], *, flavor: str | 
     findings += _cuda_findings(layers, hits.cuda, deletions)
     if deletions:
         findings += _deleted_findings(layers, scans, deletions, weight_threshold)
-    findings.sort(key=lambda f: (_SEVERITY_RANK.get(f.severity, 9), -f.size, f.layer or 0, f.path, f.kind))
+    findings.sort(key=lambda f: (f.severity.rank, -f.size, f.layer or 0, f.path, f.kind))
     return findings
 
 
@@ -325,7 +326,8 @@ class _Hits:
         return hits
 
 
-def _finding(layers: list[Layer], kind: str, severity: str, i: int, path: str, size: int, message: str) -> Finding:
+def _finding(layers: list[Layer], kind: FindingKind, severity: Severity, i: int, path: str, size: int,
+             message: str) -> Finding:
     return Finding(kind, severity, i, layers[i].step, path, size, message)
 
 
@@ -333,7 +335,7 @@ def _weight_findings(layers: list[Layer], weights: list[tuple[int, str, int]], t
     return [_finding(layers, WEIGHTS, WARNING, i, path, size,
                      f"model weights ({human_size(size)}) baked into {_where(layers, i)}: every pull "
                      f"moves them; fetch them at run time (recipe `weights:`) or mount them")
-            for i, path, size in weights if size > threshold]
+            for i, path, size in weights if over_weight_limit(size, threshold)]
 
 
 def _cache_findings(layers: list[Layer], caches: dict[tuple[int, str], list[int]], threshold: int) -> list[Finding]:
@@ -408,7 +410,7 @@ class InspectOptions:
     """How to inspect: the link a pull is timed on, what counts as weights, what to estimate."""
 
     bandwidth_mbps: float = 1000
-    weight_threshold: int = 10 * MiB
+    weight_threshold: int = WEIGHT_FILE_LIMIT  # what counts as weights: above this
     estimate_compressed: bool = True  # False skips the gzip estimate: several times faster on big images
     step_groups: Mapping[str, str] | None = None  # a plan's step -> group table (DEFAULT_STEP_GROUPS)
     workers: int | None = None  # gzip threads; None: by the cores

@@ -21,19 +21,16 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from buildkit_py.artifacts.file_kinds import is_weight_file
+from buildkit_py.analysis.severity import Severity
+from buildkit_py.artifacts.file_kinds import WEIGHT_FILE_LIMIT, over_weight_limit
 from buildkit_py.compat import codes
-from buildkit_py.plan.build_plan import make_plan
+from buildkit_py.plan.build_plan import make_plan, weight_files_in_copies
 from buildkit_py.recipe.model import load_recipe, locate, read_recipe_text
 from buildkit_py.render.dockerfile import render_dockerfile
 from buildkit_py.sizes import human_size
 
-ERROR, WARNING, INFO = "error", "warning", "info"
-_RANK = {ERROR: 0, WARNING: 1, INFO: 2}
+ERROR, WARNING, INFO = Severity.ERROR, Severity.WARNING, Severity.INFO
 
-# Weight-like files bigger than this under a copy: source are an error (they would be baked
-# into a layer every pull moves); smaller ones a warning.
-WEIGHT_ERROR_BYTES = 10 * 2**20
 # hadolint rules the rendered Dockerfile breaks on purpose, with the reason:
 HADOLINT_IGNORED = {
     # imgbuild's own packages (python3, python3-venv, build-essential) follow the base's
@@ -50,7 +47,8 @@ APT_UNPINNED = "apt-unpinned"
 HADOLINT_FAILED = "hadolint-failed"
 LINT_CODES: dict[str, str] = {
     APT_UNPINNED: "an apt: entry has no =version: the image changes when the archive does",
-    codes.WEIGHTS_IN_COPY: "a weight-like file under a copy: source; an error above 10 MiB, a warning below",
+    codes.WEIGHTS_IN_COPY: f"a weight-like file under a copy: source; an error above {WEIGHT_FILE_LIMIT >> 20} MiB, "
+                           "a warning below",
     HADOLINT_FAILED: "hadolint is installed but did not run or its output could not be read",
 }
 
@@ -58,7 +56,7 @@ LINT_CODES: dict[str, str] = {
 @dataclass(frozen=True)
 class LintFinding:
     code: str
-    severity: str  # error | warning | info
+    severity: Severity
     message: str
     file: str
     line: int | None = None
@@ -105,7 +103,7 @@ def lint_recipe(path: str | os.PathLike, *, hadolint: str | None = "auto") -> Li
     raw = locate(read_recipe_text(path), file)
     findings: list[LintFinding] = []
 
-    # Weights in copy: lint reports each file itself (an error above WEIGHT_ERROR_BYTES), so the
+    # Weights in copy: lint reports each file itself (an error above WEIGHT_FILE_LIMIT), so the
     # plan's warning about the same files would say it twice.
     for w in plan.warnings:
         if w.code == codes.WEIGHTS_IN_COPY:
@@ -121,7 +119,7 @@ def lint_recipe(path: str | os.PathLike, *, hadolint: str | None = "auto") -> Li
     if binary:
         version, found = run_hadolint(binary, dockerfile, file)
         findings += found
-    findings.sort(key=lambda f: (_RANK[f.severity], f.line or 0, f.code))
+    findings.sort(key=lambda f: (f.severity.rank, f.line or 0, f.code))
     return LintReport(file, tuple(findings), version, dockerfile)
 
 
@@ -140,22 +138,13 @@ def _apt_findings(raw, file: str) -> list[LintFinding]:
 
 def _copy_findings(recipe, file: str) -> list[LintFinding]:
     out = []
-    root = recipe.context_dir
-    for i, c in enumerate(recipe.copy):
+    for i, rel, size in weight_files_in_copies(recipe):
         key = f"copy[{i}].src"
-        src = root / c.src
-        files = [src] if src.is_file() else sorted(p for p in src.rglob("*") if p.is_file() and not p.is_symlink())
-        for f in files:
-            if not is_weight_file(f.name):
-                continue
-            size = f.stat().st_size
-            rel = os.path.relpath(f, root)
-            severity = ERROR if size > WEIGHT_ERROR_BYTES else WARNING
-            out.append(LintFinding(
-                codes.WEIGHTS_IN_COPY, severity,
-                f"{rel} ({human_size(size)}) looks like model weights: copied, it is baked into a layer every pull "
-                "moves; push it with `imgbuild weights push` and list it under `weights:` instead",
-                file, recipe.line_of(key), key))
+        out.append(LintFinding(
+            codes.WEIGHTS_IN_COPY, ERROR if over_weight_limit(size) else WARNING,
+            f"{rel} ({human_size(size)}) looks like model weights: copied, it is baked into a layer every pull "
+            "moves; push it with `imgbuild weights push` and list it under `weights:` instead",
+            file, recipe.line_of(key), key))
     return out
 
 

@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from rich.console import Console
 
     from buildkit_py.engine.build import BuildOptions
+    from buildkit_py.plan.lock import LockMode
 
 
 def register(add: AddCommand) -> None:
@@ -88,8 +89,10 @@ def _build_options(args: argparse.Namespace) -> BuildOptions:
     )
 
 
-def _lock_mode(args: argparse.Namespace) -> str:
-    return "update" if args.update_lock else "locked" if args.locked else "auto"
+def _lock_mode(args: argparse.Namespace) -> LockMode:
+    from buildkit_py.plan.lock import LockMode
+
+    return LockMode.UPDATE if args.update_lock else LockMode.LOCKED if args.locked else LockMode.AUTO
 
 
 def cmd_build(args: argparse.Namespace, out: Out) -> int:

@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from buildkit_py import label_keys as K
 from buildkit_py.cli.common import AddCommand, Out, image_labels, is_recipe, json_option, reading_engine
 from buildkit_py.errors import ExitStatus, UsageError
 
@@ -96,8 +97,8 @@ def _cuda_of_target(engine: Engine | None, target: str) -> tuple[str, str]:
         res = resolve(load_recipe(Path(target)))
         return res.cuda_version, f"recipe {target}"
     labels, env = image_labels(engine, target)
-    cuda = labels.get("io.imgbuild.cuda.version") or env.get("CUDA_VERSION")
+    cuda = labels.get(K.CUDA_VERSION) or env.get("CUDA_VERSION")
     if not cuda:
-        raise UsageError(f"image {target} has no io.imgbuild.cuda.version label and no CUDA_VERSION env",
+        raise UsageError(f"image {target} has no {K.CUDA_VERSION} label and no CUDA_VERSION env",
                          hint="check it with --cuda VERSION")
     return cuda, f"image {target}"

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from buildkit_py import label_keys as K
 from buildkit_py import oci
 from buildkit_py.compat import cuda_base
 from buildkit_py.errors import (
@@ -38,7 +39,7 @@ class BaseFacts:
 
     @property
     def built_by_imgbuild(self) -> bool:
-        return "io.imgbuild.cuda.version" in self.labels
+        return K.CUDA_VERSION in self.labels
 
 
 def in_private_registry(ref: str) -> bool:

@@ -16,7 +16,7 @@ from buildkit_py.compat.codes import RecipeWarning
 from buildkit_py.compat.rules import mirrored_ref
 from buildkit_py.compat.tables import NativeEvidence, known_native_driver
 from buildkit_py.errors import CompatibilityError, CompatibilityErrors
-from buildkit_py.recipe.model import Recipe
+from buildkit_py.recipe.model import CudaFlavor, CudaSource, Recipe
 
 # Pins whose wheels are large and change rarely: they get a layer of their own, before
 # the other pins, so a change to a small pin does not re-download them.
@@ -29,13 +29,13 @@ HEAVY_PACKAGES = frozenset({
 @dataclass(frozen=True)
 class Resolution:
     cuda_version: str  # full toolkit version, e.g. 12.4.1
-    cuda_flavor: str
-    cuda_source: str
+    cuda_flavor: CudaFlavor
+    cuda_source: CudaSource
     min_driver: str | None  # the native floor; None where NVIDIA publishes none for the minor
     min_driver_compat: str | None
     cudnn: str | None
     python: str
-    python_provider: str  # os | deadsnakes | image | base (an imgbuild base: Python and venv present)
+    python_provider: rules.PythonProvider
     os: str | None
     base_image: str  # FROM of the final stage
     builder_image: str | None  # FROM of the compile stage, when one is needed

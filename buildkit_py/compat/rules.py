@@ -31,12 +31,14 @@ from packaging.specifiers import SpecifierSet
 from packaging.version import InvalidVersion, Version
 
 from buildkit_py import compat
+from buildkit_py import label_keys as K
 from buildkit_py.compat import codes, cuda_base, torch_pins
 from buildkit_py.compat.bases import BaseFacts
 from buildkit_py.compat.codes import RecipeWarning
 from buildkit_py.compat.tables import BnbRelease, FlashAttnRelease, Toolkit, TorchRelease, WheelSet
 from buildkit_py.errors import CompatibilityError, RecipeLocation
-from buildkit_py.recipe.model import Recipe, pin_name
+from buildkit_py.recipe.model import CudaFlavor, Recipe, pin_name
+from buildkit_py.text_enum import TextEnum
 
 # The Python each OS ships as python3 (Debian and Ubuntu package archives).
 OS_PYTHON = {
@@ -82,10 +84,19 @@ class CudaPart:
         return self.toolkit.version
 
 
+class PythonProvider(TextEnum):
+    """Who provides the image's Python (python_rule)."""
+
+    OS = "os"  # the OS's own python3
+    DEADSNAKES = "deadsnakes"  # Ubuntu's deadsnakes PPA
+    IMAGE = "image"  # a python:X.Y base image
+    BASE = "base"  # an imgbuild base: Python and venv present
+
+
 @dataclass(frozen=True)
 class PythonPart:
     python: str
-    provider: str  # os | deadsnakes | image | base
+    provider: PythonProvider
     os: str | None
 
 
@@ -432,35 +443,35 @@ def python_rule(recipe: Recipe, base: BaseFacts | None) -> PythonPart:
     facts = base
     os_name = detect_os(recipe)
     if os_name is None and facts is not None:
-        os_name = facts.labels.get("io.imgbuild.os")
+        os_name = facts.labels.get(K.OS)
     python = recipe.python
-    base_python = facts.labels.get("io.imgbuild.python.version") if facts is not None else None
+    base_python = facts.labels.get(K.PYTHON_VERSION) if facts is not None else None
     py_image = _PYTHON_IMAGE.search(recipe.base.image or "")
     if facts is not None and base_python:
         if base_python != python:
             raise _fail(recipe, "python", "python", python, "base.image", f"{facts.ref} (python {base_python})",
                         f"the base image was built with Python {base_python}",
                         hint=f"use python: \"{base_python}\" or a base built for Python {python}")
-        return PythonPart(python, "base", os_name)
+        return PythonPart(python, PythonProvider.BASE, os_name)
     if py_image:
         if py_image.group(2) != python:
             raise _fail(recipe, "python", "python", python, "base.image", recipe.base.image or "",
                         f"the image ships Python {py_image.group(2)}",
                         hint=f"use python: \"{py_image.group(2)}\" or a python:{python} image")
-        return PythonPart(python, "image", os_name)
+        return PythonPart(python, PythonProvider.IMAGE, os_name)
     return PythonPart(python, _os_python_provider(recipe, os_name), os_name)
 
 
-def _os_python_provider(recipe: Recipe, os_name: str | None) -> str:
+def _os_python_provider(recipe: Recipe, os_name: str | None) -> PythonProvider:
     python = recipe.python
     if os_name is None:
         raise _fail(recipe, "base.image", "base.image", recipe.base.image or "", "python", python,
                     "imgbuild cannot tell which OS (and so which Python) this image has",
                     hint="set base.os (e.g. debian12, ubuntu22.04) for this image")
     if OS_PYTHON.get(os_name) == python:
-        return "os"
+        return PythonProvider.OS
     if os_name.startswith("ubuntu"):
-        return "deadsnakes"  # Ubuntu's PPA packages every maintained Python for each LTS
+        return PythonProvider.DEADSNAKES  # Ubuntu's PPA packages every maintained Python for each LTS
     raise _fail(recipe, "python", "python", python, "os", os_name,
                 f"{os_name} ships Python {OS_PYTHON.get(os_name, '?')} and no other",
                 hint=f"use python: \"{OS_PYTHON.get(os_name)}\", an Ubuntu base, or a python:{python} base image")
@@ -910,18 +921,18 @@ def base_rule(recipe: Recipe, base: BaseFacts | None, cuda: str, torch: TorchPar
     then pin it by digest. Not read (no registry named): the image as it is."""
     if base is None:
         return BasePart(base_image, None)
-    base_cuda = base.labels.get("io.imgbuild.cuda.version") or base.env.get("CUDA_VERSION")
+    base_cuda = base.labels.get(K.CUDA_VERSION) or base.env.get("CUDA_VERSION")
     if base_cuda and _mm(base_cuda) != _mm(cuda):
         what, version = ("torch", torch.label or "") if torch.version else ("cuda", cuda)
         raise _fail(recipe, "base.image", "base.image", f"{base.ref} (CUDA {base_cuda})", what, version,
                     f"the base carries CUDA {base_cuda} but this recipe needs CUDA {_mm(cuda)}",
                     hint=f"use cuda.version \"{_mm(base_cuda)}\" or a base built for CUDA {_mm(cuda)}")
-    base_tier = base.labels.get("io.imgbuild.cuda.flavor")
-    if base_tier in _TIER_RANK and _TIER_RANK[base_tier] > _TIER_RANK.get(recipe.cuda.flavor, 0):
+    base_tier = base.labels.get(K.CUDA_FLAVOR)
+    if base_tier in CudaFlavor.words() and CudaFlavor(base_tier).rank > recipe.cuda.flavor.rank:
         raise _fail(recipe, "cuda.flavor", "cuda.flavor", recipe.cuda.flavor, "base.image",
                     f"{base.ref} ({base_tier})", f"the base is the {base_tier} tier, so the image carries "
                     f"{base_tier} CUDA whatever this recipe says", hint=f"use cuda.flavor: {base_tier}")
-    base_torch = base.labels.get("io.imgbuild.torch.version")
+    base_torch = base.labels.get(K.TORCH_VERSION)
     if base_torch and torch.label and base_torch != torch.label:
         raise _fail(recipe, "torch", "base.image", f"{base.ref} (torch {base_torch})", "torch",
                     torch.label, "the base already has another torch build",
@@ -930,9 +941,6 @@ def base_rule(recipe: Recipe, base: BaseFacts | None, cuda: str, torch: TorchPar
 
 
 # ----------------------------------------------------------------------------- 11. CUDA wheels
-_TIER_RANK = {"base": 0, "runtime": 1, "devel": 2}
-
-
 def cuda_wheels_rule(recipe: Recipe, wheel_set: WheelSet | None, cuda: str, cudnn: str | None,
                      torch: TorchPart, base: BaseFacts | None = None) -> CudaWheelsPart:
     """The nvidia-* pins the final stage installs, and the CUDA_HOME tree a devel flavor gets: the
@@ -968,7 +976,7 @@ def cuda_wheels_rule(recipe: Recipe, wheel_set: WheelSet | None, cuda: str, cudn
 
 def _base_tier(facts: BaseFacts) -> str:
     """The tier an imgbuild base was built as (an unlabelled one: cudart only, the least it has)."""
-    return facts.labels.get("io.imgbuild.cuda.flavor", "base")
+    return facts.labels.get(K.CUDA_FLAVOR, "base")
 
 
 def _brought_extras(wheel_set: WheelSet, torch: TorchRelease | None, base: BaseFacts | None) -> frozenset[str]:

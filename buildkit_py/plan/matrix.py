@@ -42,7 +42,7 @@ from buildkit_py.errors import (
     UsageError,
 )
 from buildkit_py.files import write_atomic
-from buildkit_py.plan.build_plan import BuildPlan, Stage, make_plan
+from buildkit_py.plan.build_plan import BuildPlan, Stage, StageRole, make_plan
 from buildkit_py.plan.installer import UV_ENV_SECRET_ID, read_pip_config_for_uv, uses_uv
 from buildkit_py.plan.steps import Step
 from buildkit_py.recipe.model import (
@@ -53,13 +53,12 @@ from buildkit_py.recipe.model import (
     TAG_RE,
     TOP_KEYS,
     Recipe,
-    line_of,
     locate,
     parse_recipe,
     read_recipe_text,
 )
 from buildkit_py.render.dockerfile import render_dockerfile
-from buildkit_py.schemas import closest, load_schema, prune, validate
+from buildkit_py.schemas import closest, line_of, load_schema, prune, validate
 
 GITHUB_MAX_JOBS = 256  # GitHub Actions: a matrix generates at most 256 jobs per workflow run
 GITLAB_MAX_JOBS = 200  # GitLab CI: parallel:matrix creates at most 200 jobs
@@ -576,7 +575,7 @@ def shared_stages(plans: dict[str, BuildPlan]) -> tuple[dict[str, SharedStage], 
 def shared_stage_plan(stage: SharedStage, plans: dict[str, BuildPlan], base: str) -> BuildPlan:
     """The plan of one shared stage alone: its steps FROM ``base`` (the base image, or what
     its parent stage became: a bake context name or a locally built image)."""
-    return replace(plans[stage.users[0]], stages=(Stage("shared", base, stage.steps, "final"),))
+    return replace(plans[stage.users[0]], stages=(Stage("shared", base, stage.steps, StageRole.FINAL),))
 
 
 def shared_stage_tag(matrix: Matrix, key: str) -> str:
