@@ -7,7 +7,7 @@ from __future__ import annotations
 import posixpath
 import re
 
-from buildkit_py.artifacts.file_kinds import is_weight_file
+from buildkit_py.file_kinds import is_weight_file
 
 MiB = 1 << 20
 

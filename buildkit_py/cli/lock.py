@@ -31,10 +31,11 @@ def register(add: AddCommand) -> None:
 def cmd_lock(args: argparse.Namespace, out: Out) -> int:
     import time
 
+    from buildkit_py import pipeline
     from buildkit_py.plan import lock
     from buildkit_py.plan import matrix as mx
 
-    matrix = mx.load_matrix(args.recipe)
+    matrix = pipeline.load_matrix(args.recipe, offline=getattr(args, "offline", False))
     mx.require_variants(matrix, "lock")
     if [v.source for v in matrix.variants] == ["recipe"]:  # no matrix: the plan `build` makes
         plans = {lock.DEFAULT_VARIANT: plan_recipe(args, args.recipe)}

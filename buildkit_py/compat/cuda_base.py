@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from buildkit_py import oci
+from buildkit_py import reference
 from buildkit_py.errors import UsageError
 
 # nvidia/cuda tags: 12.4.1-cudnn-runtime-ubuntu22.04, 11.8.0-cudnn8-devel-ubuntu22.04, 12.4.1-base-ubuntu22.04
@@ -37,9 +37,9 @@ class CudaBase:
     evidence: str
 
 
-def _parse(ref: str) -> oci.Reference | None:
+def _parse(ref: str) -> reference.Reference | None:
     try:
-        return oci.parse_reference(ref)
+        return reference.parse_reference(ref)
     except UsageError:
         return None
 
@@ -61,7 +61,7 @@ def from_tag(ref: str) -> CudaBase | None:
 def plain_os_image(ref: str) -> bool:
     """An official OS or Python image of Docker Hub (debian, ubuntu, python, ...): no CUDA inside."""
     parsed = _parse(ref)
-    return parsed is not None and parsed.registry == oci.DOCKER_HUB and bool(_PLAIN_OS.match(parsed.repository))
+    return parsed is not None and parsed.registry == reference.DOCKER_HUB and bool(_PLAIN_OS.match(parsed.repository))
 
 
 def from_config(labels: dict[str, str], env: dict[str, str]) -> CudaBase:
