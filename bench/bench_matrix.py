@@ -27,6 +27,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from buildkit_py import pipeline
 from buildkit_py.engine import select_engine
 from buildkit_py.engine.build import BuildOptions, run_build
 from buildkit_py.engine.matrix_build import build_all
@@ -95,7 +96,7 @@ def main() -> int:
             folder.mkdir()
             path = folder / "recipe.yaml"
             path.write_text(RECIPE.format(name=f"imgbuild-bench/matrix-{arm}-{run_id}", base=base))
-            return mx.load_matrix(path)
+            return pipeline.load_matrix(path)
 
         # (a) separate cold builds, one after the other, as four CI jobs without a shared cache do
         sep = load("separate")

@@ -6,10 +6,11 @@ import re
 import pytest
 from helpers import REPO, run_cli, write_recipe
 
-from buildkit_py.analysis.lint import LINT_CODES, lint_recipe
+from buildkit_py.analysis.lint import LINT_CODES
 from buildkit_py.compat import codes
 from buildkit_py.compat.codes import CODES, RecipeWarning
 from buildkit_py.compat.resolve import resolve
+from buildkit_py.pipeline import lint_recipe
 from buildkit_py.recipe.model import load_recipe
 
 NVIDIA_TORCH = """\
@@ -68,12 +69,12 @@ def test_lint_takes_code_and_key_from_the_warning_not_its_text(tmp_path, monkeyp
     path = write_recipe(tmp_path, NVIDIA_TORCH)
     original = resolve_mod.resolve
 
-    def reworded(recipe, base=None):
-        res = original(recipe, base)
+    def reworded(recipe, base=None, looked_up=None):
+        res = original(recipe, base, looked_up)
         return resolve_mod.Resolution(**{**res.__dict__, "warnings": tuple(
             RecipeWarning(w.code, w.key, "reworded") for w in res.warnings)})
 
-    monkeypatch.setattr("buildkit_py.plan.build_plan.resolve", reworded)
+    monkeypatch.setattr("buildkit_py.pipeline.bases.resolve", reworded)  # the pipeline resolves, then plans
     report = lint_recipe(path, hadolint=None)
     found = {f.code: f for f in report.findings}
     assert found[codes.CUDA_TWICE].message == "reworded"

@@ -13,7 +13,7 @@ from conftest import on_engine, on_every_engine
 from helpers import CA_ARGS, run_cli, write_recipe
 
 from buildkit_py import oci
-from buildkit_py.analysis.inspect import instruction_of
+from buildkit_py.plan.history import instruction_of
 
 RECIPE = """\
 name: {name}

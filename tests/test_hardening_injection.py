@@ -91,10 +91,11 @@ QUOTED_REFUSES = {"env.value": "\n\r\x00", "labels.value": "\n\r\x00", "entrypoi
 def offline_bases(monkeypatch):
     """Rendering needs no registry: base lookups (bases.py) answer at once, knowing nothing of the base."""
     try:
-        from buildkit_py.compat import bases
+        from buildkit_py.compat.bases import BaseFacts
+        from buildkit_py.pipeline import bases
     except ImportError:
         return
-    monkeypatch.setattr(bases, "fetch_base_facts", lambda ref, client=None: bases.BaseFacts(ref, None))
+    monkeypatch.setattr(bases, "fetch_base_facts", lambda ref, client=None: BaseFacts(ref, None))
 
 
 def merge(base: dict, extra: dict) -> dict:

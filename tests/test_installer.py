@@ -210,15 +210,17 @@ def test_the_secret_is_made_only_for_a_uv_build_with_a_pip_conf(tmp_path):
 
 
 def test_a_bake_file_checks_the_pip_conf_for_uv_and_needs_a_folder_for_it(tmp_path):
-    from buildkit_py.plan import matrix as mx  # noqa: PLC0415
 
     conf = tmp_path / "pip.conf"
     conf.write_text("[global]\nconstraint = /etc/c.txt\n")
-    matrix = mx.load_matrix(REPO / "recipes" / "matrix.yaml")
+    from buildkit_py import pipeline
+    from buildkit_py.engine import bake
+
+    matrix = pipeline.load_matrix(REPO / "recipes" / "matrix.yaml")
     with pytest.raises(UsageError, match=r"uv has no equivalent for \[global\] constraint"):
-        mx.write_bake(matrix, tmp_path / "bake", pip_config=conf)
+        bake.write_bake(matrix, tmp_path / "bake", pip_config=conf)
     assert not (tmp_path / "bake").exists()  # refused before anything is written
     conf.write_text("[global]\nindex-url = https://mirror.example/simple\n")
     with pytest.raises(UsageError, match="beside the bake file"):
-        mx.bake_file(matrix, pip_config=conf)  # the JSON alone has nowhere to put the translation
-    assert mx.bake_file(matrix)  # without one it bakes
+        bake.bake_file(matrix, pip_config=conf)  # the JSON alone has nowhere to put the translation
+    assert bake.bake_file(matrix)  # without one it bakes

@@ -15,6 +15,7 @@ from helpers import REPO, run_cli, write_recipe
 from buildkit_py.engine.build import assemble_context
 from buildkit_py.errors import ExitStatus, LockDrift, LockError, LockFileError, LockStale
 from buildkit_py.label_keys import OCI_BASE_DIGEST
+from buildkit_py.pipeline import locks
 from buildkit_py.plan import lock
 from buildkit_py.plan.build_plan import make_plan
 from buildkit_py.plan.lock_model import LockedBase
@@ -225,7 +226,7 @@ def test_a_malformed_lock_is_an_error(recipe):
     path = lock.lock_path(recipe)
     path.write_text("lock_version: 99\n")
     with pytest.raises(LockFileError, match="not an imgbuild lock file") as exc:
-        lock.use_lock(plan_of(recipe))
+        locks.use_lock(plan_of(recipe))
     assert exc.value.exit_status == ExitStatus.BAD_INPUT and "imgbuild lock" in exc.value.hint
     assert f"{path}:1: lock_version: not an imgbuild lock file of version 1" in str(exc.value)
     assert {i.key for i in exc.value.issues} == {"lock_version", "recipe", "inputs_digest", "variants"}
@@ -235,7 +236,7 @@ def test_a_malformed_lock_is_an_error(recipe):
     broken = text.replace(sha, "0" * 64).replace("step: pins", "step: [pins]", 1)
     path.write_text(broken)
     with pytest.raises(LockError) as exc:
-        lock.use_lock(plan_of(recipe))
+        locks.use_lock(plan_of(recipe))
     lines = broken.splitlines()
     found = {(i.key.rsplit(".", 1)[-1], i.line) for i in exc.value.issues}
     assert len(found) == 2 and {k for k, _ in found} == {"sha256", "step"}, exc.value.issues
@@ -263,7 +264,7 @@ def test_a_stale_lock_is_refused_naming_the_change(recipe, edit, change):
         text = text.replace("image: debian:bookworm-slim", "image: python:3.12-slim-bookworm\n  os: debian12")
     recipe.write_text(text)
     with pytest.raises(LockStale) as err:
-        lock.use_lock(plan_of(recipe))
+        locks.use_lock(plan_of(recipe))
     assert change in err.value.changes
     assert change in err.value.message and "--update-lock" in err.value.hint
     assert err.value.exit_status == ExitStatus.BAD_INPUT
@@ -272,7 +273,7 @@ def test_a_stale_lock_is_refused_naming_the_change(recipe, edit, change):
 def test_a_change_outside_the_pins_keeps_the_lock(recipe):
     write(recipe)
     recipe.write_text(RECIPE + "env: {HF_HOME: /models}\nlabels: {team: ml}\n")
-    use = lock.use_lock(plan_of(recipe), engine=FakeEngine("x"))
+    use = locks.use_lock(plan_of(recipe), engine=FakeEngine("x"))
     assert use.status == "used"
 
 
@@ -290,13 +291,13 @@ def test_cli_build_refuses_a_stale_lock_exit_2(recipe):
 
 def test_locked_needs_a_lock(recipe):
     with pytest.raises(LockDrift, match="has no lock file"):
-        lock.use_lock(plan_of(recipe), mode="locked", resolver=FakeResolver(), base_pinner=pinner)
+        locks.use_lock(plan_of(recipe), mode="locked", resolver=FakeResolver(), base_pinner=pinner)
 
 
 def test_locked_passes_when_a_fresh_resolve_agrees_and_prefers_locked_versions(recipe):
     write(recipe)
     resolver = FakeResolver()
-    use = lock.use_lock(plan_of(recipe), mode="locked", resolver=resolver, base_pinner=pinner)
+    use = locks.use_lock(plan_of(recipe), mode="locked", resolver=resolver, base_pinner=pinner)
     assert use.status == "used"
     assert "torch==2.4.1" in resolver.calls[0]["constraints"]  # new releases are no drift
     assert lock.lock_path(recipe).read_text() == locked_text(recipe)  # never written
@@ -311,7 +312,7 @@ def test_locked_catches_drift_in_versions_and_hashes(recipe):
         if item["metadata"]["name"] == "idna":
             item["metadata"]["version"] = "3.7"
     with pytest.raises(LockDrift) as err:
-        lock.use_lock(plan_of(recipe), mode="locked", resolver=FakeResolver(report), base_pinner=pinner)
+        locks.use_lock(plan_of(recipe), mode="locked", resolver=FakeResolver(report), base_pinner=pinner)
     assert err.value.exit_status == ExitStatus.FAILED
     assert any(c.startswith("certifi ") and "but the index has 000000000000" in c for c in err.value.changes)
     assert any(c.startswith("idna ") and c.endswith(" -> 3.7") for c in err.value.changes)
@@ -321,18 +322,18 @@ def test_locked_fails_on_a_stale_lock_with_exit_1(recipe):
     write(recipe)
     recipe.write_text(RECIPE.replace("requests[socks]==2.32.3", "requests==2.32.3"))
     with pytest.raises(LockDrift) as err:
-        lock.use_lock(plan_of(recipe), mode="locked", resolver=FakeResolver(), base_pinner=pinner)
+        locks.use_lock(plan_of(recipe), mode="locked", resolver=FakeResolver(), base_pinner=pinner)
     assert err.value.changes == ["pip: requests requests[socks]==2.32.3 -> requests==2.32.3"]
 
 
 def test_locked_fails_when_a_local_base_changed(recipe):
     write(recipe, base_pinner=local_pinner)
     kwargs = {"resolver": FakeResolver(), "base_pinner": local_pinner}
-    assert lock.use_lock(plan_of(recipe), mode="locked", engine=FakeEngine("sha256:" + "cd" * 32), **kwargs)
-    auto = lock.use_lock(plan_of(recipe), engine=FakeEngine("sha256:" + "ef" * 32))
+    assert locks.use_lock(plan_of(recipe), mode="locked", engine=FakeEngine("sha256:" + "cd" * 32), **kwargs)
+    auto = locks.use_lock(plan_of(recipe), engine=FakeEngine("sha256:" + "ef" * 32))
     assert any("is not the image locked" in w for w in auto.warnings)
     with pytest.raises(LockDrift, match="is not the image locked"):
-        lock.use_lock(plan_of(recipe), mode="locked", engine=FakeEngine("sha256:" + "ef" * 32), **kwargs)
+        locks.use_lock(plan_of(recipe), mode="locked", engine=FakeEngine("sha256:" + "ef" * 32), **kwargs)
 
 
 def test_local_base_drift_is_typed_and_ignores_digest_pinned_bases():
@@ -352,10 +353,10 @@ def test_update_lock_rewrites_a_stale_lock(recipe):
     for item in report["install"]:
         if item["metadata"]["name"] == "bitsandbytes":
             item["metadata"]["version"] = "0.43.1"
-    use = lock.use_lock(plan_of(recipe), mode="update", resolver=FakeResolver(report), base_pinner=pinner)
+    use = locks.use_lock(plan_of(recipe), mode="update", resolver=FakeResolver(report), base_pinner=pinner)
     assert use.status == "updated"
     assert packages(recipe)["bitsandbytes"]["version"] == "0.43.1"
-    again = lock.use_lock(plan_of(recipe), mode="update", resolver=FakeResolver(report), base_pinner=pinner)
+    again = locks.use_lock(plan_of(recipe), mode="update", resolver=FakeResolver(report), base_pinner=pinner)
     assert again.status == "unchanged"
 
 
@@ -364,7 +365,7 @@ def test_update_lock_rewrites_a_stale_lock(recipe):
 
 def test_locked_plan_installs_hashed_files_from_bind_mounts(recipe, tmp_path):
     write(recipe)
-    use = lock.use_lock(plan_of(recipe))
+    use = locks.use_lock(plan_of(recipe))
     text = render_dockerfile(use.plan)
     assert f"FROM debian:bookworm-slim@{DIGEST} AS final" in text
     layers = sum(1 for s in plan_of(recipe).final.steps if s.id.startswith(("cuda-", "torch-")))  # + Triton's
@@ -397,7 +398,7 @@ def test_torch_index_is_used_by_every_locked_step_with_pypi_as_extra(tmp_path):
     lock.write_lock(lock.lock_path(path), lock.dump_lock(lock.lock_recipe({"default": plan}, resolver=resolver,
                                                                           base_pinner=pinner)))
     assert resolver.calls[0]["indexes"] == [plan.resolution.torch_index_url, lock.PYPI_SIMPLE]
-    text = render_dockerfile(lock.use_lock(plan).plan)
+    text = render_dockerfile(locks.use_lock(plan).plan)
     assert text.count(f"--index-url {plan.resolution.torch_index_url}") == 3
     assert text.count(f"--extra-index-url {lock.PYPI_SIMPLE}") == 3
 
@@ -412,13 +413,13 @@ def _relabel_torch(report, version):
 
 def test_without_a_lock_the_plan_is_untouched(recipe):
     plan = plan_of(recipe)
-    use = lock.use_lock(plan)
+    use = locks.use_lock(plan)
     assert use.status == "none" and use.plan is plan
 
 
 def test_cli_lock_writes_the_file(recipe, monkeypatch):
     monkeypatch.setattr(lock, "run_pip_report", FakeResolver())
-    monkeypatch.setattr(lock, "pin_base", pinner)
+    monkeypatch.setattr(locks, "pin_base", pinner)
     code, out, err = run_cli("lock", str(recipe))
     assert code == 0, err
     assert f"{len(REPORT['install'])} packages, 1/1 bases by digest\nwrote {recipe.with_suffix('.lock')} (1 variant" in out  # noqa: E501
@@ -443,7 +444,7 @@ def test_the_locked_base_digest_wins_over_the_one_the_plan_looked_up(recipe):
         dataclasses.replace(s, labels=tuple(labels.items())) if isinstance(s, MetaStep) else s for s in plan.final.steps))  # noqa: E501
     looked_up = dataclasses.replace(plan, stages=(final,), labels=labels)
     assert lock.lock_inputs(looked_up) == lock.lock_inputs(plan)
-    text = render_dockerfile(lock.use_lock(looked_up).plan)
+    text = render_dockerfile(locks.use_lock(looked_up).plan)
     assert f"FROM debian:bookworm-slim@{DIGEST} AS final" in text and moved not in text
     # and a lock made from such a plan takes the plan's digest without asking the registry
     data = lock.lock_recipe({"default": looked_up}, resolver=FakeResolver(), base_pinner=None)
@@ -454,7 +455,7 @@ def test_update_lock_of_one_variant_keeps_the_others(recipe):
     plan = plan_of(recipe)
     data = lock.lock_recipe({"cu121-py311": plan, "default": plan}, resolver=FakeResolver(), base_pinner=pinner)
     lock.write_lock(lock.lock_path(recipe), lock.dump_lock(data))
-    use = lock.use_lock(plan, mode="update", variant="cu121-py311", resolver=FakeResolver(), base_pinner=pinner)
+    use = locks.use_lock(plan, mode="update", variant="cu121-py311", resolver=FakeResolver(), base_pinner=pinner)
     assert use.status == "unchanged"
     assert list(lock.read_lock(lock.lock_path(recipe)).variants) == ["cu121-py311", "default"]
 
@@ -463,7 +464,7 @@ def test_locked_dockerfile_parses(recipe):
     import dockerfile
 
     write(recipe)
-    text = render_dockerfile(lock.use_lock(plan_of(recipe)).plan)
+    text = render_dockerfile(locks.use_lock(plan_of(recipe)).plan)
     runs = [c for c in dockerfile.parse_string(text) if c.cmd == "RUN"]
     layers = sum(1 for s in plan_of(recipe).final.steps if s.id.startswith(("cuda-", "torch-")))
     assert sum("--require-hashes" in " ".join(c.value) for c in runs) == 3 + layers
@@ -472,7 +473,7 @@ def test_locked_dockerfile_parses(recipe):
 def test_locked_dockerfile_lints(recipe, tmp_path, hadolint):
     write(recipe)
     path = tmp_path / "Dockerfile"
-    path.write_text(render_dockerfile(lock.use_lock(plan_of(recipe)).plan))
+    path.write_text(render_dockerfile(locks.use_lock(plan_of(recipe)).plan))
     out = subprocess.run([hadolint, "--no-color", "--format", "json", "--failure-threshold", "error", str(path)],
                          capture_output=True, text=True, check=False)
     assert [f for f in json.loads(out.stdout) if f["level"] == "error"] == []

@@ -198,7 +198,7 @@ def test_podman_too_old_or_missing(tmp_path, monkeypatch):
 def test_inspect_names_the_steps_of_a_podman_build():
     """buildah writes a COPY as `COPY file:<hash> in /etc/hosts`, without the source's name, so
     the mount stubs' COPY was read as the recipe's first copy (copy-0, and the app copy-1)."""
-    from buildkit_py.analysis.inspect import attribute_entries
+    from buildkit_py.plan.history import attribute_entries
 
     raw = json.loads((FIXTURES / "history-imgbuild.json").read_text())  # an imgbuild build on podman 4.3.1
     history = list(reversed(docker_history(raw)))  # oldest first, as the engine object gives it

@@ -171,8 +171,8 @@ def test_plan_and_lint_apply_one_weight_file_limit(tmp_path):
     """Issue 23: 3. The plan warned from 10 MiB on (>=) and counted a folder's symlinks, lint called
     a file an error only above 10 MiB and skipped the links: a file of exactly 10 MiB, or a link
     to a big file (the build context keeps it a link), got the plan's warning but no lint error."""
-    from buildkit_py.analysis.lint import lint_recipe
-    from buildkit_py.artifacts.file_kinds import WEIGHT_FILE_LIMIT
+    from buildkit_py.file_kinds import WEIGHT_FILE_LIMIT
+    from buildkit_py.pipeline import lint_recipe
 
     app = tmp_path / "app"
     app.mkdir()

@@ -7,7 +7,7 @@ from __future__ import annotations
 import posixpath
 import re
 
-from buildkit_py.artifacts.file_kinds import WEIGHT_FILE_LIMIT, is_weight_file, over_weight_limit
+from buildkit_py.file_kinds import WEIGHT_FILE_LIMIT, is_weight_file, over_weight_limit
 from buildkit_py.text_enum import TextEnum
 
 

@@ -5,7 +5,8 @@ Nothing here re-derives what the resolver knows: its warnings (devel without a c
 CUDA twice, end-of-life images, JIT packages) become findings as they are, under their own
 code and recipe key (``compat.codes``; the text is never matched). Lint adds only
 what needs the recipe's files or its raw text: unpinned apt packages and weight-like files
-under a ``copy:`` source. No engine and no registry are contacted.
+under a ``copy:`` source. The plan comes from the pipeline (``pipeline.lint_recipe``), as `plan
+--offline` makes it: no engine is contacted and no package index, a named base's registry is read.
 
 A recipe that does not load or resolve raises (RecipeError, CompatibilityError: exit 2);
 ``LintReport.errors`` decides between exit 0 and 1.
@@ -22,11 +23,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from buildkit_py.analysis.severity import Severity
-from buildkit_py.artifacts.file_kinds import WEIGHT_FILE_LIMIT, over_weight_limit
 from buildkit_py.compat import codes
-from buildkit_py.plan.build_plan import make_plan, weight_files_in_copies
-from buildkit_py.recipe.model import load_recipe, locate, read_recipe_text
-from buildkit_py.render.dockerfile import render_dockerfile
+from buildkit_py.file_kinds import WEIGHT_FILE_LIMIT, over_weight_limit
+from buildkit_py.plan.build_plan import BuildPlan, weight_files_in_copies
+from buildkit_py.recipe.model import locate, read_recipe_text
 from buildkit_py.sizes import human_size
 
 ERROR, WARNING, INFO = Severity.ERROR, Severity.WARNING, Severity.INFO
@@ -93,12 +93,12 @@ class LintReport:
                 "hadolint": self.hadolint, "findings": [f.to_json() for f in self.findings]}
 
 
-def lint_recipe(path: str | os.PathLike, *, hadolint: str | None = "auto") -> LintReport:
-    """hadolint: "auto" (use it where ``find_hadolint`` finds it), a binary path, or None (skip it)."""
-    path = Path(path)
-    recipe = load_recipe(path)  # RecipeError: exit 2
-    plan = make_plan(recipe)  # CompatibilityError: exit 2
-    dockerfile = render_dockerfile(plan)
+def lint_plan(plan: BuildPlan, dockerfile: str, *, hadolint: str | None = "auto") -> LintReport:
+    """The findings of a recipe's plan (the pipeline plans it: pipeline.lint_recipe) and of its
+    rendered Dockerfile. hadolint: "auto" (use it where ``find_hadolint`` finds it), a binary path,
+    or None (skip it)."""
+    recipe = plan.recipe
+    path = recipe.path
     file = str(path)
     raw = locate(read_recipe_text(path), file)
     findings: list[LintFinding] = []

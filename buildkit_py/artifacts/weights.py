@@ -33,8 +33,8 @@ from pathlib import Path, PurePosixPath
 from typing import Any, NamedTuple
 
 from buildkit_py import oci
-from buildkit_py.artifacts.file_kinds import FileKind, file_kind
 from buildkit_py.errors import DigestMismatch, UnsafePath, UsageError, WeightsError
+from buildkit_py.file_kinds import FileKind, file_kind
 from buildkit_py.files import exclusive_folder
 from buildkit_py.label_keys import OCI_TITLE
 

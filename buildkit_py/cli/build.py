@@ -98,7 +98,7 @@ def _lock_mode(args: argparse.Namespace) -> LockMode:
 def cmd_build(args: argparse.Namespace, out: Out) -> int:
     from buildkit_py.engine import select_engine
     from buildkit_py.engine.build import run_build
-    from buildkit_py.plan.lock import use_lock
+    from buildkit_py.pipeline.locks import use_lock
 
     if args.jobs < 1:
         raise UsageError(f"-j {args.jobs}: the number of parallel builds must be at least 1")
@@ -149,14 +149,15 @@ def cmd_build(args: argparse.Namespace, out: Out) -> int:
 
 def cmd_build_matrix(args: argparse.Namespace, out: Out) -> int:
     """build --all / --variant: the matrix's variants, N at a time, one summary at the end."""
+    from buildkit_py import pipeline
     from buildkit_py.engine import select_engine
     from buildkit_py.engine.matrix_build import BuildHooks, build_all, build_report, summary_lines
+    from buildkit_py.pipeline.locks import use_lock
     from buildkit_py.plan import matrix as mx
-    from buildkit_py.plan.lock import use_lock
 
     if args.all and args.variant:
         raise UsageError("use --all or --variant, not both")
-    matrix = mx.load_matrix(args.recipe)
+    matrix = pipeline.load_matrix(args.recipe, offline=getattr(args, "offline", False))
     mx.select_variants(matrix, tuple(args.variant), jobs=args.jobs, tags=tuple(args.tag))  # before any output
     for w in mx.dropped_warnings(matrix):
         out.warn(w)

@@ -91,11 +91,9 @@ def _host_driver(args: argparse.Namespace, cuda: str) -> HostDriver:
 
 def _cuda_of_target(engine: Engine | None, target: str) -> tuple[str, str]:
     if is_recipe(target):
-        from buildkit_py.compat.resolve import resolve
-        from buildkit_py.recipe.model import load_recipe
+        from buildkit_py import pipeline
 
-        res = resolve(load_recipe(Path(target)))
-        return res.cuda_version, f"recipe {target}"
+        return pipeline.plan_recipe(Path(target), offline=True).resolution.cuda_version, f"recipe {target}"
     labels, env = image_labels(engine, target)
     cuda = labels.get(K.CUDA_VERSION) or env.get("CUDA_VERSION")
     if not cuda:

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import argparse
 
-from buildkit_py.artifacts.file_kinds import WEIGHT_FILE_LIMIT
 from buildkit_py.cli.common import AddCommand, Out, json_option, progress_option, rate_options, reading_engine
 from buildkit_py.cli.progress import transfer_view
 from buildkit_py.errors import UsageError
+from buildkit_py.file_kinds import WEIGHT_FILE_LIMIT
 
 
 def register_inspect(add: AddCommand) -> None:

@@ -31,10 +31,12 @@ def register(add: AddCommand) -> None:
 def cmd_lock(args: argparse.Namespace, out: Out) -> int:
     import time
 
+    from buildkit_py import pipeline
+    from buildkit_py.pipeline import locks
     from buildkit_py.plan import lock
     from buildkit_py.plan import matrix as mx
 
-    matrix = mx.load_matrix(args.recipe)
+    matrix = pipeline.load_matrix(args.recipe, offline=getattr(args, "offline", False))
     mx.require_variants(matrix, "lock")
     if [v.source for v in matrix.variants] == ["recipe"]:  # no matrix: the plan `build` makes
         plans = {lock.DEFAULT_VARIANT: plan_recipe(args, args.recipe)}
@@ -42,7 +44,7 @@ def cmd_lock(args: argparse.Namespace, out: Out) -> int:
         plans = {v.id: mx.variant_plan(v) for v in matrix.variants}
     started = time.monotonic()
     with Activity.for_option(out.stderr, args.progress) as activity:
-        data = lock.lock_recipe(plans, ca_cert=args.ca_cert, engine=reading_engine(args), on_status=activity)
+        data = locks.lock_recipe(plans, ca_cert=args.ca_cert, engine=reading_engine(args), on_status=activity)
     path = lock.lock_path(args.recipe)
     changed = lock.write_lock(path, lock.dump_lock(data))
     seconds = time.monotonic() - started

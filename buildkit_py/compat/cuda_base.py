@@ -11,7 +11,7 @@ import re
 from dataclasses import dataclass
 
 from buildkit_py import label_keys as K
-from buildkit_py import oci
+from buildkit_py import reference
 from buildkit_py.errors import UsageError
 from buildkit_py.recipe.model import CudaFlavor
 
@@ -39,9 +39,9 @@ class CudaBase:
     evidence: str
 
 
-def _parse(ref: str) -> oci.Reference | None:
+def _parse(ref: str) -> reference.Reference | None:
     try:
-        return oci.parse_reference(ref)
+        return reference.parse_reference(ref)
     except UsageError:
         return None
 
@@ -63,7 +63,7 @@ def from_tag(ref: str) -> CudaBase | None:
 def plain_os_image(ref: str) -> bool:
     """An official OS or Python image of Docker Hub (debian, ubuntu, python, ...): no CUDA inside."""
     parsed = _parse(ref)
-    return parsed is not None and parsed.registry == oci.DOCKER_HUB and bool(_PLAIN_OS.match(parsed.repository))
+    return parsed is not None and parsed.registry == reference.DOCKER_HUB and bool(_PLAIN_OS.match(parsed.repository))
 
 
 def from_config(labels: dict[str, str], env: dict[str, str]) -> CudaBase:

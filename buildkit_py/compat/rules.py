@@ -479,21 +479,24 @@ def _os_python_provider(recipe: Recipe, os_name: str | None) -> PythonProvider:
 
 # ----------------------------------------------------------------------------- 4. torch
 @dataclass(frozen=True)
-class PinLookup:
-    """What the plan-time look-up of a pin the shipped data lacks did (``compat.live``): never asked
-    (``offline``), or asked and failed (``failure``: the index's answer). The default: not known."""
+class LookedUp:
+    """Facts the plan-time look-up found beyond the shipped data, passed in (the resolver reads no
+    cache): ``torch`` releases newer than the data (read from the package index, ``from_cache`` set),
+    and what the look-up of a pin the data lacks did: never asked (``offline``), or asked and failed
+    (``failure``: the index's answer). The default: nothing looked up."""
+    torch: tuple[TorchRelease, ...] = ()
     offline: bool = False
     failure: str | None = None
 
 
 def torch_rule(recipe: Recipe, cuda: str, python: str, cudnn: str | None,
-               lookup: PinLookup | None = None) -> TorchPart:
+               looked_up: LookedUp | None = None) -> TorchPart:
     """torch: the build for the CUDA's variant (cu124), which must exist and accept the Python;
     taken from the Python registry when its default wheel is that variant, else from
     PyTorch's per-CUDA index."""
     if not recipe.torch:
         return TorchPart()
-    release = torch_release_rule(recipe, lookup)
+    release = torch_release_rule(recipe, looked_up)
     warnings: list[RecipeWarning] = []
     if release.from_cache:
         warnings.append(RecipeWarning(
@@ -523,13 +526,14 @@ def torch_rule(recipe: Recipe, cuda: str, python: str, cudnn: str | None,
     return TorchPart(release.version, wanted, index, tuple(warnings), release)
 
 
-def torch_release_rule(recipe: Recipe, lookup: PinLookup | None = None) -> TorchRelease:
+def torch_release_rule(recipe: Recipe, looked_up: LookedUp | None = None) -> TorchRelease:
     """The torch pin's release from the shipped data or the look-up cache. Unknown: a release near
     known ones is most likely a typo (never "newer than the data"); one newer than the data could
     not be looked up, and the hint says why (offline, or the index's answer)."""
     version = recipe.torch or ""
+    looked_up = looked_up or LookedUp()
     try:
-        return compat.torch_release(version)
+        return compat.torch_release(version, extra=looked_up.torch)
     except LookupError:
         pass
     known = [r.version for r in compat.torch_releases()]
@@ -544,12 +548,11 @@ def torch_release_rule(recipe: Recipe, lookup: PinLookup | None = None) -> Torch
         raise _fail(recipe, "torch", "torch", version, "imgbuild's torch data", compat.data_as_of(),
                     f"{version} is not a torch release imgbuild knows (known near it: {', '.join(near)})",
                     hint=f"use torch {nearest} (the nearest release), or the newest, {newest}")
-    lookup = lookup or PinLookup()
-    if lookup.offline:
+    if looked_up.offline:
         why = "--offline: the package index was not asked"
         how = "plan without --offline (the index reachable) to look it up"
-    elif lookup.failure:
-        why, how = f"the package index could not answer: {lookup.failure}", "check the version"
+    elif looked_up.failure:
+        why, how = f"the package index could not answer: {looked_up.failure}", "check the version"
     else:
         why, how = "it is not in the look-up cache", "plan with the package index reachable to look it up"
     raise _fail(recipe, "torch", "torch", version, "imgbuild's torch data", compat.data_as_of(),
@@ -557,13 +560,13 @@ def torch_release_rule(recipe: Recipe, lookup: PinLookup | None = None) -> Torch
                 hint=f"{how}, or use torch {newest} (the newest imgbuild knows)")
 
 
-def release_checks(recipe: Recipe, lookup: PinLookup | None = None) -> list[tuple[Any, tuple]]:
+def release_checks(recipe: Recipe, looked_up: LookedUp | None = None) -> list[tuple[Any, tuple]]:
     """The checks that a pinned torch, flash-attn or bitsandbytes is a release the data knows, each
     (function, extra args): they need nothing else decided, so resolve runs them beside the CUDA and
     Python rules and reports every unknown pin at once."""
     checks: list[tuple[Any, tuple]] = []
     if recipe.torch:
-        checks.append((torch_release_rule, (lookup,)))
+        checks.append((torch_release_rule, (looked_up,)))
     for name, table in (("flash-attn", compat.flash_attn_releases), ("bitsandbytes", compat.bitsandbytes_releases)):
         if (pin := _pin(recipe, name)) is not None:
             checks.append((_known_release, (f"pip[{pin[0]}]", name, pin[1], table)))

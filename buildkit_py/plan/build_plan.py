@@ -10,7 +10,6 @@ from typing import Any
 
 from packaging.utils import canonicalize_name
 
-from buildkit_py.artifacts.file_kinds import is_weight_file, over_weight_limit
 from buildkit_py.compat import codes
 from buildkit_py.compat.codes import RecipeWarning
 from buildkit_py.compat.resolve import HEAVY_PACKAGES, Resolution, resolve
@@ -24,7 +23,7 @@ from buildkit_py.compat.torch_pins import (
     torch_cuda_pins,
 )
 from buildkit_py.errors import UsageError
-from buildkit_py.oci.reference import parse_reference
+from buildkit_py.file_kinds import is_weight_file, over_weight_limit
 from buildkit_py.plan import labels as L
 from buildkit_py.plan.installer import Installer, installer_for
 from buildkit_py.plan.steps import (
@@ -43,6 +42,7 @@ from buildkit_py.plan.steps import (
     WheelBuildStep,
 )
 from buildkit_py.recipe.model import Recipe, pin_name
+from buildkit_py.reference import parse_reference
 from buildkit_py.sizes import human_size
 from buildkit_py.text_enum import TextEnum
 

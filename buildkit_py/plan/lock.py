@@ -16,14 +16,14 @@ machine's pip configuration switched off so the lock reflects the real index, no
 wheel folder or constraints file. A lock holds several variants keyed by a variant id (a
 matrix recipe locks each of its variants); a plain recipe is the one variant ``default``.
 
-Only ``lock_variant``/``pin_base``/``run_pip_report``/``write_lock`` do I/O; everything
-else is pure and tested with a recorded pip report (tests/fixtures/lock/).
+Only ``lock_variant``/``run_pip_report``/``write_lock`` do I/O (a base's pin comes from the
+``base_pinner`` passed in: pipeline.locks reads the registry and the engine); everything else
+is pure and tested with a recorded pip report (tests/fixtures/lock/).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
 import hashlib
 import json
 import os
@@ -34,14 +34,13 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import yaml
 from packaging.markers import InvalidMarker
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 
-from buildkit_py import oci
 from buildkit_py.errors import (
     ImgbuildError,
     LockDrift,
@@ -70,9 +69,6 @@ from buildkit_py.recipe.model import locate
 from buildkit_py.schemas import line_of, load_schema, validate
 from buildkit_py.text_enum import TextEnum
 
-if TYPE_CHECKING:
-    from buildkit_py.engine import Engine
-
 DEFAULT_VARIANT = "default"
 PYPI_SIMPLE = "https://pypi.org/simple"
 LOCK_DIR = ".imgbuild-lock"  # in the build context; bind-mounted, never copied
@@ -90,7 +86,13 @@ FREEZE_EXCLUDED = frozenset({"pip", "setuptools", "wheel", "distribute"})
 
 PipReport = dict[str, Any]  # pip's installation report (JSON), read by packages_from_report
 Resolver = Callable[..., PipReport]
-BasePinner = Callable[[str], LockedBase]
+BasePinner = Callable[[str], LockedBase]  # a base ref -> its pin (pipeline.locks.pin_base: registry, then engine)
+
+
+class ImageStore(Protocol):
+    """What the lock asks of an engine: a local image's `image inspect` (an engine object is one)."""
+
+    def image_attrs(self, ref: str) -> dict[str, Any] | None: ...
 
 
 class LockMode(TextEnum):
@@ -319,7 +321,7 @@ def packages_from_report(report: PipReport, target: Target, steps: Sequence[Lock
 # --- base images ----------------------------------------------------------------------------
 
 
-def _local_image(engine: Engine | None, ref: str) -> dict[str, Any] | None:
+def local_image(engine: ImageStore | None, ref: str) -> dict[str, Any] | None:
     """The engine's `image inspect` of ``ref``; None when there is no engine (the CLI passes
     the one it created, or None), the engine is unreachable or does not have it."""
     if engine is None:
@@ -330,43 +332,19 @@ def _local_image(engine: Engine | None, ref: str) -> dict[str, Any] | None:
         return None
 
 
-def pin_base(ref: str, *, engine: Engine | None = None) -> LockedBase:
-    """``{ref, digest}`` from the registry (the manifest or index digest a FROM can name), else
-    from the engine's RepoDigests; a base only in the local engine (imported, never pushed)
-    has no digest: its image id is recorded and checked, and the lock says it is not pinned."""
-    try:
-        _, digest, _ = oci.fetch_manifest(ref, client=oci.Client(max_retries=1, timeout=(5.0, 30.0)))
-        return LockedBase(ref, digest)
-    except ImgbuildError:  # unreachable, refusing or unknown to its registry: ask the engine
-        pass
-    attrs = _local_image(engine, ref)
-    if attrs:
-        last = ref.rsplit("/", 1)[-1]
-        name_of_ref = ref[: len(ref) - len(last)] + last.split("@")[0].split(":")[0]
-        for d in attrs.get("RepoDigests") or []:
-            name, _, digest = d.partition("@")
-            if digest and name == name_of_ref:  # a digest of this repository, not another
-                return LockedBase(ref, digest)
-        return LockedBase(ref, None, attrs["Id"],
-                          "exists only in the local engine (no registry digest): pinned by image id, "
-                          "which other machines cannot reproduce; push it to a registry to pin it")
-    return LockedBase(ref, None, note="neither its registry nor the local engine knows it: not pinned")
-
-
 # --- the lock file --------------------------------------------------------------------------
 
 
-def lock_variant(plan: BuildPlan, *, ca_cert: Path | None = None, resolver: Resolver | None = None,
-                 base_pinner: BasePinner | None = None,
-                 prefer: VariantLock | None = None, engine: Engine | None = None,
+def lock_variant(plan: BuildPlan, *, base_pinner: BasePinner, ca_cert: Path | None = None,
+                 resolver: Resolver | None = None, prefer: VariantLock | None = None,
                  on_status: Callable[[str], None] | None = None) -> VariantLock:
     """The lock of one variant. ``prefer``: an existing variant lock whose versions are
     passed as constraints (so re-checking a current lock does not pick up new releases).
-    ``resolver`` and ``base_pinner`` default to pip and the registry/engine (tests pass fakes).
+    ``resolver`` defaults to pip; ``base_pinner`` pins each base (pipeline.locks.pin_base asks the
+    registry, then the engine; tests pass fakes).
     ``on_status`` hears what is being done before each wait (a pip resolution takes tens of
     seconds): the CLI shows it."""
     resolver = resolver or run_pip_report
-    base_pinner = base_pinner or functools.partial(pin_base, engine=engine)
     status = on_status or (lambda _text: None)
     inputs = lock_inputs(plan)
     target = target_of(plan)
@@ -652,13 +630,13 @@ class LocalBaseDrift:
         return f"base {self.ref} is not the image locked (locked {self.locked_id[:19]}, now {str(self.now_id)[:19]})"
 
 
-def local_base_drift(bases: Mapping[str, LockedBase], engine: Engine | None = None) -> list[LocalBaseDrift]:
+def local_base_drift(bases: Mapping[str, LockedBase], engine: ImageStore | None = None) -> list[LocalBaseDrift]:
     """The bases (a variant's) locked by local image id whose image is no longer that one."""
     out = []
     for _stage, b in sorted(bases.items()):
         if b.digest or not b.image_id:
             continue
-        now = (_local_image(engine, b.ref) or {}).get("Id")
+        now = (local_image(engine, b.ref) or {}).get("Id")
         if now != b.image_id:
             out.append(LocalBaseDrift(b.ref, b.image_id, now))
     return out
@@ -673,14 +651,13 @@ class LockUse:
 
 
 def use_lock(plan: BuildPlan, *, mode: LockMode = LockMode.AUTO, variant: str = DEFAULT_VARIANT,
-             ca_cert: Path | None = None, resolver: Resolver | None = None, base_pinner: BasePinner | None = None,
-             engine: Engine | None = None) -> LockUse:
+             base_pinner: BasePinner, ca_cert: Path | None = None, resolver: Resolver | None = None,
+             engine: ImageStore | None = None) -> LockUse:
     """What `imgbuild build` does with the recipe's lock. ``mode``: ``auto`` (use it when
     present, refuse a stale one), ``update`` (re-lock, then use it) or ``locked`` (CI: it must
     exist and a fresh resolve must not change it; never written)."""
     path = lock_path(plan.recipe.path)
-    kwargs: dict[str, Any] = {"ca_cert": ca_cert, "resolver": resolver, "base_pinner": base_pinner,
-                              "engine": engine}
+    kwargs: dict[str, Any] = {"ca_cert": ca_cert, "resolver": resolver, "base_pinner": base_pinner}
     if mode == LockMode.UPDATE:
         entry = lock_variant(plan, **kwargs)
         with _UPDATE:  # other variants of the file are kept
