@@ -175,8 +175,8 @@ class PackageIndexError(EnvironmentProblem):
     METADATA (compat data refresh and plan-time look-ups of releases newer than the shipped data)."""
 
 
-class BackendCapabilityError(ImgbuildError):
-    """The plan needs something the chosen build backend cannot do."""
+class EngineCapabilityError(ImgbuildError):
+    """The plan needs something the chosen engine cannot do."""
 
     exit_status = ExitStatus.ENVIRONMENT
 

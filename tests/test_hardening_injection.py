@@ -245,7 +245,7 @@ def test_filters_refuse_line_breaks(value):
 def test_hostile_tags_refused_before_any_build(tmp_path, tag, monkeypatch):
     monkeypatch.setenv("DOCKER_HOST", "unix:///nonexistent.sock")  # never reaches an engine
     path = write(tmp_path, RECIPE)
-    code, _, err = run_cli("build", str(path), f"--tag={tag}", "--backend", "docker", "--progress", "quiet")
+    code, _, err = run_cli("build", str(path), f"--tag={tag}", "--engine", "docker", "--progress", "quiet")
     assert code == 2, err
     assert "is not a valid image reference" in err
 

@@ -465,7 +465,7 @@ def test_bake_chain_rebuilds_exactly_each_variants_dockerfile(tmp_path):
 # --- build_all with a fake builder ------------------------------------------------------
 
 
-class FakeBackend:
+class FakeEngine:
     name = "fake"
     client = "fake-docker"
     hints: dict[str, str] = {}
@@ -485,7 +485,7 @@ class FakeRunner:
         self.options: dict[str, BuildOptions] = {}
         self.lock = threading.Lock()
 
-    def __call__(self, plan, backend, options, on_line):
+    def __call__(self, plan, engine, options, on_line):
         variant = next(t for t in plan.tags if ":" in t).rsplit(":", 1)[1]
         with self.lock:
             self.events.append(("start", variant))
@@ -498,7 +498,7 @@ class FakeRunner:
             raise BuildFailed("build failed (exit 1)", returncode=1, log_tail="pip: no such version")
         result = BuildResult(image_id="sha256:" + "ab" * 32, tags=plan.tags, log_tail="", cached_steps=3,
                              run_steps=2, seconds=self.delay)
-        return BuildOutcome(plan, backend.name, result, size=123_000_000)
+        return BuildOutcome(plan, engine.name, result, size=123_000_000)
 
 
 def two_by_two(tmp_path) -> mx.Matrix:
@@ -509,7 +509,7 @@ def two_by_two(tmp_path) -> mx.Matrix:
 def test_build_all_builds_shared_prefixes_once_before_their_sharers(tmp_path):
     m = two_by_two(tmp_path)
     runner = FakeRunner()
-    result = build_all(m, FakeBackend(), BuildOptions(cache_to=("type=registry,ref=r/x:cache-{variant},mode=max",)),
+    result = build_all(m, FakeEngine(), BuildOptions(cache_to=("type=registry,ref=r/x:cache-{variant},mode=max",)),
                        jobs=4, hooks=BuildHooks(runner=runner))
     assert [b.variant.id for b in result.builds] == [v.id for v in m.variants] and not result.failed
     ev = runner.events
@@ -525,7 +525,7 @@ def test_build_all_runs_unrelated_variants_in_parallel(tmp_path):
     # different base images: nothing shared, so -j 2 starts two at once
     path = recipe(tmp_path, "  base.image: ['debian:bookworm-slim', 'debian:12']\n  tags: ['{variant}']")
     runner = FakeRunner()
-    build_all(pipeline.load_matrix(path), FakeBackend(), BuildOptions(), jobs=2, hooks=BuildHooks(runner=runner))
+    build_all(pipeline.load_matrix(path), FakeEngine(), BuildOptions(), jobs=2, hooks=BuildHooks(runner=runner))
     assert [e[0] for e in runner.events] == ["start", "start", "end", "end"]
 
 
@@ -537,7 +537,7 @@ class StalledRunner:
         self.procs: list[subprocess.Popen] = []
         self.tags: list[str] = []
 
-    def __call__(self, plan, backend, options, on_line):
+    def __call__(self, plan, engine, options, on_line):
         proc = subprocess.Popen(["sleep", "60"], start_new_session=True)
         self.tags.append(plan.tags[0].rsplit(":", 1)[1])
         self.procs.append(proc)
@@ -565,7 +565,7 @@ def test_an_interrupt_stops_every_variant_build_at_once(tmp_path):
     start = time.monotonic()
     try:
         with pytest.raises(Interrupted) as raised:
-            build_all(pipeline.load_matrix(path), FakeBackend(), BuildOptions(), jobs=2,
+            build_all(pipeline.load_matrix(path), FakeEngine(), BuildOptions(), jobs=2,
                       hooks=BuildHooks(runner=runner))
     finally:
         signal.signal(signal.SIGTERM, previous)
@@ -581,7 +581,7 @@ def test_an_interrupt_stops_every_variant_build_at_once(tmp_path):
 def test_one_failure_does_not_stop_the_others(tmp_path):
     m = two_by_two(tmp_path)
     runner = FakeRunner(fail={"cu121-idna3_7"})
-    result = build_all(m, FakeBackend(), BuildOptions(), jobs=2, hooks=BuildHooks(runner=runner))
+    result = build_all(m, FakeEngine(), BuildOptions(), jobs=2, hooks=BuildHooks(runner=runner))
     assert [b.variant.id for b in result.failed] == ["cu121-idna3_7"]
     assert sum(1 for b in result.builds if b.ok) == 3
     report = build_report(result)
@@ -595,7 +595,7 @@ def test_one_failure_does_not_stop_the_others(tmp_path):
 
 
 def test_build_all_refuses_capabilities_before_building(tmp_path):
-    class Classic(FakeBackend):
+    class Classic(FakeEngine):
         name = "docker"
         capabilities = frozenset({"multi-stage", "cache-mounts", "secrets", "cache-from"})
 
@@ -612,7 +612,7 @@ def test_build_all_checks_push_credentials_before_any_variant_builds(tmp_path, r
     monkeypatch.setenv("IMGBUILD_REGISTRY_PASSWORD", "wrong-" + registry.password)
     runner = FakeRunner()
     with pytest.raises(AuthenticationError, match=r"cannot push .*nothing was built") as exc:
-        build_all(two_by_two(tmp_path), FakeBackend(), BuildOptions(push=True), registry=registry.address,
+        build_all(two_by_two(tmp_path), FakeEngine(), BuildOptions(push=True), registry=registry.address,
                   hooks=BuildHooks(runner=runner))
     assert exc.value.exit_status == 3
     assert runner.events == []
@@ -621,11 +621,11 @@ def test_build_all_checks_push_credentials_before_any_variant_builds(tmp_path, r
 def test_build_all_usage_errors(tmp_path):
     m = two_by_two(tmp_path)
     with pytest.raises(UsageError, match="at least 1"):
-        build_all(m, FakeBackend(), BuildOptions(), jobs=0, hooks=BuildHooks(runner=FakeRunner()))
+        build_all(m, FakeEngine(), BuildOptions(), jobs=0, hooks=BuildHooks(runner=FakeRunner()))
     with pytest.raises(UsageError, match="single --variant"):
-        build_all(m, FakeBackend(), BuildOptions(), tags=("x:1",), hooks=BuildHooks(runner=FakeRunner()))
+        build_all(m, FakeEngine(), BuildOptions(), tags=("x:1",), hooks=BuildHooks(runner=FakeRunner()))
     with pytest.raises(UsageError, match="no variant 'cu999'"):
-        build_all(m, FakeBackend(), BuildOptions(), variant_ids=("cu999",), hooks=BuildHooks(runner=FakeRunner()))
+        build_all(m, FakeEngine(), BuildOptions(), variant_ids=("cu999",), hooks=BuildHooks(runner=FakeRunner()))
 
 
 def test_dropped_variant_cannot_be_selected():
@@ -635,11 +635,11 @@ def test_dropped_variant_cannot_be_selected():
 
 @pytest.fixture
 def fake_engine(monkeypatch):
-    from buildkit_py import engine as backends
+    from buildkit_py import engine as engine_pkg
     from buildkit_py.engine import build, matrix_build
 
     runner = FakeRunner(fail={"cu124-idna3_8"})
-    monkeypatch.setattr(backends, "select_engine", lambda preference=None, **_kw: FakeBackend())
+    monkeypatch.setattr(engine_pkg, "select_engine", lambda preference=None, **_kw: FakeEngine())
     monkeypatch.setattr(build, "run_build", runner)
     monkeypatch.setattr(matrix_build, "run_build", runner)
     return runner
@@ -677,16 +677,16 @@ def test_no_cache_builds_each_shared_prefix_once_then_variants_from_it(tmp_path)
     built: list = []
     removed: list[str] = []
 
-    class Engine(FakeBackend):  # builds FROM the engine's own images (ENGINE_STORE), as the docker kinds do
+    class Engine(FakeEngine):  # builds FROM the engine's own images (ENGINE_STORE), as the docker kinds do
         def remove(self, ref):
             removed.append(ref)
 
-    def runner(plan, backend, options, on_line):
+    def runner(plan, engine, options, on_line):
         assert options.no_cache
         built.append(plan)
         result = BuildResult(image_id="sha256:" + "cd" * 32, tags=plan.tags, log_tail="", cached_steps=0,
                              run_steps=len(plan.final.steps), seconds=0.0)
-        return BuildOutcome(plan, backend.name, result, size=1)
+        return BuildOutcome(plan, engine.name, result, size=1)
 
     result = build_all(m, Engine(), BuildOptions(no_cache=True), jobs=2, hooks=BuildHooks(runner=runner))
     assert not result.failed
@@ -711,14 +711,14 @@ def test_no_cache_on_a_named_builder_keeps_the_shared_prefix_in_each_variant(tmp
     m = two_by_two(tmp_path)
     built: list = []
 
-    class Builder(FakeBackend):  # a named builder cannot see the engine's images
-        capabilities = FakeBackend.capabilities - {"engine-store"}
+    class Builder(FakeEngine):  # a named builder cannot see the engine's images
+        capabilities = FakeEngine.capabilities - {"engine-store"}
 
-    def runner(plan, backend, options, on_line):
+    def runner(plan, engine, options, on_line):
         built.append(plan)
         result = BuildResult(image_id="sha256:" + "cd" * 32, tags=plan.tags, log_tail="", cached_steps=0,
                              run_steps=1, seconds=0.0)
-        return BuildOutcome(plan, backend.name, result, size=1)
+        return BuildOutcome(plan, engine.name, result, size=1)
 
     build_all(m, Builder(), BuildOptions(no_cache=True), jobs=1, hooks=BuildHooks(runner=runner))
     assert len(built) == 4 and not any(p.final.base.startswith("imgbuild-shared/") for p in built)

@@ -242,7 +242,7 @@ def read_registry(image: str, *, client: oci.Client | None = None, uncompressed:
 
 
 def read_engine(image: str, engine) -> ImageLayers:
-    """``image`` from the local store of ``engine`` (a backends.Engine); no blob digests or
+    """``image`` from the local store of ``engine`` (an engine.Engine); no blob digests or
     compressed sizes there."""
     attrs = engine.image_attrs(image)
     if attrs is None:

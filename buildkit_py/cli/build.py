@@ -110,22 +110,23 @@ def cmd_build(args: argparse.Namespace, out: Out) -> int:
     plan = plan_recipe(args, args.recipe, out)
     for w in plan.warnings:
         out.warn(w.render())
-    # Before the backend: a stale lock is refused even where no engine runs.
+    # Before the engine is chosen: a stale lock is refused even where no engine runs.
     locked = use_lock(plan, mode=_lock_mode(args), ca_cert=args.ca_cert, engine=reading_engine(args))
     plan = locked.plan
     for note in locked.warnings:
         out.warn(note)
     if locked.status != "none":
         out.info(f"lock     {locked.path} ({locked.status})")
-    backend = select_engine(args.backend, builder=args.builder)
+    engine = select_engine(args.engine, builder=args.builder)
     options = _build_options(args)
 
-    out.info(f"building {', '.join(plan.tags)} with the {backend.describe()}")
+    out.info(f"building {', '.join(plan.tags)} with the {engine.describe()}")
     with StepView.for_option(out.stderr, args.progress) as view:
-        outcome = run_build(plan, backend, options, view.line, on_progress=view.note, on_transfer=view.transfer)
+        outcome = run_build(plan, engine, options, view.line, on_progress=view.note, on_transfer=view.transfer)
     r = outcome.result
     report = {
-        "image_id": r.image_id, "tags": list(r.tags), "size": outcome.size, "backend": outcome.backend,
+        "image_id": r.image_id, "tags": list(r.tags), "size": outcome.size, "engine": outcome.engine,
+        "backend": outcome.engine,  # the older name of "engine", kept for scripts that read it
         "size_uncompressed": outcome.sizes.uncompressed if outcome.sizes else None,
         "size_compressed": outcome.sizes.compressed if outcome.sizes else None,
         "seconds": round(r.seconds, 2), "steps_run": r.run_steps, "steps_cached": r.cached_steps,
@@ -161,21 +162,21 @@ def cmd_build_matrix(args: argparse.Namespace, out: Out) -> int:
     mx.select_variants(matrix, tuple(args.variant), jobs=args.jobs, tags=tuple(args.tag))  # before any output
     for w in mx.dropped_warnings(matrix):
         out.warn(w)
-    backend = select_engine(args.backend, builder=args.builder)
+    engine = select_engine(args.engine, builder=args.builder)
     options = _build_options(args)
     lock_mode = _lock_mode(args)
 
     def prepare(variant, plan):
-        locked = use_lock(plan, mode=lock_mode, variant=variant.id, ca_cert=args.ca_cert, engine=backend)
+        locked = use_lock(plan, mode=lock_mode, variant=variant.id, ca_cert=args.ca_cert, engine=engine)
         for w in [pw.render() for pw in plan.warnings] + list(locked.warnings):
             out.warn(f"[{variant.id}] {w}")
         return locked.plan
 
     out.info(f"building {'all ' if args.all else ''}{len(args.variant) or len(matrix.variants)} variant(s) of "
-             f"{matrix.name} with the {backend.describe()}, {args.jobs} at a time")
+             f"{matrix.name} with the {engine.describe()}, {args.jobs} at a time")
     with StepView.for_option(out.stderr, args.progress) as view:
         hooks = BuildHooks(on_line=lambda vid, line: view.line(line, vid), on_event=view.note, prepare=prepare)
-        result = build_all(matrix, backend, options, jobs=args.jobs, registry=args.registry,
+        result = build_all(matrix, engine, options, jobs=args.jobs, registry=args.registry,
                            variant_ids=tuple(args.variant), tags=tuple(args.tag), hooks=hooks)
     if args.json:
         out.data(build_report(result))

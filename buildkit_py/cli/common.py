@@ -141,8 +141,10 @@ def network_option(sp: argparse.ArgumentParser, default: str | None, help_text: 
 def engine_options(sp: argparse.ArgumentParser) -> None:
     from buildkit_py.engine.registry import kind_names, kinds_help
 
-    sp.add_argument("--engine", "--backend", dest="backend", choices=kind_names(), default=None,
+    sp.add_argument("--engine", dest="engine", choices=kind_names(), default=None,
                     help=f"{kinds_help()}; also $IMGBUILD_ENGINE")
+    # the older name of --engine, still taken so scripts keep working; one word in --help
+    sp.add_argument("--backend", dest="engine", choices=kind_names(), help=argparse.SUPPRESS)
     sp.add_argument("--builder", help="buildx builder to use (remote or Kubernetes BuildKit)")
 
 
@@ -203,7 +205,7 @@ def reading_engine(args: argparse.Namespace) -> Engine:
     reached when first used. Commands call it once and pass the engine down."""
     from buildkit_py.engine import engine_for_reading
 
-    return engine_for_reading(getattr(args, "backend", None))
+    return engine_for_reading(getattr(args, "engine", None))
 
 
 def image_labels(engine: Engine | None, ref: str) -> tuple[dict[str, str], dict[str, str]]:

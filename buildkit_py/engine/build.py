@@ -63,7 +63,7 @@ class BuildOptions:
 @dataclass(frozen=True)
 class BuildOutcome:
     plan: BuildPlan
-    backend: str
+    engine: str
     result: BuildResult
     size: int  # uncompressed bytes (kept under this name for older readers; see sizes)
     pushes: tuple[PushResult, ...] = ()

@@ -89,7 +89,7 @@ class BuildPlan:
     labels: dict[str, str]  # static, in the Dockerfile
     env: dict[str, str]
     tags: tuple[str, ...]
-    needs: frozenset[str]  # backend capabilities this plan cannot build without
+    needs: frozenset[str]  # engine capabilities this plan cannot build without
     warnings: tuple[RecipeWarning, ...]
 
     @property
