@@ -13,7 +13,7 @@ import yaml
 from helpers import REPO, run_cli, write_recipe
 
 from buildkit_py.engine.build import assemble_context
-from buildkit_py.errors import ExitStatus, LockDrift, LockError, LockFileError, LockStale
+from buildkit_py.errors import ExitStatus, LockDrift, LockError, LockFileError, LockStale, RegistryUnreachable
 from buildkit_py.label_keys import OCI_BASE_DIGEST
 from buildkit_py.pipeline import locks
 from buildkit_py.plan import lock
@@ -569,3 +569,24 @@ def test_each_model_class_has_the_keys_its_schema_object_has(name, where):
         node = node[key]
     fields, required = _fields(getattr(M, name))
     assert fields == set(node["properties"]) and required == set(node["required"])
+
+
+def test_a_base_the_registry_does_not_confirm_is_pinned_by_image_id_not_by_the_engines_digest(monkeypatch):
+    """On the containerd store an imported image has RepoDigests of its own manifest, which no
+    registry holds; the lock took it for a registry digest ('1/1 bases by digest') and the
+    locked build's FROM ref@sha256 then failed asking the registry (found on docker 26)."""
+    ref = "127.0.0.1:9/imgbuild-test/base:1"
+
+    def unreachable(*_a, **_kw):
+        raise RegistryUnreachable("127.0.0.1:9: connection refused")
+
+    monkeypatch.setattr(locks.oci, "fetch_manifest", unreachable)
+
+    class ContainerdStore:
+        def image_attrs(self, _ref):
+            return {"Id": "sha256:" + "ab" * 32, "RepoDigests": ["127.0.0.1:9/imgbuild-test/base@sha256:" + "53" * 32]}
+
+    pinned = locks.pin_base(ref, engine=ContainerdStore())
+    assert pinned.digest is None and pinned.image_id == "sha256:" + "ab" * 32
+    assert "did not confirm a digest" in pinned.note and "push it to a registry" in pinned.note
+    assert locks.pin_base(ref, engine=None).note == "neither its registry nor the local engine knows it: not pinned"

@@ -25,9 +25,14 @@ from buildkit_py.plan.lock_model import LockedBase, LockFile
 
 
 def pin_base(ref: str, *, engine: ImageStore | None = None) -> LockedBase:
-    """``{ref, digest}`` from the registry (the manifest or index digest a FROM can name), else
-    from the engine's RepoDigests; a base only in the local engine (imported, never pushed)
-    has no digest: its image id is recorded and checked, and the lock says it is not pinned."""
+    """``{ref, digest}`` from the registry (the manifest or index digest a FROM can name); where
+    the registry does not answer, the local engine's image, pinned by its image id, which the
+    lock records and checks, saying that other machines cannot reproduce it.
+
+    The engine's RepoDigests are not taken for a registry digest: on the containerd image store
+    an imported image carries a digest of its own manifest that no registry holds, and a
+    ``FROM ref@sha256:...`` with it fails at build time (BuildKit asks the registry for it). Only
+    the registry can confirm a digest."""
     try:
         _, digest, _ = oci.fetch_manifest(ref, client=oci.Client(max_retries=1, timeout=(5.0, 30.0)))
         return LockedBase(ref, digest)
@@ -35,15 +40,9 @@ def pin_base(ref: str, *, engine: ImageStore | None = None) -> LockedBase:
         pass
     attrs = local_image(engine, ref)
     if attrs:
-        last = ref.rsplit("/", 1)[-1]
-        name_of_ref = ref[: len(ref) - len(last)] + last.split("@")[0].split(":")[0]
-        for d in attrs.get("RepoDigests") or []:
-            name, _, digest = d.partition("@")
-            if digest and name == name_of_ref:  # a digest of this repository, not another
-                return LockedBase(ref, digest)
         return LockedBase(ref, None, attrs["Id"],
-                          "exists only in the local engine (no registry digest): pinned by image id, "
-                          "which other machines cannot reproduce; push it to a registry to pin it")
+                          "its registry did not confirm a digest; the local engine's image is pinned by "
+                          "image id, which other machines cannot reproduce: push it to a registry to pin it")
     return LockedBase(ref, None, note="neither its registry nor the local engine knows it: not pinned")
 
 
