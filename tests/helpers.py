@@ -9,6 +9,7 @@ import subprocess
 import uuid
 from pathlib import Path
 
+from buildkit_py import label_keys as K
 from buildkit_py.cli.main import main
 
 REPO = Path(__file__).resolve().parent.parent
@@ -96,36 +97,36 @@ def assert_labels_true(image_id: str, labels: dict[str, str], platform: str | No
     ``platform``: check that platform's image of a multi-platform one (its own labels)."""
     facts = json.loads(image_sh(image_id, _FACTS, timeout=300, platform=platform))
     checked = set()
-    cuda = labels["io.imgbuild.cuda.version"]
+    cuda = labels[K.CUDA_VERSION]
     from buildkit_py import compat
 
     # the driver floors are the data's: driver.min only where NVIDIA publishes one (issue 21: 2)
     toolkit = compat.resolve_cuda(cuda)
-    assert labels.get("io.imgbuild.cuda.driver.min") == toolkit.linux_min_driver, labels
-    assert labels.get("io.imgbuild.cuda.driver.min-compat") == compat.minor_compat_floor(int(cuda.split(".")[0]))
-    checked |= {"io.imgbuild.cuda.driver.min", "io.imgbuild.cuda.driver.min-compat"}
+    assert labels.get(K.DRIVER_MIN) == toolkit.linux_min_driver, labels
+    assert labels.get(K.DRIVER_MIN_COMPAT) == compat.minor_compat_floor(int(cuda.split(".")[0]))
+    checked |= {K.DRIVER_MIN, K.DRIVER_MIN_COMPAT}
     mm = ".".join(cuda.split(".")[:2])
     runtime = {n: v for n, v in facts["pkgs"].items() if n.startswith("nvidia-cuda-runtime")}
-    flavor = labels.get("io.imgbuild.cuda.flavor")
-    if labels.get("io.imgbuild.cuda.source") == "wheels":
+    flavor = labels.get(K.CUDA_FLAVOR)
+    if labels.get(K.CUDA_SOURCE) == "wheels":
         assert runtime and all(v.startswith(mm + ".") for v in runtime.values()), runtime
         assert f"libcudart.so.{mm.split('.')[0]}" in facts["ld"]
         have = {_unsuffixed(n) for n in facts["pkgs"] if n.startswith("nvidia-")}
         want = tier_packages(flavor, cuda)
         assert want <= have, f"flavor {flavor} lacks {sorted(want - have)}"
-        if flavor == "base" and "io.imgbuild.torch.version" not in labels and "io.imgbuild.cudnn.version" not in labels:
+        if flavor == "base" and K.TORCH_VERSION not in labels and K.CUDNN_VERSION not in labels:
             assert have <= want, f"flavor base carries more than cudart: {sorted(have - want)}"
-        checked |= {"io.imgbuild.cuda.version", "io.imgbuild.cuda.source", "io.imgbuild.cuda.flavor"}
-    cudnn = labels.get("io.imgbuild.cudnn.version")
+        checked |= {K.CUDA_VERSION, K.CUDA_SOURCE, K.CUDA_FLAVOR}
+    cudnn = labels.get(K.CUDNN_VERSION)
     if cudnn:
         assert f"libcudnn.so.{cudnn}" in facts["ld"], "cuDNN label without libcudnn in the loader cache"
-        checked.add("io.imgbuild.cudnn.version")
+        checked.add(K.CUDNN_VERSION)
     else:
         assert "libcudnn.so" not in facts["ld"]
-    assert facts["py"].startswith(labels["io.imgbuild.python.version"] + ".")
-    assert facts["os"] == labels["io.imgbuild.os"]
+    assert facts["py"].startswith(labels[K.PYTHON_VERSION] + ".")
+    assert facts["os"] == labels[K.OS]
     assert facts["nvcc"] == (flavor == "devel"), f"flavor {flavor} but nvcc on PATH: {facts['nvcc']}"
-    torch = labels.get("io.imgbuild.torch.version")
+    torch = labels.get(K.TORCH_VERSION)
     assert (facts["pkgs"].get("torch") or None) == (torch.split("+")[0] if torch else None)
-    checked |= {"io.imgbuild.python.version", "io.imgbuild.os", "io.imgbuild.cuda.flavor"}
+    checked |= {K.PYTHON_VERSION, K.OS, K.CUDA_FLAVOR}
     return checked

@@ -1,6 +1,7 @@
-"""End to end on a real engine and registry: build a wheels recipe with BuildKit, check its
-labels and env, run it with no network to prove libcudart loads by name, push it with auth
-and read the manifest back from the registry."""
+"""End to end on a real engine and registry: build a wheels recipe, check its labels and env,
+run it with no network to prove libcudart loads by name, push it with auth and read the
+manifest back from the registry. The build and the rebuild after an app change run on every
+engine (podman too: ``on_every_engine``), the rest on the docker engines."""
 
 import base64
 import json
@@ -8,10 +9,11 @@ import re
 import subprocess
 
 import pytest
-from conftest import on_engine
+from conftest import on_engine, on_every_engine
 from helpers import CA_ARGS, run_cli, write_recipe
 
 from buildkit_py import oci
+from buildkit_py.plan.history import instruction_of
 
 RECIPE = """\
 name: {name}
@@ -48,12 +50,13 @@ def build(*args):
     return json.loads(out)
 
 
-def test_build_labels_env_and_cuda_loads(project, docker_client, cleanup_images, unique_name):
+@on_every_engine
+def test_build_labels_env_and_cuda_loads(project, engine, cleanup_images, unique_name):
     report = build(str(project), *CA_ARGS)
     cleanup_images.extend(report["tags"])
     assert report["tags"] == [f"{unique_name}:1.0"]
-    image = docker_client.images.get(report["image_id"])
-    labels = image.labels
+    attrs = engine.image_attrs(report["image_id"])
+    labels = attrs["Config"]["Labels"]
     assert labels["io.imgbuild.cuda.version"] == "12.4.1"
     assert labels["io.imgbuild.cuda.driver.min"] == "550.54.15"
     assert labels["io.imgbuild.cuda.driver.min-compat"] == "525.60.13"
@@ -64,28 +67,29 @@ def test_build_labels_env_and_cuda_loads(project, docker_client, cleanup_images,
     assert labels["team"] == "ml-platform"
     # --json reports exactly what the image carries, volatile labels included (issue 11 item 19)
     assert report["labels"] == labels
-    env = dict(e.split("=", 1) for e in image.attrs["Config"]["Env"])
+    env = dict(e.split("=", 1) for e in attrs["Config"]["Env"])
     assert env["NVIDIA_VISIBLE_DEVICES"] == "all"
     assert env["NVIDIA_DRIVER_CAPABILITIES"] == "compute,utility"
     assert env["NVIDIA_REQUIRE_CUDA"] == "cuda>=12.0"
     assert env["CUDA_VERSION"] == "12.4.1"
     assert env["HF_HOME"] == "/models/hf"
-    out = subprocess.run(["/usr/bin/docker", "run", "--rm", "--network", "none", report["image_id"]],
-                         capture_output=True, text=True, timeout=120)
+    client, client_env = engine.client_argv(), engine.environment()
+    out = subprocess.run([*client, "run", "--rm", "--network", "none", report["image_id"]],
+                         capture_output=True, text=True, timeout=120, env=client_env)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "cudart loaded"
     # found through the loader cache, like NVIDIA's images, not through LD_LIBRARY_PATH
-    ldconfig = subprocess.run(["/usr/bin/docker", "run", "--rm", "--network", "none", "--entrypoint", "ldconfig",
-                               report["image_id"], "-p"], capture_output=True, text=True, timeout=60)
+    ldconfig = subprocess.run([*client, "run", "--rm", "--network", "none", "--entrypoint", "ldconfig",
+                               report["image_id"], "-p"], capture_output=True, text=True, timeout=60, env=client_env)
     assert "libcudart.so.12" in ldconfig.stdout
     # the CA bundle passed as a secret is not in the image
-    history = json.dumps(docker_client.api.history(report["image_id"]))
+    history = json.dumps(engine.history(report["image_id"]))
     assert "ca-certificates.crt" not in history and "BEGIN CERTIFICATE" not in history
     # inspect names each layer's recipe step: the mount stubs' COPY is theirs, the recipe's copy[0]
     # is copy-0 (issue 22: 11: they were copy-0 and copy-1)
     code, out, err = run_cli("inspect", report["tags"][0], "--json", "--no-compressed")
     assert code == 0, err
-    layers = [(x["step"], x["group"], x["created_by"][:4].strip()) for x in json.loads(out)["layers"]]
+    layers = [(x["step"], x["group"], instruction_of(x["created_by"])) for x in json.loads(out)["layers"]]
     assert [x for x in layers if x[0] in ("mount-stubs", "copy-0", "copy-1")] == [
         ("mount-stubs", "python", "COPY"), ("mount-stubs", "python", "RUN"), ("copy-0", "app", "COPY")]
     # into a pipe (run_cli's stdout): aligned text columns, not box tables (issue 22: 9)
@@ -145,7 +149,8 @@ def test_wrong_push_credentials_exit_3_before_anything_builds(project, registry,
     assert docker_client.images.list(name=tag) == []
 
 
-def test_app_only_change_reruns_only_app_steps(project, docker_client, cleanup_images, unique_name):
+@on_every_engine
+def test_app_only_change_reruns_only_app_steps(project, engine, cleanup_images, unique_name):
     first = build(str(project), *CA_ARGS)
     cleanup_images.extend(first["tags"])
     # content never built before, so the layer cache cannot already hold it
@@ -161,9 +166,9 @@ def test_app_only_change_reruns_only_app_steps(project, docker_client, cleanup_i
     assert out.startswith("image    sha256:") and "steps    0 run, 8 cached" in out
 
 
-def test_classic_backend_refuses_cache_to_before_building(project, docker_client, monkeypatch):
+def test_classic_engine_refuses_cache_to_before_building(project, docker_client, monkeypatch):
     monkeypatch.setenv("IMGBUILD_DOCKER", "/usr/bin/docker")  # the 20.10 client, whichever engine
-    code, _, err = run_cli("build", str(project), "--backend", "docker", "--cache-to",
+    code, _, err = run_cli("build", str(project), "--engine", "docker", "--cache-to",
                            "type=registry,ref=127.0.0.1:5000/cache")
     assert code == 3 and "cache-export" in err
 

@@ -184,9 +184,9 @@ def _timed_pull(engine, ref: str) -> float:
     """Seconds of `docker pull` with nothing of ``ref`` local; best of two (the machine is shared)."""
     best = float("inf")
     for _ in range(2):
-        subprocess.run([*engine.docker_argv(), "image", "rm", ref], capture_output=True, env=engine.environment())
+        subprocess.run([*engine.client_argv(), "image", "rm", ref], capture_output=True, env=engine.environment())
         started = time.monotonic()
-        subprocess.run([*engine.docker_argv(), "pull", "-q", ref], check=True, capture_output=True,
+        subprocess.run([*engine.client_argv(), "pull", "-q", ref], check=True, capture_output=True,
                        env=engine.environment())
         best = min(best, time.monotonic() - started)
     return best

@@ -12,7 +12,7 @@ from helpers import run_cli
 @pytest.fixture
 def entrypoint_image(engine, base_image, unique_name):
     """The base image with ENTRYPOINT ["echo", "ep"] and CMD ["default"] (docker commit: no build)."""
-    docker = engine.docker_argv()
+    docker = engine.client_argv()
     image = f"{unique_name}:ep"
     cid = subprocess.run([*docker, "create", base_image, "true"], capture_output=True, text=True,
                          check=True).stdout.strip()

@@ -12,9 +12,9 @@ from buildkit_py.compat import platforms, tables
 from buildkit_py.compat.bases import BaseFacts
 from buildkit_py.compat.resolve import resolve
 from buildkit_py.engine import BuildRequest, require, required_capabilities
-from buildkit_py.engine.buildx import BuildxEngine
-from buildkit_py.engine.docker_cli import ClassicEngine
-from buildkit_py.errors import BackendCapabilityError, CompatibilityError, RecipeError
+from buildkit_py.engine.kinds.buildx import BuildxEngine
+from buildkit_py.engine.kinds.docker import ClassicEngine
+from buildkit_py.errors import CompatibilityError, EngineCapabilityError, RecipeError
 from buildkit_py.recipe.model import parse_recipe
 
 BOTH = "platforms: [linux/amd64, linux/arm64]\n"
@@ -146,7 +146,7 @@ def test_cli_platform_overrides_the_recipe_and_is_checked_before_any_engine(tmp_
 def test_classic_builder_refuses_an_index_and_builds_one_platform(tmp_path):
     classic = ClassicEngine("/usr/bin/docker")
     two = BuildRequest(tmp_path, tmp_path / "Dockerfile", ("a:1",), platforms=("linux/amd64", "linux/arm64"))
-    with pytest.raises(BackendCapabilityError) as info:
+    with pytest.raises(EngineCapabilityError) as info:
         require(classic, required_capabilities(frozenset(), two))
     assert "multi-platform" in info.value.message
     assert "a repeated --platform keeps only the last one" in info.value.hint
@@ -170,3 +170,12 @@ def test_a_lock_is_refused_for_a_multi_platform_recipe(tmp_path):
     code, _, err = run_cli("lock", str(path))
     assert code == 2 and "a lock pins linux/amd64 (x86_64) wheels only" in err, err
     assert not path.with_suffix(".lock").exists()
+
+
+def test_nvidia_tags_on_arm64_are_unknown_unless_the_base_index_is_read(tmp_path):
+    text = ('name: t/arm\nversion: "1"\ncuda: {version: "12.4", source: nvidia, flavor: base}\npython: "3.10"\n'
+            + BOTH)
+    r = parse_recipe(text, write_recipe(tmp_path, text))
+    with pytest.raises(CompatibilityError) as info:
+        resolve(r)
+    assert info.value.key == "cuda.source" and info.value.partial and "(sbsa)" in info.value.message

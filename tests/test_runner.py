@@ -9,12 +9,13 @@ import pytest
 import yaml
 from helpers import REPO, run_cli, write_recipe
 
+from buildkit_py.engine.kinds.docker import ClassicEngine, gpu_runtime
+from buildkit_py.engine.kinds.podman import PodmanEngine
 from buildkit_py.engine.run import (
     ImageStart,
     RunOptions,
     compose_document,
     container_process,
-    gpu_runtime,
     make_run_plan,
     weights_dir_name,
 )
@@ -42,18 +43,31 @@ def test_gpu_runtime_from_engine_info(tmp_path, monkeypatch):
     assert gpu_runtime({"Runtimes": {"runc": {}}})
 
 
+DOCKER = ClassicEngine("/usr/bin/docker", host="unix:///run/x.sock")  # nothing here reaches it
+
+
 def test_run_plan_mounts_weights_read_only(tmp_path):
     options = RunOptions(root=tmp_path, gpus="auto", network="none", command=("python", "-m", "serve"))
     plan = make_run_plan("team/infer:1", [("r.example.com/models/llm:1", "/models/llm")], options,
-                         engine_info={"Runtimes": {"nvidia": {}}})
+                         engine=DOCKER, gpu_available=True)
     assert plan.gpu
     argv = list(plan.argv)
+    assert argv[:5] == ["/usr/bin/docker", "--host", "unix:///run/x.sock", "run", "--rm"]
     assert argv[argv.index("--gpus") + 1] == "all"
     host = tmp_path / weights_dir_name("r.example.com/models/llm:1")
     assert f"type=bind,source={host},target=/models/llm,readonly" in argv
     assert argv[-4:] == ["team/infer:1", "python", "-m", "serve"]
-    assert not make_run_plan("x", [], RunOptions(root=tmp_path, gpus="none"),
-                             engine_info={"Runtimes": {"nvidia": {}}}).gpu
+    assert not make_run_plan("x", [], RunOptions(root=tmp_path, gpus="none"), engine=DOCKER, gpu_available=True).gpu
+    assert not make_run_plan("x", [], RunOptions(root=tmp_path, gpus="auto"), engine=DOCKER, gpu_available=False).gpu
+
+
+def test_each_engine_asks_for_gpus_its_own_way(tmp_path):
+    """The GPU flags are the engine's: docker's --gpus (NVIDIA runtime or CDI), podman's CDI device."""
+    options = RunOptions(root=tmp_path, gpus="all", command=("nvidia-smi",))
+    podman = make_run_plan("team/x:1", [], options, engine=PodmanEngine("/usr/bin/podman"), gpu_available=False)
+    assert podman.argv == ("/usr/bin/podman", "run", "--rm", "--device", "nvidia.com/gpu=all", "team/x:1", "nvidia-smi")
+    docker = make_run_plan("team/x:1", [], options, engine=DOCKER, gpu_available=False)
+    assert docker.argv[3:] == ("run", "--rm", "--gpus", "all", "team/x:1", "nvidia-smi")
 
 
 UVICORN = ImageStart(("uvicorn", "serve:app"), ("--port", "8000"))
@@ -82,7 +96,8 @@ def test_run_plan_command_line_is_shell_quoted(tmp_path):
     """--dry-run prints a line that can be pasted: split back by a shell, it is the argv."""
     options = RunOptions(root=tmp_path / "my weights", gpus="none", extra=("-e", "MSG=hello world"),
                          command=("sh", "-c", "echo $MSG; echo 'it''s' \"q\""), entrypoint="")
-    plan = make_run_plan("team/infer:1", [("r.example.com/models/llm:1", "/models/llm")], options, engine_info={})
+    plan = make_run_plan("team/infer:1", [("r.example.com/models/llm:1", "/models/llm")], options, engine=DOCKER,
+                         gpu_available=False)
     assert shlex.split(plan.command_line) == list(plan.argv)
     argv = list(plan.argv)
     assert argv[argv.index("--entrypoint") + 1] == "" and argv.index("--entrypoint") < argv.index("team/infer:1")
@@ -150,6 +165,30 @@ def test_plan_flags_copy_of_weights(tmp_path):
     warnings = make_plan(load_recipe(path)).warnings
     assert [(w.code, w.key) for w in warnings] == [("weights-in-copy", "copy[0].src")]
     assert "app/model.safetensors (11.0 MiB)" in warnings[0].message and "weights push" in warnings[0].message
+
+
+def test_plan_and_lint_apply_one_weight_file_limit(tmp_path):
+    """Issue 23: 3. The plan warned from 10 MiB on (>=) and counted a folder's symlinks, lint called
+    a file an error only above 10 MiB and skipped the links: a file of exactly 10 MiB, or a link
+    to a big file (the build context keeps it a link), got the plan's warning but no lint error."""
+    from buildkit_py.file_kinds import WEIGHT_FILE_LIMIT
+    from buildkit_py.pipeline import lint_recipe
+
+    app = tmp_path / "app"
+    app.mkdir()
+    for name, size in (("at.safetensors", WEIGHT_FILE_LIMIT), ("above.safetensors", WEIGHT_FILE_LIMIT + 1),
+                       ("small.pt", 100)):
+        with open(app / name, "wb") as fh:
+            fh.truncate(size)  # sparse: no disk used
+    big = tmp_path / "outside.bin"
+    with open(big, "wb") as fh:
+        fh.truncate(WEIGHT_FILE_LIMIT * 2)
+    (app / "link.bin").symlink_to(big)
+    path = write_recipe(tmp_path, RECIPE + "copy: [{src: app/, dest: /app}]\n")
+    warned = [w.message.split()[2] for w in make_plan(load_recipe(path)).warnings if w.code == "weights-in-copy"]
+    errors = [f.message.split()[0] for f in lint_recipe(path, hadolint=None).findings
+              if f.code == "weights-in-copy" and f.severity == "error"]
+    assert warned == errors == ["app/above.safetensors"]
 
 
 def test_run_dry_run_json():

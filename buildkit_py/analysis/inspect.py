@@ -1,7 +1,7 @@
 """What is in a built image, layer by layer, and what should not be there.
 
-``inspect_image`` streams the image out of the engine once (the docker SDK's
-``Image.save()``, the same bytes as ``docker save``), parses that tar on the fly and, for
+``inspect_image`` streams the image out of the engine once (``Engine.save``: the bytes of
+``docker save`` or ``podman save``), parses that tar on the fly and, for
 each layer tar inside it, in the same pass:
 
 - hashes it (sha256 = the layer's diff id, which is how a layer blob is matched to its
@@ -39,46 +39,23 @@ from __future__ import annotations
 import collections
 import io
 import posixpath
-import re
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from buildkit_py import label_keys as L
 from buildkit_py import oci
-from buildkit_py.analysis.layer_paths import CACHE, COMPILER, CUDA_DUPLICATE, DELETED, WEIGHTS, MiB
+from buildkit_py.analysis.layer_paths import CACHE, COMPILER, CUDA_DUPLICATE, DELETED, WEIGHTS, FindingKind
 from buildkit_py.analysis.saved_image import IterStream, LayerScan, SaveScan, analyze_save_stream
+from buildkit_py.analysis.severity import Severity
 from buildkit_py.errors import ImageMissing, ImgbuildError, InspectError, SizeBudgetExceeded
-from buildkit_py.plan import labels as L
-from buildkit_py.plan.build_plan import GROUPS, MOUNT_STUB_FILE, MOUNT_STUBS_GROUP, MOUNT_STUBS_STEP, STEP_MARK
+from buildkit_py.file_kinds import WEIGHT_FILE_LIMIT, over_weight_limit
+from buildkit_py.plan.history import GROUP_ORDER, attribute_layers
 from buildkit_py.sizes import human_size
 from buildkit_py.text_table import Block, TextTable
 
-BASE_GROUP, OTHER_GROUP, APP_GROUP, META_GROUP = "base", "other", "app", "meta"
-# Report order: the base image's layers, then plan's groups in build order, then unknowns.
-GROUP_ORDER = (BASE_GROUP,) + tuple(GROUPS) + (OTHER_GROUP,)
-
-# Step id -> group for the steps plan.make_plan writes; pass ``step_groups`` to inspect_image
-# (``{s.id: s.group for s in plan.final.steps}``) to use a plan's own table instead.
-DEFAULT_STEP_GROUPS: dict[str, str] = {
-    "python-ppa": "os", "os": "os", "python": "python", "cuda": "cuda", "ldconfig": "cuda",
-    "torch": "torch", "compiled": "heavy", "heavy": "heavy", "wheels": "heavy",
-    "pins": "pins", "build-tools": "pins", "meta": META_GROUP, MOUNT_STUBS_STEP: MOUNT_STUBS_GROUP,
-}
-
-def _group_of(step: str) -> str:
-    """A step's group by its id when the table has no entry: the id itself, or its prefix for
-    the per-library and per-package layers (cuda-cudnn -> cuda, heavy-flash-attn -> heavy)."""
-    for group in (step, step.split("-", 1)[0]):
-        if group in GROUPS:
-            return group
-    return OTHER_GROUP
-
-
-MARKER_RE = re.compile(r":\s*" + re.escape(STEP_MARK) + r"=([^;\s]+)")
-
 # Finding severities (the kinds are layer_paths': WEIGHTS, CACHE, COMPILER, CUDA_DUPLICATE, DELETED).
-WARNING, INFO = "warning", "info"
-_SEVERITY_RANK = {WARNING: 0, INFO: 1}
+WARNING, INFO = Severity.WARNING, Severity.INFO
 
 
 
@@ -101,8 +78,8 @@ class Layer:
 
 @dataclass(frozen=True)
 class Finding:
-    kind: str
-    severity: str
+    kind: FindingKind
+    severity: Severity
     layer: int | None  # index into ImageReport.layers of the layer that ships the bytes
     step: str | None
     path: str
@@ -159,79 +136,6 @@ def pull_seconds(compressed_size: int, bandwidth_mbps: float, unpacked_size: int
     return seconds
 
 
-def instruction_of(created_by: str) -> str:
-    """The Dockerfile instruction of a history entry, legacy builder or BuildKit."""
-    s = created_by.strip()
-    if s.startswith("/bin/sh -c #(nop)"):
-        s = s[len("/bin/sh -c #(nop)"):].strip()
-    elif s.startswith(("/bin/sh -c", "|")):
-        return "RUN"
-    word = s.split(None, 1)[0] if s else ""
-    return word.upper() if word.isalpha() else ""
-
-
-@dataclass(frozen=True)
-class Attribution:
-    step: str | None
-    group: str
-    created_by: str
-    instruction: str
-
-
-def attribute_entries(history: list[dict], step_groups: Mapping[str, str] | None = None) -> list[Attribution]:
-    """The step and group of every history entry, empty ones included, oldest first.
-
-    Entries use the image config's keys (``created_by``) or the engine history API's
-    (``CreatedBy``): the build's size budget reads the latter without streaming the image."""
-    step_groups = dict(DEFAULT_STEP_GROUPS if step_groups is None else step_groups)
-    seen_marker = False
-    copies = 0
-    out: list[Attribution] = []
-    for entry in history:
-        created = str(entry.get("created_by") or entry.get("CreatedBy") or "")
-        instr = instruction_of(created)
-        m = MARKER_RE.search(created)
-        step: str | None
-        if m:
-            seen_marker = True
-            step = m.group(1)
-            group = step_groups.get(step) or _group_of(step)
-        elif not seen_marker:
-            step, group = None, BASE_GROUP
-        elif instr == "COPY" and MOUNT_STUB_FILE in created.split():
-            step = MOUNT_STUBS_STEP
-            group = step_groups.get(step, MOUNT_STUBS_GROUP)
-        elif instr in ("COPY", "ADD"):
-            step = f"copy-{copies}"
-            copies += 1
-            group = step_groups.get(step, APP_GROUP)
-        elif instr == "RUN":
-            step, group = None, OTHER_GROUP
-        else:  # WORKDIR and friends from the meta step
-            step, group = "meta", step_groups.get("meta", META_GROUP)
-        out.append(Attribution(step, group, created, instr))
-    return out
-
-
-def attribute_layers(history: list[dict], n_layers: int,
-                     step_groups: Mapping[str, str] | None = None) -> list[Attribution]:
-    """Map each of ``n_layers`` layers to the history entry, step and group that made it.
-
-    ``history`` is the image config's ``history`` (entries with ``created_by`` and
-    ``empty_layer``). When the history does not account for every layer (a squashed or
-    hand-made image), the layers it cannot place are attributed to nothing (group ``base``)."""
-    entries = zip(attribute_entries(history, step_groups), history, strict=False)
-    out = [a for a, entry in entries if not entry.get("empty_layer")]
-    if len(out) != n_layers:
-        # Untrustworthy history: keep only what lines up from the top (the newest entries).
-        pad = [Attribution(None, BASE_GROUP, "", "")] * max(0, n_layers - len(out))
-        out = (pad + out)[-n_layers:] if n_layers else []
-    return out
-
-
-# ---------------------------------------------------------------- findings
-
-
 def _ancestors(path: str) -> Iterator[str]:
     while True:
         parent = posixpath.dirname(path)
@@ -278,7 +182,7 @@ def _where(layers: list[Layer], i: int) -> str:
 
 
 def find_problems(layers: list[Layer], scans: list[LayerScan], *, flavor: str | None,
-                  weight_threshold: int = 10 * MiB) -> list[Finding]:
+                  weight_threshold: int = WEIGHT_FILE_LIMIT) -> list[Finding]:
     """Every finding for an image whose layer ``i`` is ``layers[i]`` scanned as ``scans[i]``:
     weights, caches, compilers (runtime flavour only), CUDA shipped twice, bytes deleted later."""
     deletions = _Deletions(scans)
@@ -290,7 +194,7 @@ def find_problems(layers: list[Layer], scans: list[LayerScan], *, flavor: str | 
     findings += _cuda_findings(layers, hits.cuda, deletions)
     if deletions:
         findings += _deleted_findings(layers, scans, deletions, weight_threshold)
-    findings.sort(key=lambda f: (_SEVERITY_RANK.get(f.severity, 9), -f.size, f.layer or 0, f.path, f.kind))
+    findings.sort(key=lambda f: (f.severity.rank, -f.size, f.layer or 0, f.path, f.kind))
     return findings
 
 
@@ -323,7 +227,8 @@ class _Hits:
         return hits
 
 
-def _finding(layers: list[Layer], kind: str, severity: str, i: int, path: str, size: int, message: str) -> Finding:
+def _finding(layers: list[Layer], kind: FindingKind, severity: Severity, i: int, path: str, size: int,
+             message: str) -> Finding:
     return Finding(kind, severity, i, layers[i].step, path, size, message)
 
 
@@ -331,7 +236,7 @@ def _weight_findings(layers: list[Layer], weights: list[tuple[int, str, int]], t
     return [_finding(layers, WEIGHTS, WARNING, i, path, size,
                      f"model weights ({human_size(size)}) baked into {_where(layers, i)}: every pull "
                      f"moves them; fetch them at run time (recipe `weights:`) or mount them")
-            for i, path, size in weights if size > threshold]
+            for i, path, size in weights if over_weight_limit(size, threshold)]
 
 
 def _cache_findings(layers: list[Layer], caches: dict[tuple[int, str], list[int]], threshold: int) -> list[Finding]:
@@ -406,7 +311,7 @@ class InspectOptions:
     """How to inspect: the link a pull is timed on, what counts as weights, what to estimate."""
 
     bandwidth_mbps: float = 1000
-    weight_threshold: int = 10 * MiB
+    weight_threshold: int = WEIGHT_FILE_LIMIT  # what counts as weights: above this
     estimate_compressed: bool = True  # False skips the gzip estimate: several times faster on big images
     step_groups: Mapping[str, str] | None = None  # a plan's step -> group table (DEFAULT_STEP_GROUPS)
     workers: int | None = None  # gzip threads; None: by the cores
@@ -429,7 +334,7 @@ class ImageFacts:
 
 def inspect_image(engine, ref: str, options: InspectOptions | None = None,
                   progress: Callable[[str, str, int, int], None] | None = None) -> ImageReport:
-    """Read image ``ref`` from ``engine`` (a backends.Engine) and report on it.
+    """Read image ``ref`` from ``engine`` (an engine.Engine) and report on it.
 
     One ``docker save`` stream is read (the classic layout or, on the containerd store, an
     OCI layout with compressed blobs); nothing is written to disk. Compressed sizes come from
@@ -440,8 +345,6 @@ def inspect_image(engine, ref: str, options: InspectOptions | None = None,
     stream as they are read (``total``: the engine's size of the image, what the stream is about;
     the last call has the real count), as a transfer callback does: the pass takes a minute on a
     few GB."""
-    import docker.errors  # the SDK takes ~0.6 s to import; only this entry point needs it  # noqa: PLC0415
-
     opts = options or InspectOptions()
     if opts.bandwidth_mbps <= 0:
         raise InspectError(f"bandwidth must be positive, got {opts.bandwidth_mbps} Mbit/s")
@@ -456,19 +359,17 @@ def inspect_image(engine, ref: str, options: InspectOptions | None = None,
     labels = {k: v for k, v in sorted(((attrs.get("Config") or {}).get("Labels") or {}).items())
               if k.startswith(L.PREFIX)}
     remote = registry_layer_sizes(ref, len(diff_ids)) if opts.registry_sizes and attrs.get("RepoDigests") else None
-    try:
-        counted = _Counted(engine.save(ref), progress, ref, int(attrs.get("Size") or 0))
-        stream = io.BufferedReader(IterStream(iter(counted)), 1 << 20)
-        saved = analyze_save_stream(stream, image_id=image_id, diff_ids=diff_ids,
-                                    estimate_compressed=opts.estimate_compressed and remote is None,
-                                    workers=opts.workers)
-        counted.finish()
-    except docker.errors.DockerException as exc:
-        raise InspectError(f"could not export {ref} from the engine: {exc}") from exc
+    # An engine that cannot export the image raises InspectError from the stream (Engine.save).
+    counted = _Counted(engine.save(ref), progress, ref, int(attrs.get("Size") or 0))
+    stream = io.BufferedReader(IterStream(iter(counted)), 1 << 20)
+    saved = analyze_save_stream(stream, image_id=image_id, diff_ids=diff_ids,
+                                estimate_compressed=opts.estimate_compressed and remote is None,
+                                workers=opts.workers)
+    counted.finish()
     history = (saved.config or {}).get("history") or []
     try:
         engine_history = list(reversed(engine.history(image_id)))
-    except docker.errors.DockerException:
+    except InspectError:
         engine_history = []
     facts = ImageFacts(ref, image_id, diff_ids, history, labels,
                        engine_sizes=engine_layer_sizes(history, engine_history, len(diff_ids)),

@@ -35,7 +35,8 @@ if TYPE_CHECKING:
 def register_run(add: AddCommand) -> None:
     rn = add("run", "Weights listed in the recipe (or the image's io.imgbuild.weights label) are pulled into\n"
              "--weights-dir (a second run downloads nothing) and mounted read-only. GPU flags are added\n"
-             "when the engine has the NVIDIA runtime or CDI specs (--gpus auto).\n\n"
+             "when the engine offers GPUs: the NVIDIA runtime or CDI specs (--gpus auto). The engine is\n"
+             "$IMGBUILD_ENGINE's (docker: --gpus all; podman: --device nvidia.com/gpu=all).\n\n"
              "The command after -- follows docker's rule: with an image ENTRYPOINT it is passed to the\n"
              "ENTRYPOINT as arguments; --entrypoint replaces the ENTRYPOINT. imgbuild prints which applies.\n\n"
              "  imgbuild run recipes/inference-slim.yaml -- --workers 2      # uvicorn serve:app ... --workers 2\n"
@@ -51,7 +52,8 @@ def register_run(add: AddCommand) -> None:
                          "'' removes it, so the command after -- runs as given")
     network_option(rn, None, "docker run --network (default: the engine's)")
     rn.add_argument("--docker-arg", action="append", default=[], metavar="ARG",
-                    help="extra docker run argument, repeatable (e.g. --docker-arg=-p --docker-arg=8000:8000)")
+                    help="extra docker run (podman run) argument, repeatable "
+                         "(e.g. --docker-arg=-p --docker-arg=8000:8000)")
     json_option(rn, "with --dry-run: the plan as JSON")
     progress_option(rn, "weights download progress")
     rn.set_defaults(handler=cmd_run)
@@ -88,18 +90,18 @@ def cmd_run(args: argparse.Namespace, out: Out) -> int:
         config = image_config(engine, image)
         pairs = weights_from_labels(config.get("Labels") or {})
         start = ImageStart(tuple(config.get("Entrypoint") or ()), tuple(config.get("Cmd") or ()))
-    info: dict = {}
     try:
-        info = engine.info()
+        gpu_available = engine.gpu_available()
     except EnvironmentProblem:
         if not args.dry_run:
             raise
+        gpu_available = False  # no engine here: a dry run still says what would run
     if from_recipe and not args.dry_run:  # before any weight is downloaded
         _require_built(engine, image, Path(args.target))
     options = RunOptions(root=args.weights_dir or default_weights_root(), gpus=args.gpus, network=args.network,
                          extra=tuple(args.docker_arg), command=tuple(args.container_command),
                          entrypoint=args.entrypoint)
-    run = make_run_plan(image, pairs, options, engine_info=info, docker=tuple(engine.docker_argv()), start=start)
+    run = make_run_plan(image, pairs, options, engine=engine, gpu_available=gpu_available, start=start)
     process = run.process
     if args.dry_run:
         if args.json:

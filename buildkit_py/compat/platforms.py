@@ -106,6 +106,14 @@ def platforms_rule(recipe: Recipe, *, cuda: str, cuda_wheels: tuple[str, ...], t
         if name == "linux/amd64":
             continue
         p = platform(name)
+        if recipe.cuda.source == "nvidia" and not base_platforms:
+            # NVIDIA's tags are not looked up (Docker Hub is not asked), and images.json records amd64 only
+            problems.append(_fail(recipe, "cuda.source", "cuda.source", "nvidia", name,
+                                  f"imgbuild's data does not record which nvidia/cuda tags carry a {name} "
+                                  f"({p.nvidia_arch}) image, and this base's index is not read",
+                                  hint="use cuda.source: wheels, or mirror the tag into your registry "
+                                       "(imgbuild mirror IMAGE --to-mirror R/mirror, base.mirror: R/mirror) so its "
+                                       "index is read and checked", partial=True))
         problems += _cuda_wheel_problems(recipe, p, cuda, cuda_wheels)
         if torch:
             problems += _torch_problems(recipe, p, torch, torch_cuda)

@@ -13,9 +13,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from buildkit_py import oci
-from buildkit_py.analysis.inspect import attribute_entries
 from buildkit_py.engine import (
     CA_SECRET_ID,
+    ENGINE_STORE,
     PROVENANCE,
     PUSH,
     BuildRequest,
@@ -30,6 +30,7 @@ from buildkit_py.errors import BudgetExceeded, ImgbuildError, RegistryError, Usa
 from buildkit_py.files import write_atomic
 from buildkit_py.plan import labels as L
 from buildkit_py.plan.build_plan import BuildPlan, check_image_tag
+from buildkit_py.plan.history import attribute_entries
 from buildkit_py.plan.installer import UV_ENV_SECRET_ID, uv_env_for
 from buildkit_py.plan.steps import CopyStep
 from buildkit_py.recipe.model import Recipe
@@ -62,7 +63,7 @@ class BuildOptions:
 @dataclass(frozen=True)
 class BuildOutcome:
     plan: BuildPlan
-    backend: str
+    engine: str
     result: BuildResult
     size: int  # uncompressed bytes (kept under this name for older readers; see sizes)
     pushes: tuple[PushResult, ...] = ()
@@ -142,9 +143,9 @@ REJECTED_TAG = "rejected"  # an image over its size budget keeps only this tag
 
 def run_build(plan: BuildPlan, engine: Engine, options: BuildOptions, on_line: LineSink,
               on_progress: LineSink | None = None, on_transfer: TransferSink | None = None) -> BuildOutcome:
-    """Build on ``engine``; push from BuildKit where the engine can (buildx), else through the
-    engine's SDK. The image is kept in the engine when asked (--load), when a budget must be
-    checked first, or when the engine keeps every image anyway (the docker driver)."""
+    """Build on ``engine``; push from BuildKit where the engine can (PUSH: buildx), else through
+    the engine (``engine.push``). The image is kept in the engine when asked (--load), when a budget must be
+    checked first, or when the engine keeps every image anyway (ENGINE_STORE: not a named builder)."""
     dockerfile = render_dockerfile(plan)
     secrets = build_secrets(options.ca_cert, options.pip_config)
     # uv reads no pip.conf: its steps get the translation (UV_* variables) as a secret of their own.
@@ -155,7 +156,7 @@ def run_build(plan: BuildPlan, engine: Engine, options: BuildOptions, on_line: L
     budget = plan.recipe.max_size
     from_buildkit = options.push and PUSH in engine.capabilities
     # A budget is checked on the image in the engine before anything is pushed.
-    keep_local = options.load or budget is not None or not options.push or engine.kind != "builder"
+    keep_local = options.load or budget is not None or not options.push or ENGINE_STORE in engine.capabilities
     probe = BuildRequest(Path("."), Path("Dockerfile"), tags, cache_from=options.cache_from,
                          cache_to=options.cache_to, builder=options.builder, compression=options.compression,
                          oci_mediatypes=options.oci_mediatypes, provenance=options.provenance,

@@ -1,5 +1,8 @@
 """`imgbuild run` and `imgbuild compose`: start an image with its weights pulled onto host
-volumes (mounted read-only, never baked in) and the GPU flags when the host has a GPU runtime."""
+volumes (mounted read-only, never baked in) and the GPU flags when the engine offers GPUs. What
+runs is a ``RunSpec``; the engine turns it into its client's command line (``Engine.run_argv``:
+`docker run --gpus all`, `podman run --device nvidia.com/gpu=all`) and says whether it has GPUs
+(``Engine.gpu_available``)."""
 
 from __future__ import annotations
 
@@ -8,11 +11,15 @@ import re
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import yaml
 
 from buildkit_py.errors import UsageError
 from buildkit_py.recipe.model import named_volume
+
+if TYPE_CHECKING:
+    from buildkit_py.engine.base import Engine
 
 # Where the NVIDIA container toolkit writes CDI specs (`nvidia-ctk cdi generate`).
 CDI_DIRS = (Path("/etc/cdi"), Path("/var/run/cdi"))
@@ -50,7 +57,7 @@ class RunPlan:
     image: str
     weights: tuple[WeightsMount, ...]
     gpu: bool
-    argv: tuple[str, ...]  # the docker run command line
+    argv: tuple[str, ...]  # the engine client's run command line (docker run, podman run)
     process: Process | None = None  # what runs in the container; None when the image's start is unknown
 
     @property
@@ -97,35 +104,47 @@ def weights_dir_name(ref: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "_", ref).strip("_")
 
 
-def gpu_runtime(info: dict) -> bool:
-    """Does the engine offer GPUs? The nvidia runtime registered with dockerd, or CDI specs
-    for NVIDIA devices (`--gpus` works with either)."""
-    if "nvidia" in (info.get("Runtimes") or {}):
-        return True
-    return any(any(p.glob("nvidia*.yaml")) or any(p.glob("nvidia*.json")) for p in CDI_DIRS if p.is_dir())
+def nvidia_cdi_specs(dirs: tuple[Path, ...] | None = None) -> bool:
+    """Are there CDI specs for NVIDIA devices (`nvidia-ctk cdi generate`)? Docker (with
+    ``--gpus``) and podman (with ``--device nvidia.com/gpu=all``) both take GPUs from them."""
+    return any(any(p.glob("nvidia*.yaml")) or any(p.glob("nvidia*.json"))
+               for p in (CDI_DIRS if dirs is None else dirs) if p.is_dir())
 
 
-def run_argv(image: str, weights: tuple[WeightsMount, ...], *, gpu: bool, network: str | None,
-             extra: list[str], command: list[str], docker: tuple[str, ...] = ("docker",),
-             entrypoint: str | None = None) -> tuple[str, ...]:
-    """``docker``: the client command line of the chosen engine (Engine.docker_argv());
-    ``entrypoint``: docker's ``--entrypoint`` (None: the image's)."""
-    argv = [*docker, "run", "--rm"]
-    if gpu:
-        argv += ["--gpus", "all"]
-    if network:
-        argv += ["--network", network]
-    if entrypoint is not None:
-        argv += ["--entrypoint", entrypoint]
-    for w in weights:
+@dataclass(frozen=True)
+class RunSpec:
+    """One container to start, whatever the engine: the image, the weights bound read-only, GPUs
+    or not, the network, docker's ``--entrypoint`` (None: the image's), extra client arguments
+    and the command."""
+
+    image: str
+    weights: tuple[WeightsMount, ...] = ()
+    gpu: bool = False
+    network: str | None = None
+    entrypoint: str | None = None
+    extra: tuple[str, ...] = ()
+    command: tuple[str, ...] = ()
+
+
+def run_args(spec: RunSpec, gpu_flags: tuple[str, ...]) -> list[str]:
+    """The `run` arguments docker and podman share, after the client: ``gpu_flags`` are the
+    engine's way of asking for every GPU (``Engine.run_argv`` passes them)."""
+    argv = ["run", "--rm"]
+    if spec.gpu:
+        argv += gpu_flags
+    if spec.network:
+        argv += ["--network", spec.network]
+    if spec.entrypoint is not None:
+        argv += ["--entrypoint", spec.entrypoint]
+    for w in spec.weights:
         argv += ["--mount", f"type=bind,source={w.host_dir},target={w.mount},readonly"]
-    return tuple(argv + extra + [image] + command)
+    return argv + list(spec.extra) + [spec.image] + list(spec.command)
 
 
 @dataclass(frozen=True)
 class RunOptions:
     """What `imgbuild run` was asked for: where weights go on the host, GPUs (auto: when the
-    engine has a GPU runtime), the network, extra `docker run` arguments and the command."""
+    engine offers them), the network, extra `docker run` (`podman run`) arguments and the command."""
 
     root: Path
     gpus: str = "auto"  # auto | all | none
@@ -135,20 +154,21 @@ class RunOptions:
     entrypoint: str | None = None  # docker run --entrypoint; None: the image's
 
 
-def make_run_plan(image: str, weights_pairs: list[tuple[str, str]], options: RunOptions, *, engine_info: dict,
-                  docker: tuple[str, ...] = ("docker",), start: ImageStart | None = None) -> RunPlan:
-    """``engine_info``: the engine's `docker info`; ``docker``: its client command line
-    (Engine.docker_argv(), so $IMGBUILD_DOCKER and $DOCKER_HOST are honoured); ``start``: the
-    image's ENTRYPOINT and CMD, for the plan to say what runs in the container."""
+def make_run_plan(image: str, weights_pairs: list[tuple[str, str]], options: RunOptions, *, engine: Engine,
+                  gpu_available: bool, start: ImageStart | None = None) -> RunPlan:
+    """``engine``: the chosen engine, whose ``run_argv`` writes the command line;
+    ``gpu_available``: whether it offers GPUs (``engine.gpu_available()``, asked by the caller,
+    which decides what an unreachable engine means); ``start``: the image's ENTRYPOINT and CMD,
+    for the plan to say what runs in the container."""
     mounts = tuple(WeightsMount(ref, options.root / weights_dir_name(ref), mount) for ref, mount in weights_pairs)
     if options.gpus == "auto":
-        gpu = gpu_runtime(engine_info)
+        gpu = gpu_available
     elif options.gpus in {"all", "none"}:
         gpu = options.gpus == "all"
     else:
         raise UsageError(f"--gpus {options.gpus!r}: use auto, all or none")
-    argv = run_argv(image, mounts, gpu=gpu, network=options.network, extra=list(options.extra),
-                    command=list(options.command), docker=docker, entrypoint=options.entrypoint)
+    argv = engine.run_argv(RunSpec(image, mounts, gpu, options.network, options.entrypoint, options.extra,
+                                   options.command))
     process = container_process(start, options.command, options.entrypoint) if start is not None else None
     return RunPlan(image, mounts, gpu, argv, process)
 
