@@ -179,3 +179,35 @@ def test_nvidia_tags_on_arm64_are_unknown_unless_the_base_index_is_read(tmp_path
     with pytest.raises(CompatibilityError) as info:
         resolve(r)
     assert info.value.key == "cuda.source" and info.value.partial and "(sbsa)" in info.value.message
+
+
+def test_each_matrix_variant_builds_its_recipes_platforms(tmp_path):
+    """build --all: a variant whose recipe names platforms builds them (the options' --platform only
+    for the others), and an engine that cannot make an index refuses before any variant builds."""
+    from buildkit_py import pipeline
+    from buildkit_py.engine.build import BuildOptions
+    from buildkit_py.engine.matrix_build import BuildHooks, build_all
+
+    path = write_recipe(tmp_path, 'name: t/arm\nversion: "1"\ncuda: {version: "12.4", source: wheels, flavor: base}\n'
+                                  f'base: {{image: debian:bookworm-slim}}\npython: "3.11"\n{BOTH}'
+                                  "matrix:\n  python: ['3.11']\n  tags: ['{variant}']\n")
+    seen = []
+
+    def runner(plan, engine, options, on_line):
+        seen.append(options.platforms)
+        raise CompatibilityError("x", "1", "y", "2", "stop here")  # a failed variant: nothing else needed
+
+    class Buildx:  # what buildx with the containerd store declares, without an engine to ask
+        name, client, hints = "buildx", "docker", {}
+        capabilities = frozenset({"multi-stage", "cache-mounts", "secrets", "cache-from", "platform",
+                                  "multi-platform", "engine-store"})
+
+        def describe(self):
+            return "buildx engine"
+
+    build_all(pipeline.load_matrix(path), Buildx(), BuildOptions(), hooks=BuildHooks(runner=runner))
+    assert seen == [("linux/amd64", "linux/arm64")]
+    classic = ClassicEngine("/usr/bin/docker")
+    with pytest.raises(EngineCapabilityError):
+        build_all(pipeline.load_matrix(path), classic, BuildOptions(), hooks=BuildHooks(runner=runner))
+    assert len(seen) == 1

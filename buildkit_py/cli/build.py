@@ -99,7 +99,7 @@ def _lock_mode(args: argparse.Namespace) -> LockMode:
 
 def cmd_build(args: argparse.Namespace, out: Out) -> int:
     from buildkit_py.engine import select_engine
-    from buildkit_py.engine.build import run_build
+    from buildkit_py.engine.build import build_platforms, run_build
     from buildkit_py.pipeline.locks import use_lock
 
     if args.jobs < 1:
@@ -121,8 +121,7 @@ def cmd_build(args: argparse.Namespace, out: Out) -> int:
         out.info(f"lock     {locked.path} ({locked.status})")
     engine = select_engine(args.engine, builder=args.builder)
     # the recipe's platforms (or --platform's, which plan_recipe put in its place): one index of them
-    options = replace(_build_options(args), platforms=plan.recipe.platforms if plan.recipe.multi_platform or
-                      args.platform else ())
+    options = replace(_build_options(args), platforms=build_platforms(plan.recipe, tuple(args.platform)))
 
     out.info(f"building {', '.join(plan.tags)} with the {engine.describe()}"
              + (f" for {', '.join(options.platforms)}" if options.platforms else ""))
