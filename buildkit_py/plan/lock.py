@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any
 import yaml
 from packaging.markers import InvalidMarker
 from packaging.requirements import InvalidRequirement, Requirement
-from packaging.utils import canonicalize_name
+from packaging.utils import canonicalize_name, canonicalize_version
 
 from buildkit_py import oci
 from buildkit_py.errors import (
@@ -424,6 +424,31 @@ def read_lock(path: Path) -> dict[str, Any]:
     if issues:
         raise LockFileError(issues, hint=hint)
     return located.data
+
+
+def lock_entry(recipe_path: Path, variant: str = DEFAULT_VARIANT) -> dict[str, Any] | None:
+    """The lock file's entry for ``variant``, None when the recipe has no lock (or not that variant)."""
+    path = lock_path(recipe_path)
+    if not path.exists():
+        return None
+    return (read_lock(path).get("variants") or {}).get(variant)
+
+
+def wheel_key(name: str, version: str) -> tuple[str, str]:
+    """How a wheel is matched between a lock and an installed distribution: the canonical name
+    and the canonical version (``Foo_Bar 1.0.0`` is ``foo-bar 1.0``, as pip's ``==`` compares)."""
+    return canonicalize_name(name), canonicalize_version(version)
+
+
+def wheel_hashes(entry: dict[str, Any] | None) -> dict[tuple[str, str], str]:
+    """``wheel_key -> sha256`` of every package a lock entry pins (its wheel's hash, as
+    ``--require-hashes`` checked it), over all stages; the final image's stage wins a clash."""
+    stages = (entry or {}).get("packages") or {}
+    out: dict[tuple[str, str], str] = {}
+    for stage in sorted(stages, key=lambda name: name == "final"):
+        for p in stages[stage] or []:
+            out[wheel_key(p["name"], p["version"])] = p["sha256"]
+    return out
 
 
 # --- staleness and drift --------------------------------------------------------------------
