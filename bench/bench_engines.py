@@ -83,7 +83,7 @@ def main() -> int:
     results: dict = {}
 
     def docker(*args: str) -> subprocess.CompletedProcess:
-        return subprocess.run([*engine.docker_argv(), *args], capture_output=True, text=True, check=True,
+        return subprocess.run([*engine.client_argv(), *args], capture_output=True, text=True, check=True,
                               env=engine.environment(), timeout=1800)
 
     def prune() -> None:
@@ -106,7 +106,7 @@ def main() -> int:
             for _ in range(2):
                 for algo in ("gzip", "zstd"):
                     for ref, _c, _u in refs.values():
-                        subprocess.run([*engine.docker_argv(), "image", "rm", "-f", ref], capture_output=True,
+                        subprocess.run([*engine.client_argv(), "image", "rm", "-f", ref], capture_output=True,
                                        env=engine.environment(), check=False)
                     prune()
                     start = time.monotonic()
@@ -147,7 +147,7 @@ def main() -> int:
             results["push"] = times
         finally:
             for ref in made:
-                subprocess.run([*engine.docker_argv(), "image", "rm", "-f", ref], capture_output=True,
+                subprocess.run([*engine.client_argv(), "image", "rm", "-f", ref], capture_output=True,
                                env=engine.environment(), check=False)
     if len(sys.argv) > 1:
         Path(sys.argv[1]).write_text(json.dumps(results, indent=2))

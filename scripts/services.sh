@@ -6,13 +6,15 @@
 #
 # Beside it, a modern engine: Docker 26 + buildx + the containerd image store, from Debian 13's
 # packages unpacked under /opt/engine26 (never installed over the system's), on its own socket.
+# And podman (Debian 12's 4.3.1, daemonless: nothing to start), with the base image loaded.
 #
 #   scripts/services.sh up      install what is missing, start both engines + registry, make base
 #   scripts/services.sh down    stop only what `up` started
 #   scripts/services.sh env     print the registry and engine settings as shell assignments
 #   scripts/services.sh install only install the Debian packages
 #
-# IMGBUILD_ENGINE26=0 skips the modern engine (then only 20.10 is tested).
+# IMGBUILD_ENGINE26=0 skips the modern engine (then only 20.10 is tested); IMGBUILD_PODMAN_ENGINE=0
+# skips podman (`env` lists it in IMGBUILD_TEST_ENGINES only when it runs a container here).
 set -euo pipefail
 
 STATE_DIR=${IMGBUILD_STATE_DIR:-/var/lib/imgbuild-services}
@@ -37,6 +39,9 @@ E26_POOL=$DEBIAN_MIRROR/pool/main/d
 E26_DEBS="docker.io/docker.io_26.1.5+dfsg1-9+deb13u1+b1_amd64.deb
 docker.io/docker-cli_26.1.5+dfsg1-9+deb13u1+b1_amd64.deb
 docker-buildx/docker-buildx_0.13.1+ds1-3_amd64.deb"
+# Podman: Debian's package; its containers.conf drop-in for machines that refuse its rlimits.
+PODMAN_ENGINE=${IMGBUILD_PODMAN_ENGINE:-1}
+PODMAN_DROPIN=/etc/containers/containers.conf.d/imgbuild-ulimits.conf
 
 log() { printf '[services] %s\n' "$*" >&2; }
 
@@ -56,6 +61,7 @@ install_missing() {
     # a third-party client the SBOM tests read the pushed image's referrers with
     command -v skopeo >/dev/null || pkgs+=(skopeo)
     python3 -c 'import venv, ensurepip' 2>/dev/null || pkgs+=(python3-venv python3-pip)
+    if [ "$PODMAN_ENGINE" = 1 ]; then command -v podman >/dev/null || pkgs+=(podman); fi
     if [ ${#pkgs[@]} -gt 0 ]; then
         need_root
         log "installing: ${pkgs[*]}"
@@ -129,6 +135,41 @@ base_image26() {
     log "imported $BASE_IMAGE into docker 26"
 }
 
+podman_runs() { podman run --rm --network none "$BASE_IMAGE" true >/dev/null 2>&1; }
+podman_up() {
+    [ "$PODMAN_ENGINE" = 1 ] && command -v podman >/dev/null && podman image exists "$BASE_IMAGE" && podman_runs
+}
+
+setup_podman() {
+    [ "$PODMAN_ENGINE" = 1 ] || { log "podman skipped (IMGBUILD_PODMAN_ENGINE=0)"; return; }
+    command -v podman >/dev/null || { log "podman is not installed: not tested"; return; }
+    if ! podman image exists "$BASE_IMAGE"; then
+        # The classic `docker save` layout loads as it is (named localhost/debian:bookworm-slim,
+        # which `FROM debian:bookworm-slim` finds).
+        log "loading $BASE_IMAGE into podman"
+        $DOCKER save "$BASE_IMAGE" | podman load -q >/dev/null
+    fi
+    podman_runs && { log "podman ready"; return; }
+    local err; err=$(podman run --rm --network none "$BASE_IMAGE" true 2>&1 || true)
+    if [[ $err == *"error setting rlimit"* ]]; then
+        # Podman gives root's containers RLIMIT_NOFILE and RLIMIT_NPROC of 1048576; where root has
+        # no CAP_SYS_RESOURCE (a sandboxed VM) runc may not raise them ("error setting rlimit type
+        # 7: operation not permitted"). Ask for what this machine allows: its hard limits, nproc at
+        # most 32768 (podman lowers its own to that, and a container gets no more than podman has).
+        need_root
+        local nofile nproc
+        nofile=$(ulimit -Hn); nproc=$(ulimit -Hu)
+        if [ "$nproc" = unlimited ] || [ "$nproc" -gt 32768 ]; then nproc=32768; fi
+        mkdir -p "$(dirname "$PODMAN_DROPIN")"
+        printf '# Written by imgbuild scripts/services.sh: runc here may not raise rlimits (no CAP_SYS_RESOURCE).\n[containers]\ndefault_ulimits = ["nofile=%s:%s", "nproc=%s:%s"]\n' \
+            "$nofile" "$nofile" "$nproc" "$nproc" >"$PODMAN_DROPIN"
+        log "podman: container limits set to nofile=$nofile nproc=$nproc in $PODMAN_DROPIN"
+        podman_runs && { log "podman ready"; return; }
+        err=$(podman run --rm --network none "$BASE_IMAGE" true 2>&1 || true)
+    fi
+    log "podman cannot run a container here, so it is not tested: $err"
+}
+
 registry_up() {
     # 401 (auth required) is the answer of a running registry with auth.
     local code
@@ -199,18 +240,18 @@ print_env() {
     echo "export IMGBUILD_TEST_REGISTRY_PASSWORD_FILE=$STATE_DIR/registry/password"
     echo "export IMGBUILD_TEST_BASE_IMAGE=$BASE_IMAGE"
     # The engines the E2E suite runs on (tests/conftest.py's `engine` fixture).
-    if [ "$ENGINE26" = 1 ] && engine26_up; then
-        echo "export IMGBUILD_TEST_ENGINES=docker20,docker26"
-    else
-        echo "export IMGBUILD_TEST_ENGINES=docker20"
-    fi
+    local engines=docker20
+    if [ "$ENGINE26" = 1 ] && engine26_up; then engines+=,docker26; fi
+    if podman_up; then engines+=,podman; fi  # only the engine-contract tests run on it (tests/conftest.py)
+    echo "export IMGBUILD_TEST_ENGINES=$engines"
     echo "export IMGBUILD_TEST_DOCKER26_HOST=$E26_HOST"
     echo "export IMGBUILD_TEST_DOCKER26_CLIENT=$E26_DOCKER"
     echo "export IMGBUILD_TEST_DOCKER26_CONFIG=$E26_CONFIG"
 }
 
 case "${1:-up}" in
-    up) install_missing; start_engine; start_engine26; start_registry; make_base_image; base_image26; print_env ;;
+    up) install_missing; start_engine; start_engine26; start_registry; make_base_image; base_image26; setup_podman
+        print_env ;;
     install) install_missing ;;
     down) stop_started ;;
     env) print_env ;;

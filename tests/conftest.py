@@ -41,22 +41,48 @@ class Registry:
         return f"{self.address}/{name}"
 
 
-# The engines every E2E test runs on (scripts/services.sh env lists the ones it started):
+# The engines the E2E tests run on (scripts/services.sh env lists the ones it started):
 # docker20 = Debian's 20.10 client and engine on the default socket (classic BuildKit, classic
-# image store); docker26 = Docker 26 + buildx + the containerd image store on its own socket.
+# image store); docker26 = Docker 26 + buildx + the containerd image store on its own socket;
+# podman = Debian's podman 4.3.1 (buildah builds), which runs only the engine-contract tests
+# (``on_every_engine``: build, push, run, inspect), not the whole suite.
 ENGINE_NAMES = [e.strip() for e in os.environ.get("IMGBUILD_TEST_ENGINES", "docker20").split(",") if e.strip()]
 if IN_CI and "docker26" not in ENGINE_NAMES and os.environ.get("IMGBUILD_ENGINE26", "1") != "0":
     ENGINE_NAMES.append("docker26")  # CI runs both engines: a missing one fails there, never skips
+# Engines that run only the tests marked on_every_engine; IMGBUILD_TEST_CONTRACT_ONLY= (empty) runs
+# the whole suite on every engine listed.
+CONTRACT_ONLY = {e for e in os.environ.get("IMGBUILD_TEST_CONTRACT_ONLY", "podman").split(",") if e}
+SUITE_ENGINES = [e for e in ENGINE_NAMES if e not in CONTRACT_ONLY]
+
+# What each test engine's settings are: the variables that make imgbuild (and its client) use it.
+_ENGINE_ENV = ("IMGBUILD_ENGINE", "IMGBUILD_DOCKER", "DOCKER_HOST")
 
 
 def engine_settings(name: str) -> dict[str, str | None]:
-    """The environment that makes imgbuild (and any docker client) use engine ``name``."""
+    """The environment that makes imgbuild (and the engine's client) use engine ``name``."""
     if name == "docker20":
-        return {"IMGBUILD_DOCKER": "/usr/bin/docker", "DOCKER_HOST": None}
+        return {"IMGBUILD_ENGINE": None, "IMGBUILD_DOCKER": "/usr/bin/docker", "DOCKER_HOST": None}
     if name == "docker26":
-        return {"IMGBUILD_DOCKER": os.environ.get("IMGBUILD_TEST_DOCKER26_CLIENT", "/opt/engine26/usr/bin/docker"),
+        return {"IMGBUILD_ENGINE": None,
+                "IMGBUILD_DOCKER": os.environ.get("IMGBUILD_TEST_DOCKER26_CLIENT", "/opt/engine26/usr/bin/docker"),
                 "DOCKER_HOST": os.environ.get("IMGBUILD_TEST_DOCKER26_HOST", "unix:///run/docker26.sock")}
-    raise ValueError(f"IMGBUILD_TEST_ENGINES: unknown engine {name!r} (docker20, docker26)")
+    if name == "podman":
+        return {"IMGBUILD_ENGINE": "podman", "IMGBUILD_DOCKER": None, "DOCKER_HOST": None}
+    raise ValueError(f"IMGBUILD_TEST_ENGINES: unknown engine {name!r} (docker20, docker26, podman)")
+
+
+def engine_client(name: str) -> tuple[list[str], dict[str, str]]:
+    """The client command line and environment that reach engine ``name`` (for the leftover
+    check, which runs without the engine fixture): Debian's 20.10 client speaks to both docker
+    engines."""
+    settings = engine_settings(name)
+    env = {k: v for k, v in os.environ.items() if k != "DOCKER_HOST"}
+    if settings["DOCKER_HOST"]:
+        env["DOCKER_HOST"] = settings["DOCKER_HOST"]
+    if name == "podman":
+        return [os.environ.get("IMGBUILD_PODMAN") or shutil.which("podman") or "podman"], env
+    client = "/usr/bin/docker" if Path("/usr/bin/docker").exists() else str(settings["IMGBUILD_DOCKER"])
+    return [client], env
 
 
 def on_engine(name: str):
@@ -67,11 +93,19 @@ def on_engine(name: str):
     return pytest.mark.parametrize("engine", [name], indirect=True)
 
 
-@pytest.fixture(scope="session", params=ENGINE_NAMES)
+def on_every_engine(test):
+    """Run an E2E test on every engine of IMGBUILD_TEST_ENGINES, podman included: the engine
+    contract (build, push, run, inspect) that each engine plug-in must keep. The rest of the
+    suite runs on the docker engines only (SUITE_ENGINES), to keep CI time."""
+    return pytest.mark.parametrize("engine", ENGINE_NAMES, indirect=True)(test)
+
+
+@pytest.fixture(scope="session", params=SUITE_ENGINES)
 def engine(request):
-    """The engine object (buildkit_py.engine) the test runs on, parametrized over every engine
-    in IMGBUILD_TEST_ENGINES. While its tests run, IMGBUILD_DOCKER and DOCKER_HOST point at it,
-    so the CLI, the SDK and a plain `docker` in a subprocess all reach the same engine."""
+    """The engine object (buildkit_py.engine) the test runs on, parametrized over the docker
+    engines in IMGBUILD_TEST_ENGINES (over every one with ``on_every_engine``). While its tests
+    run, IMGBUILD_ENGINE, IMGBUILD_DOCKER and DOCKER_HOST point at it, so the CLI, the engine
+    object and its client in a subprocess all reach the same engine."""
     from buildkit_py.engine import select_engine
 
     with pytest.MonkeyPatch.context() as mp:
@@ -81,20 +115,19 @@ def engine(request):
             else:
                 mp.setenv(key, value)
         mp.delenv("IMGBUILD_BACKEND", raising=False)
-        mp.delenv("IMGBUILD_ENGINE", raising=False)
         try:
             chosen = select_engine()
-            chosen.sdk()
+            chosen.ping()
         except Exception as exc:  # any failure to reach the engine means "no engine here"
             unavailable(f"engine {request.param} not usable ({exc.__class__.__name__}: {exc})")
         chosen.test_name = request.param
         yield chosen
 
 
-# The environment as the run began: a session-scoped engine keeps its IMGBUILD_DOCKER and
-# DOCKER_HOST set while pytest runs the tests grouped under it, including tests that never asked
-# for an engine (usage errors, "no engine" faults); those get the original values back.
-_AMBIENT_ENGINE_ENV = {key: os.environ.get(key) for key in ("IMGBUILD_DOCKER", "DOCKER_HOST")}
+# The environment as the run began: a session-scoped engine keeps its settings (IMGBUILD_ENGINE,
+# IMGBUILD_DOCKER, DOCKER_HOST) while pytest runs the tests grouped under it, including tests that
+# never asked for an engine (usage errors, "no engine" faults); those get the original values back.
+_AMBIENT_ENGINE_ENV = {key: os.environ.get(key) for key in _ENGINE_ENV}
 
 
 @pytest.fixture(autouse=True)
@@ -114,12 +147,14 @@ def docker_client(engine):
 
 
 @pytest.fixture(scope="session")
-def base_image(docker_client) -> str:
+def base_image(engine) -> str:
     name = os.environ.get("IMGBUILD_TEST_BASE_IMAGE", "debian:bookworm-slim")
     try:
-        docker_client.images.get(name)
-    except Exception:
-        unavailable(f"base image {name} missing (scripts/services.sh up makes it)")
+        found = engine.image_attrs(name)
+    except Exception:  # the engine does not answer: the same as not having it here
+        found = None
+    if found is None:
+        unavailable(f"base image {name} missing in {engine.test_name} (scripts/services.sh up makes it)")
     return name
 
 
@@ -190,11 +225,11 @@ def unique_name() -> str:
     return f"imgbuild-test/{RUN_MARK}-{uuid.uuid4().hex[:10]}"
 
 
-def _docker(*args: str) -> subprocess.CompletedProcess:
-    """The docker client on the engine the test runs on (IMGBUILD_DOCKER / DOCKER_HOST as the
-    engine fixture set them); Debian's 20.10 client speaks to both engines."""
-    client = "/usr/bin/docker" if Path("/usr/bin/docker").exists() else os.environ.get("IMGBUILD_DOCKER", "docker")
-    return subprocess.run([client, *args], capture_output=True, text=True, timeout=120)
+def _client(engine, *args: str) -> subprocess.CompletedProcess:
+    """The client of the engine the test runs on (docker or podman; the engine fixture set where
+    it is), as the leftover check calls it."""
+    client, env = engine_client(engine.test_name)
+    return subprocess.run([*client, *args], capture_output=True, text=True, timeout=120, env=env)
 
 
 def _repository(ref: str) -> str:
@@ -207,19 +242,19 @@ def _repository(ref: str) -> str:
 
 
 @pytest.fixture
-def cleanup_images(docker_client):
+def cleanup_images(engine):
     """Collect image references; after the test they are removed, and so are the untagged images
     built under their names (a rebuild of a tag leaves the image it replaced without one; the
     base and the build cache stay)."""
     refs: list[str] = []
     yield refs
     for ref in refs:
-        _docker("image", "rm", "-f", ref)
+        _client(engine, "image", "rm", "-f", ref)
     for repo in sorted({_repository(ref) for ref in refs}):
-        old = _docker("image", "ls", "-aq", "--no-trunc", "--filter", "dangling=true", "--filter",
+        old = _client(engine, "image", "ls", "-aq", "--no-trunc", "--filter", "dangling=true", "--filter",
                       f"label=org.opencontainers.image.title={repo}").stdout.split()
         if old:
-            _docker("image", "rm", "-f", *old)
+            _client(engine, "image", "rm", "-f", *old)
 
 
 # --- what a run leaves behind (issue 22 item 13) -------------------------------------------------
@@ -249,17 +284,16 @@ def _run_temporary_directory(tmp_path_factory):
 def run_leftovers(engines: list[str]) -> list[str]:
     """What this run left: entries of RUN_TMP, and on each reachable engine the images (tagged or
     not) and containers marked with RUN_MARK."""
-    found = [f"{p}" for p in sorted(RUN_TMP.iterdir())] if RUN_TMP.is_dir() else []
+    # buildah-cache: podman's cache mounts, which buildah keeps under $TMPDIR (the engine's cache
+    # for the run's builds, as BuildKit's is inside its engine; removed with the folder)
+    found = [f"{p}" for p in sorted(RUN_TMP.iterdir()) if not p.name.startswith("buildah-cache")] \
+        if RUN_TMP.is_dir() else []
     for name in engines:
-        settings = engine_settings(name)
-        env = {k: v for k, v in os.environ.items() if k != "DOCKER_HOST"}
-        if settings["DOCKER_HOST"]:
-            env["DOCKER_HOST"] = settings["DOCKER_HOST"]
-        client = "/usr/bin/docker" if Path("/usr/bin/docker").exists() else str(settings["IMGBUILD_DOCKER"])
+        client, env = engine_client(name)
 
         def docker(*args: str, env=env, client=client) -> str | None:
             try:
-                out = subprocess.run([client, *args], capture_output=True, text=True, timeout=60, env=env)
+                out = subprocess.run([*client, *args], capture_output=True, text=True, timeout=60, env=env)
             except (OSError, subprocess.TimeoutExpired):
                 return None
             return out.stdout if out.returncode == 0 else None

@@ -7,8 +7,8 @@ import pytest
 
 from buildkit_py import engine as backends
 from buildkit_py.engine import BuildRequest, detect_backend, require, required_capabilities
-from buildkit_py.engine.buildx import BuildxBackend
-from buildkit_py.engine.docker_cli import ClassicBuildKitBackend
+from buildkit_py.engine.kinds.buildx import BuilderEngine, BuildxEngine
+from buildkit_py.engine.kinds.docker import ClassicEngine
 from buildkit_py.errors import BackendCapabilityError, EnvironmentProblem
 
 
@@ -27,20 +27,20 @@ def fake_client(tmp_path, name, version, buildx):
 @pytest.fixture
 def clients(monkeypatch):
     found: list[str] = []
-    monkeypatch.setattr("buildkit_py.engine.select.candidate_clients", lambda: found)  # what select_engine calls
+    monkeypatch.setattr("buildkit_py.engine.kinds.docker.candidate_clients", lambda: found)  # the docker kinds call it
     monkeypatch.delenv("IMGBUILD_BACKEND", raising=False)
     return found
 
 
 def test_prefers_buildx(tmp_path, clients):
     clients += [fake_client(tmp_path, "new", "28.2.2", buildx=True), fake_client(tmp_path, "old", "20.10.24+dfsg1", False)]  # noqa: E501
-    assert isinstance(detect_backend(), BuildxBackend)
+    assert isinstance(detect_backend(), BuildxEngine)
 
 
 def test_new_client_without_buildx_is_skipped_for_classic(tmp_path, clients):
     clients += [fake_client(tmp_path, "new", "28.2.2", buildx=False), fake_client(tmp_path, "old", "20.10.24+dfsg1", False)]  # noqa: E501
     backend = detect_backend()
-    assert isinstance(backend, ClassicBuildKitBackend) and backend.client.endswith("old")
+    assert isinstance(backend, ClassicEngine) and backend.client.endswith("old")
 
 
 def test_no_capable_client(tmp_path, clients):
@@ -52,7 +52,7 @@ def test_no_capable_client(tmp_path, clients):
 
 def test_override_to_classic(tmp_path, clients):
     clients += [fake_client(tmp_path, "new", "28.2.2", buildx=True), fake_client(tmp_path, "old", "20.10.24", False)]
-    assert isinstance(detect_backend("docker"), ClassicBuildKitBackend)
+    assert isinstance(detect_backend("docker"), ClassicEngine)
 
 
 def test_buildx_override_without_plugin(tmp_path, clients):
@@ -62,7 +62,7 @@ def test_buildx_override_without_plugin(tmp_path, clients):
 
 
 def test_classic_refuses_cache_export_before_building(tmp_path):
-    backend = ClassicBuildKitBackend("/usr/bin/docker")
+    backend = ClassicEngine("/usr/bin/docker")
     request = BuildRequest(tmp_path, tmp_path / "Dockerfile", ("x:1",), cache_to=("type=registry,ref=r/c",))
     with pytest.raises(BackendCapabilityError) as info:
         require(backend, required_capabilities(frozenset({"secrets"}), request))
@@ -70,7 +70,7 @@ def test_classic_refuses_cache_export_before_building(tmp_path):
 
 
 def test_classic_command_line(tmp_path):
-    backend = ClassicBuildKitBackend("/usr/bin/docker")
+    backend = ClassicEngine("/usr/bin/docker")
     request = BuildRequest(tmp_path / "ctx", tmp_path / "Dockerfile", ("a:1", "b:2"), labels={"k": "v"},
                            secrets={"cacert": tmp_path / "ca.pem"}, cache_from=("img:cache",))
     cmd = backend.command(request, tmp_path / "iid")
@@ -84,7 +84,7 @@ def test_classic_command_line(tmp_path):
 
 
 def test_buildx_command_line(tmp_path):
-    backend = BuildxBackend("/usr/bin/docker")
+    backend = BuildxEngine("/usr/bin/docker")
     request = BuildRequest(tmp_path, tmp_path / "Dockerfile", ("a:1", "a:2"), cache_to=("type=registry,ref=r/c",),
                            builder="k8s")
     cmd = backend.command(request, tmp_path / "iid", tmp_path / "md.json")
@@ -98,7 +98,7 @@ def test_buildx_command_line(tmp_path):
 
 
 def test_buildx_push_and_output_options(tmp_path):
-    backend = BuildxBackend("/usr/bin/docker", buildx=["/opt/x/docker-buildx"])
+    backend = BuildxEngine("/usr/bin/docker", buildx=["/opt/x/docker-buildx"])
     request = BuildRequest(tmp_path, tmp_path / "Dockerfile", ("r/a:1",), push=True, compression="zstd:19",
                            oci_mediatypes=True, provenance="min", platforms=("linux/amd64",))
     cmd = backend.command(request, tmp_path / "iid")
@@ -111,8 +111,6 @@ def test_buildx_push_and_output_options(tmp_path):
 
 
 def test_named_builder_loads_only_when_asked(tmp_path):
-    from buildkit_py.engine.buildx import BuilderEngine
-
     engine = BuilderEngine("/usr/bin/docker", builder="k8s")
     push_only = engine.command(BuildRequest(tmp_path, tmp_path / "D", ("r/a:1",), push=True, load=False), tmp_path / "i")  # noqa: E501
     outputs = [push_only[i + 1] for i, a in enumerate(push_only) if a == "--output"]
@@ -138,13 +136,13 @@ def test_compression_values_refused(value):
 def test_classic_refuses_output_options_naming_who_can(tmp_path):
     request = BuildRequest(tmp_path, tmp_path / "D", ("x:1",), compression="zstd", provenance="min")
     with pytest.raises(BackendCapabilityError) as info:
-        require(ClassicBuildKitBackend("/usr/bin/docker"), required_capabilities(frozenset(), request))
+        require(ClassicEngine("/usr/bin/docker"), required_capabilities(frozenset(), request))
     assert "compression, provenance" in info.value.message
     assert "containerd image store" in info.value.hint and "containerd-snapshotter" not in info.value.message
 
 
 def test_buildx_on_classic_store_refuses_cache_export(tmp_path, monkeypatch):
-    engine = BuildxBackend("/usr/bin/docker")
+    engine = BuildxEngine("/usr/bin/docker")
     monkeypatch.setattr(engine, "containerd_store", lambda: False)
     request = BuildRequest(tmp_path, tmp_path / "D", ("x:1",), cache_to=("type=registry,ref=r/c",))
     with pytest.raises(BackendCapabilityError) as info:
@@ -170,11 +168,91 @@ def test_imgbuild_docker_without_buildkit_is_an_error(tmp_path, monkeypatch):
 
 
 def test_builder_selects_the_builder_engine(tmp_path, clients):
-    from buildkit_py.engine.buildx import BuilderEngine
-
     clients += [fake_client(tmp_path, "new", "28.2.2", buildx=True)]
     engine = backends.select_engine(builder="k8s", host="unix:///run/x.sock")
     assert isinstance(engine, BuilderEngine) and engine.builder == "k8s"
-    assert engine.docker_argv() == [clients[0], "--host", "unix:///run/x.sock"]
+    assert engine.client_argv() == [clients[0], "--host", "unix:///run/x.sock"]
     with pytest.raises(BackendCapabilityError, match="needs buildx"):
         backends.select_engine("docker", builder="k8s")
+
+
+TOY_ENGINE = '''\
+from buildkit_py.engine.registry import register
+
+
+@register
+class ToyEngine:
+    kind = "toy"
+    aliases = ("toy-alias",)
+    auto_order = None
+    named_builders = False
+    title = "the toy engine"
+    summary = "a stand-in"
+    name = "toy"
+
+    @classmethod
+    def find(cls, choice):
+        return cls()
+
+    @classmethod
+    def for_reading(cls, choice):
+        return cls()
+'''
+
+
+@pytest.fixture
+def toy_engine_module(tmp_path, monkeypatch):
+    """A module dropped into engine/kinds (here: a folder added to its search path), as a new
+    engine would be; the registry is put back as it was afterwards."""
+    import sys
+
+    from buildkit_py.engine import kinds, registry
+
+    registry.engines()  # the shipped kinds, loaded before the registry is copied
+    (tmp_path / "toy.py").write_text(TOY_ENGINE)
+    monkeypatch.setattr(kinds, "__path__", [*kinds.__path__, str(tmp_path)])
+    monkeypatch.setattr(registry, "_REGISTERED", dict(registry._REGISTERED))
+    monkeypatch.setattr(registry, "_LOADED", False)
+    yield
+    sys.modules.pop("buildkit_py.engine.kinds.toy", None)
+
+
+def test_an_engine_is_one_module_in_kinds(toy_engine_module, tmp_path):
+    """Adding an engine touches one file: the registry finds the module, select_engine and the
+    CLI's --engine take its kind and alias, and --builder is refused for it by what it declares."""
+    from helpers import run_cli
+
+    from buildkit_py.engine import kind_names
+    from buildkit_py.engine.registry import kinds_help
+
+    assert kind_names() == ["auto", "buildx", "docker", "podman", "toy", "classic", "toy-alias"]
+    assert "toy (a stand-in)" in kinds_help() and "toy-alias is toy" in kinds_help()
+    assert type(backends.select_engine("toy")).__name__ == "ToyEngine"
+    assert type(backends.select_engine("toy-alias")).__name__ == "ToyEngine"
+    with pytest.raises(BackendCapabilityError, match="--builder k8s needs buildx, not the toy engine"):
+        backends.select_engine("toy", builder="k8s")
+    code, _, err = run_cli("build", str(tmp_path / "none.yaml"), "--engine", "nosuch")
+    assert code == 2 and "'toy'" in err and "'podman'" in err
+
+
+def test_unknown_engine_names_every_kind(monkeypatch):
+    monkeypatch.setenv("IMGBUILD_ENGINE", "nosuch")
+    with pytest.raises(EnvironmentProblem) as info:
+        backends.select_engine()
+    assert info.value.message == "unknown engine 'nosuch'"
+    assert info.value.hint == "use auto, buildx, docker, podman or classic"
+
+
+def test_auto_says_why_no_kind_would_do(tmp_path, clients):
+    clients += [fake_client(tmp_path, "new", "28.2.2", buildx=False)]
+    with pytest.raises(EnvironmentProblem) as info:
+        backends.select_engine()
+    assert info.value.message == (f"no docker client with the buildx plugin: {clients[0]}: no buildx plugin; "
+                                  f"no BuildKit-capable docker client (found): {clients[0]}: client 28.2.2 needs "
+                                  "buildx for BuildKit")
+
+
+def test_reading_falls_back_to_any_client(tmp_path, clients):
+    clients += [fake_client(tmp_path, "new", "28.2.2", buildx=False)]
+    engine = backends.engine_for_reading()  # cannot build here, can read
+    assert isinstance(engine, ClassicEngine)

@@ -13,8 +13,7 @@ import pytest
 from helpers import REPO
 
 from buildkit_py.cli.progress import StepView
-from buildkit_py.engine.buildlog import OUTPUT_LINES, BuildLog, classify, short_error
-from buildkit_py.engine.docker_cli import build_failure
+from buildkit_py.engine.buildlog import OUTPUT_LINES, BuildLog, build_failure, classify, short_error
 from buildkit_py.errors import BuildFailed
 
 FAILURES = REPO / "tests" / "fixtures" / "buildkit" / "failures"

@@ -106,6 +106,17 @@ def test_check_recipe():
     assert rc == 0 and json.loads(out)["cuda"] == "12.4.1"
 
 
+def test_check_without_a_gpu_says_how_to_give_the_driver(tmp_path, monkeypatch):
+    """issue 22: 12: a machine with no NVIDIA driver (this one: no nvidia-smi, no pynvml) got
+    "nvidia-smi not found" and no word of --driver."""
+    monkeypatch.setenv("PATH", str(tmp_path))  # nothing named nvidia-smi on it
+    for target, driver in ((DEMO, "550.54.15"), ("--cuda=12.1", "530.30.02")):
+        code, out, err = run_cli("check", target)
+        assert code == 3 and out == "", err
+        assert "cannot read this host's NVIDIA driver: nvidia-smi not found" in err
+        assert f"imgbuild check {target.replace('=', ' ')} --driver {driver}" in err
+
+
 def test_plan_and_check_say_the_same_of_an_unpublished_floor(tmp_path):
     """CUDA 13.3: plan, labels and check all say the native floor is unknown; the minor-version
     floor and the driver NVIDIA's installer bundles are what is known (issue 21: 2)."""

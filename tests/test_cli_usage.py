@@ -1,11 +1,15 @@
 """Usage errors a new user hits: exit 2, one clear message, no traceback, nothing half-written."""
 
 import os
+import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from helpers import REPO, run_cli, write_recipe
+
+from buildkit_py.errors import UsageError
 
 DEMO = str(REPO / "recipes" / "demo.yaml")
 
@@ -139,16 +143,35 @@ BAD_TAG = (["--tag", "Bad Tag"], "--tag: 'Bad Tag' is not a valid image referenc
 SCHEME = (["--registry", "http://127.0.0.1:5055/"],
           "--registry 'http://127.0.0.1:5055/': write the host without a scheme")
 NO_HOST = (["--registry", "myreg"], "--registry 'myreg' is not a registry host")
+# issue 22: 12: it silently became the repository 1.2
+VERSION_TAG = (["--tag", "1.2"], "--tag 1.2: a tag names the whole image, so this would be the repository '1.2'")
 
 
 @pytest.mark.parametrize(("command", "case"),
-                         [(c, t) for c in ("plan", "compose", "build") for t in (BAD_TAG, SCHEME, NO_HOST)]
+                         [(c, t) for c in ("plan", "compose", "build") for t in (BAD_TAG, SCHEME, NO_HOST, VERSION_TAG)]
                          + [("matrix", SCHEME), ("matrix", NO_HOST)])
 def test_tags_and_registry_checked_for_every_command(command, case):
     args, blamed = case
     code, out, err = run_cli(command, DEMO, *args)
     _usage(code, out, err)
     assert blamed in err and out == ""
+
+
+@pytest.mark.parametrize(("tag", "refused"), [
+    ("1.2", True), ("v2.0.1", True), ("1.2-rc1", True), ("2", True), ("1.2.3+cu124", True),
+    ("team/x:1.2", False), ("127.0.0.1:5000/team/x:1.2", False), ("trainer", False), ("v2-trainer:1", False),
+])
+def test_a_version_alone_is_refused_as_a_tag(tag, refused):
+    from buildkit_py.plan.build_plan import default_tags
+    from buildkit_py.recipe.model import load_recipe
+
+    recipe = load_recipe(Path(DEMO))
+    if refused:
+        with pytest.raises(UsageError, match=f"--tag {re.escape(tag)}: a tag names the whole image") as err:
+            default_tags(recipe, extra=(tag,))
+        assert err.value.hint.startswith(f"give the name too: --tag demo/cuda-hello:{tag}")
+    else:
+        assert default_tags(recipe, extra=(tag,)) == (tag,)
 
 
 def test_registry_with_trailing_slash_and_path_is_fine():

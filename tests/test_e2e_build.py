@@ -1,15 +1,19 @@
-"""End to end on a real engine and registry: build a wheels recipe with BuildKit, check its
-labels and env, run it with no network to prove libcudart loads by name, push it with auth
-and read the manifest back from the registry."""
+"""End to end on a real engine and registry: build a wheels recipe, check its labels and env,
+run it with no network to prove libcudart loads by name, push it with auth and read the
+manifest back from the registry. The build and the rebuild after an app change run on every
+engine (podman too: ``on_every_engine``), the rest on the docker engines."""
 
 import base64
 import json
+import re
 import subprocess
 
 import pytest
+from conftest import on_engine, on_every_engine
 from helpers import CA_ARGS, run_cli, write_recipe
 
 from buildkit_py import oci
+from buildkit_py.analysis.inspect import instruction_of
 
 RECIPE = """\
 name: {name}
@@ -46,12 +50,13 @@ def build(*args):
     return json.loads(out)
 
 
-def test_build_labels_env_and_cuda_loads(project, docker_client, cleanup_images, unique_name):
+@on_every_engine
+def test_build_labels_env_and_cuda_loads(project, engine, cleanup_images, unique_name):
     report = build(str(project), *CA_ARGS)
     cleanup_images.extend(report["tags"])
     assert report["tags"] == [f"{unique_name}:1.0"]
-    image = docker_client.images.get(report["image_id"])
-    labels = image.labels
+    attrs = engine.image_attrs(report["image_id"])
+    labels = attrs["Config"]["Labels"]
     assert labels["io.imgbuild.cuda.version"] == "12.4.1"
     assert labels["io.imgbuild.cuda.driver.min"] == "550.54.15"
     assert labels["io.imgbuild.cuda.driver.min-compat"] == "525.60.13"
@@ -62,23 +67,39 @@ def test_build_labels_env_and_cuda_loads(project, docker_client, cleanup_images,
     assert labels["team"] == "ml-platform"
     # --json reports exactly what the image carries, volatile labels included (issue 11 item 19)
     assert report["labels"] == labels
-    env = dict(e.split("=", 1) for e in image.attrs["Config"]["Env"])
+    env = dict(e.split("=", 1) for e in attrs["Config"]["Env"])
     assert env["NVIDIA_VISIBLE_DEVICES"] == "all"
     assert env["NVIDIA_DRIVER_CAPABILITIES"] == "compute,utility"
     assert env["NVIDIA_REQUIRE_CUDA"] == "cuda>=12.0"
     assert env["CUDA_VERSION"] == "12.4.1"
     assert env["HF_HOME"] == "/models/hf"
-    out = subprocess.run(["/usr/bin/docker", "run", "--rm", "--network", "none", report["image_id"]],
-                         capture_output=True, text=True, timeout=120)
+    client, client_env = engine.client_argv(), engine.environment()
+    out = subprocess.run([*client, "run", "--rm", "--network", "none", report["image_id"]],
+                         capture_output=True, text=True, timeout=120, env=client_env)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "cudart loaded"
     # found through the loader cache, like NVIDIA's images, not through LD_LIBRARY_PATH
-    ldconfig = subprocess.run(["/usr/bin/docker", "run", "--rm", "--network", "none", "--entrypoint", "ldconfig",
-                               report["image_id"], "-p"], capture_output=True, text=True, timeout=60)
+    ldconfig = subprocess.run([*client, "run", "--rm", "--network", "none", "--entrypoint", "ldconfig",
+                               report["image_id"], "-p"], capture_output=True, text=True, timeout=60, env=client_env)
     assert "libcudart.so.12" in ldconfig.stdout
     # the CA bundle passed as a secret is not in the image
-    history = json.dumps(docker_client.api.history(report["image_id"]))
+    history = json.dumps(engine.history(report["image_id"]))
     assert "ca-certificates.crt" not in history and "BEGIN CERTIFICATE" not in history
+    # inspect names each layer's recipe step: the mount stubs' COPY is theirs, the recipe's copy[0]
+    # is copy-0 (issue 22: 11: they were copy-0 and copy-1)
+    code, out, err = run_cli("inspect", report["tags"][0], "--json", "--no-compressed")
+    assert code == 0, err
+    layers = [(x["step"], x["group"], instruction_of(x["created_by"])) for x in json.loads(out)["layers"]]
+    assert [x for x in layers if x[0] in ("mount-stubs", "copy-0", "copy-1")] == [
+        ("mount-stubs", "python", "COPY"), ("mount-stubs", "python", "RUN"), ("copy-0", "app", "COPY")]
+    # into a pipe (run_cli's stdout): aligned text columns, not box tables (issue 22: 9)
+    code, out, err = run_cli("inspect", report["tags"][0], "--no-compressed")
+    assert code == 0, err
+    assert "\nLayers\n#  STEP " in out and not set("┃│━┏└") & set(out)
+    # the minute-long pass over the image shows its bytes as it reads them (issue 22: 10)
+    read = [line for line in err.splitlines() if line.startswith(f"     read {report['tags'][0]} ")]
+    assert len(read) >= 3 and read[-1].split()[2] == "100%" and "MiB of" in read[-1], err
+    assert any(line.split()[:3] == ["7", "copy-0", "app"] for line in out.splitlines())
 
 
 def test_push_with_auth_and_read_manifest_back(project, registry, docker_config, docker_client, cleanup_images,
@@ -128,7 +149,8 @@ def test_wrong_push_credentials_exit_3_before_anything_builds(project, registry,
     assert docker_client.images.list(name=tag) == []
 
 
-def test_app_only_change_reruns_only_app_steps(project, docker_client, cleanup_images, unique_name):
+@on_every_engine
+def test_app_only_change_reruns_only_app_steps(project, engine, cleanup_images, unique_name):
     first = build(str(project), *CA_ARGS)
     cleanup_images.extend(first["tags"])
     # content never built before, so the layer cache cannot already hold it
@@ -138,6 +160,10 @@ def test_app_only_change_reruns_only_app_steps(project, docker_client, cleanup_i
     assert second["steps_rerun"] == ["COPY", "WORKDIR"]
     assert second["steps_cached"] == 6
     assert second["image_id"] != first["image_id"]
+    # --progress quiet: nothing on stderr but errors (issue 22: 9: the "building ..." line came through)
+    code, out, err = run_cli("build", str(project), "--progress", "quiet", *CA_ARGS)
+    assert code == 0 and err == "", err
+    assert out.startswith("image    sha256:") and "steps    0 run, 8 cached" in out
 
 
 def test_classic_backend_refuses_cache_to_before_building(project, docker_client, monkeypatch):
@@ -145,3 +171,21 @@ def test_classic_backend_refuses_cache_to_before_building(project, docker_client
     code, _, err = run_cli("build", str(project), "--backend", "docker", "--cache-to",
                            "type=registry,ref=127.0.0.1:5000/cache")
     assert code == 3 and "cache-export" in err
+
+
+@on_engine("docker20")  # the view reads the engine's lines; both engines' lines are in test_step_view
+def test_plain_progress_heartbeat_during_a_real_slow_step(project, cleanup_images, unique_name, monkeypatch):
+    """issue 22: 10: off a terminal a long step printed nothing between its start and end line.
+    With a 1 s heartbeat (IMGBUILD_HEARTBEAT), the uncached os/cuda steps (apt, the CUDA wheels)
+    each take several seconds: heartbeat lines name the step that is running and how long."""
+    monkeypatch.setenv("IMGBUILD_HEARTBEAT", "1")
+    code, out, err = run_cli("build", str(project), "--no-cache", *CA_ARGS)
+    cleanup_images.append(f"{unique_name}:1.0")
+    assert code == 0, err
+    lines = err.splitlines()
+    beats = [(i, line) for i, line in enumerate(lines) if line.startswith("still running [final ")]
+    assert beats, err
+    for i, line in beats:  # each names a step that started before it and had not ended yet
+        step = line.removeprefix("still running ").rsplit(" (", 1)[0]
+        assert step in lines[:i] and not any(x.startswith(f"{step}: done") for x in lines[:i]), err
+        assert re.fullmatch(r"\d+s", line.rsplit(" (", 1)[1].rstrip(")")), line

@@ -161,6 +161,7 @@ def test_diff_matches_what_docker_pull_downloads(tmp_path, logged_in, base_image
 
     code, out, _ = run_cli("diff", a, b)
     assert code == 0 and "to download: 1 of 4 layers" in out and "copy-1" in out
+    assert not set("┃│━┏└") & set(out) and "\nLayers of B\n#  STEP" in out  # a pipe: aligned text (issue 22: 9)
 
 
 def test_diff_of_a_missing_image_is_an_error(logged_in, unique_name):
@@ -183,9 +184,9 @@ def _timed_pull(engine, ref: str) -> float:
     """Seconds of `docker pull` with nothing of ``ref`` local; best of two (the machine is shared)."""
     best = float("inf")
     for _ in range(2):
-        subprocess.run([*engine.docker_argv(), "image", "rm", ref], capture_output=True, env=engine.environment())
+        subprocess.run([*engine.client_argv(), "image", "rm", ref], capture_output=True, env=engine.environment())
         started = time.monotonic()
-        subprocess.run([*engine.docker_argv(), "pull", "-q", ref], check=True, capture_output=True,
+        subprocess.run([*engine.client_argv(), "pull", "-q", ref], check=True, capture_output=True,
                        env=engine.environment())
         best = min(best, time.monotonic() - started)
     return best

@@ -1,18 +1,27 @@
-"""End to end on each engine (classic 20.10, and Docker 26 + buildx + the containerd store):
-the digest printed after a push is the registry's, for one tag and several; buildx output
-options (zstd, OCI media types, provenance) land in the registry as asked and the classic
-client refuses them before building; registry cache survives `docker buildx prune -af`. (The
-bake folder `imgbuild matrix --format bake -o DIR` writes is built for real in test_e2e_matrix.)"""
+"""End to end on each engine (classic 20.10, Docker 26 + buildx + the containerd store, and
+podman): the engine contract every engine plug-in keeps (``on_every_engine``: build through the
+CLI with the CA bundle, labels read back true, push with the registry's digest, an unchanged
+rebuild that keeps its image and digest, `imgbuild run` of the pushed image, the GPU flags, and
+`imgbuild inspect` reading the engine's saved image); the digest printed after a push is the
+registry's, for one tag and several; buildx output options (zstd, OCI media types, provenance)
+land in the registry as asked and the classic client refuses them before building; registry
+cache survives `docker buildx prune -af`. (The bake folder `imgbuild matrix --format bake -o DIR`
+writes is built for real in test_e2e_matrix.)"""
 
 import json
 import os
+import shlex
 import subprocess
 import uuid
+from pathlib import Path
 
 import pytest
+from conftest import ENGINE_NAMES, on_every_engine
 from helpers import CA_ARGS, RUN_LABEL, RUN_MARK, run_cli, unique, write_recipe
 
 from buildkit_py import oci
+from buildkit_py.engine.run import nvidia_cdi_specs
+from buildkit_py.plan import labels as L
 
 RECIPE = """\
 name: {name}
@@ -48,10 +57,98 @@ def build(*args: str) -> dict:
 
 
 def buildx_only(engine) -> None:
-    if engine.kind == "classic":
+    if getattr(engine, "buildx", None) is None:
         pytest.skip("a buildx feature; test_classic_refuses_buildx_options covers the classic client")
 
 
+# How each engine asks for every GPU (Engine.run_argv), written out: the test's own expectation.
+GPU_FLAGS = {"docker20": ["--gpus", "all"], "docker26": ["--gpus", "all"], "podman": ["--device", "nvidia.com/gpu=all"]}
+
+
+@on_every_engine
+def test_engine_contract(project, logged_in, engine, cleanup_images, unique_name, tmp_path, capfd):
+    """What every engine must do through imgbuild's CLI: build a small CUDA 12.4 wheels image
+    with the CA bundle as a secret, carry the plan's labels (read back from the engine, the
+    registry and `imgbuild inspect`), push with the registry's digest, rebuild unchanged from
+    its cache with the same image and digest, and run the pushed image with `imgbuild run`."""
+    tag = f"{logged_in.address}/{unique_name}:contract"
+    report = build(str(project), "--tag", tag, "--push")
+    cleanup_images.append(tag)
+    assert report["backend"] == engine.name and report["steps_run"] > 0
+    # the labels the plan promised are on the image, in the engine and in the registry
+    labels = report["labels"]
+    assert labels[L.CUDA_VERSION] == "12.4.1" and labels[L.OCI + "title"] == unique_name
+    attrs = engine.image_attrs(tag)
+    assert attrs is not None and attrs["Id"] == report["image_id"]
+    assert {k: v for k, v in attrs["Config"]["Labels"].items() if k.startswith(L.PREFIX)} == \
+        {k: v for k, v in labels.items() if k.startswith(L.PREFIX)}
+    config = oci.get_image_config(tag)["config"]
+    assert config["Labels"] == attrs["Config"]["Labels"]
+    # the digest printed is the registry's, and the sizes add up
+    (push,) = report["pushes"]
+    assert push["ref"] == f"{logged_in.address}/{unique_name}@{push['digest']}"
+    assert oci.fetch_manifest(tag)[1] == push["digest"]
+    assert report["size_uncompressed"] == sum(report["groups"].values()) > report["size_compressed"] > 0
+    # nothing changed: every step from the cache, the same image, the same digest
+    again = build(str(project), "--tag", tag, "--push")
+    assert (again["steps_run"], again["steps_cached"]) == (0, report["steps_run"] + report["steps_cached"])
+    assert again["image_id"] == report["image_id"] and again["pushes"][0]["digest"] == push["digest"]
+    # inspect reads the engine's saved image: the same labels and sizes
+    code, out, err = run_cli("inspect", tag, "--json", "--progress", "quiet", "--no-compressed")
+    assert code == 0, err
+    seen = json.loads(out)
+    assert seen["labels"] == {k: v for k, v in labels.items() if k.startswith(L.PREFIX)}
+    assert seen["size_uncompressed"] == report["size_uncompressed"] and seen["id"] == report["image_id"]
+    # run: the pushed image's app, through the engine's own client
+    capfd.readouterr()
+    code, _, err = run_cli("run", tag, "--gpus", "none", "--network", "none", "--weights-dir", str(tmp_path / "w"),
+                           "--", "python", "main.py")
+    assert code == 0, err
+    assert capfd.readouterr().out.strip() == unique_name
+    running = shlex.split(next(ln for ln in err.splitlines() if ln.startswith("running ")).removeprefix("running "))
+    client = engine.client_argv()
+    assert running[:len(client) + 2] == [*client, "run", "--rm"] and not set(GPU_FLAGS[engine.test_name]) & set(running)
+    # the GPU flags this engine takes, where it is asked for every GPU
+    code, out, err = run_cli("run", tag, "--dry-run", "--json", "--gpus", "all", "--", "nvidia-smi")
+    assert code == 0, err
+    argv = json.loads(out)["argv"]
+    flags = GPU_FLAGS[engine.test_name]
+    assert argv[argv.index(flags[0]):argv.index(flags[0]) + 2] == flags and argv[-2:] == [tag, "nvidia-smi"]
+
+
+@pytest.fixture
+def fake_gpu_spec():
+    """A CDI spec that declares nvidia.com/gpu=all as an environment variable, where no real
+    NVIDIA spec is (there the real device would be asked for): what podman injects for
+    `--device nvidia.com/gpu=all` without a GPU. Named so that `--gpus auto` does not read it
+    (nvidia*.yaml), removed afterwards."""
+    if nvidia_cdi_specs():
+        pytest.skip("this machine has NVIDIA CDI specs: a stand-in for them would clash")
+    folder = Path("/var/run/cdi")
+    folder.mkdir(parents=True, exist_ok=True)
+    spec = folder / f"imgbuild-test-{RUN_MARK}-{uuid.uuid4().hex[:8]}.yaml"
+    spec.write_text('cdiVersion: "0.5.0"\nkind: "nvidia.com/gpu"\ndevices:\n  - name: all\n'
+                    f'    containerEdits:\n      env: ["IMGBUILD_TEST_GPU={spec.stem}"]\n')
+    yield spec.stem
+    spec.unlink()
+
+
+@pytest.mark.parametrize("engine", [e for e in ENGINE_NAMES if e == "podman"], indirect=True)
+def test_podman_gives_the_gpus_through_cdi(project, engine, cleanup_images, fake_gpu_spec, tmp_path, capfd):
+    """`imgbuild run --gpus all` on podman asks for nvidia.com/gpu=all through CDI, and podman
+    hands the container what the spec for it says (here a stand-in spec's variable; on a GPU
+    machine the device nodes and driver libraries `nvidia-ctk cdi generate` lists)."""
+    report = build(str(project))
+    cleanup_images.extend(report["tags"])
+    capfd.readouterr()
+    code, _, err = run_cli("run", report["tags"][0], "--gpus", "all", "--network", "none",
+                           "--weights-dir", str(tmp_path / "w"), "--", "sh", "-c", "echo $IMGBUILD_TEST_GPU")
+    assert code == 0, err
+    assert capfd.readouterr().out.strip() == fake_gpu_spec
+    assert "--device nvidia.com/gpu=all" in next(ln for ln in err.splitlines() if ln.startswith("running "))
+
+
+@on_every_engine
 @pytest.mark.parametrize("ntags", [1, 2])
 def test_printed_digest_is_the_registrys(project, logged_in, engine, cleanup_images, unique_name, ntags):
     tags = [f"{logged_in.address}/{unique_name}:t{i}" for i in range(ntags)]

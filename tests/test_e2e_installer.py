@@ -31,7 +31,8 @@ SITE = "/opt/venv/lib/python3.11/site-packages"
 
 
 def build(recipe, *args, expect=0):
-    code, out, err = run_cli("build", str(recipe), *args, "--json", "--progress", "quiet", *CA_ARGS)
+    # not --progress quiet: a test reads the "lock     PATH (status)" note, which quiet leaves out
+    code, out, err = run_cli("build", str(recipe), *args, "--json", *CA_ARGS)
     assert code == expect, err
     return (json.loads(out) if code == 0 else None), err
 

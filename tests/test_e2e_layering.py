@@ -66,9 +66,25 @@ budget: {{max_size: "50MB"}}
     assert docker("image", "inspect", f"{unique_name}:latest").returncode != 0
     # kept under :rejected, which the hint names (and `imgbuild inspect` reads)
     assert f"kept as {unique_name}:rejected" in err and f"imgbuild inspect {unique_name}:rejected" in err
+    assert "flavor" not in err  # a runtime recipe: no "use a runtime flavor" (issue 22: 12)
     try:
         assert docker("image", "inspect", f"{unique_name}:rejected").returncode == 0
         code, _, err = run_cli("inspect", f"{unique_name}:rejected", "--no-compressed")
         assert code == 0, err
     finally:
         docker("image", "rm", f"{unique_name}:rejected")
+
+
+def test_budget_advice_fits_the_recipe(tmp_path):
+    """issue 22: 12: the hint said "use a runtime flavor" to a runtime recipe."""
+    from buildkit_py.engine.build import budget_advice
+    from buildkit_py.recipe.model import load_recipe
+
+    def advice(cuda: str, extra: str = "") -> str:
+        text = f"name: t/x\ncuda: {{version: '12.4', {cuda}}}\npython: '3.11'\n{extra}"
+        return budget_advice(load_recipe(write_recipe(tmp_path, text)))
+
+    assert "flavor" not in advice("flavor: runtime") and "flavor" not in advice("flavor: base")
+    assert "heavy pins" in advice("flavor: runtime") and "budget.max_size" in advice("flavor: runtime")
+    assert "cuda.flavor: runtime" in advice("flavor: devel")
+    assert "flavor" not in advice("flavor: devel", "runtime_compile: true\n")  # it needs nvcc at run time

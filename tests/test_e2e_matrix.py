@@ -75,7 +75,7 @@ def test_build_all_two_by_two(project, engine, docker_client, cleanup_images, un
 
 def run_python(engine, image: str) -> str:
     """Load libcudart and print idna's version inside ``image``, on the engine that built it."""
-    out = subprocess.run([*engine.docker_argv(), "run", "--rm", "--network", "none", "--entrypoint", "python",
+    out = subprocess.run([*engine.client_argv(), "run", "--rm", "--network", "none", "--entrypoint", "python",
                           image, "-c", "import ctypes, idna; ctypes.CDLL('libcudart.so.12'); print(idna.__version__)"],
                          capture_output=True, text=True, timeout=120, env=engine.environment(), check=False)
     assert out.returncode == 0, out.stderr

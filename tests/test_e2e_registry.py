@@ -172,6 +172,16 @@ def test_run_pulls_weights_once_and_mounts_them_read_only(tmp_path, logged_in, b
     ref = f"{reg}/{unique_name}/weights:1"
     code, out, err = run_cli("weights", "push", str(weights_src), ref, "--json")
     assert code == 0, err
+    # sizes in sizes.py's units everywhere, never raw byte counts (issue 22: 9)
+    code, out, err = run_cli("weights", "ls", ref)
+    assert code == 0, err
+    assert [line.split()[:2] + line.split()[3:] for line in out.splitlines()] == [
+        ["3.0", "MiB", "model.safetensors"], ["12", "B", "tokenizer/vocab.json"]]
+    code, out, err = run_cli("weights", "push", str(weights_src), ref)
+    assert code == 0 and out.startswith("pushed 2 files (0 B uploaded): "), err
+    code, out, err = run_cli("weights", "pull", ref, str(tmp_path / "pulled"), "--progress", "plain")
+    assert code == 0 and out == f"2 files in {tmp_path / 'pulled'}: 3.0 MiB downloaded, 0 already present\n", err
+    assert "download model.safetensors 100% (3.0 MiB of 3.0 MiB)" in err and "bytes" not in err
 
     recipe = write_recipe(tmp_path / "app", f"""\
 name: {unique_name}-run
@@ -190,10 +200,10 @@ weights: [{{ref: "{ref}", mount: /models/tiny}}]
     first = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
     assert first.returncode == 0, first.stderr
     assert first.stdout.splitlines() == ['{"hello": 1}', "read-only"]
-    assert f"{3 * 2**20 + 12} bytes downloaded" in first.stderr
+    assert "weights " + f"{ref}: 3.0 MiB downloaded, 0 files already present" in first.stderr
     second = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
     assert second.returncode == 0, second.stderr
-    assert "0 bytes downloaded, 2 files already present" in second.stderr
+    assert "0 B downloaded, 2 files already present" in second.stderr
     assert (tmp_path / "vol").is_dir() and "model.safetensors" not in json.dumps(
         subprocess.run(["/usr/bin/docker", "history", "--no-trunc", image], capture_output=True, text=True).stdout)
 

@@ -15,7 +15,7 @@ import subprocess
 
 import pytest
 import yaml
-from conftest import ENGINE_NAMES, unavailable
+from conftest import SUITE_ENGINES, unavailable
 from helpers import CA_ARGS, run_cli, write_recipe
 
 from buildkit_py import oci
@@ -130,7 +130,7 @@ def test_push_attaches_the_sbom_and_other_clients_find_it(tmp_path, engine, logg
     assert (tmp_path / "skopeo" / blob).read_bytes() == document
 
 
-@pytest.mark.parametrize("engine", ENGINE_NAMES[:1], indirect=True)
+@pytest.mark.parametrize("engine", SUITE_ENGINES[:1], indirect=True)
 def test_each_pushed_matrix_variant_gets_its_sbom_with_its_lock_entry(tmp_path, engine, logged_in, base_image,
                                                                       unique_name, docker_client, cleanup_images,
                                                                       registry_refs):

@@ -57,7 +57,7 @@ torch: "{TORCH}"
     assert labels["io.imgbuild.cuda.version"] == "13.0.3"
 
     ref = built["tags"][0]
-    run = subprocess.run([*engine.docker_argv(), "run", "--rm", "--network", "none", ref, "python", "-c",
+    run = subprocess.run([*engine.client_argv(), "run", "--rm", "--network", "none", ref, "python", "-c",
                           "import torch; print(torch.__version__, torch.version.cuda)"],
                          capture_output=True, text=True, timeout=300, env=engine.environment())
     assert run.returncode == 0, run.stderr

@@ -14,13 +14,16 @@ import uuid
 from pathlib import Path
 
 import pytest
-from helpers import RUN_LABEL, RUN_MARK, unique
-from rich.console import Console
+from helpers import REPO, RUN_LABEL, RUN_MARK, unique
 
 from buildkit_py.analysis import inspect as I
 from buildkit_py.analysis import layer_paths as P
 from buildkit_py.analysis import saved_image as S
+from buildkit_py.cli.common import Out
 from buildkit_py.errors import ImageMissing, InspectError, SizeBudgetExceeded
+from buildkit_py.plan.build_plan import make_plan
+from buildkit_py.recipe.model import load_recipe
+from buildkit_py.text_table import TextTable
 
 FIXTURES = Path(__file__).parent / "fixtures" / "inspect"
 MiB = 1 << 20
@@ -120,6 +123,33 @@ def test_attribute_layers_maps_markers_copies_and_base():
     # A plan's own table wins over the defaults.
     custom = I.attribute_layers(history, 9, {"os": "python", "copy-1": "heavy"})
     assert custom[2].group == "python" and custom[7].group == "heavy"
+
+
+def test_the_mount_stubs_copy_is_not_the_recipes_copy_0():
+    """issue 22: 11: the COPY of the mount stubs (.imgbuild/empty to /etc/hosts) was labelled
+    copy-0 (group app) and the recipe's copy[0] copy-1. History as BuildKit records a wheels
+    recipe with one copy: entry (docker20's and docker26's read the same)."""
+    history = [
+        _h("/bin/sh -c #(nop) ADD file:abc in / "),
+        _h("RUN /bin/sh -c set -eu; : imgbuild-step=os; apt-get install x # buildkit"),
+        _h("RUN /bin/sh -c set -eu; : imgbuild-step=python; python3 -m venv /opt/venv # buildkit"),
+        _h("ENV PATH=/opt/venv/bin:$PATH", empty=True),
+        _h("COPY .imgbuild/empty /etc/hosts # buildkit"),
+        _h("RUN /bin/sh -c set -eu; : imgbuild-step=mount-stubs; mkdir -p /root/.cache/uv # buildkit"),
+        _h("RUN /bin/sh -c set -eu; : imgbuild-step=cuda; uv pip install x # buildkit"),
+        _h("RUN /bin/sh -c set -eu; : imgbuild-step=ldconfig; ldconfig # buildkit"),
+        _h("COPY app/ /app # buildkit"),
+        _h("WORKDIR /app"),
+    ]
+    got = [(a.step, a.group) for a in I.attribute_layers(history, 9)]
+    assert got == [(None, "base"), ("os", "os"), ("python", "python"), ("mount-stubs", "python"),
+                   ("mount-stubs", "python"), ("cuda", "cuda"), ("ldconfig", "cuda"), ("copy-0", "app"),
+                   ("meta", "meta")]
+    # With the plan's own table (what a build's size breakdown passes): the same steps and groups.
+    plan = make_plan(load_recipe(REPO / "recipes" / "demo.yaml"))
+    table = {st.id: st.group for st in plan.final.steps}
+    assert [(a.step, a.group) for a in I.attribute_layers(history, 9, table)] == got
+    assert table["copy-0"] == "app" and table["mount-stubs"] == "python"
 
 
 def test_attribute_layers_with_a_short_history():
@@ -359,12 +389,65 @@ def test_report_json_keys_and_budget():
     assert exc.value.to_json()["max_size"] == report.size - 1
 
 
-def test_render_table():
-    console = Console(record=True, width=200)
-    I.render_table(_tiny_report(), console)
-    text = console.export_text()
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+BOX = set("┃│━─┏┡└")
+
+
+def test_report_is_aligned_text_in_a_pipe():
+    """issue 22: 9: inspect drew 160-column box tables into a pipe; off a terminal it prints
+    aligned columns, as build --all does."""
+    stdout = io.StringIO()
+    Out(stdout, io.StringIO()).blocks(I.report_blocks(_tiny_report()))
+    text = stdout.getvalue()
+    assert not BOX & set(text) and "\x1b[" not in text
+    for needle in ("synthetic:1", "\nLayers\n", "\nGroups\n", "\nFindings\n", "weights", "deleted-later",
+                   "/data/big.bin"):
+        assert needle in text
+    lines = text.splitlines()
+    header = lines[lines.index("Layers") + 1]
+    assert header.split() == ["#", "STEP", "GROUP", "SIZE", "COMPRESSED", "CREATED", "BY"]
+    rows = lines[lines.index("Layers") + 2:lines.index("Groups") - 1]
+    size_end = header.index("SIZE") + len("SIZE")  # right-aligned: every size ends under the header's end
+    assert rows and all(row[size_end - 1] != " " and row[size_end] == " " for row in rows)
+    assert all(line == line.rstrip() for line in lines)
+
+
+def test_report_is_a_rich_table_on_a_terminal():
+    stdout = _Terminal()
+    Out(stdout, io.StringIO()).blocks(I.report_blocks(_tiny_report()))
+    text = stdout.getvalue()
+    assert BOX & set(text)
     for needle in ("synthetic:1", "Layers", "Groups", "Findings", "weights", "deleted-later", "/data/big.bin"):
         assert needle in text
+
+
+def test_the_save_stream_is_counted_against_the_engines_size():
+    heard: list[tuple[str, str, int, int]] = []
+    chunks = [b"x" * 40, b"x" * 40, b"x" * 40]  # 120 bytes where the engine said 100 (tar headers)
+    counted = I._Counted(iter(chunks), lambda *a: heard.append(a), "img:1", 100)
+    assert b"".join(counted) == b"x" * 120
+    counted.finish()
+    assert heard == [("read", "img:1", 40, 100), ("read", "img:1", 80, 100), ("read", "img:1", 99, 100),
+                     ("read", "img:1", 120, 120)]  # short of the estimate until the real count at the end
+    heard.clear()
+    counted = I._Counted(iter(chunks), lambda *a: heard.append(a), "img:1", 200)
+    next(iter(counted))  # the tar reader stops at the archive's end, before the stream does
+    counted.finish()
+    assert heard == [("read", "img:1", 40, 200), ("read", "img:1", 40, 40)]
+    heard.clear()
+    counted = I._Counted(iter(chunks), lambda *a: heard.append(a), "img:1", 0)  # size unknown
+    list(counted)
+    counted.finish()
+    assert heard[0] == ("read", "img:1", 40, 0) and heard[-1] == ("read", "img:1", 120, 120)
+
+
+def test_text_table_columns():
+    table = TextTable("T", ("name", "size"), (("a", "1 B"), ("long-name", "10.0 MiB")), right=frozenset({"size"}))
+    assert table.lines() == ["T", "NAME           SIZE", "a               1 B", "long-name  10.0 MiB"]
 
 
 # ---------------------------------------------------------------- real images (BuildKit, real engine)

@@ -5,6 +5,7 @@ manylinux_2_36_x86_64, descriptions stripped) stands in for pip; base digests ar
 import copy
 import json
 import random
+import re
 import subprocess
 
 import pytest
@@ -421,6 +422,10 @@ def test_cli_lock_writes_the_file(recipe, monkeypatch):
     assert f"{len(REPORT['install'])} packages, 1/1 bases by digest\nwrote {recipe.with_suffix('.lock')} (1 variant" in out  # noqa: E501
     code, out, err = run_cli("lock", str(recipe))
     assert code == 0 and "\nunchanged " in out
+    # the wait for pip is announced off a terminal; --progress quiet says nothing (issue 22: 10)
+    assert re.match(r"resolving \d+ requirements of stage final with pip \(Python 3\.\d+\)\n", err), err
+    code, out, err = run_cli("lock", str(recipe), "--progress", "quiet")
+    assert code == 0 and err == "", err
 
 
 def test_the_locked_base_digest_wins_over_the_one_the_plan_looked_up(recipe):
@@ -496,3 +501,20 @@ def test_lock_file_errors_exit_2_with_file_line_key_and_hint(recipe):
     line = text.splitlines().index("lock_version: 1") + 2
     assert data["issues"] == [{"file": str(path), "line": line, "key": "extra",
                                "message": "unknown key; allowed: inputs_digest, lock_version, recipe, variants"}]
+
+
+def test_lock_says_what_it_waits_for(recipe):
+    """issue 22: 10: `imgbuild lock` was silent for the 20-30 s pip takes: each wait is announced."""
+    plan = plan_of(recipe)
+    heard: list[str] = []
+    lock.lock_recipe({"cu121-py311": plan, "default": plan}, resolver=FakeResolver(), base_pinner=pinner,
+                     on_status=heard.append)
+    stages = [s.name for s in plan.stages]
+    assert [h.split(" requirements")[0].split(" resolving ")[0] for h in heard if "resolving" in h] == \
+        ["[cu121-py311]"] * len(stages) + ["[default]"] * len(stages)
+    assert all(re.fullmatch(r"\[(cu121-py311|default)\] (resolving \d+ requirements of stage \w+ with pip "
+                            r"\(Python 3\.\d+\)|pinning base \S+ of stage \w+ by digest)", h) for h in heard), heard
+    assert any("pinning base" in h for h in heard)
+    one: list[str] = []
+    lock.lock_recipe({"default": plan}, resolver=FakeResolver(), base_pinner=pinner, on_status=one.append)
+    assert one and not any(h.startswith("[") for h in one)  # one variant: no id in front

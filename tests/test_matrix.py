@@ -222,6 +222,33 @@ def test_incompatible_python_is_dropped_not_an_error(tmp_path):
     assert m.dropped[0].error.hint
 
 
+def test_a_matrix_that_keeps_nothing_is_refused_with_every_reason(tmp_path):
+    """issue 22: 12: it gave `{"include":[]}` and exit 0, and CI failed later in GitHub's own words."""
+    dropped = mx.load_matrix(recipe(tmp_path / "d", "  python: ['3.10', '3.12']"))  # debian12 has only 3.11
+    with pytest.raises(UsageError) as err:
+        mx.require_variants(dropped, "build")
+    assert "every variant was dropped, nothing to build" in err.value.message
+    assert [line.split(":")[0] for line in err.value.message.splitlines()[1:]] == [
+        "  variant py310 dropped", "  variant py312 dropped"]
+    assert "debian12 ships Python 3.11" in err.value.message and err.value.hint
+    excluded = mx.load_matrix(recipe(tmp_path / "e", "  python: ['3.11']\n  exclude: [{python: '3.11'}]"))
+    with pytest.raises(UsageError, match=r"variant py311 excluded by matrix.exclude\[0\]"):
+        mx.require_variants(excluded, "lock")
+    mx.require_variants(mx.load_matrix(recipe(tmp_path / "k", "  python: ['3.11']")), "build")  # kept: no error
+
+
+@pytest.mark.parametrize("args", [["--format", "github"], ["--format", "gitlab"], ["--json"], [],
+                                  ["--format", "bake", "-o", "{tmp}/bake"]])
+def test_matrix_command_exits_2_when_nothing_is_kept(tmp_path, args):
+    path = recipe(tmp_path, "  python: ['3.10', '3.12']")
+    code, out, err = run_cli("matrix", str(path), *[a.format(tmp=tmp_path) for a in args])
+    assert code == 2, (out, err)
+    assert "variant py310 dropped: python 3.10 conflicts" in err and "variant py312 dropped" in err
+    assert "internal error" not in err and err.count("imgbuild: error:") == 1
+    assert out == "" or json.loads(out)["error"] == "UsageError"  # --json: the error document
+    assert not (tmp_path / "bake").exists()
+
+
 # --- schema errors: file, line, key -----------------------------------------------------------
 
 
@@ -439,13 +466,13 @@ def test_bake_chain_rebuilds_exactly_each_variants_dockerfile(tmp_path):
 
 class FakeBackend:
     name = "fake"
-    kind = "fake"
     client = "fake-docker"
+    hints: dict[str, str] = {}
 
     def describe(self) -> str:
         return f"{self.name} engine ({self.client})"
     capabilities = frozenset({"multi-stage", "cache-mounts", "secrets", "cache-from", "cache-export", "builder",
-                              "push", "metadata-file"})
+                              "push", "metadata-file", "engine-store"})
 
 
 class FakeRunner:
@@ -648,9 +675,7 @@ def test_no_cache_builds_each_shared_prefix_once_then_variants_from_it(tmp_path)
     built: list = []
     removed: list[str] = []
 
-    class Engine(FakeBackend):
-        kind = "classic"
-
+    class Engine(FakeBackend):  # builds FROM the engine's own images (ENGINE_STORE), as the docker kinds do
         def remove(self, ref):
             removed.append(ref)
 
@@ -684,8 +709,8 @@ def test_no_cache_on_a_named_builder_keeps_the_shared_prefix_in_each_variant(tmp
     m = two_by_two(tmp_path)
     built: list = []
 
-    class Builder(FakeBackend):
-        kind = "builder"
+    class Builder(FakeBackend):  # a named builder cannot see the engine's images
+        capabilities = FakeBackend.capabilities - {"engine-store"}
 
     def runner(plan, backend, options, on_line):
         built.append(plan)

@@ -1,6 +1,7 @@
 """run/compose planning: GPU detection, weights mounts, compose documents; COPY of weights flagged."""
 
 import json
+import shlex
 from pathlib import Path
 
 import jsonschema
@@ -8,7 +9,16 @@ import pytest
 import yaml
 from helpers import REPO, run_cli, write_recipe
 
-from buildkit_py.engine.run import RunOptions, compose_document, gpu_runtime, make_run_plan, weights_dir_name
+from buildkit_py.engine.kinds.docker import ClassicEngine, gpu_runtime
+from buildkit_py.engine.kinds.podman import PodmanEngine
+from buildkit_py.engine.run import (
+    ImageStart,
+    RunOptions,
+    compose_document,
+    container_process,
+    make_run_plan,
+    weights_dir_name,
+)
 from buildkit_py.plan.build_plan import make_plan
 from buildkit_py.recipe.model import load_recipe
 
@@ -33,18 +43,84 @@ def test_gpu_runtime_from_engine_info(tmp_path, monkeypatch):
     assert gpu_runtime({"Runtimes": {"runc": {}}})
 
 
+DOCKER = ClassicEngine("/usr/bin/docker", host="unix:///run/x.sock")  # nothing here reaches it
+
+
 def test_run_plan_mounts_weights_read_only(tmp_path):
     options = RunOptions(root=tmp_path, gpus="auto", network="none", command=("python", "-m", "serve"))
     plan = make_run_plan("team/infer:1", [("r.example.com/models/llm:1", "/models/llm")], options,
-                         engine_info={"Runtimes": {"nvidia": {}}})
+                         engine=DOCKER, gpu_available=True)
     assert plan.gpu
     argv = list(plan.argv)
+    assert argv[:5] == ["/usr/bin/docker", "--host", "unix:///run/x.sock", "run", "--rm"]
     assert argv[argv.index("--gpus") + 1] == "all"
     host = tmp_path / weights_dir_name("r.example.com/models/llm:1")
     assert f"type=bind,source={host},target=/models/llm,readonly" in argv
     assert argv[-4:] == ["team/infer:1", "python", "-m", "serve"]
-    assert not make_run_plan("x", [], RunOptions(root=tmp_path, gpus="none"),
-                             engine_info={"Runtimes": {"nvidia": {}}}).gpu
+    assert not make_run_plan("x", [], RunOptions(root=tmp_path, gpus="none"), engine=DOCKER, gpu_available=True).gpu
+    assert not make_run_plan("x", [], RunOptions(root=tmp_path, gpus="auto"), engine=DOCKER, gpu_available=False).gpu
+
+
+def test_each_engine_asks_for_gpus_its_own_way(tmp_path):
+    """The GPU flags are the engine's: docker's --gpus (NVIDIA runtime or CDI), podman's CDI device."""
+    options = RunOptions(root=tmp_path, gpus="all", command=("nvidia-smi",))
+    podman = make_run_plan("team/x:1", [], options, engine=PodmanEngine("/usr/bin/podman"), gpu_available=False)
+    assert podman.argv == ("/usr/bin/podman", "run", "--rm", "--device", "nvidia.com/gpu=all", "team/x:1", "nvidia-smi")
+    docker = make_run_plan("team/x:1", [], options, engine=DOCKER, gpu_available=False)
+    assert docker.argv[3:] == ("run", "--rm", "--gpus", "all", "team/x:1", "nvidia-smi")
+
+
+UVICORN = ImageStart(("uvicorn", "serve:app"), ("--port", "8000"))
+
+
+@pytest.mark.parametrize(("start", "command", "entrypoint", "process", "words"), [
+    # docker's rule: the command after the image is the ENTRYPOINT's arguments (issue 22: 8)
+    (UVICORN, ("python", "-m", "serve"), None, ("uvicorn", "serve:app", "python", "-m", "serve"),
+     "ENTRYPOINT runs with the command after -- as its arguments"),
+    (UVICORN, (), None, ("uvicorn", "serve:app", "--port", "8000"), "the image's ENTRYPOINT and CMD"),
+    (UVICORN, ("-m", "serve"), "python", ("python", "-m", "serve"), "--entrypoint python replaces"),
+    (UVICORN, (), "python", ("python",), "--entrypoint python replaces"),  # the image's CMD goes too
+    (UVICORN, ("python", "-V"), "", ("python", "-V"), "removes the image's ENTRYPOINT"),
+    (ImageStart((), ("bash",)), ("python", "-V"), None, ("python", "-V"), "the image has no ENTRYPOINT"),
+    (ImageStart((), ("bash",)), (), None, ("bash",), "the image's CMD"),
+    (ImageStart(), (), None, (), "nothing"),
+    (ImageStart(("serve",), (), source="recipe"), ("x",), None, ("serve", "x"), "read from the recipe"),
+])
+def test_container_process_follows_dockers_rule(start, command, entrypoint, process, words):
+    got = container_process(start, command, entrypoint)
+    assert got.argv == process
+    assert words in got.how
+
+
+def test_run_plan_command_line_is_shell_quoted(tmp_path):
+    """--dry-run prints a line that can be pasted: split back by a shell, it is the argv."""
+    options = RunOptions(root=tmp_path / "my weights", gpus="none", extra=("-e", "MSG=hello world"),
+                         command=("sh", "-c", "echo $MSG; echo 'it''s' \"q\""), entrypoint="")
+    plan = make_run_plan("team/infer:1", [("r.example.com/models/llm:1", "/models/llm")], options, engine=DOCKER,
+                         gpu_available=False)
+    assert shlex.split(plan.command_line) == list(plan.argv)
+    argv = list(plan.argv)
+    assert argv[argv.index("--entrypoint") + 1] == "" and argv.index("--entrypoint") < argv.index("team/infer:1")
+
+
+def test_run_dry_run_prints_a_pasteable_command_and_what_runs():
+    recipe = str(REPO / "recipes" / "inference-slim.yaml")
+    tail = ["--", "sh", "-c", "echo $MSG > '/tmp/a b'"]
+    code, out, err = run_cli("run", recipe, "--dry-run", "--gpus", "none", "--docker-arg=-e",
+                             "--docker-arg=MSG=hello world", *tail)
+    assert code == 0, err
+    lines = dict(line.split(None, 1) if line[:1] != " " else ("", line.strip()) for line in out.splitlines()
+                 if not line.startswith("would pull"))
+    _, json_out, _ = run_cli("run", recipe, "--dry-run", "--json", "--gpus", "none", "--docker-arg=-e",
+                             "--docker-arg=MSG=hello world", *tail)
+    argv = json.loads(json_out)["argv"]
+    assert shlex.split(out.splitlines()[1].removeprefix("would run  ")) == argv
+    entrypoint = list(load_recipe(Path(recipe)).entrypoint)  # uvicorn serve:app --host ... --port 8000
+    assert shlex.split(lines["container"]) == [*entrypoint, "sh", "-c", "echo $MSG > '/tmp/a b'"]
+    assert "ENTRYPOINT runs with the command after -- as its arguments" in lines[""]
+    code, out, err = run_cli("run", recipe, "--dry-run", "--gpus", "none", "--entrypoint", "python", "--", "-m", "x")
+    assert code == 0, err
+    assert "container  python -m x\n" in out and "--entrypoint python replaces" in out
 
 
 def test_compose_document(tmp_path):

@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import io
 import json
+import re
+import time
 from pathlib import Path
 
 import pytest
 from helpers import REPO
 
-from buildkit_py.cli.progress import BuildSteps, StepView
+from buildkit_py.cli.progress import Activity, BuildSteps, StepView, human_duration
 from buildkit_py.engine.push import push_image
 
 FIXTURES = REPO / "tests" / "fixtures"
@@ -176,7 +178,7 @@ def test_push_bar_after_the_steps_in_plain_lines():
         view.transfer("pushed", "be99c261ec96", 6_000_000, 6_000_000)
     out = stream.getvalue().splitlines()
     assert out[:2] == ["[final 2/10] os", "[final 2/10] os: done in 1.0s"]
-    assert out[-1] == "   pushed be99c261ec96 100% (6000000/6000000 bytes)"
+    assert out[-1] == "   pushed be99c261ec96 100% (5.7 MiB of 5.7 MiB)"
 
 
 def test_matrix_summary_table_on_a_terminal():
@@ -197,3 +199,110 @@ def test_matrix_summary_table_on_a_terminal():
     assert ["5.6 GiB", "abababababab", "30.5s", "3/5"] == [c for c in (c.strip() for c in ok.split("│")) if c][2:6]
     assert any("cu124-py311" in ln and "FAILED" in ln for ln in text.splitlines())
     assert "1 built, 1 failed, 1 dropped, in 42.0s" in text and "cu124-py311: build failed (exit 1)" in text
+
+
+class SetClock:
+    """A clock the test moves by hand."""
+
+    def __init__(self):
+        self.now = 1000.0
+
+    def __call__(self):
+        return self.now
+
+
+def test_plain_heartbeat_names_the_running_step_after_each_silent_interval():
+    """issue 22: 10: a long step in plain (CI) mode printed nothing between its start and its end."""
+    clock, stream = SetClock(), io.StringIO()
+    view = StepView(stream, "plain", clock=clock, heartbeat=30)
+    view.line("#7 [final 5/10] RUN set -eu; : imgbuild-step=cuda; uv pip install ...")
+    view.line("#7 0.512 Resolved 12 packages")  # step output stays out of plain mode
+    clock.now += 29
+    view.beat()
+    assert stream.getvalue() == "[final 5/10] cuda\n"  # not yet
+    clock.now += 1
+    view.beat()
+    clock.now += 10
+    view.beat()  # 10 s after the heartbeat: nothing
+    clock.now += 50
+    view.beat()
+    view.line("#7 DONE 90.0s")
+    clock.now += 31
+    view.beat()  # no step runs: the build itself
+    assert stream.getvalue().splitlines() == [
+        "[final 5/10] cuda", "still running [final 5/10] cuda (30s)", "still running [final 5/10] cuda (1m30s)",
+        "[final 5/10] cuda: done in 90.0s", "still building (2m01s)"]
+
+
+def test_heartbeat_per_variant_and_none_when_live_or_quiet():
+    clock = SetClock()
+    stream = io.StringIO()
+    view = StepView(stream, "plain", clock=clock, heartbeat=30)
+    view.line("#3 [final 2/9] RUN : imgbuild-step=os; apt-get", "cu124")
+    view.line("#3 [final 2/9] RUN : imgbuild-step=os; apt-get", "cu126")
+    clock.now += 45
+    view.beat()
+    assert stream.getvalue().splitlines()[-2:] == ["[cu124] still running [final 2/9] os (45s)",
+                                                   "[cu126] still running [final 2/9] os (45s)"]
+    quiet = io.StringIO()
+    with StepView(quiet, "quiet", clock=clock, heartbeat=0.01) as view:
+        view.line("#3 [final 2/9] RUN : imgbuild-step=os; apt-get")
+        time.sleep(0.1)
+    assert quiet.getvalue() == ""
+
+
+def test_heartbeat_thread_with_a_real_clock():
+    stream = io.StringIO()
+    with StepView(stream, "plain", heartbeat=0.05) as view:
+        view.line("#4 [final 3/9] RUN : imgbuild-step=python; python3 -m venv /opt/venv")
+        time.sleep(0.4)
+    lines = stream.getvalue().splitlines()
+    assert lines[0] == "[final 3/9] python"
+    assert len(lines) >= 3 and all(re.fullmatch(r"still running \[final 3/9\] python \(0s\)", x) for x in lines[1:])
+
+
+def test_activity_plain_lines_and_heartbeat():
+    """issue 22: 10: lock and data refresh were silent for 20-30 s off a terminal."""
+    clock, stream = SetClock(), io.StringIO()
+    activity = Activity(stream, "plain", clock=clock, heartbeat=30)
+    activity("resolving 34 requirements of stage final with pip")  # the first phase: at once
+    clock.now += 31
+    activity.beat()
+    activity("pinning base debian:bookworm-slim")  # a line was written just now: it waits
+    clock.now += 1
+    activity.beat()
+    activity("reading torch 2.4.1")  # the phase before lasted 1 s: never printed
+    clock.now += 1
+    activity.beat()  # 2 s after the last line: the phase that runs now
+    clock.now += 30
+    activity.beat()
+    assert stream.getvalue().splitlines() == [
+        "resolving 34 requirements of stage final with pip",
+        "still resolving 34 requirements of stage final with pip (31s)",
+        "reading torch 2.4.1",
+        "still reading torch 2.4.1 (31s)"]
+
+
+class Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_activity_spinner_on_a_terminal_and_nothing_when_quiet():
+    stream = Terminal()
+    assert Activity.for_option(stream, "auto").mode == "live"
+    assert Activity.for_option(io.StringIO(), "auto").mode == "plain"
+    with Activity(stream, "live") as activity:
+        activity("[cu121] resolving 3 requirements")  # brackets: text, not rich markup
+        time.sleep(0.3)
+    assert "[cu121] resolving 3 requirements (0s)" in stream.getvalue()
+    quiet = io.StringIO()
+    with Activity(quiet, "quiet", heartbeat=0.01) as activity:
+        activity("resolving")
+        time.sleep(0.05)
+    assert quiet.getvalue() == ""
+
+
+@pytest.mark.parametrize(("seconds", "text"), [(0, "0s"), (59.9, "59s"), (90, "1m30s"), (3600 + 125, "1h02m")])
+def test_human_duration(seconds, text):
+    assert human_duration(seconds) == text

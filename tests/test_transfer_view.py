@@ -4,6 +4,7 @@ and ETA on one. Events come from worker threads."""
 from __future__ import annotations
 
 import io
+import re
 import threading
 
 from buildkit_py.cli.progress import transfer_progress
@@ -16,9 +17,9 @@ def test_plain_lines_every_ten_percent_and_each_state():
             progress("download", "model.safetensors", done, 100)
         progress("present", "config.json", 7, 7)
     lines = stream.getvalue().splitlines()
-    assert lines[0] == " download model.safetensors   0% (0/100 bytes)"
+    assert lines[0] == " download model.safetensors   0% (0 B of 100 B)"  # sizes.py's units (issue 22: 9)
     assert len([line for line in lines if "model.safetensors" in line]) == 11
-    assert lines[-1] == "  present config.json 100% (7/7 bytes)"
+    assert lines[-1] == "  present config.json 100% (7 B of 7 B)"
 
 
 def test_live_view_draws_bytes_speed_and_eta_from_threads():
@@ -32,5 +33,15 @@ def test_live_view_draws_bytes_speed_and_eta_from_threads():
             t.join()
     text = stream.getvalue()
     assert all(f"shard-{i}" in text for i in range(3))
-    assert "8.0/8.0 MiB" in text  # bytes done / total, binary units
-    assert "/s" in text  # transfer speed column
+    assert "8.0 MiB of 8.0 MiB" in text  # bytes done of total, sizes.py's binary units
+    # the speed in the same units: rich's own column printed decimal MB/s beside MiB (issue 22: 9)
+    assert re.search(r"\d\.\d (KiB|MiB|GiB|TiB)/s", text) and not re.search(r"\d (kB|MB|GB|TB)/s", text)
+
+
+def test_plain_lines_in_binary_units():
+    stream = io.StringIO()
+    with transfer_progress(stream) as progress:
+        progress("download", "model.safetensors", 4_194_304, 12_000_000)
+        progress("hash", "stream", 5, 0)  # total unknown
+    assert stream.getvalue().splitlines() == [" download model.safetensors  34% (4.0 MiB of 11.4 MiB)",
+                                              "     hash stream 100% (5 B)"]

@@ -336,11 +336,12 @@ def test_ctrl_c_stops_a_parallel_push_before_its_manifest(client, ref, tmp_path,
 
 
 def _pull_process(ref: str, dest: Path, log: Path) -> subprocess.Popen:
-    """`imgbuild weights pull REF DEST --json` in a process of its own (credentials from the env)."""
+    """`imgbuild weights pull REF DEST --json` in a process of its own (credentials from the env).
+    --progress plain, not quiet: the test reads the wait notice, which quiet leaves out."""
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
     with open(log, "w") as err:
         return subprocess.Popen([sys.executable, "-m", "buildkit_py", "weights", "pull", ref, str(dest), "--json",
-                                 "--progress", "quiet"], stdout=subprocess.PIPE, stderr=err, text=True, env=env)
+                                 "--progress", "plain"], stdout=subprocess.PIPE, stderr=err, text=True, env=env)
 
 
 def _until(what: str, condition, proc: subprocess.Popen | None = None, timeout: float = 60) -> None:

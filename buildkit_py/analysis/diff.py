@@ -31,6 +31,7 @@ from buildkit_py import oci
 from buildkit_py.analysis.inspect import attribute_layers, instruction_of, pull_seconds, short_created
 from buildkit_py.errors import ImageMissing, ManifestNotFound, RegistryError, UsageError
 from buildkit_py.sizes import human_size
+from buildkit_py.text_table import Block, TextTable
 
 SCHEMA = 1
 SOURCE_REGISTRY, SOURCE_ENGINE = "registry", "engine"
@@ -317,25 +318,18 @@ def diff_json(d: ImageDiff) -> dict[str, Any]:
     }
 
 
-def render_table(d: ImageDiff, console) -> None:
-    from rich.table import Table  # ~80 ms; only the table view needs it, never --json  # noqa: PLC0415
-
+def diff_blocks(d: ImageDiff) -> list[Block]:
+    """The diff as the CLI prints it (text_table: rich on a terminal, aligned columns in a pipe)."""
     t = d.totals
-    console.print(f"[bold]{d.b.image}[/bold] for a node holding [bold]{d.a.image}[/bold] "
-                  f"(A from the {d.a.source}, B from the {d.b.source})")
-    table = Table(title="Layers of B", title_justify="left")
-    for col, just in (("#", "right"), ("step", "left"), ("group", "left"), ("compressed", "right"),
-                      ("size", "right"), ("", "left"), ("created by", "left")):
-        table.add_column(col, justify=just)  # type: ignore[arg-type]
-    for x in d.layers:
-        mark = "[green]shared[/green]" if x.status == SHARED else "[yellow]new[/yellow]"
-        table.add_row(str(x.layer.index), x.layer.step or "-", x.layer.group, human_size(x.layer.compressed_size),
-                      human_size(x.layer.size), mark, short_created(x.layer.created_by))
-    console.print(table)
+    layers = TextTable("Layers of B", ("#", "step", "group", "compressed", "size", "status", "created by"), tuple(
+        (str(x.layer.index), x.layer.step or "-", x.layer.group, human_size(x.layer.compressed_size),
+         human_size(x.layer.size), "shared" if x.status == SHARED else "new", short_created(x.layer.created_by))
+        for x in d.layers), right=frozenset({"#", "compressed", "size"}), styles={"shared": "green", "new": "yellow"})
     frac = t.new_fraction
     share = "" if frac is None else f" ({100 * frac:.1f}% of B's {human_size(t.compressed_size)})"
     pull = "" if t.pull_seconds is None else f", about {t.pull_seconds:.1f} s at {t.bandwidth_mbps:g} Mbit/s"
     if t.pull_seconds is not None and t.unpack_mbps:
         pull += f" unpacking at {t.unpack_mbps:g} MB/s"
-    console.print(f"to download: {t.new_layers} of {t.layers} layers, {human_size(t.new_compressed_size)} "
-                  f"compressed{share}, {human_size(t.new_size)} unpacked{pull}")
+    return [f"{d.b.image} for a node holding {d.a.image} (A from the {d.a.source}, B from the {d.b.source})", layers,
+            f"to download: {t.new_layers} of {t.layers} layers, {human_size(t.new_compressed_size)} "
+            f"compressed{share}, {human_size(t.new_size)} unpacked{pull}"]

@@ -1,7 +1,7 @@
 """What is in a built image, layer by layer, and what should not be there.
 
-``inspect_image`` streams the image out of the engine once (the docker SDK's
-``Image.save()``, the same bytes as ``docker save``), parses that tar on the fly and, for
+``inspect_image`` streams the image out of the engine once (``Engine.save``: the bytes of
+``docker save`` or ``podman save``), parses that tar on the fly and, for
 each layer tar inside it, in the same pass:
 
 - hashes it (sha256 = the layer's diff id, which is how a layer blob is matched to its
@@ -15,9 +15,10 @@ each layer tar inside it, in the same pass:
 The image config (found in the same stream: the member whose sha256 is the image id) gives
 the history; each non-empty history entry is one layer. imgbuild writes
 ``: imgbuild-step=<id>;`` into every RUN it renders (``plan.STEP_MARK``), so a layer maps to
-the step and the layer group that made it. COPY entries carry no marker: the n-th COPY after
-the first marked step is ``copy-<n>`` (how ``plan`` numbers them). Layers before the first
-marked step came with the base image (group ``base``).
+the step and the layer group that made it. COPY entries carry no marker: the COPY of the mount
+stubs is known by its source (``plan.MOUNT_STUB_FILE``) and belongs to their step; the n-th other
+COPY after the first marked step is ``copy-<n>``, the recipe's ``copy[n]`` (how ``plan``
+numbers them). Layers before the first marked step came with the base image (group ``base``).
 
 Sizes: a layer's ``size`` is the engine's own number for it (``docker history``; they sum to
 the SIZE of ``docker images``), so a budget reads the same as the tools users know. The
@@ -39,7 +40,7 @@ import collections
 import io
 import posixpath
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -48,8 +49,9 @@ from buildkit_py.analysis.layer_paths import CACHE, COMPILER, CUDA_DUPLICATE, DE
 from buildkit_py.analysis.saved_image import IterStream, LayerScan, SaveScan, analyze_save_stream
 from buildkit_py.errors import ImageMissing, ImgbuildError, InspectError, SizeBudgetExceeded
 from buildkit_py.plan import labels as L
-from buildkit_py.plan.build_plan import GROUPS, STEP_MARK
+from buildkit_py.plan.build_plan import GROUPS, MOUNT_STUB_FILE, MOUNT_STUBS_GROUP, MOUNT_STUBS_STEP, STEP_MARK
 from buildkit_py.sizes import human_size
+from buildkit_py.text_table import Block, TextTable
 
 BASE_GROUP, OTHER_GROUP, APP_GROUP, META_GROUP = "base", "other", "app", "meta"
 # Report order: the base image's layers, then plan's groups in build order, then unknowns.
@@ -60,7 +62,7 @@ GROUP_ORDER = (BASE_GROUP,) + tuple(GROUPS) + (OTHER_GROUP,)
 DEFAULT_STEP_GROUPS: dict[str, str] = {
     "python-ppa": "os", "os": "os", "python": "python", "cuda": "cuda", "ldconfig": "cuda",
     "torch": "torch", "compiled": "heavy", "heavy": "heavy", "wheels": "heavy",
-    "pins": "pins", "build-tools": "pins", "meta": META_GROUP,
+    "pins": "pins", "build-tools": "pins", "meta": META_GROUP, MOUNT_STUBS_STEP: MOUNT_STUBS_GROUP,
 }
 
 def _group_of(step: str) -> str:
@@ -185,17 +187,22 @@ def attribute_entries(history: list[dict], step_groups: Mapping[str, str] | None
     seen_marker = False
     copies = 0
     out: list[Attribution] = []
-    for entry in history:
-        created = str(entry.get("created_by") or entry.get("CreatedBy") or "")
+    texts = [str(entry.get("created_by") or entry.get("CreatedBy") or "") for entry in history]
+    marks = [m.group(1) if (m := MARKER_RE.search(text)) else None for text in texts]
+    for i, created in enumerate(texts):
         instr = instruction_of(created)
-        m = MARKER_RE.search(created)
         step: str | None
-        if m:
+        if (mark := marks[i]) is not None:
             seen_marker = True
-            step = m.group(1)
-            group = step_groups.get(step) or _group_of(step)
+            step = mark
+            group = step_groups.get(mark) or _group_of(mark)
         elif not seen_marker:
             step, group = None, BASE_GROUP
+        elif instr == "COPY" and (MOUNT_STUB_FILE in created.split() or marks[i + 1:i + 2] == [MOUNT_STUBS_STEP]):
+            # BuildKit names the stub file; buildah writes `COPY file:<hash> in /etc/hosts`, and the
+            # stubs' RUN comes right after it either way.
+            step = MOUNT_STUBS_STEP
+            group = step_groups.get(step, MOUNT_STUBS_GROUP)
         elif instr in ("COPY", "ADD"):
             step = f"copy-{copies}"
             copies += 1
@@ -422,17 +429,19 @@ class ImageFacts:
     registry_sizes: list[int] | None = None  # compressed layer sizes from the registry's manifest
 
 
-def inspect_image(engine, ref: str, options: InspectOptions | None = None) -> ImageReport:
-    """Read image ``ref`` from ``engine`` (a backends.Engine) and report on it.
+def inspect_image(engine, ref: str, options: InspectOptions | None = None,
+                  progress: Callable[[str, str, int, int], None] | None = None) -> ImageReport:
+    """Read image ``ref`` from ``engine`` (an engine.Engine) and report on it.
 
     One ``docker save`` stream is read (the classic layout or, on the containerd store, an
     OCI layout with compressed blobs); nothing is written to disk. Compressed sizes come from
     the registry's manifest when ``ref`` is there with the same layers, else from the saved
     blobs when they are compressed, else from a gzip -6 estimate; with
     ``estimate_compressed=False`` the estimate is skipped, which makes inspection of a large
-    image several times faster."""
-    import docker.errors  # the SDK takes ~0.6 s to import; only this entry point needs it  # noqa: PLC0415
-
+    image several times faster. ``progress("read", ref, done, total)`` hears the bytes of the
+    stream as they are read (``total``: the engine's size of the image, what the stream is about;
+    the last call has the real count), as a transfer callback does: the pass takes a minute on a
+    few GB."""
     opts = options or InspectOptions()
     if opts.bandwidth_mbps <= 0:
         raise InspectError(f"bandwidth must be positive, got {opts.bandwidth_mbps} Mbit/s")
@@ -447,22 +456,45 @@ def inspect_image(engine, ref: str, options: InspectOptions | None = None) -> Im
     labels = {k: v for k, v in sorted(((attrs.get("Config") or {}).get("Labels") or {}).items())
               if k.startswith(L.PREFIX)}
     remote = registry_layer_sizes(ref, len(diff_ids)) if opts.registry_sizes and attrs.get("RepoDigests") else None
-    try:
-        stream = io.BufferedReader(IterStream(engine.save(ref)), 1 << 20)
-        saved = analyze_save_stream(stream, image_id=image_id, diff_ids=diff_ids,
-                                    estimate_compressed=opts.estimate_compressed and remote is None,
-                                    workers=opts.workers)
-    except docker.errors.DockerException as exc:
-        raise InspectError(f"could not export {ref} from the engine: {exc}") from exc
+    # An engine that cannot export the image raises InspectError from the stream (Engine.save).
+    counted = _Counted(engine.save(ref), progress, ref, int(attrs.get("Size") or 0))
+    stream = io.BufferedReader(IterStream(iter(counted)), 1 << 20)
+    saved = analyze_save_stream(stream, image_id=image_id, diff_ids=diff_ids,
+                                estimate_compressed=opts.estimate_compressed and remote is None,
+                                workers=opts.workers)
+    counted.finish()
     history = (saved.config or {}).get("history") or []
     try:
         engine_history = list(reversed(engine.history(image_id)))
-    except docker.errors.DockerException:
+    except InspectError:
         engine_history = []
     facts = ImageFacts(ref, image_id, diff_ids, history, labels,
                        engine_sizes=engine_layer_sizes(history, engine_history, len(diff_ids)),
                        registry_sizes=remote)
     return build_report(facts, saved, opts)
+
+
+class _Counted:
+    """The chunks of a stream, reporting the bytes read so far against ``total``, an estimate:
+    the stream may run past it (tar headers) or stop short of it (the reader stops at the tar's
+    end), so the count stays short of it until ``finish`` reports the real one."""
+
+    def __init__(self, chunks: Iterable[bytes], progress: Callable[[str, str, int, int], None] | None,
+                 label: str, total: int):
+        self.chunks, self.progress, self.label, self.total = chunks, progress, label, total
+        self.done = 0
+
+    def __iter__(self) -> Iterator[bytes]:
+        for chunk in self.chunks:
+            self.done += len(chunk)
+            if self.progress is not None:
+                self.progress("read", self.label, min(self.done, self.total - 1) if self.total else self.done,
+                              self.total)
+            yield chunk
+
+    def finish(self) -> None:
+        if self.progress is not None:
+            self.progress("read", self.label, self.done, self.done)
 
 
 def registry_layer_sizes(ref: str, n_layers: int) -> list[int] | None:
@@ -576,43 +608,25 @@ def short_created(created_by: str, width: int = 60) -> str:
     return s if len(s) <= width else s[: width - 1] + "…"
 
 
-def render_table(report: ImageReport, console) -> None:
-    """Print the report on a rich ``Console``: summary, layers, groups, findings."""
-    from rich.table import Table  # ~80 ms; only the table view needs it, never --json  # noqa: PLC0415
-
+def report_blocks(report: ImageReport) -> list[Block]:
+    """The report as the CLI prints it: summary lines, then the layers, groups and findings
+    tables (text_table: rich on a terminal, aligned columns in a pipe)."""
     pull = "-" if report.pull_seconds is None else f"{report.pull_seconds:.1f} s at {report.bandwidth_mbps:g} Mbit/s"
     if report.pull_seconds is not None and report.unpack_mbps:
         pull += f", unpacking at {report.unpack_mbps:g} MB/s"
-    console.print(f"[bold]{report.image}[/bold]  {report.id[:19]}  size {human_size(report.size)}, "
-                  f"compressed {human_size(report.compressed_size)}, pull {pull}")
+    blocks: list[Block] = [f"{report.image}  {report.id[:19]}  size {human_size(report.size)}, "
+                           f"compressed {human_size(report.compressed_size)}, pull {pull}"]
     if report.labels:
-        console.print(", ".join(f"{k.removeprefix(L.PREFIX)}={v}" for k, v in report.labels.items()))
-
-    layers = Table(title="Layers", title_justify="left")
-    for col, just in (("#", "right"), ("step", "left"), ("group", "left"), ("size", "right"),
-                      ("compressed", "right"), ("created by", "left")):
-        layers.add_column(col, justify=just)  # type: ignore[arg-type]
-    for x in report.layers:
-        layers.add_row(str(x.index), x.step or "-", x.group, human_size(x.size), human_size(x.compressed_size),
-                       short_created(x.created_by))
-    console.print(layers)
-
-    groups = Table(title="Groups", title_justify="left")
-    groups.add_column("group")
-    groups.add_column("size", justify="right")
-    groups.add_column("share", justify="right")
-    for g, b in group_sizes(report).items():
-        groups.add_row(g, human_size(b), f"{100 * b / report.size:.1f}%" if report.size else "-")
-    console.print(groups)
-
+        blocks.append(", ".join(f"{k.removeprefix(L.PREFIX)}={v}" for k, v in report.labels.items()))
+    blocks.append(TextTable("Layers", ("#", "step", "group", "size", "compressed", "created by"), tuple(
+        (str(x.index), x.step or "-", x.group, human_size(x.size), human_size(x.compressed_size),
+         short_created(x.created_by)) for x in report.layers), right=frozenset({"#", "size", "compressed"})))
+    blocks.append(TextTable("Groups", ("group", "size", "share"), tuple(
+        (g, human_size(b), f"{100 * b / report.size:.1f}%" if report.size else "-")
+        for g, b in group_sizes(report).items()), right=frozenset({"size", "share"})))
     if not report.findings:
-        console.print("No findings.")
-        return
-    findings = Table(title="Findings", title_justify="left")
-    for col in ("severity", "kind", "layer", "path", "size", "message"):
-        findings.add_column(col, justify="right" if col == "size" else "left")
-    for f in report.findings:
-        style = "yellow" if f.severity == WARNING else "dim"
-        findings.add_row(f"[{style}]{f.severity}[/{style}]", f.kind,
-                         f"{f.layer} {f.step}" if f.step else str(f.layer), f.path, human_size(f.size), f.message)
-    console.print(findings)
+        return [*blocks, "No findings."]
+    blocks.append(TextTable("Findings", ("severity", "kind", "layer", "path", "size", "message"), tuple(
+        (f.severity, f.kind, f"{f.layer} {f.step}" if f.step else str(f.layer), f.path, human_size(f.size), f.message)
+        for f in report.findings), right=frozenset({"size"}), styles={WARNING: "yellow", INFO: "dim"}))
+    return blocks

@@ -26,6 +26,7 @@ from buildkit_py.compat import codes
 from buildkit_py.plan.build_plan import make_plan
 from buildkit_py.recipe.model import load_recipe, locate, read_recipe_text
 from buildkit_py.render.dockerfile import render_dockerfile
+from buildkit_py.sizes import human_size
 
 ERROR, WARNING, INFO = "error", "warning", "info"
 _RANK = {ERROR: 0, WARNING: 1, INFO: 2}
@@ -152,7 +153,7 @@ def _copy_findings(recipe, file: str) -> list[LintFinding]:
             severity = ERROR if size > WEIGHT_ERROR_BYTES else WARNING
             out.append(LintFinding(
                 codes.WEIGHTS_IN_COPY, severity,
-                f"{rel} ({size} bytes) looks like model weights: copied, it is baked into a layer every pull "
+                f"{rel} ({human_size(size)}) looks like model weights: copied, it is baked into a layer every pull "
                 "moves; push it with `imgbuild weights push` and list it under `weights:` instead",
                 file, recipe.line_of(key), key))
     return out

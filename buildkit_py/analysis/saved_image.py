@@ -1,7 +1,7 @@
 """One streamed pass over a saved image (``docker save``: the classic layout of 20.10 or the
-OCI layout of the containerd store): per layer tar its digest, sizes, a gzip estimate and the
-members of interest, plus the image config; nothing is written to disk. See ``inspect`` for
-how the report is built from it."""
+OCI layout of the containerd store; podman's docker-archive): per layer tar its digest, sizes,
+a gzip estimate and the members of interest, plus the image config; nothing is written to
+disk. See ``inspect`` for how the report is built from it."""
 
 from __future__ import annotations
 
@@ -259,8 +259,11 @@ def resolve_config(blobs: Mapping[str, dict], image_hex: str, platform: str = "l
 
 
 def _is_layer_member(name: str, diff_hexes: set[str]) -> bool:
-    # docker save, legacy layout (Engine < 25): <v1 id>/layer.tar; OCI layout: blobs/sha256/<diff id>
+    # docker save, legacy layout (Engine < 25): <v1 id>/layer.tar; OCI layout: blobs/sha256/<diff id>;
+    # podman save --format docker-archive: <diff id>.tar (the <v1 id>/layer.tar are symlinks to it)
     if name.endswith("/layer.tar") or name == "layer.tar":
+        return True
+    if name.endswith(".tar") and "/" not in name and name[:-4] in diff_hexes:
         return True
     return name.startswith("blobs/sha256/") and name.rsplit("/", 1)[-1] in diff_hexes
 

@@ -41,15 +41,18 @@ import uuid
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from packaging.utils import canonicalize_name
 
 from buildkit_py import __version__, oci
 from buildkit_py.analysis.diff import names_registry
 from buildkit_py.analysis.saved_image import IterStream, LayerScan, decompressing, scan_layer
-from buildkit_py.errors import DigestMismatch, ImageMissing, ImgbuildError, InspectError, ManifestNotFound, SbomError
+from buildkit_py.errors import DigestMismatch, ImageMissing, ImgbuildError, ManifestNotFound, SbomError
 from buildkit_py.plan.lock import wheel_key
+
+if TYPE_CHECKING:
+    from buildkit_py.engine.base import Engine
 
 ARTIFACT_TYPE = "application/vnd.cyclonedx+json"  # IANA's media type for CycloneDX JSON
 SPEC_VERSION = "1.6"
@@ -261,20 +264,15 @@ def contents_from_layers(scans: Sequence[LayerScan], *, image: str, source: str,
         deb=tuple(sorted(set(deb), key=lambda p: (p.name, p.arch, p.version))))
 
 
-def read_engine_image(engine: Any, image: str) -> ImageContents:
+def read_engine_image(engine: Engine, image: str) -> ImageContents:
     """``image`` from the local store of ``engine``: its file system as a container sees it
     (``Engine.filesystem``: a container created, never started, exported), one pass."""
-    import docker.errors  # the SDK takes ~0.6 s to import; only this reader needs it  # noqa: PLC0415
-
     attrs = engine.image_attrs(image)
     if attrs is None:
         raise ImageMissing(f"no image {image!r} in the engine",
                            hint="build it first, or name it with its registry to read it from there")
-    try:
-        with engine.filesystem(attrs["Id"]) as chunks:
-            merged = scan_layer(io.BufferedReader(IterStream(chunks), 1 << 20), counter=None, keep=wanted)
-    except docker.errors.DockerException as exc:
-        raise InspectError(f"could not export {image} from the engine: {exc}") from exc
+    with engine.filesystem(attrs["Id"]) as chunks:
+        merged = scan_layer(io.BufferedReader(IterStream(chunks), 1 << 20), counter=None, keep=wanted)
     config = {"os": attrs.get("Os"), "architecture": attrs.get("Architecture"), "variant": attrs.get("Variant"),
               "created": attrs.get("Created")}
     labels = (attrs.get("Config") or {}).get("Labels") or {}
@@ -334,7 +332,7 @@ def read_registry_image(image: str, *, platform: str = oci.DEFAULT_PLATFORM, cli
                                 labels=(config.get("config") or {}).get("Labels") or {})
 
 
-def read_image_contents(image: str, *, source: str = "auto", engine: Any = None,
+def read_image_contents(image: str, *, source: str = "auto", engine: Engine | None = None,
                         platform: str = oci.DEFAULT_PLATFORM, client: oci.Client | None = None) -> ImageContents:
     """``source``: ``engine``, ``registry``, or ``auto``: the local engine when it has the image
     (no download), else the registry the reference names."""

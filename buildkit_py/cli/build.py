@@ -30,7 +30,8 @@ if TYPE_CHECKING:
 
 
 def register(add: AddCommand) -> None:
-    b = add("build", "Build a recipe with BuildKit (docker buildx, or DOCKER_BUILDKIT=1 with a 20.10 client).\n"
+    b = add("build", "Build a recipe with BuildKit (docker buildx, or DOCKER_BUILDKIT=1 with a 20.10 client) or\n"
+            "podman (--engine podman).\n"
             "Prints the image id, tags and size; after --push, each registry reference and its digest.")
     b.add_argument("recipe", type=Path)
     b.add_argument("--tag", action="append", default=[], help="tag instead of NAME:VERSION (repeatable)")

@@ -10,6 +10,7 @@ from buildkit_py.cli.common import AddCommand, Out, image_labels, is_recipe, jso
 from buildkit_py.errors import ExitStatus, UsageError
 
 if TYPE_CHECKING:
+    from buildkit_py.analysis.driver import HostDriver
     from buildkit_py.engine import Engine
 
 
@@ -28,7 +29,6 @@ def register(add: AddCommand) -> None:
 
 def cmd_check(args: argparse.Namespace, out: Out) -> int:
     from buildkit_py.analysis.check import check_compat
-    from buildkit_py.analysis.driver import read_host_driver
 
     if bool(args.target) == bool(args.cuda):
         raise UsageError("check needs exactly one of IMAGE, RECIPE or --cuda VERSION")
@@ -44,7 +44,7 @@ def cmd_check(args: argparse.Namespace, out: Out) -> int:
     if args.driver:
         driver = args.driver
     else:
-        host = read_host_driver()
+        host = _host_driver(args, cuda)
         driver, driver_cuda = host.version, host.cuda_version
         if datacenter is None:
             datacenter = host.datacenter
@@ -64,6 +64,28 @@ def cmd_check(args: argparse.Namespace, out: Out) -> int:
         if result.remedy:
             out.line(f"  remedy: {result.remedy}")
     return 0 if result.compatible else ExitStatus.FAILED
+
+
+def _host_driver(args: argparse.Namespace, cuda: str) -> HostDriver:
+    """The host's driver; where none can be read (no GPU here), the error says how to check
+    against a driver version instead (issue 22: 12)."""
+    from buildkit_py.analysis.driver import read_host_driver
+    from buildkit_py.compat.tables import resolve_cuda
+    from buildkit_py.errors import DriverCheckError
+
+    try:
+        return read_host_driver()
+    except DriverCheckError as exc:
+        try:  # the CUDA's native floor, or the driver NVIDIA bundles where the floor is unpublished
+            toolkit = resolve_cuda(cuda)
+            example = toolkit.linux_min_driver or toolkit.runfile_driver or "580.65.06"
+        except LookupError:  # an unknown version: check_compat says so once a driver is given
+            example = "580.65.06"
+        target = f"--cuda {args.cuda}" if args.cuda else args.target
+        raise DriverCheckError(f"cannot read this host's NVIDIA driver: {exc.message}",
+                               hint=f"to check for another machine, give its driver: imgbuild check {target} "
+                                    f"--driver {example} (`nvidia-smi` there prints it); "
+                                    + (exc.hint or "or run where the GPU is visible")) from None
 
 
 def _cuda_of_target(engine: Engine | None, target: str) -> tuple[str, str]:

@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from buildkit_py.engine import Engine
     from buildkit_py.plan.build_plan import BuildPlan
     from buildkit_py.recipe.model import Recipe
+    from buildkit_py.text_table import Block
 
 JSON_SCHEMA = 1  # the version of the --json contract (README, CLI reference: "The --json contract")
 
@@ -31,11 +32,13 @@ AddCommand = Callable[..., argparse.ArgumentParser]
 
 class Out:
     """Where a command writes: data and result lines on stdout, progress and notes on stderr;
-    ``stdin`` for the one command that reads a secret from it (login)."""
+    ``stdin`` for the one command that reads a secret from it (login). ``quiet``
+    (``--progress quiet``): no notes either, only warnings and errors on stderr."""
 
-    def __init__(self, stdout: IO[str], stderr: IO[str], stdin: IO[str] | None = None):
+    def __init__(self, stdout: IO[str], stderr: IO[str], stdin: IO[str] | None = None, *, quiet: bool = False):
         self.stdout, self.stderr = stdout, stderr
         self.stdin = stdin if stdin is not None else sys.stdin
+        self.quiet = quiet
 
     def data(self, obj: dict[str, Any]) -> None:
         """One JSON document on stdout: ``"schema"`` first, then the command's keys, sorted
@@ -50,10 +53,37 @@ class Out:
 
         return Console(file=self.stdout, width=160, soft_wrap=False)
 
+    def blocks(self, blocks: list[Block]) -> None:
+        """A report's lines and tables (inspect, diff) on stdout: rich tables on a terminal, aligned
+        text columns in a pipe or a CI log (no box characters, no width to fit)."""
+        from buildkit_py.text_table import plain_lines
+
+        if not self.stdout.isatty():
+            for line in plain_lines(blocks):
+                self.line(line)
+            return
+        from rich.table import Table
+        from rich.text import Text
+
+        console = self.console()
+        for block in blocks:
+            if isinstance(block, str):
+                console.print(block, markup=False, highlight=False)
+                continue
+            table = Table(title=block.title, title_justify="left")
+            for column in block.columns:
+                table.add_column(column, justify="right" if column in block.right else "left")
+            for row in block.rows:  # Text: paths and commands are never markup
+                table.add_row(*(Text(cell, style=block.styles.get(cell, "")) for cell in row))
+            console.print(table)
+
     def line(self, text: str = "") -> None:
         self.stdout.write(text + "\n")
 
     def info(self, text: str) -> None:
+        """A note on stderr (what is being done, where a file went): none with --progress quiet."""
+        if self.quiet:
+            return
         self.stderr.write(text + "\n")
         self.stderr.flush()
 
@@ -111,9 +141,10 @@ def network_option(sp: argparse.ArgumentParser, default: str | None, help_text: 
 
 
 def engine_options(sp: argparse.ArgumentParser) -> None:
-    sp.add_argument("--engine", "--backend", dest="backend", choices=["auto", "buildx", "docker"], default=None,
-                    help="engine kind: buildx, or docker (a 20.10 client with DOCKER_BUILDKIT=1); default: detect "
-                         "(also $IMGBUILD_ENGINE); the client is $IMGBUILD_DOCKER, the engine $DOCKER_HOST")
+    from buildkit_py.engine.registry import kind_names, kinds_help
+
+    sp.add_argument("--engine", "--backend", dest="backend", choices=kind_names(), default=None,
+                    help=f"{kinds_help()}; also $IMGBUILD_ENGINE")
     sp.add_argument("--builder", help="buildx builder to use (remote or Kubernetes BuildKit)")
 
 
@@ -198,17 +229,25 @@ def _look_up_newer_pins(args: argparse.Namespace, recipe: Recipe, out: Out) -> P
 
 def reading_engine(args: argparse.Namespace) -> Engine:
     """The engine for a command that reads images (inspect, diff, run, check, lock): created
-    once per command from its options and the environment ($IMGBUILD_DOCKER, $DOCKER_HOST),
+    once per command from its options (--engine where it has one) and the environment
+    ($IMGBUILD_ENGINE, $IMGBUILD_DOCKER, $DOCKER_HOST),
     then passed down. Any client will do for reading, so this never fails; the engine is only
     reached when first used. Commands call it once and pass the engine down."""
     from buildkit_py.engine import engine_for_reading
 
-    return engine_for_reading()
+    return engine_for_reading(getattr(args, "backend", None))
 
 
 def image_labels(engine: Engine | None, ref: str) -> tuple[dict[str, str], dict[str, str]]:
     """Labels and env of an image: from the local engine if it has it, else from its registry
     (manifest and config blob only, no layers pulled)."""
+    config = image_config(engine, ref)
+    return config.get("Labels") or {}, dict(e.split("=", 1) for e in config.get("Env") or [] if "=" in e)
+
+
+def image_config(engine: Engine | None, ref: str) -> dict[str, Any]:
+    """The ``config`` of an image (Labels, Env, Entrypoint, Cmd...): from the local engine if it
+    has it, else from its registry (manifest and config blob only, no layers pulled)."""
     from buildkit_py.errors import ImgbuildError
 
     try:
@@ -216,15 +255,13 @@ def image_labels(engine: Engine | None, ref: str) -> tuple[dict[str, str], dict[
     except ImgbuildError:
         attrs = None  # no engine here: ask the registry
     if attrs is not None:
-        cfg = attrs.get("Config") or {}
-        return cfg.get("Labels") or {}, dict(e.split("=", 1) for e in cfg.get("Env") or [] if "=" in e)
+        return dict(attrs.get("Config") or {})
     from buildkit_py import oci
     from buildkit_py.errors import ImageMissing, ManifestNotFound
 
     try:
-        config = oci.get_image_config(ref).get("config") or {}
+        return dict(oci.get_image_config(ref).get("config") or {})
     except ManifestNotFound as exc:
         raise ImageMissing(f"no image {ref}: not in the local engine, and {exc.message}",
                            hint="check the name and tag (`docker images`), or build and push it first "
                                 "(`imgbuild build RECIPE --push`)") from None
-    return config.get("Labels") or {}, dict(e.split("=", 1) for e in config.get("Env") or [] if "=" in e)

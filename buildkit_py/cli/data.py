@@ -7,7 +7,8 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from buildkit_py.cli.common import AddCommand, Out, index_options, json_option
+from buildkit_py.cli.common import AddCommand, Out, index_options, json_option, progress_option
+from buildkit_py.cli.progress import Activity
 from buildkit_py.errors import UsageError
 from buildkit_py.sizes import human_size
 
@@ -36,6 +37,7 @@ def register(add: AddCommand) -> None:
                          "lacks is added as a partial row")
     json_option(dr)
     index_options(dr)
+    progress_option(dr, "what is being read")
     d.set_defaults(handler=cmd_data)
 
 
@@ -119,8 +121,9 @@ def cmd_data_refresh(args: argparse.Namespace, out: Out) -> int:
     client = index.client_for(settings)
     data = {name: json.loads(tables.data_dir().joinpath(name).read_text(encoding="utf-8"))
             for name in tables.DATA_FILES}
-    report = refresh.refresh(client, data, today=datetime.date.today().isoformat(),
-                             flash_attn_repo=args.flash_attn_repo)
+    with Activity.for_option(out.stderr, args.progress) as activity:
+        report = refresh.refresh(client, data, today=datetime.date.today().isoformat(),
+                                 flash_attn_repo=args.flash_attn_repo, on_status=activity)
     texts = {name: refresh.dump(raw) for name, raw in report.files.items()}
     written: list[str] = []
     if texts:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from buildkit_py.cli.common import AddCommand, Out, json_option, rate_options, reading_engine
+from buildkit_py.cli.common import AddCommand, Out, json_option, progress_option, rate_options, reading_engine
+from buildkit_py.cli.progress import transfer_view
 from buildkit_py.errors import UsageError
 
 
@@ -15,6 +16,7 @@ def register_inspect(add: AddCommand) -> None:
     i.add_argument("--weight-threshold", default="10MiB", help="flag weight-like files above this size (default 10MiB)")
     i.add_argument("--no-compressed", action="store_true", help="skip the gzip estimate (faster on big images)")
     json_option(i)
+    progress_option(i, "bytes of the image read")
     i.set_defaults(handler=cmd_inspect)
 
 
@@ -35,25 +37,26 @@ def register_diff(add: AddCommand) -> None:
 
 
 def cmd_inspect(args: argparse.Namespace, out: Out) -> int:
-    from buildkit_py.analysis.inspect import InspectOptions, inspect_image, render_table, report_json
+    from buildkit_py.analysis.inspect import InspectOptions, inspect_image, report_blocks, report_json
     from buildkit_py.recipe.model import parse_size
 
     threshold = parse_size(args.weight_threshold)
     if threshold is None:
         raise UsageError(f"--weight-threshold {args.weight_threshold!r} is not a size like 10MiB")
     out.info(f"reading {args.image} (one pass over its layers)")
-    report = inspect_image(reading_engine(args), args.image, InspectOptions(
-        bandwidth_mbps=args.bandwidth, weight_threshold=threshold, estimate_compressed=not args.no_compressed,
-        unpack_mbps=args.unpack_rate))
+    with transfer_view(out.stderr, args.progress) as progress:
+        report = inspect_image(reading_engine(args), args.image, InspectOptions(
+            bandwidth_mbps=args.bandwidth, weight_threshold=threshold, estimate_compressed=not args.no_compressed,
+            unpack_mbps=args.unpack_rate), progress=progress)
     if args.json:
         out.data(report_json(report))
     else:
-        render_table(report, out.console())
+        out.blocks(report_blocks(report))
     return 0
 
 
 def cmd_diff(args: argparse.Namespace, out: Out) -> int:
-    from buildkit_py.analysis.diff import diff_images, diff_json, render_table
+    from buildkit_py.analysis.diff import diff_blocks, diff_images, diff_json
 
     result = diff_images(args.image_a, args.image_b, source=args.source, bandwidth_mbps=args.bandwidth,
                          uncompressed=not args.no_uncompressed, unpack_mbps=args.unpack_rate,
@@ -61,5 +64,5 @@ def cmd_diff(args: argparse.Namespace, out: Out) -> int:
     if args.json:
         out.data(diff_json(result))
     else:
-        render_table(result, out.console())
+        out.blocks(diff_blocks(result))
     return 0

@@ -5,8 +5,16 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from buildkit_py.cli.common import AddCommand, Out, ca_option, json_option, plan_recipe, reading_engine
-from buildkit_py.errors import UsageError
+from buildkit_py.cli.common import (
+    AddCommand,
+    Out,
+    ca_option,
+    json_option,
+    plan_recipe,
+    progress_option,
+    reading_engine,
+)
+from buildkit_py.cli.progress import Activity
 
 
 def register(add: AddCommand) -> None:
@@ -16,6 +24,7 @@ def register(add: AddCommand) -> None:
     lk.add_argument("recipe", type=Path)
     ca_option(lk, "CA bundle for reaching the package index")
     json_option(lk)
+    progress_option(lk, "what is being resolved")
     lk.set_defaults(handler=cmd_lock)
 
 
@@ -26,16 +35,14 @@ def cmd_lock(args: argparse.Namespace, out: Out) -> int:
     from buildkit_py.plan import matrix as mx
 
     matrix = mx.load_matrix(args.recipe)
-    if not matrix.variants:
-        reasons = "\n".join(f"  {w}" for w in mx.dropped_warnings(matrix))
-        raise UsageError(f"{args.recipe}: every variant was dropped, nothing to lock:\n{reasons}",
-                         hint=f"see `imgbuild matrix {args.recipe}`")
+    mx.require_variants(matrix, "lock")
     if [v.source for v in matrix.variants] == ["recipe"]:  # no matrix: the plan `build` makes
         plans = {lock.DEFAULT_VARIANT: plan_recipe(args, args.recipe)}
     else:  # every variant the matrix keeps, as `build --all` plans them
         plans = {v.id: mx.variant_plan(v) for v in matrix.variants}
     started = time.monotonic()
-    data = lock.lock_recipe(plans, ca_cert=args.ca_cert, engine=reading_engine(args))
+    with Activity.for_option(out.stderr, args.progress) as activity:
+        data = lock.lock_recipe(plans, ca_cert=args.ca_cert, engine=reading_engine(args), on_status=activity)
     path = lock.lock_path(args.recipe)
     changed = lock.write_lock(path, lock.dump_lock(data))
     seconds = time.monotonic() - started

@@ -145,7 +145,7 @@ def main(argv: Sequence[str] | None = None, stdout: IO[str] | None = None, stder
         if not args.command:
             parser.print_help()
             return ExitStatus.BAD_INPUT
-        return int(args.handler(args, _out(stdout, stderr, stdin)))
+        return int(args.handler(args, _out(stdout, stderr, stdin, quiet=getattr(args, "progress", None) == "quiet")))
     except _Exit as exc:
         return exc.status
     except ImgbuildError as exc:
@@ -207,10 +207,10 @@ def _restore_signals(previous: dict[int, Any]) -> None:
         signal.signal(signum, handler)
 
 
-def _out(stdout: IO[str], stderr: IO[str], stdin: IO[str] | None) -> Out:
+def _out(stdout: IO[str], stderr: IO[str], stdin: IO[str] | None, *, quiet: bool = False) -> Out:
     from buildkit_py.cli.common import Out  # with a command only: --help and --version skip it
 
-    return Out(stdout, stderr, stdin or sys.stdin)
+    return Out(stdout, stderr, stdin or sys.stdin, quiet=quiet)
 
 
 def _json_requested(args: argparse.Namespace | None, argv: list[str]) -> bool:

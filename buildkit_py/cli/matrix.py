@@ -48,6 +48,8 @@ def cmd_matrix(args: argparse.Namespace, out: Out) -> int:
                          "build context (files imgbuild writes, e.g. .imgbuild/empty and lock requirements)",
                          hint="add -o DIR, then run `docker buildx bake` in DIR")
     matrix = mx.load_matrix(args.recipe)
+    mx.require_variants(matrix, {"github": "put in a GitHub Actions matrix", "gitlab": "put in a GitLab matrix",
+                                 "bake": "bake"}.get(fmt, "list"))
     if fmt != "text":
         for w in mx.dropped_warnings(matrix):
             out.warn(w)

@@ -4,10 +4,16 @@
   push/pull, mirror, image push): a rich progress display with bytes, speed and ETA per file on
   a terminal, plain lines (one per file per 10%) otherwise;
 - builds (BuildKit's plain progress lines, which every engine passes on): ``StepView``, a live
-  table of the steps (cached, running, done, elapsed) on a terminal, plain lines otherwise."""
+  table of the steps (cached, running, done, elapsed) on a terminal, plain lines otherwise, with
+  a heartbeat line ("still running [final 5/10] cuda (1m30s)") after every ``heartbeat`` seconds
+  of silence, so a long step in a CI log is not a silent one;
+- waits with no bytes to count (resolving a lock, reading a package index): ``Activity``, a
+  spinner with what is going on and its elapsed time on a terminal, a line per phase and the same
+  heartbeat otherwise."""
 
 from __future__ import annotations
 
+import os
 import re
 import threading
 import time
@@ -15,8 +21,53 @@ from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from typing import IO, Any
 
+from buildkit_py.sizes import human_size
+
 Progress = Callable[[str, str, int, int], None]
 _DONE_EVENTS = frozenset({"exists", "present", "mounted", "manifest"})
+HEARTBEAT_SECONDS = 30.0  # plain output: a line after this long without one (IMGBUILD_HEARTBEAT)
+
+
+def heartbeat_seconds() -> float:
+    """The heartbeat interval of plain progress: $IMGBUILD_HEARTBEAT seconds, else 30."""
+    try:
+        value = float(os.environ.get("IMGBUILD_HEARTBEAT") or HEARTBEAT_SECONDS)
+    except ValueError:
+        return HEARTBEAT_SECONDS
+    return value if value > 0 else HEARTBEAT_SECONDS
+
+
+def human_duration(seconds: float) -> str:
+    """``95`` -> ``"1m35s"``: how long a wait has lasted, for heartbeat lines and spinners."""
+    s = int(seconds)
+    if s < 60:
+        return f"{s}s"
+    m, s = divmod(s, 60)
+    if m < 60:
+        return f"{m}m{s:02d}s"
+    h, m = divmod(m, 60)
+    return f"{h}h{m:02d}m"
+
+
+class _Ticker:
+    """Calls ``beat`` every ``period`` seconds on a daemon thread until stopped."""
+
+    def __init__(self, period: float, beat: Callable[[], None]):
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(period, beat), name="imgbuild-heartbeat", daemon=True)
+        self._thread.start()
+
+    def _run(self, period: float, beat: Callable[[], None]) -> None:
+        while not self._stop.wait(period):
+            beat()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def _ticker(heartbeat: float, beat: Callable[[], None]) -> _Ticker:
+    return _Ticker(min(1.0, heartbeat / 4), beat)
 
 
 @contextmanager
@@ -32,9 +83,9 @@ def transfer_progress(stream: IO[str], *, live: bool | None = None) -> Iterator[
     import rich.console  # noqa: PLC0415 - see above
     import rich.progress as rp  # noqa: PLC0415 - see above
 
-    view = rp.Progress(rp.TextColumn("{task.description}"), rp.BarColumn(), rp.DownloadColumn(binary_units=True),
-                       rp.TransferSpeedColumn(), rp.TimeRemainingColumn(),
-                       console=rich.console.Console(file=stream), transient=False)
+    size_column, speed_column = _size_columns(rp)
+    view = rp.Progress(rp.TextColumn("{task.description}"), rp.BarColumn(), size_column(), speed_column(),
+                       rp.TimeRemainingColumn(), console=rich.console.Console(file=stream), transient=False)
     tasks: dict = {}  # label -> rich TaskID
     lock = threading.Lock()
 
@@ -49,6 +100,24 @@ def transfer_progress(stream: IO[str], *, live: bool | None = None) -> Iterator[
         yield progress
 
 
+def _size_columns(rp: Any) -> tuple[type, type]:
+    """rich's bytes and speed columns in sizes.py's units: its DownloadColumn and
+    TransferSpeedColumn count in their own code (the speed in decimal MB/s)."""
+    from rich.text import Text  # noqa: PLC0415 - rich only for a terminal (start-up)
+
+    class SizeColumn(rp.ProgressColumn):
+        def render(self, task: Any) -> Text:
+            done = human_size(task.completed)
+            return Text(f"{done} of {human_size(task.total)}" if task.total else done, style="progress.download")
+
+    class SpeedColumn(rp.ProgressColumn):
+        def render(self, task: Any) -> Text:
+            speed = task.finished_speed or task.speed
+            return Text("?" if speed is None else f"{human_size(speed)}/s", style="progress.data.speed")
+
+    return SizeColumn, SpeedColumn
+
+
 @contextmanager
 def transfer_view(stream: IO[str], progress: str = "auto") -> Iterator[Progress]:
     """The transfer callback for --progress auto|plain|quiet: auto draws rich bars on a
@@ -58,6 +127,11 @@ def transfer_view(stream: IO[str], progress: str = "auto") -> Iterator[Progress]
         return
     with transfer_progress(stream, live=None if progress == "auto" else False) as callback:
         yield callback
+
+
+def transferred(done: int, total: int) -> str:
+    """``4.0 MiB of 11.4 MiB`` (``total`` 0: unknown)."""
+    return f"{human_size(done)} of {human_size(total)}" if total else human_size(done)
 
 
 def plain_lines(stream: IO[str]) -> Progress:
@@ -70,7 +144,7 @@ def plain_lines(stream: IO[str]) -> Progress:
         with lock:
             if event in _DONE_EVENTS or pct >= last.get(label, -10) + 10 or done == total:
                 last[label] = pct
-                stream.write(f"{event:>9} {label} {pct:3d}% ({done}/{total} bytes)\n")
+                stream.write(f"{event:>9} {label} {pct:3d}% ({transferred(done, total)})\n")
                 stream.flush()
 
     return progress
@@ -193,16 +267,20 @@ class StepView:
     ``note(text)`` a line of imgbuild's own (lock, push); ``transfer`` a push's byte
     progress (a rich bar with bytes, speed and ETA on a terminal)."""
 
-    def __init__(self, stream: IO[str], mode: str, *, clock: Callable[[], float] = time.monotonic):
+    def __init__(self, stream: IO[str], mode: str, *, clock: Callable[[], float] = time.monotonic,
+                 heartbeat: float | None = None):
         if mode not in ("live", "plain", "all", "quiet"):
             raise ValueError(f"unknown step view mode {mode!r}")
         self.stream, self.mode = stream, mode
         self.steps = BuildSteps(clock)
         self.clock = clock
+        self.heartbeat = heartbeat or heartbeat_seconds()
         self._write_lock = threading.Lock()
         self._live: Any = None  # a rich.live.Live while the step table is drawn
         self._transfer: Progress | None = None
         self._stack = ExitStack()
+        self._started = self._last_write = clock()
+        self._ticker: _Ticker | None = None
 
     @classmethod
     def for_option(cls, stream: IO[str], progress: str) -> StepView:
@@ -221,9 +299,13 @@ class StepView:
             self._live = rich.live.Live(console=rich.console.Console(file=self.stream), refresh_per_second=4,
                                         get_renderable=self.render, transient=False)
             self._live.start()
+        elif self.mode in ("plain", "all"):
+            self._ticker = _ticker(self.heartbeat, self.beat)
         return self
 
     def __exit__(self, *exc: object) -> None:
+        if self._ticker is not None:
+            self._ticker.stop()
         self._stop_live()
         self._stack.close()
 
@@ -237,6 +319,21 @@ class StepView:
         with self._write_lock:
             self.stream.write(text + "\n")
             self.stream.flush()
+            self._last_write = self.clock()
+
+    def beat(self) -> None:
+        """Plain output (CI logs): after ``heartbeat`` seconds without a line, a line for each
+        step still running ("still running [final 5/10] cuda (1m30s)"), or for the build when no
+        step is (exporting, pushing). The ticker thread calls it; tests call it with a fake clock."""
+        now = self.clock()
+        if now - self._last_write < self.heartbeat:
+            return
+        running = [s for s in self.steps.ordered() if s.state == "running"]
+        for s in running:
+            variant = f"[{s.key[0]}] " if s.key[0] else ""
+            self._write(f"{variant}still running {s.name} ({human_duration(s.elapsed(now))})")
+        if not running:
+            self._write(f"still building ({human_duration(now - self._started)})")
 
     def line(self, text: str, variant: str = "") -> None:
         event = self.steps.feed(text, variant)
@@ -267,6 +364,7 @@ class StepView:
             self._stop_live()
             self._transfer = self._stack.enter_context(transfer_progress(self.stream, live=self.mode == "live"))
         self._transfer(event, label, done, total)
+        self._last_write = self.clock()  # the push's own lines (or bar) show it is alive
 
     def render(self) -> Any:
         """The rich table of the steps so far (what the live view redraws)."""
@@ -294,3 +392,91 @@ class StepView:
         if steps:
             table.caption = f"{len(steps)} steps: {cached} cached, {ran} run"
         return table
+
+
+# --- waits with nothing to count -------------------------------------------------------------
+
+
+class Activity:
+    """How the CLI shows a wait that has phases but no bytes to count (``lock`` resolving with
+    pip, ``data refresh`` reading the index): call it with what is going on now.
+
+    - ``live``: a spinner on a terminal with that text and how long it has lasted;
+    - ``plain``: the phase as a line, at most one every ``spacing`` seconds (a phase that ends
+      sooner is not printed; one that lasts is, within ``spacing``), and after every ``heartbeat``
+      seconds without a line, "still <text> (1m30s)" (CI logs, pipes);
+    - ``quiet``: nothing."""
+
+    def __init__(self, stream: IO[str], mode: str, *, clock: Callable[[], float] = time.monotonic,
+                 heartbeat: float | None = None, spacing: float = 2.0):
+        if mode not in ("live", "plain", "quiet"):
+            raise ValueError(f"unknown activity mode {mode!r}")
+        self.stream, self.mode, self.clock = stream, mode, clock
+        self.heartbeat, self.spacing = heartbeat or heartbeat_seconds(), spacing
+        self.text = ""
+        self._since = clock()
+        self._last_write = float("-inf")
+        self._printed = True  # the current text is on the stream (nothing to print yet)
+        self._lock = threading.Lock()
+        self._live: Any = None
+        self._spinner: Any = None
+        self._text: Any = None
+        self._ticker: _Ticker | None = None
+
+    @classmethod
+    def for_option(cls, stream: IO[str], progress: str) -> Activity:
+        """From --progress auto|plain|quiet: auto is a spinner on a terminal, lines elsewhere."""
+        if progress in ("quiet", "plain"):
+            return cls(stream, progress)
+        return cls(stream, "live" if stream.isatty() else "plain")
+
+    def __enter__(self) -> Activity:
+        if self.mode == "live":
+            import rich.console  # noqa: PLC0415 - rich only for a terminal (start-up)
+            import rich.live  # noqa: PLC0415 - as above
+            import rich.spinner  # noqa: PLC0415 - as above
+            import rich.text  # noqa: PLC0415 - as above
+
+            self._text = rich.text.Text  # the activity's text is never markup ("[cu121] ...")
+            self._spinner = rich.spinner.Spinner("dots", text="")
+            self._live = rich.live.Live(console=rich.console.Console(file=self.stream), refresh_per_second=8,
+                                        get_renderable=self.render, transient=True)
+            self._live.start()
+        elif self.mode == "plain":
+            self._ticker = _ticker(self.heartbeat, self.beat)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._ticker is not None:
+            self._ticker.stop()
+        if self._live is not None:
+            self._live.stop()
+
+    def __call__(self, text: str) -> None:
+        with self._lock:
+            self.text, self._since, self._printed = text, self.clock(), False
+        if self.mode == "plain":
+            self.beat()
+
+    def beat(self) -> None:
+        """Plain output: the current phase once ``spacing`` seconds passed since the last line;
+        "still <text> (elapsed)" after ``heartbeat`` seconds without one. The ticker thread
+        calls it; tests call it with a fake clock."""
+        with self._lock:
+            now = self.clock()
+            quiet_for = now - self._last_write
+            if not self._printed and quiet_for >= self.spacing:
+                line, self._printed = self.text, True
+            elif self._printed and self.text and quiet_for >= self.heartbeat:
+                line = f"still {self.text} ({human_duration(now - self._since)})"
+            else:
+                return
+            self.stream.write(line + "\n")
+            self.stream.flush()
+            self._last_write = now
+
+    def render(self) -> Any:
+        """The spinner with the text and its elapsed time (what the live view redraws)."""
+        elapsed = human_duration(self.clock() - self._since)
+        self._spinner.update(text=self._text(f"{self.text} ({elapsed})" if self.text else ""))
+        return self._spinner

@@ -4,6 +4,7 @@ compose (a compose.yaml that does the same)."""
 from __future__ import annotations
 
 import argparse
+import shlex
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -11,7 +12,7 @@ from typing import TYPE_CHECKING
 from buildkit_py.cli.common import (
     AddCommand,
     Out,
-    image_labels,
+    image_config,
     is_recipe,
     json_option,
     network_option,
@@ -23,24 +24,36 @@ from buildkit_py.cli.common import (
 from buildkit_py.cli.progress import transfer_view
 from buildkit_py.errors import EnvironmentProblem, UsageError
 from buildkit_py.files import write_atomic
+from buildkit_py.sizes import human_size
 
 if TYPE_CHECKING:
     from buildkit_py.engine import Engine
+    from buildkit_py.engine.run import ImageStart
+    from buildkit_py.recipe.model import Recipe
 
 
 def register_run(add: AddCommand) -> None:
     rn = add("run", "Weights listed in the recipe (or the image's io.imgbuild.weights label) are pulled into\n"
              "--weights-dir (a second run downloads nothing) and mounted read-only. GPU flags are added\n"
-             "when the engine has the NVIDIA runtime or CDI specs (--gpus auto).\n\n"
-             "  imgbuild run recipes/inference-slim.yaml -- python -m serve")
+             "when the engine offers GPUs: the NVIDIA runtime or CDI specs (--gpus auto). The engine is\n"
+             "$IMGBUILD_ENGINE's (docker: --gpus all; podman: --device nvidia.com/gpu=all).\n\n"
+             "The command after -- follows docker's rule: with an image ENTRYPOINT it is passed to the\n"
+             "ENTRYPOINT as arguments; --entrypoint replaces the ENTRYPOINT. imgbuild prints which applies.\n\n"
+             "  imgbuild run recipes/inference-slim.yaml -- --workers 2      # uvicorn serve:app ... --workers 2\n"
+             "  imgbuild run recipes/inference-slim.yaml --entrypoint python -- -m serve\n"
+             "  imgbuild run recipes/inference-slim.yaml --entrypoint '' -- python -m serve")
     rn.add_argument("target", help="a recipe file (runs its first tag) or an image")
     rn.add_argument("--dry-run", action="store_true", help="print what would be pulled and run; do nothing")
     rn.add_argument("--weights-dir", type=Path, default=None,
                     help="host folder for weights (default $IMGBUILD_WEIGHTS_DIR, /var/lib/imgbuild/weights as root)")
     rn.add_argument("--gpus", choices=["auto", "all", "none"], default="auto")
+    rn.add_argument("--entrypoint", metavar="CMD", default=None,
+                    help="replace the image's ENTRYPOINT (docker run --entrypoint; it also drops the image's CMD); "
+                         "'' removes it, so the command after -- runs as given")
     network_option(rn, None, "docker run --network (default: the engine's)")
     rn.add_argument("--docker-arg", action="append", default=[], metavar="ARG",
-                    help="extra docker run argument, repeatable (e.g. --docker-arg=-p --docker-arg=8000:8000)")
+                    help="extra docker run (podman run) argument, repeatable "
+                         "(e.g. --docker-arg=-p --docker-arg=8000:8000)")
     json_option(rn, "with --dry-run: the plan as JSON")
     progress_option(rn, "weights download progress")
     rn.set_defaults(handler=cmd_run)
@@ -59,7 +72,7 @@ def cmd_run(args: argparse.Namespace, out: Out) -> int:
     import subprocess
 
     from buildkit_py.artifacts import weights
-    from buildkit_py.engine.run import RunOptions, default_weights_root, dry_run_json, make_run_plan
+    from buildkit_py.engine.run import ImageStart, RunOptions, default_weights_root, dry_run_json, make_run_plan
     from buildkit_py.plan.labels import weights_from_labels
 
     if args.json and not args.dry_run:
@@ -71,38 +84,67 @@ def cmd_run(args: argparse.Namespace, out: Out) -> int:
         plan = plan_recipe(args, Path(args.target))
         image = plan.tags[0]
         pairs = [(w.ref, w.mount) for w in plan.recipe.weights]
+        start = _recipe_start(engine, image, plan.recipe)
     else:
         image = args.target
-        labels, _env = image_labels(engine, image)
-        pairs = weights_from_labels(labels)
-    info: dict = {}
+        config = image_config(engine, image)
+        pairs = weights_from_labels(config.get("Labels") or {})
+        start = ImageStart(tuple(config.get("Entrypoint") or ()), tuple(config.get("Cmd") or ()))
     try:
-        info = engine.info()
+        gpu_available = engine.gpu_available()
     except EnvironmentProblem:
         if not args.dry_run:
             raise
+        gpu_available = False  # no engine here: a dry run still says what would run
     if from_recipe and not args.dry_run:  # before any weight is downloaded
         _require_built(engine, image, Path(args.target))
     options = RunOptions(root=args.weights_dir or default_weights_root(), gpus=args.gpus, network=args.network,
-                         extra=tuple(args.docker_arg), command=tuple(args.container_command))
-    run = make_run_plan(image, pairs, options, engine_info=info, docker=tuple(engine.docker_argv()))
+                         extra=tuple(args.docker_arg), command=tuple(args.container_command),
+                         entrypoint=args.entrypoint)
+    run = make_run_plan(image, pairs, options, engine=engine, gpu_available=gpu_available, start=start)
+    process = run.process
     if args.dry_run:
         if args.json:
             out.data(dry_run_json(run))
         else:
             for w in run.weights:
                 out.line(f"would pull {w.ref} -> {w.host_dir} (mounted read-only at {w.mount})")
-            out.line("would run  " + " ".join(run.argv))
+            out.line(f"would run  {run.command_line}")
+            if process is not None:
+                out.line(f"container  {shlex.join(process.argv)}")
+                out.line(f"           {process.how}")
         return 0
+    if process is not None and not process.argv:
+        raise UsageError(f"{image} has no ENTRYPOINT or CMD: nothing would run",
+                         hint=f"give the command after --: imgbuild run {args.target} -- CMD...")
     for w in run.weights:
         w.host_dir.mkdir(parents=True, exist_ok=True)
         with transfer_view(out.stderr, args.progress) as progress:
             res = weights.pull(w.ref, w.host_dir, progress=progress,
                                on_wait=partial(out.info, f"waiting for another pull into {w.host_dir} to end"))
-        out.info(f"weights {w.ref}: {res.downloaded_bytes} bytes downloaded, {len(res.skipped)} files already present")
-    out.info("running " + " ".join(run.argv))
+        out.info(f"weights {w.ref}: {human_size(res.downloaded_bytes)} downloaded, {len(res.skipped)} files already "
+                 "present")
+    out.info(f"running {run.command_line}")
+    if process is not None:
+        out.info(f"  container runs {shlex.join(process.argv)}: {process.how}")
     out.stdout.flush()
     return subprocess.run(list(run.argv), stdin=subprocess.DEVNULL, env=engine.environment()).returncode  # noqa: PLW1510
+
+
+def _recipe_start(engine: Engine, image: str, recipe: Recipe) -> ImageStart:
+    """ENTRYPOINT and CMD of a recipe's image: the built image's own (its base may set them), else
+    the recipe's."""
+    from buildkit_py.engine.run import ImageStart
+    from buildkit_py.errors import ImgbuildError
+
+    try:
+        attrs = engine.image_attrs(image)
+    except ImgbuildError:
+        attrs = None  # no engine here (a dry run): the recipe says
+    if attrs is not None:
+        config = attrs.get("Config") or {}
+        return ImageStart(tuple(config.get("Entrypoint") or ()), tuple(config.get("Cmd") or ()))
+    return ImageStart(recipe.entrypoint, recipe.cmd, source="recipe")
 
 
 def _require_built(engine: Engine, image: str, recipe: Path) -> None:

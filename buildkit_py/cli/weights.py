@@ -8,6 +8,7 @@ from pathlib import Path
 from buildkit_py.cli.common import AddCommand, Out, json_option, progress_option
 from buildkit_py.cli.progress import transfer_view
 from buildkit_py.errors import UsageError
+from buildkit_py.sizes import human_size
 
 
 def register(add: AddCommand) -> None:
@@ -43,7 +44,7 @@ def cmd_weights(args: argparse.Namespace, out: Out) -> int:
                                  "uploaded_bytes": f.uploaded_bytes} for f in res.files]})
         else:
             uploaded = sum(f.uploaded_bytes for f in res.files)
-            out.line(f"pushed {len(res.files)} files ({uploaded} bytes uploaded): {res.ref}@{res.digest}")
+            out.line(f"pushed {len(res.files)} files ({human_size(uploaded)} uploaded): {res.ref}@{res.digest}")
         return 0
     if args.weights_command == "pull":
         with transfer_view(out.stderr, args.progress) as progress:
@@ -53,7 +54,8 @@ def cmd_weights(args: argparse.Namespace, out: Out) -> int:
             out.data({"ref": args.ref, "directory": str(args.directory), "downloaded_bytes": pulled.downloaded_bytes,
                       "files": [f._asdict() for f in pulled.files], "skipped": list(pulled.skipped)})
         else:
-            out.line(f"{len(pulled.files)} files in {args.directory}: {pulled.downloaded_bytes} bytes downloaded, "
+            downloaded = human_size(pulled.downloaded_bytes)
+            out.line(f"{len(pulled.files)} files in {args.directory}: {downloaded} downloaded, "
                      f"{len(pulled.skipped)} already present")
         return 0
     if args.weights_command == "ls":
@@ -62,6 +64,6 @@ def cmd_weights(args: argparse.Namespace, out: Out) -> int:
             out.data({"ref": args.ref, "files": [{"path": f.path, "size": f.size, "digest": f.digest} for f in files]})
         else:
             for f in files:
-                out.line(f"{f.size:>14}  {f.digest[:19]}  {f.path}")
+                out.line(f"{human_size(f.size):>10}  {f.digest[:19]}  {f.path}")
         return 0
     raise UsageError("weights needs an action: push, pull or ls", hint="see `imgbuild weights --help`")

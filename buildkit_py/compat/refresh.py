@@ -20,6 +20,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -268,14 +269,15 @@ def _sorted_rows(rows, key="version"):
 
 
 def refresh(client, data: dict[str, dict], *, today: str, since: str = "1.13",
-            flash_attn_repo: Path | None = None) -> RefreshReport:
+            flash_attn_repo: Path | None = None, on_status: Callable[[str], None] | None = None) -> RefreshReport:
     """Compare the shipped data (``data``: file name -> raw JSON) with the index; return the
     changed files and what changed. Rows keep their hand-sourced fields (variants from PyTorch's
     matrix, Table 3 drivers); only what the index serves is rewritten, each with its source and date.
     Every flash-attn and bitsandbytes release on the index that the data lacks is added: from the
     index (and, for flash-attn, from its tag in ``flash_attn_repo``, a clone of
-    Dao-AILab/flash-attention), as a ``partial`` row where those do not say enough."""
-    run = _Refresh(client, copy.deepcopy(data), today)
+    Dao-AILab/flash-attention), as a ``partial`` row where those do not say enough.
+    ``on_status`` hears what is being read (a refresh makes a few hundred requests)."""
+    run = _Refresh(client, copy.deepcopy(data), today, on_status or (lambda _text: None))
     run.torch(since)
     run.toolkits()
     run.flash_attn(flash_attn_repo)
@@ -289,8 +291,8 @@ def refresh(client, data: dict[str, dict], *, today: str, since: str = "1.13",
 class _Refresh:
     """One refresh run: the data being rewritten, and what changed, what needs a person, which files."""
 
-    def __init__(self, client, data: dict[str, dict], today: str):
-        self.client, self.data, self.today = client, data, today
+    def __init__(self, client, data: dict[str, dict], today: str, status: Callable[[str], None]):
+        self.client, self.data, self.today, self.status = client, data, today, status
         self.changes: list[Change] = []
         self.review: list[str] = []
         self.touched: set[str] = set()
@@ -298,6 +300,7 @@ class _Refresh:
 
     def project(self, name: str) -> Project:
         if name not in self._projects:
+            self.status(f"reading the {name} releases")
             self._projects[name] = self.client.project(name)
         return self._projects[name]
 
@@ -305,11 +308,12 @@ class _Refresh:
     def torch(self, since: str) -> None:
         data = self.data
         known_mm = {".".join(t["version"].split(".")[:2]) for t in data["toolkits.json"]["toolkits"]}
+        self.status("reading the torch releases")
         torch = self.client.project("torch")
         rows = {r["version"]: r for r in data["torch.json"]["releases"]}
-        for v in torch.releases():
-            if Version(v) < Version(since):
-                continue
+        releases = [v for v in torch.releases() if Version(v) >= Version(since)]
+        for n, v in enumerate(releases, 1):
+            self.status(f"reading torch {v}'s wheel METADATA ({n} of {len(releases)})")
             try:
                 new = torch_row(self.client, torch, v, today=self.today)
             except Exception as exc:  # one bad release must not stop the refresh; say which
@@ -329,6 +333,7 @@ class _Refresh:
     # --- CUDA toolkits: NVIDIA's cuda-toolkit meta package -> wheels.json releases ----------
     def toolkits(self) -> None:
         data = self.data
+        self.status("reading the cuda-toolkit releases")
         tk = self.client.project("cuda-toolkit")
         tk_rows = {t["version"]: t for t in data["toolkits.json"]["toolkits"]}
         wheel_rows = {r["toolkit"]: r for r in data["wheels.json"]["releases"]}
@@ -337,6 +342,7 @@ class _Refresh:
             wheels = [f for f in tk.files_of(mv) if f.is_wheel]
             if not wheels or Version(tv).major < 11:
                 continue
+            self.status(f"reading cuda-toolkit {mv}'s extras and their wheels")
             extras = self._toolkit_extras(mv, wheels[0])
             if tv not in tk_rows:
                 row = self._new_toolkit(tk, mv, tv, wheels[0])
@@ -412,6 +418,7 @@ class _Refresh:
         for v in sorted(set(rows) - on_index, key=Version):
             self.review.append(f"flash-attn {v}: in {file} but not a release on the index (yanked or removed)")
         for v in listing.releases():
+            self.status(f"reading flash-attn {v}")
             facts = fa_repo.read_tag(repo, v) if repo is not None else None
             old = rows.get(v)
             if old is None:
@@ -494,6 +501,7 @@ class _Refresh:
         for v in sorted(set(rows) - set(bnb.releases()), key=Version):
             self.review.append(f"bitsandbytes {v}: in {file} but not a release on the index (yanked or removed)")
         for v in bnb.releases():
+            self.status(f"reading bitsandbytes {v}'s wheel")
             wheel = _bnb_wheel(bnb, v)
             row = rows.get(v)
             if wheel is None:

@@ -1,12 +1,14 @@
-"""Engines: one object per kind of docker engine + BuildKit client, chosen once by the CLI
-(``select_engine``) and passed down. Every module that needs the engine (build, push, image
-attributes, history, save, run, info) asks this object; none builds its own client.
+"""Engines: one object per engine, chosen once by the CLI (``select_engine``) and passed down.
+Every module that needs the engine (build, push, image attributes, history, save, run with
+GPUs) asks this object, through the ``Engine`` protocol (base.py); none builds its own client
+and none branches on which kind it is.
 
-Kinds: ``ClassicEngine`` (a 20.10 client, ``DOCKER_BUILDKIT=1 docker build``),
-``BuildxEngine`` (``docker buildx build`` with the engine's own ``docker`` driver) and
-``BuilderEngine`` (``docker buildx build --builder NAME``: a docker-container, remote or
-Kubernetes BuildKit). Each declares its capabilities; ``require`` refuses an option the
-engine cannot honour before any build starts, naming the engine or setting that can.
+The kinds are plug-ins, one module each in ``engine/kinds/``, registered by name
+(registry.py): ``docker`` (alias ``classic``: a 20.10 client, ``DOCKER_BUILDKIT=1 docker
+build``), ``buildx`` (``docker buildx build`` with the engine's own ``docker`` driver; with
+``--builder NAME`` a docker-container, remote or Kubernetes BuildKit) and ``podman`` (its own
+builder, buildah). Each declares its capabilities; ``require`` refuses an option the engine
+cannot honour before any build starts, naming the engine or setting that can.
 """
 
 from buildkit_py.engine.base import (
@@ -16,6 +18,7 @@ from buildkit_py.engine.base import (
     CACHE_FROM,
     CACHE_MOUNTS,
     COMPRESSION,
+    ENGINE_STORE,
     METADATA_FILE,
     MULTI_STAGE,
     OCI_MEDIATYPES,
@@ -34,17 +37,11 @@ from buildkit_py.engine.base import (
     require,
     required_capabilities,
 )
-from buildkit_py.engine.select import (
-    ENGINE_KINDS,
-    buildx_beside,
-    candidate_clients,
-    detect_backend,
-    engine_for_reading,
-    select_engine,
-)
+from buildkit_py.engine.registry import EngineChoice, engines, kind_names, register
+from buildkit_py.engine.select import detect_backend, engine_for_reading, select_engine
 
 __all__ = ["BUILDER_SELECT", "CA_SECRET_ID", "CACHE_EXPORT", "CACHE_FROM", "CACHE_MOUNTS", "COMPRESSION",
-           "ENGINE_KINDS", "METADATA_FILE", "MULTI_STAGE", "OCI_MEDIATYPES", "PLATFORM", "PROVENANCE", "PUSH",
-           "SECRETS", "BuildBackend", "BuildRequest", "BuildResult", "Engine", "ImageSizes", "LineSink", "ProgressSink",
-           "buildx_beside", "candidate_clients", "detect_backend", "engine_for_reading", "parse_compression",
-           "require", "required_capabilities", "select_engine"]
+           "ENGINE_STORE", "METADATA_FILE", "MULTI_STAGE", "OCI_MEDIATYPES", "PLATFORM", "PROVENANCE", "PUSH",
+           "SECRETS", "BuildBackend", "BuildRequest", "BuildResult", "Engine", "EngineChoice", "ImageSizes",
+           "LineSink", "ProgressSink", "detect_backend", "engine_for_reading", "engines", "kind_names",
+           "parse_compression", "register", "require", "required_capabilities", "select_engine"]

@@ -1,22 +1,22 @@
-"""The engine object's base: build requests and results, capabilities and the refusal of an
-option the engine cannot honour, and ``Engine`` (what every kind shares: the SDK client, image
-attributes, history, save, the file system, tag, push). The kinds are in docker_cli.py and buildx.py; choosing
-one in select.py; ``buildkit_py.engine`` exports them all."""
+"""What every engine is: the ``Engine`` protocol (build, push, the image store, run with GPUs,
+declared capabilities), the build request and result it takes and gives, and the refusal of an
+option an engine cannot honour. The engines themselves are plug-ins in ``engine/kinds/`` (one
+module per kind, each registering its class with ``registry.register``); ``select.py`` chooses
+one; ``buildkit_py.engine`` exports this module's names."""
 
 from __future__ import annotations
 
-import contextlib
-import os
-import subprocess
-import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import ModuleType
+from typing import TYPE_CHECKING, Any, Protocol
 
-from buildkit_py import oci
-from buildkit_py.engine.push import PushResult, TransferSink, push_image
-from buildkit_py.errors import BackendCapabilityError, EnvironmentProblem, UsageError
+from buildkit_py.errors import BackendCapabilityError, UsageError
+
+if TYPE_CHECKING:
+    from buildkit_py.engine.push import PushResult, TransferSink
+    from buildkit_py.engine.run import RunSpec
 
 # Capability names
 MULTI_STAGE = "multi-stage"
@@ -31,6 +31,9 @@ COMPRESSION = "compression"  # gzip|zstd with a level
 OCI_MEDIATYPES = "oci-mediatypes"
 PROVENANCE = "provenance"
 PLATFORM = "platform"
+# Builds read and write the engine's own image store: a FROM may name an image only the engine
+# has, and the built image is there without --load (not so for a named buildx builder).
+ENGINE_STORE = "engine-store"
 
 CA_SECRET_ID = "cacert"  # noqa: S105 - the BuildKit secret that carries --ca-cert's bundle
 
@@ -133,8 +136,7 @@ def require(engine: Engine, needs: set[str]) -> None:
     if missing:
         hint = "; ".join(f"{m}: {_WHO_CAN[m]}" for m in missing if m in _WHO_CAN) or \
             "install the docker buildx plugin (docker-buildx-plugin)"
-        if CACHE_EXPORT in missing and engine.kind == "classic":
-            hint += "; with the classic client use --cache-from with an image built with inline cache"
+        hint += "".join(f"; {text}" for m, text in sorted(engine.hints.items()) if m in missing)
         raise BackendCapabilityError(
             f"the {engine.describe()} cannot do what this build needs: {', '.join(missing)}", hint=hint)
 
@@ -142,133 +144,99 @@ def require(engine: Engine, needs: set[str]) -> None:
 # --- the engine object -------------------------------------------------------------------------
 
 
-def docker_sdk() -> ModuleType:
-    """The docker SDK, imported on first use: it loads requests and urllib3 (CLI start-up cost)."""
-    import docker  # noqa: PLC0415 - deliberately lazy, see tests/test_startup.py
+class Engine(Protocol):
+    """One engine, chosen once (``select.select_engine``) and passed down: every module that
+    builds, pushes, reads the image store or runs a container asks this object, and none
+    branches on which kind it is; what differs between kinds is a method or a capability.
 
-    return docker
+    Images are described as `docker image inspect` and `docker history` describe them (``Id``
+    the config's digest, ``Config.Labels``, ``RootFS.Layers``, ``RepoDigests`` only for digests
+    a registry holds; history entries with ``Id``, ``Created``, ``CreatedBy``, ``Size``,
+    ``Comment``), and ``build`` passes on BuildKit's plain progress lines (``buildlog.py``
+    reads them, the CLI draws them), whatever the engine prints itself. An engine's failures are
+    typed errors: EnvironmentProblem when it cannot be reached, InspectError when an image cannot
+    be read back, BuildFailed and the registry errors for builds and pushes."""
 
+    name: str  # how reports name it ("docker", "buildx", "buildx-builder", "podman")
 
-def _sdk_error(exc: Exception, host: str | None) -> EnvironmentProblem:
-    where = host or os.environ.get("DOCKER_HOST") or "the default socket"
-    return EnvironmentProblem(f"cannot reach the Docker engine at {where} ({exc.__class__.__name__})",
-                              hint="start it (scripts/services.sh up) or set DOCKER_HOST")
+    @property
+    def capabilities(self) -> frozenset[str]:
+        """What it can do (the names above); ``require`` refuses the rest before building."""
+        ...
 
+    @property
+    def hints(self) -> Mapping[str, str]:
+        """Extra advice per missing capability, added to the refusal's hint."""
+        ...
 
-class Engine:
-    """One docker engine (at ``host``, None: the client's default) and the client that builds
-    on it. Subclasses add ``build`` and their capabilities."""
-
-    name = "engine"
-    kind = "engine"
-    capabilities: frozenset[str] = frozenset()
-
-    def __init__(self, client: str, *, host: str | None = None, builder: str | None = None):
-        self.client = client
-        self.host = host if host is not None else (os.environ.get("DOCKER_HOST") or None)
-        self.builder = builder
-        self._local = threading.local()
-        self._info: dict | None = None
-
-    # -- how to call it
     def describe(self) -> str:
-        return f"{self.name} engine ({self.client}{', ' + self.host if self.host else ''})"
+        """The engine in words, for messages: "podman engine (/usr/bin/podman 4.3.1)"."""
+        ...
 
     def environment(self) -> dict[str, str]:
-        env = {**os.environ, "DOCKER_BUILDKIT": "1"}
-        if self.host:
-            env["DOCKER_HOST"] = self.host
-        return env
+        """The environment its client runs with (the engine's address included)."""
+        ...
 
-    def docker_argv(self) -> list[str]:
-        """The client command line that reaches this engine (for `docker run` and friends)."""
-        return [self.client, *(["--host", self.host] if self.host else [])]
+    def client_argv(self) -> list[str]:
+        """The command line of its client (``docker --host H``, ``podman``), for what imgbuild
+        leaves to it: `imgbuild run` runs ``run_argv``, tests clean up with it."""
+        ...
 
-    def sdk(self):
-        """A docker SDK client for this engine, one per thread (requests sessions are not shared)."""
-        client = getattr(self._local, "client", None)
-        if client is None:
-            docker = docker_sdk()
-            try:
-                client = docker.DockerClient(base_url=self.host, timeout=600) if self.host \
-                    else docker.from_env(timeout=600)
-                client.ping()
-            except Exception as exc:  # noqa: BLE001 - any failure to reach it means "no engine"
-                raise _sdk_error(exc, self.host) from None
-            self._local.client = client
-        return client
+    def ping(self) -> None:
+        """Raise EnvironmentProblem unless the engine answers."""
+        ...
 
-    # -- what it knows
-    def info(self) -> dict:
-        if self._info is None:
-            self._info = self.sdk().info()
-        return self._info
-
-    def containerd_store(self) -> bool:
-        """True when images live in containerd's content store (compressed blobs, OCI `docker save`)."""
-        status = dict(tuple(x) for x in (self.info().get("DriverStatus") or []) if len(x) == 2)
-        return status.get("driver-type") == "io.containerd.snapshotter.v1"
-
-    def image_attrs(self, ref: str) -> dict | None:
-        """`docker image inspect` of ``ref``, None when the engine does not have it."""
-        errors = docker_sdk().errors
-        try:
-            return self.sdk().api.inspect_image(ref)
-        except errors.ImageNotFound:
-            return None
-        except errors.DockerException as exc:
-            raise _sdk_error(exc, self.host) from None
-
-    def history(self, ref: str) -> list[dict]:
-        """`docker history`, oldest first."""
-        return list(reversed(self.sdk().api.history(ref)))
-
-    def image_sizes(self, ref: str) -> ImageSizes:
-        attrs = self.image_attrs(ref) or {}
-        size = int(attrs.get("Size") or 0)
-        if self.containerd_store():
-            # Size is the compressed content; the snapshots' sizes are in the history.
-            return ImageSizes(sum(int(h.get("Size") or 0) for h in self.history(ref)), size)
-        return ImageSizes(size, None)
-
-    def save(self, ref: str, chunk_size: int = 1 << 20) -> Iterator[bytes]:
-        """The bytes of `docker save ref`: the classic layout on 20.10, an OCI layout on the
-        containerd store (inspect reads both)."""
-        return self.sdk().images.get(ref).save(chunk_size=chunk_size)
-
-    @contextlib.contextmanager
-    def filesystem(self, ref: str, chunk_size: int = 1 << 20) -> Iterator[Iterator[bytes]]:
-        """The image's file system as a container of it sees it (the layers stacked), as a tar
-        stream: `docker create` (never started, no network) and `docker export`, the container
-        removed when the block ends. On 20.10 this streams a 5.5 GiB image in 28 s where
-        `docker save` takes 67 s: save copies the whole image to a temporary folder first."""
-        # a command is needed to create a container of an image that has none; it never runs
-        container = self.sdk().containers.create(ref, command=["/imgbuild-never-started"], network_disabled=True)
-        try:
-            yield container.export(chunk_size=chunk_size)
-        finally:
-            container.remove(force=True)
-
-    def tag(self, image: str, ref: str) -> None:
-        """Give ``image`` (an id or a reference) the tag ``ref``."""
-        parsed = oci.parse_reference(ref)
-        self.sdk().images.get(image).tag(ref.rsplit(":", 1)[0], parsed.tag or "latest")
-
-    def untag(self, ref: str) -> None:
-        self.sdk().images.remove(ref, noprune=True)
-
-    def remove(self, ref: str) -> None:
-        subprocess.run([*self.docker_argv(), "image", "rm", "-f", ref], capture_output=True, check=False,
-                       env=self.environment())
+    def build(self, request: BuildRequest, on_line: LineSink) -> BuildResult:
+        """Build ``request``; ``on_line`` hears BuildKit's plain progress lines as they come."""
+        ...
 
     def push(self, ref: str, *, on_progress: ProgressSink | None = None,
              on_transfer: TransferSink | None = None) -> PushResult:
-        """Push one tag that is in the engine, through the SDK; ``on_transfer`` hears each
-        layer's bytes, ``on_progress`` the rest (see push.push_image)."""
-        return push_image(self.sdk(), ref, on_progress=on_progress, on_transfer=on_transfer)
+        """Push one tag the engine has; the digest is the registry's."""
+        ...
 
-    def build(self, request: BuildRequest, on_line: LineSink) -> BuildResult:  # pragma: no cover - abstract
-        raise NotImplementedError
+    def image_attrs(self, ref: str) -> dict[str, Any] | None:
+        """`docker image inspect` of ``ref``; None when the engine does not have it."""
+        ...
+
+    def history(self, ref: str) -> list[dict[str, Any]]:
+        """`docker history`, oldest first."""
+        ...
+
+    def image_sizes(self, ref: str) -> ImageSizes:
+        """Its sizes; ``uncompressed`` is the sum of its history's layer sizes."""
+        ...
+
+    def save(self, ref: str, chunk_size: int = 1 << 20) -> Iterator[bytes]:
+        """The bytes of `docker save ref` (the classic layout or an OCI layout)."""
+        ...
+
+    def filesystem(self, ref: str, chunk_size: int = 1 << 20) -> AbstractContextManager[Iterator[bytes]]:
+        """The image's file system as a container of it sees it (the layers stacked), as a tar
+        stream: a container created (never started, no network) and exported, removed when the
+        block ends. InspectError when the engine cannot. (`imgbuild sbom` reads a local image so:
+        on 20.10 a 5.5 GiB image streams in 28 s where `docker save` takes 67 s.)"""
+        ...
+
+    def tag(self, image: str, ref: str) -> None:
+        """Give ``image`` (an id or a reference) the tag ``ref``."""
+        ...
+
+    def untag(self, ref: str) -> None:
+        """Take the tag ``ref`` off its image, keeping the image."""
+        ...
+
+    def remove(self, ref: str) -> None:
+        """Remove the image ``ref`` (quietly: a missing one is no error)."""
+        ...
+
+    def gpu_available(self) -> bool:
+        """Can its containers get NVIDIA GPUs (`imgbuild run --gpus auto`)?"""
+        ...
+
+    def run_argv(self, spec: RunSpec) -> tuple[str, ...]:
+        """The client command line that runs ``spec`` (GPU flags included when it asks)."""
+        ...
 
 
 # Kept for the modules and tests written against the backend names.

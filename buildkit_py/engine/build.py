@@ -16,6 +16,7 @@ from buildkit_py import oci
 from buildkit_py.analysis.inspect import attribute_entries
 from buildkit_py.engine import (
     CA_SECRET_ID,
+    ENGINE_STORE,
     PROVENANCE,
     PUSH,
     BuildRequest,
@@ -32,6 +33,7 @@ from buildkit_py.plan import labels as L
 from buildkit_py.plan.build_plan import BuildPlan, check_image_tag
 from buildkit_py.plan.installer import UV_ENV_SECRET_ID, uv_env_for
 from buildkit_py.plan.steps import CopyStep
+from buildkit_py.recipe.model import Recipe
 from buildkit_py.render.dockerfile import render_dockerfile
 from buildkit_py.sizes import human_size
 
@@ -141,9 +143,9 @@ REJECTED_TAG = "rejected"  # an image over its size budget keeps only this tag
 
 def run_build(plan: BuildPlan, engine: Engine, options: BuildOptions, on_line: LineSink,
               on_progress: LineSink | None = None, on_transfer: TransferSink | None = None) -> BuildOutcome:
-    """Build on ``engine``; push from BuildKit where the engine can (buildx), else through the
-    engine's SDK. The image is kept in the engine when asked (--load), when a budget must be
-    checked first, or when the engine keeps every image anyway (the docker driver)."""
+    """Build on ``engine``; push from BuildKit where the engine can (PUSH: buildx), else through
+    the engine (``engine.push``). The image is kept in the engine when asked (--load), when a budget must be
+    checked first, or when the engine keeps every image anyway (ENGINE_STORE: not a named builder)."""
     dockerfile = render_dockerfile(plan)
     secrets = build_secrets(options.ca_cert, options.pip_config)
     # uv reads no pip.conf: its steps get the translation (UV_* variables) as a secret of their own.
@@ -154,7 +156,7 @@ def run_build(plan: BuildPlan, engine: Engine, options: BuildOptions, on_line: L
     budget = plan.recipe.max_size
     from_buildkit = options.push and PUSH in engine.capabilities
     # A budget is checked on the image in the engine before anything is pushed.
-    keep_local = options.load or budget is not None or not options.push or engine.kind != "builder"
+    keep_local = options.load or budget is not None or not options.push or ENGINE_STORE in engine.capabilities
     probe = BuildRequest(Path("."), Path("Dockerfile"), tags, cache_from=options.cache_from,
                          cache_to=options.cache_to, builder=options.builder, compression=options.compression,
                          oci_mediatypes=options.oci_mediatypes, provenance=options.provenance,
@@ -189,7 +191,7 @@ def run_build(plan: BuildPlan, engine: Engine, options: BuildOptions, on_line: L
         attrs = (engine.image_attrs(result.image_id) or {}) if sizes else {}
         image_labels = dict(sorted(((attrs.get("Config") or {}).get("Labels") or {}).items()))
         if budget is not None and sizes and sizes.uncompressed > budget:
-            _reject_over_budget(engine, result.image_id, tags, sizes.uncompressed, budget, groups)
+            _reject_over_budget(engine, result.image_id, tags, sizes.uncompressed, budget, groups, plan)
         pushes: list[PushResult] = []
         if options.push and from_buildkit:
             if not request.push:  # checked first: the same build again, every step cached, pushes
@@ -209,7 +211,7 @@ def run_build(plan: BuildPlan, engine: Engine, options: BuildOptions, on_line: L
 
 
 def _reject_over_budget(engine: Engine, image_id: str, tags: tuple[str, ...], size: int, budget: int,
-                        groups: dict[str, int]) -> None:
+                        groups: dict[str, int], plan: BuildPlan) -> None:
     """The image loses the tags we gave it (nothing may push or run it by them) and is kept as
     REPO:rejected, so the hint can name something to inspect."""
     rejected = f"{split_tag(tags[0])[0]}:{REJECTED_TAG}"
@@ -221,8 +223,17 @@ def _reject_over_budget(engine: Engine, image_id: str, tags: tuple[str, ...], si
     raise BudgetExceeded(
         f"image {image_id[:19]} is {human_size(size)}, over the recipe's budget of "
         f"{human_size(budget)}: {breakdown}; kept as {rejected}",
-        hint=f"see `imgbuild inspect {rejected}` for the biggest layers; drop heavy pins or use a "
-             "runtime flavor")
+        hint=f"see `imgbuild inspect {rejected}` for the biggest layers; {budget_advice(plan.recipe)}")
+
+
+def budget_advice(recipe: Recipe) -> str:
+    """What shrinks an image over its budget, for the recipe at hand: a runtime flavor only
+    where the recipe asks for devel without compiling at run time."""
+    if recipe.cuda.flavor == "devel" and not recipe.runtime_compile:
+        return ("cuda.flavor: runtime leaves the CUDA compilers out (build.from_source still compiles, in a "
+                "builder stage), or drop heavy pins")
+    return ("drop heavy pins, keep weights and data out of copy: (imgbuild weights push), or raise "
+            "budget.max_size if the size is expected")
 
 
 def _buildkit_pushes(result: BuildResult, tags: tuple[str, ...]) -> list[PushResult]:

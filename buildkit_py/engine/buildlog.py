@@ -22,6 +22,9 @@ import collections
 import re
 from dataclasses import dataclass, field
 
+from buildkit_py.engine.base import BuildResult
+from buildkit_py.errors import BuildFailed, FailedStep
+
 OUTPUT_LINES = 20  # of the failing step's output, shown in the error
 
 _HEADER_RE = re.compile(r"^#(\d+) (.+)$")
@@ -249,3 +252,31 @@ class BuildLog:
             if found is not None:
                 return found
         return classify(list(self.tail), ca_cert=ca_cert)
+
+
+def build_failure(log: BuildLog, command: list[str], code: int, *, ca_cert: bool) -> BuildFailed:
+    """The error for a failed build: the step that failed, named once, with its own last lines
+    and the known cause's hint; the log's last lines when no step failed (a Dockerfile the
+    frontend refused, a base that cannot be pulled)."""
+    failed, cause = log.failure(), log.cause(ca_cert=ca_cert)
+    tail = "\n".join(log.tail)
+    if failed is None:
+        message = "build failed" + (f": {cause.summary}" if cause else f" (exit {code})")
+        return BuildFailed(message, command=command, returncode=code, log_tail=tail,
+                           hint=cause.hint if cause else None, cause=cause.code if cause else None)
+    message = f"build failed at step {failed.name}: {failed.error}"
+    if cause is not None:
+        message += f"; {cause.summary} ({cause.evidence})"
+    return BuildFailed(message, command=command, returncode=code, log_tail=tail,
+                       hint=cause.hint if cause else "--progress plain prints every line of the build",
+                       step=FailedStep(failed.name, failed.exit_code, failed.output),
+                       cause=cause.code if cause else None)
+
+
+def build_result(log: BuildLog, *, image_id: str, tags: tuple[str, ...], seconds: float,
+                 digest: str | None = None) -> BuildResult:
+    """What a build that passed did, from its log: the steps that ran and those from the cache."""
+    steps = log.steps()
+    rerun = tuple(name for _, name, state in steps if state != "cached")
+    return BuildResult(image_id=image_id, tags=tags, log_tail="\n".join(log.tail), cached_steps=len(steps) - len(rerun),
+                       run_steps=len(rerun), rerun=rerun, seconds=seconds, digest=digest)

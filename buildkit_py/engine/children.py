@@ -19,10 +19,10 @@ import os
 import signal
 import subprocess
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
-from buildkit_py.errors import Interrupted
+from buildkit_py.errors import EnvironmentProblem, Interrupted
 
 STOP_GRACE = 10.0  # seconds a stopped docker client gets to cancel its build before SIGKILL
 
@@ -96,3 +96,19 @@ def noted(exc: BaseException, what: str) -> None:
     that runs without the CLI's signal handlers, carries no list)."""
     if isinstance(exc, Interrupted) and what not in exc.stopped:
         exc.stopped.append(what)
+
+
+def follow(cmd: list[str], *, env: dict[str, str], what: str, on_line: Callable[[str], None]) -> int:
+    """Run ``cmd`` (a build) in a session of its own, passing each line of its output (stdout
+    and stderr together) to ``on_line`` as it comes, supervised while it runs; its exit code.
+    EnvironmentProblem when it cannot be started."""
+    try:
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+                                errors="replace", stdin=subprocess.DEVNULL, start_new_session=True)
+    except OSError as exc:
+        raise EnvironmentProblem(f"cannot run {cmd[0]}: {exc}") from None
+    assert proc.stdout is not None  # noqa: S101
+    with proc.stdout, supervised(proc, what):
+        for raw in proc.stdout:
+            on_line(raw.rstrip("\n"))
+        return proc.wait()

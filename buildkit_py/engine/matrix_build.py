@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from buildkit_py.engine import BuildRequest, Engine, require, required_capabilities
+from buildkit_py.engine import ENGINE_STORE, BuildRequest, Engine, require, required_capabilities
 from buildkit_py.engine.build import BuildOptions, BuildOutcome, run_build
 from buildkit_py.engine.children import stop_all
 from buildkit_py.engine.push import check_can_push
@@ -106,7 +106,7 @@ def build_all(matrix: Matrix, backend: Engine, options: BuildOptions, *, jobs: i
     stages, chains = shared_stages(plans)
     say = hooks.on_event or (lambda _t: None)
     scratch: tuple[str, ...] = ()  # shared-stage images built for --no-cache, untagged at the end
-    if options.no_cache and stages and getattr(backend, "kind", None) != "builder":
+    if options.no_cache and stages and ENGINE_STORE in backend.capabilities:
         plans, chains, scratch = _prebuild_shared_stages(matrix, plans, backend, options, runner, on_line, say)
 
     def one(v: Variant) -> VariantBuild:

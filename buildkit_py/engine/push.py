@@ -177,17 +177,30 @@ def _push_once(client, repo: str, tag: str, auth_config: dict | None,
 def push_image(client, ref: str, *, on_progress: ProgressSink | None = None,
                on_transfer: TransferSink | None = None, attempts: int = 4, backoff_s: float = 1.0,
                sleep=time.sleep) -> PushResult:
-    """Push one tag. The registry moves the tag only once the manifest is put, which happens
-    after every blob is in, so a failed push never leaves the tag pointing at a partial image.
-    ``on_transfer`` gets each layer's bytes (a progress bar); without it ``on_progress`` gets
-    a line per layer and state. ``on_progress`` also hears about retries."""
+    """Push one tag through the docker SDK. The registry moves the tag only once the manifest is
+    put, which happens after every blob is in, so a failed push never leaves the tag pointing at
+    a partial image. ``on_transfer`` gets each layer's bytes (a progress bar); without it
+    ``on_progress`` gets a line per layer and state. ``on_progress`` also hears about retries."""
+    repo, tag = split_tag(ref)
+    auth_config = auth_config_for(ref)
+    report = _Reporter(on_progress, on_transfer)
+    return push_with_retries(lambda: _push_once(client, repo, tag, auth_config, report), ref,
+                             on_progress=on_progress, attempts=attempts, backoff_s=backoff_s, sleep=sleep)
+
+
+PushAttempt = Callable[[], tuple[str | None, int | None, str | None]]
+
+
+def push_with_retries(push_once: PushAttempt, ref: str, *, on_progress: ProgressSink | None = None,
+                      attempts: int = 4, backoff_s: float = 1.0, sleep=time.sleep) -> PushResult:
+    """Push ``ref`` with ``push_once`` (one try of an engine's push: ``(digest, manifest size,
+    None)``, or ``(None, None, the error message)``), again after a transient failure with
+    backoff; the typed error of the last failure (``classify_push_error``) when none succeeds."""
     repo, tag = split_tag(ref)
     host = registry_host(ref)
-    auth_config = auth_config_for(ref)
     last_error: Exception | None = None
-    report = _Reporter(on_progress, on_transfer)
     for attempt in range(1, attempts + 1):
-        digest, size, error = _push_once(client, repo, tag, auth_config, report)
+        digest, size, error = push_once()
         if error is None and digest:
             return PushResult(f"{repo}@{digest}", tag, digest, size, attempt)
         if error is None:

@@ -1,17 +1,25 @@
 """`imgbuild run` and `imgbuild compose`: start an image with its weights pulled onto host
-volumes (mounted read-only, never baked in) and the GPU flags when the host has a GPU runtime."""
+volumes (mounted read-only, never baked in) and the GPU flags when the engine offers GPUs. What
+runs is a ``RunSpec``; the engine turns it into its client's command line (``Engine.run_argv``:
+`docker run --gpus all`, `podman run --device nvidia.com/gpu=all`) and says whether it has GPUs
+(``Engine.gpu_available``)."""
 
 from __future__ import annotations
 
 import os
 import re
+import shlex
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import yaml
 
 from buildkit_py.errors import UsageError
 from buildkit_py.recipe.model import named_volume
+
+if TYPE_CHECKING:
+    from buildkit_py.engine.base import Engine
 
 # Where the NVIDIA container toolkit writes CDI specs (`nvidia-ctk cdi generate`).
 CDI_DIRS = (Path("/etc/cdi"), Path("/var/run/cdi"))
@@ -25,11 +33,61 @@ class WeightsMount:
 
 
 @dataclass(frozen=True)
+class Process:
+    """What the container runs, by docker's rule: the command after the image replaces the
+    image's CMD and is passed to its ENTRYPOINT as arguments; ``--entrypoint`` replaces the
+    ENTRYPOINT (an empty one removes it) and drops the image's CMD."""
+
+    argv: tuple[str, ...]  # ENTRYPOINT + arguments, as the container's first process gets them
+    how: str  # one sentence: which rule applied, for the user
+
+
+@dataclass(frozen=True)
+class ImageStart:
+    """An image's ENTRYPOINT and CMD and where they were read (the image, or the recipe when
+    the image is not built yet)."""
+
+    entrypoint: tuple[str, ...] = ()
+    cmd: tuple[str, ...] = ()
+    source: str = "image"  # image | recipe
+
+
+@dataclass(frozen=True)
 class RunPlan:
     image: str
     weights: tuple[WeightsMount, ...]
     gpu: bool
-    argv: tuple[str, ...]  # the docker run command line
+    argv: tuple[str, ...]  # the engine client's run command line (docker run, podman run)
+    process: Process | None = None  # what runs in the container; None when the image's start is unknown
+
+    @property
+    def command_line(self) -> str:
+        """``argv`` quoted for a POSIX shell, so it can be pasted."""
+        return shlex.join(self.argv)
+
+
+def container_process(start: ImageStart, command: tuple[str, ...], entrypoint: str | None = None) -> Process:
+    """What ``docker run [--entrypoint E] IMAGE COMMAND...`` starts in the container."""
+    ep = start.entrypoint if entrypoint is None else ((entrypoint,) if entrypoint else ())
+    args = command if command or entrypoint is not None else start.cmd
+    origin = " (read from the recipe: the image is not built)" if start.source == "recipe" else ""
+    if not ep and not args:
+        how = f"nothing: no ENTRYPOINT, CMD or command after --{origin}"
+    elif entrypoint == "":
+        how = "--entrypoint '' removes the image's ENTRYPOINT (and its CMD): the command after -- runs as given"
+    elif entrypoint is not None:
+        how = (f"--entrypoint {shlex.quote(entrypoint)} replaces the image's ENTRYPOINT (and its CMD); "
+               "the command after -- is passed to it as arguments")
+    elif ep and command:
+        how = (f"the image's ENTRYPOINT runs with the command after -- as its arguments{origin}; "
+               "to run the command itself, use --entrypoint (e.g. --entrypoint '' -- CMD...)")
+    elif ep:
+        how = f"the image's ENTRYPOINT{' and CMD' if args else ''}{origin}"
+    elif command:
+        how = f"the command after -- (the image has no ENTRYPOINT{origin}; it replaces the image's CMD)"
+    else:
+        how = f"the image's CMD{origin}"
+    return Process(tuple(ep) + tuple(args), how)
 
 
 def default_weights_root() -> Path:
@@ -46,53 +104,73 @@ def weights_dir_name(ref: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "_", ref).strip("_")
 
 
-def gpu_runtime(info: dict) -> bool:
-    """Does the engine offer GPUs? The nvidia runtime registered with dockerd, or CDI specs
-    for NVIDIA devices (`--gpus` works with either)."""
-    if "nvidia" in (info.get("Runtimes") or {}):
-        return True
-    return any(any(p.glob("nvidia*.yaml")) or any(p.glob("nvidia*.json")) for p in CDI_DIRS if p.is_dir())
+def nvidia_cdi_specs(dirs: tuple[Path, ...] | None = None) -> bool:
+    """Are there CDI specs for NVIDIA devices (`nvidia-ctk cdi generate`)? Docker (with
+    ``--gpus``) and podman (with ``--device nvidia.com/gpu=all``) both take GPUs from them."""
+    return any(any(p.glob("nvidia*.yaml")) or any(p.glob("nvidia*.json"))
+               for p in (CDI_DIRS if dirs is None else dirs) if p.is_dir())
 
 
-def run_argv(image: str, weights: tuple[WeightsMount, ...], *, gpu: bool, network: str | None,
-             extra: list[str], command: list[str], docker: tuple[str, ...] = ("docker",)) -> tuple[str, ...]:
-    """``docker``: the client command line of the chosen engine (Engine.docker_argv())."""
-    argv = [*docker, "run", "--rm"]
-    if gpu:
-        argv += ["--gpus", "all"]
-    if network:
-        argv += ["--network", network]
-    for w in weights:
+@dataclass(frozen=True)
+class RunSpec:
+    """One container to start, whatever the engine: the image, the weights bound read-only, GPUs
+    or not, the network, docker's ``--entrypoint`` (None: the image's), extra client arguments
+    and the command."""
+
+    image: str
+    weights: tuple[WeightsMount, ...] = ()
+    gpu: bool = False
+    network: str | None = None
+    entrypoint: str | None = None
+    extra: tuple[str, ...] = ()
+    command: tuple[str, ...] = ()
+
+
+def run_args(spec: RunSpec, gpu_flags: tuple[str, ...]) -> list[str]:
+    """The `run` arguments docker and podman share, after the client: ``gpu_flags`` are the
+    engine's way of asking for every GPU (``Engine.run_argv`` passes them)."""
+    argv = ["run", "--rm"]
+    if spec.gpu:
+        argv += gpu_flags
+    if spec.network:
+        argv += ["--network", spec.network]
+    if spec.entrypoint is not None:
+        argv += ["--entrypoint", spec.entrypoint]
+    for w in spec.weights:
         argv += ["--mount", f"type=bind,source={w.host_dir},target={w.mount},readonly"]
-    return tuple(argv + extra + [image] + command)
+    return argv + list(spec.extra) + [spec.image] + list(spec.command)
 
 
 @dataclass(frozen=True)
 class RunOptions:
     """What `imgbuild run` was asked for: where weights go on the host, GPUs (auto: when the
-    engine has a GPU runtime), the network, extra `docker run` arguments and the command."""
+    engine offers them), the network, extra `docker run` (`podman run`) arguments and the command."""
 
     root: Path
     gpus: str = "auto"  # auto | all | none
     network: str | None = None
     extra: tuple[str, ...] = ()
     command: tuple[str, ...] = ()
+    entrypoint: str | None = None  # docker run --entrypoint; None: the image's
 
 
-def make_run_plan(image: str, weights_pairs: list[tuple[str, str]], options: RunOptions, *, engine_info: dict,
-                  docker: tuple[str, ...] = ("docker",)) -> RunPlan:
-    """``engine_info``: the engine's `docker info`; ``docker``: its client command line
-    (Engine.docker_argv(), so $IMGBUILD_DOCKER and $DOCKER_HOST are honoured)."""
+def make_run_plan(image: str, weights_pairs: list[tuple[str, str]], options: RunOptions, *, engine: Engine,
+                  gpu_available: bool, start: ImageStart | None = None) -> RunPlan:
+    """``engine``: the chosen engine, whose ``run_argv`` writes the command line;
+    ``gpu_available``: whether it offers GPUs (``engine.gpu_available()``, asked by the caller,
+    which decides what an unreachable engine means); ``start``: the image's ENTRYPOINT and CMD,
+    for the plan to say what runs in the container."""
     mounts = tuple(WeightsMount(ref, options.root / weights_dir_name(ref), mount) for ref, mount in weights_pairs)
     if options.gpus == "auto":
-        gpu = gpu_runtime(engine_info)
+        gpu = gpu_available
     elif options.gpus in {"all", "none"}:
         gpu = options.gpus == "all"
     else:
         raise UsageError(f"--gpus {options.gpus!r}: use auto, all or none")
-    return RunPlan(image, mounts, gpu, run_argv(image, mounts, gpu=gpu, network=options.network,
-                                                extra=list(options.extra), command=list(options.command),
-                                                docker=docker))
+    argv = engine.run_argv(RunSpec(image, mounts, gpu, options.network, options.entrypoint, options.extra,
+                                   options.command))
+    process = container_process(start, options.command, options.entrypoint) if start is not None else None
+    return RunPlan(image, mounts, gpu, argv, process)
 
 
 def compose_document(image: str, recipe) -> dict:
@@ -144,5 +222,7 @@ def compose_text(image: str, recipe) -> str:
 
 
 def dry_run_json(plan: RunPlan) -> dict:
-    return {"image": plan.image, "gpu": plan.gpu, "argv": list(plan.argv),
+    return {"image": plan.image, "gpu": plan.gpu, "argv": list(plan.argv), "command_line": plan.command_line,
+            "process": list(plan.process.argv) if plan.process else None,
+            "process_rule": plan.process.how if plan.process else None,
             "weights": [{"ref": w.ref, "host_dir": str(w.host_dir), "mount": w.mount} for w in plan.weights]}

@@ -1,107 +1,54 @@
-"""Choosing the engine once, from --engine/$IMGBUILD_ENGINE, $IMGBUILD_DOCKER (or PATH),
-$DOCKER_HOST and --builder: the client, whether it has buildx, and which kind to build with."""
+"""Choosing the engine once, from --engine/$IMGBUILD_ENGINE, --builder and the engine's address:
+the registry (registry.py) names the kinds; each kind finds itself on the machine."""
 
 from __future__ import annotations
 
 import os
-import re
-import shutil
-import subprocess
-from pathlib import Path
 
 from buildkit_py.engine.base import _WHO_CAN, BUILDER_SELECT, Engine
-from buildkit_py.engine.buildx import BuilderEngine, BuildxEngine
-from buildkit_py.engine.docker_cli import ClassicEngine
+from buildkit_py.engine.registry import AUTO, EngineChoice, EngineClass, auto_kinds, engines, kind_names
 from buildkit_py.errors import BackendCapabilityError, EnvironmentProblem, ImgbuildError
 
 
-def _client_version(binary: str, env: dict[str, str] | None = None) -> tuple[int, ...] | None:
-    try:
-        out = subprocess.run([binary, "version", "--format", "{{.Client.Version}}"], capture_output=True,  # noqa: PLW1510
-                             text=True, timeout=20, env=env)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    # "20.10.24+dfsg1", "28.2.2", "24.0.7-rd": the leading numbers are the version.
-    match = re.match(r"^(\d+)\.(\d+)(?:\.(\d+))?", out.stdout.strip())
-    return tuple(int(x) for x in match.groups() if x is not None) if match else None
+def _preference(preference: str | None) -> str:
+    return preference or os.environ.get("IMGBUILD_ENGINE") or os.environ.get("IMGBUILD_BACKEND") or AUTO
 
 
-def _has_buildx(binary: str) -> bool:
-    try:
-        out = subprocess.run([binary, "buildx", "version"], capture_output=True, text=True, timeout=20)  # noqa: PLW1510
-    except (OSError, subprocess.TimeoutExpired):
-        return False
-    return out.returncode == 0
-
-
-def buildx_beside(client: str) -> str | None:
-    """A buildx plugin shipped with the client (<prefix>/libexec/docker/cli-plugins) that the
-    client's config does not list: run standalone, so no config folder is changed."""
-    prefix = Path(os.path.realpath(client)).parent.parent
-    for d in ("libexec", "lib"):
-        p = prefix / d / "docker" / "cli-plugins" / "docker-buildx"
-        if p.is_file() and os.access(p, os.X_OK):
-            return str(p)
-    return None
-
-
-def candidate_clients() -> list[str]:
-    """docker clients to consider: $IMGBUILD_DOCKER alone when set (it must exist), else the
-    first on PATH and Debian's."""
-    explicit = os.environ.get("IMGBUILD_DOCKER")
-    if explicit:
-        if not (os.path.isfile(explicit) and os.access(explicit, os.X_OK)):
-            raise EnvironmentProblem(f"IMGBUILD_DOCKER={explicit}: no such executable",
-                                     hint="point it at a docker client (e.g. /usr/bin/docker) or unset it")
-        return [explicit]
-    seen: list[str] = []
-    for c in (shutil.which("docker"), "/usr/bin/docker"):
-        if c and os.path.exists(c) and os.path.realpath(c) not in {os.path.realpath(s) for s in seen}:
-            seen.append(c)
-    return seen
-
-
-ENGINE_KINDS = ("auto", "buildx", "docker", "classic")
+def _candidates(kind: str, builder: str | None) -> list[type[EngineClass]]:
+    """The engine classes to try for ``kind``, in order; refuses an unknown kind, and --builder
+    with a kind that takes none."""
+    classes = engines()
+    if kind != AUTO and kind not in classes:
+        names = kind_names()
+        raise EnvironmentProblem(f"unknown engine {kind!r}", hint=f"use {', '.join(names[:-1])} or {names[-1]}")
+    candidates = auto_kinds() if kind == AUTO else [classes[kind]]
+    if builder:
+        able = [c for c in candidates if c.named_builders]
+        if not able:
+            raise BackendCapabilityError(f"--builder {builder} needs buildx, not {candidates[0].title}",
+                                         hint=f"builder: {_WHO_CAN[BUILDER_SELECT]}")
+        candidates = able
+    return candidates
 
 
 def select_engine(preference: str | None = None, *, builder: str | None = None,
                   host: str | None = None) -> Engine:
     """Pick the engine once: ``preference`` (--engine/--backend, else $IMGBUILD_ENGINE or
-    $IMGBUILD_BACKEND: auto, buildx, or docker/classic), the client from $IMGBUILD_DOCKER (or
-    PATH, then Debian's), the engine from ``host`` or $DOCKER_HOST, a named builder from
-    --builder. Auto prefers buildx; a client older than 23.0 without it still speaks BuildKit
-    with DOCKER_BUILDKIT=1 (newer ones fall back to the legacy builder: refused)."""
-    preference = preference or os.environ.get("IMGBUILD_ENGINE") or os.environ.get("IMGBUILD_BACKEND") or "auto"
-    if preference not in ENGINE_KINDS:
-        raise EnvironmentProblem(f"unknown engine {preference!r}", hint="use auto, buildx or docker")
-    if builder and preference in {"docker", "classic"}:
-        raise BackendCapabilityError(f"--builder {builder} needs buildx, not the classic client",
-                                     hint=f"builder: {_WHO_CAN[BUILDER_SELECT]}")
-    clients = candidate_clients()
-    if not clients:
-        raise EnvironmentProblem("no docker client found",
-                                 hint="install Docker (on Debian: apt-get install docker.io) "
-                                      "or run scripts/services.sh up")
-    seen = []
-    if preference in {"auto", "buildx"}:
-        for c in clients:
-            runner = [c, "buildx"] if _has_buildx(c) else ([p] if (p := buildx_beside(c)) else None)
-            if runner:
-                cls = BuilderEngine if builder else BuildxEngine
-                return cls(c, host=host, builder=builder, buildx=runner)
-            seen.append(f"{c}: no buildx plugin")
-        if preference == "buildx" or builder:
-            raise EnvironmentProblem("no docker client with the buildx plugin: " + "; ".join(seen),
-                                     hint="install docker-buildx-plugin, or use --engine docker")
-    for c in clients:
-        version = _client_version(c)
-        if version and version < (23,):
-            return ClassicEngine(c, host=host)
-        seen.append(f"{c}: client {'.'.join(map(str, version)) if version else 'unknown'} needs buildx for BuildKit")
-    where = "IMGBUILD_DOCKER" if os.environ.get("IMGBUILD_DOCKER") else "found"
-    raise EnvironmentProblem(f"no BuildKit-capable docker client ({where}): " + "; ".join(seen),
-                             hint="install the buildx plugin, or point IMGBUILD_DOCKER at a 20.10 client "
-                                  "(Debian's /usr/bin/docker from docker.io)")
+    $IMGBUILD_BACKEND; a registered kind or auto), a named builder from --builder, the engine at
+    ``host`` (None: the client's default, e.g. $DOCKER_HOST). Auto tries the kinds that take part
+    in it in their order (buildx, then the classic client) and says why none would do."""
+    kind = _preference(preference)
+    choice = EngineChoice(kind, builder, host)
+    problems: list[EnvironmentProblem] = []
+    for cls in _candidates(kind, builder):
+        try:
+            return cls.find(choice)
+        except EnvironmentProblem as exc:
+            if all(p.message != exc.message for p in problems):
+                problems.append(exc)
+    if len(problems) == 1:
+        raise problems[0]
+    raise EnvironmentProblem("; ".join(p.message for p in problems), hint=problems[-1].hint)
 
 
 def detect_backend(preference: str | None = None) -> Engine:
@@ -109,11 +56,14 @@ def detect_backend(preference: str | None = None) -> Engine:
     return select_engine(preference)
 
 
-def engine_for_reading() -> Engine:
+def engine_for_reading(preference: str | None = None) -> Engine:
     """An engine for commands that only read images (inspect, run, check): no BuildKit needed,
-    so any client will do; the engine is the one DOCKER_HOST names."""
+    so where the chosen kind cannot build here, it still gives one to read with (for auto or an
+    unknown kind, the last kind auto tries); it is only reached when first used."""
     try:
-        return select_engine()
+        return select_engine(preference)
     except ImgbuildError:
-        clients = [c for c in (os.environ.get("IMGBUILD_DOCKER"), shutil.which("docker"), "/usr/bin/docker") if c]
-        return ClassicEngine(clients[0] if clients else "docker")
+        kind = _preference(preference)
+        classes = engines()
+        cls = classes[kind] if kind in classes else auto_kinds()[-1]
+        return cls.for_reading(EngineChoice(kind))

@@ -227,10 +227,9 @@ class Client:
                 if attempt + 1 < attempts:
                     self.retry.wait(attempt)
                     continue
-                raise RegistryUnreachable(
-                    f"cannot reach registry at {url.split('/v2/', maxsplit=1)[0]}: {_short(exc)}",
-                    hint="is the registry running and the address right? (scripts/services.sh up for the local one)",
-                ) from exc
+                base = url.split("/v2/", maxsplit=1)[0]
+                raise RegistryUnreachable(f"cannot reach registry at {base}: {connection_failure(exc)}",
+                                          hint=_unreachable_hint(base.split("://", 1)[-1])) from exc
             if resp.status_code in TRANSIENT_STATUS and attempt + 1 < attempts:
                 self.retry.wait(attempt, resp)
                 resp.close()
@@ -362,9 +361,38 @@ def _basic(username: str, password: str) -> str:
     return "Basic " + base64.b64encode(f"{username}:{password}".encode()).decode()
 
 
-def _short(exc: BaseException) -> str:
-    text = str(exc)
+def connection_failure(exc: BaseException) -> str:
+    """Why a connection failed, whole and in words: the innermost error that requests and
+    urllib3 wrap (a name that does not resolve, a refused connection, a timeout, TLS), never cut
+    mid-word (issue 22: 12), without the pool's repetition of the host."""
+    inner = exc
+    for _ in range(8):  # requests' error -> MaxRetryError -> its reason
+        cause = getattr(inner, "reason", None)
+        if not isinstance(cause, BaseException):
+            cause = inner.args[0] if inner.args and isinstance(inner.args[0], BaseException) else None
+        if cause is None:
+            break
+        inner = cause
+    text = str(inner)
+    if resolve := re.search(r"Failed to resolve '([^']+)'", text):
+        return f"the name {resolve.group(1)} does not resolve from this machine (DNS)"
     if "Connection refused" in text or "Errno 111" in text:
         return "connection refused"
-    return text[:200]
+    if isinstance(exc, requests.Timeout) or isinstance(inner, (urllib3.exceptions.TimeoutError, TimeoutError)):
+        return "no answer in time (timed out)"
+    text = re.sub(r"^\w*Connection(Pool)?\(host='[^']*', port=\d+\): ", "", text)
+    if isinstance(exc, requests.exceptions.SSLError):
+        return f"TLS failed: {text}"
+    return text
+
+
+def _unreachable_hint(host: str) -> str:
+    if is_loopback(host):
+        return (f"is a registry listening at {host}? (in a clone of imgbuild, `scripts/services.sh up` starts "
+                "the local one)")
+    hint = "check the address, and this machine's network and proxy settings (HTTPS_PROXY)"
+    if host == DOCKER_HUB_API:
+        hint += ("; where Docker Hub is out of reach, run `imgbuild mirror` on a machine that reaches it and a "
+                 "registry this one reaches, and use base.mirror")
+    return hint
 

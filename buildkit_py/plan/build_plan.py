@@ -4,6 +4,7 @@ labels, env and tags. Pure: no I/O, so the same recipe always plans the same."""
 from __future__ import annotations
 
 import dataclasses
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,6 +46,9 @@ from buildkit_py.sizes import human_size
 
 VENV = "/opt/venv"
 STEP_MARK = "imgbuild-step"  # written into each RUN so `inspect` can map layers to steps
+# The mount stubs' step, and the empty context file its COPY (to /etc/hosts) reads: `inspect`
+# knows that COPY by its source, so the recipe's own copy[0] stays copy-0.
+MOUNT_STUBS_STEP, MOUNT_STUBS_GROUP, MOUNT_STUB_FILE = "mount-stubs", "python", ".imgbuild/empty"
 
 # Build front-end tools of the builder stage, pinned so builds repeat. They never reach the
 # final image. setuptools 75.3 is the last release that still supports Python 3.8.
@@ -97,11 +101,21 @@ class BuildPlan:
         return tuple(dict.fromkeys(s.base for s in self.stages if s.base not in {x.name for x in self.stages}))
 
 
+# A --tag that is only a version (1.2, v2.0.1, 1.2-rc1): the docker grammar reads it as a
+# repository named 1.2, which is never what was meant.
+_VERSION_LIKE = re.compile(r"v?\d+(\.\d+)*([.+_-][0-9A-Za-z][0-9A-Za-z._-]*)?")
+
+
 def default_tags(recipe: Recipe, registry: str | None = None, extra: tuple[str, ...] = ()) -> tuple[str, ...]:
     """NAME:VERSION (or ``extra``, the --tag values), under ``registry``; each one checked, and
     an invalid one blamed on the option that produced it (UsageError, exit 2)."""
     if extra:
         tags = list(extra)
+        for tag in tags:
+            if _VERSION_LIKE.fullmatch(tag):
+                raise UsageError(f"--tag {tag}: a tag names the whole image, so this would be the repository "
+                                 f"{tag!r} (tagged latest), not version {tag} of {recipe.name}",
+                                 hint=f"give the name too: --tag {recipe.name}:{tag} (or set version: in the recipe)")
     else:
         tags = [f"{recipe.name}:{recipe.version or 'latest'}"]
     origin = "--tag" if extra else "tag"
@@ -269,7 +283,7 @@ def _mount_stubs(steps: list[Step], installer: Installer) -> list[Step]:
     first = next((i for i, s in enumerate(steps) if isinstance(s, PipStep) and s.reproducible), None)
     if first is None:
         return steps
-    stubs = MountStubsStep("mount-stubs", "python", hosts=ContextFile(".imgbuild/empty", ""),
+    stubs = MountStubsStep(MOUNT_STUBS_STEP, MOUNT_STUBS_GROUP, hosts=ContextFile(MOUNT_STUB_FILE, ""),
                            dirs=(*installer.stub_dirs, "/run/secrets"),
                            files=("/run/secrets/cacert", "/run/secrets/pipconf", *installer.stub_files))
     return steps[:first] + [stubs] + steps[first:]

@@ -335,12 +335,16 @@ def pin_base(ref: str, *, engine: Engine | None = None) -> dict[str, Any]:
 
 def lock_variant(plan: BuildPlan, *, ca_cert: Path | None = None, resolver: Resolver | None = None,
                  base_pinner: Callable[[str], dict] | None = None,
-                 prefer: dict[str, Any] | None = None, engine: Engine | None = None) -> dict[str, Any]:
+                 prefer: dict[str, Any] | None = None, engine: Engine | None = None,
+                 on_status: Callable[[str], None] | None = None) -> dict[str, Any]:
     """The lock of one variant. ``prefer``: an existing variant lock whose versions are
     passed as constraints (so re-checking a current lock does not pick up new releases).
-    ``resolver`` and ``base_pinner`` default to pip and the registry/engine (tests pass fakes)."""
+    ``resolver`` and ``base_pinner`` default to pip and the registry/engine (tests pass fakes).
+    ``on_status`` hears what is being done before each wait (a pip resolution takes tens of
+    seconds): the CLI shows it."""
     resolver = resolver or run_pip_report
     base_pinner = base_pinner or functools.partial(pin_base, engine=engine)
+    status = on_status or (lambda _text: None)
     inputs = lock_inputs(plan)
     target = target_of(plan)
     packages: dict[str, list] = {}
@@ -348,10 +352,16 @@ def lock_variant(plan: BuildPlan, *, ca_cert: Path | None = None, resolver: Reso
         requirements = [r for step in stage["steps"] for r in step["requirements"]]
         constraints = [f"{p['name']}=={p['version']}" for p in (prefer or {}).get("packages", {}).get(stage_name, [])
                        if "url" not in p]
+        status(f"resolving {len(requirements)} requirements of stage {stage_name} with pip (Python {target.python})")
         report = resolver(target, stage["indexes"], requirements, constraints=constraints, ca_cert=ca_cert)
         packages[stage_name] = packages_from_report(report, target, stage["steps"])
-    bases = {stage: ({"ref": unpinned(ref), "digest": ref.split("@", 1)[1]} if "@" in ref else base_pinner(ref))
-             for stage, ref in _plan_bases(plan).items()}
+    bases = {}
+    for stage, ref in _plan_bases(plan).items():
+        if "@" in ref:
+            bases[stage] = {"ref": unpinned(ref), "digest": ref.split("@", 1)[1]}
+        else:
+            status(f"pinning base {ref} of stage {stage} by digest")
+            bases[stage] = base_pinner(ref)
     notes = [f"{name} is built from source in the builder stage: not locked (its sdist is not hashed, "
              "and dependencies it pulls beyond the locked packages are not pinned)"
              for name in inputs["unlocked"]]
@@ -377,12 +387,21 @@ def make_lock(recipe_path: Path, variants: dict[str, dict]) -> dict[str, Any]:
     }
 
 
-def lock_recipe(plans: dict[str, BuildPlan], **kwargs) -> dict[str, Any]:
-    """Lock every variant (``{variant_id: plan}``; a plain recipe is ``{"default": plan}``)."""
+def lock_recipe(plans: dict[str, BuildPlan], *, on_status: Callable[[str], None] | None = None,
+                **kwargs) -> dict[str, Any]:
+    """Lock every variant (``{variant_id: plan}``; a plain recipe is ``{"default": plan}``);
+    ``on_status`` as for lock_variant, each text after its variant's id when there are several."""
     if not plans:
         raise UsageError("nothing to lock: no variant to resolve")
     first = next(iter(plans.values()))
-    return make_lock(first.recipe.path, {vid: lock_variant(p, **kwargs) for vid, p in plans.items()})
+
+    def variant_status(vid: str) -> Callable[[str], None] | None:
+        if on_status is None or len(plans) == 1:
+            return on_status
+        return lambda text: on_status(f"[{vid}] {text}")
+
+    return make_lock(first.recipe.path, {vid: lock_variant(p, on_status=variant_status(vid), **kwargs)
+                                         for vid, p in plans.items()})
 
 
 def dump_lock(lock: dict[str, Any]) -> str:

@@ -827,6 +827,18 @@ def dropped_warnings(matrix: Matrix) -> list[str]:
             for d in matrix.dropped]
 
 
+def require_variants(matrix: Matrix, what: str) -> None:
+    """UsageError (exit 2) when the matrix keeps no variant, listing why each combination went:
+    nothing can be ``what`` (built, locked, a CI matrix: GitHub fails an empty one in its own
+    words, far from the cause)."""
+    if matrix.variants:
+        return
+    reasons = dropped_warnings(matrix) + [f"variant {e.id} excluded by {e.by}" for e in matrix.excluded]
+    raise UsageError(f"{matrix.path}: every variant was dropped, nothing to {what}:\n"
+                     + "\n".join(f"  {r}" for r in reasons),
+                     hint="change the matrix's values (or the recipe) as each reason's hint says")
+
+
 def select_variants(matrix: Matrix, variant_ids: tuple[str, ...] = (), *, jobs: int = 1,
                     tags: tuple[str, ...] = ()) -> list[Variant]:
     """The variants a build asks for (all when ``variant_ids`` is empty), or UsageError: the
@@ -835,8 +847,7 @@ def select_variants(matrix: Matrix, variant_ids: tuple[str, ...] = (), *, jobs: 
         raise UsageError(f"-j {jobs}: the number of parallel builds must be at least 1")
     chosen = [matrix.variant(i) for i in dict.fromkeys(variant_ids)] if variant_ids else list(matrix.variants)
     if not chosen:
-        raise UsageError(f"{matrix.path}: every variant of the matrix was dropped, nothing to build",
-                         hint="see `imgbuild matrix RECIPE` for the reasons")
+        require_variants(matrix, "build")
     if tags and len(chosen) != 1:
         raise UsageError("--tag names one image: use it with a single --variant, not with --all",
                          hint="set matrix.tags in the recipe to tag every variant")

@@ -1,12 +1,16 @@
-"""`docker buildx build`: the engine most users have (cache export, push from the build,
-metadata file, output options, builders)."""
+"""`docker buildx build`, ``--engine buildx``: the engine most users have (cache export, push
+from the build, metadata file, output options, builders). With ``--builder NAME`` it is
+``BuilderEngine``: BuildKit outside the engine (docker-container, remote, Kubernetes)."""
 
 from __future__ import annotations
 
 import base64
 import json
 import os
+import subprocess
+from collections.abc import Mapping
 from pathlib import Path
+from typing import ClassVar
 
 from buildkit_py.engine.base import (
     BUILDER_SELECT,
@@ -14,6 +18,7 @@ from buildkit_py.engine.base import (
     CACHE_FROM,
     CACHE_MOUNTS,
     COMPRESSION,
+    ENGINE_STORE,
     METADATA_FILE,
     MULTI_STAGE,
     OCI_MEDIATYPES,
@@ -22,11 +27,13 @@ from buildkit_py.engine.base import (
     PUSH,
     SECRETS,
     BuildRequest,
+    Engine,
     parse_compression,
 )
-from buildkit_py.engine.docker_cli import ClassicEngine
+from buildkit_py.engine.kinds.docker import ClassicEngine, found_clients
 from buildkit_py.engine.push import classify_push_error, registry_host
-from buildkit_py.errors import AuthenticationError, RegistryError
+from buildkit_py.engine.registry import EngineChoice, register
+from buildkit_py.errors import AuthenticationError, EnvironmentProblem, RegistryError
 from buildkit_py.oci import auth
 
 _BASE = frozenset({MULTI_STAGE, CACHE_MOUNTS, SECRETS, CACHE_FROM, PUSH, METADATA_FILE, PLATFORM})
@@ -35,17 +42,43 @@ _BASE = frozenset({MULTI_STAGE, CACHE_MOUNTS, SECRETS, CACHE_FROM, PUSH, METADAT
 _STORE = frozenset({CACHE_EXPORT, COMPRESSION, OCI_MEDIATYPES, PROVENANCE})
 
 
+def has_buildx(binary: str) -> bool:
+    try:
+        out = subprocess.run([binary, "buildx", "version"], capture_output=True, text=True, timeout=20)  # noqa: PLW1510
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return out.returncode == 0
+
+
+def buildx_beside(client: str) -> str | None:
+    """A buildx plugin shipped with the client (<prefix>/libexec/docker/cli-plugins) that the
+    client's config does not list: run standalone, so no config folder is changed."""
+    prefix = Path(os.path.realpath(client)).parent.parent
+    for d in ("libexec", "lib"):
+        p = prefix / d / "docker" / "cli-plugins" / "docker-buildx"
+        if p.is_file() and os.access(p, os.X_OK):
+            return str(p)
+    return None
+
+
 def _csv(value: str) -> str:
     """One field of an --output value; buildx parses it as CSV, so a comma needs quotes."""
     return f'"{value}"' if "," in value or '"' in value else value
 
 
+@register
 class BuildxEngine(ClassicEngine):
     """buildx with the engine's own `docker` driver: the image lands in the engine's store
     whatever the output, so --load changes nothing here."""
 
+    kind: ClassVar[str] = "buildx"
+    aliases: ClassVar[tuple[str, ...]] = ()
+    auto_order: ClassVar[int | None] = 10  # what --engine auto prefers
+    named_builders: ClassVar[bool] = True
+    title: ClassVar[str] = "buildx"
+    summary: ClassVar[str] = "docker buildx build, client and engine as for docker; with --builder, that BuildKit"
     name = "buildx"
-    kind = "buildx"
+    hints: Mapping[str, str] = {}
 
     def __init__(self, client: str, *, host: str | None = None, builder: str | None = None,
                  buildx: list[str] | None = None):
@@ -53,13 +86,31 @@ class BuildxEngine(ClassicEngine):
         # [client, "buildx"] or the plugin binary run standalone.
         self.buildx = list(buildx or [client, "buildx"])
 
+    @classmethod
+    def find(cls, choice: EngineChoice) -> Engine:
+        """The first client with the buildx plugin (its own, or one shipped beside it); with
+        --builder, that builder through it."""
+        seen = []
+        for c in found_clients():
+            runner = [c, "buildx"] if has_buildx(c) else ([p] if (p := buildx_beside(c)) else None)
+            if runner:
+                kind = BuilderEngine if choice.builder else BuildxEngine
+                return kind(c, host=choice.host, builder=choice.builder, buildx=runner)
+            seen.append(f"{c}: no buildx plugin")
+        raise EnvironmentProblem("no docker client with the buildx plugin: " + "; ".join(seen),
+                                 hint="install docker-buildx-plugin, or use --engine docker")
+
+    @classmethod
+    def for_reading(cls, choice: EngineChoice) -> Engine:
+        return ClassicEngine.for_reading(choice)  # reading needs no buildx
+
     @property
     def capabilities(self) -> frozenset[str]:  # type: ignore[override]
         try:
             store = self.containerd_store()
         except Exception:  # noqa: BLE001 - engine unreachable: the build will say so
             store = False
-        return _BASE | (_STORE if store else frozenset())
+        return _BASE | {ENGINE_STORE} | (_STORE if store else frozenset())
 
     def describe(self) -> str:
         store = ""
@@ -172,10 +223,10 @@ class BuildxEngine(ClassicEngine):
 
 class BuilderEngine(BuildxEngine):
     """buildx with a named builder (docker-container, remote, Kubernetes): BuildKit runs
-    outside the engine, so the image reaches the engine only with --load (type=docker)."""
+    outside the engine, so the image reaches the engine only with --load (type=docker), and a
+    FROM cannot name an image only the engine has (no ENGINE_STORE). Chosen by BuildxEngine.find."""
 
     name = "buildx-builder"
-    kind = "builder"
 
     @property
     def capabilities(self) -> frozenset[str]:  # type: ignore[override]
@@ -196,5 +247,3 @@ class BuilderEngine(BuildxEngine):
             args += ["--builder", self.builder]
         return args
 
-
-BuildxBackend = BuildxEngine  # the older name

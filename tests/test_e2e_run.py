@@ -1,0 +1,52 @@
+"""End to end: `imgbuild run` on a real engine starts what docker's rule says and what it
+prints (issue 22: 8): the command after -- goes to the image's ENTRYPOINT as arguments;
+--entrypoint replaces the ENTRYPOINT, and '' removes it."""
+
+import shlex
+import subprocess
+
+import pytest
+from helpers import run_cli
+
+
+@pytest.fixture
+def entrypoint_image(engine, base_image, unique_name):
+    """The base image with ENTRYPOINT ["echo", "ep"] and CMD ["default"] (docker commit: no build)."""
+    docker = engine.client_argv()
+    image = f"{unique_name}:ep"
+    cid = subprocess.run([*docker, "create", base_image, "true"], capture_output=True, text=True,
+                         check=True).stdout.strip()
+    try:
+        subprocess.run([*docker, "commit", "--change", 'ENTRYPOINT ["echo", "ep"]', "--change", 'CMD ["default"]',
+                        cid, image], capture_output=True, check=True)
+    finally:
+        subprocess.run([*docker, "rm", cid], capture_output=True, check=False)
+    yield image
+    subprocess.run([*docker, "image", "rm", "-f", image], capture_output=True, check=False)
+
+
+@pytest.mark.parametrize(("args", "printed"), [
+    ((), "ep default"),
+    (("--", "hello", "world"), "ep hello world"),  # the run --help example's case: arguments of the ENTRYPOINT
+    (("--entrypoint", "echo", "--", "hi"), "hi"),
+    (("--entrypoint", "", "--", "echo", "plain"), "plain"),
+])
+def test_run_starts_what_it_says(entrypoint_image, tmp_path, capfd, args, printed):
+    code, out, err = run_cli("run", entrypoint_image, "--gpus", "none", "--network", "none",
+                             "--weights-dir", str(tmp_path / "w"), *args)
+    container = capfd.readouterr().out  # the container writes to this process's stdout
+    assert code == 0, err
+    assert container.strip() == printed
+    said = next(line for line in err.splitlines() if line.startswith("  container runs "))
+    process = shlex.split(said.removeprefix("  container runs ").split(": ", 1)[0])
+    assert process[0] == "echo" and " ".join(process[1:]) == printed
+    running = next(line for line in err.splitlines() if line.startswith("running "))
+    running = shlex.split(running.removeprefix("running "))
+    after = list(args[args.index("--") + 1:]) if "--" in args else []
+    assert running[len(running) - len(after):] == after and running[len(running) - len(after) - 1] == entrypoint_image
+
+def test_run_refuses_an_image_with_nothing_to_start(entrypoint_image, tmp_path, capfd):
+    code, out, err = run_cli("run", entrypoint_image, "--gpus", "none", "--network", "none",
+                             "--weights-dir", str(tmp_path / "w"), "--entrypoint", "")
+    assert code == 2 and "nothing would run" in err, err
+    assert capfd.readouterr().out == ""
