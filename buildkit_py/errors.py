@@ -276,6 +276,12 @@ class ImageMissing(InspectError):
     exit_status = ExitStatus.BAD_INPUT
 
 
+class SbomError(ImgbuildError):
+    """An SBOM could not be made, attached or found (none attached, an unreadable layer)."""
+
+    exit_status = ExitStatus.FAILED
+
+
 class SizeBudgetExceeded(BudgetExceeded):
     """The image is over ``budget.max_size``; ``groups`` is the breakdown by layer group (bytes)."""
 

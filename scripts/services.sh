@@ -58,6 +58,8 @@ install_missing() {
     command -v docker-registry >/dev/null || pkgs+=(docker-registry)
     command -v htpasswd >/dev/null || pkgs+=(apache2-utils)
     command -v mmdebstrap >/dev/null || pkgs+=(mmdebstrap)
+    # a third-party client the SBOM tests read the pushed image's referrers with
+    command -v skopeo >/dev/null || pkgs+=(skopeo)
     python3 -c 'import venv, ensurepip' 2>/dev/null || pkgs+=(python3-venv python3-pip)
     if [ "$PODMAN_ENGINE" = 1 ]; then command -v podman >/dev/null || pkgs+=(podman); fi
     if [ ${#pkgs[@]} -gt 0 ]; then

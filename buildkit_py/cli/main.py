@@ -52,6 +52,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
                 "run:register_compose"),
     "matrix": ("expand a recipe's matrix: variants kept and dropped (with reasons), a CI matrix or a bake file",
                "matrix:register"),
+    "sbom": ("the SBOM (CycloneDX) attached to a pushed image, or one made from an image's layers",
+             "sbom:register"),
     "mirror": ("copy an image (e.g. an nvidia/cuda tag) into a private registry and print its digest",
                "registry:register_mirror"),
     "data": ("the compatibility data: its date and what the look-up cache adds; refresh it from the index",
