@@ -26,6 +26,7 @@ from buildkit_py.sizes import human_size
 if TYPE_CHECKING:
     from rich.console import Console
 
+    from buildkit_py.analysis.image_checks import TestReport
     from buildkit_py.engine.build import BuildOptions
 
 
@@ -35,7 +36,14 @@ def register(add: AddCommand) -> None:
             "Prints the image id, tags and size; after --push, each registry reference and its digest.")
     b.add_argument("recipe", type=Path)
     b.add_argument("--tag", action="append", default=[], help="tag instead of NAME:VERSION (repeatable)")
-    b.add_argument("--push", action="store_true", help="push every tag after the build")
+    b.add_argument("--push", action="store_true",
+                   help="push every tag after the build, once the image's tests pass (see `imgbuild test`)")
+    testing = b.add_mutually_exclusive_group()
+    testing.add_argument("--test", action="store_true",
+                         help="run the image's tests after the build even without --push (a failure keeps the "
+                              "image only as REPO:rejected, exit 1)")
+    testing.add_argument("--no-test", action="store_true",
+                         help="push without running the image's tests (a warning says so)")
     b.add_argument("--registry", help="prefix tags with this registry, e.g. 127.0.0.1:5000")
     ca_option(b, "CA bundle for downloads inside the build, passed as a BuildKit secret (never in a layer)")
     pip_config_option(b, "pip.conf for every pip step (e.g. a private index-url with credentials), passed as a "
@@ -93,6 +101,7 @@ def _lock_mode(args: argparse.Namespace) -> str:
 
 
 def cmd_build(args: argparse.Namespace, out: Out) -> int:
+    from buildkit_py.cli.test import build_gate
     from buildkit_py.engine import select_engine
     from buildkit_py.engine.build import run_build
     from buildkit_py.plan.lock import use_lock
@@ -117,9 +126,15 @@ def cmd_build(args: argparse.Namespace, out: Out) -> int:
     backend = select_engine(args.backend, builder=args.builder)
     options = _build_options(args)
 
+    testing = (args.push or args.test) and not args.no_test
+    if args.no_test and args.push:
+        out.warn("--no-test: pushing without running the image's tests")
     out.info(f"building {', '.join(plan.tags)} with the {backend.describe()}")
+    reports: list[TestReport] = []
     with StepView.for_option(out.stderr, args.progress) as view:
-        outcome = run_build(plan, backend, options, view.line, on_progress=view.note, on_transfer=view.transfer)
+        gate = build_gate(backend, plan.recipe, plan.tags[0], view.note, reports) if testing else None
+        outcome = run_build(plan, backend, options, view.line, on_progress=view.note, on_transfer=view.transfer,
+                            gate=gate)
     r = outcome.result
     report = {
         "image_id": r.image_id, "tags": list(r.tags), "size": outcome.size, "backend": outcome.backend,
@@ -129,6 +144,7 @@ def cmd_build(args: argparse.Namespace, out: Out) -> int:
         "steps_rerun": list(r.rerun), "groups": outcome.groups, "labels": outcome.labels,
         "warnings": [w.to_json() for w in plan.warnings],
         "pushes": [{"ref": p.ref, "tag": p.tag, "digest": p.digest, "size": p.size} for p in outcome.pushes],
+        "tests": reports[-1].to_json() if reports else None,
     }
     if args.json:
         out.data(report)
@@ -139,6 +155,8 @@ def cmd_build(args: argparse.Namespace, out: Out) -> int:
     out.line(f"size     {human_size(outcome.size)} ({outcome.size} bytes) uncompressed"
              + (f", {human_size(compressed)} compressed" if compressed else ""))
     out.line(f"steps    {r.run_steps} run, {r.cached_steps} cached, {r.seconds:.1f}s")
+    out.line(f"tests    {reports[-1].summary()}" if reports else
+             "tests    not run (they run before --push, or with --test)")
     for p in outcome.pushes:
         out.line(f"pushed   {p.ref}")
     return 0
