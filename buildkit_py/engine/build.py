@@ -210,7 +210,8 @@ def run_build(plan: BuildPlan, engine: Engine, options: BuildOptions, on_line: L
         pushes: list[PushResult] = []
         if options.push and from_buildkit:
             if not request.push:  # checked first: the same build again, every step cached, pushes
-                result = replace(_build(engine, replace(request, push=True), on_line), seconds=result.seconds)
+                # Only its digest is news: the steps that ran and the time are the first build's.
+                result = replace(result, digest=_build(engine, replace(request, push=True), on_line).digest)
             pushes = _buildkit_pushes(result, tags)
         elif options.push:
             pushes = [engine.push(tag, on_progress=on_progress, on_transfer=on_transfer) for tag in tags]
