@@ -39,13 +39,13 @@ sys.path.insert(0, str(REPO))
 from buildkit_py.engine import select_engine  # noqa: E402
 from buildkit_py.engine.build import BuildOptions, assemble_context, run_build  # noqa: E402
 from buildkit_py.plan.build_plan import make_plan  # noqa: E402
-from buildkit_py.recipe.model import load_recipe  # noqa: E402
+from buildkit_py.recipe.model import InstallerName, load_recipe  # noqa: E402
 from buildkit_py.render.dockerfile import render_dockerfile  # noqa: E402
 
 DOCKER = "/usr/bin/docker"
 CA = Path("/etc/ssl/certs/ca-certificates.crt")
 BASE = os.environ.get("IMGBUILD_TEST_BASE_IMAGE", "debian:bookworm-slim")
-INSTALLERS = ("uv", "pip")
+INSTALLERS = InstallerName.words()
 COMMON = ["numpy==1.26.4", "pandas==2.2.2", "scipy==1.13.1", "transformers==4.44.2", "datasets==2.21.0"]
 STACKS = {
     "torch": {"cuda": "13.0", "torch": "2.14.1", "pins": [*COMMON, "accelerate==0.34.2"], "free_gb": 20},

@@ -27,6 +27,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from buildkit_py import pipeline
 from buildkit_py.engine import select_engine
 from buildkit_py.engine.build import BuildOptions, run_build
 from buildkit_py.engine.matrix_build import build_all
@@ -78,13 +79,13 @@ def main() -> int:
     parser.add_argument("--jobs", type=int, default=2, help="parallel builds in the matrix arm (default 2)")
     parser.add_argument("--json", type=Path, help="also write the figures to this file")
     args = parser.parse_args()
-    backend = select_engine()
-    client = backend.sdk()
+    engine = select_engine()
+    client = engine.sdk()
     run_id = uuid.uuid4().hex[:8]
     tmp = Path(tempfile.mkdtemp(prefix="imgbuild-bench-matrix-"))
     made: list[str] = []
     ca = CA if CA.exists() else None
-    print(f"imgbuild matrix benchmark on {backend.name} ({backend.client}), base {BASE}, -j {args.jobs}\n", flush=True)
+    print(f"imgbuild matrix benchmark on {engine.name} ({engine.client}), base {BASE}, -j {args.jobs}\n", flush=True)
     skip: dict[str, set[str]] = {}
     try:
         def load(arm: str) -> mx.Matrix:
@@ -95,14 +96,14 @@ def main() -> int:
             folder.mkdir()
             path = folder / "recipe.yaml"
             path.write_text(RECIPE.format(name=f"imgbuild-bench/matrix-{arm}-{run_id}", base=base))
-            return mx.load_matrix(path)
+            return pipeline.load_matrix(path)
 
         # (a) separate cold builds, one after the other, as four CI jobs without a shared cache do
         sep = load("separate")
         start = time.monotonic()
         sep_images = []
         for v in sep.variants:
-            outcome = run_build(mx.variant_plan(v), backend, BuildOptions(ca_cert=ca, no_cache=True),
+            outcome = run_build(mx.variant_plan(v), engine, BuildOptions(ca_cert=ca, no_cache=True),
                                 lambda _l: None)
             made.extend(outcome.result.tags)
             sep_images.append(outcome.result.image_id)
@@ -110,7 +111,7 @@ def main() -> int:
 
         # (b) the matrix: build --all, shared stages once, then reused from the cache
         mat = load("matrix")
-        result = build_all(mat, backend, BuildOptions(ca_cert=ca), jobs=args.jobs)
+        result = build_all(mat, engine, BuildOptions(ca_cert=ca), jobs=args.jobs)
         for b in result.builds:
             made.extend(b.plan.tags)
         if result.failed:

@@ -70,8 +70,8 @@ WORKDIR /app
 
 class Bench:
     def __init__(self) -> None:
-        self.backend = select_engine()
-        self.client = self.backend.sdk()
+        self.engine = select_engine()
+        self.client = self.engine.sdk()
         self.tmp = Path(tempfile.mkdtemp(prefix="imgbuild-bench-"))
         self.images: list[str] = []
         self.rows: list[tuple[str, str]] = []
@@ -88,7 +88,7 @@ class Bench:
     def build(self, recipe: Path, *, no_cache: bool = False):
         plan = make_plan(load_recipe(recipe))
         options = BuildOptions(ca_cert=CA if CA.exists() else None, no_cache=no_cache)
-        outcome = run_build(plan, self.backend, options, on_line=lambda _l: None)
+        outcome = run_build(plan, self.engine, options, on_line=lambda _l: None)
         self.images.extend(outcome.result.tags)
         return outcome
 
@@ -187,7 +187,7 @@ def main() -> int:
     chosen = args.only or list(BENCHES)
     b = Bench()
     results: dict = {}
-    print(f"imgbuild benchmarks on {b.backend.name} ({b.backend.client}), base {BASE}\n", flush=True)
+    print(f"imgbuild benchmarks on {b.engine.name} ({b.engine.client}), base {BASE}\n", flush=True)
     try:
         for name, fn in (("rebuild", bench_rebuild), ("multistage", bench_multistage), ("prefix", bench_prefix)):
             if name in chosen:

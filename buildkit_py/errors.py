@@ -40,6 +40,11 @@ class UsageError(ImgbuildError):
     exit_status = ExitStatus.BAD_INPUT
 
 
+class PipConfigError(UsageError):
+    """A pip configuration file pip itself would refuse (compat/pip_config.py), at its line, or
+    one that cannot be read: bad input whether --pip-config named it or pip's own places hold it."""
+
+
 class RecipeIssue(NamedTuple):
     """One problem in a recipe file, located by line and key path. (A NamedTuple, not a frozen
     dataclass: every command imports this module, and dataclasses costs ~7 ms of start-up.)"""
@@ -170,8 +175,8 @@ class PackageIndexError(EnvironmentProblem):
     METADATA (compat data refresh and plan-time look-ups of releases newer than the shipped data)."""
 
 
-class BackendCapabilityError(ImgbuildError):
-    """The plan needs something the chosen build backend cannot do."""
+class EngineCapabilityError(ImgbuildError):
+    """The plan needs something the chosen engine cannot do."""
 
     exit_status = ExitStatus.ENVIRONMENT
 

@@ -6,10 +6,11 @@ import re
 import pytest
 from helpers import REPO, run_cli, write_recipe
 
-from buildkit_py.analysis.lint import LINT_CODES, lint_recipe
+from buildkit_py.analysis.lint import LINT_CODES
 from buildkit_py.compat import codes
 from buildkit_py.compat.codes import CODES, RecipeWarning
 from buildkit_py.compat.resolve import resolve
+from buildkit_py.pipeline import lint_recipe
 from buildkit_py.recipe.model import load_recipe
 
 NVIDIA_TORCH = """\
@@ -42,6 +43,8 @@ def test_readme_table_lists_every_code_and_no_other():
 def test_unknown_code_is_refused():
     with pytest.raises(ValueError, match="unknown warning code 'cuda-thrice'"):
         RecipeWarning("cuda-thrice", "torch", "message")
+    assert set(CODES) == set(codes.WarningCode)  # every code is explained
+    assert type(RecipeWarning("cuda-twice", "torch", "message").code) is codes.WarningCode  # typed at the boundary
 
 
 def test_warning_renders_code_message_and_hint():
@@ -66,12 +69,12 @@ def test_lint_takes_code_and_key_from_the_warning_not_its_text(tmp_path, monkeyp
     path = write_recipe(tmp_path, NVIDIA_TORCH)
     original = resolve_mod.resolve
 
-    def reworded(recipe, base=None):
-        res = original(recipe, base)
+    def reworded(recipe, base=None, looked_up=None):
+        res = original(recipe, base, looked_up)
         return resolve_mod.Resolution(**{**res.__dict__, "warnings": tuple(
             RecipeWarning(w.code, w.key, "reworded") for w in res.warnings)})
 
-    monkeypatch.setattr("buildkit_py.plan.build_plan.resolve", reworded)
+    monkeypatch.setattr("buildkit_py.pipeline.bases.resolve", reworded)  # the pipeline resolves, then plans
     report = lint_recipe(path, hadolint=None)
     found = {f.code: f for f in report.findings}
     assert found[codes.CUDA_TWICE].message == "reworded"
@@ -104,10 +107,10 @@ def test_build_json_reports_warning_codes(tmp_path, monkeypatch):
         def describe(self) -> str:
             return "fake engine"
 
-    def run_build(plan, backend, options, on_line, on_progress=None, on_transfer=None, gate=None):
+    def run_build(plan, engine, options, on_line, on_progress=None, on_transfer=None, gate=None):
         result = BuildResult(image_id="sha256:" + "ab" * 32, tags=plan.tags, log_tail="", cached_steps=0,
                              run_steps=1, seconds=0.0)
-        return build_mod.BuildOutcome(plan, backend.name, result, size=1)
+        return build_mod.BuildOutcome(plan, engine.name, result, size=1)
 
     monkeypatch.setattr(engines, "select_engine", lambda preference=None, **_kw: Engine())
     monkeypatch.setattr(build_mod, "run_build", run_build)

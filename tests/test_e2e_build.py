@@ -13,7 +13,7 @@ from conftest import on_engine, on_every_engine
 from helpers import CA_ARGS, run_cli, write_recipe
 
 from buildkit_py import oci
-from buildkit_py.analysis.inspect import instruction_of
+from buildkit_py.plan.history import instruction_of
 
 RECIPE = """\
 name: {name}
@@ -166,9 +166,9 @@ def test_app_only_change_reruns_only_app_steps(project, engine, cleanup_images, 
     assert out.startswith("image    sha256:") and "steps    0 run, 8 cached" in out
 
 
-def test_classic_backend_refuses_cache_to_before_building(project, docker_client, monkeypatch):
+def test_classic_engine_refuses_cache_to_before_building(project, docker_client, monkeypatch):
     monkeypatch.setenv("IMGBUILD_DOCKER", "/usr/bin/docker")  # the 20.10 client, whichever engine
-    code, _, err = run_cli("build", str(project), "--backend", "docker", "--cache-to",
+    code, _, err = run_cli("build", str(project), "--engine", "docker", "--cache-to",
                            "type=registry,ref=127.0.0.1:5000/cache")
     assert code == 3 and "cache-export" in err
 

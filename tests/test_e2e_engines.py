@@ -19,9 +19,9 @@ import pytest
 from conftest import ENGINE_NAMES, on_every_engine
 from helpers import CA_ARGS, RUN_LABEL, RUN_MARK, run_cli, unique, write_recipe
 
+from buildkit_py import label_keys as L
 from buildkit_py import oci
 from buildkit_py.engine.run import nvidia_cdi_specs
-from buildkit_py.plan import labels as L
 
 RECIPE = """\
 name: {name}
@@ -74,10 +74,10 @@ def test_engine_contract(project, logged_in, engine, cleanup_images, unique_name
     tag = f"{logged_in.address}/{unique_name}:contract"
     report = build(str(project), "--tag", tag, "--push")
     cleanup_images.append(tag)
-    assert report["backend"] == engine.name and report["steps_run"] > 0
+    assert report["engine"] == engine.name and report["steps_run"] > 0
     # the labels the plan promised are on the image, in the engine and in the registry
     labels = report["labels"]
-    assert labels[L.CUDA_VERSION] == "12.4.1" and labels[L.OCI + "title"] == unique_name
+    assert labels[L.CUDA_VERSION] == "12.4.1" and labels[L.OCI_TITLE] == unique_name
     attrs = engine.image_attrs(tag)
     assert attrs is not None and attrs["Id"] == report["image_id"]
     assert {k: v for k, v in attrs["Config"]["Labels"].items() if k.startswith(L.PREFIX)} == \
@@ -225,7 +225,7 @@ def test_named_builder_of_a_docker_context(project, engine, docker_config, monke
     monkeypatch.delenv("DOCKER_HOST")  # the context says where the engine is
     report = build(str(project), "--builder", name)
     cleanup_images.extend(report["tags"])
-    assert report["backend"] == "buildx-builder"
+    assert report["engine"] == "buildx-builder"
     attrs = engine.image_attrs(report["tags"][0])  # the engine fixture names the socket itself
     assert attrs is not None and attrs["Id"] == report["image_id"]
     assert attrs["Config"]["Labels"]["io.imgbuild.cuda.version"] == "12.4.1"

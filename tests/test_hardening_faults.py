@@ -359,7 +359,7 @@ apt: [{apt}]
 def test_no_engine_exit_3(tmp_path, monkeypatch):
     monkeypatch.setenv("DOCKER_HOST", "unix:///nonexistent.sock")
     recipe = write_recipe(tmp_path, RECIPE.format(name="fault/noengine", apt="git"))
-    code, out, err = run_cli("build", str(recipe), "--progress", "quiet", "--backend", "docker")
+    code, out, err = run_cli("build", str(recipe), "--progress", "quiet", "--engine", "docker")
     assert code == 3, err
     assert "Docker engine" in err and "Traceback" not in err
     code, out, err = run_cli("inspect", "debian:bookworm-slim", "--json")
@@ -478,7 +478,7 @@ def test_engine_killed_mid_build_clear_error_and_no_tag(tmp_path, second_engine)
     # a slow step: apt-get update and install from the Debian mirror
     recipe = write_recipe(tmp_path, RECIPE.format(name=name, apt="git"))
     err = _KillOn("imgbuild-step=os", second_engine.kill)
-    code = main(["build", str(recipe), "--progress", "plain", "--backend", "docker"], stdout=io.StringIO(),
+    code = main(["build", str(recipe), "--progress", "plain", "--engine", "docker"], stdout=io.StringIO(),
                 stderr=err, stdin=io.StringIO())
     text = err.getvalue()
     assert err.fired, text[-3000:]
@@ -516,7 +516,7 @@ def test_engine_disk_full_clear_error_and_no_tag(tmp_path):
         os.environ["DOCKER_HOST"] = engine.host
         name = f"fault/{uuid.uuid4().hex[:8]}"
         recipe = write_recipe(tmp_path, RECIPE.format(name=name, apt="git, build-essential"))
-        code, out, err = run_cli("build", str(recipe), "--progress", "quiet", "--backend", "docker")
+        code, out, err = run_cli("build", str(recipe), "--progress", "quiet", "--engine", "docker")
         assert code in (ExitStatus.FAILED, ExitStatus.ENVIRONMENT), err[-3000:]
         assert "Traceback" not in err
         assert "disk space" in err or "no space left" in err.lower(), err[-3000:]

@@ -91,10 +91,11 @@ QUOTED_REFUSES = {"env.value": "\n\r\x00", "labels.value": "\n\r\x00", "entrypoi
 def offline_bases(monkeypatch):
     """Rendering needs no registry: base lookups (bases.py) answer at once, knowing nothing of the base."""
     try:
-        from buildkit_py.compat import bases
+        from buildkit_py.compat.bases import BaseFacts
+        from buildkit_py.pipeline import bases
     except ImportError:
         return
-    monkeypatch.setattr(bases, "fetch_base_facts", lambda ref, client=None: bases.BaseFacts(ref, None))
+    monkeypatch.setattr(bases, "fetch_base_facts", lambda ref, client=None: BaseFacts(ref, None))
 
 
 def merge(base: dict, extra: dict) -> dict:
@@ -244,7 +245,7 @@ def test_filters_refuse_line_breaks(value):
 def test_hostile_tags_refused_before_any_build(tmp_path, tag, monkeypatch):
     monkeypatch.setenv("DOCKER_HOST", "unix:///nonexistent.sock")  # never reaches an engine
     path = write(tmp_path, RECIPE)
-    code, _, err = run_cli("build", str(path), f"--tag={tag}", "--backend", "docker", "--progress", "quiet")
+    code, _, err = run_cli("build", str(path), f"--tag={tag}", "--engine", "docker", "--progress", "quiet")
     assert code == 2, err
     assert "is not a valid image reference" in err
 

@@ -12,8 +12,9 @@ from packaging.version import Version
 from pyindex import LocalIndex
 
 from buildkit_py.cli.main import main
-from buildkit_py.compat import fa_repo, index, live, refresh, tables
+from buildkit_py.compat import fa_repo, index, refresh, tables
 from buildkit_py.errors import PackageIndexError
+from buildkit_py.pipeline import lookups as live
 
 LINUX = 'platform_system == "Linux"'
 CP = ["cp311", "cp312", "cp313", "cp314", "cp315"]
@@ -414,6 +415,29 @@ def test_plan_looks_a_newer_torch_up_and_caches_it(ix, tmp_path, monkeypatch):
     assert st["shipped_as_of"] == max(d for d in tables.data_files_as_of().values() if d)
     assert st["cached"] == [{"component": "torch", "version": "2.16.0", "index": ix.url, "read": st["cached"][0]["read"],  # noqa: E501
                              "pypi_variant": "cu135", "shipped": False}]
+
+
+def test_the_resolver_reads_no_home_folder(ix, tmp_path, monkeypatch):
+    """The plan depends on the recipe and the facts passed in, never on the user's cache: the same
+    recipe and facts give the same resolution with no home folder at all (issue 23: 2)."""
+    from buildkit_py.compat.resolve import resolve
+    from buildkit_py.compat.rules import LookedUp
+    from buildkit_py.errors import CompatibilityError
+    from buildkit_py.recipe.model import load_recipe
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    recipe_path = write_recipe(tmp_path, RECIPE)
+    assert main(["plan", str(recipe_path), "--index-url", ix.url], io.StringIO(), io.StringIO()) == 0
+    rows = live.cached_torch_releases()  # what the pipeline hands the resolver
+    assert [r.version for r in rows] == ["2.16.0"] and rows[0].from_cache
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    monkeypatch.setenv("HOME", str(tmp_path / "no-such-home"))  # nothing to read, nowhere to write
+    recipe = load_recipe(recipe_path)
+    with pytest.raises(CompatibilityError, match="newer than imgbuild's data"):
+        resolve(recipe)  # without the facts: unknown, whatever a cache holds
+    first, second = resolve(recipe, looked_up=LookedUp(torch=rows)), resolve(recipe, looked_up=LookedUp(torch=rows))
+    assert first == second and first.torch_label == "2.16.0+cu135"
+    assert not (tmp_path / "no-such-home").exists()
 
 
 def test_offline_unknown_pin_is_a_clear_error(ix, tmp_path, monkeypatch):

@@ -21,6 +21,7 @@ from buildkit_py.analysis import layer_paths as P
 from buildkit_py.analysis import saved_image as S
 from buildkit_py.cli.common import Out
 from buildkit_py.errors import ImageMissing, InspectError, SizeBudgetExceeded
+from buildkit_py.plan import history as H
 from buildkit_py.plan.build_plan import make_plan
 from buildkit_py.recipe.model import load_recipe
 from buildkit_py.text_table import TextTable
@@ -85,13 +86,13 @@ def test_member_names_and_whiteouts():
 
 
 def test_instruction_of():
-    assert I.instruction_of("RUN /bin/sh -c set -eu; : imgbuild-step=os; x # buildkit") == "RUN"
-    assert I.instruction_of("RUN |1 BASE=x /bin/sh -c true # buildkit") == "RUN"
-    assert I.instruction_of("/bin/sh -c #(nop) COPY file:abc in /app ") == "COPY"
-    assert I.instruction_of("/bin/sh -c apt-get update") == "RUN"
-    assert I.instruction_of("COPY app.txt /app/app.txt # buildkit") == "COPY"
-    assert I.instruction_of("WORKDIR /app") == "WORKDIR"
-    assert I.instruction_of("") == ""
+    assert H.instruction_of("RUN /bin/sh -c set -eu; : imgbuild-step=os; x # buildkit") == "RUN"
+    assert H.instruction_of("RUN |1 BASE=x /bin/sh -c true # buildkit") == "RUN"
+    assert H.instruction_of("/bin/sh -c #(nop) COPY file:abc in /app ") == "COPY"
+    assert H.instruction_of("/bin/sh -c apt-get update") == "RUN"
+    assert H.instruction_of("COPY app.txt /app/app.txt # buildkit") == "COPY"
+    assert H.instruction_of("WORKDIR /app") == "WORKDIR"
+    assert H.instruction_of("") == ""
 
 
 def _h(created_by: str, empty: bool = False) -> dict:
@@ -113,7 +114,7 @@ def test_attribute_layers_maps_markers_copies_and_base():
         _h("WORKDIR /app"),
         _h("LABEL a=b", empty=True),
     ]
-    got = [(a.step, a.group, a.instruction) for a in I.attribute_layers(history, 9)]
+    got = [(a.step, a.group, a.instruction) for a in H.attribute_layers(history, 9)]
     assert got == [
         (None, "base", "ADD"), (None, "base", "COPY"),
         ("os", "os", "RUN"), ("ldconfig", "cuda", "RUN"), ("compiled", "heavy", "RUN"),
@@ -121,7 +122,7 @@ def test_attribute_layers_maps_markers_copies_and_base():
         ("meta", "meta", "WORKDIR"),
     ]
     # A plan's own table wins over the defaults.
-    custom = I.attribute_layers(history, 9, {"os": "python", "copy-1": "heavy"})
+    custom = H.attribute_layers(history, 9, {"os": "python", "copy-1": "heavy"})
     assert custom[2].group == "python" and custom[7].group == "heavy"
 
 
@@ -141,19 +142,19 @@ def test_the_mount_stubs_copy_is_not_the_recipes_copy_0():
         _h("COPY app/ /app # buildkit"),
         _h("WORKDIR /app"),
     ]
-    got = [(a.step, a.group) for a in I.attribute_layers(history, 9)]
+    got = [(a.step, a.group) for a in H.attribute_layers(history, 9)]
     assert got == [(None, "base"), ("os", "os"), ("python", "python"), ("mount-stubs", "python"),
                    ("mount-stubs", "python"), ("cuda", "cuda"), ("ldconfig", "cuda"), ("copy-0", "app"),
                    ("meta", "meta")]
     # With the plan's own table (what a build's size breakdown passes): the same steps and groups.
     plan = make_plan(load_recipe(REPO / "recipes" / "demo.yaml"))
     table = {st.id: st.group for st in plan.final.steps}
-    assert [(a.step, a.group) for a in I.attribute_layers(history, 9, table)] == got
+    assert [(a.step, a.group) for a in H.attribute_layers(history, 9, table)] == got
     assert table["copy-0"] == "app" and table["mount-stubs"] == "python"
 
 
 def test_attribute_layers_with_a_short_history():
-    got = I.attribute_layers([_h("RUN /bin/sh -c : imgbuild-step=pins; x")], 3)
+    got = H.attribute_layers([_h("RUN /bin/sh -c : imgbuild-step=pins; x")], 3)
     assert [(a.step, a.group) for a in got] == [(None, "base"), (None, "base"), ("pins", "pins")]
 
 

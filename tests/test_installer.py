@@ -6,7 +6,7 @@ import subprocess
 import pytest
 from helpers import REPO, write_recipe
 
-from buildkit_py.errors import RecipeError, UsageError
+from buildkit_py.errors import PipConfigError, RecipeError, UsageError
 from buildkit_py.plan import lock
 from buildkit_py.plan.build_plan import make_plan
 from buildkit_py.plan.installer import (
@@ -19,6 +19,7 @@ from buildkit_py.plan.installer import (
     uv_env_for,
     uv_env_from_pip_config,
 )
+from buildkit_py.plan.lock_model import LockedPackage, VariantLock
 from buildkit_py.plan.steps import LocalWheelsStep, LockedPipStep, MountStubsStep, PipStep, WheelBuildStep
 from buildkit_py.recipe.model import load_recipe
 from buildkit_py.render.dockerfile import render_dockerfile
@@ -107,9 +108,9 @@ def test_uv_is_pinned_by_version_and_the_sha256_of_its_linux_wheels():
 
 def test_a_locked_step_keeps_the_installer_and_its_hashes(tmp_path):
     plan = make_plan(recipe(tmp_path, "build: {installer: uv}"))
-    packages = [{"name": "six", "version": "1.16.0", "sha256": "ab" * 32, "step": "pins"},
-                {"name": "nvidia-cuda-runtime-cu12", "version": "12.4.127", "sha256": "cd" * 32, "step": "cuda"}]
-    locked = lock.apply_lock(plan, {"packages": {"final": packages}, "bases": {}})
+    packages = (LockedPackage("six", "1.16.0", "ab" * 32, "pins"),
+                LockedPackage("nvidia-cuda-runtime-cu12", "12.4.127", "cd" * 32, "cuda"))
+    locked = lock.apply_lock(plan, VariantLock({}, lock.lock_inputs(plan), {"final": packages}))
     steps = [s for s in locked.final.steps if isinstance(s, LockedPipStep)]
     assert [s.id for s in steps] == ["cuda", "pins"] and all(s.installer == UV_INSTALLER for s in steps)
     text = render_dockerfile(locked)
@@ -201,18 +202,25 @@ def test_the_secret_is_made_only_for_a_uv_build_with_a_pip_conf(tmp_path):
     assert uv_env_for(uv_plan, conf, ca_cert=False) == "export UV_INDEX_URL=https://mirror.example/simple\n"
     assert uv_env_for(uv_plan, None, ca_cert=False) is None
     assert uv_env_for(pip_plan, conf, ca_cert=False) is None  # pip reads the pip.conf itself
+    # ... but a file pip would refuse stops the build before it starts, whichever installer reads it
+    conf.write_text("[global]\nindex-url = https://a.example/simple\nindex-url = https://b.example/simple\n")
+    for plan in (uv_plan, pip_plan):
+        with pytest.raises(PipConfigError, match=r":3: \[global\] index-url: set twice"):
+            uv_env_for(plan, conf, ca_cert=False)
 
 
 def test_a_bake_file_checks_the_pip_conf_for_uv_and_needs_a_folder_for_it(tmp_path):
-    from buildkit_py.plan import matrix as mx  # noqa: PLC0415
 
     conf = tmp_path / "pip.conf"
     conf.write_text("[global]\nconstraint = /etc/c.txt\n")
-    matrix = mx.load_matrix(REPO / "recipes" / "matrix.yaml")
+    from buildkit_py import pipeline
+    from buildkit_py.engine import bake
+
+    matrix = pipeline.load_matrix(REPO / "recipes" / "matrix.yaml")
     with pytest.raises(UsageError, match=r"uv has no equivalent for \[global\] constraint"):
-        mx.write_bake(matrix, tmp_path / "bake", pip_config=conf)
+        bake.write_bake(matrix, tmp_path / "bake", pip_config=conf)
     assert not (tmp_path / "bake").exists()  # refused before anything is written
     conf.write_text("[global]\nindex-url = https://mirror.example/simple\n")
     with pytest.raises(UsageError, match="beside the bake file"):
-        mx.bake_file(matrix, pip_config=conf)  # the JSON alone has nowhere to put the translation
-    assert mx.bake_file(matrix)  # without one it bakes
+        bake.bake_file(matrix, pip_config=conf)  # the JSON alone has nowhere to put the translation
+    assert bake.bake_file(matrix)  # without one it bakes

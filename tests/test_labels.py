@@ -6,6 +6,7 @@ import subprocess
 import pytest
 from helpers import write_recipe
 
+from buildkit_py import label_keys as K
 from buildkit_py.errors import UsageError
 from buildkit_py.plan import labels as L
 from buildkit_py.plan.build_plan import make_plan
@@ -19,12 +20,50 @@ python: "3.11"
 """
 
 
+def test_the_label_names_are_the_published_contract():
+    """The one place the tests spell the label names: users and other tools read them (README,
+    "Labels"); a renamed constant must fail here, not pass everywhere that imports it."""
+    keys = {k: v for k, v in vars(K).items() if k.isupper() and k != "PREFIX"}
+    assert keys == {
+        "CUDA_VERSION": "io.imgbuild.cuda.version", "CUDA_FLAVOR": "io.imgbuild.cuda.flavor",
+        "CUDA_SOURCE": "io.imgbuild.cuda.source", "DRIVER_MIN": "io.imgbuild.cuda.driver.min",
+        "DRIVER_MIN_COMPAT": "io.imgbuild.cuda.driver.min-compat", "CUDNN_VERSION": "io.imgbuild.cudnn.version",
+        "TORCH_VERSION": "io.imgbuild.torch.version", "PYTHON_VERSION": "io.imgbuild.python.version",
+        "INSTALLER": "io.imgbuild.installer", "OS": "io.imgbuild.os", "CUDA_ARCH": "io.imgbuild.cuda.arch",
+        "RECIPE_DIGEST": "io.imgbuild.recipe.digest", "WEIGHTS": "io.imgbuild.weights",
+        "OCI_TITLE": "org.opencontainers.image.title", "OCI_VERSION": "org.opencontainers.image.version",
+        "OCI_BASE_NAME": "org.opencontainers.image.base.name",
+        "OCI_BASE_DIGEST": "org.opencontainers.image.base.digest",
+        "OCI_CREATED": "org.opencontainers.image.created", "OCI_REVISION": "org.opencontainers.image.revision",
+        "OCI_SOURCE": "org.opencontainers.image.source",
+    }
+
+
+def test_no_module_but_label_keys_spells_a_label_name():
+    """Issue 23: 3. The names lived in plan/labels.py and again as literals in 6 modules (the
+    resolver, the recipe, lock, check, ...); now label_keys.py is their one home."""
+    import ast
+    import re
+
+    from helpers import REPO
+
+    name = re.compile(r"(io\.imgbuild\.|org\.opencontainers\.image\.)[a-z0-9.-]*")
+    found = []
+    for path in sorted((REPO / "buildkit_py").rglob("*.py")):
+        if path.name == "label_keys.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and name.fullmatch(node.value):
+                found.append(f"{path.relative_to(REPO)}:{node.lineno}: {node.value}")
+    assert found == []
+
+
 def test_no_version_labels_latest_like_the_tag(tmp_path):
     plan = make_plan(load_recipe(write_recipe(tmp_path, RECIPE)))
     assert list(plan.tags) == ["team/x:latest"]
-    assert plan.labels[L.OCI + "version"] == "latest"
+    assert plan.labels[K.OCI_VERSION] == "latest"
     plan = make_plan(load_recipe(write_recipe(tmp_path, RECIPE + "version: '2.1'\n")))
-    assert plan.labels[L.OCI + "version"] == "2.1"
+    assert plan.labels[K.OCI_VERSION] == "2.1"
 
 
 @pytest.mark.parametrize(("cuda", "driver_min"), [("12.4", "550.54.15"), ("13.2", "595.71.05"),
@@ -33,8 +72,8 @@ def test_driver_min_label_only_where_nvidia_publishes_a_floor(tmp_path, cuda, dr
     """CUDA 13.3-13.5 have no Table 3 row: their native floor is unknown, so no driver.min label is
     stamped; the minor-version floor (a fact) is, and plan says the same (issue 21: 2)."""
     plan = make_plan(load_recipe(write_recipe(tmp_path, RECIPE.replace('"12.4"', f'"{cuda}"'))))
-    assert plan.labels.get(L.DRIVER_MIN) == driver_min
-    assert plan.labels[L.DRIVER_MIN_COMPAT] == ("525.60.13" if cuda.startswith("12") else "580")
+    assert plan.labels.get(K.DRIVER_MIN) == driver_min
+    assert plan.labels[K.DRIVER_MIN_COMPAT] == ("525.60.13" if cuda.startswith("12") else "580")
     assert plan.resolution.min_driver == driver_min
 
 
@@ -68,14 +107,14 @@ def test_revision_of_a_dirty_tree_says_so(repo):
     recipe.write_text(RECIPE + "version: '9'\n")
     assert L.git_facts(recipe.parent) == (f"{head}-dirty", None)
     git(recipe.parent, "add", "-A")  # staged, not committed: still no commit holds it
-    revision = L.volatile_labels(load_recipe(recipe))[L.OCI + "revision"]
+    revision = L.volatile_labels(load_recipe(recipe))[K.OCI_REVISION]
     assert revision == f"{head}-dirty"
 
 
 def test_no_repository_no_revision(tmp_path):
     recipe = write_recipe(tmp_path, RECIPE)
     assert L.git_facts(recipe.parent) == (None, None)
-    assert L.OCI + "revision" not in L.volatile_labels(load_recipe(recipe))
+    assert K.OCI_REVISION not in L.volatile_labels(load_recipe(recipe))
 
 
 # --- created: when the inputs last changed, never the clock (issue 22 item 6) --------------------
@@ -109,7 +148,7 @@ def committed(tmp_path):
 
 def test_created_of_a_committed_recipe_is_its_commit_time_on_every_build(committed, monkeypatch):
     monkeypatch.delenv("SOURCE_DATE_EPOCH", raising=False)
-    assert L.volatile_labels(load_recipe(committed))[L.OCI + "created"] == COMMITTED  # the label a build gets
+    assert L.volatile_labels(load_recipe(committed))[K.OCI_CREATED] == COMMITTED  # the label a build gets
     assert created(committed) == COMMITTED
     (committed.parent / "README.md").write_text("edited: not an input of the build\n")
     (committed.parent / "notes.txt").write_text("untracked, not an input either\n")

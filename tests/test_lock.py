@@ -13,9 +13,12 @@ import yaml
 from helpers import REPO, run_cli, write_recipe
 
 from buildkit_py.engine.build import assemble_context
-from buildkit_py.errors import ExitStatus, LockDrift, LockError, LockFileError, LockStale
+from buildkit_py.errors import ExitStatus, LockDrift, LockError, LockFileError, LockStale, RegistryUnreachable
+from buildkit_py.label_keys import OCI_BASE_DIGEST
+from buildkit_py.pipeline import locks
 from buildkit_py.plan import lock
 from buildkit_py.plan.build_plan import make_plan
+from buildkit_py.plan.lock_model import LockedBase
 from buildkit_py.plan.steps import MetaStep
 from buildkit_py.recipe.model import load_recipe
 from buildkit_py.render.dockerfile import render_dockerfile
@@ -40,11 +43,11 @@ class FakeResolver:
 
 
 def pinner(ref, engine=None):
-    return {"ref": ref, "digest": DIGEST}
+    return LockedBase(ref, DIGEST)
 
 
 def local_pinner(ref):
-    return {"ref": ref, "digest": None, "image_id": "sha256:" + "cd" * 32, "note": "exists only in the local engine"}
+    return LockedBase(ref, None, "sha256:" + "cd" * 32, "exists only in the local engine")
 
 
 class FakeEngine:
@@ -87,10 +90,10 @@ def packages(path):
 
 def test_each_package_goes_to_the_earliest_step_that_needs_it(recipe):
     plan = plan_of(recipe)
-    steps = lock.lock_inputs(plan)["stages"]["final"]["steps"]
+    steps = lock.lock_inputs(plan).stages["final"].steps
     cuda = [s.id for s in plan.final.steps if s.id.startswith("cuda-")]
-    assert [s["id"] for s in steps] == [*cuda, "torch-triton", "torch", "heavy-bitsandbytes", "pins"]
-    got = {p["name"]: p["step"] for p in lock.packages_from_report(REPORT, lock.target_of(plan), steps)}
+    assert [s.id for s in steps] == [*cuda, "torch-triton", "torch", "heavy-bitsandbytes", "pins"]
+    got = {p.name: p.step for p in lock.packages_from_report(REPORT, lock.target_of(plan), steps)}
     # the CUDA wheels torch pins are in their own layers (plan._torch_stack), Triton in its own, the
     # rest of its closure in torch's
     assert got["nvidia-cudnn-cu12"] == "cuda-cudnn" and got["nvidia-cublas-cu12"] == "cuda-cublas"
@@ -106,12 +109,12 @@ def test_each_package_goes_to_the_earliest_step_that_needs_it(recipe):
 
 def test_packages_carry_version_and_sha256_from_the_report(recipe):
     plan = plan_of(recipe)
-    steps = lock.lock_inputs(plan)["stages"]["final"]["steps"]
-    pkgs = {p["name"]: p for p in lock.packages_from_report(REPORT, lock.target_of(plan), steps)}
+    steps = lock.lock_inputs(plan).stages["final"].steps
+    pkgs = {p.name: p for p in lock.packages_from_report(REPORT, lock.target_of(plan), steps)}
     item = next(i for i in REPORT["install"] if i["metadata"]["name"] == "requests")
-    assert pkgs["requests"]["version"] == "2.32.3"
-    assert pkgs["requests"]["sha256"] == item["download_info"]["archive_info"]["hashes"]["sha256"]
-    assert "url" not in pkgs["requests"]  # from the index, not a direct URL
+    assert pkgs["requests"].version == "2.32.3"
+    assert pkgs["requests"].sha256 == item["download_info"]["archive_info"]["hashes"]["sha256"]
+    assert pkgs["requests"].url is None  # from the index, not a direct URL
 
 
 def test_resolver_asked_for_the_image_python_and_platform(recipe):
@@ -163,7 +166,7 @@ def test_a_resolution_for_other_markers_is_refused(recipe):
     """pip evaluates markers on the Python it runs on; a report that lacks what the image's
     Python needs (or holds what nothing needs) must not become a lock."""
     plan = plan_of(recipe)
-    steps = lock.lock_inputs(plan)["stages"]["final"]["steps"]
+    steps = lock.lock_inputs(plan).stages["final"].steps
     report = copy.deepcopy(REPORT)
     report["install"] = [i for i in report["install"] if i["metadata"]["name"] != "idna"]
     with pytest.raises(LockError, match="missing idna"):
@@ -193,11 +196,11 @@ def test_lock_file_is_readable_yaml_beside_the_recipe(recipe):
     assert path.read_text() == text
     assert text.startswith("# imgbuild lock file for recipe.yaml")
     data = lock.read_lock(path)
-    assert data["lock_version"] == 1 and list(data["variants"]) == ["default"]
-    entry = data["variants"]["default"]
-    assert entry["bases"]["final"] == {"ref": "debian:bookworm-slim", "digest": DIGEST}
-    assert entry["inputs"]["python"] == "3.11"
-    names = [p["name"] for p in entry["packages"]["final"]]
+    assert data.lock_version == 1 and list(data.variants) == ["default"]
+    entry = data.variants["default"]
+    assert entry.bases["final"] == LockedBase("debian:bookworm-slim", DIGEST)
+    assert entry.inputs.python == "3.11"
+    names = [p.name for p in entry.packages["final"]]
     assert names == sorted(names, key=str.lower)
     assert "  - name: torch\n" in text and "\n        version: 2.4.1\n" in text  # one key a line
     # no timestamps or host facts: the same inputs give the same bytes on any machine
@@ -214,7 +217,7 @@ def test_write_lock_is_atomic_and_reports_no_change(recipe, tmp_path):
 def test_lock_holds_several_variants(recipe):
     plan = plan_of(recipe)
     data = lock.lock_recipe({"cu121-py311": plan, "default": plan}, resolver=FakeResolver(), base_pinner=pinner)
-    assert list(data["variants"]) == ["cu121-py311", "default"]
+    assert list(data.variants) == ["cu121-py311", "default"]
     with pytest.raises(LockStale, match="no variant 'other'"):
         lock.check_current(data, plan, lock.lock_path(recipe), "other")
 
@@ -223,7 +226,7 @@ def test_a_malformed_lock_is_an_error(recipe):
     path = lock.lock_path(recipe)
     path.write_text("lock_version: 99\n")
     with pytest.raises(LockFileError, match="not an imgbuild lock file") as exc:
-        lock.use_lock(plan_of(recipe))
+        locks.use_lock(plan_of(recipe))
     assert exc.value.exit_status == ExitStatus.BAD_INPUT and "imgbuild lock" in exc.value.hint
     assert f"{path}:1: lock_version: not an imgbuild lock file of version 1" in str(exc.value)
     assert {i.key for i in exc.value.issues} == {"lock_version", "recipe", "inputs_digest", "variants"}
@@ -233,7 +236,7 @@ def test_a_malformed_lock_is_an_error(recipe):
     broken = text.replace(sha, "0" * 64).replace("step: pins", "step: [pins]", 1)
     path.write_text(broken)
     with pytest.raises(LockError) as exc:
-        lock.use_lock(plan_of(recipe))
+        locks.use_lock(plan_of(recipe))
     lines = broken.splitlines()
     found = {(i.key.rsplit(".", 1)[-1], i.line) for i in exc.value.issues}
     assert len(found) == 2 and {k for k, _ in found} == {"sha256", "step"}, exc.value.issues
@@ -261,7 +264,7 @@ def test_a_stale_lock_is_refused_naming_the_change(recipe, edit, change):
         text = text.replace("image: debian:bookworm-slim", "image: python:3.12-slim-bookworm\n  os: debian12")
     recipe.write_text(text)
     with pytest.raises(LockStale) as err:
-        lock.use_lock(plan_of(recipe))
+        locks.use_lock(plan_of(recipe))
     assert change in err.value.changes
     assert change in err.value.message and "--update-lock" in err.value.hint
     assert err.value.exit_status == ExitStatus.BAD_INPUT
@@ -270,7 +273,7 @@ def test_a_stale_lock_is_refused_naming_the_change(recipe, edit, change):
 def test_a_change_outside_the_pins_keeps_the_lock(recipe):
     write(recipe)
     recipe.write_text(RECIPE + "env: {HF_HOME: /models}\nlabels: {team: ml}\n")
-    use = lock.use_lock(plan_of(recipe), engine=FakeEngine("x"))
+    use = locks.use_lock(plan_of(recipe), engine=FakeEngine("x"))
     assert use.status == "used"
 
 
@@ -288,13 +291,13 @@ def test_cli_build_refuses_a_stale_lock_exit_2(recipe):
 
 def test_locked_needs_a_lock(recipe):
     with pytest.raises(LockDrift, match="has no lock file"):
-        lock.use_lock(plan_of(recipe), mode="locked", resolver=FakeResolver(), base_pinner=pinner)
+        locks.use_lock(plan_of(recipe), mode="locked", resolver=FakeResolver(), base_pinner=pinner)
 
 
 def test_locked_passes_when_a_fresh_resolve_agrees_and_prefers_locked_versions(recipe):
     write(recipe)
     resolver = FakeResolver()
-    use = lock.use_lock(plan_of(recipe), mode="locked", resolver=resolver, base_pinner=pinner)
+    use = locks.use_lock(plan_of(recipe), mode="locked", resolver=resolver, base_pinner=pinner)
     assert use.status == "used"
     assert "torch==2.4.1" in resolver.calls[0]["constraints"]  # new releases are no drift
     assert lock.lock_path(recipe).read_text() == locked_text(recipe)  # never written
@@ -309,7 +312,7 @@ def test_locked_catches_drift_in_versions_and_hashes(recipe):
         if item["metadata"]["name"] == "idna":
             item["metadata"]["version"] = "3.7"
     with pytest.raises(LockDrift) as err:
-        lock.use_lock(plan_of(recipe), mode="locked", resolver=FakeResolver(report), base_pinner=pinner)
+        locks.use_lock(plan_of(recipe), mode="locked", resolver=FakeResolver(report), base_pinner=pinner)
     assert err.value.exit_status == ExitStatus.FAILED
     assert any(c.startswith("certifi ") and "but the index has 000000000000" in c for c in err.value.changes)
     assert any(c.startswith("idna ") and c.endswith(" -> 3.7") for c in err.value.changes)
@@ -319,27 +322,27 @@ def test_locked_fails_on_a_stale_lock_with_exit_1(recipe):
     write(recipe)
     recipe.write_text(RECIPE.replace("requests[socks]==2.32.3", "requests==2.32.3"))
     with pytest.raises(LockDrift) as err:
-        lock.use_lock(plan_of(recipe), mode="locked", resolver=FakeResolver(), base_pinner=pinner)
+        locks.use_lock(plan_of(recipe), mode="locked", resolver=FakeResolver(), base_pinner=pinner)
     assert err.value.changes == ["pip: requests requests[socks]==2.32.3 -> requests==2.32.3"]
 
 
 def test_locked_fails_when_a_local_base_changed(recipe):
     write(recipe, base_pinner=local_pinner)
     kwargs = {"resolver": FakeResolver(), "base_pinner": local_pinner}
-    assert lock.use_lock(plan_of(recipe), mode="locked", engine=FakeEngine("sha256:" + "cd" * 32), **kwargs)
-    auto = lock.use_lock(plan_of(recipe), engine=FakeEngine("sha256:" + "ef" * 32))
+    assert locks.use_lock(plan_of(recipe), mode="locked", engine=FakeEngine("sha256:" + "cd" * 32), **kwargs)
+    auto = locks.use_lock(plan_of(recipe), engine=FakeEngine("sha256:" + "ef" * 32))
     assert any("is not the image locked" in w for w in auto.warnings)
     with pytest.raises(LockDrift, match="is not the image locked"):
-        lock.use_lock(plan_of(recipe), mode="locked", engine=FakeEngine("sha256:" + "ef" * 32), **kwargs)
+        locks.use_lock(plan_of(recipe), mode="locked", engine=FakeEngine("sha256:" + "ef" * 32), **kwargs)
 
 
 def test_local_base_drift_is_typed_and_ignores_digest_pinned_bases():
-    entry = {"bases": {"final": {"ref": "local/base:1", "image_id": "sha256:" + "cd" * 32},
-                       "builder": {"ref": "reg/base:1", "digest": "sha256:" + "00" * 32, "image_id": "x"}}}
-    assert lock.local_base_drift(entry, FakeEngine("sha256:" + "cd" * 32)) == []
-    assert lock.local_base_drift(entry, FakeEngine("sha256:" + "ef" * 32)) == [
+    bases = {"final": LockedBase("local/base:1", image_id="sha256:" + "cd" * 32),
+             "builder": LockedBase("reg/base:1", "sha256:" + "00" * 32, "x")}
+    assert lock.local_base_drift(bases, FakeEngine("sha256:" + "cd" * 32)) == []
+    assert lock.local_base_drift(bases, FakeEngine("sha256:" + "ef" * 32)) == [
         lock.LocalBaseDrift("local/base:1", "sha256:" + "cd" * 32, "sha256:" + "ef" * 32)]
-    (gone,) = lock.local_base_drift(entry, None)  # no engine to ask: not provably the locked image
+    (gone,) = lock.local_base_drift(bases, None)  # no engine to ask: not provably the locked image
     assert gone.now_id is None and gone.render().endswith("now None)")
 
 
@@ -350,10 +353,10 @@ def test_update_lock_rewrites_a_stale_lock(recipe):
     for item in report["install"]:
         if item["metadata"]["name"] == "bitsandbytes":
             item["metadata"]["version"] = "0.43.1"
-    use = lock.use_lock(plan_of(recipe), mode="update", resolver=FakeResolver(report), base_pinner=pinner)
+    use = locks.use_lock(plan_of(recipe), mode="update", resolver=FakeResolver(report), base_pinner=pinner)
     assert use.status == "updated"
     assert packages(recipe)["bitsandbytes"]["version"] == "0.43.1"
-    again = lock.use_lock(plan_of(recipe), mode="update", resolver=FakeResolver(report), base_pinner=pinner)
+    again = locks.use_lock(plan_of(recipe), mode="update", resolver=FakeResolver(report), base_pinner=pinner)
     assert again.status == "unchanged"
 
 
@@ -362,7 +365,7 @@ def test_update_lock_rewrites_a_stale_lock(recipe):
 
 def test_locked_plan_installs_hashed_files_from_bind_mounts(recipe, tmp_path):
     write(recipe)
-    use = lock.use_lock(plan_of(recipe))
+    use = locks.use_lock(plan_of(recipe))
     text = render_dockerfile(use.plan)
     assert f"FROM debian:bookworm-slim@{DIGEST} AS final" in text
     layers = sum(1 for s in plan_of(recipe).final.steps if s.id.startswith(("cuda-", "torch-")))  # + Triton's
@@ -395,7 +398,7 @@ def test_torch_index_is_used_by_every_locked_step_with_pypi_as_extra(tmp_path):
     lock.write_lock(lock.lock_path(path), lock.dump_lock(lock.lock_recipe({"default": plan}, resolver=resolver,
                                                                           base_pinner=pinner)))
     assert resolver.calls[0]["indexes"] == [plan.resolution.torch_index_url, lock.PYPI_SIMPLE]
-    text = render_dockerfile(lock.use_lock(plan).plan)
+    text = render_dockerfile(locks.use_lock(plan).plan)
     assert text.count(f"--index-url {plan.resolution.torch_index_url}") == 3
     assert text.count(f"--extra-index-url {lock.PYPI_SIMPLE}") == 3
 
@@ -410,13 +413,13 @@ def _relabel_torch(report, version):
 
 def test_without_a_lock_the_plan_is_untouched(recipe):
     plan = plan_of(recipe)
-    use = lock.use_lock(plan)
+    use = locks.use_lock(plan)
     assert use.status == "none" and use.plan is plan
 
 
 def test_cli_lock_writes_the_file(recipe, monkeypatch):
     monkeypatch.setattr(lock, "run_pip_report", FakeResolver())
-    monkeypatch.setattr(lock, "pin_base", pinner)
+    monkeypatch.setattr(locks, "pin_base", pinner)
     code, out, err = run_cli("lock", str(recipe))
     assert code == 0, err
     assert f"{len(REPORT['install'])} packages, 1/1 bases by digest\nwrote {recipe.with_suffix('.lock')} (1 variant" in out  # noqa: E501
@@ -436,32 +439,32 @@ def test_the_locked_base_digest_wins_over_the_one_the_plan_looked_up(recipe):
     write(recipe)
     plan = plan_of(recipe)
     moved = "sha256:" + "99" * 32
-    labels = {**plan.labels, lock.BASE_DIGEST_LABEL: moved}
+    labels = {**plan.labels, OCI_BASE_DIGEST: moved}
     final = dataclasses.replace(plan.final, base=f"{plan.final.base}@{moved}", steps=tuple(
         dataclasses.replace(s, labels=tuple(labels.items())) if isinstance(s, MetaStep) else s for s in plan.final.steps))  # noqa: E501
     looked_up = dataclasses.replace(plan, stages=(final,), labels=labels)
     assert lock.lock_inputs(looked_up) == lock.lock_inputs(plan)
-    text = render_dockerfile(lock.use_lock(looked_up).plan)
+    text = render_dockerfile(locks.use_lock(looked_up).plan)
     assert f"FROM debian:bookworm-slim@{DIGEST} AS final" in text and moved not in text
     # and a lock made from such a plan takes the plan's digest without asking the registry
     data = lock.lock_recipe({"default": looked_up}, resolver=FakeResolver(), base_pinner=None)
-    assert data["variants"]["default"]["bases"]["final"] == {"ref": "debian:bookworm-slim", "digest": moved}
+    assert data.variants["default"].bases["final"] == LockedBase("debian:bookworm-slim", moved)
 
 
 def test_update_lock_of_one_variant_keeps_the_others(recipe):
     plan = plan_of(recipe)
     data = lock.lock_recipe({"cu121-py311": plan, "default": plan}, resolver=FakeResolver(), base_pinner=pinner)
     lock.write_lock(lock.lock_path(recipe), lock.dump_lock(data))
-    use = lock.use_lock(plan, mode="update", variant="cu121-py311", resolver=FakeResolver(), base_pinner=pinner)
+    use = locks.use_lock(plan, mode="update", variant="cu121-py311", resolver=FakeResolver(), base_pinner=pinner)
     assert use.status == "unchanged"
-    assert list(lock.read_lock(lock.lock_path(recipe))["variants"]) == ["cu121-py311", "default"]
+    assert list(lock.read_lock(lock.lock_path(recipe)).variants) == ["cu121-py311", "default"]
 
 
 def test_locked_dockerfile_parses(recipe):
     import dockerfile
 
     write(recipe)
-    text = render_dockerfile(lock.use_lock(plan_of(recipe)).plan)
+    text = render_dockerfile(locks.use_lock(plan_of(recipe)).plan)
     runs = [c for c in dockerfile.parse_string(text) if c.cmd == "RUN"]
     layers = sum(1 for s in plan_of(recipe).final.steps if s.id.startswith(("cuda-", "torch-")))
     assert sum("--require-hashes" in " ".join(c.value) for c in runs) == 3 + layers
@@ -470,7 +473,7 @@ def test_locked_dockerfile_parses(recipe):
 def test_locked_dockerfile_lints(recipe, tmp_path, hadolint):
     write(recipe)
     path = tmp_path / "Dockerfile"
-    path.write_text(render_dockerfile(lock.use_lock(plan_of(recipe)).plan))
+    path.write_text(render_dockerfile(locks.use_lock(plan_of(recipe)).plan))
     out = subprocess.run([hadolint, "--no-color", "--format", "json", "--failure-threshold", "error", str(path)],
                          capture_output=True, text=True, check=False)
     assert [f for f in json.loads(out.stdout) if f["level"] == "error"] == []
@@ -487,7 +490,7 @@ def test_written_lock_follows_its_schema_for_both_validators(recipe):
     schema = schemas.load_schema("lock")
     assert [e.message for e in jsonschema.Draft202012Validator(schema).iter_errors(data)] == []
     assert schemas.validate(data, schema) == []
-    assert lock.read_lock(lock.lock_path(recipe)) == data
+    assert lock.read_lock(lock.lock_path(recipe)).to_json() == data
 
 
 def test_lock_file_errors_exit_2_with_file_line_key_and_hint(recipe):
@@ -518,3 +521,72 @@ def test_lock_says_what_it_waits_for(recipe):
     one: list[str] = []
     lock.lock_recipe({"default": plan}, resolver=FakeResolver(), base_pinner=pinner, on_status=one.append)
     assert one and not any(h.startswith("[") for h in one)  # one variant: no id in front
+
+
+# --- the typed model (issue 23: 4) ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("base_pinner", [pinner, local_pinner], ids=["digest", "local"])
+def test_a_lock_reads_into_the_typed_model_and_writes_back_byte_for_byte(recipe, base_pinner):
+    from buildkit_py.plan import lock_model as M
+
+    plan = plan_of(recipe)
+    text = lock.dump_lock(lock.lock_recipe({"cu121-py311": plan, "default": plan}, resolver=FakeResolver(),
+                                           base_pinner=base_pinner))
+    path = lock.lock_path(recipe)
+    path.write_text(text)
+    data = lock.read_lock(path)
+    assert isinstance(data, M.LockFile) and isinstance(data.variants["default"], M.VariantLock)
+    entry = data.variants["default"]
+    assert isinstance(entry.inputs, M.LockInputs) and isinstance(entry.inputs.stages["final"].steps[0], M.LockedStep)
+    assert all(isinstance(p, M.LockedPackage) for p in entry.packages["final"])
+    assert lock.dump_lock(data) == text
+    assert lock.dump_lock(M.LockFile.from_json(yaml.safe_load(text))) == text
+
+
+def _fields(cls) -> tuple[set[str], set[str]]:
+    import dataclasses
+
+    fields = dataclasses.fields(cls)
+    return {f.name for f in fields}, {f.name for f in fields if f.default is dataclasses.MISSING
+                                      and f.default_factory is dataclasses.MISSING}
+
+
+@pytest.mark.parametrize(("name", "where"), [
+    ("LockFile", ()), ("VariantLock", ("$defs", "variant")), ("LockInputs", ("$defs", "inputs")),
+    ("StageInputs", ("$defs", "inputs", "properties", "stages", "additionalProperties")),
+    ("LockedStep", ("$defs", "inputs", "properties", "stages", "additionalProperties", "properties", "steps", "items")),
+    ("LockedPackage", ("$defs", "package")), ("LockedBase", ("$defs", "base")),
+])
+def test_each_model_class_has_the_keys_its_schema_object_has(name, where):
+    """The dataclasses and lock.schema.json describe one document: a field per property, the
+    schema's required keys the fields without a default."""
+    from buildkit_py import schemas
+    from buildkit_py.plan import lock_model as M
+
+    node = schemas.load_schema("lock")
+    for key in where:
+        node = node[key]
+    fields, required = _fields(getattr(M, name))
+    assert fields == set(node["properties"]) and required == set(node["required"])
+
+
+def test_a_base_the_registry_does_not_confirm_is_pinned_by_image_id_not_by_the_engines_digest(monkeypatch):
+    """On the containerd store an imported image has RepoDigests of its own manifest, which no
+    registry holds; the lock took it for a registry digest ('1/1 bases by digest') and the
+    locked build's FROM ref@sha256 then failed asking the registry (found on docker 26)."""
+    ref = "127.0.0.1:9/imgbuild-test/base:1"
+
+    def unreachable(*_a, **_kw):
+        raise RegistryUnreachable("127.0.0.1:9: connection refused")
+
+    monkeypatch.setattr(locks.oci, "fetch_manifest", unreachable)
+
+    class ContainerdStore:
+        def image_attrs(self, _ref):
+            return {"Id": "sha256:" + "ab" * 32, "RepoDigests": ["127.0.0.1:9/imgbuild-test/base@sha256:" + "53" * 32]}
+
+    pinned = locks.pin_base(ref, engine=ContainerdStore())
+    assert pinned.digest is None and pinned.image_id == "sha256:" + "ab" * 32
+    assert "did not confirm a digest" in pinned.note and "push it to a registry" in pinned.note
+    assert locks.pin_base(ref, engine=None).note == "neither its registry nor the local engine knows it: not pinned"

@@ -15,7 +15,8 @@ import pytest
 import yaml
 from helpers import REPO, run_cli, write_recipe
 
-from buildkit_py.engine import BuildResult, children
+from buildkit_py import pipeline
+from buildkit_py.engine import BuildResult, bake, children
 from buildkit_py.engine.build import BuildOptions, BuildOutcome
 from buildkit_py.engine.matrix_build import BuildHooks, build_all, build_report, summary_lines
 from buildkit_py.errors import AuthenticationError, BuildFailed, Interrupted, RecipeError, UsageError
@@ -161,7 +162,7 @@ JSON_SCHEMA = {
 
 
 def test_example_recipe_expands_in_order_with_drops_and_reasons():
-    m = mx.load_matrix(EXAMPLE)
+    m = pipeline.load_matrix(EXAMPLE)
     assert [v.id for v in m.variants] == ["cu121-py310", "cu121-py311", "cu124-py310", "cu124-py311",
                                            "cu124-py312", "cu126-py312-pt260"]
     assert [d.id for d in m.dropped] == ["cu126-py310", "cu126-py311", "cu126-py312"]
@@ -179,15 +180,15 @@ def test_example_recipe_expands_in_order_with_drops_and_reasons():
 
 
 def test_expansion_is_deterministic():
-    a, b = mx.load_matrix(EXAMPLE), mx.load_matrix(EXAMPLE)
+    a, b = pipeline.load_matrix(EXAMPLE), pipeline.load_matrix(EXAMPLE)
     assert mx.matrix_json(a) == mx.matrix_json(b)
-    assert json.dumps(mx.bake_file(a)) == json.dumps(mx.bake_file(b))
+    assert json.dumps(bake.bake_file(a)) == json.dumps(bake.bake_file(b))
 
 
 def test_unquoted_versions_keep_their_text(tmp_path):
     path = recipe(tmp_path, "  cuda.version: [12.1, 12.4]\n  pip: [[idna==3.7], [idna==3.8]]\n"
                             "  tags: ['{cuda}-{cuda_short}-{cuda_major}-py{python_short}-{variant}']")
-    m = mx.load_matrix(path)
+    m = pipeline.load_matrix(path)
     assert [v.id for v in m.variants] == ["cu121-idna3_7", "cu121-idna3_8", "cu124-idna3_7", "cu124-idna3_8"]
     assert m.variants[0].values == {"cuda.version": "12.1", "pip": ["idna==3.7"]}
     assert m.variants[0].tags[0] == "team/mx:12.1.1-121-12-py311-cu121-idna3_7"
@@ -197,12 +198,12 @@ def test_unquoted_versions_keep_their_text(tmp_path):
 def test_python_three_ten_unquoted_is_not_three_one(tmp_path):
     path = write_recipe(tmp_path, "name: team/x\ncuda: {version: '12.4'}\npython: '3.11'\n"
                                   "matrix:\n  python: [3.10, 3.11]\n")
-    m = mx.load_matrix(path)
+    m = pipeline.load_matrix(path)
     assert [v.recipe.python for v in m.variants] == ["3.10", "3.11"]
 
 
 def test_recipe_without_matrix_is_one_default_variant():
-    m = mx.load_matrix(REPO / "recipes" / "demo.yaml")
+    m = pipeline.load_matrix(REPO / "recipes" / "demo.yaml")
     assert [v.id for v in m.variants] == ["default"]
     assert m.variants[0].tags == ("demo/cuda-hello:0.1.0", f"demo/cuda-hello:sha-{m.variants[0].recipe.digest[7:19]}")
 
@@ -210,13 +211,13 @@ def test_recipe_without_matrix_is_one_default_variant():
 def test_include_duplicate_of_a_combination_is_merged(tmp_path):
     path = recipe(tmp_path, "  cuda.version: ['12.1', '12.4']\n"
                             "  include: [{cuda.version: '12.4'}, {cuda.version: '12.6'}]")
-    assert [v.id for v in mx.load_matrix(path).variants] == ["cu121", "cu124", "cu126"]
+    assert [v.id for v in pipeline.load_matrix(path).variants] == ["cu121", "cu124", "cu126"]
 
 
 def test_incompatible_python_is_dropped_not_an_error(tmp_path):
     # debian:bookworm ships only Python 3.11
     path = recipe(tmp_path, "  python: ['3.10', '3.11']")
-    m = mx.load_matrix(path)
+    m = pipeline.load_matrix(path)
     assert [v.id for v in m.variants] == ["py311"]
     assert m.dropped[0].id == "py310" and "debian12 ships Python 3.11" in m.dropped[0].error.reason
     assert m.dropped[0].error.hint
@@ -224,17 +225,17 @@ def test_incompatible_python_is_dropped_not_an_error(tmp_path):
 
 def test_a_matrix_that_keeps_nothing_is_refused_with_every_reason(tmp_path):
     """issue 22: 12: it gave `{"include":[]}` and exit 0, and CI failed later in GitHub's own words."""
-    dropped = mx.load_matrix(recipe(tmp_path / "d", "  python: ['3.10', '3.12']"))  # debian12 has only 3.11
+    dropped = pipeline.load_matrix(recipe(tmp_path / "d", "  python: ['3.10', '3.12']"))  # debian12 has only 3.11
     with pytest.raises(UsageError) as err:
         mx.require_variants(dropped, "build")
     assert "every variant was dropped, nothing to build" in err.value.message
     assert [line.split(":")[0] for line in err.value.message.splitlines()[1:]] == [
         "  variant py310 dropped", "  variant py312 dropped"]
     assert "debian12 ships Python 3.11" in err.value.message and err.value.hint
-    excluded = mx.load_matrix(recipe(tmp_path / "e", "  python: ['3.11']\n  exclude: [{python: '3.11'}]"))
+    excluded = pipeline.load_matrix(recipe(tmp_path / "e", "  python: ['3.11']\n  exclude: [{python: '3.11'}]"))
     with pytest.raises(UsageError, match=r"variant py311 excluded by matrix.exclude\[0\]"):
         mx.require_variants(excluded, "lock")
-    mx.require_variants(mx.load_matrix(recipe(tmp_path / "k", "  python: ['3.11']")), "build")  # kept: no error
+    mx.require_variants(pipeline.load_matrix(recipe(tmp_path / "k", "  python: ['3.11']")), "build")  # kept: no error
 
 
 @pytest.mark.parametrize("args", [["--format", "github"], ["--format", "gitlab"], ["--json"], [],
@@ -269,7 +270,7 @@ def test_matrix_command_exits_2_when_nothing_is_kept(tmp_path, args):
 def test_schema_errors_name_file_line_and_key(tmp_path, matrix_text, expected):
     path = recipe(tmp_path, matrix_text)
     with pytest.raises(RecipeError) as exc:
-        mx.load_matrix(path)
+        pipeline.load_matrix(path)
     line, key, words = expected
     found = [(i.file, i.line, i.key) for i in exc.value.issues if words in i.message]
     assert (str(path), line, key) in found, issues(exc.value)
@@ -278,7 +279,7 @@ def test_schema_errors_name_file_line_and_key(tmp_path, matrix_text, expected):
 def test_bad_value_points_at_the_matrix_entry(tmp_path):
     path = recipe(tmp_path, "  python: ['3.11', 'three']\n  pip: [[numpy==1.26.4], [numpy]]")
     with pytest.raises(RecipeError) as exc:
-        mx.load_matrix(path)
+        pipeline.load_matrix(path)
     keys = {(i.line, i.key) for i in exc.value.issues}
     assert (8, "matrix.python[1]") in keys
     assert (9, "matrix.pip[1][0]") in keys
@@ -288,7 +289,7 @@ def test_bad_value_points_at_the_matrix_entry(tmp_path):
 def test_tags_that_collide_are_refused(tmp_path):
     path = recipe(tmp_path, "  pip: [[idna==3.7], [idna==3.8]]\n  tags: ['{version}-cu{cuda_short}']")
     with pytest.raises(RecipeError) as exc:
-        mx.load_matrix(path)
+        pipeline.load_matrix(path)
     assert "would both be tagged team/mx:1.0-cu124" in str(exc.value)
     assert exc.value.issues[0].key == "matrix.tags" and exc.value.issues[0].line == 9
 
@@ -296,7 +297,7 @@ def test_tags_that_collide_are_refused(tmp_path):
 def test_placeholder_without_a_value_is_refused(tmp_path):
     path = recipe(tmp_path, "  cuda.version: ['12.1']\n  tags: ['pt{torch}']")
     with pytest.raises(RecipeError, match=r"variant cu121 has no torch for \{torch\}"):
-        mx.load_matrix(path)
+        pipeline.load_matrix(path)
 
 
 def test_cli_matrix_error_exit_2(tmp_path):
@@ -360,7 +361,7 @@ def test_gitlab_format_schema_and_200_cap(tmp_path):
     validate(data, GITLAB_SCHEMA)
     first = data["parallel"]["matrix"][0]
     assert first["IMGBUILD_VARIANT"] == "cu121-py310" and first["PYTHON"] == "3.10"
-    content = mx.load_matrix(EXAMPLE).variants[0].content_tag
+    content = pipeline.load_matrix(EXAMPLE).variants[0].content_tag
     assert first["IMGBUILD_TAGS"].split() == ["r.example.com/team/serve:2.0-cu121-py3.10",
                                               f"r.example.com/team/serve:{content}"]
     code, _, err = run_cli("matrix", str(big_matrix(tmp_path, 15, 14)), "--format", "gitlab")  # 210
@@ -378,7 +379,7 @@ def test_bake_folder_schema_order_contexts_and_network(tmp_path):
     targets = bake["target"]
     order = bake["group"]["default"]["targets"]
     assert order == list(targets)
-    m = mx.load_matrix(EXAMPLE)
+    m = pipeline.load_matrix(EXAMPLE)
     assert [t for t in order if not t.startswith("shared-")] == [v.id for v in m.variants]
     for name, target in targets.items():
         for ctx in target.get("contexts", {}).values():
@@ -442,9 +443,9 @@ def test_bake_chain_rebuilds_exactly_each_variants_dockerfile(tmp_path):
     """Shared stages + the variant's rest are the variant's own Dockerfile, instruction for
     instruction, and every FROM names the context of the target before it."""
     path = recipe(tmp_path, "  cuda.version: ['12.1', '12.4']\n  pip: [[idna==3.7], [idna==3.8]]")
-    m = mx.load_matrix(path)
-    bake = mx.bake_file(m)
-    targets = bake["target"]
+    m = pipeline.load_matrix(path)
+    bake_json = bake.bake_file(m)
+    targets = bake_json["target"]
     shared = [t for t in targets if t.startswith("shared-")]
     assert len(shared) == 3  # os+python for all four, then the cuda wheels per CUDA
     for v in m.variants:
@@ -464,7 +465,7 @@ def test_bake_chain_rebuilds_exactly_each_variants_dockerfile(tmp_path):
 # --- build_all with a fake builder ------------------------------------------------------
 
 
-class FakeBackend:
+class FakeEngine:
     name = "fake"
     client = "fake-docker"
     hints: dict[str, str] = {}
@@ -484,7 +485,7 @@ class FakeRunner:
         self.options: dict[str, BuildOptions] = {}
         self.lock = threading.Lock()
 
-    def __call__(self, plan, backend, options, on_line):
+    def __call__(self, plan, engine, options, on_line):
         variant = next(t for t in plan.tags if ":" in t).rsplit(":", 1)[1]
         with self.lock:
             self.events.append(("start", variant))
@@ -497,18 +498,18 @@ class FakeRunner:
             raise BuildFailed("build failed (exit 1)", returncode=1, log_tail="pip: no such version")
         result = BuildResult(image_id="sha256:" + "ab" * 32, tags=plan.tags, log_tail="", cached_steps=3,
                              run_steps=2, seconds=self.delay)
-        return BuildOutcome(plan, backend.name, result, size=123_000_000)
+        return BuildOutcome(plan, engine.name, result, size=123_000_000)
 
 
 def two_by_two(tmp_path) -> mx.Matrix:
-    return mx.load_matrix(recipe(tmp_path, "  cuda.version: ['12.1', '12.4']\n  pip: [[idna==3.7], [idna==3.8]]\n"
+    return pipeline.load_matrix(recipe(tmp_path, "  cuda.version: ['12.1', '12.4']\n  pip: [[idna==3.7], [idna==3.8]]\n"
                                            "  tags: ['{variant}']"))
 
 
 def test_build_all_builds_shared_prefixes_once_before_their_sharers(tmp_path):
     m = two_by_two(tmp_path)
     runner = FakeRunner()
-    result = build_all(m, FakeBackend(), BuildOptions(cache_to=("type=registry,ref=r/x:cache-{variant},mode=max",)),
+    result = build_all(m, FakeEngine(), BuildOptions(cache_to=("type=registry,ref=r/x:cache-{variant},mode=max",)),
                        jobs=4, hooks=BuildHooks(runner=runner))
     assert [b.variant.id for b in result.builds] == [v.id for v in m.variants] and not result.failed
     ev = runner.events
@@ -524,7 +525,7 @@ def test_build_all_runs_unrelated_variants_in_parallel(tmp_path):
     # different base images: nothing shared, so -j 2 starts two at once
     path = recipe(tmp_path, "  base.image: ['debian:bookworm-slim', 'debian:12']\n  tags: ['{variant}']")
     runner = FakeRunner()
-    build_all(mx.load_matrix(path), FakeBackend(), BuildOptions(), jobs=2, hooks=BuildHooks(runner=runner))
+    build_all(pipeline.load_matrix(path), FakeEngine(), BuildOptions(), jobs=2, hooks=BuildHooks(runner=runner))
     assert [e[0] for e in runner.events] == ["start", "start", "end", "end"]
 
 
@@ -536,7 +537,7 @@ class StalledRunner:
         self.procs: list[subprocess.Popen] = []
         self.tags: list[str] = []
 
-    def __call__(self, plan, backend, options, on_line):
+    def __call__(self, plan, engine, options, on_line):
         proc = subprocess.Popen(["sleep", "60"], start_new_session=True)
         self.tags.append(plan.tags[0].rsplit(":", 1)[1])
         self.procs.append(proc)
@@ -564,7 +565,8 @@ def test_an_interrupt_stops_every_variant_build_at_once(tmp_path):
     start = time.monotonic()
     try:
         with pytest.raises(Interrupted) as raised:
-            build_all(mx.load_matrix(path), FakeBackend(), BuildOptions(), jobs=2, hooks=BuildHooks(runner=runner))
+            build_all(pipeline.load_matrix(path), FakeEngine(), BuildOptions(), jobs=2,
+                      hooks=BuildHooks(runner=runner))
     finally:
         signal.signal(signal.SIGTERM, previous)
         for proc in runner.procs:
@@ -579,7 +581,7 @@ def test_an_interrupt_stops_every_variant_build_at_once(tmp_path):
 def test_one_failure_does_not_stop_the_others(tmp_path):
     m = two_by_two(tmp_path)
     runner = FakeRunner(fail={"cu121-idna3_7"})
-    result = build_all(m, FakeBackend(), BuildOptions(), jobs=2, hooks=BuildHooks(runner=runner))
+    result = build_all(m, FakeEngine(), BuildOptions(), jobs=2, hooks=BuildHooks(runner=runner))
     assert [b.variant.id for b in result.failed] == ["cu121-idna3_7"]
     assert sum(1 for b in result.builds if b.ok) == 3
     report = build_report(result)
@@ -593,7 +595,7 @@ def test_one_failure_does_not_stop_the_others(tmp_path):
 
 
 def test_build_all_refuses_capabilities_before_building(tmp_path):
-    class Classic(FakeBackend):
+    class Classic(FakeEngine):
         name = "docker"
         capabilities = frozenset({"multi-stage", "cache-mounts", "secrets", "cache-from"})
 
@@ -610,7 +612,7 @@ def test_build_all_checks_push_credentials_before_any_variant_builds(tmp_path, r
     monkeypatch.setenv("IMGBUILD_REGISTRY_PASSWORD", "wrong-" + registry.password)
     runner = FakeRunner()
     with pytest.raises(AuthenticationError, match=r"cannot push .*nothing was built") as exc:
-        build_all(two_by_two(tmp_path), FakeBackend(), BuildOptions(push=True), registry=registry.address,
+        build_all(two_by_two(tmp_path), FakeEngine(), BuildOptions(push=True), registry=registry.address,
                   hooks=BuildHooks(runner=runner))
     assert exc.value.exit_status == 3
     assert runner.events == []
@@ -619,25 +621,25 @@ def test_build_all_checks_push_credentials_before_any_variant_builds(tmp_path, r
 def test_build_all_usage_errors(tmp_path):
     m = two_by_two(tmp_path)
     with pytest.raises(UsageError, match="at least 1"):
-        build_all(m, FakeBackend(), BuildOptions(), jobs=0, hooks=BuildHooks(runner=FakeRunner()))
+        build_all(m, FakeEngine(), BuildOptions(), jobs=0, hooks=BuildHooks(runner=FakeRunner()))
     with pytest.raises(UsageError, match="single --variant"):
-        build_all(m, FakeBackend(), BuildOptions(), tags=("x:1",), hooks=BuildHooks(runner=FakeRunner()))
+        build_all(m, FakeEngine(), BuildOptions(), tags=("x:1",), hooks=BuildHooks(runner=FakeRunner()))
     with pytest.raises(UsageError, match="no variant 'cu999'"):
-        build_all(m, FakeBackend(), BuildOptions(), variant_ids=("cu999",), hooks=BuildHooks(runner=FakeRunner()))
+        build_all(m, FakeEngine(), BuildOptions(), variant_ids=("cu999",), hooks=BuildHooks(runner=FakeRunner()))
 
 
 def test_dropped_variant_cannot_be_selected():
     with pytest.raises(UsageError, match="variant cu126-py310 was dropped: torch 2.5.1 conflicts"):
-        mx.load_matrix(EXAMPLE).variant("cu126-py310")
+        pipeline.load_matrix(EXAMPLE).variant("cu126-py310")
 
 
 @pytest.fixture
 def fake_engine(monkeypatch):
-    from buildkit_py import engine as backends
+    from buildkit_py import engine as engine_pkg
     from buildkit_py.engine import build, matrix_build
 
     runner = FakeRunner(fail={"cu124-idna3_8"})
-    monkeypatch.setattr(backends, "select_engine", lambda preference=None, **_kw: FakeBackend())
+    monkeypatch.setattr(engine_pkg, "select_engine", lambda preference=None, **_kw: FakeEngine())
     monkeypatch.setattr(build, "run_build", runner)
     monkeypatch.setattr(matrix_build, "run_build", runner)
     return runner
@@ -675,16 +677,16 @@ def test_no_cache_builds_each_shared_prefix_once_then_variants_from_it(tmp_path)
     built: list = []
     removed: list[str] = []
 
-    class Engine(FakeBackend):  # builds FROM the engine's own images (ENGINE_STORE), as the docker kinds do
+    class Engine(FakeEngine):  # builds FROM the engine's own images (ENGINE_STORE), as the docker kinds do
         def remove(self, ref):
             removed.append(ref)
 
-    def runner(plan, backend, options, on_line):
+    def runner(plan, engine, options, on_line):
         assert options.no_cache
         built.append(plan)
         result = BuildResult(image_id="sha256:" + "cd" * 32, tags=plan.tags, log_tail="", cached_steps=0,
                              run_steps=len(plan.final.steps), seconds=0.0)
-        return BuildOutcome(plan, backend.name, result, size=1)
+        return BuildOutcome(plan, engine.name, result, size=1)
 
     result = build_all(m, Engine(), BuildOptions(no_cache=True), jobs=2, hooks=BuildHooks(runner=runner))
     assert not result.failed
@@ -709,14 +711,14 @@ def test_no_cache_on_a_named_builder_keeps_the_shared_prefix_in_each_variant(tmp
     m = two_by_two(tmp_path)
     built: list = []
 
-    class Builder(FakeBackend):  # a named builder cannot see the engine's images
-        capabilities = FakeBackend.capabilities - {"engine-store"}
+    class Builder(FakeEngine):  # a named builder cannot see the engine's images
+        capabilities = FakeEngine.capabilities - {"engine-store"}
 
-    def runner(plan, backend, options, on_line):
+    def runner(plan, engine, options, on_line):
         built.append(plan)
         result = BuildResult(image_id="sha256:" + "cd" * 32, tags=plan.tags, log_tail="", cached_steps=0,
                              run_steps=1, seconds=0.0)
-        return BuildOutcome(plan, backend.name, result, size=1)
+        return BuildOutcome(plan, engine.name, result, size=1)
 
     build_all(m, Builder(), BuildOptions(no_cache=True), jobs=1, hooks=BuildHooks(runner=runner))
     assert len(built) == 4 and not any(p.final.base.startswith("imgbuild-shared/") for p in built)
@@ -726,5 +728,5 @@ def test_matrix_key_and_value_errors_come_in_one_pass(tmp_path):
     """A value error used to show only after every key error was fixed (issue 21: 11)."""
     path = recipe(tmp_path, '  cuda.version: ["12.1", 12]\n  pythn: ["3.10"]\n  python: ["3.x"]')
     with pytest.raises(RecipeError) as info:
-        mx.load_matrix(path)
+        pipeline.load_matrix(path)
     assert [i.key for i in info.value.issues] == ["matrix.cuda.version[1]", "matrix.pythn", "matrix.python[0]"]

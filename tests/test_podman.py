@@ -23,7 +23,7 @@ from buildkit_py.engine import (
 from buildkit_py.engine.buildlog import BuildLog, build_failure
 from buildkit_py.engine.kinds.podman import BuildahLines, PodmanEngine, docker_history, docker_image_attrs
 from buildkit_py.engine.run import RunSpec, WeightsMount
-from buildkit_py.errors import BackendCapabilityError, EnvironmentProblem
+from buildkit_py.errors import EngineCapabilityError, EnvironmentProblem
 
 FIXTURES = REPO / "tests" / "fixtures" / "podman"
 
@@ -148,7 +148,7 @@ def test_images_and_history_as_docker_describes_them():
 def test_podman_cannot_do_what_only_buildkit_does(tmp_path):
     engine = PodmanEngine("/usr/bin/podman")
     request = BuildRequest(tmp_path, tmp_path / "D", ("x:1",), cache_to=("type=registry,ref=r/c",), compression="zstd")
-    with pytest.raises(BackendCapabilityError) as info:
+    with pytest.raises(EngineCapabilityError) as info:
         require(engine, required_capabilities(frozenset({"secrets", "cache-mounts"}), request))
     assert f"{CACHE_EXPORT}, {COMPRESSION}" in info.value.message and "podman engine" in info.value.message
     assert (info.value.hint or "").endswith("its own storage; a registry cache needs --engine buildx")
@@ -181,7 +181,7 @@ def test_choosing_podman(tmp_path, monkeypatch):
     assert isinstance(engine, PodmanEngine) and engine.version == (4, 3, 1)
     monkeypatch.setenv("IMGBUILD_ENGINE", "podman")
     assert isinstance(select_engine(), PodmanEngine)
-    with pytest.raises(BackendCapabilityError, match="--builder k8s needs buildx, not podman"):
+    with pytest.raises(EngineCapabilityError, match="--builder k8s needs buildx, not podman"):
         select_engine(builder="k8s")
 
 
@@ -198,7 +198,7 @@ def test_podman_too_old_or_missing(tmp_path, monkeypatch):
 def test_inspect_names_the_steps_of_a_podman_build():
     """buildah writes a COPY as `COPY file:<hash> in /etc/hosts`, without the source's name, so
     the mount stubs' COPY was read as the recipe's first copy (copy-0, and the app copy-1)."""
-    from buildkit_py.analysis.inspect import attribute_entries
+    from buildkit_py.plan.history import attribute_entries
 
     raw = json.loads((FIXTURES / "history-imgbuild.json").read_text())  # an imgbuild build on podman 4.3.1
     history = list(reversed(docker_history(raw)))  # oldest first, as the engine object gives it

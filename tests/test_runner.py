@@ -167,6 +167,30 @@ def test_plan_flags_copy_of_weights(tmp_path):
     assert "app/model.safetensors (11.0 MiB)" in warnings[0].message and "weights push" in warnings[0].message
 
 
+def test_plan_and_lint_apply_one_weight_file_limit(tmp_path):
+    """Issue 23: 3. The plan warned from 10 MiB on (>=) and counted a folder's symlinks, lint called
+    a file an error only above 10 MiB and skipped the links: a file of exactly 10 MiB, or a link
+    to a big file (the build context keeps it a link), got the plan's warning but no lint error."""
+    from buildkit_py.file_kinds import WEIGHT_FILE_LIMIT
+    from buildkit_py.pipeline import lint_recipe
+
+    app = tmp_path / "app"
+    app.mkdir()
+    for name, size in (("at.safetensors", WEIGHT_FILE_LIMIT), ("above.safetensors", WEIGHT_FILE_LIMIT + 1),
+                       ("small.pt", 100)):
+        with open(app / name, "wb") as fh:
+            fh.truncate(size)  # sparse: no disk used
+    big = tmp_path / "outside.bin"
+    with open(big, "wb") as fh:
+        fh.truncate(WEIGHT_FILE_LIMIT * 2)
+    (app / "link.bin").symlink_to(big)
+    path = write_recipe(tmp_path, RECIPE + "copy: [{src: app/, dest: /app}]\n")
+    warned = [w.message.split()[2] for w in make_plan(load_recipe(path)).warnings if w.code == "weights-in-copy"]
+    errors = [f.message.split()[0] for f in lint_recipe(path, hadolint=None).findings
+              if f.code == "weights-in-copy" and f.severity == "error"]
+    assert warned == errors == ["app/above.safetensors"]
+
+
 def test_run_dry_run_json():
     code, out, err = run_cli("run", str(REPO / "recipes" / "inference-slim.yaml"), "--dry-run", "--json",
                              "--gpus", "none", "--", "python", "-c", "print(1)")

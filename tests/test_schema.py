@@ -71,7 +71,18 @@ def test_parser_key_tables_come_from_the_schema():
     assert set(recipe_mod.TOP_KEYS) == set(SCHEMA["properties"])
     assert recipe_mod.CUDA_KEYS == {"version": str, "flavor": str, "cudnn": str, "source": str}
     assert recipe_mod.BUILD_KEYS == {"from_source": list, "cuda_arch": list, "jobs": int, "installer": str}
-    assert recipe_mod.INSTALLERS == ("uv", "pip")
+
+
+
+def test_the_recipe_enumerations_are_the_schemas():
+    """Issue 23: 4. cuda.flavor, cuda.source and build.installer are enums in recipe/model.py,
+    the words the schema allows, in its order."""
+    cuda = SCHEMA["properties"]["cuda"]["properties"]
+    assert recipe_mod.CudaFlavor.words() == tuple(cuda["flavor"]["enum"])
+    assert recipe_mod.CudaSource.words() == tuple(cuda["source"]["enum"])
+    assert recipe_mod.InstallerName.words() == tuple(SCHEMA["properties"]["build"]["properties"]["installer"]["enum"])
+    recipe = recipe_mod.load_recipe(REPO / "recipes" / "pytorch-train.yaml")
+    assert type(recipe.cuda.flavor) is recipe_mod.CudaFlavor and type(recipe.cuda.source) is recipe_mod.CudaSource
 
 
 @pytest.mark.parametrize("path", RECIPES, ids=lambda p: p.name)

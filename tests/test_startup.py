@@ -55,7 +55,7 @@ def test_oci_package_exports_resolve_to_their_modules():
 
     assert sorted(oci.__all__) == sorted(oci._HOME)
     for name in oci.__all__:
-        assert getattr(oci, name) is getattr(importlib.import_module(f"buildkit_py.oci.{oci._HOME[name]}"), name)
+        assert getattr(oci, name) is getattr(importlib.import_module(oci.module_of(name)), name)
     assert oci.Client is transport.Client
     with pytest.raises(AttributeError, match="no_such_name"):
         _ = oci.no_such_name

@@ -204,7 +204,7 @@ def test_a_torch_image_with_heavy_pins_stays_far_under_127_layers(tmp_path):
 
 
 def test_inspect_groups_the_per_library_and_per_package_layers_by_their_prefix():
-    from buildkit_py.analysis.inspect import attribute_entries
+    from buildkit_py.plan.history import attribute_entries
 
     history = [{"created_by": f"RUN /bin/sh -c set -eu; : imgbuild-step={step}; pip install x # buildkit"}
                for step in ("cuda", "cuda-cudnn", "cuda-libs", "heavy-flash-attn", "heavy-rest", "mount-stubs")]

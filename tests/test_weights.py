@@ -95,7 +95,7 @@ def test_media_types_follow_modelpack(path, media_type, untested):
 def test_one_weight_file_fact_for_push_plan_lint_and_inspect(path, weights_named):
     """The plan, lint and inspect call a file weights exactly when `weights push` would give it
     the weights media type by name (not as a guess)."""
-    from buildkit_py.artifacts.file_kinds import is_weight_file
+    from buildkit_py.file_kinds import is_weight_file
 
     assert is_weight_file(path) is weights_named
     media_type, guessed = weights.media_type_for(path)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from packaging.version import Version
 
@@ -14,8 +16,25 @@ from buildkit_py.compat import (
     resolve_cuda,
     toolkits,
 )
+from buildkit_py.compat.tables import Toolkit
+from buildkit_py.text_enum import TextEnum
 
-NATIVE, MINOR, FORWARD, INCOMPATIBLE = "native", "minor-version", "forward-compat", "incompatible"
+
+class Verdict(TextEnum):
+    """Whether a driver runs a CUDA toolkit, and how."""
+
+    NATIVE = "native"  # at or above the toolkit's minimum driver
+    MINOR = "minor-version"  # minor-version compatibility: the major's floor, with limits
+    FORWARD = "forward-compat"  # only with NVIDIA's forward-compatibility package (data-centre GPUs)
+    INCOMPATIBLE = "incompatible"
+
+    @property
+    def compatible(self) -> bool:
+        """Runs as it is, without a compatibility package."""
+        return self in (Verdict.NATIVE, Verdict.MINOR)
+
+
+NATIVE, MINOR, FORWARD, INCOMPATIBLE = Verdict.NATIVE, Verdict.MINOR, Verdict.FORWARD, Verdict.INCOMPATIBLE
 
 
 @dataclass(frozen=True)
@@ -24,13 +43,13 @@ class CheckResult:
     driver: str
     min_driver: str | None  # None: NVIDIA publishes no native floor for this CUDA
     min_driver_compat: str | None
-    verdict: str
+    verdict: Verdict
     compatible: bool
     message: str
     remedy: str | None = None
 
-    def to_json(self) -> dict:
-        out = {"cuda": self.cuda, "driver": self.driver, "min_driver": self.min_driver,
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"cuda": self.cuda, "driver": self.driver, "min_driver": self.min_driver,
                "min_driver_compat": self.min_driver_compat, "verdict": self.verdict,
                "compatible": self.compatible, "message": self.message}
         if self.remedy:
@@ -61,8 +80,8 @@ def check_compat(cuda: str, driver: str, *, datacenter: bool | None = None,
     native_tk = newest_native_toolkit(driver)
     runs_natively = f"; the newest CUDA this driver runs natively is {native_tk}" if native_tk else ""
 
-    def result(verdict: str, message: str, remedy: str | None) -> CheckResult:
-        return CheckResult(tk.version, driver, need, floor, verdict, verdict in (NATIVE, MINOR), message, remedy)
+    def result(verdict: Verdict, message: str, remedy: str | None) -> CheckResult:
+        return CheckResult(tk.version, driver, need, floor, verdict, verdict.compatible, message, remedy)
 
     if driver_cuda and Version(driver_cuda) >= Version(tk.major_minor):
         return result(NATIVE, f"driver {driver} reports CUDA {driver_cuda}, which covers CUDA {tk.version}", None)
@@ -99,7 +118,8 @@ def check_compat(cuda: str, driver: str, *, datacenter: bool | None = None,
                   f"upgrade the driver to >= {floor or need}{runs_natively}")
 
 
-def _unpublished_floor(tk, driver: str, floor: str | None, result) -> CheckResult:
+def _unpublished_floor(tk: Toolkit, driver: str, floor: str | None,
+                       result: Callable[[Verdict, str, str | None], CheckResult]) -> CheckResult:
     """A toolkit whose native floor NVIDIA does not publish (CUDA 13.3-13.5): native only above a
     driver known to run it (an installer of its minor bundles it), minor-version above the major's
     floor, else incompatible (forward compatibility needs a published floor to aim at)."""

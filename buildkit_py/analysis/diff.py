@@ -28,8 +28,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from buildkit_py import oci
-from buildkit_py.analysis.inspect import attribute_layers, instruction_of, pull_seconds, short_created
+from buildkit_py.analysis.inspect import pull_seconds, short_created
 from buildkit_py.errors import ImageMissing, ManifestNotFound, RegistryError, UsageError
+from buildkit_py.plan.history import attribute_layers, instruction_of
 from buildkit_py.sizes import human_size
 from buildkit_py.text_table import Block, TextTable
 
@@ -241,7 +242,7 @@ def read_registry(image: str, *, client: oci.Client | None = None, uncompressed:
 
 
 def read_engine(image: str, engine) -> ImageLayers:
-    """``image`` from the local store of ``engine`` (a backends.Engine); no blob digests or
+    """``image`` from the local store of ``engine`` (an engine.Engine); no blob digests or
     compressed sizes there."""
     attrs = engine.image_attrs(image)
     if attrs is None:

@@ -22,6 +22,7 @@ from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any
 
 from buildkit_py import compat
+from buildkit_py import label_keys as K
 from buildkit_py.engine import children
 from buildkit_py.engine.run import RunSpec
 from buildkit_py.errors import ImageTestFailed, InspectError
@@ -243,7 +244,7 @@ def label_checks(labels: Mapping[str, str], facts: ImageFacts, recipe: Recipe | 
     what the image holds instead (or a label missing for what it holds: cuDNN, torch), skipped
     where the label is no fact of the image's content, with the reason. ``recipe``: the recipe the
     image was built from, where known (its digest, weights and pins are then compared too)."""
-    v = _Verdicts({k: val for k, val in labels.items() if k.startswith(L.PREFIX)})
+    v = _Verdicts({k: val for k, val in labels.items() if k.startswith(K.PREFIX)})
     _cuda_labels(v, facts)
     _library_labels(v, facts)
     _recipe_labels(v, facts, recipe)
@@ -255,27 +256,27 @@ def label_checks(labels: Mapping[str, str], facts: ImageFacts, recipe: Recipe | 
 
 def _cuda_labels(v: _Verdicts, facts: ImageFacts) -> None:
     """CUDA version (the runtime's own cudaRuntimeGetVersion), source, flavor, driver floors."""
-    cuda, flavor, source = v.labels.get(L.CUDA_VERSION), v.labels.get(L.CUDA_FLAVOR), v.labels.get(L.CUDA_SOURCE)
+    cuda, flavor, source = v.labels.get(K.CUDA_VERSION), v.labels.get(K.CUDA_FLAVOR), v.labels.get(K.CUDA_SOURCE)
     wheels = {n: ver for n, ver in facts.pkgs.items() if n.startswith("nvidia-")}
     if cuda is not None:
         soname = f"libcudart.so.{cuda.split('.')[0]}"
         got = [f"{r // 1000}.{r % 1000 // 10}" if isinstance(r, int) else f"{so} fails to load: {r}"
                for so, r in facts.cudart.items() if so == soname]
-        v.verdict(L.CUDA_VERSION, _mm(cuda) in got,
+        v.verdict(K.CUDA_VERSION, _mm(cuda) in got,
                   f"the CUDA runtime reports {', '.join(got)}" if got else f"no {soname} in the loader cache")
-        for label, want in ((L.DRIVER_MIN, _driver_floor(cuda)),
-                            (L.DRIVER_MIN_COMPAT, compat.minor_compat_floor(int(cuda.split(".")[0])))):
+        for label, want in ((K.DRIVER_MIN, _driver_floor(cuda)),
+                            (K.DRIVER_MIN_COMPAT, compat.minor_compat_floor(int(cuda.split(".")[0])))):
             if label in v.labels or want is not None:
                 v.verdict(label, v.labels.get(label) == want,
                           f"imgbuild's data for CUDA {cuda} says {want or 'none (NVIDIA publishes none)'}")
     if source == "wheels":
         runtime = {n: ver for n, ver in wheels.items() if n.startswith("nvidia-cuda-runtime")}
-        v.verdict(L.CUDA_SOURCE, bool(runtime) and all(_mm(r) == _mm(cuda or "") for r in runtime.values()),
+        v.verdict(K.CUDA_SOURCE, bool(runtime) and all(_mm(r) == _mm(cuda or "") for r in runtime.values()),
                   f"runtime wheel {', '.join(f'{n}=={r}' for n, r in runtime.items())}" if runtime
                   else "no nvidia-cuda-runtime wheel is installed")
     elif source is not None:
         ok = any(s.startswith("libcudart.so.") for s in facts.sonames)
-        v.verdict(L.CUDA_SOURCE, ok, "the CUDA runtime comes with the base image (libcudart in the loader cache)"
+        v.verdict(K.CUDA_SOURCE, ok, "the CUDA runtime comes with the base image (libcudart in the loader cache)"
                   if ok else "no libcudart in the loader cache")
     if flavor is not None:
         problems = [] if facts.nvcc == (flavor == "devel") else ["nvcc is on PATH" if facts.nvcc else "no nvcc on PATH"]
@@ -288,55 +289,55 @@ def _cuda_labels(v: _Verdicts, facts: ImageFacts) -> None:
                 tier = have
             if not tier <= have:
                 problems.append(f"it lacks {', '.join(sorted(tier - have))}")
-            if flavor == "base" and not {L.TORCH_VERSION, L.CUDNN_VERSION} & set(v.labels) and have - tier:
+            if flavor == "base" and not {K.TORCH_VERSION, K.CUDNN_VERSION} & set(v.labels) and have - tier:
                 problems.append(f"it carries more than cudart: {', '.join(sorted(have - tier))}")
         found = ("NVIDIA's tier of wheels, " if source == "wheels" else "") + \
             ("nvcc on PATH" if facts.nvcc else "no nvcc on PATH")
-        v.verdict(L.CUDA_FLAVOR, not problems, "; ".join(problems) or found)
+        v.verdict(K.CUDA_FLAVOR, not problems, "; ".join(problems) or found)
 
 
 def _library_labels(v: _Verdicts, facts: ImageFacts) -> None:
     """cuDNN and torch: each label true, and no such library in the image without its label."""
-    cudnn = v.labels.get(L.CUDNN_VERSION)
+    cudnn = v.labels.get(K.CUDNN_VERSION)
     libs = sorted(s for s in facts.sonames if s.startswith("libcudnn.so"))
     if cudnn is not None:
-        v.verdict(L.CUDNN_VERSION, f"libcudnn.so.{cudnn.split('.')[0]}" in libs,
+        v.verdict(K.CUDNN_VERSION, f"libcudnn.so.{cudnn.split('.')[0]}" in libs,
                   f"the loader cache has {', '.join(libs) or 'no libcudnn'}")
     elif libs:
-        v.missing(L.CUDNN_VERSION, f"the image has {', '.join(libs)}")
-    torch, installed = v.labels.get(L.TORCH_VERSION), facts.pkgs.get("torch")
+        v.missing(K.CUDNN_VERSION, f"the image has {', '.join(libs)}")
+    torch, installed = v.labels.get(K.TORCH_VERSION), facts.pkgs.get("torch")
     if torch is not None:
-        v.verdict(L.TORCH_VERSION, installed == torch.split("+")[0],
+        v.verdict(K.TORCH_VERSION, installed == torch.split("+")[0],
                   f"torch {installed} is installed" if installed else "torch is not installed")
     elif installed:
-        v.missing(L.TORCH_VERSION, f"torch {installed} is installed")
-    if L.PYTHON_VERSION in v.labels:
-        v.verdict(L.PYTHON_VERSION, facts.python.startswith(v.labels[L.PYTHON_VERSION] + "."),
+        v.missing(K.TORCH_VERSION, f"torch {installed} is installed")
+    if K.PYTHON_VERSION in v.labels:
+        v.verdict(K.PYTHON_VERSION, facts.python.startswith(v.labels[K.PYTHON_VERSION] + "."),
                   f"python is {facts.python}")
-    if L.OS in v.labels:
-        v.verdict(L.OS, facts.os == v.labels[L.OS], f"/etc/os-release says {facts.os}")
+    if K.OS in v.labels:
+        v.verdict(K.OS, facts.os == v.labels[K.OS], f"/etc/os-release says {facts.os}")
 
 
 def _recipe_labels(v: _Verdicts, facts: ImageFacts, recipe: Recipe | None) -> None:
     """What the recipe put there: installer, recipe digest, weights; cuda.arch is skipped."""
-    if L.INSTALLER in v.labels:
-        v.results.append(_installer_check(v.labels[L.INSTALLER], facts, recipe))
-    digest = v.labels.get(L.RECIPE_DIGEST)
+    if K.INSTALLER in v.labels:
+        v.results.append(_installer_check(v.labels[K.INSTALLER], facts, recipe))
+    digest = v.labels.get(K.RECIPE_DIGEST)
     if digest is not None and recipe is None:
-        v.skip(L.RECIPE_DIGEST, "no recipe given to compare with (imgbuild test RECIPE checks it)")
+        v.skip(K.RECIPE_DIGEST, "no recipe given to compare with (imgbuild test RECIPE checks it)")
     elif digest is not None and recipe is not None:
-        v.verdict(L.RECIPE_DIGEST, digest == recipe.digest, f"{recipe.path} is {recipe.digest}"
+        v.verdict(K.RECIPE_DIGEST, digest == recipe.digest, f"{recipe.path} is {recipe.digest}"
                   + ("" if digest == recipe.digest else " (the recipe changed since the image was built)"))
-    if L.WEIGHTS in v.labels:
+    if K.WEIGHTS in v.labels:
         pairs = L.weights_from_labels(dict(v.labels))
         if recipe is None:
-            v.verdict(L.WEIGHTS, bool(pairs), f"it names {len(pairs)} weights artifact(s)" if pairs else
+            v.verdict(K.WEIGHTS, bool(pairs), f"it names {len(pairs)} weights artifact(s)" if pairs else
                       "it is not a JSON list of {ref, mount}")
         else:
             want = [(w.ref, w.mount) for w in recipe.weights]
-            v.verdict(L.WEIGHTS, pairs == want, f"the recipe lists {want}")
-    if L.CUDA_ARCH in v.labels:
-        v.skip(L.CUDA_ARCH, "the GPU architectures compiled into extensions: reading them back needs cuobjdump, "
+            v.verdict(K.WEIGHTS, pairs == want, f"the recipe lists {want}")
+    if K.CUDA_ARCH in v.labels:
+        v.skip(K.CUDA_ARCH, "the GPU architectures compiled into extensions: reading them back needs cuobjdump, "
                             "which imgbuild does not run")
 
 
@@ -351,7 +352,7 @@ def _installer_check(label: str, facts: ImageFacts, recipe: Recipe | None) -> Te
     """io.imgbuild.installer ("uv 0.13.9", "pip") against the INSTALLER record of what imgbuild
     installed: every pin of the recipe where it has pins, else at least one package of the image."""
     tool = label.split(maxsplit=1)[0]
-    name = f"label {L.INSTALLER}"
+    name = f"label {K.INSTALLER}"
     pins = [pin_name(p) for p in recipe.pip] + (["torch"] if recipe.torch else []) if recipe else []
     if pins:
         wrong = {n: facts.installers.get(_norm(n)) for n in pins if facts.installers.get(_norm(n)) != tool}
@@ -403,7 +404,7 @@ def pinned(recipe: Recipe | None, labels: Mapping[str, str]) -> tuple[tuple[str,
     """(name, version) of each package the recipe pins (torch included); without a recipe, torch
     from its label, as that is the one pin an image names."""
     pins = [(pin_name(p), p.split("==", 1)[1]) for p in recipe.pip] if recipe else []
-    torch = recipe.torch if recipe else (labels.get(L.TORCH_VERSION) or "").split("+")[0] or None
+    torch = recipe.torch if recipe else (labels.get(K.TORCH_VERSION) or "").split("+")[0] or None
     if torch:
         pins.append(("torch", torch.split("+")[0]))
     return tuple(pins)

@@ -39,46 +39,23 @@ from __future__ import annotations
 import collections
 import io
 import posixpath
-import re
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from buildkit_py import label_keys as L
 from buildkit_py import oci
-from buildkit_py.analysis.layer_paths import CACHE, COMPILER, CUDA_DUPLICATE, DELETED, WEIGHTS, MiB
+from buildkit_py.analysis.layer_paths import CACHE, COMPILER, CUDA_DUPLICATE, DELETED, WEIGHTS, FindingKind
 from buildkit_py.analysis.saved_image import IterStream, LayerScan, SaveScan, analyze_save_stream
+from buildkit_py.analysis.severity import Severity
 from buildkit_py.errors import ImageMissing, ImgbuildError, InspectError, SizeBudgetExceeded
-from buildkit_py.plan import labels as L
-from buildkit_py.plan.build_plan import GROUPS, MOUNT_STUB_FILE, MOUNT_STUBS_GROUP, MOUNT_STUBS_STEP, STEP_MARK
+from buildkit_py.file_kinds import WEIGHT_FILE_LIMIT, over_weight_limit
+from buildkit_py.plan.history import GROUP_ORDER, attribute_layers
 from buildkit_py.sizes import human_size
 from buildkit_py.text_table import Block, TextTable
 
-BASE_GROUP, OTHER_GROUP, APP_GROUP, META_GROUP = "base", "other", "app", "meta"
-# Report order: the base image's layers, then plan's groups in build order, then unknowns.
-GROUP_ORDER = (BASE_GROUP,) + tuple(GROUPS) + (OTHER_GROUP,)
-
-# Step id -> group for the steps plan.make_plan writes; pass ``step_groups`` to inspect_image
-# (``{s.id: s.group for s in plan.final.steps}``) to use a plan's own table instead.
-DEFAULT_STEP_GROUPS: dict[str, str] = {
-    "python-ppa": "os", "os": "os", "python": "python", "cuda": "cuda", "ldconfig": "cuda",
-    "torch": "torch", "compiled": "heavy", "heavy": "heavy", "wheels": "heavy",
-    "pins": "pins", "build-tools": "pins", "meta": META_GROUP, MOUNT_STUBS_STEP: MOUNT_STUBS_GROUP,
-}
-
-def _group_of(step: str) -> str:
-    """A step's group by its id when the table has no entry: the id itself, or its prefix for
-    the per-library and per-package layers (cuda-cudnn -> cuda, heavy-flash-attn -> heavy)."""
-    for group in (step, step.split("-", 1)[0]):
-        if group in GROUPS:
-            return group
-    return OTHER_GROUP
-
-
-MARKER_RE = re.compile(r":\s*" + re.escape(STEP_MARK) + r"=([^;\s]+)")
-
 # Finding severities (the kinds are layer_paths': WEIGHTS, CACHE, COMPILER, CUDA_DUPLICATE, DELETED).
-WARNING, INFO = "warning", "info"
-_SEVERITY_RANK = {WARNING: 0, INFO: 1}
+WARNING, INFO = Severity.WARNING, Severity.INFO
 
 
 
@@ -101,8 +78,8 @@ class Layer:
 
 @dataclass(frozen=True)
 class Finding:
-    kind: str
-    severity: str
+    kind: FindingKind
+    severity: Severity
     layer: int | None  # index into ImageReport.layers of the layer that ships the bytes
     step: str | None
     path: str
@@ -159,81 +136,6 @@ def pull_seconds(compressed_size: int, bandwidth_mbps: float, unpacked_size: int
     return seconds
 
 
-def instruction_of(created_by: str) -> str:
-    """The Dockerfile instruction of a history entry, legacy builder or BuildKit."""
-    s = created_by.strip()
-    if s.startswith("/bin/sh -c #(nop)"):
-        s = s[len("/bin/sh -c #(nop)"):].strip()
-    elif s.startswith(("/bin/sh -c", "|")):
-        return "RUN"
-    word = s.split(None, 1)[0] if s else ""
-    return word.upper() if word.isalpha() else ""
-
-
-@dataclass(frozen=True)
-class Attribution:
-    step: str | None
-    group: str
-    created_by: str
-    instruction: str
-
-
-def attribute_entries(history: list[dict], step_groups: Mapping[str, str] | None = None) -> list[Attribution]:
-    """The step and group of every history entry, empty ones included, oldest first.
-
-    Entries use the image config's keys (``created_by``) or the engine history API's
-    (``CreatedBy``): the build's size budget reads the latter without streaming the image."""
-    step_groups = dict(DEFAULT_STEP_GROUPS if step_groups is None else step_groups)
-    seen_marker = False
-    copies = 0
-    out: list[Attribution] = []
-    texts = [str(entry.get("created_by") or entry.get("CreatedBy") or "") for entry in history]
-    marks = [m.group(1) if (m := MARKER_RE.search(text)) else None for text in texts]
-    for i, created in enumerate(texts):
-        instr = instruction_of(created)
-        step: str | None
-        if (mark := marks[i]) is not None:
-            seen_marker = True
-            step = mark
-            group = step_groups.get(mark) or _group_of(mark)
-        elif not seen_marker:
-            step, group = None, BASE_GROUP
-        elif instr == "COPY" and (MOUNT_STUB_FILE in created.split() or marks[i + 1:i + 2] == [MOUNT_STUBS_STEP]):
-            # BuildKit names the stub file; buildah writes `COPY file:<hash> in /etc/hosts`, and the
-            # stubs' RUN comes right after it either way.
-            step = MOUNT_STUBS_STEP
-            group = step_groups.get(step, MOUNT_STUBS_GROUP)
-        elif instr in ("COPY", "ADD"):
-            step = f"copy-{copies}"
-            copies += 1
-            group = step_groups.get(step, APP_GROUP)
-        elif instr == "RUN":
-            step, group = None, OTHER_GROUP
-        else:  # WORKDIR and friends from the meta step
-            step, group = "meta", step_groups.get("meta", META_GROUP)
-        out.append(Attribution(step, group, created, instr))
-    return out
-
-
-def attribute_layers(history: list[dict], n_layers: int,
-                     step_groups: Mapping[str, str] | None = None) -> list[Attribution]:
-    """Map each of ``n_layers`` layers to the history entry, step and group that made it.
-
-    ``history`` is the image config's ``history`` (entries with ``created_by`` and
-    ``empty_layer``). When the history does not account for every layer (a squashed or
-    hand-made image), the layers it cannot place are attributed to nothing (group ``base``)."""
-    entries = zip(attribute_entries(history, step_groups), history, strict=False)
-    out = [a for a, entry in entries if not entry.get("empty_layer")]
-    if len(out) != n_layers:
-        # Untrustworthy history: keep only what lines up from the top (the newest entries).
-        pad = [Attribution(None, BASE_GROUP, "", "")] * max(0, n_layers - len(out))
-        out = (pad + out)[-n_layers:] if n_layers else []
-    return out
-
-
-# ---------------------------------------------------------------- findings
-
-
 def _ancestors(path: str) -> Iterator[str]:
     while True:
         parent = posixpath.dirname(path)
@@ -280,7 +182,7 @@ def _where(layers: list[Layer], i: int) -> str:
 
 
 def find_problems(layers: list[Layer], scans: list[LayerScan], *, flavor: str | None,
-                  weight_threshold: int = 10 * MiB) -> list[Finding]:
+                  weight_threshold: int = WEIGHT_FILE_LIMIT) -> list[Finding]:
     """Every finding for an image whose layer ``i`` is ``layers[i]`` scanned as ``scans[i]``:
     weights, caches, compilers (runtime flavour only), CUDA shipped twice, bytes deleted later."""
     deletions = _Deletions(scans)
@@ -292,7 +194,7 @@ def find_problems(layers: list[Layer], scans: list[LayerScan], *, flavor: str | 
     findings += _cuda_findings(layers, hits.cuda, deletions)
     if deletions:
         findings += _deleted_findings(layers, scans, deletions, weight_threshold)
-    findings.sort(key=lambda f: (_SEVERITY_RANK.get(f.severity, 9), -f.size, f.layer or 0, f.path, f.kind))
+    findings.sort(key=lambda f: (f.severity.rank, -f.size, f.layer or 0, f.path, f.kind))
     return findings
 
 
@@ -325,7 +227,8 @@ class _Hits:
         return hits
 
 
-def _finding(layers: list[Layer], kind: str, severity: str, i: int, path: str, size: int, message: str) -> Finding:
+def _finding(layers: list[Layer], kind: FindingKind, severity: Severity, i: int, path: str, size: int,
+             message: str) -> Finding:
     return Finding(kind, severity, i, layers[i].step, path, size, message)
 
 
@@ -333,7 +236,7 @@ def _weight_findings(layers: list[Layer], weights: list[tuple[int, str, int]], t
     return [_finding(layers, WEIGHTS, WARNING, i, path, size,
                      f"model weights ({human_size(size)}) baked into {_where(layers, i)}: every pull "
                      f"moves them; fetch them at run time (recipe `weights:`) or mount them")
-            for i, path, size in weights if size > threshold]
+            for i, path, size in weights if over_weight_limit(size, threshold)]
 
 
 def _cache_findings(layers: list[Layer], caches: dict[tuple[int, str], list[int]], threshold: int) -> list[Finding]:
@@ -408,7 +311,7 @@ class InspectOptions:
     """How to inspect: the link a pull is timed on, what counts as weights, what to estimate."""
 
     bandwidth_mbps: float = 1000
-    weight_threshold: int = 10 * MiB
+    weight_threshold: int = WEIGHT_FILE_LIMIT  # what counts as weights: above this
     estimate_compressed: bool = True  # False skips the gzip estimate: several times faster on big images
     step_groups: Mapping[str, str] | None = None  # a plan's step -> group table (DEFAULT_STEP_GROUPS)
     workers: int | None = None  # gzip threads; None: by the cores

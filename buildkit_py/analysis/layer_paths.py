@@ -7,13 +7,22 @@ from __future__ import annotations
 import posixpath
 import re
 
-from buildkit_py.artifacts.file_kinds import is_weight_file
+from buildkit_py.file_kinds import WEIGHT_FILE_LIMIT, is_weight_file, over_weight_limit
+from buildkit_py.text_enum import TextEnum
 
-MiB = 1 << 20
 
-# Finding kinds: what classify_path reports, and (with DELETED) what inspect's findings are.
-WEIGHTS, CACHE, COMPILER, CUDA_DUPLICATE, DELETED = (
-    "weights", "cache", "compiler-in-runtime", "cuda-duplicate", "deleted-later")
+class FindingKind(TextEnum):
+    """What classify_path reports, and (with DELETED) what inspect's findings are."""
+
+    WEIGHTS = "weights"
+    CACHE = "cache"
+    COMPILER = "compiler-in-runtime"
+    CUDA_DUPLICATE = "cuda-duplicate"
+    DELETED = "deleted-later"
+
+
+WEIGHTS, CACHE, COMPILER = FindingKind.WEIGHTS, FindingKind.CACHE, FindingKind.COMPILER
+CUDA_DUPLICATE, DELETED = FindingKind.CUDA_DUPLICATE, FindingKind.DELETED
 
 # (regex, the cache's root as reported). A file under one of these in a layer is a cache that
 # was left in the image instead of on a build cache mount. __pycache__ is deliberately absent.
@@ -97,12 +106,12 @@ def cuda_library(path: str) -> tuple[str, str] | None:
     return None
 
 
-def classify_path(path: str, size: int, *, weight_threshold: int = 10 * MiB) -> list[tuple[str, str]]:
+def classify_path(path: str, size: int, *, weight_threshold: int = WEIGHT_FILE_LIMIT) -> list[tuple[FindingKind, str]]:
     """Every rule a file at ``path`` of ``size`` bytes matches, as (kind, detail) pairs; detail is
     the cache root, the CUDA soname and origin ('libcudart.so.12:wheel'), or the path itself.
     The compiler rule only matters in runtime images; the caller decides that."""
-    out: list[tuple[str, str]] = []
-    if size > weight_threshold and is_weight_file(path):
+    out: list[tuple[FindingKind, str]] = []
+    if over_weight_limit(size, weight_threshold) and is_weight_file(path):
         out.append((WEIGHTS, path))
     root = cache_root(path)
     if root:

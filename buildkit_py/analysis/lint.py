@@ -5,7 +5,8 @@ Nothing here re-derives what the resolver knows: its warnings (devel without a c
 CUDA twice, end-of-life images, JIT packages) become findings as they are, under their own
 code and recipe key (``compat.codes``; the text is never matched). Lint adds only
 what needs the recipe's files or its raw text: unpinned apt packages and weight-like files
-under a ``copy:`` source. No engine and no registry are contacted.
+under a ``copy:`` source. The plan comes from the pipeline (``pipeline.lint_recipe``), as `plan
+--offline` makes it: no engine is contacted and no package index, a named base's registry is read.
 
 A recipe that does not load or resolve raises (RecipeError, CompatibilityError: exit 2);
 ``LintReport.errors`` decides between exit 0 and 1.
@@ -21,19 +22,15 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from buildkit_py.artifacts.file_kinds import is_weight_file
+from buildkit_py.analysis.severity import Severity
 from buildkit_py.compat import codes
-from buildkit_py.plan.build_plan import make_plan
-from buildkit_py.recipe.model import load_recipe, locate, read_recipe_text
-from buildkit_py.render.dockerfile import render_dockerfile
+from buildkit_py.file_kinds import WEIGHT_FILE_LIMIT, over_weight_limit
+from buildkit_py.plan.build_plan import BuildPlan, weight_files_in_copies
+from buildkit_py.recipe.model import locate, read_recipe_text
 from buildkit_py.sizes import human_size
 
-ERROR, WARNING, INFO = "error", "warning", "info"
-_RANK = {ERROR: 0, WARNING: 1, INFO: 2}
+ERROR, WARNING, INFO = Severity.ERROR, Severity.WARNING, Severity.INFO
 
-# Weight-like files bigger than this under a copy: source are an error (they would be baked
-# into a layer every pull moves); smaller ones a warning.
-WEIGHT_ERROR_BYTES = 10 * 2**20
 # hadolint rules the rendered Dockerfile breaks on purpose, with the reason:
 HADOLINT_IGNORED = {
     # imgbuild's own packages (python3, python3-venv, build-essential) follow the base's
@@ -50,7 +47,8 @@ APT_UNPINNED = "apt-unpinned"
 HADOLINT_FAILED = "hadolint-failed"
 LINT_CODES: dict[str, str] = {
     APT_UNPINNED: "an apt: entry has no =version: the image changes when the archive does",
-    codes.WEIGHTS_IN_COPY: "a weight-like file under a copy: source; an error above 10 MiB, a warning below",
+    codes.WEIGHTS_IN_COPY: f"a weight-like file under a copy: source; an error above {WEIGHT_FILE_LIMIT >> 20} MiB, "
+                           "a warning below",
     HADOLINT_FAILED: "hadolint is installed but did not run or its output could not be read",
 }
 
@@ -58,7 +56,7 @@ LINT_CODES: dict[str, str] = {
 @dataclass(frozen=True)
 class LintFinding:
     code: str
-    severity: str  # error | warning | info
+    severity: Severity
     message: str
     file: str
     line: int | None = None
@@ -95,17 +93,17 @@ class LintReport:
                 "hadolint": self.hadolint, "findings": [f.to_json() for f in self.findings]}
 
 
-def lint_recipe(path: str | os.PathLike, *, hadolint: str | None = "auto") -> LintReport:
-    """hadolint: "auto" (use it where ``find_hadolint`` finds it), a binary path, or None (skip it)."""
-    path = Path(path)
-    recipe = load_recipe(path)  # RecipeError: exit 2
-    plan = make_plan(recipe)  # CompatibilityError: exit 2
-    dockerfile = render_dockerfile(plan)
+def lint_plan(plan: BuildPlan, dockerfile: str, *, hadolint: str | None = "auto") -> LintReport:
+    """The findings of a recipe's plan (the pipeline plans it: pipeline.lint_recipe) and of its
+    rendered Dockerfile. hadolint: "auto" (use it where ``find_hadolint`` finds it), a binary path,
+    or None (skip it)."""
+    recipe = plan.recipe
+    path = recipe.path
     file = str(path)
     raw = locate(read_recipe_text(path), file)
     findings: list[LintFinding] = []
 
-    # Weights in copy: lint reports each file itself (an error above WEIGHT_ERROR_BYTES), so the
+    # Weights in copy: lint reports each file itself (an error above WEIGHT_FILE_LIMIT), so the
     # plan's warning about the same files would say it twice.
     for w in plan.warnings:
         if w.code == codes.WEIGHTS_IN_COPY:
@@ -121,7 +119,7 @@ def lint_recipe(path: str | os.PathLike, *, hadolint: str | None = "auto") -> Li
     if binary:
         version, found = run_hadolint(binary, dockerfile, file)
         findings += found
-    findings.sort(key=lambda f: (_RANK[f.severity], f.line or 0, f.code))
+    findings.sort(key=lambda f: (f.severity.rank, f.line or 0, f.code))
     return LintReport(file, tuple(findings), version, dockerfile)
 
 
@@ -140,22 +138,13 @@ def _apt_findings(raw, file: str) -> list[LintFinding]:
 
 def _copy_findings(recipe, file: str) -> list[LintFinding]:
     out = []
-    root = recipe.context_dir
-    for i, c in enumerate(recipe.copy):
+    for i, rel, size in weight_files_in_copies(recipe):
         key = f"copy[{i}].src"
-        src = root / c.src
-        files = [src] if src.is_file() else sorted(p for p in src.rglob("*") if p.is_file() and not p.is_symlink())
-        for f in files:
-            if not is_weight_file(f.name):
-                continue
-            size = f.stat().st_size
-            rel = os.path.relpath(f, root)
-            severity = ERROR if size > WEIGHT_ERROR_BYTES else WARNING
-            out.append(LintFinding(
-                codes.WEIGHTS_IN_COPY, severity,
-                f"{rel} ({human_size(size)}) looks like model weights: copied, it is baked into a layer every pull "
-                "moves; push it with `imgbuild weights push` and list it under `weights:` instead",
-                file, recipe.line_of(key), key))
+        out.append(LintFinding(
+            codes.WEIGHTS_IN_COPY, ERROR if over_weight_limit(size) else WARNING,
+            f"{rel} ({human_size(size)}) looks like model weights: copied, it is baked into a layer every pull "
+            "moves; push it with `imgbuild weights push` and list it under `weights:` instead",
+            file, recipe.line_of(key), key))
     return out
 
 

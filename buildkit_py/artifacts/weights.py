@@ -33,9 +33,10 @@ from pathlib import Path, PurePosixPath
 from typing import Any, NamedTuple
 
 from buildkit_py import oci
-from buildkit_py.artifacts.file_kinds import FileKind, file_kind
 from buildkit_py.errors import DigestMismatch, UnsafePath, UsageError, WeightsError
+from buildkit_py.file_kinds import FileKind, file_kind
 from buildkit_py.files import exclusive_folder
+from buildkit_py.label_keys import OCI_TITLE
 
 ARTIFACT_TYPE = "application/vnd.cncf.model.manifest.v1+json"
 CONFIG_MEDIA_TYPE = "application/vnd.cncf.model.config.v1+json"
@@ -51,7 +52,7 @@ RAW_MEDIA_TYPES = frozenset({MEDIA_WEIGHT, MEDIA_WEIGHT_CONFIG, MEDIA_DOC, MEDIA
 ANNOTATION_FILEPATH = "org.cncf.model.filepath"
 ANNOTATION_FILE_METADATA = "org.cncf.model.file.metadata+json"
 ANNOTATION_UNTESTED = "org.cncf.model.file.mediatype.untested"
-ANNOTATION_TITLE = "org.opencontainers.image.title"
+ANNOTATION_TITLE = OCI_TITLE  # the OCI pre-defined key, here an annotation of a file's layer
 # Older ModelPack drafts (CNAI) used this key; read it, never write it.
 _LEGACY_FILEPATH = "org.cnai.model.filepath"
 

@@ -28,6 +28,7 @@ if TYPE_CHECKING:
 
     from buildkit_py.analysis.image_checks import TestReport
     from buildkit_py.engine.build import BuildOptions
+    from buildkit_py.plan.lock import LockMode
 
 
 def register(add: AddCommand) -> None:
@@ -96,15 +97,17 @@ def _build_options(args: argparse.Namespace) -> BuildOptions:
     )
 
 
-def _lock_mode(args: argparse.Namespace) -> str:
-    return "update" if args.update_lock else "locked" if args.locked else "auto"
+def _lock_mode(args: argparse.Namespace) -> LockMode:
+    from buildkit_py.plan.lock import LockMode
+
+    return LockMode.UPDATE if args.update_lock else LockMode.LOCKED if args.locked else LockMode.AUTO
 
 
 def cmd_build(args: argparse.Namespace, out: Out) -> int:
     from buildkit_py.cli.test import build_gate
     from buildkit_py.engine import select_engine
     from buildkit_py.engine.build import run_build
-    from buildkit_py.plan.lock import use_lock
+    from buildkit_py.pipeline.locks import use_lock
 
     if args.jobs < 1:
         raise UsageError(f"-j {args.jobs}: the number of parallel builds must be at least 1")
@@ -116,28 +119,29 @@ def cmd_build(args: argparse.Namespace, out: Out) -> int:
     plan = plan_recipe(args, args.recipe, out)
     for w in plan.warnings:
         out.warn(w.render())
-    # Before the backend: a stale lock is refused even where no engine runs.
+    # Before the engine is chosen: a stale lock is refused even where no engine runs.
     locked = use_lock(plan, mode=_lock_mode(args), ca_cert=args.ca_cert, engine=reading_engine(args))
     plan = locked.plan
     for note in locked.warnings:
         out.warn(note)
     if locked.status != "none":
         out.info(f"lock     {locked.path} ({locked.status})")
-    backend = select_engine(args.backend, builder=args.builder)
+    engine = select_engine(args.engine, builder=args.builder)
     options = _build_options(args)
 
     testing = (args.push or args.test) and not args.no_test
     if args.no_test and args.push:
         out.warn("--no-test: pushing without running the image's tests")
-    out.info(f"building {', '.join(plan.tags)} with the {backend.describe()}")
+    out.info(f"building {', '.join(plan.tags)} with the {engine.describe()}")
     reports: list[TestReport] = []
     with StepView.for_option(out.stderr, args.progress) as view:
-        gate = build_gate(backend, plan.recipe, plan.tags[0], view.note, reports) if testing else None
-        outcome = run_build(plan, backend, options, view.line, on_progress=view.note, on_transfer=view.transfer,
+        gate = build_gate(engine, plan.recipe, plan.tags[0], view.note, reports) if testing else None
+        outcome = run_build(plan, engine, options, view.line, on_progress=view.note, on_transfer=view.transfer,
                             gate=gate)
     r = outcome.result
     report = {
-        "image_id": r.image_id, "tags": list(r.tags), "size": outcome.size, "backend": outcome.backend,
+        "image_id": r.image_id, "tags": list(r.tags), "size": outcome.size, "engine": outcome.engine,
+        "backend": outcome.engine,  # the older name of "engine", kept for scripts that read it
         "size_uncompressed": outcome.sizes.uncompressed if outcome.sizes else None,
         "size_compressed": outcome.sizes.compressed if outcome.sizes else None,
         "seconds": round(r.seconds, 2), "steps_run": r.run_steps, "steps_cached": r.cached_steps,
@@ -164,32 +168,33 @@ def cmd_build(args: argparse.Namespace, out: Out) -> int:
 
 def cmd_build_matrix(args: argparse.Namespace, out: Out) -> int:
     """build --all / --variant: the matrix's variants, N at a time, one summary at the end."""
+    from buildkit_py import pipeline
     from buildkit_py.engine import select_engine
     from buildkit_py.engine.matrix_build import BuildHooks, build_all, build_report, summary_lines
+    from buildkit_py.pipeline.locks import use_lock
     from buildkit_py.plan import matrix as mx
-    from buildkit_py.plan.lock import use_lock
 
     if args.all and args.variant:
         raise UsageError("use --all or --variant, not both")
-    matrix = mx.load_matrix(args.recipe)
+    matrix = pipeline.load_matrix(args.recipe, offline=getattr(args, "offline", False))
     mx.select_variants(matrix, tuple(args.variant), jobs=args.jobs, tags=tuple(args.tag))  # before any output
     for w in mx.dropped_warnings(matrix):
         out.warn(w)
-    backend = select_engine(args.backend, builder=args.builder)
+    engine = select_engine(args.engine, builder=args.builder)
     options = _build_options(args)
     lock_mode = _lock_mode(args)
 
     def prepare(variant, plan):
-        locked = use_lock(plan, mode=lock_mode, variant=variant.id, ca_cert=args.ca_cert, engine=backend)
+        locked = use_lock(plan, mode=lock_mode, variant=variant.id, ca_cert=args.ca_cert, engine=engine)
         for w in [pw.render() for pw in plan.warnings] + list(locked.warnings):
             out.warn(f"[{variant.id}] {w}")
         return locked.plan
 
     out.info(f"building {'all ' if args.all else ''}{len(args.variant) or len(matrix.variants)} variant(s) of "
-             f"{matrix.name} with the {backend.describe()}, {args.jobs} at a time")
+             f"{matrix.name} with the {engine.describe()}, {args.jobs} at a time")
     with StepView.for_option(out.stderr, args.progress) as view:
         hooks = BuildHooks(on_line=lambda vid, line: view.line(line, vid), on_event=view.note, prepare=prepare)
-        result = build_all(matrix, backend, options, jobs=args.jobs, registry=args.registry,
+        result = build_all(matrix, engine, options, jobs=args.jobs, registry=args.registry,
                            variant_ids=tuple(args.variant), tags=tuple(args.tag), hooks=hooks)
     if args.json:
         out.data(build_report(result))

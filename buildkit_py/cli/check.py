@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from buildkit_py import label_keys as K
 from buildkit_py.cli.common import AddCommand, Out, image_labels, is_recipe, json_option, reading_engine
 from buildkit_py.errors import ExitStatus, UsageError
 
@@ -90,14 +91,12 @@ def _host_driver(args: argparse.Namespace, cuda: str) -> HostDriver:
 
 def _cuda_of_target(engine: Engine | None, target: str) -> tuple[str, str]:
     if is_recipe(target):
-        from buildkit_py.compat.resolve import resolve
-        from buildkit_py.recipe.model import load_recipe
+        from buildkit_py import pipeline
 
-        res = resolve(load_recipe(Path(target)))
-        return res.cuda_version, f"recipe {target}"
+        return pipeline.plan_recipe(Path(target), offline=True).resolution.cuda_version, f"recipe {target}"
     labels, env = image_labels(engine, target)
-    cuda = labels.get("io.imgbuild.cuda.version") or env.get("CUDA_VERSION")
+    cuda = labels.get(K.CUDA_VERSION) or env.get("CUDA_VERSION")
     if not cuda:
-        raise UsageError(f"image {target} has no io.imgbuild.cuda.version label and no CUDA_VERSION env",
+        raise UsageError(f"image {target} has no {K.CUDA_VERSION} label and no CUDA_VERSION env",
                          hint="check it with --cuda VERSION")
     return cuda, f"image {target}"

@@ -17,10 +17,8 @@ from typing import IO, TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from rich.console import Console
 
-    from buildkit_py.compat.rules import PinLookup
     from buildkit_py.engine import Engine
     from buildkit_py.plan.build_plan import BuildPlan
-    from buildkit_py.recipe.model import Recipe
     from buildkit_py.text_table import Block
 
 JSON_SCHEMA = 1  # the version of the --json contract (README, CLI reference: "The --json contract")
@@ -143,8 +141,10 @@ def network_option(sp: argparse.ArgumentParser, default: str | None, help_text: 
 def engine_options(sp: argparse.ArgumentParser) -> None:
     from buildkit_py.engine.registry import kind_names, kinds_help
 
-    sp.add_argument("--engine", "--backend", dest="backend", choices=kind_names(), default=None,
+    sp.add_argument("--engine", dest="engine", choices=kind_names(), default=None,
                     help=f"{kinds_help()}; also $IMGBUILD_ENGINE")
+    # the older name of --engine, still taken so scripts keep working; one word in --help
+    sp.add_argument("--backend", dest="engine", choices=kind_names(), help=argparse.SUPPRESS)
     sp.add_argument("--builder", help="buildx builder to use (remote or Kubernetes BuildKit)")
 
 
@@ -185,46 +185,16 @@ def is_recipe(target: str) -> bool:
 
 
 def plan_recipe(args: argparse.Namespace, recipe_path: Path, out: Out | None = None) -> BuildPlan:
-    from buildkit_py.compat.resolve import resolve_with_base
-    from buildkit_py.plan.build_plan import make_plan
-    from buildkit_py.recipe.model import load_recipe
+    """The pipeline's plan of a recipe, with this command's options: its tags and registry, and the
+    look-up of a pin newer than the shipped data (--offline, --index-url, --pip-config)."""
+    from buildkit_py import pipeline
 
-    recipe = load_recipe(recipe_path)
-    lookup = _look_up_newer_pins(args, recipe, Out(sys.stdout, sys.stderr) if out is None else out)
-    return make_plan(recipe, tags=tuple(getattr(args, "tag", []) or ()), registry=getattr(args, "registry", None),
-                     resolution=resolve_with_base(recipe, lookup=lookup))
-
-
-def _look_up_newer_pins(args: argparse.Namespace, recipe: Recipe, out: Out) -> PinLookup | None:
-    """A torch pin the shipped data lacks: read it from the package index (cached) before resolving,
-    unless --offline. Only then is the index client imported. Returns what the look-up did, so the
-    resolver's refusal says why (None: nothing needed looking up)."""
-    if not recipe.torch or not hasattr(args, "offline"):
-        return None
-    from buildkit_py.compat import tables
-    from buildkit_py.compat.rules import PinLookup
-
-    try:
-        tables.torch_release(recipe.torch)
-        return None
-    except LookupError:
-        pass
-    if args.offline:
-        return PinLookup(offline=True)  # the resolver's error says what the shipped data and the cache lack
-    from buildkit_py.compat import index, live
-    from buildkit_py.errors import PackageIndexError
-
-    settings = index.index_settings(index_url=args.index_url,
-                                    pip_config=str(args.pip_config) if args.pip_config else None)
-    try:
-        note = live.ensure_torch(recipe.torch, settings, offline=False)
-    except (PackageIndexError, LookupError) as exc:
-        reason = str(exc).strip(chr(39))
-        out.warn(f"torch {recipe.torch} is not in imgbuild's compatibility data and could not be looked up: {reason}")
-        return PinLookup(failure=reason)
-    if note:
-        out.info(note)
-    return None
+    out = Out(sys.stdout, sys.stderr) if out is None else out
+    pip_config = getattr(args, "pip_config", None)
+    return pipeline.plan_recipe(recipe_path, tags=tuple(getattr(args, "tag", []) or ()),
+                                registry=getattr(args, "registry", None), offline=getattr(args, "offline", True),
+                                index_url=getattr(args, "index_url", None),
+                                pip_config=str(pip_config) if pip_config else None, warn=out.warn, note=out.info)
 
 
 def reading_engine(args: argparse.Namespace) -> Engine:
@@ -235,7 +205,7 @@ def reading_engine(args: argparse.Namespace) -> Engine:
     reached when first used. Commands call it once and pass the engine down."""
     from buildkit_py.engine import engine_for_reading
 
-    return engine_for_reading(getattr(args, "backend", None))
+    return engine_for_reading(getattr(args, "engine", None))
 
 
 def image_labels(engine: Engine | None, ref: str) -> tuple[dict[str, str], dict[str, str]]:

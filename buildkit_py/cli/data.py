@@ -44,7 +44,8 @@ def register(add: AddCommand) -> None:
 def cmd_data(args: argparse.Namespace, out: Out) -> int:
     import datetime
 
-    from buildkit_py.compat import live, tables
+    from buildkit_py.compat import tables
+    from buildkit_py.pipeline import lookups as live
 
     if args.data_command == "refresh":
         return cmd_data_refresh(args, out)

@@ -7,13 +7,15 @@ import argparse
 from buildkit_py.cli.common import AddCommand, Out, json_option, progress_option, rate_options, reading_engine
 from buildkit_py.cli.progress import transfer_view
 from buildkit_py.errors import UsageError
+from buildkit_py.file_kinds import WEIGHT_FILE_LIMIT
 
 
 def register_inspect(add: AddCommand) -> None:
     i = add("inspect")
     i.add_argument("image", help="a local image (name:tag or id)")
     rate_options(i)
-    i.add_argument("--weight-threshold", default="10MiB", help="flag weight-like files above this size (default 10MiB)")
+    i.add_argument("--weight-threshold", default=f"{WEIGHT_FILE_LIMIT >> 20}MiB",
+                   help="flag weight-like files above this size (default %(default)s)")
     i.add_argument("--no-compressed", action="store_true", help="skip the gzip estimate (faster on big images)")
     json_option(i)
     progress_option(i, "bytes of the image read")

@@ -31,10 +31,12 @@ def register(add: AddCommand) -> None:
 def cmd_lock(args: argparse.Namespace, out: Out) -> int:
     import time
 
+    from buildkit_py import pipeline
+    from buildkit_py.pipeline import locks
     from buildkit_py.plan import lock
     from buildkit_py.plan import matrix as mx
 
-    matrix = mx.load_matrix(args.recipe)
+    matrix = pipeline.load_matrix(args.recipe, offline=getattr(args, "offline", False))
     mx.require_variants(matrix, "lock")
     if [v.source for v in matrix.variants] == ["recipe"]:  # no matrix: the plan `build` makes
         plans = {lock.DEFAULT_VARIANT: plan_recipe(args, args.recipe)}
@@ -42,22 +44,22 @@ def cmd_lock(args: argparse.Namespace, out: Out) -> int:
         plans = {v.id: mx.variant_plan(v) for v in matrix.variants}
     started = time.monotonic()
     with Activity.for_option(out.stderr, args.progress) as activity:
-        data = lock.lock_recipe(plans, ca_cert=args.ca_cert, engine=reading_engine(args), on_status=activity)
+        data = locks.lock_recipe(plans, ca_cert=args.ca_cert, engine=reading_engine(args), on_status=activity)
     path = lock.lock_path(args.recipe)
     changed = lock.write_lock(path, lock.dump_lock(data))
     seconds = time.monotonic() - started
-    for vid, variant in data["variants"].items():
+    for vid, variant in data.variants.items():
         for note in lock.variant_notes(variant):
             out.warn(note if len(plans) == 1 else f"[{vid}] {note}")
     if args.json:
         out.data({"lock": str(path), "changed": changed, "seconds": round(seconds, 2), "variants": {
-            vid: {"packages": v["packages"], "bases": v["bases"], "notes": lock.variant_notes(v)}
-            for vid, v in data["variants"].items()}})
+            vid: {"packages": v.packages_json(), "bases": v.bases_json(), "notes": lock.variant_notes(v)}
+            for vid, v in data.variants.items()}})
         return 0
-    for vid, variant in data["variants"].items():
-        count = sum(len(p) for p in variant["packages"].values())
-        pinned = sum(1 for b in variant["bases"].values() if b.get("digest"))
-        what = f"{count} packages, {pinned}/{len(variant['bases'])} bases by digest"
+    for vid, variant in data.variants.items():
+        count = sum(len(p) for p in variant.packages.values())
+        pinned = sum(1 for b in variant.bases.values() if b.digest)
+        what = f"{count} packages, {pinned}/{len(variant.bases)} bases by digest"
         out.line(what if len(plans) == 1 else f"  {vid}: {what}")
     out.line(f"{'wrote' if changed else 'unchanged'} {path} ({len(plans)} variant{'s' if len(plans) > 1 else ''}, "
              f"{seconds:.1f}s)")

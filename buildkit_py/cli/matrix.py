@@ -36,6 +36,7 @@ def register(add: AddCommand) -> None:
 
 
 def cmd_matrix(args: argparse.Namespace, out: Out) -> int:
+    from buildkit_py import pipeline
     from buildkit_py.plan import matrix as mx
 
     if args.json and args.format not in (None, "json"):
@@ -47,7 +48,7 @@ def cmd_matrix(args: argparse.Namespace, out: Out) -> int:
         raise UsageError("--format bake writes a folder: the bake file, its compose.yaml and each target's "
                          "build context (files imgbuild writes, e.g. .imgbuild/empty and lock requirements)",
                          hint="add -o DIR, then run `docker buildx bake` in DIR")
-    matrix = mx.load_matrix(args.recipe)
+    matrix = pipeline.load_matrix(args.recipe, offline=getattr(args, "offline", False))
     mx.require_variants(matrix, {"github": "put in a GitHub Actions matrix", "gitlab": "put in a GitLab matrix",
                                  "bake": "bake"}.get(fmt, "list"))
     if fmt != "text":
@@ -70,8 +71,8 @@ def cmd_matrix(args: argparse.Namespace, out: Out) -> int:
 
 
 def _write_bake(args: argparse.Namespace, matrix: Matrix, out: Out) -> None:
-    from buildkit_py.plan import matrix as mx
-    from buildkit_py.plan.lock import use_lock
+    from buildkit_py.engine import bake
+    from buildkit_py.pipeline.locks import use_lock
 
     def prepare(variant: Variant, plan: BuildPlan) -> BuildPlan:  # a lock beside the recipe: as build --all uses it
         locked = use_lock(plan, variant=variant.id, ca_cert=args.ca_cert)
@@ -79,7 +80,7 @@ def _write_bake(args: argparse.Namespace, matrix: Matrix, out: Out) -> None:
             out.warn(f"[{variant.id}] {w}")
         return locked.plan
 
-    written = mx.write_bake(matrix, args.output, registry=args.registry, ca_cert=args.ca_cert,
+    written = bake.write_bake(matrix, args.output, registry=args.registry, ca_cert=args.ca_cert,
                             pip_config=args.pip_config, push=args.push, prepare=prepare)
     for path in written:
         out.info(f"wrote    {path}")

@@ -107,7 +107,7 @@ def driver_summary(res: dict) -> str:
 
 
 def cmd_lint(args: argparse.Namespace, out: Out) -> int:
-    from buildkit_py.analysis.lint import lint_recipe
+    from buildkit_py.pipeline import lint_recipe
 
     report = lint_recipe(args.recipe, hadolint=None if args.no_hadolint else "auto")
     if args.json:

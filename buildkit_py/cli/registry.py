@@ -67,7 +67,7 @@ def cmd_login(args: argparse.Namespace, out: Out) -> int:
 
 def cmd_mirror(args: argparse.Namespace, out: Out) -> int:
     from buildkit_py import oci
-    from buildkit_py.compat.resolve import mirrored_ref
+    from buildkit_py.compat.rules import mirrored_ref
 
     if bool(args.dest) == bool(args.to_mirror):
         raise UsageError("mirror needs DEST or --to-mirror PREFIX (one of them)")

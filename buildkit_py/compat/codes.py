@@ -8,17 +8,32 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-TORCH_FROM_INDEX = "torch-from-index"
-CUDA_TWICE = "cuda-twice"
-BNB_INT8_ARCH = "bitsandbytes-int8-arch"
-EOL_IMAGE = "eol-image"
-DEVEL_WITHOUT_COMPILE = "devel-without-compile"
-JIT_WITHOUT_RUNTIME_COMPILE = "jit-without-runtime-compile"
-RUNTIME_COMPILE_WITHOUT_NVCC = "runtime-compile-without-nvcc"
-WEIGHTS_IN_COPY = "weights-in-copy"
+from buildkit_py.text_enum import TextEnum
+
+
+class WarningCode(TextEnum):
+    """The codes of the resolver's and the plan's warnings; CODES says what each means."""
+
+    TORCH_FROM_INDEX = "torch-from-index"
+    CUDA_TWICE = "cuda-twice"
+    BNB_INT8_ARCH = "bitsandbytes-int8-arch"
+    EOL_IMAGE = "eol-image"
+    DEVEL_WITHOUT_COMPILE = "devel-without-compile"
+    JIT_WITHOUT_RUNTIME_COMPILE = "jit-without-runtime-compile"
+    RUNTIME_COMPILE_WITHOUT_NVCC = "runtime-compile-without-nvcc"
+    WEIGHTS_IN_COPY = "weights-in-copy"
+
+
+# The rules name their codes by these (codes.CUDA_TWICE).
+TORCH_FROM_INDEX, CUDA_TWICE = WarningCode.TORCH_FROM_INDEX, WarningCode.CUDA_TWICE
+BNB_INT8_ARCH, EOL_IMAGE = WarningCode.BNB_INT8_ARCH, WarningCode.EOL_IMAGE
+DEVEL_WITHOUT_COMPILE = WarningCode.DEVEL_WITHOUT_COMPILE
+JIT_WITHOUT_RUNTIME_COMPILE = WarningCode.JIT_WITHOUT_RUNTIME_COMPILE
+RUNTIME_COMPILE_WITHOUT_NVCC = WarningCode.RUNTIME_COMPILE_WITHOUT_NVCC
+WEIGHTS_IN_COPY = WarningCode.WEIGHTS_IN_COPY
 
 # code -> what it means (the README's table is checked against this one).
-CODES: dict[str, str] = {
+CODES: dict[WarningCode, str] = {
     TORCH_FROM_INDEX: "the torch pin is newer than the shipped data; its CUDA variant, pins and Python range "
                       "come from the package index (or its cache)",
     CUDA_TWICE: "torch brings its CUDA libraries as wheels and the nvidia/cuda base carries them again",
@@ -37,7 +52,7 @@ class RecipeWarning:
     """One warning: ``code`` (a key of ``CODES``), the recipe ``key`` it is about (None: the
     recipe as a whole), the ``message`` a person reads and, where there is one, a ``hint``."""
 
-    code: str
+    code: WarningCode
     key: str | None
     message: str
     hint: str | None = None
@@ -45,6 +60,7 @@ class RecipeWarning:
     def __post_init__(self) -> None:
         if self.code not in CODES:
             raise ValueError(f"unknown warning code {self.code!r}: add it to compat.codes.CODES and the README")
+        object.__setattr__(self, "code", WarningCode(self.code))  # a word (a test's, a rewording's): the member
 
     def render(self) -> str:
         """One line for a terminal: ``[code] message (hint)``."""

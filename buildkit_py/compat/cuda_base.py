@@ -10,12 +10,14 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from buildkit_py import oci
+from buildkit_py import label_keys as K
+from buildkit_py import reference
 from buildkit_py.errors import UsageError
+from buildkit_py.recipe.model import CudaFlavor
 
 # nvidia/cuda tags: 12.4.1-cudnn-runtime-ubuntu22.04, 11.8.0-cudnn8-devel-ubuntu22.04, 12.4.1-base-ubuntu22.04
-_TAG_RE = re.compile(r"^(?P<cuda>\d+\.\d+(?:\.\d+)?)-(?:(?P<cudnn>cudnn\d*)-)?(?P<flavor>base|runtime|devel)-"
-                     r"(?P<os>[a-z]+\d+(?:\.\d+)?)\Z")
+_TAG_RE = re.compile(r"^(?P<cuda>\d+\.\d+(?:\.\d+)?)-(?:(?P<cudnn>cudnn\d*)-)?"
+                     rf"(?P<flavor>{'|'.join(CudaFlavor.words())})-(?P<os>[a-z]+\d+(?:\.\d+)?)\Z")
 # NVIDIA's own Dockerfiles (gitlab.com/nvidia/container-images/cuda dist/<ver>/<os>/<flavor>): the
 # runtime tier sets NV_LIBCUBLAS_VERSION (and NCCL's), the devel tier NV_CUDA_CUDART_DEV_VERSION,
 # the cuDNN variants NV_CUDNN_VERSION; every tier sets CUDA_VERSION.
@@ -31,15 +33,15 @@ class CudaBase:
     """CUDA facts of a base: ``cuda`` (X.Y or X.Y.Z) None where none was found; ``flavor`` and
     ``cudnn`` (a major) None where unknown; ``evidence`` says where they were read."""
     cuda: str | None
-    flavor: str | None
+    flavor: str | None  # a CudaFlavor word from a tag or NVIDIA's env; an imgbuild label's word as written
     cudnn: str | None
     os: str | None
     evidence: str
 
 
-def _parse(ref: str) -> oci.Reference | None:
+def _parse(ref: str) -> reference.Reference | None:
     try:
-        return oci.parse_reference(ref)
+        return reference.parse_reference(ref)
     except UsageError:
         return None
 
@@ -61,18 +63,18 @@ def from_tag(ref: str) -> CudaBase | None:
 def plain_os_image(ref: str) -> bool:
     """An official OS or Python image of Docker Hub (debian, ubuntu, python, ...): no CUDA inside."""
     parsed = _parse(ref)
-    return parsed is not None and parsed.registry == oci.DOCKER_HUB and bool(_PLAIN_OS.match(parsed.repository))
+    return parsed is not None and parsed.registry == reference.DOCKER_HUB and bool(_PLAIN_OS.match(parsed.repository))
 
 
 def from_config(labels: dict[str, str], env: dict[str, str]) -> CudaBase:
     """From a base's config: imgbuild's labels first, then NVIDIA's env."""
-    if "io.imgbuild.cuda.version" in labels:
-        return CudaBase(labels["io.imgbuild.cuda.version"], labels.get("io.imgbuild.cuda.flavor"),
-                        labels.get("io.imgbuild.cudnn.version"), labels.get("io.imgbuild.os"), "its io.imgbuild labels")
+    if K.CUDA_VERSION in labels:
+        return CudaBase(labels[K.CUDA_VERSION], labels.get(K.CUDA_FLAVOR), labels.get(K.CUDNN_VERSION),
+                        labels.get(K.OS), "its io.imgbuild labels")
     cuda = env.get("CUDA_VERSION")
     if not cuda:
-        return CudaBase(None, None, None, None, "its config (no io.imgbuild.cuda.version label, no CUDA_VERSION env)")
-    flavor = "devel" if _DEVEL_ENV in env else "runtime" if _RUNTIME_ENV in env else "base"
+        return CudaBase(None, None, None, None, f"its config (no {K.CUDA_VERSION} label, no CUDA_VERSION env)")
+    flavor = CudaFlavor.DEVEL if _DEVEL_ENV in env else CudaFlavor.RUNTIME if _RUNTIME_ENV in env else CudaFlavor.BASE
     cudnn = env.get("NV_CUDNN_VERSION", "").split(".")[0] or None
     return CudaBase(cuda, flavor, cudnn, None, "its env (CUDA_VERSION and NVIDIA's NV_* variables)")
 

@@ -16,7 +16,6 @@ the stdlib ``urllib`` is used: nothing here may slow down ``import buildkit_py``
 
 from __future__ import annotations
 
-import configparser
 import email.parser
 import io
 import json
@@ -36,6 +35,7 @@ from urllib.parse import urldefrag, urljoin, urlsplit
 from packaging.utils import canonicalize_name, parse_sdist_filename, parse_wheel_filename
 from packaging.version import InvalidVersion, Version
 
+from buildkit_py.compat.pip_config import pip_configs, read_pip_config
 from buildkit_py.errors import PackageIndexError
 
 PYPI = "https://pypi.org/simple/"
@@ -404,44 +404,23 @@ class IndexSettings:
     source: str     # where the URL came from: "PIP_INDEX_URL", a config file path, "--index-url", "default (PyPI)"
 
 
-def _pip_config_files(env: dict[str, str], home: str) -> list[str]:
-    """pip's configuration files, in the order pip loads them (later ones win)."""
-    cfg = env.get("PIP_CONFIG_FILE")
-    if cfg == os.devnull:
-        return []    # pip: PIP_CONFIG_FILE=os.devnull switches every config file off
-    xdg_dirs = (env.get("XDG_CONFIG_DIRS") or "/etc/xdg").split(os.pathsep)
-    files = [os.path.join(d, "pip", "pip.conf") for d in reversed(xdg_dirs)] + ["/etc/pip.conf"]
-    xdg_home = env.get("XDG_CONFIG_HOME") or os.path.join(home, ".config")
-    files += [os.path.join(home, ".pip", "pip.conf"), os.path.join(xdg_home, "pip", "pip.conf")]
-    venv = env.get("VIRTUAL_ENV")
-    if venv:
-        files.append(os.path.join(venv, "pip.conf"))
-    if cfg:
-        files.append(cfg)
-    return files
-
-
 def index_settings(*, index_url: str | None = None, pip_config: str | None = None,
                    env: dict[str, str] | None = None) -> IndexSettings:
     """The index pip would use: ``--index-url``, then ``PIP_INDEX_URL``, then ``--pip-config`` FILE
     (imgbuild's own option, the file pip steps get), then pip's config files ([global], [install]);
-    PyPI otherwise. The CA bundle likewise from ``PIP_CERT`` / ``cert =``."""
+    PyPI otherwise. The CA bundle likewise from ``PIP_CERT`` / ``cert =``. The files are read by
+    compat/pip_config.py, as pip and the uv translation read them: PipConfigError (exit 2) for
+    a file pip would refuse, or a --pip-config that cannot be read."""
     env = dict(os.environ if env is None else env)
-    files = [pip_config] if pip_config else _pip_config_files(env, env.get("HOME") or os.path.expanduser("~"))
+    configs = ([read_pip_config(pip_config, what="--pip-config")] if pip_config
+               else pip_configs(env, env.get("HOME") or os.path.expanduser("~")))
     url = cafile = None
     where = "default (PyPI)"
-    for path in files:
-        parser = configparser.RawConfigParser()
-        try:
-            if not parser.read(path, encoding="utf-8"):
-                continue
-        except configparser.Error as exc:
-            raise PackageIndexError(f"pip configuration {path} cannot be parsed: {exc}") from None
-        for section in ("global", "install"):
-            if parser.has_option(section, "index-url"):
-                url, where = parser.get(section, "index-url").strip(), path
-            if parser.has_option(section, "cert"):
-                cafile = parser.get(section, "cert").strip()
+    for config in configs:
+        if (found := config.value("index-url")) is not None:
+            url, where = found.strip(), config.path
+        if (found := config.value("cert")) is not None:
+            cafile = found.strip()
     if not pip_config and env.get("PIP_INDEX_URL"):
         url, where = env["PIP_INDEX_URL"].strip(), "PIP_INDEX_URL"
     if env.get("PIP_CERT"):

@@ -10,13 +10,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from buildkit_py.compat import bases, rules
+from buildkit_py.compat import rules
 from buildkit_py.compat.bases import BaseFacts
 from buildkit_py.compat.codes import RecipeWarning
-from buildkit_py.compat.rules import mirrored_ref
 from buildkit_py.compat.tables import NativeEvidence, known_native_driver
 from buildkit_py.errors import CompatibilityError, CompatibilityErrors
-from buildkit_py.recipe.model import Recipe
+from buildkit_py.recipe.model import CudaFlavor, CudaSource, Recipe
 
 # Pins whose wheels are large and change rarely: they get a layer of their own, before
 # the other pins, so a change to a small pin does not re-download them.
@@ -29,13 +28,13 @@ HEAVY_PACKAGES = frozenset({
 @dataclass(frozen=True)
 class Resolution:
     cuda_version: str  # full toolkit version, e.g. 12.4.1
-    cuda_flavor: str
-    cuda_source: str
+    cuda_flavor: CudaFlavor
+    cuda_source: CudaSource
     min_driver: str | None  # the native floor; None where NVIDIA publishes none for the minor
     min_driver_compat: str | None
     cudnn: str | None
     python: str
-    python_provider: str  # os | deadsnakes | image | base (an imgbuild base: Python and venv present)
+    python_provider: rules.PythonProvider
     os: str | None
     base_image: str  # FROM of the final stage
     builder_image: str | None  # FROM of the compile stage, when one is needed
@@ -74,12 +73,14 @@ class Resolution:
         return f"{self.torch}+{self.torch_variant}" if self.torch_variant else self.torch
 
 
-def resolve(recipe: Recipe, base: BaseFacts | None = None, lookup: rules.PinLookup | None = None) -> Resolution:
-    """``base``: the facts of the final stage's base read from its registry (compat/bases.py),
-    or None where it is not looked up; ``lookup``: what the plan-time look-up of a pin newer than
-    the data did (its refusal then says why). Each rule gets what the rules before it decided; the
-    rules that do not depend on each other all run, so every independent problem is reported at once."""
-    cuda, cudnn, py, torch, archs = _independent_parts(recipe, base, lookup)
+def resolve(recipe: Recipe, base: BaseFacts | None = None, looked_up: rules.LookedUp | None = None) -> Resolution:
+    """A pure function of its arguments: the same recipe and facts give the same resolution, with no
+    registry, index or home folder read here. ``base``: the facts of the final stage's base read
+    from its registry (pipeline.bases), or None where it is not looked up; ``looked_up``: what the
+    plan-time look-up found beyond the shipped data (torch releases newer than it) and did. Each
+    rule gets what the rules before it decided; the rules that do not depend on each other all
+    run, so every independent problem is reported at once."""
+    cuda, cudnn, py, torch, archs = _independent_parts(recipe, base, looked_up or rules.LookedUp())
     flash_attn = rules.flash_attn_rule(recipe, cuda.version, py.python, torch.version, archs.requested)
     bnb_warnings = rules.bitsandbytes_rule(recipe, cuda.version, py.python, torch.version, archs.requested)
     compile_ = frozenset(recipe.build.from_source) | flash_attn.compile
@@ -115,7 +116,7 @@ def resolve(recipe: Recipe, base: BaseFacts | None = None, lookup: rules.PinLook
     )
 
 
-def _independent_parts(recipe: Recipe, base: BaseFacts | None, lookup: rules.PinLookup | None):
+def _independent_parts(recipe: Recipe, base: BaseFacts | None, looked_up: rules.LookedUp):
     """CUDA, cuDNN, Python, torch and the architectures: each rule runs when what it needs was decided,
     and every problem found is raised together (CompatibilityErrors), not the first one alone."""
     problems: list[CompatibilityError] = []
@@ -130,33 +131,13 @@ def _independent_parts(recipe: Recipe, base: BaseFacts | None, lookup: rules.Pin
     cuda = attempt(rules.cuda_rule, recipe, base)
     py = attempt(rules.python_rule, recipe, base)
     # every pin of a release the data lacks, not only the first (a list: all() would stop at one)
-    known = all([attempt(check, recipe, *extra) is not None for check, extra in rules.release_checks(recipe, lookup)])
+    checks = rules.release_checks(recipe, looked_up)
+    known = all([attempt(check, recipe, *extra) is not None for check, extra in checks])
     cudnn = attempt(rules.cudnn_rule, recipe, cuda.version) if cuda else None
     archs = attempt(rules.arch_rule, recipe, cuda.version) if cuda else None
     torch = None
     if cuda and py and known and not problems:
-        torch = attempt(rules.torch_rule, recipe, cuda.version, py.python, cudnn, lookup)
+        torch = attempt(rules.torch_rule, recipe, cuda.version, py.python, cudnn, looked_up)
     if problems:
         raise problems[0] if len(problems) == 1 else CompatibilityErrors(problems)
     return cuda, cudnn, py, torch, archs
-
-
-def resolve_with_base(recipe: Recipe, *, client=None, cache: dict[str, BaseFacts | None] | None = None,
-                      lookup: rules.PinLookup | None = None) -> Resolution:
-    """Resolve against the final base's own facts (labels, env) when it sits in a named
-    registry: a shared base built by imgbuild says its OS and Python in its labels. Every
-    command that resolves a recipe (plan, build, matrix, lock) goes through here. ``cache``
-    (base ref -> facts) lets a matrix look each base up once."""
-    if recipe.base.image:
-        base_ref = mirrored_ref(recipe.base.image, recipe.base.mirror)
-    elif recipe.base.mirror:
-        base_ref = resolve(recipe, lookup=lookup).base_image  # an nvidia/cuda tag under the mirror
-    else:
-        return resolve(recipe, lookup=lookup)  # nvidia/cuda on Docker Hub: nothing to look up
-    if cache is not None and base_ref in cache:
-        facts = cache[base_ref]
-    else:
-        facts = bases.base_facts_for(recipe, base_ref, client=client)
-        if cache is not None:
-            cache[base_ref] = facts
-    return resolve(recipe, base=facts, lookup=lookup)

@@ -31,12 +31,14 @@ from packaging.specifiers import SpecifierSet
 from packaging.version import InvalidVersion, Version
 
 from buildkit_py import compat
+from buildkit_py import label_keys as K
 from buildkit_py.compat import codes, cuda_base, torch_pins
 from buildkit_py.compat.bases import BaseFacts
 from buildkit_py.compat.codes import RecipeWarning
 from buildkit_py.compat.tables import BnbRelease, FlashAttnRelease, Toolkit, TorchRelease, WheelSet
 from buildkit_py.errors import CompatibilityError, RecipeLocation
-from buildkit_py.recipe.model import Recipe, pin_name
+from buildkit_py.recipe.model import CudaFlavor, Recipe, pin_name
+from buildkit_py.text_enum import TextEnum
 
 # The Python each OS ships as python3 (Debian and Ubuntu package archives).
 OS_PYTHON = {
@@ -82,10 +84,19 @@ class CudaPart:
         return self.toolkit.version
 
 
+class PythonProvider(TextEnum):
+    """Who provides the image's Python (python_rule)."""
+
+    OS = "os"  # the OS's own python3
+    DEADSNAKES = "deadsnakes"  # Ubuntu's deadsnakes PPA
+    IMAGE = "image"  # a python:X.Y base image
+    BASE = "base"  # an imgbuild base: Python and venv present
+
+
 @dataclass(frozen=True)
 class PythonPart:
     python: str
-    provider: str  # os | deadsnakes | image | base
+    provider: PythonProvider
     os: str | None
 
 
@@ -432,35 +443,35 @@ def python_rule(recipe: Recipe, base: BaseFacts | None) -> PythonPart:
     facts = base
     os_name = detect_os(recipe)
     if os_name is None and facts is not None:
-        os_name = facts.labels.get("io.imgbuild.os")
+        os_name = facts.labels.get(K.OS)
     python = recipe.python
-    base_python = facts.labels.get("io.imgbuild.python.version") if facts is not None else None
+    base_python = facts.labels.get(K.PYTHON_VERSION) if facts is not None else None
     py_image = _PYTHON_IMAGE.search(recipe.base.image or "")
     if facts is not None and base_python:
         if base_python != python:
             raise _fail(recipe, "python", "python", python, "base.image", f"{facts.ref} (python {base_python})",
                         f"the base image was built with Python {base_python}",
                         hint=f"use python: \"{base_python}\" or a base built for Python {python}")
-        return PythonPart(python, "base", os_name)
+        return PythonPart(python, PythonProvider.BASE, os_name)
     if py_image:
         if py_image.group(2) != python:
             raise _fail(recipe, "python", "python", python, "base.image", recipe.base.image or "",
                         f"the image ships Python {py_image.group(2)}",
                         hint=f"use python: \"{py_image.group(2)}\" or a python:{python} image")
-        return PythonPart(python, "image", os_name)
+        return PythonPart(python, PythonProvider.IMAGE, os_name)
     return PythonPart(python, _os_python_provider(recipe, os_name), os_name)
 
 
-def _os_python_provider(recipe: Recipe, os_name: str | None) -> str:
+def _os_python_provider(recipe: Recipe, os_name: str | None) -> PythonProvider:
     python = recipe.python
     if os_name is None:
         raise _fail(recipe, "base.image", "base.image", recipe.base.image or "", "python", python,
                     "imgbuild cannot tell which OS (and so which Python) this image has",
                     hint="set base.os (e.g. debian12, ubuntu22.04) for this image")
     if OS_PYTHON.get(os_name) == python:
-        return "os"
+        return PythonProvider.OS
     if os_name.startswith("ubuntu"):
-        return "deadsnakes"  # Ubuntu's PPA packages every maintained Python for each LTS
+        return PythonProvider.DEADSNAKES  # Ubuntu's PPA packages every maintained Python for each LTS
     raise _fail(recipe, "python", "python", python, "os", os_name,
                 f"{os_name} ships Python {OS_PYTHON.get(os_name, '?')} and no other",
                 hint=f"use python: \"{OS_PYTHON.get(os_name)}\", an Ubuntu base, or a python:{python} base image")
@@ -468,21 +479,24 @@ def _os_python_provider(recipe: Recipe, os_name: str | None) -> str:
 
 # ----------------------------------------------------------------------------- 4. torch
 @dataclass(frozen=True)
-class PinLookup:
-    """What the plan-time look-up of a pin the shipped data lacks did (``compat.live``): never asked
-    (``offline``), or asked and failed (``failure``: the index's answer). The default: not known."""
+class LookedUp:
+    """Facts the plan-time look-up found beyond the shipped data, passed in (the resolver reads no
+    cache): ``torch`` releases newer than the data (read from the package index, ``from_cache`` set),
+    and what the look-up of a pin the data lacks did: never asked (``offline``), or asked and failed
+    (``failure``: the index's answer). The default: nothing looked up."""
+    torch: tuple[TorchRelease, ...] = ()
     offline: bool = False
     failure: str | None = None
 
 
 def torch_rule(recipe: Recipe, cuda: str, python: str, cudnn: str | None,
-               lookup: PinLookup | None = None) -> TorchPart:
+               looked_up: LookedUp | None = None) -> TorchPart:
     """torch: the build for the CUDA's variant (cu124), which must exist and accept the Python;
     taken from the Python registry when its default wheel is that variant, else from
     PyTorch's per-CUDA index."""
     if not recipe.torch:
         return TorchPart()
-    release = torch_release_rule(recipe, lookup)
+    release = torch_release_rule(recipe, looked_up)
     warnings: list[RecipeWarning] = []
     if release.from_cache:
         warnings.append(RecipeWarning(
@@ -512,13 +526,14 @@ def torch_rule(recipe: Recipe, cuda: str, python: str, cudnn: str | None,
     return TorchPart(release.version, wanted, index, tuple(warnings), release)
 
 
-def torch_release_rule(recipe: Recipe, lookup: PinLookup | None = None) -> TorchRelease:
+def torch_release_rule(recipe: Recipe, looked_up: LookedUp | None = None) -> TorchRelease:
     """The torch pin's release from the shipped data or the look-up cache. Unknown: a release near
     known ones is most likely a typo (never "newer than the data"); one newer than the data could
     not be looked up, and the hint says why (offline, or the index's answer)."""
     version = recipe.torch or ""
+    looked_up = looked_up or LookedUp()
     try:
-        return compat.torch_release(version)
+        return compat.torch_release(version, extra=looked_up.torch)
     except LookupError:
         pass
     known = [r.version for r in compat.torch_releases()]
@@ -533,12 +548,11 @@ def torch_release_rule(recipe: Recipe, lookup: PinLookup | None = None) -> Torch
         raise _fail(recipe, "torch", "torch", version, "imgbuild's torch data", compat.data_as_of(),
                     f"{version} is not a torch release imgbuild knows (known near it: {', '.join(near)})",
                     hint=f"use torch {nearest} (the nearest release), or the newest, {newest}")
-    lookup = lookup or PinLookup()
-    if lookup.offline:
+    if looked_up.offline:
         why = "--offline: the package index was not asked"
         how = "plan without --offline (the index reachable) to look it up"
-    elif lookup.failure:
-        why, how = f"the package index could not answer: {lookup.failure}", "check the version"
+    elif looked_up.failure:
+        why, how = f"the package index could not answer: {looked_up.failure}", "check the version"
     else:
         why, how = "it is not in the look-up cache", "plan with the package index reachable to look it up"
     raise _fail(recipe, "torch", "torch", version, "imgbuild's torch data", compat.data_as_of(),
@@ -546,13 +560,13 @@ def torch_release_rule(recipe: Recipe, lookup: PinLookup | None = None) -> Torch
                 hint=f"{how}, or use torch {newest} (the newest imgbuild knows)")
 
 
-def release_checks(recipe: Recipe, lookup: PinLookup | None = None) -> list[tuple[Any, tuple]]:
+def release_checks(recipe: Recipe, looked_up: LookedUp | None = None) -> list[tuple[Any, tuple]]:
     """The checks that a pinned torch, flash-attn or bitsandbytes is a release the data knows, each
     (function, extra args): they need nothing else decided, so resolve runs them beside the CUDA and
     Python rules and reports every unknown pin at once."""
     checks: list[tuple[Any, tuple]] = []
     if recipe.torch:
-        checks.append((torch_release_rule, (lookup,)))
+        checks.append((torch_release_rule, (looked_up,)))
     for name, table in (("flash-attn", compat.flash_attn_releases), ("bitsandbytes", compat.bitsandbytes_releases)):
         if (pin := _pin(recipe, name)) is not None:
             checks.append((_known_release, (f"pip[{pin[0]}]", name, pin[1], table)))
@@ -910,18 +924,18 @@ def base_rule(recipe: Recipe, base: BaseFacts | None, cuda: str, torch: TorchPar
     then pin it by digest. Not read (no registry named): the image as it is."""
     if base is None:
         return BasePart(base_image, None)
-    base_cuda = base.labels.get("io.imgbuild.cuda.version") or base.env.get("CUDA_VERSION")
+    base_cuda = base.labels.get(K.CUDA_VERSION) or base.env.get("CUDA_VERSION")
     if base_cuda and _mm(base_cuda) != _mm(cuda):
         what, version = ("torch", torch.label or "") if torch.version else ("cuda", cuda)
         raise _fail(recipe, "base.image", "base.image", f"{base.ref} (CUDA {base_cuda})", what, version,
                     f"the base carries CUDA {base_cuda} but this recipe needs CUDA {_mm(cuda)}",
                     hint=f"use cuda.version \"{_mm(base_cuda)}\" or a base built for CUDA {_mm(cuda)}")
-    base_tier = base.labels.get("io.imgbuild.cuda.flavor")
-    if base_tier in _TIER_RANK and _TIER_RANK[base_tier] > _TIER_RANK.get(recipe.cuda.flavor, 0):
+    base_tier = base.labels.get(K.CUDA_FLAVOR)
+    if base_tier in CudaFlavor.words() and CudaFlavor(base_tier).rank > recipe.cuda.flavor.rank:
         raise _fail(recipe, "cuda.flavor", "cuda.flavor", recipe.cuda.flavor, "base.image",
                     f"{base.ref} ({base_tier})", f"the base is the {base_tier} tier, so the image carries "
                     f"{base_tier} CUDA whatever this recipe says", hint=f"use cuda.flavor: {base_tier}")
-    base_torch = base.labels.get("io.imgbuild.torch.version")
+    base_torch = base.labels.get(K.TORCH_VERSION)
     if base_torch and torch.label and base_torch != torch.label:
         raise _fail(recipe, "torch", "base.image", f"{base.ref} (torch {base_torch})", "torch",
                     torch.label, "the base already has another torch build",
@@ -930,9 +944,6 @@ def base_rule(recipe: Recipe, base: BaseFacts | None, cuda: str, torch: TorchPar
 
 
 # ----------------------------------------------------------------------------- 11. CUDA wheels
-_TIER_RANK = {"base": 0, "runtime": 1, "devel": 2}
-
-
 def cuda_wheels_rule(recipe: Recipe, wheel_set: WheelSet | None, cuda: str, cudnn: str | None,
                      torch: TorchPart, base: BaseFacts | None = None) -> CudaWheelsPart:
     """The nvidia-* pins the final stage installs, and the CUDA_HOME tree a devel flavor gets: the
@@ -968,7 +979,7 @@ def cuda_wheels_rule(recipe: Recipe, wheel_set: WheelSet | None, cuda: str, cudn
 
 def _base_tier(facts: BaseFacts) -> str:
     """The tier an imgbuild base was built as (an unlabelled one: cudart only, the least it has)."""
-    return facts.labels.get("io.imgbuild.cuda.flavor", "base")
+    return facts.labels.get(K.CUDA_FLAVOR, "base")
 
 
 def _brought_extras(wheel_set: WheelSet, torch: TorchRelease | None, base: BaseFacts | None) -> frozenset[str]:

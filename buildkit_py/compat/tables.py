@@ -10,7 +10,6 @@ only; numbers live in ``data/*.json``.
 
 from __future__ import annotations
 
-import dataclasses
 import datetime
 import functools
 import json
@@ -24,7 +23,6 @@ from typing import Any
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 
-from buildkit_py.compat import cache
 from buildkit_py.errors import CompatDataError, RecipeIssue
 from buildkit_py.schemas import json_lines, line_of, load_schema, validate
 
@@ -1108,38 +1106,14 @@ def torch_releases() -> tuple[TorchRelease, ...]:
     return _torch()[1]
 
 
-def torch_release(version: str) -> TorchRelease:
-    """Shipped data first, then the user's look-up cache (releases newer than the shipped data,
-    written by ``compat.live`` from the package index; such a release has ``from_cache`` set)."""
-    for r in torch_releases():
+def torch_release(version: str, *, extra: tuple[TorchRelease, ...] = ()) -> TorchRelease:
+    """The shipped data's row, else one of ``extra`` (releases newer than the shipped data that the
+    pipeline looked up on the package index and passes in; they have ``from_cache`` set)."""
+    for r in (*torch_releases(), *extra):
         if Version(r.version) == Version(version):
             return r
-    cached = cached_torch(version)
-    if cached is not None:
-        return cached
     known = ", ".join(r.version for r in torch_releases())
     raise LookupError(f"unknown torch release {version!r}; known: {known}")
-
-
-def cached_torch(version: str) -> TorchRelease | None:
-    """The look-up cache's row for ``version`` as a checked ``TorchRelease`` (``from_cache`` set),
-    or None (also for a row the current data cannot accept, e.g. a CUDA variant no shipped
-    toolkit knows)."""
-    try:
-        want = Version(str(version))
-    except InvalidVersion:
-        return None
-    for v, row in cache.cached_rows().items():
-        try:
-            if Version(v) != want:
-                continue
-            if validate(row, {"$ref": "#/$defs/torch_release"}, root=load_schema("compat")):
-                return None  # not the shape of a torch.json row
-            rel = torch_row("look-up cache torch.json", row)
-        except (InvalidVersion, CompatDataError, AttributeError, TypeError):
-            return None
-        return dataclasses.replace(rel, from_cache=str(cache.torch_file()))
-    return None
 
 
 def data_files_as_of() -> dict[str, str | None]:

@@ -26,7 +26,6 @@ from buildkit_py.engine.base import (
     PROVENANCE,
     PUSH,
     SECRETS,
-    BuildBackend,
     BuildRequest,
     BuildResult,
     Engine,
@@ -38,10 +37,10 @@ from buildkit_py.engine.base import (
     required_capabilities,
 )
 from buildkit_py.engine.registry import EngineChoice, engines, kind_names, register
-from buildkit_py.engine.select import detect_backend, engine_for_reading, select_engine
+from buildkit_py.engine.select import engine_for_reading, select_engine
 
 __all__ = ["BUILDER_SELECT", "CA_SECRET_ID", "CACHE_EXPORT", "CACHE_FROM", "CACHE_MOUNTS", "COMPRESSION",
            "ENGINE_STORE", "METADATA_FILE", "MULTI_STAGE", "OCI_MEDIATYPES", "PLATFORM", "PROVENANCE", "PUSH",
-           "SECRETS", "BuildBackend", "BuildRequest", "BuildResult", "Engine", "EngineChoice", "ImageSizes",
-           "LineSink", "ProgressSink", "detect_backend", "engine_for_reading", "engines", "kind_names",
+           "SECRETS", "BuildRequest", "BuildResult", "Engine", "EngineChoice", "ImageSizes",
+           "LineSink", "ProgressSink", "engine_for_reading", "engines", "kind_names",
            "parse_compression", "register", "require", "required_capabilities", "select_engine"]

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from buildkit_py.errors import BackendCapabilityError, UsageError
+from buildkit_py.errors import EngineCapabilityError, UsageError
 
 if TYPE_CHECKING:
     from buildkit_py.engine.push import PushResult, TransferSink
@@ -136,7 +136,7 @@ def require(engine: Engine, needs: set[str]) -> None:
         hint = "; ".join(f"{m}: {_WHO_CAN[m]}" for m in missing if m in _WHO_CAN) or \
             "install the docker buildx plugin (docker-buildx-plugin)"
         hint += "".join(f"; {text}" for m, text in sorted(engine.hints.items()) if m in missing)
-        raise BackendCapabilityError(
+        raise EngineCapabilityError(
             f"the {engine.describe()} cannot do what this build needs: {', '.join(missing)}", hint=hint)
 
 
@@ -230,6 +230,3 @@ class Engine(Protocol):
         """The client command line that runs ``spec`` (GPU flags included when it asks)."""
         ...
 
-
-# Kept for the modules and tests written against the backend names.
-BuildBackend = Engine

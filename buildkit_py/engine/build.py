@@ -13,7 +13,6 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from buildkit_py import oci
-from buildkit_py.analysis.inspect import attribute_entries
 from buildkit_py.engine import (
     CA_SECRET_ID,
     ENGINE_STORE,
@@ -31,6 +30,7 @@ from buildkit_py.errors import BudgetExceeded, ImageTestFailed, ImgbuildError, R
 from buildkit_py.files import write_atomic
 from buildkit_py.plan import labels as L
 from buildkit_py.plan.build_plan import BuildPlan, check_image_tag
+from buildkit_py.plan.history import attribute_entries
 from buildkit_py.plan.installer import UV_ENV_SECRET_ID, uv_env_for
 from buildkit_py.plan.steps import CopyStep
 from buildkit_py.recipe.model import Recipe
@@ -66,7 +66,7 @@ class BuildOptions:
 @dataclass(frozen=True)
 class BuildOutcome:
     plan: BuildPlan
-    backend: str
+    engine: str
     result: BuildResult
     size: int  # uncompressed bytes (kept under this name for older readers; see sizes)
     pushes: tuple[PushResult, ...] = ()

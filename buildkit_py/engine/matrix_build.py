@@ -82,7 +82,7 @@ class MatrixBuild:
         return tuple(b for b in self.builds if not b.ok)
 
 
-def build_all(matrix: Matrix, backend: Engine, options: BuildOptions, *, jobs: int = 1,
+def build_all(matrix: Matrix, engine: Engine, options: BuildOptions, *, jobs: int = 1,
               registry: str | None = None, variant_ids: tuple[str, ...] = (), tags: tuple[str, ...] = (),
               hooks: BuildHooks = NO_HOOKS) -> MatrixBuild:
     """Build the variants (all, or ``variant_ids``) on one engine, up to ``jobs`` at a time.
@@ -100,14 +100,14 @@ def build_all(matrix: Matrix, backend: Engine, options: BuildOptions, *, jobs: i
     for plan in plans.values():  # refuse before anything builds
         probe = BuildRequest(Path("."), Path("Dockerfile"), plan.tags, cache_from=options.cache_from,
                              cache_to=options.cache_to, builder=options.builder)
-        require(backend, required_capabilities(plan.needs, probe))
+        require(engine, required_capabilities(plan.needs, probe))
     if options.push:  # every variant's repository, once, before any variant builds
         check_can_push([t for plan in plans.values() for t in plan.tags])
     stages, chains = shared_stages(plans)
     say = hooks.on_event or (lambda _t: None)
     scratch: tuple[str, ...] = ()  # shared-stage images built for --no-cache, untagged at the end
-    if options.no_cache and stages and ENGINE_STORE in backend.capabilities:
-        plans, chains, scratch = _prebuild_shared_stages(matrix, plans, backend, options, runner, on_line, say)
+    if options.no_cache and stages and ENGINE_STORE in engine.capabilities:
+        plans, chains, scratch = _prebuild_shared_stages(matrix, plans, engine, options, runner, on_line, say)
 
     def one(v: Variant) -> VariantBuild:
         plan = plans[v.id]
@@ -116,7 +116,7 @@ def build_all(matrix: Matrix, backend: Engine, options: BuildOptions, *, jobs: i
                        cache_to=tuple(r.replace("{variant}", v.id) for r in options.cache_to))
         start = time.monotonic()
         try:
-            outcome = runner(plan, backend, opts, (lambda line: on_line(v.id, line)) if on_line else (lambda _l: None))
+            outcome = runner(plan, engine, opts, (lambda line: on_line(v.id, line)) if on_line else (lambda _l: None))
         except ImgbuildError as exc:
             return VariantBuild(v, plan, error=exc, seconds=time.monotonic() - start)
         return VariantBuild(v, plan, outcome=outcome, seconds=time.monotonic() - start)
@@ -154,11 +154,11 @@ def build_all(matrix: Matrix, backend: Engine, options: BuildOptions, *, jobs: i
             pool.shutdown(wait=True, cancel_futures=True)
             raise
     for tag in scratch:  # the variants keep their layers; only the helper tag goes
-        backend.remove(tag)
+        engine.remove(tag)
     return MatrixBuild(matrix, tuple(results[v.id] for v in chosen), time.monotonic() - start)
 
 
-def _prebuild_shared_stages(matrix: Matrix, plans: dict[str, BuildPlan], backend, options, runner, on_line, say):
+def _prebuild_shared_stages(matrix: Matrix, plans: dict[str, BuildPlan], engine, options, runner, on_line, say):
     """--no-cache with shared prefixes: the prefix is a run of steps inside each variant's final
     stage, which no per-stage cache filter can reach (and 20.10 has none). So each shared stage
     is built once, without cache, as a local image FROM its parent's, and the variants are then
@@ -173,7 +173,7 @@ def _prebuild_shared_stages(matrix: Matrix, plans: dict[str, BuildPlan], backend
         shared = replace(shared_stage_plan(st, plans, base), tags=(tag,))
         say(f"[shared] building {', '.join(s.id for s in st.steps)} once for {', '.join(st.users)}")
         sink = (lambda line: on_line("shared", line)) if on_line else (lambda _l: None)
-        runner(shared, backend, replace(options, tags=(tag,), push=False, cache_to=()), sink)
+        runner(shared, engine, replace(options, tags=(tag,), push=False, cache_to=()), sink)
         built[key] = tag
     out = dict(plans)
     for vid, chain in chains.items():

@@ -7,7 +7,7 @@ import os
 
 from buildkit_py.engine.base import _WHO_CAN, BUILDER_SELECT, Engine
 from buildkit_py.engine.registry import AUTO, EngineChoice, EngineClass, auto_kinds, engines, kind_names
-from buildkit_py.errors import BackendCapabilityError, EnvironmentProblem, ImgbuildError
+from buildkit_py.errors import EngineCapabilityError, EnvironmentProblem, ImgbuildError
 
 
 def _preference(preference: str | None) -> str:
@@ -25,7 +25,7 @@ def _candidates(kind: str, builder: str | None) -> list[type[EngineClass]]:
     if builder:
         able = [c for c in candidates if c.named_builders]
         if not able:
-            raise BackendCapabilityError(f"--builder {builder} needs buildx, not {candidates[0].title}",
+            raise EngineCapabilityError(f"--builder {builder} needs buildx, not {candidates[0].title}",
                                          hint=f"builder: {_WHO_CAN[BUILDER_SELECT]}")
         candidates = able
     return candidates
@@ -33,8 +33,9 @@ def _candidates(kind: str, builder: str | None) -> list[type[EngineClass]]:
 
 def select_engine(preference: str | None = None, *, builder: str | None = None,
                   host: str | None = None) -> Engine:
-    """Pick the engine once: ``preference`` (--engine/--backend, else $IMGBUILD_ENGINE or
-    $IMGBUILD_BACKEND; a registered kind or auto), a named builder from --builder, the engine at
+    """Pick the engine once: ``preference`` (--engine, else $IMGBUILD_ENGINE;
+    the older --backend and $IMGBUILD_BACKEND are still read; a registered kind or auto), a named
+    builder from --builder, the engine at
     ``host`` (None: the client's default, e.g. $DOCKER_HOST). Auto tries the kinds that take part
     in it in their order (buildx, then the classic client) and says why none would do."""
     kind = _preference(preference)
@@ -49,11 +50,6 @@ def select_engine(preference: str | None = None, *, builder: str | None = None,
     if len(problems) == 1:
         raise problems[0]
     raise EnvironmentProblem("; ".join(p.message for p in problems), hint=problems[-1].hint)
-
-
-def detect_backend(preference: str | None = None) -> Engine:
-    """The older name of ``select_engine``."""
-    return select_engine(preference)
 
 
 def engine_for_reading(preference: str | None = None) -> Engine:

@@ -1,6 +1,6 @@
 """A small OCI distribution client on ``requests``, in modules that follow the pipeline:
 
-- ``reference``: image references with the docker CLI's rules;
+- image references with the docker CLI's rules (``buildkit_py.reference``, re-exported here);
 - ``transport``: ``Client`` (scheme, auth challenges, tokens) and the one ``RetryPolicy``;
 - ``manifests``: fetch, put, delete, platform selection, image config;
 - ``blobs``: presence, small reads, streamed and resumable uploads (hashed once, while
@@ -62,14 +62,6 @@ if TYPE_CHECKING:  # the eager view, for type checkers and readers
         put_manifest,
         select_platform,
     )
-    from buildkit_py.oci.reference import (
-        DOCKER_HUB,
-        DOCKER_HUB_API,
-        Reference,
-        as_reference,
-        is_loopback,
-        parse_reference,
-    )
     from buildkit_py.oci.transport import (
         TRANSIENT_STATUS,
         Challenge,
@@ -79,6 +71,14 @@ if TYPE_CHECKING:  # the eager view, for type checkers and readers
         pull_scope,
         push_scope,
         sha256_bytes,
+    )
+    from buildkit_py.reference import (
+        DOCKER_HUB,
+        DOCKER_HUB_API,
+        Reference,
+        as_reference,
+        is_loopback,
+        parse_reference,
     )
 
 # Where each public name lives.
@@ -92,17 +92,24 @@ _HOME = {name: module for module, names in {
                   "MEDIA_OCI_CONFIG", "MEDIA_OCI_INDEX", "MEDIA_OCI_MANIFEST", "canonical_json", "delete_manifest",
                   "fetch_manifest", "get_image_config", "get_manifest", "platform_matches", "platform_of",
                   "put_manifest", "select_platform"),
-    "reference": ("DOCKER_HUB", "DOCKER_HUB_API", "Reference", "as_reference", "is_loopback", "parse_reference"),
+    # image references are a fact below every layer (buildkit_py/reference.py); re-exported for oci's callers
+    "buildkit_py.reference": ("DOCKER_HUB", "DOCKER_HUB_API", "Reference", "as_reference", "is_loopback",
+                              "parse_reference"),
     "transport": ("TRANSIENT_STATUS", "Challenge", "Client", "Progress", "RetryPolicy", "pull_scope", "push_scope",
                   "sha256_bytes"),
 }.items() for name in names}
 
 
+def module_of(name: str) -> str:
+    """The module a name of this package comes from (its own submodules, or buildkit_py.reference)."""
+    module = _HOME[name]
+    return module if "." in module else f"{__name__}.{module}"
+
+
 def __getattr__(name: str) -> Any:
-    module = _HOME.get(name)
-    if module is None:
+    if name not in _HOME:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    value = getattr(importlib.import_module(module_of(name)), name)
     globals()[name] = value  # later look-ups skip this function
     return value
 

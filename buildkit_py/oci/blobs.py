@@ -25,7 +25,6 @@ from dataclasses import dataclass
 from urllib.parse import urljoin
 
 from buildkit_py.errors import DigestMismatch, RegistryError, RegistryUnreachable
-from buildkit_py.oci.reference import Reference, as_reference
 from buildkit_py.oci.transport import (
     STREAM_ERRORS,
     Client,
@@ -35,6 +34,7 @@ from buildkit_py.oci.transport import (
     read_limited,
     sha256_bytes,
 )
+from buildkit_py.reference import Reference, as_reference
 
 CHUNK = 1 << 20  # read/hash unit of small helpers
 UPLOAD_PIECE = 4 << 20  # a streamed upload body is read from the file in pieces this big

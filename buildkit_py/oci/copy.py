@@ -26,8 +26,8 @@ from buildkit_py.oci.manifests import (
     platform_of,
     put_manifest,
 )
-from buildkit_py.oci.reference import Reference, as_reference
 from buildkit_py.oci.transport import Client, Progress, pull_scope, push_scope, sha256_bytes
+from buildkit_py.reference import Reference, as_reference
 
 CHUNK = 1 << 20
 # BuildKit's marks on the attestation manifests it adds to an index (docs: attestation storage).

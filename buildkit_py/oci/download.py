@@ -42,9 +42,9 @@ except ImportError:  # not POSIX: no splice either, and no pipe to size
     fcntl = None  # type: ignore[assignment]
 
 from buildkit_py.errors import DigestMismatch, RegistryError, RegistryUnreachable
-from buildkit_py.oci.reference import Reference
 from buildkit_py.oci.sha256_state import ResumableSha256
 from buildkit_py.oci.transport import STREAM_ERRORS, Client, Progress, pull_scope
+from buildkit_py.reference import Reference
 
 BUFFER = 4 << 20  # requests path: readinto this much per call
 HASH_BUFFER = 1 << 20  # hashed at once: small enough to stay in the CPU's cache

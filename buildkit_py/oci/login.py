@@ -18,8 +18,8 @@ from buildkit_py.oci.auth import (
     write_docker_config,
 )
 from buildkit_py.oci.blobs import start_upload
-from buildkit_py.oci.reference import Reference, as_reference
 from buildkit_py.oci.transport import Client, push_scope
+from buildkit_py.reference import Reference, as_reference
 
 
 @dataclass(frozen=True)

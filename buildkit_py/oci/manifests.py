@@ -9,8 +9,8 @@ import requests
 
 from buildkit_py.errors import DigestMismatch, RegistryError
 from buildkit_py.oci.blobs import MAX_CONFIG_BYTES, read_blob
-from buildkit_py.oci.reference import Reference, as_reference
 from buildkit_py.oci.transport import Client, pull_scope, push_scope, read_limited, sha256_bytes
+from buildkit_py.reference import Reference, as_reference
 
 MAX_MANIFEST_BYTES = 4 << 20  # distribution-spec's suggested manifest size limit
 

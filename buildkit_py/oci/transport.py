@@ -35,7 +35,7 @@ from buildkit_py.errors import (
     RegistryUnreachable,
 )
 from buildkit_py.oci import auth
-from buildkit_py.oci.reference import DOCKER_HUB, DOCKER_HUB_API, is_loopback
+from buildkit_py.reference import DOCKER_HUB, DOCKER_HUB_API, is_loopback
 
 # progress(event, label, done, total); may be called from worker threads.
 Progress = Callable[[str, str, int, int], None]

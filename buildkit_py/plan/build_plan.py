@@ -10,10 +10,10 @@ from typing import Any
 
 from packaging.utils import canonicalize_name
 
-from buildkit_py.artifacts.file_kinds import is_weight_file
 from buildkit_py.compat import codes
 from buildkit_py.compat.codes import RecipeWarning
 from buildkit_py.compat.resolve import HEAVY_PACKAGES, Resolution, resolve
+from buildkit_py.compat.rules import PythonProvider
 from buildkit_py.compat.torch_pins import (
     CudaLayer,
     TorchCudaPins,
@@ -23,7 +23,7 @@ from buildkit_py.compat.torch_pins import (
     torch_cuda_pins,
 )
 from buildkit_py.errors import UsageError
-from buildkit_py.oci.reference import parse_reference
+from buildkit_py.file_kinds import is_weight_file, over_weight_limit
 from buildkit_py.plan import labels as L
 from buildkit_py.plan.installer import Installer, installer_for
 from buildkit_py.plan.steps import (
@@ -42,7 +42,9 @@ from buildkit_py.plan.steps import (
     WheelBuildStep,
 )
 from buildkit_py.recipe.model import Recipe, pin_name
+from buildkit_py.reference import parse_reference
 from buildkit_py.sizes import human_size
+from buildkit_py.text_enum import TextEnum
 
 VENV = "/opt/venv"
 STEP_MARK = "imgbuild-step"  # written into each RUN so `inspect` can map layers to steps
@@ -58,8 +60,6 @@ TORCH_BUILD_TOOLS = ("ninja==1.11.1.1", "packaging==24.2", "psutil==6.1.1")
 # The mtime reproducible layers give every file they add: 1980-01-01, the earliest a wheel (zip) records.
 SOURCE_DATE_EPOCH = 315532800
 
-WEIGHT_FILE_THRESHOLD = 10 * 2**20  # the same bar `imgbuild inspect` uses
-
 # Heavy pins (flash-attn, bitsandbytes, xformers, ...: tens to hundreds of MB each, pinned and
 # bumped one at a time) get a reproducible layer each, up to this many; any beyond share one.
 MAX_HEAVY_LAYERS = 6
@@ -68,12 +68,17 @@ MAX_HEAVY_LAYERS = 6
 GROUPS = ("os", "python", "cuda", "torch", "heavy", "pins", "app", "meta")
 
 
+class StageRole(TextEnum):
+    BUILDER = "builder"  # compiles wheels from source; the final stage copies them out
+    FINAL = "final"  # the image
+
+
 @dataclass(frozen=True)
 class Stage:
     name: str
     base: str
     steps: tuple[Step, ...]
-    role: str  # "builder" or "final"
+    role: StageRole
 
 
 @dataclass(frozen=True)
@@ -84,7 +89,7 @@ class BuildPlan:
     labels: dict[str, str]  # static, in the Dockerfile
     env: dict[str, str]
     tags: tuple[str, ...]
-    needs: frozenset[str]  # backend capabilities this plan cannot build without
+    needs: frozenset[str]  # engine capabilities this plan cannot build without
     warnings: tuple[RecipeWarning, ...]
 
     @property
@@ -157,16 +162,16 @@ def check_image_tag(tag: str, *, origin: str = "tag") -> str:
 
 
 def _python_packages(res: Resolution, *, dev: bool) -> list[str]:
-    if res.python_provider in {"image", "base"}:
+    if res.python_provider in {PythonProvider.IMAGE, PythonProvider.BASE}:
         return []
-    if res.python_provider == "deadsnakes":
+    if res.python_provider == PythonProvider.DEADSNAKES:
         v = res.python
         return [f"python{v}", f"python{v}-venv"] + ([f"python{v}-dev"] if dev else [])
     return ["python3", "python3-venv"] + (["python3-dev"] if dev else [])
 
 
 def _python_bin(res: Resolution) -> str:
-    if res.python_provider == "deadsnakes":
+    if res.python_provider == PythonProvider.DEADSNAKES:
         return f"python{res.python}"
     return "python3"
 
@@ -212,11 +217,11 @@ def _cuda_steps(layers: tuple[CudaLayer, ...], *, complete: bool = False) -> lis
 
 def _os_steps(res: Resolution, apt: list[str], *, dev: bool) -> list[Step]:
     steps: list[Step] = []
-    if res.python_provider == "base":
+    if res.python_provider == PythonProvider.BASE:
         # an imgbuild base already has Python, the venv and PATH; a builder needs headers
         packages = sorted(set(apt + (["python3-dev"] if dev else [])))
         return [AptStep("os", "os", packages=tuple(packages))] if packages else []
-    if res.python_provider == "deadsnakes":
+    if res.python_provider == PythonProvider.DEADSNAKES:
         steps.append(DeadsnakesStep("python-ppa", "os", python=res.python))
     packages = sorted(set(_python_packages(res, dev=dev) + apt))
     if packages:
@@ -297,17 +302,24 @@ def _cuda_home_steps(res: Resolution) -> list[Step]:
     return [CudaHomeStep("cuda-home", "cuda", venv=VENV, tree=res.cuda_wheel_home, home="/usr/local/cuda")]
 
 
-def weights_in_copies(recipe: Recipe, threshold: int = WEIGHT_FILE_THRESHOLD) -> list[tuple[int, str, int]]:
-    """(copy index, path, bytes) of weight-like files a COPY would bake into the image.
-    The one read of the file system in planning: sizes of the files the build sends anyway."""
+def weight_files_in_copies(recipe: Recipe) -> list[tuple[int, str, int]]:
+    """(copy index, path, bytes) of every weight-like file a COPY would bake into the image, as
+    the build context holds it: a folder's symlinks stay links (engine/build.py copies them as
+    links), a source that is itself a link is followed. The one read of the file system in
+    planning: sizes of the files the build sends anyway. ``lint`` reads the same list."""
     found = []
     for i, c in enumerate(recipe.copy):
         src = recipe.context_dir / c.src
-        files = [src] if src.is_file() else sorted(p for p in src.rglob("*") if p.is_file())
+        files = [src] if src.is_file() else sorted(p for p in src.rglob("*") if p.is_file() and not p.is_symlink())
         for f in files:
-            if is_weight_file(f.name) and f.stat().st_size >= threshold:
+            if is_weight_file(f.name):
                 found.append((i, str(f.relative_to(recipe.context_dir)), f.stat().st_size))
     return found
+
+
+def weights_in_copies(recipe: Recipe) -> list[tuple[int, str, int]]:
+    """The weight-like files under copy: sources above the limit (file_kinds.WEIGHT_FILE_LIMIT)."""
+    return [found for found in weight_files_in_copies(recipe) if over_weight_limit(found[2])]
 
 
 def weights_in_copy_warning(index: int, rel: str, size: int) -> RecipeWarning:
@@ -344,7 +356,7 @@ def make_plan(recipe: Recipe, *, tags: tuple[str, ...] = (), registry: str | Non
             no_binary=",".join(sorted(pin_name(r) for r in compiled)),
         ))
         builder = tuple(_with_installer(builder_steps, installer))
-        stages.append(Stage("builder", res.compile_stage_base, builder, "builder"))
+        stages.append(Stage("builder", res.compile_stage_base, builder, StageRole.BUILDER))
 
     devel_wheels = res.cuda_flavor == "devel" and res.cuda_source == "wheels"
     # nvcc needs a host C++ compiler; NVIDIA's devel images are the other source of one
@@ -384,7 +396,7 @@ def make_plan(recipe: Recipe, *, tags: tuple[str, ...] = (), registry: str | Non
         entrypoint=tuple(recipe.entrypoint),
         cmd=tuple(recipe.cmd),
     ))
-    stages.append(Stage("final", res.base_image, tuple(steps), "final"))
+    stages.append(Stage("final", res.base_image, tuple(steps), StageRole.FINAL))
 
     needs = {"multi-stage", "cache-mounts", "secrets"} if res.compile else {"cache-mounts", "secrets"}
     warnings = res.warnings + tuple(weights_in_copy_warning(*found) for found in weights_in_copies(recipe))

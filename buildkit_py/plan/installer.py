@@ -17,19 +17,21 @@ names it: ignoring it would install something other than what the pip.conf asks 
 
 from __future__ import annotations
 
-import configparser
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from buildkit_py.compat.pip_config import SECTIONS as PIP_SECTIONS
+from buildkit_py.compat.pip_config import PipConfig, parse_pip_config, read_pip_config
 from buildkit_py.errors import UsageError
+from buildkit_py.recipe.model import InstallerName
 
 if TYPE_CHECKING:  # build_plan imports this module
     from buildkit_py.plan.build_plan import BuildPlan, Stage
 
-PIP = "pip"
-UV = "uv"
+PIP = InstallerName.PIP
+UV = InstallerName.UV
 DEFAULT_INSTALLER = UV  # pip by `build.installer: pip`
 
 # uv from the Python registry: https://pypi.org/project/uv/0.13.9/ (the newest release on
@@ -50,7 +52,7 @@ UV_ENV_SECRET_ID = "uvenv"  # noqa: S105 - the id of the secret, not a secret
 class Installer:
     """What a pip step installs with, as the template places it."""
 
-    name: str  # pip | uv
+    name: InstallerName
     version: str | None = None  # uv's pinned release
     requirement: str | None = None  # uv's requirement line, hashes included
 
@@ -96,7 +98,7 @@ PIP_INSTALLER = Installer(PIP)
 UV_INSTALLER = Installer(UV, UV_VERSION, f"uv=={UV_VERSION} " + " ".join(f"--hash=sha256:{h}" for h in UV_WHEEL_SHA256))
 
 
-def installer_for(name: str | None) -> Installer:
+def installer_for(name: InstallerName | None) -> Installer:
     """The installer a recipe's ``build.installer`` names (None: the default)."""
     return UV_INSTALLER if (name or DEFAULT_INSTALLER) == UV else PIP_INSTALLER
 
@@ -121,8 +123,6 @@ _NO_EFFECT = frozenset({
     "no-python-version-warning", "cache-dir",
 })
 _TRUE = frozenset({"1", "true", "yes", "on"})
-# pip reads [global], then the command's own section; `pip install` is the command here.
-_SECTIONS = ("global", "install")
 
 
 def _words(value: str) -> list[str]:
@@ -156,24 +156,21 @@ def _translate_key(key: str, value: str, *, ca_cert: bool) -> dict[str, str] | N
 
 def uv_env_from_pip_config(text: str, path: str = "pip.conf", *, ca_cert: bool = False) -> dict[str, str]:
     """The ``UV_*`` (and proxy) variables that make uv do what pip does with this pip.conf:
-    [global], then [install] over it, as pip reads them. Raises UsageError naming every key uv
-    cannot honour (file, section, key), and for a file that is not INI."""
-    parser = configparser.ConfigParser(interpolation=None, strict=False)
-    try:
-        parser.read_string(text, source=path)
-    except configparser.Error as exc:
-        raise UsageError(f"--pip-config {path}: not a pip.conf ({exc.__class__.__name__})",
-                         hint="pip.conf is INI: a [global] section with key = value lines") from None
+    [global], then [install] over it, as pip reads them (compat/pip_config.py: PipConfigError for
+    a file pip would refuse). Raises UsageError naming every key uv cannot honour (file, section, key)."""
+    return uv_env_of(parse_pip_config(text, path, what="--pip-config"), ca_cert=ca_cert)
+
+
+def uv_env_of(config: PipConfig, *, ca_cert: bool = False) -> dict[str, str]:
+    """``uv_env_from_pip_config`` of a file already read."""
+    path = config.path
     env: dict[str, str] = {}
     unsupported: list[str] = []
-    for section in _SECTIONS:
-        if not parser.has_section(section):
-            continue
-        for raw_key, value in parser.items(section):
-            key = raw_key.strip().lower().replace("_", "-")
+    for section in PIP_SECTIONS:
+        for key, value in config.items(section):
             out = _translate_key(key, value, ca_cert=ca_cert)
             if out is None:
-                unsupported.append(f"[{section}] {raw_key}")
+                unsupported.append(f"[{section}] {key}")
             else:
                 env.update(out)
     if unsupported:
@@ -193,11 +190,7 @@ def uv_env_file(env: dict[str, str]) -> str:
 
 def read_pip_config_for_uv(path: Path, *, ca_cert: bool) -> str:
     """The secret file text a uv build gets for ``--pip-config PATH``."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise UsageError(f"--pip-config {path}: cannot read it ({exc.__class__.__name__})") from None
-    return uv_env_file(uv_env_from_pip_config(text, str(path), ca_cert=ca_cert))
+    return uv_env_file(uv_env_of(read_pip_config(path, what="--pip-config"), ca_cert=ca_cert))
 
 
 def uses_uv(stages: tuple[Stage, ...]) -> bool:
@@ -207,7 +200,9 @@ def uses_uv(stages: tuple[Stage, ...]) -> bool:
 
 def uv_env_for(plan: BuildPlan, pip_config: Path | None, *, ca_cert: bool) -> str | None:
     """The uvenv secret's text for a build of ``plan`` with ``--pip-config``; None when the
-    build has no pip.conf or no uv step. Raises UsageError before the build for a key uv cannot honour."""
-    if pip_config is None or not uses_uv(plan.stages):
+    build has no pip.conf or no uv step. Raises UsageError before the build for a key uv cannot
+    honour, and PipConfigError for a file pip would refuse, whichever installer reads it."""
+    if pip_config is None:
         return None
-    return read_pip_config_for_uv(pip_config, ca_cert=ca_cert)
+    config = read_pip_config(pip_config, what="--pip-config")
+    return uv_env_file(uv_env_of(config, ca_cert=ca_cert)) if uses_uv(plan.stages) else None

@@ -1,4 +1,5 @@
-"""The contract stamped on every image: io.imgbuild.* and org.opencontainers.image.* labels.
+"""The contract stamped on every image: io.imgbuild.* and org.opencontainers.image.* labels
+(their names are in buildkit_py/label_keys.py).
 
 Static labels go into the Dockerfile; volatile ones (created time, git revision) are passed
 at build time so they never break the layer cache.
@@ -16,25 +17,30 @@ from pathlib import Path
 
 from buildkit_py.compat.resolve import Resolution
 from buildkit_py.errors import UsageError
+from buildkit_py.label_keys import (
+    CUDA_ARCH,
+    CUDA_FLAVOR,
+    CUDA_SOURCE,
+    CUDA_VERSION,
+    CUDNN_VERSION,
+    DRIVER_MIN,
+    DRIVER_MIN_COMPAT,
+    INSTALLER,
+    OCI_BASE_DIGEST,
+    OCI_BASE_NAME,
+    OCI_CREATED,
+    OCI_REVISION,
+    OCI_SOURCE,
+    OCI_TITLE,
+    OCI_VERSION,
+    OS,
+    PYTHON_VERSION,
+    RECIPE_DIGEST,
+    TORCH_VERSION,
+    WEIGHTS,
+)
 from buildkit_py.plan.installer import installer_for
 from buildkit_py.recipe.model import Recipe
-
-PREFIX = "io.imgbuild."
-CUDA_VERSION = PREFIX + "cuda.version"
-CUDA_FLAVOR = PREFIX + "cuda.flavor"
-CUDA_SOURCE = PREFIX + "cuda.source"
-DRIVER_MIN = PREFIX + "cuda.driver.min"
-DRIVER_MIN_COMPAT = PREFIX + "cuda.driver.min-compat"
-CUDNN_VERSION = PREFIX + "cudnn.version"
-TORCH_VERSION = PREFIX + "torch.version"
-PYTHON_VERSION = PREFIX + "python.version"
-INSTALLER = PREFIX + "installer"  # what installed the Python packages: "uv 0.13.9" or "pip"
-OS = PREFIX + "os"  # lets an image built on this one know its OS without pulling it
-CUDA_ARCH = PREFIX + "cuda.arch"
-RECIPE_DIGEST = PREFIX + "recipe.digest"
-WEIGHTS = PREFIX + "weights"
-
-OCI = "org.opencontainers.image."
 
 
 def static_labels(recipe: Recipe, res: Resolution) -> dict[str, str]:
@@ -46,16 +52,16 @@ def static_labels(recipe: Recipe, res: Resolution) -> dict[str, str]:
         PYTHON_VERSION: res.python,
         INSTALLER: installer_for(recipe.build.installer).label,
         RECIPE_DIGEST: recipe.digest,
-        OCI + "title": recipe.name,
+        OCI_TITLE: recipe.name,
         # Always set: otherwise the base's own value (Ubuntu stamps its release) shows through.
         # The tag's version: with no `version:` the image is tagged :latest (README).
-        OCI + "version": recipe.version or "latest",
-        OCI + "base.name": res.base_image.split("@", 1)[0],
+        OCI_VERSION: recipe.version or "latest",
+        OCI_BASE_NAME: res.base_image.split("@", 1)[0],
     })
     if res.os:
         labels[OS] = res.os
     if res.base_digest:
-        labels[OCI + "base.digest"] = res.base_digest
+        labels[OCI_BASE_DIGEST] = res.base_digest
     if res.min_driver:  # never stamped where NVIDIA publishes no native floor (CUDA 13.3-13.5)
         labels[DRIVER_MIN] = res.min_driver
     if res.min_driver_compat:
@@ -79,15 +85,15 @@ def volatile_labels(recipe: Recipe, *, now: _dt.datetime | None = None,
     clock's: a rebuild with nothing changed must give the same image (and digest), so it is when
     the recipe's inputs last changed (``created_time``); ``now`` overrides it."""
     when = now or created_time(recipe)
-    labels = {OCI + "created": when.astimezone(_dt.timezone.utc).replace(microsecond=0).isoformat()
+    labels = {OCI_CREATED: when.astimezone(_dt.timezone.utc).replace(microsecond=0).isoformat()
               .replace("+00:00", "Z")}
     revision, source = git_facts(recipe.context_dir)
     if revision:
-        labels[OCI + "revision"] = revision
+        labels[OCI_REVISION] = revision
     if source:
-        labels[OCI + "source"] = source
+        labels[OCI_SOURCE] = source
     if base_digest:
-        labels[OCI + "base.digest"] = base_digest
+        labels[OCI_BASE_DIGEST] = base_digest
     return labels
 
 

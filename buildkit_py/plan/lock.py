@@ -16,14 +16,14 @@ machine's pip configuration switched off so the lock reflects the real index, no
 wheel folder or constraints file. A lock holds several variants keyed by a variant id (a
 matrix recipe locks each of its variants); a plain recipe is the one variant ``default``.
 
-Only ``lock_variant``/``pin_base``/``run_pip_report``/``write_lock`` do I/O; everything
-else is pure and tested with a recorded pip report (tests/fixtures/lock/).
+Only ``lock_variant``/``run_pip_report``/``write_lock`` do I/O (a base's pin comes from the
+``base_pinner`` passed in: pipeline.locks reads the registry and the engine); everything else
+is pure and tested with a recorded pip report (tests/fixtures/lock/).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
 import hashlib
 import json
 import os
@@ -31,17 +31,16 @@ import subprocess
 import sys
 import tempfile
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import yaml
 from packaging.markers import InvalidMarker
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 
-from buildkit_py import oci
 from buildkit_py.errors import (
     ImgbuildError,
     LockDrift,
@@ -53,15 +52,23 @@ from buildkit_py.errors import (
     UsageError,
 )
 from buildkit_py.files import write_atomic
-from buildkit_py.plan.build_plan import BuildPlan, Stage
+from buildkit_py.label_keys import OCI_BASE_DIGEST
+from buildkit_py.plan.build_plan import BuildPlan, Stage, StageRole
+from buildkit_py.plan.lock_model import (
+    LOCK_VERSION,
+    LockedBase,
+    LockedPackage,
+    LockedStep,
+    LockFile,
+    LockInputs,
+    StageInputs,
+    VariantLock,
+)
 from buildkit_py.plan.steps import ContextFile, LockedPipStep, MetaStep, PipStep, Step
-from buildkit_py.recipe.model import line_of, locate
-from buildkit_py.schemas import load_schema, validate
+from buildkit_py.recipe.model import locate
+from buildkit_py.schemas import line_of, load_schema, validate
+from buildkit_py.text_enum import TextEnum
 
-if TYPE_CHECKING:
-    from buildkit_py.engine import Engine
-
-LOCK_VERSION = 1
 DEFAULT_VARIANT = "default"
 PYPI_SIMPLE = "https://pypi.org/simple"
 LOCK_DIR = ".imgbuild-lock"  # in the build context; bind-mounted, never copied
@@ -76,9 +83,31 @@ OS_GLIBC = {
 DEFAULT_GLIBC = 17
 # pip freeze leaves these out; a lock may still hold them (e.g. setuptools for torch on 3.12).
 FREEZE_EXCLUDED = frozenset({"pip", "setuptools", "wheel", "distribute"})
-BASE_DIGEST_LABEL = "org.opencontainers.image.base.digest"
 
-Resolver = Callable[..., dict]
+PipReport = dict[str, Any]  # pip's installation report (JSON), read by packages_from_report
+Resolver = Callable[..., PipReport]
+BasePinner = Callable[[str], LockedBase]  # a base ref -> its pin (pipeline.locks.pin_base: registry, then engine)
+
+
+class ImageStore(Protocol):
+    """What the lock asks of an engine: a local image's `image inspect` (an engine object is one)."""
+
+    def image_attrs(self, ref: str) -> dict[str, Any] | None: ...
+
+
+class LockMode(TextEnum):
+    """What `imgbuild build` does with the recipe's lock (use_lock)."""
+
+    AUTO = "auto"  # use it when present, refuse a stale one
+    UPDATE = "update"  # re-lock, then use it (--update-lock)
+    LOCKED = "locked"  # CI: it must exist and a fresh resolve must not change it (--locked)
+
+
+class LockStatus(TextEnum):
+    NONE = "none"  # no lock file: the plan as it is
+    USED = "used"
+    UPDATED = "updated"
+    UNCHANGED = "unchanged"  # re-locked to the same bytes
 # `build --all --update-lock` re-locks variants on several threads: one read-modify-write at a time.
 _UPDATE = threading.Lock()
 
@@ -142,23 +171,22 @@ def stage_indexes(stage: Stage) -> list[str]:
     return urls + [PYPI_SIMPLE]
 
 
-def lock_inputs(plan: BuildPlan) -> dict[str, Any]:
+def lock_inputs(plan: BuildPlan) -> LockInputs:
     """Everything the locked content depends on. A lock whose inputs differ from these is stale."""
     target = target_of(plan)
     stages = {}
     for stage in plan.stages:
-        steps = [{"id": s.id, "requirements": list(s.requirements), **({"no_deps": True} if s.no_deps else {})}
-                 for s in _pip_steps(stage)]
+        steps = tuple(LockedStep(s.id, tuple(s.requirements), s.no_deps) for s in _pip_steps(stage))
         if steps:
-            stages[stage.name] = {"indexes": stage_indexes(stage), "steps": steps}
-    return {
-        "bases": {name: unpinned(ref) for name, ref in _plan_bases(plan).items()},
-        "glibc": f"2.{target.glibc}",
-        "platform": f"linux/amd64 ({target.abi}, manylinux_2_{target.glibc}_{ARCH} and older)",
-        "python": target.python,
-        "stages": stages,
-        "unlocked": sorted(plan.resolution.compile),
-    }
+            stages[stage.name] = StageInputs(tuple(stage_indexes(stage)), steps)
+    return LockInputs(
+        bases={name: unpinned(ref) for name, ref in _plan_bases(plan).items()},
+        glibc=f"2.{target.glibc}",
+        platform=f"linux/amd64 ({target.abi}, manylinux_2_{target.glibc}_{ARCH} and older)",
+        python=target.python,
+        stages=stages,
+        unlocked=tuple(sorted(plan.resolution.compile)),
+    )
 
 
 # --- resolving ------------------------------------------------------------------------------
@@ -182,7 +210,7 @@ def pip_report_args(target: Target, indexes: list[str], requirements_file: str, 
 
 
 def run_pip_report(target: Target, indexes: list[str], requirements: list[str], *,
-                   constraints: Sequence[str] = (), ca_cert: Path | None = None) -> dict:
+                   constraints: Sequence[str] = (), ca_cert: Path | None = None) -> PipReport:
     """pip's installation report for ``requirements`` resolved for ``target``. The machine's
     pip configuration (config files, PIP_* variables: local find-links, constraints) is off."""
     python = os.environ.get("IMGBUILD_LOCK_PYTHON") or sys.executable
@@ -209,7 +237,8 @@ def run_pip_report(target: Target, indexes: list[str], requirements: list[str], 
             raise LockError(f"pip could not resolve {', '.join(requirements)} for Python {target.python} "
                             f"on manylinux_2_{target.glibc}:\n{tail}",
                             hint="check the pins; with a corporate proxy pass --ca-cert")
-        return json.loads(report.read_text())
+        found: PipReport = json.loads(report.read_text())
+        return found
 
 
 def _root(spec: str, by_url: dict[str, str]) -> tuple[str, frozenset[str]]:
@@ -222,7 +251,7 @@ def _root(spec: str, by_url: dict[str, str]) -> tuple[str, frozenset[str]]:
         raise LockError(f"cannot tell which package requirement {spec!r} names") from None
 
 
-def _deps(item: dict, extras: frozenset[str], markers: dict[str, str]) -> list[tuple[str, frozenset[str]]]:
+def _deps(item: dict[str, Any], extras: frozenset[str], markers: dict[str, str]) -> list[tuple[str, frozenset[str]]]:
     out: list[tuple[str, frozenset[str]]] = []
     for text in item["metadata"].get("requires_dist") or []:
         try:
@@ -236,22 +265,22 @@ def _deps(item: dict, extras: frozenset[str], markers: dict[str, str]) -> list[t
     return out
 
 
-def packages_from_report(report: dict, target: Target, steps: list[dict]) -> list[dict[str, Any]]:
+def packages_from_report(report: PipReport, target: Target, steps: Sequence[LockedStep]) -> list[LockedPackage]:
     """Locked packages of one stage: name, version, sha256 and the EARLIEST pip step whose
     requirements need it (so torch's closure lands in the torch layer, and a change to a small
-    pin re-runs only the last layers). ``steps`` is ``[{"id", "requirements"}]`` in order, with
-    ``"no_deps": True`` on a step that installs exactly its pins (then its packages are its own)."""
-    items: dict[str, dict] = {canonicalize_name(i["metadata"]["name"]): i for i in report["install"]}
+    pin re-runs only the last layers). ``steps`` in plan order; a ``no_deps`` step installs
+    exactly its pins (then its packages are its own)."""
+    items: dict[str, dict[str, Any]] = {canonicalize_name(i["metadata"]["name"]): i for i in report["install"]}
     by_url = {i["download_info"]["url"]: n for n, i in items.items()}
     markers = target.markers
     step_of: dict[str, str] = {}
     missing: set[str] = set()
     for step in steps:  # a --no-deps step (a CUDA layer) holds exactly what it names, whatever needs it
-        if step.get("no_deps"):
-            for name, _ in (_root(r, by_url) for r in step["requirements"]):
-                step_of.setdefault(name, step["id"])
+        if step.no_deps:
+            for name, _ in (_root(r, by_url) for r in step.requirements):
+                step_of.setdefault(name, step.id)
     for step in steps:
-        queue = [_root(r, by_url) for r in step["requirements"]]
+        queue = [_root(r, by_url) for r in step.requirements]
         seen: set[tuple[str, frozenset[str]]] = set()
         while queue:
             name, extras = queue.pop()
@@ -261,7 +290,7 @@ def packages_from_report(report: dict, target: Target, steps: list[dict]) -> lis
             if name not in items:
                 missing.add(name)
                 continue
-            step_of.setdefault(name, step["id"])
+            step_of.setdefault(name, step.id)
             queue.extend(_deps(items[name], extras, markers))
     extra = sorted(set(items) - set(step_of))
     if missing or extra:
@@ -284,18 +313,15 @@ def packages_from_report(report: dict, target: Target, steps: list[dict]) -> lis
             hashes = {"sha256": archive["hash"].split("=", 1)[1]}
         if "sha256" not in hashes:
             raise LockError(f"the index gives no sha256 for {item['metadata']['name']} ({info['url']})")
-        entry = {"name": item["metadata"]["name"], "version": item["metadata"]["version"],
-                 "sha256": hashes["sha256"], "step": step_of[name]}
-        if item.get("is_direct"):
-            entry["url"] = info["url"]
-        packages.append(entry)
+        packages.append(LockedPackage(item["metadata"]["name"], item["metadata"]["version"], hashes["sha256"],
+                                      step_of[name], info["url"] if item.get("is_direct") else None))
     return packages
 
 
 # --- base images ----------------------------------------------------------------------------
 
 
-def _local_image(engine: Engine | None, ref: str) -> dict | None:
+def local_image(engine: ImageStore | None, ref: str) -> dict[str, Any] | None:
     """The engine's `image inspect` of ``ref``; None when there is no engine (the CLI passes
     the one it created, or None), the engine is unreachable or does not have it."""
     if engine is None:
@@ -306,89 +332,60 @@ def _local_image(engine: Engine | None, ref: str) -> dict | None:
         return None
 
 
-def pin_base(ref: str, *, engine: Engine | None = None) -> dict[str, Any]:
-    """``{ref, digest}`` from the registry (the manifest or index digest a FROM can name), else
-    from the engine's RepoDigests; a base only in the local engine (imported, never pushed)
-    has no digest: its image id is recorded and checked, and the lock says it is not pinned."""
-    try:
-        _, digest, _ = oci.fetch_manifest(ref, client=oci.Client(max_retries=1, timeout=(5.0, 30.0)))
-        return {"ref": ref, "digest": digest}
-    except ImgbuildError:  # unreachable, refusing or unknown to its registry: ask the engine
-        pass
-    attrs = _local_image(engine, ref)
-    if attrs:
-        last = ref.rsplit("/", 1)[-1]
-        name_of_ref = ref[: len(ref) - len(last)] + last.split("@")[0].split(":")[0]
-        for d in attrs.get("RepoDigests") or []:
-            name, _, digest = d.partition("@")
-            if digest and name == name_of_ref:  # a digest of this repository, not another
-                return {"ref": ref, "digest": digest}
-        return {"ref": ref, "digest": None, "image_id": attrs["Id"],
-                "note": "exists only in the local engine (no registry digest): pinned by image id, "
-                        "which other machines cannot reproduce; push it to a registry to pin it"}
-    return {"ref": ref, "digest": None,
-            "note": "neither its registry nor the local engine knows it: not pinned"}
-
-
 # --- the lock file --------------------------------------------------------------------------
 
 
-def lock_variant(plan: BuildPlan, *, ca_cert: Path | None = None, resolver: Resolver | None = None,
-                 base_pinner: Callable[[str], dict] | None = None,
-                 prefer: dict[str, Any] | None = None, engine: Engine | None = None,
-                 on_status: Callable[[str], None] | None = None) -> dict[str, Any]:
+def lock_variant(plan: BuildPlan, *, base_pinner: BasePinner, ca_cert: Path | None = None,
+                 resolver: Resolver | None = None, prefer: VariantLock | None = None,
+                 on_status: Callable[[str], None] | None = None) -> VariantLock:
     """The lock of one variant. ``prefer``: an existing variant lock whose versions are
     passed as constraints (so re-checking a current lock does not pick up new releases).
-    ``resolver`` and ``base_pinner`` default to pip and the registry/engine (tests pass fakes).
+    ``resolver`` defaults to pip; ``base_pinner`` pins each base (pipeline.locks.pin_base asks the
+    registry, then the engine; tests pass fakes).
     ``on_status`` hears what is being done before each wait (a pip resolution takes tens of
     seconds): the CLI shows it."""
     resolver = resolver or run_pip_report
-    base_pinner = base_pinner or functools.partial(pin_base, engine=engine)
     status = on_status or (lambda _text: None)
     inputs = lock_inputs(plan)
     target = target_of(plan)
-    packages: dict[str, list] = {}
-    for stage_name, stage in inputs["stages"].items():
-        requirements = [r for step in stage["steps"] for r in step["requirements"]]
-        constraints = [f"{p['name']}=={p['version']}" for p in (prefer or {}).get("packages", {}).get(stage_name, [])
-                       if "url" not in p]
+    packages: dict[str, tuple[LockedPackage, ...]] = {}
+    for stage_name, stage in inputs.stages.items():
+        requirements = [r for step in stage.steps for r in step.requirements]
+        constraints = [f"{p.name}=={p.version}" for p in (prefer.packages.get(stage_name, ()) if prefer else ())
+                       if p.url is None]
         status(f"resolving {len(requirements)} requirements of stage {stage_name} with pip (Python {target.python})")
-        report = resolver(target, stage["indexes"], requirements, constraints=constraints, ca_cert=ca_cert)
-        packages[stage_name] = packages_from_report(report, target, stage["steps"])
-    bases = {}
-    for stage, ref in _plan_bases(plan).items():
+        report = resolver(target, list(stage.indexes), requirements, constraints=constraints, ca_cert=ca_cert)
+        packages[stage_name] = tuple(packages_from_report(report, target, stage.steps))
+    bases: dict[str, LockedBase] = {}
+    for name, ref in _plan_bases(plan).items():
         if "@" in ref:
-            bases[stage] = {"ref": unpinned(ref), "digest": ref.split("@", 1)[1]}
+            bases[name] = LockedBase(unpinned(ref), ref.split("@", 1)[1])
         else:
-            status(f"pinning base {ref} of stage {stage} by digest")
-            bases[stage] = base_pinner(ref)
+            status(f"pinning base {ref} of stage {name} by digest")
+            bases[name] = base_pinner(ref)
     notes = [f"{name} is built from source in the builder stage: not locked (its sdist is not hashed, "
              "and dependencies it pulls beyond the locked packages are not pinned)"
-             for name in inputs["unlocked"]]
-    return {"bases": bases, "inputs": inputs, "notes": notes, "packages": packages}
+             for name in inputs.unlocked]
+    return VariantLock(bases, inputs, packages, tuple(notes))
 
 
-def variant_notes(entry: dict) -> list[str]:
+def variant_notes(entry: VariantLock) -> list[str]:
     """What a variant's lock does not pin, for the user to see on every lock and build."""
-    return list(entry.get("notes") or ()) + [f"base {b['ref']} of stage {stage}: {b['note']}"
-                                             for stage, b in sorted((entry.get("bases") or {}).items()) if b.get("note")]  # noqa: E501
+    return list(entry.notes) + [f"base {b.ref} of stage {stage}: {b.note}"
+                                for stage, b in sorted(entry.bases.items()) if b.note]
 
 
-def _digest(obj) -> str:
+def _digest(obj: object) -> str:
     return "sha256:" + hashlib.sha256(json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
-def make_lock(recipe_path: Path, variants: dict[str, dict]) -> dict[str, Any]:
-    return {
-        "lock_version": LOCK_VERSION,
-        "recipe": recipe_path.name,
-        "inputs_digest": _digest({k: v["inputs"] for k, v in variants.items()}),
-        "variants": dict(sorted(variants.items())),
-    }
+def make_lock(recipe_path: Path, variants: dict[str, VariantLock]) -> LockFile:
+    return LockFile(LOCK_VERSION, recipe_path.name, _digest({k: v.inputs.to_json() for k, v in variants.items()}),
+                    dict(sorted(variants.items())))
 
 
 def lock_recipe(plans: dict[str, BuildPlan], *, on_status: Callable[[str], None] | None = None,
-                **kwargs) -> dict[str, Any]:
+                **kwargs: Any) -> LockFile:
     """Lock every variant (``{variant_id: plan}``; a plain recipe is ``{"default": plan}``);
     ``on_status`` as for lock_variant, each text after its variant's id when there are several."""
     if not plans:
@@ -404,11 +401,12 @@ def lock_recipe(plans: dict[str, BuildPlan], *, on_status: Callable[[str], None]
                                          for vid, p in plans.items()})
 
 
-def dump_lock(lock: dict[str, Any]) -> str:
-    header = (f"# imgbuild lock file for {lock['recipe']}: generated by `imgbuild lock`, do not edit.\n"
+def dump_lock(lock: LockFile) -> str:
+    header = (f"# imgbuild lock file for {lock.recipe}: generated by `imgbuild lock`, do not edit.\n"
               "# `imgbuild build` installs exactly these wheels (pip --require-hashes) on these bases.\n"
-              f"# Update it with `imgbuild lock {lock['recipe']}` or `imgbuild build --update-lock`.\n")
-    return header + yaml.safe_dump(lock, sort_keys=True, default_flow_style=False, width=4096, allow_unicode=True)
+              f"# Update it with `imgbuild lock {lock.recipe}` or `imgbuild build --update-lock`.\n")
+    return header + yaml.safe_dump(lock.to_json(), sort_keys=True, default_flow_style=False, width=4096,
+                                   allow_unicode=True)
 
 
 def lock_path(recipe_path: Path) -> Path:
@@ -423,9 +421,9 @@ def write_lock(path: Path, text: str) -> bool:
     return True
 
 
-def read_lock(path: Path) -> dict[str, Any]:
+def read_lock(path: Path) -> LockFile:
     """The lock file, checked against its schema (lock.schema.json): LockFileError (exit 2)
-    with every issue at its `file:line: key`."""
+    with every issue at its `file:line: key`; then the typed lock."""
     hint = "regenerate it with `imgbuild lock`"
     try:
         text = path.read_text(encoding="utf-8")
@@ -442,23 +440,24 @@ def read_lock(path: Path) -> dict[str, Any]:
                                 for i in validate(located.data, load_schema("lock"))]
     if issues:
         raise LockFileError(issues, hint=hint)
-    return located.data
+    return LockFile.from_json(located.data)
 
 
 # --- staleness and drift --------------------------------------------------------------------
 
 
-def _pins(inputs: dict) -> dict[tuple[str, str], tuple[str, str]]:
+def _pins(inputs: LockInputs) -> dict[tuple[str, str], tuple[str, str]]:
     """(stage, package) -> (step, requirement) over every pip step."""
     out: dict[tuple[str, str], tuple[str, str]] = {}
-    for stage, s in inputs.get("stages", {}).items():
-        for step in s["steps"]:
-            for r in step["requirements"]:
+    for stage, s in inputs.stages.items():
+        for step in s.steps:
+            for r in step.requirements:
+                key: str
                 try:
                     key = canonicalize_name(Requirement(r).name)
                 except InvalidRequirement:
                     key = r
-                out[(stage, key)] = (step["id"], r)
+                out[(stage, key)] = (step.id, r)
     return out
 
 
@@ -466,31 +465,32 @@ def _version(req: str) -> str:
     return req.split("==", 1)[1] if "==" in req else req
 
 
-def diff_inputs(old: dict, new: dict) -> list[str]:
+def diff_inputs(old: LockInputs, new: LockInputs) -> list[str]:
     """What changed between the inputs a lock was made from and the plan's, in words."""
-    changes = [f"{key} {old.get(key)} -> {new.get(key)}" for key in ("python", "glibc") if old.get(key) != new.get(key)]
-    if old.get("platform") != new.get("platform") and old.get("glibc") == new.get("glibc"):
-        changes.append(f"platform {old.get('platform')} -> {new.get('platform')}")
-    changes += _base_changes(old.get("bases", {}), new.get("bases", {}))
-    changes += _index_changes(old.get("stages", {}), new.get("stages", {}))
+    changes = [f"python {old.python} -> {new.python}"] if old.python != new.python else []
+    if old.glibc != new.glibc:
+        changes.append(f"glibc {old.glibc} -> {new.glibc}")
+    if old.platform != new.platform and old.glibc == new.glibc:
+        changes.append(f"platform {old.platform} -> {new.platform}")
+    changes += _base_changes(old.bases, new.bases)
+    changes += _index_changes(old.stages, new.stages)
     changes += _pin_changes(_pins(old), _pins(new))
-    if old.get("unlocked") != new.get("unlocked"):
-        changes.append(f"built from source: {', '.join(old.get('unlocked') or []) or 'none'} -> "
-                       f"{', '.join(new.get('unlocked') or []) or 'none'}")
+    if old.unlocked != new.unlocked:
+        changes.append(f"built from source: {', '.join(old.unlocked) or 'none'} -> {', '.join(new.unlocked) or 'none'}")
     if not changes and old != new:
         changes.append("the plan's pip steps changed (order or grouping)")
     return changes
 
 
-def _base_changes(old: dict[str, str], new: dict[str, str]) -> list[str]:
+def _base_changes(old: Mapping[str, str], new: Mapping[str, str]) -> list[str]:
     return [f"base of stage {stage}: {old.get(stage) or 'none'} -> {new.get(stage) or 'none'}"
             for stage in sorted(set(old) | set(new)) if old.get(stage) != new.get(stage)]
 
 
-def _index_changes(old: dict[str, dict], new: dict[str, dict]) -> list[str]:
+def _index_changes(old: Mapping[str, StageInputs], new: Mapping[str, StageInputs]) -> list[str]:
     changes = []
-    for stage in sorted(set(old) | set(new)):
-        a, b = old.get(stage, {}).get("indexes"), new.get(stage, {}).get("indexes")
+    for stage in sorted(set(old) & set(new)):
+        a, b = old[stage].indexes, new[stage].indexes
         if a and b and a != b:
             changes.append(f"wheel index of stage {stage}: {a[0]} -> {b[0]}")
     return changes
@@ -516,46 +516,47 @@ def _pin_changes(pa: dict[tuple[str, str], tuple[str, str]], pb: dict[tuple[str,
     return changes
 
 
-def diff_locked(old: dict, new: dict) -> list[str]:
+def diff_locked(old: VariantLock, new: VariantLock) -> list[str]:
     """What a fresh resolve of the same inputs would change in a variant's packages and bases."""
     changes = []
-    for stage in sorted(set(old.get("packages", {})) | set(new.get("packages", {}))):
-        a: dict[str, dict] = {canonicalize_name(p["name"]): p for p in old.get("packages", {}).get(stage, [])}
-        b: dict[str, dict] = {canonicalize_name(p["name"]): p for p in new.get("packages", {}).get(stage, [])}
+    for stage in sorted(set(old.packages) | set(new.packages)):
+        a = {canonicalize_name(p.name): p for p in old.packages.get(stage, ())}
+        b = {canonicalize_name(p.name): p for p in new.packages.get(stage, ())}
         where = "" if stage == "final" else f" (stage {stage})"
         for name in sorted(set(a) | set(b)):
             if name not in b:
-                changes.append(f"{a[name]['name']} {a[name]['version']} would be removed{where}")
+                changes.append(f"{a[name].name} {a[name].version} would be removed{where}")
             elif name not in a:
-                changes.append(f"{b[name]['name']} {b[name]['version']} would be added{where}")
-            elif a[name]["version"] != b[name]["version"]:
-                changes.append(f"{b[name]['name']} {a[name]['version']} -> {b[name]['version']}{where}")
-            elif a[name]["sha256"] != b[name]["sha256"]:
-                changes.append(f"{b[name]['name']} {b[name]['version']}: locked sha256 {a[name]['sha256'][:12]}... "
-                               f"but the index has {b[name]['sha256'][:12]}...{where}")
-            elif a[name]["step"] != b[name]["step"]:
-                changes.append(f"{b[name]['name']} would move from step {a[name]['step']} to {b[name]['step']}{where}")
-    for stage in sorted(set(old.get("bases", {})) | set(new.get("bases", {}))):
-        a, b = old.get("bases", {}).get(stage) or {}, new.get("bases", {}).get(stage) or {}
-        if a.get("digest") and a.get("ref") == b.get("ref"):
+                changes.append(f"{b[name].name} {b[name].version} would be added{where}")
+            elif a[name].version != b[name].version:
+                changes.append(f"{b[name].name} {a[name].version} -> {b[name].version}{where}")
+            elif a[name].sha256 != b[name].sha256:
+                changes.append(f"{b[name].name} {b[name].version}: locked sha256 {a[name].sha256[:12]}... "
+                               f"but the index has {b[name].sha256[:12]}...{where}")
+            elif a[name].step != b[name].step:
+                changes.append(f"{b[name].name} would move from step {a[name].step} to {b[name].step}{where}")
+    for stage in sorted(set(old.bases) | set(new.bases)):
+        was_base, now_base = old.bases.get(stage), new.bases.get(stage)
+        if was_base and was_base.digest and now_base and was_base.ref == now_base.ref:
             continue  # a pinned digest stays pinned; a moved tag is an update, not drift
-        if a != b:
-            was = a.get("digest") or a.get("image_id") or "unpinned"
-            now = b.get("digest") or b.get("image_id") or "unpinned"
-            changes.append(f"base of stage {stage} ({b.get('ref') or a.get('ref')}): {was} -> {now}")
+        if was_base != now_base:
+            was = (was_base and (was_base.digest or was_base.image_id)) or "unpinned"
+            now = (now_base and (now_base.digest or now_base.image_id)) or "unpinned"
+            ref = (now_base and now_base.ref) or (was_base and was_base.ref)
+            changes.append(f"base of stage {stage} ({ref}): {was} -> {now}")
     return changes
 
 
-def check_current(lock: dict, plan: BuildPlan, path: Path, variant: str = DEFAULT_VARIANT, *,
-                  locked: bool = False) -> dict:
+def check_current(lock: LockFile, plan: BuildPlan, path: Path, variant: str = DEFAULT_VARIANT, *,
+                  locked: bool = False) -> VariantLock:
     """The variant's lock, or LockStale (LockDrift under ``--locked``) naming what changed."""
     err = LockDrift if locked else LockStale
     hint = (f"run `imgbuild lock {plan.recipe.path}` (or `imgbuild build --update-lock`) and commit {path.name}")
-    entry = lock["variants"].get(variant)
+    entry = lock.variants.get(variant)
     if entry is None:
-        raise err(f"{path} has no variant {variant!r} (it has {', '.join(sorted(lock['variants'])) or 'none'})",
+        raise err(f"{path} has no variant {variant!r} (it has {', '.join(sorted(lock.variants)) or 'none'})",
                   changes=[f"variant {variant} added"], path=str(path), hint=hint)
-    changes = diff_inputs(entry.get("inputs") or {}, lock_inputs(plan))
+    changes = diff_inputs(entry.inputs, lock_inputs(plan))
     if changes:
         what = "does not match" if locked else "is stale for"
         raise err(f"{path.name} {what} {plan.recipe.path.name} (variant {variant}): " + "; ".join(changes),
@@ -566,15 +567,15 @@ def check_current(lock: dict, plan: BuildPlan, path: Path, variant: str = DEFAUL
 # --- using a lock in a build ----------------------------------------------------------------
 
 
-def requirements_text(packages: list[dict]) -> str:
+def requirements_text(packages: Sequence[LockedPackage]) -> str:
     lines = []
-    for p in sorted(packages, key=lambda p: canonicalize_name(p["name"])):
-        spec = f"{p['name']} @ {p['url']}" if p.get("url") else f"{p['name']}=={p['version']}"
-        lines.append(f"{spec} --hash=sha256:{p['sha256']}\n")
+    for p in sorted(packages, key=lambda p: canonicalize_name(p.name)):
+        spec = f"{p.name} @ {p.url}" if p.url else f"{p.name}=={p.version}"
+        lines.append(f"{spec} --hash=sha256:{p.sha256}\n")
     return "".join(lines)
 
 
-def _locked_step(stage: Stage, step: PipStep, packages: list[dict]) -> LockedPipStep:
+def _locked_step(stage: Stage, step: PipStep, packages: Sequence[LockedPackage]) -> LockedPipStep:
     rel = f"{LOCK_DIR}/{stage.name}-{step.id}.txt"
     indexes = stage_indexes(stage)
     return LockedPipStep(
@@ -588,7 +589,7 @@ def _locked_step(stage: Stage, step: PipStep, packages: list[dict]) -> LockedPip
     )
 
 
-def apply_lock(plan: BuildPlan, entry: dict) -> BuildPlan:
+def apply_lock(plan: BuildPlan, entry: VariantLock) -> BuildPlan:
     """A new plan: bases by digest, and each pip step replaced by a ``LockedPipStep`` that
     installs its locked packages with ``--no-deps --require-hashes`` from a requirements file
     bind-mounted from the context (a pip step whose packages an earlier step installs is dropped)."""
@@ -596,18 +597,18 @@ def apply_lock(plan: BuildPlan, entry: dict) -> BuildPlan:
     labels = dict(plan.labels)
     for stage in plan.stages:
         base = stage.base
-        pinned = (entry.get("bases") or {}).get(stage.name) or {}
-        if pinned.get("digest") and pinned.get("ref") == unpinned(base):
-            base = f"{unpinned(base)}@{pinned['digest']}"
-            if stage.role == "final" and BASE_DIGEST_LABEL in labels:
-                labels[BASE_DIGEST_LABEL] = pinned["digest"]  # the base built on is the locked one
-        packages = (entry.get("packages") or {}).get(stage.name)
+        pinned = entry.bases.get(stage.name)
+        if pinned and pinned.digest and pinned.ref == unpinned(base):
+            base = f"{unpinned(base)}@{pinned.digest}"
+            if stage.role == StageRole.FINAL and OCI_BASE_DIGEST in labels:
+                labels[OCI_BASE_DIGEST] = pinned.digest  # the base built on is the locked one
+        packages = entry.packages.get(stage.name)
         steps: list[Step] = []
         for step in stage.steps:
-            if isinstance(step, MetaStep) and BASE_DIGEST_LABEL in dict(step.labels):
+            if isinstance(step, MetaStep) and OCI_BASE_DIGEST in dict(step.labels):
                 steps.append(dataclasses.replace(step, labels=tuple(labels.items())))
             elif isinstance(step, PipStep) and packages is not None:
-                mine = [p for p in packages if p["step"] == step.id]
+                mine = [p for p in packages if p.step == step.id]
                 if mine:  # else everything it names is already installed by an earlier step
                     steps.append(_locked_step(stage, step, mine))
             else:
@@ -629,15 +630,15 @@ class LocalBaseDrift:
         return f"base {self.ref} is not the image locked (locked {self.locked_id[:19]}, now {str(self.now_id)[:19]})"
 
 
-def local_base_drift(entry: dict, engine: Engine | None = None) -> list[LocalBaseDrift]:
-    """The entry's bases locked by local image id whose image is no longer that one."""
+def local_base_drift(bases: Mapping[str, LockedBase], engine: ImageStore | None = None) -> list[LocalBaseDrift]:
+    """The bases (a variant's) locked by local image id whose image is no longer that one."""
     out = []
-    for _stage, b in sorted((entry.get("bases") or {}).items()):
-        if b.get("digest") or not b.get("image_id"):
+    for _stage, b in sorted(bases.items()):
+        if b.digest or not b.image_id:
             continue
-        now = (_local_image(engine, b["ref"]) or {}).get("Id")
-        if now != b["image_id"]:
-            out.append(LocalBaseDrift(b["ref"], b["image_id"], now))
+        now = (local_image(engine, b.ref) or {}).get("Id")
+        if now != b.image_id:
+            out.append(LocalBaseDrift(b.ref, b.image_id, now))
     return out
 
 
@@ -645,45 +646,44 @@ def local_base_drift(entry: dict, engine: Engine | None = None) -> list[LocalBas
 class LockUse:
     plan: BuildPlan  # the plan to build (locked, or the original when there is no lock)
     path: Path
-    status: str  # none | used | updated | unchanged
+    status: LockStatus
     warnings: tuple[str, ...] = ()
 
 
-def use_lock(plan: BuildPlan, *, mode: str = "auto", variant: str = DEFAULT_VARIANT, ca_cert: Path | None = None,
-             resolver: Resolver | None = None, base_pinner: Callable[[str], dict] | None = None,
-             engine: Engine | None = None) -> LockUse:
+def use_lock(plan: BuildPlan, *, mode: LockMode = LockMode.AUTO, variant: str = DEFAULT_VARIANT,
+             base_pinner: BasePinner, ca_cert: Path | None = None, resolver: Resolver | None = None,
+             engine: ImageStore | None = None) -> LockUse:
     """What `imgbuild build` does with the recipe's lock. ``mode``: ``auto`` (use it when
     present, refuse a stale one), ``update`` (re-lock, then use it) or ``locked`` (CI: it must
     exist and a fresh resolve must not change it; never written)."""
     path = lock_path(plan.recipe.path)
-    kwargs: dict[str, Any] = {"ca_cert": ca_cert, "resolver": resolver, "base_pinner": base_pinner,
-                              "engine": engine}
-    if mode == "update":
+    kwargs: dict[str, Any] = {"ca_cert": ca_cert, "resolver": resolver, "base_pinner": base_pinner}
+    if mode == LockMode.UPDATE:
         entry = lock_variant(plan, **kwargs)
         with _UPDATE:  # other variants of the file are kept
             lock = read_lock(path) if path.exists() else None
-            variants = {**(lock["variants"] if lock else {}), variant: entry}
+            variants = {**(lock.variants if lock else {}), variant: entry}
             changed = write_lock(path, dump_lock(make_lock(plan.recipe.path, variants)))
-        status = "updated" if changed else "unchanged"
+        status = LockStatus.UPDATED if changed else LockStatus.UNCHANGED
     elif not path.exists():
-        if mode == "locked":
+        if mode == LockMode.LOCKED:
             raise LockDrift(f"--locked: {plan.recipe.path.name} has no lock file ({path.name})",
                             changes=["lock file missing"], path=str(path),
                             hint=f"run `imgbuild lock {plan.recipe.path}` and commit {path.name}")
-        return LockUse(plan, path, "none")
+        return LockUse(plan, path, LockStatus.NONE)
     else:
         lock = read_lock(path)
-        entry = check_current(lock, plan, path, variant, locked=mode == "locked")
-        status = "used"
-        if mode == "locked":
+        entry = check_current(lock, plan, path, variant, locked=mode == LockMode.LOCKED)
+        status = LockStatus.USED
+        if mode == LockMode.LOCKED:
             fresh = lock_variant(plan, prefer=entry, **kwargs)
             changes = diff_locked(entry, fresh)
             if changes:
                 raise LockDrift(f"--locked: {path.name} would change (variant {variant}): " + "; ".join(changes),
                                 changes=changes, path=str(path),
                                 hint=f"run `imgbuild lock {plan.recipe.path}` and review the diff")
-    drift = [d.render() for d in local_base_drift(entry, engine)]
-    if mode == "locked" and drift:
+    drift = [d.render() for d in local_base_drift(entry.bases, engine)]
+    if mode == LockMode.LOCKED and drift:
         raise LockDrift(f"--locked: {path.name}: " + "; ".join(drift), changes=drift, path=str(path))
     warnings = tuple(variant_notes(entry)) + tuple(drift)
     return LockUse(apply_lock(plan, entry), path, status, warnings)

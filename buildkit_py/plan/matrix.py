@@ -27,23 +27,19 @@ import itertools
 import json
 import math
 import re
-import shutil
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from buildkit_py.compat.resolve import Resolution, resolve_with_base
-from buildkit_py.engine.build import build_secrets, write_context
+from buildkit_py.compat.resolve import Resolution
 from buildkit_py.errors import (
     CompatibilityError,
     RecipeError,
     RecipeIssue,
     UsageError,
 )
-from buildkit_py.files import write_atomic
-from buildkit_py.plan.build_plan import BuildPlan, Stage, make_plan
-from buildkit_py.plan.installer import UV_ENV_SECRET_ID, read_pip_config_for_uv, uses_uv
+from buildkit_py.plan.build_plan import BuildPlan, Stage, StageRole, make_plan
 from buildkit_py.plan.steps import Step
 from buildkit_py.recipe.model import (
     BASE_KEYS,
@@ -53,13 +49,11 @@ from buildkit_py.recipe.model import (
     TAG_RE,
     TOP_KEYS,
     Recipe,
-    line_of,
     locate,
     parse_recipe,
     read_recipe_text,
 )
-from buildkit_py.render.dockerfile import render_dockerfile
-from buildkit_py.schemas import closest, load_schema, prune, validate
+from buildkit_py.schemas import closest, line_of, load_schema, prune, validate
 
 GITHUB_MAX_JOBS = 256  # GitHub Actions: a matrix generates at most 256 jobs per workflow run
 GITLAB_MAX_JOBS = 200  # GitLab CI: parallel:matrix creates at most 200 jobs
@@ -309,21 +303,24 @@ def _get_path(data: Any, dotted: str) -> Any:
 # --- expansion ------------------------------------------------------------------------
 
 
-def load_matrix(path: str | Path) -> Matrix:
-    """Read a recipe and expand its matrix. A recipe without one is a one-variant matrix."""
+Resolver = Callable[[Recipe], Resolution]
+
+
+def load_matrix(path: str | Path, *, resolver: Resolver) -> Matrix:
+    """Read a recipe and expand its matrix. A recipe without one is a one-variant matrix. ``resolver``
+    resolves each variant (the pipeline's, which reads each base's facts once)."""
     path = Path(path)
-    return expand_matrix(read_recipe_text(path), path)
+    return expand_matrix(read_recipe_text(path), path, resolver=resolver)
 
 
-def expand_matrix(text: str, path: Path) -> Matrix:
+def expand_matrix(text: str, path: Path, *, resolver: Resolver) -> Matrix:
     file = str(path)
     located = locate(text, file)
     spec = parse_matrix_spec(located, file, _value_checker(text, path, located))
     base = parse_recipe(text, path)  # the recipe as written must be valid on its own
-    facts: dict = {}  # each base looked up once: its labels name its OS (a shared base)
     if spec is None:
         try:
-            res = resolve_with_base(base, cache=facts)
+            res = resolver(base)
         except CompatibilityError as exc:
             return Matrix(path, base.name, (), (), (DroppedVariant("default", {}, "recipe", exc),))
         tags = (f"{base.name}:{base.version or 'latest'}", f"{base.name}:{content_tag(base)}")
@@ -366,7 +363,7 @@ def expand_matrix(text: str, path: Path) -> Matrix:
             issues += _relocate(exc.issues, values, paths, spec.lines, vid)
             continue
         try:
-            res = resolve_with_base(recipe, cache=facts)
+            res = resolver(recipe)
         except CompatibilityError as exc:
             dropped.append(DroppedVariant(vid, values, source, exc))
             continue
@@ -576,7 +573,7 @@ def shared_stages(plans: dict[str, BuildPlan]) -> tuple[dict[str, SharedStage], 
 def shared_stage_plan(stage: SharedStage, plans: dict[str, BuildPlan], base: str) -> BuildPlan:
     """The plan of one shared stage alone: its steps FROM ``base`` (the base image, or what
     its parent stage became: a bake context name or a locally built image)."""
-    return replace(plans[stage.users[0]], stages=(Stage("shared", base, stage.steps, "final"),))
+    return replace(plans[stage.users[0]], stages=(Stage("shared", base, stage.steps, StageRole.FINAL),))
 
 
 def shared_stage_tag(matrix: Matrix, key: str) -> str:
@@ -660,132 +657,6 @@ def gitlab_matrix(matrix: Matrix, *, registry: str | None = None) -> dict[str, A
             "IMGBUILD_CACHE": cache_ref(matrix, v.id, registry),
         })
     return {"parallel": {"matrix": entries}}
-
-
-BAKE_FILE = "docker-bake.json"
-# buildx before 0.17 reads a target's `network` only from a compose file: this one sets it.
-BAKE_NETWORK_FILE = "compose.yaml"
-BAKE_CONTEXTS = "contexts"  # one build context per target, beside the bake file
-_BAKE_MARK = ".imgbuild-bake"  # a folder holding it may be rewritten by the next `--format bake -o`
-
-
-@dataclass(frozen=True)
-class BakeTarget:
-    name: str
-    spec: dict[str, Any]  # the target as docker-bake.json holds it
-    plan: BuildPlan  # what its build context must hold (write_context)
-
-
-def bake_targets(matrix: Matrix, *, registry: str | None = None, ca_cert: Path | None = None,
-                 pip_config: Path | None = None, push: bool = False,
-                 prepare: Callable[[Variant, BuildPlan], BuildPlan] | None = None,
-                 uv_env: Path | None = None) -> list[BakeTarget]:
-    """The targets of the bake file, shared stages first: one per variant with its own registry
-    cache (when there is a ``registry``), and the stages the variants share as targets of their
-    own, ahead of the targets that build FROM them (through ``contexts: {name: "target:shared-..."}``).
-    Shared targets export only cache; variant targets load into the engine, or push their tags
-    with ``push``. (Bake's own --push/--load would set every target's output, the tagless shared
-    ones too.) Each target's build context is ``contexts/<target>`` beside the bake file.
-    The CA bundle and pip.conf reach every target as the secrets `imgbuild build` passes, and
-    for uv steps the pip.conf's translation (the file ``uv_env``, which write_bake writes);
-    ``prepare`` (the variant's lock) runs on each variant's plan first."""
-    secrets = build_secrets(ca_cert, pip_config)
-    plans = {v.id: variant_plan(v, registry=registry) for v in matrix.variants}
-    if prepare is not None:
-        plans = {v.id: prepare(v, plans[v.id]) for v in matrix.variants}
-    if pip_config is not None and any(uses_uv(p.stages) for p in plans.values()):
-        read_pip_config_for_uv(pip_config, ca_cert=ca_cert is not None)  # a key uv cannot honour: refused here
-        if uv_env is None:
-            raise UsageError(f"--pip-config {pip_config}: uv steps read its translation from a file beside "
-                             "the bake file", hint="write the bake folder (-o DIR)")
-        secrets[UV_ENV_SECRET_ID] = uv_env
-    stages, chains = shared_stages(plans)
-    common: dict[str, Any] = {"network": "host"}  # like `imgbuild build` (its --network default)
-    if secrets:
-        common["secret"] = [f"id={sid},src={src}" for sid, src in sorted(secrets.items())]
-
-    def cache(ref_name: str) -> dict[str, list[str]]:
-        if not registry:  # no registry: no cache refs (a bare name would mean Docker Hub)
-            return {}
-        ref = cache_ref(matrix, ref_name, registry)
-        return {"cache-from": [f"type=registry,ref={ref}"], "cache-to": [f"type=registry,ref={ref},mode=max"]}
-
-    targets: list[BakeTarget] = []
-    for key in build_order(stages):
-        st = stages[key]
-        plan = shared_stage_plan(st, plans, st.base)
-        body = "\n".join(line for line in render_dockerfile(plan).splitlines() if not line.startswith("#"))
-        head = (f"# Shared stage of the imgbuild matrix {matrix.name}: {', '.join(s.id for s in st.steps)};\n"
-                f"# used by {', '.join(st.users)}.\n")
-        spec: dict[str, Any] = {"context": f"{BAKE_CONTEXTS}/{st.target}",
-                                "dockerfile-inline": head + body.strip("\n") + "\n"}
-        if st.parent:
-            spec["contexts"] = {stages[st.parent].context: f"target:{stages[st.parent].target}"}
-        targets.append(BakeTarget(st.target, {**spec, **cache(st.target), "output": ["type=cacheonly"], **common},
-                                  plan))
-    for v in matrix.variants:
-        plan = plans[v.id]
-        chain = chains[v.id]
-        if chain:
-            plan = after_shared(plan, chain, stages, stages[chain[-1]].context)
-        spec = {"context": f"{BAKE_CONTEXTS}/{v.id}", "dockerfile-inline": render_dockerfile(plan),
-                "tags": list(plan.tags)}
-        if chain:
-            last = stages[chain[-1]]
-            spec["contexts"] = {last.context: f"target:{last.target}"}
-        output = ["type=registry"] if push else ["type=docker"]
-        targets.append(BakeTarget(v.id, {**spec, **cache(v.id), "output": output, **common}, plan))
-    return targets
-
-
-def bake_file(matrix: Matrix, **kwargs: Any) -> dict[str, Any]:
-    """The docker-bake.json of ``bake_targets(matrix, **kwargs)``."""
-    return _bake_json(bake_targets(matrix, **kwargs))
-
-
-def _bake_json(targets: list[BakeTarget]) -> dict[str, Any]:
-    return {"group": {"default": {"targets": [t.name for t in targets]}},
-            "target": {t.name: t.spec for t in targets}}
-
-
-def bake_network_file(targets: list[BakeTarget]) -> str:
-    """compose.yaml beside the bake file: ``network: host`` for every target, which buildx bake
-    before 0.17 reads only from a compose file (it ignores the bake file's ``network``)."""
-    services = "".join(f"  {t.name}:\n    build:\n      network: host\n" for t in targets)
-    return (f"# Written by `imgbuild matrix --format bake` with {BAKE_FILE}: `docker buildx bake` run in this\n"
-            "# folder reads both. buildx < 0.17 takes a target's network only from a compose file; the\n"
-            "# builds reach the package registries through the host's network, as `imgbuild build` does.\n"
-            f"services:\n{services}")
-
-
-def write_bake(matrix: Matrix, folder: Path, **kwargs: Any) -> list[Path]:
-    """Write the bake file, its network overlay and every target's build context into
-    ``folder`` (created; an existing one must be empty or hold an earlier bake of ours), so
-    that `docker buildx bake` run there builds exactly what `imgbuild build --all` would.
-    Returns the paths written, the bake file first."""
-    if folder.exists() and not folder.is_dir():
-        raise UsageError(f"-o {folder}: not a folder", hint="give a folder for the bake file and its contexts")
-    if folder.is_dir() and any(folder.iterdir()) and not (folder / _BAKE_MARK).exists():
-        raise UsageError(f"-o {folder}: the folder is not empty and holds no earlier bake of imgbuild's",
-                         hint="give a new or empty folder; imgbuild replaces only a folder it wrote")
-    uv_env = folder.resolve() / UV_ENV_SECRET_ID  # the pip.conf translated for uv steps, 0600
-    targets = bake_targets(matrix, uv_env=uv_env, **kwargs)
-    folder.mkdir(parents=True, exist_ok=True)
-    if any(t.spec.get("secret") and f"id={UV_ENV_SECRET_ID},src={uv_env}" in t.spec["secret"] for t in targets):
-        write_atomic(uv_env, read_pip_config_for_uv(kwargs["pip_config"], ca_cert=kwargs.get("ca_cert") is not None),
-                     private=True)
-    else:
-        uv_env.unlink(missing_ok=True)
-    staging = folder / f".{BAKE_CONTEXTS}.new"
-    shutil.rmtree(staging, ignore_errors=True)
-    for t in targets:
-        write_context(t.plan, staging / t.name)
-    shutil.rmtree(folder / BAKE_CONTEXTS, ignore_errors=True)
-    staging.rename(folder / BAKE_CONTEXTS)
-    write_atomic(folder / _BAKE_MARK, f"written by imgbuild matrix --format bake from {matrix.path}\n")
-    # key order matters (shared stages first), so no sort_keys
-    return [write_atomic(folder / BAKE_FILE, json.dumps(_bake_json(targets), indent=2) + "\n"),
-            write_atomic(folder / BAKE_NETWORK_FILE, bake_network_file(targets)), folder / BAKE_CONTEXTS]
 
 
 def build_order(stages: dict[str, SharedStage]) -> list[str]:

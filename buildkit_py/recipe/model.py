@@ -21,6 +21,7 @@ from typing import Any
 import yaml
 from packaging.requirements import InvalidRequirement, Requirement
 
+from buildkit_py import label_keys
 from buildkit_py.errors import RecipeError, RecipeIssue
 from buildkit_py.schemas import (
     line_of,
@@ -32,11 +33,12 @@ from buildkit_py.schemas import (
     type_name,
     validate,
 )
+from buildkit_py.text_enum import TextEnum
 
 RECIPE_SCHEMA_VERSION = 1
 
 
-def _exact(pattern: str, flags: int = 0) -> re.Pattern:
+def _exact(pattern: str, flags: int = 0) -> re.Pattern[str]:
     """A whole-string, ASCII-only pattern. Python's '$' also matches before a trailing newline
     (so "git\\n" passed r"^[a-z]+$" and broke the rendered Dockerfile), and \\w or \\d match
     any Unicode letter or digit: recipe values that reach a Dockerfile must be plain ASCII."""
@@ -50,7 +52,8 @@ _SCHEMA = load_schema("recipe")
 def recipe_schema() -> dict[str, Any]:
     """The recipe's JSON Schema (published by `imgbuild schema` for editors): the recipe's keys,
     types and value shapes. ``parse_recipe`` validates against it; a fresh copy."""
-    return json.loads(SCHEMA_PATH.read_text(encoding="utf-8"))
+    schema: dict[str, Any] = json.loads(SCHEMA_PATH.read_text(encoding="utf-8"))
+    return schema
 
 
 def _node(*keys: str) -> dict[str, Any]:
@@ -71,16 +74,39 @@ VOLUME_OPTIONS = frozenset({"ro", "rw", "nocopy", "z", "Z", "shared", "rshared",
 SAFE_PATH_RE = _exact(r"^[A-Za-z0-9._/@+=,: -]+$")
 SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]i?B|B)?\s*$", re.IGNORECASE)
 
-FLAVORS = ("base", "runtime", "devel")
-SOURCES = ("nvidia", "wheels")
+class CudaFlavor(TextEnum):
+    """``cuda.flavor``: NVIDIA's image tiers, each holding the one before it."""
+
+    BASE = "base"  # cudart
+    RUNTIME = "runtime"  # the runtime libraries and NCCL
+    DEVEL = "devel"  # and nvcc, headers, static libraries
+
+    @property
+    def rank(self) -> int:
+        """Its place in the order above: a higher tier holds every lower one."""
+        return list(CudaFlavor).index(self)
+
+
+class CudaSource(TextEnum):
+    """``cuda.source``: where the CUDA libraries come from."""
+
+    NVIDIA = "nvidia"  # an nvidia/cuda base image
+    WHEELS = "wheels"  # NVIDIA's pip wheels on base.image
+
+
+class InstallerName(TextEnum):
+    """``build.installer``: what installs the pip steps (plan/installer.py)."""
+
+    UV = "uv"
+    PIP = "pip"
 
 
 @dataclass(frozen=True)
 class CudaSpec:
     version: str
-    flavor: str = "runtime"
+    flavor: CudaFlavor = CudaFlavor.RUNTIME
     cudnn: str | None = None
-    source: str = "nvidia"
+    source: CudaSource = CudaSource.NVIDIA
 
 
 @dataclass(frozen=True)
@@ -101,7 +127,7 @@ class BuildSpec:
     from_source: tuple[str, ...] = ()
     cuda_arch: tuple[str, ...] = ()
     jobs: int | None = None
-    installer: str | None = None  # uv | pip; None: imgbuild's default (plan/installer.py)
+    installer: InstallerName | None = None  # None: imgbuild's default (plan/installer.py)
 
 
 @dataclass(frozen=True)
@@ -177,8 +203,8 @@ class Recipe:
     def normalized(self) -> dict[str, Any]:
         """The recipe as plain sorted data: the input of ``digest``."""
 
-        def spec(obj):
-            return {k: v for k, v in obj.__dict__.items()}
+        def spec(obj: object) -> dict[str, Any]:
+            return dict(vars(obj))
 
         return {
             "schema": RECIPE_SCHEMA_VERSION,
@@ -240,7 +266,7 @@ class _Located:
         finally:
             loader.dispose()
 
-    def _walk(self, node, path: str, depth: int = 0) -> None:
+    def _walk(self, node: yaml.Node, path: str, depth: int = 0) -> None:
         # YAML aliases share nodes: "billion laughs" expand to millions of paths and a
         # self-referencing alias never ends. Recipes are small; refuse such documents.
         self._budget -= 1
@@ -292,7 +318,6 @@ TOP_KEYS = _key_types(_SCHEMA)
 CUDA_KEYS = _key_types(_node("cuda"))
 BASE_KEYS = _key_types(_node("base"))
 BUILD_KEYS = _key_types(_node("build"))
-INSTALLERS = tuple(_node("build", "installer")["enum"])
 BUDGET_KEYS = _key_types(_node("budget"))
 
 
@@ -336,7 +361,7 @@ def _normal_pin(spec: str, key: str, report: _Issues) -> str | None:
     return f"{req.name.lower()}{extras}=={pins[0].version}"
 
 
-def _pins(items: list, report: _Issues) -> tuple[str, ...]:
+def _pins(items: list[Any], report: _Issues) -> tuple[str, ...]:
     """pip: each entry a valid, exactly pinned requirement, each project once, torch not here."""
     pins = [(i, _normal_pin(s, f"pip[{i}]", report)) for i, s in enumerate(items) if s is not None]
     pip = tuple(p for _, p in pins if p is not None)
@@ -354,7 +379,7 @@ def _image_path(path: str) -> str:
     return os.path.normpath(path)  # the schema checked it: absolute, characters safe in a Dockerfile
 
 
-def _copy(item: dict, key: str, root: Path, report: _Issues) -> CopySpec | None:
+def _copy(item: dict[str, Any], key: str, root: Path, report: _Issues) -> CopySpec | None:
     src = item["src"]
     resolved = (root / src).resolve()
     if os.path.isabs(src) or (resolved != root and root not in resolved.parents):
@@ -374,7 +399,7 @@ def _copy(item: dict, key: str, root: Path, report: _Issues) -> CopySpec | None:
     return CopySpec(src=rel, dest=_image_path(item["dest"]))
 
 
-def _copies(items: list, recipe_path: Path, report: _Issues) -> tuple[CopySpec, ...]:
+def _copies(items: list[Any], recipe_path: Path, report: _Issues) -> tuple[CopySpec, ...]:
     root = recipe_path.parent.resolve()
     out = [_copy(item, f"copy[{i}]", root, report) for i, item in enumerate(items) if _has(item, "src", "dest")]
     return tuple(c for c in out if c is not None)
@@ -385,7 +410,7 @@ def _has(item: Any, *keys: str) -> bool:
     return isinstance(item, dict) and all(k in item for k in keys)
 
 
-def _weights(items: list, report: _Issues) -> tuple[WeightsSpec, ...]:
+def _weights(items: list[Any], report: _Issues) -> tuple[WeightsSpec, ...]:
     weights = []
     mounts: dict[str, int] = {}  # mount path -> index of the first entry using it
     for i, item in enumerate(items):
@@ -403,7 +428,7 @@ def _weights(items: list, report: _Issues) -> tuple[WeightsSpec, ...]:
     return tuple(weights)
 
 
-def _services(services: dict, report: _Issues) -> tuple[ServiceSpec, ...]:
+def _services(services: dict[str, Any], report: _Issues) -> tuple[ServiceSpec, ...]:
     out = []
     for name, item in sorted(services.items()):
         if not _has(item, "image"):
@@ -422,7 +447,7 @@ def _services(services: dict, report: _Issues) -> tuple[ServiceSpec, ...]:
     return tuple(out)
 
 
-def _tests(items: list, recipe_path: Path, report: _Issues) -> tuple[TestSpec, ...]:
+def _tests(items: list[Any], recipe_path: Path, report: _Issues) -> tuple[TestSpec, ...]:
     """test: each a command, or a mapping with exactly one of run and script (the script a file
     inside the recipe's folder); names unique, as reports and --json key them by name."""
     root = recipe_path.parent.resolve()
@@ -461,26 +486,27 @@ def _tests(items: list, recipe_path: Path, report: _Issues) -> tuple[TestSpec, .
     return tuple(out)
 
 
-def _texts(items: list) -> tuple[str, ...]:
+def _texts(items: list[Any]) -> tuple[str, ...]:
     return tuple(s for s in items if s is not None)
 
 
-def _build(build: dict, pip: tuple[str, ...], report: _Issues) -> BuildSpec:
+def _build(build: dict[str, Any], pip: tuple[str, ...], report: _Issues) -> BuildSpec:
     pinned = {pin_name(p) for p in pip}
     from_source = build.get("from_source", [])
     for i, pkg in enumerate(from_source):
         if pkg is not None and pkg.lower() not in pinned:
             report.fail(f"build.from_source[{i}]", f"{pkg!r} must also be pinned in pip:")
+    installer = build.get("installer")
     return BuildSpec(tuple(p.lower() for p in _texts(from_source)), _texts(build.get("cuda_arch", [])),
-                     build.get("jobs"), build.get("installer"))
+                     build.get("jobs"), None if installer is None else InstallerName(installer))
 
 
-def _cross_checks(data: dict, report: _Issues) -> None:
-    if data.get("cuda", {}).get("source") == "wheels" and "image" not in data.get("base", {}):
+def _cross_checks(data: dict[str, Any], report: _Issues) -> None:
+    if data.get("cuda", {}).get("source") == CudaSource.WHEELS and "image" not in data.get("base", {}):
         report.fail("base", "cuda.source: wheels needs base.image (the OS image the CUDA wheels go on)")
     for key in data.get("labels", {}):
-        if key.lower().startswith("io.imgbuild."):
-            report.fail(f"labels.{key}", "io.imgbuild.* labels are set by imgbuild itself")
+        if key.lower().startswith(label_keys.PREFIX):
+            report.fail(f"labels.{key}", f"{label_keys.PREFIX}* labels are set by imgbuild itself")
 
 
 def split_service_volume(spec: str) -> tuple[str | None, str, tuple[str, ...]]:
@@ -509,13 +535,13 @@ def named_volume(spec: str) -> str | None:
     return source if source is not None and source[0] not in "./~" else None
 
 
-def load_recipe(path: str | os.PathLike) -> Recipe:
+def load_recipe(path: str | os.PathLike[str]) -> Recipe:
     """Load a recipe without its matrix (see ``matrix`` for the variants)."""
     path = Path(path)
     return parse_recipe(read_recipe_text(path), path)
 
 
-def read_recipe_text(path: str | os.PathLike) -> str:
+def read_recipe_text(path: str | os.PathLike[str]) -> str:
     path = Path(path)
     try:
         return path.read_text(encoding="utf-8")
@@ -545,7 +571,7 @@ def locate(text: str, file: str) -> _Located:
         raise RecipeError([RecipeIssue(file, 1, "", f"invalid YAML: {exc}")]) from None
 
 
-def _set_path(data: dict, dotted: str, value: Any) -> None:
+def _set_path(data: dict[str, Any], dotted: str, value: Any) -> None:
     keys = dotted.split(".")
     for key in keys[:-1]:
         if not isinstance(data.get(key), dict):
@@ -593,7 +619,7 @@ def parse_recipe(text: str, path: Path, *, overrides: dict[str, Any] | None = No
     return recipe
 
 
-def _recipe(data: dict, path: Path, report: _Issues, lines: dict[str, int]) -> Recipe | None:
+def _recipe(data: dict[str, Any], path: Path, report: _Issues, lines: dict[str, int]) -> Recipe | None:
     """The frozen Recipe of schema-checked ``data`` (refused values taken out), after the rules
     across keys; None where a required value is missing (its issue is already recorded)."""
     cuda, base = data.get("cuda", {}), data.get("base", {})
@@ -612,7 +638,8 @@ def _recipe(data: dict, path: Path, report: _Issues, lines: dict[str, int]) -> R
         path=path,
         name=data["name"],
         version=data.get("version"),
-        cuda=CudaSpec(cuda["version"], cuda.get("flavor", "runtime"), cuda.get("cudnn"), cuda.get("source", "nvidia")),
+        cuda=CudaSpec(cuda["version"], CudaFlavor(cuda.get("flavor", CudaFlavor.RUNTIME)), cuda.get("cudnn"),
+                      CudaSource(cuda.get("source", CudaSource.NVIDIA))),
         base=BaseSpec(base.get("image"), base.get("os", "ubuntu22.04"), base.get("mirror")),
         python=data["python"],
         torch=data.get("torch"),

@@ -1,6 +1,7 @@
 """What kind of file a model artifact holds, by name: weights, config, docs, code. One fact
 for every reader: ``weights push`` picks media types from it, and the plan, ``lint`` and
-``inspect`` use it to spot weights baked into an image."""
+``inspect`` use it to spot weights baked into an image, with one size limit
+(``WEIGHT_FILE_LIMIT``, ``over_weight_limit``)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,11 @@ import posixpath
 from typing import Literal
 
 FileKind = Literal["weights", "config", "doc", "code"]
+
+# A weight-like file above this size baked into an image is a problem every pull pays for: the
+# plan warns about it under a copy: source, lint makes it an error there, inspect flags it in a
+# layer (its --weight-threshold default).
+WEIGHT_FILE_LIMIT = 10 * 2**20
 
 WEIGHT_EXTENSIONS = frozenset({
     ".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".gguf", ".ggml", ".onnx", ".h5", ".msgpack", ".pb",
@@ -42,3 +48,9 @@ def is_weight_file(path: str) -> bool:
     """Named like model weights (not merely unknown)."""
     kind, guessed = file_kind(path)
     return kind == "weights" and not guessed
+
+
+def over_weight_limit(size: int, limit: int = WEIGHT_FILE_LIMIT) -> bool:
+    """Whether a weight-like file of ``size`` bytes is above the limit (a file of exactly the
+    limit is not)."""
+    return size > limit

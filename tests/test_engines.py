@@ -1,15 +1,15 @@
-"""Backend detection and capability checks, with stand-in docker clients (scripts that answer
+"""Engine selection and capability checks, with stand-in docker clients (scripts that answer
 `version` and `buildx version` like the real ones). Real builds are in test_e2e_build.py."""
 
 import textwrap
 
 import pytest
 
-from buildkit_py import engine as backends
-from buildkit_py.engine import BuildRequest, detect_backend, require, required_capabilities
+from buildkit_py import engine as engine_pkg
+from buildkit_py.engine import BuildRequest, kind_names, require, required_capabilities, select_engine
 from buildkit_py.engine.kinds.buildx import BuilderEngine, BuildxEngine
 from buildkit_py.engine.kinds.docker import ClassicEngine
-from buildkit_py.errors import BackendCapabilityError, EnvironmentProblem
+from buildkit_py.errors import EngineCapabilityError, EnvironmentProblem
 
 
 def fake_client(tmp_path, name, version, buildx):
@@ -34,46 +34,46 @@ def clients(monkeypatch):
 
 def test_prefers_buildx(tmp_path, clients):
     clients += [fake_client(tmp_path, "new", "28.2.2", buildx=True), fake_client(tmp_path, "old", "20.10.24+dfsg1", False)]  # noqa: E501
-    assert isinstance(detect_backend(), BuildxEngine)
+    assert isinstance(select_engine(), BuildxEngine)
 
 
 def test_new_client_without_buildx_is_skipped_for_classic(tmp_path, clients):
     clients += [fake_client(tmp_path, "new", "28.2.2", buildx=False), fake_client(tmp_path, "old", "20.10.24+dfsg1", False)]  # noqa: E501
-    backend = detect_backend()
-    assert isinstance(backend, ClassicEngine) and backend.client.endswith("old")
+    engine = select_engine()
+    assert isinstance(engine, ClassicEngine) and engine.client.endswith("old")
 
 
 def test_no_capable_client(tmp_path, clients):
     clients += [fake_client(tmp_path, "new", "28.2.2", buildx=False)]
     with pytest.raises(EnvironmentProblem) as info:
-        detect_backend()
+        select_engine()
     assert "needs buildx" in info.value.message and info.value.exit_status == 3
 
 
 def test_override_to_classic(tmp_path, clients):
     clients += [fake_client(tmp_path, "new", "28.2.2", buildx=True), fake_client(tmp_path, "old", "20.10.24", False)]
-    assert isinstance(detect_backend("docker"), ClassicEngine)
+    assert isinstance(select_engine("docker"), ClassicEngine)
 
 
 def test_buildx_override_without_plugin(tmp_path, clients):
     clients += [fake_client(tmp_path, "old", "20.10.24", False)]
     with pytest.raises(EnvironmentProblem):
-        detect_backend("buildx")
+        select_engine("buildx")
 
 
 def test_classic_refuses_cache_export_before_building(tmp_path):
-    backend = ClassicEngine("/usr/bin/docker")
+    engine = ClassicEngine("/usr/bin/docker")
     request = BuildRequest(tmp_path, tmp_path / "Dockerfile", ("x:1",), cache_to=("type=registry,ref=r/c",))
-    with pytest.raises(BackendCapabilityError) as info:
-        require(backend, required_capabilities(frozenset({"secrets"}), request))
+    with pytest.raises(EngineCapabilityError) as info:
+        require(engine, required_capabilities(frozenset({"secrets"}), request))
     assert "cache-export" in info.value.message and info.value.exit_status == 3
 
 
 def test_classic_command_line(tmp_path):
-    backend = ClassicEngine("/usr/bin/docker")
+    engine = ClassicEngine("/usr/bin/docker")
     request = BuildRequest(tmp_path / "ctx", tmp_path / "Dockerfile", ("a:1", "b:2"), labels={"k": "v"},
                            secrets={"cacert": tmp_path / "ca.pem"}, cache_from=("img:cache",))
-    cmd = backend.command(request, tmp_path / "iid")
+    cmd = engine.command(request, tmp_path / "iid")
     assert cmd[:2] == ["/usr/bin/docker", "build"]
     assert ["--secret", f"id=cacert,src={tmp_path / 'ca.pem'}"] == cmd[cmd.index("--secret"):cmd.index("--secret") + 2]
     assert "--network" in cmd and cmd[cmd.index("--network") + 1] == "host"
@@ -84,10 +84,10 @@ def test_classic_command_line(tmp_path):
 
 
 def test_buildx_command_line(tmp_path):
-    backend = BuildxEngine("/usr/bin/docker")
+    engine = BuildxEngine("/usr/bin/docker")
     request = BuildRequest(tmp_path, tmp_path / "Dockerfile", ("a:1", "a:2"), cache_to=("type=registry,ref=r/c",),
                            builder="k8s")
-    cmd = backend.command(request, tmp_path / "iid", tmp_path / "md.json")
+    cmd = engine.command(request, tmp_path / "iid", tmp_path / "md.json")
     assert cmd[:3] == ["/usr/bin/docker", "buildx", "build"]
     assert ["--builder", "k8s"] == cmd[cmd.index("--builder"):cmd.index("--builder") + 2]
     assert ["--cache-to", "type=registry,ref=r/c"] == cmd[cmd.index("--cache-to"):cmd.index("--cache-to") + 2]
@@ -98,15 +98,15 @@ def test_buildx_command_line(tmp_path):
 
 
 def test_buildx_push_and_output_options(tmp_path):
-    backend = BuildxEngine("/usr/bin/docker", buildx=["/opt/x/docker-buildx"])
+    engine = BuildxEngine("/usr/bin/docker", buildx=["/opt/x/docker-buildx"])
     request = BuildRequest(tmp_path, tmp_path / "Dockerfile", ("r/a:1",), push=True, compression="zstd:19",
                            oci_mediatypes=True, provenance="min", platforms=("linux/amd64",))
-    cmd = backend.command(request, tmp_path / "iid")
+    cmd = engine.command(request, tmp_path / "iid")
     assert cmd[:2] == ["/opt/x/docker-buildx", "build"]  # the plugin run standalone
     assert cmd[cmd.index("--output") + 1] == ("type=image,name=r/a:1,push=true,compression=zstd,"
                                               "force-compression=true,compression-level=19,oci-mediatypes=true")
     assert cmd[cmd.index("--provenance") + 1] == "mode=min" and cmd[cmd.index("--platform") + 1] == "linux/amd64"
-    no_prov = backend.command(BuildRequest(tmp_path, tmp_path / "D", ("x:1",), provenance="false"), tmp_path / "i")
+    no_prov = engine.command(BuildRequest(tmp_path, tmp_path / "D", ("x:1",), provenance="false"), tmp_path / "i")
     assert no_prov[no_prov.index("--provenance") + 1] == "false"
 
 
@@ -122,7 +122,7 @@ def test_named_builder_loads_only_when_asked(tmp_path):
 
 @pytest.mark.parametrize(("value", "parsed"), [("gzip", ("gzip", None)), ("zstd:3", ("zstd", 3)), (None, None)])
 def test_compression_values(value, parsed):
-    assert backends.parse_compression(value) == parsed
+    assert engine_pkg.parse_compression(value) == parsed
 
 
 @pytest.mark.parametrize("value", ["zstd:23", "gzip:x", "brotli", "uncompressed:1"])
@@ -130,12 +130,12 @@ def test_compression_values_refused(value):
     from buildkit_py.errors import UsageError
 
     with pytest.raises(UsageError, match="--compression"):
-        backends.parse_compression(value)
+        engine_pkg.parse_compression(value)
 
 
 def test_classic_refuses_output_options_naming_who_can(tmp_path):
     request = BuildRequest(tmp_path, tmp_path / "D", ("x:1",), compression="zstd", provenance="min")
-    with pytest.raises(BackendCapabilityError) as info:
+    with pytest.raises(EngineCapabilityError) as info:
         require(ClassicEngine("/usr/bin/docker"), required_capabilities(frozenset(), request))
     assert "compression, provenance" in info.value.message
     assert "containerd image store" in info.value.hint and "containerd-snapshotter" not in info.value.message
@@ -145,7 +145,7 @@ def test_buildx_on_classic_store_refuses_cache_export(tmp_path, monkeypatch):
     engine = BuildxEngine("/usr/bin/docker")
     monkeypatch.setattr(engine, "containerd_store", lambda: False)
     request = BuildRequest(tmp_path, tmp_path / "D", ("x:1",), cache_to=("type=registry,ref=r/c",))
-    with pytest.raises(BackendCapabilityError) as info:
+    with pytest.raises(EngineCapabilityError) as info:
         require(engine, required_capabilities(frozenset(), request))
     assert "containerd-snapshotter" in info.value.hint
     monkeypatch.setattr(engine, "containerd_store", lambda: True)
@@ -155,7 +155,7 @@ def test_buildx_on_classic_store_refuses_cache_export(tmp_path, monkeypatch):
 def test_imgbuild_docker_missing_is_an_error(monkeypatch):
     monkeypatch.setenv("IMGBUILD_DOCKER", "/nonexistent/docker")
     with pytest.raises(EnvironmentProblem, match="IMGBUILD_DOCKER=/nonexistent/docker: no such executable"):
-        backends.select_engine()
+        engine_pkg.select_engine()
 
 
 def test_imgbuild_docker_without_buildkit_is_an_error(tmp_path, monkeypatch):
@@ -163,17 +163,17 @@ def test_imgbuild_docker_without_buildkit_is_an_error(tmp_path, monkeypatch):
     monkeypatch.delenv("IMGBUILD_BACKEND", raising=False)
     monkeypatch.delenv("IMGBUILD_ENGINE", raising=False)
     with pytest.raises(EnvironmentProblem) as info:
-        backends.select_engine()
+        engine_pkg.select_engine()
     assert "IMGBUILD_DOCKER" in info.value.message and "needs buildx" in info.value.message
 
 
 def test_builder_selects_the_builder_engine(tmp_path, clients):
     clients += [fake_client(tmp_path, "new", "28.2.2", buildx=True)]
-    engine = backends.select_engine(builder="k8s", host="unix:///run/x.sock")
+    engine = engine_pkg.select_engine(builder="k8s", host="unix:///run/x.sock")
     assert isinstance(engine, BuilderEngine) and engine.builder == "k8s"
     assert engine.client_argv() == [clients[0], "--host", "unix:///run/x.sock"]
-    with pytest.raises(BackendCapabilityError, match="needs buildx"):
-        backends.select_engine("docker", builder="k8s")
+    with pytest.raises(EngineCapabilityError, match="needs buildx"):
+        engine_pkg.select_engine("docker", builder="k8s")
 
 
 TOY_ENGINE = '''\
@@ -227,10 +227,10 @@ def test_an_engine_is_one_module_in_kinds(toy_engine_module, tmp_path):
 
     assert kind_names() == ["auto", "buildx", "docker", "podman", "toy", "classic", "toy-alias"]
     assert "toy (a stand-in)" in kinds_help() and "toy-alias is toy" in kinds_help()
-    assert type(backends.select_engine("toy")).__name__ == "ToyEngine"
-    assert type(backends.select_engine("toy-alias")).__name__ == "ToyEngine"
-    with pytest.raises(BackendCapabilityError, match="--builder k8s needs buildx, not the toy engine"):
-        backends.select_engine("toy", builder="k8s")
+    assert type(engine_pkg.select_engine("toy")).__name__ == "ToyEngine"
+    assert type(engine_pkg.select_engine("toy-alias")).__name__ == "ToyEngine"
+    with pytest.raises(EngineCapabilityError, match="--builder k8s needs buildx, not the toy engine"):
+        engine_pkg.select_engine("toy", builder="k8s")
     code, _, err = run_cli("build", str(tmp_path / "none.yaml"), "--engine", "nosuch")
     assert code == 2 and "'toy'" in err and "'podman'" in err
 
@@ -238,7 +238,7 @@ def test_an_engine_is_one_module_in_kinds(toy_engine_module, tmp_path):
 def test_unknown_engine_names_every_kind(monkeypatch):
     monkeypatch.setenv("IMGBUILD_ENGINE", "nosuch")
     with pytest.raises(EnvironmentProblem) as info:
-        backends.select_engine()
+        engine_pkg.select_engine()
     assert info.value.message == "unknown engine 'nosuch'"
     assert info.value.hint == "use auto, buildx, docker, podman or classic"
 
@@ -246,7 +246,7 @@ def test_unknown_engine_names_every_kind(monkeypatch):
 def test_auto_says_why_no_kind_would_do(tmp_path, clients):
     clients += [fake_client(tmp_path, "new", "28.2.2", buildx=False)]
     with pytest.raises(EnvironmentProblem) as info:
-        backends.select_engine()
+        engine_pkg.select_engine()
     assert info.value.message == (f"no docker client with the buildx plugin: {clients[0]}: no buildx plugin; "
                                   f"no BuildKit-capable docker client (found): {clients[0]}: client 28.2.2 needs "
                                   "buildx for BuildKit")
@@ -254,5 +254,17 @@ def test_auto_says_why_no_kind_would_do(tmp_path, clients):
 
 def test_reading_falls_back_to_any_client(tmp_path, clients):
     clients += [fake_client(tmp_path, "new", "28.2.2", buildx=False)]
-    engine = backends.engine_for_reading()  # cannot build here, can read
+    engine = engine_pkg.engine_for_reading()  # cannot build here, can read
     assert isinstance(engine, ClassicEngine)
+
+
+@pytest.mark.parametrize("word", kind_names())
+def test_every_engine_kind_select_takes_the_command_line_takes(word):
+    """Issue 23: 3. The kinds were listed twice and differed: $IMGBUILD_ENGINE=classic was taken,
+    --engine classic refused. Both now read the engine registry."""
+    import io
+
+    from buildkit_py.cli.main import _build_parser
+
+    args = _build_parser(io.StringIO(), ["build"]).parse_args(["build", "r.yaml", "--engine", word])
+    assert args.engine == word

@@ -1,0 +1,61 @@
+"""The pipeline, assembled once: recipe -> resolution (against the base's facts and what the
+plan-time look-up found) -> plan. Every command and library user goes through here; the layers
+below it (recipe < compat < plan < render < engine, oci < analysis) import only downward
+(tests/test_layers.py), and the CLI above it only draws what it returns.
+
+``plan_recipe`` is the one way from a recipe file to a ``BuildPlan``; ``load_matrix`` the one way to
+its variants. Both read the registry of a named base (``bases``) and the torch look-up cache
+(``lookups``); nothing below them does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+from buildkit_py.analysis.lint import LintReport, lint_plan
+from buildkit_py.compat.bases import BaseFacts
+from buildkit_py.compat.rules import LookedUp
+from buildkit_py.pipeline import lookups
+from buildkit_py.pipeline.bases import resolve_with_base
+from buildkit_py.plan import matrix as mx
+from buildkit_py.plan.build_plan import BuildPlan, make_plan
+from buildkit_py.recipe.model import Recipe, load_recipe
+from buildkit_py.render.dockerfile import render_dockerfile
+
+
+def facts_for(recipe: Recipe, *, offline: bool = False, index_url: str | None = None,
+              pip_config: str | None = None, warn: Callable[[str], None] | None = None,
+              note: Callable[[str], None] | None = None) -> LookedUp:
+    """What the recipe's resolution may need beyond the shipped data (pipeline.lookups)."""
+    return lookups.looked_up(recipe, offline=offline, index_url=index_url, pip_config=pip_config, warn=warn,
+                             note=note)
+
+
+def plan_recipe(path: Path, *, tags: tuple[str, ...] = (), registry: str | None = None, offline: bool = False,
+                index_url: str | None = None, pip_config: str | None = None,
+                warn: Callable[[str], None] | None = None, note: Callable[[str], None] | None = None) -> BuildPlan:
+    """A recipe file -> its BuildPlan: loaded and validated, the facts it needs looked up, resolved
+    against its base's facts, planned."""
+    recipe = load_recipe(path)
+    looked_up = facts_for(recipe, offline=offline, index_url=index_url, pip_config=pip_config, warn=warn,
+                          note=note)
+    return make_plan(recipe, tags=tags, registry=registry, resolution=resolve_with_base(recipe, looked_up=looked_up))
+
+
+def lint_recipe(path: Path, *, hadolint: str | None = "auto") -> LintReport:
+    """A recipe's lint report: planned as `plan --offline` plans it, then its findings and its
+    Dockerfile's (hadolint)."""
+    plan = plan_recipe(path, offline=True)
+    return lint_plan(plan, render_dockerfile(plan), hadolint=hadolint)
+
+
+def load_matrix(path: Path, *, offline: bool = False) -> mx.Matrix:
+    """A recipe file -> its matrix of variants, each resolved against its base's facts (each base
+    looked up once) and the torch releases the look-up cache holds."""
+    bases: dict[str, BaseFacts | None] = {}
+    looked_up = LookedUp(torch=lookups.cached_torch_releases(), offline=offline)
+    return mx.load_matrix(path, resolver=lambda recipe: resolve_with_base(recipe, cache=bases, looked_up=looked_up))
+
+
+__all__ = ["BuildPlan", "LookedUp", "facts_for", "lint_recipe", "load_matrix", "plan_recipe", "resolve_with_base"]

@@ -1,0 +1,137 @@
+"""The plan-time look-up of pins newer than the shipped data, and its cache: the CLI's and the
+pipeline's business, never the resolver's (which gets what was found as ``LookedUp``).
+
+``ensure_torch`` reads a ``torch:`` pin that neither the shipped ``torch.json`` nor the cache knows
+from the index pip would use (its Linux wheel's METADATA: CUDA variant, pins, Python range) and
+stores it under ``$XDG_CACHE_HOME/imgbuild/compat/`` with the index URL and the date read;
+``looked_up`` turns the cache and the look-up's outcome into the facts the resolver takes. A file
+that is unreadable or of another schema counts as empty. With ``--offline`` nothing is looked up;
+an unknown pin stays an error naming what is missing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as _dt
+import json
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+from packaging.version import InvalidVersion, Version
+
+from buildkit_py.compat import index, refresh, tables
+from buildkit_py.compat.rules import LookedUp
+from buildkit_py.compat.tables import TorchRelease
+from buildkit_py.errors import CompatDataError, PackageIndexError
+from buildkit_py.files import write_atomic
+from buildkit_py.recipe.model import Recipe
+from buildkit_py.schemas import load_schema, validate
+
+CACHE_SCHEMA = 1
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "imgbuild" / "compat"
+
+
+def torch_file() -> Path:
+    return cache_dir() / "torch.json"
+
+
+def _read(path: Path) -> dict:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) and data.get("schema") == CACHE_SCHEMA else {}
+
+
+def cached_rows() -> dict[str, dict]:
+    """version -> cached torch.json row (with its ``index`` and ``read``)."""
+    rows = _read(torch_file()).get("releases", {})
+    return rows if isinstance(rows, dict) else {}
+
+
+def store(version: str, row: dict) -> Path:
+    """Add (or replace) one torch row; the file is written atomically."""
+    path = torch_file()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    data = _read(path) or {"schema": CACHE_SCHEMA, "releases": {}}
+    data["releases"][version] = row
+    write_atomic(path, json.dumps(data, indent=1, sort_keys=True) + "\n")
+    return path
+
+
+def cached_torch_releases() -> tuple[TorchRelease, ...]:
+    """Every cache row the current data can accept, as a checked ``TorchRelease`` (``from_cache``
+    set); a row of another shape, or with a CUDA variant no shipped toolkit knows, is left out."""
+    out = []
+    for row in cached_rows().values():
+        try:
+            Version(str(row.get("version")))
+            if validate(row, {"$ref": "#/$defs/torch_release"}, root=load_schema("compat")):
+                continue  # not the shape of a torch.json row
+            rel = tables.torch_row("look-up cache torch.json", row)
+        except (InvalidVersion, CompatDataError, AttributeError, TypeError):
+            continue
+        out.append(dataclasses.replace(rel, from_cache=str(torch_file())))
+    return tuple(sorted(out, key=lambda r: Version(r.version)))
+
+
+def torch_row_from_index(version: str, settings, *, today: str | None = None) -> dict:
+    """Read torch ``version`` from the index: a torch.json row (source = index URL + wheel)."""
+    client = index.client_for(settings)
+    project = client.project("torch")
+    hits = [v for v in project.versions if Version(v) == Version(version)]
+    if not hits:
+        newest = ", ".join(project.releases()[-3:])
+        raise LookupError(f"torch {version} is not on the package index {index.redact(settings.url)} "
+                          f"(newest there: {newest})")
+    return refresh.torch_row(client, project, hits[0], today=today or _dt.date.today().isoformat())
+
+
+def _known(version: str) -> bool:
+    try:
+        tables.torch_release(version, extra=cached_torch_releases())
+    except LookupError:
+        return False
+    return True
+
+
+def ensure_torch(version: str, settings, *, offline: bool) -> str | None:
+    """Make ``version`` answerable from the shipped data or the cache. Returns a note for the user
+    (None when either already knew it). Raises LookupError / PackageIndexError."""
+    if _known(version) or offline:
+        return None
+    row = torch_row_from_index(version, settings)
+    row["index"] = index.redact(settings.url)
+    path = store(row["version"], row)
+    if not _known(version):   # e.g. a CUDA the shipped toolkits do not know yet
+        variant = row.get("pypi_variant")
+        raise LookupError(f"torch {version} on {index.redact(settings.url)} is a {variant} build, a CUDA "
+                          "imgbuild's shipped data does not know yet")
+    return (f"looked torch {version} up on {index.redact(settings.url)} (its Linux wheel's METADATA) "
+            f"and cached it in {path}")
+
+
+def looked_up(recipe: Recipe, *, offline: bool, index_url: str | None = None, pip_config: str | None = None,
+              warn: Callable[[str], None] | None = None, note: Callable[[str], None] | None = None) -> LookedUp:
+    """The facts beyond the shipped data a recipe's resolution may need: a torch pin the data lacks
+    is read from the package index (and cached) unless ``offline``; the cache's releases are passed
+    on; what the look-up did goes with them, so a refusal says why."""
+    if not recipe.torch or _known(recipe.torch):
+        return LookedUp(torch=cached_torch_releases())
+    if offline:
+        return LookedUp(torch=cached_torch_releases(), offline=True)
+    settings = index.index_settings(index_url=index_url, pip_config=pip_config)
+    try:
+        text = ensure_torch(recipe.torch, settings, offline=False)
+    except (PackageIndexError, LookupError) as exc:
+        reason = str(exc).strip(chr(39))
+        if warn:
+            warn(f"torch {recipe.torch} is not in imgbuild's compatibility data and could not be looked up: {reason}")
+        return LookedUp(torch=cached_torch_releases(), failure=reason)
+    if text and note:
+        note(text)
+    return LookedUp(torch=cached_torch_releases())

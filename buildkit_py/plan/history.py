@@ -1,0 +1,112 @@
+"""Which plan step made which layer: a build's history entries (the image config's ``history``,
+or the engine's history API) read back against the plan that rendered them. The renderer marks
+every RUN with ``: imgbuild-step=<id>``; COPY entries count in order. The size budget (after a
+build), ``inspect`` and ``diff`` all read a history this way, so it lives here, below them."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from buildkit_py.plan.build_plan import GROUPS, MOUNT_STUB_FILE, MOUNT_STUBS_GROUP, MOUNT_STUBS_STEP, STEP_MARK
+
+BASE_GROUP, OTHER_GROUP, APP_GROUP, META_GROUP = "base", "other", "app", "meta"
+# Report order: the base image's layers, then plan's groups in build order, then unknowns.
+GROUP_ORDER = (BASE_GROUP,) + tuple(GROUPS) + (OTHER_GROUP,)
+
+# Step id -> group for the steps plan.make_plan writes; pass ``step_groups`` to inspect_image
+# (``{s.id: s.group for s in plan.final.steps}``) to use a plan's own table instead.
+DEFAULT_STEP_GROUPS: dict[str, str] = {
+    "python-ppa": "os", "os": "os", "python": "python", "cuda": "cuda", "ldconfig": "cuda",
+    "torch": "torch", "compiled": "heavy", "heavy": "heavy", "wheels": "heavy",
+    "pins": "pins", "build-tools": "pins", "meta": META_GROUP, MOUNT_STUBS_STEP: MOUNT_STUBS_GROUP,
+}
+
+def _group_of(step: str) -> str:
+    """A step's group by its id when the table has no entry: the id itself, or its prefix for
+    the per-library and per-package layers (cuda-cudnn -> cuda, heavy-flash-attn -> heavy)."""
+    for group in (step, step.split("-", 1)[0]):
+        if group in GROUPS:
+            return group
+    return OTHER_GROUP
+
+
+MARKER_RE = re.compile(r":\s*" + re.escape(STEP_MARK) + r"=([^;\s]+)")
+
+
+def instruction_of(created_by: str) -> str:
+    """The Dockerfile instruction of a history entry, legacy builder or BuildKit."""
+    s = created_by.strip()
+    if s.startswith("/bin/sh -c #(nop)"):
+        s = s[len("/bin/sh -c #(nop)"):].strip()
+    elif s.startswith(("/bin/sh -c", "|")):
+        return "RUN"
+    word = s.split(None, 1)[0] if s else ""
+    return word.upper() if word.isalpha() else ""
+
+
+@dataclass(frozen=True)
+class Attribution:
+    step: str | None
+    group: str
+    created_by: str
+    instruction: str
+
+
+def attribute_entries(history: list[dict], step_groups: Mapping[str, str] | None = None) -> list[Attribution]:
+    """The step and group of every history entry, empty ones included, oldest first.
+
+    Entries use the image config's keys (``created_by``) or the engine history API's
+    (``CreatedBy``): the build's size budget reads the latter without streaming the image."""
+    step_groups = dict(DEFAULT_STEP_GROUPS if step_groups is None else step_groups)
+    seen_marker = False
+    copies = 0
+    out: list[Attribution] = []
+    texts = [str(entry.get("created_by") or entry.get("CreatedBy") or "") for entry in history]
+    marks = [m.group(1) if (m := MARKER_RE.search(text)) else None for text in texts]
+    for i, created in enumerate(texts):
+        instr = instruction_of(created)
+        step: str | None
+        if (mark := marks[i]) is not None:
+            seen_marker = True
+            step = mark
+            group = step_groups.get(mark) or _group_of(mark)
+        elif not seen_marker:
+            step, group = None, BASE_GROUP
+        elif instr == "COPY" and (MOUNT_STUB_FILE in created.split() or marks[i + 1:i + 2] == [MOUNT_STUBS_STEP]):
+            # BuildKit names the stub file; buildah writes `COPY file:<hash> in /etc/hosts`, and the
+            # stubs' RUN comes right after it either way.
+            step = MOUNT_STUBS_STEP
+            group = step_groups.get(step, MOUNT_STUBS_GROUP)
+        elif instr in ("COPY", "ADD"):
+            step = f"copy-{copies}"
+            copies += 1
+            group = step_groups.get(step, APP_GROUP)
+        elif instr == "RUN":
+            step, group = None, OTHER_GROUP
+        else:  # WORKDIR and friends from the meta step
+            step, group = "meta", step_groups.get("meta", META_GROUP)
+        out.append(Attribution(step, group, created, instr))
+    return out
+
+
+def attribute_layers(history: list[dict], n_layers: int,
+                     step_groups: Mapping[str, str] | None = None) -> list[Attribution]:
+    """Map each of ``n_layers`` layers to the history entry, step and group that made it.
+
+    ``history`` is the image config's ``history`` (entries with ``created_by`` and
+    ``empty_layer``). When the history does not account for every layer (a squashed or
+    hand-made image), the layers it cannot place are attributed to nothing (group ``base``)."""
+    entries = zip(attribute_entries(history, step_groups), history, strict=False)
+    out = [a for a, entry in entries if not entry.get("empty_layer")]
+    if len(out) != n_layers:
+        # Untrustworthy history: keep only what lines up from the top (the newest entries).
+        pad = [Attribution(None, BASE_GROUP, "", "")] * max(0, n_layers - len(out))
+        out = (pad + out)[-n_layers:] if n_layers else []
+    return out
+
+
+# ---------------------------------------------------------------- findings
+
+
