@@ -26,6 +26,7 @@ from buildkit_py.sizes import human_size
 if TYPE_CHECKING:
     from rich.console import Console
 
+    from buildkit_py.analysis.image_checks import TestReport
     from buildkit_py.engine.build import BuildOptions
     from buildkit_py.plan.lock import LockMode
 
@@ -36,7 +37,14 @@ def register(add: AddCommand) -> None:
             "Prints the image id, tags and size; after --push, each registry reference and its digest.")
     b.add_argument("recipe", type=Path)
     b.add_argument("--tag", action="append", default=[], help="tag instead of NAME:VERSION (repeatable)")
-    b.add_argument("--push", action="store_true", help="push every tag after the build")
+    b.add_argument("--push", action="store_true",
+                   help="push every tag after the build, once the image's tests pass (see `imgbuild test`)")
+    testing = b.add_mutually_exclusive_group()
+    testing.add_argument("--test", action="store_true",
+                         help="run the image's tests after the build even without --push (a failure keeps the "
+                              "image only as REPO:rejected, exit 1)")
+    testing.add_argument("--no-test", action="store_true",
+                         help="push without running the image's tests (a warning says so)")
     b.add_argument("--no-sbom", action="store_true",
                    help="with --push: attach no SBOM (by default a CycloneDX SBOM of what the image carries is "
                         "attached to the pushed image as an OCI referrer; see `imgbuild sbom`)")
@@ -99,6 +107,7 @@ def _lock_mode(args: argparse.Namespace) -> LockMode:
 
 
 def cmd_build(args: argparse.Namespace, out: Out) -> int:
+    from buildkit_py.cli.test import build_gate
     from buildkit_py.engine import select_engine
     from buildkit_py.engine.build import run_build
     from buildkit_py.pipeline.locks import use_lock
@@ -123,9 +132,15 @@ def cmd_build(args: argparse.Namespace, out: Out) -> int:
     engine = select_engine(args.engine, builder=args.builder)
     options = _build_options(args)
 
+    testing = (args.push or args.test) and not args.no_test
+    if args.no_test and args.push:
+        out.warn("--no-test: pushing without running the image's tests")
     out.info(f"building {', '.join(plan.tags)} with the {engine.describe()}")
+    reports: list[TestReport] = []
     with StepView.for_option(out.stderr, args.progress) as view:
-        outcome = run_build(plan, engine, options, view.line, on_progress=view.note, on_transfer=view.transfer)
+        gate = build_gate(engine, plan.recipe, plan.tags[0], view.note, reports) if testing else None
+        outcome = run_build(plan, engine, options, view.line, on_progress=view.note, on_transfer=view.transfer,
+                            gate=gate)
     r = outcome.result
     sboms = _attach_sboms(args, out, [p.ref for p in outcome.pushes])
     report = {
@@ -138,6 +153,7 @@ def cmd_build(args: argparse.Namespace, out: Out) -> int:
         "warnings": [w.to_json() for w in plan.warnings],
         "pushes": [{"ref": p.ref, "tag": p.tag, "digest": p.digest, "size": p.size} for p in outcome.pushes],
         "sboms": [s.to_json() for s in sboms],
+        "tests": reports[-1].to_json() if reports else None,
     }
     if args.json:
         out.data(report)
@@ -148,6 +164,8 @@ def cmd_build(args: argparse.Namespace, out: Out) -> int:
     out.line(f"size     {human_size(outcome.size)} ({outcome.size} bytes) uncompressed"
              + (f", {human_size(compressed)} compressed" if compressed else ""))
     out.line(f"steps    {r.run_steps} run, {r.cached_steps} cached, {r.seconds:.1f}s")
+    out.line(f"tests    {reports[-1].summary()}" if reports else
+             "tests    not run (they run before --push, or with --test)")
     for p in outcome.pushes:
         out.line(f"pushed   {p.ref}")
     for s in sboms:

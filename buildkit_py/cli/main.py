@@ -36,6 +36,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
                "recipe:register_render"),
     "plan": ("show the resolved plan: CUDA, driver contract, stages, labels, tags, warnings", "recipe:register_plan"),
     "build": ("build a recipe with BuildKit, optionally push it", "build:register"),
+    "test": ("run a built image's tests: its labels against its content, the import of each pin, the recipe's "
+             "test: commands", "test:register"),
     "lock": ("pin every base image by digest and every pip package (transitive ones too) by hash", "lock:register"),
     "check": ("check a host driver against an image, a recipe or a CUDA version", "check:register"),
     "lint": ("recipe findings (unpinned apt, weights in copy, devel unused, CUDA twice) plus hadolint",
