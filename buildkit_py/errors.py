@@ -224,6 +224,24 @@ class BudgetExceeded(ImgbuildError):
     exit_status = ExitStatus.FAILED
 
 
+class ImageTestFailed(ImgbuildError):
+    """Tests run in a built image failed (the recipe's ``test:`` commands, its labels checked
+    against its content, the imports of its pins). ``failures`` holds one record per failed test
+    (name, command, exit code, output: each output once, in the message); ``kept_as`` names the
+    REPO:rejected tag a build keeps the image under (None for `imgbuild test`, which tags nothing)."""
+
+    exit_status = ExitStatus.FAILED
+
+    def __init__(self, message: str, *, failures: list[dict], kept_as: str | None = None, hint: str | None = None):
+        self.failures, self.kept_as = list(failures), kept_as
+        super().__init__(message, hint=hint)
+
+    def to_json(self) -> dict:
+        out = super().to_json()
+        out.update(failures=self.failures, kept_as=self.kept_as)
+        return out
+
+
 class RegistryError(ImgbuildError):
     exit_status = ExitStatus.FAILED
 
@@ -274,6 +292,12 @@ class ImageMissing(InspectError):
     """The engine has no image under the reference asked for."""
 
     exit_status = ExitStatus.BAD_INPUT
+
+
+class SbomError(ImgbuildError):
+    """An SBOM could not be made, attached or found (none attached, an unreadable layer)."""
+
+    exit_status = ExitStatus.FAILED
 
 
 class SizeBudgetExceeded(BudgetExceeded):

@@ -19,6 +19,9 @@ OS = PREFIX + "os"  # lets an image built on this one know its OS without pullin
 CUDA_ARCH = PREFIX + "cuda.arch"
 RECIPE_DIGEST = PREFIX + "recipe.digest"
 WEIGHTS = PREFIX + "weights"
+# annotations of an SBOM attached as a referrer (analysis/sbom.py), not image labels
+SBOM = PREFIX + "sbom"
+SBOM_PLATFORM = PREFIX + "sbom.platform"
 
 OCI_TITLE = "org.opencontainers.image.title"
 OCI_VERSION = "org.opencontainers.image.version"
@@ -27,3 +30,4 @@ OCI_BASE_DIGEST = "org.opencontainers.image.base.digest"
 OCI_CREATED = "org.opencontainers.image.created"
 OCI_REVISION = "org.opencontainers.image.revision"
 OCI_SOURCE = "org.opencontainers.image.source"
+OCI_PREFIX = "org.opencontainers.image."  # what a base may set besides the names above (the SBOM keeps them all)

@@ -107,7 +107,7 @@ def test_build_json_reports_warning_codes(tmp_path, monkeypatch):
         def describe(self) -> str:
             return "fake engine"
 
-    def run_build(plan, engine, options, on_line, on_progress=None, on_transfer=None):
+    def run_build(plan, engine, options, on_line, on_progress=None, on_transfer=None, gate=None):
         result = BuildResult(image_id="sha256:" + "ab" * 32, tags=plan.tags, log_tail="", cached_steps=0,
                              run_steps=1, seconds=0.0)
         return build_mod.BuildOutcome(plan, engine.name, result, size=1)

@@ -7,7 +7,9 @@ import json
 
 import pytest
 from conftest import on_engine
-from helpers import CA_ARGS, assert_labels_true, image_sh, run_cli, tier_packages, write_recipe
+from helpers import CA_ARGS, assert_labels_true, image_sh, run_cli, write_recipe
+
+from buildkit_py.analysis.image_checks import tier_packages
 
 pytestmark = pytest.mark.e2e
 

@@ -1,8 +1,9 @@
 """End to end on each engine (classic 20.10, Docker 26 + buildx + the containerd store, and
 podman): the engine contract every engine plug-in keeps (``on_every_engine``: build through the
 CLI with the CA bundle, labels read back true, push with the registry's digest, an unchanged
-rebuild that keeps its image and digest, `imgbuild run` of the pushed image, the GPU flags, and
-`imgbuild inspect` reading the engine's saved image); the digest printed after a push is the
+rebuild that keeps its image and digest, `imgbuild run` of the pushed image, the GPU flags,
+`imgbuild inspect` reading the engine's saved image, and the pushed image's SBOM read again from
+the engine's file system of it); the digest printed after a push is the
 registry's, for one tag and several; buildx output options (zstd, OCI media types, provenance)
 land in the registry as asked and the classic client refuses them before building; registry
 cache survives `docker buildx prune -af`. (The bake folder `imgbuild matrix --format bake -o DIR`
@@ -89,6 +90,18 @@ def test_engine_contract(project, logged_in, engine, cleanup_images, unique_name
     assert push["ref"] == f"{logged_in.address}/{unique_name}@{push['digest']}"
     assert oci.fetch_manifest(tag)[1] == push["digest"]
     assert report["size_uncompressed"] == sum(report["groups"].values()) > report["size_compressed"] > 0
+    # the push attached the image's SBOM, read from the registry's layers; the engine's own file
+    # system of the image (Engine.filesystem: a container created, never started, exported) lists
+    # the same components
+    (sbom,) = report["sboms"]
+    assert sbom["subject"] == push["digest"]
+    code, out, err = run_cli("sbom", tag, "--json")
+    assert code == 0, err
+    attached = json.loads(out)["components"]
+    assert any(c["name"] == "nvidia-cuda-runtime-cu12" for c in attached)
+    code, out, err = run_cli("sbom", tag, "--generate", "--source", "engine", "--json")
+    assert code == 0, err
+    assert json.loads(out)["components"] == attached
     # nothing changed: every step from the cache, the same image, the same digest
     again = build(str(project), "--tag", tag, "--push")
     assert (again["steps_run"], again["steps_cached"]) == (0, report["steps_run"] + report["steps_cached"])

@@ -75,6 +75,9 @@ def test_two_platform_index_is_pushed_and_each_platform_runs(tmp_path, engine, l
     assert code == 0, err
     report = json.loads(out)
     cleanup_images.extend(report["tags"])
+    # the push gate tested each platform's image (issue 24: 1), arm64 under qemu
+    assert [t["image"] for t in report["platform_tests"]] == [f"{tag} (linux/amd64)", f"{tag} (linux/arm64)"]
+    assert all(t["failed"] == 0 and t["passed"] for t in report["platform_tests"]), report["platform_tests"]
     digest = report["pushes"][0]["digest"]
     registry_refs.append(f"{logged_in.address}/{unique_name}@{digest}")
     print(f"\ntwo-platform build and push on {engine.test_name}: {seconds:.0f}s")

@@ -6,15 +6,24 @@ One build, on one engine only (the first of IMGBUILD_TEST_ENGINES). Measured on 
 machine: 6m10s with the torch wheels not yet in the pip cache (one torch layer, 5.9 GB image),
 2m07s for the whole test with the cache warm and the torch stack in 13 RUN steps; so CI stays
 well under 30 minutes (see TORCH_BUILD_BUDGET_S). Like every E2E test it fails, never
-skips, under CI=true when the engine or registry is missing."""
+skips, under CI=true when the engine or registry is missing.
+
+The recipe is locked first, so the SBOM of the image (issue 24 item 2) can name each wheel by
+the sha256 the build installed it with: `imgbuild sbom IMAGE --generate --lock` reads the
+image's layers and must find torch and its CUDA wheels with the lock's hashes. The image is not
+pushed (3 GB more in the registry on every run, which nothing here collects): attaching and
+reading an SBOM back from the registry is test_e2e_sbom.py's, on both engines, with the same
+reading of layers and the same document."""
 
 import json
 import subprocess
 import time
 
 import pytest
+import yaml
 from conftest import ENGINE_NAMES
 from helpers import CA_ARGS, run_cli, write_recipe
+from packaging.utils import canonicalize_name
 
 TORCH = "2.14.1"
 TORCH_BUILD_BUDGET_S = 900  # the build alone; a cold pip cache on this machine took ~6 min
@@ -31,6 +40,11 @@ base: {{image: {base_image}}}
 python: "3.11"
 torch: "{TORCH}"
 """)
+    code, _, err = run_cli("lock", str(recipe), *CA_ARGS)  # every wheel by sha256, for the SBOM
+    assert code == 0, err
+    lock_file = recipe.with_suffix(".lock")
+    entry = yaml.safe_load(lock_file.read_text())["variants"]["default"]
+    locked = {canonicalize_name(p["name"]): p["sha256"] for p in entry["packages"]["final"]}
     started = time.monotonic()
     code, out, err = run_cli("build", str(recipe), "--json", "--progress", "quiet", *CA_ARGS)
     took = time.monotonic() - started
@@ -51,3 +65,13 @@ torch: "{TORCH}"
     assert version == labels["io.imgbuild.torch.version"]
     # torch.version.cuda is the toolkit it was built with, major.minor; the label has the patch.
     assert labels["io.imgbuild.cuda.version"].startswith(cuda + ".")
+
+    # What the image carries, as its SBOM lists it: torch and the CUDA wheels, each with the
+    # sha256 of the wheel the locked build installed (--require-hashes), read from the layers.
+    code, out, err = run_cli("sbom", ref, "--generate", "--lock", str(lock_file), "--json")
+    assert code == 0, err
+    python = {canonicalize_name(c["name"]): c for c in json.loads(out)["components"] if c["type"] == "python"}
+    assert python["torch"]["version"] == TORCH and python["torch"]["sha256"] == locked["torch"]
+    cuda_wheels = sorted(n for n in python if n.startswith("nvidia-"))
+    assert "nvidia-cuda-runtime" in cuda_wheels, cuda_wheels
+    assert {n: python[n]["sha256"] for n in cuda_wheels} == {n: locked[n] for n in cuda_wheels}

@@ -31,6 +31,8 @@ def test_the_label_names_are_the_published_contract():
         "TORCH_VERSION": "io.imgbuild.torch.version", "PYTHON_VERSION": "io.imgbuild.python.version",
         "INSTALLER": "io.imgbuild.installer", "OS": "io.imgbuild.os", "CUDA_ARCH": "io.imgbuild.cuda.arch",
         "RECIPE_DIGEST": "io.imgbuild.recipe.digest", "WEIGHTS": "io.imgbuild.weights",
+        "SBOM": "io.imgbuild.sbom", "SBOM_PLATFORM": "io.imgbuild.sbom.platform",
+        "OCI_PREFIX": "org.opencontainers.image.",
         "OCI_TITLE": "org.opencontainers.image.title", "OCI_VERSION": "org.opencontainers.image.version",
         "OCI_BASE_NAME": "org.opencontainers.image.base.name",
         "OCI_BASE_DIGEST": "org.opencontainers.image.base.digest",

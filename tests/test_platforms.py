@@ -211,3 +211,13 @@ def test_each_matrix_variant_builds_its_recipes_platforms(tmp_path):
     with pytest.raises(EngineCapabilityError):
         build_all(pipeline.load_matrix(path), classic, BuildOptions(), hooks=BuildHooks(runner=runner))
     assert len(seen) == 1
+
+
+def test_a_container_of_one_platform_of_an_index(tmp_path):
+    """The push gate and the label checker run each platform's image: `run --platform` before the image."""
+    from buildkit_py.engine.run import RunSpec, run_args
+
+    argv = run_args(RunSpec("r/a:1", network="none", entrypoint="python", platform="linux/arm64",
+                            command=("-c", "pass")), ())
+    assert argv[argv.index("--platform") + 1] == "linux/arm64" and argv.index("--platform") < argv.index("r/a:1")
+    assert "--platform" not in run_args(RunSpec("r/a:1"), ())

@@ -9,7 +9,8 @@ import sys
 import pytest
 
 HEAVY = ("docker", "jinja2", "rich", "yaml", "requests", "urllib3", "oras", "jsonschema", "packaging",
-         "dataclasses", "secrets", "hashlib")  # secrets: hmac + hashlib + random, ~10 ms of a 40 ms start
+         "dataclasses", "secrets", "hashlib",  # secrets: hmac + hashlib + random, ~10 ms of a 40 ms start
+         "cyclonedx", "packageurl")  # the SBOM's library: `imgbuild sbom` and `build --push` only
 
 
 def _modules_at_start(argv: list[str]) -> list[str]:

@@ -14,7 +14,7 @@ import json
 import os
 import tarfile
 import zlib
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import IO
 
@@ -26,6 +26,10 @@ GZIP_CHUNK = 1 << 20  # one compression job
 GZIP_WINDOW = 32 << 10  # deflate's window: the priming dictionary for the next piece
 GZIP_OVERHEAD = 10 + 8  # gzip header and trailer around the deflate stream
 MAX_CONFIG_BYTES = 16 << 20
+MAX_KEPT_BYTES = 16 << 20  # a file whose contents a scan keeps (package databases, METADATA)
+
+# Which members' contents a scan keeps, by absolute path (``sbom``: dpkg status, dist-info METADATA).
+KeepFile = Callable[[str], bool]
 
 
 
@@ -142,11 +146,29 @@ class LayerScan:
     # (kind, detail, path, size) for every rule hit, see classify_path
     hits: list[tuple[str, str, str, int]] = field(default_factory=list)
     compression: str | None = None  # how the saved blob was stored: gzip, zstd; None: a plain tar
+    # with ``keep``: the contents of the kept regular files, and where kept symlinks point
+    kept: dict[str, bytes] = field(default_factory=dict)
+    links: dict[str, str] = field(default_factory=dict)
 
 
-def scan_layer(fileobj: IO[bytes], *, counter: GzipCounter | None) -> LayerScan:
-    """One streaming pass over a layer tar: digest, sizes, gzip estimate, members of interest.
-    Weight-like files are kept whatever their size; find_problems applies the threshold."""
+def _keep_member(inner: tarfile.TarFile, m: tarfile.TarInfo, path: str, scan: LayerScan) -> None:
+    """Record a member ``keep`` asked for: a file's bytes (a hard link: its target's, when that
+    was kept; else empty), a symlink's target. A later layer's entry replaces either."""
+    scan.kept.pop(path, None)
+    scan.links.pop(path, None)
+    if m.issym():
+        scan.links[path] = m.linkname
+    elif m.islnk():
+        scan.kept[path] = scan.kept.get(normalize_member(m.linkname) or "", b"")
+    elif m.isreg() and m.size <= MAX_KEPT_BYTES:
+        f = inner.extractfile(m)
+        scan.kept[path] = f.read() if f is not None else b""
+
+
+def scan_layer(fileobj: IO[bytes], *, counter: GzipCounter | None, keep: KeepFile | None = None) -> LayerScan:
+    """One streaming pass over a layer tar: digest, sizes, gzip estimate, members of interest,
+    and the contents of the files ``keep`` names. Weight-like files are kept whatever their
+    size; find_problems applies the threshold."""
     tee = _TeeReader(fileobj, counter)
     scan = LayerScan()
     try:
@@ -161,6 +183,8 @@ def scan_layer(fileobj: IO[bytes], *, counter: GzipCounter | None) -> LayerScan:
                 if wh:
                     scan.whiteouts.append(wh)
                     continue
+                if keep is not None and keep(path):
+                    _keep_member(inner, m, path, scan)
                 if m.isreg():
                     size = m.size
                 elif m.issym():
@@ -203,7 +227,7 @@ def _blob_compression(head: bytes) -> str | None:
     return None
 
 
-def _decompressing(f: IO[bytes], compression: str) -> IO[bytes]:
+def decompressing(f: IO[bytes], compression: str) -> IO[bytes]:
     if compression == "gzip":
         return gzip.GzipFile(fileobj=f, mode="rb")  # type: ignore[return-value]
     import zstandard  # lazy: only zstd-stored images need it (no zstd in Python < 3.14)  # noqa: PLC0415
@@ -249,16 +273,19 @@ def _is_config_member(name: str, image_hex: str) -> bool:
 
 
 def analyze_save_stream(stream: IO[bytes], *, image_id: str, diff_ids: list[str],
-                        estimate_compressed: bool = True, workers: int | None = None) -> SaveScan:
+                        estimate_compressed: bool = True, workers: int | None = None,
+                        keep: KeepFile | None = None) -> SaveScan:
     """Parse a ``docker save`` tar read from ``stream`` (never seeking), scanning each layer
-    once. Raises InspectError when a layer of ``diff_ids`` is not in it."""
+    once (and keeping the contents of the files ``keep`` names). Raises InspectError when a
+    layer of ``diff_ids`` is not in it."""
     if workers is None:
         # Threads pay off from 4 cores up; on 2 the engine streaming the image needs one of them.
         cpus = os.cpu_count() or 1
         workers = min(8, cpus) if cpus >= 4 else 1
     pool = concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="imgbuild-gzip") \
         if estimate_compressed and workers > 1 else None
-    reader = _SaveReader(image_id, diff_ids, estimate_compressed=estimate_compressed, pool=pool, workers=workers)
+    reader = _SaveReader(image_id, diff_ids, estimate_compressed=estimate_compressed, pool=pool, workers=workers,
+                         keep=keep)
     try:
         with tarfile.open(fileobj=stream, mode="r|") as outer:  # type: ignore[arg-type]
             for m in outer:
@@ -277,7 +304,8 @@ class _SaveReader:
     the scans of the wanted layers, and (OCI layout) the JSON blobs the config may be behind."""
 
     def __init__(self, image_id: str, diff_ids: list[str], *, estimate_compressed: bool,
-                 pool: concurrent.futures.Executor | None, workers: int):
+                 pool: concurrent.futures.Executor | None, workers: int, keep: KeepFile | None = None):
+        self.keep = keep
         self.image_hex = image_id.split(":", 1)[-1]
         self.diff_hexes = {d.split(":", 1)[-1] for d in diff_ids}
         self.wanted = set(diff_ids)
@@ -295,14 +323,14 @@ class _SaveReader:
             self._oci_blob(outer, m)
         elif _is_layer_member(m.name, self.diff_hexes):
             counter = GzipCounter(self.pool, self.workers) if self.estimate_compressed else None
-            self._keep(scan_layer(_extract(outer, m), counter=counter))
+            self._keep(scan_layer(_extract(outer, m), counter=counter, keep=self.keep))
 
     def _oci_blob(self, outer: tarfile.TarFile, m: tarfile.TarInfo) -> None:
         """OCI layout (the containerd store): compressed layers, configs, manifests, indexes."""
         f = _extract(outer, m)
         head = f.peek(4)[:4]  # type: ignore[attr-defined]
         if compression := _blob_compression(head):
-            scan = scan_layer(_decompressing(f, compression), counter=None)
+            scan = scan_layer(decompressing(f, compression), counter=None, keep=self.keep)
             scan.compressed_size, scan.compression = m.size, compression
             self._keep(scan)
         elif m.size <= MAX_CONFIG_BYTES and head[:1] == b"{":

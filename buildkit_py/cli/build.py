@@ -27,6 +27,7 @@ from buildkit_py.sizes import human_size
 if TYPE_CHECKING:
     from rich.console import Console
 
+    from buildkit_py.analysis.image_checks import TestReport
     from buildkit_py.engine.build import BuildOptions
     from buildkit_py.plan.lock import LockMode
 
@@ -37,7 +38,17 @@ def register(add: AddCommand) -> None:
             "Prints the image id, tags and size; after --push, each registry reference and its digest.")
     b.add_argument("recipe", type=Path)
     b.add_argument("--tag", action="append", default=[], help="tag instead of NAME:VERSION (repeatable)")
-    b.add_argument("--push", action="store_true", help="push every tag after the build")
+    b.add_argument("--push", action="store_true",
+                   help="push every tag after the build, once the image's tests pass (see `imgbuild test`)")
+    testing = b.add_mutually_exclusive_group()
+    testing.add_argument("--test", action="store_true",
+                         help="run the image's tests after the build even without --push (a failure keeps the "
+                              "image only as REPO:rejected, exit 1)")
+    testing.add_argument("--no-test", action="store_true",
+                         help="push without running the image's tests (a warning says so)")
+    b.add_argument("--no-sbom", action="store_true",
+                   help="with --push: attach no SBOM (by default a CycloneDX SBOM of what the image carries is "
+                        "attached to the pushed image as an OCI referrer; see `imgbuild sbom`)")
     b.add_argument("--registry", help="prefix tags with this registry, e.g. 127.0.0.1:5000")
     ca_option(b, "CA bundle for downloads inside the build, passed as a BuildKit secret (never in a layer)")
     pip_config_option(b, "pip.conf for every pip step (e.g. a private index-url with credentials), passed as a "
@@ -98,6 +109,7 @@ def _lock_mode(args: argparse.Namespace) -> LockMode:
 
 
 def cmd_build(args: argparse.Namespace, out: Out) -> int:
+    from buildkit_py.cli.test import build_gate
     from buildkit_py.engine import select_engine
     from buildkit_py.engine.build import build_platforms, run_build
     from buildkit_py.pipeline.locks import use_lock
@@ -123,11 +135,19 @@ def cmd_build(args: argparse.Namespace, out: Out) -> int:
     # the recipe's platforms (or --platform's, which plan_recipe put in its place): one index of them
     options = replace(_build_options(args), platforms=build_platforms(plan.recipe, tuple(args.platform)))
 
+    testing = (args.push or args.test) and not args.no_test
+    if args.no_test and args.push:
+        out.warn("--no-test: pushing without running the image's tests")
     out.info(f"building {', '.join(plan.tags)} with the {engine.describe()}"
              + (f" for {', '.join(options.platforms)}" if options.platforms else ""))
+    reports: list[TestReport] = []
     with StepView.for_option(out.stderr, args.progress) as view:
-        outcome = run_build(plan, engine, options, view.line, on_progress=view.note, on_transfer=view.transfer)
+        gate = build_gate(engine, plan.recipe, plan.tags[0], view.note, reports, options.platforms) \
+            if testing else None
+        outcome = run_build(plan, engine, options, view.line, on_progress=view.note, on_transfer=view.transfer,
+                            gate=gate)
     r = outcome.result
+    sboms = _attach_sboms(args, out, [p.ref for p in outcome.pushes])
     report = {
         "image_id": r.image_id, "tags": list(r.tags), "size": outcome.size, "engine": outcome.engine,
         "backend": outcome.engine,  # the older name of "engine", kept for scripts that read it
@@ -137,6 +157,11 @@ def cmd_build(args: argparse.Namespace, out: Out) -> int:
         "steps_rerun": list(r.rerun), "groups": outcome.groups, "labels": outcome.labels,
         "warnings": [w.to_json() for w in plan.warnings],
         "pushes": [{"ref": p.ref, "tag": p.tag, "digest": p.digest, "size": p.size} for p in outcome.pushes],
+        "sboms": [s.to_json() for s in sboms],
+        "tests": reports[-1].to_json() if reports else None,
+        "platforms": list(options.platforms),
+        # a multi-platform build tests each platform's image: one report each, in platform order
+        "platform_tests": [t.to_json() for t in reports] if len(options.platforms) > 1 else [],
     }
     if args.json:
         out.data(report)
@@ -147,9 +172,35 @@ def cmd_build(args: argparse.Namespace, out: Out) -> int:
     out.line(f"size     {human_size(outcome.size)} ({outcome.size} bytes) uncompressed"
              + (f", {human_size(compressed)} compressed" if compressed else ""))
     out.line(f"steps    {r.run_steps} run, {r.cached_steps} cached, {r.seconds:.1f}s")
+    for t in reports:  # one per platform of a multi-platform build, each named by its image (platform)
+        out.line(f"tests    {t.summary()}" + (f" ({t.image})" if len(reports) > 1 else ""))
+    if not reports:
+        out.line("tests    not run (they run before --push, or with --test)")
     for p in outcome.pushes:
         out.line(f"pushed   {p.ref}")
+    for s in sboms:
+        out.line(f"sbom     {s.ref} ({s.components} components, {s.via}) for {s.subject}")
     return 0
+
+
+def _attach_sboms(args: argparse.Namespace, out: Out, pushed: list[str], variant: str = "default") -> list[Any]:
+    """After a push: the SBOM of what the pushed image carries, attached to it (unless --no-sbom),
+    with each wheel's sha256 from the recipe's lock when there is one (a build uses it when it
+    is there; a stale one was refused before building)."""
+    if not pushed or args.no_sbom:
+        return []
+    from buildkit_py.analysis.sbom import attach_after_push
+    from buildkit_py.errors import ImgbuildError, SbomError
+    from buildkit_py.plan.lock import lock_entry, wheel_hashes
+
+    hashes = wheel_hashes(lock_entry(args.recipe, variant))
+    out.info(f"sbom     reading what {pushed[0]} carries from its layers, to attach its SBOM")
+    try:
+        return attach_after_push(pushed, hashes=hashes)
+    except ImgbuildError as exc:
+        raise SbomError(f"pushed {pushed[0]}, but could not attach its SBOM: {exc.render()}",
+                        hint=f"`imgbuild sbom {pushed[0]} --generate --attach` tries again; --no-sbom pushes "
+                             "without one") from exc
 
 
 def cmd_build_matrix(args: argparse.Namespace, out: Out) -> int:
@@ -182,13 +233,23 @@ def cmd_build_matrix(args: argparse.Namespace, out: Out) -> int:
         hooks = BuildHooks(on_line=lambda vid, line: view.line(line, vid), on_event=view.note, prepare=prepare)
         result = build_all(matrix, engine, options, jobs=args.jobs, registry=args.registry,
                            variant_ids=tuple(args.variant), tags=tuple(args.tag), hooks=hooks)
+    sboms = {b.variant.id: _attach_sboms(args, out, [p.ref for p in b.outcome.pushes], b.variant.id)
+             for b in result.builds if b.outcome is not None}
+    report = build_report(result)
+    for entry in report["variants"]:
+        if entry["variant"] in sboms:
+            entry["sboms"] = [s.to_json() for s in sboms[entry["variant"]]]
     if args.json:
-        out.data(build_report(result))
+        out.data(report)
     elif out.stdout.isatty():
-        summary_table(build_report(result), out.console())
+        summary_table(report, out.console())
     else:
         for line in summary_lines(result):
             out.line(line)
+    if not args.json:
+        for vid, attached in sboms.items():
+            for s in attached:
+                out.line(f"sbom     [{vid}] {s.ref} ({s.components} components, {s.via}) for {s.subject}")
     return ExitStatus.FAILED if result.failed else 0
 
 

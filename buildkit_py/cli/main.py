@@ -36,6 +36,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
                "recipe:register_render"),
     "plan": ("show the resolved plan: CUDA, driver contract, stages, labels, tags, warnings", "recipe:register_plan"),
     "build": ("build a recipe with BuildKit, optionally push it", "build:register"),
+    "test": ("run a built image's tests: its labels against its content, the import of each pin, the recipe's "
+             "test: commands", "test:register"),
     "lock": ("pin every base image by digest and every pip package (transitive ones too) by hash", "lock:register"),
     "check": ("check a host driver against an image, a recipe or a CUDA version", "check:register"),
     "lint": ("recipe findings (unpinned apt, weights in copy, devel unused, CUDA twice) plus hadolint",
@@ -52,6 +54,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
                 "run:register_compose"),
     "matrix": ("expand a recipe's matrix: variants kept and dropped (with reasons), a CI matrix or a bake file",
                "matrix:register"),
+    "sbom": ("the SBOM (CycloneDX) attached to a pushed image, or one made from an image's layers",
+             "sbom:register"),
     "mirror": ("copy an image (e.g. an nvidia/cuda tag) into a private registry and print its digest",
                "registry:register_mirror"),
     "data": ("the compatibility data: its date and what the look-up cache adds; refresh it from the index",

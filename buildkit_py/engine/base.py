@@ -7,6 +7,7 @@ one; ``buildkit_py.engine`` exports this module's names."""
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -213,6 +214,13 @@ class Engine(Protocol):
 
     def save(self, ref: str, chunk_size: int = 1 << 20) -> Iterator[bytes]:
         """The bytes of `docker save ref` (the classic layout or an OCI layout)."""
+        ...
+
+    def filesystem(self, ref: str, chunk_size: int = 1 << 20) -> AbstractContextManager[Iterator[bytes]]:
+        """The image's file system as a container of it sees it (the layers stacked), as a tar
+        stream: a container created (never started, no network) and exported, removed when the
+        block ends. InspectError when the engine cannot. (`imgbuild sbom` reads a local image so:
+        on 20.10 a 5.5 GiB image streams in 28 s where `docker save` takes 67 s.)"""
         ...
 
     def tag(self, image: str, ref: str) -> None:

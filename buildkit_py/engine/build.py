@@ -26,7 +26,7 @@ from buildkit_py.engine import (
     required_capabilities,
 )
 from buildkit_py.engine.push import PushResult, TransferSink, check_can_push, split_tag
-from buildkit_py.errors import BudgetExceeded, ImgbuildError, RegistryError, UsageError
+from buildkit_py.errors import BudgetExceeded, ImageTestFailed, ImgbuildError, RegistryError, UsageError
 from buildkit_py.files import write_atomic
 from buildkit_py.plan import labels as L
 from buildkit_py.plan.build_plan import BuildPlan, check_image_tag
@@ -38,6 +38,9 @@ from buildkit_py.render.dockerfile import render_dockerfile
 from buildkit_py.sizes import human_size
 
 LineSink = Callable[[str], None]
+# Checks an image must pass before it keeps its tags or is pushed (the recipe's tests: see
+# analysis/image_checks.py); called with the image id, it raises an ImgbuildError to refuse it.
+ImageGate = Callable[[str], None]
 # A pip.conf (private index URL with credentials), read by pip steps as PIP_CONFIG_FILE.
 PIP_CONFIG_SECRET_ID = "pipconf"  # noqa: S105
 
@@ -145,14 +148,17 @@ def layer_groups(engine: Engine, image_id: str, plan: BuildPlan) -> dict[str, in
     return {g: b for g, b in sorted(groups.items(), key=lambda kv: -kv[1]) if b}
 
 
-REJECTED_TAG = "rejected"  # an image over its size budget keeps only this tag
+REJECTED_TAG = "rejected"  # an image refused after its build (over budget, tests failed) keeps only this tag
 
 
 def run_build(plan: BuildPlan, engine: Engine, options: BuildOptions, on_line: LineSink,
-              on_progress: LineSink | None = None, on_transfer: TransferSink | None = None) -> BuildOutcome:
+              on_progress: LineSink | None = None, on_transfer: TransferSink | None = None,
+              gate: ImageGate | None = None) -> BuildOutcome:
     """Build on ``engine``; push from BuildKit where the engine can (PUSH: buildx), else through
-    the engine (``engine.push``). The image is kept in the engine when asked (--load), when a budget must be
-    checked first, or when the engine keeps every image anyway (ENGINE_STORE: not a named builder)."""
+    the engine (``engine.push``). The image is kept in the engine when asked (--load), when a budget
+    or a ``gate`` (the recipe's tests) must pass first, or when the engine keeps every image anyway
+    (ENGINE_STORE: not a named builder). An image refused by either keeps only REPO:rejected, and
+    nothing is pushed."""
     dockerfile = render_dockerfile(plan)
     secrets = build_secrets(options.ca_cert, options.pip_config)
     # uv reads no pip.conf: its steps get the translation (UV_* variables) as a secret of their own.
@@ -162,8 +168,9 @@ def run_build(plan: BuildPlan, engine: Engine, options: BuildOptions, on_line: L
         check_image_tag(tag)
     budget = plan.recipe.max_size
     from_buildkit = options.push and PUSH in engine.capabilities
-    # A budget is checked on the image in the engine before anything is pushed.
-    keep_local = options.load or budget is not None or not options.push or ENGINE_STORE in engine.capabilities
+    # A budget and the tests are checked on the image in the engine before anything is pushed.
+    checked_first = budget is not None or gate is not None
+    keep_local = options.load or checked_first or not options.push or ENGINE_STORE in engine.capabilities
     probe = BuildRequest(Path("."), Path("Dockerfile"), tags, cache_from=options.cache_from,
                          cache_to=options.cache_to, builder=options.builder, compression=options.compression,
                          oci_mediatypes=options.oci_mediatypes, provenance=options.provenance,
@@ -188,7 +195,7 @@ def run_build(plan: BuildPlan, engine: Engine, options: BuildOptions, on_line: L
         request = BuildRequest(
             context_dir=context, dockerfile=dockerfile_path, tags=tags, labels=volatile, secrets=secrets,
             network=options.network, no_cache=options.no_cache, cache_from=options.cache_from,
-            cache_to=options.cache_to, builder=options.builder, push=from_buildkit and budget is None,
+            cache_to=options.cache_to, builder=options.builder, push=from_buildkit and not checked_first,
             load=keep_local, compression=options.compression, oci_mediatypes=options.oci_mediatypes,
             provenance=provenance, platforms=options.platforms,
         )
@@ -199,10 +206,19 @@ def run_build(plan: BuildPlan, engine: Engine, options: BuildOptions, on_line: L
         image_labels = dict(sorted(((attrs.get("Config") or {}).get("Labels") or {}).items()))
         if budget is not None and sizes and sizes.uncompressed > budget:
             _reject_over_budget(engine, result.image_id, tags, sizes.uncompressed, budget, groups, plan)
+        if gate is not None:
+            try:
+                gate(result.image_id)
+            except ImageTestFailed as exc:
+                exc.kept_as = keep_as_rejected(engine, result.image_id, tags)
+                exc.message += f"\nnothing was pushed; the image is kept as {exc.kept_as}"
+                exc.args = (exc.message,)
+                raise
         pushes: list[PushResult] = []
         if options.push and from_buildkit:
             if not request.push:  # checked first: the same build again, every step cached, pushes
-                result = replace(_build(engine, replace(request, push=True), on_line), seconds=result.seconds)
+                # Only its digest is news: the steps that ran and the time are the first build's.
+                result = replace(result, digest=_build(engine, replace(request, push=True), on_line).digest)
             pushes = _buildkit_pushes(result, tags)
         elif options.push:
             pushes = [engine.push(tag, on_progress=on_progress, on_transfer=on_transfer) for tag in tags]
@@ -219,18 +235,23 @@ def run_build(plan: BuildPlan, engine: Engine, options: BuildOptions, on_line: L
 
 def _reject_over_budget(engine: Engine, image_id: str, tags: tuple[str, ...], size: int, budget: int,
                         groups: dict[str, int], plan: BuildPlan) -> None:
-    """The image loses the tags we gave it (nothing may push or run it by them) and is kept as
-    REPO:rejected, so the hint can name something to inspect."""
-    rejected = f"{split_tag(tags[0])[0]}:{REJECTED_TAG}"
-    engine.tag(image_id, rejected)
-    for tag in tags:
-        if tag != rejected:
-            engine.untag(tag)
+    rejected = keep_as_rejected(engine, image_id, tags)
     breakdown = ", ".join(f"{g} {human_size(b)}" for g, b in groups.items())
     raise BudgetExceeded(
         f"image {image_id[:19]} is {human_size(size)}, over the recipe's budget of "
         f"{human_size(budget)}: {breakdown}; kept as {rejected}",
         hint=f"see `imgbuild inspect {rejected}` for the biggest layers; {budget_advice(plan.recipe)}")
+
+
+def keep_as_rejected(engine: Engine, image_id: str, tags: tuple[str, ...]) -> str:
+    """A refused image (over its budget, tests failed) loses the tags we gave it (nothing may push
+    or run it by them) and is kept as REPO:rejected, so the error can name something to inspect."""
+    rejected = f"{split_tag(tags[0])[0]}:{REJECTED_TAG}"
+    engine.tag(image_id, rejected)
+    for tag in tags:
+        if tag != rejected:
+            engine.untag(tag)
+    return rejected
 
 
 def budget_advice(recipe: Recipe) -> str:

@@ -7,7 +7,9 @@
   uploading);
 - ``download``: verified streaming download into a file, resumable, in parallel ranges,
   ``splice`` on plain http;
-- ``copy``: image copy between registries (``imgbuild mirror``).
+- ``copy``: image copy between registries (``imgbuild mirror``);
+- ``referrers``: OCI 1.1 referrers (artifacts whose ``subject`` is an image: its SBOM), pushed
+  and found through the referrers API or the tag schema's ``sha256-<hex>`` index.
 
 Module functions take an optional ``client``; pass one ``Client`` to share connections and
 tokens across calls. Nothing here prints; progress goes to ``progress(event, label, done,
@@ -62,6 +64,16 @@ if TYPE_CHECKING:  # the eager view, for type checkers and readers
         put_manifest,
         select_platform,
     )
+    from buildkit_py.oci.referrers import (
+        Blob,
+        PushedReferrer,
+        Referrer,
+        Referrers,
+        descriptor_of,
+        fallback_tag,
+        list_referrers,
+        push_referrer,
+    )
     from buildkit_py.oci.transport import (
         TRANSIENT_STATUS,
         Challenge,
@@ -95,6 +107,8 @@ _HOME = {name: module for module, names in {
     # image references are a fact below every layer (buildkit_py/reference.py); re-exported for oci's callers
     "buildkit_py.reference": ("DOCKER_HUB", "DOCKER_HUB_API", "Reference", "as_reference", "is_loopback",
                               "parse_reference"),
+    "referrers": ("Blob", "PushedReferrer", "Referrer", "Referrers", "descriptor_of", "fallback_tag", "list_referrers",
+                  "push_referrer"),
     "transport": ("TRANSIENT_STATUS", "Challenge", "Client", "Progress", "RetryPolicy", "pull_scope", "push_scope",
                   "sha256_bytes"),
 }.items() for name in names}
@@ -121,10 +135,11 @@ def __dir__() -> list[str]:
 __all__ = [
     "ACCEPT", "CHUNK", "DEFAULT_PLATFORM", "DOCKER_HUB", "DOCKER_HUB_API", "INDEX_TYPES", "MANIFEST_TYPES",
     "MAX_CONFIG_BYTES", "MAX_MANIFEST_BYTES", "MEDIA_DOCKER_CONFIG", "MEDIA_DOCKER_LIST", "MEDIA_DOCKER_MANIFEST",
-    "MEDIA_OCI_CONFIG", "MEDIA_OCI_INDEX", "MEDIA_OCI_MANIFEST", "MEDIA_OCTET", "TRANSIENT_STATUS", "Challenge",
-    "Client", "CopyResult", "Progress", "Reference", "RetryPolicy", "UploadResult", "as_reference", "blob_exists",
-    "canonical_json", "copy_image", "default_streams", "delete_blob", "delete_manifest", "fetch_manifest",
-    "get_blob", "get_image_config", "get_manifest", "head_blob", "is_loopback", "parse_reference",
-    "platform_matches", "platform_of", "pull_scope", "push_scope", "put_manifest", "read_blob", "select_platform",
-    "sha256_bytes", "sha256_file", "start_upload", "upload_blob", "upload_bytes",
+    "MEDIA_OCI_CONFIG", "MEDIA_OCI_INDEX", "MEDIA_OCI_MANIFEST", "MEDIA_OCTET", "TRANSIENT_STATUS", "Blob",
+    "Challenge", "Client", "CopyResult", "Progress", "PushedReferrer", "Reference", "Referrer", "Referrers",
+    "RetryPolicy", "UploadResult", "as_reference", "blob_exists", "canonical_json", "copy_image", "default_streams",
+    "delete_blob", "delete_manifest", "descriptor_of", "fallback_tag", "fetch_manifest", "get_blob",
+    "get_image_config", "get_manifest", "head_blob", "is_loopback", "list_referrers", "parse_reference",
+    "platform_matches", "platform_of", "pull_scope", "push_referrer", "push_scope", "put_manifest", "read_blob",
+    "select_platform", "sha256_bytes", "sha256_file", "start_upload", "upload_blob", "upload_bytes",
 ]

@@ -39,7 +39,7 @@ from typing import Any, Protocol
 import yaml
 from packaging.markers import InvalidMarker
 from packaging.requirements import InvalidRequirement, Requirement
-from packaging.utils import canonicalize_name
+from packaging.utils import canonicalize_name, canonicalize_version
 
 from buildkit_py.errors import (
     ImgbuildError,
@@ -453,6 +453,31 @@ def read_lock(path: Path) -> LockFile:
     if issues:
         raise LockFileError(issues, hint=hint)
     return LockFile.from_json(located.data)
+
+
+def lock_entry(recipe_path: Path, variant: str = DEFAULT_VARIANT) -> VariantLock | None:
+    """The lock file's entry for ``variant``, None when the recipe has no lock (or not that variant)."""
+    path = lock_path(recipe_path)
+    if not path.exists():
+        return None
+    return read_lock(path).variants.get(variant)
+
+
+def wheel_key(name: str, version: str) -> tuple[str, str]:
+    """How a wheel is matched between a lock and an installed distribution: the canonical name
+    and the canonical version (``Foo_Bar 1.0.0`` is ``foo-bar 1.0``, as pip's ``==`` compares)."""
+    return canonicalize_name(name), canonicalize_version(version)
+
+
+def wheel_hashes(entry: VariantLock | None) -> dict[tuple[str, str], str]:
+    """``wheel_key -> sha256`` of every package a lock entry pins (its wheel's hash, as
+    ``--require-hashes`` checked it), over all stages; the final image's stage wins a clash."""
+    stages = entry.packages if entry else {}
+    out: dict[tuple[str, str], str] = {}
+    for stage in sorted(stages, key=lambda name: name == "final"):
+        for p in stages[stage]:
+            out[wheel_key(p.name, p.version)] = p.sha256
+    return out
 
 
 # --- staleness and drift --------------------------------------------------------------------

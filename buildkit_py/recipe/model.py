@@ -142,6 +142,21 @@ class WeightsSpec:
 
 
 @dataclass(frozen=True)
+class TestSpec:
+    """One entry of ``test:``: a shell command (``run``) or a file of the recipe's folder
+    (``script``, relative, checked to stay inside it), run in the built image before a push.
+    ``gpu``: run with the engine's GPU flags; skipped where the engine has no GPU runtime."""
+
+    __test__ = False  # not a pytest class, whatever its name
+
+    name: str
+    run: str | None = None
+    script: str | None = None
+    gpu: bool = False
+    key: str = "test"  # where the recipe writes it ("test[2]"), for errors and reports
+
+
+@dataclass(frozen=True)
 class ServiceSpec:
     """A companion container that `imgbuild compose` puts beside the image."""
 
@@ -177,6 +192,9 @@ class Recipe:
     weights: tuple[WeightsSpec, ...] = ()
     services: tuple[ServiceSpec, ...] = ()
     platforms: tuple[str, ...] = DEFAULT_PLATFORMS  # os/arch, in the recipe's order
+    # Run in the image, never part of it: left out of ``normalized`` (and so of the digest and
+    # the io.imgbuild.recipe.digest label), so editing a test rebuilds nothing.
+    tests: tuple[TestSpec, ...] = ()
     # key path ("cuda.version", "pip[1]") -> line, for errors raised after loading
     lines: dict[str, int] = field(default_factory=dict, compare=False, repr=False)
 
@@ -442,6 +460,45 @@ def _services(services: dict[str, Any], report: _Issues) -> tuple[ServiceSpec, .
     return tuple(out)
 
 
+def _tests(items: list[Any], recipe_path: Path, report: _Issues) -> tuple[TestSpec, ...]:
+    """test: each a command, or a mapping with exactly one of run and script (the script a file
+    inside the recipe's folder); names unique, as reports and --json key them by name."""
+    root = recipe_path.parent.resolve()
+    out: list[TestSpec] = []
+    for i, item in enumerate(items):
+        key = f"test[{i}]"
+        if item is None:
+            continue
+        if isinstance(item, str):
+            out.append(TestSpec(name=item, run=item, key=key))
+            continue
+        given = [k for k in ("run", "script") if k in item]
+        if len(given) != 1:
+            report.fail(key, "give one of run (a shell command) or script (a file in the recipe's folder)"
+                        if not given else "give run or script, not both")
+            continue
+        script = item.get("script")
+        if script is not None:
+            resolved = (root / script).resolve()
+            if resolved != root and root not in resolved.parents:
+                report.fail(f"{key}.script", f"{script!r} is outside the recipe's folder {root}")
+                continue
+            if not resolved.is_file():
+                report.fail(f"{key}.script", f"{script!r} is not a file (looked for {resolved})")
+                continue
+            script = os.path.relpath(resolved, root)
+        name = str(item.get("name") or item.get("run") or script)
+        out.append(TestSpec(name=name, run=item.get("run"), script=script, gpu=bool(item.get("gpu", False)),
+                            key=key))
+    seen: dict[str, str] = {}
+    for t in out:
+        first = seen.setdefault(t.name, t.key)
+        if first != t.key:
+            report.fail(f"{t.key}.name" if t.run is None or t.name != t.run else t.key,
+                        f"{t.name!r} is already the name of {first}; give each test its own name")
+    return tuple(out)
+
+
 def _texts(items: list[Any]) -> tuple[str, ...]:
     return tuple(s for s in items if s is not None)
 
@@ -597,6 +654,7 @@ def _recipe(data: dict[str, Any], path: Path, report: _Issues, lines: dict[str, 
     build = _build(data.get("build", {}), pip, report)
     weights = _weights(data.get("weights", []), report)
     services = _services(data.get("services", {}), report)
+    tests = _tests(data.get("test", []), path, report)
     if not ({"name", "python"} <= data.keys() and "version" in cuda):
         return None
     workdir = data.get("workdir")
@@ -625,5 +683,6 @@ def _recipe(data: dict[str, Any], path: Path, report: _Issues, lines: dict[str, 
         weights=weights,
         services=services,
         platforms=tuple(data.get("platforms", DEFAULT_PLATFORMS)),
+        tests=tests,
         lines=lines,
     )

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import base64
 import calendar
+import contextlib
 import json
 import os
 import re
@@ -410,12 +411,29 @@ class PodmanEngine:
 
     def save(self, ref: str, chunk_size: int = 1 << 20) -> Iterator[bytes]:
         """`podman save --format docker-archive`: the classic `docker save` layout."""
+        return self._stream(["save", "--quiet", "--format", "docker-archive", ref], ref, chunk_size)
+
+    @contextlib.contextmanager
+    def filesystem(self, ref: str, chunk_size: int = 1 << 20) -> Iterator[Iterator[bytes]]:
+        """`podman create` (never started, no network) and `podman export`."""
+        # a command is needed to create a container of an image that has none; it never runs
+        proc = self._run("create", "--network", "none", ref, "/imgbuild-never-started")
+        if proc.returncode != 0:
+            raise InspectError(f"could not create a container of {ref} to read its files: "
+                               f"{_last_error(proc.stderr or proc.stdout)}")
+        container = proc.stdout.strip().splitlines()[-1]
         try:
-            proc = subprocess.Popen([self.binary, "save", "--quiet", "--format", "docker-archive", ref],
-                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
-                                    env=self.environment())
+            yield self._stream(["export", container], ref, chunk_size)
+        finally:
+            self._run("rm", "--force", container)
+
+    def _stream(self, args: list[str], ref: str, chunk_size: int) -> Iterator[bytes]:
+        """The stdout of `podman ARGS` as it comes; InspectError when it fails."""
+        try:
+            proc = subprocess.Popen([self.binary, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                    stdin=subprocess.DEVNULL, env=self.environment())
         except OSError as exc:
-            raise EnvironmentProblem(f"cannot run {self.binary} save: {exc}") from None
+            raise EnvironmentProblem(f"cannot run {self.binary} {args[0]}: {exc}") from None
         assert proc.stdout is not None and proc.stderr is not None  # noqa: S101
         finished = False
         try:

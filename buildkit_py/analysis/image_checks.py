@@ -1,0 +1,507 @@
+"""Tests run in a built image: the recipe's ``test:`` commands, and two that need nothing written,
+every io.imgbuild.* label checked against what the image really holds (a plan that passes is a
+promise: each label must be true of the image) and the import of each pinned package.
+
+The image is started through the engine (``Engine.run_argv``: docker's ``--gpus all``, podman's
+CDI device where a test asks for a GPU), with no network. The facts the labels are checked
+against come from one container run (``FACTS_SCRIPT``: installed distributions and who installed
+them, the loader cache, the CUDA runtime's own version, Python, the OS, nvcc); the verdicts are a
+pure function of labels and facts (``label_checks``), so each can be shown to fail on a false label
+without building one. Progress goes through ``on_event``; a failure is a typed error
+(``ImageTestFailed``) raised by ``require_passed``, and the caller decides what happens to the
+image (a build keeps it as REPO:rejected and pushes nothing)."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+from typing import TYPE_CHECKING, Any
+
+from buildkit_py import compat
+from buildkit_py import label_keys as K
+from buildkit_py.engine import children
+from buildkit_py.engine.run import RunSpec
+from buildkit_py.errors import ImageTestFailed, InspectError
+from buildkit_py.plan import labels as L
+from buildkit_py.recipe.model import Recipe, TestSpec, pin_name
+
+if TYPE_CHECKING:
+    from buildkit_py.engine.base import Engine
+
+EventSink = Callable[[str], None]
+PASSED, FAILED, SKIPPED = "passed", "failed", "skipped"
+OUTPUT_LINES = 200  # the last lines of a failed test's output its error shows (once)
+SCRIPT_DIR = "/imgbuild-test"  # where a test's script is mounted (read-only) in the container
+_MARK = "IMGBUILD-FACTS "  # the facts line, told apart from what an import prints
+# An import that fails only because the container has no NVIDIA driver: a skip where the engine
+# has no GPU runtime, not a failure of the image.
+_NEEDS_DRIVER = re.compile(r"libcuda\.so|libnvidia-ml\.so|no CUDA-capable device|NVIDIA driver")
+
+# Runs in the image with its own python (argv[1]: the pins as JSON, [[name, version], ...]).
+FACTS_SCRIPT = r"""
+import ctypes, importlib, json, os, platform, re, shutil, subprocess, sys, traceback
+from importlib import metadata
+norm = lambda n: re.sub(r"[-_.]+", "-", n).lower()
+pkgs, installers = {}, {}
+for d in metadata.distributions():
+    name = norm(d.metadata["Name"] or "")
+    pkgs[name] = d.version
+    installers[name] = (d.read_text("INSTALLER") or "").strip()
+ld = subprocess.run(["ldconfig", "-p"], capture_output=True, text=True).stdout
+sonames = sorted({l.split()[0] for l in ld.splitlines()[1:] if l.strip()})
+cudart = {}
+for so in (s for s in sonames if s.startswith("libcudart.so.")):
+    try:
+        v = ctypes.c_int()
+        ctypes.CDLL(so).cudaRuntimeGetVersion(ctypes.byref(v))
+        cudart[so] = v.value
+    except Exception as exc:
+        cudart[so] = str(exc)
+osr = {}
+for line in open("/etc/os-release").read().splitlines():
+    k, _, v = line.partition("=")
+    osr[k] = v.strip().strip('"')
+def modules(dist):
+    top = (dist.read_text("top_level.txt") or "").split()
+    if not top:
+        for f in dist.files or ():
+            parts = f.parts
+            if not parts or parts[0].endswith((".dist-info", ".data")) or parts[0] in ("..", "__pycache__"):
+                continue
+            if len(parts) == 1 and parts[0].endswith((".py", ".so")):
+                top.append(parts[0].split(".")[0])
+            elif len(parts) > 1 and parts[-1].endswith((".py", ".so")):
+                top.append(parts[0])
+    return sorted({m for m in top if m.isidentifier() and not m.startswith("_")})
+imports = []
+real_stdout, sys.stdout = sys.stdout, sys.stderr
+for name, want in json.loads(sys.argv[1]):
+    rec = {"name": name, "want": want, "version": None, "modules": [], "error": None}
+    try:
+        dist = metadata.distribution(name)
+        rec["version"] = dist.version
+        rec["modules"] = modules(dist)
+        for m in rec["modules"]:
+            importlib.import_module(m)
+    except metadata.PackageNotFoundError:
+        rec["error"] = "not installed"
+    except BaseException:
+        rec["error"] = traceback.format_exc(limit=4)
+    imports.append(rec)
+sys.stdout = real_stdout
+print("IMGBUILD-FACTS " + json.dumps({"pkgs": pkgs, "installers": installers, "sonames": sonames,
+      "cudart": cudart, "python": platform.python_version(),
+      "os": osr.get("ID", "") + osr.get("VERSION_ID", ""), "nvcc": bool(shutil.which("nvcc")),
+      "imports": imports}))
+"""
+
+
+@dataclass(frozen=True)
+class TestResult:
+    """One test's verdict: ``kind`` label (a label against the image), import (a pinned package)
+    or command (a ``test:`` entry); ``detail`` says what was compared or why it was skipped;
+    a command's ``output`` (its stdout and stderr) is kept only when it failed."""
+
+    __test__ = False  # not a pytest class, whatever its name
+
+    name: str
+    kind: str
+    status: str
+    detail: str = ""
+    command: str | None = None
+    exit_code: int | None = None
+    output: str = ""
+    seconds: float = 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "kind": self.kind, "status": self.status, "detail": self.detail,
+                "command": self.command, "exit_code": self.exit_code, "output": self.output,
+                "seconds": round(self.seconds, 2)}
+
+
+@dataclass(frozen=True)
+class TestReport:
+    __test__ = False
+
+    image: str
+    gpu: bool  # did the engine offer GPUs
+    results: tuple[TestResult, ...] = ()
+
+    def count(self, status: str) -> int:
+        return sum(r.status == status for r in self.results)
+
+    @property
+    def failed(self) -> tuple[TestResult, ...]:
+        return tuple(r for r in self.results if r.status == FAILED)
+
+    def summary(self) -> str:
+        return f"{self.count(PASSED)} passed, {self.count(FAILED)} failed, {self.count(SKIPPED)} skipped"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"image": self.image, "gpu": self.gpu, "passed": self.count(PASSED), "failed": self.count(FAILED),
+                "skipped": self.count(SKIPPED), "results": [r.to_json() for r in self.results]}
+
+
+@dataclass(frozen=True)
+class ImageFacts:
+    """What the image holds, read in one container run (``read_facts``)."""
+
+    pkgs: Mapping[str, str]  # normalized distribution name -> version
+    installers: Mapping[str, str]  # name -> its INSTALLER record (uv, pip)
+    sonames: tuple[str, ...]  # the loader cache (ldconfig -p)
+    cudart: Mapping[str, int | str]  # libcudart soname -> cudaRuntimeGetVersion, or why it failed
+    python: str
+    os: str  # ID + VERSION_ID of /etc/os-release: debian12, ubuntu22.04
+    nvcc: bool  # nvcc on the image's PATH
+    imports: tuple[Mapping[str, Any], ...] = field(default=())  # one record per pin asked for
+
+
+# --- running things in the image ----------------------------------------------------------------
+
+
+def run_in_image(engine: Engine, image: str, command: tuple[str, ...], *, entrypoint: str, gpu: bool = False,
+                 mounts: tuple[tuple[Path, str], ...] = (), platform: str | None = None) -> tuple[int, str]:
+    """Run ``entrypoint command...`` in a throw-away container of ``image`` (no network, the
+    engine's GPU flags when ``gpu``, each (host file, path) of ``mounts`` bound read-only;
+    ``platform``: that platform's image of a multi-platform one); (exit code, stdout and stderr together)."""
+    extra: tuple[str, ...] = ()
+    for host, target in mounts:
+        extra += ("--mount", f"type=bind,source={host},target={target},readonly")
+    argv = engine.run_argv(RunSpec(image, gpu=gpu, network="none", entrypoint=entrypoint, extra=extra,
+                                   command=command, platform=platform))
+    lines: list[str] = []
+    code = children.follow(list(argv), env=engine.environment(), what=f"test container of {image}",
+                           on_line=lines.append)
+    return code, "\n".join(lines)
+
+
+def read_facts(engine: Engine, image: str, pins: tuple[tuple[str, str], ...] = (),
+               platform: str | None = None) -> ImageFacts:
+    """The image's facts (``platform``'s image of a multi-platform one), and the import of each
+    (name, version) of ``pins``; InspectError when the image's python cannot report them (the
+    output says why)."""
+    code, output = run_in_image(engine, image, ("-c", FACTS_SCRIPT, json.dumps([list(p) for p in pins])),
+                                entrypoint="python", platform=platform)
+    line = next((ln for ln in reversed(output.splitlines()) if ln.startswith(_MARK)), None)
+    if code != 0 or line is None:
+        raise InspectError(f"cannot read what {image} holds: its python exited {code}\n{_tail(output)}",
+                           hint="the labels are checked with the image's own python (python on its PATH)")
+    raw = json.loads(line[len(_MARK):])
+    return ImageFacts(raw["pkgs"], raw["installers"], tuple(raw["sonames"]), raw["cudart"], raw["python"],
+                      raw["os"], raw["nvcc"], tuple(raw["imports"]))
+
+
+def _tail(output: str, lines: int = OUTPUT_LINES) -> str:
+    kept = output.rstrip("\n").splitlines()
+    cut = len(kept) - lines
+    return ("".join([f"[{cut} earlier lines not shown]\n"] if cut > 0 else []) + "\n".join(kept[-lines:])).rstrip()
+
+
+# --- the labels, against the facts ----------------------------------------------------------------
+
+
+def _unsuffixed(name: str) -> str:
+    return re.sub(r"-cu\d+$", "", name)
+
+
+def tier_packages(flavor: str, cuda: str) -> set[str]:
+    """The wheels (names without -cuXX) of NVIDIA's tier for that CUDA, from wheels.json: what an
+    image of that flavor must carry."""
+    ws = compat.cuda_wheel_set(cuda)
+    names = {_unsuffixed(p) for extra in compat.tier_extras(flavor, cuda) for p, _ in dict(ws.extras)[extra]}
+    if flavor != "base":
+        names.add(_unsuffixed(compat.nccl_pin(cuda).split("==")[0]))
+    return names
+
+
+def _mm(version: str) -> str:
+    return ".".join(version.split(".")[:2])
+
+
+class _Verdicts:
+    """The results of the label checks, one per label, with what was compared."""
+
+    def __init__(self, labels: Mapping[str, str]):
+        self.labels = labels
+        self.results: list[TestResult] = []
+
+    def verdict(self, label: str, ok: bool, found: str) -> None:
+        want = self.labels.get(label)
+        detail = f"{want!r}: {found}" if ok else f"says {want!r}, but {found}"
+        self.results.append(TestResult(f"label {label}", "label", PASSED if ok else FAILED, detail))
+
+    def missing(self, label: str, found: str) -> None:
+        self.results.append(TestResult(f"label {label}", "label", FAILED, f"is missing, but {found}"))
+
+    def skip(self, label: str, why: str) -> None:
+        self.results.append(TestResult(f"label {label}", "label", SKIPPED, why))
+
+
+def label_checks(labels: Mapping[str, str], facts: ImageFacts, recipe: Recipe | None = None) -> list[TestResult]:
+    """Each io.imgbuild.* label against the image's facts: passed with what was found, failed with
+    what the image holds instead (or a label missing for what it holds: cuDNN, torch), skipped
+    where the label is no fact of the image's content, with the reason. ``recipe``: the recipe the
+    image was built from, where known (its digest, weights and pins are then compared too)."""
+    v = _Verdicts({k: val for k, val in labels.items() if k.startswith(K.PREFIX)})
+    _cuda_labels(v, facts)
+    _library_labels(v, facts)
+    _recipe_labels(v, facts, recipe)
+    known = {r.name.removeprefix("label ") for r in v.results}
+    for label in sorted(set(v.labels) - known):
+        v.skip(label, "imgbuild has no check of this label against the image's content")
+    return v.results
+
+
+def _cuda_labels(v: _Verdicts, facts: ImageFacts) -> None:
+    """CUDA version (the runtime's own cudaRuntimeGetVersion), source, flavor, driver floors."""
+    cuda, flavor, source = v.labels.get(K.CUDA_VERSION), v.labels.get(K.CUDA_FLAVOR), v.labels.get(K.CUDA_SOURCE)
+    wheels = {n: ver for n, ver in facts.pkgs.items() if n.startswith("nvidia-")}
+    if cuda is not None:
+        soname = f"libcudart.so.{cuda.split('.')[0]}"
+        got = [f"{r // 1000}.{r % 1000 // 10}" if isinstance(r, int) else f"{so} fails to load: {r}"
+               for so, r in facts.cudart.items() if so == soname]
+        v.verdict(K.CUDA_VERSION, _mm(cuda) in got,
+                  f"the CUDA runtime reports {', '.join(got)}" if got else f"no {soname} in the loader cache")
+        for label, want in ((K.DRIVER_MIN, _driver_floor(cuda)),
+                            (K.DRIVER_MIN_COMPAT, compat.minor_compat_floor(int(cuda.split(".")[0])))):
+            if label in v.labels or want is not None:
+                v.verdict(label, v.labels.get(label) == want,
+                          f"imgbuild's data for CUDA {cuda} says {want or 'none (NVIDIA publishes none)'}")
+    if source == "wheels":
+        runtime = {n: ver for n, ver in wheels.items() if n.startswith("nvidia-cuda-runtime")}
+        v.verdict(K.CUDA_SOURCE, bool(runtime) and all(_mm(r) == _mm(cuda or "") for r in runtime.values()),
+                  f"runtime wheel {', '.join(f'{n}=={r}' for n, r in runtime.items())}" if runtime
+                  else "no nvidia-cuda-runtime wheel is installed")
+    elif source is not None:
+        ok = any(s.startswith("libcudart.so.") for s in facts.sonames)
+        v.verdict(K.CUDA_SOURCE, ok, "the CUDA runtime comes with the base image (libcudart in the loader cache)"
+                  if ok else "no libcudart in the loader cache")
+    if flavor is not None:
+        problems = [] if facts.nvcc == (flavor == "devel") else ["nvcc is on PATH" if facts.nvcc else "no nvcc on PATH"]
+        if source == "wheels" and cuda:
+            have = {_unsuffixed(n) for n in wheels}
+            try:
+                tier = tier_packages(flavor, cuda)
+            except compat.CompatGap as exc:  # e.g. devel from CUDA 12 wheels, which hold no nvcc
+                problems.append(f"no such tier of wheels: {exc}")
+                tier = have
+            if not tier <= have:
+                problems.append(f"it lacks {', '.join(sorted(tier - have))}")
+            if flavor == "base" and not {K.TORCH_VERSION, K.CUDNN_VERSION} & set(v.labels) and have - tier:
+                problems.append(f"it carries more than cudart: {', '.join(sorted(have - tier))}")
+        found = ("NVIDIA's tier of wheels, " if source == "wheels" else "") + \
+            ("nvcc on PATH" if facts.nvcc else "no nvcc on PATH")
+        v.verdict(K.CUDA_FLAVOR, not problems, "; ".join(problems) or found)
+
+
+def _library_labels(v: _Verdicts, facts: ImageFacts) -> None:
+    """cuDNN and torch: each label true, and no such library in the image without its label."""
+    cudnn = v.labels.get(K.CUDNN_VERSION)
+    libs = sorted(s for s in facts.sonames if s.startswith("libcudnn.so"))
+    if cudnn is not None:
+        v.verdict(K.CUDNN_VERSION, f"libcudnn.so.{cudnn.split('.')[0]}" in libs,
+                  f"the loader cache has {', '.join(libs) or 'no libcudnn'}")
+    elif libs:
+        v.missing(K.CUDNN_VERSION, f"the image has {', '.join(libs)}")
+    torch, installed = v.labels.get(K.TORCH_VERSION), facts.pkgs.get("torch")
+    if torch is not None:
+        v.verdict(K.TORCH_VERSION, installed == torch.split("+")[0],
+                  f"torch {installed} is installed" if installed else "torch is not installed")
+    elif installed:
+        v.missing(K.TORCH_VERSION, f"torch {installed} is installed")
+    if K.PYTHON_VERSION in v.labels:
+        v.verdict(K.PYTHON_VERSION, facts.python.startswith(v.labels[K.PYTHON_VERSION] + "."),
+                  f"python is {facts.python}")
+    if K.OS in v.labels:
+        v.verdict(K.OS, facts.os == v.labels[K.OS], f"/etc/os-release says {facts.os}")
+
+
+def _recipe_labels(v: _Verdicts, facts: ImageFacts, recipe: Recipe | None) -> None:
+    """What the recipe put there: installer, recipe digest, weights; cuda.arch is skipped."""
+    if K.INSTALLER in v.labels:
+        v.results.append(_installer_check(v.labels[K.INSTALLER], facts, recipe))
+    digest = v.labels.get(K.RECIPE_DIGEST)
+    if digest is not None and recipe is None:
+        v.skip(K.RECIPE_DIGEST, "no recipe given to compare with (imgbuild test RECIPE checks it)")
+    elif digest is not None and recipe is not None:
+        v.verdict(K.RECIPE_DIGEST, digest == recipe.digest, f"{recipe.path} is {recipe.digest}"
+                  + ("" if digest == recipe.digest else " (the recipe changed since the image was built)"))
+    if K.WEIGHTS in v.labels:
+        pairs = L.weights_from_labels(dict(v.labels))
+        if recipe is None:
+            v.verdict(K.WEIGHTS, bool(pairs), f"it names {len(pairs)} weights artifact(s)" if pairs else
+                      "it is not a JSON list of {ref, mount}")
+        else:
+            want = [(w.ref, w.mount) for w in recipe.weights]
+            v.verdict(K.WEIGHTS, pairs == want, f"the recipe lists {want}")
+    if K.CUDA_ARCH in v.labels:
+        v.skip(K.CUDA_ARCH, "the GPU architectures compiled into extensions: reading them back needs cuobjdump, "
+                            "which imgbuild does not run")
+
+
+def _driver_floor(cuda: str) -> str | None:
+    try:
+        return compat.resolve_cuda(cuda).linux_min_driver
+    except compat.CompatGap:
+        return None
+
+
+def _installer_check(label: str, facts: ImageFacts, recipe: Recipe | None) -> TestResult:
+    """io.imgbuild.installer ("uv 0.13.9", "pip") against the INSTALLER record of what imgbuild
+    installed: every pin of the recipe where it has pins, else at least one package of the image."""
+    tool = label.split(maxsplit=1)[0]
+    name = f"label {K.INSTALLER}"
+    pins = [pin_name(p) for p in recipe.pip] + (["torch"] if recipe.torch else []) if recipe else []
+    if pins:
+        wrong = {n: facts.installers.get(_norm(n)) for n in pins if facts.installers.get(_norm(n)) != tool}
+        if wrong:
+            found = ", ".join(f"{n} by {r or 'nothing recorded'}" for n, r in sorted(wrong.items()))
+            return TestResult(name, "label", FAILED, f"says {label!r}, but the recipe's pins were installed "
+                                                     f"otherwise: {found}")
+        return TestResult(name, "label", PASSED, f"{label!r}: each pin of the recipe records {tool} as its installer")
+    by_tool = sorted(n for n, r in facts.installers.items() if r == tool)
+    if not by_tool:
+        return TestResult(name, "label", FAILED, f"says {label!r}, but no package of the image records {tool} "
+                                                 "as its installer")
+    return TestResult(name, "label", PASSED, f"{label!r}: {len(by_tool)} package(s) record {tool} as their "
+                                             f"installer (e.g. {by_tool[0]})")
+
+
+def _norm(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def import_checks(facts: ImageFacts, *, gpu: bool) -> list[TestResult]:
+    """Each pinned package: installed at its pinned version, and its top-level modules import.
+    An import that fails only for want of an NVIDIA driver is skipped where the engine has no GPU."""
+    out = []
+    for rec in facts.imports:
+        name, want, version = rec["name"], rec["want"], rec["version"]
+        mods = ", ".join(rec["modules"]) or "no module"
+        title = f"import {name}"
+        command = f"import {mods}" if rec["modules"] else None
+        if rec["error"] == "not installed":
+            out.append(TestResult(title, "import", FAILED, f"{name}=={want} is pinned but not installed"))
+        elif version != want:
+            out.append(TestResult(title, "import", FAILED, f"{name}=={want} is pinned, but {version} is installed"))
+        elif rec["error"] and not gpu and _NEEDS_DRIVER.search(rec["error"]):
+            out.append(TestResult(title, "import", SKIPPED, f"import {mods} needs an NVIDIA driver, and this "
+                                  "engine has no GPU runtime", command=command, output=_tail(rec["error"])))
+        elif rec["error"]:
+            out.append(TestResult(title, "import", FAILED, f"{name}=={version}: import {mods} failed",
+                                  command=command, output=_tail(rec["error"])))
+        elif not rec["modules"]:
+            out.append(TestResult(title, "import", SKIPPED, f"{name}=={version} is installed; it has no "
+                                  "top-level module to import"))
+        else:
+            out.append(TestResult(title, "import", PASSED, f"{name}=={version}: import {mods}", command=command))
+    return out
+
+
+def pinned(recipe: Recipe | None, labels: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
+    """(name, version) of each package the recipe pins (torch included); without a recipe, torch
+    from its label, as that is the one pin an image names."""
+    pins = [(pin_name(p), p.split("==", 1)[1]) for p in recipe.pip] if recipe else []
+    torch = recipe.torch if recipe else (labels.get(K.TORCH_VERSION) or "").split("+")[0] or None
+    if torch:
+        pins.append(("torch", torch.split("+")[0]))
+    return tuple(pins)
+
+
+# --- the recipe's test: commands -------------------------------------------------------------------
+
+
+def _command_of(test: TestSpec, recipe: Recipe) -> tuple[str, tuple[str, ...], tuple[tuple[Path, str], ...]]:
+    """(entrypoint, arguments, mounts) that run ``test`` in the image."""
+    if test.run is not None:
+        return "sh", ("-c", test.run), ()
+    assert test.script is not None  # noqa: S101 - the recipe loader gives one of the two
+    target = str(PurePosixPath(SCRIPT_DIR) / PurePosixPath(test.script).name)
+    mounts = ((recipe.context_dir.resolve() / test.script, target),)
+    suffix = PurePosixPath(test.script).suffix
+    if suffix == ".py":
+        return "python", (target,), mounts
+    if suffix == ".sh":
+        return "sh", (target,), mounts
+    return target, (), mounts
+
+
+def no_gpu_reason(engine: Engine) -> str:
+    return (f"needs a GPU (gpu: true), and the {engine.describe()} has no GPU runtime (no nvidia runtime "
+            "registered, no NVIDIA CDI spec in /etc/cdi or /var/run/cdi)")
+
+
+def command_test(engine: Engine, image: str, test: TestSpec, recipe: Recipe, *, gpu: bool,
+                 platform: str | None = None) -> TestResult:
+    shown = test.run if test.run is not None else f"{test.script} (mounted at {SCRIPT_DIR})"
+    if test.gpu and not gpu:
+        return TestResult(test.name, "command", SKIPPED, no_gpu_reason(engine), command=shown)
+    entrypoint, args, mounts = _command_of(test, recipe)
+    start = time.monotonic()
+    code, output = run_in_image(engine, image, args, entrypoint=entrypoint, gpu=test.gpu, mounts=mounts,
+                                platform=platform)
+    took = time.monotonic() - start
+    if code == 0:
+        return TestResult(test.name, "command", PASSED, f"exit 0{' on a GPU' if test.gpu else ''}", command=shown,
+                          exit_code=0, seconds=took)
+    return TestResult(test.name, "command", FAILED, f"exit {code}", command=shown, exit_code=code,
+                      output=_tail(output), seconds=took)
+
+
+# --- everything, and the verdict ----------------------------------------------------------------------
+
+
+def run_image_tests(engine: Engine, image: str, *, recipe: Recipe | None = None, defaults: bool = True,
+                    on_event: EventSink | None = None, shown_as: str | None = None,
+                    platform: str | None = None) -> TestReport:
+    """Every test of ``image``: with ``defaults``, its io.imgbuild.* labels against its content and
+    the import of each pin (one container); then the recipe's ``test:`` commands, one container
+    each. Each verdict is told to ``on_event`` as it comes; ``shown_as`` names the image in the
+    report (a build tests its image by id, before it has its tags). ``platform``: test that
+    platform's image of a multi-platform one (every platform carries the same labels: one Dockerfile)."""
+    note = on_event or (lambda _line: None)
+    gpu = engine.gpu_available()
+    if any(t.gpu for t in (recipe.tests if recipe else ())) and not gpu:
+        note(f"no GPU here: the {engine.describe()} has no GPU runtime; tests with gpu: true are skipped")
+    results: list[TestResult] = []
+
+    def add(found: list[TestResult]) -> None:
+        for r in found:
+            results.append(r)
+            note(_event(r))
+
+    if defaults:
+        attrs = engine.image_attrs(image)
+        if attrs is None:
+            raise InspectError(f"no image {image} in the {engine.describe()}")
+        labels = (attrs.get("Config") or {}).get("Labels") or {}
+        facts = read_facts(engine, image, pinned(recipe, labels), platform=platform)
+        add(label_checks(labels, facts, recipe))
+        add(import_checks(facts, gpu=gpu))
+    if recipe is not None:
+        for test in recipe.tests:
+            add([command_test(engine, image, test, recipe, gpu=gpu, platform=platform)])
+    return TestReport(shown_as or image, gpu, tuple(results))
+
+
+def _event(r: TestResult) -> str:
+    return f"test {r.status:7} {r.name}: {r.detail}"
+
+
+def require_passed(report: TestReport) -> None:
+    """ImageTestFailed naming every failed test with its output (once) when one failed."""
+    failed = report.failed
+    if not failed:
+        return
+    parts = [f"{len(failed)} of {len(report.results)} tests of {report.image} failed:"]
+    for r in failed:
+        parts.append(f"- {r.name}: {r.detail}" + (f"\n  command: {r.command}" if r.command else ""))
+        if r.output:
+            parts.append(f"--- output of {r.name} ---\n{r.output}\n--- end of output ---")
+    raise ImageTestFailed("\n".join(parts), failures=[r.to_json() for r in failed],
+                          hint="fix the image (or the test), then build again; "
+                               "`imgbuild test IMAGE|RECIPE` runs the tests alone")

@@ -1,0 +1,226 @@
+"""The tests run in a built image (issue 24: 1), below the engine: the recipe's ``test:`` key
+(schema, model, located errors), the label verdicts as a pure function of the labels and the
+image's facts (a false label fails, a missing one for what the image holds fails), the pin import
+verdicts, and the one error that shows each failed command's output once. The same checks against
+real images, the gate before a push and `imgbuild test` run in test_e2e_image_tests.py."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+from helpers import run_cli, write_recipe
+
+from buildkit_py.analysis.image_checks import (
+    FAILED,
+    PASSED,
+    SKIPPED,
+    ImageFacts,
+    TestReport,
+    TestResult,
+    import_checks,
+    label_checks,
+    pinned,
+    require_passed,
+)
+from buildkit_py.errors import ImageTestFailed, RecipeError
+from buildkit_py.recipe.model import TestSpec, load_recipe, recipe_schema
+
+HEAD = 'name: team/app\nversion: "1"\ncuda: {version: "12.4", source: wheels, flavor: base}\n' \
+       'base: {image: debian:bookworm-slim}\npython: "3.11"\npip: ["six==1.16.0"]\n'
+
+# What a real image of HEAD holds (read by read_facts from an image built in the E2E test).
+FACTS = ImageFacts(
+    pkgs={"nvidia-cuda-runtime-cu12": "12.4.127", "six": "1.16.0", "pip": "23.0.1"},
+    installers={"nvidia-cuda-runtime-cu12": "uv", "six": "uv", "pip": "pip"},
+    sonames=("libc.so.6", "libcudart.so.12"),
+    cudart={"libcudart.so.12": 12040},
+    python="3.11.2", os="debian12", nvcc=False,
+    imports=({"name": "six", "want": "1.16.0", "version": "1.16.0", "modules": ["six"], "error": None},),
+)
+LABELS = {"io.imgbuild.cuda.version": "12.4.1", "io.imgbuild.cuda.flavor": "base",
+          "io.imgbuild.cuda.source": "wheels", "io.imgbuild.cuda.driver.min": "550.54.15",
+          "io.imgbuild.cuda.driver.min-compat": "525.60.13", "io.imgbuild.python.version": "3.11",
+          "io.imgbuild.os": "debian12", "io.imgbuild.installer": "uv 0.13.9",
+          "org.opencontainers.image.title": "team/app"}
+
+
+def by_name(results: list[TestResult]) -> dict[str, TestResult]:
+    return {r.name: r for r in results}
+
+
+# --- the recipe's test: key -------------------------------------------------------------------------
+
+
+def test_test_entries_short_and_long_form(tmp_path):
+    (tmp_path / "checks").mkdir()
+    (tmp_path / "checks" / "smoke.py").write_text("print('ok')\n")
+    recipe = load_recipe(write_recipe(tmp_path, HEAD + """\
+test:
+  - python -c "import six"
+  - {script: checks/smoke.py, gpu: true}
+  - {run: nvidia-smi, name: gpu-visible, gpu: true}
+"""))
+    assert recipe.tests == (
+        TestSpec(name='python -c "import six"', run='python -c "import six"', key="test[0]"),
+        TestSpec(name="checks/smoke.py", script="checks/smoke.py", gpu=True, key="test[1]"),
+        TestSpec(name="gpu-visible", run="nvidia-smi", gpu=True, key="test[2]"),
+    )
+
+
+def test_tests_do_not_change_the_recipe_digest(tmp_path):
+    """Tests run in the image and are no part of it: editing one must not move the digest (the
+    io.imgbuild.recipe.digest label) and so rebuild nothing."""
+    plain = load_recipe(write_recipe(tmp_path / "a", HEAD))
+    tested = load_recipe(write_recipe(tmp_path / "b", HEAD + "test: [\"true\"]\n"))
+    assert tested.tests and plain.digest == tested.digest
+
+
+def test_bad_test_entries_are_located(tmp_path):
+    (tmp_path / "smoke.py").write_text("")
+    path = write_recipe(tmp_path, HEAD + """\
+test:
+  - {run: "true", script: smoke.py}
+  - {script: ../../etc/passwd}
+  - {script: missing.py}
+  - {name: only-a-name}
+  - 3
+  - {run: x, gpu: "yes"}
+  - {run: y, runs: 1}
+  - {run: "true"}
+  - "true"
+""")
+    with pytest.raises(RecipeError) as info:
+        load_recipe(path)
+    f = str(path)
+    assert [i.render() for i in info.value.issues] == [
+        f"{f}:8: test[0]: give run or script, not both",
+        f"{f}:9: test[1].script: '../../etc/passwd' is outside the recipe's folder {tmp_path.resolve()}",
+        f"{f}:10: test[2].script: 'missing.py' is not a file (looked for {tmp_path.resolve() / 'missing.py'})",
+        f"{f}:11: test[3]: give one of run (a shell command) or script (a file in the recipe's folder)",
+        f"{f}:12: test[4]: must be a command (a string) or a mapping with run or script",
+        f"{f}:13: test[5].gpu: must be true or false, got a string",
+        f"{f}:14: test[6].runs: unknown key (did you mean 'run'?); allowed: gpu, name, run, script",
+        f"{f}:16: test[8]: 'true' is already the name of test[7]; give each test its own name",
+    ]
+
+
+def test_bad_test_entry_through_the_cli_exits_2_with_file_line_key(tmp_path):
+    path = write_recipe(tmp_path, HEAD + "test:\n  - {run: \"\"}\n")
+    code, out, err = run_cli("test", str(path))
+    assert code == 2 and out == ""
+    assert f"{path}:8: test[0].run: must not be empty" in err and "Traceback" not in err
+
+
+def test_schema_publishes_the_test_key():
+    items = recipe_schema()["properties"]["test"]["items"]
+    assert items["type"] == ["string", "object"] and set(items["properties"]) == {"run", "script", "name", "gpu"}
+
+
+# --- labels against the image's facts -----------------------------------------------------------------
+
+
+def test_true_labels_pass_and_say_what_was_found():
+    results = by_name(label_checks(LABELS, FACTS))
+    assert {r.status for r in results.values()} == {PASSED}
+    assert set(results) == {f"label {k}" for k in LABELS if k.startswith("io.imgbuild.")}
+    assert results["label io.imgbuild.cuda.version"].detail == "'12.4.1': the CUDA runtime reports 12.4"
+
+
+@pytest.mark.parametrize(("label", "value", "detail"), [
+    ("io.imgbuild.python.version", "3.10", "says '3.10', but python is 3.11.2"),
+    ("io.imgbuild.cuda.version", "12.6", "says '12.6', but the CUDA runtime reports 12.4"),
+    ("io.imgbuild.cuda.version", "13.0", "says '13.0', but no libcudart.so.13 in the loader cache"),
+    ("io.imgbuild.os", "ubuntu22.04", "says 'ubuntu22.04', but /etc/os-release says debian12"),
+    ("io.imgbuild.cuda.flavor", "runtime", "says 'runtime', but it lacks "),
+    ("io.imgbuild.cuda.flavor", "devel", "says 'devel', but no nvcc on PATH"),
+    ("io.imgbuild.cudnn.version", "9", "says '9', but the loader cache has no libcudnn"),
+    ("io.imgbuild.torch.version", "2.4.1", "says '2.4.1', but torch is not installed"),
+    ("io.imgbuild.installer", "pip", "says 'pip', but no package of the image records pip"[:40]),
+    ("io.imgbuild.cuda.driver.min", "470.0", "says '470.0', but imgbuild's data for CUDA 12.4.1 says 550.54.15"),
+])
+def test_a_false_label_fails(label, value, detail):
+    """A deliberately false label: the check fails and names what the image holds instead."""
+    facts = FACTS if label != "io.imgbuild.installer" else dataclasses.replace(FACTS, installers={"six": "uv"})
+    result = by_name(label_checks({**LABELS, label: value}, facts))[f"label {label}"]
+    assert result.status == FAILED and result.detail.startswith(detail), result
+
+
+def test_a_label_missing_for_what_the_image_holds_fails():
+    facts = dataclasses.replace(FACTS, pkgs={**FACTS.pkgs, "torch": "2.4.1"},
+                                sonames=(*FACTS.sonames, "libcudnn.so.9"))
+    results = by_name(label_checks(LABELS, facts))
+    assert results["label io.imgbuild.torch.version"].detail == "is missing, but torch 2.4.1 is installed"
+    assert results["label io.imgbuild.cudnn.version"].status == FAILED
+
+
+def test_recipe_digest_is_compared_with_the_recipe_and_skipped_without_one(tmp_path):
+    recipe = load_recipe(write_recipe(tmp_path, HEAD))
+    labels = {**LABELS, "io.imgbuild.recipe.digest": recipe.digest}
+    assert by_name(label_checks(labels, FACTS, recipe))["label io.imgbuild.recipe.digest"].status == PASSED
+    assert by_name(label_checks(labels, FACTS))["label io.imgbuild.recipe.digest"].status == SKIPPED
+    stale = {**labels, "io.imgbuild.recipe.digest": "sha256:" + "0" * 64}
+    verdict = by_name(label_checks(stale, FACTS, recipe))["label io.imgbuild.recipe.digest"]
+    assert verdict.status == FAILED and "the recipe changed since the image was built" in verdict.detail
+
+
+def test_labels_without_a_content_check_are_skipped_with_the_reason():
+    results = by_name(label_checks({**LABELS, "io.imgbuild.cuda.arch": "8.0;9.0", "io.imgbuild.future": "x"}, FACTS))
+    assert results["label io.imgbuild.cuda.arch"].status == SKIPPED and "cuobjdump" in results[
+        "label io.imgbuild.cuda.arch"].detail
+    assert results["label io.imgbuild.future"].detail == (
+        "imgbuild has no check of this label against the image's content")
+
+
+# --- the pins' imports ------------------------------------------------------------------------------
+
+
+def _imports(**rec) -> ImageFacts:
+    base = {"name": "six", "want": "1.16.0", "version": "1.16.0", "modules": ["six"], "error": None}
+    return dataclasses.replace(FACTS, imports=({**base, **rec},))
+
+
+def test_pins_import_at_their_pinned_version():
+    assert [(r.name, r.status, r.detail) for r in import_checks(FACTS, gpu=False)] == [
+        ("import six", PASSED, "six==1.16.0: import six")]
+    [wrong] = import_checks(_imports(version="1.15.0"), gpu=False)
+    assert (wrong.status, wrong.detail) == (FAILED, "six==1.16.0 is pinned, but 1.15.0 is installed")
+    [gone] = import_checks(_imports(version=None, error="not installed"), gpu=False)
+    assert gone.status == FAILED
+    [broken] = import_checks(_imports(error="Traceback...\nImportError: boom"), gpu=False)
+    assert broken.status == FAILED and broken.output.endswith("ImportError: boom")
+
+
+def test_an_import_that_needs_the_driver_is_skipped_only_without_a_gpu():
+    needs = _imports(name="flash-attn", want="2.6.3", version="2.6.3", modules=["flash_attn"],
+                     error="ImportError: libcuda.so.1: cannot open shared object file")
+    [skipped] = import_checks(needs, gpu=False)
+    assert skipped.status == SKIPPED and "needs an NVIDIA driver" in skipped.detail
+    [failed] = import_checks(needs, gpu=True)
+    assert failed.status == FAILED
+
+
+def test_pins_come_from_the_recipe_or_the_torch_label(tmp_path):
+    recipe = load_recipe(write_recipe(tmp_path, HEAD))
+    assert pinned(recipe, {}) == (("six", "1.16.0"),)
+    assert pinned(None, {"io.imgbuild.torch.version": "2.4.1+cu121"}) == (("torch", "2.4.1"),)
+    assert pinned(None, {}) == ()
+
+
+# --- the verdict ------------------------------------------------------------------------------------
+
+
+def test_a_failure_names_each_failed_test_and_shows_its_output_once():
+    report = TestReport("team/app:1", False, (
+        TestResult("ok", "command", PASSED, "exit 0", command="true", exit_code=0),
+        TestResult("smoke", "command", FAILED, "exit 3", command="python smoke.py", exit_code=3,
+                   output="loading model\nAssertionError: wrong answer"),
+        TestResult("gpu", "command", SKIPPED, "needs a GPU"),
+    ))
+    with pytest.raises(ImageTestFailed) as info:
+        require_passed(report)
+    text = info.value.render()
+    assert text.startswith("1 of 3 tests of team/app:1 failed:\n- smoke: exit 3\n  command: python smoke.py")
+    assert text.count("AssertionError: wrong answer") == 1
+    assert info.value.exit_status == 1 and info.value.to_json()["failures"][0]["exit_code"] == 3
+    require_passed(dataclasses.replace(report, results=report.results[:1]))  # nothing failed: no error
