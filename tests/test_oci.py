@@ -177,7 +177,7 @@ def test_an_unreachable_registry_is_named_whole_with_a_hint_that_fits():
     """issue 22: 12: mirror from Docker Hub on a machine that cannot resolve it printed urllib3's
     text cut at 200 characters mid-word, and a hint to run scripts/services.sh (the local test
     registry). A name under .invalid never resolves (RFC 6761): a real DNS failure, offline too."""
-    from buildkit_py.oci.transport import _unreachable_hint
+    from buildkit_py.oci.transport import unreachable_hint
 
     host = "a-long-registry-name." * 6 + "invalid"
     client = oci.Client(credentials=lambda h: None, max_retries=0)
@@ -186,10 +186,10 @@ def test_an_unreachable_registry_is_named_whole_with_a_hint_that_fits():
     assert exc.value.message == f"cannot reach registry at https://{host}: the name {host} does not resolve " \
                                 "from this machine (DNS)"
     assert "services.sh" not in exc.value.hint and "HTTPS_PROXY" in exc.value.hint
-    hub = _unreachable_hint(oci.DOCKER_HUB_API)
+    hub = unreachable_hint(oci.DOCKER_HUB_API)
     assert "services.sh" not in hub and "imgbuild mirror" in hub and "base.mirror" in hub
-    assert "scripts/services.sh up" in _unreachable_hint("127.0.0.1:5000")
-    assert "scripts/services.sh" not in _unreachable_hint("registry.example.com")
+    assert "scripts/services.sh up" in unreachable_hint("127.0.0.1:5000")
+    assert "scripts/services.sh" not in unreachable_hint("registry.example.com")
 
 
 # ---------------------------------------------------------------- against the real registry

@@ -52,3 +52,16 @@ def test_a_connection_lost_mid_push_is_retried(monkeypatch, message):
     slept: list[float] = []
     result = push_image(Client(failed, ok), "127.0.0.1:5000/team/a:0.1", sleep=slept.append)
     assert (result.digest, result.attempts, slept) == (DIGEST, 2, [1.0])
+
+
+def test_an_unreachable_registry_is_told_to_start_services_only_when_it_is_local():
+    """Issue 22: 12. A push to any unreachable registry suggested `scripts/services.sh up`, which
+    starts only the local test registry; a remote one gets the network hint."""
+    from buildkit_py.engine.push import classify_push_error
+    from buildkit_py.errors import RegistryUnreachable
+
+    local = classify_push_error("dial tcp 127.0.0.1:5000: connect: connection refused", "127.0.0.1:5000")
+    remote = classify_push_error("dial tcp 10.1.2.3:443: connect: connection refused", "registry.example.com")
+    assert isinstance(local, RegistryUnreachable) and isinstance(remote, RegistryUnreachable)
+    assert "scripts/services.sh up" in local.hint
+    assert "scripts/services.sh" not in remote.hint and "HTTPS_PROXY" in remote.hint

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from buildkit_py import oci
 from buildkit_py.errors import AuthenticationError, RegistryError, RegistryUnreachable
 from buildkit_py.oci import auth
+from buildkit_py.oci.transport import unreachable_hint
 
 ProgressSink = Callable[[str], None]
 # progress(event, label, done, total): the transfer callback weights and mirror report through;
@@ -72,7 +73,7 @@ def classify_push_error(message: str, host: str) -> Exception:
                                         "(or set IMGBUILD_REGISTRY_USER / IMGBUILD_REGISTRY_PASSWORD)")
     if any(m in low for m in _UNREACHABLE_MARKERS):
         return RegistryUnreachable(f"cannot reach the registry {host}: {message}",
-                                   hint="is it running and is the address right? (scripts/services.sh up starts a local one)")  # noqa: E501
+                                   hint=unreachable_hint(host))
     if "no space left" in low or "status: 500" in low or "500 internal server error" in low:
         # distribution answers a full or read-only storage backend with a bare 500.
         return RegistryError(f"push to {host} failed: the registry could not store the upload ({message})",

@@ -229,7 +229,7 @@ class Client:
                     continue
                 base = url.split("/v2/", maxsplit=1)[0]
                 raise RegistryUnreachable(f"cannot reach registry at {base}: {connection_failure(exc)}",
-                                          hint=_unreachable_hint(base.split("://", 1)[-1])) from exc
+                                          hint=unreachable_hint(base.split("://", 1)[-1])) from exc
             if resp.status_code in TRANSIENT_STATUS and attempt + 1 < attempts:
                 self.retry.wait(attempt, resp)
                 resp.close()
@@ -386,7 +386,7 @@ def connection_failure(exc: BaseException) -> str:
     return text
 
 
-def _unreachable_hint(host: str) -> str:
+def unreachable_hint(host: str) -> str:
     if is_loopback(host):
         return (f"is a registry listening at {host}? (in a clone of imgbuild, `scripts/services.sh up` starts "
                 "the local one)")
