@@ -13,8 +13,13 @@
 #   scripts/services.sh env     print the registry and engine settings as shell assignments
 #   scripts/services.sh install only install the Debian packages
 #
-# IMGBUILD_ENGINE26=0 skips the modern engine (then only 20.10 is tested); IMGBUILD_PODMAN_ENGINE=0
-# skips podman (`env` lists it in IMGBUILD_TEST_ENGINES only when it runs a container here).
+# For linux/arm64 beside linux/amd64: Debian's qemu-user-static registers binfmt handlers (binfmt_misc
+# is mounted if it is not), mmdebstrap makes an arm64 Debian root file system, and both bases are
+# pushed to the local registry as one index ($MULTIARCH_BASE), which multi-platform builds start FROM.
+#
+# IMGBUILD_ENGINE26=0 skips the modern engine (then only 20.10 is tested, and no multi-platform base);
+# IMGBUILD_PODMAN_ENGINE=0 skips podman (`env` lists it in IMGBUILD_TEST_ENGINES only when it runs a
+# container here).
 set -euo pipefail
 
 STATE_DIR=${IMGBUILD_STATE_DIR:-/var/lib/imgbuild-services}
@@ -36,6 +41,10 @@ E26_DOCKER=$E26_ROOT/usr/bin/docker
 # The client finds buildx in its own config folder, so the 20.10 client's config is untouched.
 E26_CONFIG=$E26_ROOT/config
 E26_POOL=$DEBIAN_MIRROR/pool/main/d
+# The Debian base of multi-platform builds: one index of linux/amd64 and linux/arm64 in the local
+# registry (nothing else here serves a multi-platform Debian image).
+MULTIARCH_BASE=${IMGBUILD_MULTIARCH_BASE:-$REGISTRY_ADDR/imgbuild/debian:bookworm-slim}
+ARM64_TAR=$STATE_DIR/rootfs-bookworm-arm64.tar
 E26_DEBS="docker.io/docker.io_26.1.5+dfsg1-9+deb13u1+b1_amd64.deb
 docker.io/docker-cli_26.1.5+dfsg1-9+deb13u1+b1_amd64.deb
 docker-buildx/docker-buildx_0.13.1+ds1-3_amd64.deb"
@@ -58,6 +67,8 @@ install_missing() {
     command -v docker-registry >/dev/null || pkgs+=(docker-registry)
     command -v htpasswd >/dev/null || pkgs+=(apache2-utils)
     command -v mmdebstrap >/dev/null || pkgs+=(mmdebstrap)
+    [ -x /usr/libexec/qemu-binfmt/aarch64-binfmt-P ] || pkgs+=(qemu-user-static)
+    command -v update-binfmts >/dev/null || pkgs+=(binfmt-support)
     # a third-party client the SBOM tests read the pushed image's referrers with
     command -v skopeo >/dev/null || pkgs+=(skopeo)
     python3 -c 'import venv, ensurepip' 2>/dev/null || pkgs+=(python3-venv python3-pip)
@@ -231,6 +242,75 @@ make_base_image() {
     log "imported $BASE_IMAGE"
 }
 
+binfmt_up() {
+    # arm64 programs run under qemu through the kernel's binfmt_misc: mount it, register aarch64.
+    # qemu-user-static registers with the F flag (the interpreter is opened now), so containers use it.
+    if [ ! -e /proc/sys/fs/binfmt_misc/register ]; then
+        need_root
+        mount -t binfmt_misc binfmt_misc /proc/sys/fs/binfmt_misc
+    fi
+    if ! grep -qs '^enabled' /proc/sys/fs/binfmt_misc/qemu-aarch64; then
+        need_root
+        update-binfmts --enable qemu-aarch64
+    fi
+    grep -qs '^flags: .*F' /proc/sys/fs/binfmt_misc/qemu-aarch64 \
+        || { log "qemu-aarch64 is registered without the F flag: containers cannot use it"; exit 3; }
+    log "binfmt: qemu-aarch64 registered (linux/arm64 programs run emulated)"
+}
+
+registry_curl() {
+    curl -sf -u "$REGISTRY_USER:$(cat "$STATE_DIR/registry/password")" "$@"
+}
+
+multiarch_base() {
+    # linux/amd64 + linux/arm64 Debian as one index in the local registry, for multi-platform builds.
+    [ "$ENGINE26" = 1 ] || { log "multi-platform base skipped (needs the docker 26 engine)"; return 0; }
+    local repo=${MULTIARCH_BASE#*/} tag
+    tag=${repo##*:}; repo=${repo%:*}
+    local index="application/vnd.oci.image.index.v1+json"
+    if registry_curl -H "Accept: $index" "http://$REGISTRY_ADDR/v2/$repo/manifests/$tag" 2>/dev/null \
+            | grep -q '"arm64"'; then
+        log "multi-platform base $MULTIARCH_BASE present"; return
+    fi
+    need_root
+    if [ ! -s "$ARM64_TAR" ]; then
+        log "making the arm64 Debian base with mmdebstrap under qemu (a few minutes)"
+        mmdebstrap --quiet --format=tar --architectures=arm64 --variant=minbase --include=ca-certificates \
+            bookworm "$ARM64_TAR.tmp" "$DEBIAN_MIRROR"
+        mv "$ARM64_TAR.tmp" "$ARM64_TAR"
+    fi
+    # Push both images with the docker 26 client and a private config (the user's is not touched),
+    # then put an OCI index of the two manifests under the tag.
+    local cfg; cfg=$(mktemp -d)
+    printf '{"auths": {"%s": {"auth": "%s"}}}\n' "$REGISTRY_ADDR" \
+        "$(printf '%s:%s' "$REGISTRY_USER" "$(cat "$STATE_DIR/registry/password")" | base64 -w0)" >"$cfg/config.json"
+    local cid arch entries="" sep=""
+    cid=$($DOCKER create "$BASE_IMAGE" /bin/true)
+    $DOCKER export "$cid" | e26 import --platform linux/amd64 - "$MULTIARCH_BASE-amd64" >/dev/null
+    $DOCKER rm "$cid" >/dev/null
+    e26 import --platform linux/arm64 "$ARM64_TAR" "$MULTIARCH_BASE-arm64" >/dev/null
+    for arch in amd64 arm64; do
+        DOCKER_CONFIG=$cfg DOCKER_HOST=$E26_HOST "$E26_DOCKER" push -q "$MULTIARCH_BASE-$arch" >/dev/null
+        local hdrs body media digest size
+        hdrs=$(mktemp); body=$(mktemp)
+        registry_curl -D "$hdrs" -o "$body" \
+            -H "Accept: application/vnd.oci.image.manifest.v1+json, application/vnd.docker.distribution.manifest.v2+json" \
+            "http://$REGISTRY_ADDR/v2/$repo/manifests/$tag-$arch"
+        media=$(grep -i '^content-type:' "$hdrs" | tr -d '\r' | awk '{print $2}')
+        digest=sha256:$(sha256sum "$body" | cut -d' ' -f1)
+        size=$(stat -c %s "$body")
+        entries+="$sep{\"mediaType\": \"$media\", \"digest\": \"$digest\", \"size\": $size, \"platform\": {\"architecture\": \"$arch\", \"os\": \"linux\"}}"
+        sep=", "
+        rm -f "$hdrs" "$body"
+        e26 image rm "$MULTIARCH_BASE-$arch" >/dev/null
+    done
+    rm -rf "$cfg"
+    printf '{"schemaVersion": 2, "mediaType": "%s", "manifests": [%s]}' "$index" "$entries" \
+        | registry_curl -X PUT -H "Content-Type: $index" --data-binary @- \
+            "http://$REGISTRY_ADDR/v2/$repo/manifests/$tag" >/dev/null
+    log "pushed the multi-platform base $MULTIARCH_BASE (linux/amd64, linux/arm64)"
+}
+
 stop_started() {
     for name in registry dockerd26 dockerd; do
         local pidfile="$STATE_DIR/$name.pid"
@@ -249,6 +329,7 @@ print_env() {
     echo "export IMGBUILD_TEST_REGISTRY_USER=$REGISTRY_USER"
     echo "export IMGBUILD_TEST_REGISTRY_PASSWORD_FILE=$STATE_DIR/registry/password"
     echo "export IMGBUILD_TEST_BASE_IMAGE=$BASE_IMAGE"
+    echo "export IMGBUILD_TEST_MULTIARCH_BASE=$MULTIARCH_BASE"
     # The engines the E2E suite runs on (tests/conftest.py's `engine` fixture).
     local engines=docker20
     if [ "$ENGINE26" = 1 ] && engine26_up; then engines+=,docker26; fi
@@ -261,7 +342,7 @@ print_env() {
 
 case "${1:-up}" in
     up) install_missing; start_engine; start_engine26; start_registry; make_base_image; base_image26; setup_podman
-        print_env ;;
+        binfmt_up; multiarch_base; print_env ;;
     install) install_missing ;;
     down) stop_started ;;
     env) print_env ;;

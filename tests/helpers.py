@@ -50,27 +50,30 @@ def run_cli(*argv: str, stdin: str = "") -> tuple[int, str, str]:
     return code, out.getvalue(), err.getvalue()
 
 
-def image_sh(image_id: str, script: str, timeout: int = 120) -> str:
+def image_sh(image_id: str, script: str, timeout: int = 120, platform: str | None = None) -> str:
     """stdout of ``sh -c script`` in a throw-away container of the image (no network), started by
-    the engine the test runs on as `imgbuild test` starts its containers (``Engine.run_argv``)."""
+    the engine the test runs on as `imgbuild test` starts its containers (``Engine.run_argv``);
+    ``platform``: that platform's image of a multi-platform one (linux/arm64 runs under qemu)."""
     from buildkit_py.engine import engine_for_reading
     from buildkit_py.engine.run import RunSpec
 
     engine = engine_for_reading()
-    argv = engine.run_argv(RunSpec(image_id, network="none", entrypoint="sh", command=("-c", script)))
+    argv = engine.run_argv(RunSpec(image_id, network="none", entrypoint="sh", command=("-c", script),
+                                   platform=platform))
     out = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout, env=engine.environment())
     assert out.returncode == 0, out.stderr
     return out.stdout
 
 
-def assert_labels_true(image_id: str, labels: dict[str, str]) -> set[str]:
+def assert_labels_true(image_id: str, labels: dict[str, str], platform: str | None = None) -> set[str]:
     """Each io.imgbuild.* label must be true of the image: the product's own label checks (what
     `imgbuild test` and `build --push` run; analysis/image_checks.py). Returns the labels that
-    passed; fails on any that did not."""
+    passed; fails on any that did not. ``platform``: check that platform's image of a
+    multi-platform one against its own labels."""
     from buildkit_py.analysis.image_checks import PASSED, SKIPPED, label_checks, read_facts
     from buildkit_py.engine import engine_for_reading
 
-    results = label_checks(labels, read_facts(engine_for_reading(), image_id))
+    results = label_checks(labels, read_facts(engine_for_reading(), image_id, platform=platform))
     bad = [f"{r.name}: {r.detail}" for r in results if r.status not in (PASSED, SKIPPED)]
     assert not bad, "\n".join(bad)
     return {r.name.removeprefix("label ") for r in results if r.status == PASSED}

@@ -164,26 +164,28 @@ class ImageFacts:
 
 
 def run_in_image(engine: Engine, image: str, command: tuple[str, ...], *, entrypoint: str, gpu: bool = False,
-                 mounts: tuple[tuple[Path, str], ...] = ()) -> tuple[int, str]:
+                 mounts: tuple[tuple[Path, str], ...] = (), platform: str | None = None) -> tuple[int, str]:
     """Run ``entrypoint command...`` in a throw-away container of ``image`` (no network, the
-    engine's GPU flags when ``gpu``, each (host file, path) of ``mounts`` bound read-only);
-    (exit code, stdout and stderr together)."""
+    engine's GPU flags when ``gpu``, each (host file, path) of ``mounts`` bound read-only;
+    ``platform``: that platform's image of a multi-platform one); (exit code, stdout and stderr together)."""
     extra: tuple[str, ...] = ()
     for host, target in mounts:
         extra += ("--mount", f"type=bind,source={host},target={target},readonly")
     argv = engine.run_argv(RunSpec(image, gpu=gpu, network="none", entrypoint=entrypoint, extra=extra,
-                                   command=command))
+                                   command=command, platform=platform))
     lines: list[str] = []
     code = children.follow(list(argv), env=engine.environment(), what=f"test container of {image}",
                            on_line=lines.append)
     return code, "\n".join(lines)
 
 
-def read_facts(engine: Engine, image: str, pins: tuple[tuple[str, str], ...] = ()) -> ImageFacts:
-    """The image's facts, and the import of each (name, version) of ``pins``; InspectError when
-    the image's python cannot report them (the output says why)."""
+def read_facts(engine: Engine, image: str, pins: tuple[tuple[str, str], ...] = (),
+               platform: str | None = None) -> ImageFacts:
+    """The image's facts (``platform``'s image of a multi-platform one), and the import of each
+    (name, version) of ``pins``; InspectError when the image's python cannot report them (the
+    output says why)."""
     code, output = run_in_image(engine, image, ("-c", FACTS_SCRIPT, json.dumps([list(p) for p in pins])),
-                                entrypoint="python")
+                                entrypoint="python", platform=platform)
     line = next((ln for ln in reversed(output.splitlines()) if ln.startswith(_MARK)), None)
     if code != 0 or line is None:
         raise InspectError(f"cannot read what {image} holds: its python exited {code}\n{_tail(output)}",
@@ -433,13 +435,15 @@ def no_gpu_reason(engine: Engine) -> str:
             "registered, no NVIDIA CDI spec in /etc/cdi or /var/run/cdi)")
 
 
-def command_test(engine: Engine, image: str, test: TestSpec, recipe: Recipe, *, gpu: bool) -> TestResult:
+def command_test(engine: Engine, image: str, test: TestSpec, recipe: Recipe, *, gpu: bool,
+                 platform: str | None = None) -> TestResult:
     shown = test.run if test.run is not None else f"{test.script} (mounted at {SCRIPT_DIR})"
     if test.gpu and not gpu:
         return TestResult(test.name, "command", SKIPPED, no_gpu_reason(engine), command=shown)
     entrypoint, args, mounts = _command_of(test, recipe)
     start = time.monotonic()
-    code, output = run_in_image(engine, image, args, entrypoint=entrypoint, gpu=test.gpu, mounts=mounts)
+    code, output = run_in_image(engine, image, args, entrypoint=entrypoint, gpu=test.gpu, mounts=mounts,
+                                platform=platform)
     took = time.monotonic() - start
     if code == 0:
         return TestResult(test.name, "command", PASSED, f"exit 0{' on a GPU' if test.gpu else ''}", command=shown,
@@ -452,11 +456,13 @@ def command_test(engine: Engine, image: str, test: TestSpec, recipe: Recipe, *, 
 
 
 def run_image_tests(engine: Engine, image: str, *, recipe: Recipe | None = None, defaults: bool = True,
-                    on_event: EventSink | None = None, shown_as: str | None = None) -> TestReport:
+                    on_event: EventSink | None = None, shown_as: str | None = None,
+                    platform: str | None = None) -> TestReport:
     """Every test of ``image``: with ``defaults``, its io.imgbuild.* labels against its content and
     the import of each pin (one container); then the recipe's ``test:`` commands, one container
     each. Each verdict is told to ``on_event`` as it comes; ``shown_as`` names the image in the
-    report (a build tests its image by id, before it has its tags)."""
+    report (a build tests its image by id, before it has its tags). ``platform``: test that
+    platform's image of a multi-platform one (every platform carries the same labels: one Dockerfile)."""
     note = on_event or (lambda _line: None)
     gpu = engine.gpu_available()
     if any(t.gpu for t in (recipe.tests if recipe else ())) and not gpu:
@@ -473,12 +479,12 @@ def run_image_tests(engine: Engine, image: str, *, recipe: Recipe | None = None,
         if attrs is None:
             raise InspectError(f"no image {image} in the {engine.describe()}")
         labels = (attrs.get("Config") or {}).get("Labels") or {}
-        facts = read_facts(engine, image, pinned(recipe, labels))
+        facts = read_facts(engine, image, pinned(recipe, labels), platform=platform)
         add(label_checks(labels, facts, recipe))
         add(import_checks(facts, gpu=gpu))
     if recipe is not None:
         for test in recipe.tests:
-            add([command_test(engine, image, test, recipe, gpu=gpu)])
+            add([command_test(engine, image, test, recipe, gpu=gpu, platform=platform)])
     return TestReport(shown_as or image, gpu, tuple(results))
 
 

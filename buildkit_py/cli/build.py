@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -66,7 +67,8 @@ def register(add: AddCommand) -> None:
                         "default false: an attestation holds the build's start time and a random id, so every "
                         "build, even of an unchanged recipe, would get a new digest)")
     b.add_argument("--platform", action="append", default=[], metavar="OS/ARCH",
-                   help="target platform, passed to buildx (repeatable)")
+                   help="build for this platform instead of the recipe's platforms: (repeatable: linux/amd64 and "
+                        "linux/arm64 make one index of both; each pin is checked for each platform first)")
     b.add_argument("--cache-from", action="append", default=[], metavar="REF",
                    help="import build cache (e.g. type=registry,ref=R/cache or an image built with inline cache)")
     b.add_argument("--cache-to", action="append", default=[], metavar="REF",
@@ -109,7 +111,7 @@ def _lock_mode(args: argparse.Namespace) -> LockMode:
 def cmd_build(args: argparse.Namespace, out: Out) -> int:
     from buildkit_py.cli.test import build_gate
     from buildkit_py.engine import select_engine
-    from buildkit_py.engine.build import run_build
+    from buildkit_py.engine.build import build_platforms, run_build
     from buildkit_py.pipeline.locks import use_lock
 
     if args.jobs < 1:
@@ -130,15 +132,18 @@ def cmd_build(args: argparse.Namespace, out: Out) -> int:
     if locked.status != "none":
         out.info(f"lock     {locked.path} ({locked.status})")
     engine = select_engine(args.engine, builder=args.builder)
-    options = _build_options(args)
+    # the recipe's platforms (or --platform's, which plan_recipe put in its place): one index of them
+    options = replace(_build_options(args), platforms=build_platforms(plan.recipe, tuple(args.platform)))
 
     testing = (args.push or args.test) and not args.no_test
     if args.no_test and args.push:
         out.warn("--no-test: pushing without running the image's tests")
-    out.info(f"building {', '.join(plan.tags)} with the {engine.describe()}")
+    out.info(f"building {', '.join(plan.tags)} with the {engine.describe()}"
+             + (f" for {', '.join(options.platforms)}" if options.platforms else ""))
     reports: list[TestReport] = []
     with StepView.for_option(out.stderr, args.progress) as view:
-        gate = build_gate(engine, plan.recipe, plan.tags[0], view.note, reports) if testing else None
+        gate = build_gate(engine, plan.recipe, plan.tags[0], view.note, reports, options.platforms) \
+            if testing else None
         outcome = run_build(plan, engine, options, view.line, on_progress=view.note, on_transfer=view.transfer,
                             gate=gate)
     r = outcome.result
@@ -154,6 +159,9 @@ def cmd_build(args: argparse.Namespace, out: Out) -> int:
         "pushes": [{"ref": p.ref, "tag": p.tag, "digest": p.digest, "size": p.size} for p in outcome.pushes],
         "sboms": [s.to_json() for s in sboms],
         "tests": reports[-1].to_json() if reports else None,
+        "platforms": list(options.platforms),
+        # a multi-platform build tests each platform's image: one report each, in platform order
+        "platform_tests": [t.to_json() for t in reports] if len(options.platforms) > 1 else [],
     }
     if args.json:
         out.data(report)
@@ -164,8 +172,10 @@ def cmd_build(args: argparse.Namespace, out: Out) -> int:
     out.line(f"size     {human_size(outcome.size)} ({outcome.size} bytes) uncompressed"
              + (f", {human_size(compressed)} compressed" if compressed else ""))
     out.line(f"steps    {r.run_steps} run, {r.cached_steps} cached, {r.seconds:.1f}s")
-    out.line(f"tests    {reports[-1].summary()}" if reports else
-             "tests    not run (they run before --push, or with --test)")
+    for t in reports:  # one per platform of a multi-platform build, each named by its image (platform)
+        out.line(f"tests    {t.summary()}" + (f" ({t.image})" if len(reports) > 1 else ""))
+    if not reports:
+        out.line("tests    not run (they run before --push, or with --test)")
     for p in outcome.pushes:
         out.line(f"pushed   {p.ref}")
     for s in sboms:

@@ -88,6 +88,8 @@ def cmd_plan(args: argparse.Namespace, out: Out) -> int:
     for stage in data["stages"]:
         out.line(f"  stage {stage['name']:<8} FROM {stage['base']}: " + ", ".join(s["id"] for s in stage["steps"]))
     out.line(f"  tags      {', '.join(data['tags'])}")
+    if plan.recipe.multi_platform:
+        out.line(f"  platforms {', '.join(data['platforms'])} (one index; each pin checked for each)")
     for w in plan.warnings:
         out.line(f"  warning   {w.render()}")
     return 0

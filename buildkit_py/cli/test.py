@@ -86,14 +86,17 @@ def print_failures(report: TestReport, out: Out) -> None:
 
 
 def build_gate(engine: Engine, recipe: Recipe, shown_as: str, on_event: Callable[[str], None],
-               reports: list[TestReport]) -> Callable[[str], None]:
+               reports: list[TestReport], platforms: tuple[str, ...] = ()) -> Callable[[str], None]:
     """What `build` runs on the image before it keeps its tags and pushes: every test, refused
-    with ImageTestFailed when one fails; each report is appended to ``reports``."""
+    with ImageTestFailed when one fails; each report is appended to ``reports``. ``platforms``:
+    every platform's image of a multi-platform build is tested (arm64 under qemu)."""
     from buildkit_py.analysis.image_checks import require_passed, run_image_tests
 
     def gate(image_id: str) -> None:
-        report = run_image_tests(engine, image_id, recipe=recipe, on_event=on_event, shown_as=shown_as)
-        reports.append(report)
-        require_passed(report)
+        for platform in platforms or (None,):
+            report = run_image_tests(engine, image_id, recipe=recipe, on_event=on_event, platform=platform,
+                                     shown_as=f"{shown_as} ({platform})" if platform else shown_as)
+            reports.append(report)
+            require_passed(report)
 
     return gate

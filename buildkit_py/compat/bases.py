@@ -19,6 +19,8 @@ class BaseFacts:
     digest: str | None  # what the tag points at (an index for multi-platform images)
     labels: dict[str, str] = field(default_factory=dict)
     env: dict[str, str] = field(default_factory=dict)
+    # os/arch of each image the tag carries (an index's entries, attestations left out); () unknown
+    platforms: tuple[str, ...] = ()
 
     @property
     def pinned(self) -> str:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from buildkit_py.compat import rules
+from buildkit_py.compat import platforms, rules
 from buildkit_py.compat.bases import BaseFacts
 from buildkit_py.compat.codes import RecipeWarning
 from buildkit_py.compat.tables import NativeEvidence, known_native_driver
@@ -88,6 +88,10 @@ def resolve(recipe: Recipe, base: BaseFacts | None = None, looked_up: rules.Look
     flavor_warnings = rules.flavor_rule(recipe, compile_)
     pinned = rules.base_rule(recipe, base, cuda.version, torch, images.base_image)
     wheels = rules.cuda_wheels_rule(recipe, cuda.wheel_set, cuda.version, cudnn, torch, base)
+    if recipe.multi_platform:  # each pin, for each platform: refused before building
+        torch_cuda = torch.release.variants.get(torch.variant) if torch.release and torch.variant else None
+        platforms.platforms_rule(recipe, cuda=cuda.version, cuda_wheels=wheels.pins, torch=torch.version,
+                                 torch_cuda=torch_cuda, compile_=tuple(sorted(compile_)), python=py.python, base=base)
     return Resolution(
         cuda_version=cuda.version,
         cuda_flavor=recipe.cuda.flavor,

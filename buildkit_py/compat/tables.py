@@ -810,15 +810,15 @@ def cudnn_support(cudnn: str) -> tuple[CudnnSupport, ...]:
 
 DATA_FILES = ("toolkits.json", "minor_compat.json", "forward_compat.json", "images.json", "torch.json",
               "flash_attn.json", "bitsandbytes.json", "cxx_std.json", "archs.json", "wheels.json", "cudnn.json",
-              "torch_cuda_pins.json")
+              "torch_cuda_pins.json", "platforms.json")
 
 
 def _loaders() -> tuple[Any, ...]:
     """Every cached loader, in the order their invariants depend on each other."""
-    from buildkit_py.compat import torch_pins  # noqa: PLC0415  # it reads tables: a top-level import would circle
+    from buildkit_py.compat import platforms, torch_pins  # noqa: PLC0415  # they read tables: a top-level import would circle
 
     return (_toolkit_data, _minor_floors, _forward_compat, _images, _torch, _flash_attn, _bnb, _cxx_std, _archs,
-            _wheels, _cudnn_support, torch_pins.rows, _coverage)
+            _wheels, _cudnn_support, torch_pins.rows, _coverage, platforms.data)
 
 
 def validate_all() -> None:

@@ -20,6 +20,7 @@ from buildkit_py.engine.base import (
     COMPRESSION,
     ENGINE_STORE,
     METADATA_FILE,
+    MULTI_PLATFORM,
     MULTI_STAGE,
     OCI_MEDIATYPES,
     PLATFORM,
@@ -40,7 +41,8 @@ from buildkit_py.engine.registry import EngineChoice, engines, kind_names, regis
 from buildkit_py.engine.select import engine_for_reading, select_engine
 
 __all__ = ["BUILDER_SELECT", "CA_SECRET_ID", "CACHE_EXPORT", "CACHE_FROM", "CACHE_MOUNTS", "COMPRESSION",
-           "ENGINE_STORE", "METADATA_FILE", "MULTI_STAGE", "OCI_MEDIATYPES", "PLATFORM", "PROVENANCE", "PUSH",
+           "ENGINE_STORE", "METADATA_FILE", "MULTI_PLATFORM", "MULTI_STAGE", "OCI_MEDIATYPES", "PLATFORM",
+           "PROVENANCE", "PUSH",
            "SECRETS", "BuildRequest", "BuildResult", "Engine", "EngineChoice", "ImageSizes",
            "LineSink", "ProgressSink", "engine_for_reading", "engines", "kind_names",
            "parse_compression", "register", "require", "required_capabilities", "select_engine"]

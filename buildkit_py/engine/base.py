@@ -30,7 +30,8 @@ BUILDER_SELECT = "builder"
 COMPRESSION = "compression"  # gzip|zstd with a level
 OCI_MEDIATYPES = "oci-mediatypes"
 PROVENANCE = "provenance"
-PLATFORM = "platform"
+PLATFORM = "platform"  # build for one named platform (--platform linux/arm64, emulated where foreign)
+MULTI_PLATFORM = "multi-platform"  # several platforms in one build, exported as one index
 # Builds read and write the engine's own image store: a FROM may name an image only the engine
 # has, and the built image is there without --load (not so for a named buildx builder).
 ENGINE_STORE = "engine-store"
@@ -48,7 +49,9 @@ _WHO_CAN = {
     COMPRESSION: "buildx with the containerd image store, or a named builder (--builder)",
     OCI_MEDIATYPES: "buildx with the containerd image store, or a named builder (--builder)",
     PROVENANCE: "buildx >= 0.10 with the containerd image store, or a named builder (--builder)",
-    PLATFORM: "buildx (docker buildx plugin)",
+    PLATFORM: "buildx (docker buildx plugin), or Docker's classic builder with DOCKER_BUILDKIT=1",
+    MULTI_PLATFORM: "buildx with the containerd image store (the Docker 26 engine scripts/services.sh starts on "
+                    "/run/docker26.sock) or a named builder (--builder)",
 }
 
 LineSink = Callable[[str], None]
@@ -128,6 +131,8 @@ def required_capabilities(plan_needs: frozenset[str], request: BuildRequest) -> 
         needs.add(PROVENANCE)
     if request.platforms:
         needs.add(PLATFORM)
+    if len(request.platforms) > 1:
+        needs.add(MULTI_PLATFORM)
     return needs
 
 

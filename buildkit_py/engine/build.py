@@ -63,6 +63,13 @@ class BuildOptions:
     platforms: tuple[str, ...] = ()
 
 
+def build_platforms(recipe: Recipe, requested: tuple[str, ...]) -> tuple[str, ...]:
+    """The platforms a build names: the recipe's where it has its own (``platforms:``, or what
+    build --platform put in their place, checked for each when it was resolved), else what was
+    asked (nothing: the engine's own platform)."""
+    return recipe.platforms if recipe.multi_platform else requested
+
+
 @dataclass(frozen=True)
 class BuildOutcome:
     plan: BuildPlan

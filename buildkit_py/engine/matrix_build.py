@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from buildkit_py.engine import ENGINE_STORE, BuildRequest, Engine, require, required_capabilities
-from buildkit_py.engine.build import BuildOptions, BuildOutcome, run_build
+from buildkit_py.engine.build import BuildOptions, BuildOutcome, build_platforms, run_build
 from buildkit_py.engine.children import stop_all
 from buildkit_py.engine.push import check_can_push
 from buildkit_py.errors import ImgbuildError
@@ -99,7 +99,8 @@ def build_all(matrix: Matrix, engine: Engine, options: BuildOptions, *, jobs: in
         plans = {v.id: prepare(v, plans[v.id]) for v in chosen}
     for plan in plans.values():  # refuse before anything builds
         probe = BuildRequest(Path("."), Path("Dockerfile"), plan.tags, cache_from=options.cache_from,
-                             cache_to=options.cache_to, builder=options.builder)
+                             cache_to=options.cache_to, builder=options.builder,
+                             platforms=build_platforms(plan.recipe, options.platforms))
         require(engine, required_capabilities(plan.needs, probe))
     if options.push:  # every variant's repository, once, before any variant builds
         check_can_push([t for plan in plans.values() for t in plan.tags])
@@ -111,7 +112,7 @@ def build_all(matrix: Matrix, engine: Engine, options: BuildOptions, *, jobs: in
 
     def one(v: Variant) -> VariantBuild:
         plan = plans[v.id]
-        opts = replace(options, tags=(),
+        opts = replace(options, tags=(), platforms=build_platforms(plan.recipe, options.platforms),
                        cache_from=tuple(r.replace("{variant}", v.id) for r in options.cache_from),
                        cache_to=tuple(r.replace("{variant}", v.id) for r in options.cache_to))
         start = time.monotonic()

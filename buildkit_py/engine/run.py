@@ -124,6 +124,7 @@ class RunSpec:
     entrypoint: str | None = None
     extra: tuple[str, ...] = ()
     command: tuple[str, ...] = ()
+    platform: str | None = None  # that platform's image of a multi-platform one (linux/arm64: under qemu)
 
 
 def run_args(spec: RunSpec, gpu_flags: tuple[str, ...]) -> list[str]:
@@ -136,6 +137,8 @@ def run_args(spec: RunSpec, gpu_flags: tuple[str, ...]) -> list[str]:
         argv += ["--network", spec.network]
     if spec.entrypoint is not None:
         argv += ["--entrypoint", spec.entrypoint]
+    if spec.platform:
+        argv += ["--platform", spec.platform]
     for w in spec.weights:
         argv += ["--mount", f"type=bind,source={w.host_dir},target={w.mount},readonly"]
     return argv + list(spec.extra) + [spec.image] + list(spec.command)

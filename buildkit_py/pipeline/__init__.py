@@ -32,12 +32,13 @@ def facts_for(recipe: Recipe, *, offline: bool = False, index_url: str | None = 
                              note=note)
 
 
-def plan_recipe(path: Path, *, tags: tuple[str, ...] = (), registry: str | None = None, offline: bool = False,
-                index_url: str | None = None, pip_config: str | None = None,
+def plan_recipe(path: Path | Recipe, *, tags: tuple[str, ...] = (), registry: str | None = None,
+                offline: bool = False, index_url: str | None = None, pip_config: str | None = None,
                 warn: Callable[[str], None] | None = None, note: Callable[[str], None] | None = None) -> BuildPlan:
     """A recipe file -> its BuildPlan: loaded and validated, the facts it needs looked up, resolved
-    against its base's facts, planned."""
-    recipe = load_recipe(path)
+    against its base's facts, planned. A Recipe already loaded is planned as it is (build --platform
+    puts its platforms in the recipe's place first: recipe.model.with_platforms)."""
+    recipe = path if isinstance(path, Recipe) else load_recipe(path)
     looked_up = facts_for(recipe, offline=offline, index_url=index_url, pip_config=pip_config, warn=warn,
                           note=note)
     return make_plan(recipe, tags=tags, registry=registry, resolution=resolve_with_base(recipe, looked_up=looked_up))

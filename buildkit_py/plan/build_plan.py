@@ -422,6 +422,7 @@ def plan_json(plan: BuildPlan, dockerfile: str) -> dict[str, Any]:
         "labels": plan.labels,
         "env": plan.env,
         "tags": list(plan.tags),
+        "platforms": list(plan.recipe.platforms),
         "base_image": res.base_image,
         "base_images": list(plan.base_images),
         "stages": [

@@ -86,7 +86,9 @@ class Installer:
 
     @property
     def home(self) -> str:
-        """The folder (inside the cache mount) this release of uv is installed into."""
+        """The folder (inside the cache mount) this release of uv is installed into; the step adds
+        ``-$(uname -m)``: the cache mount is shared by every platform a build makes, and an x86_64
+        uv found there by an arm64 step does not run ("uv: not found", issue 24: 3)."""
         return f"{UV_HOME}/{self.version}"
 
     @property

@@ -335,6 +335,17 @@ def local_image(engine: ImageStore | None, ref: str) -> dict[str, Any] | None:
 # --- the lock file --------------------------------------------------------------------------
 
 
+def single_platform(plan: BuildPlan) -> None:
+    """A lock pins the wheels (and hashes) of one platform, linux/amd64 (``ARCH``): a recipe built for
+    more is refused before any lock is written or used, since the arm64 half would install the
+    x86_64 pins under --require-hashes and fail in the build."""
+    if plan.recipe.multi_platform:
+        raise UsageError(f"{plan.recipe.path}: a lock pins linux/amd64 ({ARCH}) wheels only; this recipe builds "
+                         f"{', '.join(plan.recipe.platforms)}",
+                         hint=f"build it without a lock (move {lock_path(plan.recipe.path).name} away), or leave "
+                              "platforms: at linux/amd64 to lock it")
+
+
 def lock_variant(plan: BuildPlan, *, base_pinner: BasePinner, ca_cert: Path | None = None,
                  resolver: Resolver | None = None, prefer: VariantLock | None = None,
                  on_status: Callable[[str], None] | None = None) -> VariantLock:
@@ -344,6 +355,7 @@ def lock_variant(plan: BuildPlan, *, base_pinner: BasePinner, ca_cert: Path | No
     registry, then the engine; tests pass fakes).
     ``on_status`` hears what is being done before each wait (a pip resolution takes tens of
     seconds): the CLI shows it."""
+    single_platform(plan)
     resolver = resolver or run_pip_report
     status = on_status or (lambda _text: None)
     inputs = lock_inputs(plan)
@@ -697,6 +709,7 @@ def use_lock(plan: BuildPlan, *, mode: LockMode = LockMode.AUTO, variant: str = 
                             hint=f"run `imgbuild lock {plan.recipe.path}` and commit {path.name}")
         return LockUse(plan, path, LockStatus.NONE)
     else:
+        single_platform(plan)
         lock = read_lock(path)
         entry = check_current(lock, plan, path, variant, locked=mode == LockMode.LOCKED)
         status = LockStatus.USED

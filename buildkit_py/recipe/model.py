@@ -10,6 +10,7 @@ user fixes a recipe in one pass.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import hashlib
 import json
 import os
@@ -22,7 +23,7 @@ import yaml
 from packaging.requirements import InvalidRequirement, Requirement
 
 from buildkit_py import label_keys
-from buildkit_py.errors import RecipeError, RecipeIssue
+from buildkit_py.errors import RecipeError, RecipeIssue, UsageError
 from buildkit_py.schemas import (
     line_of,
     load_schema,
@@ -73,6 +74,10 @@ VOLUME_OPTIONS = frozenset({"ro", "rw", "nocopy", "z", "Z", "shared", "rshared",
 # No '$' (Dockerfile variable expansion), quotes, backslashes or control characters.
 SAFE_PATH_RE = _exact(r"^[A-Za-z0-9._/@+=,: -]+$")
 SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]i?B|B)?\s*$", re.IGNORECASE)
+
+PLATFORMS = tuple(_node("platforms")["items"]["enum"])  # linux/amd64, linux/arm64
+DEFAULT_PLATFORMS = ("linux/amd64",)
+
 
 class CudaFlavor(TextEnum):
     """``cuda.flavor``: NVIDIA's image tiers, each holding the one before it."""
@@ -186,6 +191,7 @@ class Recipe:
     max_size: int | None = None  # bytes, from budget.max_size
     weights: tuple[WeightsSpec, ...] = ()
     services: tuple[ServiceSpec, ...] = ()
+    platforms: tuple[str, ...] = DEFAULT_PLATFORMS  # os/arch, in the recipe's order
     # Run in the image, never part of it: left out of ``normalized`` (and so of the digest and
     # the io.imgbuild.recipe.digest label), so editing a test rebuilds nothing.
     tests: tuple[TestSpec, ...] = ()
@@ -231,7 +237,14 @@ class Recipe:
             "weights": [spec(w) for w in self.weights],
             "services": [{**spec(x), "ports": list(x.ports), "environment": dict(x.environment),
                           "volumes": list(x.volumes), "command": list(x.command)} for x in self.services],
+            # the default is left out, so recipes that do not name platforms keep their digest
+            **({"platforms": list(self.platforms)} if self.platforms != DEFAULT_PLATFORMS else {}),
         }
+
+    @property
+    def multi_platform(self) -> bool:
+        """Built for anything but linux/amd64 alone: the build names its platforms."""
+        return self.platforms != DEFAULT_PLATFORMS
 
     @property
     def digest(self) -> str:
@@ -535,6 +548,18 @@ def named_volume(spec: str) -> str | None:
     return source if source is not None and source[0] not in "./~" else None
 
 
+def with_platforms(recipe: Recipe, platforms: tuple[str, ...] | list[str]) -> Recipe:
+    """The recipe with these platforms (build --platform) instead of its own ``platforms:``, so the
+    compatibility check covers exactly the platforms the build makes; none given: the recipe as it is."""
+    if not platforms:
+        return recipe
+    for p in platforms:
+        if p not in PLATFORMS:
+            raise UsageError(f"--platform {p}: imgbuild builds {', '.join(PLATFORMS)}",
+                             hint="name one of them, once per --platform")
+    return dataclasses.replace(recipe, platforms=tuple(dict.fromkeys(platforms)))
+
+
 def load_recipe(path: str | os.PathLike[str]) -> Recipe:
     """Load a recipe without its matrix (see ``matrix`` for the variants)."""
     path = Path(path)
@@ -657,6 +682,7 @@ def _recipe(data: dict[str, Any], path: Path, report: _Issues, lines: dict[str, 
         max_size=None if budget is None else parse_size(budget),
         weights=weights,
         services=services,
+        platforms=tuple(data.get("platforms", DEFAULT_PLATFORMS)),
         tests=tests,
         lines=lines,
     )

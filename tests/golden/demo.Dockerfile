@@ -28,12 +28,12 @@ RUN --mount=type=cache,target=/root/.cache/uv \
     if [ -s /run/secrets/pipconf ]; then export PIP_CONFIG_FILE=/run/secrets/pipconf; fi; \
     export UV_CACHE_DIR=/root/.cache/uv UV_LINK_MODE=copy UV_PYTHON_DOWNLOADS=never UV_NO_PROGRESS=1; \
     if [ -s /run/secrets/uvenv ]; then . /run/secrets/uvenv; fi; \
-    uv=/run/imgbuild-uv/0.13.9/bin/uv; \
+    home=/run/imgbuild-uv/0.13.9-"$(uname -m)"; uv="$home/bin/uv"; \
     if [ ! -x "$uv" ]; then \
         new="$(mktemp -d /run/imgbuild-uv/new.XXXXXX)"; \
         echo 'uv==0.13.9 --hash=sha256:d7f459fe4fd247d830351c75686d3996ace3c6f3f728eb0e85a30b7ada0cef19 --hash=sha256:5435c5ce14a56431208ca0996416d310f1598e8c2c8ba707688985a16bb82dbe --hash=sha256:ecb6028d79dc96fbeafffe5c8af62a7099487ebc05a701e76714eebcffd06375' > "$new.txt"; \
         PYTHONDONTWRITEBYTECODE=1 pip install -q --disable-pip-version-check --no-cache-dir --no-deps --require-hashes --target "$new" -r "$new.txt"; \
-        rm -f "$new.txt"; mv -T "$new" /run/imgbuild-uv/0.13.9 2>/dev/null || rm -rf "$new"; \
+        rm -f "$new.txt"; mv -T "$new" "$home" 2>/dev/null || rm -rf "$new"; \
     fi; \
     export PYTHONDONTWRITEBYTECODE=1; SOURCE_DATE_EPOCH=315532800; touch /tmp/imgbuild-stamp; \
     "$uv" pip install --python "$(command -v python)" \
@@ -58,12 +58,12 @@ RUN --mount=type=cache,target=/root/.cache/uv \
     if [ -s /run/secrets/pipconf ]; then export PIP_CONFIG_FILE=/run/secrets/pipconf; fi; \
     export UV_CACHE_DIR=/root/.cache/uv UV_LINK_MODE=copy UV_PYTHON_DOWNLOADS=never UV_NO_PROGRESS=1; \
     if [ -s /run/secrets/uvenv ]; then . /run/secrets/uvenv; fi; \
-    uv=/run/imgbuild-uv/0.13.9/bin/uv; \
+    home=/run/imgbuild-uv/0.13.9-"$(uname -m)"; uv="$home/bin/uv"; \
     if [ ! -x "$uv" ]; then \
         new="$(mktemp -d /run/imgbuild-uv/new.XXXXXX)"; \
         echo 'uv==0.13.9 --hash=sha256:d7f459fe4fd247d830351c75686d3996ace3c6f3f728eb0e85a30b7ada0cef19 --hash=sha256:5435c5ce14a56431208ca0996416d310f1598e8c2c8ba707688985a16bb82dbe --hash=sha256:ecb6028d79dc96fbeafffe5c8af62a7099487ebc05a701e76714eebcffd06375' > "$new.txt"; \
         PYTHONDONTWRITEBYTECODE=1 pip install -q --disable-pip-version-check --no-cache-dir --no-deps --require-hashes --target "$new" -r "$new.txt"; \
-        rm -f "$new.txt"; mv -T "$new" /run/imgbuild-uv/0.13.9 2>/dev/null || rm -rf "$new"; \
+        rm -f "$new.txt"; mv -T "$new" "$home" 2>/dev/null || rm -rf "$new"; \
     fi; \
     "$uv" pip install --python "$(command -v python)" --compile-bytecode \
         numpy==1.26.4

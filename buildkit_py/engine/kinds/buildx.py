@@ -20,6 +20,7 @@ from buildkit_py.engine.base import (
     COMPRESSION,
     ENGINE_STORE,
     METADATA_FILE,
+    MULTI_PLATFORM,
     MULTI_STAGE,
     OCI_MEDIATYPES,
     PLATFORM,
@@ -38,8 +39,9 @@ from buildkit_py.oci import auth
 
 _BASE = frozenset({MULTI_STAGE, CACHE_MOUNTS, SECRETS, CACHE_FROM, PUSH, METADATA_FILE, PLATFORM})
 # What the docker driver can do only with the containerd image store (on the classic store
-# the engine keeps no compressed blobs of its own and cannot export cache or attestations).
-_STORE = frozenset({CACHE_EXPORT, COMPRESSION, OCI_MEDIATYPES, PROVENANCE})
+# the engine keeps no compressed blobs of its own and cannot export cache, attestations or an
+# index of several platforms).
+_STORE = frozenset({CACHE_EXPORT, COMPRESSION, OCI_MEDIATYPES, PROVENANCE, MULTI_PLATFORM})
 
 
 def has_buildx(binary: str) -> bool:

@@ -26,7 +26,9 @@ from buildkit_py.engine.base import (
     CACHE_FROM,
     CACHE_MOUNTS,
     ENGINE_STORE,
+    MULTI_PLATFORM,
     MULTI_STAGE,
+    PLATFORM,
     SECRETS,
     BuildRequest,
     BuildResult,
@@ -275,10 +277,14 @@ class ClassicEngine(DockerEngine):
     summary: ClassVar[str] = ("DOCKER_BUILDKIT=1 docker build with a client older than 23.0, e.g. Debian's 20.10; "
                               "the client is $IMGBUILD_DOCKER, the engine $DOCKER_HOST")
     name = "docker"
-    # The 20.10 client has no --cache-to, --push, --metadata-file, --builder or output options.
-    capabilities = frozenset({MULTI_STAGE, CACHE_MOUNTS, SECRETS, CACHE_FROM, ENGINE_STORE})
+    # The 20.10 client has no --cache-to, --push, --metadata-file, --builder or output options; it
+    # builds one platform per build (a repeated --platform silently keeps the last), never an index.
+    capabilities = frozenset({MULTI_STAGE, CACHE_MOUNTS, SECRETS, CACHE_FROM, ENGINE_STORE, PLATFORM})
     hints: Mapping[str, str] = {
-        CACHE_EXPORT: "with the classic client use --cache-from with an image built with inline cache"}
+        CACHE_EXPORT: "with the classic client use --cache-from with an image built with inline cache",
+        MULTI_PLATFORM: "Docker 20.10's classic builder builds one platform per build (a repeated --platform keeps "
+                        "only the last one) and its image store holds one image per tag, so it cannot make an "
+                        "index: build one platform there (--platform linux/arm64)"}
 
     @classmethod
     def find(cls, choice: EngineChoice) -> Engine:
@@ -325,7 +331,10 @@ class ClassicEngine(DockerEngine):
 
     def extra_args(self, request: BuildRequest, metadata: Path | None = None) -> list[str]:
         # Inline cache metadata lets a later --cache-from reuse this image's layers.
-        return ["--build-arg", "BUILDKIT_INLINE_CACHE=1"] if request.cache_from else []
+        args = ["--build-arg", "BUILDKIT_INLINE_CACHE=1"] if request.cache_from else []
+        if len(request.platforms) == 1:  # more were refused (MULTI_PLATFORM) before building
+            args += ["--platform", request.platforms[0]]
+        return args
 
     def tag_args(self, request: BuildRequest) -> list[str]:
         return [a for tag in request.tags for a in ("--tag", tag)]
