@@ -224,3 +224,16 @@ def test_a_failure_names_each_failed_test_and_shows_its_output_once():
     assert text.count("AssertionError: wrong answer") == 1
     assert info.value.exit_status == 1 and info.value.to_json()["failures"][0]["exit_code"] == 3
     require_passed(dataclasses.replace(report, results=report.results[:1]))  # nothing failed: no error
+
+
+def test_a_driver_floor_nvidia_does_not_publish_must_be_absent_and_is_checked_so():
+    """CUDA 13.4 has no published native floor (issue 21: 2): the check passes on the label's
+    absence and fails on a floor stamped anyway; before, an absent label got no verdict at all."""
+    facts = dataclasses.replace(FACTS, pkgs={"nvidia-cuda-runtime": "13.4.48", "six": "1.16.0"},
+                                sonames=("libcudart.so.13",), cudart={"libcudart.so.13": 13040})
+    labels = {k: v for k, v in LABELS.items() if "driver.min" not in k}
+    labels.update({"io.imgbuild.cuda.version": "13.4.0", "io.imgbuild.cuda.driver.min-compat": "580"})
+    absent = by_name(label_checks(labels, facts))["label io.imgbuild.cuda.driver.min"]
+    assert absent.status == PASSED and "NVIDIA publishes none" in absent.detail
+    claimed = by_name(label_checks({**labels, "io.imgbuild.cuda.driver.min": "580"}, facts))
+    assert claimed["label io.imgbuild.cuda.driver.min"].status == FAILED

@@ -268,9 +268,9 @@ def _cuda_labels(v: _Verdicts, facts: ImageFacts) -> None:
                   f"the CUDA runtime reports {', '.join(got)}" if got else f"no {soname} in the loader cache")
         for label, want in ((K.DRIVER_MIN, _driver_floor(cuda)),
                             (K.DRIVER_MIN_COMPAT, compat.minor_compat_floor(int(cuda.split(".")[0])))):
-            if label in v.labels or want is not None:
-                v.verdict(label, v.labels.get(label) == want,
-                          f"imgbuild's data for CUDA {cuda} says {want or 'none (NVIDIA publishes none)'}")
+            # checked when absent too: no floor may be claimed where NVIDIA publishes none (CUDA 13.3+)
+            v.verdict(label, v.labels.get(label) == want,
+                      f"imgbuild's data for CUDA {cuda} says {want or 'none (NVIDIA publishes none): no label'}")
     if source == "wheels":
         runtime = {n: ver for n, ver in wheels.items() if n.startswith("nvidia-cuda-runtime")}
         v.verdict(K.CUDA_SOURCE, bool(runtime) and all(_mm(r) == _mm(cuda or "") for r in runtime.values()),
