@@ -1,11 +1,20 @@
 """Benchmark: `imgbuild weights` push and pull beside its peers, measured in this one run.
 
-    python bench/bench_weights.py [--shards 8 --shard-mib 96 --single-mib 1024 --repeat 3]
+    python bench/bench_weights.py [--shards 8 --shard-mib 96 --single-mib 768 --pull-repeat 5]
 
-Two artifacts: a sharded model (8 x 96 MiB) and a single large shard (1 GiB). For each:
+Two artifacts: a sharded model (8 x 96 MiB) and a single large shard (768 MiB). For each:
 
-- pull: imgbuild (sha256 verified) vs curl fetching the same blobs in sequence (no
-  verification) vs the ``oras`` Python SDK pulling the same artifact;
+- verified pull (the bar, issue 24): imgbuild (every sha256 checked) against the verifying
+  clients a user would script, measured in the same run, interleaved, ``--pull-repeat`` times,
+  median: ``curl URL | tee FILE | sha256sum`` per file with the digest compared, the files in
+  parallel (``xargs -P``, as many at once as imgbuild moves) and in sequence, and the ``oras``
+  Python SDK's pull. imgbuild's time over the faster of them is the ratio that must stay
+  <= 1.00. Printed beside, not the bar: raw curl (no verification; the files in sequence and
+  with ``-Z``), and the same pipeline with ``openssl dgst -sha256`` as the hasher (OpenSSL's
+  SHA-NI code, which Debian's coreutils ``sha256sum`` lacks and other distributions' has);
+- the same over TLS (``--tls``, the default where ``docker-registry`` and ``openssl`` are
+  installed): a second registry serves the same storage read-only with a self-signed
+  certificate on another port, and every client verifies the certificate;
 - resumed pull: every file's download stopped half-way (imgbuild's ``.partial`` left by a
   real interrupted ``get_blob``, with its saved hash state; curl's ``-C -`` from a file of the
   same length), and again with the saved hash removed (a partial from a killed process:
@@ -17,11 +26,12 @@ Two artifacts: a sharded model (8 x 96 MiB) and a single large shard (1 GiB). Fo
 
 Each measured command runs in a fresh child process started by a tiny wrapper that reads
 the child's peak RSS from getrusage(RUSAGE_CHILDREN), so one number is the peak of exactly
-one run. The best wall time of ``--repeat`` runs is reported, with how busy the machine's
-cores were during it (registry included: on loopback it shares them), and the one-core
-sha256 rate measured in the same run, the ceiling for a verified pull of one blob. Needs the local registry
-(scripts/services.sh up), curl and the ``oras`` package (the ``bench`` extra); removes what
-it made (temp dir, manifests, blob links; the registry frees bytes at its next GC).
+one run. Pushes and resumes report the best wall time of ``--repeat`` runs, with how busy the
+machine's cores were during it (registry included: on loopback it shares them), and the
+one-core sha256 rate measured in the same run, the ceiling for a verified pull of one blob.
+Needs the local registry (scripts/services.sh up), curl, bash, xargs and the ``oras`` package
+(the ``bench`` extra); removes what it made (temp dir, manifests, blob links; the registry
+frees bytes at its next GC). ``--pull-only`` measures the pulls alone.
 """
 
 from __future__ import annotations
@@ -32,6 +42,7 @@ import contextlib
 import hashlib
 import json
 import os
+import random
 import shutil
 import socket
 import subprocess
@@ -40,6 +51,7 @@ import tempfile
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -55,23 +67,33 @@ RSS_LIMIT_MB = 150
 LABELS = {"pull": "pull", "resume": "resume", "resume_rehash": "resume, re-hash", "push": "push",
           "push_resumed": "push, cut & resumed"}
 
-# Runs argv[1:] as a child, passes stdin through, reports wall time and the child's peak RSS.
+# Runs argv[1:] as a child, passes stdin through, reports wall time, the child's peak RSS and the
+# CPU time of the child and everything it waited for (a pipeline's processes too; not the registry's).
 _MEASURE = r"""
 import json, resource, subprocess, sys, time
 t = time.perf_counter()
 rc = subprocess.run(sys.argv[1:], stdin=sys.stdin).returncode
 wall = time.perf_counter() - t
-print(json.dumps({"rc": rc, "wall_s": wall,
-                  "maxrss_kib": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss}))
+usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+print(json.dumps({"rc": rc, "wall_s": wall, "maxrss_kib": usage.ru_maxrss,
+                  "own_cpu_s": usage.ru_utime + usage.ru_stime}))
 """
 
-_IMGBUILD_PULL = "import sys; from buildkit_py.artifacts import weights; weights.pull(sys.argv[1], sys.argv[2])"
+# IMGBUILD_BENCH_CA: the TLS registry's certificate (https to a loopback address, which is plain http otherwise).
+_IMGBUILD_PULL = r"""
+import os, sys
+from buildkit_py import oci
+from buildkit_py.artifacts import weights
+ca = os.environ.get("IMGBUILD_BENCH_CA")
+weights.pull(sys.argv[1], sys.argv[2], client=oci.Client(ca_cert=ca, plain_http=False) if ca else None)
+"""
 _IMGBUILD_PUSH = "import sys; from buildkit_py.artifacts import weights; weights.push(sys.argv[1], sys.argv[2])"
 # oras-py: basic auth against the htpasswd registry; credentials from the environment.
 _ORAS = r"""
 import os, sys
 import oras.provider
-reg = oras.provider.Registry(insecure=True, auth_backend="basic")
+ca = os.environ.get("IMGBUILD_BENCH_CA")
+reg = oras.provider.Registry(insecure=not ca, tls_verify=ca or True, auth_backend="basic")
 reg.login(username=os.environ["IMGBUILD_REGISTRY_USER"], password=os.environ["IMGBUILD_REGISTRY_PASSWORD"],
           hostname=sys.argv[2].split("/")[0])
 if sys.argv[1] == "pull":
@@ -80,6 +102,13 @@ else:
     os.chdir(sys.argv[3])
     reg.push(target=sys.argv[2], files=sorted(os.listdir(".")), quiet=True)
 """
+# The verifying client a user scripts: curl URL | tee FILE | HASHER, then the digest compared.
+# $1 URL, $2 FILE, $3 the expected sha256 (hex); curl's config (auth header, CA) in $CURL_CONFIG.
+_VERIFY_ONE = r"""set -o pipefail
+out=$(curl -sSf -K "$CURL_CONFIG" "$1" | tee "$2" | $HASHER) || exit 1
+[ "${out%% *}" = "$3" ] || { echo "$2: sha256 ${out%% *}, expected $3" >&2; exit 1; }
+"""
+HASHERS = {"sha256sum": "sha256sum", "openssl": "openssl dgst -sha256 -r"}
 # curl -T per blob, digests known: POST for a session, then the monolithic PUT.
 _CURL_PUSH = r"""
 import json, subprocess, sys
@@ -129,13 +158,16 @@ def measure(cmd: list[str], *, stdin: str | None = None, env: dict | None = None
     return result
 
 
-def make_file(path: Path, size: int) -> str:
-    """Random bytes (incompressible); returns their digest."""
+def make_file(path: Path, size: int, seed: str) -> str:
+    """Pseudo-random bytes (incompressible) from ``seed``; returns their digest. The same
+    files every run: a registry keeps a deleted blob's bytes until its garbage collection,
+    so random files left 1.5 GiB more on its disk at each run; these are stored once."""
+    rng = random.Random(seed)  # noqa: S311 (test data, not a secret)
     hasher = hashlib.sha256()
     with open(path, "wb") as fh:
         left = size
         while left:
-            piece = os.urandom(min(4 << 20, left))
+            piece = rng.randbytes(min(4 << 20, left))
             fh.write(piece)
             hasher.update(piece)
             left -= len(piece)
@@ -232,6 +264,10 @@ class Run:
     def __init__(self, args, work: Path, env: dict, curl_config: str, client: oci.Client):
         self.args, self.work, self.env, self.curl_config, self.client = args, work, env, curl_config, client
         self.pushed: list[tuple[str, list[str]]] = []  # (ref, blob digests) to delete at the end
+        self.curl_file = work / "curl.conf"  # the same config as a file: xargs takes curl's stdin
+        self.curl_file.write_text(curl_config)
+        self.tls: TlsRegistry | None = None
+        self.tls_curl_file = work / "curl-tls.conf"
 
     def ref(self, what: str) -> str:
         return f"{self.args.registry}/imgbuild-bench/{what}-{uuid.uuid4().hex[:10]}:v1"
@@ -248,6 +284,21 @@ class Run:
     def fresh(self, name: str) -> Path:
         path = self.work / f"{name}-{uuid.uuid4().hex[:6]}"
         return path
+
+    def verified_pulls(self, ref: str, digests: dict[str, str], total: int) -> dict:
+        """The pull of ``ref`` against the verifying clients (PullComparison), over http and,
+        with ``--tls``, over https from the TLS registry on the same storage."""
+        verified = PullComparison(self, ref, digests, total, registry=self.args.registry,
+                                  curl_config=self.curl_file).measure_all(self.args.pull_repeat)
+        out = {"verified_pull": verified,
+               "pull": {"imgbuild": verified["arms"]["imgbuild"], "curl": verified["arms"][verified["raw_curl"]],
+                        "oras": verified["arms"]["oras-py"]}}
+        if self.tls:
+            over_tls = ref.replace(self.args.registry, self.tls.address, 1)
+            out["verified_pull_tls"] = PullComparison(self, over_tls, digests, total, registry=self.tls.address,
+                                                      curl_config=self.tls_curl_file, ca=self.tls.cert,
+                                                      ).measure_all(self.args.pull_repeat)
+        return out
 
     def scenario(self, name: str, src: Path, digests: dict[str, str]) -> dict:
         env = self.env
@@ -291,23 +342,20 @@ class Run:
         sizes = {rel: (src / rel).stat().st_size for rel in digests}
         push_repeat = self.args.push_repeat
         first = len(self.pushed)
-        out["push"] = {"imgbuild": self.best(imgbuild_push, push_repeat), "curl": self.best(curl_push, push_repeat),
-                       "oras": self.best(oras_push, push_repeat)}
-        out["push_resumed"] = {"imgbuild": self.best(imgbuild_push_cut, push_repeat), "curl": out["push"]["curl"]}
+        if self.args.pull_only:
+            imgbuild_push(0)
+        else:
+            out["push"] = {"imgbuild": self.best(imgbuild_push, push_repeat),
+                           "curl": self.best(curl_push, push_repeat), "oras": self.best(oras_push, push_repeat)}
+            out["push_resumed"] = {"imgbuild": self.best(imgbuild_push_cut, push_repeat), "curl": out["push"]["curl"]}
         ref = self.pushed[first][0]  # this scenario's first imgbuild push: the artifact every pull reads
-        out["push_again"] = self.best(lambda _i: measure([sys.executable, "-c", _IMGBUILD_PUSH, str(src), ref],
-                                                         env=env), 1)
+        if not self.args.pull_only:
+            out["push_again"] = self.best(lambda _i: measure([sys.executable, "-c", _IMGBUILD_PUSH, str(src), ref],
+                                                             env=env), 1)
 
         # pull
         repo = oci.parse_reference(ref).repository
         urls = [f"{base}/v2/{repo}/blobs/{digests[rel]}" for rel in sorted(digests)]
-
-        def imgbuild_pull(_i):
-            dest = self.fresh("pull")
-            r = measure([sys.executable, "-c", _IMGBUILD_PULL, ref, str(dest)], env=env)
-            assert sum(p.stat().st_size for p in dest.iterdir()) == total
-            shutil.rmtree(dest)
-            return r
 
         cut_at: list[dict[str, int]] = []  # each imgbuild resume's partial lengths: curl resumes from the same
 
@@ -321,13 +369,6 @@ class Run:
             for rel, url in zip(sorted(digests), urls, strict=True):
                 cmd += ["-o", str(dest / rel), url]
             r = measure(cmd, stdin=self.curl_config, env=env)
-            assert sum(p.stat().st_size for p in dest.iterdir()) == total
-            shutil.rmtree(dest)
-            return r
-
-        def oras_pull(_i):
-            dest = self.fresh("oras")
-            r = measure([sys.executable, "-c", _ORAS, "pull", ref, str(dest)], env=env)
             assert sum(p.stat().st_size for p in dest.iterdir()) == total
             shutil.rmtree(dest)
             return r
@@ -346,8 +387,9 @@ class Run:
             shutil.rmtree(dest)
             return r
 
-        out["pull"] = {"imgbuild": self.best(imgbuild_pull), "curl": self.best(curl_pull),
-                       "oras": self.best(oras_pull)}
+        out.update(self.verified_pulls(ref, digests, total))
+        if self.args.pull_only:
+            return out
         out["resume"] = {"imgbuild": self.best(imgbuild_resume),
                          "curl": self.best(lambda i: curl_pull(i, resume=True))}
         out["resume_rehash"] = {"imgbuild": self.best(lambda i: imgbuild_resume(i, saved_hash=False)),
@@ -360,13 +402,185 @@ class Run:
         return out
 
 
+class TlsRegistry:
+    """A second registry over https that serves the local registry's storage read-only, with a
+    self-signed certificate for 127.0.0.1: the TLS path every real registry takes (a loopback
+    registry is plain http otherwise). For the bench only, never in CI: it needs
+    ``docker-registry`` and ``openssl`` and adds a process."""
+
+    def __init__(self, work: Path, registry_config: Path):
+        import yaml
+
+        self.work = work / "tls-registry"
+        self.work.mkdir()
+        main = yaml.safe_load(registry_config.read_text())
+        self.cert, key = self.work / "cert.pem", self.work / "key.pem"
+        subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
+                        "-nodes", "-keyout", str(key), "-out", str(self.cert), "-days", "1",
+                        "-subj", "/CN=imgbuild-bench", "-addext", "subjectAltName=IP:127.0.0.1"],
+                       check=True, capture_output=True)
+        with socket.create_server(("127.0.0.1", 0)) as probe:
+            self.address = f"127.0.0.1:{probe.getsockname()[1]}"
+        config = {  # YAML is a superset of JSON
+            "version": 0.1, "log": {"level": "error"},
+            "storage": {"filesystem": main["storage"]["filesystem"],
+                        "maintenance": {"uploadpurging": {"enabled": False}, "readonly": {"enabled": True}}},
+            "http": {"addr": self.address, "tls": {"certificate": str(self.cert), "key": str(key)}},
+            "auth": main["auth"]}
+        (self.work / "config.yml").write_text(json.dumps(config))
+        self.log = open(self.work / "registry.log", "wb")  # noqa: SIM115 (closed in stop)
+        self.proc = subprocess.Popen(["docker-registry", "serve", str(self.work / "config.yml")],
+                                     stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
+        for _ in range(100):
+            probe = subprocess.run(["curl", "-s", "-o", "/dev/null", "-w", "%{http_code}", "--cacert", str(self.cert),
+                                    f"https://{self.address}/v2/"], capture_output=True, text=True, check=False)
+            if probe.stdout == "401":
+                return
+            if self.proc.poll() is not None:
+                break
+            time.sleep(0.1)
+        self.stop()
+        raise SystemExit(f"the TLS registry did not come up: {(self.work / 'registry.log').read_text()[-2000:]}")
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self.log.close()
+
+
+def median(values):
+    ordered = sorted(values)
+    mid = len(ordered) // 2
+    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+
+
+# The clients the verified pull is held to (issue 24): the faster of them is the bar.
+BAR = ("sha256sum", "oras-py")
+
+
+class PullComparison:
+    """imgbuild's pull and the other clients', interleaved: each repetition runs every arm
+    once, in an order rotated by one each time, so a busy moment on the shared machine falls on
+    all of them alike; each arm's median is reported."""
+
+    def __init__(self, run: Run, ref: str, digests: dict[str, str], total: int, *, registry: str,
+                 curl_config: Path, ca: Path | None = None):
+        self.run, self.ref, self.digests, self.total = run, ref, digests, total
+        self.curl_config, self.ca = curl_config, ca
+        repo = oci.parse_reference(ref).repository
+        scheme = "https" if ca else "http"
+        self.urls = {rel: f"{scheme}://{registry}/v2/{repo}/blobs/{d}" for rel, d in digests.items()}
+        self.env = {**run.env, "CURL_CONFIG": str(curl_config)}
+        if ca:
+            # requests lets REQUESTS_CA_BUNDLE / CURL_CA_BUNDLE (set on machines behind a proxy with its own CA)
+            # override a session's own CA bundle, so the children's environment names this one
+            self.env.update({"IMGBUILD_BENCH_CA": str(ca), "REQUESTS_CA_BUNDLE": str(ca), "CURL_CA_BUNDLE": str(ca)})
+        self.jobs = weights.DEFAULT_JOBS
+        self.verify_script = run.work / "verify-one.sh"
+        self.verify_script.write_text(_VERIFY_ONE)
+
+    def arms(self) -> dict[str, tuple[str, Callable[[Path], dict]]]:
+        """name -> (kind, measure into a folder); kind is the column the arm counts in."""
+        many = len(self.digests) > 1
+        out: dict[str, tuple[str, Callable[[Path], dict]]] = {
+            "imgbuild": ("imgbuild", lambda d: measure([sys.executable, "-c", _IMGBUILD_PULL, self.ref, str(d)],
+                                                      env=self.env))}
+        for hasher in HASHERS:
+            out[f"curl | tee | {hasher} -P {self.jobs}" if many else f"curl | tee | {hasher}"] = (
+                hasher, lambda d, h=hasher: self.verifying(d, h, self.jobs))
+            if many:
+                out[f"curl | tee | {hasher}, in sequence"] = (hasher, lambda d, h=hasher: self.verifying(d, h, 1))
+        out["oras-py"] = ("oras-py", lambda d: measure([sys.executable, "-c", _ORAS, "pull", self.ref, str(d)],
+                                                       env=self.env))
+        out["curl, in sequence" if many else "curl"] = ("curl", lambda d: self.raw_curl(d, parallel=False))
+        if many:
+            out[f"curl -Z --parallel-max {self.jobs}"] = ("curl", lambda d: self.raw_curl(d, parallel=True))
+        return out
+
+    def verifying(self, dest: Path, hasher: str, jobs: int) -> dict:
+        lines = "".join(f"{self.urls[rel]} {dest / rel} {digest.removeprefix('sha256:')}\n"
+                        for rel, digest in sorted(self.digests.items()))
+        return measure(["xargs", "-P", str(jobs), "-n", "3", "bash", str(self.verify_script)], stdin=lines,
+                       env={**self.env, "HASHER": HASHERS[hasher]})
+
+    def raw_curl(self, dest: Path, *, parallel: bool) -> dict:
+        cmd = ["curl", "-sSf", "-K", str(self.curl_config)]
+        if parallel:
+            cmd += ["-Z", "--parallel-max", str(self.jobs)]
+        for rel in sorted(self.digests):
+            cmd += ["-o", str(dest / rel), self.urls[rel]]
+        return measure(cmd, env=self.env)
+
+    def measure_all(self, repeat: int) -> dict:
+        arms = self.arms()
+        names = list(arms)
+        runs: dict[str, list[dict]] = {name: [] for name in names}
+        for i in range(repeat):
+            for name in names[i % len(names):] + names[:i % len(names)]:
+                dest = self.run.fresh("pull")
+                dest.mkdir()
+                os.sync()  # start without the previous run's dirty pages being written back
+                runs[name].append(arms[name][1](dest))
+                got = sum(p.stat().st_size for p in dest.iterdir())
+                if got != self.total:
+                    raise SystemExit(f"{name} pulled {got} bytes, not {self.total}")
+                shutil.rmtree(dest)
+        arm_figures = {name: {"kind": arms[name][0], "wall_s": median([r["wall_s"] for r in rs]),
+                              "walls": [round(r["wall_s"], 3) for r in rs],
+                              "cpu_s": median([r["cpu_s"] for r in rs]),
+                              "own_cpu_s": median([r["own_cpu_s"] for r in rs]),
+                              "maxrss_mib": max(r["maxrss_kib"] for r in rs) / 1024}
+                       for name, rs in runs.items()}
+
+        def fastest(kind: str) -> str:
+            return min((n for n, a in arm_figures.items() if a["kind"] == kind), key=lambda n: arm_figures[n]["wall_s"])
+
+        bar = min((fastest(kind) for kind in BAR), key=lambda n: arm_figures[n]["wall_s"])
+        mine = arm_figures["imgbuild"]["wall_s"]
+        return {"arms": arm_figures, "repeat": repeat, "bar": bar, "ratio": mine / arm_figures[bar]["wall_s"],
+                "vs_openssl": mine / arm_figures[fastest("openssl")]["wall_s"],
+                "vs_raw_curl": mine / arm_figures[fastest("curl")]["wall_s"],
+                "openssl": fastest("openssl"), "raw_curl": fastest("curl")}
+
+
+VERIFIES = {"imgbuild": "yes", "sha256sum": "yes", "openssl": "yes", "curl": "no",
+            "oras-py": "no (0.2.43 writes 8 KiB pieces, hashes nothing)"}
+
+
+def report_pull(title: str, total: int, r: dict) -> None:
+    mib = total / (1 << 20)
+    print(f"\n{title} ({mib:.0f} MiB): verified pull, median of {r['repeat']} interleaved runs")
+    print(f"{'':34}{'time':>8}{'MiB/s':>8}{'CPU':>8}{'own CPU':>9}{'RSS':>7}  verifies")
+    for name, a in r["arms"].items():
+        print(f"{name:34}{a['wall_s']:>7.2f}s{mib / a['wall_s']:>8.0f}{a['cpu_s']:>7.2f}s{a['own_cpu_s']:>8.2f}s"
+              f"{a['maxrss_mib']:>6.0f}M  {VERIFIES[a['kind']]}")
+    verdict = "met" if r["ratio"] <= 1.0 else "NOT met"
+    print(f"=> imgbuild / the faster of curl|tee|sha256sum and oras-py ({r['bar']}): {r['ratio']:.2f} "
+          f"(<= 1.00: {verdict})")
+    print(f"   beside: imgbuild / {r['openssl']}: {r['vs_openssl']:.2f}; imgbuild / raw {r['raw_curl']} "
+          f"(verifies nothing): {r['vs_raw_curl']:.2f}")
+    walls = " ".join(f"{w:.2f}" for w in r["arms"]["imgbuild"]["walls"])
+    print(f"   imgbuild's runs: {walls} s. CPU: every core's busy time during a run, the registry's (and, on a "
+          "shared machine, everyone's) included; own CPU: the client's processes alone")
+
+
 def report(name: str, r: dict) -> None:
     mib = r["bytes"] / (1 << 20)
+    report_pull(f"{name}, over http (loopback)", r["bytes"], r["verified_pull"])
+    if "verified_pull_tls" in r:
+        report_pull(f"{name}, over https (TLS registry on loopback)", r["bytes"], r["verified_pull_tls"])
+    if "push" not in r:  # --pull-only
+        return
 
     def tput(x: dict) -> float:
         return mib / x["wall_s"]
 
-    print(f"\n{name} ({mib:.0f} MiB), best of the runs; throughput in MiB/s, peak RSS in MiB")
+    print(f"\n{name} ({mib:.0f} MiB): pull as above (median; curl: the faster raw curl), the rest best of the "
+          "runs; throughput in MiB/s, peak RSS in MiB")
     print(f"{'':18}{'imgbuild':>10}{'curl':>10}{'oras-py':>10}{'vs curl':>10}{'vs oras':>10}"
           f"{'RSS imgb.':>11}{'RSS curl':>10}{'RSS oras':>10}")
     for op, label in LABELS.items():
@@ -393,7 +607,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--shards", type=int, default=8)
     parser.add_argument("--shard-mib", type=int, default=96)
-    parser.add_argument("--single-mib", type=int, default=1024)
+    parser.add_argument("--single-mib", type=int, default=768)
+    parser.add_argument("--pull-repeat", type=int, default=5, help="interleaved runs of each verified pull")
+    parser.add_argument("--pull-only", action="store_true", help="measure the verified pulls alone")
+    parser.add_argument("--tls", action=argparse.BooleanOptionalAction, default=None,
+                        help="also pull over https from a second, TLS registry on the same storage "
+                             "(default: where docker-registry and openssl are installed)")
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--push-repeat", type=int, default=2)
     parser.add_argument("--json", type=Path, help="also write the figures to this file")
@@ -402,8 +621,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--password-file", default=os.environ.get(
         "IMGBUILD_TEST_REGISTRY_PASSWORD_FILE", str(STATE_DIR / "registry" / "password")))
     args = parser.parse_args(argv)
-    if not shutil.which("curl"):
-        raise SystemExit("curl is needed for the comparison")
+    for tool in ("curl", "bash", "xargs", "openssl"):
+        if not shutil.which(tool):
+            raise SystemExit(f"{tool} is needed for the comparison")
+    if args.tls is None:
+        args.tls = bool(shutil.which("docker-registry")) and (STATE_DIR / "registry" / "config.yml").exists()
     try:
         import oras.provider  # noqa: F401  (the peer SDK; run in children, checked here)
     except ImportError:
@@ -424,13 +646,16 @@ def main(argv: list[str] | None = None) -> int:
     run.proxy = CuttingProxy((host, int(port)))
     results = {}
     try:
+        if args.tls:
+            run.tls = TlsRegistry(work, STATE_DIR / "registry" / "config.yml")
+            run.tls_curl_file.write_text(f'{curl_config}cacert = "{run.tls.cert}"\n')
         for name, count, mib in (("sharded", args.shards, args.shard_mib), ("single", 1, args.single_mib)):
             src = work / f"src-{name}"
             src.mkdir()
             digests = {}
             for i in range(count):
                 rel = f"model-{i + 1:05d}-of-{count:05d}.safetensors"
-                digests[rel] = make_file(src / rel, mib << 20)
+                digests[rel] = make_file(src / rel, mib << 20, f"imgbuild-bench {rel} {mib}")
             results[name] = run.scenario(f"{name}", src, digests)
             results[name]["sha256_mib_s"] = sha256_one_core()
             report(f"{name}: {count} x {mib} MiB" if count > 1 else f"{name}: 1 x {mib} MiB", results[name])
@@ -449,6 +674,8 @@ def main(argv: list[str] | None = None) -> int:
                     pass  # curl pushes made no manifest
             except (RegistryError, OSError) as exc:  # cleanup is best effort; say so
                 print(f"cleanup in the registry failed: {exc}", file=sys.stderr)
+        if run.tls:
+            run.tls.stop()
         shutil.rmtree(work, ignore_errors=True)
         run.proxy.close()
         client.close()

@@ -6,11 +6,14 @@ from __future__ import annotations
 
 import base64
 import email.utils
+import gzip
 import hashlib
 import json
 import os
 import secrets
 import socket
+import ssl
+import subprocess
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -19,6 +22,7 @@ from typing import ClassVar
 
 import pytest
 import requests
+from conftest import unavailable
 
 from buildkit_py import oci
 from buildkit_py.errors import (
@@ -700,7 +704,9 @@ class _BlobServer(BaseHTTPRequestHandler):
     ranges = True
     breaks = 0
     cut = 0
+    gzip = False  # send the whole blob gzip-compressed, whatever the client accepts
     seen: ClassVar[list] = []
+    encodings: ClassVar[list] = []
 
     def log_message(self, *args):
         pass
@@ -712,6 +718,15 @@ class _BlobServer(BaseHTTPRequestHandler):
 
     def do_GET(self):
         type(self).seen.append(self.headers.get("Range"))
+        type(self).encodings.append(self.headers.get("Accept-Encoding"))
+        if self.gzip:
+            body = gzip.compress(self.blob, compresslevel=1)
+            self.send_response(200)
+            self.send_header("Content-Encoding", "gzip")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+            return
         start, end = 0, len(self.blob) - 1
         rng = self.headers.get("Range")
         if rng and self.ranges:
@@ -733,26 +748,45 @@ class _BlobServer(BaseHTTPRequestHandler):
         self.wfile.write(body)
 
 
-@pytest.fixture
-def blob_server():
-    handler = type("Blobs", (_BlobServer,), {"blob": os.urandom(5 * 1_000_000 + 7), "seen": []})
+def _self_signed(folder: Path) -> tuple[Path, Path]:
+    """A certificate for 127.0.0.1 and its key, made by the openssl CLI."""
+    key, cert = folder / "key.pem", folder / "cert.pem"
+    out = subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
+                          "-nodes", "-keyout", str(key), "-out", str(cert), "-days", "1", "-subj", "/CN=imgbuild-test",
+                          "-addext", "subjectAltName=IP:127.0.0.1"], capture_output=True, text=True, check=False)
+    if out.returncode != 0:
+        unavailable(f"openssl cannot make a certificate: {out.stderr}")
+    return cert, key
+
+
+@pytest.fixture(params=["http", "https"])
+def blob_server(request, tmp_path_factory, monkeypatch):
+    """``(handler, ref, client)``: one blob served over plain http or over TLS (a self-signed
+    certificate the client is given), the path every real registry takes."""
+    handler = type("Blobs", (_BlobServer,), {"blob": os.urandom(5 * 1_000_000 + 7), "seen": [], "encodings": []})
     server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    client = oci.Client(credentials=lambda h: None, backoff_s=0.001)
+    if request.param == "https":
+        cert, key = _self_signed(tmp_path_factory.mktemp("tls"))
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        context.load_cert_chain(cert, key)
+        server.socket = context.wrap_socket(server.socket, server_side=True)
+        # requests lets these override a session's own CA bundle (they are set behind a proxy with its own CA)
+        monkeypatch.delenv("REQUESTS_CA_BUNDLE", raising=False)
+        monkeypatch.delenv("CURL_CA_BUNDLE", raising=False)
+        client = oci.Client(credentials=lambda h: None, backoff_s=0.001, ca_cert=cert, plain_http=False)
     threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield handler, oci.parse_reference(f"127.0.0.1:{server.server_address[1]}/team/model")
+    yield handler, oci.parse_reference(f"127.0.0.1:{server.server_address[1]}/team/model"), client
     server.shutdown()
     server.server_close()
 
 
-@pytest.mark.parametrize("path", ["splice", "requests"])
 @pytest.mark.parametrize("ranges", [True, False])
-def test_parallel_ranges_resume_and_broken_streams(blob_server, tmp_path, monkeypatch, path, ranges):
-    handler, ref = blob_server
+def test_parallel_ranges_resume_and_broken_streams(blob_server, tmp_path, monkeypatch, ranges):
+    handler, ref, client = blob_server
     handler.ranges = ranges
-    if path == "requests":
-        monkeypatch.delattr(os, "splice", raising=False)
     monkeypatch.setattr(download, "RANGED_MIN_PART", 1_000_000)
     blob, digest = handler.blob, oci.sha256_bytes(handler.blob)
-    client = oci.Client(credentials=lambda h: None, backoff_s=0.001)
     out = tmp_path / "out"
     events = []
     with open(out, "w+b") as fh:
@@ -781,12 +815,50 @@ def test_parallel_ranges_resume_and_broken_streams(blob_server, tmp_path, monkey
 
 
 def test_a_corrupt_download_is_refused_and_counted(blob_server, tmp_path):
-    handler, ref = blob_server
-    client = oci.Client(credentials=lambda h: None, backoff_s=0.001)
+    handler, ref, client = blob_server
     wrong = "sha256:" + "1" * 64
     with open(tmp_path / "out", "w+b") as fh, pytest.raises(DigestMismatch, match="corrupt") as exc:
         oci.get_blob(ref, wrong, fh, size=len(handler.blob), client=client)
     assert exc.value.received_bytes == len(handler.blob)
+
+
+def test_a_download_hashes_what_it_receives_and_reads_nothing_back(blob_server, tmp_path, monkeypatch):
+    """Each piece is hashed from the buffer it arrived in, over http and https alike; the
+    file is only written. (Before, plain http spliced the socket into the file and the hash
+    read all of it back; https copied every piece through urllib3 and read it back too.)"""
+    handler, ref, client = blob_server
+    read_back = []
+    real_preadv = os.preadv
+
+    def preadv(fd, buffers, offset):
+        n = real_preadv(fd, buffers, offset)
+        read_back.append(n)
+        return n
+    monkeypatch.setattr(os, "preadv", preadv)
+    out = tmp_path / "out"
+    with open(out, "w+b") as fh:
+        got = oci.get_blob(ref, oci.sha256_bytes(handler.blob), fh, size=len(handler.blob), client=client, streams=1)
+    assert got == len(handler.blob) and out.read_bytes() == handler.blob
+    assert read_back == []
+
+    # A partial with no saved hash: its own bytes are read to hash them, the rest is fetched and verified.
+    out.write_bytes(handler.blob[:3_000_000])
+    with open(out, "r+b") as fh:
+        got = oci.get_blob(ref, oci.sha256_bytes(handler.blob), fh, size=len(handler.blob), client=client, streams=1)
+    assert got == len(handler.blob) - 3_000_000 and out.read_bytes() == handler.blob
+    assert sum(read_back) >= 3_000_000  # the partial was hashed, not trusted
+
+
+def test_a_blob_sent_compressed_anyway_is_decoded(blob_server, tmp_path):
+    """The request asks for the bytes as stored (Accept-Encoding: identity); a server or
+    proxy that gzips them anyway is decoded, not taken for a corrupt blob."""
+    handler, ref, client = blob_server
+    handler.gzip = True
+    out = tmp_path / "out"
+    with open(out, "w+b") as fh:
+        oci.get_blob(ref, oci.sha256_bytes(handler.blob), fh, size=len(handler.blob), client=client, streams=1)
+    assert out.read_bytes() == handler.blob
+    assert handler.encodings == ["identity"]
 
 
 def test_retry_policy_honours_retry_after():

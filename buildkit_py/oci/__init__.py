@@ -5,8 +5,8 @@
 - ``manifests``: fetch, put, delete, platform selection, image config;
 - ``blobs``: presence, small reads, streamed and resumable uploads (hashed once, while
   uploading);
-- ``download``: verified streaming download into a file, resumable, in parallel ranges,
-  ``splice`` on plain http;
+- ``download``: verified streaming download into a file (hashed from the buffer each piece
+  arrives in), resumable, in parallel ranges;
 - ``copy``: image copy between registries (``imgbuild mirror``);
 - ``referrers``: OCI 1.1 referrers (artifacts whose ``subject`` is an image: its SBOM), pushed
   and found through the referrers API or the tag schema's ``sha256-<hex>`` index.

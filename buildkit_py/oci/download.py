@@ -1,15 +1,26 @@
 """Verified streaming download of one blob into a file, resumable, in parallel ranges.
 
-Why our own code (requests alone, and the ``oras`` SDK, measured slower: see the README's
-design notes): the bytes go from the socket into the file and are hashed from the file by
-another thread, so hashing is off the I/O path and no Python loop touches each byte.
+Why our own code (the ``oras`` SDK measured slower and verifies nothing: see the README's
+design notes): the body goes from the socket into a reused 1 MiB buffer, from there into
+the file, and is hashed from the same buffer while it is still in the CPU's cache. Each
+byte is copied twice (socket to buffer, buffer to file) and hashed once; no Python loop
+touches a byte, and nothing is read back from the file.
 
-- Plain http (loopback registries): a minimal HTTP/1.1 GET on a raw socket and
-  ``os.splice`` socket -> pipe -> file, so the body never enters user space.
-- https, a redirect, or anything unusual: ``requests`` with ``readinto`` a 4 MiB buffer
-  and ``os.pwrite`` (same hashing thread).
+- One path for https and plain http: ``requests`` sends the request (auth challenges,
+  redirects to blob storage, TLS) and the body is read with http.client's ``readinto``
+  straight into our buffer. urllib3's own ``readinto`` reads into a fresh ``bytes`` and
+  copies it; over TLS, http.client decrypts into the buffer itself. (A raw-socket ``splice``
+  path for plain-http loopback registries was removed: no registry over TLS can use it, and
+  without it a pull still beats every verifying client; figures in the README, "Weights
+  transfer".)
+- The receiving thread hashes each piece itself, right after writing it. Handing the
+  buffers to a second hashing thread (as ``curl | tee FILE | sha256sum`` spreads its work over
+  processes) measured slower here: on 2 busy cores the threads wait on each other.
 - ``streams`` > 1 splits a large blob into that many ``Range`` requests, each written at
-  its own offset; the hasher follows the contiguous prefix. A registry that ignores
+  its own offset; the first part's pieces are hashed as they arrive, the others' bytes are
+  read back from the file by a hashing thread once the hash reaches them (so are the bytes
+  of a partial that no saved state covers; meanwhile the first part writes without hashing
+  until that thread has caught up with it). A registry that ignores
   ``Range`` is read in one stream from the start.
 - Resume: only the bytes not yet in the file (a ``.partial`` from an earlier pull) are
   requested. A download that stops (network gone, Ctrl-C) saves the hash's running state
@@ -18,42 +29,27 @@ another thread, so hashing is off the I/O path and no Python loop touches each b
   partial without that attribute, or changed since, is hashed from its start. A broken
   stream resumes from where it broke (the client's RetryPolicy). On failure the file is
   cut back to its contiguous prefix, so a later call can resume from it.
-- Hashing reads the file with ``preadv`` into a 1 MiB buffer that stays in the CPU's
-  cache (measured 1483 MiB/s from the page cache, against 1301 through ``mmap`` windows):
-  memory stays flat.
 """
 
 from __future__ import annotations
 
 import base64
+import http.client
 import json
 import os
 import re
-import socket
-import struct
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from urllib.parse import urlsplit
-
-try:
-    import fcntl
-except ImportError:  # not POSIX: no splice either, and no pipe to size
-    fcntl = None  # type: ignore[assignment]
 
 from buildkit_py.errors import DigestMismatch, RegistryError, RegistryUnreachable
 from buildkit_py.oci.sha256_state import ResumableSha256
 from buildkit_py.oci.transport import STREAM_ERRORS, Client, Progress, pull_scope
 from buildkit_py.reference import Reference
 
-BUFFER = 4 << 20  # requests path: readinto this much per call
-HASH_BUFFER = 1 << 20  # hashed at once: small enough to stay in the CPU's cache
-SPLICE_STEP = 1 << 20
+BUFFER = 1 << 20  # read, written and hashed at once: small enough to stay in the CPU's cache
 RANGED_MIN_PART = 64 << 20  # no range smaller than this: a request costs more than it saves
-_F_SETPIPE_SZ = 1031
 HASH_STATE_XATTR = "user.imgbuild.sha256"
-_HEAD_LIMIT = 64 << 10
-
 
 
 def default_streams() -> int:
@@ -84,16 +80,18 @@ class _Frontier:
         self.pos = [start for start, _ in bounds]
         self.pos[0] = first_pos
         self.cond = threading.Condition()
-        self.stopped = False
+        self.stopped = False  # no part will move any more
+        self.cancelled = False  # ... because one failed or the call was interrupted: the hash may stop short
 
     def advance(self, part: int, pos: int) -> None:
         with self.cond:
             self.pos[part] = pos
             self.cond.notify_all()
 
-    def stop(self) -> None:
+    def stop(self, *, cancel: bool = True) -> None:
         with self.cond:
             self.stopped = True
+            self.cancelled = self.cancelled or cancel
             self.cond.notify_all()
 
     def contiguous(self) -> int:
@@ -129,6 +127,7 @@ class _Job:
     frontier: _Frontier
     received: list
     report: Callable[[], None]
+    hashing: _Hashing
 
     @property
     def path(self) -> str:
@@ -142,35 +141,55 @@ class _Job:
 
 
 class _Hashing:
-    """The blob's hash and how many of its first bytes it has taken in."""
+    """The blob's hash and how many of its first bytes it has taken in. The first part's
+    receiving thread and the hashing thread both feed it, under ``lock``, each only the bytes
+    that come next."""
 
     def __init__(self, hasher: ResumableSha256 | None = None, hashed: int = 0):
         self.hasher, self.hashed = hasher or ResumableSha256(), hashed
+        self.lock = threading.Lock()
         self.settled = True  # False while a hashing thread may still change it
 
+    def take(self, view: memoryview, pos: int) -> None:
+        """``view`` holds the file's bytes at ``pos``: hash them if they come next. If not, the
+        hash is still behind (reading the file) and gets them from there."""
+        with self.lock:
+            if self.hashed == pos:
+                self.hasher.update(view)
+                self.hashed = pos + len(view)
 
-def _hash_file(fd: int, size: int, frontier: _Frontier, hashing: _Hashing) -> None:
+
+def _hash_blob(fd: int, size: int, frontier: _Frontier, hashing: _Hashing) -> None:
+    """The hashing thread: whatever the receiving thread did not hash (the bytes of a partial
+    that no saved state covers, what arrived while the hash was catching up, the other
+    parts), read back from the file as the contiguous prefix passes it."""
     try:
-        _hash_prefix(fd, size, frontier, hashing)
+        buf = bytearray(BUFFER)
+        while hashing.hashed < size:
+            avail = frontier.wait_past(hashing.hashed)
+            if avail is None or frontier.cancelled:
+                break
+            _hash_from_file(fd, avail, frontier, hashing, buf)
     finally:
         hashing.settled = True
 
 
-def _hash_prefix(fd: int, size: int, frontier: _Frontier, hashing: _Hashing) -> None:
-    buf = bytearray(HASH_BUFFER)
+def _hash_from_file(fd: int, until: int, frontier: _Frontier, hashing: _Hashing, buf: bytearray) -> None:
+    """Hash the file's bytes from where the hash is up to ``until``, in pieces of ``buf``'s
+    size that stay in the CPU's cache (preadv: 1483 MiB/s from the page cache here, 1301
+    through ``mmap`` windows). Stops early when the download is cancelled: the saved state
+    then covers what was hashed, and the next call hashes the rest."""
     view = memoryview(buf)
-    pos = hashing.hashed
-    while pos < size:
-        avail = frontier.wait_past(pos)
-        if avail is None:
-            break
-        while pos < avail:
-            n = os.preadv(fd, [view[:min(HASH_BUFFER, avail - pos)]], pos)
+    while not frontier.cancelled:
+        with hashing.lock:
+            pos = hashing.hashed
+            if pos >= until:
+                return
+            n = os.preadv(fd, [view[:min(len(buf), until - pos)]], pos)
             if not n:  # the file was cut under us: the size check reports it
                 return
             hashing.hasher.update(view[:n])
-            pos += n
-            hashing.hashed = pos
+            hashing.hashed = pos + n
 
 
 def _load_hash_state(fd: int, digest: str, offset: int) -> _Hashing:
@@ -235,8 +254,8 @@ def get_blob(ref: Reference, digest: str, dest_file, *, size: int | None = None,
         os.ftruncate(fd, 0)
         offset = 0
     streams = streams or default_streams()
-    def job_of(frontier: _Frontier, received: list, report: Callable[[], None]) -> _Job:
-        return _Job(ref, digest, fd, client, frontier, received, report)
+    def job_of(frontier: _Frontier, received: list, report: Callable[[], None], hashing: _Hashing) -> _Job:
+        return _Job(ref, digest, fd, client, frontier, received, report, hashing)
 
     label = label or digest
     hashing = _load_hash_state(fd, digest, offset)
@@ -283,9 +302,13 @@ def _split(offset: int, size: int, streams: int) -> list[tuple[int, int]]:
     return [(cuts[i], min(cuts[i + 1], size)) for i in range(n)]
 
 
-def _transfer(job_of: Callable[[_Frontier, list, Callable], _Job], offset: int, size: int,
+def _transfer(job_of: Callable[[_Frontier, list, Callable, _Hashing], _Job], offset: int, size: int,
               progress: Progress | None, label: str, streams: int, hashing: _Hashing) -> tuple[int, int]:
-    """``(bytes received, contiguous bytes in the file)``; ``hashing`` has taken them in."""
+    """``(bytes received, contiguous bytes in the file)``; ``hashing`` has taken them in.
+
+    Every part runs in a thread of its own, the first one too: a Ctrl-C lands in the
+    caller's thread, which only waits, so it never falls between a hash update and the count
+    of what it took in (the state saved for the resume must be exact)."""
     bounds = _split(offset, size, streams)
     frontier = _Frontier(bounds, offset)
     received = [0] * len(bounds)
@@ -296,7 +319,7 @@ def _transfer(job_of: Callable[[_Frontier, list, Callable], _Job], offset: int, 
         if progress:
             progress("download", label, sum(p - s for (s, _), p in zip(bounds, frontier.pos, strict=True)), size)
 
-    job = job_of(frontier, received, report)
+    job = job_of(frontier, received, report, hashing)
     fd = job.fd
 
     def run_part(i: int) -> None:
@@ -307,26 +330,25 @@ def _transfer(job_of: Callable[[_Frontier, list, Callable], _Job], offset: int, 
                 errors.append(exc)
             frontier.stop()
 
-    hash_thread = threading.Thread(target=_hash_file, args=(fd, size, frontier, hashing),
-                                   name="blob-hash", daemon=True)
+    hash_thread = threading.Thread(target=_hash_blob, args=(fd, size, frontier, hashing), name="blob-hash",
+                                   daemon=True)
     hashing.settled = False
     hash_thread.start()
     workers = [threading.Thread(target=run_part, args=(i,), name=f"blob-part-{i}", daemon=True)
-               for i in range(1, len(bounds))]
+               for i in range(len(bounds))]
     for w in workers:
         w.start()
     try:
-        run_part(0)
         for w in workers:
             w.join()
-    except BaseException:  # Ctrl-C: stop the others, keep what is contiguous
+    except BaseException:  # Ctrl-C: stop the parts, keep what is contiguous
         frontier.stop()
         for w in workers:
             w.join()
         hash_thread.join()
         os.ftruncate(fd, frontier.contiguous())
         raise
-    frontier.stop()
+    frontier.stop(cancel=bool(errors))
     hash_thread.join()
     if errors:
         if len(bounds) > 1 or frontier.contiguous() < os.fstat(fd).st_size:
@@ -340,22 +362,15 @@ def _fetch_part(job: _Job, part: int, end: int) -> None:
     """Fill [pos, end) of part ``part``, retrying broken streams from where they broke."""
     frontier, client = job.frontier, job.client
     failures = 0
-    use_raw = client.plain(job.ref.api_host) and hasattr(os, "splice")
     while frontier.pos[part] < end:
         pos = frontier.pos[part]
         if frontier.stopped:
             raise _Cancelled()
         try:
-            if use_raw:
-                done = _raw_get(job, part, pos, end)
-                if done is None:  # something the raw path does not handle: requests does
-                    use_raw = False
-                    continue
-            else:
-                _requests_get(job, part, pos, end)
+            _get(job, part, pos, end)
         except _Ended:
             return
-        except (*STREAM_ERRORS, OSError) as exc:
+        except (*STREAM_ERRORS, OSError, http.client.HTTPException) as exc:
             if isinstance(exc, (FileNotFoundError, PermissionError, IsADirectoryError)):
                 raise
             if frontier.pos[part] > pos:
@@ -385,114 +400,47 @@ def _check_range(status: int, content_range: str | None, pos: int) -> None:
             raise RegistryError(f"registry answered range {content_range} for bytes={pos}-")
 
 
-def _requests_get(job: _Job, part: int, pos: int, end: int) -> None:
-    headers = _range_header(pos, end, job.frontier.bounds[-1][1])
+def _get(job: _Job, part: int, pos: int, end: int) -> None:
+    """One GET of [pos, end) into the file. A body that ends early leaves the part's position
+    where it ended; the caller asks again from there."""
+    headers = {**_range_header(pos, end, job.frontier.bounds[-1][1]), "Accept-Encoding": "identity"}
     resp = job.client.request("GET", job.ref.api_host, job.path, scope=pull_scope(job.ref.repository),
                               expect=(200, 206, 416), headers=headers, stream=True)
     with resp:
         if resp.status_code == 416:
             raise _Ended()
         _check_range(resp.status_code, resp.headers.get("Content-Range"), pos)
-        buf = bytearray(min(BUFFER, max(end - pos, 1)))
-        view = memoryview(buf)
-        raw = resp.raw
-        while pos < end:
-            if job.frontier.stopped:
-                raise _Cancelled()
-            n = raw.readinto(view[:min(len(buf), end - pos)])
-            if not n:
-                break
-            written = 0
-            while written < n:
-                written += os.pwrite(job.fd, view[written:n], pos + written)
-            pos += n
-            job.wrote(part, pos, n)
+        _receive(job, part, pos, end, _body_reader(resp))
 
 
-def _raw_get(job: _Job, part: int, pos: int, end: int) -> bool | None:
-    """GET over a plain socket with splice. None when the answer needs requests (an auth
-    challenge to learn, a redirect, chunked encoding, an error to read)."""
-    client, ref = job.client, job.ref
-    url = urlsplit(client.base_url(ref.api_host))
-    headers = {"Host": url.netloc, "User-Agent": client.session.headers.get("User-Agent", "imgbuild"),
-               "Accept-Encoding": "identity", "Connection": "close",
-               **_range_header(pos, end, job.frontier.bounds[-1][1]),
-               **client.auth_header(ref.api_host, (pull_scope(ref.repository),))}
-    request = f"GET {job.path} HTTP/1.1\r\n" + "".join(f"{k}: {v}\r\n" for k, v in headers.items()) + "\r\n"
-    connect_timeout, read_timeout = client.timeout
-    sock = socket.create_connection((url.hostname, url.port or 80), timeout=connect_timeout)
-    try:
-        sock.settimeout(None)  # blocking fd for splice; SO_RCVTIMEO bounds each wait instead
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, _timeval(read_timeout))
-        sock.sendall(request.encode("latin-1"))
-        head = b""
-        while b"\r\n\r\n" not in head:
-            piece = sock.recv(65536)
-            if not piece:
-                raise ConnectionError("registry closed the connection before answering")
-            head += piece
-            if len(head) > _HEAD_LIMIT:
-                return None
-        head, _, body = head.partition(b"\r\n\r\n")
-        status, fields = _parse_head(head)
-        if status not in (200, 206) or "chunked" in fields.get("transfer-encoding", "").lower():
-            return None
-        _check_range(status, fields.get("content-range"), pos)
-        length = int(fields.get("content-length", -1))
-        if length < 0 or length > end - pos:
-            return None
-        stop = pos + length
-        if body:
-            body = body[:stop - pos]
-            os.pwrite(job.fd, body, pos)
-            pos += len(body)
-            job.wrote(part, pos, len(body))
-        _splice_into(job, sock, part, pos, stop)
-        return True
-    finally:
-        sock.close()
+def _body_reader(resp) -> Callable[[memoryview], int]:
+    """``readinto`` for the body that fills our buffer itself: http.client's under urllib3
+    (its ``_fp``), which reads into the caller's memory (TLS decrypts into it). urllib3's own
+    ``readinto`` reads into a fresh ``bytes`` and copies it; it serves a body with a
+    Content-Encoding (never asked for: the request says identity, but a proxy may compress
+    anyway), which it then decodes."""
+    fp = getattr(resp.raw, "_fp", None)
+    if isinstance(fp, http.client.HTTPResponse) and resp.headers.get("Content-Encoding", "identity") == "identity":
+        return fp.readinto
+    resp.raw.decode_content = True
+    return resp.raw.readinto
 
 
-def _splice_into(job: _Job, sock: socket.socket, part: int, pos: int, stop: int) -> None:
-    read_end, write_end = os.pipe()
-    try:
-        try:
-            fcntl.fcntl(write_end, _F_SETPIPE_SZ, SPLICE_STEP)
-        except OSError:
-            pass  # a smaller pipe only means more calls
-        while pos < stop:
-            if job.frontier.stopped:
-                raise _Cancelled()
-            try:
-                n = os.splice(sock.fileno(), write_end, min(SPLICE_STEP, stop - pos))
-            except BlockingIOError as exc:  # SO_RCVTIMEO ran out
-                raise TimeoutError("registry stopped sending") from exc
-            if not n:
-                raise ConnectionError(f"registry closed the stream at byte {pos} of {stop}")
-            moved = 0
-            while moved < n:
-                moved += os.splice(read_end, job.fd, n - moved, offset_dst=pos + moved)
-            pos += n
-            job.wrote(part, pos, n)
-    finally:
-        os.close(read_end)
-        os.close(write_end)
-
-
-def _timeval(seconds: float) -> bytes:
-    whole = int(seconds)
-    return struct.pack("ll", whole, int((seconds - whole) * 1e6))
-
-
-def _parse_head(head: bytes) -> tuple[int, dict]:
-    lines = head.decode("latin-1").split("\r\n")
-    parts = lines[0].split(" ", 2)
-    if len(parts) < 2 or not parts[0].startswith("HTTP/1.") or not parts[1].isdigit():
-        raise ConnectionError(f"not an HTTP answer: {lines[0][:80]!r}")
-    fields = {}
-    for line in lines[1:]:
-        key, sep, value = line.partition(":")
-        if sep:
-            fields[key.strip().lower()] = value.strip()
-    return int(parts[1]), fields
-
+def _receive(job: _Job, part: int, pos: int, end: int, readinto: Callable[[memoryview], int]) -> None:
+    """Read [pos, end) of ``part`` into the file, piece by piece; the first part hashes each
+    piece from the buffer right after writing it (the hashing thread reads the others back)."""
+    view = memoryview(bytearray(min(BUFFER, max(end - pos, 1))))
+    while pos < end:
+        if job.frontier.stopped:
+            raise _Cancelled()
+        piece = view[:min(len(view), end - pos)]
+        n = readinto(piece)
+        if not n:
+            return
+        written = 0
+        while written < n:
+            written += os.pwrite(job.fd, piece[written:n], pos + written)
+        if part == 0:
+            job.hashing.take(piece[:n], pos)
+        pos += n
+        job.wrote(part, pos, n)
