@@ -238,7 +238,8 @@ def test_registry_down_clear_error_no_tag_and_rerun_uploads_only_missing(docker_
     err = info.value
     assert len(sleeps) == 2, "a refused connection is retried"
     assert err.exit_status == ExitStatus.ENVIRONMENT
-    assert reg.address in err.message and "is it running" in err.render() and PASSWORD not in err.render()
+    assert reg.address in err.message and f"is a registry listening at {reg.address}" in err.render()
+    assert PASSWORD not in err.render()
     reg.start()
     assert not reg.assert_tag_is_whole("fault/down", "1"), "a failed push must not leave the tag"
     again: list[str] = []

@@ -237,3 +237,47 @@ def test_a_driver_floor_nvidia_does_not_publish_must_be_absent_and_is_checked_so
     assert absent.status == PASSED and "NVIDIA publishes none" in absent.detail
     claimed = by_name(label_checks({**labels, "io.imgbuild.cuda.driver.min": "580"}, facts))
     assert claimed["label io.imgbuild.cuda.driver.min"].status == FAILED
+
+
+def test_a_checked_push_from_buildkit_pushes_the_image_that_was_checked(tmp_path, monkeypatch):
+    """With tests (or a budget) buildx builds, checks, then builds again to push. That second
+    build took --no-cache along: it rebuilt every step, pushed an image nobody had tested, and
+    moved the tags off the checked one, which the containerd store then dropped (found by
+    test_no_secret_reaches_image_registry_or_output[docker26]: ImageNotFound)."""
+    from buildkit_py import engine as engine_pkg
+    from buildkit_py.engine import build as build_mod
+    from buildkit_py.engine.base import BuildResult
+    from buildkit_py.pipeline import plan_recipe
+
+    monkeypatch.setattr(build_mod, "check_can_push", lambda tags: None)  # no registry in a unit test
+    monkeypatch.setattr(build_mod, "registry_compressed_size", lambda ref: None)
+    monkeypatch.setattr(build_mod, "layer_groups", lambda *_a: {})
+    plan = plan_recipe(write_recipe(tmp_path, HEAD), registry="127.0.0.1:5000", offline=True)
+    checked: list[str] = []
+
+    class StoreEngine:  # buildx on the containerd store: pushes from BuildKit, keeps what it builds
+        name = "fake-buildx"
+        capabilities = frozenset({engine_pkg.PUSH, engine_pkg.ENGINE_STORE, engine_pkg.SECRETS,
+                                  engine_pkg.CACHE_MOUNTS, engine_pkg.MULTI_STAGE, engine_pkg.METADATA_FILE,
+                                  engine_pkg.PROVENANCE})
+        requests: list = []
+
+        def build(self, request, on_line):
+            self.requests.append(request)
+            n = len(self.requests)
+            return BuildResult(f"sha256:{n}", request.tags, "", 0, 7, 1.0, digest="sha256:" + f"{n}" * 64)
+
+        def image_sizes(self, image_id):
+            return engine_pkg.ImageSizes(1000, None)
+
+        def image_attrs(self, ref):
+            return {"Id": ref, "Config": {"Labels": {"io.imgbuild.os": "debian12"}}}
+
+    engine = StoreEngine()
+    options = build_mod.BuildOptions(push=True, no_cache=True)
+    outcome = build_mod.run_build(plan, engine, options, lambda _line: None, gate=checked.append)
+    first, again = engine.requests
+    assert checked == ["sha256:1"] and first.no_cache and not first.push
+    assert again.push and not again.no_cache and not again.load  # from the cache: the checked image
+    assert outcome.result.image_id == "sha256:2" and outcome.result.digest == "sha256:" + "2" * 64
+    assert outcome.result.run_steps == 7  # the steps of the build that ran them

@@ -217,8 +217,17 @@ def run_build(plan: BuildPlan, engine: Engine, options: BuildOptions, on_line: L
         pushes: list[PushResult] = []
         if options.push and from_buildkit:
             if not request.push:  # checked first: the same build again, every step cached, pushes
-                # Only its digest is news: the steps that ran and the time are the first build's.
-                result = replace(result, digest=_build(engine, replace(request, push=True), on_line).digest)
+                # Only its digest is news: the steps that ran and the time are the first build's. It
+                # must push the image that was checked: from the cache (never --no-cache, which would
+                # build, and push, an untested image) and without loading it again (a load moves the
+                # tags to the new image, and the containerd store drops the checked one).
+                again = _build(engine, replace(request, push=True, no_cache=False, load=False), on_line)
+                # Where the build's output lands in the engine's store, the tags now name this build's
+                # image: the same manifest (every layer from the cache), in an index whose
+                # attestation (--provenance) may differ; report that one.
+                same_store = ENGINE_STORE in engine.capabilities and again.image_id
+                image_id = again.image_id if same_store else result.image_id
+                result = replace(result, digest=again.digest, image_id=image_id)
             pushes = _buildkit_pushes(result, tags)
         elif options.push:
             pushes = [engine.push(tag, on_progress=on_progress, on_transfer=on_transfer) for tag in tags]
