@@ -101,6 +101,23 @@ class ImageSizes:
     compressed: int | None
 
 
+def run_step_flags(request: BuildRequest) -> list[str]:
+    """The flags docker build and podman build spell alike for how the RUN steps run: network,
+    --no-cache, target stage and the secrets (each engine adds its own flags around them)."""
+    flags = ["--network", request.network] if request.network else []
+    if request.no_cache:
+        flags.append("--no-cache")
+    if request.target:
+        flags += ["--target", request.target]
+    for sid, src in sorted(request.secrets.items()):
+        flags += ["--secret", f"id={sid},src={src}"]
+    return flags
+
+
+def label_flags(request: BuildRequest) -> list[str]:
+    return [arg for key, value in sorted(request.labels.items()) for arg in ("--label", f"{key}={value}")]
+
+
 def parse_compression(value: str | None) -> tuple[str, int | None] | None:
     """'zstd:19' -> ('zstd', 19); 'gzip' -> ('gzip', None); None stays None."""
     if value is None:

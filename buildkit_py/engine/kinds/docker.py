@@ -36,6 +36,8 @@ from buildkit_py.engine.base import (
     ImageSizes,
     LineSink,
     ProgressSink,
+    label_flags,
+    run_step_flags,
 )
 from buildkit_py.engine.buildlog import BuildLog, build_failure, build_result
 from buildkit_py.engine.children import follow
@@ -313,18 +315,10 @@ class ClassicEngine(DockerEngine):
         cmd = [*self.build_argv(), "--progress", "plain", "--iidfile", str(iidfile),
                "--file", str(request.dockerfile)]
         cmd += self.extra_args(request, metadata)
-        if request.network:
-            cmd += ["--network", request.network]
-        if request.no_cache:
-            cmd.append("--no-cache")
-        if request.target:
-            cmd += ["--target", request.target]
-        for sid, src in sorted(request.secrets.items()):
-            cmd += ["--secret", f"id={sid},src={src}"]
+        cmd += run_step_flags(request)
         for ref in request.cache_from:
             cmd += ["--cache-from", ref]
-        for key, value in sorted(request.labels.items()):
-            cmd += ["--label", f"{key}={value}"]
+        cmd += label_flags(request)
         cmd += self.tag_args(request)
         cmd.append(str(request.context_dir))
         return cmd

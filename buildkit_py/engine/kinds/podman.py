@@ -60,6 +60,8 @@ from buildkit_py.engine.base import (
     ImageSizes,
     LineSink,
     ProgressSink,
+    label_flags,
+    run_step_flags,
 )
 from buildkit_py.engine.buildlog import BuildLog, build_failure, build_result
 from buildkit_py.engine.children import follow
@@ -298,16 +300,7 @@ class PodmanEngine:
         manifest docker engines push by default; OCI would drop HEALTHCHECK and SHELL)."""
         cmd = [self.binary, "build", "--layers", "--format", "docker", "--iidfile", str(iidfile),
                "--file", str(request.dockerfile)]
-        if request.network:
-            cmd += ["--network", request.network]
-        if request.no_cache:
-            cmd.append("--no-cache")
-        if request.target:
-            cmd += ["--target", request.target]
-        for sid, src in sorted(request.secrets.items()):
-            cmd += ["--secret", f"id={sid},src={src}"]
-        for key, value in sorted(request.labels.items()):
-            cmd += ["--label", f"{key}={value}"]
+        cmd += run_step_flags(request) + label_flags(request)
         for tag in request.tags:
             cmd += ["--tag", tag]
         cmd.append(str(request.context_dir))
