@@ -10,6 +10,8 @@
 #
 #   scripts/services.sh up      install what is missing, start both engines + registry, make base
 #   scripts/services.sh down    stop only what `up` started
+#   scripts/services.sh reclaim give back the disk a test run takes (both engines' build caches,
+#                               leftover test images, the registry's test repositories), then stop
 #   scripts/services.sh env     print the registry and engine settings as shell assignments
 #   scripts/services.sh install only install the Debian packages
 #
@@ -51,6 +53,10 @@ docker-buildx/docker-buildx_0.13.1+ds1-3_amd64.deb"
 # Podman: Debian's package; its containers.conf drop-in for machines that refuse its rlimits.
 PODMAN_ENGINE=${IMGBUILD_PODMAN_ENGINE:-1}
 PODMAN_DROPIN=/etc/containers/containers.conf.d/imgbuild-ulimits.conf
+
+# A full test run (both engines, CUDA wheels, torch) writes about this much before it can reclaim
+# it; `up` makes room or refuses, rather than letting builds fail an hour in on a full disk.
+MIN_FREE_GB=${IMGBUILD_MIN_FREE_GB:-40}
 
 log() { printf '[services] %s\n' "$*" >&2; }
 
@@ -311,6 +317,52 @@ multiarch_base() {
     log "pushed the multi-platform base $MULTIARCH_BASE (linux/amd64, linux/arm64)"
 }
 
+free_gb() { df --output=avail -BG "$1" | tail -1 | tr -dc '0-9'; }
+
+prune_engines() {
+    # Build caches (pip/uv cache mounts, CUDA wheel layers) are what grows: tens of GB per run.
+    if engine_up; then
+        $DOCKER builder prune -af 2>/dev/null | tail -1 | sed 's/^/[services] docker 20.10: /' >&2 || true
+        test_images "$DOCKER" | xargs -r $DOCKER image rm -f >/dev/null 2>&1 || true
+    fi
+    if [ "$ENGINE26" = 1 ] && engine26_up; then
+        e26 builder prune -af 2>/dev/null | tail -1 | sed 's/^/[services] docker 26: /' >&2 || true
+        test_images e26 | xargs -r env DOCKER_HOST=$E26_HOST DOCKER_CONFIG=$E26_CONFIG "$E26_DOCKER" image rm -f \
+            >/dev/null 2>&1 || true
+    fi
+}
+
+test_images() {
+    # what tests and the demo tag: imgbuild-test/... locally, anything named for the local registry
+    "$@" image ls --format '{{.Repository}}:{{.Tag}}' 2>/dev/null \
+        | grep -E "^(imgbuild-test|${REGISTRY_ADDR//./\\.}/)" || true
+}
+
+ensure_room() {
+    local where=/var/lib avail
+    avail=$(free_gb "$where")
+    [ "$avail" -ge "$MIN_FREE_GB" ] && return
+    log "only ${avail} GB free on $where (a test run needs about $MIN_FREE_GB): pruning build caches"
+    prune_engines
+    avail=$(free_gb "$where")
+    [ "$avail" -ge "$MIN_FREE_GB" ] && { log "${avail} GB free now"; return; }
+    log "still only ${avail} GB free on $where; the tests need about $MIN_FREE_GB GB" \
+        "(IMGBUILD_MIN_FREE_GB sets the bar): free some space first"
+    [ "${CI:-}" = true ] && exit 3
+    return 0
+}
+
+reclaim_registry() {
+    # The registry is stopped: drop every repository but the shared base (imgbuild/), then
+    # delete the blobs nothing references any more.
+    local repos="$STATE_DIR/registry/data/docker/registry/v2/repositories"
+    [ -d "$repos" ] || return 0
+    find "$repos" -mindepth 1 -maxdepth 1 ! -name imgbuild -exec rm -rf {} +
+    docker-registry garbage-collect --delete-untagged "$STATE_DIR/registry/config.yml" >/dev/null 2>&1 \
+        || log "registry garbage-collect failed (the blobs stay until the next reclaim)"
+    log "registry storage: $(du -sh "$STATE_DIR/registry/data" | cut -f1)"
+}
+
 stop_started() {
     for name in registry dockerd26 dockerd; do
         local pidfile="$STATE_DIR/$name.pid"
@@ -341,10 +393,11 @@ print_env() {
 }
 
 case "${1:-up}" in
-    up) install_missing; start_engine; start_engine26; start_registry; make_base_image; base_image26; setup_podman
-        binfmt_up; multiarch_base; print_env ;;
+    up) install_missing; start_engine; start_engine26; ensure_room; start_registry; make_base_image; base_image26
+        setup_podman; binfmt_up; multiarch_base; print_env ;;
     install) install_missing ;;
     down) stop_started ;;
+    reclaim) prune_engines; stop_started; reclaim_registry; log "$(free_gb /var/lib) GB free on /var/lib" ;;
     env) print_env ;;
-    *) echo "usage: $0 up|down|env" >&2; exit 2 ;;
+    *) echo "usage: $0 up|down|reclaim|env|install" >&2; exit 2 ;;
 esac
