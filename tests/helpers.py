@@ -37,9 +37,10 @@ def write_recipe(folder: Path, text: str, name: str = "recipe.yaml") -> Path:
 
 
 def tiny_recipe(name: str, base: str, *, installer: str = "uv", pip: tuple[str, ...] = ()) -> str:
-    """The smallest recipe that builds: CUDA 12.4's runtime wheel on ``base``, Python 3.11."""
-    text = (f'name: {name}\nversion: "1"\ncuda: {{version: "12.4", source: wheels}}\nbase: {{image: {base}}}\n'
-            f'python: "3.11"\nbuild: {{installer: {installer}}}\n')
+    """The smallest recipe that builds: CUDA 12.4's cudart wheel (flavor base: the runtime tier is
+    ~2 GB of wheels) on ``base``, Python 3.11."""
+    text = (f'name: {name}\nversion: "1"\ncuda: {{version: "12.4", source: wheels, flavor: base}}\n'
+            f'base: {{image: {base}}}\npython: "3.11"\nbuild: {{installer: {installer}}}\n')
     return text + (f"pip: [{', '.join(repr(p) for p in pip)}]\n" if pip else "")
 
 

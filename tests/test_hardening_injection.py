@@ -257,7 +257,9 @@ def test_hostile_values_do_not_run_in_a_build(tmp_path, docker_client, base_imag
     name = unique("imgbuild-test/hostile")
     env = {f"V{i}": v for i, v in enumerate(VALUES_THAT_BUILD["env"])}
     labels = {f"l{i}": v for i, v in enumerate(VALUES_THAT_BUILD["labels"])}
-    data = merge(RECIPE, {"name": name, "base": {"image": base_image}, "env": env, "labels": labels,
+    # flavor base: cudart alone, not the runtime tier's ~2 GB of wheels
+    data = merge(RECIPE, {"name": name, "base": {"image": base_image}, "cuda": {"flavor": "base"}, "env": env,
+                          "labels": labels,
                           "entrypoint": VALUES_THAT_BUILD["entrypoint"], "cmd": [f"$({PWN})"]})
     path = write(tmp_path, data)
     code, out, err = run_cli("build", str(path), "--json", "--progress", "plain")

@@ -25,6 +25,7 @@ version: "1.0"
 cuda:
   version: "12.4"
   source: wheels
+  flavor: base  # a CUDA step with the secrets mounted, without the runtime tier's ~2 GB of wheels
 base:
   image: {base}
 python: "3.11"
