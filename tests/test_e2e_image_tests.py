@@ -89,7 +89,9 @@ def test_passing_tests_then_push(tmp_path, engine, logged_in, base_image, unique
 def test_a_failing_test_pushes_nothing_and_keeps_the_image_as_rejected(tmp_path, engine, logged_in, base_image,
                                                                        unique_name, cleanup_images):
     recipe = _recipe(tmp_path, unique_name, base_image, "  - name: answer\n"
-                     "    run: python -c \"print('checking ' + 'the answer'); raise SystemExit(7)\"\n")
+                     "    run: python -c \"print('checking ' + 'the answer'); raise SystemExit(7)\"\n"
+                     # a hung test (sleep as PID 1 ignores the client's SIGINT) fails at its timeout
+                     "  - {run: 'exec sleep 300', name: hang, timeout: 3}\n")
     tag = f"{logged_in.address}/{unique_name}:1"
     rejected = f"{logged_in.address}/{unique_name}:rejected"
     cleanup_images.extend([tag, rejected])
@@ -97,8 +99,11 @@ def test_a_failing_test_pushes_nothing_and_keeps_the_image_as_rejected(tmp_path,
                              *CA_ARGS)
     assert code == 1, err
     assert out == ""
-    assert f"1 of 14 tests of {tag} failed:\n- answer: exit 7" in err
+    assert f"2 of 15 tests of {tag} failed:\n- answer: exit 7" in err
+    assert "- hang: still running after its timeout of 3 s: the container was removed" in err
     assert err.count("checking the answer") == 1  # the command's output, once
+    left = _client(engine, "ps", "-aq", "--filter", f"ancestor={rejected}")
+    assert left.returncode == 0 and left.stdout.strip() == "", left.stdout  # the hung container is gone
     assert f"nothing was pushed; the image is kept as {rejected}" in err and "Traceback" not in err
     with pytest.raises(ManifestNotFound):
         oci.get_manifest(tag)

@@ -3,10 +3,13 @@ prints (issue 22: 8): the command after -- goes to the image's ENTRYPOINT as arg
 --entrypoint replaces the ENTRYPOINT, and '' removes it."""
 
 import shlex
+import signal
 import subprocess
+import sys
+import time
 
 import pytest
-from helpers import run_cli
+from helpers import REPO, run_cli
 
 
 @pytest.fixture
@@ -50,3 +53,35 @@ def test_run_refuses_an_image_with_nothing_to_start(entrypoint_image, tmp_path, 
                              "--weights-dir", str(tmp_path / "w"), "--entrypoint", "")
     assert code == 2 and "nothing would run" in err, err
     assert capfd.readouterr().out == ""
+
+
+
+def _containers_of(engine, image: str) -> str:
+    listed = subprocess.run([*engine.client_argv(), "ps", "-aq", "--filter", f"ancestor={image}"],
+                            capture_output=True, text=True, env=engine.environment(), timeout=60, check=True)
+    return listed.stdout.strip()
+
+
+def test_an_interrupted_run_removes_its_container(engine, entrypoint_image, tmp_path):
+    """Ctrl-C on `imgbuild run` stopped the docker client and left the container running in the
+    engine: sleep as PID 1 ignores the SIGINT the client passes on. The container is named and
+    removed now, at once, not after the client's grace period."""
+    argv = [sys.executable, "-m", "buildkit_py", "run", entrypoint_image, "--gpus", "none", "--network", "none",
+            "--weights-dir", str(tmp_path / "w"), "--entrypoint", "sleep", "--", "300"]
+    proc = subprocess.Popen(argv, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not _containers_of(engine, entrypoint_image):
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            time.sleep(0.3)
+        interrupted = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=30)
+        took = time.monotonic() - interrupted
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, err
+    assert "imgbuild: interrupted by SIGINT: stopped container of" in err and "Traceback" not in err, err
+    assert took < 8, took  # not the client's 10 s grace
+    assert _containers_of(engine, entrypoint_image) == ""

@@ -89,6 +89,8 @@ test:
   - {run: y, runs: 1}
   - {run: "true"}
   - "true"
+  - {run: z, timeout: 0}
+  - {run: w, timeout: 1.5}
 """)
     with pytest.raises(RecipeError) as info:
         load_recipe(path)
@@ -100,8 +102,10 @@ test:
         f"{f}:11: test[3]: give one of run (a shell command) or script (a file in the recipe's folder)",
         f"{f}:12: test[4]: must be a command (a string) or a mapping with run or script",
         f"{f}:13: test[5].gpu: must be true or false, got a string",
-        f"{f}:14: test[6].runs: unknown key (did you mean 'run'?); allowed: gpu, name, run, script",
+        f"{f}:14: test[6].runs: unknown key (did you mean 'run'?); allowed: gpu, name, run, script, timeout",
         f"{f}:16: test[8]: 'true' is already the name of test[7]; give each test its own name",
+        f"{f}:17: test[9].timeout: must be at least 1, got 0",
+        f"{f}:18: test[10].timeout: must be a whole number, got a number",
     ]
 
 
@@ -114,7 +118,14 @@ def test_bad_test_entry_through_the_cli_exits_2_with_file_line_key(tmp_path):
 
 def test_schema_publishes_the_test_key():
     items = recipe_schema()["properties"]["test"]["items"]
-    assert items["type"] == ["string", "object"] and set(items["properties"]) == {"run", "script", "name", "gpu"}
+    assert items["type"] == ["string", "object"]
+    assert set(items["properties"]) == {"run", "script", "name", "gpu", "timeout"}
+
+
+
+def test_a_test_may_run_600_seconds_unless_it_says_otherwise(tmp_path):
+    path = write_recipe(tmp_path, HEAD + 'test:\n  - "true"\n  - {run: "sleep 5", timeout: 2}\n')
+    assert [t.timeout for t in load_recipe(path).tests] == [600, 2]
 
 
 # --- labels against the image's facts -----------------------------------------------------------------

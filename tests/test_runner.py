@@ -1,6 +1,8 @@
 """run/compose planning: GPU detection, weights mounts, compose documents; COPY of weights flagged."""
 
+import dataclasses
 import json
+import re
 import shlex
 from pathlib import Path
 
@@ -15,6 +17,7 @@ from buildkit_py.engine.run import (
     ImageStart,
     RunOptions,
     compose_document,
+    container_name,
     container_process,
     make_run_plan,
     weights_dir_name,
@@ -101,6 +104,18 @@ def test_run_plan_command_line_is_shell_quoted(tmp_path):
     assert shlex.split(plan.command_line) == list(plan.argv)
     argv = list(plan.argv)
     assert argv[argv.index("--entrypoint") + 1] == "" and argv.index("--entrypoint") < argv.index("team/infer:1")
+
+
+def test_a_named_container_is_named_before_the_image(tmp_path):
+    """run_container names each container it starts (--name, before the image: after it, docker
+    would pass it to the container as an argument), so it can remove it; a plan has no name."""
+    plan = make_run_plan("team/infer:1", [], RunOptions(root=tmp_path, gpus="none"), engine=DOCKER,
+                         gpu_available=False)
+    assert "--name" not in plan.argv and plan.spec is not None
+    name = container_name()
+    assert re.fullmatch(r"imgbuild-[0-9a-f]{12}", name) and name != container_name()
+    argv = list(DOCKER.run_argv(dataclasses.replace(plan.spec, name=name)))
+    assert argv[argv.index("--name") + 1] == name and argv.index("--name") < argv.index("team/infer:1")
 
 
 def test_run_dry_run_prints_a_pasteable_command_and_what_runs():

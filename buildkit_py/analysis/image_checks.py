@@ -23,8 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from buildkit_py import compat
 from buildkit_py import label_keys as K
-from buildkit_py.engine import children
-from buildkit_py.engine.run import RunSpec
+from buildkit_py.engine.run import ContainerExit, RunSpec, run_container
 from buildkit_py.errors import ImageTestFailed, InspectError
 from buildkit_py.plan import labels as L
 from buildkit_py.recipe.model import Recipe, TestSpec, pin_name
@@ -164,19 +163,20 @@ class ImageFacts:
 
 
 def run_in_image(engine: Engine, image: str, command: tuple[str, ...], *, entrypoint: str, gpu: bool = False,
-                 mounts: tuple[tuple[Path, str], ...] = (), platform: str | None = None) -> tuple[int, str]:
+                 mounts: tuple[tuple[Path, str], ...] = (), platform: str | None = None,
+                 timeout: float | None = None) -> tuple[ContainerExit, str]:
     """Run ``entrypoint command...`` in a throw-away container of ``image`` (no network, the
     engine's GPU flags when ``gpu``, each (host file, path) of ``mounts`` bound read-only;
-    ``platform``: that platform's image of a multi-platform one); (exit code, stdout and stderr together)."""
+    ``platform``: that platform's image of a multi-platform one), removed after ``timeout``
+    seconds; (how it ended, stdout and stderr together)."""
     extra: tuple[str, ...] = ()
     for host, target in mounts:
         extra += ("--mount", f"type=bind,source={host},target={target},readonly")
-    argv = engine.run_argv(RunSpec(image, gpu=gpu, network="none", entrypoint=entrypoint, extra=extra,
-                                   command=command, platform=platform))
+    spec = RunSpec(image, gpu=gpu, network="none", entrypoint=entrypoint, extra=extra, command=command,
+                   platform=platform)
     lines: list[str] = []
-    code = children.follow(list(argv), env=engine.environment(), what=f"test container of {image}",
-                           on_line=lines.append)
-    return code, "\n".join(lines)
+    ended = run_container(engine, spec, what=f"test container of {image}", timeout=timeout, on_line=lines.append)
+    return ended, "\n".join(lines)
 
 
 def read_facts(engine: Engine, image: str, pins: tuple[tuple[str, str], ...] = (),
@@ -184,8 +184,9 @@ def read_facts(engine: Engine, image: str, pins: tuple[tuple[str, str], ...] = (
     """The image's facts (``platform``'s image of a multi-platform one), and the import of each
     (name, version) of ``pins``; InspectError when the image's python cannot report them (the
     output says why)."""
-    code, output = run_in_image(engine, image, ("-c", FACTS_SCRIPT, json.dumps([list(p) for p in pins])),
-                                entrypoint="python", platform=platform)
+    ended, output = run_in_image(engine, image, ("-c", FACTS_SCRIPT, json.dumps([list(p) for p in pins])),
+                                 entrypoint="python", platform=platform)
+    code = ended.code
     line = next((ln for ln in reversed(output.splitlines()) if ln.startswith(_MARK)), None)
     if code != 0 or line is None:
         raise InspectError(f"cannot read what {image} holds: its python exited {code}\n{_tail(output)}",
@@ -442,9 +443,14 @@ def command_test(engine: Engine, image: str, test: TestSpec, recipe: Recipe, *, 
         return TestResult(test.name, "command", SKIPPED, no_gpu_reason(engine), command=shown)
     entrypoint, args, mounts = _command_of(test, recipe)
     start = time.monotonic()
-    code, output = run_in_image(engine, image, args, entrypoint=entrypoint, gpu=test.gpu, mounts=mounts,
-                                platform=platform)
+    ended, output = run_in_image(engine, image, args, entrypoint=entrypoint, gpu=test.gpu, mounts=mounts,
+                                 platform=platform, timeout=test.timeout)
     took = time.monotonic() - start
+    code = ended.code
+    if ended.timed_out:
+        return TestResult(test.name, "command", FAILED,
+                          f"still running after its timeout of {test.timeout} s: the container was removed",
+                          command=shown, exit_code=code, output=_tail(output), seconds=took)
     if code == 0:
         return TestResult(test.name, "command", PASSED, f"exit 0{' on a GPU' if test.gpu else ''}", command=shown,
                           exit_code=0, seconds=took)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import shlex
+from dataclasses import replace
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -69,10 +70,16 @@ def register_compose(add: AddCommand) -> None:
 
 
 def cmd_run(args: argparse.Namespace, out: Out) -> int:
-    import subprocess
-
     from buildkit_py.artifacts import weights
-    from buildkit_py.engine.run import ImageStart, RunOptions, default_weights_root, dry_run_json, make_run_plan
+    from buildkit_py.engine.run import (
+        ImageStart,
+        RunOptions,
+        container_name,
+        default_weights_root,
+        dry_run_json,
+        make_run_plan,
+        run_container,
+    )
     from buildkit_py.plan.labels import weights_from_labels
 
     if args.json and not args.dry_run:
@@ -124,11 +131,14 @@ def cmd_run(args: argparse.Namespace, out: Out) -> int:
                                on_wait=partial(out.info, f"waiting for another pull into {w.host_dir} to end"))
         out.info(f"weights {w.ref}: {human_size(res.downloaded_bytes)} downloaded, {len(res.skipped)} files already "
                  "present")
-    out.info(f"running {run.command_line}")
+    assert run.spec is not None  # noqa: S101 - make_run_plan writes it
+    # named, so that an interrupt removes the container and not only its client
+    spec = replace(run.spec, name=container_name())
+    out.info(f"running {shlex.join(engine.run_argv(spec))}")
     if process is not None:
         out.info(f"  container runs {shlex.join(process.argv)}: {process.how}")
     out.stdout.flush()
-    return subprocess.run(list(run.argv), stdin=subprocess.DEVNULL, env=engine.environment()).returncode  # noqa: PLW1510
+    return run_container(engine, spec, what=f"container of {image}").code
 
 
 def _recipe_start(engine: Engine, image: str, recipe: Recipe) -> ImageStart:

@@ -58,15 +58,18 @@ def _signal_group(proc: subprocess.Popen, signum: int, *, leader: bool = True) -
 
 
 @contextmanager
-def supervised(proc: subprocess.Popen, what: str) -> Iterator[None]:
+def supervised(proc: subprocess.Popen, what: str, on_interrupt: Callable[[], None] | None = None) -> Iterator[None]:
     """While the block runs, ``proc`` is known to ``stop_all``; an interrupt raised in the block
-    stops it, and the interrupt names it (``what``: "docker build of team/x:1") for the CLI's
-    one line."""
+    stops it (``on_interrupt`` first: what stops the work behind the client, as removing the
+    container a `docker run` waits on), and the interrupt names it (``what``: "docker build of
+    team/x:1") for the CLI's one line."""
     with _lock:
         _running[proc.pid] = (proc, what)
     try:
         yield
     except KeyboardInterrupt as exc:
+        if on_interrupt is not None:
+            on_interrupt()
         stop(proc)
         noted(exc, f"{what} (pid {proc.pid})")
         raise
@@ -98,7 +101,19 @@ def noted(exc: BaseException, what: str) -> None:
         exc.stopped.append(what)
 
 
-def follow(cmd: list[str], *, env: dict[str, str], what: str, on_line: Callable[[str], None]) -> int:
+def wait(cmd: list[str], *, env: dict[str, str], what: str, on_interrupt: Callable[[], None] | None = None) -> int:
+    """Run ``cmd`` in a session of its own, its output going where imgbuild's goes, supervised
+    while it runs; its exit code. EnvironmentProblem when it cannot be started."""
+    try:
+        proc = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, start_new_session=True)
+    except OSError as exc:
+        raise EnvironmentProblem(f"cannot run {cmd[0]}: {exc}") from None
+    with supervised(proc, what, on_interrupt):
+        return proc.wait()
+
+
+def follow(cmd: list[str], *, env: dict[str, str], what: str, on_line: Callable[[str], None],
+           on_interrupt: Callable[[], None] | None = None) -> int:
     """Run ``cmd`` (a build) in a session of its own, passing each line of its output (stdout
     and stderr together) to ``on_line`` as it comes, supervised while it runs; its exit code.
     EnvironmentProblem when it cannot be started."""
@@ -108,7 +123,7 @@ def follow(cmd: list[str], *, env: dict[str, str], what: str, on_line: Callable[
     except OSError as exc:
         raise EnvironmentProblem(f"cannot run {cmd[0]}: {exc}") from None
     assert proc.stdout is not None  # noqa: S101
-    with proc.stdout, supervised(proc, what):
+    with proc.stdout, supervised(proc, what, on_interrupt):
         for raw in proc.stdout:
             on_line(raw.rstrip("\n"))
         return proc.wait()

@@ -9,12 +9,17 @@ from __future__ import annotations
 import os
 import re
 import shlex
-from dataclasses import dataclass
+import subprocess
+import threading
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import yaml
 
+from buildkit_py.engine import children
 from buildkit_py.errors import UsageError
 from buildkit_py.recipe.model import named_volume
 
@@ -59,6 +64,7 @@ class RunPlan:
     gpu: bool
     argv: tuple[str, ...]  # the engine client's run command line (docker run, podman run)
     process: Process | None = None  # what runs in the container; None when the image's start is unknown
+    spec: RunSpec | None = None  # what ``argv`` was written from: ``run_container`` starts it
 
     @property
     def command_line(self) -> str:
@@ -125,12 +131,15 @@ class RunSpec:
     extra: tuple[str, ...] = ()
     command: tuple[str, ...] = ()
     platform: str | None = None  # that platform's image of a multi-platform one (linux/arm64: under qemu)
+    name: str | None = None  # the container's name (--name): how it is removed when its client is stopped
 
 
 def run_args(spec: RunSpec, gpu_flags: tuple[str, ...]) -> list[str]:
     """The `run` arguments docker and podman share, after the client: ``gpu_flags`` are the
     engine's way of asking for every GPU (``Engine.run_argv`` passes them)."""
     argv = ["run", "--rm"]
+    if spec.name:
+        argv += ["--name", spec.name]
     if spec.gpu:
         argv += gpu_flags
     if spec.network:
@@ -170,10 +179,60 @@ def make_run_plan(image: str, weights_pairs: list[tuple[str, str]], options: Run
         gpu = options.gpus == "all"
     else:
         raise UsageError(f"--gpus {options.gpus!r}: use auto, all or none")
-    argv = engine.run_argv(RunSpec(image, mounts, gpu, options.network, options.entrypoint, options.extra,
-                                   options.command))
+    spec = RunSpec(image, mounts, gpu, options.network, options.entrypoint, options.extra, options.command)
     process = container_process(start, options.command, options.entrypoint) if start is not None else None
-    return RunPlan(image, mounts, gpu, argv, process)
+    return RunPlan(image, mounts, gpu, engine.run_argv(spec), process, spec)
+
+
+def container_name() -> str:
+    """A fresh name for a container imgbuild starts (``run_container`` removes it by this name)."""
+    return f"imgbuild-{uuid.uuid4().hex[:12]}"
+
+
+@dataclass(frozen=True)
+class ContainerExit:
+    """How a container run ended: the client's exit code, and whether imgbuild removed the
+    container because it ran past its time limit."""
+
+    code: int
+    timed_out: bool = False
+
+
+def run_container(engine: Engine, spec: RunSpec, *, what: str, timeout: float | None = None,
+                  on_line: Callable[[str], None] | None = None) -> ContainerExit:
+    """Run ``spec``'s container to its end under a name of its own: its output to ``on_line``
+    (None: to imgbuild's own stdout and stderr). A container still running after ``timeout``
+    seconds, or when imgbuild is interrupted, is removed by that name (`rm -f`), and then its
+    client ends: stopping the `docker run` client alone leaves the container running in the
+    engine (a PID 1 without a handler ignores the SIGINT the client passes on)."""
+    name = spec.name or container_name()
+    argv = list(engine.run_argv(replace(spec, name=name)))
+    ended, expired = threading.Event(), threading.Event()
+
+    def remove() -> None:
+        subprocess.run([*engine.client_argv(), "rm", "-f", name], capture_output=True,  # noqa: PLW1510
+                       env=engine.environment(), stdin=subprocess.DEVNULL)
+
+    def watch() -> None:
+        if timeout is not None and not ended.wait(timeout):
+            expired.set()
+            # rm -f can come before the engine has created the container: again until the client ends
+            while True:
+                remove()
+                if ended.wait(1.0):
+                    return
+
+    watcher = threading.Thread(target=watch, name=f"timeout of {name}", daemon=True)
+    watcher.start()
+    try:
+        if on_line is None:
+            code = children.wait(argv, env=engine.environment(), what=what, on_interrupt=remove)
+        else:
+            code = children.follow(argv, env=engine.environment(), what=what, on_line=on_line, on_interrupt=remove)
+    finally:
+        ended.set()
+    watcher.join()
+    return ContainerExit(code, expired.is_set())
 
 
 def compose_document(image: str, recipe) -> dict:

@@ -145,7 +145,8 @@ class WeightsSpec:
 class TestSpec:
     """One entry of ``test:``: a shell command (``run``) or a file of the recipe's folder
     (``script``, relative, checked to stay inside it), run in the built image before a push.
-    ``gpu``: run with the engine's GPU flags; skipped where the engine has no GPU runtime."""
+    ``gpu``: run with the engine's GPU flags; skipped where the engine has no GPU runtime.
+    ``timeout``: seconds it may run (a hung smoke test must not hold a CI job to its own limit)."""
 
     __test__ = False  # not a pytest class, whatever its name
 
@@ -154,6 +155,7 @@ class TestSpec:
     script: str | None = None
     gpu: bool = False
     key: str = "test"  # where the recipe writes it ("test[2]"), for errors and reports
+    timeout: int = 600  # seconds it may run; then it fails and its container is removed
 
 
 @dataclass(frozen=True)
@@ -489,7 +491,7 @@ def _tests(items: list[Any], recipe_path: Path, report: _Issues) -> tuple[TestSp
             script = os.path.relpath(resolved, root)
         name = str(item.get("name") or item.get("run") or script)
         out.append(TestSpec(name=name, run=item.get("run"), script=script, gpu=bool(item.get("gpu", False)),
-                            key=key))
+                            key=key, timeout=int(item.get("timeout", TestSpec.timeout))))
     seen: dict[str, str] = {}
     for t in out:
         first = seen.setdefault(t.name, t.key)

@@ -33,7 +33,7 @@ HERE = Path(__file__).parent
 KEYWORDS = frozenset({
     "$schema", "$id", "$defs", "$ref", "$comment", "title", "description", "default", "examples",
     "markdownDescription", "patternErrorMessage", "errorMessage",
-    "type", "enum", "const", "pattern", "minimum", "minLength",
+    "type", "enum", "const", "pattern", "minimum", "maximum", "minLength",
     "properties", "required", "additionalProperties", "propertyNames", "minProperties",
     "items", "minItems", "uniqueItems",
 })
@@ -268,6 +268,8 @@ class _Walk:
             self.array(value, schema, path)
         elif "minimum" in schema and _is_type(value, "number") and value < schema["minimum"]:
             self.fail(path, f"must be at least {schema['minimum']}, got {value}")
+        elif "maximum" in schema and _is_type(value, "number") and value > schema["maximum"]:
+            self.fail(path, f"must be at most {schema['maximum']}, got {value}")
 
     def type_ok(self, value: Any, schema: dict[str, Any], path: tuple[str | int, ...]) -> bool:
         wanted = schema.get("type")
