@@ -22,6 +22,7 @@ base: {{image: {base}}}
 python: "3.11"
 pip: ["idna==3.7"]
 labels: {{team: ml-platform}}
+test: ["python -c 'import idna'"]
 matrix:
   cuda.version: ["12.1", "12.4"]
   pip: [["idna==3.7"], ["idna==3.8"]]
@@ -40,7 +41,8 @@ def project(tmp_path, base_image, unique_name):
 
 
 def test_build_all_two_by_two(project, engine, docker_client, cleanup_images, unique_name):
-    code, out, err = run_cli("build", str(project), "--all", "-j", "2", "--json", "--progress", "quiet", *ca_args())
+    code, out, err = run_cli("build", str(project), "--all", "-j", "2", "--test", "--json", "--progress", "quiet",
+                             *ca_args())
     report = json.loads(out) if out.strip().startswith("{") else {}
     for v in report.get("variants", []):
         cleanup_images.extend(v["tags"])
@@ -60,6 +62,11 @@ def test_build_all_two_by_two(project, engine, docker_client, cleanup_images, un
         assert labels["io.imgbuild.recipe.digest"][7:19] == v["tags"][1].rsplit("sha-", 1)[1]
         assert labels["team"] == "ml-platform"
     assert len({v["image_id"] for v in by_id.values()}) == 4
+    # --test: each variant's image passed its own tests (its own idna pin imported at its version)
+    for vid, v in by_id.items():
+        results = {r["name"]: r for r in v["tests"]["results"]}
+        assert v["tests"]["failed"] == 0 and results["python -c 'import idna'"]["status"] == "passed", v["tests"]
+        assert results["import idna"]["detail"].startswith(f"idna=={vid[-3:].replace('_', '.')}: "), results
 
     # The second variant of each CUDA waits for the first and takes os, python and the CUDA
     # wheels from its cache; only its own pins (and what follows) may run.

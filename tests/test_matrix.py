@@ -19,7 +19,7 @@ from buildkit_py import pipeline
 from buildkit_py.engine import BuildResult, bake, children
 from buildkit_py.engine.build import BuildOptions, BuildOutcome
 from buildkit_py.engine.matrix_build import BuildHooks, build_all, build_report, summary_lines
-from buildkit_py.errors import AuthenticationError, BuildFailed, Interrupted, RecipeError, UsageError
+from buildkit_py.errors import AuthenticationError, BuildFailed, ImageTestFailed, Interrupted, RecipeError, UsageError
 from buildkit_py.plan import matrix as mx
 from buildkit_py.render.dockerfile import render_dockerfile
 
@@ -485,7 +485,7 @@ class FakeRunner:
         self.options: dict[str, BuildOptions] = {}
         self.lock = threading.Lock()
 
-    def __call__(self, plan, engine, options, on_line):
+    def __call__(self, plan, engine, options, on_line, gate=None):
         variant = next(t for t in plan.tags if ":" in t).rsplit(":", 1)[1]
         with self.lock:
             self.events.append(("start", variant))
@@ -496,6 +496,8 @@ class FakeRunner:
             self.events.append(("end", variant))
         if any(f in variant for f in self.fail):
             raise BuildFailed("build failed (exit 1)", returncode=1, log_tail="pip: no such version")
+        if gate is not None:  # as run_build: the image is tested before it keeps its tags
+            gate("sha256:" + "ab" * 32)
         result = BuildResult(image_id="sha256:" + "ab" * 32, tags=plan.tags, log_tail="", cached_steps=3,
                              run_steps=2, seconds=self.delay)
         return BuildOutcome(plan, engine.name, result, size=123_000_000)
@@ -521,6 +523,26 @@ def test_build_all_builds_shared_prefixes_once_before_their_sharers(tmp_path):
     assert runner.options["cu124-idna3_8"].cache_to == ("type=registry,ref=r/x:cache-cu124-idna3_8,mode=max",)
 
 
+def test_build_all_gates_each_variant_with_its_own_tests(tmp_path):
+    """build --all --push ran no tests: every variant's image is now gated like a single build's,
+    and a variant whose tests fail fails alone (nothing of it pushed) while the others go on."""
+    m = two_by_two(tmp_path)
+    gated: list[tuple[str, str]] = []
+
+    def gate_for(variant, plan):
+        def gate(image_id):
+            gated.append((variant.id, plan.tags[0]))
+            if variant.id == "cu124-idna3_8":
+                raise ImageTestFailed("1 of 9 tests failed: import idna", failures=[])
+        return gate
+
+    result = build_all(m, FakeEngine(), BuildOptions(), jobs=2, hooks=BuildHooks(runner=FakeRunner(), gate=gate_for))
+    assert sorted(v for v, _ in gated) == sorted(v.id for v in m.variants)
+    assert all(tag.endswith(f":{vid}") for vid, tag in gated)  # each with its own variant's plan
+    assert [b.variant.id for b in result.failed] == ["cu124-idna3_8"]
+    assert result.failed[0].error.message == "1 of 9 tests failed: import idna"
+
+
 def test_build_all_runs_unrelated_variants_in_parallel(tmp_path):
     # different base images: nothing shared, so -j 2 starts two at once
     path = recipe(tmp_path, "  base.image: ['debian:bookworm-slim', 'debian:12']\n  tags: ['{variant}']")
@@ -537,7 +559,7 @@ class StalledRunner:
         self.procs: list[subprocess.Popen] = []
         self.tags: list[str] = []
 
-    def __call__(self, plan, engine, options, on_line):
+    def __call__(self, plan, engine, options, on_line, gate=None):
         proc = subprocess.Popen(["sleep", "60"], start_new_session=True)
         self.tags.append(plan.tags[0].rsplit(":", 1)[1])
         self.procs.append(proc)
@@ -681,7 +703,7 @@ def test_no_cache_builds_each_shared_prefix_once_then_variants_from_it(tmp_path)
         def remove(self, ref):
             removed.append(ref)
 
-    def runner(plan, engine, options, on_line):
+    def runner(plan, engine, options, on_line, gate=None):
         assert options.no_cache
         built.append(plan)
         result = BuildResult(image_id="sha256:" + "cd" * 32, tags=plan.tags, log_tail="", cached_steps=0,
@@ -714,7 +736,7 @@ def test_no_cache_on_a_named_builder_keeps_the_shared_prefix_in_each_variant(tmp
     class Builder(FakeEngine):  # a named builder cannot see the engine's images
         capabilities = FakeEngine.capabilities - {"engine-store"}
 
-    def runner(plan, engine, options, on_line):
+    def runner(plan, engine, options, on_line, gate=None):
         built.append(plan)
         result = BuildResult(image_id="sha256:" + "cd" * 32, tags=plan.tags, log_tail="", cached_steps=0,
                              run_steps=1, seconds=0.0)

@@ -206,7 +206,9 @@ def _attach_sboms(args: argparse.Namespace, out: Out, pushed: list[str], variant
 def cmd_build_matrix(args: argparse.Namespace, out: Out) -> int:
     """build --all / --variant: the matrix's variants, N at a time, one summary at the end."""
     from buildkit_py import pipeline
+    from buildkit_py.cli.test import build_gate
     from buildkit_py.engine import select_engine
+    from buildkit_py.engine.build import build_platforms
     from buildkit_py.engine.matrix_build import BuildHooks, build_all, build_report, summary_lines
     from buildkit_py.pipeline.locks import use_lock
     from buildkit_py.plan import matrix as mx
@@ -227,10 +229,20 @@ def cmd_build_matrix(args: argparse.Namespace, out: Out) -> int:
             out.warn(f"[{variant.id}] {w}")
         return locked.plan
 
+    testing = (args.push or args.test) and not args.no_test
+    if args.no_test and args.push:
+        out.warn("--no-test: pushing without running the images' tests")
+    reports: dict[str, list[TestReport]] = {}
     out.info(f"building {'all ' if args.all else ''}{len(args.variant) or len(matrix.variants)} variant(s) of "
              f"{matrix.name} with the {engine.describe()}, {args.jobs} at a time")
     with StepView.for_option(out.stderr, args.progress) as view:
-        hooks = BuildHooks(on_line=lambda vid, line: view.line(line, vid), on_event=view.note, prepare=prepare)
+
+        def gate(variant, plan):  # each variant's image passes its tests before it is tagged and pushed
+            return build_gate(engine, plan.recipe, plan.tags[0], lambda line: view.note(f"[{variant.id}] {line}"),
+                              reports.setdefault(variant.id, []), build_platforms(plan.recipe, options.platforms))
+
+        hooks = BuildHooks(on_line=lambda vid, line: view.line(line, vid), on_event=view.note, prepare=prepare,
+                           gate=gate if testing else None)
         result = build_all(matrix, engine, options, jobs=args.jobs, registry=args.registry,
                            variant_ids=tuple(args.variant), tags=tuple(args.tag), hooks=hooks)
     sboms = {b.variant.id: _attach_sboms(args, out, [p.ref for p in b.outcome.pushes], b.variant.id)
@@ -239,6 +251,9 @@ def cmd_build_matrix(args: argparse.Namespace, out: Out) -> int:
     for entry in report["variants"]:
         if entry["variant"] in sboms:
             entry["sboms"] = [s.to_json() for s in sboms[entry["variant"]]]
+        tested = reports.get(entry["variant"], [])
+        entry["tests"] = tested[-1].to_json() if tested else None  # a multi-platform variant: its last platform
+        entry["platform_tests"] = [t.to_json() for t in tested] if len(tested) > 1 else []
     if args.json:
         out.data(report)
     elif out.stdout.isatty():

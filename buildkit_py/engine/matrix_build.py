@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from buildkit_py.engine import ENGINE_STORE, BuildRequest, Engine, require, required_capabilities
-from buildkit_py.engine.build import BuildOptions, BuildOutcome, build_platforms, run_build
+from buildkit_py.engine.build import BuildOptions, BuildOutcome, ImageGate, build_platforms, run_build
 from buildkit_py.engine.children import stop_all
 from buildkit_py.engine.push import check_can_push
 from buildkit_py.errors import ImgbuildError
@@ -39,13 +39,15 @@ VariantSink = Callable[[str, str], None]  # (variant id, log line)
 @dataclass(frozen=True)
 class BuildHooks:
     """What a caller plugs into ``build_all``: where log lines and events go, a step run on
-    every plan before anything builds (e.g. applying the variant's lock), and the function
-    that builds one plan (``run_build``; tests pass a fake)."""
+    every plan before anything builds (e.g. applying the variant's lock), the function that
+    builds one plan (``run_build``; tests pass a fake), and the gate each variant's image must
+    pass before it keeps its tags and is pushed (its tests; None: none)."""
 
     on_line: VariantSink | None = None
     on_event: Callable[[str], None] | None = None
     prepare: Callable[[Variant, BuildPlan], BuildPlan] | None = None
     runner: Callable[..., BuildOutcome] | None = None
+    gate: Callable[[Variant, BuildPlan], ImageGate | None] | None = None
 
 
 NO_HOOKS = BuildHooks()
@@ -115,9 +117,11 @@ def build_all(matrix: Matrix, engine: Engine, options: BuildOptions, *, jobs: in
         opts = replace(options, tags=(), platforms=build_platforms(plan.recipe, options.platforms),
                        cache_from=tuple(r.replace("{variant}", v.id) for r in options.cache_from),
                        cache_to=tuple(r.replace("{variant}", v.id) for r in options.cache_to))
+        gate = hooks.gate(v, plan) if hooks.gate is not None else None
         start = time.monotonic()
         try:
-            outcome = runner(plan, engine, opts, (lambda line: on_line(v.id, line)) if on_line else (lambda _l: None))
+            outcome = runner(plan, engine, opts, (lambda line: on_line(v.id, line)) if on_line else (lambda _l: None),
+                             gate=gate)
         except ImgbuildError as exc:
             return VariantBuild(v, plan, error=exc, seconds=time.monotonic() - start)
         return VariantBuild(v, plan, outcome=outcome, seconds=time.monotonic() - start)
