@@ -193,7 +193,7 @@ def test_each_matrix_variant_builds_its_recipes_platforms(tmp_path):
                                   "matrix:\n  python: ['3.11']\n  tags: ['{variant}']\n")
     seen = []
 
-    def runner(plan, engine, options, on_line):
+    def runner(plan, engine, options, on_line, gate=None):
         seen.append(options.platforms)
         raise CompatibilityError("x", "1", "y", "2", "stop here")  # a failed variant: nothing else needed
 
