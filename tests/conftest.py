@@ -11,6 +11,7 @@ import contextlib
 import json
 import os
 import shutil
+import signal
 import subprocess
 import tempfile
 import uuid
@@ -255,6 +256,14 @@ def cleanup_images(engine):
                       f"label=org.opencontainers.image.title={repo}").stdout.split()
         if old:
             _client(engine, "image", "rm", "-f", *old)
+
+
+# A run started in the background of a non-interactive shell (`make test &`, nohup) inherits SIGINT
+# ignored, and so would every child the tests start: the stop tests' children would ignore the
+# SIGINT imgbuild sends first and end only at the grace period's SIGKILL. The CLI installs its own
+# handlers (children get the default); the tests that call the library directly need it here.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 # --- what a run leaves behind (issue 22 item 13) -------------------------------------------------

@@ -455,9 +455,16 @@ def second_engine(docker_client, base_image, engine, monkeypatch):
     monkeypatch.setenv("DOCKER_HOST", engine.host)
     yield engine
     engine.stop()
-    for m in sorted(_mounts_under(root / "data"), reverse=True):
-        subprocess.run(["umount", "-l", m], capture_output=True)
-    shutil.rmtree(root, ignore_errors=True)
+    # What the killed engine's containerd left can still be unmounting or closing files for a
+    # moment after the restarted engine stops: try again rather than leave the folder behind.
+    deadline = time.monotonic() + 30
+    while True:
+        for m in sorted(_mounts_under(root / "data"), reverse=True):
+            subprocess.run(["umount", "-l", m], capture_output=True)
+        shutil.rmtree(root, ignore_errors=True)
+        if not root.exists() or time.monotonic() > deadline:
+            break
+        time.sleep(1)
 
 
 class _KillOn(io.StringIO):
