@@ -94,3 +94,22 @@ def test_stop_all_stops_the_children_other_threads_wait_on():
     assert len(stopped) == 2 and sorted(exc.stopped) == sorted(stopped)
     assert len(ended) == 2 and all(p.poll() is not None for p in procs)
     assert os.getpgid(os.getpid()) != procs[0].pid  # they were groups of their own
+
+
+def test_stop_all_runs_each_childs_own_stop_first():
+    """A test container in a matrix worker: stop_all removes the container (its on_interrupt)
+    before it stops the `docker run` client, as the worker's own interrupt would."""
+    calls: list[str] = []
+    proc, _ = _group("sleep 300")
+
+    def worker():
+        with children.supervised(proc, "test container", on_interrupt=lambda: calls.append("removed")):
+            proc.wait()
+
+    thread = threading.Thread(target=worker)
+    thread.start()
+    while not children._running:
+        time.sleep(0.05)
+    assert children.stop_all() == [f"test container (pid {proc.pid})"]
+    thread.join(10)
+    assert calls == ["removed"] and proc.poll() is not None

@@ -26,7 +26,8 @@ from buildkit_py.errors import EnvironmentProblem, Interrupted
 
 STOP_GRACE = 10.0  # seconds a stopped docker client gets to cancel its build before SIGKILL
 
-_running: dict[int, tuple[subprocess.Popen, str]] = {}
+# pid -> (the child, what it is, what stops the work behind it before the child is stopped)
+_running: dict[int, tuple[subprocess.Popen, str, Callable[[], None] | None]] = {}
 _lock = threading.Lock()
 
 
@@ -64,7 +65,7 @@ def supervised(proc: subprocess.Popen, what: str, on_interrupt: Callable[[], Non
     container a `docker run` waits on), and the interrupt names it (``what``: "docker build of
     team/x:1") for the CLI's one line."""
     with _lock:
-        _running[proc.pid] = (proc, what)
+        _running[proc.pid] = (proc, what, on_interrupt)
     try:
         yield
     except KeyboardInterrupt as exc:
@@ -84,8 +85,10 @@ def stop_all(exc: BaseException | None = None) -> list[str]:
     with _lock:
         children = list(_running.values())
     stopped = []
-    for proc, what in children:
+    for proc, what, on_interrupt in children:
         if proc.poll() is None:
+            if on_interrupt is not None:
+                on_interrupt()
             stop(proc)
             stopped.append(f"{what} (pid {proc.pid})")
     if exc is not None:
