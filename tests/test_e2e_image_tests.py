@@ -53,6 +53,9 @@ def test_passing_tests_then_push(tmp_path, engine, logged_in, base_image, unique
     assert tests["gpu-visible"]["status"] == "skipped"
     assert "has no GPU runtime" in tests["gpu-visible"]["detail"]
     assert "test skipped gpu-visible: needs a GPU (gpu: true)" in err  # the clear line, as progress
+    # the push that follows the tests (from the cache, on buildx) shows its export and push, not
+    # every step a second time
+    assert err.count(": imgbuild-step=os;") == 1, err
     [push] = report["pushes"]
     _, digest, _ = fetch_manifest(oci.parse_reference(report["tags"][0]))  # the tag in the registry
     assert digest == push["digest"]

@@ -25,6 +25,7 @@ from buildkit_py.engine import (
     require,
     required_capabilities,
 )
+from buildkit_py.engine.buildlog import only_export_lines
 from buildkit_py.engine.push import PushResult, TransferSink, check_can_push, split_tag
 from buildkit_py.errors import BudgetExceeded, ImageTestFailed, ImgbuildError, RegistryError, UsageError
 from buildkit_py.files import write_atomic
@@ -221,7 +222,8 @@ def run_build(plan: BuildPlan, engine: Engine, options: BuildOptions, on_line: L
                 # must push the image that was checked: from the cache (never --no-cache, which would
                 # build, and push, an untested image) and without loading it again (a load moves the
                 # tags to the new image, and the containerd store drops the checked one).
-                again = _build(engine, replace(request, push=True, no_cache=False, load=False), on_line)
+                again = _build(engine, replace(request, push=True, no_cache=False, load=False),
+                               only_export_lines(on_line))  # its cached steps were shown by the first
                 # Where the build's output lands in the engine's store, the tags now name this build's
                 # image: the same manifest (every layer from the cache), in an index whose
                 # attestation (--provenance) may differ; report that one.
