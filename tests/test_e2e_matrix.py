@@ -179,13 +179,15 @@ def test_bake_folder_builds_every_variant(tmp_path, logged_in, engine, base_imag
     assert any((contexts / t / ".imgbuild" / "empty").is_file() for t in shared)
 
     # bake with no -f reads docker-bake.json and compose.yaml (the host network) in the folder.
-    # buildx 0.13 writes each dockerfile-inline to a folder in TMPDIR and leaves it there: this
-    # test's own, not the run's (conftest fails a run on what it leaves in its TMPDIR).
+    # Each Dockerfile is a file there: buildx 0.13 copied each dockerfile-inline to a folder in
+    # TMPDIR and left it behind, one per target per bake.
+    assert all((folder / "contexts" / t / spec["dockerfile"]).is_file() for t, spec in bake["target"].items())
     (tmp_path / "buildx-tmp").mkdir()
     proc = subprocess.run([*engine.buildx, "bake", "--progress", "plain"], capture_output=True, text=True,
                           env={**engine.environment(), "TMPDIR": str(tmp_path / "buildx-tmp")}, check=False,
                           timeout=900, cwd=folder)
     assert proc.returncode == 0, proc.stderr[-4000:]
+    assert list((tmp_path / "buildx-tmp").iterdir()) == []
     assert "--mount=type=bind,source=.imgbuild-lock/final-pins.txt" in proc.stderr
     for vid, v in announced.items():
         attrs = [engine.image_attrs(tag) for tag in v["tags"]]

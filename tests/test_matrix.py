@@ -117,11 +117,13 @@ GITLAB_SCHEMA = {
                                     "additionalProperties": False}}}}},
 }
 BAKE_TARGET = {
-    "type": "object", "required": ["context", "dockerfile-inline", "output", "network"],
+    "type": "object", "required": ["context", "dockerfile", "output", "network"],
     "additionalProperties": False,
     "properties": {
         "context": {"type": "string", "pattern": r"^contexts/[a-zA-Z0-9_-]+$"},
-        "dockerfile-inline": STR, "tags": {"type": "array", "items": TAG_REF},
+        # a file beside the contexts, never dockerfile-inline (buildx 0.13 leaks a TMPDIR folder per inline target)
+        "dockerfile": {"type": "string", "pattern": r"^\.\./\.\./dockerfiles/[a-zA-Z0-9_-]+\.Dockerfile$"},
+        "tags": {"type": "array", "items": TAG_REF},
         "contexts": {"type": "object",
                      "patternProperties": {r"^[a-z0-9-]+$": {"type": "string", "pattern": r"^target:"}},
                      "additionalProperties": False},
@@ -369,6 +371,7 @@ def test_gitlab_format_schema_and_200_cap(tmp_path):
 
 
 def test_bake_folder_schema_order_contexts_and_network(tmp_path):
+    from buildkit_py.engine.bake import bake_file as inline_bake_file
     folder = tmp_path / "bake"
     code, _, err = run_cli("matrix", str(EXAMPLE), "--format", "bake", "--registry", "127.0.0.1:5000",
                            "--ca-cert", "/etc/ssl/certs/ca-certificates.crt", "-o", str(folder))
@@ -394,7 +397,10 @@ def test_bake_folder_schema_order_contexts_and_network(tmp_path):
         # each target's own context: what its Dockerfile reads, nothing else
         assert target["context"] == f"contexts/{name}"
         context = folder / target["context"]
-        copies = [c.value[0] for c in dockerfile.parse_string(target["dockerfile-inline"]) if c.cmd == "COPY"]
+        text = (context / target["dockerfile"]).read_text()
+        assert text == inline_bake_file(pipeline.load_matrix(EXAMPLE), registry="127.0.0.1:5000",
+                                 ca_cert=Path("/etc/ssl/certs/ca-certificates.crt"))["target"][name]["dockerfile-inline"]
+        copies = [c.value[0] for c in dockerfile.parse_string(text) if c.cmd == "COPY"]
         assert sorted(str(p.relative_to(context)) for p in context.rglob("*") if p.is_file()) == sorted(
             {".imgbuild/empty"} & set(copies)
             | ({"app/serve.py", "app/train.py"} if "app/" in copies else set()))

@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import shutil
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +33,9 @@ BAKE_FILE = "docker-bake.json"
 # buildx before 0.17 reads a target's `network` only from a compose file: this one sets it.
 BAKE_NETWORK_FILE = "compose.yaml"
 BAKE_CONTEXTS = "contexts"  # one build context per target, beside the bake file
+# Each target's Dockerfile as a file beside the contexts (-o DIR): buildx 0.13 copies a
+# dockerfile-inline to a dockerfileNNN folder in TMPDIR on every bake and never removes it.
+BAKE_DOCKERFILES = "dockerfiles"
 _BAKE_MARK = ".imgbuild-bake"  # a folder holding it may be rewritten by the next `--format bake -o`
 
 
@@ -125,6 +128,23 @@ def bake_network_file(targets: list[BakeTarget]) -> str:
             f"services:\n{services}")
 
 
+def _dockerfiles_as_files(targets: list[BakeTarget], folder: Path) -> list[BakeTarget]:
+    """Each target's inline Dockerfile written to ``folder``/dockerfiles/NAME.Dockerfile (bake
+    reads a target's ``dockerfile`` relative to its context) and named there instead."""
+    staging = folder / f".{BAKE_DOCKERFILES}.new"
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir()
+    out = []
+    for t in targets:
+        write_atomic(staging / f"{t.name}.Dockerfile", t.spec["dockerfile-inline"])
+        path = f"../../{BAKE_DOCKERFILES}/{t.name}.Dockerfile"  # from contexts/NAME
+        out.append(replace(t, spec={("dockerfile" if k == "dockerfile-inline" else k):
+                                    (path if k == "dockerfile-inline" else v) for k, v in t.spec.items()}))
+    shutil.rmtree(folder / BAKE_DOCKERFILES, ignore_errors=True)
+    staging.rename(folder / BAKE_DOCKERFILES)
+    return out
+
+
 def write_bake(matrix: Matrix, folder: Path, **kwargs: Any) -> list[Path]:
     """Write the bake file, its network overlay and every target's build context into
     ``folder`` (created; an existing one must be empty or hold an earlier bake of ours), so
@@ -149,6 +169,7 @@ def write_bake(matrix: Matrix, folder: Path, **kwargs: Any) -> list[Path]:
         write_context(t.plan, staging / t.name)
     shutil.rmtree(folder / BAKE_CONTEXTS, ignore_errors=True)
     staging.rename(folder / BAKE_CONTEXTS)
+    targets = _dockerfiles_as_files(targets, folder)
     write_atomic(folder / _BAKE_MARK, f"written by imgbuild matrix --format bake from {matrix.path}\n")
     # key order matters (shared stages first), so no sort_keys
     return [write_atomic(folder / BAKE_FILE, json.dumps(_bake_json(targets), indent=2) + "\n"),
