@@ -41,7 +41,7 @@ import io
 import posixpath
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from buildkit_py import label_keys as L
 from buildkit_py import oci
@@ -53,6 +53,9 @@ from buildkit_py.file_kinds import WEIGHT_FILE_LIMIT, over_weight_limit
 from buildkit_py.plan.history import GROUP_ORDER, attribute_layers
 from buildkit_py.sizes import human_size
 from buildkit_py.text_table import Block, TextTable
+
+if TYPE_CHECKING:
+    from buildkit_py.engine.base import Engine
 
 # Finding severities (the kinds are layer_paths': WEIGHTS, CACHE, COMPILER, CUDA_DUPLICATE, DELETED).
 WARNING, INFO = Severity.WARNING, Severity.INFO
@@ -326,13 +329,13 @@ class ImageFacts:
     ref: str
     image_id: str
     diff_ids: list[str]
-    history: list[dict]  # the image config's history
+    history: list[dict[str, Any]]  # the image config's history
     labels: Mapping[str, str]  # io.imgbuild.* only
     engine_sizes: list[int] | None = None  # per-layer sizes from the engine's history
     registry_sizes: list[int] | None = None  # compressed layer sizes from the registry's manifest
 
 
-def inspect_image(engine, ref: str, options: InspectOptions | None = None,
+def inspect_image(engine: Engine, ref: str, options: InspectOptions | None = None,
                   progress: Callable[[str, str, int, int], None] | None = None) -> ImageReport:
     """Read image ``ref`` from ``engine`` (an engine.Engine) and report on it.
 
@@ -411,7 +414,8 @@ def registry_layer_sizes(ref: str, n_layers: int) -> list[int] | None:
     return sizes if len(sizes) == n_layers else None
 
 
-def engine_layer_sizes(config_history: list[dict], engine_history: list[dict], n_layers: int) -> list[int] | None:
+def engine_layer_sizes(config_history: list[dict[str, Any]], engine_history: list[dict[str, Any]],
+                       n_layers: int) -> list[int] | None:
     """Per-layer sizes from the engine's history (newest first, one entry per config history
     entry), bottom layer first; None when the two histories do not line up."""
     if not config_history or len(config_history) != len(engine_history):

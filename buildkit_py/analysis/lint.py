@@ -21,12 +21,13 @@ import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from buildkit_py.analysis.severity import Severity
 from buildkit_py.compat import codes
 from buildkit_py.file_kinds import WEIGHT_FILE_LIMIT, over_weight_limit
 from buildkit_py.plan.build_plan import BuildPlan, weight_files_in_copies
-from buildkit_py.recipe.model import locate, read_recipe_text
+from buildkit_py.recipe.model import Recipe, _Located, locate, read_recipe_text
 from buildkit_py.sizes import human_size
 
 ERROR, WARNING, INFO = Severity.ERROR, Severity.WARNING, Severity.INFO
@@ -68,7 +69,7 @@ class LintFinding:
         key = f" {self.key}:" if self.key else ""
         return f"{where}:{key} {self.severity} [{self.code}] {self.message}"
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         return {"code": self.code, "severity": self.severity, "message": self.message, "file": self.file,
                 "line": self.line, "key": self.key, "source": self.source}
 
@@ -88,7 +89,7 @@ class LintReport:
     def warnings(self) -> int:
         return sum(f.severity == WARNING for f in self.findings)
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         return {"recipe": self.recipe, "errors": self.errors, "warnings": self.warnings,
                 "hadolint": self.hadolint, "findings": [f.to_json() for f in self.findings]}
 
@@ -123,7 +124,7 @@ def lint_plan(plan: BuildPlan, dockerfile: str, *, hadolint: str | None = "auto"
     return LintReport(file, tuple(findings), version, dockerfile)
 
 
-def _apt_findings(raw, file: str) -> list[LintFinding]:
+def _apt_findings(raw: _Located, file: str) -> list[LintFinding]:
     data = raw.data if isinstance(raw.data, dict) else {}
     out = []
     for i, spec in enumerate(data.get("apt") or []):
@@ -136,7 +137,7 @@ def _apt_findings(raw, file: str) -> list[LintFinding]:
     return out
 
 
-def _copy_findings(recipe, file: str) -> list[LintFinding]:
+def _copy_findings(recipe: Recipe, file: str) -> list[LintFinding]:
     out = []
     for i, rel, size in weight_files_in_copies(recipe):
         key = f"copy[{i}].src"

@@ -8,7 +8,9 @@ tables in ``compat``.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any, TypeVar
 
 from buildkit_py.compat import platforms, rules
 from buildkit_py.compat.bases import BaseFacts
@@ -16,6 +18,8 @@ from buildkit_py.compat.codes import RecipeWarning
 from buildkit_py.compat.tables import NativeEvidence, known_native_driver
 from buildkit_py.errors import CompatibilityError, CompatibilityErrors
 from buildkit_py.recipe.model import CudaFlavor, CudaSource, Recipe
+
+_T = TypeVar("_T")
 
 # Pins whose wheels are large and change rarely: they get a layer of their own, before
 # the other pins, so a change to a small pin does not re-download them.
@@ -120,12 +124,13 @@ def resolve(recipe: Recipe, base: BaseFacts | None = None, looked_up: rules.Look
     )
 
 
-def _independent_parts(recipe: Recipe, base: BaseFacts | None, looked_up: rules.LookedUp):
+def _independent_parts(recipe: Recipe, base: BaseFacts | None, looked_up: rules.LookedUp) -> tuple[
+        rules.CudaPart, str | None, rules.PythonPart, rules.TorchPart, rules.ArchPart]:
     """CUDA, cuDNN, Python, torch and the architectures: each rule runs when what it needs was decided,
     and every problem found is raised together (CompatibilityErrors), not the first one alone."""
     problems: list[CompatibilityError] = []
 
-    def attempt(rule, *args):
+    def attempt(rule: Callable[..., _T], *args: Any) -> _T | None:
         try:
             return rule(*args)
         except CompatibilityError as exc:
@@ -144,4 +149,6 @@ def _independent_parts(recipe: Recipe, base: BaseFacts | None, looked_up: rules.
         torch = attempt(rules.torch_rule, recipe, cuda.version, py.python, cudnn, looked_up)
     if problems:
         raise problems[0] if len(problems) == 1 else CompatibilityErrors(problems)
+    # no problem: every rule ran and gave its part (cudnn alone may be None: no cuDNN asked for)
+    assert cuda is not None and py is not None and torch is not None and archs is not None  # noqa: S101
     return cuda, cudnn, py, torch, archs

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import datetime
 import re
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -560,11 +561,11 @@ def torch_release_rule(recipe: Recipe, looked_up: LookedUp | None = None) -> Tor
                 hint=f"{how}, or use torch {newest} (the newest imgbuild knows)")
 
 
-def release_checks(recipe: Recipe, looked_up: LookedUp | None = None) -> list[tuple[Any, tuple]]:
+def release_checks(recipe: Recipe, looked_up: LookedUp | None = None) -> list[tuple[Any, tuple[Any, ...]]]:
     """The checks that a pinned torch, flash-attn or bitsandbytes is a release the data knows, each
     (function, extra args): they need nothing else decided, so resolve runs them beside the CUDA and
     Python rules and reports every unknown pin at once."""
-    checks: list[tuple[Any, tuple]] = []
+    checks: list[tuple[Any, tuple[Any, ...]]] = []
     if recipe.torch:
         checks.append((torch_release_rule, (looked_up,)))
     for name, table in (("flash-attn", compat.flash_attn_releases), ("bitsandbytes", compat.bitsandbytes_releases)):
@@ -573,7 +574,8 @@ def release_checks(recipe: Recipe, looked_up: LookedUp | None = None) -> list[tu
     return checks
 
 
-def _known_release(recipe: Recipe, key: str, name: str, version: str, table) -> str:
+def _known_release(recipe: Recipe, key: str, name: str, version: str,
+                   table: Callable[[], Sequence[FlashAttnRelease | BnbRelease]]) -> str:
     known = [r.version for r in table()]
     if not any(Version(v) == Version(version) for v in known):
         raise _unknown_release(recipe, key, name, version, known)

@@ -21,17 +21,18 @@ import subprocess
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import Any
 
 from buildkit_py.errors import EnvironmentProblem, Interrupted
 
 STOP_GRACE = 10.0  # seconds a stopped docker client gets to cancel its build before SIGKILL
 
 # pid -> (the child, what it is, what stops the work behind it before the child is stopped)
-_running: dict[int, tuple[subprocess.Popen, str, Callable[[], None] | None]] = {}
+_running: dict[int, tuple[subprocess.Popen[Any], str, Callable[[], None] | None]] = {}
 _lock = threading.Lock()
 
 
-def stop(proc: subprocess.Popen, grace: float = STOP_GRACE) -> None:
+def stop(proc: subprocess.Popen[Any], grace: float = STOP_GRACE) -> None:
     """Stop ``proc`` and the processes of its group (it leads one: ``start_new_session``):
     SIGINT, then SIGKILL if it has not ended within ``grace`` seconds or another interrupt
     comes while it is waited for; what is left of its group then gets SIGKILL too (a process
@@ -47,7 +48,7 @@ def stop(proc: subprocess.Popen, grace: float = STOP_GRACE) -> None:
     _signal_group(proc, signal.SIGKILL, leader=False)
 
 
-def _signal_group(proc: subprocess.Popen, signum: int, *, leader: bool = True) -> None:
+def _signal_group(proc: subprocess.Popen[Any], signum: int, *, leader: bool = True) -> None:
     """``signum`` to the group ``proc`` leads; to ``proc`` alone where the group cannot be reached
     (``leader``: the leader itself is still to be signalled)."""
     try:
@@ -59,7 +60,8 @@ def _signal_group(proc: subprocess.Popen, signum: int, *, leader: bool = True) -
 
 
 @contextmanager
-def supervised(proc: subprocess.Popen, what: str, on_interrupt: Callable[[], None] | None = None) -> Iterator[None]:
+def supervised(proc: subprocess.Popen[Any], what: str,
+               on_interrupt: Callable[[], None] | None = None) -> Iterator[None]:
     """While the block runs, ``proc`` is known to ``stop_all``; an interrupt raised in the block
     stops it (``on_interrupt`` first: what stops the work behind the client, as removing the
     container a `docker run` waits on), and the interrupt names it (``what``: "docker build of

@@ -163,7 +163,10 @@ def build_all(matrix: Matrix, engine: Engine, options: BuildOptions, *, jobs: in
     return MatrixBuild(matrix, tuple(results[v.id] for v in chosen), time.monotonic() - start)
 
 
-def _prebuild_shared_stages(matrix: Matrix, plans: dict[str, BuildPlan], engine, options, runner, on_line, say):
+def _prebuild_shared_stages(matrix: Matrix, plans: dict[str, BuildPlan], engine: Engine, options: BuildOptions,
+                            runner: Callable[..., BuildOutcome], on_line: VariantSink | None,
+                            say: Callable[[str], None]) -> tuple[dict[str, BuildPlan], dict[str, list[str]],
+                                                                 tuple[str, ...]]:
     """--no-cache with shared prefixes: the prefix is a run of steps inside each variant's final
     stage, which no per-stage cache filter can reach (and 20.10 has none). So each shared stage
     is built once, without cache, as a local image FROM its parent's, and the variants are then

@@ -15,13 +15,13 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
 from buildkit_py.engine import children
 from buildkit_py.errors import UsageError
-from buildkit_py.recipe.model import named_volume
+from buildkit_py.recipe.model import Recipe, named_volume
 
 if TYPE_CHECKING:
     from buildkit_py.engine.base import Engine
@@ -235,10 +235,10 @@ def run_container(engine: Engine, spec: RunSpec, *, what: str, timeout: float | 
     return ContainerExit(code, expired.is_set())
 
 
-def compose_document(image: str, recipe) -> dict:
+def compose_document(image: str, recipe: Recipe) -> dict[str, Any]:
     """compose.yaml for the image: GPU reservation, weights bound read-only from the host
     folders `imgbuild run` fills, and the companion services the recipe lists."""
-    app: dict = {"image": image}
+    app: dict[str, Any] = {"image": image}
     app["deploy"] = {"resources": {"reservations": {"devices": [
         {"driver": "nvidia", "count": "all", "capabilities": ["gpu"]}]}}}
     volumes = []
@@ -249,9 +249,9 @@ def compose_document(image: str, recipe) -> dict:
         app["volumes"] = volumes
     if recipe.services:
         app["depends_on"] = [s.name for s in recipe.services]
-    services = {"app": app}
+    services: dict[str, dict[str, Any]] = {"app": app}
     for s in recipe.services:
-        svc: dict = {"image": s.image}
+        svc: dict[str, Any] = {"image": s.image}
         # Compose interpolates ${VAR} and $VAR from the shell running it; a recipe's values are
         # literal, so each '$' is written '$$' (compose-spec, "Interpolation").
         if s.command:
@@ -263,7 +263,7 @@ def compose_document(image: str, recipe) -> dict:
         if s.volumes:
             svc["volumes"] = list(s.volumes)
         services[s.name] = svc
-    doc: dict = {"name": recipe.name.replace("/", "-"), "services": services}
+    doc: dict[str, Any] = {"name": recipe.name.replace("/", "-"), "services": services}
     # Compose refuses a service whose named volume the file does not declare ("refers to
     # undefined volume"); the JSON schema alone does not check that.
     named = sorted({n for s in recipe.services for n in map(named_volume, s.volumes) if n})
@@ -276,14 +276,14 @@ def _literal(value: str) -> str:
     return value.replace("$", "$$")
 
 
-def compose_text(image: str, recipe) -> str:
+def compose_text(image: str, recipe: Recipe) -> str:
     pulls = "".join(f"#   imgbuild weights pull {w.ref} ./weights/{weights_dir_name(w.ref)}\n" for w in recipe.weights)
     header = (f"# Written by `imgbuild compose {recipe.path.name}`.\n"
               + (f"# Pull the weights before `docker compose up`:\n{pulls}" if pulls else ""))
     return header + yaml.safe_dump(compose_document(image, recipe), sort_keys=False, default_flow_style=False)
 
 
-def dry_run_json(plan: RunPlan) -> dict:
+def dry_run_json(plan: RunPlan) -> dict[str, Any]:
     return {"image": plan.image, "gpu": plan.gpu, "argv": list(plan.argv), "command_line": plan.command_line,
             "process": list(plan.process.argv) if plan.process else None,
             "process_rule": plan.process.how if plan.process else None,
