@@ -196,6 +196,19 @@ def test_an_unreachable_registry_is_named_whole_with_a_hint_that_fits():
     assert "scripts/services.sh" not in unreachable_hint("registry.example.com")
 
 
+
+def test_a_name_that_does_not_resolve_is_tried_twice_not_through_the_whole_backoff(monkeypatch):
+    """A misspelled registry waited 7.8 s of backoff (4 retries) before its DNS error; one more
+    try covers a resolver's hiccup. A refused connection keeps every retry (a registry restarting)."""
+    client = oci.Client(credentials=lambda h: None, backoff_s=0.001, max_retries=4)
+    sent: list[str] = []
+    real = client.session.request
+    monkeypatch.setattr(client.session, "request", lambda *a, **k: sent.append(a[1]) or real(*a, **k))
+    with pytest.raises(RegistryUnreachable, match="does not resolve"):
+        oci.get_manifest("no-such-registry.invalid/a/b:1", client=client)
+    assert len(sent) == 2, sent
+
+
 # ---------------------------------------------------------------- against the real registry
 
 

@@ -224,7 +224,9 @@ class Client:
             try:
                 resp = self.session.request(method, url, **kwargs)
             except (requests.ConnectionError, requests.Timeout) as exc:
-                if attempt + 1 < attempts:
+                # a name that does not resolve is most often a typo: one more try, not the whole backoff
+                last = attempts if not _unresolved(exc) else min(attempts, 2)
+                if attempt + 1 < last:
                     self.retry.wait(attempt)
                     continue
                 base = url.split("/v2/", maxsplit=1)[0]
@@ -361,20 +363,34 @@ def _basic(username: str, password: str) -> str:
     return "Basic " + base64.b64encode(f"{username}:{password}".encode()).decode()
 
 
-def connection_failure(exc: BaseException) -> str:
-    """Why a connection failed, whole and in words: the innermost error that requests and
-    urllib3 wrap (a name that does not resolve, a refused connection, a timeout, TLS), never cut
-    mid-word (issue 22: 12), without the pool's repetition of the host."""
+_RESOLVE_FAILED = re.compile(r"Failed to resolve '([^']+)'")
+
+
+def _innermost(exc: BaseException) -> BaseException:
+    """The error that requests and urllib3 wrap (requests' error -> MaxRetryError -> its reason)."""
     inner = exc
-    for _ in range(8):  # requests' error -> MaxRetryError -> its reason
+    for _ in range(8):
         cause = getattr(inner, "reason", None)
         if not isinstance(cause, BaseException):
             cause = inner.args[0] if inner.args and isinstance(inner.args[0], BaseException) else None
         if cause is None:
             break
         inner = cause
+    return inner
+
+
+def _unresolved(exc: BaseException) -> bool:
+    """The registry's name did not resolve (DNS), as opposed to a refused or lost connection."""
+    return bool(_RESOLVE_FAILED.search(str(_innermost(exc))))
+
+
+def connection_failure(exc: BaseException) -> str:
+    """Why a connection failed, whole and in words: the innermost error that requests and
+    urllib3 wrap (a name that does not resolve, a refused connection, a timeout, TLS), never cut
+    mid-word (issue 22: 12), without the pool's repetition of the host."""
+    inner = _innermost(exc)
     text = str(inner)
-    if resolve := re.search(r"Failed to resolve '([^']+)'", text):
+    if resolve := _RESOLVE_FAILED.search(text):
         return f"the name {resolve.group(1)} does not resolve from this machine (DNS)"
     if "Connection refused" in text or "Errno 111" in text:
         return "connection refused"
