@@ -6,6 +6,7 @@ import io
 import json
 import os
 import random
+import re
 import subprocess
 import tarfile
 import tempfile
@@ -130,7 +131,7 @@ def test_diff_matches_what_docker_pull_downloads(tmp_path, logged_in, base_image
     app = {"/app/main.py": b"print('v2')\n" * 1000}
     [(new_compressed, new_size)] = push_remote_image(b, [("COPY app/ /app # buildkit", app)], base=a)
 
-    code, out, err = run_cli("diff", a, b, "--json")
+    code, out, err = run_cli("diff", a, b, "--json", "--progress", "plain")
     assert code == 0, err
     d = json.loads(out)
     assert d["schema"] == 1 and d["a"]["source"] == d["b"]["source"] == "registry"
@@ -140,6 +141,8 @@ def test_diff_matches_what_docker_pull_downloads(tmp_path, logged_in, base_image
     assert d["totals"]["compressed_size"] == sum(x["size"] for x in manifest["layers"])
     assert d["totals"]["new_compressed_size"] == new_compressed and d["totals"]["new_layers"] == 1
     assert d["layers"][3]["size"] == d["totals"]["new_size"] == new_size  # B's blobs were streamed and counted
+    for layer in manifest["layers"]:  # and each was shown as it was read (plain lines on stderr)
+        assert re.search(rf"read {layer['digest'][:19]} 100% ", err), err
 
     # A node that pulled A (on the containerd store a layer built here and pushed is not in the
     # content store as the pushed blob until pulled) and not B: docker pull of B fetches exactly

@@ -30,6 +30,7 @@ from typing import Any
 from buildkit_py import oci
 from buildkit_py.analysis.inspect import pull_seconds, short_created
 from buildkit_py.errors import ImageMissing, ManifestNotFound, RegistryError, UsageError
+from buildkit_py.oci.transport import Progress
 from buildkit_py.plan.history import attribute_layers, instruction_of
 from buildkit_py.sizes import human_size
 from buildkit_py.text_table import Block, TextTable
@@ -200,9 +201,11 @@ def layers_from_engine_attrs(image: str, attrs: Mapping[str, Any], engine_histor
 # ---------------------------------------------------------------- reading
 
 
-def count_uncompressed(ref: oci.Reference, desc: Mapping[str, Any], *, client: oci.Client) -> int | None:
+def count_uncompressed(ref: oci.Reference, desc: Mapping[str, Any], *, client: oci.Client,
+                       progress: Progress | None = None) -> int | None:
     """Stream one layer blob and count its uncompressed bytes (gzip or plain tar); None for
-    compressions this cannot read (zstd: no decoder in the standard library)."""
+    compressions this cannot read (zstd: no decoder in the standard library). ``progress("read",
+    digest, done, size)`` hears the blob's bytes as they arrive."""
     media_type = desc.get("mediaType")
     if media_type in _TAR_TYPES:
         return int(desc.get("size") or 0)
@@ -211,9 +214,13 @@ def count_uncompressed(ref: oci.Reference, desc: Mapping[str, Any], *, client: o
     resp = client.request("GET", ref.api_host, f"/v2/{ref.repository}/blobs/{desc['digest']}",
                           scope=oci.pull_scope(ref.repository), stream=True)
     total = 0
+    size, label, done = int(desc.get("size") or 0), str(desc["digest"])[:19], 0
     with resp:
         inflater = zlib.decompressobj(wbits=31)
         for received in resp.iter_content(oci.CHUNK):
+            done += len(received)
+            if progress is not None:
+                progress("read", label, done, size)
             data = received
             while data:
                 total += len(inflater.decompress(data, 16 * oci.CHUNK))
@@ -226,7 +233,8 @@ def count_uncompressed(ref: oci.Reference, desc: Mapping[str, Any], *, client: o
 
 
 def read_registry(image: str, *, client: oci.Client | None = None, uncompressed: bool = True,
-                  workers: int = 4, platform: str = oci.DEFAULT_PLATFORM) -> ImageLayers:
+                  workers: int = 4, platform: str = oci.DEFAULT_PLATFORM,
+                  progress: Progress | None = None) -> ImageLayers:
     """``image`` from its registry: manifest and config; with ``uncompressed`` each gzip layer
     blob is streamed once (in parallel, nothing written) to count its uncompressed bytes."""
     ref = oci.parse_reference(image)
@@ -237,7 +245,7 @@ def read_registry(image: str, *, client: oci.Client | None = None, uncompressed:
     sizes: list[int | None] | None = None
     if uncompressed and descs:
         with concurrent.futures.ThreadPoolExecutor(max(1, min(workers, len(descs)))) as pool:
-            sizes = list(pool.map(lambda d: count_uncompressed(ref, d, client=client), descs))
+            sizes = list(pool.map(lambda d: count_uncompressed(ref, d, client=client, progress=progress), descs))
     return layers_from_manifest(image, manifest, config, digest=digest, sizes=sizes)
 
 
@@ -259,14 +267,14 @@ def names_registry(image: str) -> bool:
 
 
 def read_image(image: str, *, source: str = "auto", client: oci.Client | None = None, engine=None,
-               uncompressed: bool = True) -> ImageLayers:
+               uncompressed: bool = True, progress: Progress | None = None) -> ImageLayers:
     """``source``: ``registry``, ``engine``, or ``auto`` (the registry when the reference names
     one and has the image there, else the engine)."""
     if source not in ("auto", SOURCE_REGISTRY, SOURCE_ENGINE):
         raise UsageError(f"unknown source {source!r}", hint="use auto, registry or engine")
     if source == SOURCE_REGISTRY or (source == "auto" and names_registry(image)):
         try:
-            return read_registry(image, client=client, uncompressed=uncompressed)
+            return read_registry(image, client=client, uncompressed=uncompressed, progress=progress)
         except ManifestNotFound:
             if source == SOURCE_REGISTRY:
                 raise
@@ -276,13 +284,26 @@ def read_image(image: str, *, source: str = "auto", client: oci.Client | None = 
     return read_engine(image, engine)
 
 
-def diff_images(image_a: str, image_b: str, *, source: str = "auto", bandwidth_mbps: float = 1000,
-                uncompressed: bool = True, client: oci.Client | None = None, engine=None,
-                unpack_mbps: float | None = None) -> ImageDiff:
+@dataclass(frozen=True)
+class DiffOptions:
+    """How to diff: where the images are read, the link (and unpack rate) a pull is timed on, and
+    whether B's blobs are streamed to count what they unpack to."""
+
+    source: str = "auto"  # auto | registry | engine
+    bandwidth_mbps: float = 1000
+    unpack_mbps: float | None = None
+    uncompressed: bool = True
+
+
+def diff_images(image_a: str, image_b: str, options: DiffOptions = DiffOptions(), *,
+                client: oci.Client | None = None, engine=None, progress: Progress | None = None) -> ImageDiff:
+    """``progress``: the bytes of B's layer blobs as they are streamed to count what they unpack to."""
     client = client or oci.Client()
-    a = read_image(image_a, source=source, client=client, engine=engine, uncompressed=False)  # only B's bytes matter
-    b = read_image(image_b, source=source, client=client, engine=engine, uncompressed=uncompressed)
-    return diff_layers(a, b, bandwidth_mbps=bandwidth_mbps, unpack_mbps=unpack_mbps)
+    # only B's bytes matter
+    a = read_image(image_a, source=options.source, client=client, engine=engine, uncompressed=False)
+    b = read_image(image_b, source=options.source, client=client, engine=engine, uncompressed=options.uncompressed,
+                   progress=progress)
+    return diff_layers(a, b, bandwidth_mbps=options.bandwidth_mbps, unpack_mbps=options.unpack_mbps)
 
 
 # ---------------------------------------------------------------- output

@@ -35,6 +35,7 @@ def register_diff(add: AddCommand) -> None:
     df.add_argument("--no-uncompressed", action="store_true",
                     help="do not stream B's layers to count unpacked bytes (sizes shown as -)")
     json_option(df)
+    progress_option(df, "bytes of B's layers read")
     df.set_defaults(handler=cmd_diff)
 
 
@@ -58,11 +59,12 @@ def cmd_inspect(args: argparse.Namespace, out: Out) -> int:
 
 
 def cmd_diff(args: argparse.Namespace, out: Out) -> int:
-    from buildkit_py.analysis.diff import diff_blocks, diff_images, diff_json
+    from buildkit_py.analysis.diff import DiffOptions, diff_blocks, diff_images, diff_json
 
-    result = diff_images(args.image_a, args.image_b, source=args.source, bandwidth_mbps=args.bandwidth,
-                         uncompressed=not args.no_uncompressed, unpack_mbps=args.unpack_rate,
-                         engine=reading_engine(args))
+    with transfer_view(out.stderr, args.progress) as progress:
+        result = diff_images(args.image_a, args.image_b, DiffOptions(
+            source=args.source, bandwidth_mbps=args.bandwidth, unpack_mbps=args.unpack_rate,
+            uncompressed=not args.no_uncompressed), engine=reading_engine(args), progress=progress)
     if args.json:
         out.data(diff_json(result))
     else:
