@@ -6,6 +6,7 @@ runs is a ``RunSpec``; the engine turns it into its client's command line (``Eng
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shlex
@@ -210,8 +211,10 @@ def run_container(engine: Engine, spec: RunSpec, *, what: str, timeout: float | 
     ended, expired = threading.Event(), threading.Event()
 
     def remove() -> None:
-        subprocess.run([*engine.client_argv(), "rm", "-f", name], capture_output=True,  # noqa: PLW1510
-                       env=engine.environment(), stdin=subprocess.DEVNULL)
+        # bounded: an engine that no longer answers must not hold an interrupt (the client is stopped next)
+        with contextlib.suppress(subprocess.TimeoutExpired, OSError):
+            subprocess.run([*engine.client_argv(), "rm", "-f", name], capture_output=True,  # noqa: PLW1510
+                           env=engine.environment(), stdin=subprocess.DEVNULL, timeout=30)
 
     def watch() -> None:
         if timeout is not None and not ended.wait(timeout):
