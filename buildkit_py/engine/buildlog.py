@@ -197,7 +197,6 @@ def only_export_lines(on_line: Callable[[str], None]) -> Callable[[str], None]:
     return sink
 
 
-
 @dataclass
 class _Vertex:
     header: str
