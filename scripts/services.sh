@@ -323,19 +323,21 @@ prune_engines() {
     # Build caches (pip/uv cache mounts, CUDA wheel layers) are what grows: tens of GB per run.
     if engine_up; then
         $DOCKER builder prune -af 2>/dev/null | tail -1 | sed 's/^/[services] docker 20.10: /' >&2 || true
-        test_images "$DOCKER" | xargs -r $DOCKER image rm -f >/dev/null 2>&1 || true
+        remove_test_images "$DOCKER"
     fi
     if [ "$ENGINE26" = 1 ] && engine26_up; then
         e26 builder prune -af 2>/dev/null | tail -1 | sed 's/^/[services] docker 26: /' >&2 || true
-        test_images e26 | xargs -r env DOCKER_HOST=$E26_HOST DOCKER_CONFIG=$E26_CONFIG "$E26_DOCKER" image rm -f \
-            >/dev/null 2>&1 || true
+        remove_test_images e26
     fi
 }
 
-test_images() {
+remove_test_images() {
     # what tests and the demo tag: imgbuild-test/... locally, anything named for the local registry
-    "$@" image ls --format '{{.Repository}}:{{.Tag}}' 2>/dev/null \
-        | grep -E "^(imgbuild-test|${REGISTRY_ADDR//./\\.}/)" || true
+    # ("$1": a client, or the e26 function)
+    local refs
+    refs=$("$1" image ls --format '{{.Repository}}:{{.Tag}}' 2>/dev/null \
+        | grep -E "^(imgbuild-test|${REGISTRY_ADDR//./\\.}/)" || true)
+    [ -z "$refs" ] || "$1" image rm -f $refs >/dev/null 2>&1 || true
 }
 
 ensure_room() {

@@ -9,6 +9,7 @@ import sys
 import time
 
 import pytest
+from conftest import _client
 from helpers import REPO, run_cli
 
 
@@ -55,10 +56,9 @@ def test_run_refuses_an_image_with_nothing_to_start(entrypoint_image, tmp_path, 
     assert capfd.readouterr().out == ""
 
 
-
 def _containers_of(engine, image: str) -> str:
-    listed = subprocess.run([*engine.client_argv(), "ps", "-aq", "--filter", f"ancestor={image}"],
-                            capture_output=True, text=True, env=engine.environment(), timeout=60, check=True)
+    listed = _client(engine, "ps", "-aq", "--filter", f"ancestor={image}")
+    assert listed.returncode == 0, listed.stderr
     return listed.stdout.strip()
 
 

@@ -122,7 +122,6 @@ def test_schema_publishes_the_test_key():
     assert set(items["properties"]) == {"run", "script", "name", "gpu", "timeout"}
 
 
-
 def test_a_test_may_run_600_seconds_unless_it_says_otherwise(tmp_path):
     path = write_recipe(tmp_path, HEAD + 'test:\n  - "true"\n  - {run: "sleep 5", timeout: 2}\n')
     assert [t.timeout for t in load_recipe(path).tests] == [600, 2]

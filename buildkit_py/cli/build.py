@@ -108,6 +108,14 @@ def _lock_mode(args: argparse.Namespace) -> LockMode:
     return LockMode.UPDATE if args.update_lock else LockMode.LOCKED if args.locked else LockMode.AUTO
 
 
+def _testing(args: argparse.Namespace, out: Out) -> bool:
+    """Whether the built images are tested before they keep their tags: with --push or --test,
+    not with --no-test (which, with --push, is said aloud)."""
+    if args.no_test and args.push:
+        out.warn("--no-test: pushing without running the image's tests")
+    return bool((args.push or args.test) and not args.no_test)
+
+
 def cmd_build(args: argparse.Namespace, out: Out) -> int:
     from buildkit_py.cli.test import build_gate
     from buildkit_py.engine import select_engine
@@ -135,9 +143,7 @@ def cmd_build(args: argparse.Namespace, out: Out) -> int:
     # the recipe's platforms (or --platform's, which plan_recipe put in its place): one index of them
     options = replace(_build_options(args), platforms=build_platforms(plan.recipe, tuple(args.platform)))
 
-    testing = (args.push or args.test) and not args.no_test
-    if args.no_test and args.push:
-        out.warn("--no-test: pushing without running the image's tests")
+    testing = _testing(args, out)
     out.info(f"building {', '.join(plan.tags)} with the {engine.describe()}"
              + (f" for {', '.join(options.platforms)}" if options.platforms else ""))
     reports: list[TestReport] = []
@@ -229,9 +235,7 @@ def cmd_build_matrix(args: argparse.Namespace, out: Out) -> int:
             out.warn(f"[{variant.id}] {w}")
         return locked.plan
 
-    testing = (args.push or args.test) and not args.no_test
-    if args.no_test and args.push:
-        out.warn("--no-test: pushing without running the images' tests")
+    testing = _testing(args, out)
     reports: dict[str, list[TestReport]] = {}
     out.info(f"building {'all ' if args.all else ''}{len(args.variant) or len(matrix.variants)} variant(s) of "
              f"{matrix.name} with the {engine.describe()}, {args.jobs} at a time")
