@@ -144,7 +144,7 @@ def test_true_labels_pass_and_say_what_was_found():
     ("io.imgbuild.os", "ubuntu22.04", "says 'ubuntu22.04', but /etc/os-release says debian12"),
     ("io.imgbuild.cuda.flavor", "runtime", "says 'runtime', but it lacks "),
     ("io.imgbuild.cuda.flavor", "devel", "says 'devel', but no nvcc on PATH"),
-    ("io.imgbuild.cudnn.version", "9", "says '9', but the loader cache has no libcudnn"),
+    ("io.imgbuild.cudnn.version", "9", "says '9', but no libcudnn in the loader cache or any installed wheel"),
     ("io.imgbuild.torch.version", "2.4.1", "says '2.4.1', but torch is not installed"),
     ("io.imgbuild.installer", "pip", "says 'pip', but no package of the image records pip"[:40]),
     ("io.imgbuild.cuda.driver.min", "470.0", "says '470.0', but imgbuild's data for CUDA 12.4.1 says 550.54.15"),
@@ -162,6 +162,27 @@ def test_a_label_missing_for_what_the_image_holds_fails():
     results = by_name(label_checks(LABELS, facts))
     assert results["label io.imgbuild.torch.version"].detail == "is missing, but torch 2.4.1 is installed"
     assert results["label io.imgbuild.cudnn.version"].status == FAILED
+
+
+def test_a_cudnn_a_wheel_ships_counts_without_the_loader_cache():
+    """torch's nvidia-cudnn wheel is loaded through torch's RPATH: with no ldconfig step (cuda.source:
+    nvidia) it is not in the loader cache, yet the image carries it, so the label is due (issue 28)."""
+    facts = dataclasses.replace(FACTS, pkgs={**FACTS.pkgs, "nvidia-cudnn-cu12": "9.1.0.70"},
+                                wheel_libs={"libcudnn.so.9": "nvidia-cudnn-cu12"})
+    missing = by_name(label_checks(LABELS, facts))["label io.imgbuild.cudnn.version"]
+    assert missing.status == FAILED and "nvidia-cudnn-cu12 ships libcudnn.so.9" in missing.detail
+    for label in ("9", "9.1.0.70", "9.1"):
+        verdict = by_name(label_checks({**LABELS, "io.imgbuild.cudnn.version": label}, facts))
+        assert verdict["label io.imgbuild.cudnn.version"].status == PASSED, (label, verdict)
+
+
+@pytest.mark.parametrize("label", ["8", "9.10.2.21", "9.10"])
+def test_a_cudnn_label_of_another_release_than_the_wheel_fails(label):
+    """The exact version a wheel pin gave the label is held to the installed wheel, not only its major."""
+    facts = dataclasses.replace(FACTS, pkgs={**FACTS.pkgs, "nvidia-cudnn-cu12": "9.1.0.70"},
+                                wheel_libs={"libcudnn.so.9": "nvidia-cudnn-cu12"})
+    verdict = by_name(label_checks({**LABELS, "io.imgbuild.cudnn.version": label}, facts))
+    assert verdict["label io.imgbuild.cudnn.version"].status == FAILED, verdict
 
 
 def test_recipe_digest_is_compared_with_the_recipe_and_skipped_without_one(tmp_path):

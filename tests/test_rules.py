@@ -42,10 +42,10 @@ def test_python_rule_names_the_provider(tmp_path):
 
 def test_torch_rule_part_and_its_warning(tmp_path):
     r = recipe(tmp_path, source="nvidia", base="os: ubuntu22.04", python="3.10", extra='torch: "2.4.1"')
-    part = rules.torch_rule(r, "12.4.1", "3.10", None)
+    part = rules.torch_rule(r, "12.4.1", "3.10")
     assert (part.version, part.variant, part.label) == ("2.4.1", "cu124", "2.4.1+cu124")
     assert [(w.code, w.key) for w in part.warnings] == [(codes.CUDA_TWICE, "torch")]
-    assert rules.torch_rule(recipe(tmp_path), "12.4.1", "3.11", None) == rules.TorchPart()
+    assert rules.torch_rule(recipe(tmp_path), "12.4.1", "3.11") == rules.TorchPart()
 
 
 def test_arch_rule_defaults_only_when_something_compiles(tmp_path):

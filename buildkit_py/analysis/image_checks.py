@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from buildkit_py import compat
 from buildkit_py import label_keys as K
+from buildkit_py.compat.cudnn_source import is_cudnn_wheel
 from buildkit_py.engine.run import ContainerExit, RunSpec, run_container
 from buildkit_py.errors import ImageTestFailed, InspectError
 from buildkit_py.plan import labels as L
@@ -45,11 +46,15 @@ FACTS_SCRIPT = r"""
 import ctypes, importlib, json, os, platform, re, shutil, subprocess, sys, traceback
 from importlib import metadata
 norm = lambda n: re.sub(r"[-_.]+", "-", n).lower()
-pkgs, installers = {}, {}
+pkgs, installers, wheel_libs = {}, {}, {}
+shared = re.compile(r"^lib[^/]+\.so(\.\d+)*$")
 for d in metadata.distributions():
     name = norm(d.metadata["Name"] or "")
     pkgs[name] = d.version
     installers[name] = (d.read_text("INSTALLER") or "").strip()
+    for f in d.files or ():
+        if shared.match(f.name):
+            wheel_libs.setdefault(f.name, name)
 ld = subprocess.run(["ldconfig", "-p"], capture_output=True, text=True).stdout
 sonames = sorted({l.split()[0] for l in ld.splitlines()[1:] if l.strip()})
 cudart = {}
@@ -93,6 +98,7 @@ for name, want in json.loads(sys.argv[1]):
     imports.append(rec)
 sys.stdout = real_stdout
 print("IMGBUILD-FACTS " + json.dumps({"pkgs": pkgs, "installers": installers, "sonames": sonames,
+      "wheel_libs": wheel_libs,
       "cudart": cudart, "python": platform.python_version(),
       "os": osr.get("ID", "") + osr.get("VERSION_ID", ""), "nvcc": bool(shutil.which("nvcc")),
       "imports": imports}))
@@ -157,6 +163,9 @@ class ImageFacts:
     os: str  # ID + VERSION_ID of /etc/os-release: debian12, ubuntu22.04
     nvcc: bool  # nvcc on the image's PATH
     imports: tuple[Mapping[str, Any], ...] = field(default=())  # one record per pin asked for
+    # shared libraries the installed distributions ship (file name -> distribution), loaded through
+    # their RPATH rather than the loader cache: torch's nvidia-* wheels where no ldconfig step ran
+    wheel_libs: Mapping[str, str] = field(default_factory=dict)
 
 
 # --- running things in the image ----------------------------------------------------------------
@@ -193,7 +202,7 @@ def read_facts(engine: Engine, image: str, pins: tuple[tuple[str, str], ...] = (
                            hint="the labels are checked with the image's own python (python on its PATH)")
     raw = json.loads(line[len(_MARK):])
     return ImageFacts(raw["pkgs"], raw["installers"], tuple(raw["sonames"]), raw["cudart"], raw["python"],
-                      raw["os"], raw["nvcc"], tuple(raw["imports"]))
+                      raw["os"], raw["nvcc"], tuple(raw["imports"]), raw.get("wheel_libs", {}))
 
 
 def _tail(output: str, lines: int = OUTPUT_LINES) -> str:
@@ -302,15 +311,21 @@ def _cuda_labels(v: _Verdicts, facts: ImageFacts) -> None:
 def _library_labels(v: _Verdicts, facts: ImageFacts) -> None:
     """cuDNN and torch: each label true, and no such library in the image without its label."""
     cudnn = v.labels.get(K.CUDNN_VERSION)
-    libs = sorted(s for s in facts.sonames if s.startswith("libcudnn.so"))
+    cached = sorted(s for s in facts.sonames if s.startswith("libcudnn.so."))
+    shipped = {s: d for s, d in facts.wheel_libs.items() if s.startswith("libcudnn.so.")}
+    libs = sorted(set(cached) | set(shipped))
+    where = "; ".join(filter(None, [f"the loader cache has {', '.join(cached)}" if cached else "",
+                                    ", ".join(f"{d} ships {s}" for s, d in sorted(shipped.items()))]))
     if cudnn is not None:
-        v.verdict(K.CUDNN_VERSION, f"libcudnn.so.{cudnn.split('.')[0]}" in libs,
-                  f"the loader cache has {', '.join(libs) or 'no libcudnn'}")
+        found = where or "no libcudnn in the loader cache or any installed wheel"
+        v.verdict(K.CUDNN_VERSION, f"libcudnn.so.{cudnn.split('.')[0]}" in libs and _cudnn_wheel_matches(cudnn, facts),
+                  found + _cudnn_wheels_said(cudnn, facts))
     elif libs:
-        v.missing(K.CUDNN_VERSION, f"the image has {', '.join(libs)}")
+        v.missing(K.CUDNN_VERSION, f"the image has {', '.join(libs)} ({where})")
     torch, installed = v.labels.get(K.TORCH_VERSION), facts.pkgs.get("torch")
     if torch is not None:
-        v.verdict(K.TORCH_VERSION, installed == torch.split("+")[0],
+        # PyPI's build records 2.4.1, PyTorch's index 2.4.1+cu124: the label names the build, either way
+        v.verdict(K.TORCH_VERSION, installed in (torch, torch.split("+")[0]),
                   f"torch {installed} is installed" if installed else "torch is not installed")
     elif installed:
         v.missing(K.TORCH_VERSION, f"torch {installed} is installed")
@@ -319,6 +334,24 @@ def _library_labels(v: _Verdicts, facts: ImageFacts) -> None:
                   f"python is {facts.python}")
     if K.OS in v.labels:
         v.verdict(K.OS, facts.os == v.labels[K.OS], f"/etc/os-release says {facts.os}")
+
+
+def _cudnn_wheel_matches(label: str, facts: ImageFacts) -> bool:
+    """A cudnn label more precise than its major (9.1.0.70: what a wheel pin said) must be the version
+    of an installed nvidia-cudnn wheel; a major alone is held to the library files only."""
+    if "." not in label:
+        return True
+    return any(_version_is(version, label) for name, version in facts.pkgs.items() if is_cudnn_wheel(name))
+
+
+def _cudnn_wheels_said(label: str, facts: ImageFacts) -> str:
+    wheels = [f"{n} {v}" for n, v in sorted(facts.pkgs.items()) if is_cudnn_wheel(n)]
+    return f"; installed: {', '.join(wheels)}" if "." in label and wheels else ""
+
+
+def _version_is(version: str, label: str) -> bool:
+    """9.1.0.70 is 9.1.0.70 and is 9.1; 9.10.2.21 is not 9.1."""
+    return version.split(".")[:label.count(".") + 1] == label.split(".")
 
 
 def _recipe_labels(v: _Verdicts, facts: ImageFacts, recipe: Recipe | None) -> None:

@@ -77,8 +77,9 @@ def cmd_plan(args: argparse.Namespace, out: Out) -> int:
         return 0
     res = data["resolution"]
     out.line(f"{plan.recipe.name}  (recipe {plan.recipe.digest[:19]})")
-    out.line(f"  cuda      {res['cuda']} {res['flavor']} from {res['source']}"
-             + (f", cuDNN {res['cudnn']}" if res["cudnn"] else ""))
+    out.line(f"  cuda      {res['cuda']} {res['flavor']} from {res['source']}")
+    if res["cudnn"]:
+        out.line(f"  cudnn     {res['cudnn']} from {res['cudnn_from']}")
     out.line(f"  driver    {driver_summary(res)}")
     out.line(f"  python    {res['python']} ({res['python_provider']})")
     if res["torch"]:

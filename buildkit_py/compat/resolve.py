@@ -15,6 +15,7 @@ from typing import Any, TypeVar
 from buildkit_py.compat import platforms, rules
 from buildkit_py.compat.bases import BaseFacts
 from buildkit_py.compat.codes import RecipeWarning
+from buildkit_py.compat.cudnn_source import cudnn_source
 from buildkit_py.compat.tables import NativeEvidence, known_native_driver
 from buildkit_py.errors import CompatibilityError, CompatibilityErrors
 from buildkit_py.recipe.model import CudaFlavor, CudaSource, Recipe
@@ -36,7 +37,7 @@ class Resolution:
     cuda_source: CudaSource
     min_driver: str | None  # the native floor; None where NVIDIA publishes none for the minor
     min_driver_compat: str | None
-    cudnn: str | None
+    cudnn: str | None  # io.imgbuild.cudnn.version: the cuDNN the pins bring (compat.cudnn_source)
     python: str
     python_provider: rules.PythonProvider
     os: str | None
@@ -58,6 +59,7 @@ class Resolution:
     base_digest: str | None = None  # the final stage's base, pinned (shared bases, mirrors)
     # Where the native floor is unpublished: the lowest driver known to run it natively, and why
     native_driver: NativeEvidence | None = None
+    cudnn_origin: str | None = None  # where the cuDNN comes from, in words (plan shows it)
 
     @property
     def cuda_major_minor(self) -> str:
@@ -92,6 +94,8 @@ def resolve(recipe: Recipe, base: BaseFacts | None = None, looked_up: rules.Look
     flavor_warnings = rules.flavor_rule(recipe, compile_)
     pinned = rules.base_rule(recipe, base, cuda.version, torch, images.base_image)
     wheels = rules.cuda_wheels_rule(recipe, cuda.wheel_set, cuda.version, cudnn, torch, base)
+    # the label names the cuDNN the pins bring, written in the recipe or not (issue 28)
+    cudnn_from = cudnn_source(recipe, cuda.version, torch, base, images.base_image, wheels.pins)
     if recipe.multi_platform:  # each pin, for each platform: refused before building
         torch_cuda = torch.release.variants.get(torch.variant) if torch.release and torch.variant else None
         platforms.platforms_rule(recipe, cuda=cuda.version, cuda_wheels=wheels.pins, torch=torch.version,
@@ -102,7 +106,8 @@ def resolve(recipe: Recipe, base: BaseFacts | None = None, looked_up: rules.Look
         cuda_source=recipe.cuda.source,
         min_driver=cuda.toolkit.linux_min_driver,
         min_driver_compat=cuda.floor,
-        cudnn=cudnn,
+        cudnn=cudnn_from.label if cudnn_from else None,
+        cudnn_origin=cudnn_from.origin if cudnn_from else None,
         python=py.python,
         python_provider=py.provider,
         os=py.os,
@@ -146,7 +151,7 @@ def _independent_parts(recipe: Recipe, base: BaseFacts | None, looked_up: rules.
     archs = attempt(rules.arch_rule, recipe, cuda.version) if cuda else None
     torch = None
     if cuda and py and known and not problems:
-        torch = attempt(rules.torch_rule, recipe, cuda.version, py.python, cudnn, looked_up)
+        torch = attempt(rules.torch_rule, recipe, cuda.version, py.python, looked_up)
     if problems:
         raise problems[0] if len(problems) == 1 else CompatibilityErrors(problems)
     # no problem: every rule ran and gave its part (cudnn alone may be None: no cuDNN asked for)

@@ -294,7 +294,8 @@ def cuda_rule(recipe: Recipe, base: BaseFacts | None) -> CudaPart:
     if recipe.cuda.source == "nvidia" and recipe.base.image:
         toolkit = _nvidia_base_toolkit(recipe, base, toolkit)
     from_imgbuild_base = (facts := base) is not None and facts.built_by_imgbuild
-    brought = from_imgbuild_base or (recipe.torch and recipe.cuda.flavor != "devel")
+    brought = from_imgbuild_base or (_torch_brings_cuda_wheels(recipe, toolkit.major_minor)
+                                     and recipe.cuda.flavor != "devel")
     wheel_set = None
     if recipe.cuda.source == "wheels":
         try:
@@ -305,6 +306,18 @@ def cuda_rule(recipe: Recipe, base: BaseFacts | None) -> CudaPart:
         if wheel_set is not None and not brought:
             toolkit = compat.resolve_cuda(wheel_set.toolkit)
     return CudaPart(toolkit, wheel_set, compat.minor_compat_floor(int(toolkit.version.split(".")[0])))
+
+
+def _torch_brings_cuda_wheels(recipe: Recipe, cuda: str) -> bool:
+    """Does the torch pin bring CUDA as nvidia-* wheels other packages load too? Not a large wheel
+    (compat.torch_bundles_cuda: its CUDA sits in torch/lib); an unknown release is torch_rule's to refuse."""
+    if not recipe.torch:
+        return False
+    try:
+        release = compat.torch_release(recipe.torch)
+    except LookupError:
+        return True
+    return not compat.torch_bundles_cuda(release, "cu" + _mm(cuda).replace(".", ""))
 
 
 def _nvidia_base_toolkit(recipe: Recipe, base: BaseFacts | None, wanted: Toolkit) -> Toolkit:
@@ -490,8 +503,7 @@ class LookedUp:
     failure: str | None = None
 
 
-def torch_rule(recipe: Recipe, cuda: str, python: str, cudnn: str | None,
-               looked_up: LookedUp | None = None) -> TorchPart:
+def torch_rule(recipe: Recipe, cuda: str, python: str, looked_up: LookedUp | None = None) -> TorchPart:
     """torch: the build for the CUDA's variant (cu124), which must exist and accept the Python;
     taken from the Python registry when its default wheel is that variant, else from
     PyTorch's per-CUDA index."""
@@ -512,8 +524,6 @@ def torch_rule(recipe: Recipe, cuda: str, python: str, cudnn: str | None,
         raise _fail(recipe, "python", "torch", release.version, "python", python,
                     f"torch {release.version} publishes wheels for Python {release.python}",
                     hint="pick a Python in that range")
-    if cudnn and recipe.cuda.source == "wheels":
-        _check_torch_cudnn(recipe, release, wanted, cudnn)
     if recipe.cuda.source == "nvidia" and recipe.cuda.flavor != "base":
         major = cuda.split(".", maxsplit=1)[0]
         warnings.append(RecipeWarning(
@@ -612,22 +622,6 @@ def _torch_variant_error(recipe: Recipe, release: TorchRelease, wanted: str, cud
                  f"torch {release.version} has CUDA wheels only for "
                  + (f"{', '.join(variants[:-1])} and {variants[-1]}" if len(variants) > 1 else "".join(variants)),
                  hint=hint)
-
-
-def _check_torch_cudnn(recipe: Recipe, release: TorchRelease, variant: str, cudnn: str) -> None:
-    """With source: wheels and torch, cuDNN is the one torch's wheel pins, nothing else installs
-    one: cuda.cudnn must be that major, or it would label a cuDNN the image does not carry."""
-    torch_cudnn = torch_cudnn_major(release)
-    build = f"{release.version}+{variant}"
-    if torch_cudnn is None:
-        raise _fail(recipe, "cuda.cudnn", "cudnn", cudnn, "torch", build,
-                    f"imgbuild's data does not say which cuDNN torch {build} brings, and with source: wheels "
-                    "torch's is the only cuDNN in the image", hint="drop cuda.cudnn (torch brings its own cuDNN)")
-    if torch_cudnn != cudnn.split(".", maxsplit=1)[0]:
-        raise _fail(recipe, "cuda.cudnn", "cudnn", cudnn, "torch", build,
-                    f"torch {build} brings cuDNN {torch_cudnn} (its nvidia-cudnn wheel), and with source: wheels "
-                    "that is the only cuDNN in the image",
-                    hint=f"use cudnn: \"{torch_cudnn}\" (or drop cuda.cudnn: torch brings its own)")
 
 
 def torch_cudnn_major(release: TorchRelease) -> str | None:
@@ -957,7 +951,15 @@ def cuda_wheels_rule(recipe: Recipe, wheel_set: WheelSet | None, cuda: str, cudn
     flavor = recipe.cuda.flavor
     facts = base
     imgbuild_base = facts if facts is not None and facts.built_by_imgbuild else None
+    bundled = torch.release is not None and torch.variant is not None and compat.torch_bundles_cuda(
+        torch.release, torch.variant)
     if wheel_set is None:  # torch or the base brings CUDA; does the tier need more than that?
+        if bundled and imgbuild_base is None:
+            raise _fail(recipe, "torch", "torch", torch.label or "", "cuda", cuda,
+                        f"torch {torch.label} is a large wheel: its CUDA libraries sit in torch/lib, where nothing "
+                        f"else loads them, and PyPI has no CUDA {_mm(cuda)} wheels to install libcudart from",
+                        hint=f"use cuda.source: nvidia, or a torch release from {compat.large_wheels_before()} on "
+                             "(its CUDA comes as nvidia-* wheels)")
         if flavor == "base" or imgbuild_base is not None and _base_tier(imgbuild_base) == flavor:
             return CudaWheelsPart()
         raise _fail(recipe, "cuda.flavor", "cuda.flavor", flavor, "cuda", cuda,
@@ -967,7 +969,7 @@ def cuda_wheels_rule(recipe: Recipe, wheel_set: WheelSet | None, cuda: str, cudn
         extras = compat.tier_extras(flavor, wheel_set.toolkit)
     except LookupError as exc:
         raise _gap(recipe, "cuda.flavor", exc, "cuda.flavor", flavor) from None
-    brought = _brought_extras(wheel_set, torch.release, imgbuild_base)
+    brought = _brought_extras(wheel_set, None if bundled else torch.release, imgbuild_base)
     pins = set(wheel_set.pins(*(x for x in extras if x not in brought)))
     if flavor != "base" and "nccl" not in brought:
         pins.add(compat.nccl_pin(cuda))

@@ -1116,6 +1116,19 @@ def torch_release(version: str, *, extra: tuple[TorchRelease, ...] = ()) -> Torc
     raise LookupError(f"unknown torch release {version!r}; known: {known}")
 
 
+@functools.cache
+def large_wheels_before() -> str:
+    """The first torch release whose every CUDA variant depends on nvidia-* wheels (torch.json)."""
+    return str(_load_raw("torch.json")["large_wheels"]["before"])
+
+
+def torch_bundles_cuda(release: TorchRelease, variant: str) -> bool:
+    """Is torch ``release``'s ``variant`` a large wheel, with its CUDA runtime, cuBLAS and cuDNN inside
+    torch/lib and no nvidia-* requirements (torch.json ``large_wheels``: every variant but the PyPI
+    build before 2.2.0)? Then torch brings no CUDA library another package can load."""
+    return variant != release.pypi_variant and Version(release.version) < Version(large_wheels_before())
+
+
 def data_files_as_of() -> dict[str, str | None]:
     """Each shipped data file's "as of" date (None where the file records none)."""
     return {name: _load_raw(name).get("as_of") for name in DATA_FILES}

@@ -339,6 +339,7 @@ LABEL "io.imgbuild.cuda.driver.min"="530.30.02" \
       "io.imgbuild.cuda.flavor"="base" \
       "io.imgbuild.cuda.source"="wheels" \
       "io.imgbuild.cuda.version"="12.1.1" \
+      "io.imgbuild.cudnn.version"="9.1.0.70" \
       "io.imgbuild.installer"="uv 0.13.9" \
       "io.imgbuild.os"="debian12" \
       "io.imgbuild.python.version"="3.11" \

@@ -220,6 +220,7 @@ LABEL "io.imgbuild.cuda.arch"="9.0" \
       "io.imgbuild.cuda.flavor"="runtime" \
       "io.imgbuild.cuda.source"="wheels" \
       "io.imgbuild.cuda.version"="12.4.1" \
+      "io.imgbuild.cudnn.version"="9" \
       "io.imgbuild.installer"="uv 0.13.9" \
       "io.imgbuild.os"="ubuntu22.04" \
       "io.imgbuild.python.version"="3.11" \

@@ -378,6 +378,7 @@ LABEL "io.imgbuild.cuda.driver.min"="550.54.15" \
       "io.imgbuild.cuda.flavor"="runtime" \
       "io.imgbuild.cuda.source"="wheels" \
       "io.imgbuild.cuda.version"="12.4.1" \
+      "io.imgbuild.cudnn.version"="9.1.0.70" \
       "io.imgbuild.installer"="uv 0.13.9" \
       "io.imgbuild.os"="ubuntu22.04" \
       "io.imgbuild.python.version"="3.11" \

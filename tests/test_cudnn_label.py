@@ -1,0 +1,255 @@
+"""The cuDNN label comes from what the pins bring (issue 28), and nothing the plan decides can fail the
+default image tests.
+
+The first half: each source of an image's cuDNN (torch's wheel requirement, a shared base, an
+nvidia/cuda cudnn tag, a pip pin, the wheel installed for cuda.cudnn) gives the label, written in the
+recipe or not, and each contradiction is refused before building with the nearest fix.
+
+The second half holds the plan to the checks: for every recipe of a grid across sources, flavors,
+CUDA minors, torch releases, cuda.cudnn and pip pins, the image those pins make is modelled from the plan's
+own install steps and the base's tag (what pip and the base put there, not the labels), and the
+default label checks (analysis.image_checks.label_checks) run on it: a label the checks demand is one
+the plan stamps, and a label the plan stamps is true of that image.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import re
+
+import pytest
+from helpers import write_recipe
+from packaging.utils import canonicalize_name
+
+from buildkit_py import compat
+from buildkit_py import label_keys as K
+from buildkit_py.analysis.image_checks import FAILED, ImageFacts, label_checks
+from buildkit_py.compat import cuda_base
+from buildkit_py.compat.bases import BaseFacts
+from buildkit_py.compat.resolve import resolve
+from buildkit_py.errors import CompatibilityError
+from buildkit_py.plan.build_plan import BuildPlan, make_plan
+from buildkit_py.plan.steps import LdconfigStep, PipStep
+from buildkit_py.recipe.model import load_recipe
+
+
+def _recipe(tmp_path, *, cuda="12.1", source="wheels", flavor="base", torch=None, cudnn=None, pip=(),
+            base=None, python=None):
+    base = base or ("{image: debian:bookworm-slim}" if source == "wheels" else "{os: ubuntu22.04}")
+    python = python or ("3.11" if source == "wheels" else "3.10")
+    text = (f'name: team/x\ncuda: {{version: "{cuda}", source: {source}, flavor: {flavor}'
+            + (f', cudnn: "{cudnn}"' if cudnn else "") + f"}}\nbase: {base}\npython: \"{python}\"\n"
+            + (f'torch: "{torch}"\n' if torch else "")
+            + (f"pip: [{', '.join(pip)}]\n" if pip else ""))
+    return load_recipe(write_recipe(tmp_path, text))
+
+
+# --- where the cuDNN comes from --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("cuda", "torch", "label", "wheel"), [
+    ("12.1", "2.4.1", "9.1.0.70", "nvidia-cudnn-cu12==9.1.0.70"),  # recipes/inference-slim.yaml
+    ("13.0", "2.14.0", "9.24.0.43", "nvidia-cudnn-cu13==9.24.0.43"),  # the issue's second case
+    ("12.1", "2.1.2", "8.9.2.26", "nvidia-cudnn-cu12==8.9.2.26"),
+])
+def test_torch_from_the_registry_labels_its_wheels_cudnn_unasked(tmp_path, cuda, torch, label, wheel):
+    res = resolve(_recipe(tmp_path, cuda=cuda, torch=torch))
+    assert res.cudnn == label
+    assert res.cudnn_origin == f"torch {res.torch_label} (its wheel requires {wheel})"
+
+
+def test_another_cuda_variant_of_torch_labels_the_major_only(tmp_path):
+    """torch 2.4.1+cu124 comes from PyTorch's index, whose exact nvidia-cudnn pin is not recorded:
+    only the major that every variant of the release is built on is claimed."""
+    res = resolve(_recipe(tmp_path, cuda="12.4", torch="2.4.1"))
+    assert (res.torch_label, res.cudnn) == ("2.4.1+cu124", "9")
+    assert "every CUDA variant of 2.4.1 on cuDNN 9" in (res.cudnn_origin or "")
+
+
+def test_nvidia_base_without_cudnn_gets_torchs(tmp_path):
+    """source: nvidia on a runtime tag with no cuDNN: torch's wheel is the image's only cuDNN."""
+    res = resolve(_recipe(tmp_path, cuda="12.1", source="nvidia", flavor="runtime", torch="2.4.1"))
+    assert res.base_image == "nvidia/cuda:12.1.1-runtime-ubuntu22.04"
+    assert res.cudnn == "9.1.0.70" and res.cudnn_origin.startswith("torch 2.4.1+cu121")
+
+
+def test_a_cudnn_torch_does_not_load_is_refused_on_every_source(tmp_path):
+    """cuda.cudnn "8" on an nvidia/cuda cudnn8 image with torch 2.4.1, which loads its own cuDNN 9: the
+    label would name a cuDNN the framework never loads (before, only source: wheels refused it)."""
+    with pytest.raises(CompatibilityError) as info:
+        resolve(_recipe(tmp_path, cuda="12.1", source="nvidia", flavor="runtime", torch="2.4.1", cudnn="8"))
+    err = info.value
+    assert (err.key, err.component, err.version) == ("cuda.cudnn", "cudnn", "8")
+    assert "torch 2.4.1+cu121" in err.message and "brings cuDNN 9.1.0.70" in err.message
+    assert err.hint.startswith('use cudnn: "9"')
+    fixed = resolve(_recipe(tmp_path, cuda="12.1", source="nvidia", flavor="runtime", torch="2.4.1"))
+    assert fixed.cudnn == "9.1.0.70"
+
+
+def test_a_shared_base_that_carries_cudnn_gives_the_label(tmp_path):
+    """An imgbuild base labelled with its cuDNN, used with no cuda.cudnn: the label is the base's."""
+    ref = "127.0.0.1:5000/platform/cuda-base:12.4"
+    facts = BaseFacts(ref, "sha256:" + "a" * 64, labels={K.CUDA_VERSION: "12.4.1", K.CUDA_FLAVOR: "runtime",
+                                                        K.CUDNN_VERSION: "9", K.CUDA_SOURCE: "nvidia",
+                                                        K.PYTHON_VERSION: "3.11"})
+    res = resolve(_recipe(tmp_path, cuda="12.4", flavor="runtime", base=f"{{image: {ref}}}"), base=facts)
+    assert res.cudnn == "9" and res.cudnn_origin == f"the base {ref} (its cudnn label)"
+
+
+def test_an_nvidia_cudnn_tag_named_as_base_gives_the_label(tmp_path):
+    image = "nvidia/cuda:12.4.1-cudnn-runtime-ubuntu22.04"
+    res = resolve(_recipe(tmp_path, cuda="12.4", source="nvidia", flavor="runtime", base=f"{{image: {image}}}"))
+    assert res.cudnn == "9" and "its tag 12.4.1-cudnn-runtime-ubuntu22.04" in res.cudnn_origin
+
+
+def test_a_pinned_cudnn_wheel_gives_the_label(tmp_path):
+    res = resolve(_recipe(tmp_path, cuda="12.4", pip=("nvidia-cudnn-cu12==9.1.0.70",)))
+    assert (res.cudnn, res.cudnn_origin) == ("9.1.0.70", "pip[0] (nvidia-cudnn-cu12==9.1.0.70)")
+
+
+def test_a_pinned_cudnn_beside_torchs_own_is_refused(tmp_path):
+    """torch 2.4.1 requires nvidia-cudnn-cu12==9.1.0.70 exactly: pip cannot install another beside it."""
+    with pytest.raises(CompatibilityError) as info:
+        resolve(_recipe(tmp_path, torch="2.4.1", pip=("six==1.16.0", "nvidia-cudnn-cu12==9.3.0.75")))
+    err = info.value
+    assert err.key == "pip[1]" and "pip cannot install both" in err.message
+    assert err.hint == "drop pip[1] (torch brings cuDNN 9.1.0.70)"
+    same = resolve(_recipe(tmp_path, torch="2.4.1", pip=("nvidia-cudnn-cu12==9.1.0.70",)))
+    assert same.cudnn == "9.1.0.70"
+
+
+def test_a_cudnn_pin_of_another_major_than_cuda_cudnn_is_refused(tmp_path):
+    with pytest.raises(CompatibilityError) as info:
+        resolve(_recipe(tmp_path, cuda="12.1", cudnn="9", pip=("nvidia-cudnn-cu12==8.9.2.26",)))
+    assert info.value.key == "cuda.cudnn" and "pip[0] (nvidia-cudnn-cu12==8.9.2.26) brings cuDNN 8.9.2.26" in \
+        info.value.message
+
+
+def test_no_torch_no_cudnn_no_label(tmp_path):
+    res = resolve(_recipe(tmp_path, cuda="12.4"))
+    assert res.cudnn is None and res.cudnn_origin is None
+    assert K.CUDNN_VERSION not in make_plan(_recipe(tmp_path, cuda="12.4")).labels
+
+
+def test_plan_says_where_the_cudnn_comes_from(tmp_path):
+    from helpers import run_cli
+    path = write_recipe(tmp_path, 'name: team/x\ncuda: {version: "12.1", source: wheels, flavor: base}\n'
+                                  'base: {image: debian:bookworm-slim}\npython: "3.11"\ntorch: "2.4.1"\n')
+    code, out, err = run_cli("plan", str(path))
+    assert code == 0, err
+    assert "  cudnn     9.1.0.70 from torch 2.4.1+cu121 (its wheel requires nvidia-cudnn-cu12==9.1.0.70)" in out
+
+
+# --- the plan's labels against a model of the image its pins make ----------------------------------------
+
+_PIN = re.compile(r"^([A-Za-z0-9_.\-\[\],]+?)==([^;\s]+)$")
+
+
+def _model_image(plan: BuildPlan) -> ImageFacts:
+    """What the image of ``plan`` holds, read from what installs things, not from its labels: each exact
+    pin of the final stage's pip steps, what pip brings with torch from PyTorch's index (the release's
+    cuDNN major: only that is recorded), the base's nvidia/cuda tag, and the loader cache an ldconfig
+    step fills."""
+    res = plan.resolution
+    final = plan.stages[-1]
+    pkgs: dict[str, str] = {}
+    for step in final.steps:
+        if isinstance(step, PipStep):
+            for req in step.requirements:
+                if m := _PIN.match(req):
+                    pkgs[canonicalize_name(m.group(1).split("[")[0])] = m.group(2)
+    cuda_major = res.cuda_version.split(".")[0]
+    wheel_libs: dict[str, str] = {}
+    if res.torch and res.torch_index_url:  # PyTorch's index: pip resolves its nvidia-* requirements
+        release = compat.torch_release(res.torch)
+        cudnn_wheels = [v for n, v in release.pypi_cuda_wheels.items() if n.startswith("nvidia-cudnn")]
+        major = cudnn_wheels[0].split(".")[0]
+        if compat.torch_bundles_cuda(release, res.torch_variant):  # a large wheel: cuDNN in torch/lib
+            wheel_libs[f"libcudnn.so.{major}"] = "torch"
+        else:  # a small wheel: cuDNN and the CUDA runtime of its variant come as nvidia-* wheels
+            pkgs.setdefault(f"nvidia-cudnn-cu{cuda_major}", major + ".0.0")
+            pkgs.setdefault(f"nvidia-cuda-runtime-cu{cuda_major}", res.cuda_major_minor + ".0")
+    for name, version in pkgs.items():
+        if name.startswith("nvidia-cudnn"):
+            wheel_libs[f"libcudnn.so.{version.split('.')[0]}"] = name
+        if name.startswith("nvidia-cuda-runtime"):
+            wheel_libs[f"libcudart.so.{version.split('.')[0]}"] = name
+    ldconfig = any(isinstance(s, LdconfigStep) for s in final.steps)
+    sonames = set(wheel_libs) if ldconfig else set()
+    tag = cuda_base.from_tag(res.base_image.split("@", 1)[0])
+    cudart: dict[str, int] = {}
+    if tag is not None and tag.cuda:
+        sonames.add(f"libcudart.so.{tag.cuda.split('.')[0]}")
+        if tag.cudnn is not None:
+            majors = [tag.cudnn] if tag.cudnn else list(compat.cudnn_versions(tag.cuda))
+            sonames |= {f"libcudnn.so.{m}" for m in majors}
+        major, minor = tag.cuda.split(".")[:2]
+        cudart[f"libcudart.so.{major}"] = int(major) * 1000 + int(minor) * 10
+    for name, version in pkgs.items():
+        if name.startswith("nvidia-cuda-runtime") and f"libcudart.so.{version.split('.')[0]}" in sonames:
+            major, minor = version.split(".")[:2]
+            cudart[f"libcudart.so.{major}"] = int(major) * 1000 + int(minor) * 10
+    return ImageFacts(pkgs=pkgs, installers={}, sonames=tuple(sorted(sonames)), cudart=cudart,
+                      python=f"{res.python}.0", os=res.os or "", nvcc=res.cuda_flavor == "devel",
+                      wheel_libs=wheel_libs)
+
+
+# The labels this model of the image can speak to (installer, OS and tiers need more than the pins).
+_MODELLED = {K.CUDNN_VERSION, K.TORCH_VERSION, K.CUDA_VERSION, K.CUDA_SOURCE}
+
+_TORCH = [None, "2.1.2", "2.4.1", "2.5.1", "2.7.1", "2.9.1", "2.12.0", "2.14.0", "2.14.1", "2.15.0"]
+_CUDA = ["11.8", "12.1", "12.2", "12.4", "12.6", "12.8", "13.0", "13.2"]
+_CUDNN_PINS = ["nvidia-cudnn-cu12==9.1.0.70", "nvidia-cudnn-cu12==8.9.2.26", "nvidia-cudnn-cu13==9.24.0.43"]
+
+
+_CUDNN_WRITTEN = [None, "8", "9"]
+_SOURCE_FLAVORS = [("wheels", "base"), ("wheels", "runtime"), ("nvidia", "base"), ("nvidia", "runtime"),
+                   ("nvidia", "devel")]
+
+
+@pytest.mark.parametrize(("source", "flavor"), _SOURCE_FLAVORS)
+def test_no_label_the_plan_stamps_or_omits_fails_the_default_checks(tmp_path, source, flavor):
+    """The whole grid, not a sample (960 recipes per source and flavor, 4,800 in all; 96 to 250 of each
+    960 plan, the rest are refused before building): a plan that says yes stamps the labels the default
+    checks demand of the image those pins make, each true of it. A refusal is a CompatibilityError;
+    anything else raised fails the test."""
+    planned, wrong = 0, []
+    for cuda, torch, cudnn, pip in itertools.product(_CUDA, _TORCH, _CUDNN_WRITTEN,
+                                                     [(), *((p,) for p in _CUDNN_PINS)]):
+        recipe = _recipe(tmp_path, cuda=cuda, source=source, flavor=flavor, torch=torch, cudnn=cudnn, pip=pip)
+        try:
+            plan = make_plan(recipe)
+        except CompatibilityError:
+            continue  # refused before building: nothing is stamped, nothing can fail later
+        planned += 1
+        results = label_checks(plan.labels, _model_image(plan), recipe)
+        wrong += [(cuda, torch, cudnn, pip, r.name, r.detail) for r in results
+                  if r.status == FAILED and r.name.removeprefix("label ") in _MODELLED]
+    assert planned >= 90, planned  # the grid exercises passing plans, not only refusals
+    assert not wrong, wrong[:5]
+
+
+def test_the_model_catches_a_plan_that_leaves_the_cudnn_label_out(tmp_path):
+    """The property above can fail: the labels of inference-slim's plan without the cudnn label (what
+    the plan stamped before issue 28) fail the checks on the modelled image."""
+    plan = make_plan(_recipe(tmp_path, cuda="12.1", torch="2.4.1"))
+    labels = {k: v for k, v in plan.labels.items() if k != K.CUDNN_VERSION}
+    results = {r.name: r for r in label_checks(labels, _model_image(plan))}
+    assert results[f"label {K.CUDNN_VERSION}"].status == FAILED
+    stale = dataclasses.replace(plan, labels={**plan.labels, K.CUDNN_VERSION: "8"})
+    results = {r.name: r for r in label_checks(stale.labels, _model_image(stale))}
+    assert results[f"label {K.CUDNN_VERSION}"].status == FAILED
+
+
+def test_a_large_torch_wheel_gets_the_cuda_runtime_installed(tmp_path):
+    """torch 2.1.2+cu118 is a large wheel (its CUDA sits in torch/lib, no nvidia-* requirements: PyTorch
+    PR #114620 made cu118 small only in 2.2.0): with source: wheels the plan used to install no CUDA
+    runtime at all, so a bitsandbytes beside it found no libcudart and every CUDA label was false (issue 29,
+    found by the grid above). The runtime wheel is installed now, and the cuDNN label is torch's own."""
+    res = resolve(_recipe(tmp_path, cuda="11.8", torch="2.1.2"))
+    assert res.torch_label == "2.1.2+cu118" and res.torch_index_url
+    assert any(p.startswith("nvidia-cuda-runtime-cu11==11.8.") for p in res.cuda_wheels), res.cuda_wheels
+    assert res.cudnn == "8" and res.cudnn_origin == "torch 2.1.2+cu118 (a large wheel: cuDNN 8 inside torch/lib)"
+    small = resolve(_recipe(tmp_path, cuda="11.8", torch="2.4.1"))  # a small wheel: torch brings its CUDA
+    assert not any(p.startswith("nvidia-cuda-runtime") for p in small.cuda_wheels), small.cuda_wheels
