@@ -3,11 +3,20 @@
 from __future__ import annotations
 
 import io
+import re
 import subprocess
 import uuid
 from pathlib import Path
 
+from packaging.utils import canonicalize_name
+
+from buildkit_py import compat
+from buildkit_py import label_keys as K
+from buildkit_py.analysis.image_checks import ImageFacts
 from buildkit_py.cli.main import main
+from buildkit_py.compat import cuda_base
+from buildkit_py.plan.build_plan import BuildPlan
+from buildkit_py.plan.steps import LdconfigStep, PipStep
 
 REPO = Path(__file__).resolve().parent.parent
 SYSTEM_CA = Path("/etc/ssl/certs/ca-certificates.crt")
@@ -78,3 +87,57 @@ def assert_labels_true(image_id: str, labels: dict[str, str], platform: str | No
     bad = [f"{r.name}: {r.detail}" for r in results if r.status not in (PASSED, SKIPPED)]
     assert not bad, "\n".join(bad)
     return {r.name.removeprefix("label ") for r in results if r.status == PASSED}
+
+
+# The labels helpers.model_image can speak to (installer, OS and tiers need more than the pins).
+MODELLED_LABELS = frozenset({K.CUDNN_VERSION, K.TORCH_VERSION, K.CUDA_VERSION, K.CUDA_SOURCE})
+_EXACT_PIN = re.compile(r"^([A-Za-z0-9_.\-\[\],]+?)==([^;\s]+)$")
+
+
+def model_image(plan: BuildPlan) -> ImageFacts:
+    """What the image of ``plan`` holds, read from what installs things, not from its labels: each exact
+    pin of the final stage's pip steps, what pip brings with torch from PyTorch's index (the release's
+    cuDNN major: only that is recorded), the base's nvidia/cuda tag, and the loader cache an ldconfig
+    step fills."""
+    res = plan.resolution
+    final = plan.stages[-1]
+    pkgs: dict[str, str] = {}
+    for step in final.steps:
+        if isinstance(step, PipStep):
+            for req in step.requirements:
+                if m := _EXACT_PIN.match(req):
+                    pkgs[canonicalize_name(m.group(1).split("[")[0])] = m.group(2)
+    cuda_major = res.cuda_version.split(".")[0]
+    wheel_libs: dict[str, str] = {}
+    if res.torch and res.torch_index_url:  # PyTorch's index: pip resolves its nvidia-* requirements
+        release = compat.torch_release(res.torch)
+        cudnn_wheels = [v for n, v in release.pypi_cuda_wheels.items() if n.startswith("nvidia-cudnn")]
+        major = cudnn_wheels[0].split(".")[0]
+        if compat.torch_bundles_cuda(release, res.torch_variant):  # a large wheel: cuDNN in torch/lib
+            wheel_libs[f"libcudnn.so.{major}"] = "torch"
+        else:  # a small wheel: cuDNN and the CUDA runtime of its variant come as nvidia-* wheels
+            pkgs.setdefault(f"nvidia-cudnn-cu{cuda_major}", major + ".0.0")
+            pkgs.setdefault(f"nvidia-cuda-runtime-cu{cuda_major}", res.cuda_major_minor + ".0")
+    for name, version in pkgs.items():
+        if name.startswith("nvidia-cudnn"):
+            wheel_libs[f"libcudnn.so.{version.split('.')[0]}"] = name
+        if name.startswith("nvidia-cuda-runtime"):
+            wheel_libs[f"libcudart.so.{version.split('.')[0]}"] = name
+    ldconfig = any(isinstance(s, LdconfigStep) for s in final.steps)
+    sonames = set(wheel_libs) if ldconfig else set()
+    tag = cuda_base.from_tag(res.base_image.split("@", 1)[0])
+    cudart: dict[str, int] = {}
+    if tag is not None and tag.cuda:
+        sonames.add(f"libcudart.so.{tag.cuda.split('.')[0]}")
+        if tag.cudnn is not None:
+            majors = [tag.cudnn] if tag.cudnn else list(compat.cudnn_versions(tag.cuda))
+            sonames |= {f"libcudnn.so.{m}" for m in majors}
+        major, minor = tag.cuda.split(".")[:2]
+        cudart[f"libcudart.so.{major}"] = int(major) * 1000 + int(minor) * 10
+    for name, version in pkgs.items():
+        if name.startswith("nvidia-cuda-runtime") and f"libcudart.so.{version.split('.')[0]}" in sonames:
+            major, minor = version.split(".")[:2]
+            cudart[f"libcudart.so.{major}"] = int(major) * 1000 + int(minor) * 10
+    return ImageFacts(pkgs=pkgs, installers={}, sonames=tuple(sorted(sonames)), cudart=cudart,
+                      python=f"{res.python}.0", os=res.os or "", nvcc=res.cuda_flavor == "devel",
+                      wheel_libs=wheel_libs)

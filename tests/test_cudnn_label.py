@@ -19,18 +19,14 @@ import itertools
 import re
 
 import pytest
-from helpers import write_recipe
-from packaging.utils import canonicalize_name
+from helpers import MODELLED_LABELS, model_image, write_recipe
 
-from buildkit_py import compat
 from buildkit_py import label_keys as K
-from buildkit_py.analysis.image_checks import FAILED, ImageFacts, label_checks
-from buildkit_py.compat import cuda_base
+from buildkit_py.analysis.image_checks import FAILED, label_checks
 from buildkit_py.compat.bases import BaseFacts
 from buildkit_py.compat.resolve import resolve
-from buildkit_py.errors import CompatibilityError
-from buildkit_py.plan.build_plan import BuildPlan, make_plan
-from buildkit_py.plan.steps import LdconfigStep, PipStep
+from buildkit_py.errors import CompatibilityError, CompatibilityErrors
+from buildkit_py.plan.build_plan import make_plan
 from buildkit_py.recipe.model import load_recipe
 
 
@@ -143,61 +139,6 @@ def test_plan_says_where_the_cudnn_comes_from(tmp_path):
 
 # --- the plan's labels against a model of the image its pins make ----------------------------------------
 
-_PIN = re.compile(r"^([A-Za-z0-9_.\-\[\],]+?)==([^;\s]+)$")
-
-
-def _model_image(plan: BuildPlan) -> ImageFacts:
-    """What the image of ``plan`` holds, read from what installs things, not from its labels: each exact
-    pin of the final stage's pip steps, what pip brings with torch from PyTorch's index (the release's
-    cuDNN major: only that is recorded), the base's nvidia/cuda tag, and the loader cache an ldconfig
-    step fills."""
-    res = plan.resolution
-    final = plan.stages[-1]
-    pkgs: dict[str, str] = {}
-    for step in final.steps:
-        if isinstance(step, PipStep):
-            for req in step.requirements:
-                if m := _PIN.match(req):
-                    pkgs[canonicalize_name(m.group(1).split("[")[0])] = m.group(2)
-    cuda_major = res.cuda_version.split(".")[0]
-    wheel_libs: dict[str, str] = {}
-    if res.torch and res.torch_index_url:  # PyTorch's index: pip resolves its nvidia-* requirements
-        release = compat.torch_release(res.torch)
-        cudnn_wheels = [v for n, v in release.pypi_cuda_wheels.items() if n.startswith("nvidia-cudnn")]
-        major = cudnn_wheels[0].split(".")[0]
-        if compat.torch_bundles_cuda(release, res.torch_variant):  # a large wheel: cuDNN in torch/lib
-            wheel_libs[f"libcudnn.so.{major}"] = "torch"
-        else:  # a small wheel: cuDNN and the CUDA runtime of its variant come as nvidia-* wheels
-            pkgs.setdefault(f"nvidia-cudnn-cu{cuda_major}", major + ".0.0")
-            pkgs.setdefault(f"nvidia-cuda-runtime-cu{cuda_major}", res.cuda_major_minor + ".0")
-    for name, version in pkgs.items():
-        if name.startswith("nvidia-cudnn"):
-            wheel_libs[f"libcudnn.so.{version.split('.')[0]}"] = name
-        if name.startswith("nvidia-cuda-runtime"):
-            wheel_libs[f"libcudart.so.{version.split('.')[0]}"] = name
-    ldconfig = any(isinstance(s, LdconfigStep) for s in final.steps)
-    sonames = set(wheel_libs) if ldconfig else set()
-    tag = cuda_base.from_tag(res.base_image.split("@", 1)[0])
-    cudart: dict[str, int] = {}
-    if tag is not None and tag.cuda:
-        sonames.add(f"libcudart.so.{tag.cuda.split('.')[0]}")
-        if tag.cudnn is not None:
-            majors = [tag.cudnn] if tag.cudnn else list(compat.cudnn_versions(tag.cuda))
-            sonames |= {f"libcudnn.so.{m}" for m in majors}
-        major, minor = tag.cuda.split(".")[:2]
-        cudart[f"libcudart.so.{major}"] = int(major) * 1000 + int(minor) * 10
-    for name, version in pkgs.items():
-        if name.startswith("nvidia-cuda-runtime") and f"libcudart.so.{version.split('.')[0]}" in sonames:
-            major, minor = version.split(".")[:2]
-            cudart[f"libcudart.so.{major}"] = int(major) * 1000 + int(minor) * 10
-    return ImageFacts(pkgs=pkgs, installers={}, sonames=tuple(sorted(sonames)), cudart=cudart,
-                      python=f"{res.python}.0", os=res.os or "", nvcc=res.cuda_flavor == "devel",
-                      wheel_libs=wheel_libs)
-
-
-# The labels this model of the image can speak to (installer, OS and tiers need more than the pins).
-_MODELLED = {K.CUDNN_VERSION, K.TORCH_VERSION, K.CUDA_VERSION, K.CUDA_SOURCE}
-
 _TORCH = [None, "2.1.2", "2.4.1", "2.5.1", "2.7.1", "2.9.1", "2.12.0", "2.14.0", "2.14.1", "2.15.0"]
 _CUDA = ["11.8", "12.1", "12.2", "12.4", "12.6", "12.8", "13.0", "13.2"]
 _CUDNN_PINS = ["nvidia-cudnn-cu12==9.1.0.70", "nvidia-cudnn-cu12==8.9.2.26", "nvidia-cudnn-cu13==9.24.0.43"]
@@ -223,9 +164,9 @@ def test_no_label_the_plan_stamps_or_omits_fails_the_default_checks(tmp_path, so
         except CompatibilityError:
             continue  # refused before building: nothing is stamped, nothing can fail later
         planned += 1
-        results = label_checks(plan.labels, _model_image(plan), recipe)
+        results = label_checks(plan.labels, model_image(plan), recipe)
         wrong += [(cuda, torch, cudnn, pip, r.name, r.detail) for r in results
-                  if r.status == FAILED and r.name.removeprefix("label ") in _MODELLED]
+                  if r.status == FAILED and r.name.removeprefix("label ") in MODELLED_LABELS]
     assert planned >= 90, planned  # the grid exercises passing plans, not only refusals
     assert not wrong, wrong[:5]
 
@@ -235,10 +176,10 @@ def test_the_model_catches_a_plan_that_leaves_the_cudnn_label_out(tmp_path):
     the plan stamped before issue 28) fail the checks on the modelled image."""
     plan = make_plan(_recipe(tmp_path, cuda="12.1", torch="2.4.1"))
     labels = {k: v for k, v in plan.labels.items() if k != K.CUDNN_VERSION}
-    results = {r.name: r for r in label_checks(labels, _model_image(plan))}
+    results = {r.name: r for r in label_checks(labels, model_image(plan))}
     assert results[f"label {K.CUDNN_VERSION}"].status == FAILED
     stale = dataclasses.replace(plan, labels={**plan.labels, K.CUDNN_VERSION: "8"})
-    results = {r.name: r for r in label_checks(stale.labels, _model_image(stale))}
+    results = {r.name: r for r in label_checks(stale.labels, model_image(stale))}
     assert results[f"label {K.CUDNN_VERSION}"].status == FAILED
 
 
@@ -253,3 +194,77 @@ def test_a_large_torch_wheel_gets_the_cuda_runtime_installed(tmp_path):
     assert res.cudnn == "8" and res.cudnn_origin == "torch 2.1.2+cu118 (a large wheel: cuDNN 8 inside torch/lib)"
     small = resolve(_recipe(tmp_path, cuda="11.8", torch="2.4.1"))  # a small wheel: torch brings its CUDA
     assert not any(p.startswith("nvidia-cuda-runtime") for p in small.cuda_wheels), small.cuda_wheels
+
+
+def test_a_cudnn_clash_comes_in_the_same_run_as_the_other_pin_problems(tmp_path):
+    """issue 29: a cuDNN clash, a flash-attn torch floor and a bitsandbytes torch floor came one per run."""
+    recipe = _recipe(tmp_path, cuda="12.1", torch="2.1.2", cudnn="9",
+                     pip=('"flash-attn==2.8.3"', '"bitsandbytes==0.48.2"'))
+    with pytest.raises(CompatibilityErrors) as info:
+        resolve(recipe)
+    keys = [e.key for e in info.value.errors]
+    assert keys == ["pip[0]", "pip[1]", "cuda.cudnn"], [e.message for e in info.value.errors]
+
+
+# --- every hint, applied, removes its problem -------------------------------------------------------------
+
+_USE_CUDNN = re.compile(r'^use cudnn: "(\d+)"')
+_USE_PIN = re.compile(r"^use ([A-Za-z0-9_.\-]+)==([^\s,)]+)")
+_DROP_PIP = re.compile(r"^drop pip\[(\d+)\]")
+
+
+def _apply_hint(case: dict, hint: str) -> dict | None:
+    """The recipe with ``hint`` applied as a user would type it; None where the hint is no edit of one
+    key (a choice between keys, or advice)."""
+    case = dict(case)
+    if m := _USE_CUDNN.match(hint):
+        case["cudnn"] = m.group(1)
+    elif m := _DROP_PIP.match(hint):
+        pins = list(case["pip"])
+        del pins[int(m.group(1))]
+        case["pip"] = tuple(pins)
+    elif m := _USE_PIN.match(hint):
+        name = m.group(1)
+        case["pip"] = tuple(f"{name}=={m.group(2)}" if p.split("==")[0] == name else p for p in case["pip"])
+    elif hint.startswith("drop cuda.cudnn"):
+        case["cudnn"] = None
+    else:
+        return None
+    return case
+
+
+_HINT_PINS = ["nvidia-cudnn-cu12==9.1.0.70", "nvidia-cudnn-cu12==8.9.2.26", "nvidia-cublas-cu12==12.1.3.1",
+              "flash-attn==2.8.3", "flash-attn==2.5.8", "bitsandbytes==0.48.2"]
+
+
+def _problems(tmp_path, case: dict) -> list[CompatibilityError]:
+    try:
+        resolve(_recipe(tmp_path, **case))
+    except CompatibilityErrors as exc:
+        return exc.errors
+    except CompatibilityError as exc:
+        return [exc]
+    return []
+
+
+@pytest.mark.parametrize("source", ["wheels", "nvidia"])
+def test_every_hint_applied_removes_its_problem(tmp_path, source):
+    """issue 29: a grid of recipes with cuDNN, CUDA-wheel, flash-attn and bitsandbytes pins; for each
+    problem whose hint is an edit of one key (use cudnn: "9", use NAME==V, drop pip[i]), the recipe with
+    that edit no longer has that problem at that key."""
+    flavor = "base" if source == "wheels" else "runtime"
+    applied = 0
+    for cuda, torch, cudnn, pin in itertools.product(["12.1", "12.4", "12.8", "13.0"],
+                                                     ["2.1.2", "2.4.1", "2.5.1", "2.8.0", "2.14.1"],
+                                                     [None, "8", "9"], [(), *((p,) for p in _HINT_PINS)]):
+        case = {"cuda": cuda, "source": source, "flavor": flavor, "torch": torch, "cudnn": cudnn,
+                "pip": tuple(f'"{p}"' for p in pin)}
+        for problem in _problems(tmp_path, case):
+            fixed = _apply_hint({**case, "pip": tuple(p.strip('"') for p in case["pip"])}, problem.hint or "")
+            if fixed is None:
+                continue
+            applied += 1
+            fixed["pip"] = tuple(f'"{p}"' for p in fixed["pip"])
+            same = [e for e in _problems(tmp_path, fixed) if e.key == problem.key and e.reason == problem.reason]
+            assert not same, (case, problem.hint, same[0].message)
+    assert applied >= 50, applied

@@ -10,10 +10,12 @@ skips, under CI=true when the engine or registry is missing.
 
 The recipe is locked first, so the SBOM of the image (issue 24 item 2) can name each wheel by
 the sha256 the build installed it with: `imgbuild sbom IMAGE --generate --lock` reads the
-image's layers and must find torch and its CUDA wheels with the lock's hashes. The image is not
-pushed (3 GB more in the registry on every run, which nothing here collects): attaching and
-reading an SBOM back from the registry is test_e2e_sbom.py's, on both engines, with the same
-reading of layers and the same document."""
+image's layers and must find torch and its CUDA wheels with the lock's hashes.
+
+The build pushes, so its default tests gate it (issue 28): every label checked against the image
+(the cuDNN torch's wheel brings included, which the recipe does not name) and torch imported, before
+the registry gets it. The test repository is deleted afterwards and `services.sh reclaim` collects
+its blobs."""
 
 import json
 import subprocess
@@ -31,7 +33,7 @@ TORCH_BUILD_BUDGET_S = 900  # the build alone; a cold pip cache on this machine 
 
 @pytest.mark.parametrize("engine", ENGINE_NAMES[:1], indirect=True)
 def test_torch_image_reports_what_its_labels_say(tmp_path, engine, base_image, unique_name, docker_client,
-                                                 cleanup_images):
+                                                 cleanup_images, logged_in, registry_refs):
     recipe = write_recipe(tmp_path, f"""\
 name: {unique_name}-torch
 version: "{TORCH}"
@@ -46,15 +48,23 @@ torch: "{TORCH}"
     entry = yaml.safe_load(lock_file.read_text())["variants"]["default"]
     locked = {canonicalize_name(p["name"]): p["sha256"] for p in entry["packages"]["final"]}
     started = time.monotonic()
-    code, out, err = run_cli("build", str(recipe), "--json", "--progress", "quiet", *CA_ARGS)
+    code, out, err = run_cli("build", str(recipe), "--registry", logged_in.address, "--push", "--json",
+                             "--progress", "quiet", *CA_ARGS)
     took = time.monotonic() - started
+    built = json.loads(out) if out else {}
+    cleanup_images.extend(built.get("tags", ()))
+    registry_refs.extend(p["ref"] for p in built.get("pushes", ()))
     assert code == 0, err
-    built = json.loads(out)
-    cleanup_images.extend(built["tags"])
+    # the gate passed: no default test failed, torch imported, the unasked cuDNN labelled and true
+    verdicts = {r["name"]: r for r in built["tests"]["results"]}
+    assert built["tests"]["failed"] == 0, [r for r in verdicts.values() if r["status"] == "failed"]
+    assert verdicts["import torch"]["status"] == "passed"
+    assert verdicts["label io.imgbuild.cudnn.version"]["status"] == "passed"
     assert took < TORCH_BUILD_BUDGET_S, f"torch build took {took:.0f} s"
     labels = built["labels"]
     assert labels["io.imgbuild.torch.version"] == f"{TORCH}+cu130"
     assert labels["io.imgbuild.cuda.version"] == "13.0.3"
+    assert labels["io.imgbuild.cudnn.version"] == "9.24.0.43"  # torch 2.14.1's nvidia-cudnn-cu13 pin
 
     ref = built["tags"][0]
     run = subprocess.run([*engine.client_argv(), "run", "--rm", "--network", "none", ref, "python", "-c",

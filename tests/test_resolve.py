@@ -610,3 +610,12 @@ def test_a_wrong_base_os_is_blamed_on_base_os(tmp_path):
     err = clash(tmp_path, source="nvidia", base="base: {os: debian12}", python="3.11")
     assert (err.key, err.line, err.component, err.version) == ("base.os", 5, "base.os", "debian12")
     assert "no release has one for debian12" in err.message and "ubuntu22.04" in err.hint
+
+
+def test_an_os_whose_python_is_not_recorded_is_said_so_never_python_none(tmp_path):
+    """issue 29: base.os debian10 was described as shipping "Python ?" with a hint of python: "None"."""
+    err = clash(tmp_path, base='base: {image: "debian:buster-slim", os: debian10}')
+    assert err.key == "python" and err.partial
+    assert err.reason.startswith("imgbuild does not know which Python debian10 ships (its data has debian11 (3.9)")
+    assert "None" not in (err.hint or "") and "?" not in err.message
+    assert err.hint == "use a python:3.11 base image, an OS imgbuild knows, or an Ubuntu base"

@@ -55,25 +55,40 @@ class CudnnSource:
         return self.version or self.major
 
 
+def cudnn_pins_rule(recipe: Recipe, torch: TorchPart) -> None:
+    """What torch and the pins alone decide, checked beside the other pin rules so that a clash comes
+    in the same run as theirs: where torch is pinned its cuDNN is the image's, so ``cuda.cudnn`` must be
+    its major and a pip pin of an nvidia-cudnn wheel must not ask for another."""
+    from_torch = _from_torch(recipe, torch)
+    if from_torch is None:
+        return
+    if (from_pip := _from_pip(recipe)) is not None:
+        _check_pip_against_torch(recipe, from_torch, from_pip, torch)
+    _check_written(recipe, from_torch)
+
+
 def cudnn_source(recipe: Recipe, cuda: str, torch: TorchPart, base: BaseFacts | None, base_image: str,
                  cuda_wheels: tuple[str, ...]) -> CudnnSource | None:
     """The cuDNN of the image these parts make (None: it has none), or a CompatibilityError where the
     recipe's ``cuda.cudnn`` or a pip pin contradicts it."""
-    from_torch = _from_torch(recipe, torch)
+    cudnn_pins_rule(recipe, torch)
     from_pip = _from_pip(recipe)
-    from_wheels = _from_cuda_wheels(cuda_wheels)
-    from_base = _from_base(cuda, base, base_image)
-    if from_torch and from_pip:
-        _check_pip_against_torch(recipe, from_torch, from_pip, torch)
-    found = from_torch or (from_pip[1] if from_pip else None) or from_wheels or from_base
+    found = (_from_torch(recipe, torch) or (from_pip[1] if from_pip else None) or _from_cuda_wheels(cuda_wheels)
+             or _from_base(cuda, base, base_image))
     written = recipe.cuda.cudnn
     if written and found is None:
         return CudnnSource(_major(written), None, "cuda.cudnn")  # the base rule checked the base carries it
-    if written and found and _major(written) != found.major:
+    if found is not None:
+        _check_written(recipe, found)
+    return found
+
+
+def _check_written(recipe: Recipe, found: CudnnSource) -> None:
+    written = recipe.cuda.cudnn
+    if written and _major(written) != found.major:
         raise _fail(recipe, "cuda.cudnn", "cudnn", written, "cudnn", found.label,
                     f"{found.origin} brings cuDNN {found.label}, the one the image's framework loads",
                     hint=f'use cudnn: "{found.major}" or drop cuda.cudnn (imgbuild labels the cuDNN the pins bring)')
-    return found
 
 
 def _from_torch(recipe: Recipe, torch: TorchPart) -> CudnnSource | None:

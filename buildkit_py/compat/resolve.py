@@ -15,7 +15,8 @@ from typing import Any, TypeVar
 from buildkit_py.compat import platforms, rules
 from buildkit_py.compat.bases import BaseFacts
 from buildkit_py.compat.codes import RecipeWarning
-from buildkit_py.compat.cudnn_source import cudnn_source
+from buildkit_py.compat.cuda_pins import cuda_pins_rule
+from buildkit_py.compat.cudnn_source import cudnn_pins_rule, cudnn_source
 from buildkit_py.compat.tables import NativeEvidence, known_native_driver
 from buildkit_py.errors import CompatibilityError, CompatibilityErrors
 from buildkit_py.recipe.model import CudaFlavor, CudaSource, Recipe
@@ -87,8 +88,7 @@ def resolve(recipe: Recipe, base: BaseFacts | None = None, looked_up: rules.Look
     rule gets what the rules before it decided; the rules that do not depend on each other all
     run, so every independent problem is reported at once."""
     cuda, cudnn, py, torch, archs = _independent_parts(recipe, base, looked_up or rules.LookedUp())
-    flash_attn = rules.flash_attn_rule(recipe, cuda.version, py.python, torch.version, archs.requested)
-    bnb_warnings = rules.bitsandbytes_rule(recipe, cuda.version, py.python, torch.version, archs.requested)
+    flash_attn, bnb_warnings = _pin_parts(recipe, cuda, py, torch, archs)
     compile_ = frozenset(recipe.build.from_source) | flash_attn.compile
     images = rules.images_rule(recipe, cuda.version, py.os, compile_)
     flavor_warnings = rules.flavor_rule(recipe, compile_)
@@ -129,6 +129,34 @@ def resolve(recipe: Recipe, base: BaseFacts | None = None, looked_up: rules.Look
     )
 
 
+def _attempt(problems: list[CompatibilityError], rule: Callable[..., _T], *args: Any) -> _T | None:
+    """``rule(*args)``, or None with its CompatibilityError added to ``problems``: rules that do not
+    depend on each other all run, and every problem is reported at once."""
+    try:
+        return rule(*args)
+    except CompatibilityError as exc:
+        problems.append(exc)
+        return None
+
+
+def _pin_parts(recipe: Recipe, cuda: rules.CudaPart, py: rules.PythonPart, torch: rules.TorchPart,
+               archs: rules.ArchPart) -> tuple[rules.FlashAttnPart, tuple[RecipeWarning, ...]]:
+    """The rules of the pip pins (flash-attn, bitsandbytes, CUDA library wheels, cuDNN against torch):
+    each needs only CUDA, Python, torch and the architectures, so all run and every problem they find
+    is raised together (a cuDNN clash, a flash-attn torch floor and a bitsandbytes one in one run)."""
+    problems: list[CompatibilityError] = []
+    flash_attn = _attempt(problems, rules.flash_attn_rule, recipe, cuda.version, py.python, torch.version,
+                          archs.requested)
+    bnb_warnings = _attempt(problems, rules.bitsandbytes_rule, recipe, cuda.version, py.python, torch.version,
+                            archs.requested)
+    _attempt(problems, cuda_pins_rule, recipe, cuda.version, torch)
+    _attempt(problems, cudnn_pins_rule, recipe, torch)
+    if problems:
+        raise problems[0] if len(problems) == 1 else CompatibilityErrors(problems)
+    assert flash_attn is not None and bnb_warnings is not None  # noqa: S101  (no problem: each returned its part)
+    return flash_attn, bnb_warnings
+
+
 def _independent_parts(recipe: Recipe, base: BaseFacts | None, looked_up: rules.LookedUp) -> tuple[
         rules.CudaPart, str | None, rules.PythonPart, rules.TorchPart, rules.ArchPart]:
     """CUDA, cuDNN, Python, torch and the architectures: each rule runs when what it needs was decided,
@@ -136,11 +164,7 @@ def _independent_parts(recipe: Recipe, base: BaseFacts | None, looked_up: rules.
     problems: list[CompatibilityError] = []
 
     def attempt(rule: Callable[..., _T], *args: Any) -> _T | None:
-        try:
-            return rule(*args)
-        except CompatibilityError as exc:
-            problems.append(exc)
-            return None
+        return _attempt(problems, rule, *args)
 
     cuda = attempt(rules.cuda_rule, recipe, base)
     py = attempt(rules.python_rule, recipe, base)

@@ -486,6 +486,11 @@ def _os_python_provider(recipe: Recipe, os_name: str | None) -> PythonProvider:
         return PythonProvider.OS
     if os_name.startswith("ubuntu"):
         return PythonProvider.DEADSNAKES  # Ubuntu's PPA packages every maintained Python for each LTS
+    if os_name not in OS_PYTHON:  # not "ships Python ?" with a hint of python: "None"
+        known = ", ".join(f"{o} ({v})" for o, v in OS_PYTHON.items() if not o.startswith("ubuntu"))
+        raise _fail(recipe, "python", "python", python, "os", os_name,
+                    f"imgbuild does not know which Python {os_name} ships (its data has {known})",
+                    hint=f"use a python:{python} base image, an OS imgbuild knows, or an Ubuntu base", partial=True)
     raise _fail(recipe, "python", "python", python, "os", os_name,
                 f"{os_name} ships Python {OS_PYTHON.get(os_name, '?')} and no other",
                 hint=f"use python: \"{OS_PYTHON.get(os_name)}\", an Ubuntu base, or a python:{python} base image")
@@ -678,6 +683,19 @@ def flash_attn_rule(recipe: Recipe, cuda: str, python: str, torch: str | None, a
     return FlashAttnPart(prebuilt=(("flash-attn", url),))
 
 
+def _flash_attn_fit_hint(version: str, cuda: str, python: str, torch: str, wants: str) -> str:
+    """The fully recorded flash-attn release nearest the pin that fits the rest of the recipe (not the
+    newest, never one that clashes with torch, CUDA or Python); none: keep the pin, move the other side."""
+    fits = [r.version for r in compat.flash_attn_releases() if not r.partial and torch in r.torch
+            and (cuda in r.cuda or _mm(cuda) in r.cuda) and python in r.python]
+    if not fits:
+        return f"no flash-attn release imgbuild knows fits torch {torch}, CUDA {_mm(cuda)} and Python {python}: " \
+               f"keep flash-attn {version} and move to {wants}"
+    nearest = compat.nearest_versions(version, fits, n=1)[0]
+    return f"use flash-attn=={nearest} (the nearest release that fits torch {torch}, CUDA {_mm(cuda)} and " \
+           f"Python {python})"
+
+
 def _check_flash_attn(recipe: Recipe, key: str, version: str, cuda: str, python: str,
                       torch: str | None) -> FlashAttnRelease:
     try:
@@ -699,10 +717,12 @@ def _check_flash_attn(recipe: Recipe, key: str, version: str, cuda: str, python:
                     "flash-attn builds against torch", hint="pin torch: in the recipe")
     if torch not in rel.torch:
         raise _fail(recipe, key, "flash-attn", version, "torch", torch,
-                    f"flash-attn {version} supports torch {rel.torch}", hint="change one of the two pins")
+                    f"flash-attn {version} supports torch {rel.torch}",
+                    hint=_flash_attn_fit_hint(version, cuda, python, torch, f"torch {rel.torch}"))
     if cuda not in rel.cuda and _mm(cuda) not in rel.cuda:
         raise _fail(recipe, key, "flash-attn", version, "cuda", cuda,
-                    f"flash-attn {version} supports CUDA {rel.cuda}", hint="change one of the two pins")
+                    f"flash-attn {version} supports CUDA {rel.cuda}",
+                    hint=_flash_attn_fit_hint(version, cuda, python, torch, f"CUDA {rel.cuda}"))
     if python not in rel.python:
         raise _fail(recipe, key, "flash-attn", version, "python", python,
                     f"flash-attn {version} supports Python {rel.python}")

@@ -1207,6 +1207,11 @@ def cuda_archs(cuda: str) -> tuple[str, ...]:
                     nearest=tuple(str(e.cuda) for e in _archs()))
 
 
+def all_cuda_wheel_sets() -> tuple[WheelSet, ...]:
+    """Every toolkit release's PyPI wheels wheels.json records, oldest first."""
+    return _wheels().releases
+
+
 def cuda_wheel_sets(cuda: str) -> tuple[WheelSet, ...]:
     """The PyPI wheel releases of a CUDA major.minor (or of one exact X.Y.Z), oldest first."""
     parts = str(cuda).split(".")
