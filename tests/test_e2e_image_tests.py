@@ -69,7 +69,7 @@ def test_passing_tests_then_push(tmp_path, engine, logged_in, base_image, unique
     assert code == 0, err
     assert "label io.imgbuild.recipe.digest: no recipe given" in err
     # eight labels against the content; the recipe digest skipped (no recipe), no pins known
-    assert out == f"tests    {report['tags'][0]}: 8 passed, 0 failed, 1 skipped\n"
+    assert out == f"tests    {report['tags'][0]} (linux/amd64): 8 passed, 0 failed, 1 skipped\n"  # its platform named
 
     # a deliberately false label on the same content: the check fails, exit 1
     false = f"{unique_name}-false:1"

@@ -8,7 +8,7 @@ import os
 import subprocess
 
 import pytest
-from conftest import unavailable
+from conftest import on_engine, unavailable
 from helpers import CA_ARGS, run_cli, write_recipe
 
 from buildkit_py import oci
@@ -204,3 +204,49 @@ def test_bake_folder_builds_every_variant(tmp_path, logged_in, engine, base_imag
     # every target exported its registry cache
     for ref in registry_refs:
         assert oci.fetch_manifest(ref)[1].startswith("sha256:"), ref
+
+
+REFUSED = """\
+name: {name}
+version: "1"
+cuda: {{version: "12.4", source: wheels, flavor: base}}
+base: {{image: {base}}}
+python: "3.11"
+pip: ["idna==3.7"]
+test:
+  - {{name: always-fails, run: "echo refused on purpose; exit 3"}}
+matrix:
+  pip: [["idna==3.7"], ["idna==3.8"]]
+"""
+
+
+@on_engine("docker20")  # the tags a refused variant keeps and the pins it is judged by: no engine's own path
+def test_each_refused_variant_keeps_its_own_rejected_tag_and_is_judged_by_its_own_pins(
+        tmp_path, engine, base_image, cleanup_images, unique_name):
+    """Issue 31: 4. Every refused variant was kept as REPO:rejected, each overwriting the last, and
+    `imgbuild test RECIPE` judged a variant's image by the base recipe's pins (false failures)."""
+    path = write_recipe(tmp_path, REFUSED.format(name=unique_name, base=base_image))
+    rejected = {vid: f"{unique_name}:rejected-{vid}" for vid in ("idna3_7", "idna3_8")}
+    cleanup_images.extend([*rejected.values(), f"{unique_name}:rejected"])
+    code, out, err = run_cli("build", str(path), "--all", "--test", "--json", "--progress", "quiet", *CA_ARGS)
+    report = json.loads(out)
+    assert code == 1 and report["failed"] == 2, err
+    for v in report["variants"]:
+        cleanup_images.extend(v["tags"])
+        assert v["error"]["message"].endswith(f"nothing was pushed; the image is kept as {rejected[v['variant']]}")
+    ids = {vid: engine.image_attrs(tag)["Id"] for vid, tag in rejected.items()}
+    assert len(set(ids.values())) == 2, ids  # two images, each under its own tag
+    assert engine.image_attrs(f"{unique_name}:rejected") is None
+
+    # the refused idna 3.8 variant, by its own pins: only the test that refused it fails
+    code, out, err = run_cli("test", str(path), "--variant", "idna3_8", "--tag", rejected["idna3_8"], "--json")
+    own = json.loads(out)
+    assert code == 1, err
+    assert [r["name"] for r in own["results"] if r["status"] == "failed"] == ["always-fails"]
+    results = {r["name"]: r for r in own["results"]}
+    assert results["import idna"]["detail"].startswith("idna==3.8: import idna")
+    assert results["label io.imgbuild.recipe.digest"]["status"] == "passed"
+    # by the recipe without its matrix, the same image also fails what is true of it
+    code, out, err = run_cli("test", str(path), "--tag", rejected["idna3_8"], "--json")
+    base = sorted(r["name"] for r in json.loads(out)["results"] if r["status"] == "failed")
+    assert base == ["always-fails", "import idna", "label io.imgbuild.recipe.digest"], err

@@ -77,6 +77,7 @@ def test_two_platform_index_is_pushed_and_each_platform_runs(tmp_path, engine, l
     cleanup_images.extend(report["tags"])
     # the push gate tested each platform's image (issue 24: 1), arm64 under qemu
     assert [t["image"] for t in report["platform_tests"]] == [f"{tag} (linux/amd64)", f"{tag} (linux/arm64)"]
+    assert [t["platform"] for t in report["platform_tests"]] == ["linux/amd64", "linux/arm64"]  # issue 31: 4
     assert all(t["failed"] == 0 and t["passed"] for t in report["platform_tests"]), report["platform_tests"]
     digest = report["pushes"][0]["digest"]
     registry_refs.append(f"{logged_in.address}/{unique_name}@{digest}")
@@ -100,6 +101,37 @@ def test_two_platform_index_is_pushed_and_each_platform_runs(tmp_path, engine, l
         checked = assert_labels_true(tag, labels[platform], platform=platform)
         assert {"io.imgbuild.cuda.version", "io.imgbuild.cuda.source", "io.imgbuild.os"} <= checked
     assert labels["linux/amd64"]["io.imgbuild.cuda.version"] == labels["linux/arm64"]["io.imgbuild.cuda.version"]
+
+
+@on_engine("docker26")  # the engine that builds an index here (docker20 refuses it: the test above)
+def test_imgbuild_test_tests_every_platform_of_the_recipe(tmp_path, engine, logged_in, multiarch_base, unique_name,
+                                                          cleanup_images):
+    """Issue 31: 4. `imgbuild test` of a two-platform recipe tested linux/amd64 alone, silently: an
+    image the build refused for its arm64 test re-tested as all passed, exit 0."""
+    path = write_recipe(tmp_path, RECIPE.format(name=unique_name, base=multiarch_base, platforms=BOTH)
+                        + "test:\n  - {name: x86-only, run: 'uname -m; test \"$(uname -m)\" = x86_64'}\n")
+    rejected = f"{unique_name}:rejected"
+    cleanup_images.extend([f"{unique_name}:1.0", rejected])
+    started = time.monotonic()
+    code, out, err = run_cli("build", str(path), "--test", *CA_ARGS, "--progress", "quiet")
+    assert code == 1, err
+    assert f"1 of 10 tests of {unique_name}:1.0 (linux/arm64) failed:\n- x86-only: exit 1" in err
+    assert f"the image is kept as {rejected}" in err
+    print(f"\ntwo-platform build --test on {engine.test_name}: {time.monotonic() - started:.0f}s")
+
+    code, out, err = run_cli("test", str(path), "--tag", rejected, "--progress", "quiet")
+    assert code == 1, err
+    assert out.endswith(f"tests    {rejected} (linux/amd64): 10 passed, 0 failed, 0 skipped\n"
+                        f"tests    {rejected} (linux/arm64): 9 passed, 1 failed, 0 skipped\n"), out
+    assert "--- output of x86-only (uname -m; test \"$(uname -m)\" = x86_64) on linux/arm64 ---\naarch64\n" in out
+    code, out, err = run_cli("test", str(path), "--tag", rejected, "--json", "--progress", "quiet")
+    doc = json.loads(out)
+    assert code == 1 and doc["platforms"] == ["linux/amd64", "linux/arm64"] and doc["failed"] == 1, err
+    assert [(t["platform"], t["failed"]) for t in doc["platform_tests"]] == [("linux/amd64", 0), ("linux/arm64", 1)]
+    [failed] = [r for r in doc["results"] if r["status"] == "failed"]
+    assert (failed["name"], failed["platform"]) == ("x86-only", "linux/arm64")
+    code, out, err = run_cli("test", str(path), "--tag", rejected, "--platform", "linux/amd64", "--progress", "quiet")
+    assert (code, out) == (0, f"tests    {rejected} (linux/amd64): 10 passed, 0 failed, 0 skipped\n"), err
 
 
 @on_engine("docker20")  # the one platform the classic builder can build: arm64 alone, under qemu

@@ -7,10 +7,14 @@ real images, the gate before a push and `imgbuild test` run in test_e2e_image_te
 from __future__ import annotations
 
 import dataclasses
+import json
+import os
+import subprocess
 
 import pytest
 from helpers import run_cli, write_recipe
 
+from buildkit_py.analysis import image_checks
 from buildkit_py.analysis.image_checks import (
     FAILED,
     PASSED,
@@ -23,6 +27,8 @@ from buildkit_py.analysis.image_checks import (
     pinned,
     require_passed,
 )
+from buildkit_py.cli import test as cli_test
+from buildkit_py.engine.run import ContainerExit
 from buildkit_py.errors import ImageTestFailed, RecipeError
 from buildkit_py.recipe.model import TestSpec, load_recipe, recipe_schema
 
@@ -312,3 +318,181 @@ def test_a_checked_push_from_buildkit_pushes_the_image_that_was_checked(tmp_path
     assert again.push and not again.no_cache and not again.load  # from the cache: the checked image
     assert outcome.result.image_id == "sha256:2" and outcome.result.digest == "sha256:" + "2" * 64
     assert outcome.result.run_steps == 7  # the steps of the build that ran them
+
+
+# --- every platform, every variant (issue 31: 4), with a fake engine and fake containers -----------
+
+MACHINE = {"linux/amd64": "x86_64", "linux/arm64": "aarch64"}
+X86_ONLY = """test:\n  - {name: x86-only, run: 'uname -m; test "$(uname -m)" = x86_64'}\n"""
+TWO = HEAD + "platforms: [linux/amd64, linux/arm64]\n" + X86_ONLY
+
+
+class FakeImages:
+    """An engine and its containers, faked: each image's labels and installed packages; a
+    container of a platform's image (the engine's own, linux/amd64, when none is named) answers
+    ``uname -m`` with that platform's machine, and a recipe's test: command runs in the host's sh
+    with that uname first on PATH. Every container started is recorded (image, platform)."""
+
+    name = "fake"
+
+    def __init__(self, tmp_path, images: dict[str, tuple[dict[str, str], dict[str, str]]]):
+        self.images, self.runs = images, []
+        self.bins = {}
+        for platform, machine in MACHINE.items():
+            folder = tmp_path / "bin" / machine
+            folder.mkdir(parents=True)
+            (folder / "uname").write_text(f"#!/bin/sh\necho {machine}\n")
+            (folder / "uname").chmod(0o755)
+            self.bins[platform] = folder
+
+    def describe(self) -> str:
+        return "fake engine"
+
+    def gpu_available(self) -> bool:
+        return False
+
+    def image_attrs(self, ref):
+        if ref not in self.images:
+            return None
+        return {"Id": ref, "Os": "linux", "Architecture": "amd64", "Config": {"Labels": self.images[ref][0]}}
+
+    def run_in_image(self, engine, image, command, *, entrypoint, gpu=False, mounts=(), platform=None,
+                     timeout=None):
+        self.runs.append((image, platform))
+        pkgs = self.images[image][1]
+        if entrypoint == "python":  # the facts script, with the pins to import
+            imports = [{"name": n, "want": want, "version": pkgs.get(n), "modules": [n] if n in pkgs else [],
+                        "error": None if n in pkgs else "not installed"} for n, want in json.loads(command[2])]
+            facts = {"pkgs": pkgs, "installers": {n: "uv" for n in pkgs}, "sonames": [], "cudart": {},
+                     "python": "3.11.2", "os": "debian12", "nvcc": False, "imports": imports}
+            return ContainerExit(0), "IMGBUILD-FACTS " + json.dumps(facts)
+        path = f"{self.bins[platform or 'linux/amd64']}:{os.environ['PATH']}"
+        done = subprocess.run([entrypoint, *command], env={"PATH": path}, capture_output=True, text=True,
+                              timeout=30)
+        return ContainerExit(done.returncode), done.stdout + done.stderr
+
+
+@pytest.fixture
+def fake_images(tmp_path, monkeypatch):
+    """FakeImages(images) as the engine `imgbuild test` and the build gate use."""
+    def make(images):
+        fake = FakeImages(tmp_path, images)
+        monkeypatch.setattr(image_checks, "run_in_image", fake.run_in_image)
+        monkeypatch.setattr(cli_test, "reading_engine", lambda _args: fake)
+        return fake
+    return make
+
+
+def _built_from(recipe_path, pkgs=None) -> tuple[dict[str, str], dict[str, str]]:
+    """The labels and packages of an image built from the recipe at ``recipe_path``."""
+    recipe = load_recipe(recipe_path)
+    return ({"io.imgbuild.recipe.digest": recipe.digest, "io.imgbuild.python.version": "3.11"},
+            pkgs or {"six": "1.16.0"})
+
+
+def test_imgbuild_test_tests_every_platform_of_the_recipe(tmp_path, fake_images):
+    """It tested linux/amd64 alone, silently: an image whose arm64 test fails passed, exit 0."""
+    path = write_recipe(tmp_path, TWO)
+    fake = fake_images({"team/app:1": _built_from(path)})
+    code, out, err = run_cli("test", str(path), "--offline")
+    assert code == 1, err
+    assert fake.runs == [("team/app:1", "linux/amd64")] * 2 + [("team/app:1", "linux/arm64")] * 2
+    assert out.splitlines()[-2:] == ["tests    team/app:1 (linux/amd64): 4 passed, 0 failed, 0 skipped",
+                                     "tests    team/app:1 (linux/arm64): 3 passed, 1 failed, 0 skipped"]
+    assert out.startswith('--- output of x86-only (uname -m; test "$(uname -m)" = x86_64) on linux/arm64 ---\n'
+                          "aarch64\n--- end of output ---\n")
+    assert "[linux/arm64] test failed  x86-only: exit 1" in err
+
+    code, out, _ = run_cli("test", str(path), "--offline", "--json")
+    doc = json.loads(out)
+    assert code == 1 and doc["schema"] == 1
+    assert (doc["platforms"], doc["passed"], doc["failed"]) == (["linux/amd64", "linux/arm64"], 7, 1)
+    assert [(t["image"], t["platform"], t["failed"]) for t in doc["platform_tests"]] == [
+        ("team/app:1", "linux/amd64", 0), ("team/app:1", "linux/arm64", 1)]
+    [failed] = [r for r in doc["results"] if r["status"] == "failed"]
+    assert (failed["name"], failed["platform"]) == ("x86-only", "linux/arm64")
+
+    # --platform: the ones asked for, each one of the recipe's
+    fake.runs.clear()
+    code, out, err = run_cli("test", str(path), "--offline", "--platform", "linux/amd64")
+    assert (code, out) == (0, "tests    team/app:1 (linux/amd64): 4 passed, 0 failed, 0 skipped\n"), err
+    assert {p for _, p in fake.runs} == {"linux/amd64"}
+    code, out, err = run_cli("test", str(path), "--offline", "--platform", "linux/arm64", "--platform", "linux/arm64")
+    assert code == 1 and out.count("tests    ") == 1 and "(linux/arm64): 3 passed, 1 failed" in out
+
+
+def test_a_platform_the_recipe_does_not_build_is_a_usage_error(tmp_path, fake_images):
+    one = write_recipe(tmp_path, HEAD + X86_ONLY)
+    two = write_recipe(tmp_path, TWO, name="two.yaml")
+    fake = fake_images({"team/app:1": _built_from(one)})
+    code, out, err = run_cli("test", str(one), "--offline", "--platform", "linux/arm64")
+    assert (code, out) == (2, "")
+    assert f"--platform linux/arm64: {one} builds linux/amd64" in err and "hint: name one of them" in err
+    code, _, err = run_cli("test", str(two), "--offline", "--platform", "linux/s390x")
+    assert code == 2 and "builds linux/amd64, linux/arm64" in err
+    assert fake.runs == []
+    # a recipe of linux/amd64 alone: the engine's own platform's image, the report naming it
+    code, out, err = run_cli("test", str(one), "--offline")
+    assert (code, out) == (0, "tests    team/app:1 (linux/amd64): 4 passed, 0 failed, 0 skipped\n"), err
+    assert {p for _, p in fake.runs} == {None}
+    # an image: any platform imgbuild builds (the image's own index decides whether it has it)
+    code, out, err = run_cli("test", "team/app:1", "--platform", "linux/arm64", "--json")
+    assert code == 0 and [t["platform"] for t in json.loads(out)["platform_tests"]] == ["linux/arm64"], err
+
+
+def test_the_build_gate_names_each_platform_in_its_report(tmp_path, fake_images):
+    """build --json's platform_tests entries had no platform key: each report now names its own."""
+    path = write_recipe(tmp_path, TWO)
+    fake = fake_images({"sha256:abc": _built_from(path)})
+    reports: list[TestReport] = []
+    gate = cli_test.build_gate(fake, load_recipe(path), "team/app:1", lambda _line: None, reports,
+                               ("linux/amd64", "linux/arm64"))
+    with pytest.raises(ImageTestFailed) as info:
+        gate("sha256:abc")
+    assert info.value.render().startswith("1 of 4 tests of team/app:1 (linux/arm64) failed:\n- x86-only: exit 1")
+    assert [(r.to_json()["platform"], r.to_json()["failed"]) for r in reports] == [("linux/amd64", 0),
+                                                                                  ("linux/arm64", 1)]
+    single: list[TestReport] = []  # one platform, the engine's own: named from the image's inspect
+    fake.images["sha256:one"] = ({}, {"six": "1.16.0"})
+    cli_test.build_gate(fake, load_recipe(write_recipe(tmp_path, HEAD, name="one.yaml")), "team/app:1",
+                        lambda _line: None, single)("sha256:one")
+    assert [r.platform for r in single] == ["linux/amd64"]
+
+
+MATRIX = HEAD + 'matrix:\n  pip: [["six==1.16.0"], ["six==1.17.0"]]\n'
+
+
+def test_a_variant_is_judged_by_its_own_pins(tmp_path, fake_images):
+    """`imgbuild test RECIPE` judged a variant's image by the base recipe: its own pin (six 1.17.0)
+    and recipe digest failed. --variant judges it by the variant's."""
+    path = write_recipe(tmp_path, MATRIX)
+    from buildkit_py import pipeline
+
+    variant = pipeline.load_matrix(path).variant("six1_17_0")
+    labels = {"io.imgbuild.recipe.digest": variant.recipe.digest, "io.imgbuild.python.version": "3.11"}
+    fake = fake_images({"team/app:1-six1_17_0": (labels, {"six": "1.17.0"})})
+    code, out, err = run_cli("test", str(path), "--offline", "--tag", "team/app:1-six1_17_0", "--json")
+    failed = sorted(r["name"] for r in json.loads(out)["results"] if r["status"] == "failed")
+    assert code == 1 and failed == ["import six", "label io.imgbuild.recipe.digest"]  # the base recipe's pins
+
+    code, out, err = run_cli("test", str(path), "--offline", "--variant", "six1_17_0")
+    assert (code, out) == (0, "tests    team/app:1-six1_17_0 (linux/amd64): 3 passed, 0 failed, 0 skipped\n"), err
+    assert "import six: six==1.17.0: import six" in err
+    assert fake.runs[-1] == ("team/app:1-six1_17_0", None)
+    code, out, err = run_cli("test", str(path), "--offline", "--variant", "six1_17_0", "--registry", "r.example:5000")
+    assert code == 2 and "no image r.example:5000/team/app:1-six1_17_0" in err
+    assert "build it first (imgbuild build " in err and "--variant six1_17_0)" in err
+
+
+@pytest.mark.parametrize(("target", "variant", "message"), [
+    ("matrix", "cu999", "has no variant 'cu999'"),
+    ("plain", "six1_17_0", "has no matrix"),
+    ("image", "six1_17_0", "a variant is one of a RECIPE's matrix"),
+])
+def test_a_variant_that_is_not_there_is_a_usage_error(tmp_path, fake_images, target, variant, message):
+    fake = fake_images({"team/app:1": ({}, {})})
+    paths = {"matrix": str(write_recipe(tmp_path, MATRIX, name="m.yaml")),
+             "plain": str(write_recipe(tmp_path, HEAD, name="p.yaml")), "image": "team/app:1"}
+    code, out, err = run_cli("test", paths[target], "--offline", "--variant", variant)
+    assert (code, out) == (2, "") and message in err and "Traceback" not in err, err
+    assert fake.runs == []

@@ -17,10 +17,12 @@ from helpers import REPO, run_cli, write_recipe
 
 from buildkit_py import pipeline
 from buildkit_py.engine import BuildResult, bake, children
-from buildkit_py.engine.build import BuildOptions, BuildOutcome
+from buildkit_py.engine.base import ImageSizes
+from buildkit_py.engine.build import BuildOptions, BuildOutcome, rejected_tag
 from buildkit_py.engine.matrix_build import BuildHooks, build_all, build_report, summary_lines
 from buildkit_py.errors import AuthenticationError, BuildFailed, ImageTestFailed, Interrupted, RecipeError, UsageError
 from buildkit_py.plan import matrix as mx
+from buildkit_py.plan.build_plan import check_image_tag
 from buildkit_py.render.dockerfile import render_dockerfile
 
 EXAMPLE = REPO / "recipes" / "matrix.yaml"
@@ -547,6 +549,65 @@ def test_build_all_gates_each_variant_with_its_own_tests(tmp_path):
     assert all(tag.endswith(f":{vid}") for vid, tag in gated)  # each with its own variant's plan
     assert [b.variant.id for b in result.failed] == ["cu124-idna3_8"]
     assert result.failed[0].error.message == "1 of 9 tests failed: import idna"
+
+
+class TaggingEngine(FakeEngine):
+    """FakeEngine that run_build can drive: each build a new image, tags kept as an engine keeps them."""
+
+    def __init__(self):
+        self.tags: dict[str, str] = {}
+        self.lock = threading.Lock()
+
+    def build(self, request, on_line):
+        with self.lock:
+            image_id = f"sha256:{len(set(self.tags.values())) + 1:064x}"
+            self.tags.update(dict.fromkeys(request.tags, image_id))
+        return BuildResult(image_id, request.tags, "", 0, 5, 0.1)
+
+    def image_sizes(self, ref):
+        return ImageSizes(1000, None)
+
+    def history(self, ref):
+        return []
+
+    def image_attrs(self, ref):
+        return {"Id": self.tags.get(ref, ref), "Config": {"Labels": {}}}
+
+    def tag(self, image, ref):
+        self.tags[ref] = image
+
+    def untag(self, ref):
+        self.tags.pop(ref, None)
+
+
+def test_each_refused_variant_keeps_its_own_rejected_tag(tmp_path):
+    """Every refused variant was kept as REPO:rejected, each one overwriting the last (one image
+    left of four). Through run_build itself, on an engine that keeps tags."""
+    m = two_by_two(tmp_path)
+
+    def gate_for(variant, plan):
+        def gate(image_id):
+            raise ImageTestFailed(f"1 of 9 tests of {plan.tags[0]} failed", failures=[])
+        return gate
+
+    engine = TaggingEngine()
+    result = build_all(m, engine, BuildOptions(network=None), jobs=2, hooks=BuildHooks(gate=gate_for))
+    assert len(result.failed) == 4
+    rejected = {t: i for t, i in engine.tags.items() if "rejected" in t}
+    assert sorted(rejected) == sorted(f"team/mx:rejected-{v.id}" for v in m.variants)
+    assert len(set(rejected.values())) == 4  # four images, each under its own tag
+    assert set(engine.tags) == set(rejected)  # the tags they were given are gone
+    for b in result.failed:
+        assert b.error.kept_as == f"team/mx:rejected-{b.variant.id}"
+        assert b.error.message.endswith(f"nothing was pushed; the image is kept as team/mx:rejected-{b.variant.id}")
+
+
+def test_a_rejected_tag_is_a_valid_tag_however_long_the_variant_id():
+    assert rejected_tag("127.0.0.1:5000/team/app:1") == "127.0.0.1:5000/team/app:rejected"
+    assert rejected_tag("team/app:1-cu124", "cu124-py311") == "team/app:rejected-cu124-py311"
+    long = rejected_tag("team/app:1", "x" * 200)
+    check_image_tag(long)
+    assert len(long.split(":", 1)[1]) == 128
 
 
 def test_build_all_runs_unrelated_variants_in_parallel(tmp_path):

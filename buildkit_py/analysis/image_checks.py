@@ -130,11 +130,15 @@ class TestResult:
 
 @dataclass(frozen=True)
 class TestReport:
+    """The tests of one platform's image: ``platform`` is the one asked for, or the engine's own
+    (what its image inspect says) where none was."""
+
     __test__ = False
 
     image: str
     gpu: bool  # did the engine offer GPUs
     results: tuple[TestResult, ...] = ()
+    platform: str | None = None  # os/arch; None only where the engine did not say
 
     def count(self, status: str) -> int:
         return sum(r.status == status for r in self.results)
@@ -147,8 +151,9 @@ class TestReport:
         return f"{self.count(PASSED)} passed, {self.count(FAILED)} failed, {self.count(SKIPPED)} skipped"
 
     def to_json(self) -> dict[str, Any]:
-        return {"image": self.image, "gpu": self.gpu, "passed": self.count(PASSED), "failed": self.count(FAILED),
-                "skipped": self.count(SKIPPED), "results": [r.to_json() for r in self.results]}
+        return {"image": self.image, "gpu": self.gpu, "platform": self.platform, "passed": self.count(PASSED),
+                "failed": self.count(FAILED), "skipped": self.count(SKIPPED),
+                "results": [r.to_json() for r in self.results]}
 
 
 @dataclass(frozen=True)
@@ -501,8 +506,10 @@ def run_image_tests(engine: Engine, image: str, *, recipe: Recipe | None = None,
     the import of each pin (one container); then the recipe's ``test:`` commands, one container
     each. Each verdict is told to ``on_event`` as it comes; ``shown_as`` names the image in the
     report (a build tests its image by id, before it has its tags). ``platform``: test that
-    platform's image of a multi-platform one (every platform carries the same labels: one Dockerfile)."""
-    note = on_event or (lambda _line: None)
+    platform's image of a multi-platform one (every platform carries the same labels: one Dockerfile),
+    its verdicts told with the platform first; None: the engine's own platform's, which the report names."""
+    say = on_event or (lambda _line: None)
+    note = (lambda line: say(f"[{platform}] {line}")) if platform else say
     gpu = engine.gpu_available()
     if any(t.gpu for t in (recipe.tests if recipe else ())) and not gpu:
         note(f"no GPU here: the {engine.describe()} has no GPU runtime; tests with gpu: true are skipped")
@@ -513,10 +520,10 @@ def run_image_tests(engine: Engine, image: str, *, recipe: Recipe | None = None,
             results.append(r)
             note(_event(r))
 
+    attrs = engine.image_attrs(image)
+    if attrs is None:
+        raise InspectError(f"no image {image} in the {engine.describe()}")
     if defaults:
-        attrs = engine.image_attrs(image)
-        if attrs is None:
-            raise InspectError(f"no image {image} in the {engine.describe()}")
         labels = (attrs.get("Config") or {}).get("Labels") or {}
         facts = read_facts(engine, image, pinned(recipe, labels), platform=platform)
         add(label_checks(labels, facts, recipe))
@@ -524,7 +531,13 @@ def run_image_tests(engine: Engine, image: str, *, recipe: Recipe | None = None,
     if recipe is not None:
         for test in recipe.tests:
             add([command_test(engine, image, test, recipe, gpu=gpu, platform=platform)])
-    return TestReport(shown_as or image, gpu, tuple(results))
+    return TestReport(shown_as or image, gpu, tuple(results), platform or engine_platform(attrs))
+
+
+def engine_platform(attrs: Mapping[str, Any]) -> str | None:
+    """os/arch of an image by the engine's inspect (the platform a run without --platform starts)."""
+    os_name, arch = attrs.get("Os"), attrs.get("Architecture")
+    return f"{os_name}/{arch}" if os_name and arch else None
 
 
 def _event(r: TestResult) -> str:

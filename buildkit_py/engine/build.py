@@ -62,6 +62,7 @@ class BuildOptions:
     oci_mediatypes: bool = False
     provenance: str | None = None  # min|max|false (buildx)
     platforms: tuple[str, ...] = ()
+    rejected: str | None = None  # the tag a refused image keeps (rejected_tag); None: REPO:rejected
 
 
 def build_platforms(recipe: Recipe, requested: tuple[str, ...]) -> tuple[str, ...]:
@@ -206,12 +207,13 @@ def run_build(plan: BuildPlan, engine: Engine, options: BuildOptions, on_line: L
         attrs = (engine.image_attrs(result.image_id) or {}) if sizes else {}
         image_labels = dict(sorted(((attrs.get("Config") or {}).get("Labels") or {}).items()))
         if budget is not None and sizes and sizes.uncompressed > budget:
-            _reject_over_budget(engine, result.image_id, tags, sizes.uncompressed, budget, groups, plan)
+            _reject_over_budget(engine, result.image_id, tags, sizes.uncompressed, budget, groups, plan,
+                                options.rejected)
         if gate is not None:
             try:
                 gate(result.image_id)
             except ImageTestFailed as exc:
-                exc.kept_as = keep_as_rejected(engine, result.image_id, tags)
+                exc.kept_as = keep_as_rejected(engine, result.image_id, tags, options.rejected)
                 exc.message += f"\nnothing was pushed; the image is kept as {exc.kept_as}"
                 exc.args = (exc.message,)
                 raise
@@ -245,8 +247,8 @@ def run_build(plan: BuildPlan, engine: Engine, options: BuildOptions, on_line: L
 
 
 def _reject_over_budget(engine: Engine, image_id: str, tags: tuple[str, ...], size: int, budget: int,
-                        groups: dict[str, int], plan: BuildPlan) -> None:
-    rejected = keep_as_rejected(engine, image_id, tags)
+                        groups: dict[str, int], plan: BuildPlan, rejected_as: str | None = None) -> None:
+    rejected = keep_as_rejected(engine, image_id, tags, rejected_as)
     breakdown = ", ".join(f"{g} {human_size(b)}" for g, b in groups.items())
     raise BudgetExceeded(
         f"image {image_id[:19]} is {human_size(size)}, over the recipe's budget of "
@@ -254,10 +256,17 @@ def _reject_over_budget(engine: Engine, image_id: str, tags: tuple[str, ...], si
         hint=f"see `imgbuild inspect {rejected}` for the biggest layers; {budget_advice(plan.recipe)}")
 
 
-def keep_as_rejected(engine: Engine, image_id: str, tags: tuple[str, ...]) -> str:
+def rejected_tag(tag: str, variant: str | None = None) -> str:
+    """The tag a refused image keeps: REPO:rejected, or REPO:rejected-VARIANT for a matrix variant,
+    whose siblings share its repository (one tag for all, each refused variant overwrote the last)."""
+    return f"{split_tag(tag)[0]}:{REJECTED_TAG}" + (f"-{variant}"[:128 - len(REJECTED_TAG)] if variant else "")
+
+
+def keep_as_rejected(engine: Engine, image_id: str, tags: tuple[str, ...], rejected: str | None = None) -> str:
     """A refused image (over its budget, tests failed) loses the tags we gave it (nothing may push
-    or run it by them) and is kept as REPO:rejected, so the error can name something to inspect."""
-    rejected = f"{split_tag(tags[0])[0]}:{REJECTED_TAG}"
+    or run it by them) and is kept as ``rejected`` (default REPO:rejected), so the error can name
+    something to inspect."""
+    rejected = rejected or rejected_tag(tags[0])
     engine.tag(image_id, rejected)
     for tag in tags:
         if tag != rejected:

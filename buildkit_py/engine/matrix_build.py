@@ -14,7 +14,14 @@ from pathlib import Path
 from typing import Any
 
 from buildkit_py.engine import ENGINE_STORE, BuildRequest, Engine, require, required_capabilities
-from buildkit_py.engine.build import BuildOptions, BuildOutcome, ImageGate, build_platforms, run_build
+from buildkit_py.engine.build import (
+    BuildOptions,
+    BuildOutcome,
+    ImageGate,
+    build_platforms,
+    rejected_tag,
+    run_build,
+)
 from buildkit_py.engine.children import stop_all
 from buildkit_py.engine.push import check_can_push
 from buildkit_py.errors import ImgbuildError
@@ -115,6 +122,7 @@ def build_all(matrix: Matrix, engine: Engine, options: BuildOptions, *, jobs: in
     def one(v: Variant) -> VariantBuild:
         plan = plans[v.id]
         opts = replace(options, tags=(), platforms=build_platforms(plan.recipe, options.platforms),
+                       rejected=rejected_tag(plan.tags[0], v.id),
                        cache_from=tuple(r.replace("{variant}", v.id) for r in options.cache_from),
                        cache_to=tuple(r.replace("{variant}", v.id) for r in options.cache_to))
         gate = hooks.gate(v, plan) if hooks.gate is not None else None
