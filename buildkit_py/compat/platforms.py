@@ -14,6 +14,7 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
+from packaging.utils import canonicalize_name
 from packaging.version import Version
 
 from buildkit_py.compat import tables
@@ -47,6 +48,30 @@ class PlatformData:
     wheels: dict[str, dict[str, frozenset[str]]]  # package -> wheel arch -> releases with a wheel
     torch: dict[str, TorchBuild]
     as_of: str
+
+
+@dataclass(frozen=True)
+class PinFiles:
+    """What the package index serves of one pinned distribution (read at plan time by
+    pipeline.lookups for a pin platforms.json has no row for): for each release, the machines its
+    Linux wheels are built for ("x86_64", "aarch64"; "any" for a pure-Python wheel) and whether an
+    sdist is there to build from."""
+    name: str  # canonical
+    releases: tuple[tuple[str, frozenset[str], bool], ...]  # (version, machines, has an sdist), ascending
+    source: str  # the index it was read from
+
+    def of(self, version: str) -> tuple[frozenset[str], bool] | None:
+        for v, machines, sdist in self.releases:
+            if Version(v) == Version(version):
+                return machines, sdist
+        return None
+
+    def nearest_with(self, version: str, machine: str) -> str | None:
+        """The release nearest ``version`` (newest on a tie) with a wheel for ``machine`` or a pure one."""
+        fits = [v for v, machines, _ in self.releases if machine in machines or "any" in machines]
+        if not fits:
+            return None
+        return tables.nearest_versions(version, fits, n=1)[0]
 
 
 @functools.cache
@@ -220,5 +245,47 @@ def _pip_problems(recipe: Recipe, p: Platform, cuda: str, python: str, torch: st
     return out
 
 
-__all__ = ["DEFAULT_PLATFORMS", "SUPPORTED", "Platform", "PlatformData", "TorchBuild", "data", "has_wheel",
-           "platform", "platforms_rule", "torch_build"]
+def untabled_pins_rule(recipe: Recipe, compile_: tuple[str, ...], pin_files: tuple[PinFiles, ...]) -> None:
+    """For each platform of the recipe but linux/amd64, the pins platforms.json has no row for (the
+    rest of platforms_rule's), judged by the files the index serves of them."""
+    problems = [e for name in recipe.platforms if name != "linux/amd64"
+                for e in _untabled_pin_problems(recipe, platform(name), compile_, pin_files)]
+    if problems:
+        raise problems[0] if len(problems) == 1 else CompatibilityErrors(problems)
+
+
+def _untabled_pin_problems(recipe: Recipe, p: Platform, compile_: tuple[str, ...],
+                           pin_files: tuple[PinFiles, ...]) -> list[CompatibilityError]:
+    """A pin platforms.json has no row for, judged by the files the index serves of it (read at plan
+    time by pipeline.lookups): no wheel for the platform's machine, no pure wheel and no sdist is a build
+    that fails under emulation (triton 2.3.1: x86_64 wheels only). A pin that was not read (--offline,
+    or the index did not answer) is not judged here; the look-up says so as it happens."""
+    files = {f.name: f for f in pin_files}
+    out = []
+    for i, spec in enumerate(recipe.pip):
+        name = canonicalize_name(pin_name(spec))
+        read = files.get(name)
+        if "==" not in spec or read is None or name in data().wheels or name == "flash-attn" or name in compile_:
+            continue
+        version = spec.split("==", 1)[1].strip()
+        nearest = read.nearest_with(version, p.wheel_arch)
+        got = read.of(version)
+        if got is None:
+            out.append(_fail(recipe, f"pip[{i}]", name, version, p.name,
+                             f"the package index ({read.source}) lists no {name} {version}",
+                             hint=f"use {name}=={nearest} (the nearest release with a Linux {p.wheel_arch} wheel)"
+                             if nearest else f"check the {name} pin"))
+            continue
+        machines, sdist = got
+        if p.wheel_arch in machines or "any" in machines or sdist:
+            continue
+        out.append(_fail(recipe, f"pip[{i}]", name, version, p.name,
+                         f"the package index has Linux wheels of {name} {version} for "
+                         f"{', '.join(sorted(machines)) or 'no machine'} only and no sdist to build for {p.wheel_arch}",
+                         hint=f"use {name}=={nearest} (the nearest release with a Linux {p.wheel_arch} wheel)"
+                         if nearest else f"leave {p.name} out of platforms"))
+    return out
+
+
+__all__ = ["DEFAULT_PLATFORMS", "SUPPORTED", "PinFiles", "Platform", "PlatformData", "TorchBuild", "data", "has_wheel",
+           "platform", "platforms_rule", "torch_build", "untabled_pins_rule"]

@@ -87,7 +87,8 @@ def resolve(recipe: Recipe, base: BaseFacts | None = None, looked_up: rules.Look
     plan-time look-up found beyond the shipped data (torch releases newer than it) and did. Each
     rule gets what the rules before it decided; the rules that do not depend on each other all
     run, so every independent problem is reported at once."""
-    cuda, cudnn, py, torch, archs = _independent_parts(recipe, base, looked_up or rules.LookedUp())
+    looked_up = looked_up or rules.LookedUp()
+    cuda, cudnn, py, torch, archs = _independent_parts(recipe, base, looked_up)
     flash_attn, bnb_warnings = _pin_parts(recipe, cuda, py, torch, archs)
     compile_ = frozenset(recipe.build.from_source) | flash_attn.compile
     images = rules.images_rule(recipe, cuda.version, py.os, compile_)
@@ -98,8 +99,13 @@ def resolve(recipe: Recipe, base: BaseFacts | None = None, looked_up: rules.Look
     cudnn_from = cudnn_source(recipe, cuda.version, torch, base, images.base_image, wheels.pins)
     if recipe.multi_platform:  # each pin, for each platform: refused before building
         torch_cuda = torch.release.variants.get(torch.variant) if torch.release and torch.variant else None
-        platforms.platforms_rule(recipe, cuda=cuda.version, cuda_wheels=wheels.pins, torch=torch.version,
-                                 torch_cuda=torch_cuda, compile_=tuple(sorted(compile_)), python=py.python, base=base)
+        problems: list[CompatibilityError] = []
+        _attempt(problems, platforms.platforms_rule, recipe, cuda=cuda.version, cuda_wheels=wheels.pins,
+                 torch=torch.version, torch_cuda=torch_cuda, compile_=tuple(sorted(compile_)), python=py.python,
+                 base=base)
+        _attempt(problems, platforms.untabled_pins_rule, recipe, tuple(sorted(compile_)), looked_up.pin_files)
+        if problems:
+            raise _all_of(problems)
     return Resolution(
         cuda_version=cuda.version,
         cuda_flavor=recipe.cuda.flavor,
@@ -129,14 +135,20 @@ def resolve(recipe: Recipe, base: BaseFacts | None = None, looked_up: rules.Look
     )
 
 
-def _attempt(problems: list[CompatibilityError], rule: Callable[..., _T], *args: Any) -> _T | None:
-    """``rule(*args)``, or None with its CompatibilityError added to ``problems``: rules that do not
-    depend on each other all run, and every problem is reported at once."""
+def _attempt(problems: list[CompatibilityError], rule: Callable[..., _T], *args: Any, **kwargs: Any) -> _T | None:
+    """``rule(*args, **kwargs)``, or None with its CompatibilityError added to ``problems``: rules that
+    do not depend on each other all run, and every problem is reported at once."""
     try:
-        return rule(*args)
+        return rule(*args, **kwargs)
     except CompatibilityError as exc:
         problems.append(exc)
         return None
+
+
+def _all_of(problems: list[CompatibilityError]) -> CompatibilityError:
+    """One error for several, each listed once (a CompatibilityErrors' own errors are taken apart)."""
+    flat = [e for p in problems for e in (p.errors if isinstance(p, CompatibilityErrors) else [p])]
+    return flat[0] if len(flat) == 1 else CompatibilityErrors(flat)
 
 
 def _pin_parts(recipe: Recipe, cuda: rules.CudaPart, py: rules.PythonPart, torch: rules.TorchPart,

@@ -36,6 +36,7 @@ from buildkit_py import label_keys as K
 from buildkit_py.compat import codes, cuda_base, torch_pins
 from buildkit_py.compat.bases import BaseFacts
 from buildkit_py.compat.codes import RecipeWarning
+from buildkit_py.compat.platforms import PinFiles
 from buildkit_py.compat.tables import BnbRelease, FlashAttnRelease, Toolkit, TorchRelease, WheelSet
 from buildkit_py.errors import CompatibilityError, RecipeLocation
 from buildkit_py.recipe.model import CudaFlavor, Recipe, pin_name
@@ -506,6 +507,8 @@ class LookedUp:
     torch: tuple[TorchRelease, ...] = ()
     offline: bool = False
     failure: str | None = None
+    # the files the index serves of each pin platforms.json has no row for (multi-platform recipes)
+    pin_files: tuple[PinFiles, ...] = ()
 
 
 def torch_rule(recipe: Recipe, cuda: str, python: str, looked_up: LookedUp | None = None) -> TorchPart:

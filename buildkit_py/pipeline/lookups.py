@@ -18,14 +18,15 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
+from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
-from buildkit_py.compat import index, refresh, tables
+from buildkit_py.compat import index, platforms, refresh, tables
 from buildkit_py.compat.rules import LookedUp
 from buildkit_py.compat.tables import TorchRelease
 from buildkit_py.errors import CompatDataError, PackageIndexError
 from buildkit_py.files import write_atomic
-from buildkit_py.recipe.model import Recipe
+from buildkit_py.recipe.model import Recipe, pin_name
 from buildkit_py.schemas import load_schema, validate
 
 CACHE_SCHEMA = 1
@@ -119,7 +120,67 @@ def looked_up(recipe: Recipe, *, offline: bool, index_url: str | None = None, pi
               warn: Callable[[str], None] | None = None, note: Callable[[str], None] | None = None) -> LookedUp:
     """The facts beyond the shipped data a recipe's resolution may need: a torch pin the data lacks
     is read from the package index (and cached) unless ``offline``; the cache's releases are passed
-    on; what the look-up did goes with them, so a refusal says why."""
+    on; what the look-up did goes with them, so a refusal says why. A multi-platform recipe's pins
+    that platforms.json has no row for are read from the index too (their files: which machines)."""
+    facts = _torch_looked_up(recipe, offline=offline, index_url=index_url, pip_config=pip_config, warn=warn,
+                             note=note)
+    if not recipe.multi_platform:
+        return facts
+    untabled = untabled_pins(recipe)
+    if offline:
+        if untabled and warn:
+            warn(f"--offline: {', '.join(untabled)} not checked for {', '.join(recipe.platforms)} (imgbuild's "
+                 "platform data has no row for them and the package index was not read)")
+        return facts
+    settings = index.index_settings(index_url=index_url, pip_config=pip_config)
+    return dataclasses.replace(facts, pin_files=read_pin_files(untabled, settings, warn=warn))
+
+
+def untabled_pins(recipe: Recipe) -> tuple[str, ...]:
+    """The exact pip pins whose platforms platforms.json does not record (flash-attn has its own rule)."""
+    names = [canonicalize_name(pin_name(spec)) for spec in recipe.pip if "==" in spec]
+    return tuple(n for n in names if n not in platforms.data().wheels and n != "flash-attn")
+
+
+def read_pin_files(names: tuple[str, ...], settings: index.IndexSettings, *,
+                   warn: Callable[[str], None] | None = None) -> tuple[platforms.PinFiles, ...]:
+    """Each project's file list from the index (one request each, PEP 691 JSON), as the machines of
+    each release's Linux wheels and whether it has an sdist. A project the index cannot list is left
+    out, with a warning: it is not judged per platform."""
+    client = index.IndexClient(settings.url, cafile=settings.cafile)
+    out = []
+    for name in names:
+        try:
+            project = client.project(name)
+        except PackageIndexError as exc:
+            if warn:
+                warn(f"{name} not checked for every platform: {exc}")
+            continue
+        out.append(platforms.PinFiles(name, _releases(project), index.redact(settings.url)))
+    return tuple(out)
+
+
+def _releases(project: index.Project) -> tuple[tuple[str, frozenset[str], bool], ...]:
+    out = []
+    for version in project.versions:
+        files = project.files_of(version)
+        machines = frozenset(m for f in files for tag in f.tags if (m := _linux_machine(tag)))
+        out.append((version, machines, any(not f.is_wheel for f in files)))
+    return tuple(out)
+
+
+def _linux_machine(tag: str) -> str | None:
+    """cp311-cp311-manylinux_2_28_x86_64 -> x86_64; py3-none-any -> any; macOS, Windows, musl -> None."""
+    plat = tag.rsplit("-", 1)[-1]
+    if plat == "any":
+        return "any"
+    if plat.startswith(("manylinux", "linux_")):
+        return next((m for m in ("x86_64", "aarch64") if plat.endswith(m)), None)
+    return None
+
+
+def _torch_looked_up(recipe: Recipe, *, offline: bool, index_url: str | None, pip_config: str | None,
+                     warn: Callable[[str], None] | None, note: Callable[[str], None] | None) -> LookedUp:
     if not recipe.torch or _known(recipe.torch):
         return LookedUp(torch=cached_torch_releases())
     if offline:
