@@ -15,7 +15,8 @@ from typing import Any, TypeVar
 from buildkit_py.compat import platforms, rules
 from buildkit_py.compat.bases import BaseFacts
 from buildkit_py.compat.codes import RecipeWarning
-from buildkit_py.compat.tables import NativeEvidence, known_native_driver
+from buildkit_py.compat.floors import DriverFloor
+from buildkit_py.compat.tables import NativeEvidence
 from buildkit_py.errors import CompatibilityError, CompatibilityErrors
 from buildkit_py.recipe.model import CudaFlavor, CudaSource, Recipe
 
@@ -60,6 +61,11 @@ class Resolution:
     native_driver: NativeEvidence | None = None
 
     @property
+    def driver_floor(self) -> DriverFloor:
+        """The floors above as compat.floors gives them (what the labels stamp and check reads)."""
+        return DriverFloor(self.cuda_version, self.min_driver, self.min_driver_compat, self.native_driver)
+
+    @property
     def cuda_major_minor(self) -> str:
         return ".".join(self.cuda_version.split(".")[:2])
 
@@ -100,15 +106,15 @@ def resolve(recipe: Recipe, base: BaseFacts | None = None, looked_up: rules.Look
         cuda_version=cuda.version,
         cuda_flavor=recipe.cuda.flavor,
         cuda_source=recipe.cuda.source,
-        min_driver=cuda.toolkit.linux_min_driver,
-        min_driver_compat=cuda.floor,
+        min_driver=cuda.floor.native,
+        min_driver_compat=cuda.floor.minor_compat,
         cudnn=cudnn,
         python=py.python,
         python_provider=py.provider,
         os=py.os,
         base_image=pinned.base_image,
         builder_image=images.builder_image,
-        require_cuda=rules.require_cuda(recipe, cuda.version, cuda.floor),
+        require_cuda=rules.require_cuda(recipe, cuda.version, cuda.floor.minor_compat),
         torch=torch.version,
         torch_variant=torch.variant,
         torch_index_url=torch.index_url,
@@ -120,7 +126,7 @@ def resolve(recipe: Recipe, base: BaseFacts | None = None, looked_up: rules.Look
         cuda_arch=archs.for_build(bool(compile_)),
         warnings=torch.warnings + bnb_warnings + images.warnings + flavor_warnings + pinned.warnings,
         base_digest=pinned.digest,
-        native_driver=known_native_driver(cuda.version),
+        native_driver=cuda.floor.evidence,
     )
 
 
