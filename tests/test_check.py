@@ -131,24 +131,12 @@ IMAGE_LABELS = {"io.imgbuild.cuda.version": "12.4.1", "io.imgbuild.cuda.driver.m
 
 @pytest.fixture
 def changed_data(monkeypatch, tmp_path):
-    """imgbuild's data after a change to CUDA 12's floors (both still valid data): 12.4.1's native
-    floor down to 12.4.0's 550.54.14, the 12.x minor-version floor up to 535.154.05."""
-    from importlib import resources
+    """imgbuild's data after a change to CUDA 12's floors (helpers.change_cuda12_floors)."""
+    from helpers import change_cuda12_floors
 
     from buildkit_py.compat import tables
 
-    real = resources.files("buildkit_py.compat").joinpath("data")
-    (tmp_path / "data").mkdir()
-    for f in tables.DATA_FILES:
-        (tmp_path / "data" / f).write_text(real.joinpath(f).read_text())
-    tk = json.loads((tmp_path / "data" / "toolkits.json").read_text())
-    next(t for t in tk["toolkits"] if t["version"] == "12.4.1")["linux_min_driver"] = "550.54.14"
-    (tmp_path / "data" / "toolkits.json").write_text(json.dumps(tk))
-    mc = json.loads((tmp_path / "data" / "minor_compat.json").read_text())
-    next(f for f in mc["floors"] if f["major"] == 12)["linux_min_driver"] = "535.154.05"
-    (tmp_path / "data" / "minor_compat.json").write_text(json.dumps(mc))
-    monkeypatch.setattr(tables.resources, "files", lambda pkg: tmp_path)
-    tables.clear_caches()
+    change_cuda12_floors(monkeypatch, tmp_path)
     assert (driver_floor("12.4.1").native, driver_floor("12.4.1").minor_compat) == ("550.54.14", "535.154.05")
     yield
     tables.clear_caches()
@@ -301,3 +289,9 @@ def test_check_image_with_a_broken_floor_label_exits_2(image_with):
     code, out, err = run_cli("check", "team/app:1", "--driver", "535.104.05")
     assert (code, out) == (2, "")
     assert "io.imgbuild.cuda.driver.min-compat='latest' is not a driver version" in err
+
+
+def test_empty_floor_labels_are_no_floor():
+    """A Dockerfile FROM an imgbuild image can only empty the labels it inherits: empty is none."""
+    assert floor_from_labels({**IMAGE_LABELS, "io.imgbuild.cuda.driver.min": "",
+                              "io.imgbuild.cuda.driver.min-compat": ""}, "12.4.1") is None

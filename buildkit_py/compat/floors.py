@@ -84,20 +84,20 @@ def floor_from_labels(labels: Mapping[str, str], cuda: str) -> DriverFloor | Non
     """The floor an image carries (its io.imgbuild.cuda.driver.* labels) for its CUDA ``cuda``, or
     None where it carries neither label (not built by imgbuild, or built before it stamped them).
     One label alone is a whole contract: an image of CUDA 13.4 carries only the minor-version floor.
-    A label that is no driver version is refused (UsageError), never read as no floor."""
-    if not {K.DRIVER_MIN, K.DRIVER_MIN_COMPAT} & set(labels):
+    An empty label is none (a Dockerfile cannot remove a label it inherits, only empty it). A label
+    that is no driver version is refused (UsageError), never read as no floor."""
+    carried = {k: labels[k] for k in (K.DRIVER_MIN, K.DRIVER_MIN_COMPAT) if labels.get(k)}
+    if not carried:
         return None
-    for key in (K.DRIVER_MIN, K.DRIVER_MIN_COMPAT):
-        if key in labels:
-            try:
-                Version(labels[key])
-            except InvalidVersion:
-                raise UsageError(f"the image's label {key}={labels[key]!r} is not a driver version",
-                                 hint="check it against imgbuild's data instead: imgbuild check --cuda "
-                                      f"{cuda} --driver VERSION") from None
+    for key, value in carried.items():
+        try:
+            Version(value)
+        except InvalidVersion:
+            raise UsageError(f"the image's label {key}={value!r} is not a driver version",
+                             hint=f"check it against imgbuild's data instead: imgbuild check --cuda {cuda} "
+                                  "--driver VERSION") from None
     try:  # the evidence of a native driver is data, not contract: only where the data knows the CUDA
-        evidence = known_native_driver(cuda) if not labels.get(K.DRIVER_MIN) else None
+        evidence = known_native_driver(cuda) if K.DRIVER_MIN not in carried else None
     except CompatGap:
         evidence = None
-    return DriverFloor(cuda, labels.get(K.DRIVER_MIN) or None, labels.get(K.DRIVER_MIN_COMPAT) or None, evidence,
-                       FloorSource.LABELS)
+    return DriverFloor(cuda, carried.get(K.DRIVER_MIN), carried.get(K.DRIVER_MIN_COMPAT), evidence, FloorSource.LABELS)
