@@ -154,10 +154,12 @@ def test_an_images_labels_give_its_verdict_whatever_the_data_says_now(changed_da
     assert (r.verdict, r.min_driver, r.min_driver_compat) == (by_labels, "550.54.15", "525.60.13")
     assert r.to_json()["floor_source"] == "labels"
     # the image's labels disagree with the data: followed, and the difference said
-    assert len(r.warnings) == 1 and r.warnings[0].startswith(
+    assert len(r.warnings) == 1 and r.warnings[0].code == "floor-labels-differ"
+    assert r.warnings[0].hint == f"to judge by the data instead: imgbuild check --cuda 12.4.1 --driver {driver}"
+    assert r.warnings[0].message.startswith(
         "imgbuild's data now differs for CUDA 12.4.1: >= 550.54.14 native, >= 535.154.05 with minor-version "
         "compatibility (the image's labels say >= 550.54.15 native, >= 525.60.13 with minor-version compatibility)")
-    assert (f"by the data it would be {by_data}" in r.warnings[0]) is (by_data != by_labels)
+    assert (f"by the data it would be {by_data}" in r.warnings[0].message) is (by_data != by_labels)
     assert check_compat("12.4.1", driver).verdict == by_data  # what the tables alone say
 
 
@@ -194,7 +196,9 @@ def test_labels_of_a_cuda_the_data_does_not_know_still_give_a_verdict():
     assert [check_compat("13.9.0", d, floor=floor).verdict for d in ("575.51.03", "590.48.01", "640.10.01")] == [
         "incompatible", "minor-version", "native"]
     r = check_compat("13.9.0", "590.48.01", floor=floor)
-    assert r.warnings == ("imgbuild's data does not know CUDA 13.9.0: the verdict rests on the image's labels alone",)
+    assert [(w.code, w.message) for w in r.warnings] == [
+        ("floor-cuda-unknown",
+         "imgbuild's data does not know CUDA 13.9.0: the verdict rests on the image's labels alone")]
     with pytest.raises(LookupError):
         check_compat("13.9.0", "590.48.01")
 
@@ -260,12 +264,15 @@ def test_check_image_says_its_verdict_comes_from_its_labels(image_with, changed_
     assert out.splitlines()[:2] == [
         "image team/app:1: minor-version on driver 535.104.05",
         "  driver floors from the image's labels: >= 550.54.15 native, >= 525.60.13 with minor-version compatibility"]
-    assert "  warning: imgbuild's data now differs for CUDA 12.4.1" in out and "it would be incompatible" in out
+    assert "  warning: [floor-labels-differ] imgbuild's data now differs for CUDA 12.4.1" in out
+    assert "it would be incompatible (to judge by the data instead: imgbuild check --cuda 12.4.1 --driver 535.104.05)" \
+        in out
     code, out, _ = run_cli("check", "team/app:1", "--driver", "535.104.05", "--json")
     data = json.loads(out)
     assert (code, data["verdict"], data["floor_source"], data["floors_from"]) == (
         0, "minor-version", "labels", "from the image's labels")
-    assert data["warnings"][0].startswith("imgbuild's data now differs")
+    assert data["warnings"][0]["code"] == "floor-labels-differ" and data["warnings"][0]["key"] is None
+    assert data["warnings"][0]["message"].startswith("imgbuild's data now differs")
 
 
 def test_check_image_without_floor_labels_says_it_used_the_data(image_with, changed_data):

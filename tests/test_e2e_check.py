@@ -76,11 +76,14 @@ def test_check_follows_the_floors_the_image_carries(engine, base_image, cleanup_
         code, data, text = check(labelled)
         assert (code, data["verdict"], data["floor_source"], data["min_driver_compat"]) == (
             0, "minor-version", "labels", "525.60.13")
-        assert data["warnings"] == [
-            "imgbuild's data now differs for CUDA 12.4.1: >= 550.54.14 native, >= 535.154.05 with minor-version "
-            "compatibility (the image's labels say >= 550.54.15 native, >= 525.60.13 with minor-version "
-            "compatibility); the verdict follows the labels, by the data it would be incompatible"]
-        assert "  warning: imgbuild's data now differs for CUDA 12.4.1" in text
+        assert data["warnings"] == [{
+            "code": "floor-labels-differ", "key": None,
+            "message": "imgbuild's data now differs for CUDA 12.4.1: >= 550.54.14 native, >= 535.154.05 with "
+                       "minor-version compatibility (the image's labels say >= 550.54.15 native, >= 525.60.13 with "
+                       "minor-version compatibility); the verdict follows the labels, by the data it would be "
+                       "incompatible",
+            "hint": "to judge by the data instead: imgbuild check --cuda 12.4.1 --driver 535.104.05"}]
+        assert "  warning: [floor-labels-differ] imgbuild's data now differs for CUDA 12.4.1" in text
         code, data, _ = check(bare)
         assert (code, data["verdict"], data["floor_source"], data["min_driver_compat"]) == (
             1, "incompatible", "data", "535.154.05")

@@ -13,11 +13,13 @@ from buildkit_py.compat import (
     CompatGap,
     DriverFloor,
     FloorSource,
+    codes,
     driver_branch_end_of_life,
     driver_floor,
     forward_compat_branches,
     toolkits,
 )
+from buildkit_py.compat.codes import RecipeWarning
 from buildkit_py.text_enum import TextEnum
 
 
@@ -46,7 +48,7 @@ class CheckResult:
     compatible: bool
     message: str
     remedy: str | None = None
-    warnings: tuple[str, ...] = ()
+    warnings: tuple[RecipeWarning, ...] = ()  # key None: about the image as a whole
 
     @property
     def cuda(self) -> str:
@@ -67,7 +69,7 @@ class CheckResult:
         if self.remedy:
             out["remedy"] = self.remedy
         if self.warnings:
-            out["warnings"] = list(self.warnings)
+            out["warnings"] = [w.to_json() for w in self.warnings]
         return out
 
 
@@ -97,20 +99,23 @@ def check_compat(cuda: str, driver: str, *, datacenter: bool | None = None,
 
 
 def _data_differs(floor: DriverFloor, driver: str, datacenter: bool | None, driver_cuda: str | None,
-                  verdict: Verdict) -> tuple[str, ...]:
+                  verdict: Verdict) -> tuple[RecipeWarning, ...]:
     """Where imgbuild's data no longer gives the floors an image carries: what it says now, and the
     verdict it would give. The image's labels stay the answer: they are what it was built and
     tested against, and the data is what changed."""
     try:
         data = driver_floor(floor.cuda)
     except CompatGap:
-        return (f"imgbuild's data does not know CUDA {floor.cuda}: the verdict rests on the image's labels alone",)
+        return (RecipeWarning(codes.FLOOR_CUDA_UNKNOWN, None, f"imgbuild's data does not know CUDA {floor.cuda}: "
+                              "the verdict rests on the image's labels alone"),)
     if not data.differs_from(floor):
         return ()
     by_data = _verdict(data, driver, datacenter, driver_cuda).verdict
-    return (f"imgbuild's data now differs for CUDA {floor.cuda}: {data.describe()} (the image's labels say "
-            f"{floor.describe()}); the verdict follows the labels"
-            + ("" if by_data == verdict else f", by the data it would be {by_data}"),)
+    return (RecipeWarning(codes.FLOOR_LABELS_DIFFER, None,
+                          f"imgbuild's data now differs for CUDA {floor.cuda}: {data.describe()} (the image's labels "
+                          f"say {floor.describe()}); the verdict follows the labels"
+                          + ("" if by_data == verdict else f", by the data it would be {by_data}"),
+                          f"to judge by the data instead: imgbuild check --cuda {floor.cuda} --driver {driver}"),)
 
 
 def _verdict(floor: DriverFloor, driver: str, datacenter: bool | None, driver_cuda: str | None) -> CheckResult:

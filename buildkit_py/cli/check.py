@@ -74,7 +74,7 @@ def cmd_check(args: argparse.Namespace, out: Out) -> int:
         if result.remedy:
             out.line(f"  remedy: {result.remedy}")
         for warning in result.warnings:
-            out.line(f"  warning: {warning}")
+            out.line(f"  warning: {warning.render()}")
     return 0 if result.compatible else ExitStatus.FAILED
 
 
