@@ -267,7 +267,7 @@ def _cuda_labels(v: _Verdicts, facts: ImageFacts) -> None:
                for so, r in facts.cudart.items() if so == soname]
         v.verdict(K.CUDA_VERSION, _mm(cuda) in got,
                   f"the CUDA runtime reports {', '.join(got)}" if got else f"no {soname} in the loader cache")
-        _floor_labels(v, cuda)
+        _check_floor_labels(v, cuda)
     if source == "wheels":
         runtime = {n: ver for n, ver in wheels.items() if n.startswith("nvidia-cuda-runtime")}
         v.verdict(K.CUDA_SOURCE, bool(runtime) and all(_mm(r) == _mm(cuda or "") for r in runtime.values()),
@@ -340,7 +340,7 @@ def _recipe_labels(v: _Verdicts, facts: ImageFacts, recipe: Recipe | None) -> No
                             "which imgbuild does not run")
 
 
-def _floor_labels(v: _Verdicts, cuda: str) -> None:
+def _check_floor_labels(v: _Verdicts, cuda: str) -> None:
     """The driver floors against imgbuild's data for the image's CUDA (compat.floors, which stamped
     them): checked when absent too, as no floor may be claimed where NVIDIA publishes none (CUDA
     13.3+). A CUDA the data does not know (an image from a newer imgbuild) has nothing to compare with."""

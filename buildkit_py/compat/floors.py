@@ -54,11 +54,15 @@ class DriverFloor:
     def major_minor(self) -> str:
         return ".".join(self.cuda.split(".")[:2])
 
-    def describe(self) -> str:
-        """``>= 550.54.15 native, >= 525.60.13 with minor-version compatibility``."""
+    def describe(self, *, evidence: bool = False) -> str:
+        """``>= 550.54.15 native, >= 525.60.13 with minor-version compatibility``; an unpublished native
+        floor is said to be unknown; ``evidence``: add the driver known to run it natively, and why."""
         text = (f">= {self.native} native" if self.native
                 else f"native floor unknown (NVIDIA publishes none for CUDA {self.major_minor})")
-        return text + (f", >= {self.minor_compat} with minor-version compatibility" if self.minor_compat else "")
+        text += f", >= {self.minor_compat} with minor-version compatibility" if self.minor_compat else ""
+        if evidence and self.evidence:
+            text += f"; >= {self.evidence.driver} known to run it natively ({self.evidence.why})"
+        return text
 
     def differs_from(self, other: DriverFloor) -> bool:
         return (self.native, self.minor_compat) != (other.native, other.minor_compat)
