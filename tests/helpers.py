@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import io
 import re
+import stat
 import subprocess
+import sys
 import uuid
 from pathlib import Path
 
@@ -43,6 +45,41 @@ def write_recipe(folder: Path, text: str, name: str = "recipe.yaml") -> Path:
     path = folder / name
     path.write_text(text)
     return path
+
+
+def fake_nvidia_smi(folder: Path, csv: Path, banner: str) -> Path:
+    """Write into ``folder`` an nvidia-smi that prints ``csv`` (a recorded query output) when asked a
+    query and ``banner`` when run with no arguments; returns ``folder``, to put on PATH."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "banner.txt").write_text(banner)
+    script = folder / "nvidia-smi"
+    script.write_text(f"#!{sys.executable}\nimport sys\n"
+                      f"sys.stdout.write(open({str(csv)!r} if sys.argv[1:] else "
+                      f"{str(folder / 'banner.txt')!r}).read())\n")
+    script.chmod(script.stat().st_mode | stat.S_IEXEC)
+    return folder
+
+
+def change_cuda12_floors(monkeypatch, tmp_path: Path) -> None:
+    """Serve imgbuild's data as it would be after a change to CUDA 12's driver floors (still valid
+    data): 12.4.1's native floor down to 12.4.0's 550.54.14, the 12.x minor-version floor up to
+    535.154.05. Undo with compat.tables.clear_caches() once the monkeypatch is gone."""
+    import json
+    from importlib import resources
+
+    from buildkit_py.compat import tables
+
+    real = resources.files("buildkit_py.compat").joinpath("data")
+    (tmp_path / "data").mkdir(parents=True)
+    for f in tables.DATA_FILES:
+        (tmp_path / "data" / f).write_text(real.joinpath(f).read_text())
+    for name, rows, key, value in (("toolkits.json", "toolkits", ("version", "12.4.1"), "550.54.14"),
+                                   ("minor_compat.json", "floors", ("major", 12), "535.154.05")):
+        data = json.loads((tmp_path / "data" / name).read_text())
+        next(r for r in data[rows] if r[key[0]] == key[1])["linux_min_driver"] = value
+        (tmp_path / "data" / name).write_text(json.dumps(data))
+    monkeypatch.setattr(tables.resources, "files", lambda pkg: tmp_path)
+    tables.clear_caches()
 
 
 def tiny_recipe(name: str, base: str, *, installer: str = "uv", pip: tuple[str, ...] = ()) -> str:

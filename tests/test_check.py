@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
+import json
+
 import pytest
 
 from buildkit_py.analysis.check import check_compat
+from buildkit_py.compat import driver_floor, floor_from_labels, floor_labels
+from buildkit_py.errors import UsageError
 
 
 @pytest.mark.parametrize(("cuda", "driver", "datacenter", "verdict"), [
@@ -77,9 +82,10 @@ def test_incompatible_remedy_names_driver_and_native_toolkit():
 def test_to_json_keys():
     j = check_compat("12.4.1", "550.54.15").to_json()
     assert j == {"cuda": "12.4.1", "driver": "550.54.15", "min_driver": "550.54.15", "min_driver_compat": "525.60.13",
-                 "verdict": "native", "compatible": True, "message": j["message"]}
+                 "floor_source": "data", "verdict": "native", "compatible": True, "message": j["message"]}
     assert set(check_compat("12.4", "450.80.02").to_json()) == {
-        "cuda", "driver", "min_driver", "min_driver_compat", "verdict", "compatible", "message", "remedy"}
+        "cuda", "driver", "min_driver", "min_driver_compat", "floor_source", "verdict", "compatible", "message",
+        "remedy"}
 
 
 def test_unknown_cuda_raises():
@@ -116,3 +122,183 @@ def test_unpublished_floor_remedy_names_the_bundled_driver():
 def test_driver_reported_cuda_decides_native(cuda, driver_cuda, verdict):
     driver = "535.104.05" if cuda.startswith("12") else "600.10.01"
     assert check_compat(cuda, driver, driver_cuda=driver_cuda).verdict == verdict
+
+
+# ------------------------------------------------- issue 29: 2: the floors an image carries are its contract
+IMAGE_LABELS = {"io.imgbuild.cuda.version": "12.4.1", "io.imgbuild.cuda.driver.min": "550.54.15",
+                "io.imgbuild.cuda.driver.min-compat": "525.60.13"}
+
+
+@pytest.fixture
+def changed_data(monkeypatch, tmp_path):
+    """imgbuild's data after a change to CUDA 12's floors (helpers.change_cuda12_floors)."""
+    from helpers import change_cuda12_floors
+
+    from buildkit_py.compat import tables
+
+    change_cuda12_floors(monkeypatch, tmp_path)
+    assert (driver_floor("12.4.1").native, driver_floor("12.4.1").minor_compat) == ("550.54.14", "535.154.05")
+    yield
+    tables.clear_caches()
+
+
+@pytest.mark.parametrize(("driver", "by_labels", "by_data"), [
+    ("550.54.14", "minor-version", "native"),        # the data lowered the native floor
+    ("535.104.05", "minor-version", "incompatible"),  # the data raised the minor-version floor
+    ("550.54.15", "native", "native"),
+])
+def test_an_images_labels_give_its_verdict_whatever_the_data_says_now(changed_data, driver, by_labels, by_data):
+    floor = floor_from_labels(IMAGE_LABELS, "12.4.1")
+    assert floor is not None and floor.source == "labels"
+    r = check_compat("12.4.1", driver, floor=floor)
+    assert (r.verdict, r.min_driver, r.min_driver_compat) == (by_labels, "550.54.15", "525.60.13")
+    assert r.to_json()["floor_source"] == "labels"
+    # the image's labels disagree with the data: followed, and the difference said
+    assert len(r.warnings) == 1 and r.warnings[0].code == "floor-labels-differ"
+    assert r.warnings[0].hint == f"to judge by the data instead: imgbuild check --cuda 12.4.1 --driver {driver}"
+    assert r.warnings[0].message.startswith(
+        "imgbuild's data now differs for CUDA 12.4.1: >= 550.54.14 native, >= 535.154.05 with minor-version "
+        "compatibility (the image's labels say >= 550.54.15 native, >= 525.60.13 with minor-version compatibility)")
+    assert (f"by the data it would be {by_data}" in r.warnings[0].message) is (by_data != by_labels)
+    assert check_compat("12.4.1", driver).verdict == by_data  # what the tables alone say
+
+
+def test_an_image_without_floor_labels_is_judged_by_the_data(changed_data):
+    assert floor_from_labels({"io.imgbuild.cuda.version": "12.4.1"}, "12.4.1") is None
+    r = check_compat("12.4.1", "550.54.14")
+    assert (r.verdict, r.floor.source, r.warnings) == ("native", "data", ())
+
+
+def test_labels_that_agree_with_the_data_bring_no_warning():
+    r = check_compat("12.4.1", "535.104.05", floor=floor_from_labels(IMAGE_LABELS, "12.4.1"))
+    assert (r.verdict, r.floor.source, r.warnings) == ("minor-version", "labels", ())
+
+
+def test_an_unpublished_native_floor_is_carried_by_its_absence():
+    """CUDA 13.3 images carry only the minor-version label: that is the whole contract; the driver
+    known to run it natively (its installer's) is evidence from the data, not a floor."""
+    labels = {"io.imgbuild.cuda.version": "13.3.1", "io.imgbuild.cuda.driver.min-compat": "580"}
+    floor = floor_from_labels(labels, "13.3.1")
+    assert floor is not None and (floor.native, floor.minor_compat) == (None, "580")
+    assert floor.evidence == driver_floor("13.3.1").evidence and floor.evidence is not None
+    assert [check_compat("13.3.1", d, floor=floor).verdict for d in ("575.51.03", "590.48.01", "610.43.02")] == [
+        "incompatible", "minor-version", "native"]
+    assert check_compat("13.3.1", "590.48.01", floor=floor).warnings == ()
+
+
+def test_labels_of_a_cuda_the_data_does_not_know_still_give_a_verdict():
+    """An image from a newer imgbuild (CUDA 13.9, unknown here): its labels answer; the warning says
+    that nothing here backs them. Without labels such an image is an unknown CUDA (exit 2 in the CLI)."""
+    labels = {"io.imgbuild.cuda.version": "13.9.0", "io.imgbuild.cuda.driver.min": "640.10.01",
+              "io.imgbuild.cuda.driver.min-compat": "580"}
+    floor = floor_from_labels(labels, "13.9.0")
+    assert floor is not None
+    assert [check_compat("13.9.0", d, floor=floor).verdict for d in ("575.51.03", "590.48.01", "640.10.01")] == [
+        "incompatible", "minor-version", "native"]
+    r = check_compat("13.9.0", "590.48.01", floor=floor)
+    assert [(w.code, w.message) for w in r.warnings] == [
+        ("floor-cuda-unknown",
+         "imgbuild's data does not know CUDA 13.9.0: the verdict rests on the image's labels alone")]
+    with pytest.raises(LookupError):
+        check_compat("13.9.0", "590.48.01")
+
+
+def test_a_floor_label_that_is_no_driver_version_is_refused():
+    with pytest.raises(UsageError, match=r"io.imgbuild.cuda.driver.min='five fifty' is not a driver version"):
+        floor_from_labels({**IMAGE_LABELS, "io.imgbuild.cuda.driver.min": "five fifty"}, "12.4.1")
+
+
+def test_what_labels_stamp_is_what_check_reads_back_for_every_toolkit():
+    """floor_labels and floor_from_labels are inverse for every toolkit the data knows."""
+    from buildkit_py.compat import toolkits
+
+    for t in toolkits():
+        data = driver_floor(t.version)
+        read = floor_from_labels({"io.imgbuild.cuda.version": t.version, **floor_labels(data)}, t.version)
+        assert read is not None and dataclasses.replace(read, source=data.source) == data, t.version
+
+
+def test_one_function_computes_a_driver_floor():
+    """Every reader of the floors goes through compat.floors (issue 29: 2: there were three): outside
+    it and the data's own loader and refresher, nothing reads a toolkit's linux_min_driver or
+    composes a floor from minor_compat_floor / known_native_driver."""
+    import ast
+    from pathlib import Path
+
+    package = Path(__file__).resolve().parent.parent / "buildkit_py"
+    allowed = {"compat/floors.py", "compat/tables.py", "compat/refresh.py", "compat/__init__.py"}
+    found = []
+    for path in sorted(package.rglob("*.py")):
+        rel = path.relative_to(package).as_posix()
+        if rel in allowed:
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            name = node.attr if isinstance(node, ast.Attribute) else node.id if isinstance(node, ast.Name) else \
+                next((a.name for a in node.names if a.name in _FLOOR_PARTS), None) \
+                if isinstance(node, ast.ImportFrom) else None
+            if name in _FLOOR_PARTS:
+                found.append(f"{rel}:{node.lineno}: {name}")
+    assert found == []
+
+
+_FLOOR_PARTS = {"linux_min_driver", "minor_compat_floor", "known_native_driver", "runfile_driver"}
+
+
+@pytest.fixture
+def image_with(monkeypatch):
+    """`check IMAGE` on an image whose labels and env the test gives (the engine is not asked)."""
+    from buildkit_py.cli import check as cli_check
+
+    def use(labels: dict[str, str], env: dict[str, str] | None = None) -> None:
+        monkeypatch.setattr(cli_check, "reading_engine", lambda args: None)
+        monkeypatch.setattr(cli_check, "image_labels", lambda engine, target: (labels, env or {}))
+    return use
+
+
+def test_check_image_says_its_verdict_comes_from_its_labels(image_with, changed_data):
+    from helpers import run_cli
+
+    image_with(IMAGE_LABELS)
+    code, out, err = run_cli("check", "team/app:1", "--driver", "535.104.05")
+    assert code == 0, err
+    assert out.splitlines()[:2] == [
+        "image team/app:1: minor-version on driver 535.104.05",
+        "  driver floors from the image's labels: >= 550.54.15 native, >= 525.60.13 with minor-version compatibility"]
+    assert "  warning: [floor-labels-differ] imgbuild's data now differs for CUDA 12.4.1" in out
+    assert "it would be incompatible (to judge by the data instead: imgbuild check --cuda 12.4.1 --driver 535.104.05)" \
+        in out
+    code, out, _ = run_cli("check", "team/app:1", "--driver", "535.104.05", "--json")
+    data = json.loads(out)
+    assert (code, data["verdict"], data["floor_source"], data["floors_from"]) == (
+        0, "minor-version", "labels", "from the image's labels")
+    assert data["warnings"][0]["code"] == "floor-labels-differ" and data["warnings"][0]["key"] is None
+    assert data["warnings"][0]["message"].startswith("imgbuild's data now differs")
+
+
+def test_check_image_without_floor_labels_says_it_used_the_data(image_with, changed_data):
+    from helpers import run_cli
+
+    image_with({}, {"CUDA_VERSION": "12.4.1"})  # e.g. an nvidia/cuda image
+    code, out, _ = run_cli("check", "nvidia/cuda:12.4.1-base-ubuntu22.04", "--driver", "535.104.05", "--json")
+    data = json.loads(out)
+    assert (code, data["verdict"], data["floor_source"], data["floors_from"]) == (
+        1, "incompatible", "data", "from imgbuild's data, the image carries no floor")
+    assert "warnings" not in data
+    code, out, _ = run_cli("check", "nvidia/cuda:12.4.1-base-ubuntu22.04", "--driver", "535.104.05")
+    assert "  driver floors from imgbuild's data, the image carries no floor: >= 550.54.14 native, " \
+           ">= 535.154.05 with minor-version compatibility" in out.splitlines()
+
+
+def test_check_image_with_a_broken_floor_label_exits_2(image_with):
+    from helpers import run_cli
+
+    image_with({**IMAGE_LABELS, "io.imgbuild.cuda.driver.min-compat": "latest"})
+    code, out, err = run_cli("check", "team/app:1", "--driver", "535.104.05")
+    assert (code, out) == (2, "")
+    assert "io.imgbuild.cuda.driver.min-compat='latest' is not a driver version" in err
+
+
+def test_empty_floor_labels_are_no_floor():
+    """A Dockerfile FROM an imgbuild image can only empty the labels it inherits: empty is none."""
+    assert floor_from_labels({**IMAGE_LABELS, "io.imgbuild.cuda.driver.min": "",
+                              "io.imgbuild.cuda.driver.min-compat": ""}, "12.4.1") is None

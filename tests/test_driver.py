@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers import fake_nvidia_smi
 
 from buildkit_py.analysis import driver as drv
 from buildkit_py.analysis.driver import Gpu, HostDriver, read_nvidia_smi
@@ -130,13 +131,7 @@ def test_driver_cuda_version_from_nvidia_smi(text, cuda):
 
 
 def test_nvidia_smi_reports_the_drivers_cuda(tmp_path, monkeypatch):
-    (tmp_path / "banner.txt").write_text(BANNER)
-    script = tmp_path / "nvidia-smi"
-    script.write_text(f"#!{sys.executable}\nimport sys\n"
-                      f"sys.stdout.write(open({str(FIX / 'multi_h100.csv')!r} if sys.argv[1:] else "
-                      f"{str(tmp_path / 'banner.txt')!r}).read())\n")
-    script.chmod(script.stat().st_mode | stat.S_IEXEC)
-    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.setenv("PATH", str(fake_nvidia_smi(tmp_path, FIX / "multi_h100.csv", BANNER)))
     assert read_nvidia_smi().cuda_version == "12.4"
 
 

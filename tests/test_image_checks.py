@@ -269,11 +269,25 @@ def test_a_driver_floor_nvidia_does_not_publish_must_be_absent_and_is_checked_so
     facts = dataclasses.replace(FACTS, pkgs={"nvidia-cuda-runtime": "13.4.48", "six": "1.16.0"},
                                 sonames=("libcudart.so.13",), cudart={"libcudart.so.13": 13040})
     labels = {k: v for k, v in LABELS.items() if "driver.min" not in k}
-    labels.update({"io.imgbuild.cuda.version": "13.4.0", "io.imgbuild.cuda.driver.min-compat": "580"})
+    labels.update({"io.imgbuild.cuda.version": "13.4.1", "io.imgbuild.cuda.driver.min-compat": "580"})
     absent = by_name(label_checks(labels, facts))["label io.imgbuild.cuda.driver.min"]
     assert absent.status == PASSED and "NVIDIA publishes none" in absent.detail
     claimed = by_name(label_checks({**labels, "io.imgbuild.cuda.driver.min": "580"}, facts))
     assert claimed["label io.imgbuild.cuda.driver.min"].status == FAILED
+
+
+def test_floors_of_a_cuda_the_data_does_not_know_are_skipped_not_guessed():
+    """An image from a newer imgbuild (CUDA 13.4.0 is no release this data has) carries floors
+    nothing here can compare with: skipped with why. Before, its native floor was taken as
+    absent, so any stamped floor failed (issue 29: 2: one floor function, no fallback guess)."""
+    facts = dataclasses.replace(FACTS, pkgs={"nvidia-cuda-runtime": "13.4.48", "six": "1.16.0"},
+                                sonames=("libcudart.so.13",), cudart={"libcudart.so.13": 13040})
+    labels = {**LABELS, "io.imgbuild.cuda.version": "13.4.0", "io.imgbuild.cuda.driver.min": "610.43.02",
+              "io.imgbuild.cuda.driver.min-compat": "580"}
+    got = by_name(label_checks(labels, facts))
+    for key in ("io.imgbuild.cuda.driver.min", "io.imgbuild.cuda.driver.min-compat"):
+        assert got[f"label {key}"].status == SKIPPED
+        assert "imgbuild's data does not know CUDA 13.4.0" in got[f"label {key}"].detail
 
 
 def test_a_checked_push_from_buildkit_pushes_the_image_that_was_checked(tmp_path, monkeypatch):

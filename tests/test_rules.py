@@ -24,7 +24,7 @@ def recipe(tmp_path, source="wheels", flavor="runtime", base="image: debian:book
 
 def test_cuda_rule_takes_the_toolkit_of_the_wheels(tmp_path):
     part = rules.cuda_rule(recipe(tmp_path), None)
-    assert part.version == "12.4.1" and part.wheel_set is not None and part.floor == "525.60.13"
+    assert part.version == "12.4.1" and part.wheel_set is not None and part.floor.minor_compat == "525.60.13"
     with_torch = rules.cuda_rule(recipe(tmp_path, extra='torch: "2.4.1"'), None)
     # torch pins its own CUDA wheels and the toolkit is the recipe's; the wheel set serves the rest of the tier
     assert with_torch.version == "12.4.1" and with_torch.wheel_set.toolkit == "12.4.1"

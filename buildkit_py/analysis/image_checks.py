@@ -281,11 +281,7 @@ def _cuda_labels(v: _Verdicts, facts: ImageFacts) -> None:
                for so, r in facts.cudart.items() if so == soname]
         v.verdict(K.CUDA_VERSION, _mm(cuda) in got,
                   f"the CUDA runtime reports {', '.join(got)}" if got else f"no {soname} in the loader cache")
-        for label, want in ((K.DRIVER_MIN, _driver_floor(cuda)),
-                            (K.DRIVER_MIN_COMPAT, compat.minor_compat_floor(int(cuda.split(".")[0])))):
-            # checked when absent too: no floor may be claimed where NVIDIA publishes none (CUDA 13.3+)
-            v.verdict(label, v.labels.get(label) == want,
-                      f"imgbuild's data for CUDA {cuda} says {want or 'none (NVIDIA publishes none): no label'}")
+        _check_floor_labels(v, cuda)
     if source == "wheels":
         runtime = {n: ver for n, ver in wheels.items() if n.startswith("nvidia-cuda-runtime")}
         v.verdict(K.CUDA_SOURCE, bool(runtime) and all(_mm(r) == _mm(cuda or "") for r in runtime.values()),
@@ -382,11 +378,19 @@ def _recipe_labels(v: _Verdicts, facts: ImageFacts, recipe: Recipe | None) -> No
                             "which imgbuild does not run")
 
 
-def _driver_floor(cuda: str) -> str | None:
+def _check_floor_labels(v: _Verdicts, cuda: str) -> None:
+    """The driver floors against imgbuild's data for the image's CUDA (compat.floors, which stamped
+    them): checked when absent too, as no floor may be claimed where NVIDIA publishes none (CUDA
+    13.3+). A CUDA the data does not know (an image from a newer imgbuild) has nothing to compare with."""
     try:
-        return compat.resolve_cuda(cuda).linux_min_driver
+        want = compat.floor_labels(compat.driver_floor(cuda))
     except compat.CompatGap:
-        return None
+        for label in sorted({K.DRIVER_MIN, K.DRIVER_MIN_COMPAT} & set(v.labels)):
+            v.skip(label, f"imgbuild's data does not know CUDA {cuda}: nothing to compare the floor with")
+        return
+    for label in (K.DRIVER_MIN, K.DRIVER_MIN_COMPAT):
+        v.verdict(label, v.labels.get(label) == want.get(label),
+                  f"imgbuild's data for CUDA {cuda} says {want.get(label) or 'none (NVIDIA publishes none): no label'}")
 
 
 def _installer_check(label: str, facts: ImageFacts, recipe: Recipe | None) -> TestResult:

@@ -12,7 +12,13 @@ from buildkit_py.errors import ExitStatus, UsageError
 
 if TYPE_CHECKING:
     from buildkit_py.analysis.driver import HostDriver
+    from buildkit_py.compat import DriverFloor
     from buildkit_py.engine import Engine
+
+# Where the floors a verdict rests on came from (text and --json "floors_from")
+FROM_LABELS = "from the image's labels"
+FROM_DATA = "from imgbuild's data"
+FROM_DATA_UNLABELLED = "from imgbuild's data, the image carries no floor"
 
 
 def register(add: AddCommand) -> None:
@@ -37,20 +43,21 @@ def cmd_check(args: argparse.Namespace, out: Out) -> int:
         raise UsageError("--driver '': give a driver version such as 550.54.15",
                          hint="leave --driver out to read the host's driver")
     if args.cuda:
-        cuda, what = args.cuda, f"CUDA {args.cuda}"
+        cuda, what, floor, floors_from = args.cuda, f"CUDA {args.cuda}", None, FROM_DATA
     else:
-        cuda, what = _cuda_of_target(None if is_recipe(args.target) else reading_engine(args), args.target)
+        cuda, what, floor, floors_from = _cuda_of_target(None if is_recipe(args.target) else reading_engine(args),
+                                                         args.target)
     datacenter = args.datacenter
     driver_cuda = None
     if args.driver:
         driver = args.driver
     else:
-        host = _host_driver(args, cuda)
+        host = _host_driver(args, cuda, floor)
         driver, driver_cuda = host.version, host.cuda_version
         if datacenter is None:
             datacenter = host.datacenter
     try:
-        result = check_compat(cuda, driver, datacenter=datacenter, driver_cuda=driver_cuda)
+        result = check_compat(cuda, driver, datacenter=datacenter, driver_cuda=driver_cuda, floor=floor)
     except LookupError as exc:
         raise UsageError(f"unknown CUDA version {cuda}: {str(exc).strip(chr(39))}") from None
     except ValueError as exc:
@@ -58,28 +65,32 @@ def cmd_check(args: argparse.Namespace, out: Out) -> int:
     if args.json:
         data = result.to_json()
         data["target"] = what
+        data["floors_from"] = floors_from
         out.data(data)
     else:
         out.line(f"{what}: {result.verdict} on driver {driver}")
+        out.line(f"  driver floors {floors_from}: {result.floor.describe()}")
         out.line(f"  {result.message}")
         if result.remedy:
             out.line(f"  remedy: {result.remedy}")
+        for warning in result.warnings:
+            out.line(f"  warning: {warning.render()}")
     return 0 if result.compatible else ExitStatus.FAILED
 
 
-def _host_driver(args: argparse.Namespace, cuda: str) -> HostDriver:
+def _host_driver(args: argparse.Namespace, cuda: str, floor: DriverFloor | None) -> HostDriver:
     """The host's driver; where none can be read (no GPU here), the error says how to check
     against a driver version instead (issue 22: 12)."""
     from buildkit_py.analysis.driver import read_host_driver
-    from buildkit_py.compat.tables import resolve_cuda
+    from buildkit_py.compat import driver_floor
     from buildkit_py.errors import DriverCheckError
 
     try:
         return read_host_driver()
     except DriverCheckError as exc:
-        try:  # the CUDA's native floor, or the driver NVIDIA bundles where the floor is unpublished
-            toolkit = resolve_cuda(cuda)
-            example = toolkit.linux_min_driver or toolkit.runfile_driver or "580.65.06"
+        try:  # the CUDA's native floor, or a driver known to run it where the floor is unpublished
+            floor = floor or driver_floor(cuda)
+            example = floor.native or (floor.evidence.driver if floor.evidence else None) or "580.65.06"
         except LookupError:  # an unknown version: check_compat says so once a driver is given
             example = "580.65.06"
         target = f"--cuda {args.cuda}" if args.cuda else args.target
@@ -89,14 +100,21 @@ def _host_driver(args: argparse.Namespace, cuda: str) -> HostDriver:
                                     + (exc.hint or "or run where the GPU is visible")) from None
 
 
-def _cuda_of_target(engine: Engine | None, target: str) -> tuple[str, str]:
+def _cuda_of_target(engine: Engine | None, target: str) -> tuple[str, str, DriverFloor | None, str]:
+    """The target's CUDA, its name, the floors to judge by (None: imgbuild's data for that CUDA) and
+    where they come from. An image's floor labels are its contract: they are used where it carries
+    them, the data only for an image without them."""
+    from buildkit_py.compat import floor_from_labels
+
     if is_recipe(target):
         from buildkit_py import pipeline
 
-        return pipeline.plan_recipe(Path(target), offline=True).resolution.cuda_version, f"recipe {target}"
+        res = pipeline.plan_recipe(Path(target), offline=True).resolution
+        return res.cuda_version, f"recipe {target}", res.driver_floor, FROM_DATA
     labels, env = image_labels(engine, target)
     cuda = labels.get(K.CUDA_VERSION) or env.get("CUDA_VERSION")
     if not cuda:
         raise UsageError(f"image {target} has no {K.CUDA_VERSION} label and no CUDA_VERSION env",
                          hint="check it with --cuda VERSION")
-    return cuda, f"image {target}"
+    floor = floor_from_labels(labels, cuda)
+    return cuda, f"image {target}", floor, FROM_LABELS if floor else FROM_DATA_UNLABELLED

@@ -80,7 +80,7 @@ def cmd_plan(args: argparse.Namespace, out: Out) -> int:
     out.line(f"  cuda      {res['cuda']} {res['flavor']} from {res['source']}")
     if res["cudnn"]:
         out.line(f"  cudnn     {res['cudnn']} from {res['cudnn_from']}")
-    out.line(f"  driver    {driver_summary(res)}")
+    out.line(f"  driver    {plan.resolution.driver_floor.describe(evidence=True)}")
     out.line(f"  python    {res['python']} ({res['python_provider']})")
     if res["torch"]:
         out.line(f"  torch     {res['torch']} from {res['torch_index_url'] or 'the Python registry'}")
@@ -94,19 +94,6 @@ def cmd_plan(args: argparse.Namespace, out: Out) -> int:
     for w in plan.warnings:
         out.line(f"  warning   {w.render()}")
     return 0
-
-
-def driver_summary(res: dict) -> str:
-    """The driver contract in one line (plan's "resolution"); an unpublished native floor is said to
-    be unknown, as the labels leave io.imgbuild.cuda.driver.min out and `check` answers."""
-    mm = ".".join(res["cuda"].split(".")[:2])
-    native, compat, known = res["min_driver"], res["min_driver_compat"], res["native_driver"]
-    text = f">= {native} native" if native else f"native floor unknown (NVIDIA publishes none for CUDA {mm})"
-    if compat:
-        text += f", >= {compat} with minor-version compatibility"
-    if known:
-        text += f"; >= {known} known to run it natively ({res['native_driver_why']})"
-    return text
 
 
 def cmd_lint(args: argparse.Namespace, out: Out) -> int:

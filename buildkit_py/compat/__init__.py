@@ -1,5 +1,6 @@
 """Compatibility knowledge (CUDA toolkits, drivers, images, wheels) as sourced data files."""
 
+from buildkit_py.compat.floors import DriverFloor, FloorSource, driver_floor, floor_from_labels, floor_labels
 from buildkit_py.compat.tables import (
     BnbRelease,
     CompatGap,
@@ -110,6 +111,11 @@ __all__ = [
     "ImageGap",
     "ImageSet",
     "known_native_driver",
+    "driver_floor",
+    "DriverFloor",
+    "floor_from_labels",
+    "floor_labels",
+    "FloorSource",
     "minor_compat",
     "minor_compat_floor",
     "MinorCompatFloor",

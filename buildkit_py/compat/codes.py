@@ -22,6 +22,8 @@ class WarningCode(TextEnum):
     JIT_WITHOUT_RUNTIME_COMPILE = "jit-without-runtime-compile"
     RUNTIME_COMPILE_WITHOUT_NVCC = "runtime-compile-without-nvcc"
     WEIGHTS_IN_COPY = "weights-in-copy"
+    FLOOR_LABELS_DIFFER = "floor-labels-differ"
+    FLOOR_CUDA_UNKNOWN = "floor-cuda-unknown"
 
 
 # The rules name their codes by these (codes.CUDA_TWICE).
@@ -31,6 +33,7 @@ DEVEL_WITHOUT_COMPILE = WarningCode.DEVEL_WITHOUT_COMPILE
 JIT_WITHOUT_RUNTIME_COMPILE = WarningCode.JIT_WITHOUT_RUNTIME_COMPILE
 RUNTIME_COMPILE_WITHOUT_NVCC = WarningCode.RUNTIME_COMPILE_WITHOUT_NVCC
 WEIGHTS_IN_COPY = WarningCode.WEIGHTS_IN_COPY
+FLOOR_LABELS_DIFFER, FLOOR_CUDA_UNKNOWN = WarningCode.FLOOR_LABELS_DIFFER, WarningCode.FLOOR_CUDA_UNKNOWN
 
 # code -> what it means (the README's table is checked against this one).
 CODES: dict[WarningCode, str] = {
@@ -44,6 +47,10 @@ CODES: dict[WarningCode, str] = {
     JIT_WITHOUT_RUNTIME_COMPILE: "a pinned package compiles CUDA kernels at run time, and runtime_compile is not set",
     RUNTIME_COMPILE_WITHOUT_NVCC: "runtime_compile is set, but the final image has no nvcc",
     WEIGHTS_IN_COPY: "a copy: source holds model weights, which would be baked into a layer",
+    FLOOR_LABELS_DIFFER: "check: the image's driver floor labels differ from imgbuild's data for its CUDA; the "
+                         "verdict follows the labels",
+    FLOOR_CUDA_UNKNOWN: "check: imgbuild's data does not know the image's CUDA; the verdict rests on its floor "
+                        "labels alone",
 }
 
 

@@ -17,7 +17,8 @@ from buildkit_py.compat.bases import BaseFacts
 from buildkit_py.compat.codes import RecipeWarning
 from buildkit_py.compat.cuda_pins import cuda_pins_rule
 from buildkit_py.compat.cudnn_source import cudnn_pins_rule, cudnn_source
-from buildkit_py.compat.tables import NativeEvidence, known_native_driver
+from buildkit_py.compat.floors import DriverFloor
+from buildkit_py.compat.tables import NativeEvidence
 from buildkit_py.errors import CompatibilityError, CompatibilityErrors
 from buildkit_py.recipe.model import CudaFlavor, CudaSource, Recipe
 
@@ -61,6 +62,11 @@ class Resolution:
     # Where the native floor is unpublished: the lowest driver known to run it natively, and why
     native_driver: NativeEvidence | None = None
     cudnn_origin: str | None = None  # where the cuDNN comes from, in words (plan shows it)
+
+    @property
+    def driver_floor(self) -> DriverFloor:
+        """The floors above as compat.floors gives them (what the labels stamp and check reads)."""
+        return DriverFloor(self.cuda_version, self.min_driver, self.min_driver_compat, self.native_driver)
 
     @property
     def cuda_major_minor(self) -> str:
@@ -110,8 +116,8 @@ def resolve(recipe: Recipe, base: BaseFacts | None = None, looked_up: rules.Look
         cuda_version=cuda.version,
         cuda_flavor=recipe.cuda.flavor,
         cuda_source=recipe.cuda.source,
-        min_driver=cuda.toolkit.linux_min_driver,
-        min_driver_compat=cuda.floor,
+        min_driver=cuda.floor.native,
+        min_driver_compat=cuda.floor.minor_compat,
         cudnn=cudnn_from.label if cudnn_from else None,
         cudnn_origin=cudnn_from.origin if cudnn_from else None,
         python=py.python,
@@ -119,7 +125,7 @@ def resolve(recipe: Recipe, base: BaseFacts | None = None, looked_up: rules.Look
         os=py.os,
         base_image=pinned.base_image,
         builder_image=images.builder_image,
-        require_cuda=rules.require_cuda(recipe, cuda.version, cuda.floor),
+        require_cuda=rules.require_cuda(recipe, cuda.version, cuda.floor.minor_compat),
         torch=torch.version,
         torch_variant=torch.variant,
         torch_index_url=torch.index_url,
@@ -131,7 +137,7 @@ def resolve(recipe: Recipe, base: BaseFacts | None = None, looked_up: rules.Look
         cuda_arch=archs.for_build(bool(compile_)),
         warnings=torch.warnings + bnb_warnings + images.warnings + flavor_warnings + pinned.warnings,
         base_digest=pinned.digest,
-        native_driver=known_native_driver(cuda.version),
+        native_driver=cuda.floor.evidence,
     )
 
 

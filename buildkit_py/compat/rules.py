@@ -36,6 +36,7 @@ from buildkit_py import label_keys as K
 from buildkit_py.compat import codes, cuda_base, torch_pins
 from buildkit_py.compat.bases import BaseFacts
 from buildkit_py.compat.codes import RecipeWarning
+from buildkit_py.compat.floors import DriverFloor
 from buildkit_py.compat.platforms import PinFiles
 from buildkit_py.compat.tables import BnbRelease, FlashAttnRelease, Toolkit, TorchRelease, WheelSet
 from buildkit_py.errors import CompatibilityError, RecipeLocation
@@ -79,7 +80,7 @@ Warnings = tuple[RecipeWarning, ...]
 class CudaPart:
     toolkit: Toolkit
     wheel_set: WheelSet | None  # the toolkit's own wheels, where the final stage installs them
-    floor: str | None  # the major's minor-version-compatibility driver floor
+    floor: DriverFloor  # the toolkit's driver floors (compat.floors, their one home)
 
     @property
     def version(self) -> str:
@@ -306,7 +307,7 @@ def cuda_rule(recipe: Recipe, base: BaseFacts | None) -> CudaPart:
                 raise _gap(recipe, "cuda.version", exc, "cuda", recipe.cuda.version) from None
         if wheel_set is not None and not brought:
             toolkit = compat.resolve_cuda(wheel_set.toolkit)
-    return CudaPart(toolkit, wheel_set, compat.minor_compat_floor(int(toolkit.version.split(".")[0])))
+    return CudaPart(toolkit, wheel_set, compat.driver_floor(toolkit.version))
 
 
 def _torch_brings_cuda_wheels(recipe: Recipe, cuda: str) -> bool:

@@ -15,6 +15,7 @@ import subprocess
 from collections.abc import Mapping
 from pathlib import Path
 
+from buildkit_py.compat.floors import floor_labels
 from buildkit_py.compat.resolve import Resolution
 from buildkit_py.errors import UsageError
 from buildkit_py.label_keys import (
@@ -23,8 +24,6 @@ from buildkit_py.label_keys import (
     CUDA_SOURCE,
     CUDA_VERSION,
     CUDNN_VERSION,
-    DRIVER_MIN,
-    DRIVER_MIN_COMPAT,
     INSTALLER,
     OCI_BASE_DIGEST,
     OCI_BASE_NAME,
@@ -62,10 +61,8 @@ def static_labels(recipe: Recipe, res: Resolution) -> dict[str, str]:
         labels[OS] = res.os
     if res.base_digest:
         labels[OCI_BASE_DIGEST] = res.base_digest
-    if res.min_driver:  # never stamped where NVIDIA publishes no native floor (CUDA 13.3-13.5)
-        labels[DRIVER_MIN] = res.min_driver
-    if res.min_driver_compat:
-        labels[DRIVER_MIN_COMPAT] = res.min_driver_compat
+    # the mapping `imgbuild check` reads back (compat.floors): no native floor where NVIDIA publishes none
+    labels.update(floor_labels(res.driver_floor))
     if res.cudnn:
         labels[CUDNN_VERSION] = res.cudnn
     if res.torch_label:
