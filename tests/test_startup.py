@@ -73,6 +73,16 @@ def test_reference_grammar_and_credentials_do_not_load_the_http_stack(statement)
     assert sorted(_modules_after(statement) & {"requests", "urllib3", "docker"}) == []
 
 
+def test_reading_the_engine_registry_loads_no_heavy_module():
+    """--engine's choices and help (any command's --help that lists them, any --engine VALUE) read
+    the registry, which imports every engine kind: those import requests, yaml and the recipe
+    model where they use them, not at import (issue 32: `build --help` was 22x a bare interpreter)."""
+    read = "from buildkit_py.engine import registry\nregistry.kinds_help(); registry.kind_names()"
+    assert "buildkit_py.engine.kinds.podman" in _modules_after(read, whole=True)  # every kind was imported
+    loaded = _modules_after(read)
+    assert sorted(loaded & (set(HEAVY) - {"dataclasses"})) == []  # the engines' requests and results are dataclasses
+
+
 def test_oci_package_exports_resolve_to_their_modules():
     from buildkit_py import oci
     from buildkit_py.oci import transport
