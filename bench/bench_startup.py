@@ -1,8 +1,11 @@
 """Start-up cost of the CLI: `imgbuild --version` and `--help` against `python -c pass`, measured
 side by side in one run (median of N interleaved runs, so machine load hits every arm alike).
 
-The target (issue 12) is 4x of a bare interpreter: a CI job or a shell completion that calls
-imgbuild many times should not pay for the docker SDK, jinja2 or rich before it needs them.
+The target (issue 12: 4x; issue 32: 3x) is 3x of a bare interpreter: a CI job or a shell
+completion that calls imgbuild many times should not pay for the docker SDK, jinja2 or rich before
+it needs them. Bytecode is cached, as an installed imgbuild has it (pip compiles it at install):
+where the caller's environment sets PYTHONDONTWRITEBYTECODE, every run compiled cli/main.py and
+the modules it imports anew, a cost no user pays.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -22,17 +26,21 @@ ARMS = {
     "imgbuild --version": [sys.executable, "-m", "buildkit_py", "--version"],
     "imgbuild --help": [sys.executable, "-m", "buildkit_py", "--help"],
 }
-TARGET_RATIO = 4.0
+TARGET_RATIO = 3.0
 
 
 def measure(runs: int) -> dict[str, float]:
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
     samples: dict[str, list[float]] = {name: [] for name in ARMS}
-    for _ in range(runs):
-        for name, cmd in ARMS.items():
-            start = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="imgbuild-bench-pyc-") as cache:
+        env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONPYCACHEPREFIX": cache}
+        env.pop("PYTHONDONTWRITEBYTECODE", None)
+        for cmd in ARMS.values():  # once, unmeasured: writes every arm's bytecode into the cache
             subprocess.run(cmd, env=env, stdout=subprocess.DEVNULL, check=True)
-            samples[name].append(time.perf_counter() - start)
+        for _ in range(runs):
+            for name, cmd in ARMS.items():
+                start = time.perf_counter()
+                subprocess.run(cmd, env=env, stdout=subprocess.DEVNULL, check=True)
+                samples[name].append(time.perf_counter() - start)
     return {name: statistics.median(values) for name, values in samples.items()}
 
 

@@ -9,7 +9,7 @@ import sys
 import time
 
 import pytest
-from conftest import _client
+from conftest import _client, on_every_engine
 from helpers import REPO, run_cli
 
 
@@ -48,6 +48,21 @@ def test_run_starts_what_it_says(entrypoint_image, tmp_path, capfd, args, printe
     running = shlex.split(running.removeprefix("running "))
     after = list(args[args.index("--") + 1:]) if "--" in args else []
     assert running[len(running) - len(after):] == after and running[len(running) - len(after) - 1] == entrypoint_image
+
+@on_every_engine
+def test_run_uses_the_engine_its_command_line_names(engine, entrypoint_image, tmp_path, capfd, monkeypatch):
+    """Issue 32 (4): `run --engine KIND` runs on that engine, over $IMGBUILD_ENGINE naming another
+    (`run --engine podman` was refused: only the variable reached run). The image is in this
+    engine's store alone, so a run on the other engine would not find it."""
+    monkeypatch.setenv("IMGBUILD_ENGINE", "docker" if engine.kind == "podman" else "podman")
+    code, _, err = run_cli("run", entrypoint_image, "--engine", engine.kind, "--gpus", "none", "--network", "none",
+                           "--weights-dir", str(tmp_path / "w"), "--", "from", "the", "option")
+    assert code == 0, err
+    assert capfd.readouterr().out.strip() == "ep from the option"
+    running = next(line for line in err.splitlines() if line.startswith("running "))
+    client = engine.client_argv()
+    assert shlex.split(running.removeprefix("running "))[:len(client) + 1] == [*client, "run"]
+
 
 def test_run_refuses_an_image_with_nothing_to_start(entrypoint_image, tmp_path, capfd):
     code, out, err = run_cli("run", entrypoint_image, "--gpus", "none", "--network", "none",

@@ -1,6 +1,6 @@
 """Start-up stays cheap: the CLI module must not import the heavy libraries before a command
-needs them (issue 12: `--version`/`--help` within 4x of a bare interpreter; the timing itself is
-measured in `make bench`, this test pins the cause)."""
+needs them (issue 12; issue 32: `--version`/`--help` within 3x of a bare interpreter; the timing
+itself is measured in `make bench` (bench/bench_startup.py), these tests pin the cause)."""
 
 import importlib
 import subprocess
@@ -33,10 +33,33 @@ def test_cli_start_imports_no_heavy_module(argv):
     assert sorted(loaded & set(HEAVY)) == []
 
 
-def _modules_after(statement: str) -> set[str]:
+# What a start needs before imgbuild runs: the interpreter, `-m` (runpy) and argparse, with what
+# argparse loads to format help (textwrap; locale, through gettext). The width is given, as cli/main.py
+# gives it: argparse would import shutil for it (and shutil bz2, lzma and zlib).
+_ARGPARSE_HELP = (
+    "import runpy, argparse\n"
+    "fmt = lambda prog: argparse.HelpFormatter(prog, width=78)\n"
+    "p = argparse.ArgumentParser(prog='x', formatter_class=fmt)\n"
+    "p.add_argument('--flag', help='some help text')\n"
+    "p.add_subparsers(metavar='C').add_parser('c', help='h', formatter_class=fmt)\n"
+    "p.format_help()\n"
+)
+
+
+@pytest.mark.parametrize("argv", [["--version"], ["--help"]])
+def test_cli_start_loads_nothing_beyond_argparse(argv):
+    """Issue 32: `--version` and `--help` load cli/main.py and what argparse needs, nothing more: not
+    the errors module (nor typing, which it needs), signal or threading (they load when a command
+    runs), nor shutil. Each was 1 to 2 ms of a start that must stay within 3x of `python -c pass`."""
+    base = {name for name in _modules_after(_ARGPARSE_HELP, whole=True)}
+    extra = set(_modules_at_start(argv)) - base
+    assert extra == {"buildkit_py", "buildkit_py.cli", "buildkit_py.cli.main", "__future__"}
+
+
+def _modules_after(statement: str, *, whole: bool = False) -> set[str]:
     code = f"import sys\n{statement}\nprint('\\n'.join(sorted(sys.modules)))"
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    return {name.split(".")[0] for name in proc.stdout.split()}
+    return {name if whole else name.split(".")[0] for name in proc.stdout.split()}
 
 
 @pytest.mark.parametrize("statement", [
@@ -48,6 +71,16 @@ def test_reference_grammar_and_credentials_do_not_load_the_http_stack(statement)
     """buildkit_py.oci loads each name from its module on first use: the plan and the CLI's
     argument checks need the reference grammar, not requests."""
     assert sorted(_modules_after(statement) & {"requests", "urllib3", "docker"}) == []
+
+
+def test_reading_the_engine_registry_loads_no_heavy_module():
+    """--engine's choices and help (any command's --help that lists them, any --engine VALUE) read
+    the registry, which imports every engine kind: those import requests, yaml and the recipe
+    model where they use them, not at import (issue 32: `build --help` was 22x a bare interpreter)."""
+    read = "from buildkit_py.engine import registry\nregistry.kinds_help(); registry.kind_names()"
+    assert "buildkit_py.engine.kinds.podman" in _modules_after(read, whole=True)  # every kind was imported
+    loaded = _modules_after(read)
+    assert sorted(loaded & (set(HEAVY) - {"dataclasses"})) == []  # the engines' requests and results are dataclasses
 
 
 def test_oci_package_exports_resolve_to_their_modules():
@@ -91,7 +124,7 @@ def test_command_table_names_every_register_function_once():
         parser = _build_parser(io.StringIO(), [name])
         sub = next(a for a in parser._actions if a.dest == "command")
         assert callable(sub.choices[name].get_default("handler")), name
-        others = [n for n, p in sub.choices.items() if n != name and p.get_default("handler")]
+        others = [n for n, p in sub.choices.items() if n != name and p is not None]  # listed, never built
         assert others == [], f"registering {name} also registered {others}"
 
 

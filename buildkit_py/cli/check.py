@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from buildkit_py import label_keys as K
-from buildkit_py.cli.common import AddCommand, Out, image_labels, is_recipe, json_option, reading_engine
+from buildkit_py.cli.common import AddCommand, Out, engine_option, image_labels, is_recipe, json_option, reading_engine
 from buildkit_py.errors import ExitStatus, UsageError
 
 if TYPE_CHECKING:
@@ -30,6 +30,7 @@ def register(add: AddCommand) -> None:
     c.add_argument("--driver", help="driver version to check (default: read the host with NVML or nvidia-smi)")
     c.add_argument("--datacenter", action=argparse.BooleanOptionalAction, default=None,
                    help="the GPU is a data-center part (forward compatibility); default: from the GPU name")
+    engine_option(c)
     json_option(c)
     c.set_defaults(handler=cmd_check)
 

@@ -10,7 +10,7 @@ import argparse
 import json
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
@@ -138,13 +138,45 @@ def network_option(sp: argparse.ArgumentParser, default: str | None, help_text: 
     sp.add_argument("--network", default=default, help=help_text)
 
 
-def engine_options(sp: argparse.ArgumentParser) -> None:
-    from buildkit_py.engine.registry import kind_names, kinds_help
+class _EngineKinds:
+    """--engine's choices: the engine registry's kinds (``kind_names``), read when argparse checks
+    a value or --help lists them. Reading the registry imports every engine module (~0.2 s): not
+    when the parser is built, for commands that may need no engine (``check --cuda``, ``sbom
+    IMAGE``) and for every other parse of a command that has --engine."""
 
-    sp.add_argument("--engine", dest="engine", choices=kind_names(), default=None,
-                    help=f"{kinds_help()}; also $IMGBUILD_ENGINE")
-    # the older name of --engine, still taken so scripts keep working; one word in --help
-    sp.add_argument("--backend", dest="engine", choices=kind_names(), help=argparse.SUPPRESS)
+    def __iter__(self) -> Iterator[str]:
+        from buildkit_py.engine.registry import kind_names
+
+        return iter(kind_names())
+
+    def __contains__(self, kind: object) -> bool:
+        return kind in list(self)
+
+
+class _EngineHelp(str):
+    """--engine's help, written from the registry when --help shows it: argparse expands an
+    option's help as ``help % params``. (Its own text is that expansion's fallback.)"""
+
+    def __mod__(self, params: object) -> str:
+        from buildkit_py.engine.registry import kinds_help
+
+        return f"{kinds_help()}; also $IMGBUILD_ENGINE"
+
+
+def engine_option(sp: argparse.ArgumentParser) -> None:
+    """--engine KIND on every command that uses an engine (build, test, run, inspect, diff, check,
+    lock, sbom), with the same choices and meaning: the kind of engine to use, else
+    $IMGBUILD_ENGINE, else auto (``reading_engine``, ``select_engine``)."""
+    for flag, help_text in (("--engine", _EngineHelp("engine kind (%(choices)s); also $IMGBUILD_ENGINE")),
+                            # its older name, still taken so scripts keep working; one word in --help
+                            ("--backend", argparse.SUPPRESS)):
+        option = sp.add_argument(flag, dest="engine", default=None, help=help_text)
+        option.choices = _EngineKinds()  # set here: add_argument would read them at once (it formats the option)
+
+
+def engine_options(sp: argparse.ArgumentParser) -> None:
+    """--engine, and --builder for the commands that build."""
+    engine_option(sp)
     sp.add_argument("--builder", help="buildx builder to use (remote or Kubernetes BuildKit)")
 
 

@@ -4,7 +4,15 @@ from __future__ import annotations
 
 import argparse
 
-from buildkit_py.cli.common import AddCommand, Out, json_option, progress_option, rate_options, reading_engine
+from buildkit_py.cli.common import (
+    AddCommand,
+    Out,
+    engine_option,
+    json_option,
+    progress_option,
+    rate_options,
+    reading_engine,
+)
 from buildkit_py.cli.progress import transfer_view
 from buildkit_py.errors import UsageError
 from buildkit_py.file_kinds import WEIGHT_FILE_LIMIT
@@ -17,6 +25,7 @@ def register_inspect(add: AddCommand) -> None:
     i.add_argument("--weight-threshold", default=f"{WEIGHT_FILE_LIMIT >> 20}MiB",
                    help="flag weight-like files above this size (default %(default)s)")
     i.add_argument("--no-compressed", action="store_true", help="skip the gzip estimate (faster on big images)")
+    engine_option(i)
     json_option(i)
     progress_option(i, "bytes of the image read")
     i.set_defaults(handler=cmd_inspect)
@@ -34,6 +43,7 @@ def register_diff(add: AddCommand) -> None:
     rate_options(df)
     df.add_argument("--no-uncompressed", action="store_true",
                     help="do not stream B's layers to count unpacked bytes (sizes shown as -)")
+    engine_option(df)
     json_option(df)
     progress_option(df, "bytes of B's layers read")
     df.set_defaults(handler=cmd_diff)

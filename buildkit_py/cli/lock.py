@@ -9,6 +9,7 @@ from buildkit_py.cli.common import (
     AddCommand,
     Out,
     ca_option,
+    engine_option,
     json_option,
     plan_recipe,
     progress_option,
@@ -23,6 +24,7 @@ def register(add: AddCommand) -> None:
              "installs it. `imgbuild build` then installs exactly that (pip --require-hashes).")
     lk.add_argument("recipe", type=Path)
     ca_option(lk, "CA bundle for reaching the package index")
+    engine_option(lk)
     json_option(lk)
     progress_option(lk, "what is being resolved")
     lk.set_defaults(handler=cmd_lock)

@@ -3,25 +3,26 @@ where typed errors become messages, JSON error documents and exit codes.
 
 Each command module (``cli/build.py``, ``cli/inspect.py``...) has a ``register(add)`` per
 command, which adds its arguments and handler; the shared option groups live in
-``cli/common.py``. Only the invoked command's module is imported (``COMMANDS`` holds every
-command's one-line summary for ``imgbuild --help``), and command modules import the library
-inside their handlers: ``--version`` and ``--help`` import neither."""
+``cli/common.py``. Only the invoked command's module is imported, and only its parser is built
+(``COMMANDS`` holds every command's one-line summary for ``imgbuild --help``); command modules
+import the library inside their handlers. ``--version`` and ``--help`` load no more than this
+module and argparse (issue 32: within 3x of a bare interpreter; tests/test_startup.py pins it):
+errors, typing, signal and threading are imported when a command runs or fails."""
 
 from __future__ import annotations
 
 import argparse
 import importlib
 import os
-import signal
 import sys
-import threading
-from collections.abc import Sequence
-from typing import IO, TYPE_CHECKING, Any, NoReturn
 
 from buildkit_py import __version__
-from buildkit_py.errors import ExitStatus, ImgbuildError, Interrupted, UsageError
 
+TYPE_CHECKING = False  # typing.TYPE_CHECKING, without importing typing (~2 ms of start-up)
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+    from typing import IO, Any, NoReturn
+
     from _typeshed import SupportsWrite
 
     from buildkit_py.cli.common import Out
@@ -74,6 +75,8 @@ class _Parser(argparse.ArgumentParser):
         super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> NoReturn:
+        from buildkit_py.errors import UsageError
+
         # main() prefixes "imgbuild: error:"; name only the subcommand here.
         where = self.prog.removeprefix("imgbuild").strip()
         raise UsageError(f"{where}: {message}" if where else message, hint=f"see `{self.prog} --help`")
@@ -95,11 +98,37 @@ class _Exit(Exception):
         self.status = status
 
 
+class _Formatter(argparse.RawDescriptionHelpFormatter):
+    """argparse's formatter, given the terminal's width as shutil.get_terminal_size() finds it,
+    less 2 (what argparse does), without importing shutil: it loads zlib, bz2 and lzma, ~1.5 ms
+    of `imgbuild --help`."""
+
+    def __init__(self, prog: str, **kwargs: Any):
+        kwargs.setdefault("width", _terminal_columns() - 2)
+        super().__init__(prog, **kwargs)
+
+
+def _terminal_columns() -> int:
+    """shutil.get_terminal_size().columns: $COLUMNS, else stdout's terminal, else 80."""
+    try:
+        columns = int(os.environ["COLUMNS"])
+    except (KeyError, ValueError):
+        columns = 0
+    if columns <= 0:
+        try:
+            columns = os.get_terminal_size(sys.__stdout__.fileno()).columns  # type: ignore[union-attr]
+        except (AttributeError, ValueError, OSError):  # no stdout, closed, or not a terminal
+            columns = 0
+    return columns or 80
+
+
 def _build_parser(stdout: IO[str], commands: Sequence[str] = ()) -> _Parser:
     """The parser, with the arguments of ``commands`` (the invoked one; a test asks for all);
-    every other command is listed by its summary only."""
+    every other command is only listed, by its summary: an argparse parser costs ~0.3 ms, and
+    building all 18 was a fifth of `imgbuild --help`. Its entry in ``choices`` is None, so an
+    unknown command's error still names every command."""
     _Parser.stdout = stdout
-    fmt = argparse.RawDescriptionHelpFormatter
+    fmt = _Formatter
     p = _Parser(prog="imgbuild", description="Build slim, labelled CUDA container images from YAML recipes.",
                 epilog=EPILOG, formatter_class=fmt)
     p.add_argument("--version", action="version", version=f"imgbuild {__version__}")
@@ -111,9 +140,11 @@ def _build_parser(stdout: IO[str], commands: Sequence[str] = ()) -> _Parser:
                                                          epilog=EPILOG, formatter_class=fmt)
         return parser
 
-    for name, (_, where) in COMMANDS.items():
+    for name, (summary, where) in COMMANDS.items():
         if name not in commands:
-            add(name)
+            # what add_parser(name, help=summary) lists in --help, without the parser
+            sub._choices_actions.append(sub._ChoicesPseudoAction(name, (), summary))  # type: ignore[attr-defined]
+            sub.choices[name] = None  # type: ignore[assignment]
             continue
         module, function = where.split(":")
         register = getattr(importlib.import_module(f"buildkit_py.cli.{module}"), function)
@@ -139,27 +170,28 @@ def main(argv: Sequence[str] | None = None, stdout: IO[str] | None = None, stder
         after_dashes = argv[argv.index("--") + 1:]
         argv = argv[:argv.index("--")]
     args: argparse.Namespace | None = None
-    previous = _raise_on_signals()
+    previous: dict[int, Any] = {}
     try:
         parser = _build_parser(stdout, _invoked_command(argv))
         args = parser.parse_args(argv)
         args.container_command = after_dashes
         if not args.command:
+            from buildkit_py.errors import ExitStatus
+
             parser.print_help()
             return ExitStatus.BAD_INPUT
+        previous = _raise_on_signals()
         return int(args.handler(args, _out(stdout, stderr, stdin, quiet=getattr(args, "progress", None) == "quiet")))
     except _Exit as exc:
         return exc.status
-    except ImgbuildError as exc:
-        stderr.write(f"imgbuild: error: {exc.render()}\n")
-        code = int(exc.exit_status)
-        document = {**exc.to_json(), "hint": exc.hint, "exit_code": code}
     except BrokenPipeError:
         # The reader went away (`imgbuild plan ... | head`): stop quietly, as cat does, and keep
         # Python from failing again when it flushes stdout at exit.
         _silence_stdout(stdout)
         return 128 + 13  # SIGPIPE's status, what a shell reports for a writer whose pipe closed
     except KeyboardInterrupt as exc:  # errors.Interrupted from the handlers below, or a bare Ctrl-C
+        import signal
+
         name = signal.Signals(getattr(exc, "signum", signal.SIGINT)).name
         stopped = list(getattr(exc, "stopped", []))
         message = f"interrupted by {name}" + (f": stopped {'; '.join(stopped)}; its temporary files removed"
@@ -168,14 +200,21 @@ def main(argv: Sequence[str] | None = None, stdout: IO[str] | None = None, stder
         code = 128 + signal.Signals[name]
         document = {"error": "Interrupted", "message": message, "hint": None, "exit_code": code, "signal": name,
                     "stopped": stopped}
-    except Exception as exc:  # a bug: say so briefly; the traceback only on request
-        if os.environ.get("IMGBUILD_DEBUG"):
-            raise
-        hint = "set IMGBUILD_DEBUG=1 to see the traceback, and please report it"
-        stderr.write(f"imgbuild: internal error: {exc.__class__.__name__}: {exc}\n  {hint}\n")
-        code = int(ExitStatus.FAILED)
-        document = {"error": "InternalError", "message": f"{exc.__class__.__name__}: {exc}", "hint": hint,
-                    "exit_code": code}
+    except Exception as exc:
+        from buildkit_py.errors import ExitStatus, ImgbuildError  # here, not at start-up (see above)
+
+        if isinstance(exc, ImgbuildError):
+            stderr.write(f"imgbuild: error: {exc.render()}\n")
+            code = int(exc.exit_status)
+            document = {**exc.to_json(), "hint": exc.hint, "exit_code": code}
+        else:  # a bug: say so briefly; the traceback only on request
+            if os.environ.get("IMGBUILD_DEBUG"):
+                raise
+            hint = "set IMGBUILD_DEBUG=1 to see the traceback, and please report it"
+            stderr.write(f"imgbuild: internal error: {exc.__class__.__name__}: {exc}\n  {hint}\n")
+            code = int(ExitStatus.FAILED)
+            document = {"error": "InternalError", "message": f"{exc.__class__.__name__}: {exc}", "hint": hint,
+                        "exit_code": code}
     finally:
         _restore_signals(previous)
     if _json_requested(args, argv):
@@ -195,6 +234,11 @@ def _raise_on_signals() -> dict[int, Any]:
     line, exit 128+N. (Python's default for SIGTERM is to die on the spot: exit 143, no message,
     the `docker build` still running and its temporary Dockerfile, context and iid files left.)
     Returns the handlers to put back; none are set outside the main thread (in-process tests)."""
+    import signal
+    import threading
+
+    from buildkit_py.errors import Interrupted
+
     if threading.current_thread() is not threading.main_thread():
         return {}
 
@@ -205,6 +249,10 @@ def _raise_on_signals() -> dict[int, Any]:
 
 
 def _restore_signals(previous: dict[int, Any]) -> None:
+    if not previous:  # none were set: --help, --version, a usage error
+        return
+    import signal
+
     for signum, handler in previous.items():
         signal.signal(signum, handler)
 

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 from buildkit_py.cli.common import (
     AddCommand,
     Out,
+    engine_option,
     image_config,
     is_recipe,
     json_option,
@@ -36,8 +37,8 @@ if TYPE_CHECKING:
 def register_run(add: AddCommand) -> None:
     rn = add("run", "Weights listed in the recipe (or the image's io.imgbuild.weights label) are pulled into\n"
              "--weights-dir (a second run downloads nothing) and mounted read-only. GPU flags are added\n"
-             "when the engine offers GPUs: the NVIDIA runtime or CDI specs (--gpus auto). The engine is\n"
-             "$IMGBUILD_ENGINE's (docker: --gpus all; podman: --device nvidia.com/gpu=all).\n\n"
+             "when the engine offers GPUs: the NVIDIA runtime or CDI specs (--gpus auto; docker: --gpus all;\n"
+             "podman: --device nvidia.com/gpu=all). The engine is --engine's, else $IMGBUILD_ENGINE's.\n\n"
              "The command after -- follows docker's rule: with an image ENTRYPOINT it is passed to the\n"
              "ENTRYPOINT as arguments; --entrypoint replaces the ENTRYPOINT. imgbuild prints which applies.\n\n"
              "  imgbuild run recipes/inference-slim.yaml -- --workers 2      # uvicorn serve:app ... --workers 2\n"
@@ -55,6 +56,7 @@ def register_run(add: AddCommand) -> None:
     rn.add_argument("--docker-arg", action="append", default=[], metavar="ARG",
                     help="extra docker run (podman run) argument, repeatable "
                          "(e.g. --docker-arg=-p --docker-arg=8000:8000)")
+    engine_option(rn)
     json_option(rn, "with --dry-run: the plan as JSON")
     progress_option(rn, "weights download progress")
     rn.set_defaults(handler=cmd_run)

@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from buildkit_py.cli.common import AddCommand, Out, json_option, reading_engine
+from buildkit_py.cli.common import AddCommand, Out, engine_option, json_option, reading_engine
 from buildkit_py.errors import UsageError
 
 if TYPE_CHECKING:
@@ -36,6 +36,7 @@ def register(add: AddCommand) -> None:
     s.add_argument("--variant", default="default", metavar="ID", help="with --lock: the matrix variant")
     s.add_argument("--attach", action="store_true",
                    help="with --generate: attach the SBOM to IMAGE in its registry (replacing an earlier one of ours)")
+    engine_option(s)
     json_option(s)
     s.set_defaults(handler=cmd_sbom)
 
@@ -43,7 +44,7 @@ def register(add: AddCommand) -> None:
 def cmd_sbom(args: argparse.Namespace, out: Out) -> int:
     from buildkit_py.analysis import sbom
 
-    for flag in ("lock", "attach"):
+    for flag in ("lock", "attach", "engine"):
         if getattr(args, flag) and not args.generate:
             raise UsageError(f"--{flag} goes with --generate", hint="without it the attached SBOM is read")
     if args.source != "auto" and not args.generate:

@@ -11,7 +11,6 @@ from dataclasses import dataclass
 from buildkit_py import oci
 from buildkit_py.errors import AuthenticationError, RegistryError, RegistryUnreachable
 from buildkit_py.oci import auth
-from buildkit_py.oci.transport import unreachable_hint
 
 ProgressSink = Callable[[str], None]
 # progress(event, label, done, total): the transfer callback weights and mirror report through;
@@ -72,6 +71,8 @@ def classify_push_error(message: str, host: str) -> Exception:
                                    hint=f"log in with: imgbuild login {host} -u USER --password-stdin "
                                         "(or set IMGBUILD_REGISTRY_USER / IMGBUILD_REGISTRY_PASSWORD)")
     if any(m in low for m in _UNREACHABLE_MARKERS):
+        from buildkit_py.oci.transport import unreachable_hint  # noqa: PLC0415 - requests: see engine/run.py
+
         return RegistryUnreachable(f"cannot reach the registry {host}: {message}",
                                    hint=unreachable_hint(host))
     if "no space left" in low or "status: 500" in low or "500 internal server error" in low:

@@ -12,20 +12,21 @@ import re
 import shlex
 import subprocess
 import threading
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import yaml
-
 from buildkit_py.engine import children
 from buildkit_py.errors import UsageError
-from buildkit_py.recipe.model import Recipe, named_volume
 
 if TYPE_CHECKING:
     from buildkit_py.engine.base import Engine
+    from buildkit_py.recipe.model import Recipe
+
+# yaml and the recipe model (yaml, packaging) are imported by compose's functions, as push.py
+# imports requests where it needs it: every engine kind imports these modules, and reading the
+# engine registry (--engine's choices and help) imports every kind (issue 32: start-up).
 
 # Where the NVIDIA container toolkit writes CDI specs (`nvidia-ctk cdi generate`).
 CDI_DIRS = (Path("/etc/cdi"), Path("/var/run/cdi"))
@@ -187,6 +188,8 @@ def make_run_plan(image: str, weights_pairs: list[tuple[str, str]], options: Run
 
 def container_name() -> str:
     """A fresh name for a container imgbuild starts (``run_container`` removes it by this name)."""
+    import uuid  # noqa: PLC0415 - ~2 ms, for the run alone
+
     return f"imgbuild-{uuid.uuid4().hex[:12]}"
 
 
@@ -241,6 +244,8 @@ def run_container(engine: Engine, spec: RunSpec, *, what: str, timeout: float | 
 def compose_document(image: str, recipe: Recipe) -> dict[str, Any]:
     """compose.yaml for the image: GPU reservation, weights bound read-only from the host
     folders `imgbuild run` fills, and the companion services the recipe lists."""
+    from buildkit_py.recipe.model import named_volume  # noqa: PLC0415 - compose only (see the imports)
+
     app: dict[str, Any] = {"image": image}
     app["deploy"] = {"resources": {"reservations": {"devices": [
         {"driver": "nvidia", "count": "all", "capabilities": ["gpu"]}]}}}
@@ -280,6 +285,8 @@ def _literal(value: str) -> str:
 
 
 def compose_text(image: str, recipe: Recipe) -> str:
+    import yaml  # noqa: PLC0415 - compose only (see the imports)
+
     pulls = "".join(f"#   imgbuild weights pull {w.ref} ./weights/{weights_dir_name(w.ref)}\n" for w in recipe.weights)
     header = (f"# Written by `imgbuild compose {recipe.path.name}`.\n"
               + (f"# Pull the weights before `docker compose up`:\n{pulls}" if pulls else ""))
