@@ -12,6 +12,7 @@ from buildkit_py.compat.resolve import resolve
 from buildkit_py.errors import CompatibilityError
 from buildkit_py.plan.build_plan import make_plan
 from buildkit_py.recipe.model import load_recipe
+from buildkit_py.render.dockerfile import render_dockerfile
 
 BASE = """\
 name: team/x
@@ -619,3 +620,21 @@ def test_an_os_whose_python_is_not_recorded_is_said_so_never_python_none(tmp_pat
     assert err.reason.startswith("imgbuild does not know which Python debian10 ships (its data has debian11 (3.9)")
     assert "None" not in (err.hint or "") and "?" not in err.message
     assert err.hint == "use a python:3.11 base image, an OS imgbuild knows, or an Ubuntu base"
+
+
+@pytest.mark.parametrize(("fa", "archs", "env"), [
+    ("2.8.3", '["8.6", "9.0"]', (("FLASH_ATTN_CUDA_ARCHS", "80;90"),)),  # sm_80 runs on 8.6
+    ("2.8.3", '["9.0"]', (("FLASH_ATTN_CUDA_ARCHS", "90"),)),
+    ("2.8.3", "[]", (("FLASH_ATTN_CUDA_ARCHS", "80;90"),)),  # the default archs the label names
+    ("2.6.3", '["9.0"]', ()),  # before 2.7.3 setup.py compiles its own gencode list, reading no setting
+])
+def test_a_flash_attn_source_build_is_told_the_archs_the_label_names(tmp_path, fa, archs, env):
+    """issue 30: build.cuda_arch reached only TORCH_CUDA_ARCH_LIST, while flash-attn >= 2.7.3 compiles
+    what FLASH_ATTN_CUDA_ARCHS says (80;90;100;120 unless told): the cuda.arch label was false."""
+    r = recipe(tmp_path, cuda="12.8" if fa == "2.8.3" else "12.4", base="base: {image: ubuntu:22.04}",
+               extra=f'torch: "{"2.7.1" if fa == "2.8.3" else "2.4.1"}"\npip: ["flash-attn=={fa}"]\n'
+                     f"build: {{from_source: [flash-attn], cuda_arch: {archs}}}")
+    res = resolve(r)
+    assert res.build_env == env
+    text = render_dockerfile(make_plan(r, resolution=res))
+    assert ("FLASH_ATTN_CUDA_ARCHS=" in text) == bool(env)

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from buildkit_py import compat
 from buildkit_py.compat import platforms, rules
 from buildkit_py.compat.bases import BaseFacts
 from buildkit_py.compat.codes import RecipeWarning
@@ -20,7 +21,7 @@ from buildkit_py.compat.cudnn_source import cudnn_pins_rule, cudnn_source
 from buildkit_py.compat.floors import DriverFloor
 from buildkit_py.compat.tables import NativeEvidence
 from buildkit_py.errors import CompatibilityError, CompatibilityErrors
-from buildkit_py.recipe.model import CudaFlavor, CudaSource, Recipe
+from buildkit_py.recipe.model import CudaFlavor, CudaSource, Recipe, pin_name
 
 _T = TypeVar("_T")
 
@@ -62,6 +63,9 @@ class Resolution:
     # Where the native floor is unpublished: the lowest driver known to run it natively, and why
     native_driver: NativeEvidence | None = None
     cudnn_origin: str | None = None  # where the cuDNN comes from, in words (plan shows it)
+    # what the compile stage's source builds must be told to compile cuda_arch and no more
+    # (FLASH_ATTN_CUDA_ARCHS: flash-attn reads its own setting, not TORCH_CUDA_ARCH_LIST)
+    build_env: tuple[tuple[str, str], ...] = ()
 
     @property
     def driver_floor(self) -> DriverFloor:
@@ -135,6 +139,7 @@ def resolve(recipe: Recipe, base: BaseFacts | None = None, looked_up: rules.Look
         compile=tuple(sorted(compile_)),
         prebuilt_urls=flash_attn.prebuilt,
         cuda_arch=archs.for_build(bool(compile_)),
+        build_env=_build_env(recipe, compile_, archs.for_build(bool(compile_)), cuda.version),
         warnings=torch.warnings + bnb_warnings + images.warnings + flavor_warnings + pinned.warnings,
         base_digest=pinned.digest,
         native_driver=cuda.floor.evidence,
@@ -149,6 +154,16 @@ def _attempt(problems: list[CompatibilityError], rule: Callable[..., _T], *args:
     except CompatibilityError as exc:
         problems.append(exc)
         return None
+
+
+def _build_env(recipe: Recipe, compile_: frozenset[str], archs: tuple[str, ...],
+               cuda: str) -> tuple[tuple[str, str], ...]:
+    """The settings a from-source package reads for its architectures besides TORCH_CUDA_ARCH_LIST, so
+    that io.imgbuild.cuda.arch says what it compiled (flash-attn's FLASH_ATTN_CUDA_ARCHS)."""
+    if "flash-attn" not in compile_:
+        return ()
+    version = next(spec.split("==", 1)[1] for spec in recipe.pip if pin_name(spec) == "flash-attn")
+    return compat.flash_attn_build_env(version, archs, cuda)
 
 
 def _all_of(problems: list[CompatibilityError]) -> CompatibilityError:

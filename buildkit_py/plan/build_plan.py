@@ -354,6 +354,7 @@ def make_plan(recipe: Recipe, *, tags: tuple[str, ...] = (), registry: str | Non
             no_isolation=bool(res.torch),
             # Force a source build even where the index has a binary wheel.
             no_binary=",".join(sorted(pin_name(r) for r in compiled)),
+            env=res.build_env,
         ))
         builder = tuple(_with_installer(builder_steps, installer))
         stages.append(Stage("builder", res.compile_stage_base, builder, StageRole.BUILDER))

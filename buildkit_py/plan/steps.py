@@ -140,6 +140,7 @@ class WheelBuildStep(Step):
     jobs: int  # MAX_JOBS
     no_isolation: bool  # build against the torch installed earlier in the stage
     no_binary: str  # comma-separated names: a source build even where a binary wheel exists
+    env: tuple[tuple[str, str], ...] = ()  # each package's own architecture setting (FLASH_ATTN_CUDA_ARCHS)
 
 
 @dataclass(frozen=True)
