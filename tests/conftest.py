@@ -198,6 +198,19 @@ def docker_config(tmp_path, monkeypatch) -> Path:
 
 
 @pytest.fixture
+def registry_client(registry, docker_config, monkeypatch):
+    """An oci.Client with the test registry's credentials (from the environment, as CI passes them)."""
+    from buildkit_py import oci
+    from buildkit_py.oci import auth
+
+    monkeypatch.setenv(auth.ENV_USER, registry.user)
+    monkeypatch.setenv(auth.ENV_PASSWORD, registry.password)
+    monkeypatch.delenv(auth.ENV_HOST, raising=False)
+    with oci.Client() as c:
+        yield c
+
+
+@pytest.fixture
 def logged_in(registry, docker_config) -> Registry:
     """The registry, logged in with `imgbuild login` into the test's private docker config."""
     code, _, err = run_cli("login", registry.address, "-u", registry.user, "--password-stdin",

@@ -203,11 +203,8 @@ def test_document_is_reproducible_and_its_serial_follows_its_content():
 
 
 @pytest.fixture
-def client(registry, docker_config, monkeypatch):
-    monkeypatch.setenv("IMGBUILD_REGISTRY_USER", registry.user)
-    monkeypatch.setenv("IMGBUILD_REGISTRY_PASSWORD", registry.password)
-    with oci.Client() as c:
-        yield c
+def client(registry_client):
+    return registry_client
 
 
 def _push_image(client, ref: oci.Reference, arch: str, *tars: bytes) -> tuple[str, int]:
