@@ -1,7 +1,7 @@
 """Signatures in cosign's format (issue 31 item 2), against the real registry: what `imgbuild sign`
 writes (the payload byte for byte, the tag, the layer and its annotation), verification under
 the right key, another key and none, an index and its platforms, keys refused with a hint, a
-recipe's base.verify before building.
+recipe's base.verify before building; and `mirror` taking an image's referrers with it (item 3).
 The cosign and oras CLIs themselves are in test_e2e_signing.py."""
 
 from __future__ import annotations
@@ -245,3 +245,48 @@ def test_base_verify_refuses_an_unsigned_base_before_building(client, registry, 
     with pytest.raises(RecipeError, match="base.verify.*no such key file"):
         pipeline.plan_recipe(missing, offline=True)
 
+
+def test_mirror_copies_the_referrers(client, registry, unique_name, keys):
+    """An index with an SBOM on each platform (OCI referrers, tag schema), a cosign signature on
+    the index and each platform: mirrored, the copy lists and verifies the same; mirrored again,
+    nothing is listed twice. A platform filter makes a new index: the source index's referrers
+    stay behind (they name its digest), the platform's go."""
+    from buildkit_py.analysis import sbom
+
+    src = oci.parse_reference(registry.repo(unique_name) + ":1")
+    index, platforms = push_index(client, src)
+    for platform, digest in platforms.items():
+        pinned = src.with_tag(None).with_digest(digest)
+        document = json.dumps({"bomFormat": "CycloneDX", "p": platform}).encode()
+        oci.push_referrer(pinned, oci.descriptor_of(pinned, client=client), sbom.ARTIFACT_TYPE,
+                          [oci.Blob(sbom.ARTIFACT_TYPE, document)],
+                          annotations={sbom.ANNOTATION_PLATFORM: platform}, client=client)
+    sig.sign_image(src, sig.load_signing_key(keys["team"][0]), client=client)
+    public = sig.load_verifying_key(keys["team"][1])
+
+    dest = oci.parse_reference(registry.repo(unique_name + "-copy") + ":1")
+    copied = oci.copy_image(src, dest, client=client)
+    assert copied.same_digest
+    kinds = sorted(r.kind for r in copied.referrers)
+    assert kinds == [sbom.ARTIFACT_TYPE] * 2 + ["cosign signature"] * 3
+    assert all(r.verified for r in sig.verify_image(dest, public, client=client))
+    for platform, digest in platforms.items():
+        listed = oci.list_referrers(dest, digest, client=client)
+        assert [r.artifact_type for r in listed.items] == [sbom.ARTIFACT_TYPE]
+        assert listed.items[0].annotations[sbom.ANNOTATION_PLATFORM] == platform
+    again = oci.copy_image(src, dest, client=client)
+    assert len(again.referrers) == 5
+    assert len(oci.list_referrers(dest, platforms["linux/arm64"], client=client).items) == 1
+    assert sig.verify_image(dest, public, client=client)[0].signatures == 1
+
+    code, out, err = run_cli("mirror", str(src), str(dest))
+    assert code == 0, err
+    assert f"referrers 5 copied (3 cosign signature, 2 {sbom.ARTIFACT_TYPE})" in out
+
+    arm_only = oci.parse_reference(registry.repo(unique_name + "-arm") + ":1")
+    filtered = oci.copy_image(src, arm_only, platforms=("linux/arm64",), client=client)
+    assert not filtered.same_digest
+    assert sorted((r.subject, r.kind) for r in filtered.referrers) == sorted(
+        [(platforms["linux/arm64"], sbom.ARTIFACT_TYPE), (platforms["linux/arm64"], "cosign signature")])
+    [top] = sig.verify_image(arm_only.with_tag(None).with_digest(platforms["linux/arm64"]), public, client=client)
+    assert top.verified
