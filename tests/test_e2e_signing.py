@@ -3,9 +3,10 @@ items 2 and 3): Debian 13's cosign 2.5 and oras 1.2, which scripts/services.sh u
 
 On Docker 26 the recipe is two platforms (one index), on Docker 20.10 one: `build --push --sign
 KEY` signs every pushed manifest and `cosign verify --key` accepts each; `imgbuild verify`
-accepts what `cosign sign` wrote and both refuse another key; each platform's SBOM is found from
-that platform's manifest digest; `mirror` takes the SBOMs and signatures with the image, where
-`oras discover` lists the SBOM and cosign verifies the copy; a recipe with base.verify builds on
+accepts what `cosign sign` wrote, cosign accepts what imgbuild signed with a cosign.key, and both
+refuse another key; each platform's SBOM is found from that platform's manifest digest; `mirror`
+takes the SBOMs and signatures with the image, where `oras discover` lists the SBOM and cosign
+verifies the copy; a recipe with base.verify builds on
 the signed image and refuses it under another key before building. In CI a missing cosign or
 oras fails (conftest.unavailable)."""
 
@@ -53,7 +54,8 @@ def oras_discover(ref: str) -> subprocess.CompletedProcess:
 
 
 def test_signed_push_verified_by_cosign_and_referrers_mirrored(tmp_path, engine, logged_in, multiarch_base,
-                                                               unique_name, cleanup_images, registry_refs):
+                                                               unique_name, cleanup_images, registry_refs,
+                                                               monkeypatch):
     tool("cosign"), tool("oras")  # before the build: a missing CLI fails (CI) or skips in a second
     two = engine.test_name != "docker20"  # the classic builder makes one platform (test_e2e_platforms)
     reg = logged_in.address
@@ -94,6 +96,7 @@ def test_signed_push_verified_by_cosign_and_referrers_mirrored(tmp_path, engine,
 
     # cosign signs (the index only, as cosign does without --recursive); imgbuild verifies it
     (tmp_path / "cosign").mkdir()
+    monkeypatch.setenv("COSIGN_PASSWORD", "")  # the key's password, for cosign and imgbuild alike
     made = cosign("generate-key-pair", "--output-key-prefix", str(tmp_path / "cosign" / "cosign"))
     assert made.returncode == 0, made.stderr
     sign = cosign("sign", "--key", str(tmp_path / "cosign" / "cosign.key"), "--tlog-upload=false",
@@ -103,6 +106,12 @@ def test_signed_push_verified_by_cosign_and_referrers_mirrored(tmp_path, engine,
     assert code == 0, err
     verdict = json.loads(out)
     assert verdict["verified"] and verdict["manifests"][0]["signatures"] == 2  # ours, then cosign's appended
+    # imgbuild signs with cosign's own cosign.key; cosign accepts it on a platform manifest (which
+    # cosign sign, without --recursive, did not sign)
+    last = list(platforms.values())[-1]
+    code, _, err = run_cli("sign", f"{repo}@{last}", "--key", str(tmp_path / "cosign" / "cosign.key"))
+    assert code == 0, err
+    assert cosign_verify(f"{repo}@{last}", tmp_path / "cosign" / "cosign.pub").returncode == 0
     # another key: refused by both
     code, _, err = run_cli("sign", "--generate-key", str(tmp_path / "other.key"))
     assert code == 0, err

@@ -10,6 +10,8 @@ import base64
 import json
 import os
 import stat
+import sys
+from pathlib import Path
 
 import pytest
 from helpers import run_cli, write_recipe
@@ -157,9 +159,8 @@ def test_keys(tmp_path, keys):
     cosign_key = tmp_path / "cosign.key"
     cosign_key.write_text("-----BEGIN ENCRYPTED SIGSTORE PRIVATE KEY-----\neyJrZGYiOnt9fQ==\n"
                           "-----END ENCRYPTED SIGSTORE PRIVATE KEY-----\n")
-    with pytest.raises(UsageError, match="cosign's encrypted key format") as err:
+    with pytest.raises(UsageError, match="is not a cosign key this reads") as err:
         sig.load_signing_key(cosign_key)
-    assert "cosign import-key-pair" in (err.value.hint or "")
     with pytest.raises(UsageError, match="is a private key: verify with its public key"):
         sig.load_verifying_key(private)
     with pytest.raises(UsageError, match="is not a PEM private key"):
@@ -183,6 +184,38 @@ def test_keys(tmp_path, keys):
         sig.load_signing_key(locked)
     assert "IMGBUILD_KEY_PASSWORD" in (err.value.hint or "")
     assert sig.load_signing_key(locked, b"s3cret").public_pem() == public.read_bytes()
+
+
+COSIGN_FIXTURE = Path(__file__).parent / "fixtures" / "cosign"
+
+
+def test_cosigns_own_key_file_is_read(monkeypatch):
+    """cosign.key as `cosign generate-key-pair` wrote it (scrypt, NaCl secretbox, PKCS#8 inside):
+    opened with its password, it is the private half of cosign.pub; a wrong password, or no
+    PyNaCl, is a usage error saying what to do."""
+    key = sig.load_signing_key(COSIGN_FIXTURE / "cosign.key", b"imgbuild-test")
+    public = sig.load_verifying_key(COSIGN_FIXTURE / "cosign.pub").key
+    assert key.key.public_key().public_numbers() == public.public_numbers()
+    payload = sig.simple_signing_payload("r/x", "sha256:" + "0" * 64)
+    assert sig.payload_verifies(sig.VerifyingKey(COSIGN_FIXTURE, public), payload, sig.sign_payload(key, payload))
+    with pytest.raises(UsageError, match="the password does not open this cosign key") as err:
+        sig.load_signing_key(COSIGN_FIXTURE / "cosign.key", b"wrong")
+    assert "COSIGN_PASSWORD" in (err.value.hint or "")
+    monkeypatch.setitem(sys.modules, "nacl.secret", None)  # PyNaCl not installed
+    with pytest.raises(UsageError, match="needs PyNaCl") as err:
+        sig.load_signing_key(COSIGN_FIXTURE / "cosign.key", b"imgbuild-test")
+    assert "imgbuild[cosign]" in (err.value.hint or "")
+
+
+def test_the_cli_reads_cosigns_password_variable(monkeypatch, tmp_path):
+    from buildkit_py.cli.sign import signing_key
+
+    monkeypatch.delenv("IMGBUILD_KEY_PASSWORD", raising=False)
+    monkeypatch.setenv("COSIGN_PASSWORD", "imgbuild-test")
+    assert signing_key(COSIGN_FIXTURE / "cosign.key").key.curve.name == "secp256r1"
+    monkeypatch.setenv("COSIGN_PASSWORD", "")  # as cosign users set it: a plain PEM key still loads
+    private, _ = sig.generate_key(tmp_path / "plain.key")
+    assert signing_key(private).path == private
 
 
 def test_cli_usage(tmp_path, keys):

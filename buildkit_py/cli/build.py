@@ -195,7 +195,7 @@ def cmd_build(args: argparse.Namespace, out: Out) -> int:
     for p in outcome.pushes:
         out.line(f"pushed   {p.ref}")
     for s in sboms:
-        out.line(f"sbom     {s.ref} ({s.components} components, {s.via}) for {s.subject}")
+        out.line(f"sbom     {s.ref} ({s.components} components, {s.via}) for {s.subject} ({s.platform})")
     for g in signed:
         out.line(f"signed   {g.digest} ({g.platform or 'index' if len(signed) > 1 else 'manifest'}, {g.tag})")
     return 0

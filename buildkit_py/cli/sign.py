@@ -14,10 +14,10 @@ from buildkit_py.errors import ExitStatus, SignatureError, UsageError
 if TYPE_CHECKING:
     from buildkit_py.oci.signatures import SignedManifest, SigningKey
 
-PASSWORD_ENV = "IMGBUILD_KEY_PASSWORD"  # noqa: S105 (a variable's name, not a password)
-# an encrypted PEM key's password (as cosign reads COSIGN_PASSWORD)
-KEY_HELP = ("an EC P-256 private key in PEM (PKCS#8 or SEC1; encrypted ones read their password from "
-            f"${PASSWORD_ENV}); cosign's own encrypted key format is not read")
+# an encrypted key's password: ours, else cosign's (a cosign.key is read with the password cosign uses)
+PASSWORD_VARIABLES = ("IMGBUILD_KEY_PASSWORD", "COSIGN_PASSWORD")
+KEY_HELP = ("an EC P-256 private key: PEM (PKCS#8 or SEC1) or cosign's cosign.key (with PyNaCl); an encrypted "
+            "one's password from $IMGBUILD_KEY_PASSWORD or $COSIGN_PASSWORD")
 
 
 def register_sign(add: AddCommand) -> None:
@@ -49,8 +49,8 @@ def signing_key(path: Path) -> SigningKey:
     """The key of --key/--sign, read before anything is built or pushed."""
     from buildkit_py.oci.signatures import load_signing_key
 
-    password = os.environ.get(PASSWORD_ENV)
-    return load_signing_key(path, password.encode() if password else None)
+    password = next((os.environ[v] for v in PASSWORD_VARIABLES if v in os.environ), None)
+    return load_signing_key(path, password.encode() if password is not None else None)
 
 
 def signed_lines(out: Out, image: str, signed: list[SignedManifest]) -> None:

@@ -17,10 +17,11 @@ pkg/oci/mutate, pkg/oci/internal/signature, pkg/cosign/verifiers.go):
   SimpleClaimVerifier checks the digest, not the docker-reference).
 
 Keys: a PEM EC P-256 private key (PKCS#8 ``PRIVATE KEY`` or SEC1 ``EC PRIVATE KEY``, optionally
-encrypted with a password) and a PEM ``PUBLIC KEY``. cosign's own ``ENCRYPTED SIGSTORE PRIVATE
-KEY`` (scrypt + NaCl secretbox) is not read: the same key serves both tools when imgbuild's PEM
-key is given to cosign with ``cosign import-key-pair --key KEY``. The crypto is ``cryptography``'s
-(OpenSSL), never our own."""
+encrypted with a password) and a PEM ``PUBLIC KEY``; and cosign's own ``cosign.key``
+(``ENCRYPTED SIGSTORE PRIVATE KEY``: JSON of an scrypt KDF's parameters, a NaCl secretbox
+nonce and the box, which holds the PKCS#8 DER key; go-securesystemslib's ``encrypted``
+package), read when PyNaCl is installed (``imgbuild[cosign]``: ``cryptography`` has no XSalsa20,
+the secretbox cipher). The crypto is ``cryptography``'s (OpenSSL) and libsodium's, never our own."""
 
 from __future__ import annotations
 
@@ -53,7 +54,8 @@ PAYLOAD_TYPE = "cosign container image signature"
 SIG_SUFFIX = ".sig"
 # cosign refuses a payload over 128 MiB (internal/pkg/cosign/payload/size); ours are ~250 bytes
 MAX_PAYLOAD_BYTES = 1 << 20
-COSIGN_KEY_BLOCK = "ENCRYPTED SIGSTORE PRIVATE KEY"
+# cosign.key's PEM block (cosign 1.x wrote the second)
+COSIGN_KEY_BLOCKS = ("ENCRYPTED SIGSTORE PRIVATE KEY", "ENCRYPTED COSIGN PRIVATE KEY")
 # BuildKit's attestation manifests in an index (oci/copy.py has the same marks): not images to sign
 _REFERENCE_TYPE, _ATTESTATION = "vnd.docker.reference.type", "attestation-manifest"
 
@@ -128,12 +130,12 @@ def load_signing_key(path: Path, password: bytes | None = None) -> SigningKey:
     """A PEM EC P-256 private key (PKCS#8 or SEC1, encrypted when ``password`` is given)."""
     serialization, ec = _crypto()
     data = _read_key_file(path, "--key")
-    if COSIGN_KEY_BLOCK.encode() in data or b"ENCRYPTED COSIGN PRIVATE KEY" in data:
-        raise UsageError(f"--key {path} is cosign's encrypted key format, which imgbuild does not read",
-                         hint="sign with a PEM EC P-256 key (`imgbuild sign --generate-key KEY`) and give cosign "
-                              "the same key with `cosign import-key-pair --key KEY`")
     try:
-        key = serialization.load_pem_private_key(data, password=password)
+        if any(f"-----BEGIN {block}-----".encode() in data for block in COSIGN_KEY_BLOCKS):
+            key = _cosign_private_key(data, path, password)
+        else:
+            # an empty password means none (COSIGN_PASSWORD="" is usual; OpenSSL refuses b"" for a plain key)
+            key = serialization.load_pem_private_key(data, password=password or None)
     except TypeError as exc:  # encrypted without a password, or a password for a plain key
         raise UsageError(f"--key {path}: {exc}", hint="IMGBUILD_KEY_PASSWORD gives an encrypted key's password") \
             from None
@@ -145,6 +147,40 @@ def load_signing_key(path: Path, password: bytes | None = None) -> SigningKey:
         raise UsageError(f"--key {path} is not an EC P-256 key (cosign signs with ECDSA P-256)",
                          hint="`imgbuild sign --generate-key KEY` makes one")
     return SigningKey(path, key)
+
+
+def _cosign_private_key(data: bytes, path: Path, password: bytes | None):
+    """cosign.key: scrypt(password) opens a NaCl secretbox holding the PKCS#8 DER key (cosign's
+    pkg/cosign/keys.go, go-securesystemslib/encrypted). An empty password is cosign's default."""
+    serialization, _ = _crypto()
+    try:
+        from nacl.exceptions import CryptoError  # noqa: PLC0415
+        from nacl.secret import SecretBox  # noqa: PLC0415
+    except ImportError:
+        raise UsageError(f"--key {path} is cosign's encrypted key, which needs PyNaCl to open (NaCl secretbox)",
+                         hint="pip install 'imgbuild[cosign]'; or sign with a PEM key: "
+                              "`imgbuild sign --generate-key KEY`") from None
+    from cryptography.hazmat.primitives.kdf.scrypt import Scrypt  # noqa: PLC0415
+
+    lines = data.decode("ascii", "replace").strip().splitlines()
+    try:
+        doc = json.loads(base64.b64decode("".join(x for x in lines if not x.startswith("-----"))))
+        kdf, cipher = doc["kdf"], doc["cipher"]
+        if kdf["name"] != "scrypt" or cipher["name"] != "nacl/secretbox":
+            raise ValueError(f"kdf {kdf['name']!r}, cipher {cipher['name']!r}")
+        params = kdf["params"]
+        secret = Scrypt(salt=base64.b64decode(kdf["salt"]), length=SecretBox.KEY_SIZE, n=int(params["N"]),
+                        r=int(params["r"]), p=int(params["p"])).derive(password or b"")
+        box, nonce = base64.b64decode(doc["ciphertext"]), base64.b64decode(cipher["nonce"])
+    except (ValueError, KeyError, TypeError) as exc:
+        raise UsageError(f"--key {path} is not a cosign key this reads ({exc})",
+                         hint="one `cosign generate-key-pair` wrote (scrypt, nacl/secretbox)") from None
+    try:
+        der = SecretBox(secret).decrypt(box, nonce)
+    except CryptoError:
+        raise UsageError(f"--key {path}: the password does not open this cosign key",
+                         hint="its password in $IMGBUILD_KEY_PASSWORD or $COSIGN_PASSWORD (empty: none)") from None
+    return serialization.load_der_private_key(der, password=None)
 
 
 def load_verifying_key(path: Path, what: str = "--key") -> VerifyingKey:
@@ -315,7 +351,8 @@ def verify_manifest(ref: Reference, digest: str, key: VerifyingKey, *, client: C
         if named != digest:
             reasons.append(f"a signature of another digest ({named})")
             continue
-        return VerifiedManifest(digest, platform, True, len(layers), f"verified ({layer['digest']})")
+        return VerifiedManifest(digest, platform, True, len(layers),
+                                f"signed with this key (payload {layer['digest']})")
     why = ", ".join(dict.fromkeys(reasons)) or "no layer carries a signature annotation"
     return VerifiedManifest(digest, platform, False, len(layers), f"{len(layers)} signature(s), none valid: {why}")
 
