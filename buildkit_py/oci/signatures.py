@@ -127,7 +127,8 @@ def _read_key_file(path: Path, what: str) -> bytes:
 
 
 def load_signing_key(path: Path, password: bytes | None = None) -> SigningKey:
-    """A PEM EC P-256 private key (PKCS#8 or SEC1, encrypted when ``password`` is given)."""
+    """An EC P-256 private key: PEM (PKCS#8 or SEC1, encrypted when ``password`` is given) or
+    cosign's cosign.key (``password`` may be empty, as cosign's own default)."""
     serialization, ec = _crypto()
     data = _read_key_file(path, "--key")
     try:
