@@ -255,6 +255,12 @@ def test_base_verify_refuses_an_unsigned_base_before_building(client, registry, 
 
     plan = pipeline.plan_recipe(recipe, offline=True)
     assert plan.recipe.base.verify == (tmp_path / "keys" / "team.pub").resolve()
+    # a check before building, not an input of the image: the recipe's digest (and its golden
+    # Dockerfile's header) is the same without it
+    from buildkit_py.recipe.model import load_recipe
+
+    unchecked = write_recipe(tmp_path, BASE_RECIPE.format(base=ref, key="x").replace(", verify: x", ""), "plain.yaml")
+    assert load_recipe(unchecked).digest == plan.recipe.digest
     with pytest.raises(SignatureError, match=f"the base image {ref} .* is not signed by .*team.pub") as err:
         verify_base(plan, client=client)
     assert f"{recipe}:4: base.verify" in err.value.message and "no signature" in err.value.message

@@ -213,14 +213,16 @@ class Recipe:
         """The recipe as plain sorted data: the input of ``digest``."""
 
         def spec(obj: object) -> dict[str, Any]:
-            return {k: str(v) if isinstance(v, Path) else v for k, v in vars(obj).items()}
+            return dict(vars(obj))
 
         return {
             "schema": RECIPE_SCHEMA_VERSION,
             "name": self.name,
             "version": self.version,
             "cuda": spec(self.cuda),
-            "base": spec(self.base),
+            # base.verify is a check before building, not an input of the image (and its path is
+            # this machine's): out of the digest, so a recipe gains it without a new digest
+            "base": {k: v for k, v in spec(self.base).items() if k != "verify"},
             "python": self.python,
             "torch": self.torch,
             "pip": list(self.pip),
