@@ -175,6 +175,12 @@ def test_keys(tmp_path, keys):
         serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()))
     with pytest.raises(UsageError, match="not an EC P-256 key"):
         sig.load_signing_key(p384)
+    # SEC1, as `openssl ecparam -name prime256v1 -genkey -noout` writes it
+    sec1 = tmp_path / "sec1.key"
+    sec1.write_bytes(sig.load_signing_key(private).key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.TraditionalOpenSSL, serialization.NoEncryption()))
+    assert sec1.read_text().startswith("-----BEGIN EC PRIVATE KEY-----")
+    assert sig.load_signing_key(sec1).public_pem() == public.read_bytes()
     # an encrypted PEM key (openssl pkcs8 -topk8 -v2 aes256) with its password
     locked = tmp_path / "locked.key"
     locked.write_bytes(sig.load_signing_key(private).key.private_bytes(
@@ -229,6 +235,11 @@ def test_cli_usage(tmp_path, keys):
     recipe = write_recipe(tmp_path, "name: team/x\ncuda: {version: '12.4'}\npython: '3.11'\n")
     code, _, err = run_cli("build", str(recipe), "--sign", str(keys["team"][0]))
     assert code == 2 and "--sign signs the pushed image: use it with --push" in err
+    # a key that cannot sign is refused before the engine or the registry is asked (127.0.0.1:1 answers
+    # nothing: reaching it would be exit 3)
+    code, _, err = run_cli("build", str(recipe), "--push", "--sign", str(keys["team"][1]), "--engine", "podman",
+                           "--registry", "127.0.0.1:1")
+    assert code == 2 and "is not a PEM private key" in err, err
 
 
 BASE_RECIPE = """\
