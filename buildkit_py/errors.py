@@ -300,6 +300,13 @@ class SbomError(ImgbuildError):
     exit_status = ExitStatus.FAILED
 
 
+class SignatureError(ImgbuildError):
+    """An image's signature is missing or does not verify under the key given (``imgbuild verify``,
+    a recipe's ``base.verify``), or a signature could not be written."""
+
+    exit_status = ExitStatus.FAILED
+
+
 class SizeBudgetExceeded(BudgetExceeded):
     """The image is over ``budget.max_size``; ``groups`` is the breakdown by layer group (bytes)."""
 

@@ -13,7 +13,7 @@
 #   scripts/services.sh reclaim give back the disk a test run takes (both engines' build caches,
 #                               leftover test images, the registry's test repositories), then stop
 #   scripts/services.sh env     print the registry and engine settings as shell assignments
-#   scripts/services.sh install only install the Debian packages
+#   scripts/services.sh install only install the Debian packages (and unpack cosign and oras)
 #
 # For linux/arm64 beside linux/amd64: Debian's qemu-user-static registers binfmt handlers (binfmt_misc
 # is mounted if it is not), mmdebstrap makes an arm64 Debian root file system, and both bases are
@@ -42,14 +42,18 @@ E26_DATA=/var/lib/docker26
 E26_DOCKER=$E26_ROOT/usr/bin/docker
 # The client finds buildx in its own config folder, so the 20.10 client's config is untouched.
 E26_CONFIG=$E26_ROOT/config
-E26_POOL=$DEBIAN_MIRROR/pool/main/d
 # The Debian base of multi-platform builds: one index of linux/amd64 and linux/arm64 in the local
 # registry (nothing else here serves a multi-platform Debian image).
 MULTIARCH_BASE=${IMGBUILD_MULTIARCH_BASE:-$REGISTRY_ADDR/imgbuild/debian:bookworm-slim}
 ARM64_TAR=$STATE_DIR/rootfs-bookworm-arm64.tar
-E26_DEBS="docker.io/docker.io_26.1.5+dfsg1-9+deb13u1+b1_amd64.deb
-docker.io/docker-cli_26.1.5+dfsg1-9+deb13u1+b1_amd64.deb
-docker-buildx/docker-buildx_0.13.1+ds1-3_amd64.deb"
+E26_DEBS="d/docker.io/docker.io_26.1.5+dfsg1-9+deb13u1+b1_amd64.deb
+d/docker.io/docker-cli_26.1.5+dfsg1-9+deb13u1+b1_amd64.deb
+d/docker-buildx/docker-buildx_0.13.1+ds1-3_amd64.deb"
+# The cosign and oras CLIs the signing and referrer tests check interoperability with: Debian 13's
+# packages (Go binaries, libc6 >= 2.34 only), unpacked like the engine's, never installed.
+TOOLS_ROOT=${IMGBUILD_TOOLS_ROOT:-/opt/imgbuild-tools}
+TOOL_DEBS="c/cosign/cosign_2.5.0-2+b5_amd64.deb
+o/oras/oras_1.2.0-1+b9_amd64.deb"
 # Podman: Debian's package; its containers.conf drop-in for machines that refuse its rlimits.
 PODMAN_ENGINE=${IMGBUILD_PODMAN_ENGINE:-1}
 PODMAN_DROPIN=/etc/containers/containers.conf.d/imgbuild-ulimits.conf
@@ -111,13 +115,28 @@ unpack_engine26() {
     mkdir -p "$STATE_DIR/debs" "$E26_ROOT"
     local f
     for f in $E26_DEBS; do
-        local deb="$STATE_DIR/debs/${f##*/}"
-        if [ ! -s "$deb" ]; then
-            log "downloading ${f##*/}"
-            curl -sSf -o "$deb.tmp" "$E26_POOL/$f"; mv "$deb.tmp" "$deb"
-        fi
-        dpkg -x "$deb" "$E26_ROOT"   # unpack only: nothing of the system's docker is replaced
+        dpkg -x "$(fetch_deb "$f")" "$E26_ROOT"   # unpack only: nothing of the system's docker is replaced
     done
+}
+
+fetch_deb() {
+    # a Debian pool path (d/docker.io/docker-cli_...deb) into $STATE_DIR/debs, once
+    local deb="$STATE_DIR/debs/${1##*/}"
+    if [ ! -s "$deb" ]; then
+        log "downloading ${1##*/}"
+        curl -sSf -o "$deb.tmp" "$DEBIAN_MIRROR/pool/main/$1"; mv "$deb.tmp" "$deb"
+    fi
+    printf '%s\n' "$deb"
+}
+
+unpack_tools() {
+    # cosign 2.5 and oras 1.2 under $TOOLS_ROOT/usr/bin (the tests read IMGBUILD_TEST_COSIGN/ORAS)
+    if [ -x "$TOOLS_ROOT/usr/bin/cosign" ] && [ -x "$TOOLS_ROOT/usr/bin/oras" ]; then return; fi
+    need_root
+    mkdir -p "$STATE_DIR/debs" "$TOOLS_ROOT"
+    local f
+    for f in $TOOL_DEBS; do dpkg -x "$(fetch_deb "$f")" "$TOOLS_ROOT"; done
+    log "cosign and oras unpacked under $TOOLS_ROOT"
 }
 
 start_engine26() {
@@ -392,12 +411,16 @@ print_env() {
     echo "export IMGBUILD_TEST_DOCKER26_HOST=$E26_HOST"
     echo "export IMGBUILD_TEST_DOCKER26_CLIENT=$E26_DOCKER"
     echo "export IMGBUILD_TEST_DOCKER26_CONFIG=$E26_CONFIG"
+    # the third-party CLIs of the signing and referrer tests (absent: those tests fail under CI=true)
+    [ -x "$TOOLS_ROOT/usr/bin/cosign" ] && echo "export IMGBUILD_TEST_COSIGN=$TOOLS_ROOT/usr/bin/cosign"
+    [ -x "$TOOLS_ROOT/usr/bin/oras" ] && echo "export IMGBUILD_TEST_ORAS=$TOOLS_ROOT/usr/bin/oras"
+    return 0
 }
 
 case "${1:-up}" in
-    up) install_missing; start_engine; start_engine26; ensure_room; start_registry; make_base_image; base_image26
+    up) install_missing; unpack_tools; start_engine; start_engine26; ensure_room; start_registry; make_base_image; base_image26
         setup_podman; binfmt_up; multiarch_base; print_env ;;
-    install) install_missing ;;
+    install) install_missing; unpack_tools ;;
     down) stop_started ;;
     reclaim) prune_engines; stop_started; reclaim_registry; log "$(free_gb /var/lib) GB free on /var/lib" ;;
     env) print_env ;;

@@ -197,6 +197,35 @@ def docker_config(tmp_path, monkeypatch) -> Path:
     return cfg
 
 
+@pytest.fixture(scope="session")
+def multiarch_base(registry) -> str:
+    """The linux/amd64 + linux/arm64 Debian index that scripts/services.sh pushes (mmdebstrap under qemu)."""
+    import requests
+
+    ref = os.environ.get("IMGBUILD_TEST_MULTIARCH_BASE", f"{registry.address}/imgbuild/debian:bookworm-slim")
+    repo, _, tag = ref.partition("/")[2].rpartition(":")
+    resp = requests.get(f"http://{registry.address}/v2/{repo}/manifests/{tag}", auth=(registry.user, registry.password),
+                        headers={"Accept": "application/vnd.oci.image.index.v1+json"}, timeout=10)
+    arches = {m.get("platform", {}).get("architecture") for m in resp.json().get("manifests", [])} \
+        if resp.status_code == 200 else set()
+    if not {"amd64", "arm64"} <= arches:
+        unavailable(f"no multi-platform base at {ref} ({resp.status_code}; scripts/services.sh up makes it)")
+    return ref
+
+
+@pytest.fixture
+def registry_client(registry, docker_config, monkeypatch):
+    """An oci.Client with the test registry's credentials (from the environment, as CI passes them)."""
+    from buildkit_py import oci
+    from buildkit_py.oci import auth
+
+    monkeypatch.setenv(auth.ENV_USER, registry.user)
+    monkeypatch.setenv(auth.ENV_PASSWORD, registry.password)
+    monkeypatch.delenv(auth.ENV_HOST, raising=False)
+    with oci.Client() as c:
+        yield c
+
+
 @pytest.fixture
 def logged_in(registry, docker_config) -> Registry:
     """The registry, logged in with `imgbuild login` into the test's private docker config."""

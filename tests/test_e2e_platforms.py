@@ -10,12 +10,10 @@ keeps only the last, one image per tag in its store): there the same build is re
 anything builds or is pushed, and one platform alone (--platform linux/arm64) builds and runs."""
 
 import json
-import os
 import time
 
 import pytest
-import requests
-from conftest import on_engine, unavailable
+from conftest import on_engine
 from helpers import CA_ARGS, assert_labels_true, image_sh, run_cli, write_recipe
 
 from buildkit_py import oci
@@ -35,20 +33,6 @@ BOTH = "platforms: [linux/amd64, linux/arm64]\n"
 PROBE = ("python -c \"import ctypes, platform; ctypes.CDLL('libcudart.so.12'); "
          "print(platform.machine(), 'cudart loaded')\"")
 MACHINE = {"linux/amd64": "x86_64", "linux/arm64": "aarch64"}
-
-
-@pytest.fixture(scope="session")
-def multiarch_base(registry) -> str:
-    """The linux/amd64 + linux/arm64 Debian index that scripts/services.sh pushes (mmdebstrap under qemu)."""
-    ref = os.environ.get("IMGBUILD_TEST_MULTIARCH_BASE", f"{registry.address}/imgbuild/debian:bookworm-slim")
-    repo, _, tag = ref.partition("/")[2].rpartition(":")
-    resp = requests.get(f"http://{registry.address}/v2/{repo}/manifests/{tag}", auth=(registry.user, registry.password),
-                        headers={"Accept": "application/vnd.oci.image.index.v1+json"}, timeout=10)
-    arches = {m.get("platform", {}).get("architecture") for m in resp.json().get("manifests", [])} \
-        if resp.status_code == 200 else set()
-    if not {"amd64", "arm64"} <= arches:
-        unavailable(f"no multi-platform base at {ref} ({resp.status_code}; scripts/services.sh up makes it)")
-    return ref
 
 
 def _platforms_of(index: dict) -> set[str]:

@@ -83,7 +83,12 @@ def test_push_attaches_the_sbom_and_other_clients_find_it(tmp_path, engine, logg
     assert "no SBOM is attached" in err and "--generate --attach" in err
 
     pushed = build_push(recipe, reg, *provenance)
-    digest = pushed["pushes"][0]["digest"]
+    top = pushed["pushes"][0]["digest"]
+    raw, _, media_type = oci.fetch_manifest(f"{reg}/{unique_name}@{top}")
+    # the SBOM's subject is the image's manifest: with provenance the pushed digest is an index
+    # of it and its attestation, and the SBOM is the amd64 manifest's (issue 31 item 3)
+    digest = oci.select_platform(json.loads(raw), "linux/amd64", ref)["digest"] \
+        if media_type in oci.INDEX_TYPES else top
     [attached] = pushed["sboms"]
     assert (attached["subject"], attached["via"], attached["platform"]) == (digest, "tag-schema", "linux/amd64")
     registry_refs.extend([f"{reg}/{unique_name}@{attached['digest']}",
@@ -158,14 +163,20 @@ def test_each_pushed_matrix_variant_gets_its_sbom_with_its_lock_entry(tmp_path, 
     assert code == 0, err
     entry = yaml.safe_load(recipe.with_suffix(".lock").read_text())["variants"]["py311"]
     six = next(p["sha256"] for p in entry["packages"]["final"] if p["name"] == "six")
+    code, _, err = run_cli("sign", "--generate-key", str(tmp_path / "team.key"))
+    assert code == 0, err
     code, out, err = run_cli("build", str(recipe), "--all", "--registry", reg, "--push", "--json", "--progress",
-                             "quiet", *CA_ARGS)
+                             "quiet", "--sign", str(tmp_path / "team.key"), *CA_ARGS)
     assert code == 0, err
     [variant] = json.loads(out)["variants"]
     cleanup_images.extend(variant["tags"])
     registry_refs.extend(variant["tags"])
     [attached] = variant["sboms"]  # two tags, one digest: one SBOM
     assert attached["subject"] == variant["digest"]
+    # --sign signs each variant's pushed digest once, however many tags name it (issue 31 item 2)
+    assert [s["digest"] for s in variant["signatures"]] == [variant["digest"]]
+    code, _, err = run_cli("verify", variant["tags"][1], "--key", str(tmp_path / "team.key.pub"))
+    assert code == 0, err
     code, out, err = run_cli("sbom", variant["tags"][0], "--json")
     assert code == 0, err
     rows = {c["name"]: c for c in json.loads(out)["components"] if c["type"] == "python"}

@@ -203,11 +203,8 @@ def test_document_is_reproducible_and_its_serial_follows_its_content():
 
 
 @pytest.fixture
-def client(registry, docker_config, monkeypatch):
-    monkeypatch.setenv("IMGBUILD_REGISTRY_USER", registry.user)
-    monkeypatch.setenv("IMGBUILD_REGISTRY_PASSWORD", registry.password)
-    with oci.Client() as c:
-        yield c
+def client(registry_client):
+    return registry_client
 
 
 def _push_image(client, ref: oci.Reference, arch: str, *tars: bytes) -> tuple[str, int]:
@@ -239,8 +236,10 @@ def _image_tars(arch: str) -> list[bytes]:
 
 def test_attached_to_each_platform_of_an_index_and_found_again(client, registry, unique_name):
     """An index like buildx pushes: amd64 and arm64 images and an attestation manifest. Each image
-    platform gets its SBOM, read from the registry's layers, attached to the index's digest; the
-    tag schema's index keeps what other tools listed there and never lists ours twice."""
+    platform gets its SBOM, read from the registry's layers, attached to that platform's manifest
+    (issue 31 item 3: a node that pulled arm64 holds the arm64 digest and finds its SBOM from it);
+    none to the index, whose tag schema index keeps what other tools listed there; ours are never
+    listed twice."""
     ref = oci.parse_reference(registry.repo(unique_name) + ":1")
     entries = []
     for arch in ("amd64", "arm64"):
@@ -267,25 +266,31 @@ def test_attached_to_each_platform_of_an_index_and_found_again(client, registry,
 
     hashes = {wheel_key("torch", "2.14.1"): TORCH_SHA}
     attached = sbom.attach_after_push([pushed, pushed], hashes=hashes, client=client)
+    platforms = {e["platform"]["architecture"]: e["digest"] for e in entries[:2]}
     assert [(a.platform, a.subject, a.via) for a in attached] == [
-        ("linux/amd64", index, "tag-schema"), ("linux/arm64", index, "tag-schema")]
-    listed = oci.list_referrers(ref, index, client=client)
-    assert listed.via == "tag-schema"
-    assert [r.digest for r in listed.items] == [other.digest] + [a.digest for a in attached]
+        ("linux/amd64", platforms["amd64"], "tag-schema"), ("linux/arm64", platforms["arm64"], "tag-schema")]
+    assert [r.digest for r in oci.list_referrers(ref, index, client=client).items] == [other.digest]
+    for a in attached:
+        listed = oci.list_referrers(ref, a.subject, client=client)
+        assert listed.via == "tag-schema" and [r.digest for r in listed.items] == [a.digest]
 
     for arch in ("amd64", "arm64"):
         found = sbom.find_sbom(f"{registry.address}/{unique_name}:1", platform=f"linux/{arch}", client=client)
         rows = {r.name: r for r in sbom.components_of(json.loads(found.document))}
         assert rows["torch"].sha256 == TORCH_SHA and rows["libc6"].arch == arch
-        assert found.subject == index and found.via == "tag-schema"
+        assert found.subject == platforms[arch] and found.via == "tag-schema"
+        assert json.loads(found.document)["metadata"]["component"]["version"] == platforms[arch]
+        # what a node that pulled this platform holds: the platform manifest's digest
+        by_digest = sbom.find_sbom(f"{registry.address}/{unique_name}@{platforms[arch]}", client=client)
+        assert by_digest.platform == f"linux/{arch}" and by_digest.document == found.document
     assert sbom.find_sbom(f"{registry.address}/{unique_name}:1", client=client).platform == "linux/amd64"
 
     again = sbom.attach_after_push([pushed], hashes=hashes, client=client)  # the same document: nothing new
     assert [a.digest for a in again] == [a.digest for a in attached]
     changed = sbom.attach_after_push([pushed], client=client)  # no lock this time: a new document replaces ours
-    listed = oci.list_referrers(ref, index, client=client)
-    assert [r.digest for r in listed.items] == [other.digest] + [a.digest for a in changed]
-    assert {r.artifact_type for r in listed.items} == {"application/vnd.example.signature", sbom.ARTIFACT_TYPE}
+    for a in changed:
+        assert [r.digest for r in oci.list_referrers(ref, a.subject, client=client).items] == [a.digest]
+    assert {a.digest for a in changed}.isdisjoint({a.digest for a in attached})
 
 
 def test_no_sbom_attached_is_an_error_naming_the_way_to_attach_one(client, registry, unique_name):

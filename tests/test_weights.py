@@ -20,19 +20,15 @@ from conftest import unavailable
 from buildkit_py import oci
 from buildkit_py.artifacts import weights
 from buildkit_py.errors import DigestMismatch, ManifestNotFound, UnsafePath, WeightsError
-from buildkit_py.oci import auth, download
+from buildkit_py.oci import download
 
 REGISTRY_BLOBS = Path(os.environ.get("IMGBUILD_STATE_DIR", "/var/lib/imgbuild-services")) / \
     "registry/data/docker/registry/v2/blobs/sha256"
 
 
 @pytest.fixture
-def client(registry, docker_config, monkeypatch):
-    monkeypatch.setenv(auth.ENV_USER, registry.user)
-    monkeypatch.setenv(auth.ENV_PASSWORD, registry.password)
-    monkeypatch.delenv(auth.ENV_HOST, raising=False)
-    with oci.Client() as c:
-        yield c
+def client(registry_client):
+    return registry_client
 
 
 @pytest.fixture

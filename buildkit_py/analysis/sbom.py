@@ -617,33 +617,41 @@ def _read_document(ref: oci.Reference, referrer: oci.Referrer, subject: str, cli
 # ---------------------------------------------------------------- after a push
 
 
-def _image_platforms(ref: str, client: oci.Client) -> list[str | None]:
-    """The image platforms the pushed digest holds: [None] for one manifest (its platform is
-    its config's), else each image entry of the index (BuildKit's attestations are not images)."""
+def _image_manifests(ref: str, client: oci.Client) -> list[tuple[str | None, str | None]]:
+    """(platform, manifest digest) of each image the pushed digest holds: [(None, None)] for one
+    manifest (its platform is its config's, its digest the pushed one), else each image entry of
+    the index (BuildKit's attestations are not images)."""
     from buildkit_py.oci.copy import is_attestation  # noqa: PLC0415
 
     raw, _, media_type = oci.fetch_manifest(ref, client=client)
     if media_type not in oci.INDEX_TYPES:
-        return [None]
-    return [oci.platform_of(e) for e in json.loads(raw).get("manifests") or [] if not is_attestation(e)]
+        return [(None, None)]
+    return [(oci.platform_of(e), e["digest"]) for e in json.loads(raw).get("manifests") or []
+            if not is_attestation(e)]
 
 
 def attach_after_push(pushed: Sequence[str], *, hashes: WheelHashes | None = None,
                       client: oci.Client | None = None) -> list[AttachedSbom]:
     """What ``build --push`` does once the image is in its registry: read what it carries from
-    the registry (each platform of an index) and attach the SBOM to each pushed
-    ``repository@digest`` (one per repository and digest; several tags of one repository share
-    it)."""
+    the registry (each platform of an index) and attach the SBOM to each pushed image, one per
+    repository and digest (several tags of one repository share it).
+
+    Each platform's SBOM has that platform's manifest as its subject, not the index: a node that
+    pulled linux/arm64 holds the arm64 manifest's digest and finds its SBOM from it (``find_sbom``
+    of the index's tag follows the index to the platform). None is attached to the index itself:
+    an index has no file system, and a copy there would be a second document of the same image."""
     client = client or oci.Client()
     targets = list(dict.fromkeys(pushed))
     if not targets:
         return []
     attached = []
-    for platform in _image_platforms(targets[0], client):
+    for platform, manifest in _image_manifests(targets[0], client):
         contents = read_registry_image(targets[0], platform=platform or oci.DEFAULT_PLATFORM, client=client)
         for target in targets:
             ref = oci.parse_reference(target)
+            if manifest:
+                ref = oci.Reference(ref.registry, ref.repository, None, manifest)
             subject = Subject(f"{ref.registry}/{ref.repository}", ref.digest or contents.image_id)
             document = cyclonedx_document(contents, hashes=hashes, subject=subject)
-            attached.append(attach_sbom(document, target, platform=contents.platform, client=client))
+            attached.append(attach_sbom(document, str(ref), platform=contents.platform, client=client))
     return attached

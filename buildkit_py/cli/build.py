@@ -49,6 +49,9 @@ def register(add: AddCommand) -> None:
     b.add_argument("--no-sbom", action="store_true",
                    help="with --push: attach no SBOM (by default a CycloneDX SBOM of what the image carries is "
                         "attached to the pushed image as an OCI referrer; see `imgbuild sbom`)")
+    b.add_argument("--sign", type=Path, metavar="KEY",
+                   help="with --push: sign each pushed manifest (the index and each platform's) in cosign's format "
+                        "with KEY, a PEM EC P-256 private key (read before building; see `imgbuild sign`)")
     b.add_argument("--registry", help="prefix tags with this registry, e.g. 127.0.0.1:5000")
     ca_option(b, "CA bundle for downloads inside the build, passed as a BuildKit secret (never in a layer)")
     pip_config_option(b, "pip.conf for every pip step (e.g. a private index-url with credentials), passed as a "
@@ -120,10 +123,14 @@ def cmd_build(args: argparse.Namespace, out: Out) -> int:
     from buildkit_py.cli.test import build_gate
     from buildkit_py.engine import select_engine
     from buildkit_py.engine.build import build_platforms, run_build
+    from buildkit_py.pipeline.bases import verify_base
     from buildkit_py.pipeline.locks import use_lock
 
     if args.jobs < 1:
         raise UsageError(f"-j {args.jobs}: the number of parallel builds must be at least 1")
+    if args.sign and not args.push:
+        raise UsageError("--sign signs the pushed image: use it with --push",
+                         hint="or sign an image pushed before: imgbuild sign IMAGE --key KEY")
     if args.all or args.variant:
         return cmd_build_matrix(args, out)
     if args.jobs != 1:
@@ -134,11 +141,12 @@ def cmd_build(args: argparse.Namespace, out: Out) -> int:
         out.warn(w.render())
     # Before the engine is chosen: a stale lock is refused even where no engine runs.
     locked = use_lock(plan, mode=_lock_mode(args), ca_cert=args.ca_cert, engine=reading_engine(args))
-    plan = locked.plan
+    plan = verify_base(locked.plan)  # base.verify: an unsigned shared base stops here, before building
     for note in locked.warnings:
         out.warn(note)
     if locked.status != "none":
         out.info(f"lock     {locked.path} ({locked.status})")
+    key = _signing_key(args)
     engine = select_engine(args.engine, builder=args.builder)
     # the recipe's platforms (or --platform's, which plan_recipe put in its place): one index of them
     options = replace(_build_options(args), platforms=build_platforms(plan.recipe, tuple(args.platform)))
@@ -154,6 +162,7 @@ def cmd_build(args: argparse.Namespace, out: Out) -> int:
                             gate=gate)
     r = outcome.result
     sboms = _attach_sboms(args, out, [p.ref for p in outcome.pushes])
+    signed = _sign_pushes(key, [p.ref for p in outcome.pushes])
     report = {
         "image_id": r.image_id, "tags": list(r.tags), "size": outcome.size, "engine": outcome.engine,
         "backend": outcome.engine,  # the older name of "engine", kept for scripts that read it
@@ -164,6 +173,7 @@ def cmd_build(args: argparse.Namespace, out: Out) -> int:
         "warnings": [w.to_json() for w in plan.warnings],
         "pushes": [{"ref": p.ref, "tag": p.tag, "digest": p.digest, "size": p.size} for p in outcome.pushes],
         "sboms": [s.to_json() for s in sboms],
+        "signatures": [s.to_json() for s in signed],
         "tests": reports[-1].to_json() if reports else None,
         "platforms": list(options.platforms),
         # a multi-platform build tests each platform's image: one report each, in platform order
@@ -185,8 +195,37 @@ def cmd_build(args: argparse.Namespace, out: Out) -> int:
     for p in outcome.pushes:
         out.line(f"pushed   {p.ref}")
     for s in sboms:
-        out.line(f"sbom     {s.ref} ({s.components} components, {s.via}) for {s.subject}")
+        out.line(f"sbom     {s.ref} ({s.components} components, {s.via}) for {s.subject} ({s.platform})")
+    for g in signed:
+        out.line(f"signed   {g.digest} ({g.platform or 'index' if len(signed) > 1 else 'manifest'}, {g.tag})")
     return 0
+
+
+def _signing_key(args: argparse.Namespace) -> Any:
+    """--sign's key, read before building: a bad key fails in a second, not after the push."""
+    if not args.sign:
+        return None
+    from buildkit_py.cli.sign import signing_key
+
+    return signing_key(args.sign)
+
+
+def _sign_pushes(key: Any, pushed: list[str]) -> list[Any]:
+    """After a push (and its SBOMs): each pushed repository@digest signed as cosign does, the
+    index and each platform's manifest (a push of several tags to one repository is one digest)."""
+    if key is None or not pushed:
+        return []
+    from buildkit_py.errors import ImgbuildError, SignatureError
+    from buildkit_py.oci.signatures import sign_image
+
+    signed = []
+    for ref in dict.fromkeys(pushed):
+        try:
+            signed += sign_image(ref, key)
+        except ImgbuildError as exc:
+            raise SignatureError(f"pushed {ref}, but could not sign it: {exc.render()}",
+                                 hint=f"`imgbuild sign {ref} --key KEY` tries again") from exc
+    return signed
 
 
 def _attach_sboms(args: argparse.Namespace, out: Out, pushed: list[str], variant: str = "default") -> list[Any]:
@@ -216,6 +255,7 @@ def cmd_build_matrix(args: argparse.Namespace, out: Out) -> int:
     from buildkit_py.engine import select_engine
     from buildkit_py.engine.build import build_platforms
     from buildkit_py.engine.matrix_build import BuildHooks, build_all, build_report, summary_lines
+    from buildkit_py.pipeline.bases import verify_base
     from buildkit_py.pipeline.locks import use_lock
     from buildkit_py.plan import matrix as mx
 
@@ -225,6 +265,7 @@ def cmd_build_matrix(args: argparse.Namespace, out: Out) -> int:
     mx.select_variants(matrix, tuple(args.variant), jobs=args.jobs, tags=tuple(args.tag))  # before any output
     for w in mx.dropped_warnings(matrix):
         out.warn(w)
+    key = _signing_key(args)
     engine = select_engine(args.engine, builder=args.builder)
     options = _build_options(args)
     lock_mode = _lock_mode(args)
@@ -233,7 +274,7 @@ def cmd_build_matrix(args: argparse.Namespace, out: Out) -> int:
         locked = use_lock(plan, mode=lock_mode, variant=variant.id, ca_cert=args.ca_cert, engine=engine)
         for w in [pw.render() for pw in plan.warnings] + list(locked.warnings):
             out.warn(f"[{variant.id}] {w}")
-        return locked.plan
+        return verify_base(locked.plan)
 
     testing = _testing(args, out)
     reports: dict[str, list[TestReport]] = {}
@@ -251,10 +292,13 @@ def cmd_build_matrix(args: argparse.Namespace, out: Out) -> int:
                            variant_ids=tuple(args.variant), tags=tuple(args.tag), hooks=hooks)
     sboms = {b.variant.id: _attach_sboms(args, out, [p.ref for p in b.outcome.pushes], b.variant.id)
              for b in result.builds if b.outcome is not None}
+    signed = {b.variant.id: _sign_pushes(key, [p.ref for p in b.outcome.pushes])
+              for b in result.builds if b.outcome is not None}
     report = build_report(result)
     for entry in report["variants"]:
         if entry["variant"] in sboms:
             entry["sboms"] = [s.to_json() for s in sboms[entry["variant"]]]
+            entry["signatures"] = [g.to_json() for g in signed[entry["variant"]]]
         tested = reports.get(entry["variant"], [])
         entry["tests"] = tested[-1].to_json() if tested else None  # a multi-platform variant: its last platform
         entry["platform_tests"] = [t.to_json() for t in tested] if len(tested) > 1 else []
@@ -266,10 +310,17 @@ def cmd_build_matrix(args: argparse.Namespace, out: Out) -> int:
         for line in summary_lines(result):
             out.line(line)
     if not args.json:
-        for vid, attached in sboms.items():
-            for s in attached:
-                out.line(f"sbom     [{vid}] {s.ref} ({s.components} components, {s.via}) for {s.subject}")
+        _variant_artifact_lines(out, sboms, signed)
     return ExitStatus.FAILED if result.failed else 0
+
+
+def _variant_artifact_lines(out: Out, sboms: dict[str, list[Any]], signed: dict[str, list[Any]]) -> None:
+    for vid, attached in sboms.items():
+        for s in attached:
+            out.line(f"sbom     [{vid}] {s.ref} ({s.components} components, {s.via}) for {s.subject}")
+    for vid, done in signed.items():
+        for g in done:
+            out.line(f"signed   [{vid}] {g.digest} ({g.tag})")
 
 
 def summary_table(report: dict[str, Any], console: Console) -> None:

@@ -23,7 +23,9 @@ def register_login(add: AddCommand) -> None:
 def register_mirror(add: AddCommand) -> None:
     m = add("mirror", "Copy an image into your registry, byte for byte (same digest), so a deleted upstream tag\n"
             "cannot break builds. An index is copied whole: every platform's manifest, BuildKit's attestation\n"
-            "manifests and their blobs. Recipes use it with base.mirror: the copy lands where they look.\n\n"
+            "manifests and their blobs, and the artifacts that refer to them (SBOMs, attestations, cosign's\n"
+            "signatures), so the copy verifies and lists its SBOM as the source did. Recipes use it with\n"
+            "base.mirror: the copy lands where they look.\n\n"
             "  imgbuild mirror nvidia/cuda:12.4.1-runtime-ubuntu22.04 --to-mirror registry.example.com/mirror\n"
             "  imgbuild mirror SRC DEST [--platform linux/amd64]")
     m.add_argument("source")
@@ -83,7 +85,9 @@ def cmd_mirror(args: argparse.Namespace, out: Out) -> int:
                   "source_digest": copied.source_digest, "same_digest": copied.same_digest,
                   "media_type": copied.media_type, "platforms": list(copied.platforms),
                   "left_out": list(copied.left_out), "attestations": copied.attestations,
-                  "manifests": copied.manifests})
+                  "manifests": copied.manifests,
+                  "referrers": [{"subject": r.subject, "digest": r.digest, "kind": r.kind, "tag": r.tag}
+                                for r in copied.referrers]})
         return 0
     out.line(f"mirrored {args.source} -> {dest}")
     what = ", ".join(copied.platforms) or "an artifact (no platform)"
@@ -97,5 +101,16 @@ def cmd_mirror(args: argparse.Namespace, out: Out) -> int:
     else:
         out.line(f"digest   {copied.digest}: a new index of the chosen platforms; the source's is "
                  f"{copied.source_digest}")
+    out.line(f"referrers {_referrer_counts(copied.referrers)}")
     out.line(f"pin with {pinned}")
     return 0
+
+
+def _referrer_counts(referrers) -> str:
+    """``3 copied (2 application/vnd.cyclonedx+json, 1 cosign signature)``, or ``none``."""
+    if not referrers:
+        return "none (no SBOM, signature or attestation refers to it)"
+    counts: dict[str, int] = {}
+    for r in referrers:
+        counts[r.kind] = counts.get(r.kind, 0) + 1
+    return f"{len(referrers)} copied (" + ", ".join(f"{n} {kind}" for kind, n in counts.items()) + ")"

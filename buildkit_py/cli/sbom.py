@@ -115,7 +115,8 @@ def _show(args: argparse.Namespace, out: Out, raw: bytes, document: dict[str, An
         return 0
     out.line(f"image      {report['image']}" + (f" ({report['subject']})" if report.get("subject") else ""))
     if report.get("sbom"):
-        out.line(f"sbom       {report['sbom']} ({report['via']})")
+        out.line(f"sbom       {report['sbom']} ({report['via']}"
+                 + (f", {report['platform']})" if report.get("platform") else ")"))
     counts = {kind: sum(1 for r in rows if r.type == kind) for kind in ("os", "deb", "python", "other")}
     out.line(f"format     CycloneDX {document.get('specVersion')}, {len(rows)} components: "
              + ", ".join(f"{n} {kind}" for kind, n in counts.items() if n))

@@ -6,7 +6,15 @@ An index (a multi-platform image, or an image with BuildKit's attestation manife
 copied whole by default: every manifest it names, their blobs, then the index bytes, so the
 destination's digest is the source's. A platform filter copies the chosen platforms and the
 attestation manifests that describe them under a new index, whose digest then differs (the
-result says which platforms went and which stayed behind)."""
+result says which platforms went and which stayed behind).
+
+An image's referrers go with it: for each manifest copied (the top one only when its digest is
+kept), the artifacts whose ``subject`` it is (SBOMs, attestations: the referrers API or the tag
+schema's ``sha256-<hex>`` index) and cosign's ``sha256-<hex>.sig`` / ``.att`` / ``.sbom`` tags,
+each with what it names and its own referrers (a signature of an SBOM), so that
+``imgbuild sbom``, ``cosign verify`` and ``oras discover`` find at the copy what they found at
+the source. A new index (a platform filter) gets none of the source index's: they name the
+source's digest, which the copy does not have."""
 
 from __future__ import annotations
 
@@ -14,7 +22,7 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from buildkit_py.errors import RegistryError, RegistryUnreachable, UsageError
+from buildkit_py.errors import ManifestNotFound, RegistryError, RegistryUnreachable, UsageError
 from buildkit_py.oci.blobs import MEDIA_OCTET, SizedBody, blob_exists, read_blob, start_upload
 from buildkit_py.oci.manifests import (
     INDEX_TYPES,
@@ -26,6 +34,8 @@ from buildkit_py.oci.manifests import (
     platform_of,
     put_manifest,
 )
+from buildkit_py.oci.referrers import fallback_tag, list_referrers, record_referrers
+from buildkit_py.oci.signatures import MEDIA_SIMPLE_SIGNING, append_signature_layers
 from buildkit_py.oci.transport import Client, Progress, pull_scope, push_scope, sha256_bytes
 from buildkit_py.reference import Reference, as_reference
 
@@ -34,6 +44,18 @@ CHUNK = 1 << 20
 REFERENCE_TYPE = "vnd.docker.reference.type"
 REFERENCE_DIGEST = "vnd.docker.reference.digest"
 ATTESTATION = "attestation-manifest"
+# cosign's tags beside an image's digest: signatures, attestations, attached SBOMs
+COSIGN_SUFFIXES = {".sig": "cosign signature", ".att": "cosign attestation", ".sbom": "cosign sbom"}
+
+
+@dataclass(frozen=True)
+class CopiedReferrer:
+    """One artifact copied with the image: what it refers to and what it is."""
+
+    subject: str  # the manifest digest it refers to
+    digest: str  # the artifact manifest's
+    kind: str  # its artifactType, or one of COSIGN_SUFFIXES' words
+    tag: str | None  # cosign's tag it was found under; None for an OCI 1.1 referrer
 
 
 @dataclass(frozen=True)
@@ -47,6 +69,7 @@ class CopyResult:
     left_out: tuple[str, ...]  # platforms of the source a filter left behind
     attestations: int  # attestation manifests copied with them
     manifests: int  # manifests put at the destination, the top one included
+    referrers: tuple[CopiedReferrer, ...] = ()  # artifacts that refer to what was copied
 
     @property
     def same_digest(self) -> bool:
@@ -61,6 +84,7 @@ class _Copier:
         self.src, self.dest, self.client, self.progress = src, dest, client, progress
         self.done: set[str] = set()
         self.manifests = 0
+        self.copied: list[str] = []  # manifest digests put at the destination, for their referrers
 
     def tree(self, raw: bytes, media_type: str) -> None:
         """Everything a manifest or an index names is at the destination; then the bytes
@@ -83,9 +107,57 @@ class _Copier:
         put_manifest(Reference(self.dest.registry, self.dest.repository, None, got), raw, media_type,
                      client=self.client)
         self.done.add(digest)
+        self.copied.append(got)
         self.manifests += 1
         if self.progress:
             self.progress("manifest", f"{self.dest.repository}@{got}", len(raw), len(raw))
+
+    def referrers(self, subjects: Sequence[str]) -> list[CopiedReferrer]:
+        """The referrers of each of ``subjects`` (copied already), copied and made findable at the
+        destination; then theirs in turn (a signature of an SBOM)."""
+        found: list[CopiedReferrer] = []
+        queue, seen = list(subjects), set(subjects)
+        while queue:
+            subject = queue.pop(0)
+            listed = list_referrers(self.src, subject, client=self.client).items
+            for item in listed:
+                self.child(item.descriptor())
+            if listed:
+                record_referrers(self.dest, subject, listed, client=self.client)
+            found += [CopiedReferrer(subject, r.digest, r.artifact_type or r.media_type, None) for r in listed]
+            found += self.cosign_tags(subject)
+            for r in found:
+                if r.digest not in seen:
+                    seen.add(r.digest)
+                    queue.append(r.digest)
+        return found
+
+    def cosign_tags(self, subject: str) -> list[CopiedReferrer]:
+        found = []
+        for suffix, kind in COSIGN_SUFFIXES.items():
+            tag = fallback_tag(subject) + suffix
+            try:
+                raw, got, media_type = fetch_manifest(self.src.with_tag(tag), client=self.client)
+            except ManifestNotFound:
+                continue
+            self.tree(raw, media_type)
+            layers = list(json.loads(raw).get("layers") or [])
+            if suffix == ".sig" and self.tag_exists(tag) and all(x.get("mediaType") == MEDIA_SIMPLE_SIGNING
+                                                                  for x in layers):
+                # the destination's own signatures stay: the source's are appended (as cosign appends)
+                append_signature_layers(self.dest, subject, layers, client=self.client)
+            else:  # the bytes unchanged, so the copy's digest is the source's
+                put_manifest(self.dest.with_tag(tag), raw, media_type, client=self.client)
+            self.manifests += 1
+            found.append(CopiedReferrer(subject, got, kind, tag))
+        return found
+
+    def tag_exists(self, tag: str) -> bool:
+        try:
+            fetch_manifest(self.dest.with_tag(tag), client=self.client)
+        except ManifestNotFound:
+            return False
+        return True
 
     def blob(self, desc: dict) -> None:
         digest = desc["digest"]
@@ -218,4 +290,7 @@ def copy_image(src_ref: Reference | str, dest_ref: Reference | str, *, platforms
     digest = put_manifest(target, raw, media_type, client=client)
     if progress:
         progress("manifest", str(target), len(raw), len(raw))
-    return CopyResult(digest, source_digest, media_type, copied, left_out, attestations, copier.manifests + 1)
+    subjects = ([source_digest] if digest == source_digest else []) + copier.copied
+    referrers = copier.referrers(subjects)
+    return CopyResult(digest, source_digest, media_type, copied, left_out, attestations, copier.manifests + 1,
+                      tuple(referrers))

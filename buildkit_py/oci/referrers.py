@@ -184,6 +184,25 @@ def _add_to_fallback_index(ref: Reference, subject_digest: str, entry: Referrer,
     return tag
 
 
+def record_referrers(ref: Reference | str, subject_digest: str, entries: Sequence[Referrer], *,
+                     client: Client | None = None) -> str:
+    """Make ``entries`` (artifact manifests already in ``ref``'s repository, each with
+    ``subject_digest`` as its subject) findable there, as a copy needs: a registry with the
+    referrers API indexed them when they were put (VIA_API); else they join the tag schema's
+    index, beside what it lists. Returns how they are found."""
+    ref = as_reference(ref)
+    client = client or Client()
+    listed = list_referrers(ref, subject_digest, client=client)
+    if listed.via == VIA_API:
+        return VIA_API
+    have = {r.digest for r in listed.items}
+    for entry in entries:
+        if entry.digest not in have:
+            _add_to_fallback_index(ref, subject_digest, entry, None, client)
+            have.add(entry.digest)
+    return VIA_TAG
+
+
 def list_referrers(ref: Reference | str, subject_digest: str, *, artifact_type: str | None = None,
                    client: Client | None = None) -> Referrers:
     """The referrers of ``subject_digest`` in ``ref``'s repository, those of ``artifact_type``

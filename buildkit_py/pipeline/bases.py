@@ -8,6 +8,7 @@ the environment's (exit 3)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 from buildkit_py import oci
@@ -21,7 +22,9 @@ from buildkit_py.errors import (
     RecipeIssue,
     RegistryError,
     RegistryUnreachable,
+    SignatureError,
 )
+from buildkit_py.plan.build_plan import BuildPlan
 from buildkit_py.recipe.model import Recipe
 
 
@@ -100,3 +103,29 @@ def resolve_with_base(recipe: Recipe, *, client=None, cache: dict[str, BaseFacts
             cache[base_ref] = facts
     return resolve(recipe, base=facts, looked_up=looked_up)
 
+
+
+def verify_base(plan: BuildPlan, *, client=None) -> BuildPlan:
+    """base.verify, before anything is built: the final base must carry a cosign signature that
+    verifies under the recipe's public key, else SignatureError naming the base and the key.
+    The plan names the base by the digest its registry gave at plan time, and that digest is
+    what is verified; a base named by tag alone is pinned to the digest verified here, so the
+    engine cannot pull another image should the tag move between this check and the build."""
+    key_path = plan.recipe.base.verify
+    if key_path is None:
+        return plan
+    from buildkit_py.oci.signatures import load_verifying_key, verify_image  # noqa: PLC0415
+
+    recipe = plan.recipe
+    where = f"{recipe.path}:{recipe.line_of('base.verify')}" if recipe.line_of("base.verify") else str(recipe.path)
+    base = plan.final.base
+    key = load_verifying_key(key_path, f"base.verify ({where})")
+    verdict = verify_image(base, key, client=client)[0]
+    if not verdict.verified:
+        raise SignatureError(f"the base image {base.split('@', 1)[0]} ({verdict.digest}) is not signed by {key_path} "
+                             f"({where}: base.verify): {verdict.reason}",
+                             hint="build on the base its publisher signed (`imgbuild verify BASE --key KEY.pub` "
+                                  "checks one), or ask them to sign it: imgbuild sign BASE --key THEIR_KEY")
+    pinned = base if "@" in base else f"{base}@{verdict.digest}"
+    stages = tuple(dataclasses.replace(s, base=pinned) if s.base == base else s for s in plan.stages)
+    return dataclasses.replace(plan, stages=stages)

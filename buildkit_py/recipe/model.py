@@ -119,6 +119,7 @@ class BaseSpec:
     image: str | None = None
     os: str = "ubuntu22.04"
     mirror: str | None = None
+    verify: Path | None = None  # the public key the base's cosign signature must verify under
 
 
 @dataclass(frozen=True)
@@ -219,7 +220,9 @@ class Recipe:
             "name": self.name,
             "version": self.version,
             "cuda": spec(self.cuda),
-            "base": spec(self.base),
+            # base.verify is a check before building, not an input of the image (and its path is
+            # this machine's): out of the digest, so a recipe gains it without a new digest
+            "base": {k: v for k, v in spec(self.base).items() if k != "verify"},
             "python": self.python,
             "torch": self.torch,
             "pip": list(self.pip),
@@ -418,6 +421,18 @@ def _copies(items: list[Any], recipe_path: Path, report: _Issues) -> tuple[CopyS
     root = recipe_path.parent.resolve()
     out = [_copy(item, f"copy[{i}]", root, report) for i, item in enumerate(items) if _has(item, "src", "dest")]
     return tuple(c for c in out if c is not None)
+
+
+def _verify_key(value: str | None, recipe_path: Path, report: _Issues) -> Path | None:
+    """base.verify's key file, relative to the recipe's folder; it must be there (a typo would
+    otherwise pass a plan and fail only when building)."""
+    if value is None:
+        return None
+    path = (recipe_path.parent / value).resolve()
+    if not path.is_file():
+        report.fail("base.verify", f"{value!r}: no such key file (looked for {path})")
+        return None
+    return path
 
 
 def _has(item: Any, *keys: str) -> bool:
@@ -667,7 +682,8 @@ def _recipe(data: dict[str, Any], path: Path, report: _Issues, lines: dict[str, 
         version=data.get("version"),
         cuda=CudaSpec(cuda["version"], CudaFlavor(cuda.get("flavor", CudaFlavor.RUNTIME)), cuda.get("cudnn"),
                       CudaSource(cuda.get("source", CudaSource.NVIDIA))),
-        base=BaseSpec(base.get("image"), base.get("os", "ubuntu22.04"), base.get("mirror")),
+        base=BaseSpec(base.get("image"), base.get("os", "ubuntu22.04"), base.get("mirror"),
+                      _verify_key(base.get("verify"), path, report)),
         python=data["python"],
         torch=data.get("torch"),
         pip=pip,
