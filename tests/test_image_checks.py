@@ -290,19 +290,23 @@ def test_floors_of_a_cuda_the_data_does_not_know_are_skipped_not_guessed():
         assert "imgbuild's data does not know CUDA 13.4.0" in got[f"label {key}"].detail
 
 
-def test_a_checked_push_from_buildkit_pushes_the_image_that_was_checked(tmp_path, monkeypatch):
-    """With tests (or a budget) buildx builds, checks, then builds again to push. That second
-    build took --no-cache along: it rebuilt every step, pushed an image nobody had tested, and
-    moved the tags off the checked one, which the containerd store then dropped (found by
-    test_no_secret_reaches_image_registry_or_output[docker26]: ImageNotFound)."""
+def test_a_checked_push_pushes_the_image_that_was_checked(tmp_path, monkeypatch):
+    """With tests (or a budget) the image is built, checked, then pushed. The push used to be a second
+    build that trusted the cache (on buildx): a --no-cache build of the same recipe or a prune between
+    the two made it push an image nobody had tested (issue 31: 1). Now there is one build; each tag is
+    set on the checked image again and pushed from the engine's store, and the registry's answer is
+    held to the checked image."""
     from buildkit_py import engine as engine_pkg
     from buildkit_py.engine import build as build_mod
     from buildkit_py.engine.base import BuildResult
+    from buildkit_py.engine.push import PushResult
     from buildkit_py.pipeline import plan_recipe
 
     monkeypatch.setattr(build_mod, "check_can_push", lambda tags: None)  # no registry in a unit test
     monkeypatch.setattr(build_mod, "registry_compressed_size", lambda ref: None)
     monkeypatch.setattr(build_mod, "layer_groups", lambda *_a: {})
+    verified: list[tuple[str, str]] = []
+    monkeypatch.setattr(build_mod, "verify_pushed", lambda image_id, pushed: verified.append((image_id, pushed.ref)))
     plan = plan_recipe(write_recipe(tmp_path, HEAD), registry="127.0.0.1:5000", offline=True)
     checked: list[str] = []
 
@@ -312,11 +316,11 @@ def test_a_checked_push_from_buildkit_pushes_the_image_that_was_checked(tmp_path
                                   engine_pkg.CACHE_MOUNTS, engine_pkg.MULTI_STAGE, engine_pkg.METADATA_FILE,
                                   engine_pkg.PROVENANCE})
         requests: list = []
+        calls: list = []
 
         def build(self, request, on_line):
             self.requests.append(request)
-            n = len(self.requests)
-            return BuildResult(f"sha256:{n}", request.tags, "", 0, 7, 1.0, digest="sha256:" + f"{n}" * 64)
+            return BuildResult("sha256:checked", request.tags, "", 0, 7, 1.0)
 
         def image_sizes(self, image_id):
             return engine_pkg.ImageSizes(1000, None)
@@ -324,14 +328,23 @@ def test_a_checked_push_from_buildkit_pushes_the_image_that_was_checked(tmp_path
         def image_attrs(self, ref):
             return {"Id": ref, "Config": {"Labels": {"io.imgbuild.os": "debian12"}}}
 
+        def tag(self, image, ref):
+            self.calls.append(("tag", image, ref))
+
+        def push(self, ref, on_progress=None, on_transfer=None):
+            self.calls.append(("push", ref))
+            repo = ref.rsplit(":", 1)[0]
+            return PushResult(f"{repo}@sha256:{'9' * 64}", ref.rsplit(":", 1)[1], "sha256:" + "9" * 64, None, 1)
+
     engine = StoreEngine()
     options = build_mod.BuildOptions(push=True, no_cache=True)
     outcome = build_mod.run_build(plan, engine, options, lambda _line: None, gate=checked.append)
-    first, again = engine.requests
-    assert checked == ["sha256:1"] and first.no_cache and not first.push
-    assert again.push and not again.no_cache and not again.load  # from the cache: the checked image
-    assert outcome.result.image_id == "sha256:2" and outcome.result.digest == "sha256:" + "2" * 64
-    assert outcome.result.run_steps == 7  # the steps of the build that ran them
+    [only] = engine.requests  # one build: no second one to trust the cache
+    assert checked == ["sha256:checked"] and only.no_cache and not only.push
+    [tag] = plan.tags
+    assert engine.calls == [("tag", "sha256:checked", tag), ("push", tag)]
+    assert verified == [("sha256:checked", outcome.pushes[0].ref)]
+    assert outcome.result.run_steps == 7
 
 
 # --- every platform, every variant (issue 31: 4), with a fake engine and fake containers -----------

@@ -6,8 +6,10 @@ missing CA file, budget of the result) is checked before the image keeps its tag
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import tempfile
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -25,7 +27,6 @@ from buildkit_py.engine import (
     require,
     required_capabilities,
 )
-from buildkit_py.engine.buildlog import only_export_lines
 from buildkit_py.engine.push import PushResult, TransferSink, check_can_push, split_tag
 from buildkit_py.errors import BudgetExceeded, ImageTestFailed, ImgbuildError, RegistryError, UsageError
 from buildkit_py.files import write_atomic
@@ -194,47 +195,26 @@ def run_build(plan: BuildPlan, engine: Engine, options: BuildOptions, on_line: L
         if uv_env is not None:  # beside the context, never in it
             secrets[UV_ENV_SECRET_ID] = Path(tmp, UV_ENV_SECRET_ID)
             write_atomic(secrets[UV_ENV_SECRET_ID], uv_env, private=True)
+        # An image checked before its push also gets a tag of its own until it is pushed: another build
+        # of the same recipe taking the tags meanwhile would otherwise leave it untagged, which the
+        # containerd store drops (and the push of the checked image would find nothing)
+        hold = hold_tag(tags[0]) if options.push and checked_first else None
         request = BuildRequest(
-            context_dir=context, dockerfile=dockerfile_path, tags=tags, labels=volatile, secrets=secrets,
+            context_dir=context, dockerfile=dockerfile_path, tags=tags + ((hold,) if hold else ()),
+            labels=volatile, secrets=secrets,
             network=options.network, no_cache=options.no_cache, cache_from=options.cache_from,
             cache_to=options.cache_to, builder=options.builder, push=from_buildkit and not checked_first,
             load=keep_local, compression=options.compression, oci_mediatypes=options.oci_mediatypes,
             provenance=provenance, platforms=options.platforms,
         )
-        result = _build(engine, request, on_line)
-        sizes = engine.image_sizes(result.image_id) if keep_local and result.image_id else None
-        groups = layer_groups(engine, result.image_id, plan) if sizes else {}
-        attrs = (engine.image_attrs(result.image_id) or {}) if sizes else {}
-        image_labels = dict(sorted(((attrs.get("Config") or {}).get("Labels") or {}).items()))
-        if budget is not None and sizes and sizes.uncompressed > budget:
-            _reject_over_budget(engine, result.image_id, tags, sizes.uncompressed, budget, groups, plan,
-                                options.rejected)
-        if gate is not None:
-            try:
-                gate(result.image_id)
-            except ImageTestFailed as exc:
-                exc.kept_as = keep_as_rejected(engine, result.image_id, tags, options.rejected)
-                exc.message += f"\nnothing was pushed; the image is kept as {exc.kept_as}"
-                exc.args = (exc.message,)
-                raise
-        pushes: list[PushResult] = []
-        if options.push and from_buildkit:
-            if not request.push:  # checked first: the same build again, every step cached, pushes
-                # Only its digest is news: the steps that ran and the time are the first build's. It
-                # must push the image that was checked: from the cache (never --no-cache, which would
-                # build, and push, an untested image) and without loading it again (a load moves the
-                # tags to the new image, and the containerd store drops the checked one).
-                again = _build(engine, replace(request, push=True, no_cache=False, load=False),
-                               only_export_lines(on_line))  # its cached steps were shown by the first
-                # Where the build's output lands in the engine's store, the tags now name this build's
-                # image: the same manifest (every layer from the cache), in an index whose
-                # attestation (--provenance) may differ; report that one.
-                same_store = ENGINE_STORE in engine.capabilities and again.image_id
-                image_id = again.image_id if same_store else result.image_id
-                result = replace(result, digest=again.digest, image_id=image_id)
-            pushes = _buildkit_pushes(result, tags)
-        elif options.push:
-            pushes = [engine.push(tag, on_progress=on_progress, on_transfer=on_transfer) for tag in tags]
+        result = replace(_build(engine, request, on_line), tags=tags)
+        try:
+            pushes, sizes, groups, image_labels = _check_and_push(
+                engine, plan, result, options, gate, keep_local=keep_local,
+                progress=(on_progress, on_transfer))
+        finally:
+            if hold:
+                release_hold(engine, hold)
     if pushes:  # what a pull really downloads, from the registry's manifest
         compressed = registry_compressed_size(pushes[0].ref)
         if compressed is not None:
@@ -244,6 +224,91 @@ def run_build(plan: BuildPlan, engine: Engine, options: BuildOptions, on_line: L
             image_labels = dict(sorted((config.get("Labels") or {}).items()))
     return BuildOutcome(plan, engine.name, result, sizes.uncompressed if sizes else 0, tuple(pushes), groups,
                         labels=image_labels, sizes=sizes)
+
+
+def _check_and_push(engine: Engine, plan: BuildPlan, result: BuildResult, options: BuildOptions,
+                    gate: ImageGate | None, *, keep_local: bool,
+                    progress: tuple[LineSink | None, TransferSink | None]) -> tuple[
+                        list[PushResult], ImageSizes | None, dict[str, int], dict[str, str]]:
+    """After the build: the size budget and the gate (the recipe's tests) on the image in the engine,
+    then the push: of the checked image itself where something was checked, else as the build did it.
+    Returns the pushes, the image's sizes, its layer groups and its labels."""
+    on_progress, on_transfer = progress
+    tags = result.tags
+    budget = plan.recipe.max_size
+    checked_first = budget is not None or gate is not None
+    from_buildkit = options.push and PUSH in engine.capabilities
+    sizes = engine.image_sizes(result.image_id) if keep_local and result.image_id else None
+    groups = layer_groups(engine, result.image_id, plan) if sizes else {}
+    attrs = (engine.image_attrs(result.image_id) or {}) if sizes else {}
+    image_labels = dict(sorted(((attrs.get("Config") or {}).get("Labels") or {}).items()))
+    if budget is not None and sizes and sizes.uncompressed > budget:
+        _reject_over_budget(engine, result.image_id, tags, sizes.uncompressed, budget, groups, plan,
+                            options.rejected)
+    if gate is not None:
+        try:
+            gate(result.image_id)
+        except ImageTestFailed as exc:
+            exc.kept_as = keep_as_rejected(engine, result.image_id, tags, options.rejected)
+            exc.message += f"\nnothing was pushed; the image is kept as {exc.kept_as}"
+            exc.args = (exc.message,)
+            raise
+    pushes: list[PushResult] = []
+    if options.push and checked_first and result.image_id:
+        # The image that was checked is pushed, from the engine's store: never a second build
+        # that trusts the cache (a --no-cache build of the same recipe or a prune meanwhile made
+        # it push another image), and each push is then read back from the registry.
+        pushes = push_checked(engine, result.image_id, tags, on_progress=on_progress, on_transfer=on_transfer)
+    elif options.push and from_buildkit:
+        pushes = _buildkit_pushes(result, tags)  # the build pushed as it exported
+    elif options.push:
+        pushes = [engine.push(tag, on_progress=on_progress, on_transfer=on_transfer) for tag in tags]
+    return pushes, sizes, groups, image_labels
+
+
+HOLD_TAG = "imgbuild-hold"  # the tag an image keeps between its build and its checked push
+
+
+def hold_tag(tag: str) -> str:
+    """REPO:imgbuild-hold-<random>: the checked image's own tag until it is pushed, unique to this build."""
+    return f"{split_tag(tag)[0]}:{HOLD_TAG}-{uuid.uuid4().hex[:12]}"
+
+
+def release_hold(engine: Engine, hold: str) -> None:
+    """Remove the hold tag; the image stays under its own tags (or REPO:rejected). Never raises: the
+    build's own outcome, a push or a refusal, is what the user must see."""
+    with contextlib.suppress(Exception):
+        engine.untag(hold)
+
+
+def push_checked(engine: Engine, image_id: str, tags: tuple[str, ...], *, on_progress: LineSink | None = None,
+                 on_transfer: TransferSink | None = None) -> list[PushResult]:
+    """Push ``image_id``, the image whose tests and budget passed, under ``tags``: each tag is set on
+    it again first (another build of the same recipe may have moved it meanwhile), then pushed, then
+    the registry's answer is held to it (``verify_pushed``)."""
+    pushes = []
+    for tag in tags:
+        engine.tag(image_id, tag)
+        pushed = engine.push(tag, on_progress=on_progress, on_transfer=on_transfer)
+        verify_pushed(image_id, pushed)
+        pushes.append(pushed)
+    return pushes
+
+
+def verify_pushed(image_id: str, pushed: PushResult) -> None:
+    """The registry's manifest under ``pushed.ref`` is the tested image: its digest is the image's id
+    (the containerd store names an image by its manifest or index) or its config is (the classic
+    store and podman name it by its config, whose digest covers every layer's content). Else the
+    push is a failure: a tag moved between the test and the push."""
+    manifest, digest, _ = oci.get_manifest(pushed.ref)
+    config = (manifest.get("config") or {}).get("digest")
+    if image_id in (pushed.digest, digest, config):
+        return
+    raise RegistryError(
+        f"{pushed.ref} is not the image that was tested ({image_id[:19]}): the registry holds manifest "
+        f"{digest[:19]} with config {str(config)[:19]}",
+        hint="another build or an image prune moved the tag between the tests and the push; build again "
+             "(nothing else builds this tag meanwhile)")
 
 
 def _reject_over_budget(engine: Engine, image_id: str, tags: tuple[str, ...], size: int, budget: int,

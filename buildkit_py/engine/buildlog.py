@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import collections
 import re
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from buildkit_py.engine.base import BuildResult
@@ -168,33 +167,6 @@ def _cut(text: str, width: int) -> str:
 
 
 # --- the stream -----------------------------------------------------------------------------------
-
-
-def only_export_lines(on_line: Callable[[str], None]) -> Callable[[str], None]:
-    """``on_line`` given only the export and push vertices of a build's plain progress (and any
-    line outside a vertex, an error): for the build that pushes, from the cache, an image already
-    built and tested, whose every step line the user saw once already."""
-    shown: set[str] = set()
-    seen: set[str] = set()
-    last_shown = [True]  # the blank line after a vertex goes with it
-
-    def sink(line: str) -> None:
-        m = re.match(r"^#(\d+) ", line)
-        if m is None:
-            if line.strip() or last_shown[0]:
-                on_line(line)
-            return
-        vertex = m.group(1)
-        if vertex not in seen:  # a vertex's first line is its name
-            seen.add(vertex)
-            name = line[m.end():]
-            if name.startswith(("exporting", "pushing", "writing image", "naming to")):
-                shown.add(vertex)
-        last_shown[0] = vertex in shown
-        if last_shown[0]:
-            on_line(line)
-
-    return sink
 
 
 @dataclass

@@ -1,0 +1,69 @@
+"""The image pushed is the image tested (issue 31: 1), on every engine.
+
+Between the tests and the push two things used to swap the image: another build of the same recipe
+(--no-cache, same tags) finishing meanwhile, and a prune of the build cache. On buildx the push was a
+second build trusting the cache, so it pushed what the cache now held; on the classic client and
+podman the push went by tag, so it pushed whatever the tag now named. Both races are made to happen
+here, inside the gate (where the tests run), and the registry must then hold the tested image: its
+manifest's digest or config digest is the id the gate was given. A push whose registry answer is
+another image is refused (verify_pushed), shown on a real push of a different image.
+"""
+
+from pathlib import Path
+
+import pytest
+from conftest import _client, on_every_engine
+from helpers import CA_ARGS, tiny_recipe, write_recipe
+
+from buildkit_py import oci
+from buildkit_py.engine import build as build_mod
+from buildkit_py.errors import RegistryError
+from buildkit_py.pipeline import plan_recipe
+
+pytestmark = pytest.mark.e2e
+
+
+def _options(push: bool, no_cache: bool = False) -> build_mod.BuildOptions:
+    ca = Path(CA_ARGS[1]) if CA_ARGS else None
+    return build_mod.BuildOptions(push=push, no_cache=no_cache, ca_cert=ca)
+
+
+def _prune(engine) -> None:
+    """The engine's build cache, emptied: what `docker builder prune -af` (or podman's image prune of
+    its intermediate layers) does on a busy CI runner."""
+    args = ("image", "prune", "-f") if engine.test_name == "podman" else ("builder", "prune", "-af")
+    done = _client(engine, *args)
+    assert done.returncode == 0, done.stderr
+
+
+@on_every_engine
+@pytest.mark.parametrize("race", ["a concurrent --no-cache build", "a prune"])
+def test_the_registry_gets_the_image_the_tests_passed(tmp_path, engine, logged_in, base_image, unique_name,
+                                                      cleanup_images, registry_refs, race):
+    recipe = write_recipe(tmp_path, tiny_recipe(unique_name, base_image, pip=("six==1.16.0",)))
+    plan = plan_recipe(recipe, registry=logged_in.address, offline=True)
+    cleanup_images.extend(plan.tags)
+    tested: list[str] = []
+    others: list[str] = []
+
+    def gate(image_id: str) -> None:  # the tests run here; meanwhile, the race
+        tested.append(image_id)
+        if race == "a prune":
+            _prune(engine)
+            return
+        other = build_mod.run_build(plan, engine, _options(push=False, no_cache=True), lambda _line: None)
+        others.append(other.result.image_id)
+
+    outcome = build_mod.run_build(plan, engine, _options(push=True), lambda _line: None, gate=gate)
+    registry_refs.extend(p.ref for p in outcome.pushes)
+    [image_id] = tested
+    [pushed] = outcome.pushes
+    manifest, digest, _ = oci.get_manifest(pushed.ref)
+    assert image_id in (digest, manifest["config"]["digest"]), (image_id, digest, manifest["config"])
+    if others:  # the other build really made another image, which the tag named until the push
+        assert others[0] != image_id
+
+    # The check can fail: the registry's image held to an id it is not
+    with pytest.raises(RegistryError) as info:
+        build_mod.verify_pushed("sha256:" + "0" * 64, pushed)
+    assert "is not the image that was tested" in info.value.message
