@@ -21,6 +21,7 @@ import re
 import pytest
 from helpers import MODELLED_LABELS, model_image, write_recipe
 
+from buildkit_py import compat
 from buildkit_py import label_keys as K
 from buildkit_py.analysis.image_checks import FAILED, label_checks
 from buildkit_py.compat.bases import BaseFacts
@@ -268,3 +269,20 @@ def test_every_hint_applied_removes_its_problem(tmp_path, source):
             same = [e for e in _problems(tmp_path, fixed) if e.key == problem.key and e.reason == problem.reason]
             assert not same, (case, problem.hint, same[0].message)
     assert applied >= 50, applied
+
+
+def test_every_refusal_on_a_row_known_only_in_part_says_partial(tmp_path):
+    """issue 29: '"partial": true in --json wherever the text says known only in part'. Every partial row
+    of the flash-attn and bitsandbytes tables, pinned, is refused as partial (the JSON's partial key)."""
+    from buildkit_py.errors import CompatibilityErrors as Several
+
+    cases = [("flash-attn", r.version) for r in compat.flash_attn_releases() if r.partial]
+    cases += [("bitsandbytes", r.version) for r in compat.bitsandbytes_releases() if r.partial]
+    assert cases
+    for name, version in cases:
+        recipe = _recipe(tmp_path, cuda="12.4", torch="2.4.1", pip=(f'"{name}=={version}"',))
+        with pytest.raises(CompatibilityError) as info:
+            resolve(recipe)
+        errors = info.value.errors if isinstance(info.value, Several) else [info.value]
+        mine = [e for e in errors if e.key == "pip[0]"]
+        assert mine and all(e.partial for e in mine), (name, version, [e.message for e in mine])

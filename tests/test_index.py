@@ -495,3 +495,17 @@ def test_data_status_shows_the_images_end_of_life(tmp_path, monkeypatch):
     assert main(["data", "status"], text, io.StringIO()) == 0
     assert f"past NVIDIA's end of life on {datetime.date.today()}" in text.getvalue()
     assert "no end-of-life date published: " in text.getvalue() and "13.4.2" in text.getvalue()
+
+
+def test_a_torch_version_the_index_has_not_is_called_no_release(ix, tmp_path, monkeypatch):
+    """issue 29: a torch pin the index answered has no such release was refused as 'newer than
+    imgbuild's data, and the package index could not answer'; it is no release, and the hint names the
+    nearest that exists (here one only the index has). exit 2, partial false: nothing is unknown."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    recipe = write_recipe(tmp_path, RECIPE.replace('torch: "2.16.0"', 'torch: "2.16.3"'))
+    out, err = io.StringIO(), io.StringIO()
+    assert main(["plan", str(recipe), "--json", "--index-url", ix.url], out, err) == 2
+    doc = json.loads(out.getvalue())
+    assert "torch 2.16.3 is not a release: the package index has no such version" in doc["message"], doc
+    assert "could not answer" not in doc["message"]
+    assert doc["hint"] == "use torch 2.16.0 (the nearest release)" and not doc.get("partial")

@@ -510,6 +510,9 @@ class LookedUp:
     failure: str | None = None
     # the files the index serves of each pin platforms.json has no row for (multi-platform recipes)
     pin_files: tuple[PinFiles, ...] = ()
+    # the index answered that the torch pin is no release of it: its releases, and its URL
+    index_releases: tuple[str, ...] = ()
+    index_url: str | None = None
 
 
 def torch_rule(recipe: Recipe, cuda: str, python: str, looked_up: LookedUp | None = None) -> TorchPart:
@@ -568,6 +571,12 @@ def torch_release_rule(recipe: Recipe, looked_up: LookedUp | None = None) -> Tor
         raise _fail(recipe, "torch", "torch", version, "imgbuild's torch data", compat.data_as_of(),
                     f"{version} is not a torch release imgbuild knows (known near it: {', '.join(near)})",
                     hint=f"use torch {nearest} (the nearest release), or the newest, {newest}")
+    if looked_up.index_releases:  # the index was asked and has no such version: it does not exist
+        nearest = compat.nearest_versions(version, [*looked_up.index_releases, *known], n=1)[0]
+        raise _fail(recipe, "torch", "torch", version, "the package index", looked_up.index_url or "",
+                    f"torch {version} is not a release: the package index has no such version (its newest: "
+                    f"{', '.join(looked_up.index_releases[-3:])})",
+                    hint=f"use torch {nearest} (the nearest release)")
     if looked_up.offline:
         why = "--offline: the package index was not asked"
         how = "plan without --offline (the index reachable) to look it up"
@@ -715,7 +724,8 @@ def _check_flash_attn(recipe: Recipe, key: str, version: str, cuda: str, python:
                     f"flash-attn {version} is {rel.partial}",
                     hint=f"use flash-attn {', '.join(newest)} (the newest fully recorded that fit"
                          f"{f' torch {torch},' if torch else ''} CUDA {_mm(cuda)} and Python {python})" if fits else
-                    _newest_hint("flash-attn", [r.version for r in compat.flash_attn_releases() if not r.partial]))
+                    _newest_hint("flash-attn", [r.version for r in compat.flash_attn_releases() if not r.partial]),
+                    partial=True)
     if not torch:
         raise _fail(recipe, key, "flash-attn", version, "torch", "(none)",
                     "flash-attn builds against torch", hint="pin torch: in the recipe")
@@ -818,7 +828,8 @@ def _check_bitsandbytes(recipe: Recipe, key: str, version: str, cuda: str, pytho
                                [r.version for r in compat.bitsandbytes_releases()]) from None
     if rel.partial:
         raise _fail(recipe, key, "bitsandbytes", version, "imgbuild's bitsandbytes table", compat.data_as_of(),
-                    f"bitsandbytes {version} is known only in part: {rel.partial}", hint=_bnb_hint(cuda, python, torch))
+                    f"bitsandbytes {version} is known only in part: {rel.partial}", hint=_bnb_hint(cuda, python, torch),
+                    partial=True)
     if not _cuda_in(rel.cuda, cuda):
         raise _fail(recipe, key, "bitsandbytes", version, "cuda", cuda,
                     f"bitsandbytes {version} ships CUDA binaries for {_describe(rel.cuda)}",

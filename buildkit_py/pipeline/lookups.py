@@ -80,15 +80,22 @@ def cached_torch_releases() -> tuple[TorchRelease, ...]:
     return tuple(sorted(out, key=lambda r: Version(r.version)))
 
 
+class NotOnIndex(LookupError):
+    """The index answered, and it has no such release: the version does not exist (not "unknown")."""
+
+    def __init__(self, version: str, url: str, releases: tuple[str, ...]):
+        self.version, self.url, self.releases = version, url, releases
+        super().__init__(f"torch {version} is not on the package index {url} (newest there: "
+                         f"{', '.join(releases[-3:])})")
+
+
 def torch_row_from_index(version: str, settings, *, today: str | None = None) -> dict:
     """Read torch ``version`` from the index: a torch.json row (source = index URL + wheel)."""
     client = index.client_for(settings)
     project = client.project("torch")
     hits = [v for v in project.versions if Version(v) == Version(version)]
     if not hits:
-        newest = ", ".join(project.releases()[-3:])
-        raise LookupError(f"torch {version} is not on the package index {index.redact(settings.url)} "
-                          f"(newest there: {newest})")
+        raise NotOnIndex(version, index.redact(settings.url), project.releases())
     return refresh.torch_row(client, project, hits[0], today=today or _dt.date.today().isoformat())
 
 
@@ -188,6 +195,10 @@ def _torch_looked_up(recipe: Recipe, *, offline: bool, index_url: str | None, pi
     settings = index.index_settings(index_url=index_url, pip_config=pip_config)
     try:
         text = ensure_torch(recipe.torch, settings, offline=False)
+    except NotOnIndex as exc:  # no such release: the resolver says so, with the nearest that exists
+        if warn:
+            warn(str(exc))
+        return LookedUp(torch=cached_torch_releases(), index_releases=exc.releases, index_url=exc.url)
     except (PackageIndexError, LookupError) as exc:
         reason = str(exc).strip(chr(39))
         if warn:
