@@ -288,6 +288,16 @@ class InspectError(ImgbuildError):
     exit_status = ExitStatus.FAILED
 
 
+class ImageFactsUnreadable(InspectError):
+    """The image's own python could not report what the image holds (none on its PATH: exit 127,
+    or one that fails): ``exit_code`` and ``output`` are the container's. Where the image is
+    under test, a failed test of the image, not an error of imgbuild's (analysis/image_checks.py)."""
+
+    def __init__(self, message: str, *, exit_code: int, output: str, hint: str | None = None):
+        self.exit_code, self.output = exit_code, output
+        super().__init__(message, hint=hint)
+
+
 class ImageMissing(InspectError):
     """The engine has no image under the reference asked for."""
 
