@@ -278,6 +278,37 @@ class UnsafePath(WeightsError):
     exit_status = ExitStatus.BAD_INPUT
 
 
+class WouldReplaceFiles(WeightsError):
+    """A pull would replace files of other content in its folder (a user's file of the same name,
+    another version of the weights): nothing is downloaded; ``paths`` names them (exit 2: run it
+    again with --force, or into another folder)."""
+
+    exit_status = ExitStatus.BAD_INPUT
+
+    def __init__(self, message: str, *, paths: list[str], hint: str | None = None):
+        self.paths = list(paths)
+        super().__init__(message, hint=hint)
+
+    def to_json(self) -> dict:
+        out = super().to_json()
+        out["paths"] = self.paths
+        return out
+
+
+class FolderNotWritable(EnvironmentProblem):
+    """A folder imgbuild must write into refuses it (permissions, a read-only file system, no space
+    left): ``path`` names the file or folder, the message the system's reason (exit 3)."""
+
+    def __init__(self, message: str, *, path: str, hint: str | None = None):
+        self.path = path
+        super().__init__(message, hint=hint)
+
+    def to_json(self) -> dict:
+        out = super().to_json()
+        out["path"] = self.path
+        return out
+
+
 class ManifestNotFound(RegistryError):
     """The registry has no manifest (tag or digest) for the reference."""
 
