@@ -192,8 +192,8 @@ class FailedStep(NamedTuple):
 
 class BuildFailed(ImgbuildError):
     """A build that failed. Where the log names the step that failed (``step``), the message shows
-    that step once with its own last lines, and ``cause`` names a known cause (certificate,
-    index-unreachable, compiler, hash-mismatch, hash-missing, disk-space) whose hint says what
+    that step once with its own last lines, and ``cause`` names a known cause (certificate, proxy,
+    index-unreachable, compiler-missing, compiler, hash-mismatch, hash-missing, disk-space) whose hint says what
     to do; otherwise the message ends with the last lines of the log."""
 
     exit_status = ExitStatus.FAILED
