@@ -6,6 +6,7 @@ causes are covered on recorded logs of both engines (test_buildlog.py)."""
 import json
 
 import pytest
+from conftest import on_every_engine
 from helpers import CA_ARGS, run_cli, tiny_recipe, write_recipe
 
 pytestmark = pytest.mark.e2e
@@ -28,7 +29,8 @@ def test_a_pip_step_without_the_ca_bundle_names_the_step_and_hints_ca_cert(tmp_p
     assert doc["step"]["name"].startswith("cuda [final ") and doc["step"]["exit_code"] == 1
 
 
-def test_a_compile_without_a_compiler_is_named_with_its_hint(tmp_path, base_image, unique_name, docker_client,
+@on_every_engine  # podman's build log goes through the same reader
+def test_a_compile_without_a_compiler_is_named_with_its_hint(tmp_path, engine, base_image, unique_name,
                                                              cleanup_images):
     """issue 31: 6: psutil 5.8.0 has no wheel for Python 3.11, so it is compiled, and the image has
     no gcc: distutils' '[Errno 2] No such file or directory: 'x86_64-linux-gnu-gcc'' got cause
