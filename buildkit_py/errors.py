@@ -250,6 +250,12 @@ class RegistryUnreachable(EnvironmentProblem):
     pass
 
 
+class NotARegistry(RegistryUnreachable):
+    """The address answered HTTP, but not as a registry: a web page (HTML, no
+    Docker-Distribution-API-Version header) from a web server, a login portal or a proxy in
+    front of it. Exit 3, as no registry is reachable there; the page itself is never shown."""
+
+
 class AuthenticationError(EnvironmentProblem):
     """Bad or missing registry credentials (exit 3: fix the environment, not the recipe)."""
 
