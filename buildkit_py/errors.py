@@ -303,7 +303,7 @@ class WouldReplaceFiles(WeightsError):
 
 class FolderNotWritable(EnvironmentProblem):
     """A folder imgbuild must write into refuses it (permissions, a read-only file system, no space
-    left): ``path`` names the file or folder, the message the system's reason (exit 3)."""
+    left): ``path`` names the folder, the message the system's reason and the file (exit 3)."""
 
     def __init__(self, message: str, *, path: str, hint: str | None = None):
         self.path = path
