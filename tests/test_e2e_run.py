@@ -3,6 +3,7 @@ prints (issue 22: 8): the command after -- goes to the image's ENTRYPOINT as arg
 --entrypoint replaces the ENTRYPOINT, and '' removes it."""
 
 import json
+import os
 import shlex
 import signal
 import subprocess
@@ -10,8 +11,8 @@ import sys
 import time
 
 import pytest
-from conftest import _client, on_every_engine
-from helpers import REPO, run_cli
+from conftest import _client, on_every_engine, unavailable
+from helpers import REPO, as_unprivileged, run_cli
 
 
 @pytest.fixture
@@ -127,5 +128,18 @@ def test_a_relative_weights_dir_is_mounted_from_where_the_user_is(engine, base_i
         assert code == 0, err
         assert capfd.readouterr().out.strip() == '{"hidden_size": 8}'  # the container read the mounted file
         assert (host / "config.json").is_file()
+
+        if engine.test_name == "podman":  # podman in a user namespace has a store of its own, without the image
+            return
+        # a weights folder that cannot be written: an environment error naming it, not an internal error
+        (tmp_path / "ro").mkdir(mode=0o555)
+        argv = as_unprivileged([sys.executable, "-m", "buildkit_py", "run", image, "--weights-dir", "ro/w",
+                                "--gpus", "none", "--progress", "quiet"])
+        if argv is None:
+            unavailable("unshare (util-linux) is needed to test an unwritable folder as root")
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=120,
+                              env={**os.environ, "PYTHONPATH": str(REPO)})
+        assert done.returncode == 3, done.stderr
+        assert done.stderr.startswith(f"imgbuild: error: cannot write into {tmp_path}/ro: Permission denied (w)")
     finally:
         subprocess.run([*docker, "image", "rm", "-f", image], capture_output=True, check=False)

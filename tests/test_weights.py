@@ -7,7 +7,6 @@ import contextlib
 import hashlib
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -17,7 +16,7 @@ from pathlib import Path
 
 import pytest
 from conftest import unavailable
-from helpers import run_cli
+from helpers import as_unprivileged, run_cli
 
 from buildkit_py import oci
 from buildkit_py.artifacts import weights
@@ -233,18 +232,6 @@ def test_a_pull_never_replaces_a_file_of_other_content_unless_forced(client, ref
         weights.pull(ref, dest, client=client, force=True)
 
 
-def _as_unprivileged(argv: list[str]) -> list[str]:
-    """``argv`` run without the power to write where the folder's mode forbids it. Root has that
-    power (CAP_DAC_OVERRIDE); in a new user namespace it keeps its uid, owner of the folder, but
-    not the capability in this one, so a folder of mode 555 refuses it as it refuses any user."""
-    if os.geteuid() != 0:
-        return argv
-    unshare = shutil.which("unshare")
-    if unshare is None:
-        unavailable("unshare (util-linux) is needed to test an unwritable folder as root")
-    return [unshare, "--user", *argv]
-
-
 def test_a_folder_that_cannot_be_written_is_an_environment_error_naming_it(client, ref, tmp_path):
     """issue 31: 5: a pull into a folder the user cannot write ended in an internal error
     (PermissionError: ...config.json.partial). Now: exit 3, FolderNotWritable naming the folder,
@@ -259,7 +246,10 @@ def test_a_folder_that_cannot_be_written_is_an_environment_error_naming_it(clien
         for target, named in ((dest, dest), (dest / "sub", dest)):
             argv = [sys.executable, "-m", "buildkit_py", "weights", "pull", ref, str(target), "--json",
                     "--progress", "quiet"]
-            done = subprocess.run(_as_unprivileged(argv), capture_output=True, text=True, env=env, timeout=120)
+            unprivileged = as_unprivileged(argv)
+            if unprivileged is None:
+                unavailable("unshare (util-linux) is needed to test an unwritable folder as root")
+            done = subprocess.run(unprivileged, capture_output=True, text=True, env=env, timeout=120)
             assert done.returncode == 3, done.stderr
             doc = json.loads(done.stdout)
             assert (doc["error"], doc["path"]) == ("FolderNotWritable", str(named)), doc

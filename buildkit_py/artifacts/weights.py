@@ -375,9 +375,10 @@ def _not_writable(exc: OSError, path: Path) -> FolderNotWritable | None:
     named = Path(os.fsdecode(exc.filename)) if exc.filename else path
     folder = named.parent
     return FolderNotWritable(f"cannot write into {folder}: {exc.strerror or exc} ({named.name})", path=str(folder),
-                             hint="pull into a folder this user can write, or make it writable (ls -ld shows "
-                                  "its owner and mode)" if exc.errno not in (errno.ENOSPC, errno.EDQUOT) else
-                             "free space there, or pull into a folder on another disk")
+                             hint="use a folder this user can write (weights pull REF DIR, run --weights-dir DIR), "
+                                  "or make it writable (ls -ld shows its owner and mode)"
+                             if exc.errno not in (errno.ENOSPC, errno.EDQUOT) else
+                             "free space there, or use a folder on another disk")
 
 
 def pull(ref: str | oci.Reference, directory: str | os.PathLike, progress: oci.Progress | None = None, *,

@@ -124,8 +124,7 @@ def cmd_run(args: argparse.Namespace, out: Out) -> int:
     if process is not None and not process.argv:
         raise UsageError(f"{image} has no ENTRYPOINT or CMD: nothing would run",
                          hint=f"give the command after --: imgbuild run {args.target} -- CMD...")
-    for w in run.weights:
-        w.host_dir.mkdir(parents=True, exist_ok=True)
+    for w in run.weights:  # the pull makes the folder (and names it when it cannot)
         with transfer_view(out.stderr, args.progress) as progress:
             # force: the folder is imgbuild's own copy of this reference (named after it), so a tag
             # that moved gets its new files in place of the old; each replaced file is named below.
