@@ -32,6 +32,7 @@ CASES = {
     "compiler-missing": ("pins [final 7/8]", 1, "compiler-missing",
                          "[Errno 2] No such file or directory: 'x86_64-linux-gnu-gcc'"),
     "proxy-pip": ("cuda [final 6/8]", 1, "proxy", "ProxyError('Cannot connect to proxy.'"),
+    "proxy-uv": ("pins [final 7/8]", 2, "proxy", "tunnel error: failed to create underlying connection"),
 }
 
 
@@ -93,9 +94,10 @@ def test_hints_name_what_to_do(engine):
     assert "--pip-config" in failure(engine, "unreachable-uv-dns").hint
     missing = failure(engine, "compiler-missing").hint
     assert "no C compiler" in missing and "build.from_source" in missing and "apt:" in missing
-    proxy = failure(engine, "proxy-pip").hint
-    assert "through a proxy" in proxy and "index URL is not the problem" in proxy
-    assert "check its URL" not in proxy  # the unreachable index's hint, which blamed the index URL
+    for case in ("proxy-pip", "proxy-uv"):
+        proxy = failure(engine, case).hint
+        assert "through a proxy" in proxy and "index URL is not the problem" in proxy
+        assert "check its URL" not in proxy  # the unreachable index's hint, which blamed the index URL
 
 
 @pytest.mark.parametrize(("lines", "code"), [

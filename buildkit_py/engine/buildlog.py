@@ -109,12 +109,13 @@ _CAUSES: tuple[tuple[str, str, tuple[re.Pattern[str], ...]], ...] = (
      (re.compile(r"\.(?:c|cc|cpp|cxx|cu|cuh|h|hpp)(?::\d+)+: (?:fatal )?error: |\bnvcc fatal\b", re.I),
       re.compile(r"error: command '[^']*(?:gcc|g\+\+|cc|c\+\+|clang|nvcc)[^']*' failed|"
                  r"ninja: build stopped: subcommand failed|unable to execute '[^']*(?:gcc|cc|nvcc)", re.I))),
-    # pip says ProxyError (urllib3's "Cannot connect to proxy."), curl and apt "407 Proxy
-    # Authentication Required": the same line also reads "Connection refused", so before unreachable.
+    # pip says ProxyError (urllib3's "Cannot connect to proxy."), uv "tunnel error: failed to create
+    # underlying connection" (the proxy's CONNECT tunnel), curl and apt "407 Proxy Authentication
+    # Required": the same output also reads "Connection refused", so before unreachable.
     ("proxy", "the build's proxy could not be reached or refused the request",
      (re.compile(r"ProxyError|Cannot connect to proxy|407 Proxy Authentication Required|"
-                 r"Proxy Authentication Required|Tunnel connection failed|Received HTTP code 40\d from proxy|"
-                 r"unsuccessful tunnel", re.I),)),
+                 r"Proxy Authentication Required|proxy authorization required|Tunnel connection failed|"
+                 r"Received HTTP code 40\d from proxy|unsuccessful tunnel|\btunnel error\b", re.I),)),
     ("index-unreachable", "the package index could not be reached from the build",
      (re.compile(r"Connection refused|Name or service not known|Temporary failure in name resolution|"
                  r"\bdns error\b|Network is unreachable|No route to host|Could not resolve host|"
@@ -149,7 +150,7 @@ def _hint(code: str, evidence: str, *, ca_cert: bool) -> str:
                 "build.from_source (compiled in a builder stage that installs build-essential), or add gcc "
                 "and python3-dev to apt:")
     if code == "proxy":
-        if re.search(r"\b407\b|Proxy Authentication Required", evidence, re.I):
+        if re.search(r"\b407\b|Proxy Authentication Required|proxy authorization required", evidence, re.I):
             return ("the proxy wants credentials: put them in its URL, http://USER:PASSWORD@HOST:PORT, in "
                     "--pip-config's proxy (or HTTPS_PROXY), and pass the file with --pip-config")
         return ("RUN steps reach the index through a proxy (--pip-config's proxy, or HTTPS_PROXY), and that proxy "
