@@ -192,8 +192,8 @@ class FailedStep(NamedTuple):
 
 class BuildFailed(ImgbuildError):
     """A build that failed. Where the log names the step that failed (``step``), the message shows
-    that step once with its own last lines, and ``cause`` names a known cause (certificate,
-    index-unreachable, compiler, hash-mismatch, hash-missing, disk-space) whose hint says what
+    that step once with its own last lines, and ``cause`` names a known cause (certificate, proxy,
+    index-unreachable, compiler-missing, compiler, hash-mismatch, hash-missing, disk-space) whose hint says what
     to do; otherwise the message ends with the last lines of the log."""
 
     exit_status = ExitStatus.FAILED
@@ -250,6 +250,12 @@ class RegistryUnreachable(EnvironmentProblem):
     pass
 
 
+class NotARegistry(RegistryUnreachable):
+    """The address answered HTTP, but not as a registry: a web page (HTML, no
+    Docker-Distribution-API-Version header) from a web server, a login portal or a proxy in
+    front of it. Exit 3, as no registry is reachable there; the page itself is never shown."""
+
+
 class AuthenticationError(EnvironmentProblem):
     """Bad or missing registry credentials (exit 3: fix the environment, not the recipe)."""
 
@@ -278,6 +284,37 @@ class UnsafePath(WeightsError):
     exit_status = ExitStatus.BAD_INPUT
 
 
+class WouldReplaceFiles(WeightsError):
+    """A pull would replace files of other content in its folder (a user's file of the same name,
+    another version of the weights): nothing is downloaded; ``paths`` names them (exit 2: run it
+    again with --force, or into another folder)."""
+
+    exit_status = ExitStatus.BAD_INPUT
+
+    def __init__(self, message: str, *, paths: list[str], hint: str | None = None):
+        self.paths = list(paths)
+        super().__init__(message, hint=hint)
+
+    def to_json(self) -> dict:
+        out = super().to_json()
+        out["paths"] = self.paths
+        return out
+
+
+class FolderNotWritable(EnvironmentProblem):
+    """A folder imgbuild must write into refuses it (permissions, a read-only file system, no space
+    left): ``path`` names the folder, the message the system's reason and the file (exit 3)."""
+
+    def __init__(self, message: str, *, path: str, hint: str | None = None):
+        self.path = path
+        super().__init__(message, hint=hint)
+
+    def to_json(self) -> dict:
+        out = super().to_json()
+        out["path"] = self.path
+        return out
+
+
 class ManifestNotFound(RegistryError):
     """The registry has no manifest (tag or digest) for the reference."""
 
@@ -286,6 +323,16 @@ class InspectError(ImgbuildError):
     """An image could not be read back from the engine, or its stream did not match its config."""
 
     exit_status = ExitStatus.FAILED
+
+
+class ImageFactsUnreadable(InspectError):
+    """The image's own python could not report what the image holds (none on its PATH: exit 127,
+    or one that fails): ``exit_code`` and ``output`` are the container's. Where the image is
+    under test, a failed test of the image, not an error of imgbuild's (analysis/image_checks.py)."""
+
+    def __init__(self, message: str, *, exit_code: int, output: str, hint: str | None = None):
+        self.exit_code, self.output = exit_code, output
+        super().__init__(message, hint=hint)
 
 
 class ImageMissing(InspectError):

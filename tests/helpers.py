@@ -90,6 +90,20 @@ def tiny_recipe(name: str, base: str, *, installer: str = "uv", pip: tuple[str, 
     return text + (f"pip: [{', '.join(repr(p) for p in pip)}]\n" if pip else "")
 
 
+def as_unprivileged(argv: list[str]) -> list[str] | None:
+    """``argv`` run without the power to write where a folder's mode forbids it; None where that
+    cannot be done here. Root has that power (CAP_DAC_OVERRIDE); in a new user namespace it keeps
+    its uid, the folder's owner, but not the capability in this one, so a folder of mode 555
+    refuses it as it refuses any user."""
+    import os
+    import shutil
+
+    if os.geteuid() != 0:
+        return argv
+    unshare = shutil.which("unshare")
+    return [unshare, "--user", *argv] if unshare else None
+
+
 def run_cli(*argv: str, stdin: str = "") -> tuple[int, str, str]:
     """Run the CLI in-process: (exit code, stdout, stderr)."""
     out, err = io.StringIO(), io.StringIO()

@@ -28,6 +28,11 @@ CASES = {
     "hash-mismatch-pip": ("pins [final 7/8]", 1, "hash-mismatch", "DO NOT MATCH THE HASHES"),
     "hash-mismatch-uv": ("pins [final 7/8]", 1, "hash-mismatch", "Hash mismatch for `six==1.16.0`"),
     "compiler-python-h": ("pins [final 7/8]", 1, "compiler", "fatal error: Python.h: No such file or directory"),
+    # issue 31: 6: these two had cause null and a generic hint, and the index URL blamed for the proxy
+    "compiler-missing": ("pins [final 7/8]", 1, "compiler-missing",
+                         "[Errno 2] No such file or directory: 'x86_64-linux-gnu-gcc'"),
+    "proxy-pip": ("cuda [final 6/8]", 1, "proxy", "ProxyError('Cannot connect to proxy.'"),
+    "proxy-uv": ("pins [final 7/8]", 2, "proxy", "tunnel error: failed to create underlying connection"),
 }
 
 
@@ -87,6 +92,12 @@ def test_hints_name_what_to_do(engine):
         assert "imgbuild lock" in failure(engine, case).hint and "--update-lock" in failure(engine, case).hint
     assert "python3-dev" in failure(engine, "compiler-python-h").hint
     assert "--pip-config" in failure(engine, "unreachable-uv-dns").hint
+    missing = failure(engine, "compiler-missing").hint
+    assert "no C compiler" in missing and "build.from_source" in missing and "apt:" in missing
+    for case in ("proxy-pip", "proxy-uv"):
+        proxy = failure(engine, case).hint
+        assert "through a proxy" in proxy and "index URL is not the problem" in proxy
+        assert "check its URL" not in proxy  # the unreachable index's hint, which blamed the index URL
 
 
 @pytest.mark.parametrize(("lines", "code"), [
@@ -96,7 +107,18 @@ def test_hints_name_what_to_do(engine):
      "hash-missing"),
     (["x.cu(12): error: identifier \"foo\" is undefined", "nvcc fatal   : Unsupported gpu architecture 'compute_99'"],
      "compiler"),
-    (["error: command 'gcc' failed: No such file or directory"], "compiler"),
+    (["error: command 'gcc' failed: No such file or directory"], "compiler-missing"),
+    (["error: command 'gcc' failed with exit status 1"], "compiler"),
+    (["unable to execute 'x86_64-linux-gnu-gcc': No such file or directory"], "compiler-missing"),
+    (["x86_64-linux-gnu-gcc: No such file or directory"], "compiler-missing"),  # the issue's words
+    (["/bin/sh: 1: cc: not found"], "compiler-missing"),
+    (["../meson.build:1:0: ERROR: Unknown compiler(s): [['cc'], ['gcc'], ['clang']]"], "compiler-missing"),
+    (["CMake Error: No CMAKE_CXX_COMPILER could be found."], "compiler-missing"),
+    (["gcc: error: src/x.c: No such file or directory"], None),  # a missing source, not a missing compiler
+    (["ERROR: Could not install packages due to an OSError: HTTPSConnectionPool(host='pypi.org', port=443): "
+      "Max retries exceeded (Caused by ProxyError('Unable to connect to proxy', OSError('Tunnel connection "
+      "failed: 407 Proxy Authentication Required')))"], "proxy"),
+    (["curl: (56) Received HTTP code 407 from proxy after CONNECT"], "proxy"),
     (["failed to copy: write /var/lib/docker/tmp/x: no space left on device"], "disk-space"),
     (["curl: (60) SSL certificate problem: unable to get local issuer certificate"], "certificate"),
     (["Err:1 http://deb.debian.org/debian bookworm InRelease", "  Temporary failure resolving 'deb.debian.org'"],
@@ -106,6 +128,16 @@ def test_hints_name_what_to_do(engine):
 def test_classify_other_tools_messages(lines, code):
     found = classify(lines)
     assert (found.code if found else None) == code
+
+
+def test_a_proxy_that_wants_credentials_gets_a_hint_of_its_own():
+    """issue 31: 6: a proxy failure's hint blamed the index URL; a 407 says what the proxy wants."""
+    refused = classify(["WARNING: Retrying (Retry(total=0)) after connection broken by 'ProxyError('Cannot "
+                        "connect to proxy.', NewConnectionError('...: [Errno 111] Connection refused'))': "
+                        "/simple/six/"])
+    assert refused is not None and refused.code == "proxy" and "did not answer" in refused.hint
+    wants = classify(["OSError('Tunnel connection failed: 407 Proxy Authentication Required')"])
+    assert wants is not None and wants.code == "proxy" and "http://USER:PASSWORD@HOST:PORT" in wants.hint
 
 
 def test_short_error_drops_the_script_both_engines_quote():

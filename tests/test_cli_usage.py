@@ -144,11 +144,16 @@ SCHEME = (["--registry", "http://127.0.0.1:5055/"],
           "--registry 'http://127.0.0.1:5055/': write the host without a scheme")
 NO_HOST = (["--registry", "myreg"], "--registry 'myreg' is not a registry host")
 # issue 22: 12: it silently became the repository 1.2
-VERSION_TAG = (["--tag", "1.2"], "--tag 1.2: a tag names the whole image, so this would be the repository '1.2'")
+VERSION_TAG = (["--tag", "1.2"], "--tag 1.2: a tag names the whole image (REPOSITORY:TAG, as in docker build -t), "
+                                 "so this would be the repository '1.2'")
+# issue 31: 5: any bare word did the same (--tag latest became the repository latest), unlike 1.2
+BARE_TAG = (["--tag", "latest"], "--tag latest: a tag names the whole image (REPOSITORY:TAG, as in docker build -t), "
+                                 "so this would be the repository 'latest' (tagged latest), not the tag latest of ")
 
 
 @pytest.mark.parametrize(("command", "case"),
-                         [(c, t) for c in ("plan", "compose", "build") for t in (BAD_TAG, SCHEME, NO_HOST, VERSION_TAG)]
+                         [(c, t) for c in ("plan", "compose", "build")
+                          for t in (BAD_TAG, SCHEME, NO_HOST, VERSION_TAG, BARE_TAG)]
                          + [("matrix", SCHEME), ("matrix", NO_HOST)])
 def test_tags_and_registry_checked_for_every_command(command, case):
     args, blamed = case
@@ -159,9 +164,12 @@ def test_tags_and_registry_checked_for_every_command(command, case):
 
 @pytest.mark.parametrize(("tag", "refused"), [
     ("1.2", True), ("v2.0.1", True), ("1.2-rc1", True), ("2", True), ("1.2.3+cu124", True),
-    ("team/x:1.2", False), ("127.0.0.1:5000/team/x:1.2", False), ("trainer", False), ("v2-trainer:1", False),
+    # issue 31: 5: every bare word, as a version was: docker would make each a repository
+    ("latest", True), ("dev", True), ("trainer", True), ("cuda-hello", True),
+    ("team/x:1.2", False), ("127.0.0.1:5000/team/x:1.2", False), ("v2-trainer:1", False), ("trainer:latest", False),
+    ("team/trainer", False), ("localhost:5000/x", False),
 ])
-def test_a_version_alone_is_refused_as_a_tag(tag, refused):
+def test_a_bare_word_is_refused_as_a_tag(tag, refused):
     from buildkit_py.plan.build_plan import default_tags
     from buildkit_py.recipe.model import load_recipe
 
@@ -170,6 +178,10 @@ def test_a_version_alone_is_refused_as_a_tag(tag, refused):
         with pytest.raises(UsageError, match=f"--tag {re.escape(tag)}: a tag names the whole image") as err:
             default_tags(recipe, extra=(tag,))
         assert err.value.hint.startswith(f"give the name too: --tag demo/cuda-hello:{tag}")
+        # a word that is no version may also have meant an image of that name: the hint spells both
+        assert (f"--tag {tag}:latest for an image named {tag}" in err.value.hint) != bool(re.match(r"v?\d", tag))
+        with pytest.raises(UsageError):  # the same under --registry: the word is still bare
+            default_tags(recipe, "127.0.0.1:5000", extra=(tag,))
     else:
         assert default_tags(recipe, extra=(tag,)) == (tag,)
 

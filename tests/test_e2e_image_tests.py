@@ -8,8 +8,8 @@ runs the same tests alone, on a recipe or an image, and fails on a deliberately 
 import json
 
 import pytest
-from conftest import _client
-from helpers import CA_ARGS, run_cli, write_recipe
+from conftest import _client, on_every_engine
+from helpers import CA_ARGS, run_cli, tiny_recipe, write_recipe
 
 from buildkit_py import oci
 from buildkit_py.errors import ManifestNotFound
@@ -123,3 +123,32 @@ def test_a_missing_image_is_exit_2_with_a_hint(engine, unique_name):
     code, out, err = run_cli("test", f"{unique_name}:nope")
     assert (code, out) == (2, "")
     assert f"no image {unique_name}:nope in the" in err and "hint: pull it first" in err
+
+
+@on_every_engine
+def test_an_image_without_python_on_its_path_is_a_failed_test_kept_as_rejected(tmp_path, engine, base_image,
+                                                                                unique_name, cleanup_images):
+    """issue 31: 5: the recipe's env sets a PATH without the venv (the image has no other python):
+    the label checks, which run the image's own python, got exit 127 from the engine, and the gate
+    ended in an InspectError that left the image under its release tag. Now it is a failed test
+    (named, with the engine's own words), and the image is kept only as REPO:rejected, exit 1."""
+    recipe = write_recipe(tmp_path, tiny_recipe(unique_name, base_image)
+                          + "env: {PATH: /usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin}\n")
+    tag, rejected = f"{unique_name}:1", f"{unique_name}:rejected"
+    cleanup_images.extend([tag, rejected])
+    code, out, err = run_cli("build", str(recipe), "--test", "--json", "--progress", "quiet", *CA_ARGS)
+    assert code == 1, err
+    doc = json.loads(out)
+    assert (doc["error"], doc["kept_as"]) == ("ImageTestFailed", rejected), doc
+    [failure] = doc["failures"]
+    assert (failure["name"], failure["exit_code"]) == ("python on PATH", 127)
+    assert failure["detail"].startswith("there is no python on the image's PATH (exit 127)")
+    assert "python" in failure["output"] and "not found" in failure["output"]  # the engine's words
+    assert f"nothing was pushed; the image is kept as {rejected}" in err and "Traceback" not in err
+    assert engine.image_attrs(rejected) is not None
+    assert engine.image_attrs(tag) is None  # the release tag is gone
+
+    # `imgbuild test` of it: the same failed test, exit 1, no internal error
+    code, out, err = run_cli("test", rejected, "--json")
+    assert code == 1, err
+    assert [r["name"] for r in json.loads(out)["results"] if r["status"] == "failed"] == ["python on PATH"]

@@ -2,6 +2,8 @@
 prints (issue 22: 8): the command after -- goes to the image's ENTRYPOINT as arguments;
 --entrypoint replaces the ENTRYPOINT, and '' removes it."""
 
+import json
+import os
 import shlex
 import signal
 import subprocess
@@ -9,8 +11,8 @@ import sys
 import time
 
 import pytest
-from conftest import _client, on_every_engine
-from helpers import REPO, run_cli
+from conftest import _client, on_every_engine, unavailable
+from helpers import REPO, as_unprivileged, run_cli
 
 
 @pytest.fixture
@@ -100,3 +102,59 @@ def test_an_interrupted_run_removes_its_container(engine, entrypoint_image, tmp_
     assert "imgbuild: interrupted by SIGINT: stopped container of" in err and "Traceback" not in err, err
     assert took < 8, took  # not the client's 10 s grace
     assert _containers_of(engine, entrypoint_image) == ""
+
+
+@on_every_engine
+def test_a_relative_weights_dir_is_mounted_from_where_the_user_is(engine, base_image, unique_name, logged_in,
+                                                                 registry_refs, tmp_path, monkeypatch, capfd):
+    """issue 31: 5: `run --weights-dir wdir` downloaded the weights, then the engine refused the
+    relative bind mount source (exit 125), and --dry-run printed that same relative mount. The
+    folder is now taken from the working directory, as the user meant: an absolute mount in the
+    plan and in the run, and the container sees the weights."""
+    from buildkit_py.artifacts import weights
+    from buildkit_py.engine.run import weights_dir_name
+
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "config.json").write_text('{"hidden_size": 8}')
+    ref = logged_in.repo(f"{unique_name}-weights") + ":1"
+    weights.push(tmp_path / "model", ref)
+    registry_refs.append(ref)
+    docker = engine.client_argv()
+    image = f"{unique_name}:weights"
+    label = json.dumps([{"ref": ref, "mount": "/models/w"}], separators=(",", ":"))
+    # docker's commit --change parses the value as a Dockerfile word (quotes removed); podman's keeps it as is
+    quoted = label if engine.test_name == "podman" else json.dumps(label)
+    cid = subprocess.run([*docker, "create", base_image, "true"], capture_output=True, text=True,
+                         check=True).stdout.strip()
+    try:
+        subprocess.run([*docker, "commit", "--change", f"LABEL io.imgbuild.weights={quoted}", "--change",
+                        'ENTRYPOINT ["sh", "-c", "cat /models/w/config.json"]', cid, image],
+                       capture_output=True, check=True)
+    finally:
+        subprocess.run([*docker, "rm", cid], capture_output=True, check=False)
+    try:
+        monkeypatch.chdir(tmp_path)
+        host = tmp_path / "wdir" / weights_dir_name(ref)
+        code, out, err = run_cli("run", image, "--weights-dir", "wdir", "--dry-run", "--json", "--gpus", "none")
+        assert code == 0, err
+        assert f"type=bind,source={host},target=/models/w,readonly" in json.loads(out)["argv"]
+        code, out, err = run_cli("run", image, "--weights-dir", "wdir", "--gpus", "none", "--network", "none",
+                                 "--progress", "quiet")
+        assert code == 0, err
+        assert capfd.readouterr().out.strip() == '{"hidden_size": 8}'  # the container read the mounted file
+        assert (host / "config.json").is_file()
+
+        if engine.test_name == "podman":  # podman in a user namespace has a store of its own, without the image
+            return
+        # a weights folder that cannot be written: an environment error naming it, not an internal error
+        (tmp_path / "ro").mkdir(mode=0o555)
+        argv = as_unprivileged([sys.executable, "-m", "buildkit_py", "run", image, "--weights-dir", "ro/w",
+                                "--gpus", "none", "--progress", "quiet"])
+        if argv is None:
+            unavailable("unshare (util-linux) is needed to test an unwritable folder as root")
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=120,
+                              env={**os.environ, "PYTHONPATH": str(REPO)})
+        assert done.returncode == 3, done.stderr
+        assert done.stderr.startswith(f"imgbuild: error: cannot write into {tmp_path}/ro: Permission denied (w)")
+    finally:
+        subprocess.run([*docker, "image", "rm", "-f", image], capture_output=True, check=False)

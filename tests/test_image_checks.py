@@ -347,6 +347,95 @@ def test_a_checked_push_pushes_the_image_that_was_checked(tmp_path, monkeypatch)
     assert outcome.result.run_steps == 7
 
 
+class _NoPythonEngine:
+    """An engine whose containers have no python on their PATH: its `run` is a shell that answers
+    as docker and podman do (exit 127, their message), so the real run_container runs it. It
+    builds (one image), tags and untags in memory."""
+
+    name = "fake-docker"
+    hints: dict = {}
+
+    @property
+    def capabilities(self):
+        from buildkit_py import engine as engine_pkg
+
+        return frozenset({engine_pkg.SECRETS, engine_pkg.CACHE_MOUNTS, engine_pkg.MULTI_STAGE})
+
+    def __init__(self):
+        self.tags: dict[str, str] = {}
+
+    def describe(self) -> str:
+        return "fake engine"
+
+    def gpu_available(self) -> bool:
+        return False
+
+    def environment(self) -> dict[str, str]:
+        import os
+
+        return dict(os.environ)
+
+    def client_argv(self) -> tuple[str, ...]:
+        return ("true",)
+
+    def run_argv(self, spec) -> tuple[str, ...]:
+        return ("sh", "-c", f"echo 'exec: \"{spec.entrypoint}\": executable file not found in $PATH' >&2; exit 127")
+
+    def image_attrs(self, ref):
+        return {"Id": ref, "Config": {"Labels": dict(LABELS)}}
+
+    def tag(self, image_id: str, tag: str) -> None:
+        self.tags[tag] = image_id
+
+    def untag(self, tag: str) -> None:
+        self.tags.pop(tag, None)
+
+
+def test_an_image_without_python_on_its_path_fails_its_test_not_imgbuild():
+    """issue 31: 5: the facts are read with the image's own python; with none on its PATH that was
+    an InspectError out of the gate (an error of imgbuild's), and the build kept its release tags.
+    Now it is a failed test of the image, with the engine's words, and the gate refuses it."""
+    from buildkit_py.analysis.image_checks import FACTS_TEST, run_image_tests
+
+    report = run_image_tests(_NoPythonEngine(), "sha256:abc", shown_as="team/app:1")
+    [result] = report.results
+    assert (result.name, result.status, result.exit_code) == (FACTS_TEST, FAILED, 127)
+    assert result.detail.startswith("there is no python on the image's PATH (exit 127)")
+    assert 'executable file not found in $PATH' in result.output
+    with pytest.raises(ImageTestFailed) as info:
+        require_passed(report)
+    assert info.value.render().startswith("1 of 1 tests of team/app:1 failed:\n- python on PATH: there is no python")
+
+
+def test_the_gate_keeps_an_image_without_python_as_rejected(tmp_path, monkeypatch):
+    """The same image through `build --test`: untagged, kept as REPO:rejected, exit 1 (as any image
+    that fails its tests), instead of an InspectError that left it under its release tags."""
+    from buildkit_py.cli.test import build_gate
+    from buildkit_py.engine import build as build_mod
+    from buildkit_py.engine.base import BuildResult
+    from buildkit_py.pipeline import plan_recipe
+
+    monkeypatch.setattr(build_mod, "layer_groups", lambda *_a: {})
+    plan = plan_recipe(write_recipe(tmp_path, HEAD), offline=True)
+    engine = _NoPythonEngine()
+
+    def build(request, on_line):
+        for tag in request.tags:
+            engine.tag("sha256:built", tag)
+        return BuildResult("sha256:built", request.tags, "", 0, 7, 1.0)
+
+    engine.build = build
+    engine.image_sizes = lambda image_id: None
+    reports: list = []
+    gate = build_gate(engine, plan.recipe, plan.tags[0], lambda _line: None, reports)
+    with pytest.raises(ImageTestFailed) as info:
+        build_mod.run_build(plan, engine, build_mod.BuildOptions(), lambda _line: None, gate=gate)
+    assert info.value.kept_as == "team/app:rejected" and info.value.exit_status == 1
+    assert "nothing was pushed; the image is kept as team/app:rejected" in info.value.render()
+    assert engine.tags == {"team/app:rejected": "sha256:built"}  # the release tag team/app:1 is gone
+    assert reports[0].failed[0].name == "python on PATH"
+
+
 # --- every platform, every variant (issue 31: 4), with a fake engine and fake containers -----------
 
 MACHINE = {"linux/amd64": "x86_64", "linux/arm64": "aarch64"}

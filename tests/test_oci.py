@@ -16,19 +16,21 @@ import ssl
 import subprocess
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler, SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import ClassVar
 
 import pytest
 import requests
 from conftest import unavailable
+from helpers import run_cli, write_recipe
 
 from buildkit_py import oci
 from buildkit_py.errors import (
     AuthenticationError,
     DigestMismatch,
     ManifestNotFound,
+    NotARegistry,
     RegistryError,
     RegistryUnreachable,
     UsageError,
@@ -195,6 +197,86 @@ def test_an_unreachable_registry_is_named_whole_with_a_hint_that_fits():
     assert "scripts/services.sh up" in unreachable_hint("127.0.0.1:5000")
     assert "scripts/services.sh" not in unreachable_hint("registry.example.com")
 
+
+
+class _WebSite(SimpleHTTPRequestHandler):
+    """A web server where a registry was expected: Python's http.server, which answers a path it
+    has not with its own HTML error page (404), or, with ``every_path``, a single-page app or a
+    login portal, which answers every path with the same page (200)."""
+
+    every_path: ClassVar[bool] = False
+    PAGE = (b"<!DOCTYPE html>\n<html><head><title>Welcome to nginx!</title></head>\n"
+            b"<body><h1>Welcome to nginx!</h1><script>var token = 'secret';</script></body></html>\n")
+
+    def log_message(self, *args):
+        pass
+
+    def do_GET(self):
+        if not self.every_path:
+            return super().do_GET()
+        self.send_response(200)
+        self.send_header("Content-Type", "text/html; charset=utf-8")
+        self.send_header("Content-Length", str(len(self.PAGE)))
+        self.end_headers()
+        self.wfile.write(self.PAGE)
+        return None
+
+    do_HEAD = do_GET
+
+
+@pytest.fixture(params=["404-page", "200-every-path"])
+def web_site(request, tmp_path):
+    handler = type("Handler", (_WebSite,), {"every_path": request.param == "200-every-path"})
+    server = ThreadingHTTPServer(("127.0.0.1", 0), lambda *a: handler(*a, directory=str(tmp_path)))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield request.param, f"127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+def _no_markup(text: str) -> None:
+    assert "<html" not in text.lower() and "<!doctype" not in text.lower() and "<body" not in text.lower(), text
+
+
+def test_an_address_that_answers_a_web_page_is_not_a_registry(web_site):
+    """issue 31: 6: a registry address that answers with an HTML page showed the page in the error
+    (and a 200 page was read as a manifest). The answer is now told apart by what a registry never
+    sends: an HTML page without the Docker-Distribution-API-Version header. Exit 3, the address
+    named, the page's title at most, never its markup."""
+    kind, host = web_site
+    client = oci.Client(credentials=lambda h: None, backoff_s=0.001)
+    with pytest.raises(NotARegistry) as info:
+        oci.get_manifest(f"{host}/team/base:1", client=client)
+    status, title = ("404", "Error response") if kind == "404-page" else ("200", "Welcome to nginx!")
+    assert info.value.message == (f"{host} is not a container registry: GET /v2/team/base/manifests/1 answered "
+                                  f'HTTP {status} with an HTML page ("{title}"), not the registry API')
+    assert info.value.exit_status == 3 and f"http://{host}/v2/" in info.value.hint
+    assert isinstance(info.value, RegistryUnreachable)  # every caller that handles an unreachable one handles it
+    _no_markup(info.value.render())
+    with pytest.raises(NotARegistry):
+        client.check_login(host, auth.Credentials("ci", "pw", "test"))
+
+
+def test_plan_says_the_base_address_is_not_a_registry_not_a_missing_tag(web_site, tmp_path, docker_config):
+    """`plan` of a recipe whose base names such an address called it a missing tag (exit 2) and
+    printed the page; `weights pull` and `login` printed it too."""
+    _, host = web_site
+    recipe = write_recipe(tmp_path / "r", f'name: team/app\nversion: "1"\ncuda: {{version: "12.4", source: wheels, '
+                                          f'flavor: base}}\nbase: {{image: "{host}/team/base:1"}}\npython: "3.11"\n')
+    code, out, err = run_cli("plan", str(recipe), "--json")
+    assert code == 3, err
+    doc = json.loads(out)
+    assert doc["error"] == "NotARegistry" and "is not in its registry" not in doc["message"]
+    assert doc["message"].startswith(f"cannot read the base image {host}/team/base:1 ({recipe}:4: base.image): "
+                                     f"{host} is not a container registry: GET /v2/team/base/manifests/1 answered")
+    _no_markup(out + err)
+    for argv in (("weights", "pull", f"{host}/team/w:1", str(tmp_path / "w")), ("weights", "ls", f"{host}/team/w:1")):
+        code, out, err = run_cli(*argv)
+        assert code == 3 and f"{host} is not a container registry" in err, err
+        _no_markup(out + err)
+    code, out, err = run_cli("login", host, "-u", "ci", "--password-stdin", stdin="pw\n")
+    assert code == 3 and f"{host} is not a container registry" in err, err
+    _no_markup(out + err)
 
 
 def test_a_name_that_does_not_resolve_is_tried_twice_not_through_the_whole_backoff(monkeypatch):

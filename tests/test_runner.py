@@ -118,6 +118,21 @@ def test_a_named_container_is_named_before_the_image(tmp_path):
     assert argv[argv.index("--name") + 1] == name and argv.index("--name") < argv.index("team/infer:1")
 
 
+def test_a_relative_weights_root_becomes_an_absolute_mount(tmp_path, monkeypatch):
+    """issue 31: 5: a relative --weights-dir reached `docker run --mount source=wdir/...`, which the
+    engine refuses (exit 125) after every weight was downloaded; the dry run printed it too."""
+    monkeypatch.chdir(tmp_path)
+    plan = make_run_plan("team/infer:1", [("r.example.com/models/llm:1", "/models/llm")],
+                         RunOptions(root=Path("wdir/../w"), gpus="none"), engine=DOCKER, gpu_available=False)
+    host = tmp_path / "w" / weights_dir_name("r.example.com/models/llm:1")
+    assert plan.weights[0].host_dir == host
+    assert f"type=bind,source={host},target=/models/llm,readonly" in plan.argv
+    code, out, err = run_cli("run", str(REPO / "recipes" / "inference-slim.yaml"), "--dry-run", "--gpus", "none",
+                             "--weights-dir", "wdir")
+    assert code == 0, err
+    assert f"-> {tmp_path}/wdir/" in out and f"source={tmp_path}/wdir/" in out
+
+
 def test_run_dry_run_prints_a_pasteable_command_and_what_runs():
     recipe = str(REPO / "recipes" / "inference-slim.yaml")
     tail = ["--", "sh", "-c", "echo $MSG > '/tmp/a b'"]

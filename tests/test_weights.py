@@ -16,10 +16,18 @@ from pathlib import Path
 
 import pytest
 from conftest import unavailable
+from helpers import as_unprivileged, run_cli
 
 from buildkit_py import oci
 from buildkit_py.artifacts import weights
-from buildkit_py.errors import DigestMismatch, ManifestNotFound, UnsafePath, WeightsError
+from buildkit_py.errors import (
+    DigestMismatch,
+    ManifestNotFound,
+    UnsafePath,
+    UsageError,
+    WeightsError,
+    WouldReplaceFiles,
+)
 from buildkit_py.oci import download
 
 REGISTRY_BLOBS = Path(os.environ.get("IMGBUILD_STATE_DIR", "/var/lib/imgbuild-services")) / \
@@ -173,11 +181,79 @@ def test_second_pull_downloads_nothing_and_second_push_uploads_nothing(client, r
     assert second.digest == first.digest  # deterministic manifest
     assert second.uploaded_bytes == 0
 
-    # A file changed locally is fetched again; only that one.
+    # A file changed locally is not silently replaced (issue 31: 5: the user's file was lost): the
+    # pull refuses, naming it, before any download; with force it fetches that one, only that one.
     (dest / "config.json").write_bytes(b"{}")
-    fixed = weights.pull(ref, dest, client=client)
-    assert fixed.downloaded_bytes == len(files["config.json"])
+    with pytest.raises(WouldReplaceFiles) as refused:
+        weights.pull(ref, dest, client=client)
+    assert refused.value.paths == ["config.json"] and refused.value.exit_status == 2
+    assert "config.json" in refused.value.message and "--force" in refused.value.hint
+    assert (dest / "config.json").read_bytes() == b"{}"
+    fixed = weights.pull(ref, dest, client=client, force=True)
+    assert fixed.downloaded_bytes == len(files["config.json"]) and fixed.replaced == ("config.json",)
     assert tree(dest) == files
+
+
+def test_a_pull_never_replaces_a_file_of_other_content_unless_forced(client, ref, tmp_path):
+    """issue 31: 5: `weights pull` into a folder replaced the user's own file of the same name.
+    Now the pull checks every path first: files of other content are named, nothing is downloaded
+    or written (not even the files that were missing), and --force replaces them; a folder at a
+    file's path is refused even then."""
+    src, dest = tmp_path / "src", tmp_path / "dest"
+    files = make_model(src, big=100_000)
+    weights.push(src, ref, client=client)
+    dest.mkdir()
+    (dest / "README.md").write_bytes(b"my own notes\n")  # the user's file
+    (dest / "config.json").write_bytes(files["config.json"])  # the same content: nothing to do
+    before = tree(dest)
+    with pytest.raises(WouldReplaceFiles) as refused:
+        weights.pull(ref, dest, client=client)
+    assert refused.value.paths == ["README.md"]
+    assert tree(dest) == before and not list(dest.rglob("*.partial"))  # nothing downloaded, nothing written
+
+    code, out, err = run_cli("weights", "pull", ref, str(dest), "--json", "--progress", "quiet")
+    assert code == 2, err
+    assert json.loads(out)["paths"] == ["README.md"] and "README.md" in err and "--force" in err
+    assert tree(dest) == before
+
+    code, out, err = run_cli("weights", "pull", ref, str(dest), "--force", "--json", "--progress", "quiet")
+    assert code == 0, err
+    pulled = json.loads(out)
+    assert pulled["replaced"] == ["README.md"] and pulled["skipped"] == ["config.json"]
+    assert tree(dest) == files
+
+    (dest / "README.md").unlink()
+    (dest / "README.md").mkdir()
+    with pytest.raises(UsageError, match="README.md is a folder"):
+        weights.pull(ref, dest, client=client, force=True)
+
+
+def test_a_folder_that_cannot_be_written_is_an_environment_error_naming_it(client, ref, tmp_path):
+    """issue 31: 5: a pull into a folder the user cannot write ended in an internal error
+    (PermissionError: ...config.json.partial). Now: exit 3, FolderNotWritable naming the folder,
+    before any download; and a folder that cannot be created the same."""
+    src, dest = tmp_path / "src", tmp_path / "readonly"
+    make_model(src, big=10_000)
+    weights.push(src, ref, client=client)
+    dest.mkdir()
+    dest.chmod(0o555)
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+    try:
+        for target, named in ((dest, dest), (dest / "sub", dest)):
+            argv = [sys.executable, "-m", "buildkit_py", "weights", "pull", ref, str(target), "--json",
+                    "--progress", "quiet"]
+            unprivileged = as_unprivileged(argv)
+            if unprivileged is None:
+                unavailable("unshare (util-linux) is needed to test an unwritable folder as root")
+            done = subprocess.run(unprivileged, capture_output=True, text=True, env=env, timeout=120)
+            assert done.returncode == 3, done.stderr
+            doc = json.loads(done.stdout)
+            assert (doc["error"], doc["path"]) == ("FolderNotWritable", str(named)), doc
+            assert doc["message"].startswith(f"cannot write into {named}: Permission denied")
+            assert "internal error" not in done.stderr and "Traceback" not in done.stderr
+        assert list(dest.iterdir()) == []
+    finally:
+        dest.chmod(0o755)
 
 
 def test_interrupted_pull_resumes_from_partial(client, ref, tmp_path):

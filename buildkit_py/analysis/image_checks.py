@@ -25,7 +25,7 @@ from buildkit_py import compat
 from buildkit_py import label_keys as K
 from buildkit_py.compat.cudnn_source import is_cudnn_wheel
 from buildkit_py.engine.run import ContainerExit, RunSpec, run_container
-from buildkit_py.errors import ImageTestFailed, InspectError
+from buildkit_py.errors import ImageFactsUnreadable, ImageTestFailed, InspectError
 from buildkit_py.plan import labels as L
 from buildkit_py.recipe.model import Recipe, TestSpec, pin_name
 
@@ -196,18 +196,29 @@ def run_in_image(engine: Engine, image: str, command: tuple[str, ...], *, entryp
 def read_facts(engine: Engine, image: str, pins: tuple[tuple[str, str], ...] = (),
                platform: str | None = None) -> ImageFacts:
     """The image's facts (``platform``'s image of a multi-platform one), and the import of each
-    (name, version) of ``pins``; InspectError when the image's python cannot report them (the
+    (name, version) of ``pins``; ImageFactsUnreadable when the image's python cannot report them (the
     output says why)."""
     ended, output = run_in_image(engine, image, ("-c", FACTS_SCRIPT, json.dumps([list(p) for p in pins])),
                                  entrypoint="python", platform=platform)
     code = ended.code
     line = next((ln for ln in reversed(output.splitlines()) if ln.startswith(_MARK)), None)
     if code != 0 or line is None:
-        raise InspectError(f"cannot read what {image} holds: its python exited {code}\n{_tail(output)}",
-                           hint="the labels are checked with the image's own python (python on its PATH)")
+        raise ImageFactsUnreadable(f"cannot read what {image} holds: {_python_failure(code)}\n{_tail(output)}",
+                                   exit_code=code, output=_tail(output),
+                                   hint="the labels are checked with the image's own python (python on its PATH)")
     raw = json.loads(line[len(_MARK):])
     return ImageFacts(raw["pkgs"], raw["installers"], tuple(raw["sonames"]), raw["cudart"], raw["python"],
                       raw["os"], raw["nvcc"], tuple(raw["imports"]), raw.get("wheel_libs", {}))
+
+
+def _python_failure(code: int) -> str:
+    """Why the image's python gave no facts, from the container's exit code: 127 and 126 are the
+    engines' "not found" and "cannot execute" (docker's and podman's alike)."""
+    if code == 127:
+        return "there is no python on the image's PATH (exit 127)"
+    if code == 126:
+        return "python on the image's PATH cannot be executed (exit 126)"
+    return f"its python exited {code}" + ("" if code else " without reporting them")
 
 
 def _tail(output: str, lines: int = OUTPUT_LINES) -> str:
@@ -529,9 +540,13 @@ def run_image_tests(engine: Engine, image: str, *, recipe: Recipe | None = None,
         raise InspectError(f"no image {image} in the {engine.describe()}")
     if defaults:
         labels = (attrs.get("Config") or {}).get("Labels") or {}
-        facts = read_facts(engine, image, pinned(recipe, labels), platform=platform)
-        add(label_checks(labels, facts, recipe))
-        add(import_checks(facts, gpu=gpu))
+        try:
+            facts = read_facts(engine, image, pinned(recipe, labels), platform=platform)
+        except ImageFactsUnreadable as exc:  # the image fails its test; its labels and pins go unchecked
+            add([facts_failure(exc)])
+        else:
+            add(label_checks(labels, facts, recipe))
+            add(import_checks(facts, gpu=gpu))
     if recipe is not None:
         for test in recipe.tests:
             add([command_test(engine, image, test, recipe, gpu=gpu, platform=platform)])
@@ -542,6 +557,18 @@ def engine_platform(attrs: Mapping[str, Any]) -> str | None:
     """os/arch of an image by the engine's inspect (the platform a run without --platform starts)."""
     os_name, arch = attrs.get("Os"), attrs.get("Architecture")
     return f"{os_name}/{arch}" if os_name and arch else None
+
+
+FACTS_TEST = "python on PATH"  # the default tests' first need: the image's own python runs
+
+
+def facts_failure(exc: ImageFactsUnreadable) -> TestResult:
+    """The failed test of an image whose python cannot report its facts: a fault of the image (no
+    python on its PATH, one that crashes), so the build keeps it as rejected like any failed test."""
+    why = _python_failure(exc.exit_code)
+    return TestResult(FACTS_TEST, "label", FAILED, f"{why}: the label and import checks run the image's own "
+                      "python, so none of them could run", command="python -c FACTS_SCRIPT (imgbuild's)",
+                      exit_code=exc.exit_code, output=exc.output)
 
 
 def _event(r: TestResult) -> str:

@@ -22,6 +22,7 @@ Progress events passed to ``progress(event, path, done, total)``: ``hash``, ``up
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import stat
@@ -33,7 +34,14 @@ from pathlib import Path, PurePosixPath
 from typing import Any, NamedTuple
 
 from buildkit_py import oci
-from buildkit_py.errors import DigestMismatch, UnsafePath, UsageError, WeightsError
+from buildkit_py.errors import (
+    DigestMismatch,
+    FolderNotWritable,
+    UnsafePath,
+    UsageError,
+    WeightsError,
+    WouldReplaceFiles,
+)
 from buildkit_py.file_kinds import FileKind, file_kind
 from buildkit_py.files import exclusive_folder
 from buildkit_py.label_keys import OCI_TITLE
@@ -101,6 +109,7 @@ class PullResult:
     files: tuple[ArtifactFile, ...]
     downloaded_bytes: int
     skipped: tuple[str, ...]  # paths already present with the right digest
+    replaced: tuple[str, ...] = ()  # paths whose other content a forced pull replaced
 
 
 def media_type_for(relpath: str) -> tuple[str, bool]:
@@ -340,13 +349,49 @@ def _file_matches(path: Path, size: int, digest: str) -> bool:
     return oci.sha256_file(path)[0] == digest
 
 
+# What a pull finds at a file's final path: nothing, the artifact's file, or another file.
+_ABSENT, _SAME, _OTHER = "absent", "same", "other"
+
+
+def _found_at(target: Path, f: ArtifactFile, where: str) -> str:
+    if not os.path.lexists(target):
+        return _ABSENT
+    if target.is_dir():  # never replaced, --force or not: a folder may hold anything
+        raise UsageError(f"{target} is a folder, where {where} has the file {f.path}",
+                         hint="move the folder away, or pull into another folder")
+    return _SAME if _file_matches(target, f.size, f.digest) else _OTHER
+
+
+# The errors that say a folder cannot be written, whatever the cause: permissions, a read-only
+# file system, a full disk or quota. Anything else (a network error is an OSError too) goes up as is.
+_NOT_WRITABLE = frozenset({errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOSPC, errno.EDQUOT})
+
+
+def _not_writable(exc: OSError, path: Path) -> FolderNotWritable | None:
+    """FolderNotWritable naming the folder that refused (the one holding the file ``exc`` names,
+    ``path``'s where it names none), when ``exc`` says it cannot be written; else None."""
+    if exc.errno not in _NOT_WRITABLE:
+        return None
+    named = Path(os.fsdecode(exc.filename)) if exc.filename else path
+    folder = named.parent
+    return FolderNotWritable(f"cannot write into {folder}: {exc.strerror or exc} ({named.name})", path=str(folder),
+                             hint="use a folder this user can write (weights pull REF DIR, run --weights-dir DIR), "
+                                  "or make it writable (ls -ld shows its owner and mode)"
+                             if exc.errno not in (errno.ENOSPC, errno.EDQUOT) else
+                             "free space there, or use a folder on another disk")
+
+
 def pull(ref: str | oci.Reference, directory: str | os.PathLike, progress: oci.Progress | None = None, *,
          client: oci.Client | None = None, jobs: int = DEFAULT_JOBS, streams: int | None = None,
-         on_wait: Callable[[], None] | None = None) -> PullResult:
+         on_wait: Callable[[], None] | None = None, force: bool = False) -> PullResult:
     """Download an artifact's files into ``directory``.
 
     Every path is checked before anything is written (no ``..``, no absolute paths, no
-    writing through symlinks). A file already there with the right sha256 is skipped.
+    writing through symlinks). A file already there with the right sha256 is skipped. A file
+    of other content at one of the artifact's paths (the user's own, another version of the
+    weights) is never replaced silently: WouldReplaceFiles names each such file before anything
+    is downloaded, unless ``force``, which replaces them (``PullResult.replaced``). A folder that
+    cannot be written is FolderNotWritable, naming the path.
     Each download goes to ``<name>.partial`` next to its final path, is hashed while it
     streams, and is renamed into place only when the digest matches. An existing
     ``.partial`` is resumed with a Range request (hashing only the new bytes when the
@@ -371,7 +416,7 @@ def pull(ref: str | oci.Reference, directory: str | os.PathLike, progress: oci.P
     try:
         root.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise UsageError(f"cannot create {root}: {exc.strerror}") from None
+        raise (_not_writable(exc, root) or UsageError(f"cannot create {root}: {exc.strerror}")) from None
     targets = [(f, _target(root, f.path), layer) for f, layer in entries]  # all checked first
 
     for _, target, _ in targets:
@@ -380,22 +425,48 @@ def pull(ref: str | oci.Reference, directory: str | os.PathLike, progress: oci.P
             raise UnsafePath(f"{partial} is a symlink; pull does not write through symlinks")
 
     def one(item, report: oci.Progress | None) -> int | None:
-        f, target, layer = item
-        if _file_matches(target, f.size, f.digest):
+        (f, target, layer), found = item
+        if found == _SAME:
             if report:
                 report("present", f.path, f.size, f.size)
             return None
-        target.parent.mkdir(parents=True, exist_ok=True)
         partial = target.with_name(target.name + PARTIAL_SUFFIX)
-        received = _download(reference, f, partial, client, report, streams)
-        _apply_mode(partial, layer)
-        os.replace(partial, target)
+        try:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            received = _download(reference, f, partial, client, report, streams)
+            _apply_mode(partial, layer)
+            os.replace(partial, target)
+        except OSError as exc:
+            if (refused := _not_writable(exc, partial)) is None:
+                raise
+            raise refused from None
         return received
 
-    with exclusive_folder(root, fallback=root / PULL_LOCK, on_wait=on_wait):
-        received = _in_parallel(one, targets, jobs, progress)
+    try:
+        with exclusive_folder(root, fallback=root / PULL_LOCK, on_wait=on_wait):
+            # What is there already, under the lock (another pull may have just finished a file):
+            # each file of the artifact's size is hashed once, here, and skipped below if it matches.
+            found = _in_parallel(lambda item, _report: _found_at(item[1], item[0], str(reference)), targets,
+                                 jobs, None)
+            others = [f.path for (f, _, _), state in zip(targets, found, strict=True) if state == _OTHER]
+            if others and not force:
+                raise _would_replace(others, root, reference)
+            received = _in_parallel(one, list(zip(targets, found, strict=True)), jobs, progress)
+    except OSError as exc:  # the lock's fallback file, where the folder cannot be locked itself
+        if (refused := _not_writable(exc, root / PULL_LOCK)) is None:
+            raise
+        raise refused from None
     skipped = tuple(f.path for (f, _, _), got in zip(targets, received, strict=True) if got is None)
-    return PullResult(tuple(f for f, _ in entries), sum(got or 0 for got in received), skipped)
+    return PullResult(tuple(f for f, _ in entries), sum(got or 0 for got in received), skipped,
+                      tuple(others))
+
+
+def _would_replace(paths: list[str], root: Path, reference: oci.Reference) -> WouldReplaceFiles:
+    shown = ", ".join(paths[:10]) + (f" and {len(paths) - 10} more" if len(paths) > 10 else "")
+    return WouldReplaceFiles(
+        f"{root} already holds {len(paths)} file(s) of other content at paths of {reference}: {shown}; "
+        "nothing was downloaded, nothing replaced", paths=paths,
+        hint="move them away, or pull into another folder; --force replaces them with the artifact's")
 
 
 def _download(reference: oci.Reference, f: ArtifactFile, partial: Path, client: oci.Client,

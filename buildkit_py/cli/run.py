@@ -126,13 +126,14 @@ def cmd_run(args: argparse.Namespace, out: Out) -> int:
     if process is not None and not process.argv:
         raise UsageError(f"{image} has no ENTRYPOINT or CMD: nothing would run",
                          hint=f"give the command after --: imgbuild run {args.target} -- CMD...")
-    for w in run.weights:
-        w.host_dir.mkdir(parents=True, exist_ok=True)
+    for w in run.weights:  # the pull makes the folder (and names it when it cannot)
         with transfer_view(out.stderr, args.progress) as progress:
-            res = weights.pull(w.ref, w.host_dir, progress=progress,
+            # force: the folder is imgbuild's own copy of this reference (named after it), so a tag
+            # that moved gets its new files in place of the old; each replaced file is named below.
+            res = weights.pull(w.ref, w.host_dir, progress=progress, force=True,
                                on_wait=partial(out.info, f"waiting for another pull into {w.host_dir} to end"))
         out.info(f"weights {w.ref}: {human_size(res.downloaded_bytes)} downloaded, {len(res.skipped)} files already "
-                 "present")
+                 "present" + (f", {len(res.replaced)} replaced ({', '.join(res.replaced)})" if res.replaced else ""))
     assert run.spec is not None  # noqa: S101 - make_run_plan writes it
     # named, so that an interrupt removes the container and not only its client
     spec = replace(run.spec, name=container_name())

@@ -23,6 +23,9 @@ def register(add: AddCommand) -> None:
                          epilog=w.epilog)
     wl.add_argument("ref")
     wl.add_argument("directory", type=Path)
+    wl.add_argument("--force", action="store_true",
+                    help="replace files of other content at the artifact's paths (without it the pull refuses, "
+                         "naming them, exit 2)")
     json_option(wl)
     progress_option(wl, "download progress")
     ws = wsub.add_parser("ls", help="list the files of REF", epilog=w.epilog)
@@ -48,15 +51,17 @@ def cmd_weights(args: argparse.Namespace, out: Out) -> int:
         return 0
     if args.weights_command == "pull":
         with transfer_view(out.stderr, args.progress) as progress:
-            pulled = weights.pull(args.ref, args.directory, progress=progress,
+            pulled = weights.pull(args.ref, args.directory, progress=progress, force=args.force,
                                   on_wait=lambda: out.info(f"waiting for another pull into {args.directory} to end"))
         if args.json:
             out.data({"ref": args.ref, "directory": str(args.directory), "downloaded_bytes": pulled.downloaded_bytes,
-                      "files": [f._asdict() for f in pulled.files], "skipped": list(pulled.skipped)})
+                      "files": [f._asdict() for f in pulled.files], "skipped": list(pulled.skipped),
+                      "replaced": list(pulled.replaced)})
         else:
             downloaded = human_size(pulled.downloaded_bytes)
             out.line(f"{len(pulled.files)} files in {args.directory}: {downloaded} downloaded, "
-                     f"{len(pulled.skipped)} already present")
+                     f"{len(pulled.skipped)} already present"
+                     + (f", {len(pulled.replaced)} replaced ({', '.join(pulled.replaced)})" if pulled.replaced else ""))
         return 0
     if args.weights_command == "ls":
         files = weights.ls(args.ref)

@@ -1,6 +1,7 @@
 """BuildKit's plain progress, read as it streams: which recipe step each vertex is, what each
 printed, and, when the build fails, the step that failed, its own last lines and the known
-cause, with a hint (certificate, index unreachable, compiler error, hash mismatch, disk).
+cause, with a hint (certificate, proxy, index unreachable, no compiler, compiler error, hash
+mismatch, disk).
 
 Both engines print the same shape with ``--progress plain`` (tests/fixtures/buildkit/failures
 holds real logs of each cause from Docker 20.10 and buildx 0.13)::
@@ -39,8 +40,8 @@ _LINE_WIDTH = 400  # an output line longer than this (a compiler's command line)
 
 @dataclass(frozen=True)
 class Cause:
-    """What a failed step's output says went wrong: ``code`` (certificate, index-unreachable,
-    compiler, hash-mismatch, hash-missing, disk-space), a clause for the message, the line that
+    """What a failed step's output says went wrong: ``code`` (certificate, proxy, index-unreachable,
+    compiler-missing, compiler, hash-mismatch, hash-missing, disk-space), a clause for the message, the line that
     showed it, and the hint."""
     code: str
     summary: str
@@ -94,10 +95,26 @@ _CAUSES: tuple[tuple[str, str, tuple[re.Pattern[str], ...]], ...] = (
                  r"SSL certificate problem|certificate signed by unknown authority|"
                  r"server certificate verification failed", re.I),)),
     ("disk-space", "the engine ran out of disk space", (re.compile(r"no space left on device", re.I),)),
+    # A compiler that is not there at all (distutils: "[Errno 2] No such file or directory:
+    # 'x86_64-linux-gnu-gcc'", older setuptools: "unable to execute 'gcc': No such file or
+    # directory", a shell: "gcc: not found", meson, CMake) before one that ran and failed.
+    ("compiler-missing", "a package was compiled from source, and the image has no C compiler",
+     (re.compile(r"No such file or directory: '[^']*(?:gcc|g\+\+|cc|c\+\+|clang)'|"
+                 r"(?:unable to execute|command) '[^']*(?:gcc|g\+\+|cc|c\+\+|clang)'(?::| failed:) "
+                 r"No such file or directory|\b(?:[\w.-]+-)?(?:gcc|g\+\+|cc|c\+\+|clang): "
+                 r"(?:No such file or directory|(?:command )?not found)|"
+                 r"Unknown compiler\(s\)|No CMAKE_C(?:XX)?_COMPILER could be found", re.I),)),
     ("compiler", "compiling a package from source failed",
      (re.compile(r"\.(?:c|cc|cpp|cxx|cu|cuh|h|hpp)(?::\d+)+: (?:fatal )?error: |\bnvcc fatal\b", re.I),
       re.compile(r"error: command '[^']*(?:gcc|g\+\+|cc|c\+\+|clang|nvcc)[^']*' failed|"
                  r"ninja: build stopped: subcommand failed|unable to execute '[^']*(?:gcc|cc|nvcc)", re.I))),
+    # pip says ProxyError (urllib3's "Cannot connect to proxy."), uv "tunnel error: failed to create
+    # underlying connection" (the proxy's CONNECT tunnel), curl and apt "407 Proxy Authentication
+    # Required": the same output also reads "Connection refused", so before unreachable.
+    ("proxy", "the build's proxy could not be reached or refused the request",
+     (re.compile(r"ProxyError|Cannot connect to proxy|407 Proxy Authentication Required|"
+                 r"Proxy Authentication Required|proxy authorization required|Tunnel connection failed|"
+                 r"Received HTTP code 40\d from proxy|unsuccessful tunnel|\btunnel error\b", re.I),)),
     ("index-unreachable", "the package index could not be reached from the build",
      (re.compile(r"Connection refused|Name or service not known|Temporary failure in name resolution|"
                  r"\bdns error\b|Network is unreachable|No route to host|Could not resolve host|"
@@ -126,6 +143,18 @@ def _hint(code: str, evidence: str, *, ca_cert: bool) -> str:
     if code == "disk-space":
         return ("free space in the engine's data root (docker system prune, docker builder prune) and build "
                 "again; no image was tagged")
+    if code == "compiler-missing":
+        return ("a package without a wheel for this Python and platform was compiled from source in a stage "
+                "whose image has no C compiler (gcc): pin a version that ships a wheel, list the package under "
+                "build.from_source (compiled in a builder stage that installs build-essential), or add gcc "
+                "and python3-dev to apt:")
+    if code == "proxy":
+        if re.search(r"\b407\b|Proxy Authentication Required|proxy authorization required", evidence, re.I):
+            return ("the proxy wants credentials: put them in its URL, http://USER:PASSWORD@HOST:PORT, in "
+                    "--pip-config's proxy (or HTTPS_PROXY), and pass the file with --pip-config")
+        return ("RUN steps reach the index through a proxy (--pip-config's proxy, or HTTPS_PROXY), and that proxy "
+                "did not answer: check its host and port, that it runs, and that the build's network reaches it "
+                "(--network host, the default, uses the host's); the index URL is not the problem")
     if code == "compiler":
         if "Python.h" in evidence:
             return ("the Python headers are missing: add python3-dev (python3.Y-dev) to apt:, or pin a version "

@@ -173,8 +173,10 @@ def make_run_plan(image: str, weights_pairs: list[tuple[str, str]], options: Run
     """``engine``: the chosen engine, whose ``run_argv`` writes the command line;
     ``gpu_available``: whether it offers GPUs (``engine.gpu_available()``, asked by the caller,
     which decides what an unreachable engine means); ``start``: the image's ENTRYPOINT and CMD,
-    for the plan to say what runs in the container."""
-    mounts = tuple(WeightsMount(ref, options.root / weights_dir_name(ref), mount) for ref, mount in weights_pairs)
+    for the plan to say what runs in the container. The weights folders are absolute paths: a bind
+    mount's source must be (docker refuses a relative one with exit 125, after the download)."""
+    root = Path(os.path.abspath(options.root))  # --weights-dir wdir: from the working directory, as the user meant
+    mounts = tuple(WeightsMount(ref, root / weights_dir_name(ref), mount) for ref, mount in weights_pairs)
     if options.gpus == "auto":
         gpu = gpu_available
     elif options.gpus in {"all", "none"}:

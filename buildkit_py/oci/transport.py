@@ -31,6 +31,7 @@ import urllib3.exceptions
 from buildkit_py.errors import (
     AuthenticationError,
     ManifestNotFound,
+    NotARegistry,
     RegistryError,
     RegistryUnreachable,
 )
@@ -132,7 +133,29 @@ def _login_hint(host: str) -> str:
             f"{auth.ENV_USER} and {auth.ENV_PASSWORD}")
 
 
+_TITLE = re.compile(rb"<title[^>]*>([^<]{1,200})</title>", re.I)
+
+
+def web_page(resp: requests.Response) -> str | None:
+    """How to name an answer that is a web page, not the registry API (``an HTML page ("Welcome to
+    nginx!")``), else None. A registry answers its API in JSON, with the
+    Docker-Distribution-API-Version header where it sends one; an HTML page without that header
+    came from something else at the address (a web server, a login portal, a proxy)."""
+    content_type = resp.headers.get("Content-Type", "").split(";", 1)[0].strip().lower()
+    if content_type not in ("text/html", "application/xhtml+xml") or "Docker-Distribution-API-Version" in resp.headers:
+        return None
+    try:  # the page's first 8 KiB, for its title: a page, not a blob, so nothing else reads it
+        head = next(resp.iter_content(8192), b"")
+    except (requests.RequestException, OSError, TypeError):  # TypeError: a body already read as a stream
+        head = b""
+    title = _TITLE.search(head or b"")
+    words = " ".join(title.group(1).decode("utf-8", "replace").split()) if title else ""
+    return f'an HTML page ("{words[:80]}")' if words else "an HTML page"
+
+
 def _registry_errors(resp: requests.Response) -> str:
+    if (page := web_page(resp)) is not None:  # never the page's markup in a message
+        return page
     try:
         errors = resp.json().get("errors") or []
         parts = [f"{e.get('code', '?')}: {e.get('message', '')}".strip() for e in errors if isinstance(e, dict)]
@@ -333,6 +356,13 @@ class Client:
             data = body() if callable(body) else body
             streamed = callable(body)
             resp = self.send(method, url, headers=hdrs, data=data, retry=retry and not streamed, **kwargs)
+            if (page := web_page(resp)) is not None:
+                resp.close()
+                raise NotARegistry(f"{host} is not a container registry: {method} {path} answered HTTP "
+                                   f"{resp.status_code} with {page}, not the registry API",
+                                   hint=f"check the address: a registry answers its API under "
+                                        f"{self.base_url(host)}/v2/ (e.g. 127.0.0.1:5000, ghcr.io); a web page "
+                                        "there comes from a web server, a login portal or a proxy in between")
             if resp.status_code == 401 and not challenged:
                 challenge = Challenge.parse(resp.headers.get("WWW-Authenticate"))
                 sent_auth = "Authorization" in hdrs

@@ -109,6 +109,27 @@ class BuildPlan:
 # A --tag that is only a version (1.2, v2.0.1, 1.2-rc1): the docker grammar reads it as a
 # repository named 1.2, which is never what was meant.
 _VERSION_LIKE = re.compile(r"v?\d+(\.\d+)*([.+_-][0-9A-Za-z][0-9A-Za-z._-]*)?")
+# One word the docker grammar takes for a repository name (latest, dev, trainer); a word it would
+# refuse ("Bad Tag") is left to check_image_tag, which says why.
+_BARE_WORD = re.compile(r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*")
+
+
+def check_bare_tag(tag: str, recipe_name: str) -> None:
+    """Refuse a --tag that is one bare word (latest, 1.2, dev, trainer): docker reads it as a
+    repository of that name tagged latest, where with a recipe the user most often meant a tag of
+    the recipe's image. Either reading, taken silently, surprises someone, so neither is: the
+    hint spells both (UsageError, exit 2). A name with a / or a : is a whole image name, as in docker."""
+    if not (_VERSION_LIKE.fullmatch(tag) or _BARE_WORD.fullmatch(tag)):
+        return
+    if _VERSION_LIKE.fullmatch(tag):
+        meant = f"version {tag}"
+        hint = f"give the name too: --tag {recipe_name}:{tag} (or set version: in the recipe)"
+    else:
+        meant = f"the tag {tag}"
+        hint = (f"give the name too: --tag {recipe_name}:{tag} for that tag of this recipe's image, "
+                f"or --tag {tag}:latest for an image named {tag}")
+    raise UsageError(f"--tag {tag}: a tag names the whole image (REPOSITORY:TAG, as in docker build -t), so this "
+                     f"would be the repository {tag!r} (tagged latest), not {meant} of {recipe_name}", hint=hint)
 
 
 def default_tags(recipe: Recipe, registry: str | None = None, extra: tuple[str, ...] = ()) -> tuple[str, ...]:
@@ -117,10 +138,7 @@ def default_tags(recipe: Recipe, registry: str | None = None, extra: tuple[str, 
     if extra:
         tags = list(extra)
         for tag in tags:
-            if _VERSION_LIKE.fullmatch(tag):
-                raise UsageError(f"--tag {tag}: a tag names the whole image, so this would be the repository "
-                                 f"{tag!r} (tagged latest), not version {tag} of {recipe.name}",
-                                 hint=f"give the name too: --tag {recipe.name}:{tag} (or set version: in the recipe)")
+            check_bare_tag(tag, recipe.name)
     else:
         tags = [f"{recipe.name}:{recipe.version or 'latest'}"]
     origin = "--tag" if extra else "tag"
