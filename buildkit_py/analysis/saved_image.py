@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import IO
 
+from buildkit_py.analysis.kernels import FileKernels, KernelReadError, read_kernels_stream
 from buildkit_py.analysis.layer_paths import CUDA_DUPLICATE, classify_path, normalize_member, whiteout_target
 from buildkit_py.errors import InspectError
 
@@ -26,7 +27,8 @@ GZIP_CHUNK = 1 << 20  # one compression job
 GZIP_WINDOW = 32 << 10  # deflate's window: the priming dictionary for the next piece
 GZIP_OVERHEAD = 10 + 8  # gzip header and trailer around the deflate stream
 MAX_CONFIG_BYTES = 16 << 20
-MAX_KEPT_BYTES = 16 << 20  # a file whose contents a scan keeps (package databases, METADATA)
+MAX_KEPT_BYTES = 16 << 20
+_MIN_ELF = 64  # an ELF64 header  # a file whose contents a scan keeps (package databases, METADATA)
 
 # Which members' contents a scan keeps, by absolute path (``sbom``: dpkg status, dist-info METADATA).
 KeepFile = Callable[[str], bool]
@@ -149,6 +151,26 @@ class LayerScan:
     # with ``keep``: the contents of the kept regular files, and where kept symlinks point
     kept: dict[str, bytes] = field(default_factory=dict)
     links: dict[str, str] = field(default_factory=dict)
+    # with ``kernels``: the CUDA fat binaries of each ELF file that has any, and the files whose
+    # fat binaries could not be read (path -> why)
+    kernels: dict[str, FileKernels] = field(default_factory=dict)
+    kernel_errors: dict[str, str] = field(default_factory=dict)
+
+
+def _read_kernels(inner: tarfile.TarFile, m: tarfile.TarInfo, path: str, scan: LayerScan) -> None:
+    """Record the fat binaries of a regular file (a later entry for the path replaces them)."""
+    scan.kernels.pop(path, None)
+    scan.kernel_errors.pop(path, None)
+    f = inner.extractfile(m)
+    if f is None:
+        return
+    try:
+        found = read_kernels_stream(f, m.size, path)
+    except KernelReadError as exc:
+        scan.kernel_errors[path] = exc.message
+        return
+    if found is not None:
+        scan.kernels[path] = found
 
 
 def _keep_member(inner: tarfile.TarFile, m: tarfile.TarInfo, path: str, scan: LayerScan) -> None:
@@ -165,10 +187,12 @@ def _keep_member(inner: tarfile.TarFile, m: tarfile.TarInfo, path: str, scan: La
         scan.kept[path] = f.read() if f is not None else b""
 
 
-def scan_layer(fileobj: IO[bytes], *, counter: GzipCounter | None, keep: KeepFile | None = None) -> LayerScan:
+def scan_layer(fileobj: IO[bytes], *, counter: GzipCounter | None, keep: KeepFile | None = None,
+               kernels: bool = False) -> LayerScan:
     """One streaming pass over a layer tar: digest, sizes, gzip estimate, members of interest,
-    and the contents of the files ``keep`` names. Weight-like files are kept whatever their
-    size; find_problems applies the threshold."""
+    the contents of the files ``keep`` names and, with ``kernels``, the CUDA kernels of every
+    ELF file (``analysis.kernels``; only ELF files are read past their first 4 bytes).
+    Weight-like files are kept whatever their size; find_problems applies the threshold."""
     tee = _TeeReader(fileobj, counter)
     scan = LayerScan()
     try:
@@ -185,6 +209,10 @@ def scan_layer(fileobj: IO[bytes], *, counter: GzipCounter | None, keep: KeepFil
                     continue
                 if keep is not None and keep(path):
                     _keep_member(inner, m, path, scan)
+                elif kernels and m.isreg() and m.size >= _MIN_ELF:
+                    _read_kernels(inner, m, path, scan)
+                elif kernels:
+                    scan.kernels.pop(path, None)  # a link or a small file replaces what was there
                 if m.isreg():
                     size = m.size
                 elif m.issym():

@@ -12,6 +12,7 @@ from buildkit_py.errors import ExitStatus, UsageError
 
 if TYPE_CHECKING:
     from buildkit_py.analysis.driver import HostDriver
+    from buildkit_py.analysis.gpu_coverage import GpuReport
     from buildkit_py.engine import Engine
 
 
@@ -24,6 +25,9 @@ def register(add: AddCommand) -> None:
     c.add_argument("--driver", help="driver version to check (default: read the host with NVML or nvidia-smi)")
     c.add_argument("--datacenter", action=argparse.BooleanOptionalAction, default=None,
                    help="the GPU is a data-center part (forward compatibility); default: from the GPU name")
+    c.add_argument("--gpu", metavar="NAME|sm_XY",
+                   help="check the image's CUDA kernels for this GPU (H100, B200, RTX 5090, sm_90 ...): SASS "
+                        "that runs on it, PTX the driver must JIT-compile, or none; with --driver, the driver too")
     json_option(c)
     c.set_defaults(handler=cmd_check)
 
@@ -33,6 +37,8 @@ def cmd_check(args: argparse.Namespace, out: Out) -> int:
 
     if bool(args.target) == bool(args.cuda):
         raise UsageError("check needs exactly one of IMAGE, RECIPE or --cuda VERSION")
+    if args.gpu is not None:
+        return _check_gpu(args, out)
     if args.driver is not None and not args.driver.strip():
         raise UsageError("--driver '': give a driver version such as 550.54.15",
                          hint="leave --driver out to read the host's driver")
@@ -65,6 +71,71 @@ def cmd_check(args: argparse.Namespace, out: Out) -> int:
         if result.remedy:
             out.line(f"  remedy: {result.remedy}")
     return 0 if result.compatible else ExitStatus.FAILED
+
+
+def _check_gpu(args: argparse.Namespace, out: Out) -> int:
+    """``--gpu``: the kernels of every CUDA library in the image against that GPU's compute
+    capability (analysis.gpu_coverage); with --driver, the driver verdict as well, and PTX
+    that driver is too old to JIT-compile counts as no kernel."""
+    from buildkit_py.analysis.gpu_coverage import gpu_report, loaded_alternatives, read_image_kernels, resolve_gpu
+
+    if not args.target or is_recipe(args.target):
+        raise UsageError("--gpu checks an image's kernels: give an IMAGE",
+                         hint="a recipe's kernels are known once it is built: imgbuild build, then check the image")
+    gpu = resolve_gpu(args.gpu)
+    engine = reading_engine(args)
+    files, unreadable = read_image_kernels(engine, args.target)
+    try:
+        cuda: str | None = _cuda_of_target(engine, args.target)[0]
+    except UsageError:
+        cuda = None  # no CUDA label or env: every per-CUDA build of a library counts
+    report = gpu_report(args.target, gpu, loaded_alternatives(files, cuda), unreadable)
+    driver_result = None
+    if args.driver:
+        from buildkit_py.analysis.check import check_compat
+
+        if cuda is None:
+            raise UsageError(f"image {args.target} has no {K.CUDA_VERSION} label and no CUDA_VERSION env",
+                             hint="leave --driver out to check its kernels only")
+        driver_result = check_compat(cuda, args.driver, datacenter=args.datacenter)
+    too_old = _driver_too_old_for_ptx(report, args.driver)
+    if args.json:
+        data = report.to_json()
+        if driver_result is not None:
+            data["driver"] = driver_result.to_json()
+            data["driver_too_old_for_ptx"] = too_old
+        out.data(data)
+    else:
+        out.line(f"image {args.target} on {gpu.label}: {report.verdict}")
+        out.line(f"  {report.message()}")
+        for lib in report.libraries:
+            how = (", ".join(lib.sass) if lib.coverage == "sass" else
+                   f"{', '.join(lib.ptx)}, {lib.ptx_bytes / 1e6:.1f} MB to JIT" if lib.coverage == "ptx-jit" else
+                   f"carries {', '.join(lib.archs) or 'no SASS'}")
+            note = "" if lib.decides else "  (no real kernels in its fat binaries: not counted)"
+            out.line(f"  {lib.coverage:<9} {lib.path}: {how}{note}")
+        for path, why in report.unreadable:
+            out.line(f"  unreadable {path}: {why}")
+        if driver_result is not None:
+            out.line(f"driver {args.driver}: {driver_result.verdict}: {driver_result.message}")
+        for path in too_old:
+            out.line(f"  driver {args.driver} is too old to JIT-compile the PTX of {path}")
+    runs = report.runs and not too_old and (driver_result is None or driver_result.compatible)
+    return 0 if runs else ExitStatus.FAILED
+
+
+def _driver_too_old_for_ptx(report: GpuReport, driver: str | None) -> list[str]:
+    """The libraries that run only through PTX whose PTX ISA needs a newer driver than ``driver``."""
+    if not driver:
+        return []
+    from packaging.version import InvalidVersion, Version
+
+    try:
+        given = Version(driver)
+    except InvalidVersion:
+        raise UsageError(f"bad driver version {driver!r}", hint="give it as nvidia-smi prints it: 580.65.06") from None
+    return [lib.path for lib in report.jit_libraries() if lib.need and lib.need.driver
+            and Version(lib.need.driver) > given]
 
 
 def _host_driver(args: argparse.Namespace, cuda: str) -> HostDriver:
