@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import struct
+import tarfile
 
 import pytest
 from fatbin_bytes import COMPRESSED, FAMILY, LINUX_64, PTX, SASS, SPECIFIC, ZSTD, elf, entry, fatbin
@@ -18,6 +19,8 @@ from buildkit_py.analysis.kernels import (
     read_kernels,
     read_kernels_stream,
 )
+from buildkit_py.analysis.saved_image import scan_kernels
+from buildkit_py.errors import InspectError
 
 
 def test_several_entries_with_their_kinds_archs_versions_and_sizes():
@@ -122,3 +125,48 @@ def test_stream_reading_matches_and_a_short_stream_is_a_typed_error():
     assert read_kernels_stream(io.BytesIO(b"text file"), 9, "f") is None
     with pytest.raises(KernelReadError, match="stream ended"):
         read_kernels_stream(io.BytesIO(GOOD[:100]), len(GOOD), "f")
+
+
+# ---------------------------------------------------------------- a tar stream (saved_image.scan_kernels)
+
+
+def _tar(members: list[tuple[str, bytes | None]], fmt: int = tarfile.PAX_FORMAT) -> bytes:
+    """A tar of regular files (bytes) and symlinks (None: a link to /x)."""
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w", format=fmt) as tar:
+        for name, data in members:
+            info = tarfile.TarInfo(name)
+            if data is None:
+                info.type, info.linkname = tarfile.SYMTYPE, "/x"
+                tar.addfile(info)
+            else:
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+    return out.getvalue()
+
+
+LONG = "opt/venv/lib/python3.11/site-packages/" + "deep/" * 30 + "libkernels.so"  # past ustar's 255 bytes
+
+
+@pytest.mark.parametrize("fmt", [tarfile.PAX_FORMAT, tarfile.GNU_FORMAT])
+def test_scan_kernels_reads_every_elf_file_of_a_tar(fmt):
+    other = elf({".nv_fatbin": fatbin(entry(SASS, 90))})
+    data = _tar([("usr/bin/tool", b"#!/bin/sh\n" * 50), (LONG, GOOD), ("usr/lib/libx.so", other),
+                 ("usr/lib/libplain.so", elf({".text": b"\x90" * 64})), ("usr/lib/libgone.so", other),
+                 ("usr/lib/libgone.so", b"replaced by text"), ("usr/lib/link.so", None),
+                 ("usr/lib/libbad.so", GOOD[:-10]), ("tiny", b"ab")], fmt)
+    scan = scan_kernels(io.BufferedReader(io.BytesIO(data)))
+    assert sorted(scan.kernels) == ["/" + LONG, "/usr/lib/libx.so"]
+    assert [e.arch.name for e in scan.kernels["/" + LONG].entries] == ["sm_80", "sm_80"]
+    assert scan.kernels["/" + LONG] == read_kernels(GOOD, "/" + LONG)
+    assert list(scan.errors) == ["/usr/lib/libbad.so"] and "cut short" in scan.errors["/usr/lib/libbad.so"]
+    plain = len(elf({".text": b"\x90" * 64}))
+    assert scan.files == 7  # "tiny" is too small to be ELF; links are no files
+    assert scan.elf_bytes == len(GOOD) * 2 - 10 + len(other) * 2 + plain  # every ELF file read whole, nothing else
+
+
+def test_scan_kernels_on_a_stream_cut_short_is_a_typed_error():
+    data = _tar([("usr/lib/libx.so", GOOD)])
+    with pytest.raises(InspectError, match="ended inside"):
+        scan_kernels(io.BytesIO(data[:700]))
+    assert scan_kernels(io.BytesIO(b"")).kernels == {}

@@ -143,9 +143,10 @@ class LibraryCoverage:
 
 def library_coverage(kernels: FileKernels, gpu: Arch) -> LibraryCoverage:
     entries = kernels.runnable
-    archs = tuple(a.name for a in kernels.sass_archs())
+    # dict.fromkeys: family code (sm_100f) is named sm_100 as cuobjdump names it, once
+    archs = tuple(dict.fromkeys(a.name for a in kernels.sass_archs()))
     decides = sum(e.inflated_size for e in entries) >= TRIVIAL_BYTES
-    sass = tuple(a.name for a in kernels.sass_archs() if sass_runs(a, gpu))
+    sass = tuple(dict.fromkeys(a.name for a in kernels.sass_archs() if sass_runs(a, gpu)))
     if sass:
         return LibraryCoverage(kernels.path, Coverage.SASS, sass, (), archs, 0, None, decides)
     usable = [e for e in entries if e.kind == CodeKind.PTX and ptx_jits(e.arch, gpu)]
@@ -188,8 +189,9 @@ class GpuReport:
             lib = next(x for x in self.libraries if x.path == self.decided_by)
             need = lib.need.describe() if lib.need else ""
             large = " (a large JIT: expect minutes at first start)" if self.jit_bytes > LARGE_JIT_BYTES else ""
-            return (f"runs on {gpu} only through PTX JIT: {len(self.jit_libraries())} librar"
-                    f"{'y' if len(self.jit_libraries()) == 1 else 'ies'} carry no SASS for it, "
+            n = len(self.jit_libraries())
+            return (f"runs on {gpu} only through PTX JIT: {n} librar{'y carries' if n == 1 else 'ies carry'} "
+                    "no SASS for it, "
                     f"{self.jit_bytes / 1e6:.1f} MB of PTX compiled at first start{large}; {need}")
         return (f"no kernel for {gpu} in {self.decided_by}: it carries SASS for "
                 f"{', '.join(self._lib(self.decided_by).archs) or 'nothing'} and no PTX that compiles for it")
@@ -246,11 +248,11 @@ def read_image_kernels(engine: Engine, image: str) -> tuple[list[FileKernels], l
     fat binaries could not be read."""
     import io  # noqa: PLC0415
 
-    from buildkit_py.analysis.saved_image import IterStream, scan_layer  # noqa: PLC0415
+    from buildkit_py.analysis.saved_image import IterStream, scan_kernels  # noqa: PLC0415
 
     attrs = engine.image_attrs(image)
     if attrs is None:
         raise ImageMissing(f"no image {image!r} in the engine", hint="build or pull it first")
     with engine.filesystem(attrs["Id"]) as chunks:
-        scan = scan_layer(io.BufferedReader(IterStream(chunks), 1 << 20), counter=None, kernels=True)
-    return list(scan.kernels.values()), sorted(scan.kernel_errors.items())
+        scan = scan_kernels(io.BufferedReader(IterStream(chunks), 1 << 20))
+    return list(scan.kernels.values()), sorted(scan.errors.items())

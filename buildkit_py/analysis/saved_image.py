@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import IO
 
-from buildkit_py.analysis.kernels import FileKernels, KernelReadError, read_kernels_stream
+from buildkit_py.analysis.kernels import ELF_MAGIC, FileKernels, KernelReadError, read_kernels
 from buildkit_py.analysis.layer_paths import CUDA_DUPLICATE, classify_path, normalize_member, whiteout_target
 from buildkit_py.errors import InspectError
 
@@ -27,8 +27,7 @@ GZIP_CHUNK = 1 << 20  # one compression job
 GZIP_WINDOW = 32 << 10  # deflate's window: the priming dictionary for the next piece
 GZIP_OVERHEAD = 10 + 8  # gzip header and trailer around the deflate stream
 MAX_CONFIG_BYTES = 16 << 20
-MAX_KEPT_BYTES = 16 << 20
-_MIN_ELF = 64  # an ELF64 header  # a file whose contents a scan keeps (package databases, METADATA)
+MAX_KEPT_BYTES = 16 << 20  # a file whose contents a scan keeps (package databases, METADATA)
 
 # Which members' contents a scan keeps, by absolute path (``sbom``: dpkg status, dist-info METADATA).
 KeepFile = Callable[[str], bool]
@@ -151,26 +150,6 @@ class LayerScan:
     # with ``keep``: the contents of the kept regular files, and where kept symlinks point
     kept: dict[str, bytes] = field(default_factory=dict)
     links: dict[str, str] = field(default_factory=dict)
-    # with ``kernels``: the CUDA fat binaries of each ELF file that has any, and the files whose
-    # fat binaries could not be read (path -> why)
-    kernels: dict[str, FileKernels] = field(default_factory=dict)
-    kernel_errors: dict[str, str] = field(default_factory=dict)
-
-
-def _read_kernels(inner: tarfile.TarFile, m: tarfile.TarInfo, path: str, scan: LayerScan) -> None:
-    """Record the fat binaries of a regular file (a later entry for the path replaces them)."""
-    scan.kernels.pop(path, None)
-    scan.kernel_errors.pop(path, None)
-    f = inner.extractfile(m)
-    if f is None:
-        return
-    try:
-        found = read_kernels_stream(f, m.size, path)
-    except KernelReadError as exc:
-        scan.kernel_errors[path] = exc.message
-        return
-    if found is not None:
-        scan.kernels[path] = found
 
 
 def _keep_member(inner: tarfile.TarFile, m: tarfile.TarInfo, path: str, scan: LayerScan) -> None:
@@ -187,12 +166,10 @@ def _keep_member(inner: tarfile.TarFile, m: tarfile.TarInfo, path: str, scan: La
         scan.kept[path] = f.read() if f is not None else b""
 
 
-def scan_layer(fileobj: IO[bytes], *, counter: GzipCounter | None, keep: KeepFile | None = None,
-               kernels: bool = False) -> LayerScan:
+def scan_layer(fileobj: IO[bytes], *, counter: GzipCounter | None, keep: KeepFile | None = None) -> LayerScan:
     """One streaming pass over a layer tar: digest, sizes, gzip estimate, members of interest,
-    the contents of the files ``keep`` names and, with ``kernels``, the CUDA kernels of every
-    ELF file (``analysis.kernels``; only ELF files are read past their first 4 bytes).
-    Weight-like files are kept whatever their size; find_problems applies the threshold."""
+    and the contents of the files ``keep`` names. Weight-like files are kept whatever their
+    size; find_problems applies the threshold."""
     tee = _TeeReader(fileobj, counter)
     scan = LayerScan()
     try:
@@ -209,10 +186,6 @@ def scan_layer(fileobj: IO[bytes], *, counter: GzipCounter | None, keep: KeepFil
                     continue
                 if keep is not None and keep(path):
                     _keep_member(inner, m, path, scan)
-                elif kernels and m.isreg() and m.size >= _MIN_ELF:
-                    _read_kernels(inner, m, path, scan)
-                elif kernels:
-                    scan.kernels.pop(path, None)  # a link or a small file replaces what was there
                 if m.isreg():
                     size = m.size
                 elif m.issym():
@@ -387,3 +360,127 @@ def _extract(outer: tarfile.TarFile, m: tarfile.TarInfo) -> IO[bytes]:
     if f is None:  # only for members that are not files; callers pass regular files
         raise InspectError(f"could not read {m.name} from the image stream")
     return f
+
+
+# ---------------------------------------------------------------- kernels: every ELF file of a tar, fast
+
+
+@dataclass
+class KernelScan:
+    """The fat binaries of each ELF file of one tar stream that has any (a later entry for a path
+    replaces an earlier one), and the files whose fat binaries could not be read (path -> why)."""
+
+    kernels: dict[str, FileKernels] = field(default_factory=dict)
+    errors: dict[str, str] = field(default_factory=dict)
+    files: int = 0  # regular files seen
+    elf_bytes: int = 0  # bytes of ELF files read whole
+
+
+_BLOCK = 512
+_SKIP_CHUNK = 1 << 20
+
+
+def scan_kernels(stream: IO[bytes]) -> KernelScan:
+    """One forward pass over a tar (a layer, or a container's exported file system), reading
+    every ELF file whole (its section table is at its end) and nothing else past its first
+    bytes. It walks the 512-byte headers itself rather than through tarfile's stream mode,
+    which copies a member's data in 10 KiB pieces: on a 5.9 GB torch image that was half the
+    time. PAX and GNU long names are followed; the rest is skipped unread."""
+    scan = KernelScan()
+    block = bytearray(_BLOCK)
+    buf = bytearray(0)  # reused for every ELF file: allocating one per file costs page faults
+    long_name: str | None = None
+    pax: dict[str, str] = {}
+    while _fill(stream, memoryview(block)) == _BLOCK and any(block):
+        try:
+            info = tarfile.TarInfo.frombuf(bytes(block), "utf-8", "surrogateescape")
+        except tarfile.HeaderError as exc:
+            raise InspectError(f"could not read the file system stream: {exc}") from None
+        size = int(pax.get("size", info.size)) if info.type not in _META_TYPES else info.size
+        padded = -(-size // _BLOCK) * _BLOCK
+        if info.type in _META_TYPES:
+            data = _read_bytes(stream, padded)[:size]
+            if info.type == tarfile.XHDTYPE:
+                pax = _pax_records(data)
+            elif info.type == tarfile.GNUTYPE_LONGNAME:
+                long_name = data.split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
+            continue
+        path = normalize_member(pax.get("path") or long_name or info.name)
+        long_name, pax = None, {}
+        if path is not None:
+            scan.kernels.pop(path, None)
+            scan.errors.pop(path, None)
+        if not info.isreg() or path is None or size < len(ELF_MAGIC):
+            _skip(stream, padded)
+            continue
+        scan.files += 1
+        head = _read_bytes(stream, len(ELF_MAGIC))
+        if head != ELF_MAGIC:
+            _skip(stream, padded - len(head))
+            continue
+        if len(buf) < size:
+            buf = bytearray(size)
+        view = memoryview(buf)[:size]
+        view[:len(head)] = head
+        if _fill(stream, view[len(head):]) != size - len(head):
+            raise InspectError(f"the file system stream ended inside {path}")
+        _skip(stream, padded - size)
+        scan.elf_bytes += size
+        try:
+            found = read_kernels(view, path)
+        except KernelReadError as exc:
+            scan.errors[path] = exc.message
+            continue
+        finally:
+            view.release()
+        if found is not None:
+            scan.kernels[path] = found
+    return scan
+
+
+_META_TYPES = (tarfile.XHDTYPE, tarfile.XGLTYPE, tarfile.GNUTYPE_LONGNAME, tarfile.GNUTYPE_LONGLINK)
+
+
+def _fill(stream: IO[bytes], view: memoryview) -> int:
+    """Read into all of ``view``; fewer bytes only at the end of the stream."""
+    got = 0
+    while got < len(view):
+        n = stream.readinto(view[got:])  # type: ignore[attr-defined]
+        if not n:
+            break
+        got += n
+    return got
+
+
+def _read_bytes(stream: IO[bytes], n: int) -> bytes:
+    buf = bytearray(n)
+    got = _fill(stream, memoryview(buf))
+    if got < n:
+        raise InspectError("the file system stream ended inside a tar header")
+    return bytes(buf)
+
+
+def _skip(stream: IO[bytes], n: int) -> None:
+    scratch = memoryview(bytearray(min(n, _SKIP_CHUNK)))
+    while n > 0:
+        got = _fill(stream, scratch[:min(n, len(scratch))])
+        if not got:
+            raise InspectError("the file system stream ended inside a file")
+        n -= got
+
+
+def _pax_records(data: bytes) -> dict[str, str]:
+    """``"%d %s=%s\\n"`` records of a PAX extended header (path, size, ...)."""
+    out: dict[str, str] = {}
+    pos = 0
+    while pos < len(data):
+        space = data.find(b" ", pos)
+        if space < 0:
+            break
+        length = int(data[pos:space])
+        if length <= 0:
+            break
+        key, _, value = data[space + 1:pos + length - 1].partition(b"=")
+        out[key.decode("utf-8", "surrogateescape")] = value.decode("utf-8", "surrogateescape")
+        pos += length
+    return out
