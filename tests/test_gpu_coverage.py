@@ -168,3 +168,34 @@ def test_check_gpu_with_a_driver_too_old_for_the_ptx(image_kernels):
 def test_check_gpu_usage_errors(image_kernels, argv, says):
     code, _, err = run_cli(*argv)
     assert code == 2 and says in err
+
+
+# ---------------------------------------------------------------- inspect --kernels
+
+
+def test_coverage_is_architectures_by_libraries_with_sass_bytes():
+    from buildkit_py.analysis.gpu_coverage import coverage_table, kernel_coverage
+
+    cov = kernel_coverage([HOPPER_ONLY, TORCH, WITH_PTX])
+    assert cov.archs == ("sm_80", "sm_90", "sm_90a", "sm_100")
+    assert cov.sass_bytes() == {"sm_80": 3 * 8192, "sm_90": 8192, "sm_90a": 8192, "sm_100": 8192}
+    assert cov.libraries[2] == ("/venv/x/libx.so", {"sm_80": 8192}, ("compute_90 (9.0)",))
+    table = coverage_table(cov)
+    assert table.columns == ("library", "sm_80", "sm_90", "sm_90a", "sm_100", "ptx")
+    assert table.rows[0] == ("flash.so", "8.0 KiB", "-", "8.0 KiB", "-", "-")
+    assert table.rows[-1] == ("all libraries", "24.0 KiB", "8.0 KiB", "8.0 KiB", "8.0 KiB", "")
+    assert cov.to_json()["sass_bytes"]["sm_80"] == 24576
+
+
+def test_inspect_kernels_adds_the_table_and_json(monkeypatch):
+    from buildkit_py.analysis import inspect as inspect_mod
+
+    report = inspect_mod.ImageReport(image="img:1", id="sha256:" + "a" * 64, size=1, blob_size=1, compressed_size=None,
+                                     pull_seconds=None, bandwidth_mbps=1000.0, layers=(), labels={}, findings=())
+    monkeypatch.setattr(inspect_mod, "inspect_image", lambda *a, **k: report)
+    monkeypatch.setattr(gpu_coverage, "read_image_kernels", lambda engine, image: ([TORCH], []))
+    code, out, _ = run_cli("inspect", "img:1", "--kernels", "--progress", "quiet")
+    assert code == 0
+    assert "CUDA kernels (bytes of SASS per architecture)" in out and "libtorch_cuda.so" in out
+    code, out, _ = run_cli("inspect", "img:1", "--kernels", "--json", "--progress", "quiet")
+    assert json.loads(out)["kernels"]["archs"] == ["sm_80", "sm_90", "sm_100"]

@@ -22,7 +22,9 @@ from typing import TYPE_CHECKING, Any
 from buildkit_py import compat
 from buildkit_py.analysis.kernels import Arch, CodeKind, FatbinEntry, FileKernels
 from buildkit_py.errors import ImageMissing, UsageError
+from buildkit_py.sizes import human_size
 from buildkit_py.text_enum import TextEnum
+from buildkit_py.text_table import TextTable
 
 if TYPE_CHECKING:
     from buildkit_py.engine.base import Engine
@@ -189,10 +191,11 @@ class GpuReport:
             lib = next(x for x in self.libraries if x.path == self.decided_by)
             need = lib.need.describe() if lib.need else ""
             large = " (a large JIT: expect minutes at first start)" if self.jit_bytes > LARGE_JIT_BYTES else ""
-            n = len(self.jit_libraries())
-            return (f"runs on {gpu} only through PTX JIT: {n} librar{'y carries' if n == 1 else 'ies carry'} "
-                    "no SASS for it, "
-                    f"{self.jit_bytes / 1e6:.1f} MB of PTX compiled at first start{large}; {need}")
+            jit = self.jit_libraries()
+            names = ", ".join(x.path.rsplit("/", 1)[-1] for x in jit)
+            sass = sum(1 for x in self.libraries if x.coverage == Coverage.SASS)
+            return (f"runs on {gpu}: {sass} librar{'y' if sass == 1 else 'ies'} from SASS, {len(jit)} only through "
+                    f"PTX JIT ({names}): {human_size(self.jit_bytes)} of PTX compiled at first start{large}; {need}")
         return (f"no kernel for {gpu} in {self.decided_by}: it carries SASS for "
                 f"{', '.join(self._lib(self.decided_by).archs) or 'nothing'} and no PTX that compiles for it")
 
@@ -256,3 +259,47 @@ def read_image_kernels(engine: Engine, image: str) -> tuple[list[FileKernels], l
     with engine.filesystem(attrs["Id"]) as chunks:
         scan = scan_kernels(io.BufferedReader(IterStream(chunks), 1 << 20))
     return list(scan.kernels.values()), sorted(scan.errors.items())
+
+
+# ---------------------------------------------------------------- what inspect --kernels shows
+
+
+@dataclass(frozen=True)
+class KernelCoverage:
+    """Architectures x libraries: the bytes of SASS each library stores per architecture (what
+    a narrower cuda_arch would save) and its PTX."""
+
+    archs: tuple[str, ...]  # every SASS architecture in the image, oldest first
+    libraries: tuple[tuple[str, dict[str, int], tuple[str, ...]], ...]  # (path, arch -> bytes, PTX)
+
+    def sass_bytes(self) -> dict[str, int]:
+        return {a: sum(b.get(a, 0) for _, b, _ in self.libraries) for a in self.archs}
+
+    def to_json(self) -> dict[str, Any]:
+        return {"archs": list(self.archs), "sass_bytes": self.sass_bytes(),
+                "libraries": [{"path": p, "sass_bytes": b, "ptx": list(x)} for p, b, x in self.libraries]}
+
+
+def kernel_coverage(files: Iterable[FileKernels]) -> KernelCoverage:
+    libraries = []
+    archs: dict[str, Arch] = {}
+    for k in sorted(files, key=lambda k: k.path):
+        if not k.runnable:
+            continue
+        by_name: dict[str, int] = {}
+        for arch, n in k.sass_bytes().items():
+            by_name[arch.name] = by_name.get(arch.name, 0) + n
+            archs.setdefault(arch.name, Arch(arch.major, arch.minor, arch.specific))
+        ptx = tuple(f"compute_{a.number}{'a' if a.specific else ''} ({v})" for a, v in k.ptx())
+        libraries.append((k.path, by_name, ptx))
+    return KernelCoverage(tuple(sorted(archs, key=lambda n: archs[n])), tuple(libraries))
+
+
+def coverage_table(cov: KernelCoverage) -> TextTable:
+    """The table inspect --kernels prints: one row per library, one column per architecture."""
+    rows = [(p.rsplit("/", 1)[-1], *(human_size(b[a]) if a in b else "-" for a in cov.archs), ", ".join(x) or "-")
+            for p, b, x in cov.libraries]
+    total = cov.sass_bytes()
+    rows.append(("all libraries", *(human_size(total[a]) for a in cov.archs), ""))
+    return TextTable("CUDA kernels (bytes of SASS per architecture)", ("library", *cov.archs, "ptx"), tuple(rows),
+                     right=frozenset(cov.archs))

@@ -78,6 +78,7 @@ def _check_gpu(args: argparse.Namespace, out: Out) -> int:
     capability (analysis.gpu_coverage); with --driver, the driver verdict as well, and PTX
     that driver is too old to JIT-compile counts as no kernel."""
     from buildkit_py.analysis.gpu_coverage import gpu_report, loaded_alternatives, read_image_kernels, resolve_gpu
+    from buildkit_py.sizes import human_size
 
     if not args.target or is_recipe(args.target):
         raise UsageError("--gpu checks an image's kernels: give an IMAGE",
@@ -110,7 +111,7 @@ def _check_gpu(args: argparse.Namespace, out: Out) -> int:
         out.line(f"  {report.message()}")
         for lib in report.libraries:
             how = (", ".join(lib.sass) if lib.coverage == "sass" else
-                   f"{', '.join(lib.ptx)}, {lib.ptx_bytes / 1e6:.1f} MB to JIT" if lib.coverage == "ptx-jit" else
+                   f"{', '.join(lib.ptx)}, {human_size(lib.ptx_bytes)} to JIT" if lib.coverage == "ptx-jit" else
                    f"carries {', '.join(lib.archs) or 'no SASS'}")
             note = "" if lib.decides else "  (no real kernels in its fat binaries: not counted)"
             out.line(f"  {lib.coverage:<9} {lib.path}: {how}{note}")
