@@ -17,7 +17,6 @@ from buildkit_py.analysis.kernels import (
     KernelReadError,
     parse_fatbins,
     read_kernels,
-    read_kernels_stream,
 )
 from buildkit_py.analysis.saved_image import scan_kernels
 from buildkit_py.errors import InspectError
@@ -118,13 +117,6 @@ def test_a_fat_binary_claiming_more_than_its_section_is_a_typed_error():
     short_entry = struct.pack("<IHHQ", 0xBA55ED50, 1, 16, 24) + b"\x02" * 24  # 24 bytes: no room for an entry
     with pytest.raises(KernelReadError, match="cut short"):
         parse_fatbins(short_entry, 0, len(short_entry))
-
-
-def test_stream_reading_matches_and_a_short_stream_is_a_typed_error():
-    assert read_kernels_stream(io.BytesIO(GOOD), len(GOOD), "f") == read_kernels(GOOD, "f")
-    assert read_kernels_stream(io.BytesIO(b"text file"), 9, "f") is None
-    with pytest.raises(KernelReadError, match="stream ended"):
-        read_kernels_stream(io.BytesIO(GOOD[:100]), len(GOOD), "f")
 
 
 # ---------------------------------------------------------------- a tar stream (saved_image.scan_kernels)

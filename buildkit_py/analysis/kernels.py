@@ -22,7 +22,6 @@ from __future__ import annotations
 import struct
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import IO
 
 from buildkit_py.errors import InspectError
 from buildkit_py.text_enum import TextEnum
@@ -248,24 +247,6 @@ def read_kernels(data: bytes | bytearray | memoryview, path: str = "<bytes>") ->
     for name, off, size in sections:
         entries += parse_fatbins(view, off, off + size, section=name, path=path)
     return FileKernels(path, tuple(entries))
-
-
-def read_kernels_stream(f: IO[bytes], size: int, path: str) -> FileKernels | None:
-    """``read_kernels`` over a file read once from a stream (a tar member): the first bytes
-    decide whether it is ELF; only then is the rest read, since the section table is at its end."""
-    head = f.read(4)
-    if head != ELF_MAGIC:
-        return None
-    buf = bytearray(size)
-    buf[:4] = head
-    view = memoryview(buf)
-    got = 4
-    while got < size:
-        n = f.readinto(view[got:])  # type: ignore[attr-defined]
-        if not n:
-            raise KernelReadError(f"{path}: the stream ended after {got} of its {size} bytes")
-        got += n
-    return read_kernels(view, path)
 
 
 def read_kernels_path(path: str) -> FileKernels | None:
