@@ -396,6 +396,8 @@ def scan_kernels(stream: IO[bytes]) -> KernelScan:
             info = tarfile.TarInfo.frombuf(bytes(block), "utf-8", "surrogateescape")
         except tarfile.HeaderError as exc:
             raise InspectError(f"could not read the file system stream: {exc}") from None
+        if info.type == tarfile.GNUTYPE_SPARSE:  # its data is laid out apart from its size; no engine writes one
+            raise InspectError(f"{info.name}: a GNU sparse file in the stream, which this reader does not follow")
         size = int(pax.get("size", info.size)) if info.type not in _META_TYPES else info.size
         padded = -(-size // _BLOCK) * _BLOCK
         if info.type in _META_TYPES:
