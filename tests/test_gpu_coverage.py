@@ -4,6 +4,7 @@ agreement with cuobjdump is test_kernels_cuobjdump.py; an image end to end, test
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from fatbin_bytes import PTX, SASS, SPECIFIC, elf, entry, fatbin
@@ -199,3 +200,39 @@ def test_inspect_kernels_adds_the_table_and_json(monkeypatch):
     assert "CUDA kernels (bytes of SASS per architecture)" in out and "libtorch_cuda.so" in out
     code, out, _ = run_cli("inspect", "img:1", "--kernels", "--json", "--progress", "quiet")
     assert json.loads(out)["kernels"]["archs"] == ["sm_80", "sm_90", "sm_100"]
+
+
+FIXTURES = Path(__file__).parent / "fixtures" / "nvidia-smi"
+
+
+def _host(monkeypatch, fixture: str) -> None:
+    """This host's GPUs as a recorded nvidia-smi answered (parsed by the real parser)."""
+    from buildkit_py.analysis import driver
+
+    host = driver.parse_smi_csv((FIXTURES / fixture).read_text(), with_cap=True)
+    monkeypatch.setattr(driver, "read_host_driver", lambda **_: host)
+
+
+def test_check_gpu_host_uses_the_hosts_compute_capability_and_driver(image_kernels, monkeypatch):
+    _host(monkeypatch, "single_rtx4090.csv")  # 8.9
+    image_kernels += [TORCH]
+    code, out, _ = run_cli("check", "img:1", "--gpu", "host")
+    assert "on NVIDIA GeForce RTX 4090 (compute capability 8.9): sass" in out and "libtorch_cuda.so: sm_80" in out
+    # the host's driver, checked against the image's CUDA (13.0.3 here) as check does: too old, so exit 1
+    assert code == 1 and "driver 535.104.05: incompatible" in out
+    _host(monkeypatch, "multi_h100.csv")  # four H100s: one check for their one compute capability
+    code, out, _ = run_cli("check", "img:1", "--gpu", "host", "--json")
+    data = json.loads(out)
+    assert (data["capability"], data["verdict"], data["driver"]["driver"]) == ("9.0", "sass", "550.54.15")
+
+
+def test_check_gpu_host_without_a_gpu_says_to_name_one(image_kernels, monkeypatch):
+    from buildkit_py.analysis import driver
+    from buildkit_py.errors import DriverCheckError
+
+    def no_gpu(**_):
+        raise DriverCheckError("nvidia-smi not found")
+
+    monkeypatch.setattr(driver, "read_host_driver", no_gpu)
+    code, _, err = run_cli("check", "img:1", "--gpu", "host")
+    assert code == 3 and "cannot read this host's GPUs" in err and "--gpu H100" in err  # 3: the environment
