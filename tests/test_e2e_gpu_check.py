@@ -44,3 +44,12 @@ pip: ["nvidia-curand==10.4.0.35"]
     assert code == 1
     assert f"image {image} on V100 (compute capability 7.0): no-kernel" in out
     assert f"no kernel for V100 (compute capability 7.0) in {CURAND}" in out
+
+    # inspect --kernels: the same library, its bytes of SASS per architecture
+    code, out, err = run_cli("inspect", image, "--kernels", "--no-compressed", "--json", "--progress", "quiet")
+    assert code == 0, err
+    kernels = json.loads(out)["kernels"]
+    lib = next(x for x in kernels["libraries"] if x["path"] == CURAND)
+    assert set(lib["sass_bytes"]) == set(curand["archs"]) and all(n > 100_000 for n in lib["sass_bytes"].values())
+    assert lib["ptx"] == ["compute_121 (9.0)"]
+    assert kernels["sass_bytes"]["sm_90"] >= lib["sass_bytes"]["sm_90"]
