@@ -2,7 +2,8 @@
 10.4.0.35, whose libcurand.so.10 carries SASS for sm_75 to sm_121 and PTX for compute_121 only
 (tests/test_kernels_cuobjdump.py checks that reading against cuobjdump). So an H100 and a T4 run
 it from SASS, and a V100 (7.0) gets "no kernel image is available": the verdict must say so and
-name the library, before any GPU is rented. One small image (a 60 MB wheel), one engine."""
+name the library, before any GPU is rented. One small image (a 60 MB wheel), one engine; then
+the same checks on the image pushed and no longer in the engine, read from its registry."""
 
 import json
 
@@ -16,7 +17,8 @@ CURAND = "/opt/venv/lib/python3.11/site-packages/nvidia/cu13/lib/libcurand.so.10
 
 
 @on_engine("docker20")
-def test_check_gpu_on_an_image_with_curand(tmp_path, engine, base_image, unique_name, cleanup_images):
+def test_check_gpu_on_an_image_with_curand(tmp_path, engine, base_image, unique_name, cleanup_images, logged_in,
+                                           registry_refs, docker_client):
     recipe = write_recipe(tmp_path, f"""\
 name: {unique_name}-curand
 version: "1.0"
@@ -53,3 +55,15 @@ pip: ["nvidia-curand==10.4.0.35"]
     assert set(lib["sass_bytes"]) == set(curand["archs"]) and all(n > 100_000 for n in lib["sass_bytes"].values())
     assert lib["ptx"] == ["compute_121 (9.0)"]
     assert kernels["sass_bytes"]["sm_90"] >= lib["sass_bytes"]["sm_90"]
+
+    # the same image only in its registry: read layer blob by layer blob, whiteouts applied
+    ref = f"{logged_in.address}/{unique_name}-curand:1"
+    engine.tag(image, ref)
+    engine.push(ref)
+    registry_refs.append(ref)
+    docker_client.images.remove(ref)  # the tag only: `image` keeps the layers for the other checks
+    code, out, err = run_cli("check", ref, "--gpu", "V100", "--json")
+    assert code == 1, err
+    remote = json.loads(out)
+    assert (remote["verdict"], remote["decided_by"]) == ("no-kernel", CURAND)
+    assert run_cli("check", ref, "--gpu", "H100")[0] == 0

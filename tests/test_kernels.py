@@ -18,7 +18,7 @@ from buildkit_py.analysis.kernels import (
     parse_fatbins,
     read_kernels,
 )
-from buildkit_py.analysis.saved_image import scan_kernels
+from buildkit_py.analysis.saved_image import scan_kernels, stack_kernel_scans
 from buildkit_py.errors import InspectError
 
 
@@ -162,3 +162,16 @@ def test_scan_kernels_on_a_stream_cut_short_is_a_typed_error():
     with pytest.raises(InspectError, match="ended inside"):
         scan_kernels(io.BytesIO(data[:700]))
     assert scan_kernels(io.BytesIO(b"")).kernels == {}
+
+
+def test_layers_stack_with_whiteouts_and_replaced_files():
+    other = elf({".nv_fatbin": fatbin(entry(SASS, 90))})
+    lower = scan_kernels(io.BytesIO(_tar([("usr/lib/a.so", GOOD), ("usr/lib/b.so", GOOD), ("opt/x/c.so", other),
+                                          ("opt/keep.so", other)])))
+    upper = scan_kernels(io.BytesIO(_tar([("usr/lib/.wh.a.so", b""), ("usr/lib/b.so", b"now a text file"),
+                                          ("opt/x/.wh..wh..opq", b""), ("opt/x/d.so", GOOD)])))
+    assert upper.whiteouts == [("/usr/lib/a.so", False), ("/opt/x", True)]
+    stacked = stack_kernel_scans([lower, upper])
+    assert sorted(stacked.kernels) == ["/opt/keep.so", "/opt/x/d.so"]
+    assert sorted(stack_kernel_scans([upper, lower]).kernels) == ["/opt/keep.so", "/opt/x/c.so", "/opt/x/d.so",
+                                                                   "/usr/lib/a.so", "/usr/lib/b.so"]

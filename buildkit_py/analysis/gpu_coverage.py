@@ -27,6 +27,7 @@ from buildkit_py.text_enum import TextEnum
 from buildkit_py.text_table import TextTable
 
 if TYPE_CHECKING:
+    from buildkit_py.analysis.saved_image import KernelScan
     from buildkit_py.engine.base import Engine
 
 TRIVIAL_BYTES = 4096  # inflated bytes of device code below which a library's fat binaries hold no real kernels
@@ -246,19 +247,50 @@ def gpu_report(image: str, gpu: GpuTarget, files: Iterable[FileKernels],
 
 
 def read_image_kernels(engine: Engine, image: str) -> tuple[list[FileKernels], list[tuple[str, str]]]:
-    """The fat binaries of every ELF file in ``image``'s file system as a container sees it
-    (``Engine.filesystem``: one streamed export, as ``sbom`` reads it), and the files whose
-    fat binaries could not be read."""
+    """The fat binaries of every ELF file in ``image``'s file system as a container sees it, and
+    the files whose fat binaries could not be read. A local image is read as one streamed export
+    of its file system (``Engine.filesystem``, as ``sbom`` reads it); one only in a registry, layer
+    blob by layer blob, stacked (``saved_image.stack_kernel_scans``)."""
     import io  # noqa: PLC0415
 
+    from buildkit_py.analysis.diff import names_registry  # noqa: PLC0415
     from buildkit_py.analysis.saved_image import IterStream, scan_kernels  # noqa: PLC0415
+    from buildkit_py.errors import ImgbuildError  # noqa: PLC0415
 
-    attrs = engine.image_attrs(image)
-    if attrs is None:
-        raise ImageMissing(f"no image {image!r} in the engine", hint="build or pull it first")
-    with engine.filesystem(attrs["Id"]) as chunks:
-        scan = scan_kernels(io.BufferedReader(IterStream(chunks), 1 << 20))
+    try:
+        attrs = engine.image_attrs(image)
+    except ImgbuildError:
+        if not names_registry(image):
+            raise
+        attrs = None  # no engine here: the registry may still have it
+    if attrs is not None:
+        with engine.filesystem(attrs["Id"]) as chunks:
+            scan = scan_kernels(io.BufferedReader(IterStream(chunks), 1 << 20))
+    elif names_registry(image):
+        scan = _registry_kernels(image)
+    else:
+        raise ImageMissing(f"no image {image!r} in the engine",
+                           hint="build or pull it, or name it with its registry to read it from there")
     return list(scan.kernels.values()), sorted(scan.errors.items())
+
+
+def _registry_kernels(image: str) -> KernelScan:
+    from buildkit_py import oci  # noqa: PLC0415
+    from buildkit_py.analysis.saved_image import scan_kernels, stack_kernel_scans  # noqa: PLC0415
+    from buildkit_py.analysis.sbom import layer_blob  # noqa: PLC0415
+    from buildkit_py.errors import ManifestNotFound  # noqa: PLC0415
+
+    ref = oci.parse_reference(image)
+    client = oci.Client()
+    try:
+        manifest, _, _ = oci.get_manifest(ref, client=client)
+    except ManifestNotFound as exc:
+        raise ImageMissing(f"no image {image}: {exc.message}", hint="check the name and tag") from None
+    scans = []
+    for desc in manifest.get("layers") or []:
+        with layer_blob(ref, desc, client) as tar:
+            scans.append(scan_kernels(tar))
+    return stack_kernel_scans(scans)
 
 
 # ---------------------------------------------------------------- what inspect --kernels shows

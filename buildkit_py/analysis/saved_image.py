@@ -374,6 +374,29 @@ class KernelScan:
     errors: dict[str, str] = field(default_factory=dict)
     files: int = 0  # regular files seen
     elf_bytes: int = 0  # bytes of ELF files read whole
+    # for stacking layers (stack_kernel_scans): every path the tar writes, and its whiteouts
+    paths: set[str] = field(default_factory=set)
+    whiteouts: list[tuple[str, bool]] = field(default_factory=list)
+
+
+def stack_kernel_scans(scans: Iterable[KernelScan]) -> KernelScan:
+    """The kernels a container sees once these layer scans (bottom first) are stacked: each
+    layer's whiteouts delete from the layers below, and each path it writes replaces theirs."""
+    out = KernelScan()
+    for scan in scans:
+        for target, opaque in scan.whiteouts:
+            below = target.rstrip("/") + "/"
+            for table in (out.kernels, out.errors):
+                for path in [p for p in table if p.startswith(below) or (not opaque and p == target)]:
+                    del table[path]
+        for path in scan.paths:
+            out.kernels.pop(path, None)
+            out.errors.pop(path, None)
+        out.kernels.update(scan.kernels)
+        out.errors.update(scan.errors)
+        out.files += scan.files
+        out.elf_bytes += scan.elf_bytes
+    return out
 
 
 _BLOCK = 512
@@ -409,9 +432,13 @@ def scan_kernels(stream: IO[bytes]) -> KernelScan:
             continue
         path = normalize_member(pax.get("path") or long_name or info.name)
         long_name, pax = None, {}
+        if path is not None and (wh := whiteout_target(path)):
+            scan.whiteouts.append(wh)
+            path = None
         if path is not None:
             scan.kernels.pop(path, None)
             scan.errors.pop(path, None)
+            scan.paths.add(path)
         if not info.isreg() or path is None or size < len(ELF_MAGIC):
             _skip(stream, padded)
             continue
