@@ -14,6 +14,8 @@ a ratio. Needs the Docker engine and the base image (`make bench` starts them).
   (8) the schema validator: import and validation time vs jsonschema and pydantic (bench_schemas.py)
   (9) uv vs pip as the installer: cold and warm build time of a torch recipe (bench_installer.py;
       IMGBUILD_BENCH_STACK=small for the stack without torch)
+  (10) the CUDA kernels of a whole torch image read as `check --gpu` reads them, against the bare
+      stream (bench_kernels.py); target under 30 s
 
 "Cold" means no layer cache (--no-cache); pip and apt download caches stay warm in both arms,
 so the ratios measure layering, not the network.
@@ -176,7 +178,8 @@ def bench_prefix(b: Bench) -> dict:
             "shared_bytes": shared_bytes, "common_bytes": common}
 
 
-BENCHES = ("rebuild", "multistage", "prefix", "matrix", "weights", "startup", "engines", "schemas", "installer")
+BENCHES = ("rebuild", "multistage", "prefix", "matrix", "weights", "startup", "engines", "schemas", "installer",
+           "kernels")
 
 
 def main() -> int:
@@ -213,6 +216,9 @@ def main() -> int:
     if "installer" in chosen:
         proc = subprocess.run([sys.executable, str(REPO / "bench" / "bench_installer.py")], text=True, check=False)
         results["installer_exit"] = proc.returncode
+    if "kernels" in chosen:
+        proc = subprocess.run([sys.executable, str(REPO / "bench" / "bench_kernels.py")], text=True, check=False)
+        results["kernels_exit"] = proc.returncode
     if "reuse" in chosen:
         proc = subprocess.run([sys.executable, str(REPO / "bench" / "bench_reuse.py")], text=True)  # noqa: PLW1510
         results["reuse_exit"] = proc.returncode

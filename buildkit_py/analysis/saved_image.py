@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import IO
 
+from buildkit_py.analysis.kernels import ELF_MAGIC, FileKernels, KernelReadError, read_kernels
 from buildkit_py.analysis.layer_paths import CUDA_DUPLICATE, classify_path, normalize_member, whiteout_target
 from buildkit_py.errors import InspectError
 
@@ -359,3 +360,156 @@ def _extract(outer: tarfile.TarFile, m: tarfile.TarInfo) -> IO[bytes]:
     if f is None:  # only for members that are not files; callers pass regular files
         raise InspectError(f"could not read {m.name} from the image stream")
     return f
+
+
+# ---------------------------------------------------------------- kernels: every ELF file of a tar, fast
+
+
+@dataclass
+class KernelScan:
+    """The fat binaries of each ELF file of one tar stream that has any (a later entry for a path
+    replaces an earlier one), and the files whose fat binaries could not be read (path -> why)."""
+
+    kernels: dict[str, FileKernels] = field(default_factory=dict)
+    errors: dict[str, str] = field(default_factory=dict)
+    files: int = 0  # regular files seen
+    elf_bytes: int = 0  # bytes of ELF files read whole
+    # for stacking layers (stack_kernel_scans): every path the tar writes, and its whiteouts
+    paths: set[str] = field(default_factory=set)
+    whiteouts: list[tuple[str, bool]] = field(default_factory=list)
+
+
+def stack_kernel_scans(scans: Iterable[KernelScan]) -> KernelScan:
+    """The kernels a container sees once these layer scans (bottom first) are stacked: each
+    layer's whiteouts delete from the layers below, and each path it writes replaces theirs."""
+    out = KernelScan()
+    for scan in scans:
+        for target, opaque in scan.whiteouts:
+            below = target.rstrip("/") + "/"
+            for table in (out.kernels, out.errors):
+                for path in [p for p in table if p.startswith(below) or (not opaque and p == target)]:
+                    del table[path]
+        for path in scan.paths:
+            out.kernels.pop(path, None)
+            out.errors.pop(path, None)
+        out.kernels.update(scan.kernels)
+        out.errors.update(scan.errors)
+        out.files += scan.files
+        out.elf_bytes += scan.elf_bytes
+    return out
+
+
+_BLOCK = 512
+_SKIP_CHUNK = 1 << 20
+
+
+def scan_kernels(stream: IO[bytes]) -> KernelScan:
+    """One forward pass over a tar (a layer, or a container's exported file system), reading
+    every ELF file whole (its section table is at its end) and nothing else past its first
+    bytes. It walks the 512-byte headers itself rather than through tarfile's stream mode,
+    which copies a member's data in 10 KiB pieces: on a 5.9 GB torch image that was half the
+    time. PAX and GNU long names are followed; the rest is skipped unread."""
+    scan = KernelScan()
+    block = bytearray(_BLOCK)
+    buf = bytearray(0)  # reused for every ELF file: allocating one per file costs page faults
+    long_name: str | None = None
+    pax: dict[str, str] = {}
+    while _fill(stream, memoryview(block)) == _BLOCK and any(block):
+        try:
+            info = tarfile.TarInfo.frombuf(bytes(block), "utf-8", "surrogateescape")
+        except tarfile.HeaderError as exc:
+            raise InspectError(f"could not read the file system stream: {exc}") from None
+        if info.type == tarfile.GNUTYPE_SPARSE:  # its data is laid out apart from its size; no engine writes one
+            raise InspectError(f"{info.name}: a GNU sparse file in the stream, which this reader does not follow")
+        size = int(pax.get("size", info.size)) if info.type not in _META_TYPES else info.size
+        padded = -(-size // _BLOCK) * _BLOCK
+        if info.type in _META_TYPES:
+            data = _read_bytes(stream, padded)[:size]
+            if info.type == tarfile.XHDTYPE:
+                pax = _pax_records(data)
+            elif info.type == tarfile.GNUTYPE_LONGNAME:
+                long_name = data.split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
+            continue
+        path = normalize_member(pax.get("path") or long_name or info.name)
+        long_name, pax = None, {}
+        if path is not None and (wh := whiteout_target(path)):
+            scan.whiteouts.append(wh)
+            path = None
+        if path is not None:
+            scan.kernels.pop(path, None)
+            scan.errors.pop(path, None)
+            scan.paths.add(path)
+        if not info.isreg() or path is None or size < len(ELF_MAGIC):
+            _skip(stream, padded)
+            continue
+        scan.files += 1
+        head = _read_bytes(stream, len(ELF_MAGIC))
+        if head != ELF_MAGIC:
+            _skip(stream, padded - len(head))
+            continue
+        if len(buf) < size:
+            buf = bytearray(size)
+        view = memoryview(buf)[:size]
+        view[:len(head)] = head
+        if _fill(stream, view[len(head):]) != size - len(head):
+            raise InspectError(f"the file system stream ended inside {path}")
+        _skip(stream, padded - size)
+        scan.elf_bytes += size
+        try:
+            found = read_kernels(view, path)
+        except KernelReadError as exc:
+            scan.errors[path] = exc.message
+            continue
+        finally:
+            view.release()
+        if found is not None:
+            scan.kernels[path] = found
+    return scan
+
+
+_META_TYPES = (tarfile.XHDTYPE, tarfile.XGLTYPE, tarfile.GNUTYPE_LONGNAME, tarfile.GNUTYPE_LONGLINK)
+
+
+def _fill(stream: IO[bytes], view: memoryview) -> int:
+    """Read into all of ``view``; fewer bytes only at the end of the stream."""
+    got = 0
+    while got < len(view):
+        n = stream.readinto(view[got:])  # type: ignore[attr-defined]
+        if not n:
+            break
+        got += n
+    return got
+
+
+def _read_bytes(stream: IO[bytes], n: int) -> bytes:
+    buf = bytearray(n)
+    got = _fill(stream, memoryview(buf))
+    if got < n:
+        raise InspectError("the file system stream ended inside a tar header")
+    return bytes(buf)
+
+
+def _skip(stream: IO[bytes], n: int) -> None:
+    scratch = memoryview(bytearray(min(n, _SKIP_CHUNK)))
+    while n > 0:
+        got = _fill(stream, scratch[:min(n, len(scratch))])
+        if not got:
+            raise InspectError("the file system stream ended inside a file")
+        n -= got
+
+
+def _pax_records(data: bytes) -> dict[str, str]:
+    """``"%d %s=%s\\n"`` records of a PAX extended header (path, size, ...)."""
+    out: dict[str, str] = {}
+    pos = 0
+    while pos < len(data):
+        space = data.find(b" ", pos)
+        if space < 0:
+            break
+        length = int(data[pos:space])
+        if length <= 0:
+            break
+        key, _, value = data[space + 1:pos + length - 1].partition(b"=")
+        out[key.decode("utf-8", "surrogateescape")] = value.decode("utf-8", "surrogateescape")
+        pos += length
+    return out

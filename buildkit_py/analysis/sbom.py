@@ -39,7 +39,7 @@ import posixpath
 import re
 import uuid
 import warnings
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import IO, TYPE_CHECKING, Any
 
@@ -288,7 +288,9 @@ _COMPRESSION = {"application/vnd.oci.image.layer.v1.tar+gzip": "gzip",
                 "application/vnd.docker.image.rootfs.diff.tar": None}
 
 
-def _scan_blob(ref: oci.Reference, desc: Mapping[str, Any], diff_id: str, client: oci.Client) -> LayerScan:
+@contextlib.contextmanager
+def layer_blob(ref: oci.Reference, desc: Mapping[str, Any], client: oci.Client) -> Iterator[IO[bytes]]:
+    """A layer blob of ``ref``'s registry as the layer tar it unpacks to, streamed (nothing written)."""
     media_type = str(desc.get("mediaType") or "")
     if media_type not in _COMPRESSION:
         raise SbomError(f"{ref}: layer {desc.get('digest')} has media type {media_type!r}, which is not a layer "
@@ -298,7 +300,12 @@ def _scan_blob(ref: oci.Reference, desc: Mapping[str, Any], diff_id: str, client
     with resp:
         raw: IO[bytes] = resp.raw  # type: ignore[assignment]  # urllib3's response reads like a file
         compression = _COMPRESSION[media_type]
-        scan = scan_layer(decompressing(raw, compression) if compression else raw, counter=None, keep=wanted)
+        yield decompressing(raw, compression) if compression else raw
+
+
+def _scan_blob(ref: oci.Reference, desc: Mapping[str, Any], diff_id: str, client: oci.Client) -> LayerScan:
+    with layer_blob(ref, desc, client) as tar:
+        scan = scan_layer(tar, counter=None, keep=wanted)
     if scan.digest != diff_id:
         raise DigestMismatch(f"layer {desc.get('digest')} of {ref} unpacks to {scan.digest}, not the config's "
                              f"diff id {diff_id}")

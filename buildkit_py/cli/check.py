@@ -12,6 +12,7 @@ from buildkit_py.errors import ExitStatus, UsageError
 
 if TYPE_CHECKING:
     from buildkit_py.analysis.driver import HostDriver
+    from buildkit_py.analysis.gpu_coverage import GpuReport, GpuTarget
     from buildkit_py.compat import DriverFloor
     from buildkit_py.engine import Engine
 
@@ -31,6 +32,10 @@ def register(add: AddCommand) -> None:
     c.add_argument("--datacenter", action=argparse.BooleanOptionalAction, default=None,
                    help="the GPU is a data-center part (forward compatibility); default: from the GPU name")
     engine_option(c)
+    c.add_argument("--gpu", metavar="NAME|sm_XY|host",
+                   help="check the image's CUDA kernels for this GPU (H100, B200, RTX 5090, sm_90 ...; host: this "
+                        "host's GPUs and driver): SASS that runs on it, PTX the driver must JIT-compile, or none; "
+                        "with --driver, the driver too")
     json_option(c)
     c.set_defaults(handler=cmd_check)
 
@@ -40,6 +45,8 @@ def cmd_check(args: argparse.Namespace, out: Out) -> int:
 
     if bool(args.target) == bool(args.cuda):
         raise UsageError("check needs exactly one of IMAGE, RECIPE or --cuda VERSION")
+    if args.gpu is not None:
+        return _check_gpu(args, out)
     if args.driver is not None and not args.driver.strip():
         raise UsageError("--driver '': give a driver version such as 550.54.15",
                          hint="leave --driver out to read the host's driver")
@@ -77,6 +84,110 @@ def cmd_check(args: argparse.Namespace, out: Out) -> int:
         for warning in result.warnings:
             out.line(f"  warning: {warning.render()}")
     return 0 if result.compatible else ExitStatus.FAILED
+
+
+def _check_gpu(args: argparse.Namespace, out: Out) -> int:
+    """``--gpu``: the kernels of every CUDA library in the image against that GPU's compute
+    capability (analysis.gpu_coverage); with a driver (--driver, or the host's with ``--gpu
+    host``), the driver verdict as well, and PTX that driver is too old to JIT-compile counts
+    as no kernel. ``--gpu host`` checks each compute capability this host's GPUs report."""
+    from buildkit_py.analysis.gpu_coverage import gpu_report, loaded_alternatives, read_image_kernels
+
+    if not args.target or is_recipe(args.target):
+        raise UsageError("--gpu checks an image's kernels: give an IMAGE",
+                         hint="a recipe's kernels are known once it is built: imgbuild build, then check the image")
+    targets, driver, datacenter = _gpu_targets(args)
+    engine = reading_engine(args)
+    files, unreadable = read_image_kernels(engine, args.target)
+    try:
+        cuda: str | None = _cuda_of_target(engine, args.target)[0]
+    except UsageError:
+        cuda = None  # no CUDA label or env: every per-CUDA build of a library counts
+    driver_result = None
+    if driver:
+        from buildkit_py.analysis.check import check_compat
+
+        if cuda is None:
+            raise UsageError(f"image {args.target} has no {K.CUDA_VERSION} label and no CUDA_VERSION env",
+                             hint="leave --driver out to check its kernels only")
+        driver_result = check_compat(cuda, driver, datacenter=datacenter)
+    documents, runs = [], driver_result is None or driver_result.compatible
+    for gpu in targets:
+        report = gpu_report(args.target, gpu, loaded_alternatives(files, cuda), unreadable)
+        too_old = _driver_too_old_for_ptx(report, driver)
+        runs = runs and report.runs and not too_old
+        if args.json:
+            data = report.to_json()
+            if driver_result is not None:
+                data["driver"] = driver_result.to_json()
+                data["driver_too_old_for_ptx"] = too_old
+            documents.append(data)
+        else:
+            _print_gpu_report(out, report, driver, too_old)
+    if args.json:
+        out.data(documents[0] if len(documents) == 1 else {"reports": documents})
+    elif driver_result is not None:
+        out.line(f"driver {driver}: {driver_result.verdict}: {driver_result.message}")
+    return 0 if runs else ExitStatus.FAILED
+
+
+def _gpu_targets(args: argparse.Namespace) -> tuple[list[GpuTarget], str | None, bool | None]:
+    """The GPUs to check (``--gpu NAME|sm_XY``, or each compute capability of this host's GPUs
+    for ``--gpu host``), the driver to hold the PTX to, and whether the GPUs are data-center parts."""
+    from buildkit_py.analysis.gpu_coverage import GpuTarget, resolve_gpu
+    from buildkit_py.analysis.kernels import Arch
+
+    if args.gpu.strip().lower() != "host":
+        return [resolve_gpu(args.gpu)], args.driver, args.datacenter
+    from buildkit_py.analysis.driver import read_host_driver
+    from buildkit_py.errors import DriverCheckError
+
+    try:
+        host = read_host_driver()
+    except DriverCheckError as exc:
+        raise DriverCheckError(f"--gpu host: cannot read this host's GPUs: {exc.message}",
+                               hint="name the GPU instead: --gpu H100 (or its capability: --gpu sm_90)") from None
+    targets: dict[str, GpuTarget] = {}
+    for g in host.gpus:
+        if g.compute_cap and g.compute_cap not in targets:
+            major, minor = g.compute_cap.split(".")
+            targets[g.compute_cap] = GpuTarget(g.name, Arch(int(major), int(minor)), "this host (nvidia-smi or NVML)")
+    if not targets:
+        raise DriverCheckError("--gpu host: this host's GPUs report no compute capability (nvidia-smi older than 510?)",
+                               hint="name the GPU instead: --gpu H100")
+    datacenter = args.datacenter if args.datacenter is not None else host.datacenter
+    return list(targets.values()), args.driver or host.version, datacenter
+
+
+def _print_gpu_report(out: Out, report: GpuReport, driver: str | None, too_old: list[str]) -> None:
+    from buildkit_py.sizes import human_size
+
+    out.line(f"image {report.image} on {report.gpu.label}: {report.verdict}")
+    out.line(f"  {report.message()}")
+    for lib in report.libraries:
+        how = (", ".join(lib.sass) if lib.coverage == "sass" else
+               f"{', '.join(lib.ptx)}, {human_size(lib.ptx_bytes)} to JIT" if lib.coverage == "ptx-jit" else
+               f"carries {', '.join(lib.archs) or 'no SASS'}")
+        note = "" if lib.decides else "  (no real kernels in its fat binaries: not counted)"
+        out.line(f"  {lib.coverage:<9} {lib.path}: {how}{note}")
+    for path, why in report.unreadable:
+        out.line(f"  unreadable {path}: {why}")
+    for path in too_old:
+        out.line(f"  driver {driver} is too old to JIT-compile the PTX of {path}")
+
+
+def _driver_too_old_for_ptx(report: GpuReport, driver: str | None) -> list[str]:
+    """The libraries that run only through PTX whose PTX ISA needs a newer driver than ``driver``."""
+    if not driver:
+        return []
+    from packaging.version import InvalidVersion, Version
+
+    try:
+        given = Version(driver)
+    except InvalidVersion:
+        raise UsageError(f"bad driver version {driver!r}", hint="give it as nvidia-smi prints it: 580.65.06") from None
+    return [lib.path for lib in report.jit_libraries() if lib.need and lib.need.driver
+            and Version(lib.need.driver) > given]
 
 
 def _host_driver(args: argparse.Namespace, cuda: str, floor: DriverFloor | None) -> HostDriver:

@@ -26,6 +26,9 @@ def register_inspect(add: AddCommand) -> None:
                    help="flag weight-like files above this size (default %(default)s)")
     i.add_argument("--no-compressed", action="store_true", help="skip the gzip estimate (faster on big images)")
     engine_option(i)
+    i.add_argument("--kernels", action="store_true",
+                   help="also list the CUDA kernels: architectures x libraries, bytes of SASS per architecture "
+                        "(one more pass over the image's file system)")
     json_option(i)
     progress_option(i, "bytes of the image read")
     i.set_defaults(handler=cmd_inspect)
@@ -57,14 +60,29 @@ def cmd_inspect(args: argparse.Namespace, out: Out) -> int:
     if threshold is None:
         raise UsageError(f"--weight-threshold {args.weight_threshold!r} is not a size like 10MiB")
     out.info(f"reading {args.image} (one pass over its layers)")
+    engine = reading_engine(args)
     with transfer_view(out.stderr, args.progress) as progress:
-        report = inspect_image(reading_engine(args), args.image, InspectOptions(
+        report = inspect_image(engine, args.image, InspectOptions(
             bandwidth_mbps=args.bandwidth, weight_threshold=threshold, estimate_compressed=not args.no_compressed,
             unpack_mbps=args.unpack_rate), progress=progress)
+    coverage = None
+    if args.kernels:
+        from buildkit_py.analysis.gpu_coverage import kernel_coverage, read_image_kernels
+
+        out.info(f"reading the CUDA kernels of {args.image} (its file system, one pass)")
+        coverage = kernel_coverage(read_image_kernels(engine, report.id)[0])
     if args.json:
-        out.data(report_json(report))
+        data = report_json(report)
+        if coverage is not None:
+            data["kernels"] = coverage.to_json()
+        out.data(data)
     else:
-        out.blocks(report_blocks(report))
+        blocks = report_blocks(report)
+        if coverage is not None:
+            from buildkit_py.analysis.gpu_coverage import coverage_table
+
+            blocks.append(coverage_table(coverage) if coverage.libraries else "No CUDA kernels.")
+        out.blocks(blocks)
     return 0
 
 

@@ -830,7 +830,7 @@ def cudnn_support(cudnn: str) -> tuple[CudnnSupport, ...]:
 
 DATA_FILES = ("toolkits.json", "minor_compat.json", "forward_compat.json", "images.json", "torch.json",
               "flash_attn.json", "bitsandbytes.json", "cxx_std.json", "archs.json", "wheels.json", "cudnn.json",
-              "torch_cuda_pins.json", "platforms.json")
+              "torch_cuda_pins.json", "platforms.json", "gpu_kernels.json")
 
 
 def _loaders() -> tuple[Any, ...]:
@@ -838,7 +838,7 @@ def _loaders() -> tuple[Any, ...]:
     from buildkit_py.compat import platforms, torch_pins  # noqa: PLC0415  # they read tables: a top-level import would circle
 
     return (_toolkit_data, _minor_floors, _forward_compat, _images, _torch, _flash_attn, _bnb, _cxx_std, _archs,
-            _wheels, _cudnn_support, torch_pins.rows, _coverage, platforms.data)
+            _wheels, _cudnn_support, torch_pins.rows, _coverage, platforms.data, _gpu_kernels)
 
 
 def validate_all() -> None:
@@ -1331,3 +1331,64 @@ def cuda_runtime_wheels(cuda: str) -> dict[str, str]:
 
 def data_sources() -> dict[str, str]:
     return {name: _load_raw(name)["source"] for name in DATA_FILES}
+
+
+# ----------------------------------------------------------------------------- GPUs and PTX (gpu_kernels.json)
+@dataclass(frozen=True)
+class Gpu:
+    """A GPU model and the compute capability it reports (NVIDIA's CUDA GPUs list)."""
+    name: str
+    aliases: tuple[str, ...]
+    capability: str  # "9.0"
+    source: str
+
+
+@dataclass(frozen=True)
+class PtxIsa:
+    """A PTX ISA version and the CUDA release that brought it: a driver of that CUDA or newer JIT-compiles it."""
+    ptx: str
+    cuda: str
+    source: str
+
+
+def _gpu_key(name: str) -> str:
+    """How a GPU name is matched: case, spaces, dashes and an NVIDIA/GeForce/Tesla prefix do not count."""
+    key = re.sub(r"[\s_-]+", "", name.lower())
+    return re.sub(r"^(nvidia)?(geforce|tesla)?", "", key)
+
+
+@functools.cache
+def _gpu_kernels() -> tuple[dict[str, Gpu], tuple[Gpu, ...], dict[str, PtxIsa]]:
+    f = "gpu_kernels.json"
+    raw = _load_raw(f)
+    by_key: dict[str, Gpu] = {}
+    rows = []
+    for e in raw["gpus"]:
+        gpu = Gpu(e["name"], tuple(e.get("aliases", ())), e["capability"], e["source"])
+        rows.append(gpu)
+        for key in {_gpu_key(n) for n in (gpu.name, *gpu.aliases)}:
+            if key in by_key:
+                raise _fail(f, gpu.name, f"name {key!r} is also {by_key[key].name}'s")
+            by_key[key] = gpu
+    ptx: dict[str, PtxIsa] = {}
+    for e in raw["ptx_isa"]:
+        if e["ptx"] in ptx:
+            raise _fail(f, e["ptx"], "PTX version listed twice")
+        ptx[e["ptx"]] = PtxIsa(e["ptx"], e["cuda"], e["source"])
+    _ascending(f, list(ptx))
+    _ascending(f, [p.cuda for p in ptx.values()])
+    return by_key, tuple(rows), ptx
+
+
+def gpus() -> tuple[Gpu, ...]:
+    return _gpu_kernels()[1]
+
+
+def gpu_named(name: str) -> Gpu | None:
+    """The GPU of that name or alias ("H100", "rtx 5090", "GeForce RTX 4090"); None when unknown."""
+    return _gpu_kernels()[0].get(_gpu_key(name))
+
+
+def ptx_isa_cuda(ptx: str) -> PtxIsa | None:
+    """The CUDA release that brought PTX ISA ``ptx`` ("9.0" -> 13.0); None for a version not recorded."""
+    return _gpu_kernels()[2].get(ptx)
