@@ -80,11 +80,6 @@ class VenvStep(Step):
     python: str  # interpreter command, e.g. python3 or python3.11
     venv: str
 
-    @property
-    def parents(self) -> tuple[str, ...]:
-        """The folders above the venv, which its creation changes (their mtime is fixed too)."""
-        return _parents(self.venv)
-
 
 @dataclass(frozen=True)
 class PipStep(Step):

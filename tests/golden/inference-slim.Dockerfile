@@ -14,12 +14,13 @@ RUN --mount=type=cache,target=/var/cache/apt,sharing=locked \
     find / -xdev \( -path /proc -o -path /sys -o -path /dev -o -path /run/secrets \
         -o -path /etc/hosts -o -path /etc/resolv.conf -o -path /etc/hostname -o -path /var/cache/apt -o -path /var/lib/apt/lists \) -prune \
         -o -newermt "@$((start - 1))" -exec touch -h -d @315532800 {} +
-RUN set -eu; : imgbuild-step=python; \
+RUN set -eu; : imgbuild-step=python; start="$(date +%s)"; \
     python3 -m venv /opt/venv; \
     find /opt/venv -exec touch -h -d @315532800 {} +; \
     PYTHONHASHSEED=0 /opt/venv/bin/python -m compileall -qq -f --invalidation-mode timestamp /opt/venv/lib; \
-    find /opt/venv -exec touch -h -d @315532800 {} +; \
-    touch -h -d @315532800 /opt
+    find / -xdev \( -path /proc -o -path /sys -o -path /dev -o -path /run/secrets \
+        -o -path /etc/hosts -o -path /etc/resolv.conf -o -path /etc/hostname \) -prune \
+        -o -newermt "@$((start - 1))" -exec touch -h -d @315532800 {} +
 ENV PATH="/opt/venv/bin:$PATH"
 COPY [".imgbuild/root/", "/"]
 RUN set -eu; : imgbuild-step=mount-stubs; \
