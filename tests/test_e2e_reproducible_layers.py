@@ -35,7 +35,7 @@ def layers_by_step(tag: str) -> dict[str, str]:
 
 
 @pytest.mark.parametrize("installer", ["uv", "pip"])
-def test_the_cuda_layer_is_byte_identical_over_different_lower_layers(tmp_path, base_image, unique_name,
+def test_the_cuda_layer_is_byte_identical_over_different_lower_layers(tmp_path, base_image, unique_name, engine,
                                                                      docker_client, cleanup_images, installer):
     digests = []
     for i, apt in enumerate(["", "apt: [less]"]):
@@ -47,8 +47,11 @@ def test_the_cuda_layer_is_byte_identical_over_different_lower_layers(tmp_path, 
         cleanup_images.extend(report["tags"])
         digests.append(layers_by_step(report["tags"][0]))
     a, b = digests
-    assert a["os"] != b["os"] and a["python"] != b["python"]  # the lower layers differ...
+    assert a["os"] != b["os"]  # the lower layer differs...
     assert a["cuda"] == b["cuda"]  # ...and the CUDA wheels' layer does not
+    # nor, since the venv step dates its files and bytecode (issue 33: 1), the venv's layer above it;
+    # on 20.10 that layer still holds /etc's mtime, which its BuildKit sets (DOCKER20_DIFFERING_LAYERS)
+    assert (a["python"] == b["python"]) == (engine.test_name != "docker20")
 
 
 # cuDNN and cuBLAS from wheels without torch (plan._final_cuda_wheels), and two heavy pins, each
