@@ -70,8 +70,8 @@ def cudnn_pins_rule(recipe: Recipe, torch: TorchPart) -> None:
 def cudnn_source(recipe: Recipe, cuda: str, torch: TorchPart, base: BaseFacts | None, base_image: str,
                  cuda_wheels: tuple[str, ...]) -> CudnnSource | None:
     """The cuDNN of the image these parts make (None: it has none), or a CompatibilityError where the
-    recipe's ``cuda.cudnn`` or a pip pin contradicts it."""
-    cudnn_pins_rule(recipe, torch)
+    recipe's ``cuda.cudnn`` contradicts it. What torch and the pins alone decide was checked before,
+    with the other pin rules (``cudnn_pins_rule``)."""
     from_pip = _from_pip(recipe)
     found = (_from_torch(recipe, torch) or (from_pip[1] if from_pip else None) or _from_cuda_wheels(cuda_wheels)
              or _from_base(cuda, base, base_image))

@@ -107,6 +107,7 @@ def resolve(recipe: Recipe, base: BaseFacts | None = None, looked_up: rules.Look
     wheels = rules.cuda_wheels_rule(recipe, cuda.wheel_set, cuda.version, cudnn, torch, base)
     # the label names the cuDNN the pins bring, written in the recipe or not (issue 28)
     cudnn_from = cudnn_source(recipe, cuda.version, torch, base, images.base_image, wheels.pins)
+    arch_list = archs.for_build(bool(compile_))
     if recipe.multi_platform:  # each pin, for each platform: refused before building
         torch_cuda = torch.release.variants.get(torch.variant) if torch.release and torch.variant else None
         problems: list[CompatibilityError] = []
@@ -138,8 +139,8 @@ def resolve(recipe: Recipe, base: BaseFacts | None = None, looked_up: rules.Look
         builder_cuda_wheels=images.builder_cuda_wheels,
         compile=tuple(sorted(compile_)),
         prebuilt_urls=flash_attn.prebuilt,
-        cuda_arch=archs.for_build(bool(compile_)),
-        build_env=_build_env(recipe, compile_, archs.for_build(bool(compile_)), cuda.version),
+        cuda_arch=arch_list,
+        build_env=_build_env(recipe, compile_, arch_list, cuda.version),
         warnings=torch.warnings + bnb_warnings + images.warnings + flavor_warnings + pinned.warnings,
         base_digest=pinned.digest,
         native_driver=cuda.floor.evidence,
@@ -185,7 +186,7 @@ def _pin_parts(recipe: Recipe, cuda: rules.CudaPart, py: rules.PythonPart, torch
     _attempt(problems, cuda_pins_rule, recipe, cuda.version, torch)
     _attempt(problems, cudnn_pins_rule, recipe, torch)
     if problems:
-        raise problems[0] if len(problems) == 1 else CompatibilityErrors(problems)
+        raise _all_of(problems)
     assert flash_attn is not None and bnb_warnings is not None  # noqa: S101  (no problem: each returned its part)
     return flash_attn, bnb_warnings
 
@@ -210,7 +211,7 @@ def _independent_parts(recipe: Recipe, base: BaseFacts | None, looked_up: rules.
     if cuda and py and known and not problems:
         torch = attempt(rules.torch_rule, recipe, cuda.version, py.python, looked_up)
     if problems:
-        raise problems[0] if len(problems) == 1 else CompatibilityErrors(problems)
+        raise _all_of(problems)
     # no problem: every rule ran and gave its part (cudnn alone may be None: no cuDNN asked for)
     assert cuda is not None and py is not None and torch is not None and archs is not None  # noqa: S101
     return cuda, cudnn, py, torch, archs
