@@ -265,16 +265,16 @@ def _untabled_pin_problems(recipe: Recipe, p: Platform, compile_: tuple[str, ...
     for i, spec in enumerate(recipe.pip):
         name = canonicalize_name(pin_name(spec))
         read = files.get(name)
-        if "==" not in spec or read is None or name in data().wheels or name == "flash-attn" or name in compile_:
+        if "==" not in spec or read is None or not untabled(name) or name in compile_:
             continue
         version = spec.split("==", 1)[1].strip()
         nearest = read.nearest_with(version, p.wheel_arch)
+        use = f"use {name}=={nearest} (the nearest release with a Linux {p.wheel_arch} wheel)" if nearest else None
         got = read.of(version)
         if got is None:
             out.append(_fail(recipe, f"pip[{i}]", name, version, p.name,
                              f"the package index ({read.source}) lists no {name} {version}",
-                             hint=f"use {name}=={nearest} (the nearest release with a Linux {p.wheel_arch} wheel)"
-                             if nearest else f"check the {name} pin"))
+                             hint=use or f"check the {name} pin"))
             continue
         machines, sdist = got
         if p.wheel_arch in machines or "any" in machines or sdist:
@@ -282,10 +282,15 @@ def _untabled_pin_problems(recipe: Recipe, p: Platform, compile_: tuple[str, ...
         out.append(_fail(recipe, f"pip[{i}]", name, version, p.name,
                          f"the package index has Linux wheels of {name} {version} for "
                          f"{', '.join(sorted(machines)) or 'no machine'} only and no sdist to build for {p.wheel_arch}",
-                         hint=f"use {name}=={nearest} (the nearest release with a Linux {p.wheel_arch} wheel)"
-                         if nearest else f"leave {p.name} out of platforms"))
+                         hint=use or f"leave {p.name} out of platforms"))
     return out
 
 
+def untabled(name: str) -> bool:
+    """Is pin ``name`` one whose platforms the data does not record (flash-attn has a rule of its own)?"""
+    name = canonicalize_name(name)
+    return name not in data().wheels and name != "flash-attn"
+
+
 __all__ = ["DEFAULT_PLATFORMS", "SUPPORTED", "PinFiles", "Platform", "PlatformData", "TorchBuild", "data", "has_wheel",
-           "platform", "platforms_rule", "torch_build", "untabled_pins_rule"]
+           "platform", "platforms_rule", "torch_build", "untabled", "untabled_pins_rule"]

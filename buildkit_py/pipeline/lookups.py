@@ -146,7 +146,7 @@ def looked_up(recipe: Recipe, *, offline: bool, index_url: str | None = None, pi
 def untabled_pins(recipe: Recipe) -> tuple[str, ...]:
     """The exact pip pins whose platforms platforms.json does not record (flash-attn has its own rule)."""
     names = [canonicalize_name(pin_name(spec)) for spec in recipe.pip if "==" in spec]
-    return tuple(n for n in names if n not in platforms.data().wheels and n != "flash-attn")
+    return tuple(n for n in names if platforms.untabled(n))
 
 
 def read_pin_files(names: tuple[str, ...], settings: index.IndexSettings, *,
@@ -154,7 +154,7 @@ def read_pin_files(names: tuple[str, ...], settings: index.IndexSettings, *,
     """Each project's file list from the index (one request each, PEP 691 JSON), as the machines of
     each release's Linux wheels and whether it has an sdist. A project the index cannot list is left
     out, with a warning: it is not judged per platform."""
-    client = index.IndexClient(settings.url, cafile=settings.cafile)
+    client = index.client_for(settings)
     out = []
     for name in names:
         try:
