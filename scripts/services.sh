@@ -147,7 +147,10 @@ start_engine26() {
     [ -f "$E26_CONFIG/config.json" ] || echo '{}' >"$E26_CONFIG/config.json"
     if engine26_up; then log "docker 26 engine already running on $E26_SOCK"; return; fi
     need_root
-    echo '{"features": {"containerd-snapshotter": true}}' >"$E26_ROOT/daemon.json"
+    # No automatic build-cache GC: tests assert which steps come from the cache, and BuildKit's own GC
+    # (its keep-storage bound) evicted records mid-run after the ~2 GB runtime-tier build; up and
+    # reclaim prune the cache themselves
+    echo '{"features": {"containerd-snapshotter": true}, "builder": {"gc": {"enabled": false}}}' >"$E26_ROOT/daemon.json"
     log "starting dockerd 26 (containerd image store) on $E26_SOCK"
     # Debian 12's containerd and runc serve it; its own binaries come first on PATH.
     PATH=$E26_ROOT/usr/sbin:$E26_ROOT/usr/bin:$PATH setsid dockerd \
