@@ -1,0 +1,236 @@
+"""Before building: which GPUs the prebuilt wheels a recipe installs run on (issue 30, item 4).
+The rule over the data (compat.gpu_fit), the data against the real wheels this machine has, and
+the refusals of ``plan --gpu`` and of a recipe's ``gpus:``."""
+
+from __future__ import annotations
+
+import json
+import os
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from buildkit_py import compat
+from buildkit_py.analysis.kernels import read_kernels
+from buildkit_py.compat import gpu_fit
+from buildkit_py.compat.gpu_fit import Coverage, GpuSpec, PackageKernels, gpu_spec, gpus_rule, package_fit
+from buildkit_py.compat.tables import WheelLibrary
+from buildkit_py.errors import CompatibilityError, UsageError
+from buildkit_py.pipeline import plan_recipe
+from buildkit_py.recipe.model import load_recipe
+from tests.conftest import unavailable
+from tests.helpers import run_cli, write_recipe
+
+H100, B200, T4 = GpuSpec("H100", "9.0"), GpuSpec("B200", "10.0"), GpuSpec("T4", "7.5")
+
+
+# ---------------------------------------------------------------- the rule
+@pytest.mark.parametrize(("code", "gpu", "sass", "ptx"), [
+    ("8.0", "8.6", True, True),      # same major, lower minor: runs
+    ("8.6", "8.0", False, False),    # a higher minor never runs on a lower one
+    ("8.0", "9.0", False, True),     # SASS never crosses a major; PTX JITs upward
+    ("9.0a", "9.0", True, True),     # arch-specific: its own GPU
+    ("9.0a", "10.0", False, False),  # and no other
+    ("12.0", "10.0", False, False),
+])
+def test_sass_and_ptx_rules(code, gpu, sass, ptx):
+    assert gpu_fit.sass_runs(code, gpu) is sass
+    assert gpu_fit.ptx_jits(code, gpu) is ptx
+
+
+@pytest.mark.parametrize(("text", "name", "cc"), [
+    ("H100", "H100", "9.0"), ("rtx 5090", "RTX 5090", "12.0"), ("B200", "B200", "10.0"),
+    ("sm_90a", "sm_90", "9.0"), ("10.0", "sm_100", "10.0"), ("sm_120", "sm_120", "12.0"),
+])
+def test_gpu_spec(text, name, cc):
+    spec = gpu_spec(text)
+    assert (spec.name, spec.capability) == (name, cc)
+
+
+def test_gpu_spec_unknown_lists_the_known():
+    with pytest.raises(UsageError, match="unknown GPU") as exc:
+        gpu_spec("RTX 9999")
+    assert "H100" in (exc.value.hint or "")
+
+
+def _pk(*libs: tuple[tuple[str, ...], tuple[str, ...]], decides: bool = True) -> PackageKernels:
+    return PackageKernels("pkg", "1.0", "", tuple(WheelLibrary(f"lib{i}.so", s, p, decides)
+                                                  for i, (s, p) in enumerate(libs)), "test")
+
+
+def test_the_worst_library_decides():
+    fit = package_fit(_pk((("8.0", "9.0"), ()), (("8.0",), ())), H100)
+    assert (fit.coverage, fit.library, fit.archs) == (Coverage.NONE, "lib1.so", ("8.0",))
+
+
+def test_ptx_only_is_a_jit_not_a_refusal():
+    fit = package_fit(_pk((("8.0",), ("8.0",))), H100)
+    assert (fit.coverage, fit.using) == (Coverage.PTX, ("8.0",))
+
+
+def test_a_library_with_no_real_kernels_does_not_decide():
+    fit = package_fit(_pk((("7.5",), ()), decides=False), B200)
+    assert fit.coverage == Coverage.SASS
+
+
+def test_no_row_is_unknown_and_partial_never_a_refusal():
+    fit = gpu_fit.gpu_fit(B200, [PackageKernels("torch", "2.9.0", "cu128", None, None)])
+    assert fit.packages[0].coverage is None
+    assert fit.partial and fit.verdict == Coverage.SASS and fit.deciding is None
+
+
+# ---------------------------------------------------------------- the data
+@pytest.mark.parametrize(("version", "variant", "gpu", "coverage"), [
+    ("2.4.1", "cu121", H100, Coverage.SASS),
+    ("2.4.1", "cu124", B200, Coverage.NONE),   # TORCH_CUDA_ARCH_LIST ends at 9.0
+    ("2.0.1", "cu117", H100, Coverage.NONE),   # 9.0 only in the cu118 build
+    ("2.0.1", "cu118", H100, Coverage.SASS),
+    ("2.1.2", "cu118", GpuSpec("K80", "3.7"), Coverage.SASS),   # 3.7 kept for CUDA 11.8
+    ("2.1.2", "cu121", GpuSpec("K80", "3.7"), Coverage.NONE),
+    ("2.14.1", "cu130", B200, Coverage.SASS),
+    ("2.14.1", "cu130", T4, Coverage.NONE),    # libtorch_cuda_linalg.so starts at sm_80
+])
+def test_torch_rows(version, variant, gpu, coverage):
+    row = compat.wheel_kernels("torch", version, variant)
+    assert row is not None and row.source
+    fit = package_fit(PackageKernels("torch", version, variant, row.libraries, row.source), gpu)
+    assert fit.coverage == coverage
+
+
+def test_hint_names_another_variant_of_the_same_release_first():
+    row = compat.wheel_kernels("torch", "2.0.1", "cu117")
+    fit = gpu_fit.gpu_fit(H100, [PackageKernels("torch", "2.0.1", "cu117", row.libraries, row.source)])
+    assert fit.packages[0].hint == ("torch 2.0.1's cu118 build runs on H100 (compute capability 9.0): "
+                                    "use that CUDA variant")
+
+
+def test_hint_names_the_nearest_release_that_runs():
+    row = compat.wheel_kernels("torch", "2.4.1", "cu124")
+    fit = gpu_fit.gpu_fit(B200, [PackageKernels("torch", "2.4.1", "cu124", row.libraries, row.source)])
+    assert fit.packages[0].hint == ("the nearest torch release with a kernel for B200 (compute capability 10.0) "
+                                    "is 2.14.1 (cu130)")
+
+
+def test_every_torch_row_names_a_variant_torch_json_knows():
+    for row in compat.wheel_kernel_rows("torch"):
+        assert row.variant in compat.torch_release(row.version).variants
+
+
+CACHE = Path(os.environ.get("IMGBUILD_TEST_WHEEL_CACHE", "/var/cache/imgbuild-test/wheels"))
+
+
+@pytest.mark.parametrize(("wheel", "package", "version", "variant", "member"), [
+    ("torch-2.14.1-*.whl", "torch", "2.14.1", "cu130", "torch/lib/libtorch_cuda_linalg.so"),
+    ("bitsandbytes-0.50.2-*.whl", "bitsandbytes", "0.50.2", "cu128", "bitsandbytes/libbitsandbytes_cuda128.so"),
+    ("nvidia_cublas-13.1.1.3-*.whl", "nvidia-cublas", "13.1.1.3", "", "nvidia/cu13/lib/libcublasLt.so.13"),
+    ("nvidia_nccl_cu13-2.30.7-*.whl", "nvidia-nccl-cu13", "2.30.7", "", "nvidia/nccl/lib/libnccl.so.2"),
+])
+def test_rows_match_the_real_wheels(wheel, package, version, variant, member):
+    """A row says what the wheel's own fat binaries say (the wheels test_kernels_cuobjdump keeps)."""
+    found = sorted(CACHE.glob(wheel))
+    if not found:
+        unavailable(f"no {wheel} in {CACHE} (tests/test_kernels_cuobjdump.py downloads it)")
+    with zipfile.ZipFile(found[0]) as zf:
+        kernels = read_kernels(zf.read(member), member)
+    assert kernels is not None
+    row = compat.wheel_kernels(package, version, variant)
+    assert row is not None
+    lib = next(x for x in row.libraries if x.path == member)
+    assert lib.sass == tuple(sorted({f"{a.capability}{'a' if a.specific else ''}" for a in kernels.sass_archs()},
+                                    key=compat.arch_key))
+    assert lib.ptx == tuple(sorted({f"{a.capability}{'a' if a.specific else ''}" for a, _ in kernels.ptx()},
+                                   key=compat.arch_key))
+
+
+# ---------------------------------------------------------------- recipes: gpus: and plan --gpu
+RECIPE = """\
+name: t/gpus
+cuda: {{version: "12.4.1", flavor: runtime, source: wheels}}
+base: {{image: "ubuntu:22.04"}}
+python: "3.11"
+torch: "2.4.1"
+{extra}"""
+
+
+def test_recipe_gpus_are_refused_at_their_key(tmp_path):
+    path = write_recipe(tmp_path, RECIPE.format(extra="gpus: [H100, B200]\n"))
+    with pytest.raises(CompatibilityError) as exc:
+        plan_recipe(path, offline=True)
+    err = exc.value
+    assert (err.key, err.line, err.component, err.version) == ("gpus[1]", 6, "torch", "2.4.1 (cu124)")
+    assert "no kernel for B200" in err.reason and "SASS 5.0, 6.0, 7.0, 7.5, 8.0, 8.6, 9.0" in err.reason
+    assert err.hint == "the nearest torch release with a kernel for B200 (compute capability 10.0) is 2.14.1 (cu130)"
+
+
+def test_recipe_gpus_that_run_plan_and_change_the_digest(tmp_path):
+    plain = load_recipe(write_recipe(tmp_path / "a", RECIPE.format(extra="")))
+    targeted = write_recipe(tmp_path / "b", RECIPE.format(extra="gpus: [H100, sm_80]\n"))
+    plan = plan_recipe(targeted, offline=True)
+    assert plan.recipe.gpus == ("H100", "sm_80")
+    assert plan.recipe.digest != plain.digest
+    assert "gpus" not in plain.normalized()  # recipes without it keep their digest
+
+
+def test_unknown_gpu_in_a_recipe_is_an_error_at_its_line(tmp_path):
+    path = write_recipe(tmp_path, RECIPE.format(extra="gpus:\n  - H100\n  - RTX 9999\n"))
+    with pytest.raises(CompatibilityError) as exc:
+        plan_recipe(path, offline=True)
+    assert (exc.value.key, exc.value.line) == ("gpus[1]", 8)
+    assert "H100" in (exc.value.hint or "")
+
+
+def test_empty_gpus_is_a_schema_error(tmp_path):
+    code, _, err = run_cli("plan", str(write_recipe(tmp_path, RECIPE.format(extra="gpus: []\n"))))
+    assert code == 2 and "gpus" in err
+
+
+def test_flash_attn_release_wheel_without_sm100_is_refused_with_the_release_that_has_it(tmp_path):
+    path = write_recipe(tmp_path, RECIPE.format(extra="pip: [flash-attn==2.6.3]\n"))
+    plan = plan_recipe(path, offline=True)
+    with pytest.raises(CompatibilityError) as exc:
+        gpus_rule(plan.recipe, plan.resolution, [("--gpu", "H100"), ("--gpu", "B200")])
+    errors = getattr(exc.value, "errors", [exc.value])
+    by = {e.component: e for e in errors}
+    assert set(by) == {"torch", "flash-attn"}
+    assert by["flash-attn"].hint == ("flash-attn 2.7.4.post1 compiles SASS for B200 (compute capability 10.0) "
+                                     "with nvcc >=12.8: pin it with that CUDA")
+
+
+def test_cli_plan_gpu_refuses_with_exit_2(tmp_path):
+    path = write_recipe(tmp_path, RECIPE.format(extra=""))
+    code, _, err = run_cli("plan", str(path), "--gpu", "B200")
+    assert code == 2
+    assert "torch 2.4.1 (cu124) conflicts with gpu B200 (compute capability 10.0)" in err
+    assert "hint: the nearest torch release with a kernel for B200" in err
+
+
+def test_cli_plan_gpu_json(tmp_path):
+    path = write_recipe(tmp_path, RECIPE.format(extra="gpus: [L4]\n"))
+    code, out, _ = run_cli("plan", str(path), "--gpu", "sm_90", "--json")
+    assert code == 0
+    data = json.loads(out)
+    assert [g["gpu"] for g in data["gpus"]] == ["L4", "sm_90"]
+    assert all(g["verdict"] == "sass" and g["runs"] for g in data["gpus"])
+    torch = next(p for p in data["gpus"][1]["packages"] if p["package"] == "torch")
+    assert (torch["coverage"], torch["using"]) == ("sass", ["9.0"])
+
+
+def test_cli_plan_gpu_unknown_row_is_partial_not_refused(tmp_path):
+    """torch 2.9.0: its build script is in pytorch/pytorch, not read here, and no wheel was read."""
+    path = write_recipe(tmp_path, RECIPE.format(extra="").replace('"12.4.1"', '"12.8.1"').replace(
+        '"2.4.1"', '"2.9.0"'))
+    code, out, _ = run_cli("plan", str(path), "--gpu", "B200", "--json")
+    assert code == 0, out
+    data = json.loads(out)
+    assert data["gpus_partial"] is True and data["gpus"][0]["partial"] is True
+    torch = next(p for p in data["gpus"][0]["packages"] if p["package"] == "torch")
+    assert torch["coverage"] == "unknown"
+    assert any(w["code"] == "gpu-kernels-unknown" and "torch 2.9.0" in w["message"] for w in data["warnings"])
+
+
+def test_cli_plan_gpu_text_shows_each_gpu(tmp_path):
+    path = write_recipe(tmp_path, RECIPE.format(extra=""))
+    code, out, _ = run_cli("plan", str(path), "--gpu", "H100")
+    assert code == 0
+    assert "  gpu       H100 (compute capability 9.0): sass" in out
