@@ -10,6 +10,8 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from conftest import unavailable
+from helpers import run_cli, write_recipe
 
 from buildkit_py import compat
 from buildkit_py.analysis.kernels import read_kernels
@@ -19,8 +21,6 @@ from buildkit_py.compat.tables import WheelLibrary
 from buildkit_py.errors import CompatibilityError, UsageError
 from buildkit_py.pipeline import plan_recipe
 from buildkit_py.recipe.model import load_recipe
-from tests.conftest import unavailable
-from tests.helpers import run_cli, write_recipe
 
 H100, B200, T4 = GpuSpec("H100", "9.0"), GpuSpec("B200", "10.0"), GpuSpec("T4", "7.5")
 
@@ -105,11 +105,17 @@ def test_hint_names_another_variant_of_the_same_release_first():
                                     "use that CUDA variant")
 
 
+def test_hint_prefers_the_newest_variant_of_the_nearest_release():
+    row = compat.wheel_kernels("torch", "2.14.1", "cu130")
+    fit = gpu_fit.gpu_fit(T4, [PackageKernels("torch", "2.14.1", "cu130", row.libraries, row.source)])
+    assert fit.packages[0].hint.endswith("is 2.5.1 (cu124)")
+
+
 def test_hint_names_the_nearest_release_that_runs():
     row = compat.wheel_kernels("torch", "2.4.1", "cu124")
     fit = gpu_fit.gpu_fit(B200, [PackageKernels("torch", "2.4.1", "cu124", row.libraries, row.source)])
-    assert fit.packages[0].hint == ("the nearest torch release with a kernel for B200 (compute capability 10.0) "
-                                    "is 2.14.1 (cu130)")
+    assert fit.packages[0].hint == ("the nearest torch release imgbuild's data records with a kernel for B200 "
+                                    "(compute capability 10.0) is 2.14.1 (cu130)")
 
 
 def test_every_torch_row_names_a_variant_torch_json_knows():
@@ -160,7 +166,8 @@ def test_recipe_gpus_are_refused_at_their_key(tmp_path):
     err = exc.value
     assert (err.key, err.line, err.component, err.version) == ("gpus[1]", 6, "torch", "2.4.1 (cu124)")
     assert "no kernel for B200" in err.reason and "SASS 5.0, 6.0, 7.0, 7.5, 8.0, 8.6, 9.0" in err.reason
-    assert err.hint == "the nearest torch release with a kernel for B200 (compute capability 10.0) is 2.14.1 (cu130)"
+    assert err.hint == ("the nearest torch release imgbuild's data records with a kernel for B200 "
+                        "(compute capability 10.0) is 2.14.1 (cu130)")
 
 
 def test_recipe_gpus_that_run_plan_and_change_the_digest(tmp_path):
@@ -202,7 +209,7 @@ def test_cli_plan_gpu_refuses_with_exit_2(tmp_path):
     code, _, err = run_cli("plan", str(path), "--gpu", "B200")
     assert code == 2
     assert "torch 2.4.1 (cu124) conflicts with gpu B200 (compute capability 10.0)" in err
-    assert "hint: the nearest torch release with a kernel for B200" in err
+    assert "hint: the nearest torch release imgbuild's data records with a kernel for B200" in err
 
 
 def test_cli_plan_gpu_json(tmp_path):
@@ -234,3 +241,44 @@ def test_cli_plan_gpu_text_shows_each_gpu(tmp_path):
     code, out, _ = run_cli("plan", str(path), "--gpu", "H100")
     assert code == 0
     assert "  gpu       H100 (compute capability 9.0): sass" in out
+
+
+# ---------------------------------------------------------------- the label and the image tests
+def test_the_label_records_the_gpus_as_nvidia_names_them(tmp_path):
+    from buildkit_py.plan.labels import static_labels
+
+    path = write_recipe(tmp_path, RECIPE.format(extra="gpus: [h100, sm_80]\n"))
+    plan = plan_recipe(path, offline=True)
+    assert static_labels(plan.recipe, plan.resolution)["io.imgbuild.gpus"] == "H100;sm_80"
+
+
+def test_no_gpus_no_label(tmp_path):
+    from buildkit_py.plan.labels import static_labels
+
+    plan = plan_recipe(write_recipe(tmp_path, RECIPE.format(extra="")), offline=True)
+    assert "io.imgbuild.gpus" not in static_labels(plan.recipe, plan.resolution)
+
+
+def _lib(path: str, *entries: bytes):
+    from fatbin_bytes import elf, fatbin
+
+    k = read_kernels(elf({".nv_fatbin": fatbin(*entries)}), path)
+    assert k is not None
+    return k
+
+
+def test_gpus_label_checked_against_the_image_kernels():
+    from fatbin_bytes import PTX, SASS, entry
+
+    from buildkit_py.analysis.image_checks import gpus_label_checks
+
+    big = b"k" * 8192
+    files = [_lib("/venv/torch/lib/libtorch_cuda.so", entry(SASS, 80, payload=big), entry(SASS, 90, payload=big)),
+             _lib("/venv/x/libx.so", entry(SASS, 90, payload=big), entry(PTX, 80, version=(8, 0), payload=big))]
+    results = {r.name: r for r in gpus_label_checks("H100;A100;B200;nonsense", files)}
+    assert results["label io.imgbuild.gpus: H100"].status == "passed"
+    a100 = results["label io.imgbuild.gpus: A100"]
+    assert a100.status == "passed" and "PTX JIT" in a100.detail  # libx runs there only through its PTX
+    b200 = results["label io.imgbuild.gpus: B200"]
+    assert b200.status == "failed" and "libtorch_cuda.so" in b200.detail
+    assert results["label io.imgbuild.gpus: nonsense"].status == "failed"

@@ -238,9 +238,10 @@ def nearest_hint(kernels: PackageKernels, gpu: GpuSpec) -> str | None:
     if not rows:
         return f"no {kernels.package} build imgbuild's data records runs on {gpu.label}"
     best = min(rows, key=lambda r: (_distance(r.version, kernels.version), -_as_number(r.version),
-                                    r.variant != kernels.variant))
+                                    r.variant != kernels.variant, -int(r.variant[2:] or 0)))
     variant = f" ({best.variant})" if best.variant else ""
-    return f"the nearest {kernels.package} release with a kernel for {gpu.label} is {best.version}{variant}"
+    return (f"the nearest {kernels.package} release imgbuild's data records with a kernel for {gpu.label} is "
+            f"{best.version}{variant}")
 
 
 # --------------------------------------------------------------------------- what a recipe installs
@@ -248,12 +249,13 @@ def nearest_hint(kernels: PackageKernels, gpu: GpuSpec) -> str | None:
 
 def recipe_kernels(recipe: Recipe, res: Resolution) -> tuple[PackageKernels, ...]:
     """The packages of a resolved recipe that carry CUDA kernels: torch (its CUDA variant), the
-    nvidia-* wheels torch's index build and the flavor bring, flash-attn (its release wheel, or
+    nvidia-* wheels torch's index build, the flavor and the recipe's pins bring, flash-attn (its release wheel, or
     what the compile stage builds) and bitsandbytes (its library for torch's CUDA)."""
     out: list[PackageKernels] = []
     if res.torch:
         out.append(_recorded("torch", res.torch, res.torch_variant or ""))
-    out += [_recorded(name, version) for name, version in sorted(_nvidia_pins(res).items())]
+    nvidia = _nvidia_pins(res) | {n: v for n, v in _pins(recipe) if n.startswith("nvidia-")}
+    out += [_recorded(name, version) for name, version in sorted(nvidia.items())]
     for name, version in _pins(recipe):
         if name == "flash-attn":
             out.append(_flash_attn(version, res))
