@@ -98,24 +98,19 @@ def test_torch_rows(version, variant, gpu, coverage):
     assert fit.coverage == coverage
 
 
-def test_hint_names_another_variant_of_the_same_release_first():
-    row = compat.wheel_kernels("torch", "2.0.1", "cu117")
-    fit = gpu_fit.gpu_fit(H100, [PackageKernels("torch", "2.0.1", "cu117", row.libraries, row.source)])
-    assert fit.packages[0].hint == ("torch 2.0.1's cu118 build runs on H100 (compute capability 9.0): "
-                                    "use that CUDA variant")
-
-
-def test_hint_prefers_the_newest_variant_of_the_nearest_release():
-    row = compat.wheel_kernels("torch", "2.14.1", "cu130")
-    fit = gpu_fit.gpu_fit(T4, [PackageKernels("torch", "2.14.1", "cu130", row.libraries, row.source)])
-    assert fit.packages[0].hint.endswith("is 2.5.1 (cu124)")
-
-
-def test_hint_names_the_nearest_release_that_runs():
-    row = compat.wheel_kernels("torch", "2.4.1", "cu124")
-    fit = gpu_fit.gpu_fit(B200, [PackageKernels("torch", "2.4.1", "cu124", row.libraries, row.source)])
-    assert fit.packages[0].hint == ("the nearest torch release imgbuild's data records with a kernel for B200 "
-                                    "(compute capability 10.0) is 2.14.1 (cu130)")
+@pytest.mark.parametrize(("version", "variant", "gpu", "hint"), [
+    # another CUDA variant of the same release first
+    ("2.0.1", "cu117", H100, "torch 2.0.1's cu118 build runs on H100 (compute capability 9.0): use that CUDA variant"),
+    # else the nearest release recorded, its newest variant that runs
+    ("2.4.1", "cu124", B200, "the nearest torch release imgbuild's data records with a kernel for B200 "
+                             "(compute capability 10.0) is 2.14.1 (cu130)"),
+    ("2.14.1", "cu130", T4, "the nearest torch release imgbuild's data records with a kernel for T4 "
+                            "(compute capability 7.5) is 2.5.1 (cu124)"),
+])
+def test_hint_for_a_torch_without_a_kernel(version, variant, gpu, hint):
+    row = compat.wheel_kernels("torch", version, variant)
+    fit = gpu_fit.gpu_fit(gpu, [PackageKernels("torch", version, variant, row.libraries, row.source)])
+    assert fit.packages[0].hint == hint
 
 
 def test_every_torch_row_names_a_variant_torch_json_knows():
