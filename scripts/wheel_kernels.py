@@ -12,8 +12,9 @@ did not read from a wheel (torch releases known from PyTorch's build scripts) ar
 are; a row read from a wheel replaces the row of the same package, version and variant.
 
 Variants: torch's is the CUDA build of the index's wheel (torch.json ``pypi_variant``);
-bitsandbytes ships one library per CUDA (libbitsandbytes_cuda130.so) and loads torch's: one row
-per library, variant ``cu130``; nvidia-* wheels have none.
+bitsandbytes ships one library per CUDA (libbitsandbytes_cuda130.so, before 0.44 with a
+_nocublaslt build beside it) and loads torch's: one row per CUDA, variant ``cu130``; nvidia-*
+wheels have none.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from buildkit_py.analysis.gpu_coverage import TRIVIAL_BYTES  # noqa: E402
 from buildkit_py.analysis.kernels import FileKernels, read_kernels  # noqa: E402
 
 OUT = ROOT / "buildkit_py" / "compat" / "data" / "wheel_kernels.json"
-_BNB = re.compile(r"libbitsandbytes_cuda(\d+)\.so$")
+_BNB = re.compile(r"libbitsandbytes_cuda(\d+)(?:_nocublaslt)?\.so$")
 
 
 def wheel_name(path: Path) -> tuple[str, str]:
@@ -70,10 +71,13 @@ def rows_of(path: Path, today: str) -> list[dict]:
     name, version = wheel_name(path)
     libs = read_wheel(path)
     source = f"{path.name}: the fat binaries of its ELF files, read by scripts/wheel_kernels.py"
-    if name == "bitsandbytes":
-        return [{"package": name, "version": version, "variant": f"cu{m[1]}", "libraries": [lib],
-                 "source": source, "read": today}
-                for member, lib in libs if (m := _BNB.search(member))]
+    if name == "bitsandbytes":  # before 0.44 a _nocublaslt build beside each: both go in its CUDA's row
+        by_cuda: dict[str, list[dict]] = {}
+        for member, lib in libs:
+            if m := _BNB.search(member):
+                by_cuda.setdefault(f"cu{m[1]}", []).append(lib)
+        return [{"package": name, "version": version, "variant": cu, "libraries": found, "source": source,
+                 "read": today} for cu, found in by_cuda.items()]
     variant = ""
     if name == "torch":
         variant = compat.torch_release(version).pypi_variant or ""

@@ -113,6 +113,18 @@ def test_hint_for_a_torch_without_a_kernel(version, variant, gpu, hint):
     assert fit.packages[0].hint == hint
 
 
+def test_bitsandbytes_without_sm90_for_torchs_cuda_is_refused_with_a_release_that_has_it(tmp_path):
+    """bitsandbytes 0.43.3's CUDA 11.8 build stops at sm_89 (read from its wheel); 0.45.5's has sm_90."""
+    text = RECIPE.format(extra="pip: [bitsandbytes==0.43.3]\n").replace('"12.4.1"', '"11.8.0"')
+    plan = plan_recipe(write_recipe(tmp_path, text), offline=True)
+    assert plan.resolution.torch_variant == "cu118"
+    with pytest.raises(CompatibilityError) as exc:
+        gpus_rule(plan.recipe, plan.resolution, [("--gpu", "H100")])
+    assert (exc.value.component, exc.value.version) == ("bitsandbytes", "0.43.3 (cu118)")
+    assert exc.value.hint == ("the nearest bitsandbytes release imgbuild's data records with a kernel for H100 "
+                              "(compute capability 9.0) is 0.45.5 (cu118)")
+
+
 def test_every_torch_row_names_a_variant_torch_json_knows():
     for row in compat.wheel_kernel_rows("torch"):
         assert row.variant in compat.torch_release(row.version).variants

@@ -231,6 +231,8 @@ def nearest_hint(kernels: PackageKernels, gpu: GpuSpec) -> str | None:
         return _flash_attn_hint(kernels, gpu)
     rows = [r for r in tables.wheel_kernel_rows(kernels.package)
             if runs_on(PackageKernels(r.package, r.version, r.variant, r.libraries, r.source), gpu)]
+    if kernels.package == "bitsandbytes":  # its library follows torch's CUDA: a release with that build
+        rows = [r for r in rows if r.variant == kernels.variant] or rows
     same = [r for r in rows if r.version == kernels.version]
     if same:
         return (f"{kernels.package} {kernels.version}'s {same[0].variant} build runs on {gpu.label}: "
