@@ -289,3 +289,19 @@ def test_gpus_label_checked_against_the_image_kernels():
     b200 = results["label io.imgbuild.gpus: B200"]
     assert b200.status == "failed" and "libtorch_cuda.so" in b200.detail
     assert results["label io.imgbuild.gpus: nonsense"].status == "failed"
+
+
+def test_a_matrix_drops_the_variants_whose_torch_has_no_kernel_for_its_gpus(tmp_path):
+    """torch 2.0.1: its cu117 build stops at sm_86, its cu118 build has sm_90."""
+    from buildkit_py.pipeline import load_matrix
+
+    text = RECIPE.format(extra='gpus: [H100]\nmatrix:\n  cuda.version: ["11.7", "11.8"]\n')
+    path = write_recipe(tmp_path, text.replace('"2.4.1"', '"2.0.1"').replace('"12.4.1"', '"11.8.0"'))
+    matrix = load_matrix(path, offline=True)
+    assert [v.values["cuda.version"] for v in matrix.variants] == ["11.8"]
+    [dropped] = matrix.dropped
+    assert dropped.values["cuda.version"] == "11.7"
+    assert (dropped.error.key, dropped.error.component, dropped.error.version) == ("gpus[0]", "torch",
+                                                                                   "2.0.1 (cu117)")
+    assert dropped.error.hint == ("torch 2.0.1's cu118 build runs on H100 (compute capability 9.0): "
+                                  "use that CUDA variant")
