@@ -90,6 +90,9 @@ def test_no_row_is_unknown_and_partial_never_a_refusal():
     ("2.1.2", "cu121", GpuSpec("K80", "3.7"), Coverage.NONE),
     ("2.14.1", "cu130", B200, Coverage.SASS),
     ("2.14.1", "cu130", T4, Coverage.NONE),    # libtorch_cuda_linalg.so starts at sm_80
+    ("2.15.0", "cu132", T4, Coverage.SASS),
+    ("2.8.0", "cu128", GpuSpec("RTX 5090", "12.0"), Coverage.SASS),  # the first PyPI build with Blackwell
+    ("2.7.1", "cu126", GpuSpec("RTX 5090", "12.0"), Coverage.NONE),
 ])
 def test_torch_rows(version, variant, gpu, coverage):
     row = compat.wheel_kernels("torch", version, variant)
@@ -103,9 +106,12 @@ def test_torch_rows(version, variant, gpu, coverage):
     ("2.0.1", "cu117", H100, "torch 2.0.1's cu118 build runs on H100 (compute capability 9.0): use that CUDA variant"),
     # else the nearest release recorded, its newest variant that runs
     ("2.4.1", "cu124", B200, "the nearest torch release imgbuild's data records with a kernel for B200 "
-                             "(compute capability 10.0) is 2.14.1 (cu130)"),
+                             "(compute capability 10.0) is 2.8.0 (cu128)"),
+    # 2.11-2.14's libtorch_cuda_linalg.so (cu130) starts at sm_80; 2.15.0's (cu132) has sm_75 again
     ("2.14.1", "cu130", T4, "the nearest torch release imgbuild's data records with a kernel for T4 "
-                            "(compute capability 7.5) is 2.5.1 (cu124)"),
+                            "(compute capability 7.5) is 2.15.0 (cu132)"),
+    ("2.10.0", "cu128", GpuSpec("P100", "6.0"), "the nearest torch release imgbuild's data records with a kernel "
+                                                "for P100 (compute capability 6.0) is 2.7.1 (cu126)"),
 ])
 def test_hint_for_a_torch_without_a_kernel(version, variant, gpu, hint):
     row = compat.wheel_kernels("torch", version, variant)
@@ -174,7 +180,7 @@ def test_recipe_gpus_are_refused_at_their_key(tmp_path):
     assert (err.key, err.line, err.component, err.version) == ("gpus[1]", 6, "torch", "2.4.1 (cu124)")
     assert "no kernel for B200" in err.reason and "SASS 5.0, 6.0, 7.0, 7.5, 8.0, 8.6, 9.0" in err.reason
     assert err.hint == ("the nearest torch release imgbuild's data records with a kernel for B200 "
-                        "(compute capability 10.0) is 2.14.1 (cu130)")
+                        "(compute capability 10.0) is 2.8.0 (cu128)")
 
 
 def test_recipe_gpus_that_run_plan_and_change_the_digest(tmp_path):
