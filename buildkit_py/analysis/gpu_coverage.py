@@ -35,9 +35,6 @@ TRIVIAL_BYTES = 4096  # inflated bytes of device code below which a library's fa
 LARGE_JIT_BYTES = 8 << 20  # PTX past this takes minutes to JIT-compile at first start
 
 
-_RANK = {Coverage.SASS: 0, Coverage.PTX: 1, Coverage.NONE: 2}
-
-
 @dataclass(frozen=True)
 class GpuTarget:
     name: str  # "H100", or the sm_XY given
@@ -224,7 +221,7 @@ def gpu_report(image: str, gpu: GpuTarget, files: Iterable[FileKernels],
                unreadable: Iterable[tuple[str, str]] = ()) -> GpuReport:
     libs = tuple(library_coverage(k, gpu.capability) for k in sorted(files, key=lambda k: k.path) if k.runnable)
     deciding = [x for x in libs if x.decides]
-    worst = max(deciding, key=lambda x: (_RANK[x.coverage], x.ptx_bytes), default=None)
+    worst = max(deciding, key=lambda x: (x.coverage.rank, x.ptx_bytes), default=None)
     if worst is None or worst.coverage == Coverage.SASS:  # every library alike: none decides
         return GpuReport(image, gpu, Coverage.SASS, None, libs, tuple(sorted(unreadable)))
     return GpuReport(image, gpu, worst.coverage, worst.path, libs, tuple(sorted(unreadable)))
