@@ -17,6 +17,7 @@ PYTHON_VERSION = PREFIX + "python.version"
 INSTALLER = PREFIX + "installer"  # what installed the Python packages: "uv 0.13.9" or "pip"
 OS = PREFIX + "os"  # lets an image built on this one know its OS without pulling it
 CUDA_ARCH = PREFIX + "cuda.arch"
+GPUS = PREFIX + "gpus"  # the GPUs the recipe targets (gpus:), ";"-separated: the image tests check each
 RECIPE_DIGEST = PREFIX + "recipe.digest"
 WEIGHTS = PREFIX + "weights"
 # annotations of an SBOM attached as a referrer (analysis/sbom.py), not image labels

@@ -351,6 +351,11 @@ def test_bitsandbytes_cuda_list_is_validated(monkeypatch, tmp_path):
 
 
 # ---------------------------------------------------------------- invariants on broken data
+def _torch_row(obj: dict) -> dict:
+    """wheel_kernels.json's first torch row (1.13.0, cu116)."""
+    return next(r for r in obj["rows"] if r["package"] == "torch")
+
+
 def _with_data(monkeypatch, tmp_path, name: str, mutate):
     """Serve a mutated copy of one data file to the loaders."""
     from importlib import resources
@@ -463,6 +468,11 @@ def _set_tk(version, key, value):
     ("images.json", _set_img("12.3.2", "cudnn_tag", "cudnn8"), "another cuDNN major"),
     ("images.json", _set_img("12.4.1", "os", {"ubuntu2204": ["9"]}), "not an OS of nvidia/cuda tags"),
     ("images.json", _set_img("12.4.1", "os", {}), "images.json"),
+    ("wheel_kernels.json", lambda o: o["rows"].append(o["rows"][0]), "listed twice"),
+    ("wheel_kernels.json", lambda o: o["rows"][0]["libraries"][0]["sass"].reverse(), "ascending and distinct"),
+    ("wheel_kernels.json", lambda o: _torch_row(o).__setitem__("variant", "cu130"), "no 'cu130' build"),
+    ("wheel_kernels.json", lambda o: _torch_row(o).__setitem__("version", "0.9.9"), "torch.json does not know"),
+    ("wheel_kernels.json", lambda o: o["rows"][0]["libraries"][0]["ptx"].append("9.0+PTX"), "wheel_kernels.json"),
 ])
 def test_invariants(monkeypatch, tmp_path, name, mutate, match):
     _with_data(monkeypatch, tmp_path, name, mutate)

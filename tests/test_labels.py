@@ -30,6 +30,7 @@ def test_the_label_names_are_the_published_contract():
         "DRIVER_MIN_COMPAT": "io.imgbuild.cuda.driver.min-compat", "CUDNN_VERSION": "io.imgbuild.cudnn.version",
         "TORCH_VERSION": "io.imgbuild.torch.version", "PYTHON_VERSION": "io.imgbuild.python.version",
         "INSTALLER": "io.imgbuild.installer", "OS": "io.imgbuild.os", "CUDA_ARCH": "io.imgbuild.cuda.arch",
+        "GPUS": "io.imgbuild.gpus",
         "RECIPE_DIGEST": "io.imgbuild.recipe.digest", "WEIGHTS": "io.imgbuild.weights",
         "SBOM": "io.imgbuild.sbom", "SBOM_PLATFORM": "io.imgbuild.sbom.platform",
         "OCI_PREFIX": "org.opencontainers.image.",

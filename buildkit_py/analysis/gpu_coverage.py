@@ -21,9 +21,10 @@ from typing import TYPE_CHECKING, Any
 
 from buildkit_py import compat
 from buildkit_py.analysis.kernels import Arch, CodeKind, FatbinEntry, FileKernels
-from buildkit_py.errors import ImageMissing, UsageError
+from buildkit_py.compat import gpu_fit
+from buildkit_py.compat.gpu_fit import Coverage, gpu_spec
+from buildkit_py.errors import ImageMissing
 from buildkit_py.sizes import human_size
-from buildkit_py.text_enum import TextEnum
 from buildkit_py.text_table import TextTable
 
 if TYPE_CHECKING:
@@ -32,21 +33,6 @@ if TYPE_CHECKING:
 
 TRIVIAL_BYTES = 4096  # inflated bytes of device code below which a library's fat binaries hold no real kernels
 LARGE_JIT_BYTES = 8 << 20  # PTX past this takes minutes to JIT-compile at first start
-
-
-class Coverage(TextEnum):
-    """How a GPU gets a library's kernels, best first."""
-
-    SASS = "sass"  # machine code for this GPU: runs as it is
-    PTX = "ptx-jit"  # only PTX: the driver compiles it at first use
-    NONE = "no-kernel"  # "no kernel image is available for execution on the device"
-
-    @property
-    def runs(self) -> bool:
-        return self is not Coverage.NONE
-
-
-_RANK = {Coverage.SASS: 0, Coverage.PTX: 1, Coverage.NONE: 2}
 
 
 @dataclass(frozen=True)
@@ -61,31 +47,24 @@ class GpuTarget:
 
 
 def resolve_gpu(text: str) -> GpuTarget:
-    """``H100``, ``rtx 5090``, ``sm_90``, ``sm_90a`` or ``9.0`` -> the GPU's compute capability.
-    Raises UsageError, listing the known names, for anything else."""
-    spec = text.strip()
-    m = re.fullmatch(r"(?:sm_?)?(\d{1,2})(\d)[af]?|(\d{1,2})\.(\d)", spec, re.IGNORECASE)
-    if m and (spec.lower().startswith("sm") or "." in spec):
-        major, minor = (m[1], m[2]) if m[1] else (m[3], m[4])
-        return GpuTarget(f"sm_{major}{minor}", Arch(int(major), int(minor)))
-    gpu = compat.gpu_named(spec)
-    if gpu is None:
-        known = ", ".join(g.name for g in compat.gpus())
-        raise UsageError(f"unknown GPU {text!r}", hint=f"give one of {known}, or its compute capability as sm_XY")
-    major, minor = gpu.capability.split(".")
-    return GpuTarget(gpu.name, Arch(int(major), int(minor)), gpu.source)
+    """``H100``, ``rtx 5090``, ``sm_90``, ``sm_90a`` or ``9.0`` -> the GPU's compute capability
+    (compat.gpu_fit.gpu_spec). Raises UsageError, listing the known names, for anything else."""
+    spec = gpu_spec(text)
+    major, minor = spec.capability.split(".")
+    return GpuTarget(spec.name, Arch(int(major), int(minor)), spec.source)
 
 
 def sass_runs(code: Arch, gpu: Arch) -> bool:
-    if code.specific:
-        return (code.major, code.minor) == (gpu.major, gpu.minor)
-    return compat.sass_runs_on(code.capability, gpu.capability)
+    return gpu_fit.sass_runs(_spelled(code), gpu.capability)
 
 
 def ptx_jits(code: Arch, gpu: Arch) -> bool:
-    if code.specific:
-        return (code.major, code.minor) == (gpu.major, gpu.minor)
-    return (code.major, code.minor) <= (gpu.major, gpu.minor)
+    return gpu_fit.ptx_jits(_spelled(code), gpu.capability)
+
+
+def _spelled(code: Arch) -> str:
+    """9.0a: the data's spelling of an architecture (compat.gpu_fit decides on it)."""
+    return f"{code.capability}{'a' if code.specific else ''}"
 
 
 @dataclass(frozen=True)
@@ -242,7 +221,7 @@ def gpu_report(image: str, gpu: GpuTarget, files: Iterable[FileKernels],
                unreadable: Iterable[tuple[str, str]] = ()) -> GpuReport:
     libs = tuple(library_coverage(k, gpu.capability) for k in sorted(files, key=lambda k: k.path) if k.runnable)
     deciding = [x for x in libs if x.decides]
-    worst = max(deciding, key=lambda x: (_RANK[x.coverage], x.ptx_bytes), default=None)
+    worst = max(deciding, key=lambda x: (x.coverage.rank, x.ptx_bytes), default=None)
     if worst is None or worst.coverage == Coverage.SASS:  # every library alike: none decides
         return GpuReport(image, gpu, Coverage.SASS, None, libs, tuple(sorted(unreadable)))
     return GpuReport(image, gpu, worst.coverage, worst.path, libs, tuple(sorted(unreadable)))

@@ -16,20 +16,22 @@ from __future__ import annotations
 import json
 import re
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any
 
 from buildkit_py import compat
 from buildkit_py import label_keys as K
+from buildkit_py.analysis.gpu_coverage import gpu_report, loaded_alternatives, read_image_kernels, resolve_gpu
 from buildkit_py.compat.cudnn_source import is_cudnn_wheel
 from buildkit_py.engine.run import ContainerExit, RunSpec, run_container
-from buildkit_py.errors import ImageFactsUnreadable, ImageTestFailed, InspectError
+from buildkit_py.errors import ImageFactsUnreadable, ImageTestFailed, InspectError, UsageError
 from buildkit_py.plan import labels as L
 from buildkit_py.recipe.model import Recipe, TestSpec, pin_name
 
 if TYPE_CHECKING:
+    from buildkit_py.analysis.kernels import FileKernels
     from buildkit_py.engine.base import Engine
 
 EventSink = Callable[[str], None]
@@ -277,6 +279,7 @@ def label_checks(labels: Mapping[str, str], facts: ImageFacts, recipe: Recipe | 
     _library_labels(v, facts)
     _recipe_labels(v, facts, recipe)
     known = {r.name.removeprefix("label ") for r in v.results}
+    known.add(K.GPUS)  # checked against the image's kernels, not its facts: gpus_label_checks
     for label in sorted(set(v.labels) - known):
         v.skip(label, "imgbuild has no check of this label against the image's content")
     return v.results
@@ -387,6 +390,27 @@ def _recipe_labels(v: _Verdicts, facts: ImageFacts, recipe: Recipe | None) -> No
     if K.CUDA_ARCH in v.labels:
         v.skip(K.CUDA_ARCH, "the GPU architectures compiled into extensions: reading them back needs cuobjdump, "
                             "which imgbuild does not run")
+
+
+def gpus_label_checks(label: str, files: Iterable[FileKernels], unreadable: Iterable[tuple[str, str]] = (),
+                      cuda: str | None = None) -> list[TestResult]:
+    """io.imgbuild.gpus against the kernels read from the image (gpu_coverage): one test per GPU
+    it names, passed when every CUDA library has SASS that runs on it or PTX the driver JITs (said
+    in the detail), failed with the library that has no kernel for it. ``cuda``: the image's CUDA
+    (its label), so that of per-CUDA builds side by side only the one loaded counts."""
+    files = loaded_alternatives(files, cuda)
+    results = []
+    for name in (n.strip() for n in label.split(";") if n.strip()):
+        test = f"label {K.GPUS}: {name}"
+        try:
+            gpu = resolve_gpu(name)
+        except UsageError as exc:
+            results.append(TestResult(test, "label", "failed", f"the label names {exc.message}"))
+            continue
+        report = gpu_report("", gpu, files, unreadable)
+        detail = report.message() + (f" ({len(report.unreadable)} file(s) unreadable)" if report.unreadable else "")
+        results.append(TestResult(test, "label", "passed" if report.runs else "failed", detail))
+    return results
 
 
 def _check_floor_labels(v: _Verdicts, cuda: str) -> None:
@@ -547,10 +571,23 @@ def run_image_tests(engine: Engine, image: str, *, recipe: Recipe | None = None,
         else:
             add(label_checks(labels, facts, recipe))
             add(import_checks(facts, gpu=gpu))
+        if K.GPUS in labels:
+            add(_gpus_test(engine, image, labels, attrs, platform))
     if recipe is not None:
         for test in recipe.tests:
             add([command_test(engine, image, test, recipe, gpu=gpu, platform=platform)])
     return TestReport(shown_as or image, gpu, tuple(results), platform or engine_platform(attrs))
+
+
+def _gpus_test(engine: Engine, image: str, labels: Mapping[str, str], attrs: Mapping[str, Any],
+               platform: str | None) -> list[TestResult]:
+    """The GPUs label against the kernels of the image the engine holds (one streamed read of its
+    file system); another platform's image of a multi-platform build is not what it exports."""
+    if platform and platform != engine_platform(attrs):
+        return [TestResult(f"label {K.GPUS}", "label", "skipped", f"the engine's image is {engine_platform(attrs)}'s, "
+                                                       f"not {platform}'s: its kernels are read there")]
+    files, unreadable = read_image_kernels(engine, image)
+    return gpus_label_checks(labels[K.GPUS], files, unreadable, labels.get(K.CUDA_VERSION))
 
 
 def engine_platform(attrs: Mapping[str, Any]) -> str | None:

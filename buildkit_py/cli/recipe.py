@@ -4,10 +4,15 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from buildkit_py.cli.common import AddCommand, Out, json_option, offline_options, plan_recipe, tag_options
 from buildkit_py.errors import ExitStatus
 from buildkit_py.files import write_atomic
+
+if TYPE_CHECKING:
+    from buildkit_py.compat.codes import RecipeWarning
+    from buildkit_py.plan.build_plan import BuildPlan
 
 
 def register_render(add: AddCommand) -> None:
@@ -22,6 +27,9 @@ def register_render(add: AddCommand) -> None:
 def register_plan(add: AddCommand) -> None:
     pl = add("plan")
     pl.add_argument("recipe", type=Path)
+    pl.add_argument("--gpu", action="append", default=[], metavar="NAME|sm_XY",
+                    help="refuse the recipe (exit 2) if what it installs has no kernel for this GPU (H100, B200, "
+                         "sm_90; repeatable), as the recipe's gpus: are checked; PTX only is a warning")
     json_option(pl)
     tag_options(pl, "tag instead of NAME:VERSION (repeatable)", "prefix tags with this registry, e.g. 127.0.0.1:5000")
     offline_options(pl)
@@ -67,11 +75,19 @@ def cmd_render(args: argparse.Namespace, out: Out) -> int:
 
 
 def cmd_plan(args: argparse.Namespace, out: Out) -> int:
+    from buildkit_py.compat.gpu_fit import gpus_rule
     from buildkit_py.plan.build_plan import plan_json
     from buildkit_py.render.dockerfile import render_dockerfile
 
     plan = plan_recipe(args, args.recipe, out)
     data = plan_json(plan, render_dockerfile(plan))
+    targets = [(f"gpus[{i}]", g) for i, g in enumerate(plan.recipe.gpus)] + [("--gpu", g) for g in args.gpu]
+    fits, gpu_warnings = gpus_rule(plan.recipe, plan.resolution, targets) if targets else ((), ())
+    if targets:
+        data["gpus"] = [f.to_json() for f in fits]
+        data["gpus_partial"] = any(f.partial for f in fits)
+        # this run's check covers the recipe's gpus: too: its warnings replace resolve's
+        data["warnings"] = [w.to_json() for w in (*_other_warnings(plan), *gpu_warnings)]
     if args.json:
         out.data(data)
         return 0
@@ -91,9 +107,18 @@ def cmd_plan(args: argparse.Namespace, out: Out) -> int:
     out.line(f"  tags      {', '.join(data['tags'])}")
     if plan.recipe.multi_platform:
         out.line(f"  platforms {', '.join(data['platforms'])} (one index; each pin checked for each)")
-    for w in plan.warnings:
+    for fit in fits:
+        out.line(f"  gpu       {fit.gpu.label}: {fit.verdict}" + (" (partial)" if fit.partial else "")
+                 + f": {fit.message()}")
+    for w in (*_other_warnings(plan), *gpu_warnings) if targets else plan.warnings:
         out.line(f"  warning   {w.render()}")
     return 0
+
+
+def _other_warnings(plan: BuildPlan) -> tuple[RecipeWarning, ...]:
+    from buildkit_py.compat import codes
+
+    return tuple(w for w in plan.warnings if w.code not in (codes.GPU_PTX_JIT, codes.GPU_KERNELS_UNKNOWN))
 
 
 def cmd_lint(args: argparse.Namespace, out: Out) -> int:

@@ -17,6 +17,8 @@ from buildkit_py.compat.tables import (
     PtxIsa,
     Toolkit,
     TorchRelease,
+    WheelKernels,
+    WheelLibrary,
     WheelSet,
     all_cuda_wheel_sets,
     arch_base,
@@ -72,6 +74,8 @@ from buildkit_py.compat.tables import (
     torch_release,
     torch_releases,
     validate_all,
+    wheel_kernel_rows,
+    wheel_kernels,
 )
 
 __all__ = [
@@ -149,5 +153,9 @@ __all__ = [
     "torch_releases",
     "TorchRelease",
     "validate_all",
+    "wheel_kernel_rows",
+    "wheel_kernels",
+    "WheelKernels",
+    "WheelLibrary",
     "WheelSet",
 ]

@@ -24,6 +24,8 @@ class WarningCode(TextEnum):
     WEIGHTS_IN_COPY = "weights-in-copy"
     FLOOR_LABELS_DIFFER = "floor-labels-differ"
     FLOOR_CUDA_UNKNOWN = "floor-cuda-unknown"
+    GPU_PTX_JIT = "gpu-ptx-jit"
+    GPU_KERNELS_UNKNOWN = "gpu-kernels-unknown"
 
 
 # The rules name their codes by these (codes.CUDA_TWICE).
@@ -34,6 +36,7 @@ JIT_WITHOUT_RUNTIME_COMPILE = WarningCode.JIT_WITHOUT_RUNTIME_COMPILE
 RUNTIME_COMPILE_WITHOUT_NVCC = WarningCode.RUNTIME_COMPILE_WITHOUT_NVCC
 WEIGHTS_IN_COPY = WarningCode.WEIGHTS_IN_COPY
 FLOOR_LABELS_DIFFER, FLOOR_CUDA_UNKNOWN = WarningCode.FLOOR_LABELS_DIFFER, WarningCode.FLOOR_CUDA_UNKNOWN
+GPU_PTX_JIT, GPU_KERNELS_UNKNOWN = WarningCode.GPU_PTX_JIT, WarningCode.GPU_KERNELS_UNKNOWN
 
 # code -> what it means (the README's table is checked against this one).
 CODES: dict[WarningCode, str] = {
@@ -51,6 +54,10 @@ CODES: dict[WarningCode, str] = {
                          "verdict follows the labels",
     FLOOR_CUDA_UNKNOWN: "check: imgbuild's data does not know the image's CUDA; the verdict rests on its floor "
                         "labels alone",
+    GPU_PTX_JIT: "a target GPU (gpus:, --gpu) gets a package's kernels only as PTX, which the driver JIT-compiles "
+                 "at first start",
+    GPU_KERNELS_UNKNOWN: "imgbuild's data records no kernels for a package's wheel: whether it runs on a target "
+                         "GPU is unknown",
 }
 
 

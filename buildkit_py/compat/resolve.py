@@ -9,7 +9,7 @@ tables in ``compat``.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
 from buildkit_py import compat
@@ -19,6 +19,7 @@ from buildkit_py.compat.codes import RecipeWarning
 from buildkit_py.compat.cuda_pins import cuda_pins_rule
 from buildkit_py.compat.cudnn_source import cudnn_pins_rule, cudnn_source
 from buildkit_py.compat.floors import DriverFloor
+from buildkit_py.compat.gpu_fit import gpus_rule
 from buildkit_py.compat.tables import NativeEvidence
 from buildkit_py.errors import CompatibilityError, CompatibilityErrors
 from buildkit_py.recipe.model import CudaFlavor, CudaSource, Recipe, pin_name
@@ -117,7 +118,7 @@ def resolve(recipe: Recipe, base: BaseFacts | None = None, looked_up: rules.Look
         _attempt(problems, platforms.untabled_pins_rule, recipe, tuple(sorted(compile_)), looked_up.pin_files)
         if problems:
             raise _all_of(problems)
-    return Resolution(
+    res = Resolution(
         cuda_version=cuda.version,
         cuda_flavor=recipe.cuda.flavor,
         cuda_source=recipe.cuda.source,
@@ -145,6 +146,10 @@ def resolve(recipe: Recipe, base: BaseFacts | None = None, looked_up: rules.Look
         base_digest=pinned.digest,
         native_driver=cuda.floor.evidence,
     )
+    if not recipe.gpus:
+        return res
+    _, gpu_warnings = gpus_rule(recipe, res)  # what it installs against the GPUs it names: refused here
+    return replace(res, warnings=res.warnings + gpu_warnings)
 
 
 def _attempt(problems: list[CompatibilityError], rule: Callable[..., _T], *args: Any, **kwargs: Any) -> _T | None:

@@ -570,6 +570,11 @@ def _flash_attn_row(f: str, e: dict) -> FlashAttnRelease:
                             e.get("cxx_std"), gencode, partial)
 
 
+def flash_attn_arch_env() -> str:
+    """The environment variable flash-attn's setup.py reads for the gencodes it compiles."""
+    return str(_load_raw("flash_attn.json")["arch_env"]["name"])
+
+
 def flash_attn_build_env(version: str, archs: tuple[str, ...], nvcc: str) -> tuple[tuple[str, str], ...]:
     """What a source build of flash-attn ``version`` by ``nvcc`` must be told so that it compiles SASS
     for ``archs`` (build.cuda_arch, 8.6 or 9.0+PTX) and no more: from 2.7.3 its setup.py compiles only
@@ -830,7 +835,7 @@ def cudnn_support(cudnn: str) -> tuple[CudnnSupport, ...]:
 
 DATA_FILES = ("toolkits.json", "minor_compat.json", "forward_compat.json", "images.json", "torch.json",
               "flash_attn.json", "bitsandbytes.json", "cxx_std.json", "archs.json", "wheels.json", "cudnn.json",
-              "torch_cuda_pins.json", "platforms.json", "gpu_kernels.json")
+              "torch_cuda_pins.json", "platforms.json", "gpu_kernels.json", "wheel_kernels.json")
 
 
 def _loaders() -> tuple[Any, ...]:
@@ -838,7 +843,7 @@ def _loaders() -> tuple[Any, ...]:
     from buildkit_py.compat import platforms, torch_pins  # noqa: PLC0415  # they read tables: a top-level import would circle
 
     return (_toolkit_data, _minor_floors, _forward_compat, _images, _torch, _flash_attn, _bnb, _cxx_std, _archs,
-            _wheels, _cudnn_support, torch_pins.rows, _coverage, platforms.data, _gpu_kernels)
+            _wheels, _cudnn_support, torch_pins.rows, _coverage, platforms.data, _gpu_kernels, _wheel_kernels)
 
 
 def validate_all() -> None:
@@ -1392,3 +1397,66 @@ def gpu_named(name: str) -> Gpu | None:
 def ptx_isa_cuda(ptx: str) -> PtxIsa | None:
     """The CUDA release that brought PTX ISA ``ptx`` ("9.0" -> 13.0); None for a version not recorded."""
     return _gpu_kernels()[2].get(ptx)
+
+
+# ----------------------------------------------------------------------------- prebuilt wheels' kernels
+@dataclass(frozen=True)
+class WheelLibrary:
+    """One CUDA library of a prebuilt wheel and the compute capabilities its code is for."""
+    path: str
+    sass: tuple[str, ...]  # "9.0", "9.0a" (arch-specific: that GPU only)
+    ptx: tuple[str, ...]  # virtual architectures of its PTX
+    decides: bool = True  # False: too little device code to be the library's kernels
+
+
+@dataclass(frozen=True)
+class WheelKernels:
+    """What one prebuilt wheel (package, version, CUDA variant) carries, and where that was read."""
+    package: str
+    version: str
+    variant: str  # torch's cuXYZ, bitsandbytes' per-CUDA library; "" for a wheel with one build
+    libraries: tuple[WheelLibrary, ...]
+    source: str
+
+
+def _variant_key(package: str, version: str, variant: str) -> tuple[str, Version, str]:
+    return package, Version(version), variant
+
+
+@functools.cache
+def _wheel_kernels() -> dict[tuple[str, Version, str], WheelKernels]:
+    f = "wheel_kernels.json"
+    out: dict[tuple[str, Version, str], WheelKernels] = {}
+    for e in _load_raw(f)["rows"]:
+        name = f"{e['package']} {e['version']} {e['variant']}".strip()
+        key = _variant_key(e["package"], e["version"], e["variant"])
+        if key in out:
+            raise _fail(f, name, "listed twice")
+        libs = tuple(WheelLibrary(lib["path"], tuple(lib["sass"]), tuple(lib["ptx"]), lib.get("decides", True))
+                     for lib in e["libraries"])
+        for lib in libs:
+            for what in (lib.sass, lib.ptx):
+                if list(what) != sorted(set(what), key=arch_key):
+                    raise _fail(f, name, f"{lib.path}: architectures not ascending and distinct")
+        if e["package"] == "torch":
+            try:
+                variants = torch_release(e["version"]).variants
+            except LookupError:
+                raise _fail(f, name, "a torch release torch.json does not know") from None
+            if e["variant"] not in variants:
+                raise _fail(f, name, f"torch.json lists no {e['variant']!r} build of it ({', '.join(variants)})")
+        out[key] = WheelKernels(e["package"], e["version"], e["variant"], libs, e["source"])
+    return out
+
+
+def wheel_kernels(package: str, version: str, variant: str = "") -> WheelKernels | None:
+    """The kernels recorded for that prebuilt wheel; None where the data has no row for it."""
+    try:
+        return _wheel_kernels().get(_variant_key(package, version, variant))
+    except InvalidVersion:
+        return None
+
+
+def wheel_kernel_rows(package: str) -> tuple[WheelKernels, ...]:
+    """Every recorded wheel of ``package``, oldest release first."""
+    return tuple(w for k, w in sorted(_wheel_kernels().items()) if k[0] == package)

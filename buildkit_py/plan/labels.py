@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from buildkit_py.compat.floors import floor_labels
+from buildkit_py.compat.gpu_fit import gpu_spec
 from buildkit_py.compat.resolve import Resolution
 from buildkit_py.errors import UsageError
 from buildkit_py.label_keys import (
@@ -24,6 +25,7 @@ from buildkit_py.label_keys import (
     CUDA_SOURCE,
     CUDA_VERSION,
     CUDNN_VERSION,
+    GPUS,
     INSTALLER,
     OCI_BASE_DIGEST,
     OCI_BASE_NAME,
@@ -69,6 +71,8 @@ def static_labels(recipe: Recipe, res: Resolution) -> dict[str, str]:
         labels[TORCH_VERSION] = res.torch_label
     if res.cuda_arch:
         labels[CUDA_ARCH] = ";".join(res.cuda_arch)
+    if recipe.gpus:  # resolve checked each name; as NVIDIA's list spells it, in the recipe's order
+        labels[GPUS] = ";".join(gpu_spec(g).name for g in recipe.gpus)
     if recipe.weights:
         # JSON, so a reader needs no parsing rules of ours: [{"mount": ..., "ref": ...}]
         labels[WEIGHTS] = json.dumps([{"mount": w.mount, "ref": w.ref} for w in recipe.weights],

@@ -195,6 +195,7 @@ class Recipe:
     weights: tuple[WeightsSpec, ...] = ()
     services: tuple[ServiceSpec, ...] = ()
     platforms: tuple[str, ...] = DEFAULT_PLATFORMS  # os/arch, in the recipe's order
+    gpus: tuple[str, ...] = ()  # the GPUs it targets, as written (H100, sm_90): plan checks each
     # Run in the image, never part of it: left out of ``normalized`` (and so of the digest and
     # the io.imgbuild.recipe.digest label), so editing a test rebuilds nothing.
     tests: tuple[TestSpec, ...] = ()
@@ -244,6 +245,8 @@ class Recipe:
                           "volumes": list(x.volumes), "command": list(x.command)} for x in self.services],
             # the default is left out, so recipes that do not name platforms keep their digest
             **({"platforms": list(self.platforms)} if self.platforms != DEFAULT_PLATFORMS else {}),
+            # left out when unset, so recipes without it keep their digest; set, the label records it
+            **({"gpus": list(self.gpus)} if self.gpus else {}),
         }
 
     @property
@@ -701,6 +704,7 @@ def _recipe(data: dict[str, Any], path: Path, report: _Issues, lines: dict[str, 
         weights=weights,
         services=services,
         platforms=tuple(data.get("platforms", DEFAULT_PLATFORMS)),
+        gpus=_texts(data.get("gpus", [])),
         tests=tests,
         lines=lines,
     )
