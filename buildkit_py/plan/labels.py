@@ -67,8 +67,8 @@ def static_labels(recipe: Recipe, res: Resolution) -> dict[str, str]:
         labels[CUDNN_VERSION] = res.cudnn
     if res.torch_label:
         labels[TORCH_VERSION] = res.torch_label
-    if res.cuda_arch:
-        labels[CUDA_ARCH] = ";".join(res.cuda_arch)
+    if res.compiled_arch:  # what was compiled, not what was asked: flash-attn compiles its own list
+        labels[CUDA_ARCH] = ";".join(res.compiled_arch)
     if recipe.weights:
         # JSON, so a reader needs no parsing rules of ours: [{"mount": ..., "ref": ...}]
         labels[WEIGHTS] = json.dumps([{"mount": w.mount, "ref": w.ref} for w in recipe.weights],
