@@ -52,6 +52,7 @@ from importlib import metadata
 norm = lambda n: re.sub(r"[-_.]+", "-", n).lower()
 pkgs, installers, wheel_libs, compiled = {}, {}, {}, {}
 shared = re.compile(r"^lib[^/]+\.so(\.\d+)*$")
+sofile = re.compile(r"\.so(\.\d+)*$")
 for d in metadata.distributions():
     name = norm(d.metadata["Name"] or "")
     pkgs[name] = d.version
@@ -61,7 +62,8 @@ for d in metadata.distributions():
     except ValueError:
         url = ""
     if url.startswith("file://" + IMGBUILD_WHEELS_MOUNT + "/"):
-        compiled[name] = sorted({os.path.realpath(str(d.locate_file(f))) for f in d.files or () if ".so" in f.name})
+        compiled[name] = sorted({os.path.realpath(str(d.locate_file(f))) for f in d.files or ()
+                                 if sofile.search(f.name)})
     for f in d.files or ():
         if shared.match(f.name):
             wheel_libs.setdefault(f.name, name)
