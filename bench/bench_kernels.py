@@ -11,6 +11,9 @@ the one least slowed by others):
             image to a temporary folder before it streams a byte)
   layers    every layer tar of `docker save` through scan_kernels: every ELF of every layer,
             including files a later layer replaces
+  inspect   `imgbuild inspect IMAGE --no-compressed`: its one pass over `docker save`
+  inspect+k `imgbuild inspect IMAGE --kernels --no-compressed`: the same pass reading the kernels
+            too (until issue 30 it exported the file system a second time, the check arm's cost)
 
 The target applies to the check arm, the path `check --gpu` takes.
 
@@ -111,6 +114,18 @@ def arm_layers(engine, image_id: str) -> dict:
     return {"layers": layers, "libraries": libraries, "entries": entries, "elf_bytes": elf}
 
 
+def arm_inspect(engine, image_id: str, kernels: bool = False) -> dict:
+    from buildkit_py.analysis.inspect import InspectOptions, inspect_image  # noqa: PLC0415
+
+    report = inspect_image(engine, image_id, InspectOptions(estimate_compressed=False, registry_sizes=False,
+                                                            kernels=kernels))
+    return {"layers": len(report.layers), "libraries": len(report.kernels.libraries) if report.kernels else None}
+
+
+def arm_inspect_kernels(engine, image_id: str) -> dict:
+    return arm_inspect(engine, image_id, kernels=True)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--image", help="an image in the engine (default: build the torch 2.14.1 image)")
@@ -127,7 +142,8 @@ def main() -> int:
     if attrs is None:
         raise SystemExit(f"no image {image} in the engine")
     image_id = attrs["Id"]
-    arms: dict[str, Callable] = {"raw": arm_raw, "check": arm_check, "save": arm_save, "layers": arm_layers}
+    arms: dict[str, Callable] = {"raw": arm_raw, "check": arm_check, "save": arm_save, "layers": arm_layers,
+                                 "inspect": arm_inspect, "inspect+k": arm_inspect_kernels}
     times: dict[str, list[float]] = {name: [] for name in arms}
     facts: dict[str, dict] = {}
     try:
@@ -150,8 +166,10 @@ def main() -> int:
         detail = {"raw": "file system stream only", "save": "docker save stream only",
                   "check": f"{facts['check']['libraries']} libraries, {facts['check']['entries']} fatbin entries",
                   "layers": f"{facts['layers']['layers']} layers, {facts['layers']['libraries']} libraries, "
-                            f"{facts['layers']['entries']} entries"}[name]
-        print(f"    {name:<8} {best:7.1f} s  (runs: {', '.join(f'{v:.1f}' for v in values)})  {detail}{verdict}",
+                            f"{facts['layers']['entries']} entries",
+                  "inspect": f"{facts['inspect']['layers']} layers",
+                  "inspect+k": f"{facts['inspect+k']['libraries']} libraries in the same pass"}[name]
+        print(f"    {name:<9} {best:7.1f} s  (runs: {', '.join(f'{v:.1f}' for v in values)})  {detail}{verdict}",
               flush=True)
     if args.json:
         args.json.write_text(json.dumps(results, indent=2))

@@ -48,6 +48,18 @@ def test_plan_human():
     assert code == 0 and "550.54.15" in out and "stage final" in out
 
 
+def test_plan_says_what_the_source_builds_compile_as_the_arch_label_will(tmp_path):
+    """issue 30: flash-attn 2.6.3 compiles its own gencode list (sm_80, sm_90) whatever cuda_arch says:
+    plan shows that, the label names it, and the JSON keeps both lists."""
+    recipe = REPO / "recipes" / "kernels-from-source.yaml"
+    code, out, _ = run_cli("plan", str(recipe))
+    assert code == 0 and "  compiles  flash-attn for sm 8.0, 9.0 (cuda_arch: 9.0)\n" in out
+    code, out, _ = run_cli("plan", str(recipe), "--json")
+    data = json.loads(out)
+    assert (data["resolution"]["cuda_arch"], data["resolution"]["compiled_arch"]) == (["9.0"], ["8.0", "9.0"])
+    assert data["labels"]["io.imgbuild.cuda.arch"] == "8.0;9.0"
+
+
 def test_bad_recipe_exit_2_without_traceback(tmp_path):
     path = write_recipe(tmp_path, "name: team/x\ncuda: {version: '12.4', flavour: runtime}\npython: '3.11'\n")
     code, out, err = run_cli("render", str(path))

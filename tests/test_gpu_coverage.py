@@ -191,15 +191,24 @@ def test_coverage_is_architectures_by_libraries_with_sass_bytes():
 def test_inspect_kernels_adds_the_table_and_json(monkeypatch):
     from buildkit_py.analysis import inspect as inspect_mod
 
-    report = inspect_mod.ImageReport(image="img:1", id="sha256:" + "a" * 64, size=1, blob_size=1, compressed_size=None,
-                                     pull_seconds=None, bandwidth_mbps=1000.0, layers=(), labels={}, findings=())
-    monkeypatch.setattr(inspect_mod, "inspect_image", lambda *a, **k: report)
-    monkeypatch.setattr(gpu_coverage, "read_image_kernels", lambda engine, image: ([TORCH], []))
+    asked = []
+
+    def inspect_image(engine, ref, options, progress=None):
+        """the one pass: the CLI asks inspect_image for the kernels (tests/test_inspect.py reads them)"""
+        asked.append(options.kernels)
+        return inspect_mod.ImageReport(
+            image="img:1", id="sha256:" + "a" * 64, size=1, blob_size=1, compressed_size=None, pull_seconds=None,
+            bandwidth_mbps=1000.0, layers=(), labels={}, findings=(),
+            kernels=gpu_coverage.kernel_coverage([TORCH]) if options.kernels else None)
+
+    monkeypatch.setattr(inspect_mod, "inspect_image", inspect_image)
     code, out, _ = run_cli("inspect", "img:1", "--kernels", "--progress", "quiet")
     assert code == 0
     assert "CUDA kernels (bytes of SASS per architecture)" in out and "libtorch_cuda.so" in out
     code, out, _ = run_cli("inspect", "img:1", "--kernels", "--json", "--progress", "quiet")
     assert json.loads(out)["kernels"]["archs"] == ["sm_80", "sm_90", "sm_100"]
+    code, out, _ = run_cli("inspect", "img:1", "--progress", "quiet")
+    assert code == 0 and "CUDA kernels" not in out and asked == [True, True, False]
 
 
 FIXTURES = Path(__file__).parent / "fixtures" / "nvidia-smi"

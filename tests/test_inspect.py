@@ -590,3 +590,60 @@ def test_compilers_grouped_by_folder_and_layer():
     compilers = {f.path: f for f in report.findings if f.kind == I.COMPILER}
     assert {p: f.size for p, f in compilers.items()} == {"/usr/bin": 70, "/usr/lib/gcc/x86_64-linux-gnu/12/cc1": 100}
     assert "7 compiler files in /usr/bin (c++, cc, g++, gcc, gcc-12 and 2 more)" in compilers["/usr/bin"].message
+
+
+@pytest.mark.parametrize("layout", ["classic", "containerd"])
+def test_inspect_kernels_reads_the_coverage_in_the_same_pass_over_the_layers(layout):
+    """issue 30: inspect --kernels lists architectures x libraries (bytes of SASS per architecture) from
+    the one `docker save` stream it reads anyway, stacked as a container sees the layers: a library a
+    later layer replaces counts as replaced, one it deletes not at all; the image's file system is not
+    exported a second time."""
+    from fatbin_bytes import PTX, SASS, elf, entry, fatbin
+
+    def so(*entries: bytes) -> bytes:
+        return elf({".nv_fatbin": fatbin(*entries)})
+
+    big = b"k" * 4000
+    base = _layer_tar([("venv/torch/lib/libtorch_cuda.so", so(entry(SASS, 80, payload=big),
+                                                              entry(SASS, 90, payload=big)), None),
+                       ("venv/old/libgone.so", so(entry(SASS, 70, payload=big)), None),
+                       ("venv/ext/_C.so", so(entry(SASS, 80, payload=big)), None)])
+    top = _layer_tar([("venv/old/.wh.libgone.so", b"", None),
+                      ("venv/ext/_C.so", so(entry(SASS, 90, payload=b"s" * 1000), entry(PTX, 90, version=(8, 4))),
+                       None)])
+    history = [_h("/bin/sh -c #(nop) ADD file:abc in / "), _h("RUN /bin/sh -c : imgbuild-step=pins; x # buildkit")]
+    if layout == "classic":
+        raw, image_id, diff_ids = _save_tar([base, top], history)
+    else:
+        raw, image_id, diff_ids, _ = _containerd_save_tar([base, top], history)
+
+    class Engine:
+        saves = 0
+
+        def image_attrs(self, ref):
+            return {"Id": image_id, "RootFS": {"Layers": diff_ids}, "Config": {"Labels": {}}, "Size": len(raw)}
+
+        def save(self, ref):
+            Engine.saves += 1
+            return iter([raw])
+
+        def history(self, ref):
+            return []
+
+        def filesystem(self, ref):
+            raise AssertionError("inspect --kernels must not export the image a second time")
+
+    report = I.inspect_image(Engine(), "img:1", I.InspectOptions(estimate_compressed=False, registry_sizes=False,
+                                                                 kernels=True))
+    assert Engine.saves == 1
+    cov = report.kernels
+    assert cov is not None and cov.archs == ("sm_80", "sm_90")
+    assert [(p, b, x) for p, b, x in cov.libraries] == [
+        ("/venv/ext/_C.so", {"sm_90": 1000}, ("compute_90 (8.4)",)),
+        ("/venv/torch/lib/libtorch_cuda.so", {"sm_80": 4000, "sm_90": 4000}, ())]
+    assert I.report_json(report)["kernels"]["sass_bytes"] == {"sm_80": 4000, "sm_90": 5000}
+    table = I.report_blocks(report)[-1]
+    assert isinstance(table, TextTable) and table.title == "CUDA kernels (bytes of SASS per architecture)"
+    assert table.rows[-1][:3] == ("all libraries", "3.9 KiB", "4.9 KiB")
+    plain = I.inspect_image(Engine(), "img:1", I.InspectOptions(estimate_compressed=False, registry_sizes=False))
+    assert plain.kernels is None and "kernels" not in I.report_json(plain)

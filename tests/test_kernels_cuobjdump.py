@@ -171,3 +171,29 @@ def test_ptx_versions_agree_with_the_ptx_cuobjdump_prints(cuobjdump, libraries):
         ours = collections.Counter((e.arch.name, e.ptx_version) for e in kernels.listed if e.kind == CodeKind.PTX)
         assert ours == theirs, member
         assert theirs, member
+
+
+def _label_from_cuobjdump(counts: collections.Counter) -> str:
+    """io.imgbuild.cuda.arch as cuobjdump's listing says it: each SASS arch (sm_90a -> 9.0a), +PTX
+    where that arch's PTX is listed too."""
+    ptx = {arch for kind, arch in counts if kind == "PTX"}
+    sass = sorted({arch for kind, arch in counts if kind == "ELF"}, key=lambda a: int(re.sub(r"\D", "", a)))
+    return ";".join("{}.{}{}".format(*re.fullmatch(r"sm_(\d+)(\d)(a?)", a).groups()) + ("+PTX" if a in ptx else "")
+                    for a in sass)
+
+
+def test_the_arch_label_check_agrees_with_cuobjdump_on_a_real_torch_extension(cuobjdump, libraries):
+    """issue 30: xformers' _C.so is a torch extension as a source build makes one (sm_75, sm_80 with
+    its PTX, and the arch-specific sm_90a): the label cuobjdump's listing gives passes the image
+    test's check, and the label a recipe would naively write (7.5;8.0;9.0) fails on the file."""
+    from buildkit_py.analysis.image_checks import FAILED, PASSED, arch_label_check  # noqa: PLC0415
+
+    member = "xformers/_C.so"
+    path = libraries[member]
+    label = _label_from_cuobjdump(_cuobjdump(cuobjdump, path))
+    assert label == "7.5;8.0+PTX;9.0a"
+    ours = {str(path): read_kernels_path(str(path))}
+    compiled = {"xformers": (str(path),)}
+    assert arch_label_check(label, compiled, ours, {}).status == PASSED
+    naive = arch_label_check("7.5;8.0;9.0", compiled, ours, {})
+    assert naive.status == FAILED and "carries compute_80, sm_90a, which it omits" in naive.detail

@@ -622,13 +622,15 @@ def test_an_os_whose_python_is_not_recorded_is_said_so_never_python_none(tmp_pat
     assert err.hint == "use a python:3.11 base image, an OS imgbuild knows, or an Ubuntu base"
 
 
-@pytest.mark.parametrize(("fa", "archs", "env"), [
-    ("2.8.3", '["8.6", "9.0"]', (("FLASH_ATTN_CUDA_ARCHS", "80;90"),)),  # sm_80 runs on 8.6
-    ("2.8.3", '["9.0"]', (("FLASH_ATTN_CUDA_ARCHS", "90"),)),
-    ("2.8.3", "[]", (("FLASH_ATTN_CUDA_ARCHS", "80;90"),)),  # the default archs the label names
-    ("2.6.3", '["9.0"]', ()),  # before 2.7.3 setup.py compiles its own gencode list, reading no setting
+@pytest.mark.parametrize(("fa", "archs", "env", "label"), [
+    ("2.8.3", '["8.6", "9.0"]', (("FLASH_ATTN_CUDA_ARCHS", "80;90"),), "8.0;9.0"),  # sm_80 runs on 8.6
+    ("2.8.3", '["9.0"]', (("FLASH_ATTN_CUDA_ARCHS", "90"),), "9.0"),
+    ("2.8.3", "[]", (("FLASH_ATTN_CUDA_ARCHS", "80;90"),), "8.0;9.0"),  # the default archs the label names
+    # before 2.7.3 setup.py compiles its own gencode list, reading no setting: the label says so
+    ("2.6.3", '["9.0"]', (), "8.0;9.0"),
+    ("2.8.3", '["9.0+PTX"]', (("FLASH_ATTN_CUDA_ARCHS", "90"),), "9.0"),  # setup.py writes no PTX
 ])
-def test_a_flash_attn_source_build_is_told_the_archs_the_label_names(tmp_path, fa, archs, env):
+def test_a_flash_attn_source_build_is_told_the_archs_the_label_names(tmp_path, fa, archs, env, label):
     """issue 30: build.cuda_arch reached only TORCH_CUDA_ARCH_LIST, while flash-attn >= 2.7.3 compiles
     what FLASH_ATTN_CUDA_ARCHS says (80;90;100;120 unless told): the cuda.arch label was false."""
     r = recipe(tmp_path, cuda="12.8" if fa == "2.8.3" else "12.4", base="base: {image: ubuntu:22.04}",
@@ -636,5 +638,22 @@ def test_a_flash_attn_source_build_is_told_the_archs_the_label_names(tmp_path, f
                      f"build: {{from_source: [flash-attn], cuda_arch: {archs}}}")
     res = resolve(r)
     assert res.build_env == env
+    assert make_plan(r, resolution=res).labels["io.imgbuild.cuda.arch"] == label
     text = render_dockerfile(make_plan(r, resolution=res))
     assert ("FLASH_ATTN_CUDA_ARCHS=" in text) == bool(env)
+
+
+def test_the_arch_label_names_what_every_source_build_compiles_and_nothing_when_none_does(tmp_path):
+    """issue 30: io.imgbuild.cuda.arch is the union of what each from-source package compiles (flash-attn
+    its gencodes, a torch extension TORCH_CUDA_ARCH_LIST with its +PTX); without a compile stage nothing
+    imgbuild compiled carries kernels, so no label claims any."""
+    r = recipe(tmp_path, cuda="12.8", base="base: {image: ubuntu:22.04}",
+               extra='torch: "2.7.1"\npip: ["flash-attn==2.8.3", "pycuda==2024.1.2"]\n'
+                     'build: {from_source: [flash-attn, pycuda], cuda_arch: ["8.6", "9.0+PTX"]}')
+    res = resolve(r)
+    assert res.cuda_arch == ("8.6", "9.0+PTX")  # what TORCH_CUDA_ARCH_LIST says
+    assert res.compiled_arch == ("8.0", "8.6", "9.0+PTX")  # flash-attn: sm_80, sm_90; the other: TORCH_CUDA_ARCH_LIST
+    assert make_plan(r, resolution=res).labels["io.imgbuild.cuda.arch"] == "8.0;8.6;9.0+PTX"
+    plain = recipe(tmp_path, cuda="12.8", base="base: {image: ubuntu:22.04}",
+                   extra='torch: "2.7.1"\nbuild: {cuda_arch: ["9.0"]}')
+    assert "io.imgbuild.cuda.arch" not in make_plan(plain).labels

@@ -13,6 +13,7 @@ image (a build keeps it as REPO:rejected and pushes nothing)."""
 
 from __future__ import annotations
 
+import io
 import json
 import re
 import time
@@ -24,10 +25,13 @@ from typing import TYPE_CHECKING, Any
 from buildkit_py import compat
 from buildkit_py import label_keys as K
 from buildkit_py.analysis.gpu_coverage import gpu_report, loaded_alternatives, read_image_kernels, resolve_gpu
+from buildkit_py.analysis.kernels import FileKernels
+from buildkit_py.analysis.saved_image import IterStream, scan_kernels
 from buildkit_py.compat.cudnn_source import is_cudnn_wheel
 from buildkit_py.engine.run import ContainerExit, RunSpec, run_container
 from buildkit_py.errors import ImageFactsUnreadable, ImageTestFailed, InspectError, UsageError
 from buildkit_py.plan import labels as L
+from buildkit_py.plan.steps import LOCAL_WHEELS_MOUNT
 from buildkit_py.recipe.model import Recipe, TestSpec, pin_name
 
 if TYPE_CHECKING:
@@ -48,12 +52,20 @@ FACTS_SCRIPT = r"""
 import ctypes, importlib, json, os, platform, re, shutil, subprocess, sys, traceback
 from importlib import metadata
 norm = lambda n: re.sub(r"[-_.]+", "-", n).lower()
-pkgs, installers, wheel_libs = {}, {}, {}
+pkgs, installers, wheel_libs, compiled = {}, {}, {}, {}
 shared = re.compile(r"^lib[^/]+\.so(\.\d+)*$")
+sofile = re.compile(r"\.so(\.\d+)*$")
 for d in metadata.distributions():
     name = norm(d.metadata["Name"] or "")
     pkgs[name] = d.version
     installers[name] = (d.read_text("INSTALLER") or "").strip()
+    try:
+        url = json.loads(d.read_text("direct_url.json") or "{}").get("url") or ""
+    except ValueError:
+        url = ""
+    if url.startswith("file://" + IMGBUILD_WHEELS_MOUNT + "/"):
+        compiled[name] = sorted({os.path.realpath(str(d.locate_file(f))) for f in d.files or ()
+                                 if sofile.search(f.name)})
     for f in d.files or ():
         if shared.match(f.name):
             wheel_libs.setdefault(f.name, name)
@@ -100,11 +112,11 @@ for name, want in json.loads(sys.argv[1]):
     imports.append(rec)
 sys.stdout = real_stdout
 print("IMGBUILD-FACTS " + json.dumps({"pkgs": pkgs, "installers": installers, "sonames": sonames,
-      "wheel_libs": wheel_libs,
+      "wheel_libs": wheel_libs, "compiled": compiled,
       "cudart": cudart, "python": platform.python_version(),
       "os": osr.get("ID", "") + osr.get("VERSION_ID", ""), "nvcc": bool(shutil.which("nvcc")),
       "imports": imports}))
-"""
+""".replace("IMGBUILD_WHEELS_MOUNT", repr(LOCAL_WHEELS_MOUNT))
 
 
 @dataclass(frozen=True)
@@ -173,6 +185,9 @@ class ImageFacts:
     # shared libraries the installed distributions ship (file name -> distribution), loaded through
     # their RPATH rather than the loader cache: torch's nvidia-* wheels where no ldconfig step ran
     wheel_libs: Mapping[str, str] = field(default_factory=dict)
+    # what imgbuild compiled: each distribution installed from the compile stage's wheels (its
+    # direct_url.json names LOCAL_WHEELS_MOUNT) -> the real paths of its shared objects
+    compiled: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
 
 
 # --- running things in the image ----------------------------------------------------------------
@@ -210,7 +225,8 @@ def read_facts(engine: Engine, image: str, pins: tuple[tuple[str, str], ...] = (
                                    hint="the labels are checked with the image's own python (python on its PATH)")
     raw = json.loads(line[len(_MARK):])
     return ImageFacts(raw["pkgs"], raw["installers"], tuple(raw["sonames"]), raw["cudart"], raw["python"],
-                      raw["os"], raw["nvcc"], tuple(raw["imports"]), raw.get("wheel_libs", {}))
+                      raw["os"], raw["nvcc"], tuple(raw["imports"]), raw.get("wheel_libs", {}),
+                      {n: tuple(p) for n, p in raw.get("compiled", {}).items()})
 
 
 def _python_failure(code: int) -> str:
@@ -278,8 +294,9 @@ def label_checks(labels: Mapping[str, str], facts: ImageFacts, recipe: Recipe | 
     _cuda_labels(v, facts)
     _library_labels(v, facts)
     _recipe_labels(v, facts, recipe)
-    known = {r.name.removeprefix("label ") for r in v.results}
-    known.add(K.GPUS)  # checked against the image's kernels, not its facts: gpus_label_checks
+    # cuda.arch and gpus are held to the image's kernels, which these facts do not hold
+    # (arch_label_checks, gpus_label_checks)
+    known = {r.name.removeprefix("label ") for r in v.results} | {K.CUDA_ARCH, K.GPUS}
     for label in sorted(set(v.labels) - known):
         v.skip(label, "imgbuild has no check of this label against the image's content")
     return v.results
@@ -370,7 +387,7 @@ def _version_is(version: str, label: str) -> bool:
 
 
 def _recipe_labels(v: _Verdicts, facts: ImageFacts, recipe: Recipe | None) -> None:
-    """What the recipe put there: installer, recipe digest, weights; cuda.arch is skipped."""
+    """What the recipe put there: installer, recipe digest, weights (cuda.arch: arch_label_checks)."""
     if K.INSTALLER in v.labels:
         v.results.append(_installer_check(v.labels[K.INSTALLER], facts, recipe))
     digest = v.labels.get(K.RECIPE_DIGEST)
@@ -387,9 +404,111 @@ def _recipe_labels(v: _Verdicts, facts: ImageFacts, recipe: Recipe | None) -> No
         else:
             want = [(w.ref, w.mount) for w in recipe.weights]
             v.verdict(K.WEIGHTS, pairs == want, f"the recipe lists {want}")
-    if K.CUDA_ARCH in v.labels:
-        v.skip(K.CUDA_ARCH, "the GPU architectures compiled into extensions: reading them back needs cuobjdump, "
-                            "which imgbuild does not run")
+
+
+# --- io.imgbuild.cuda.arch against the kernels the source builds put into the image (issue 30) -------
+
+_ARCH_ITEM = re.compile(r"(\d{1,2})\.(\d)([af]?)(\+PTX)?")
+
+
+def _arch_claim(label: str) -> tuple[set[str], set[str]] | None:
+    """``8.0;9.0a;10.0+PTX`` -> (SASS, PTX) in cuobjdump's spelling: ({sm_80, sm_90a, sm_100},
+    {compute_100}); family code (10.0f) is named sm_100 as the reader names it. None: no such list."""
+    sass: set[str] = set()
+    ptx: set[str] = set()
+    for item in label.split(";"):
+        m = _ARCH_ITEM.fullmatch(item.strip())
+        if m is None:
+            return None
+        kind = "a" if m[3] == "a" else ""
+        sass.add(f"sm_{m[1]}{m[2]}{kind}")
+        if m[4]:
+            ptx.add(f"compute_{m[1]}{m[2]}{kind}")
+    return sass, ptx
+
+
+def _arch_key(name: str) -> tuple[int, str]:
+    digits = re.search(r"\d+", name)
+    return (int(digits[0]) if digits else 0, name)
+
+
+def _carried(k: FileKernels) -> tuple[set[str], set[str]]:
+    """(SASS, PTX) of the code the CUDA runtime loads from a file, named as ``_arch_claim`` names them."""
+    return ({a.name for a in k.sass_archs()},
+            {f"compute_{a.number}{'a' if a.specific else ''}" for a, _ in k.ptx()})
+
+
+def _listed(names: set[str]) -> str:
+    return ", ".join(sorted(names, key=_arch_key))
+
+
+def arch_label_check(label: str | None, compiled: Mapping[str, tuple[str, ...]],
+                     kernels: Mapping[str, FileKernels], unreadable: Mapping[str, str]) -> TestResult | None:
+    """io.imgbuild.cuda.arch against the fat binaries of the files the source builds installed
+    (``compiled``: distribution -> its shared objects; ``kernels``: what the reader found in them):
+    each architecture it names present as SASS in one of them (arch-specific kinds exact), the PTX
+    of each ``+PTX`` one, and no file carrying code the label omits. The failure names the file
+    that decides. None: no label and nothing compiled carries kernels (nothing to check)."""
+    name = f"label {K.CUDA_ARCH}"
+    owner = {path: dist for dist, paths in compiled.items() for path in paths}
+    carried = {p: kernels[p] for p in sorted(owner) if p in kernels and kernels[p].runnable}
+
+    def failed(detail: str) -> TestResult:
+        return TestResult(name, "label", FAILED, detail)
+
+    if label is None:
+        if not carried:
+            return None
+        path, k = next(iter(carried.items()))
+        sass, ptx = _carried(k)
+        return failed(f"is missing, but {path} ({owner[path]}, compiled from source) carries {_listed(sass | ptx)}")
+    claim = _arch_claim(label)
+    if claim is None:
+        return failed(f"says {label!r}, which is no list of compute capabilities like 8.0;9.0a;10.0+PTX")
+    if bad := sorted(p for p in owner if p in unreadable):
+        return failed(f"says {label!r}, but the kernels of {bad[0]} ({owner[bad[0]]}) cannot be read: "
+                      f"{unreadable[bad[0]]}")
+    if not carried:
+        built = (f"the packages compiled from source ({', '.join(sorted(compiled))}) carry no CUDA kernels"
+                 if compiled else f"no package was installed from the compile stage's wheels ({LOCAL_WHEELS_MOUNT})")
+        return failed(f"says {label!r}, but {built}")
+    want_sass, want_ptx = claim
+    have_sass: set[str] = set()
+    have_ptx: set[str] = set()
+    for path, k in carried.items():
+        sass, ptx = _carried(k)
+        if extra := (sass - want_sass) | (ptx - want_ptx):
+            return failed(f"says {label!r}, but {path} ({owner[path]}) carries {_listed(extra)}, which it omits")
+        have_sass |= sass
+        have_ptx |= ptx
+    if missing := (want_sass - have_sass) | (want_ptx - have_ptx):
+        return failed(f"says {label!r}, but no file compiled from source carries {_listed(missing)} "
+                      f"(read: {', '.join(carried)})")
+    dists = sorted({owner[p] for p in carried})
+    return TestResult(name, "label", PASSED, f"{label!r}: {len(carried)} file(s) compiled from source "
+                      f"({', '.join(dists)}) carry {_listed(have_sass | have_ptx)}")
+
+
+def arch_label_checks(engine: Engine, image_id: str, labels: Mapping[str, str], facts: ImageFacts,
+                      *, other_platform: bool = False) -> list[TestResult]:
+    """``arch_label_check`` on the image: the files the source builds installed are read from one
+    streamed export of its file system (the rest of it skipped unread). ``other_platform``: the
+    image tested is not the engine's own platform's, which is the one an export reads: skipped."""
+    label = labels.get(K.CUDA_ARCH)
+    if label is None and not facts.compiled:
+        return []
+    if other_platform:
+        return [TestResult(f"label {K.CUDA_ARCH}", "label", SKIPPED, "the kernels are read from the engine's "
+                           "own platform's image; this is another platform's")]
+    files = {p for paths in facts.compiled.values() for p in paths}
+    kernels: Mapping[str, FileKernels] = {}
+    errors: Mapping[str, str] = {}
+    if files:
+        with engine.filesystem(image_id) as chunks:
+            scan = scan_kernels(io.BufferedReader(IterStream(chunks), 1 << 20), wanted=files.__contains__)
+        kernels, errors = scan.kernels, scan.errors
+    found = arch_label_check(label, facts.compiled, kernels, errors)
+    return [found] if found else []
 
 
 def gpus_label_checks(label: str, files: Iterable[FileKernels], unreadable: Iterable[tuple[str, str]] = (),
@@ -570,6 +689,8 @@ def run_image_tests(engine: Engine, image: str, *, recipe: Recipe | None = None,
             add([facts_failure(exc)])
         else:
             add(label_checks(labels, facts, recipe))
+            add(arch_label_checks(engine, attrs["Id"], labels, facts,
+                                  other_platform=platform is not None and platform != engine_platform(attrs)))
             add(import_checks(facts, gpu=gpu))
         if K.GPUS in labels:
             add(_gpus_test(engine, image, labels, attrs, platform))

@@ -45,6 +45,7 @@ from typing import TYPE_CHECKING, Any
 
 from buildkit_py import label_keys as L
 from buildkit_py import oci
+from buildkit_py.analysis.gpu_coverage import KernelCoverage, coverage_table, kernel_coverage
 from buildkit_py.analysis.layer_paths import CACHE, COMPILER, CUDA_DUPLICATE, DELETED, WEIGHTS, FindingKind
 from buildkit_py.analysis.saved_image import IterStream, LayerScan, SaveScan, analyze_save_stream
 from buildkit_py.analysis.severity import Severity
@@ -111,6 +112,7 @@ class ImageReport:
     # or None (not estimated).
     compressed_source: str | None = None
     unpack_mbps: float | None = None  # MB/s of unpacking counted in pull_seconds; None: network only
+    kernels: KernelCoverage | None = None  # with InspectOptions.kernels: architectures x libraries
 
     @property
     def flavor(self) -> str | None:
@@ -320,6 +322,7 @@ class InspectOptions:
     workers: int | None = None  # gzip threads; None: by the cores
     registry_sizes: bool = True  # take compressed sizes from the registry's manifest when it has the image
     unpack_mbps: float | None = None  # MB/s of unpacking counted in the pull time; None: network only
+    kernels: bool = False  # also read the CUDA kernels of every ELF file, in the same pass
 
 
 @dataclass(frozen=True)
@@ -367,7 +370,7 @@ def inspect_image(engine: Engine, ref: str, options: InspectOptions | None = Non
     stream = io.BufferedReader(IterStream(iter(counted)), 1 << 20)
     saved = analyze_save_stream(stream, image_id=image_id, diff_ids=diff_ids,
                                 estimate_compressed=opts.estimate_compressed and remote is None,
-                                workers=opts.workers)
+                                workers=opts.workers, kernels=opts.kernels)
     counted.finish()
     history = (saved.config or {}).get("history") or []
     try:
@@ -456,6 +459,7 @@ def build_report(facts: ImageFacts, saved: SaveScan, options: InspectOptions | N
         compressed_size=compressed, unpack_mbps=opts.unpack_mbps, pull_seconds=pull,
         bandwidth_mbps=opts.bandwidth_mbps, layers=tuple(layers), labels=dict(facts.labels),
         findings=tuple(findings), compressed_source=source if compressed is not None else None,
+        kernels=kernel_coverage(saved.kernels(diff_ids).kernels.values()) if opts.kernels else None,
     )
 
 
@@ -507,7 +511,7 @@ def report_json(report: ImageReport) -> dict[str, Any]:
         ],
         "groups": group_sizes(report),
         "findings": [f.to_json() for f in report.findings],
-    }
+    } | ({"kernels": report.kernels.to_json()} if report.kernels is not None else {})
 
 
 def short_created(created_by: str, width: int = 60) -> str:
@@ -532,8 +536,11 @@ def report_blocks(report: ImageReport) -> list[Block]:
         (g, human_size(b), f"{100 * b / report.size:.1f}%" if report.size else "-")
         for g, b in group_sizes(report).items()), right=frozenset({"size", "share"})))
     if not report.findings:
-        return [*blocks, "No findings."]
-    blocks.append(TextTable("Findings", ("severity", "kind", "layer", "path", "size", "message"), tuple(
-        (f.severity, f.kind, f"{f.layer} {f.step}" if f.step else str(f.layer), f.path, human_size(f.size), f.message)
-        for f in report.findings), right=frozenset({"size"}), styles={WARNING: "yellow", INFO: "dim"}))
+        blocks.append("No findings.")
+    else:
+        blocks.append(TextTable("Findings", ("severity", "kind", "layer", "path", "size", "message"), tuple(
+            (f.severity, f.kind, f"{f.layer} {f.step}" if f.step else str(f.layer), f.path, human_size(f.size),
+             f.message) for f in report.findings), right=frozenset({"size"}), styles={WARNING: "yellow", INFO: "dim"}))
+    if report.kernels is not None:
+        blocks.append(coverage_table(report.kernels) if report.kernels.libraries else "No CUDA kernels.")
     return blocks

@@ -150,6 +150,7 @@ class LayerScan:
     # with ``keep``: the contents of the kept regular files, and where kept symlinks point
     kept: dict[str, bytes] = field(default_factory=dict)
     links: dict[str, str] = field(default_factory=dict)
+    kernels: KernelScan | None = None  # with ``kernels``: the fat binaries of its ELF files
 
 
 def _keep_member(inner: tarfile.TarFile, m: tarfile.TarInfo, path: str, scan: LayerScan) -> None:
@@ -166,12 +167,39 @@ def _keep_member(inner: tarfile.TarFile, m: tarfile.TarInfo, path: str, scan: La
         scan.kept[path] = f.read() if f is not None else b""
 
 
-def scan_layer(fileobj: IO[bytes], *, counter: GzipCounter | None, keep: KeepFile | None = None) -> LayerScan:
+def _kernel_member(inner: tarfile.TarFile, m: tarfile.TarInfo, path: str, found: KernelScan) -> None:
+    """The fat binaries of member ``m`` when it is an ELF file, read whole (its section table is at
+    its end); of any other file its first four bytes only. A later entry for a path replaces this one."""
+    found.kernels.pop(path, None)
+    found.errors.pop(path, None)
+    found.paths.add(path)
+    if not m.isreg() or m.size < len(ELF_MAGIC):
+        return
+    found.files += 1
+    f = _extract(inner, m)
+    head = f.read(len(ELF_MAGIC))
+    if head != ELF_MAGIC:
+        return
+    data = head + f.read()
+    found.elf_bytes += len(data)
+    try:
+        kernels = read_kernels(data, path)
+    except KernelReadError as exc:
+        found.errors[path] = exc.message
+        return
+    if kernels is not None:
+        found.kernels[path] = kernels
+
+
+def scan_layer(fileobj: IO[bytes], *, counter: GzipCounter | None, keep: KeepFile | None = None,
+               kernels: bool = False) -> LayerScan:
     """One streaming pass over a layer tar: digest, sizes, gzip estimate, members of interest,
-    and the contents of the files ``keep`` names. Weight-like files are kept whatever their
-    size; find_problems applies the threshold."""
+    the contents of the files ``keep`` names and, with ``kernels``, the fat binaries of every ELF
+    file (``scan.kernels``, which stack_kernel_scans stacks). Weight-like files are kept whatever
+    their size; find_problems applies the threshold."""
     tee = _TeeReader(fileobj, counter)
     scan = LayerScan()
+    found = KernelScan() if kernels else None
     try:
         # An empty blob, or one that is no tar at all, raises ReadError: the digest decides what it was.
         with tarfile.open(fileobj=tee, mode="r|") as inner:  # type: ignore[arg-type]
@@ -186,6 +214,8 @@ def scan_layer(fileobj: IO[bytes], *, counter: GzipCounter | None, keep: KeepFil
                     continue
                 if keep is not None and keep(path):
                     _keep_member(inner, m, path, scan)
+                if found is not None:
+                    _kernel_member(inner, m, path, found)
                 if m.isreg():
                     size = m.size
                 elif m.issym():
@@ -202,6 +232,10 @@ def scan_layer(fileobj: IO[bytes], *, counter: GzipCounter | None, keep: KeepFil
                         scan.hits.append((kind, detail, path, m.size if m.isreg() else 0))
     except tarfile.ReadError:
         scan = LayerScan()
+        found = KernelScan() if kernels else None
+    if found is not None:
+        found.whiteouts = list(scan.whiteouts)
+        scan.kernels = found
     tee.drain()
     scan.digest = "sha256:" + tee.sha.hexdigest()
     scan.blob_size = tee.size
@@ -214,6 +248,11 @@ def scan_layer(fileobj: IO[bytes], *, counter: GzipCounter | None, keep: KeepFil
 class SaveScan:
     config: dict | None
     layers: dict[str, LayerScan]  # by diff id
+
+    def kernels(self, diff_ids: list[str]) -> KernelScan:
+        """The fat binaries a container of the image sees: the layers' kernel scans (taken with
+        ``kernels=True``) stacked bottom first."""
+        return stack_kernel_scans(self.layers[d].kernels or KernelScan() for d in diff_ids)
 
 
 _GZIP_MAGIC = b"\x1f\x8b"
@@ -275,10 +314,11 @@ def _is_config_member(name: str, image_hex: str) -> bool:
 
 def analyze_save_stream(stream: IO[bytes], *, image_id: str, diff_ids: list[str],
                         estimate_compressed: bool = True, workers: int | None = None,
-                        keep: KeepFile | None = None) -> SaveScan:
+                        keep: KeepFile | None = None, kernels: bool = False) -> SaveScan:
     """Parse a ``docker save`` tar read from ``stream`` (never seeking), scanning each layer
-    once (and keeping the contents of the files ``keep`` names). Raises InspectError when a
-    layer of ``diff_ids`` is not in it."""
+    once (and keeping the contents of the files ``keep`` names; with ``kernels``, reading the fat
+    binaries of its ELF files in the same pass). Raises InspectError when a layer of ``diff_ids``
+    is not in it."""
     if workers is None:
         # Threads pay off from 4 cores up; on 2 the engine streaming the image needs one of them.
         cpus = os.cpu_count() or 1
@@ -286,7 +326,7 @@ def analyze_save_stream(stream: IO[bytes], *, image_id: str, diff_ids: list[str]
     pool = concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="imgbuild-gzip") \
         if estimate_compressed and workers > 1 else None
     reader = _SaveReader(image_id, diff_ids, estimate_compressed=estimate_compressed, pool=pool, workers=workers,
-                         keep=keep)
+                         keep=keep, kernels=kernels)
     try:
         with tarfile.open(fileobj=stream, mode="r|") as outer:  # type: ignore[arg-type]
             for m in outer:
@@ -305,8 +345,9 @@ class _SaveReader:
     the scans of the wanted layers, and (OCI layout) the JSON blobs the config may be behind."""
 
     def __init__(self, image_id: str, diff_ids: list[str], *, estimate_compressed: bool,
-                 pool: concurrent.futures.Executor | None, workers: int, keep: KeepFile | None = None):
-        self.keep = keep
+                 pool: concurrent.futures.Executor | None, workers: int, keep: KeepFile | None = None,
+                 kernels: bool = False):
+        self.keep, self.kernels = keep, kernels
         self.image_hex = image_id.split(":", 1)[-1]
         self.diff_hexes = {d.split(":", 1)[-1] for d in diff_ids}
         self.wanted = set(diff_ids)
@@ -324,14 +365,14 @@ class _SaveReader:
             self._oci_blob(outer, m)
         elif _is_layer_member(m.name, self.diff_hexes):
             counter = GzipCounter(self.pool, self.workers) if self.estimate_compressed else None
-            self._keep(scan_layer(_extract(outer, m), counter=counter, keep=self.keep))
+            self._keep(scan_layer(_extract(outer, m), counter=counter, keep=self.keep, kernels=self.kernels))
 
     def _oci_blob(self, outer: tarfile.TarFile, m: tarfile.TarInfo) -> None:
         """OCI layout (the containerd store): compressed layers, configs, manifests, indexes."""
         f = _extract(outer, m)
         head = f.peek(4)[:4]  # type: ignore[attr-defined]
         if compression := _blob_compression(head):
-            scan = scan_layer(decompressing(f, compression), counter=None, keep=self.keep)
+            scan = scan_layer(decompressing(f, compression), counter=None, keep=self.keep, kernels=self.kernels)
             scan.compressed_size, scan.compression = m.size, compression
             self._keep(scan)
         elif m.size <= MAX_CONFIG_BYTES and head[:1] == b"{":
@@ -403,12 +444,13 @@ _BLOCK = 512
 _SKIP_CHUNK = 1 << 20
 
 
-def scan_kernels(stream: IO[bytes]) -> KernelScan:
+def scan_kernels(stream: IO[bytes], wanted: Callable[[str], bool] | None = None) -> KernelScan:
     """One forward pass over a tar (a layer, or a container's exported file system), reading
     every ELF file whole (its section table is at its end) and nothing else past its first
     bytes. It walks the 512-byte headers itself rather than through tarfile's stream mode,
     which copies a member's data in 10 KiB pieces: on a 5.9 GB torch image that was half the
-    time. PAX and GNU long names are followed; the rest is skipped unread."""
+    time. PAX and GNU long names are followed; the rest is skipped unread, as is
+    every file ``wanted`` (given its absolute path) turns down."""
     scan = KernelScan()
     block = bytearray(_BLOCK)
     buf = bytearray(0)  # reused for every ELF file: allocating one per file costs page faults
@@ -439,7 +481,7 @@ def scan_kernels(stream: IO[bytes]) -> KernelScan:
             scan.kernels.pop(path, None)
             scan.errors.pop(path, None)
             scan.paths.add(path)
-        if not info.isreg() or path is None or size < len(ELF_MAGIC):
+        if not info.isreg() or path is None or size < len(ELF_MAGIC) or (wanted is not None and not wanted(path)):
             _skip(stream, padded)
             continue
         scan.files += 1

@@ -28,7 +28,7 @@ def register_inspect(add: AddCommand) -> None:
     engine_option(i)
     i.add_argument("--kernels", action="store_true",
                    help="also list the CUDA kernels: architectures x libraries, bytes of SASS per architecture "
-                        "(one more pass over the image's file system)")
+                        "(read in the same pass over the image's layers)")
     json_option(i)
     progress_option(i, "bytes of the image read")
     i.set_defaults(handler=cmd_inspect)
@@ -64,25 +64,11 @@ def cmd_inspect(args: argparse.Namespace, out: Out) -> int:
     with transfer_view(out.stderr, args.progress) as progress:
         report = inspect_image(engine, args.image, InspectOptions(
             bandwidth_mbps=args.bandwidth, weight_threshold=threshold, estimate_compressed=not args.no_compressed,
-            unpack_mbps=args.unpack_rate), progress=progress)
-    coverage = None
-    if args.kernels:
-        from buildkit_py.analysis.gpu_coverage import kernel_coverage, read_image_kernels
-
-        out.info(f"reading the CUDA kernels of {args.image} (its file system, one pass)")
-        coverage = kernel_coverage(read_image_kernels(engine, report.id)[0])
+            unpack_mbps=args.unpack_rate, kernels=args.kernels), progress=progress)
     if args.json:
-        data = report_json(report)
-        if coverage is not None:
-            data["kernels"] = coverage.to_json()
-        out.data(data)
+        out.data(report_json(report))
     else:
-        blocks = report_blocks(report)
-        if coverage is not None:
-            from buildkit_py.analysis.gpu_coverage import coverage_table
-
-            blocks.append(coverage_table(coverage) if coverage.libraries else "No CUDA kernels.")
-        out.blocks(blocks)
+        out.blocks(report_blocks(report))
     return 0
 
 

@@ -101,7 +101,9 @@ def cmd_plan(args: argparse.Namespace, out: Out) -> int:
     if res["torch"]:
         out.line(f"  torch     {res['torch']} from {res['torch_index_url'] or 'the Python registry'}")
     if res["compile"]:
-        out.line(f"  compiles  {', '.join(res['compile'])} for sm {', '.join(res['cuda_arch'])}")
+        # what the label will say: each package's own list, which may differ from what was asked
+        asked = "" if res["compiled_arch"] == res["cuda_arch"] else f" (cuda_arch: {', '.join(res['cuda_arch'])})"
+        out.line(f"  compiles  {', '.join(res['compile'])} for sm {', '.join(res['compiled_arch'])}{asked}")
     for stage in data["stages"]:
         out.line(f"  stage {stage['name']:<8} FROM {stage['base']}: " + ", ".join(s["id"] for s in stage["steps"]))
     out.line(f"  tags      {', '.join(data['tags'])}")

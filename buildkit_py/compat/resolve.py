@@ -67,6 +67,9 @@ class Resolution:
     # what the compile stage's source builds must be told to compile cuda_arch and no more
     # (FLASH_ATTN_CUDA_ARCHS: flash-attn reads its own setting, not TORCH_CUDA_ARCH_LIST)
     build_env: tuple[tuple[str, str], ...] = ()
+    # what the from-source builds compile, as io.imgbuild.cuda.arch says it ("8.0;9.0+PTX"): each
+    # package's own list (flash-attn's gencodes), which may differ from cuda_arch; () when none compiles
+    compiled_arch: tuple[str, ...] = ()
 
     @property
     def driver_floor(self) -> DriverFloor:
@@ -142,6 +145,7 @@ def resolve(recipe: Recipe, base: BaseFacts | None = None, looked_up: rules.Look
         prebuilt_urls=flash_attn.prebuilt,
         cuda_arch=arch_list,
         build_env=_build_env(recipe, compile_, arch_list, cuda.version),
+        compiled_arch=_compiled_arch(recipe, compile_, arch_list, cuda.version),
         warnings=torch.warnings + bnb_warnings + images.warnings + flavor_warnings + pinned.warnings,
         base_digest=pinned.digest,
         native_driver=cuda.floor.evidence,
@@ -168,8 +172,36 @@ def _build_env(recipe: Recipe, compile_: frozenset[str], archs: tuple[str, ...],
     that io.imgbuild.cuda.arch says what it compiled (flash-attn's FLASH_ATTN_CUDA_ARCHS)."""
     if "flash-attn" not in compile_:
         return ()
-    version = next(spec.split("==", 1)[1] for spec in recipe.pip if pin_name(spec) == "flash-attn")
-    return compat.flash_attn_build_env(version, archs, cuda)
+    return compat.flash_attn_build_env(_pinned_version(recipe, "flash-attn"), archs, cuda)
+
+
+def _pinned_version(recipe: Recipe, name: str) -> str:
+    return next(spec.split("==", 1)[1] for spec in recipe.pip if pin_name(spec) == name)
+
+
+def _compiled_arch(recipe: Recipe, compile_: frozenset[str], archs: tuple[str, ...],
+                   cuda: str) -> tuple[str, ...]:
+    """What the compile stage's builds put into the image, together: flash-attn its gencodes for
+    ``archs`` (compat.flash_attn_compiled: SASS only), every other package TORCH_CUDA_ARCH_LIST as
+    torch's cpp_extension reads it (``+PTX`` adds the PTX of that arch). The default image test
+    reads the kernels back and holds the label to them (analysis.image_checks)."""
+    sass: set[str] = set()
+    ptx: set[str] = set()
+    for name in compile_:
+        if name == "flash-attn":
+            sass.update(compat.flash_attn_compiled(_pinned_version(recipe, "flash-attn"), archs, cuda))
+            continue
+        for arch in archs:
+            sass.add(arch.replace("+PTX", ""))
+            if arch.endswith("+PTX"):
+                ptx.add(arch.replace("+PTX", ""))
+    return tuple(a + ("+PTX" if a in ptx else "") for a in sorted(sass, key=_arch_order))
+
+
+def _arch_order(arch: str) -> tuple[int, int, str]:
+    major, _, rest = arch.partition(".")
+    minor = rest.rstrip("af")
+    return int(major), int(minor), rest[len(minor):]
 
 
 def _all_of(problems: list[CompatibilityError]) -> CompatibilityError:

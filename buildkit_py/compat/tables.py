@@ -575,24 +575,36 @@ def flash_attn_arch_env() -> str:
     return str(_load_raw("flash_attn.json")["arch_env"]["name"])
 
 
-def flash_attn_build_env(version: str, archs: tuple[str, ...], nvcc: str) -> tuple[tuple[str, str], ...]:
-    """What a source build of flash-attn ``version`` by ``nvcc`` must be told so that it compiles SASS
-    for ``archs`` (build.cuda_arch, 8.6 or 9.0+PTX) and no more: from 2.7.3 its setup.py compiles only
-    the gencodes FLASH_ATTN_CUDA_ARCHS lists (flash_attn.json ``arch_env``; default every one of them),
-    each arch taken by the newest gencode of its major at or below it (sm_80 runs on 8.6 and 8.9).
-    Before 2.7.3 setup.py reads no such setting: () and its gencode list is what it compiles."""
+def flash_attn_compiled(version: str, archs: tuple[str, ...], nvcc: str) -> tuple[str, ...]:
+    """The SASS a source build of flash-attn ``version`` by ``nvcc`` compiles when imgbuild sets
+    ``flash_attn_build_env`` for ``archs`` (build.cuda_arch): from 2.7.3 each arch's newest gencode
+    of its major at or below it (sm_80 runs on 8.6 and 8.9); before, setup.py's whole gencode list
+    that this nvcc compiles, whatever the recipe asks: its ``-gencode`` flags make torch's
+    cpp_extension ignore TORCH_CUDA_ARCH_LIST (``_get_cuda_arch_flags`` returns nothing when a flag
+    names an arch). Never PTX: setup.py passes only ``code=sm_XY``."""
     env = _load_raw("flash_attn.json")["arch_env"]
-    rel = flash_attn_release(version)
+    usable = flash_attn_release(version).sms(nvcc)
     if Version(version) < Version(env["since"]):
-        return ()
-    usable = [sm for sm, needs in rel.gencode if Version(nvcc) in needs or not str(needs)]
+        return tuple(sorted(usable, key=Version))
     picked: set[str] = set()
     for arch in archs:
         base = Version(arch_base(arch))
         same = [sm for sm in usable if Version(sm).major == base.major and Version(sm) <= base]
         if same:
             picked.add(max(same, key=Version))
-    return ((env["name"], ";".join(sm.replace(".", "") for sm in sorted(picked, key=Version))),) if picked else ()
+    return tuple(sorted(picked, key=Version))
+
+
+def flash_attn_build_env(version: str, archs: tuple[str, ...], nvcc: str) -> tuple[tuple[str, str], ...]:
+    """What a source build of flash-attn ``version`` by ``nvcc`` must be told so that it compiles SASS
+    for ``archs`` (build.cuda_arch, 8.6 or 9.0+PTX) and no more (``flash_attn_compiled``): from 2.7.3
+    its setup.py compiles only the gencodes FLASH_ATTN_CUDA_ARCHS lists (flash_attn.json ``arch_env``;
+    default every one of them). Before 2.7.3 setup.py reads no such setting: ()."""
+    env = _load_raw("flash_attn.json")["arch_env"]
+    if Version(version) < Version(env["since"]):
+        return ()
+    picked = flash_attn_compiled(version, archs, nvcc)
+    return ((env["name"], ";".join(sm.replace(".", "") for sm in picked)),) if picked else ()
 
 
 @functools.cache

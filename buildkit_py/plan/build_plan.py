@@ -458,6 +458,7 @@ def plan_json(plan: BuildPlan, dockerfile: str) -> dict[str, Any]:
             "python": res.python, "python_provider": res.python_provider,
             "os": res.os, "torch": res.torch_label, "torch_index_url": res.torch_index_url,
             "compile": list(res.compile), "cuda_arch": list(res.cuda_arch),
+            "compiled_arch": list(res.compiled_arch),
             "require_cuda": res.require_cuda,
         },
         "needs": sorted(plan.needs),

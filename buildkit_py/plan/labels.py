@@ -69,8 +69,8 @@ def static_labels(recipe: Recipe, res: Resolution) -> dict[str, str]:
         labels[CUDNN_VERSION] = res.cudnn
     if res.torch_label:
         labels[TORCH_VERSION] = res.torch_label
-    if res.cuda_arch:
-        labels[CUDA_ARCH] = ";".join(res.cuda_arch)
+    if res.compiled_arch:  # what was compiled, not what was asked: flash-attn compiles its own list
+        labels[CUDA_ARCH] = ";".join(res.compiled_arch)
     if recipe.gpus:  # resolve checked each name; as NVIDIA's list spells it, in the recipe's order
         labels[GPUS] = ";".join(gpu_spec(g).name for g in recipe.gpus)
     if recipe.weights:

@@ -143,13 +143,19 @@ class WheelBuildStep(Step):
     env: tuple[tuple[str, str], ...] = ()  # each package's own architecture setting (FLASH_ATTN_CUDA_ARCHS)
 
 
+# Where the final stage mounts the compile stage's wheels to install them: the installers record
+# it in each one's direct_url.json, which is how the image test tells what imgbuild compiled.
+LOCAL_WHEELS_MOUNT = "/tmp/wheels"  # noqa: S108 - a path inside the image, bind-mounted for one RUN
+
+
 @dataclass(frozen=True)
 class LocalWheelsStep(Step):
-    """Installs the wheels another stage built, bind-mounted from its /wheels."""
+    """Installs the wheels another stage built, bind-mounted from its /wheels at ``mount``."""
 
     MACRO: ClassVar[str] = "step_local_wheels"
     packages: tuple[str, ...]  # what was built, written as a comment for the reader
     wheels_from: str  # stage name
+    mount: str = LOCAL_WHEELS_MOUNT
     installer: Installer = PIP_INSTALLER  # as PipStep.installer
 
 

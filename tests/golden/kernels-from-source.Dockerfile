@@ -214,7 +214,7 @@ ENV CUDA_VERSION="12.4.1" \
     NVIDIA_DRIVER_CAPABILITIES="compute,utility" \
     NVIDIA_REQUIRE_CUDA="cuda>=12.0" \
     NVIDIA_VISIBLE_DEVICES="all"
-LABEL "io.imgbuild.cuda.arch"="9.0" \
+LABEL "io.imgbuild.cuda.arch"="8.0;9.0" \
       "io.imgbuild.cuda.driver.min"="550.54.15" \
       "io.imgbuild.cuda.driver.min-compat"="525.60.13" \
       "io.imgbuild.cuda.flavor"="runtime" \
