@@ -27,7 +27,7 @@ from buildkit_py.sizes import human_size
 if TYPE_CHECKING:
     from rich.console import Console
 
-    from buildkit_py.pipeline.build import BuildOptions, Publishing
+    from buildkit_py.pipeline.build import BuildOptions, BuildReport, Publishing
     from buildkit_py.pipeline.matrix_build import MatrixBuild
     from buildkit_py.plan.lock import LockMode
 
@@ -184,7 +184,15 @@ def cmd_build(args: argparse.Namespace, out: Out) -> int:
     }
     if args.json:
         out.data(report)
-        return 0
+    else:
+        _build_lines(out, built)
+    return 0
+
+
+def _build_lines(out: Out, built: BuildReport) -> None:
+    """`build`'s result as text: the image, its size and steps, its tests, pushes, SBOMs and signatures."""
+    outcome, reports, sboms, signed = built.outcome, built.tests, built.sboms, built.signatures
+    r = outcome.result
     compressed = outcome.sizes.compressed if outcome.sizes else None
     out.line(f"image    {r.image_id}")
     out.line(f"tags     {', '.join(r.tags)}")
@@ -201,7 +209,6 @@ def cmd_build(args: argparse.Namespace, out: Out) -> int:
         out.line(f"sbom     {s.ref} ({s.components} components, {s.via}) for {s.subject} ({s.platform})")
     for g in signed:
         out.line(f"signed   {g.digest} ({g.platform or 'index' if len(signed) > 1 else 'manifest'}, {g.tag})")
-    return 0
 
 
 def _signing_key(args: argparse.Namespace) -> Any:

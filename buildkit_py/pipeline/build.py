@@ -135,14 +135,47 @@ def build_checked(plan: BuildPlan, engine: Engine, options: BuildOptions, on_lin
     secrets = build_secrets(options.ca_cert, options.pip_config)
     # uv reads no pip.conf: its steps get the translation (UV_* variables) as a secret of their own.
     uv_env = uv_env_for(plan, options.pip_config, ca_cert=options.ca_cert is not None)
+    tags = _preflight(plan, engine, options)
+    # A budget and the tests are checked on the image in the engine before anything is pushed.
+    checked_first = plan.recipe.max_size is not None or options.test
+    keep_local = options.load or checked_first or not options.push or ENGINE_STORE in engine.capabilities
+    with tempfile.TemporaryDirectory(prefix="imgbuild-") as tmp:
+        # An image checked before its push also gets a tag of its own until it is pushed: another build
+        # of the same recipe taking the tags meanwhile would otherwise leave it untagged, which the
+        # containerd store drops (and the push of the checked image would find nothing)
+        hold = hold_tag(tags[0]) if options.push and checked_first else None
+        request = _request(plan, engine, options, (dockerfile, secrets, uv_env, Path(tmp)),
+                           tags + ((hold,) if hold else ()), load=keep_local,
+                           push=options.push and PUSH in engine.capabilities and not checked_first)
+        # A failure comes back as BuildFailed naming the step, its last lines and the known cause
+        # (engine/buildlog.py), a full disk included.
+        result = replace(engine.build(request, on_line), tags=tags)
+        try:
+            measured = _measure(engine, plan, result.image_id, keep_local=keep_local)
+            _check_budget(engine, plan, result.image_id, tags, measured, options.rejected)
+            tests = _test(engine, plan, result.image_id, tags, options, on_event)
+            pushes = _push(engine, result.image_id, result, options, checked_first=checked_first,
+                           progress=(on_progress, on_transfer))
+        finally:
+            if hold:
+                release_hold(engine, hold)
+    sizes, groups, image_labels = _read_back(measured, pushes)
+    outcome = BuildOutcome(plan, engine.name, result, sizes.uncompressed if sizes else 0, tuple(pushes), groups,
+                           labels=image_labels, sizes=sizes)
+    return BuildReport(outcome, tests=tests)
+
+
+# What the built image measures in the engine: its sizes (None when it is not there), bytes per
+# layer group and its labels.
+Measured = tuple[ImageSizes | None, dict[str, int], dict[str, str]]
+
+
+def _preflight(plan: BuildPlan, engine: Engine, options: BuildOptions) -> tuple[str, ...]:
+    """Everything refused before a build starts: the tags' grammar, what the engine cannot do, the
+    registry's credentials. Returns the tags the image gets."""
     tags = plan.tags if not options.tags else options.tags
     for tag in tags:  # reach argv and the registry, never a shell: check the grammar, exit 2
         check_image_tag(tag)
-    budget = plan.recipe.max_size
-    from_buildkit = options.push and PUSH in engine.capabilities
-    # A budget and the tests are checked on the image in the engine before anything is pushed.
-    checked_first = budget is not None or options.test
-    keep_local = options.load or checked_first or not options.push or ENGINE_STORE in engine.capabilities
     probe = BuildRequest(Path("."), Path("Dockerfile"), tags, cache_from=options.cache_from,
                          cache_to=options.cache_to, builder=options.builder, compression=options.compression,
                          oci_mediatypes=options.oci_mediatypes, provenance=options.provenance,
@@ -150,7 +183,15 @@ def build_checked(plan: BuildPlan, engine: Engine, options: BuildOptions, on_lin
     require(engine, required_capabilities(plan.needs, probe))
     if options.push:  # wrong credentials fail now, not after the whole build
         check_can_push(tags)
+    return tags
 
+
+def _request(plan: BuildPlan, engine: Engine, options: BuildOptions,
+             written: tuple[str, dict[str, Path], str | None, Path], tags: tuple[str, ...], *, push: bool,
+             load: bool) -> BuildRequest:
+    """The engine's build request: the Dockerfile, the context and uv's settings (``written``) written
+    into the folder it names, with the volatile labels and the secrets."""
+    dockerfile, secrets, uv_env, tmp = written
     # No attestation unless asked for: BuildKit's provenance carries the build's start time and a
     # random invocation id, so with it every build, even of nothing changed, gets a new digest.
     provenance = options.provenance
@@ -159,55 +200,59 @@ def build_checked(plan: BuildPlan, engine: Engine, options: BuildOptions, on_lin
     # A base pinned at plan time carries its digest as a static label already.
     base_digest = None if plan.resolution.base_digest else local_digest(engine, plan.resolution.base_image)
     volatile = L.volatile_labels(plan.recipe, base_digest=base_digest)
-    with tempfile.TemporaryDirectory(prefix="imgbuild-") as tmp:
-        context, dockerfile_path = assemble_context(plan, dockerfile, Path(tmp))
-        if uv_env is not None:  # beside the context, never in it
-            secrets[UV_ENV_SECRET_ID] = Path(tmp, UV_ENV_SECRET_ID)
-            write_atomic(secrets[UV_ENV_SECRET_ID], uv_env, private=True)
-        # An image checked before its push also gets a tag of its own until it is pushed: another build
-        # of the same recipe taking the tags meanwhile would otherwise leave it untagged, which the
-        # containerd store drops (and the push of the checked image would find nothing)
-        hold = hold_tag(tags[0]) if options.push and checked_first else None
-        request = BuildRequest(
-            context_dir=context, dockerfile=dockerfile_path, tags=tags + ((hold,) if hold else ()),
-            labels=volatile, secrets=secrets,
-            network=options.network, no_cache=options.no_cache, cache_from=options.cache_from,
-            cache_to=options.cache_to, builder=options.builder, push=from_buildkit and not checked_first,
-            load=keep_local, compression=options.compression, oci_mediatypes=options.oci_mediatypes,
-            provenance=provenance, platforms=options.platforms,
-        )
-        # A failure comes back as BuildFailed naming the step, its last lines and the known cause
-        # (engine/buildlog.py), a full disk included.
-        result = replace(engine.build(request, on_line), tags=tags)
-        try:
-            sizes = engine.image_sizes(result.image_id) if keep_local and result.image_id else None
-            groups = layer_groups(engine, result.image_id, plan) if sizes else {}
-            attrs = (engine.image_attrs(result.image_id) or {}) if sizes else {}
-            image_labels = dict(sorted(((attrs.get("Config") or {}).get("Labels") or {}).items()))
-            if budget is not None and sizes and sizes.uncompressed > budget:
-                _reject_over_budget(engine, result.image_id, tags, sizes.uncompressed, budget, groups, plan,
-                                    options.rejected)
-            tests = run_tests(engine, result.image_id, plan.recipe, tags[0], options.platforms, on_event) \
-                if options.test else ()
-            failed = next((r for r in tests if r.failed), None)
-            if failed is not None:
-                kept = keep_as_rejected(engine, result.image_id, tags, options.rejected)
-                raise failure_of(failed, kept_as=kept, reports=tests)
-            pushes = _push(engine, result.image_id, result, options, checked_first=checked_first,
-                           progress=(on_progress, on_transfer))
-        finally:
-            if hold:
-                release_hold(engine, hold)
-    if pushes:  # what a pull really downloads, from the registry's manifest
+    context, dockerfile_path = assemble_context(plan, dockerfile, tmp)
+    if uv_env is not None:  # beside the context, never in it
+        secrets = {**secrets, UV_ENV_SECRET_ID: tmp / UV_ENV_SECRET_ID}
+        write_atomic(secrets[UV_ENV_SECRET_ID], uv_env, private=True)
+    return BuildRequest(
+        context_dir=context, dockerfile=dockerfile_path, tags=tags,
+        labels=volatile, secrets=secrets,
+        network=options.network, no_cache=options.no_cache, cache_from=options.cache_from,
+        cache_to=options.cache_to, builder=options.builder, push=push,
+        load=load, compression=options.compression, oci_mediatypes=options.oci_mediatypes,
+        provenance=provenance, platforms=options.platforms,
+    )
+
+
+def _measure(engine: Engine, plan: BuildPlan, image_id: str, *, keep_local: bool) -> Measured:
+    sizes = engine.image_sizes(image_id) if keep_local and image_id else None
+    groups = layer_groups(engine, image_id, plan) if sizes else {}
+    attrs = (engine.image_attrs(image_id) or {}) if sizes else {}
+    return sizes, groups, dict(sorted(((attrs.get("Config") or {}).get("Labels") or {}).items()))
+
+
+def _check_budget(engine: Engine, plan: BuildPlan, image_id: str, tags: tuple[str, ...], measured: Measured,
+                  rejected_as: str | None) -> None:
+    budget = plan.recipe.max_size
+    sizes, groups, _ = measured
+    if budget is not None and sizes and sizes.uncompressed > budget:
+        _reject_over_budget(engine, image_id, tags, sizes.uncompressed, budget, groups, plan, rejected_as)
+
+
+def _test(engine: Engine, plan: BuildPlan, image_id: str, tags: tuple[str, ...], options: BuildOptions,
+          on_event: LineSink | None) -> tuple[TestReport, ...]:
+    """The recipe's tests, where asked for; an image that fails them is kept as REPO:rejected, which
+    the error raised names."""
+    tests = run_tests(engine, image_id, plan.recipe, tags[0], options.platforms, on_event) if options.test else ()
+    failed = next((r for r in tests if r.failed), None)
+    if failed is not None:
+        kept = keep_as_rejected(engine, image_id, tags, options.rejected)
+        raise failure_of(failed, kept_as=kept, reports=tests)
+    return tests
+
+
+def _read_back(measured: Measured, pushes: list[PushResult]) -> Measured:
+    """After a push: what a pull really downloads, from the registry's manifest, and the labels of an
+    image pushed from a builder without loading it (none were read from the engine)."""
+    sizes, groups, image_labels = measured
+    if pushes:
         compressed = registry_compressed_size(pushes[0].ref)
         if compressed is not None:
             sizes = ImageSizes(sizes.uncompressed if sizes else 0, compressed)
-        if not image_labels:  # pushed from a builder without loading: read them back from the registry
+        if not image_labels:
             config = oci.get_image_config(pushes[0].ref).get("config") or {}
             image_labels = dict(sorted((config.get("Labels") or {}).items()))
-    outcome = BuildOutcome(plan, engine.name, result, sizes.uncompressed if sizes else 0, tuple(pushes), groups,
-                           labels=image_labels, sizes=sizes)
-    return BuildReport(outcome, tests=tests)
+    return sizes, groups, image_labels
 
 
 def run_tests(engine: Engine, image_id: str, recipe: Recipe, shown_as: str, platforms: tuple[str, ...],
