@@ -772,16 +772,20 @@ def test_no_cache_builds_each_shared_prefix_once_then_variants_from_it(tmp_path)
         def remove(self, ref):
             removed.append(ref)
 
+    tested: list[bool] = []
+
     def runner(plan, engine, options, on_line, on_event=None):
         assert options.no_cache
         built.append(plan)
+        tested.append(options.test)
         result = BuildResult(image_id="sha256:" + "cd" * 32, tags=plan.tags, log_tail="", cached_steps=0,
                              run_steps=len(plan.final.steps), seconds=0.0)
         return BuildReport(BuildOutcome(plan, engine.name, result, size=1))
 
-    result = build_all(m, Engine(), BuildOptions(no_cache=True), jobs=2, hooks=BuildHooks(runner=runner))
+    result = build_all(m, Engine(), BuildOptions(no_cache=True, test=True), jobs=2, hooks=BuildHooks(runner=runner))
     assert not result.failed
     shared, variants = built[:len(stages)], built[len(stages):]
+    assert tested == [False] * len(stages) + [True] * 4  # the variants' images are tested, not a shared stage
     assert [p.tags[0].split(":")[1] for p in shared] == mx.build_order(stages)
     assert all(p.tags[0].startswith("imgbuild-shared/team_mx:") for p in shared)
     assert len(variants) == 4 and sorted(removed) == sorted(p.tags[0] for p in shared)

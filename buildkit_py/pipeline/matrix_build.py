@@ -14,12 +14,13 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from buildkit_py.engine import ENGINE_STORE, BuildRequest, Engine, require, required_capabilities
+from buildkit_py.engine import ENGINE_STORE, BuildRequest, Engine, bake, require, required_capabilities
 from buildkit_py.engine.build import BuildOptions, BuildOutcome, build_platforms, rejected_tag
 from buildkit_py.engine.children import stop_all
 from buildkit_py.engine.push import check_can_push
 from buildkit_py.errors import ImageTestFailed, ImgbuildError
 from buildkit_py.pipeline.build import BuildReport, Publishing, attach_sboms, build_checked, sign_pushes
+from buildkit_py.pipeline.locks import use_lock
 from buildkit_py.plan.build_plan import BuildPlan
 from buildkit_py.plan.matrix import (
     Matrix,
@@ -193,7 +194,8 @@ def _prebuild_shared_stages(matrix: Matrix, plans: dict[str, BuildPlan], engine:
         shared = replace(shared_stage_plan(st, plans, base), tags=(tag,))
         say(f"[shared] building {', '.join(s.id for s in st.steps)} once for {', '.join(st.users)}")
         sink = (lambda line: on_line("shared", line)) if on_line else (lambda _l: None)
-        runner(shared, engine, replace(options, tags=(tag,), push=False, cache_to=()), sink)
+        # a shared stage is no image of the recipe's: its tests run on the variants built from it
+        runner(shared, engine, replace(options, tags=(tag,), push=False, cache_to=(), test=False), sink)
         built[key] = tag
     out = dict(plans)
     for vid, chain in chains.items():
@@ -213,6 +215,20 @@ def publish_all(result: MatrixBuild, publishing: Publishing, *,
     return replace(result, builds=tuple(
         replace(b, report=replace(b.report, sboms=tuple(sboms[b.variant.id]), signatures=tuple(signed[b.variant.id])))
         if b.report is not None else b for b in result.builds))
+
+
+def write_bake(matrix: Matrix, folder: Path, *, registry: str | None, ca_cert: Path | None, pip_config: Path | None,
+               push: bool, warn: Callable[[str], None]) -> list[Path]:
+    """`imgbuild matrix --format bake`: the bake folder (engine/bake.py), each variant's plan with the
+    lock beside the recipe applied as build --all applies it; each lock warning told to ``warn``."""
+    def prepare(variant: Variant, plan: BuildPlan) -> BuildPlan:
+        locked = use_lock(plan, variant=variant.id, ca_cert=ca_cert)
+        for w in locked.warnings:
+            warn(f"[{variant.id}] {w}")
+        return locked.plan
+
+    return bake.write_bake(matrix, folder, registry=registry, ca_cert=ca_cert, pip_config=pip_config, push=push,
+                           prepare=prepare)
 
 
 def build_report(result: MatrixBuild) -> dict[str, Any]:
