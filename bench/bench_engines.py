@@ -28,8 +28,8 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from buildkit_py.engine import select_engine  # noqa: E402
-from buildkit_py.engine.build import BuildOptions, run_build  # noqa: E402
 from buildkit_py.oci import auth  # noqa: E402
+from buildkit_py.pipeline.build import BuildOptions, build_checked  # noqa: E402
 from buildkit_py.plan.build_plan import make_plan  # noqa: E402
 from buildkit_py.recipe.model import load_recipe  # noqa: E402
 
@@ -98,8 +98,8 @@ def main() -> int:
             refs = {}
             for algo in ("gzip", "zstd"):
                 ref = f"{REGISTRY}/imgbuild-bench/comp-{run_id}:{algo}"
-                out = run_build(plan, engine, BuildOptions(tags=(ref,), push=True, ca_cert=ca, compression=algo,
-                                                           oci_mediatypes=True), lambda _l: None)
+                out = build_checked(plan, engine, BuildOptions(tags=(ref,), push=True, ca_cert=ca, compression=algo,
+                                                               oci_mediatypes=True), lambda _l: None).outcome
                 refs[algo] = (ref, out.sizes.compressed if out.sizes else None, out.size)
                 made.append(ref)
             pulls: dict[str, list[float]] = {"gzip": [], "zstd": []}
@@ -126,8 +126,8 @@ def main() -> int:
             times = {}
             # warm-up, not timed: (a) pruned the build cache, and both arms share the steps before the app
             warm = project(tmp, f"push-warm-{run_id}")
-            made.extend(run_build(make_plan(load_recipe(warm)), engine, BuildOptions(ca_cert=ca),
-                                  lambda _l: None).result.tags)
+            made.extend(build_checked(make_plan(load_recipe(warm)), engine, BuildOptions(ca_cert=ca),
+                                      lambda _l: None).outcome.result.tags)
             for arm in ("buildkit", "sdk", "sdk2", "buildkit2"):
                 recipe = project(tmp, f"push-{arm}-{run_id}", random_mib=64)
                 plan = make_plan(load_recipe(recipe))
@@ -135,10 +135,11 @@ def main() -> int:
                 made.append(ref)
                 start = time.monotonic()
                 if arm.startswith("buildkit"):
-                    out = run_build(plan, engine, BuildOptions(tags=(ref,), push=True, ca_cert=ca), lambda _l: None)
+                    out = build_checked(plan, engine, BuildOptions(tags=(ref,), push=True, ca_cert=ca),
+                                        lambda _l: None).outcome
                     digest = out.pushes[0].digest
                 else:
-                    run_build(plan, engine, BuildOptions(tags=(ref,), ca_cert=ca), lambda _l: None)
+                    build_checked(plan, engine, BuildOptions(tags=(ref,), ca_cert=ca), lambda _l: None)
                     digest = engine.push(ref).digest
                 times[arm] = time.monotonic() - start
                 print(f"(b) build+push {arm:<10} {times[arm]:6.2f} s  ({digest[:19]})", flush=True)

@@ -37,7 +37,8 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from buildkit_py.engine import select_engine  # noqa: E402
-from buildkit_py.engine.build import BuildOptions, assemble_context, run_build  # noqa: E402
+from buildkit_py.engine.build import BuildOptions, assemble_context  # noqa: E402
+from buildkit_py.pipeline.build import build_checked  # noqa: E402
 from buildkit_py.plan.build_plan import make_plan  # noqa: E402
 from buildkit_py.recipe.model import InstallerName, load_recipe  # noqa: E402
 from buildkit_py.render.dockerfile import render_dockerfile  # noqa: E402
@@ -111,7 +112,7 @@ class InstallerBench:
         """imgbuild's own build, --no-cache, with its download caches as they are."""
         plan = make_plan(load_recipe(self.recipe(installer)))
         options = BuildOptions(ca_cert=CA if CA.exists() else None, no_cache=True)
-        outcome = run_build(plan, self.engine, options, on_line=lambda _line: None)
+        outcome = build_checked(plan, self.engine, options, on_line=lambda _line: None).outcome
         self.tags.extend(outcome.result.tags)
         for tag in outcome.result.tags:
             self._drop(tag)

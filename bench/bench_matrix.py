@@ -29,8 +29,8 @@ sys.path.insert(0, str(REPO))
 
 from buildkit_py import pipeline
 from buildkit_py.engine import select_engine
-from buildkit_py.engine.build import BuildOptions, run_build
-from buildkit_py.engine.matrix_build import build_all
+from buildkit_py.pipeline.build import BuildOptions, build_checked
+from buildkit_py.pipeline.matrix_build import build_all
 from buildkit_py.plan import matrix as mx
 
 DOCKER = "/usr/bin/docker"
@@ -103,8 +103,8 @@ def main() -> int:
         start = time.monotonic()
         sep_images = []
         for v in sep.variants:
-            outcome = run_build(mx.variant_plan(v), engine, BuildOptions(ca_cert=ca, no_cache=True),
-                                lambda _l: None)
+            outcome = build_checked(mx.variant_plan(v), engine, BuildOptions(ca_cert=ca, no_cache=True),
+                                    lambda _l: None).outcome
             made.extend(outcome.result.tags)
             sep_images.append(outcome.result.image_id)
         separate_s = time.monotonic() - start

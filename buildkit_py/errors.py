@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import enum
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 
 class ExitStatus(enum.IntEnum):
@@ -228,12 +228,15 @@ class ImageTestFailed(ImgbuildError):
     """Tests run in a built image failed (the recipe's ``test:`` commands, its labels checked
     against its content, the imports of its pins). ``failures`` holds one record per failed test
     (name, command, exit code, output: each output once, in the message); ``kept_as`` names the
-    REPO:rejected tag a build keeps the image under (None for `imgbuild test`, which tags nothing)."""
+    REPO:rejected tag a build keeps the image under (None for `imgbuild test`, which tags nothing);
+    ``reports`` the test reports of a build's platforms up to the one that failed (its summary shows
+    them), both set when it is raised."""
 
     exit_status = ExitStatus.FAILED
 
-    def __init__(self, message: str, *, failures: list[dict], kept_as: str | None = None, hint: str | None = None):
-        self.failures, self.kept_as = list(failures), kept_as
+    def __init__(self, message: str, *, failures: list[dict], kept_as: str | None = None, hint: str | None = None,
+                 reports: tuple[Any, ...] = ()):
+        self.failures, self.kept_as, self.reports = list(failures), kept_as, tuple(reports)
         super().__init__(message, hint=hint)
 
     def to_json(self) -> dict:

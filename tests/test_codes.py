@@ -96,10 +96,10 @@ def test_plan_prints_codes_and_json_has_them(tmp_path):
 
 
 def test_build_json_reports_warning_codes(tmp_path, monkeypatch):
-    """build (no engine here: the engine and run_build stand in) prints and reports the codes."""
+    """build (no engine here: the engine and build_image stand in) prints and reports the codes."""
     from buildkit_py import engine as engines
     from buildkit_py.engine import BuildResult
-    from buildkit_py.engine import build as build_mod
+    from buildkit_py.pipeline import build as build_mod
 
     class Engine:
         name = kind = "fake"
@@ -107,13 +107,13 @@ def test_build_json_reports_warning_codes(tmp_path, monkeypatch):
         def describe(self) -> str:
             return "fake engine"
 
-    def run_build(plan, engine, options, on_line, on_progress=None, on_transfer=None, gate=None):
+    def build_image(plan, engine, options, *, publishing=None, sinks=None):
         result = BuildResult(image_id="sha256:" + "ab" * 32, tags=plan.tags, log_tail="", cached_steps=0,
                              run_steps=1, seconds=0.0)
-        return build_mod.BuildOutcome(plan, engine.name, result, size=1)
+        return build_mod.BuildReport(build_mod.BuildOutcome(plan, engine.name, result, size=1))
 
     monkeypatch.setattr(engines, "select_engine", lambda preference=None, **_kw: Engine())
-    monkeypatch.setattr(build_mod, "run_build", run_build)
+    monkeypatch.setattr(build_mod, "build_image", build_image)
     path = write_recipe(tmp_path, NVIDIA_TORCH)
     code, out, err = run_cli("build", str(path), "--json", "--progress", "quiet")
     assert code == 0, err

@@ -77,7 +77,7 @@ budget: {{max_size: "50MB"}}
 
 def test_budget_advice_fits_the_recipe(tmp_path):
     """issue 22: 12: the hint said "use a runtime flavor" to a runtime recipe."""
-    from buildkit_py.engine.build import budget_advice
+    from buildkit_py.pipeline.build import budget_advice
     from buildkit_py.recipe.model import load_recipe
 
     def advice(cuda: str, extra: str = "") -> str:

@@ -4,9 +4,10 @@ Between the tests and the push two things used to swap the image: another build 
 (--no-cache, same tags) finishing meanwhile, and a prune of the build cache. On buildx the push was a
 second build trusting the cache, so it pushed what the cache now held; on the classic client and
 podman the push went by tag, so it pushed whatever the tag now named. Both races are made to happen
-here, inside the gate (where the tests run), and the registry must then hold the tested image: its
-manifest's digest or config digest is the id the gate was given. A push whose registry answer is
-another image is refused (verify_pushed), shown on a real push of a different image.
+here, while the tests run (pipeline.build.run_tests, replaced by the race), and the registry must then
+hold the tested image: its manifest's digest or config digest is the id the tests were given. A push
+whose registry answer is another image is refused (verify_pushed), shown on a real push of a different
+image.
 """
 
 from pathlib import Path
@@ -17,16 +18,17 @@ from helpers import CA_ARGS, tiny_recipe, write_recipe
 from test_e2e_engines import own_base, prune_own_cache
 
 from buildkit_py import oci
-from buildkit_py.engine import build as build_mod
+from buildkit_py.engine.build import verify_pushed
 from buildkit_py.errors import RegistryError
+from buildkit_py.pipeline import build as build_mod
 from buildkit_py.pipeline import plan_recipe
 
 pytestmark = pytest.mark.e2e
 
 
-def _options(push: bool, no_cache: bool = False) -> build_mod.BuildOptions:
+def _options(push: bool, no_cache: bool = False, test: bool = False) -> build_mod.BuildOptions:
     ca = Path(CA_ARGS[1]) if CA_ARGS else None
-    return build_mod.BuildOptions(push=push, no_cache=no_cache, ca_cert=ca)
+    return build_mod.BuildOptions(push=push, no_cache=no_cache, ca_cert=ca, test=test)
 
 
 def _prune(engine, marker: str | None) -> None:
@@ -45,7 +47,7 @@ def _prune(engine, marker: str | None) -> None:
 @on_every_engine
 @pytest.mark.parametrize("race", ["a concurrent --no-cache build", "a prune"])
 def test_the_registry_gets_the_image_the_tests_passed(tmp_path, engine, logged_in, base_image, unique_name,
-                                                      cleanup_images, registry_refs, race):
+                                                      cleanup_images, registry_refs, race, monkeypatch):
     marker = None
     if getattr(engine, "buildx", None) is not None and race == "a prune":  # a base of its own to prune above
         base_image, marker = own_base(engine, base_image, tmp_path / "base")
@@ -56,15 +58,17 @@ def test_the_registry_gets_the_image_the_tests_passed(tmp_path, engine, logged_i
     tested: list[str] = []
     others: list[str] = []
 
-    def gate(image_id: str) -> None:  # the tests run here; meanwhile, the race
+    def racing_tests(_engine, image_id, _recipe, _shown_as, _platforms, _on_event):  # the tests; meanwhile, the race
         tested.append(image_id)
         if race == "a prune":
             _prune(engine, marker)
-            return
-        other = build_mod.run_build(plan, engine, _options(push=False, no_cache=True), lambda _line: None)
-        others.append(other.result.image_id)
+            return ()
+        other = build_mod.build_checked(plan, engine, _options(push=False, no_cache=True), lambda _line: None)
+        others.append(other.outcome.result.image_id)
+        return ()
 
-    outcome = build_mod.run_build(plan, engine, _options(push=True), lambda _line: None, gate=gate)
+    monkeypatch.setattr(build_mod, "run_tests", racing_tests)
+    outcome = build_mod.build_checked(plan, engine, _options(push=True, test=True), lambda _line: None).outcome
     registry_refs.extend(p.ref for p in outcome.pushes)
     [image_id] = tested
     [pushed] = outcome.pushes
@@ -75,5 +79,5 @@ def test_the_registry_gets_the_image_the_tests_passed(tmp_path, engine, logged_i
 
     # The check can fail: the registry's image held to an id it is not
     with pytest.raises(RegistryError) as info:
-        build_mod.verify_pushed("sha256:" + "0" * 64, pushed)
+        verify_pushed("sha256:" + "0" * 64, pushed)
     assert "is not the image that was tested" in info.value.message

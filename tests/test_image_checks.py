@@ -22,6 +22,7 @@ from buildkit_py.analysis.image_checks import (
     ImageFacts,
     TestReport,
     TestResult,
+    failure_of,
     import_checks,
     label_checks,
     pinned,
@@ -30,6 +31,7 @@ from buildkit_py.analysis.image_checks import (
 from buildkit_py.cli import test as cli_test
 from buildkit_py.engine.run import ContainerExit
 from buildkit_py.errors import ImageTestFailed, RecipeError
+from buildkit_py.pipeline.build import run_tests
 from buildkit_py.recipe.model import TestSpec, load_recipe, recipe_schema
 
 HEAD = 'name: team/app\nversion: "1"\ncuda: {version: "12.4", source: wheels, flavor: base}\n' \
@@ -297,18 +299,26 @@ def test_a_checked_push_pushes_the_image_that_was_checked(tmp_path, monkeypatch)
     set on the checked image again and pushed from the engine's store, and the registry's answer is
     held to the checked image."""
     from buildkit_py import engine as engine_pkg
-    from buildkit_py.engine import build as build_mod
+    from buildkit_py.engine import build as engine_build
     from buildkit_py.engine.base import BuildResult
     from buildkit_py.engine.push import PushResult
+    from buildkit_py.pipeline import build as build_mod
     from buildkit_py.pipeline import plan_recipe
 
     monkeypatch.setattr(build_mod, "check_can_push", lambda tags: None)  # no registry in a unit test
     monkeypatch.setattr(build_mod, "registry_compressed_size", lambda ref: None)
     monkeypatch.setattr(build_mod, "layer_groups", lambda *_a: {})
     verified: list[tuple[str, str]] = []
-    monkeypatch.setattr(build_mod, "verify_pushed", lambda image_id, pushed: verified.append((image_id, pushed.ref)))
+    monkeypatch.setattr(engine_build, "verify_pushed",
+                        lambda image_id, pushed: verified.append((image_id, pushed.ref)))
     plan = plan_recipe(write_recipe(tmp_path, HEAD), registry="127.0.0.1:5000", offline=True)
     checked: list[str] = []
+
+    def run_tests(engine, image_id, recipe, shown_as, platforms, on_event):  # the tests pass
+        checked.append(image_id)
+        return ()
+
+    monkeypatch.setattr(build_mod, "run_tests", run_tests)
 
     class StoreEngine:  # buildx on the containerd store: pushes from BuildKit, keeps what it builds
         name = "fake-buildx"
@@ -337,8 +347,8 @@ def test_a_checked_push_pushes_the_image_that_was_checked(tmp_path, monkeypatch)
             return PushResult(f"{repo}@sha256:{'9' * 64}", ref.rsplit(":", 1)[1], "sha256:" + "9" * 64, None, 1)
 
     engine = StoreEngine()
-    options = build_mod.BuildOptions(push=True, no_cache=True)
-    outcome = build_mod.run_build(plan, engine, options, lambda _line: None, gate=checked.append)
+    options = build_mod.BuildOptions(push=True, no_cache=True, test=True)
+    outcome = build_mod.build_checked(plan, engine, options, lambda _line: None).outcome
     [only] = engine.requests  # one build: no second one to trust the cache
     assert checked == ["sha256:checked"] and only.no_cache and not only.push
     [tag] = plan.tags
@@ -410,9 +420,8 @@ def test_an_image_without_python_on_its_path_fails_its_test_not_imgbuild():
 def test_the_gate_keeps_an_image_without_python_as_rejected(tmp_path, monkeypatch):
     """The same image through `build --test`: untagged, kept as REPO:rejected, exit 1 (as any image
     that fails its tests), instead of an InspectError that left it under its release tags."""
-    from buildkit_py.cli.test import build_gate
-    from buildkit_py.engine import build as build_mod
     from buildkit_py.engine.base import BuildResult
+    from buildkit_py.pipeline import build as build_mod
     from buildkit_py.pipeline import plan_recipe
 
     monkeypatch.setattr(build_mod, "layer_groups", lambda *_a: {})
@@ -426,14 +435,12 @@ def test_the_gate_keeps_an_image_without_python_as_rejected(tmp_path, monkeypatc
 
     engine.build = build
     engine.image_sizes = lambda image_id: None
-    reports: list = []
-    gate = build_gate(engine, plan.recipe, plan.tags[0], lambda _line: None, reports)
     with pytest.raises(ImageTestFailed) as info:
-        build_mod.run_build(plan, engine, build_mod.BuildOptions(), lambda _line: None, gate=gate)
+        build_mod.build_checked(plan, engine, build_mod.BuildOptions(test=True), lambda _line: None)
     assert info.value.kept_as == "team/app:rejected" and info.value.exit_status == 1
     assert "nothing was pushed; the image is kept as team/app:rejected" in info.value.render()
     assert engine.tags == {"team/app:rejected": "sha256:built"}  # the release tag team/app:1 is gone
-    assert reports[0].failed[0].name == "python on PATH"
+    assert info.value.reports[0].failed[0].name == "python on PATH"
 
 
 # --- every platform, every variant (issue 31: 4), with a fake engine and fake containers -----------
@@ -560,18 +567,14 @@ def test_the_build_gate_names_each_platform_in_its_report(tmp_path, fake_images)
     """build --json's platform_tests entries had no platform key: each report now names its own."""
     path = write_recipe(tmp_path, TWO)
     fake = fake_images({"sha256:abc": _built_from(path)})
-    reports: list[TestReport] = []
-    gate = cli_test.build_gate(fake, load_recipe(path), "team/app:1", lambda _line: None, reports,
-                               ("linux/amd64", "linux/arm64"))
-    with pytest.raises(ImageTestFailed) as info:
-        gate("sha256:abc")
-    assert info.value.render().startswith("1 of 4 tests of team/app:1 (linux/arm64) failed:\n- x86-only: exit 1")
+    reports = run_tests(fake, "sha256:abc", load_recipe(path), "team/app:1", ("linux/amd64", "linux/arm64"), None)
+    assert failure_of(reports[-1]).render().startswith(
+        "1 of 4 tests of team/app:1 (linux/arm64) failed:\n- x86-only: exit 1")
     assert [(r.to_json()["platform"], r.to_json()["failed"]) for r in reports] == [("linux/amd64", 0),
                                                                                   ("linux/arm64", 1)]
-    single: list[TestReport] = []  # one platform, the engine's own: named from the image's inspect
-    fake.images["sha256:one"] = ({}, {"six": "1.16.0"})
-    cli_test.build_gate(fake, load_recipe(write_recipe(tmp_path, HEAD, name="one.yaml")), "team/app:1",
-                        lambda _line: None, single)("sha256:one")
+    fake.images["sha256:one"] = ({}, {"six": "1.16.0"})  # one platform, the engine's own: named from its inspect
+    single = run_tests(fake, "sha256:one", load_recipe(write_recipe(tmp_path, HEAD, name="one.yaml")), "team/app:1",
+                       (), None)
     assert [r.platform for r in single] == ["linux/amd64"]
 
 

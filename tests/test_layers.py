@@ -78,3 +78,63 @@ def test_the_check_finds_an_upward_import(tmp_path, monkeypatch):
     (fake / "plan" / "x.py").write_text("from buildkit_py.engine.build import run_build\n")
     monkeypatch.setattr(__import__(__name__), "PACKAGE", fake)
     assert upward_imports() == ["buildkit_py/plan/x.py:1: plan imports buildkit_py.engine.build (engine is above it)"]
+
+
+# --- the CLI draws what the pipeline returns (issue 32: 1) ------------------------------------------
+
+# The CLI's edges into the layers the pipeline assembles (engine, analysis, plan): distinct (cli
+# module, imported module) pairs. 37 before the build and the bake folder moved into pipeline/ (issue 32: 1);
+# a change may lower this number, never raise it: wire a new step in pipeline/, not in cli/.
+CLI_LOWER_EDGES = 29
+LOWER = ("engine", "analysis", "plan")
+# what `build` used to wire itself: the build, the matrix build, the tests and the SBOM
+NOT_FROM_CLI_BUILD = ("buildkit_py.engine.build", "buildkit_py.engine.matrix_build",
+                      "buildkit_py.analysis.image_checks", "buildkit_py.analysis.sbom")
+
+
+def cli_lower_edges() -> set[tuple[str, str]]:
+    edges = set()
+    for path in sorted((PACKAGE / "cli").rglob("*.py")):
+        module = ".".join(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+        edges |= {(module, target) for _, target in imports_of(path) if layer_of(target) in LOWER}
+    return edges
+
+
+def test_the_cli_edges_into_lower_layers_only_fall():
+    edges = cli_lower_edges()
+    assert len(edges) <= CLI_LOWER_EDGES, (
+        f"cli/ imports {len(edges)} engine/analysis/plan modules, more than {CLI_LOWER_EDGES}: put the new step "
+        f"in pipeline/ and call it from the command. Edges: {sorted(edges)}")
+    if len(edges) < CLI_LOWER_EDGES:
+        print(f"cli -> lower-layer edges fell to {len(edges)}: lower CLI_LOWER_EDGES to lock it in")
+
+
+def build_steps_imported(path: Path) -> list[str]:
+    """The modules of NOT_FROM_CLI_BUILD a file imports, also as ``from buildkit_py.engine import build``."""
+    names = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            names += [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+        elif isinstance(node, ast.Import):
+            names += [a.name for a in node.names]
+    return [n for n in names if n in NOT_FROM_CLI_BUILD or n.startswith(tuple(f"{m}." for m in NOT_FROM_CLI_BUILD))]
+
+
+def test_the_build_command_imports_no_build_step(tmp_path):
+    assert build_steps_imported(PACKAGE / "cli" / "build.py") == []
+    wired = tmp_path / "build.py"  # the check can fail, however the import is spelled
+    wired.write_text("from buildkit_py.engine import build\nfrom buildkit_py.analysis.sbom import attach_sbom\n")
+    assert build_steps_imported(wired) == ["buildkit_py.engine.build", "buildkit_py.analysis.sbom",
+                                           "buildkit_py.analysis.sbom.attach_sbom"]
+
+
+def test_the_ratchet_counts_a_new_edge(tmp_path, monkeypatch):
+    """The ratchet can fail: one more CLI module reaching into the engine is one more edge."""
+    fake = tmp_path / "buildkit_py"
+    (fake / "cli").mkdir(parents=True)
+    (fake / "cli" / "x.py").write_text("from buildkit_py.engine.build import write_context\n"
+                                       "from buildkit_py.pipeline.build import build_image\n"
+                                       "def f():\n    from buildkit_py.analysis import sbom\n")
+    monkeypatch.setattr(__import__(__name__), "PACKAGE", fake)
+    assert cli_lower_edges() == {("buildkit_py.cli.x", "buildkit_py.engine.build"),
+                                 ("buildkit_py.cli.x", "buildkit_py.analysis")}

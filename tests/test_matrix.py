@@ -19,8 +19,10 @@ from buildkit_py import pipeline
 from buildkit_py.engine import BuildResult, bake, children
 from buildkit_py.engine.base import ImageSizes
 from buildkit_py.engine.build import BuildOptions, BuildOutcome, rejected_tag
-from buildkit_py.engine.matrix_build import BuildHooks, build_all, build_report, summary_lines
 from buildkit_py.errors import AuthenticationError, BuildFailed, ImageTestFailed, Interrupted, RecipeError, UsageError
+from buildkit_py.pipeline import build as pipeline_build
+from buildkit_py.pipeline.build import BuildReport
+from buildkit_py.pipeline.matrix_build import BuildHooks, build_all, build_report, summary_lines
 from buildkit_py.plan import matrix as mx
 from buildkit_py.plan.build_plan import check_image_tag
 from buildkit_py.render.dockerfile import render_dockerfile
@@ -485,15 +487,17 @@ class FakeEngine:
 
 
 class FakeRunner:
-    """Stands in for build.run_build: records when each variant ran, fails some on purpose."""
+    """Stands in for pipeline.build.build_checked: records when each variant ran (and which were
+    tested), fails some builds and some tests on purpose."""
 
-    def __init__(self, fail: set[str] = frozenset(), delay: float = 0.05):
-        self.fail, self.delay = fail, delay
+    def __init__(self, fail: set[str] = frozenset(), delay: float = 0.05, fail_tests: set[str] = frozenset()):
+        self.fail, self.delay, self.fail_tests = fail, delay, fail_tests
         self.events: list[tuple[str, str]] = []
+        self.tested: list[str] = []
         self.options: dict[str, BuildOptions] = {}
         self.lock = threading.Lock()
 
-    def __call__(self, plan, engine, options, on_line, gate=None):
+    def __call__(self, plan, engine, options, on_line, on_event=None):
         variant = next(t for t in plan.tags if ":" in t).rsplit(":", 1)[1]
         with self.lock:
             self.events.append(("start", variant))
@@ -504,11 +508,14 @@ class FakeRunner:
             self.events.append(("end", variant))
         if any(f in variant for f in self.fail):
             raise BuildFailed("build failed (exit 1)", returncode=1, log_tail="pip: no such version")
-        if gate is not None:  # as run_build: the image is tested before it keeps its tags
-            gate("sha256:" + "ab" * 32)
+        if options.test:  # as build_checked: the image is tested before it keeps its tags
+            with self.lock:
+                self.tested.append(plan.tags[0])
+            if variant in self.fail_tests:
+                raise ImageTestFailed("1 of 9 tests failed: import idna", failures=[])
         result = BuildResult(image_id="sha256:" + "ab" * 32, tags=plan.tags, log_tail="", cached_steps=3,
                              run_steps=2, seconds=self.delay)
-        return BuildOutcome(plan, engine.name, result, size=123_000_000)
+        return BuildReport(BuildOutcome(plan, engine.name, result, size=123_000_000))
 
 
 def two_by_two(tmp_path) -> mx.Matrix:
@@ -535,24 +542,15 @@ def test_build_all_gates_each_variant_with_its_own_tests(tmp_path):
     """build --all --push ran no tests: every variant's image is now gated like a single build's,
     and a variant whose tests fail fails alone (nothing of it pushed) while the others go on."""
     m = two_by_two(tmp_path)
-    gated: list[tuple[str, str]] = []
-
-    def gate_for(variant, plan):
-        def gate(image_id):
-            gated.append((variant.id, plan.tags[0]))
-            if variant.id == "cu124-idna3_8":
-                raise ImageTestFailed("1 of 9 tests failed: import idna", failures=[])
-        return gate
-
-    result = build_all(m, FakeEngine(), BuildOptions(), jobs=2, hooks=BuildHooks(runner=FakeRunner(), gate=gate_for))
-    assert sorted(v for v, _ in gated) == sorted(v.id for v in m.variants)
-    assert all(tag.endswith(f":{vid}") for vid, tag in gated)  # each with its own variant's plan
+    runner = FakeRunner(fail_tests={"cu124-idna3_8"})
+    result = build_all(m, FakeEngine(), BuildOptions(test=True), jobs=2, hooks=BuildHooks(runner=runner))
+    assert sorted(runner.tested) == sorted(f"team/mx:{v.id}" for v in m.variants)  # each with its own plan
     assert [b.variant.id for b in result.failed] == ["cu124-idna3_8"]
     assert result.failed[0].error.message == "1 of 9 tests failed: import idna"
 
 
 class TaggingEngine(FakeEngine):
-    """FakeEngine that run_build can drive: each build a new image, tags kept as an engine keeps them."""
+    """FakeEngine that build_checked can drive: each build a new image, tags kept as an engine keeps them."""
 
     def __init__(self):
         self.tags: dict[str, str] = {}
@@ -580,18 +578,20 @@ class TaggingEngine(FakeEngine):
         self.tags.pop(ref, None)
 
 
-def test_each_refused_variant_keeps_its_own_rejected_tag(tmp_path):
+def test_each_refused_variant_keeps_its_own_rejected_tag(tmp_path, monkeypatch):
     """Every refused variant was kept as REPO:rejected, each one overwriting the last (one image
-    left of four). Through run_build itself, on an engine that keeps tags."""
+    left of four). Through build_checked itself, on an engine that keeps tags, its tests failing."""
+    from buildkit_py.analysis.image_checks import FAILED, TestReport, TestResult
+
     m = two_by_two(tmp_path)
 
-    def gate_for(variant, plan):
-        def gate(image_id):
-            raise ImageTestFailed(f"1 of 9 tests of {plan.tags[0]} failed", failures=[])
-        return gate
+    def run_tests(engine, image_id, recipe, shown_as, platforms, on_event):
+        return (TestReport(shown_as, False, (TestResult("import idna", "import", FAILED, "no module"),),
+                           "linux/amd64"),)
 
+    monkeypatch.setattr(pipeline_build, "run_tests", run_tests)
     engine = TaggingEngine()
-    result = build_all(m, engine, BuildOptions(network=None), jobs=2, hooks=BuildHooks(gate=gate_for))
+    result = build_all(m, engine, BuildOptions(network=None, test=True), jobs=2)
     assert len(result.failed) == 4
     rejected = {t: i for t, i in engine.tags.items() if "rejected" in t}
     assert sorted(rejected) == sorted(f"team/mx:rejected-{v.id}" for v in m.variants)
@@ -599,7 +599,10 @@ def test_each_refused_variant_keeps_its_own_rejected_tag(tmp_path):
     assert set(engine.tags) == set(rejected)  # the tags they were given are gone
     for b in result.failed:
         assert b.error.kept_as == f"team/mx:rejected-{b.variant.id}"
+        assert b.error.message.startswith(f"1 of 1 tests of team/mx:{b.variant.id} failed:\n- import idna")
         assert b.error.message.endswith(f"nothing was pushed; the image is kept as team/mx:rejected-{b.variant.id}")
+        assert [t.image for t in b.tests] == [f"team/mx:{b.variant.id}"]  # the summary shows the failed report
+    assert [v["tests"]["failed"] for v in build_report(result)["variants"]] == [1, 1, 1, 1]
 
 
 def test_a_rejected_tag_is_a_valid_tag_however_long_the_variant_id():
@@ -619,14 +622,14 @@ def test_build_all_runs_unrelated_variants_in_parallel(tmp_path):
 
 
 class StalledRunner:
-    """Stands in for build.run_build with a real child per variant (a `sleep` in a session of its
+    """Stands in for pipeline.build.build_checked with a real child per variant (a `sleep` in a session of its
     own, supervised as engine builds are), which only an interrupt ends."""
 
     def __init__(self):
         self.procs: list[subprocess.Popen] = []
         self.tags: list[str] = []
 
-    def __call__(self, plan, engine, options, on_line, gate=None):
+    def __call__(self, plan, engine, options, on_line, on_event=None):
         proc = subprocess.Popen(["sleep", "60"], start_new_session=True)
         self.tags.append(plan.tags[0].rsplit(":", 1)[1])
         self.procs.append(proc)
@@ -725,12 +728,11 @@ def test_dropped_variant_cannot_be_selected():
 @pytest.fixture
 def fake_engine(monkeypatch):
     from buildkit_py import engine as engine_pkg
-    from buildkit_py.engine import build, matrix_build
+    from buildkit_py.pipeline import matrix_build
 
     runner = FakeRunner(fail={"cu124-idna3_8"})
     monkeypatch.setattr(engine_pkg, "select_engine", lambda preference=None, **_kw: FakeEngine())
-    monkeypatch.setattr(build, "run_build", runner)
-    monkeypatch.setattr(matrix_build, "run_build", runner)
+    monkeypatch.setattr(matrix_build, "build_checked", runner)
     return runner
 
 
@@ -770,16 +772,20 @@ def test_no_cache_builds_each_shared_prefix_once_then_variants_from_it(tmp_path)
         def remove(self, ref):
             removed.append(ref)
 
-    def runner(plan, engine, options, on_line, gate=None):
+    tested: list[bool] = []
+
+    def runner(plan, engine, options, on_line, on_event=None):
         assert options.no_cache
         built.append(plan)
+        tested.append(options.test)
         result = BuildResult(image_id="sha256:" + "cd" * 32, tags=plan.tags, log_tail="", cached_steps=0,
                              run_steps=len(plan.final.steps), seconds=0.0)
-        return BuildOutcome(plan, engine.name, result, size=1)
+        return BuildReport(BuildOutcome(plan, engine.name, result, size=1))
 
-    result = build_all(m, Engine(), BuildOptions(no_cache=True), jobs=2, hooks=BuildHooks(runner=runner))
+    result = build_all(m, Engine(), BuildOptions(no_cache=True, test=True), jobs=2, hooks=BuildHooks(runner=runner))
     assert not result.failed
     shared, variants = built[:len(stages)], built[len(stages):]
+    assert tested == [False] * len(stages) + [True] * 4  # the variants' images are tested, not a shared stage
     assert [p.tags[0].split(":")[1] for p in shared] == mx.build_order(stages)
     assert all(p.tags[0].startswith("imgbuild-shared/team_mx:") for p in shared)
     assert len(variants) == 4 and sorted(removed) == sorted(p.tags[0] for p in shared)
@@ -803,11 +809,11 @@ def test_no_cache_on_a_named_builder_keeps_the_shared_prefix_in_each_variant(tmp
     class Builder(FakeEngine):  # a named builder cannot see the engine's images
         capabilities = FakeEngine.capabilities - {"engine-store"}
 
-    def runner(plan, engine, options, on_line, gate=None):
+    def runner(plan, engine, options, on_line, on_event=None):
         built.append(plan)
         result = BuildResult(image_id="sha256:" + "cd" * 32, tags=plan.tags, log_tail="", cached_steps=0,
                              run_steps=1, seconds=0.0)
-        return BuildOutcome(plan, engine.name, result, size=1)
+        return BuildReport(BuildOutcome(plan, engine.name, result, size=1))
 
     build_all(m, Builder(), BuildOptions(no_cache=True), jobs=1, hooks=BuildHooks(runner=runner))
     assert len(built) == 4 and not any(p.final.base.startswith("imgbuild-shared/") for p in built)

@@ -185,15 +185,15 @@ def test_each_matrix_variant_builds_its_recipes_platforms(tmp_path):
     """build --all: a variant whose recipe names platforms builds them (the options' --platform only
     for the others), and an engine that cannot make an index refuses before any variant builds."""
     from buildkit_py import pipeline
-    from buildkit_py.engine.build import BuildOptions
-    from buildkit_py.engine.matrix_build import BuildHooks, build_all
+    from buildkit_py.pipeline.build import BuildOptions
+    from buildkit_py.pipeline.matrix_build import BuildHooks, build_all
 
     path = write_recipe(tmp_path, 'name: t/arm\nversion: "1"\ncuda: {version: "12.4", source: wheels, flavor: base}\n'
                                   f'base: {{image: debian:bookworm-slim}}\npython: "3.11"\n{BOTH}'
                                   "matrix:\n  python: ['3.11']\n  tags: ['{variant}']\n")
     seen = []
 
-    def runner(plan, engine, options, on_line, gate=None):
+    def runner(plan, engine, options, on_line, on_event=None):
         seen.append(options.platforms)
         raise CompatibilityError("x", "1", "y", "2", "stop here")  # a failed variant: nothing else needed
 

@@ -22,6 +22,6 @@ def test_human_size(n, text):
 
 def test_build_summary_inspect_and_budget_share_the_helper():
     from buildkit_py.analysis import diff, inspect
-    from buildkit_py.engine import build, matrix_build
+    from buildkit_py.pipeline import build, matrix_build
 
     assert inspect.human_size is diff.human_size is build.human_size is matrix_build.human_size is human_size

@@ -735,14 +735,22 @@ def _event(r: TestResult) -> str:
 
 def require_passed(report: TestReport) -> None:
     """ImageTestFailed naming every failed test with its output (once) when one failed."""
+    if report.failed:
+        raise failure_of(report)
+
+
+def failure_of(report: TestReport, *, kept_as: str | None = None,
+                 reports: tuple[TestReport, ...] = ()) -> ImageTestFailed:
+    """The error of a report with failed tests: every failed test with its output (once); for a
+    build, what the refused image is kept as and the reports of the platforms tested."""
     failed = report.failed
-    if not failed:
-        return
     parts = [f"{len(failed)} of {len(report.results)} tests of {report.image} failed:"]
     for r in failed:
         parts.append(f"- {r.name}: {r.detail}" + (f"\n  command: {r.command}" if r.command else ""))
         if r.output:
             parts.append(f"--- output of {r.name} ---\n{r.output}\n--- end of output ---")
-    raise ImageTestFailed("\n".join(parts), failures=[r.to_json() for r in failed],
-                          hint="fix the image (or the test), then build again; "
-                               "`imgbuild test IMAGE|RECIPE` runs the tests alone")
+    if kept_as is not None:
+        parts[-1] += f"\nnothing was pushed; the image is kept as {kept_as}"
+    return ImageTestFailed("\n".join(parts), failures=[r.to_json() for r in failed], kept_as=kept_as,
+                           reports=reports, hint="fix the image (or the test), then build again; "
+                                                 "`imgbuild test IMAGE|RECIPE` runs the tests alone")

@@ -27,8 +27,8 @@ from buildkit_py.sizes import human_size
 if TYPE_CHECKING:
     from rich.console import Console
 
-    from buildkit_py.analysis.image_checks import TestReport
-    from buildkit_py.engine.build import BuildOptions
+    from buildkit_py.pipeline.build import BuildOptions, BuildReport, Publishing
+    from buildkit_py.pipeline.matrix_build import MatrixBuild
     from buildkit_py.plan.lock import LockMode
 
 
@@ -93,16 +93,24 @@ def register(add: AddCommand) -> None:
     b.set_defaults(handler=cmd_build)
 
 
-def _build_options(args: argparse.Namespace) -> BuildOptions:
-    from buildkit_py.engine.build import BuildOptions
+def _build_options(args: argparse.Namespace, out: Out) -> BuildOptions:
+    from buildkit_py.pipeline.build import BuildOptions
 
     return BuildOptions(
         tags=(), push=args.push, ca_cert=args.ca_cert, pip_config=args.pip_config,
         network=None if args.network == "default" else args.network, no_cache=args.no_cache,
         cache_from=tuple(args.cache_from), cache_to=tuple(args.cache_to), builder=args.builder,
         load=args.load, compression=args.compression, oci_mediatypes=args.oci_mediatypes,
-        provenance=args.provenance, platforms=tuple(args.platform),
+        provenance=args.provenance, platforms=tuple(args.platform), test=_testing(args, out),
     )
+
+
+def _publishing(args: argparse.Namespace) -> Publishing:
+    """What follows a push: the SBOM unless --no-sbom, the signatures with --sign's key (read
+    before building: a bad key fails in a second, not after the push)."""
+    from buildkit_py.pipeline.build import Publishing
+
+    return Publishing(args.recipe, sbom=not args.no_sbom, key=_signing_key(args))
 
 
 def _lock_mode(args: argparse.Namespace) -> LockMode:
@@ -120,10 +128,9 @@ def _testing(args: argparse.Namespace, out: Out) -> bool:
 
 
 def cmd_build(args: argparse.Namespace, out: Out) -> int:
-    from buildkit_py.cli.test import build_gate
     from buildkit_py.engine import select_engine
-    from buildkit_py.engine.build import build_platforms, run_build
     from buildkit_py.pipeline.bases import verify_base
+    from buildkit_py.pipeline.build import Sinks, build_image, build_platforms
     from buildkit_py.pipeline.locks import use_lock
 
     if args.jobs < 1:
@@ -146,23 +153,19 @@ def cmd_build(args: argparse.Namespace, out: Out) -> int:
         out.warn(note)
     if locked.status != "none":
         out.info(f"lock     {locked.path} ({locked.status})")
-    key = _signing_key(args)
+    publishing = _publishing(args)
     engine = select_engine(args.engine, builder=args.builder)
     # the recipe's platforms (or --platform's, which plan_recipe put in its place): one index of them
-    options = replace(_build_options(args), platforms=build_platforms(plan.recipe, tuple(args.platform)))
+    options = replace(_build_options(args, out), platforms=build_platforms(plan.recipe, tuple(args.platform)))
 
-    testing = _testing(args, out)
     out.info(f"building {', '.join(plan.tags)} with the {engine.describe()}"
              + (f" for {', '.join(options.platforms)}" if options.platforms else ""))
-    reports: list[TestReport] = []
     with StepView.for_option(out.stderr, args.progress) as view:
-        gate = build_gate(engine, plan.recipe, plan.tags[0], view.note, reports, options.platforms) \
-            if testing else None
-        outcome = run_build(plan, engine, options, view.line, on_progress=view.note, on_transfer=view.transfer,
-                            gate=gate)
+        built = build_image(plan, engine, options, publishing=publishing, sinks=Sinks(
+            on_line=view.line, on_progress=view.note, on_transfer=view.transfer, on_event=view.note,
+            on_note=out.info))
+    outcome, reports, sboms, signed = built.outcome, built.tests, built.sboms, built.signatures
     r = outcome.result
-    sboms = _attach_sboms(args, out, [p.ref for p in outcome.pushes])
-    signed = _sign_pushes(key, [p.ref for p in outcome.pushes])
     report = {
         "image_id": r.image_id, "tags": list(r.tags), "size": outcome.size, "engine": outcome.engine,
         "backend": outcome.engine,  # the older name of "engine", kept for scripts that read it
@@ -181,7 +184,15 @@ def cmd_build(args: argparse.Namespace, out: Out) -> int:
     }
     if args.json:
         out.data(report)
-        return 0
+    else:
+        _build_lines(out, built)
+    return 0
+
+
+def _build_lines(out: Out, built: BuildReport) -> None:
+    """`build`'s result as text: the image, its size and steps, its tests, pushes, SBOMs and signatures."""
+    outcome, reports, sboms, signed = built.outcome, built.tests, built.sboms, built.signatures
+    r = outcome.result
     compressed = outcome.sizes.compressed if outcome.sizes else None
     out.line(f"image    {r.image_id}")
     out.line(f"tags     {', '.join(r.tags)}")
@@ -198,7 +209,6 @@ def cmd_build(args: argparse.Namespace, out: Out) -> int:
         out.line(f"sbom     {s.ref} ({s.components} components, {s.via}) for {s.subject} ({s.platform})")
     for g in signed:
         out.line(f"signed   {g.digest} ({g.platform or 'index' if len(signed) > 1 else 'manifest'}, {g.tag})")
-    return 0
 
 
 def _signing_key(args: argparse.Namespace) -> Any:
@@ -210,53 +220,13 @@ def _signing_key(args: argparse.Namespace) -> Any:
     return signing_key(args.sign)
 
 
-def _sign_pushes(key: Any, pushed: list[str]) -> list[Any]:
-    """After a push (and its SBOMs): each pushed repository@digest signed as cosign does, the
-    index and each platform's manifest (a push of several tags to one repository is one digest)."""
-    if key is None or not pushed:
-        return []
-    from buildkit_py.errors import ImgbuildError, SignatureError
-    from buildkit_py.oci.signatures import sign_image
-
-    signed = []
-    for ref in dict.fromkeys(pushed):
-        try:
-            signed += sign_image(ref, key)
-        except ImgbuildError as exc:
-            raise SignatureError(f"pushed {ref}, but could not sign it: {exc.render()}",
-                                 hint=f"`imgbuild sign {ref} --key KEY` tries again") from exc
-    return signed
-
-
-def _attach_sboms(args: argparse.Namespace, out: Out, pushed: list[str], variant: str = "default") -> list[Any]:
-    """After a push: the SBOM of what the pushed image carries, attached to it (unless --no-sbom),
-    with each wheel's sha256 from the recipe's lock when there is one (a build uses it when it
-    is there; a stale one was refused before building)."""
-    if not pushed or args.no_sbom:
-        return []
-    from buildkit_py.analysis.sbom import attach_after_push
-    from buildkit_py.errors import ImgbuildError, SbomError
-    from buildkit_py.plan.lock import lock_entry, wheel_hashes
-
-    hashes = wheel_hashes(lock_entry(args.recipe, variant))
-    out.info(f"sbom     reading what {pushed[0]} carries from its layers, to attach its SBOM")
-    try:
-        return attach_after_push(pushed, hashes=hashes)
-    except ImgbuildError as exc:
-        raise SbomError(f"pushed {pushed[0]}, but could not attach its SBOM: {exc.render()}",
-                        hint=f"`imgbuild sbom {pushed[0]} --generate --attach` tries again; --no-sbom pushes "
-                             "without one") from exc
-
-
 def cmd_build_matrix(args: argparse.Namespace, out: Out) -> int:
     """build --all / --variant: the matrix's variants, N at a time, one summary at the end."""
     from buildkit_py import pipeline
-    from buildkit_py.cli.test import build_gate
     from buildkit_py.engine import select_engine
-    from buildkit_py.engine.build import build_platforms
-    from buildkit_py.engine.matrix_build import BuildHooks, build_all, build_report, summary_lines
     from buildkit_py.pipeline.bases import verify_base
     from buildkit_py.pipeline.locks import use_lock
+    from buildkit_py.pipeline.matrix_build import BuildHooks, build_all, build_report, publish_all, summary_lines
     from buildkit_py.plan import matrix as mx
 
     if args.all and args.variant:
@@ -265,9 +235,9 @@ def cmd_build_matrix(args: argparse.Namespace, out: Out) -> int:
     mx.select_variants(matrix, tuple(args.variant), jobs=args.jobs, tags=tuple(args.tag))  # before any output
     for w in mx.dropped_warnings(matrix):
         out.warn(w)
-    key = _signing_key(args)
+    publishing = _publishing(args)
     engine = select_engine(args.engine, builder=args.builder)
-    options = _build_options(args)
+    options = _build_options(args, out)
     lock_mode = _lock_mode(args)
 
     def prepare(variant, plan):
@@ -276,32 +246,14 @@ def cmd_build_matrix(args: argparse.Namespace, out: Out) -> int:
             out.warn(f"[{variant.id}] {w}")
         return verify_base(locked.plan)
 
-    testing = _testing(args, out)
-    reports: dict[str, list[TestReport]] = {}
     out.info(f"building {'all ' if args.all else ''}{len(args.variant) or len(matrix.variants)} variant(s) of "
              f"{matrix.name} with the {engine.describe()}, {args.jobs} at a time")
     with StepView.for_option(out.stderr, args.progress) as view:
-
-        def gate(variant, plan):  # each variant's image passes its tests before it is tagged and pushed
-            return build_gate(engine, plan.recipe, plan.tags[0], lambda line: view.note(f"[{variant.id}] {line}"),
-                              reports.setdefault(variant.id, []), build_platforms(plan.recipe, options.platforms))
-
-        hooks = BuildHooks(on_line=lambda vid, line: view.line(line, vid), on_event=view.note, prepare=prepare,
-                           gate=gate if testing else None)
+        hooks = BuildHooks(on_line=lambda vid, line: view.line(line, vid), on_event=view.note, prepare=prepare)
         result = build_all(matrix, engine, options, jobs=args.jobs, registry=args.registry,
                            variant_ids=tuple(args.variant), tags=tuple(args.tag), hooks=hooks)
-    sboms = {b.variant.id: _attach_sboms(args, out, [p.ref for p in b.outcome.pushes], b.variant.id)
-             for b in result.builds if b.outcome is not None}
-    signed = {b.variant.id: _sign_pushes(key, [p.ref for p in b.outcome.pushes])
-              for b in result.builds if b.outcome is not None}
+    result = publish_all(result, publishing, on_note=out.info)
     report = build_report(result)
-    for entry in report["variants"]:
-        if entry["variant"] in sboms:
-            entry["sboms"] = [s.to_json() for s in sboms[entry["variant"]]]
-            entry["signatures"] = [g.to_json() for g in signed[entry["variant"]]]
-        tested = reports.get(entry["variant"], [])
-        entry["tests"] = tested[-1].to_json() if tested else None  # a multi-platform variant: its last platform
-        entry["platform_tests"] = [t.to_json() for t in tested] if len(tested) > 1 else []
     if args.json:
         out.data(report)
     elif out.stdout.isatty():
@@ -310,22 +262,23 @@ def cmd_build_matrix(args: argparse.Namespace, out: Out) -> int:
         for line in summary_lines(result):
             out.line(line)
     if not args.json:
-        _variant_artifact_lines(out, sboms, signed)
+        _variant_artifact_lines(out, result)
     return ExitStatus.FAILED if result.failed else 0
 
 
-def _variant_artifact_lines(out: Out, sboms: dict[str, list[Any]], signed: dict[str, list[Any]]) -> None:
-    for vid, attached in sboms.items():
-        for s in attached:
-            out.line(f"sbom     [{vid}] {s.ref} ({s.components} components, {s.via}) for {s.subject}")
-    for vid, done in signed.items():
-        for g in done:
-            out.line(f"signed   [{vid}] {g.digest} ({g.tag})")
+def _variant_artifact_lines(out: Out, result: MatrixBuild) -> None:
+    built = [b for b in result.builds if b.report is not None]
+    for b in built:
+        for s in b.report.sboms if b.report else ():
+            out.line(f"sbom     [{b.variant.id}] {s.ref} ({s.components} components, {s.via}) for {s.subject}")
+    for b in built:
+        for g in b.report.signatures if b.report else ():
+            out.line(f"signed   [{b.variant.id}] {g.digest} ({g.tag})")
 
 
 def summary_table(report: dict[str, Any], console: Console) -> None:
-    """The matrix summary (``matrix_build.build_report``) as a rich table, for a terminal; pipes and
-    CI logs get ``matrix_build.summary_lines``, plain and stable."""
+    """The matrix summary (``pipeline.matrix_build.build_report``) as a rich table, for a terminal; pipes
+    and CI logs get ``pipeline.matrix_build.summary_lines``, plain and stable."""
     from rich.table import Table
 
     table = Table(title=report["name"], title_justify="left")

@@ -11,8 +11,7 @@ from buildkit_py.cli.common import AddCommand, Out, ca_option, json_option, pip_
 from buildkit_py.errors import UsageError
 
 if TYPE_CHECKING:
-    from buildkit_py.plan.build_plan import BuildPlan
-    from buildkit_py.plan.matrix import Matrix, Variant
+    from buildkit_py.plan.matrix import Matrix
 
 
 def register(add: AddCommand) -> None:
@@ -71,17 +70,10 @@ def cmd_matrix(args: argparse.Namespace, out: Out) -> int:
 
 
 def _write_bake(args: argparse.Namespace, matrix: Matrix, out: Out) -> None:
-    from buildkit_py.engine import bake
-    from buildkit_py.pipeline.locks import use_lock
+    from buildkit_py.pipeline.matrix_build import write_bake
 
-    def prepare(variant: Variant, plan: BuildPlan) -> BuildPlan:  # a lock beside the recipe: as build --all uses it
-        locked = use_lock(plan, variant=variant.id, ca_cert=args.ca_cert)
-        for w in locked.warnings:
-            out.warn(f"[{variant.id}] {w}")
-        return locked.plan
-
-    written = bake.write_bake(matrix, args.output, registry=args.registry, ca_cert=args.ca_cert,
-                            pip_config=args.pip_config, push=args.push, prepare=prepare)
+    written = write_bake(matrix, args.output, registry=args.registry, ca_cert=args.ca_cert,
+                         pip_config=args.pip_config, push=args.push, warn=out.warn)
     for path in written:
         out.info(f"wrote    {path}")
     out.info(f"run      cd {args.output} && docker buildx bake")

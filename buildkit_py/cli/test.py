@@ -1,10 +1,9 @@
 """imgbuild test: the tests of a built image on their own (what `build --push` runs before it
-pushes), and the gate `build` hands to the engine layer."""
+pushes: pipeline/build.py)."""
 
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -24,7 +23,6 @@ from buildkit_py.errors import ExitStatus, UsageError
 
 if TYPE_CHECKING:
     from buildkit_py.analysis.image_checks import TestReport
-    from buildkit_py.engine import Engine
     from buildkit_py.recipe.model import Recipe
 
 
@@ -118,7 +116,7 @@ def tested_platforms(recipe: Recipe | None, requested: tuple[str, ...]) -> tuple
     """The platforms whose images are tested, in order: those asked for (with a recipe, each one
     it names: another was never built from it), else each one a recipe builds (build_platforms:
     none where it names linux/amd64 alone), else none: the engine's own platform's image."""
-    from buildkit_py.engine.build import build_platforms
+    from buildkit_py.pipeline.build import build_platforms
     from buildkit_py.recipe.model import PLATFORMS
 
     requested = tuple(dict.fromkeys(requested))
@@ -150,20 +148,3 @@ def print_failures(report: TestReport, out: Out) -> None:
         if r.output:
             out.line(f"--- output of {r.name} ({r.command}) on {report.platform} ---\n{r.output}\n"
                      "--- end of output ---")
-
-
-def build_gate(engine: Engine, recipe: Recipe, shown_as: str, on_event: Callable[[str], None],
-               reports: list[TestReport], platforms: tuple[str, ...] = ()) -> Callable[[str], None]:
-    """What `build` runs on the image before it keeps its tags and pushes: every test, refused
-    with ImageTestFailed when one fails; each report is appended to ``reports``. ``platforms``:
-    every platform's image of a multi-platform build is tested (arm64 under qemu)."""
-    from buildkit_py.analysis.image_checks import require_passed, run_image_tests
-
-    def gate(image_id: str) -> None:
-        for platform in platforms or (None,):
-            report = run_image_tests(engine, image_id, recipe=recipe, on_event=on_event, platform=platform,
-                                     shown_as=f"{shown_as} ({platform})" if platform else shown_as)
-            reports.append(report)
-            require_passed(report)
-
-    return gate

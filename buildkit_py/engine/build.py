@@ -1,48 +1,33 @@
-"""BuildPlan -> built (and optionally pushed) image: the one place that does build I/O.
-
-Order matters for "nothing half-written": everything that can be refused (capabilities,
-missing CA file, budget of the result) is checked before the image keeps its tags.
+"""The engine's side of a build: the build context and secrets, the image's layer groups, the
+tags a refused or held image keeps, and the checked push (tag, push, read back). The build's
+sequence (pre-flight, build, measure, budget, tests, push, verify, SBOM, signing) is
+``pipeline/build.py``; nothing here runs tests or decides what is refused.
 """
 
 from __future__ import annotations
 
 import contextlib
 import shutil
-import tempfile
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from buildkit_py import oci
 from buildkit_py.engine import (
     CA_SECRET_ID,
-    ENGINE_STORE,
-    PROVENANCE,
-    PUSH,
-    BuildRequest,
     BuildResult,
     Engine,
     ImageSizes,
-    require,
-    required_capabilities,
 )
-from buildkit_py.engine.push import PushResult, TransferSink, check_can_push, split_tag
-from buildkit_py.errors import BudgetExceeded, ImageTestFailed, ImgbuildError, RegistryError, UsageError
-from buildkit_py.files import write_atomic
-from buildkit_py.plan import labels as L
-from buildkit_py.plan.build_plan import BuildPlan, check_image_tag
+from buildkit_py.engine.push import PushResult, TransferSink, split_tag
+from buildkit_py.errors import ImgbuildError, RegistryError, UsageError
+from buildkit_py.plan.build_plan import BuildPlan
 from buildkit_py.plan.history import attribute_entries
-from buildkit_py.plan.installer import UV_ENV_SECRET_ID, uv_env_for
 from buildkit_py.plan.steps import CopyStep
 from buildkit_py.recipe.model import Recipe
-from buildkit_py.render.dockerfile import render_dockerfile
-from buildkit_py.sizes import human_size
 
 LineSink = Callable[[str], None]
-# Checks an image must pass before it keeps its tags or is pushed (the recipe's tests: see
-# analysis/image_checks.py); called with the image id, it raises an ImgbuildError to refuse it.
-ImageGate = Callable[[str], None]
 # A pip.conf (private index URL with credentials), read by pip steps as PIP_CONFIG_FILE.
 PIP_CONFIG_SECRET_ID = "pipconf"  # noqa: S105
 
@@ -64,6 +49,7 @@ class BuildOptions:
     provenance: str | None = None  # min|max|false (buildx)
     platforms: tuple[str, ...] = ()
     rejected: str | None = None  # the tag a refused image keeps (rejected_tag); None: REPO:rejected
+    test: bool = False  # the recipe's tests pass before the image keeps its tags (pipeline/build.py runs them)
 
 
 def build_platforms(recipe: Recipe, requested: tuple[str, ...]) -> tuple[str, ...]:
@@ -154,118 +140,6 @@ def layer_groups(engine: Engine, image_id: str, plan: BuildPlan) -> dict[str, in
 REJECTED_TAG = "rejected"  # an image refused after its build (over budget, tests failed) keeps only this tag
 
 
-def run_build(plan: BuildPlan, engine: Engine, options: BuildOptions, on_line: LineSink,
-              on_progress: LineSink | None = None, on_transfer: TransferSink | None = None,
-              gate: ImageGate | None = None) -> BuildOutcome:
-    """Build on ``engine``; push from BuildKit where the engine can (PUSH: buildx), else through
-    the engine (``engine.push``). The image is kept in the engine when asked (--load), when a budget
-    or a ``gate`` (the recipe's tests) must pass first, or when the engine keeps every image anyway
-    (ENGINE_STORE: not a named builder). An image refused by either keeps only REPO:rejected, and
-    nothing is pushed."""
-    dockerfile = render_dockerfile(plan)
-    secrets = build_secrets(options.ca_cert, options.pip_config)
-    # uv reads no pip.conf: its steps get the translation (UV_* variables) as a secret of their own.
-    uv_env = uv_env_for(plan, options.pip_config, ca_cert=options.ca_cert is not None)
-    tags = plan.tags if not options.tags else options.tags
-    for tag in tags:  # reach argv and the registry, never a shell: check the grammar, exit 2
-        check_image_tag(tag)
-    budget = plan.recipe.max_size
-    from_buildkit = options.push and PUSH in engine.capabilities
-    # A budget and the tests are checked on the image in the engine before anything is pushed.
-    checked_first = budget is not None or gate is not None
-    keep_local = options.load or checked_first or not options.push or ENGINE_STORE in engine.capabilities
-    probe = BuildRequest(Path("."), Path("Dockerfile"), tags, cache_from=options.cache_from,
-                         cache_to=options.cache_to, builder=options.builder, compression=options.compression,
-                         oci_mediatypes=options.oci_mediatypes, provenance=options.provenance,
-                         platforms=options.platforms)
-    require(engine, required_capabilities(plan.needs, probe))
-    if options.push:  # wrong credentials fail now, not after the whole build
-        check_can_push(tags)
-
-    # No attestation unless asked for: BuildKit's provenance carries the build's start time and a
-    # random invocation id, so with it every build, even of nothing changed, gets a new digest.
-    provenance = options.provenance
-    if provenance is None and PROVENANCE in engine.capabilities:
-        provenance = "false"
-    # A base pinned at plan time carries its digest as a static label already.
-    base_digest = None if plan.resolution.base_digest else _local_digest(engine, plan.resolution.base_image)
-    volatile = L.volatile_labels(plan.recipe, base_digest=base_digest)
-    with tempfile.TemporaryDirectory(prefix="imgbuild-") as tmp:
-        context, dockerfile_path = assemble_context(plan, dockerfile, Path(tmp))
-        if uv_env is not None:  # beside the context, never in it
-            secrets[UV_ENV_SECRET_ID] = Path(tmp, UV_ENV_SECRET_ID)
-            write_atomic(secrets[UV_ENV_SECRET_ID], uv_env, private=True)
-        # An image checked before its push also gets a tag of its own until it is pushed: another build
-        # of the same recipe taking the tags meanwhile would otherwise leave it untagged, which the
-        # containerd store drops (and the push of the checked image would find nothing)
-        hold = hold_tag(tags[0]) if options.push and checked_first else None
-        request = BuildRequest(
-            context_dir=context, dockerfile=dockerfile_path, tags=tags + ((hold,) if hold else ()),
-            labels=volatile, secrets=secrets,
-            network=options.network, no_cache=options.no_cache, cache_from=options.cache_from,
-            cache_to=options.cache_to, builder=options.builder, push=from_buildkit and not checked_first,
-            load=keep_local, compression=options.compression, oci_mediatypes=options.oci_mediatypes,
-            provenance=provenance, platforms=options.platforms,
-        )
-        result = replace(_build(engine, request, on_line), tags=tags)
-        try:
-            pushes, sizes, groups, image_labels = _check_and_push(
-                engine, plan, result, options, gate, keep_local=keep_local,
-                progress=(on_progress, on_transfer))
-        finally:
-            if hold:
-                release_hold(engine, hold)
-    if pushes:  # what a pull really downloads, from the registry's manifest
-        compressed = registry_compressed_size(pushes[0].ref)
-        if compressed is not None:
-            sizes = ImageSizes(sizes.uncompressed if sizes else 0, compressed)
-        if not image_labels:  # pushed from a builder without loading: read them back from the registry
-            config = oci.get_image_config(pushes[0].ref).get("config") or {}
-            image_labels = dict(sorted((config.get("Labels") or {}).items()))
-    return BuildOutcome(plan, engine.name, result, sizes.uncompressed if sizes else 0, tuple(pushes), groups,
-                        labels=image_labels, sizes=sizes)
-
-
-def _check_and_push(engine: Engine, plan: BuildPlan, result: BuildResult, options: BuildOptions,
-                    gate: ImageGate | None, *, keep_local: bool,
-                    progress: tuple[LineSink | None, TransferSink | None]) -> tuple[
-                        list[PushResult], ImageSizes | None, dict[str, int], dict[str, str]]:
-    """After the build: the size budget and the gate (the recipe's tests) on the image in the engine,
-    then the push: of the checked image itself where something was checked, else as the build did it.
-    Returns the pushes, the image's sizes, its layer groups and its labels."""
-    on_progress, on_transfer = progress
-    tags = result.tags
-    budget = plan.recipe.max_size
-    checked_first = budget is not None or gate is not None
-    from_buildkit = options.push and PUSH in engine.capabilities
-    sizes = engine.image_sizes(result.image_id) if keep_local and result.image_id else None
-    groups = layer_groups(engine, result.image_id, plan) if sizes else {}
-    attrs = (engine.image_attrs(result.image_id) or {}) if sizes else {}
-    image_labels = dict(sorted(((attrs.get("Config") or {}).get("Labels") or {}).items()))
-    if budget is not None and sizes and sizes.uncompressed > budget:
-        _reject_over_budget(engine, result.image_id, tags, sizes.uncompressed, budget, groups, plan,
-                            options.rejected)
-    if gate is not None:
-        try:
-            gate(result.image_id)
-        except ImageTestFailed as exc:
-            exc.kept_as = keep_as_rejected(engine, result.image_id, tags, options.rejected)
-            exc.message += f"\nnothing was pushed; the image is kept as {exc.kept_as}"
-            exc.args = (exc.message,)
-            raise
-    pushes: list[PushResult] = []
-    if options.push and checked_first and result.image_id:
-        # The image that was checked is pushed, from the engine's store: never a second build
-        # that trusts the cache (a --no-cache build of the same recipe or a prune meanwhile made
-        # it push another image), and each push is then read back from the registry.
-        pushes = push_checked(engine, result.image_id, tags, on_progress=on_progress, on_transfer=on_transfer)
-    elif options.push and from_buildkit:
-        pushes = _buildkit_pushes(result, tags)  # the build pushed as it exported
-    elif options.push:
-        pushes = [engine.push(tag, on_progress=on_progress, on_transfer=on_transfer) for tag in tags]
-    return pushes, sizes, groups, image_labels
-
-
 HOLD_TAG = "imgbuild-hold"  # the tag an image keeps between its build and its checked push
 
 
@@ -311,16 +185,6 @@ def verify_pushed(image_id: str, pushed: PushResult) -> None:
              "(nothing else builds this tag meanwhile)")
 
 
-def _reject_over_budget(engine: Engine, image_id: str, tags: tuple[str, ...], size: int, budget: int,
-                        groups: dict[str, int], plan: BuildPlan, rejected_as: str | None = None) -> None:
-    rejected = keep_as_rejected(engine, image_id, tags, rejected_as)
-    breakdown = ", ".join(f"{g} {human_size(b)}" for g, b in groups.items())
-    raise BudgetExceeded(
-        f"image {image_id[:19]} is {human_size(size)}, over the recipe's budget of "
-        f"{human_size(budget)}: {breakdown}; kept as {rejected}",
-        hint=f"see `imgbuild inspect {rejected}` for the biggest layers; {budget_advice(plan.recipe)}")
-
-
 def rejected_tag(tag: str, variant: str | None = None) -> str:
     """The tag a refused image keeps: REPO:rejected, or REPO:rejected-VARIANT for a matrix variant,
     whose siblings share its repository (one tag for all, each refused variant overwrote the last)."""
@@ -339,17 +203,7 @@ def keep_as_rejected(engine: Engine, image_id: str, tags: tuple[str, ...], rejec
     return rejected
 
 
-def budget_advice(recipe: Recipe) -> str:
-    """What shrinks an image over its budget, for the recipe at hand: a runtime flavor only
-    where the recipe asks for devel without compiling at run time."""
-    if recipe.cuda.flavor == "devel" and not recipe.runtime_compile:
-        return ("cuda.flavor: runtime leaves the CUDA compilers out (build.from_source still compiles, in a "
-                "builder stage), or drop heavy pins")
-    return ("drop heavy pins, keep weights and data out of copy: (imgbuild weights push), or raise "
-            "budget.max_size if the size is expected")
-
-
-def _buildkit_pushes(result: BuildResult, tags: tuple[str, ...]) -> list[PushResult]:
+def buildkit_pushes(result: BuildResult, tags: tuple[str, ...]) -> list[PushResult]:
     """What BuildKit pushed: every tag at the digest its metadata file names."""
     if not result.digest:
         raise RegistryError("the build pushed but its metadata file has no containerimage.digest",
@@ -357,13 +211,7 @@ def _buildkit_pushes(result: BuildResult, tags: tuple[str, ...]) -> list[PushRes
     return [PushResult(f"{split_tag(t)[0]}@{result.digest}", split_tag(t)[1], result.digest, None, 1) for t in tags]
 
 
-def _build(engine: Engine, request: BuildRequest, on_line: LineSink) -> BuildResult:
-    # A failure comes back as BuildFailed naming the step, its last lines and the known cause
-    # (engine/buildlog.py), a full disk included.
-    return engine.build(request, on_line)
-
-
-def _local_digest(engine: Engine, ref: str) -> str | None:
+def local_digest(engine: Engine, ref: str) -> str | None:
     """The base image's registry digest where the engine knows one (pulled, not imported)."""
     try:
         digests = (engine.image_attrs(ref) or {}).get("RepoDigests") or []

@@ -1,7 +1,8 @@
 """Building a matrix: every variant of a recipe's matrix on one engine, shared prefixes once.
 
 The plan side (variants, their plans, the stages they share) is ``plan.matrix``; this module
-runs those plans through ``engine.build.run_build`` and reports what happened.
+maps ``pipeline.build.build_checked`` over those plans, then publishes (SBOM, signatures) what
+was pushed, in variant order, and reports what happened.
 """
 
 from __future__ import annotations
@@ -13,18 +14,13 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from buildkit_py.engine import ENGINE_STORE, BuildRequest, Engine, require, required_capabilities
-from buildkit_py.engine.build import (
-    BuildOptions,
-    BuildOutcome,
-    ImageGate,
-    build_platforms,
-    rejected_tag,
-    run_build,
-)
+from buildkit_py.engine import ENGINE_STORE, BuildRequest, Engine, bake, require, required_capabilities
+from buildkit_py.engine.build import BuildOptions, BuildOutcome, build_platforms, rejected_tag
 from buildkit_py.engine.children import stop_all
 from buildkit_py.engine.push import check_can_push
-from buildkit_py.errors import ImgbuildError
+from buildkit_py.errors import ImageTestFailed, ImgbuildError
+from buildkit_py.pipeline.build import BuildReport, Publishing, attach_sboms, build_checked, sign_pushes
+from buildkit_py.pipeline.locks import use_lock
 from buildkit_py.plan.build_plan import BuildPlan
 from buildkit_py.plan.matrix import (
     Matrix,
@@ -46,15 +42,13 @@ VariantSink = Callable[[str, str], None]  # (variant id, log line)
 @dataclass(frozen=True)
 class BuildHooks:
     """What a caller plugs into ``build_all``: where log lines and events go, a step run on
-    every plan before anything builds (e.g. applying the variant's lock), the function that
-    builds one plan (``run_build``; tests pass a fake), and the gate each variant's image must
-    pass before it keeps its tags and is pushed (its tests; None: none)."""
+    every plan before anything builds (e.g. applying the variant's lock), and the function that
+    builds one plan (``build_checked``; tests pass a fake)."""
 
     on_line: VariantSink | None = None
     on_event: Callable[[str], None] | None = None
     prepare: Callable[[Variant, BuildPlan], BuildPlan] | None = None
-    runner: Callable[..., BuildOutcome] | None = None
-    gate: Callable[[Variant, BuildPlan], ImageGate | None] | None = None
+    runner: Callable[..., BuildReport] | None = None
 
 
 NO_HOOKS = BuildHooks()
@@ -64,13 +58,24 @@ NO_HOOKS = BuildHooks()
 class VariantBuild:
     variant: Variant
     plan: BuildPlan
-    outcome: BuildOutcome | None = None  # when it built
+    report: BuildReport | None = None  # when it built
     error: ImgbuildError | None = None
     seconds: float = 0.0
 
     @property
     def ok(self) -> bool:
         return self.error is None
+
+    @property
+    def outcome(self) -> BuildOutcome | None:
+        return self.report.outcome if self.report is not None else None
+
+    @property
+    def tests(self) -> tuple[Any, ...]:
+        """Each platform's test report: of the image built, or of the one whose tests refused it."""
+        if self.report is not None:
+            return self.report.tests
+        return self.error.reports if isinstance(self.error, ImageTestFailed) else ()
 
     @property
     def digest(self) -> str | None:
@@ -99,9 +104,10 @@ def build_all(matrix: Matrix, engine: Engine, options: BuildOptions, *, jobs: in
     A variant that builds a prefix others share (the stages ``shared_stages`` finds) goes
     first; the variants that share it wait for it, then find it in BuildKit's cache, so each
     shared stage is built once even with ``jobs`` > 1. One failure does not stop the others.
-    ``{variant}`` in --cache-from/--cache-to values becomes each variant's id.
+    ``{variant}`` in --cache-from/--cache-to values becomes each variant's id. With ``options.test``
+    each variant's image passes its own tests before it keeps its tags and is pushed.
     """
-    on_line, prepare, runner = hooks.on_line, hooks.prepare, hooks.runner or run_build
+    on_line, prepare, runner = hooks.on_line, hooks.prepare, hooks.runner or build_checked
     chosen = select_variants(matrix, variant_ids, jobs=jobs, tags=tags)
     plans = {v.id: variant_plan(v, registry=registry, tags=tags) for v in chosen}
     if prepare is not None:
@@ -125,14 +131,13 @@ def build_all(matrix: Matrix, engine: Engine, options: BuildOptions, *, jobs: in
                        rejected=rejected_tag(plan.tags[0], v.id),
                        cache_from=tuple(r.replace("{variant}", v.id) for r in options.cache_from),
                        cache_to=tuple(r.replace("{variant}", v.id) for r in options.cache_to))
-        gate = hooks.gate(v, plan) if hooks.gate is not None else None
         start = time.monotonic()
         try:
-            outcome = runner(plan, engine, opts, (lambda line: on_line(v.id, line)) if on_line else (lambda _l: None),
-                             gate=gate)
+            report = runner(plan, engine, opts, (lambda line: on_line(v.id, line)) if on_line else (lambda _l: None),
+                            on_event=lambda line: say(f"[{v.id}] {line}"))
         except ImgbuildError as exc:
             return VariantBuild(v, plan, error=exc, seconds=time.monotonic() - start)
-        return VariantBuild(v, plan, outcome=outcome, seconds=time.monotonic() - start)
+        return VariantBuild(v, plan, report=report, seconds=time.monotonic() - start)
 
     start = time.monotonic()
     pending = list(chosen)
@@ -172,7 +177,7 @@ def build_all(matrix: Matrix, engine: Engine, options: BuildOptions, *, jobs: in
 
 
 def _prebuild_shared_stages(matrix: Matrix, plans: dict[str, BuildPlan], engine: Engine, options: BuildOptions,
-                            runner: Callable[..., BuildOutcome], on_line: VariantSink | None,
+                            runner: Callable[..., BuildReport], on_line: VariantSink | None,
                             say: Callable[[str], None]) -> tuple[dict[str, BuildPlan], dict[str, list[str]],
                                                                  tuple[str, ...]]:
     """--no-cache with shared prefixes: the prefix is a run of steps inside each variant's final
@@ -189,13 +194,41 @@ def _prebuild_shared_stages(matrix: Matrix, plans: dict[str, BuildPlan], engine:
         shared = replace(shared_stage_plan(st, plans, base), tags=(tag,))
         say(f"[shared] building {', '.join(s.id for s in st.steps)} once for {', '.join(st.users)}")
         sink = (lambda line: on_line("shared", line)) if on_line else (lambda _l: None)
-        runner(shared, engine, replace(options, tags=(tag,), push=False, cache_to=()), sink)
+        # a shared stage is no image of the recipe's: its tests run on the variants built from it
+        runner(shared, engine, replace(options, tags=(tag,), push=False, cache_to=(), test=False), sink)
         built[key] = tag
     out = dict(plans)
     for vid, chain in chains.items():
         if chain:
             out[vid] = after_shared(plans[vid], chain, stages, built[chain[-1]])
     return out, {vid: [] for vid in plans}, tuple(built.values())
+
+
+def publish_all(result: MatrixBuild, publishing: Publishing, *,
+                on_note: Callable[[str], None] = lambda _t: None) -> MatrixBuild:
+    """After the variants' pushes, in variant order: each one's SBOM (with its own lock entry's
+    hashes), then each one's signatures. A failure stops here, with every variant built."""
+    built = [b for b in result.builds if b.report is not None]
+    sboms = {b.variant.id: attach_sboms(b.report.pushed, replace(publishing, variant=b.variant.id), on_note=on_note)
+             for b in built if b.report is not None}
+    signed = {b.variant.id: sign_pushes(publishing.key, b.report.pushed) for b in built if b.report is not None}
+    return replace(result, builds=tuple(
+        replace(b, report=replace(b.report, sboms=tuple(sboms[b.variant.id]), signatures=tuple(signed[b.variant.id])))
+        if b.report is not None else b for b in result.builds))
+
+
+def write_bake(matrix: Matrix, folder: Path, *, registry: str | None, ca_cert: Path | None, pip_config: Path | None,
+               push: bool, warn: Callable[[str], None]) -> list[Path]:
+    """`imgbuild matrix --format bake`: the bake folder (engine/bake.py), each variant's plan with the
+    lock beside the recipe applied as build --all applies it; each lock warning told to ``warn``."""
+    def prepare(variant: Variant, plan: BuildPlan) -> BuildPlan:
+        locked = use_lock(plan, variant=variant.id, ca_cert=ca_cert)
+        for w in locked.warnings:
+            warn(f"[{variant.id}] {w}")
+        return locked.plan
+
+    return bake.write_bake(matrix, folder, registry=registry, ca_cert=ca_cert, pip_config=pip_config, push=push,
+                           prepare=prepare)
 
 
 def build_report(result: MatrixBuild) -> dict[str, Any]:
@@ -211,6 +244,11 @@ def build_report(result: MatrixBuild) -> dict[str, Any]:
                                  for p in b.outcome.pushes])
         else:
             entry["error"] = b.error.to_json() if b.error else None
+        if b.report is not None:
+            entry["sboms"] = [s.to_json() for s in b.report.sboms]
+            entry["signatures"] = [g.to_json() for g in b.report.signatures]
+        entry["tests"] = b.tests[-1].to_json() if b.tests else None  # a multi-platform variant: its last platform
+        entry["platform_tests"] = [t.to_json() for t in b.tests] if len(b.tests) > 1 else []
         variants.append(entry)
     return {
         "recipe": str(result.matrix.path), "name": result.matrix.name, "seconds": round(result.seconds, 2),

@@ -1,0 +1,350 @@
+"""One image built, in one straight sequence: pre-flight -> build -> measure -> budget -> test ->
+push -> verify (``build_checked``), then SBOM -> sign (``publish``); ``build_image`` is the two.
+
+Each step is a call that returns a value. The recipe's tests are run here, on the image in the
+engine, not handed down to the engine as a callback; a refused image (over budget, tests failed)
+is kept as REPO:rejected and the error raised says so from the start. The engine does only
+engine work (build, tag, push, inspect: engine/build.py), so adding a step (signing was one) is
+one line here. ``pipeline.matrix_build`` maps ``build_checked`` over a matrix's variants.
+
+Order matters for "nothing half-written": everything that can be refused (capabilities,
+missing CA file, budget of the result, the tests) is checked before the image keeps its tags
+and before anything is pushed.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from buildkit_py import oci
+from buildkit_py.analysis.image_checks import TestReport, failure_of, run_image_tests
+from buildkit_py.engine import (
+    ENGINE_STORE,
+    PROVENANCE,
+    PUSH,
+    BuildRequest,
+    Engine,
+    ImageSizes,
+    require,
+    required_capabilities,
+)
+from buildkit_py.engine.build import (
+    BuildOptions,
+    BuildOutcome,
+    assemble_context,
+    build_platforms,
+    build_secrets,
+    buildkit_pushes,
+    hold_tag,
+    keep_as_rejected,
+    layer_groups,
+    local_digest,
+    push_checked,
+    registry_compressed_size,
+    release_hold,
+)
+from buildkit_py.engine.push import PushResult, TransferSink, check_can_push
+from buildkit_py.errors import BudgetExceeded, ImgbuildError, SbomError, SignatureError
+from buildkit_py.files import write_atomic
+from buildkit_py.plan import labels as L
+from buildkit_py.plan.build_plan import BuildPlan, check_image_tag
+from buildkit_py.plan.installer import UV_ENV_SECRET_ID, uv_env_for
+from buildkit_py.plan.lock import DEFAULT_VARIANT, lock_entry, wheel_hashes
+from buildkit_py.recipe.model import Recipe
+from buildkit_py.render.dockerfile import render_dockerfile
+from buildkit_py.sizes import human_size
+
+if TYPE_CHECKING:
+    from buildkit_py.analysis.sbom import AttachedSbom
+    from buildkit_py.oci.signatures import SignedManifest, SigningKey
+
+__all__ = ["BuildOptions", "BuildOutcome", "BuildReport", "Publishing", "build_checked", "build_image",
+           "build_platforms", "publish"]
+
+LineSink = Callable[[str], None]
+
+
+def _drop(_line: str) -> None:
+    pass
+
+
+@dataclass(frozen=True)
+class Sinks:
+    """Where a build's progress goes (the CLI draws it): the engine's log lines, imgbuild's own
+    notes (the push, each test's verdict) and a push's bytes."""
+
+    on_line: LineSink = _drop
+    on_progress: LineSink | None = None
+    on_transfer: TransferSink | None = None
+    on_event: LineSink | None = None  # each test's verdict as it comes
+    on_note: LineSink = _drop  # what happens after the push (the SBOM read)
+
+
+NO_SINKS = Sinks()
+
+
+@dataclass(frozen=True)
+class Publishing:
+    """What follows a push: the SBOM (with each wheel's sha256 from the lock beside ``recipe``, for
+    ``variant``) unless ``sbom`` is off, then the signatures with ``key`` (None: none)."""
+
+    recipe: Path
+    sbom: bool = True
+    key: SigningKey | None = None
+    variant: str = DEFAULT_VARIANT
+
+
+@dataclass(frozen=True)
+class BuildReport:
+    """A build's result: what the engine built and pushed (``outcome``), the test report of each
+    platform tested (none when not tested), and the SBOMs and signatures attached after the push."""
+
+    outcome: BuildOutcome
+    tests: tuple[TestReport, ...] = ()
+    sboms: tuple[AttachedSbom, ...] = ()
+    signatures: tuple[SignedManifest, ...] = ()
+
+    @property
+    def pushed(self) -> list[str]:
+        return [p.ref for p in self.outcome.pushes]
+
+
+def build_image(plan: BuildPlan, engine: Engine, options: BuildOptions, *, publishing: Publishing | None = None,
+                sinks: Sinks = NO_SINKS) -> BuildReport:
+    """The whole build of one image: built, measured, held to its budget, tested (``options.test``),
+    pushed and read back (``build_checked``), then its SBOM attached and its manifests signed
+    (``publish``)."""
+    report = build_checked(plan, engine, options, sinks.on_line, on_progress=sinks.on_progress,
+                           on_transfer=sinks.on_transfer, on_event=sinks.on_event)
+    return publish(report, publishing, on_note=sinks.on_note) if publishing is not None else report
+
+
+def build_checked(plan: BuildPlan, engine: Engine, options: BuildOptions, on_line: LineSink,
+                  on_progress: LineSink | None = None, on_transfer: TransferSink | None = None, *,
+                  on_event: LineSink | None = None) -> BuildReport:
+    """Build on ``engine``; push from BuildKit where the engine can (PUSH: buildx), else through
+    the engine (``engine.push``). The image is kept in the engine when asked (--load), when a budget
+    or the recipe's tests (``options.test``) must pass first, or when the engine keeps every image anyway
+    (ENGINE_STORE: not a named builder). An image refused by either keeps only REPO:rejected, and
+    nothing is pushed."""
+    dockerfile = render_dockerfile(plan)
+    secrets = build_secrets(options.ca_cert, options.pip_config)
+    # uv reads no pip.conf: its steps get the translation (UV_* variables) as a secret of their own.
+    uv_env = uv_env_for(plan, options.pip_config, ca_cert=options.ca_cert is not None)
+    tags = _preflight(plan, engine, options)
+    # A budget and the tests are checked on the image in the engine before anything is pushed.
+    checked_first = plan.recipe.max_size is not None or options.test
+    keep_local = options.load or checked_first or not options.push or ENGINE_STORE in engine.capabilities
+    with tempfile.TemporaryDirectory(prefix="imgbuild-") as tmp:
+        # An image checked before its push also gets a tag of its own until it is pushed: another build
+        # of the same recipe taking the tags meanwhile would otherwise leave it untagged, which the
+        # containerd store drops (and the push of the checked image would find nothing)
+        hold = hold_tag(tags[0]) if options.push and checked_first else None
+        request = _request(plan, engine, options, (dockerfile, secrets, uv_env, Path(tmp)),
+                           tags + ((hold,) if hold else ()), load=keep_local,
+                           push=options.push and PUSH in engine.capabilities and not checked_first)
+        # A failure comes back as BuildFailed naming the step, its last lines and the known cause
+        # (engine/buildlog.py), a full disk included.
+        result = replace(engine.build(request, on_line), tags=tags)
+        try:
+            measured = _measure(engine, plan, result.image_id, keep_local=keep_local)
+            _check_budget(engine, plan, result.image_id, tags, measured, options.rejected)
+            tests = _test(engine, plan, result.image_id, tags, options, on_event)
+            pushes = _push(engine, result.image_id, result, options, checked_first=checked_first,
+                           progress=(on_progress, on_transfer))
+        finally:
+            if hold:
+                release_hold(engine, hold)
+    sizes, groups, image_labels = _read_back(measured, pushes)
+    outcome = BuildOutcome(plan, engine.name, result, sizes.uncompressed if sizes else 0, tuple(pushes), groups,
+                           labels=image_labels, sizes=sizes)
+    return BuildReport(outcome, tests=tests)
+
+
+# What the built image measures in the engine: its sizes (None when it is not there), bytes per
+# layer group and its labels.
+Measured = tuple[ImageSizes | None, dict[str, int], dict[str, str]]
+
+
+def _preflight(plan: BuildPlan, engine: Engine, options: BuildOptions) -> tuple[str, ...]:
+    """Everything refused before a build starts: the tags' grammar, what the engine cannot do, the
+    registry's credentials. Returns the tags the image gets."""
+    tags = plan.tags if not options.tags else options.tags
+    for tag in tags:  # reach argv and the registry, never a shell: check the grammar, exit 2
+        check_image_tag(tag)
+    probe = BuildRequest(Path("."), Path("Dockerfile"), tags, cache_from=options.cache_from,
+                         cache_to=options.cache_to, builder=options.builder, compression=options.compression,
+                         oci_mediatypes=options.oci_mediatypes, provenance=options.provenance,
+                         platforms=options.platforms)
+    require(engine, required_capabilities(plan.needs, probe))
+    if options.push:  # wrong credentials fail now, not after the whole build
+        check_can_push(tags)
+    return tags
+
+
+def _request(plan: BuildPlan, engine: Engine, options: BuildOptions,
+             written: tuple[str, dict[str, Path], str | None, Path], tags: tuple[str, ...], *, push: bool,
+             load: bool) -> BuildRequest:
+    """The engine's build request: the Dockerfile, the context and uv's settings (``written``) written
+    into the folder it names, with the volatile labels and the secrets."""
+    dockerfile, secrets, uv_env, tmp = written
+    # No attestation unless asked for: BuildKit's provenance carries the build's start time and a
+    # random invocation id, so with it every build, even of nothing changed, gets a new digest.
+    provenance = options.provenance
+    if provenance is None and PROVENANCE in engine.capabilities:
+        provenance = "false"
+    # A base pinned at plan time carries its digest as a static label already.
+    base_digest = None if plan.resolution.base_digest else local_digest(engine, plan.resolution.base_image)
+    volatile = L.volatile_labels(plan.recipe, base_digest=base_digest)
+    context, dockerfile_path = assemble_context(plan, dockerfile, tmp)
+    if uv_env is not None:  # beside the context, never in it
+        secrets = {**secrets, UV_ENV_SECRET_ID: tmp / UV_ENV_SECRET_ID}
+        write_atomic(secrets[UV_ENV_SECRET_ID], uv_env, private=True)
+    return BuildRequest(
+        context_dir=context, dockerfile=dockerfile_path, tags=tags,
+        labels=volatile, secrets=secrets,
+        network=options.network, no_cache=options.no_cache, cache_from=options.cache_from,
+        cache_to=options.cache_to, builder=options.builder, push=push,
+        load=load, compression=options.compression, oci_mediatypes=options.oci_mediatypes,
+        provenance=provenance, platforms=options.platforms,
+    )
+
+
+def _measure(engine: Engine, plan: BuildPlan, image_id: str, *, keep_local: bool) -> Measured:
+    sizes = engine.image_sizes(image_id) if keep_local and image_id else None
+    groups = layer_groups(engine, image_id, plan) if sizes else {}
+    attrs = (engine.image_attrs(image_id) or {}) if sizes else {}
+    return sizes, groups, dict(sorted(((attrs.get("Config") or {}).get("Labels") or {}).items()))
+
+
+def _check_budget(engine: Engine, plan: BuildPlan, image_id: str, tags: tuple[str, ...], measured: Measured,
+                  rejected_as: str | None) -> None:
+    budget = plan.recipe.max_size
+    sizes, groups, _ = measured
+    if budget is not None and sizes and sizes.uncompressed > budget:
+        _reject_over_budget(engine, image_id, tags, sizes.uncompressed, budget, groups, plan, rejected_as)
+
+
+def _test(engine: Engine, plan: BuildPlan, image_id: str, tags: tuple[str, ...], options: BuildOptions,
+          on_event: LineSink | None) -> tuple[TestReport, ...]:
+    """The recipe's tests, where asked for; an image that fails them is kept as REPO:rejected, which
+    the error raised names."""
+    tests = run_tests(engine, image_id, plan.recipe, tags[0], options.platforms, on_event) if options.test else ()
+    failed = next((r for r in tests if r.failed), None)
+    if failed is not None:
+        kept = keep_as_rejected(engine, image_id, tags, options.rejected)
+        raise failure_of(failed, kept_as=kept, reports=tests)
+    return tests
+
+
+def _read_back(measured: Measured, pushes: list[PushResult]) -> Measured:
+    """After a push: what a pull really downloads, from the registry's manifest, and the labels of an
+    image pushed from a builder without loading it (none were read from the engine)."""
+    sizes, groups, image_labels = measured
+    if pushes:
+        compressed = registry_compressed_size(pushes[0].ref)
+        if compressed is not None:
+            sizes = ImageSizes(sizes.uncompressed if sizes else 0, compressed)
+        if not image_labels:
+            config = oci.get_image_config(pushes[0].ref).get("config") or {}
+            image_labels = dict(sorted((config.get("Labels") or {}).items()))
+    return sizes, groups, image_labels
+
+
+def run_tests(engine: Engine, image_id: str, recipe: Recipe, shown_as: str, platforms: tuple[str, ...],
+               on_event: LineSink | None) -> tuple[TestReport, ...]:
+    """The recipe's tests on the built image, before it keeps its tags and is pushed: every platform's
+    image of a multi-platform build (arm64 under qemu), up to the first whose tests fail."""
+    reports: list[TestReport] = []
+    for platform in platforms or (None,):
+        report = run_image_tests(engine, image_id, recipe=recipe, on_event=on_event or _drop, platform=platform,
+                                 shown_as=f"{shown_as} ({platform})" if platform else shown_as)
+        reports.append(report)
+        if report.failed:
+            break
+    return tuple(reports)
+
+
+def _push(engine: Engine, image_id: str, result: Any, options: BuildOptions, *, checked_first: bool,
+          progress: tuple[LineSink | None, TransferSink | None]) -> list[PushResult]:
+    """The push: of the checked image itself where something was checked, else as the build did it."""
+    on_progress, on_transfer = progress
+    tags = result.tags
+    if options.push and checked_first and image_id:
+        # The image that was checked is pushed, from the engine's store: never a second build
+        # that trusts the cache (a --no-cache build of the same recipe or a prune meanwhile made
+        # it push another image), and each push is then read back from the registry.
+        return push_checked(engine, image_id, tags, on_progress=on_progress, on_transfer=on_transfer)
+    if options.push and PUSH in engine.capabilities:
+        return buildkit_pushes(result, tags)  # the build pushed as it exported
+    if options.push:
+        return [engine.push(tag, on_progress=on_progress, on_transfer=on_transfer) for tag in tags]
+    return []
+
+
+def _reject_over_budget(engine: Engine, image_id: str, tags: tuple[str, ...], size: int, budget: int,
+                        groups: dict[str, int], plan: BuildPlan, rejected_as: str | None = None) -> None:
+    rejected = keep_as_rejected(engine, image_id, tags, rejected_as)
+    breakdown = ", ".join(f"{g} {human_size(b)}" for g, b in groups.items())
+    raise BudgetExceeded(
+        f"image {image_id[:19]} is {human_size(size)}, over the recipe's budget of "
+        f"{human_size(budget)}: {breakdown}; kept as {rejected}",
+        hint=f"see `imgbuild inspect {rejected}` for the biggest layers; {budget_advice(plan.recipe)}")
+
+
+def budget_advice(recipe: Recipe) -> str:
+    """What shrinks an image over its budget, for the recipe at hand: a runtime flavor only
+    where the recipe asks for devel without compiling at run time."""
+    if recipe.cuda.flavor == "devel" and not recipe.runtime_compile:
+        return ("cuda.flavor: runtime leaves the CUDA compilers out (build.from_source still compiles, in a "
+                "builder stage), or drop heavy pins")
+    return ("drop heavy pins, keep weights and data out of copy: (imgbuild weights push), or raise "
+            "budget.max_size if the size is expected")
+
+
+# --- after the push ------------------------------------------------------------------------------
+
+
+def publish(report: BuildReport, publishing: Publishing, *, on_note: LineSink = _drop) -> BuildReport:
+    """After a push: its SBOM attached, then each pushed manifest signed (nothing without a push)."""
+    sboms = attach_sboms(report.pushed, publishing, on_note=on_note)
+    return replace(report, sboms=tuple(sboms), signatures=tuple(sign_pushes(publishing.key, report.pushed)))
+
+
+def attach_sboms(pushed: list[str], publishing: Publishing, *, on_note: LineSink = _drop) -> list[AttachedSbom]:
+    """After a push: the SBOM of what the pushed image carries, attached to it (unless --no-sbom),
+    with each wheel's sha256 from the recipe's lock when there is one (a build uses it when it
+    is there; a stale one was refused before building)."""
+    if not pushed or not publishing.sbom:
+        return []
+    from buildkit_py.analysis.sbom import attach_after_push  # noqa: PLC0415 - cyclonedx only for an SBOM
+
+    hashes = wheel_hashes(lock_entry(publishing.recipe, publishing.variant))
+    on_note(f"sbom     reading what {pushed[0]} carries from its layers, to attach its SBOM")
+    try:
+        return attach_after_push(pushed, hashes=hashes)
+    except ImgbuildError as exc:
+        raise SbomError(f"pushed {pushed[0]}, but could not attach its SBOM: {exc.render()}",
+                        hint=f"`imgbuild sbom {pushed[0]} --generate --attach` tries again; --no-sbom pushes "
+                             "without one") from exc
+
+
+def sign_pushes(key: SigningKey | None, pushed: list[str]) -> list[SignedManifest]:
+    """After a push (and its SBOMs): each pushed repository@digest signed as cosign does, the
+    index and each platform's manifest (a push of several tags to one repository is one digest)."""
+    if key is None or not pushed:
+        return []
+    from buildkit_py.oci.signatures import sign_image  # noqa: PLC0415 - cryptography only to sign
+
+    signed = []
+    for ref in dict.fromkeys(pushed):
+        try:
+            signed += sign_image(ref, key)
+        except ImgbuildError as exc:
+            raise SignatureError(f"pushed {ref}, but could not sign it: {exc.render()}",
+                                 hint=f"`imgbuild sign {ref} --key KEY` tries again") from exc
+    return signed
