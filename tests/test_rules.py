@@ -108,3 +108,28 @@ def test_images_rule_no_eol_warning_when_no_nvidia_cuda_tag_is_pulled(tmp_path):
                                   today=datetime.date(2026, 6, 1))
     assert compiling.builder_image == "nvidia/cuda:12.4.1-devel-ubuntu22.04"
     assert [w.code for w in compiling.warnings] == [codes.EOL_IMAGE]
+
+
+def test_a_pin_refused_for_its_python_names_the_nearest_release_that_fits(tmp_path):
+    """issue 29 (found by tests/test_plan_space.py): a bitsandbytes or flash-attn pin refused for the
+    recipe's Python came with no hint at all. The hint names the nearest release that fits the Python,
+    CUDA and torch, and that release passes the same rule."""
+    r = recipe(tmp_path, base="image: ubuntu:22.04", python="3.9",
+               extra='torch: "2.4.1"\npip: ["bitsandbytes==0.49.2"]')
+    with pytest.raises(CompatibilityError) as info:
+        rules.bitsandbytes_rule(r, "12.4.1", "3.9", "2.4.1", ())
+    assert (info.value.key, info.value.other) == ("pip[0]", "python")
+    assert info.value.hint.startswith("use bitsandbytes==0.48.2 (the nearest release that fits Python 3.9, CUDA 12.4 "
+                                      "and torch 2.4.1)"), info.value.hint
+    fixed = recipe(tmp_path, base="image: ubuntu:22.04", python="3.9",
+                   extra='torch: "2.4.1"\npip: ["bitsandbytes==0.48.2"]')
+    assert rules.bitsandbytes_rule(fixed, "12.4.1", "3.9", "2.4.1", ()) == ()
+
+    fa = recipe(tmp_path, base="image: ubuntu:22.04", python="3.8", extra='torch: "2.4.1"\npip: ["flash-attn==2.8.3"]')
+    with pytest.raises(CompatibilityError) as info:
+        rules.flash_attn_rule(fa, "12.4.1", "3.8", "2.4.1", ())
+    assert info.value.other == "python" and info.value.hint.startswith("use flash-attn=="), info.value.hint
+    nearest = info.value.hint.split("==", 1)[1].split()[0]
+    ok = recipe(tmp_path, base="image: ubuntu:22.04", python="3.8",
+                extra=f'torch: "2.4.1"\npip: ["flash-attn=={nearest}"]')
+    rules.flash_attn_rule(ok, "12.4.1", "3.8", "2.4.1", ())

@@ -739,7 +739,8 @@ def _check_flash_attn(recipe: Recipe, key: str, version: str, cuda: str, python:
                     hint=_flash_attn_fit_hint(version, cuda, python, torch, f"CUDA {rel.cuda}"))
     if python not in rel.python:
         raise _fail(recipe, key, "flash-attn", version, "python", python,
-                    f"flash-attn {version} supports Python {rel.python}")
+                    f"flash-attn {version} supports Python {rel.python}",
+                    hint=_flash_attn_fit_hint(version, cuda, python, torch, f"a Python in {rel.python}"))
     return rel
 
 
@@ -835,8 +836,12 @@ def _check_bitsandbytes(recipe: Recipe, key: str, version: str, cuda: str, pytho
                     f"bitsandbytes {version} ships CUDA binaries for {_describe(rel.cuda)}",
                     hint="pick a CUDA it supports or another bitsandbytes release")
     if python not in rel.python:
+        fits = _bnb_fits(cuda, python, torch)
         raise _fail(recipe, key, "bitsandbytes", version, "python", python,
-                    f"bitsandbytes {version} supports Python {rel.python}")
+                    f"bitsandbytes {version} supports Python {rel.python}",
+                    hint=(f"use bitsandbytes=={compat.nearest_versions(version, fits, n=1)[0]} (the nearest release "
+                          f"that fits Python {python}, CUDA {_mm(cuda)}" + (f" and torch {torch})" if torch else ")"))
+                    if fits else f"use a Python in {rel.python}")
     if torch and rel.torch and torch not in rel.torch:
         fits = _bnb_fits(cuda, python, torch)
         raise _fail(recipe, key, "bitsandbytes", version, "torch", torch,
