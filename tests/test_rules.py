@@ -133,3 +133,18 @@ def test_a_pin_refused_for_its_python_names_the_nearest_release_that_fits(tmp_pa
     ok = recipe(tmp_path, base="image: ubuntu:22.04", python="3.8",
                 extra=f'torch: "2.4.1"\npip: ["flash-attn=={nearest}"]')
     rules.flash_attn_rule(ok, "12.4.1", "3.8", "2.4.1", ())
+
+
+def test_an_os_python_hint_never_offers_a_python_the_torch_pin_refuses(tmp_path):
+    """issue 29 (found by tests/test_plan_space.py): Debian 13 with Python 3.14 and torch 2.1.1 was told
+    'use python: "3.13"', which torch 2.1.1 (Python <3.12) refuses next. Where the OS's Python clashes
+    with the torch pin, the hint offers only the bases that bring the Python asked for."""
+    r = recipe(tmp_path, base="image: debian:trixie-slim", python="3.11", extra='torch: "2.1.1"')
+    with pytest.raises(CompatibilityError) as info:
+        rules.python_rule(r, None)
+    assert info.value.hint == ("use an Ubuntu base or a python:3.11 base image (torch 2.1.1 has no wheel for "
+                               "Python 3.13: <3.12,>=3.8)"), info.value.hint
+    fits = recipe(tmp_path, base="image: debian:trixie-slim", python="3.11", extra='torch: "2.5.1"')
+    with pytest.raises(CompatibilityError) as info:
+        rules.python_rule(fits, None)
+    assert info.value.hint == 'use python: "3.13", an Ubuntu base, or a python:3.11 base image'

@@ -493,9 +493,24 @@ def _os_python_provider(recipe: Recipe, os_name: str | None) -> PythonProvider:
         raise _fail(recipe, "python", "python", python, "os", os_name,
                     f"imgbuild does not know which Python {os_name} ships (its data has {known})",
                     hint=f"use a python:{python} base image, an OS imgbuild knows, or an Ubuntu base", partial=True)
-    raise _fail(recipe, "python", "python", python, "os", os_name,
-                f"{os_name} ships Python {OS_PYTHON.get(os_name, '?')} and no other",
-                hint=f"use python: \"{OS_PYTHON.get(os_name)}\", an Ubuntu base, or a python:{python} base image")
+    shipped = OS_PYTHON[os_name]
+    image = f"a python:{python} base image"
+    refused = _torch_refuses_python(recipe, shipped)
+    raise _fail(recipe, "python", "python", python, "os", os_name, f"{os_name} ships Python {shipped} and no other",
+                hint=f"use an Ubuntu base or {image} ({refused})" if refused else
+                f'use python: "{shipped}", an Ubuntu base, or {image}')
+
+
+def _torch_refuses_python(recipe: Recipe, python: str) -> str | None:
+    """Why the recipe's torch pin has no wheel for ``python`` (None: it has one, or the release is
+    unknown, which torch_rule refuses): a hint must not offer a Python that clashes with the torch pin."""
+    try:
+        release = compat.torch_release(recipe.torch) if recipe.torch else None
+    except LookupError:
+        return None
+    if release is None or python in release.python:
+        return None
+    return f"torch {release.version} has no wheel for Python {python}: {release.python}"
 
 
 # ----------------------------------------------------------------------------- 4. torch
