@@ -3,6 +3,7 @@
 import pytest
 from helpers import write_recipe
 
+from buildkit_py import compat
 from buildkit_py.compat import codes, rules
 from buildkit_py.compat.bases import BaseFacts
 from buildkit_py.errors import CompatibilityError
@@ -148,3 +149,23 @@ def test_an_os_python_hint_never_offers_a_python_the_torch_pin_refuses(tmp_path)
     with pytest.raises(CompatibilityError) as info:
         rules.python_rule(fits, None)
     assert info.value.hint == 'use python: "3.13", an Ubuntu base, or a python:3.11 base image'
+
+
+def test_a_torch_cuda_hint_names_a_cuda_nvidia_has_an_image_of_for_the_os(tmp_path):
+    """issue 29 (found by tests/test_plan_space.py): source: nvidia on ubuntu24.04 with torch 2.5.1 and
+    CUDA 13.1 was told "use cuda 12.4", for which nvidia/cuda has no ubuntu24.04 image (refused next).
+    The hint names the nearest CUDA of torch's builds that has the image; the image rule agrees."""
+    r = recipe(tmp_path, source="nvidia", flavor="base", base="os: ubuntu24.04", python="3.12",
+               extra='torch: "2.5.1"')
+    with pytest.raises(CompatibilityError) as info:
+        rules.torch_rule(r, "13.1.1", "3.12")
+    # cu118, cu121, cu124: none has an image on 24.04, and no torch has cu131
+    assert info.value.hint.startswith('use cuda: "12.4" on ubuntu22.04 (the nearest CUDA torch 2.5.1 has a build '
+                                      "for; nvidia/cuda has no base image of it on ubuntu24.04)"), info.value.hint
+    r = recipe(tmp_path, source="nvidia", flavor="runtime", base="os: ubuntu24.04", python="3.12",
+               extra='torch: "2.6.0"')
+    with pytest.raises(CompatibilityError) as info:
+        rules.torch_rule(r, "12.3.2", "3.12")  # cu123: none; cu124 is nearer, but not on 24.04
+    assert info.value.hint.startswith("use cuda 12.6 (the nearest CUDA torch 2.6.0 has a build for and nvidia/cuda "
+                                      "has a runtime image on ubuntu24.04 for)"), info.value.hint
+    assert compat.image_release("12.6", "runtime", None, "ubuntu24.04")

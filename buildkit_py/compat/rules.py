@@ -636,12 +636,18 @@ def _torch_variant_error(recipe: Recipe, release: TorchRelease, wanted: str, cud
         a, b = Version(_variant_cuda(variant)), Version(_mm(cuda))
         return abs((a.major * 100 + a.minor) - (b.major * 100 + b.minor)), -(a.major * 100 + a.minor)
 
-    nearest = min(variants, key=distance) if variants else None
+    usable = [v for v in variants if _nvidia_image_os(recipe, _variant_cuda(v)) == recipe.base.os]
+    nearest = min(usable or variants, key=distance) if variants else None
     fits = [r.version for r in compat.torch_releases() if wanted in r.variants and python in r.python]
     options = []
-    if nearest:
-        options.append(f"cuda {_variant_cuda(nearest)} (the nearest CUDA torch {release.version} "
-                       + ("is known to have a build for)" if release.unknown_variants else "has a build for)"))
+    has = "is known to have a build for" if release.unknown_variants else "has a build for"
+    if nearest and usable:
+        options.append(f"cuda {_variant_cuda(nearest)} (the nearest CUDA torch {release.version} {has}"
+                       + (f" and nvidia/cuda has a {recipe.cuda.flavor} image on {recipe.base.os} for)"
+                          if len(usable) < len(variants) else ")"))
+    elif nearest and (os_name := _nvidia_image_os(recipe, _variant_cuda(nearest))):
+        options.append(f'cuda: "{_variant_cuda(nearest)}" on {os_name} (the nearest CUDA torch {release.version} '
+                       f"{has}; nvidia/cuda has no {recipe.cuda.flavor} image of it on {recipe.base.os})")
     if fits:
         close = compat.nearest_versions(release.version, fits, n=1)[0]
         also = f"; the newest: {fits[-1]}" if fits[-1] != close else ""
@@ -655,6 +661,21 @@ def _torch_variant_error(recipe: Recipe, release: TorchRelease, wanted: str, cud
                  f"torch {release.version} has CUDA wheels only for "
                  + (f"{', '.join(variants[:-1])} and {variants[-1]}" if len(variants) > 1 else "".join(variants)),
                  hint=hint)
+
+
+def _nvidia_image_os(recipe: Recipe, cuda: str) -> str | None:
+    """The OS ``cuda`` would find its image on: with source: nvidia and no base.image imgbuild picks
+    the nvidia/cuda tag, so base.os where NVIDIA publishes one of the recipe's flavor and cuDNN, else
+    the newest OS it does (None: none). Any other recipe names its base, whose CUDA other rules check."""
+    if recipe.cuda.source != "nvidia" or recipe.base.image:
+        return recipe.base.os
+    for os_name in (recipe.base.os, *reversed(compat.cuda_image_oses(cuda))):
+        try:
+            compat.image_release(cuda, recipe.cuda.flavor, recipe.cuda.cudnn, os_name)
+        except compat.ImageGap:
+            continue
+        return os_name
+    return None
 
 
 def torch_cudnn_major(release: TorchRelease) -> str | None:
