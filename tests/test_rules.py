@@ -1,5 +1,7 @@
 """The resolver's rules one at a time: each returns its own part and its own warnings."""
 
+import dataclasses
+
 import pytest
 from helpers import write_recipe
 
@@ -169,3 +171,31 @@ def test_a_torch_cuda_hint_names_a_cuda_nvidia_has_an_image_of_for_the_os(tmp_pa
     assert info.value.hint.startswith("use cuda 12.6 (the nearest CUDA torch 2.6.0 has a build for and nvidia/cuda "
                                       "has a runtime image on ubuntu24.04 for)"), info.value.hint
     assert compat.image_release("12.6", "runtime", None, "ubuntu24.04")
+
+
+def test_an_unknown_torch_or_cuda_is_hinted_a_release_that_fits_the_rest(tmp_path):
+    """issue 29 (found by tests/test_plan_space.py): torch 2.15.1 (no such release) with CUDA 13.0 was told
+    "use torch 2.15.0 (the newest imgbuild knows)", which has no cu130 build; CUDA 13.6 (beyond the
+    data) with source: nvidia on ubuntu22.04 was told "13.5", which has no nvidia/cuda image there."""
+    r = recipe(tmp_path, base="image: ubuntu:22.04", python="3.11", extra='torch: "2.15.1"')
+    r = dataclasses.replace(r, cuda=dataclasses.replace(r.cuda, version="13.0"))
+    with pytest.raises(CompatibilityError) as info:
+        rules.torch_release_rule(r, rules.LookedUp(offline=True))
+    assert info.value.hint.endswith("or use torch 2.14.1 (the newest imgbuild knows with a cu130 build for "
+                                    "Python 3.11)"), info.value.hint
+    assert "cu130" in compat.torch_release("2.14.1").variants
+    typo = dataclasses.replace(r, torch="2.12.7")
+    with pytest.raises(CompatibilityError) as info:
+        rules.torch_release_rule(typo, rules.LookedUp(offline=True))
+    assert info.value.hint.startswith("use torch 2.12.1 (the nearest release with a cu130 build for Python 3.11)")
+
+    nv = recipe(tmp_path, source="nvidia", flavor="runtime", base="os: ubuntu22.04", python="3.10")
+    nv = dataclasses.replace(nv, cuda=dataclasses.replace(nv.cuda, version="13.6"))
+    with pytest.raises(CompatibilityError) as info:
+        rules.cuda_rule(nv, None)
+    nearest = info.value.hint.split('"')[1]
+    assert info.value.hint == (f'use a released CUDA toolkit, e.g. "{nearest}" (the nearest with an nvidia/cuda '
+                               "runtime image on ubuntu22.04)")
+    assert compat.image_release(nearest, "runtime", None, "ubuntu22.04")
+    with pytest.raises(compat.ImageGap):
+        compat.image_release("13.5", "runtime", None, "ubuntu22.04")  # what the hint said before

@@ -184,14 +184,16 @@ def _unknown_release(recipe: Recipe, key: str, name: str, version: str, known: l
                  f"this {name} release is unknown", hint=_newest_hint(name, known))
 
 
-def _gap(recipe: Recipe, key: str, exc: LookupError, component: str, version: str) -> CompatibilityError:
-    """A look-up the shipped data cannot answer, as a resolution error at the recipe key."""
+def _gap(recipe: Recipe, key: str, exc: LookupError, component: str, version: str,
+         hint: str | None = None) -> CompatibilityError:
+    """A look-up the shipped data cannot answer, as a resolution error at the recipe key (``hint``: one
+    that knows more of the recipe than the look-up's own)."""
     reason = getattr(exc, "reason", None) or str(exc).strip("'\"")
     nearest = getattr(exc, "nearest", ())
     if nearest:
         reason += f" (known near it: {', '.join(nearest)})"
     return _fail(recipe, key, component, version, "imgbuild's compatibility data", compat.data_as_of(), reason,
-                 hint=getattr(exc, "hint", None))
+                 hint=hint or getattr(exc, "hint", None))
 
 
 def _pin(recipe: Recipe, name: str) -> tuple[int, str] | None:
@@ -286,7 +288,7 @@ def cuda_rule(recipe: Recipe, base: BaseFacts | None) -> CudaPart:
     try:
         toolkit = compat.resolve_cuda(recipe.cuda.version)
     except LookupError as exc:
-        raise _gap(recipe, "cuda.version", exc, "cuda", recipe.cuda.version) from None
+        raise _gap(recipe, "cuda.version", exc, "cuda", recipe.cuda.version, hint=_imaged_cuda_hint(recipe)) from None
     exact = recipe.cuda.version.count(".") == 2
     if recipe.cuda.cudnn and not compat.cudnn_supported(toolkit.version, recipe.cuda.cudnn):
         # before any image or wheel is looked for: one answer for both sources (cudnn_rule)
@@ -308,6 +310,21 @@ def cuda_rule(recipe: Recipe, base: BaseFacts | None) -> CudaPart:
         if wheel_set is not None and not brought:
             toolkit = compat.resolve_cuda(wheel_set.toolkit)
     return CudaPart(toolkit, wheel_set, compat.driver_floor(toolkit.version))
+
+
+def _imaged_cuda_hint(recipe: Recipe) -> str | None:
+    """For a CUDA the data does not know, where imgbuild picks the nvidia/cuda tag: the nearest released
+    minor NVIDIA publishes the recipe's image for (the newest release may have none on that OS). None
+    where the recipe names its base, or no CUDA has that image: the look-up's own hint serves."""
+    if recipe.cuda.source != "nvidia" or recipe.base.image:
+        return None
+    minors = sorted({t.major_minor for t in compat.toolkits()}, key=Version)
+    fits = [m for m in minors if _nvidia_image_os(recipe, m) == recipe.base.os]
+    if not fits:
+        return None
+    nearest = compat.nearest_versions(recipe.cuda.version, fits, n=1)[0]
+    return (f'use a released CUDA toolkit, e.g. "{nearest}" (the nearest with an nvidia/cuda {recipe.cuda.flavor} '
+            f"image on {recipe.base.os})")
 
 
 def _torch_brings_cuda_wheels(recipe: Recipe, cuda: str) -> bool:
@@ -576,16 +593,19 @@ def torch_release_rule(recipe: Recipe, looked_up: LookedUp | None = None) -> Tor
         pass
     known = [r.version for r in compat.torch_releases()]
     newest = known[-1]
+    fitting = _torch_fits(recipe)
+    use_newest = (fitting or known)[-1]
     near = compat.nearest_versions(version, known)
     try:
         newer = Version(version) > Version(newest)
     except InvalidVersion:
         newer = False
+    fits = f" with a {_variant(recipe.cuda.version)} build for Python {recipe.python}" if fitting else ""
     if not newer:
-        nearest = compat.nearest_versions(version, known, n=1)[0]
+        nearest = compat.nearest_versions(version, fitting or known, n=1)[0]
         raise _fail(recipe, "torch", "torch", version, "imgbuild's torch data", compat.data_as_of(),
                     f"{version} is not a torch release imgbuild knows (known near it: {', '.join(near)})",
-                    hint=f"use torch {nearest} (the nearest release), or the newest, {newest}")
+                    hint=f"use torch {nearest} (the nearest release{fits}), or the newest, {use_newest}")
     if looked_up.index_releases:  # the index was asked and has no such version: it does not exist
         nearest = compat.nearest_versions(version, [*looked_up.index_releases, *known], n=1)[0]
         raise _fail(recipe, "torch", "torch", version, "the package index", looked_up.index_url or "",
@@ -601,7 +621,20 @@ def torch_release_rule(recipe: Recipe, looked_up: LookedUp | None = None) -> Tor
         why, how = "it is not in the look-up cache", "plan with the package index reachable to look it up"
     raise _fail(recipe, "torch", "torch", version, "imgbuild's torch data", compat.data_as_of(),
                 f"torch {version} is newer than imgbuild's data (newest known: {newest}), and {why}",
-                hint=f"{how}, or use torch {newest} (the newest imgbuild knows)")
+                hint=f"{how}, or use torch {use_newest} (the newest imgbuild knows{fits})")
+
+
+def _variant(cuda: str) -> str:
+    """12.4.1 -> cu124: the torch variant of a CUDA as written."""
+    return "cu" + _mm(cuda).replace(".", "")
+
+
+def _torch_fits(recipe: Recipe) -> list[str]:
+    """The torch releases the data knows that have a build for the recipe's CUDA as written and its
+    Python, ascending: what a hint for an unknown torch pin names, so that it fits the rest of the recipe
+    (torch_release_rule runs before the CUDA is resolved, so the minor written stands for it)."""
+    wanted = _variant(recipe.cuda.version)
+    return [r.version for r in compat.torch_releases() if wanted in r.variants and recipe.python in r.python]
 
 
 def release_checks(recipe: Recipe, looked_up: LookedUp | None = None) -> list[tuple[Any, tuple[Any, ...]]]:
