@@ -199,3 +199,20 @@ def test_an_unknown_torch_or_cuda_is_hinted_a_release_that_fits_the_rest(tmp_pat
     assert compat.image_release(nearest, "runtime", None, "ubuntu22.04")
     with pytest.raises(compat.ImageGap):
         compat.image_release("13.5", "runtime", None, "ubuntu22.04")  # what the hint said before
+
+
+def test_a_flash_attn_hint_never_names_a_release_whose_source_build_torch_refuses(tmp_path):
+    """issue 29 (found by tests/test_plan_space.py): flash-attn 0.2.1 (known only in part) with torch 2.14.1
+    and CUDA 13.2 was told "use flash-attn 2.8.3.post2, ...": none has a release wheel for torch 2.14, and
+    their source builds compile as C++17, which torch 2.14.1's headers refuse (C++20). None is offered now."""
+    r = recipe(tmp_path, base="image: ubuntu:24.04", python="3.10", extra='torch: "2.14.1"\npip: ["flash-attn==0.2.1"]')
+    with pytest.raises(CompatibilityError) as info:
+        rules.flash_attn_rule(r, "13.2.0", "3.10", "2.14.1", ())
+    assert info.value.partial
+    assert info.value.hint.startswith("no flash-attn release imgbuild knows fits CUDA 13.2, Python 3.10 and torch "
+                                      "2.14.1; its newest are 2.8.3.post2"), info.value.hint
+    before = recipe(tmp_path, base="image: ubuntu:24.04", python="3.10",
+                    extra='torch: "2.14.1"\npip: ["flash-attn==2.8.3.post2"]')
+    with pytest.raises(CompatibilityError) as info:  # what the hint offered before
+        rules.flash_attn_rule(before, "13.2.0", "3.10", "2.14.1", ())
+    assert "headers need C++20" in info.value.message

@@ -172,16 +172,30 @@ def _fail(recipe: Recipe, key: str, *args: str, hint: str | None = None, partial
                               partial=partial)
 
 
-def _newest_hint(what: str, known: list[str]) -> str:
-    """The newest releases the shipped data knows (the list is ascending), newest first."""
-    newest = sorted(known, key=Version, reverse=True)[:6]
-    return f"use a {what} release imgbuild knows; the newest are {', '.join(newest)}"
+def _newest_hint(what: str, known: list[str], fitting: str | None = None) -> str:
+    """The newest releases the shipped data knows (the list is ascending), newest first; ``fitting``:
+    what the rest of the recipe asks of a release, where none of them fits it (so none is offered as a fix)."""
+    newest = ", ".join(sorted(known, key=Version, reverse=True)[:6])
+    if fitting:
+        return f"no {what} release imgbuild knows fits {fitting}; its newest are {newest}"
+    return f"use a {what} release imgbuild knows; the newest are {newest}"
+
+
+def _fitting(cuda: str, python: str, torch: str | None) -> str:
+    """What a pin must fit, in words: "CUDA 12.4, Python 3.11 and torch 2.4.1"."""
+    return f"CUDA {_mm(cuda)}, Python {python}" + (f" and torch {torch}" if torch else "")
 
 
 def _unknown_release(recipe: Recipe, key: str, name: str, version: str, known: list[str]) -> CompatibilityError:
-    """A pin of a release the shipped table lacks (``known``: the table's versions, ascending)."""
+    """A pin of a release the shipped table lacks (``known``: the table's versions, ascending): the hint
+    names the nearest release that fits the recipe's CUDA, Python and torch as written (this runs before
+    they are resolved), else says that none does."""
+    cuda, python, torch = recipe.cuda.version, recipe.python, recipe.torch
+    fits = _fa_fits(cuda, python, torch) if name == "flash-attn" else _bnb_fits(cuda, python, torch)
+    hint = (f"use {name}=={compat.nearest_versions(version, fits, n=1)[0]} (the nearest release that fits "
+            f"{_fitting(cuda, python, torch)})" if fits else _newest_hint(name, known, _fitting(cuda, python, torch)))
     return _fail(recipe, key, name, version, f"imgbuild's {name} table", known[-1],
-                 f"this {name} release is unknown", hint=_newest_hint(name, known))
+                 f"this {name} release is unknown", hint=hint)
 
 
 def _gap(recipe: Recipe, key: str, exc: LookupError, component: str, version: str,
@@ -765,11 +779,26 @@ def flash_attn_rule(recipe: Recipe, cuda: str, python: str, torch: str | None, a
     return FlashAttnPart(prebuilt=(("flash-attn", url),))
 
 
+def _fa_fits(cuda: str, python: str, torch: str | None) -> list[str]:
+    """The fully recorded flash-attn releases that accept this CUDA, Python and torch, ascending; with
+    torch, only those that install here: a release wheel for the combination, or a source build whose
+    C++ standard torch's headers accept (_check_flash_attn_source_build)."""
+    need = compat.torch_cxx_std(torch) if torch else None
+    out = []
+    for r in compat.flash_attn_releases():
+        if r.partial or not _cuda_in(r.cuda, cuda) or python not in r.python or (torch and torch not in r.torch):
+            continue
+        if torch and need is not None and r.cxx_std is not None and need > r.cxx_std and compat.flash_attn_prebuilt(
+                r.version, cuda, _mm(torch), python, cxx11abi=torch_cxx11_abi(torch)) is None:
+            continue
+        out.append(r.version)
+    return out
+
+
 def _flash_attn_fit_hint(version: str, cuda: str, python: str, torch: str, wants: str) -> str:
     """The fully recorded flash-attn release nearest the pin that fits the rest of the recipe (not the
     newest, never one that clashes with torch, CUDA or Python); none: keep the pin, move the other side."""
-    fits = [r.version for r in compat.flash_attn_releases() if not r.partial and torch in r.torch
-            and (cuda in r.cuda or _mm(cuda) in r.cuda) and python in r.python]
+    fits = _fa_fits(cuda, python, torch)
     if not fits:
         return f"no flash-attn release imgbuild knows fits torch {torch}, CUDA {_mm(cuda)} and Python {python}: " \
                f"keep flash-attn {version} and move to {wants}"
@@ -786,14 +815,14 @@ def _check_flash_attn(recipe: Recipe, key: str, version: str, cuda: str, python:
         raise _unknown_release(recipe, key, "flash-attn", version,
                                [r.version for r in compat.flash_attn_releases()]) from None
     if rel.partial:
-        fits = [r.version for r in compat.flash_attn_releases() if not r.partial
-                and (not torch or torch in r.torch) and (cuda in r.cuda or _mm(cuda) in r.cuda) and python in r.python]
+        fits = _fa_fits(cuda, python, torch)
         newest = sorted(fits, key=Version, reverse=True)[:4]
         raise _fail(recipe, key, "flash-attn", version, "imgbuild's flash-attn table", compat.data_as_of(),
                     f"flash-attn {version} is {rel.partial}",
                     hint=f"use flash-attn {', '.join(newest)} (the newest fully recorded that fit"
                          f"{f' torch {torch},' if torch else ''} CUDA {_mm(cuda)} and Python {python})" if fits else
-                    _newest_hint("flash-attn", [r.version for r in compat.flash_attn_releases() if not r.partial]),
+                    _newest_hint("flash-attn", [r.version for r in compat.flash_attn_releases() if not r.partial],
+                                 _fitting(cuda, python, torch)),
                     partial=True)
     if not torch:
         raise _fail(recipe, key, "flash-attn", version, "torch", "(none)",
@@ -931,7 +960,8 @@ def _bnb_hint(cuda: str, python: str, torch: str | None) -> str:
     if fits:
         return f"use bitsandbytes=={fits[-1]} (the newest that fits CUDA {_mm(cuda)}" + \
             (f" and torch {torch})" if torch else ")")
-    return _newest_hint("bitsandbytes", [r.version for r in compat.bitsandbytes_releases() if not r.partial])
+    return _newest_hint("bitsandbytes", [r.version for r in compat.bitsandbytes_releases() if not r.partial],
+                        _fitting(cuda, python, torch))
 
 
 # ----------------------------------------------------------------------------- 8. images
