@@ -188,6 +188,11 @@ def test_an_unknown_torch_or_cuda_is_hinted_a_release_that_fits_the_rest(tmp_pat
     with pytest.raises(CompatibilityError) as info:
         rules.torch_release_rule(typo, rules.LookedUp(offline=True))
     assert info.value.hint.startswith("use torch 2.12.1 (the nearest release with a cu130 build for Python 3.11)")
+    beyond = dataclasses.replace(r, cuda=dataclasses.replace(r.cuda, version="12.0"))  # no torch has cu120
+    with pytest.raises(CompatibilityError) as info:
+        rules.torch_release_rule(beyond, rules.LookedUp(offline=True))
+    assert info.value.hint.endswith("; no torch release imgbuild knows has a cu120 build for Python 3.11 (change "
+                                    "cuda.version or python too)"), info.value.hint
 
     nv = recipe(tmp_path, source="nvidia", flavor="runtime", base="os: ubuntu22.04", python="3.10")
     nv = dataclasses.replace(nv, cuda=dataclasses.replace(nv.cuda, version="13.6"))

@@ -608,18 +608,20 @@ def torch_release_rule(recipe: Recipe, looked_up: LookedUp | None = None) -> Tor
     known = [r.version for r in compat.torch_releases()]
     newest = known[-1]
     fitting = _torch_fits(recipe)
-    use_newest = (fitting or known)[-1]
+    wanted = f"a {_variant(recipe.cuda.version)} build for Python {recipe.python}"
+    # where no release fits the CUDA and Python as written, none is offered as the fix
+    none_fits = f"no torch release imgbuild knows has {wanted} (change cuda.version or python too)"
     near = compat.nearest_versions(version, known)
     try:
         newer = Version(version) > Version(newest)
     except InvalidVersion:
         newer = False
-    fits = f" with a {_variant(recipe.cuda.version)} build for Python {recipe.python}" if fitting else ""
     if not newer:
         nearest = compat.nearest_versions(version, fitting or known, n=1)[0]
         raise _fail(recipe, "torch", "torch", version, "imgbuild's torch data", compat.data_as_of(),
                     f"{version} is not a torch release imgbuild knows (known near it: {', '.join(near)})",
-                    hint=f"use torch {nearest} (the nearest release{fits}), or the newest, {use_newest}")
+                    hint=f"use torch {nearest} (the nearest release with {wanted}), or the newest, {fitting[-1]}"
+                    if fitting else f"{none_fits}; the nearest release is {nearest}")
     if looked_up.index_releases:  # the index was asked and has no such version: it does not exist
         nearest = compat.nearest_versions(version, [*looked_up.index_releases, *known], n=1)[0]
         raise _fail(recipe, "torch", "torch", version, "the package index", looked_up.index_url or "",
@@ -635,7 +637,8 @@ def torch_release_rule(recipe: Recipe, looked_up: LookedUp | None = None) -> Tor
         why, how = "it is not in the look-up cache", "plan with the package index reachable to look it up"
     raise _fail(recipe, "torch", "torch", version, "imgbuild's torch data", compat.data_as_of(),
                 f"torch {version} is newer than imgbuild's data (newest known: {newest}), and {why}",
-                hint=f"{how}, or use torch {use_newest} (the newest imgbuild knows{fits})")
+                hint=f"{how}, or use torch {fitting[-1]} (the newest imgbuild knows with {wanted})" if fitting else
+                f"{how}; {none_fits}")
 
 
 def _variant(cuda: str) -> str:
