@@ -221,3 +221,22 @@ def test_a_flash_attn_hint_never_names_a_release_whose_source_build_torch_refuse
     with pytest.raises(CompatibilityError) as info:  # what the hint offered before
         rules.flash_attn_rule(before, "13.2.0", "3.10", "2.14.1", ())
     assert "headers need C++20" in info.value.message
+
+
+def test_a_torch_refused_for_the_python_names_a_python_the_os_has_or_a_torch_that_fits(tmp_path):
+    """issue 29 (found by tests/test_plan_space.py): "pick a Python in that range" was the hint of ~1 in 10
+    refusals of the grid, no edit a user can apply. It names the nearest Python torch has wheels for that
+    the OS provides (Debian: its own; Ubuntu: deadsnakes), or the nearest torch with a build for the Python."""
+    r = recipe(tmp_path, base="image: ubuntu:22.04", python="3.13", extra='torch: "2.4.1"')
+    with pytest.raises(CompatibilityError) as info:
+        rules.torch_rule(r, "12.4.1", "3.13")
+    assert info.value.hint == ('use python: "3.12" (the nearest Python torch 2.4.1 has wheels for that ubuntu22.04 '
+                               "provides) or torch 2.5.0 (the nearest release with a cu124 build for Python 3.13)")
+    rules.torch_rule(recipe(tmp_path, base="image: ubuntu:22.04", python="3.12", extra='torch: "2.4.1"'),
+                     "12.4.1", "3.12")
+    rules.torch_rule(recipe(tmp_path, base="image: ubuntu:22.04", python="3.13", extra='torch: "2.5.0"'),
+                     "12.4.1", "3.13")
+    debian = recipe(tmp_path, base="image: debian:trixie-slim", python="3.13", extra='torch: "2.4.1"')
+    with pytest.raises(CompatibilityError) as info:
+        rules.torch_rule(debian, "12.4.1", "3.13")
+    assert info.value.hint == "use torch 2.5.0 (the nearest release with a cu124 build for Python 3.13)"

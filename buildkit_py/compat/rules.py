@@ -581,7 +581,7 @@ def torch_rule(recipe: Recipe, cuda: str, python: str, looked_up: LookedUp | Non
     if python not in release.python:
         raise _fail(recipe, "python", "torch", release.version, "python", python,
                     f"torch {release.version} publishes wheels for Python {release.python}",
-                    hint="pick a Python in that range")
+                    hint=_torch_python_hint(recipe, release, wanted, python))
     if recipe.cuda.source == "nvidia" and recipe.cuda.flavor != "base":
         major = cuda.split(".", maxsplit=1)[0]
         warnings.append(RecipeWarning(
@@ -593,6 +593,27 @@ def torch_rule(recipe: Recipe, cuda: str, python: str, looked_up: LookedUp | Non
     # the one wanted (it is the same build), else from PyTorch's per-CUDA index.
     index = compat.torch_index_url(wanted) if release.pypi_variant != wanted else None
     return TorchPart(release.version, wanted, index, tuple(warnings), release)
+
+
+def _torch_python_hint(recipe: Recipe, release: TorchRelease, wanted: str, python: str) -> str:
+    """The nearest Python torch has wheels for that the recipe's OS provides (Debian: its own python3
+    only; Ubuntu: deadsnakes), and the nearest torch release with a ``wanted`` build for the Python asked."""
+    os_name = detect_os(recipe)
+    if os_name and os_name.startswith("ubuntu"):
+        offered = sorted(set(OS_PYTHON.values()), key=Version)
+    else:  # a python:X.Y image or a base brings one Python; Debian ships one
+        offered = [OS_PYTHON[os_name]] if os_name in OS_PYTHON and not _PYTHON_IMAGE.search(recipe.base.image or "") \
+            else []
+    options = []
+    pythons = [p for p in offered if p in release.python]
+    if pythons:
+        options.append(f'python: "{compat.nearest_versions(python, pythons, n=1)[0]}" (the nearest Python torch '
+                       f"{release.version} has wheels for that {os_name} provides)")
+    fits = [r.version for r in compat.torch_releases() if wanted in r.variants and python in r.python]
+    if fits:
+        options.append(f"torch {compat.nearest_versions(release.version, fits, n=1)[0]} (the nearest release with a "
+                       f"{wanted} build for Python {python})")
+    return "use " + " or ".join(options) if options else f"use a Python in {release.python} (and a base that has it)"
 
 
 def torch_release_rule(recipe: Recipe, looked_up: LookedUp | None = None) -> TorchRelease:
