@@ -122,7 +122,7 @@ def test_a_pin_refused_for_its_python_names_the_nearest_release_that_fits(tmp_pa
     with pytest.raises(CompatibilityError) as info:
         rules.bitsandbytes_rule(r, "12.4.1", "3.9", "2.4.1", ())
     assert (info.value.key, info.value.other) == ("pip[0]", "python")
-    assert info.value.hint.startswith("use bitsandbytes==0.48.2 (the nearest release that fits Python 3.9, CUDA 12.4 "
+    assert info.value.hint.startswith("use bitsandbytes==0.48.2 (the nearest release that fits CUDA 12.4, Python 3.9 "
                                       "and torch 2.4.1)"), info.value.hint
     fixed = recipe(tmp_path, base="image: ubuntu:22.04", python="3.9",
                    extra='torch: "2.4.1"\npip: ["bitsandbytes==0.48.2"]')
@@ -240,3 +240,17 @@ def test_a_torch_refused_for_the_python_names_a_python_the_os_has_or_a_torch_tha
     with pytest.raises(CompatibilityError) as info:
         rules.torch_rule(debian, "12.4.1", "3.13")
     assert info.value.hint == "use torch 2.5.0 (the nearest release with a cu124 build for Python 3.13)"
+
+
+def test_a_bitsandbytes_without_the_cudas_library_is_hinted_the_nearest_release_that_has_it(tmp_path):
+    """issue 29 (found by tests/test_plan_space.py): "pick a CUDA it supports or another bitsandbytes
+    release" named neither. bitsandbytes 0.41.0 ships no CUDA 12.4 library; the hint names the nearest
+    release that does and fits Python and torch, and that release passes the rule."""
+    r = recipe(tmp_path, python="3.11", extra='torch: "2.4.1"\npip: ["bitsandbytes==0.41.0"]')
+    with pytest.raises(CompatibilityError) as info:
+        rules.bitsandbytes_rule(r, "12.4.1", "3.11", "2.4.1", ())
+    assert info.value.other == "cuda" and info.value.hint.startswith("use bitsandbytes=="), info.value.hint
+    nearest = info.value.hint.split("==", 1)[1].split()[0]
+    assert info.value.hint.endswith(" (the nearest release that fits CUDA 12.4, Python 3.11 and torch 2.4.1)")
+    fixed = recipe(tmp_path, python="3.11", extra=f'torch: "2.4.1"\npip: ["bitsandbytes=={nearest}"]')
+    assert rules.bitsandbytes_rule(fixed, "12.4.1", "3.11", "2.4.1", ()) == ()

@@ -956,14 +956,13 @@ def _check_bitsandbytes(recipe: Recipe, key: str, version: str, cuda: str, pytho
     if not _cuda_in(rel.cuda, cuda):
         raise _fail(recipe, key, "bitsandbytes", version, "cuda", cuda,
                     f"bitsandbytes {version} ships CUDA binaries for {_describe(rel.cuda)}",
-                    hint="pick a CUDA it supports or another bitsandbytes release")
+                    hint=_bnb_nearest_hint(version, cuda, python, torch) or
+                    f"use a CUDA it ships binaries for ({_describe(rel.cuda)}); no bitsandbytes release imgbuild "
+                    f"knows fits {_fitting(cuda, python, torch)}")
     if python not in rel.python:
-        fits = _bnb_fits(cuda, python, torch)
         raise _fail(recipe, key, "bitsandbytes", version, "python", python,
                     f"bitsandbytes {version} supports Python {rel.python}",
-                    hint=(f"use bitsandbytes=={compat.nearest_versions(version, fits, n=1)[0]} (the nearest release "
-                          f"that fits Python {python}, CUDA {_mm(cuda)}" + (f" and torch {torch})" if torch else ")"))
-                    if fits else f"use a Python in {rel.python}")
+                    hint=_bnb_nearest_hint(version, cuda, python, torch) or f"use a Python in {rel.python}")
     if torch and rel.torch and torch not in rel.torch:
         fits = _bnb_fits(cuda, python, torch)
         raise _fail(recipe, key, "bitsandbytes", version, "torch", torch,
@@ -977,6 +976,15 @@ def _bnb_fits(cuda: str, python: str, torch: str | None) -> list[str]:
     """The fully recorded bitsandbytes releases that accept this CUDA, Python and torch, ascending."""
     return [r.version for r in compat.bitsandbytes_releases() if not r.partial and _cuda_in(r.cuda, cuda)
             and python in r.python and (not torch or torch in r.torch)]
+
+
+def _bnb_nearest_hint(version: str, cuda: str, python: str, torch: str | None) -> str | None:
+    """The fully recorded bitsandbytes release nearest the pin that fits CUDA, Python and torch (None: none)."""
+    fits = _bnb_fits(cuda, python, torch)
+    if not fits:
+        return None
+    return (f"use bitsandbytes=={compat.nearest_versions(version, fits, n=1)[0]} (the nearest release that fits "
+            f"{_fitting(cuda, python, torch)})")
 
 
 def _bnb_hint(cuda: str, python: str, torch: str | None) -> str:
