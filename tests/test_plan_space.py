@@ -42,7 +42,7 @@ from buildkit_py.errors import CompatibilityError, CompatibilityErrors
 from buildkit_py.plan.build_plan import BuildPlan, make_plan
 from buildkit_py.recipe.model import CudaFlavor, CudaSource, parse_recipe
 
-SAMPLES = 2000  # recipes drawn from the full product; each hint applied adds one (6,062 distinct in all)
+SAMPLES = 2000  # recipes drawn from the full product; each hint applied adds one (7,003 distinct in all, 40 s)
 CHAIN = 4  # hints followed one after another from a drawn recipe
 SEED = 29
 UNKNOWN_OS = "rockylinux9"  # a valid base.os (an nvidia/cuda OS name) whose Python imgbuild does not know
