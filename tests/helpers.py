@@ -145,11 +145,33 @@ MODELLED_LABELS = frozenset({K.CUDNN_VERSION, K.TORCH_VERSION, K.CUDA_VERSION, K
 _EXACT_PIN = re.compile(r"^([A-Za-z0-9_.\-\[\],]+?)==([^;\s]+)$")
 
 
+def _what_torch_brings(res, pkgs: dict[str, str]) -> dict[str, str]:
+    """Add to ``pkgs`` the wheels pip installs with torch; return the libraries torch's own wheel ships."""
+    if not res.torch:
+        return {}
+    release = compat.torch_release(res.torch)
+    if not res.torch_index_url:  # the Python registry's build: pip installs what its METADATA requires,
+        # pinned in the plan's own steps or not (torch 1.13's are not: no torch_cuda_pins row)
+        for name, version in release.pypi_cuda_wheels.items():
+            pkgs.setdefault(canonicalize_name(name), version)
+        return {}
+    # PyTorch's index: pip resolves its nvidia-* requirements (the release's cuDNN major: only that is recorded)
+    cudnn_wheels = [v for n, v in release.pypi_cuda_wheels.items() if n.startswith("nvidia-cudnn")]
+    major = cudnn_wheels[0].split(".")[0]
+    if compat.torch_bundles_cuda(release, res.torch_variant):  # a large wheel: cuDNN in torch/lib
+        return {f"libcudnn.so.{major}": "torch"}
+    # a small wheel: cuDNN and the CUDA runtime of its variant come as nvidia-* wheels
+    cuda_major = res.cuda_version.split(".")[0]
+    pkgs.setdefault(f"nvidia-cudnn-cu{cuda_major}", major + ".0.0")
+    pkgs.setdefault(f"nvidia-cuda-runtime-cu{cuda_major}", res.cuda_major_minor + ".0")
+    return {}
+
+
 def model_image(plan: BuildPlan) -> ImageFacts:
     """What the image of ``plan`` holds, read from what installs things, not from its labels: each exact
-    pin of the final stage's pip steps, what pip brings with torch from PyTorch's index (the release's
-    cuDNN major: only that is recorded), the base's nvidia/cuda tag, and the loader cache an ldconfig
-    step fills."""
+    pin of the final stage's pip steps, what pip brings with torch (from the Python registry: its wheel's
+    nvidia-* requirements; from PyTorch's index: the release's cuDNN major, only that is recorded), the
+    base's nvidia/cuda tag, and the loader cache an ldconfig step fills."""
     res = plan.resolution
     final = plan.stages[-1]
     pkgs: dict[str, str] = {}
@@ -158,17 +180,7 @@ def model_image(plan: BuildPlan) -> ImageFacts:
             for req in step.requirements:
                 if m := _EXACT_PIN.match(req):
                     pkgs[canonicalize_name(m.group(1).split("[")[0])] = m.group(2)
-    cuda_major = res.cuda_version.split(".")[0]
-    wheel_libs: dict[str, str] = {}
-    if res.torch and res.torch_index_url:  # PyTorch's index: pip resolves its nvidia-* requirements
-        release = compat.torch_release(res.torch)
-        cudnn_wheels = [v for n, v in release.pypi_cuda_wheels.items() if n.startswith("nvidia-cudnn")]
-        major = cudnn_wheels[0].split(".")[0]
-        if compat.torch_bundles_cuda(release, res.torch_variant):  # a large wheel: cuDNN in torch/lib
-            wheel_libs[f"libcudnn.so.{major}"] = "torch"
-        else:  # a small wheel: cuDNN and the CUDA runtime of its variant come as nvidia-* wheels
-            pkgs.setdefault(f"nvidia-cudnn-cu{cuda_major}", major + ".0.0")
-            pkgs.setdefault(f"nvidia-cuda-runtime-cu{cuda_major}", res.cuda_major_minor + ".0")
+    wheel_libs = _what_torch_brings(res, pkgs)
     for name, version in pkgs.items():
         if name.startswith("nvidia-cudnn"):
             wheel_libs[f"libcudnn.so.{version.split('.')[0]}"] = name

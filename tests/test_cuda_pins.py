@@ -42,3 +42,17 @@ def test_a_cuda_wheel_torch_requires_another_version_of_is_refused(tmp_path):
 def test_a_cuda_wheel_of_this_cuda_or_unrecorded_passes(tmp_path):
     assert resolve(_recipe(tmp_path, "nvidia-cublas-cu12==12.4.5.8")).cuda_version == "12.4.1"
     assert resolve(_recipe(tmp_path, "nvidia-nccl-cu12==2.21.5")).cuda_version == "12.4.1"  # not tied to a minor
+
+
+def test_the_wheel_owners_and_the_data_date_are_read_once_and_forgotten_with_the_data():
+    """Both were rebuilt for each refusal (~30 ms reading every data file for the date, ~15 ms for the
+    owners; tests/test_plan_space.py plans thousands): now cached, and forgotten by clear_caches with the
+    files they are read from, so a test serving other data never sees the old ones."""
+    from buildkit_py.compat import cuda_pins, tables
+
+    first = cuda_pins.wheel_owners()
+    assert cuda_pins.wheel_owners() is first and tables.data_as_of().startswith("as of ")
+    assert tables._data_as_of.cache_info().currsize == 1
+    tables.clear_caches()
+    assert cuda_pins.wheel_owners.cache_info().currsize == 0 and tables._data_as_of.cache_info().currsize == 0
+    assert cuda_pins.wheel_owners() == first

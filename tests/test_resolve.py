@@ -37,6 +37,12 @@ def clash(tmp_path, **kw) -> CompatibilityError:
     return info.value
 
 
+def clash_all(tmp_path, **kw) -> list[CompatibilityError]:
+    """Every problem of one run (a CompatibilityErrors' own, or the one)."""
+    err = clash(tmp_path, **kw)
+    return list(getattr(err, "errors", [err]))
+
+
 def test_partial_cuda_resolves_to_newest_patch(tmp_path):
     res = resolve(recipe(tmp_path, cuda="12.4"))
     assert res.cuda_version == "12.4.1"
@@ -305,18 +311,26 @@ def test_bitsandbytes_compute_capability_floor(tmp_path):
     assert "LLM.int8() needs compute capability 7.5+" in res.warnings[0].message
 
 
-def test_unknown_torch_newer_than_the_data_hints_the_newest(tmp_path):
+def test_unknown_torch_newer_than_the_data_hints_the_newest_that_fits(tmp_path):
+    """The newest the data knows is 2.15.0, which has no cu124 build: the hint names 2.6.0 (issue 29)."""
     err = clash(tmp_path, extra='torch: "2.99.0"')
-    assert "newer than imgbuild's data (newest known: 2.15.0)" in err.message and "torch 2.15.0" in err.hint
+    assert "newer than imgbuild's data (newest known: 2.15.0)" in err.message
+    assert "torch 2.6.0 (the newest imgbuild knows with a cu124 build for Python 3.11)" in err.hint, err.hint
 
 
-@pytest.mark.parametrize(("extra", "newest"), [
-    ('torch: "2.4.1"\npip: ["flash-attn==9.9.9"]', "2.8.3.post2"),
-    ('pip: ["bitsandbytes==9.9.9"]', "0.50.2"),
+@pytest.mark.parametrize(("cuda", "extra", "hint"), [
+    ("12.4", 'torch: "2.4.1"\npip: ["flash-attn==9.9.9"]', "use flash-attn==2.8.3 (the nearest release that fits "),
+    ("12.4", 'pip: ["bitsandbytes==9.9.9"]', "use bitsandbytes==0.50.2 (the nearest release that fits "),
+    # issue 29: the newest, 0.50.2, requires torch >= 2.4; 0.45.0 is the nearest that accepts torch 1.13.1
+    ("12.4", 'torch: "1.13.1"\npip: ["bitsandbytes==0.50.9"]', "use bitsandbytes==0.45.0 (the nearest release "
+                                                              "that fits CUDA 12.4, Python 3.11 and torch 1.13.1)"),
+    # none accepts CUDA 13.0 with torch 2.1.2: none is offered
+    ("13.0", 'torch: "2.1.2"\npip: ["bitsandbytes==0.50.9"]', "no bitsandbytes release imgbuild knows fits "
+                                                             "CUDA 13.0, Python 3.11 and torch 2.1.2; its newest"),
 ])
-def test_unknown_release_hints_newest(tmp_path, extra, newest):
-    err = clash(tmp_path, extra=extra)
-    assert "unknown" in err.message and err.hint.split("newest are ")[1].startswith(newest)
+def test_unknown_release_hints_the_nearest_that_fits(tmp_path, cuda, extra, hint):
+    err = next(e for e in clash_all(tmp_path, cuda=cuda, extra=extra) if e.key == "pip[0]")
+    assert "unknown" in err.message and err.hint.startswith(hint), err.hint
 
 
 def test_unknown_cuda_hints_newest(tmp_path):
@@ -566,7 +580,7 @@ def test_a_typo_in_an_old_torch_is_not_called_newer(tmp_path):
     """torch "2.4.7" was called "newer than the data" and sent to "plan without --offline"."""
     err = clash(tmp_path, extra='torch: "2.4.7"')
     assert "newer" not in err.message and "offline" not in err.hint
-    assert "known near it: 2.4.0, 2.4.1" in err.message and err.hint.startswith("use torch 2.4.1 (the nearest release)")
+    assert "known near it: 2.4.0, 2.4.1" in err.message and err.hint.startswith("use torch 2.4.1 (the nearest release")
 
 
 @pytest.mark.parametrize(("cuda", "torch", "python", "hint"), [

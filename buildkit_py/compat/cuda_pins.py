@@ -10,6 +10,8 @@ them, so the plan refuses it before building, naming the version of that library
 
 from __future__ import annotations
 
+import functools
+
 from packaging.utils import canonicalize_name
 
 from buildkit_py import compat
@@ -20,7 +22,7 @@ from buildkit_py.recipe.model import Recipe, pin_name
 def cuda_pins_rule(recipe: Recipe, cuda: str, torch: TorchPart) -> None:
     """Refuse a pip pin of a CUDA library wheel of another CUDA minor than ``cuda``, or of another
     version than the one torch's wheel requires (pip would replace torch's, which it was built with)."""
-    owners = _wheel_owners()
+    owners = wheel_owners()
     torch_pins = _torch_pins(torch)
     for i, spec in enumerate(recipe.pip):
         if "==" not in spec:
@@ -43,8 +45,10 @@ def cuda_pins_rule(recipe: Recipe, cuda: str, torch: TorchPart) -> None:
                     hint=_hint(i, name, cuda))
 
 
-def _wheel_owners() -> dict[tuple[str, str], list[str]]:
-    """(wheel, version) -> the toolkit releases whose wheel set installs exactly it."""
+@functools.cache
+def wheel_owners() -> dict[tuple[str, str], list[str]]:
+    """(wheel, version) -> the toolkit releases whose wheel set installs exactly it. Built once per
+    process (~15 ms; tables.clear_caches forgets it with the data it is read from)."""
     out: dict[tuple[str, str], list[str]] = {}
     for ws in compat.all_cuda_wheel_sets():
         for _, pkgs in ws.extras:

@@ -172,26 +172,42 @@ def _fail(recipe: Recipe, key: str, *args: str, hint: str | None = None, partial
                               partial=partial)
 
 
-def _newest_hint(what: str, known: list[str]) -> str:
-    """The newest releases the shipped data knows (the list is ascending), newest first."""
-    newest = sorted(known, key=Version, reverse=True)[:6]
-    return f"use a {what} release imgbuild knows; the newest are {', '.join(newest)}"
+def _newest_hint(what: str, known: list[str], fitting: str | None = None) -> str:
+    """The newest releases the shipped data knows (the list is ascending), newest first; ``fitting``:
+    what the rest of the recipe asks of a release, where none of them fits it (so none is offered as a fix)."""
+    newest = ", ".join(sorted(known, key=Version, reverse=True)[:6])
+    if fitting:
+        return f"no {what} release imgbuild knows fits {fitting}; its newest are {newest}"
+    return f"use a {what} release imgbuild knows; the newest are {newest}"
+
+
+def _fitting(cuda: str, python: str, torch: str | None) -> str:
+    """What a pin must fit, in words: "CUDA 12.4, Python 3.11 and torch 2.4.1"."""
+    return f"CUDA {_mm(cuda)}, Python {python}" + (f" and torch {torch}" if torch else "")
 
 
 def _unknown_release(recipe: Recipe, key: str, name: str, version: str, known: list[str]) -> CompatibilityError:
-    """A pin of a release the shipped table lacks (``known``: the table's versions, ascending)."""
+    """A pin of a release the shipped table lacks (``known``: the table's versions, ascending): the hint
+    names the nearest release that fits the recipe's CUDA, Python and torch as written (this runs before
+    they are resolved), else says that none does."""
+    cuda, python, torch = recipe.cuda.version, recipe.python, recipe.torch
+    fits = _fa_fits(cuda, python, torch) if name == "flash-attn" else _bnb_fits(cuda, python, torch)
+    hint = (f"use {name}=={compat.nearest_versions(version, fits, n=1)[0]} (the nearest release that fits "
+            f"{_fitting(cuda, python, torch)})" if fits else _newest_hint(name, known, _fitting(cuda, python, torch)))
     return _fail(recipe, key, name, version, f"imgbuild's {name} table", known[-1],
-                 f"this {name} release is unknown", hint=_newest_hint(name, known))
+                 f"this {name} release is unknown", hint=hint)
 
 
-def _gap(recipe: Recipe, key: str, exc: LookupError, component: str, version: str) -> CompatibilityError:
-    """A look-up the shipped data cannot answer, as a resolution error at the recipe key."""
+def _gap(recipe: Recipe, key: str, exc: LookupError, component: str, version: str,
+         hint: str | None = None) -> CompatibilityError:
+    """A look-up the shipped data cannot answer, as a resolution error at the recipe key (``hint``: one
+    that knows more of the recipe than the look-up's own)."""
     reason = getattr(exc, "reason", None) or str(exc).strip("'\"")
     nearest = getattr(exc, "nearest", ())
     if nearest:
         reason += f" (known near it: {', '.join(nearest)})"
     return _fail(recipe, key, component, version, "imgbuild's compatibility data", compat.data_as_of(), reason,
-                 hint=getattr(exc, "hint", None))
+                 hint=hint or getattr(exc, "hint", None))
 
 
 def _pin(recipe: Recipe, name: str) -> tuple[int, str] | None:
@@ -286,7 +302,7 @@ def cuda_rule(recipe: Recipe, base: BaseFacts | None) -> CudaPart:
     try:
         toolkit = compat.resolve_cuda(recipe.cuda.version)
     except LookupError as exc:
-        raise _gap(recipe, "cuda.version", exc, "cuda", recipe.cuda.version) from None
+        raise _gap(recipe, "cuda.version", exc, "cuda", recipe.cuda.version, hint=_imaged_cuda_hint(recipe)) from None
     exact = recipe.cuda.version.count(".") == 2
     if recipe.cuda.cudnn and not compat.cudnn_supported(toolkit.version, recipe.cuda.cudnn):
         # before any image or wheel is looked for: one answer for both sources (cudnn_rule)
@@ -308,6 +324,21 @@ def cuda_rule(recipe: Recipe, base: BaseFacts | None) -> CudaPart:
         if wheel_set is not None and not brought:
             toolkit = compat.resolve_cuda(wheel_set.toolkit)
     return CudaPart(toolkit, wheel_set, compat.driver_floor(toolkit.version))
+
+
+def _imaged_cuda_hint(recipe: Recipe) -> str | None:
+    """For a CUDA the data does not know, where imgbuild picks the nvidia/cuda tag: the nearest released
+    minor NVIDIA publishes the recipe's image for (the newest release may have none on that OS). None
+    where the recipe names its base, or no CUDA has that image: the look-up's own hint serves."""
+    if recipe.cuda.source != "nvidia" or recipe.base.image:
+        return None
+    minors = sorted({t.major_minor for t in compat.toolkits()}, key=Version)
+    fits = [m for m in minors if _nvidia_image_os(recipe, m) == recipe.base.os]
+    if not fits:
+        return None
+    nearest = compat.nearest_versions(recipe.cuda.version, fits, n=1)[0]
+    return (f'use a released CUDA toolkit, e.g. "{nearest}" (the nearest with an nvidia/cuda {recipe.cuda.flavor} '
+            f"image on {recipe.base.os})")
 
 
 def _torch_brings_cuda_wheels(recipe: Recipe, cuda: str) -> bool:
@@ -493,9 +524,24 @@ def _os_python_provider(recipe: Recipe, os_name: str | None) -> PythonProvider:
         raise _fail(recipe, "python", "python", python, "os", os_name,
                     f"imgbuild does not know which Python {os_name} ships (its data has {known})",
                     hint=f"use a python:{python} base image, an OS imgbuild knows, or an Ubuntu base", partial=True)
-    raise _fail(recipe, "python", "python", python, "os", os_name,
-                f"{os_name} ships Python {OS_PYTHON.get(os_name, '?')} and no other",
-                hint=f"use python: \"{OS_PYTHON.get(os_name)}\", an Ubuntu base, or a python:{python} base image")
+    shipped = OS_PYTHON[os_name]
+    image = f"a python:{python} base image"
+    refused = _torch_refuses_python(recipe, shipped)
+    raise _fail(recipe, "python", "python", python, "os", os_name, f"{os_name} ships Python {shipped} and no other",
+                hint=f"use an Ubuntu base or {image} ({refused})" if refused else
+                f'use python: "{shipped}", an Ubuntu base, or {image}')
+
+
+def _torch_refuses_python(recipe: Recipe, python: str) -> str | None:
+    """Why the recipe's torch pin has no wheel for ``python`` (None: it has one, or the release is
+    unknown, which torch_rule refuses): a hint must not offer a Python that clashes with the torch pin."""
+    try:
+        release = compat.torch_release(recipe.torch) if recipe.torch else None
+    except LookupError:
+        return None
+    if release is None or python in release.python:
+        return None
+    return f"torch {release.version} has no wheel for Python {python}: {release.python}"
 
 
 # ----------------------------------------------------------------------------- 4. torch
@@ -535,7 +581,7 @@ def torch_rule(recipe: Recipe, cuda: str, python: str, looked_up: LookedUp | Non
     if python not in release.python:
         raise _fail(recipe, "python", "torch", release.version, "python", python,
                     f"torch {release.version} publishes wheels for Python {release.python}",
-                    hint="pick a Python in that range")
+                    hint=_torch_python_hint(recipe, release, wanted, python))
     if recipe.cuda.source == "nvidia" and recipe.cuda.flavor != "base":
         major = cuda.split(".", maxsplit=1)[0]
         warnings.append(RecipeWarning(
@@ -547,6 +593,27 @@ def torch_rule(recipe: Recipe, cuda: str, python: str, looked_up: LookedUp | Non
     # the one wanted (it is the same build), else from PyTorch's per-CUDA index.
     index = compat.torch_index_url(wanted) if release.pypi_variant != wanted else None
     return TorchPart(release.version, wanted, index, tuple(warnings), release)
+
+
+def _torch_python_hint(recipe: Recipe, release: TorchRelease, wanted: str, python: str) -> str:
+    """The nearest Python torch has wheels for that the recipe's OS provides (Debian: its own python3
+    only; Ubuntu: deadsnakes), and the nearest torch release with a ``wanted`` build for the Python asked."""
+    os_name = detect_os(recipe)
+    if os_name and os_name.startswith("ubuntu"):
+        offered = sorted(set(OS_PYTHON.values()), key=Version)
+    else:  # a python:X.Y image or a base brings one Python; Debian ships one
+        offered = [OS_PYTHON[os_name]] if os_name in OS_PYTHON and not _PYTHON_IMAGE.search(recipe.base.image or "") \
+            else []
+    options = []
+    pythons = [p for p in offered if p in release.python]
+    if pythons:
+        options.append(f'python: "{compat.nearest_versions(python, pythons, n=1)[0]}" (the nearest Python torch '
+                       f"{release.version} has wheels for that {os_name} provides)")
+    fits = [r.version for r in compat.torch_releases() if wanted in r.variants and python in r.python]
+    if fits:
+        options.append(f"torch {compat.nearest_versions(release.version, fits, n=1)[0]} (the nearest release with a "
+                       f"{wanted} build for Python {python})")
+    return "use " + " or ".join(options) if options else f"use a Python in {release.python} (and a base that has it)"
 
 
 def torch_release_rule(recipe: Recipe, looked_up: LookedUp | None = None) -> TorchRelease:
@@ -561,16 +628,21 @@ def torch_release_rule(recipe: Recipe, looked_up: LookedUp | None = None) -> Tor
         pass
     known = [r.version for r in compat.torch_releases()]
     newest = known[-1]
+    fitting = _torch_fits(recipe)
+    wanted = f"a {_variant(recipe.cuda.version)} build for Python {recipe.python}"
+    # where no release fits the CUDA and Python as written, none is offered as the fix
+    none_fits = f"no torch release imgbuild knows has {wanted} (change cuda.version or python too)"
     near = compat.nearest_versions(version, known)
     try:
         newer = Version(version) > Version(newest)
     except InvalidVersion:
         newer = False
     if not newer:
-        nearest = compat.nearest_versions(version, known, n=1)[0]
+        nearest = compat.nearest_versions(version, fitting or known, n=1)[0]
         raise _fail(recipe, "torch", "torch", version, "imgbuild's torch data", compat.data_as_of(),
                     f"{version} is not a torch release imgbuild knows (known near it: {', '.join(near)})",
-                    hint=f"use torch {nearest} (the nearest release), or the newest, {newest}")
+                    hint=f"use torch {nearest} (the nearest release with {wanted}), or the newest, {fitting[-1]}"
+                    if fitting else f"{none_fits}; the nearest release is {nearest}")
     if looked_up.index_releases:  # the index was asked and has no such version: it does not exist
         nearest = compat.nearest_versions(version, [*looked_up.index_releases, *known], n=1)[0]
         raise _fail(recipe, "torch", "torch", version, "the package index", looked_up.index_url or "",
@@ -586,7 +658,21 @@ def torch_release_rule(recipe: Recipe, looked_up: LookedUp | None = None) -> Tor
         why, how = "it is not in the look-up cache", "plan with the package index reachable to look it up"
     raise _fail(recipe, "torch", "torch", version, "imgbuild's torch data", compat.data_as_of(),
                 f"torch {version} is newer than imgbuild's data (newest known: {newest}), and {why}",
-                hint=f"{how}, or use torch {newest} (the newest imgbuild knows)")
+                hint=f"{how}, or use torch {fitting[-1]} (the newest imgbuild knows with {wanted})" if fitting else
+                f"{how}; {none_fits}")
+
+
+def _variant(cuda: str) -> str:
+    """12.4.1 -> cu124: the torch variant of a CUDA as written."""
+    return "cu" + _mm(cuda).replace(".", "")
+
+
+def _torch_fits(recipe: Recipe) -> list[str]:
+    """The torch releases the data knows that have a build for the recipe's CUDA as written and its
+    Python, ascending: what a hint for an unknown torch pin names, so that it fits the rest of the recipe
+    (torch_release_rule runs before the CUDA is resolved, so the minor written stands for it)."""
+    wanted = _variant(recipe.cuda.version)
+    return [r.version for r in compat.torch_releases() if wanted in r.variants and recipe.python in r.python]
 
 
 def release_checks(recipe: Recipe, looked_up: LookedUp | None = None) -> list[tuple[Any, tuple[Any, ...]]]:
@@ -621,12 +707,18 @@ def _torch_variant_error(recipe: Recipe, release: TorchRelease, wanted: str, cud
         a, b = Version(_variant_cuda(variant)), Version(_mm(cuda))
         return abs((a.major * 100 + a.minor) - (b.major * 100 + b.minor)), -(a.major * 100 + a.minor)
 
-    nearest = min(variants, key=distance) if variants else None
+    usable = [v for v in variants if _nvidia_image_os(recipe, _variant_cuda(v)) == recipe.base.os]
+    nearest = min(usable or variants, key=distance) if variants else None
     fits = [r.version for r in compat.torch_releases() if wanted in r.variants and python in r.python]
     options = []
-    if nearest:
-        options.append(f"cuda {_variant_cuda(nearest)} (the nearest CUDA torch {release.version} "
-                       + ("is known to have a build for)" if release.unknown_variants else "has a build for)"))
+    has = "is known to have a build for" if release.unknown_variants else "has a build for"
+    if nearest and usable:
+        options.append(f"cuda {_variant_cuda(nearest)} (the nearest CUDA torch {release.version} {has}"
+                       + (f" and nvidia/cuda has a {recipe.cuda.flavor} image on {recipe.base.os} for)"
+                          if len(usable) < len(variants) else ")"))
+    elif nearest and (os_name := _nvidia_image_os(recipe, _variant_cuda(nearest))):
+        options.append(f'cuda: "{_variant_cuda(nearest)}" on {os_name} (the nearest CUDA torch {release.version} '
+                       f"{has}; nvidia/cuda has no {recipe.cuda.flavor} image of it on {recipe.base.os})")
     if fits:
         close = compat.nearest_versions(release.version, fits, n=1)[0]
         also = f"; the newest: {fits[-1]}" if fits[-1] != close else ""
@@ -640,6 +732,21 @@ def _torch_variant_error(recipe: Recipe, release: TorchRelease, wanted: str, cud
                  f"torch {release.version} has CUDA wheels only for "
                  + (f"{', '.join(variants[:-1])} and {variants[-1]}" if len(variants) > 1 else "".join(variants)),
                  hint=hint)
+
+
+def _nvidia_image_os(recipe: Recipe, cuda: str) -> str | None:
+    """The OS ``cuda`` would find its image on: with source: nvidia and no base.image imgbuild picks
+    the nvidia/cuda tag, so base.os where NVIDIA publishes one of the recipe's flavor and cuDNN, else
+    the newest OS it does (None: none). Any other recipe names its base, whose CUDA other rules check."""
+    if recipe.cuda.source != "nvidia" or recipe.base.image:
+        return recipe.base.os
+    for os_name in (recipe.base.os, *reversed(compat.cuda_image_oses(cuda))):
+        try:
+            compat.image_release(cuda, recipe.cuda.flavor, recipe.cuda.cudnn, os_name)
+        except compat.ImageGap:
+            continue
+        return os_name
+    return None
 
 
 def torch_cudnn_major(release: TorchRelease) -> str | None:
@@ -696,11 +803,26 @@ def flash_attn_rule(recipe: Recipe, cuda: str, python: str, torch: str | None, a
     return FlashAttnPart(prebuilt=(("flash-attn", url),))
 
 
+def _fa_fits(cuda: str, python: str, torch: str | None) -> list[str]:
+    """The fully recorded flash-attn releases that accept this CUDA, Python and torch, ascending; with
+    torch, only those that install here: a release wheel for the combination, or a source build whose
+    C++ standard torch's headers accept (_check_flash_attn_source_build)."""
+    need = compat.torch_cxx_std(torch) if torch else None
+    out = []
+    for r in compat.flash_attn_releases():
+        if r.partial or not _cuda_in(r.cuda, cuda) or python not in r.python or (torch and torch not in r.torch):
+            continue
+        if torch and need is not None and r.cxx_std is not None and need > r.cxx_std and compat.flash_attn_prebuilt(
+                r.version, cuda, _mm(torch), python, cxx11abi=torch_cxx11_abi(torch)) is None:
+            continue
+        out.append(r.version)
+    return out
+
+
 def _flash_attn_fit_hint(version: str, cuda: str, python: str, torch: str, wants: str) -> str:
     """The fully recorded flash-attn release nearest the pin that fits the rest of the recipe (not the
     newest, never one that clashes with torch, CUDA or Python); none: keep the pin, move the other side."""
-    fits = [r.version for r in compat.flash_attn_releases() if not r.partial and torch in r.torch
-            and (cuda in r.cuda or _mm(cuda) in r.cuda) and python in r.python]
+    fits = _fa_fits(cuda, python, torch)
     if not fits:
         return f"no flash-attn release imgbuild knows fits torch {torch}, CUDA {_mm(cuda)} and Python {python}: " \
                f"keep flash-attn {version} and move to {wants}"
@@ -717,14 +839,14 @@ def _check_flash_attn(recipe: Recipe, key: str, version: str, cuda: str, python:
         raise _unknown_release(recipe, key, "flash-attn", version,
                                [r.version for r in compat.flash_attn_releases()]) from None
     if rel.partial:
-        fits = [r.version for r in compat.flash_attn_releases() if not r.partial
-                and (not torch or torch in r.torch) and (cuda in r.cuda or _mm(cuda) in r.cuda) and python in r.python]
+        fits = _fa_fits(cuda, python, torch)
         newest = sorted(fits, key=Version, reverse=True)[:4]
         raise _fail(recipe, key, "flash-attn", version, "imgbuild's flash-attn table", compat.data_as_of(),
                     f"flash-attn {version} is {rel.partial}",
                     hint=f"use flash-attn {', '.join(newest)} (the newest fully recorded that fit"
                          f"{f' torch {torch},' if torch else ''} CUDA {_mm(cuda)} and Python {python})" if fits else
-                    _newest_hint("flash-attn", [r.version for r in compat.flash_attn_releases() if not r.partial]),
+                    _newest_hint("flash-attn", [r.version for r in compat.flash_attn_releases() if not r.partial],
+                                 _fitting(cuda, python, torch)),
                     partial=True)
     if not torch:
         raise _fail(recipe, key, "flash-attn", version, "torch", "(none)",
@@ -739,7 +861,8 @@ def _check_flash_attn(recipe: Recipe, key: str, version: str, cuda: str, python:
                     hint=_flash_attn_fit_hint(version, cuda, python, torch, f"CUDA {rel.cuda}"))
     if python not in rel.python:
         raise _fail(recipe, key, "flash-attn", version, "python", python,
-                    f"flash-attn {version} supports Python {rel.python}")
+                    f"flash-attn {version} supports Python {rel.python}",
+                    hint=_flash_attn_fit_hint(version, cuda, python, torch, f"a Python in {rel.python}"))
     return rel
 
 
@@ -833,10 +956,13 @@ def _check_bitsandbytes(recipe: Recipe, key: str, version: str, cuda: str, pytho
     if not _cuda_in(rel.cuda, cuda):
         raise _fail(recipe, key, "bitsandbytes", version, "cuda", cuda,
                     f"bitsandbytes {version} ships CUDA binaries for {_describe(rel.cuda)}",
-                    hint="pick a CUDA it supports or another bitsandbytes release")
+                    hint=_bnb_nearest_hint(version, cuda, python, torch) or
+                    f"use a CUDA it ships binaries for ({_describe(rel.cuda)}); no bitsandbytes release imgbuild "
+                    f"knows fits {_fitting(cuda, python, torch)}")
     if python not in rel.python:
         raise _fail(recipe, key, "bitsandbytes", version, "python", python,
-                    f"bitsandbytes {version} supports Python {rel.python}")
+                    f"bitsandbytes {version} supports Python {rel.python}",
+                    hint=_bnb_nearest_hint(version, cuda, python, torch) or f"use a Python in {rel.python}")
     if torch and rel.torch and torch not in rel.torch:
         fits = _bnb_fits(cuda, python, torch)
         raise _fail(recipe, key, "bitsandbytes", version, "torch", torch,
@@ -852,12 +978,22 @@ def _bnb_fits(cuda: str, python: str, torch: str | None) -> list[str]:
             and python in r.python and (not torch or torch in r.torch)]
 
 
+def _bnb_nearest_hint(version: str, cuda: str, python: str, torch: str | None) -> str | None:
+    """The fully recorded bitsandbytes release nearest the pin that fits CUDA, Python and torch (None: none)."""
+    fits = _bnb_fits(cuda, python, torch)
+    if not fits:
+        return None
+    return (f"use bitsandbytes=={compat.nearest_versions(version, fits, n=1)[0]} (the nearest release that fits "
+            f"{_fitting(cuda, python, torch)})")
+
+
 def _bnb_hint(cuda: str, python: str, torch: str | None) -> str:
     fits = _bnb_fits(cuda, python, torch)
     if fits:
         return f"use bitsandbytes=={fits[-1]} (the newest that fits CUDA {_mm(cuda)}" + \
             (f" and torch {torch})" if torch else ")")
-    return _newest_hint("bitsandbytes", [r.version for r in compat.bitsandbytes_releases() if not r.partial])
+    return _newest_hint("bitsandbytes", [r.version for r in compat.bitsandbytes_releases() if not r.partial],
+                        _fitting(cuda, python, torch))
 
 
 # ----------------------------------------------------------------------------- 8. images

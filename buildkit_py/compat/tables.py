@@ -852,10 +852,11 @@ DATA_FILES = ("toolkits.json", "minor_compat.json", "forward_compat.json", "imag
 
 def _loaders() -> tuple[Any, ...]:
     """Every cached loader, in the order their invariants depend on each other."""
-    from buildkit_py.compat import platforms, torch_pins  # noqa: PLC0415  # they read tables: a top-level import would circle
+    from buildkit_py.compat import cuda_pins, platforms, torch_pins  # noqa: PLC0415  # they read tables: a top-level import would circle
 
     return (_toolkit_data, _minor_floors, _forward_compat, _images, _torch, _flash_attn, _bnb, _cxx_std, _archs,
-            _wheels, _cudnn_support, torch_pins.rows, _coverage, platforms.data, _gpu_kernels, _wheel_kernels)
+            _wheels, _cudnn_support, torch_pins.rows, _coverage, platforms.data, _gpu_kernels, _wheel_kernels,
+            _data_as_of, cuda_pins.wheel_owners)
 
 
 def validate_all() -> None:
@@ -1336,6 +1337,13 @@ def cuda_wheel_home(cuda: str) -> str | None:
 
 def data_as_of() -> str:
     """The date the shipped data was last read from its sources."""
+    return _data_as_of()
+
+
+@functools.cache
+def _data_as_of() -> str:
+    """Once per process: every refusal that rests on the data names it, and reading the files again
+    for each cost ~30 ms a refusal (tests/test_plan_space.py plans thousands)."""
     dates = [_load_raw(n).get("as_of") for n in DATA_FILES]
     return "as of " + max((d for d in dates if d), default="an unknown date")
 
