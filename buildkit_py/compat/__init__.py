@@ -66,13 +66,13 @@ from buildkit_py.compat.tables import (
     sass_runs_on,
     tier_extras,
     toolkits,
-    torch_bundles_cuda,
     torch_cxx_std,
     torch_index_url,
     torch_release,
     torch_releases,
     validate_all,
 )
+from buildkit_py.compat.wheel_contents import torch_bundles_cuda, torch_wheel
 
 __all__ = [
     "arch_base",
@@ -145,6 +145,7 @@ __all__ = [
     "torch_index_url",
     "large_wheels_before",
     "torch_bundles_cuda",
+    "torch_wheel",
     "torch_release",
     "torch_releases",
     "TorchRelease",

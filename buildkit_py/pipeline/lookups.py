@@ -21,7 +21,7 @@ from pathlib import Path
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
-from buildkit_py.compat import index, platforms, refresh, tables
+from buildkit_py.compat import index, platforms, refresh, tables, wheel_contents
 from buildkit_py.compat.rules import LookedUp
 from buildkit_py.compat.tables import TorchRelease
 from buildkit_py.errors import CompatDataError, PackageIndexError
@@ -134,13 +134,22 @@ def looked_up(recipe: Recipe, *, offline: bool, index_url: str | None = None, pi
     if not recipe.multi_platform:
         return facts
     untabled = untabled_pins(recipe)
+    # a pin whose release the content model records (triton, xformers) is judged from it, offline too
+    recorded = tuple(f for n, v in _exact_pins(recipe) if n in untabled and wheel_contents.model().knows(n, v)
+                     and (f := wheel_contents.model().pin_files(n)) is not None)
+    rest = tuple(n for n in untabled if n not in {f.name for f in recorded})
     if offline:
-        if untabled and warn:
-            warn(f"--offline: {', '.join(untabled)} not checked for {', '.join(recipe.platforms)} (imgbuild's "
+        if rest and warn:
+            warn(f"--offline: {', '.join(rest)} not checked for {', '.join(recipe.platforms)} (imgbuild's "
                  "platform data has no row for them and the package index was not read)")
-        return facts
+        return dataclasses.replace(facts, pin_files=recorded)
     settings = index.index_settings(index_url=index_url, pip_config=pip_config)
-    return dataclasses.replace(facts, pin_files=read_pin_files(untabled, settings, warn=warn))
+    return dataclasses.replace(facts, pin_files=recorded + read_pin_files(rest, settings, warn=warn))
+
+
+def _exact_pins(recipe: Recipe) -> tuple[tuple[str, str], ...]:
+    return tuple((canonicalize_name(pin_name(spec)), spec.split("==", 1)[1].strip())
+                 for spec in recipe.pip if "==" in spec)
 
 
 def untabled_pins(recipe: Recipe) -> tuple[str, ...]:
