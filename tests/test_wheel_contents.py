@@ -192,3 +192,72 @@ def test_untabled_pins_get_their_machines_from_the_model():
     files = m.pin_files("triton")
     assert files is not None and files.of("2.3.1") == (frozenset({"x86_64"}), False)
     assert m.pin_files("no-such-project") is None
+
+
+# ------------------------------------------------------------------------- the image's CUDA libraries (ImageCuda)
+def test_a_large_torch_alone_brings_no_loadable_cuda_runtime():
+    """Class 1 at the rule: libcudart of a large torch wheel is private to torch/lib; the runtime wheel
+    the plan installs beside it is what bitsandbytes loads."""
+    torch = compat.torch_wheel(compat.torch_release("2.1.2"), "cu118")
+    alone = wc.image_cuda((), torch)
+    assert "cudart" in alone.private and "cudart" not in alone.loadable and not alone.partial
+    assert alone.cudnn == "8"
+    ws = compat.cuda_wheel_set("11.8")
+    with_runtime = wc.image_cuda(ws.pins("cudart"), torch)
+    assert "cudart" in with_runtime.loadable
+
+
+def test_cuda_13_torch_brings_its_libraries_through_the_cuda_toolkit_meta_package():
+    release = compat.torch_release("2.15.0")
+    image = wc.image_cuda((), compat.torch_wheel(release, release.pypi_variant))
+    assert not image.partial
+    # every extra torch asks cuda-toolkit for (CUDA 13's nvtx: libnvtx3interop.so.1)
+    assert set(release.pypi_cuda_toolkit_extras) <= image.loadable
+    assert image.cudnn == "9"
+
+
+def test_a_pin_the_model_has_no_row_for_makes_the_set_partial():
+    image = wc.image_cuda(("nvidia-cuda-runtime-cu12==12.99.1",))
+    assert image.partial and image.unread == ("nvidia-cuda-runtime-cu12==12.99.1",)
+    assert not wc.image_cuda(("six==1.16.0",)).partial  # not a CUDA wheel: nothing CUDA unknown
+
+
+def _recipe(tmp_path, *, cuda, torch=None, source="wheels", pip=()):
+    from helpers import write_recipe
+
+    from buildkit_py.recipe.model import load_recipe
+    base = "{image: debian:bookworm-slim}" if source == "wheels" else "{os: ubuntu22.04}"
+    text = (f'name: team/x\ncuda: {{version: "{cuda}", source: {source}, flavor: base}}\nbase: {base}\n'
+            'python: "3.11"\n' + (f'torch: "{torch}"\n' if torch else "")
+            + (f"pip: [{', '.join(pip)}]\n" if pip else ""))
+    return load_recipe(write_recipe(tmp_path, text))
+
+
+@pytest.mark.parametrize(("cuda", "torch"), [("11.8", "2.1.2"), ("12.1", "2.4.1"), ("13.0", "2.14.0"), ("12.4", None)])
+def test_every_wheels_plan_gets_a_loadable_cuda_runtime_and_its_cudnn_label_follows_the_model(tmp_path, cuda, torch):
+    """What the property grid asserts of every passing plan (issue 29 item 3 (b)), here on a few."""
+    from buildkit_py.compat.resolve import resolve
+
+    res = resolve(_recipe(tmp_path, cuda=cuda, torch=torch))
+    image = res.image_cuda
+    assert image is not None and not image.partial
+    assert "cudart" in image.loadable
+    if res.cudnn is not None:
+        assert res.cudnn.split(".")[0] == image.cudnn
+    else:
+        assert image.cudnn is None
+
+
+def test_the_plan_refuses_a_wheels_image_whose_only_runtime_is_private(tmp_path, monkeypatch):
+    """The rule over the model itself: were the runtime wheel left out (what the old version rule did),
+    resolve refuses instead of labelling an image with no CUDA runtime another package loads."""
+    from buildkit_py.compat import rules
+    from buildkit_py.compat.resolve import resolve
+    from buildkit_py.errors import CompatibilityError
+
+    monkeypatch.setattr(rules, "cuda_wheels_rule", lambda *a, **k: rules.CudaWheelsPart())
+    with pytest.raises(CompatibilityError) as info:
+        resolve(_recipe(tmp_path, cuda="11.8", torch="2.1.2"))
+    assert info.value.key == "cuda.source"
+    assert "no CUDA runtime another package can load (cublas, cudart, cudnn, nvrtc, nvtx only inside torch/lib)" \
+        in info.value.reason

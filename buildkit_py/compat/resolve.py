@@ -8,12 +8,13 @@ tables in ``compat``.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from buildkit_py import compat
-from buildkit_py.compat import platforms, rules
+from buildkit_py.compat import platforms, rules, wheel_contents
 from buildkit_py.compat.bases import BaseFacts
 from buildkit_py.compat.codes import RecipeWarning
 from buildkit_py.compat.cuda_pins import cuda_pins_rule
@@ -66,6 +67,9 @@ class Resolution:
     # what the compile stage's source builds must be told to compile cuda_arch and no more
     # (FLASH_ATTN_CUDA_ARCHS: flash-attn reads its own setting, not TORCH_CUDA_ARCH_LIST)
     build_env: tuple[tuple[str, str], ...] = ()
+    # the CUDA libraries the image's wheels bring, read from their recorded contents (compat/wheel_contents.py):
+    # the model the cuda.* and cudnn labels are checked against
+    image_cuda: wheel_contents.ImageCuda | None = None
 
     @property
     def driver_floor(self) -> DriverFloor:
@@ -107,6 +111,7 @@ def resolve(recipe: Recipe, base: BaseFacts | None = None, looked_up: rules.Look
     wheels = rules.cuda_wheels_rule(recipe, cuda.wheel_set, cuda.version, cudnn, torch, base)
     # the label names the cuDNN the pins bring, written in the recipe or not (issue 28)
     cudnn_from = cudnn_source(recipe, cuda.version, torch, base, images.base_image, wheels.pins)
+    image_cuda = _image_cuda(recipe, torch, wheels.pins, base, py.python)
     arch_list = archs.for_build(bool(compile_))
     if recipe.multi_platform:  # each pin, for each platform: refused before building
         torch_cuda = torch.release.variants.get(torch.variant) if torch.release and torch.variant else None
@@ -144,7 +149,27 @@ def resolve(recipe: Recipe, base: BaseFacts | None = None, looked_up: rules.Look
         warnings=torch.warnings + bnb_warnings + images.warnings + flavor_warnings + pinned.warnings,
         base_digest=pinned.digest,
         native_driver=cuda.floor.evidence,
+        image_cuda=image_cuda,
     )
+
+
+def _image_cuda(recipe: Recipe, torch: rules.TorchPart, cuda_wheels: tuple[str, ...], base: BaseFacts | None,
+                python: str) -> wheel_contents.ImageCuda:
+    """The image's CUDA libraries from the content model, and the rule over them: a ``source: wheels``
+    image must get a CUDA runtime any package can load (a large torch wheel keeps its own in torch/lib,
+    where bitsandbytes does not find it), unless an imgbuild base brings one."""
+    row = compat.torch_wheel(torch.release, torch.variant) if torch.release and torch.variant else None
+    pins = cuda_wheels + tuple(spec.replace(" ", "") for spec in recipe.pip if "==" in spec)
+    image = wheel_contents.image_cuda(pins, row, python=".".join(python.split(".")[:2]))
+    if row is None and torch.label:  # a build of PyTorch's own index the data does not record: partial
+        image = dataclasses.replace(image, unread=(*image.unread, f"torch=={torch.label}"))
+    from_base = base is not None and base.built_by_imgbuild
+    if recipe.cuda.source == "wheels" and not from_base and not image.partial and "cudart" not in image.loadable:
+        where = f" ({', '.join(sorted(image.private))} only inside torch/lib)" if image.private else ""
+        raise rules._fail(recipe, "cuda.source", "cuda.source", "wheels", "torch", torch.label or "",
+                          f"the image's wheels would bring no CUDA runtime another package can load{where}",
+                          hint="use cuda.source: nvidia")
+    return image
 
 
 def _attempt(problems: list[CompatibilityError], rule: Callable[..., _T], *args: Any, **kwargs: Any) -> _T | None:

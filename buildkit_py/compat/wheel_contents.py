@@ -38,8 +38,9 @@ _LEGACY = {"manylinux1": "2.5", "manylinux2010": "2.12", "manylinux2014": "2.17"
 # the soname stem -> the CUDA library NVIDIA's tiers name it by (wheels.json ``tiers`` extras)
 _CUDA_STEMS = {"libcudart": "cudart", "libcublas": "cublas", "libcublasLt": "cublas", "libcufft": "cufft",
                "libcurand": "curand", "libcusolver": "cusolver", "libcusparse": "cusparse", "libnvrtc": "nvrtc",
-               "libnvToolsExt": "nvtx", "libnvJitLink": "nvjitlink", "libcupti": "cupti", "libcufile": "cufile",
-               "libnccl": "nccl", "libcudnn": "cudnn", "libcusparseLt": "cusparselt", "libnvshmem_host": "nvshmem"}
+               "libnvToolsExt": "nvtx", "libnvtx3interop": "nvtx", "libnvJitLink": "nvjitlink", "libcupti": "cupti",
+               "libcufile": "cufile", "libnccl": "nccl", "libcudnn": "cudnn", "libcusparseLt": "cusparselt",
+               "libnvshmem_host": "nvshmem"}
 
 
 @dataclass(frozen=True)
@@ -261,3 +262,67 @@ def torch_bundles_cuda(release: TorchRelease, variant: str) -> bool:
     then torch brings no CUDA library another package can load."""
     w = torch_wheel(release, variant)
     return w is not None and bundles_cuda_runtime(w)
+
+
+@dataclass(frozen=True)
+class ImageCuda:
+    """The CUDA libraries an image gets from its wheels, as the content model says: ``loadable``, those
+    of nvidia-* wheels in site-packages (any package finds them: bitsandbytes loads libcudart so);
+    ``private``, those a wheel keeps in its own lib folder (a large torch wheel's torch/lib: only it
+    loads them); ``cudnn``, the cuDNN major among all of them; ``unread``, the pins the model has no
+    row for (what they bring is not known: the set is partial)."""
+    loadable: frozenset[str]
+    private: frozenset[str]
+    cudnn: str | None
+    unread: tuple[str, ...]
+
+    @property
+    def partial(self) -> bool:
+        return bool(self.unread)
+
+
+def image_cuda(pins: Iterable[str], torch: WheelContents | None = None, machine: str = "x86_64",
+               python: str = "3.12", m: ContentModel | None = None) -> ImageCuda:
+    """What ``pins`` (name==version: the CUDA wheels the plan installs and the recipe's exact pip pins)
+    and ``torch`` (its content row) put in the image, by the rules above."""
+    m = m or model()
+    loadable: set[str] = set()
+    private: set[str] = set()
+    sonames: set[str] = set()
+    unread = []
+    wheels = []
+    for pin in pins:
+        name, _, version = pin.partition("==")
+        w = m.wheel(name, version.strip(), machine)
+        if w is None:
+            if canonicalize_name(name).startswith("nvidia-") or canonicalize_name(name) == "cuda-toolkit":
+                unread.append(pin)
+            continue
+        wheels.append(w)
+    if torch is not None:
+        wheels.append(torch)
+    for w in wheels:
+        own = cuda_libraries(w.libraries)
+        (loadable if w.project.startswith("nvidia-") else private).update(own)
+        sonames |= set(w.libraries)
+        requirements = w.requirements(python)
+        for name, version in w.pins(python).items():
+            deps = ([f"{name}=={version}"] if name != "cuda-toolkit"
+                    else _toolkit_pins(version, requirements[name].extras))
+            for dep_pin in deps:
+                dep_name, _, dep_version = dep_pin.partition("==")
+                if (dep := m.wheel(dep_name, dep_version, machine)) is not None:
+                    loadable |= cuda_libraries(dep.libraries)
+                    sonames |= set(dep.libraries)
+                elif dep_name.startswith("nvidia-") or dep_name == "cuda-toolkit":
+                    unread.append(dep_pin)
+    return ImageCuda(frozenset(loadable), frozenset(private), cudnn_major(sonames), tuple(sorted(set(unread))))
+
+
+def _toolkit_pins(version: str, extras: Iterable[str]) -> list[str]:
+    """NVIDIA's cuda-toolkit meta package (torch's CUDA 13 builds require ``cuda-toolkit[cudart,...]==X``):
+    the nvidia-* wheels its extras pin, as wheels.json read them from its METADATA."""
+    for ws in tables.all_cuda_wheel_sets():
+        if ws.meta_package == f"cuda-toolkit=={version}" or ws.toolkit == version:
+            return list(ws.pins(*extras))
+    return [f"cuda-toolkit=={version}"]   # a release wheels.json does not record: unread
