@@ -261,3 +261,26 @@ def test_the_plan_refuses_a_wheels_image_whose_only_runtime_is_private(tmp_path,
     assert info.value.key == "cuda.source"
     assert "no CUDA runtime another package can load (cublas, cudart, cudnn, nvrtc, nvtx only inside torch/lib)" \
         in info.value.reason
+
+
+# ------------------------------------------------------------------------- a CUDA wheel the data lacks: read live
+def test_a_cuda_wheel_pin_the_data_lacks_is_read_live_and_offline_is_partial(tmp_path):
+    from buildkit_py.compat.resolve import resolve
+    from buildkit_py.pipeline import lookups
+
+    recipe = _recipe(tmp_path, cuda="12.4", pip=['"nvidia-cusparselt-cu12==0.99.1"'])
+    warned: list[str] = []
+    offline = lookups.looked_up(recipe, offline=True, warn=warned.append)
+    assert warned == ["--offline: nvidia-cusparselt-cu12==0.99.1 not read: the CUDA libraries they bring are "
+                      "known only in part"]
+    image = resolve(recipe, looked_up=offline).image_cuda
+    assert image is not None and image.unread == ("nvidia-cusparselt-cu12==0.99.1",)
+
+    ix = LocalIndex(tmp_path / "index")
+    ix.add_wheel("nvidia-cusparselt-cu12", "0.99.1", "py3-none-manylinux_2_28_x86_64", pep658=True,
+                 files=["nvidia/cusparselt/lib/libcusparseLt.so.0"])
+    with ix:
+        facts = lookups.looked_up(recipe, offline=False, index_url=ix.url, warn=warned.append)
+    assert [w.libraries for w in facts.wheels] == [("libcusparseLt.so.0",)]
+    image = resolve(recipe, looked_up=facts).image_cuda
+    assert image is not None and not image.partial and "cusparselt" in image.loadable

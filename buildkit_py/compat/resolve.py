@@ -111,7 +111,7 @@ def resolve(recipe: Recipe, base: BaseFacts | None = None, looked_up: rules.Look
     wheels = rules.cuda_wheels_rule(recipe, cuda.wheel_set, cuda.version, cudnn, torch, base)
     # the label names the cuDNN the pins bring, written in the recipe or not (issue 28)
     cudnn_from = cudnn_source(recipe, cuda.version, torch, base, images.base_image, wheels.pins)
-    image_cuda = _image_cuda(recipe, torch, wheels.pins, base, py.python)
+    image_cuda = _image_cuda(recipe, torch, wheels.pins, base, py.python, looked_up.wheels)
     arch_list = archs.for_build(bool(compile_))
     if recipe.multi_platform:  # each pin, for each platform: refused before building
         torch_cuda = torch.release.variants.get(torch.variant) if torch.release and torch.variant else None
@@ -154,13 +154,14 @@ def resolve(recipe: Recipe, base: BaseFacts | None = None, looked_up: rules.Look
 
 
 def _image_cuda(recipe: Recipe, torch: rules.TorchPart, cuda_wheels: tuple[str, ...], base: BaseFacts | None,
-                python: str) -> wheel_contents.ImageCuda:
+                python: str, read_live: tuple[wheel_contents.WheelContents, ...] = ()) -> wheel_contents.ImageCuda:
     """The image's CUDA libraries from the content model, and the rule over them: a ``source: wheels``
     image must get a CUDA runtime any package can load (a large torch wheel keeps its own in torch/lib,
     where bitsandbytes does not find it), unless an imgbuild base brings one."""
     row = compat.torch_wheel(torch.release, torch.variant) if torch.release and torch.variant else None
     pins = cuda_wheels + tuple(spec.replace(" ", "") for spec in recipe.pip if "==" in spec)
-    image = wheel_contents.image_cuda(pins, row, python=".".join(python.split(".")[:2]))
+    image = wheel_contents.image_cuda(pins, row, python=".".join(python.split(".")[:2]),
+                                      m=wheel_contents.model().with_rows(read_live))
     if row is None and torch.label:  # a build of PyTorch's own index the data does not record: partial
         image = dataclasses.replace(image, unread=(*image.unread, f"torch=={torch.label}"))
     from_base = base is not None and base.built_by_imgbuild

@@ -146,6 +146,11 @@ class ContentModel:
         return frozenset(found - {"source"}) if found else None
 
 
+    def with_rows(self, wheels: Iterable[WheelContents]) -> ContentModel:
+        """This model and rows read live (a pin the data has no row for): the live rows win."""
+        extra = {(w.project, _version_key(w.version), w.machine): w for w in wheels}
+        return ContentModel({**self.rows, **extra}, self.as_of) if extra else self
+
     def pin_files(self, project: str) -> PinFiles | None:
         """The releases of ``project`` the data records, as the platform rule reads a live file list
         (the machines of each release's Linux wheels, whether it has an sdist): a pin the model knows
@@ -326,3 +331,15 @@ def _toolkit_pins(version: str, extras: Iterable[str]) -> list[str]:
         if ws.meta_package == f"cuda-toolkit=={version}" or ws.toolkit == version:
             return list(ws.pins(*extras))
     return [f"cuda-toolkit=={version}"]   # a release wheels.json does not record: unread
+
+
+def unrecorded_cuda_pins(pins: Iterable[str]) -> tuple[str, ...]:
+    """The exact pins of NVIDIA's CUDA wheels (nvidia-*) the data has no x86_64 row for: what the plan-time
+    look-up reads live, since what they bring decides the image's CUDA libraries."""
+    out = []
+    for spec in pins:
+        name, sep, version = spec.partition("==")
+        name = canonicalize_name(name.strip())
+        if sep and name.startswith("nvidia-") and model().wheel(name, version.strip()) is None:
+            out.append(f"{name}=={version.strip()}")
+    return tuple(out)
