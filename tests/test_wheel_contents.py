@@ -242,6 +242,7 @@ def test_every_wheels_plan_gets_a_loadable_cuda_runtime_and_its_cudnn_label_foll
     image = res.image_cuda
     assert image is not None and not image.partial
     assert "cudart" in image.loadable
+    assert image.cuda_minors == {res.cuda_major_minor}   # the cuda.version label names the runtime's CUDA
     if res.cudnn is not None:
         assert res.cudnn.split(".")[0] == image.cudnn
     else:
@@ -284,3 +285,27 @@ def test_a_cuda_wheel_pin_the_data_lacks_is_read_live_and_offline_is_partial(tmp
     assert [w.libraries for w in facts.wheels] == [("libcusparseLt.so.0",)]
     image = resolve(recipe, looked_up=facts).image_cuda
     assert image is not None and not image.partial and "cusparselt" in image.loadable
+
+
+def test_a_runtime_pin_of_another_cuda_minor_the_data_lacks_is_refused_from_its_wheel(tmp_path):
+    """Class 4: a pip pin of a CUDA wheel of another minor passed without a word where wheels.json does
+    not record that version. Read live, the wheel brings libcudart at version 12.1.77: CUDA 12.1's."""
+    from buildkit_py.compat.resolve import resolve
+    from buildkit_py.errors import CompatibilityError
+    from buildkit_py.pipeline import lookups
+
+    recipe = _recipe(tmp_path, cuda="12.4", pip=['"nvidia-cuda-runtime-cu12==12.1.77"'])
+    ix = LocalIndex(tmp_path / "index")
+    ix.add_wheel("nvidia-cuda-runtime-cu12", "12.1.77", "py3-none-manylinux2014_x86_64", pep658=True,
+                 files=["nvidia/cuda_runtime/lib/libcudart.so.12"])
+    with ix:
+        facts = lookups.looked_up(recipe, offline=False, index_url=ix.url)
+    with pytest.raises(CompatibilityError) as info:
+        resolve(recipe, looked_up=facts)
+    err = info.value
+    assert (err.key, err.other, err.other_version) == ("pip[0]", "cuda", "12.4.1")
+    assert "is the CUDA 12.1 runtime" in err.reason
+    want = compat.cuda_wheel_set("12.4").pins("cudart")[0]
+    assert err.hint == f"use {want} (CUDA 12.4's) or drop pip[0]"
+    fixed = _recipe(tmp_path, cuda="12.4", pip=[f'"{want}"'])   # the hint, applied
+    assert resolve(fixed, looked_up=lookups.looked_up(fixed, offline=True)).image_cuda.cuda_minors == {"12.4"}

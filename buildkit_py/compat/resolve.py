@@ -13,6 +13,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from packaging.utils import canonicalize_name
+from packaging.version import Version
+
 from buildkit_py import compat
 from buildkit_py.compat import platforms, rules, wheel_contents
 from buildkit_py.compat.bases import BaseFacts
@@ -112,6 +115,7 @@ def resolve(recipe: Recipe, base: BaseFacts | None = None, looked_up: rules.Look
     # the label names the cuDNN the pins bring, written in the recipe or not (issue 28)
     cudnn_from = cudnn_source(recipe, cuda.version, torch, base, images.base_image, wheels.pins)
     image_cuda = _image_cuda(recipe, torch, wheels.pins, base, py.python, looked_up.wheels)
+    _cuda_minor_rule(recipe, image_cuda, cuda.version)
     arch_list = archs.for_build(bool(compile_))
     if recipe.multi_platform:  # each pin, for each platform: refused before building
         torch_cuda = torch.release.variants.get(torch.variant) if torch.release and torch.variant else None
@@ -171,6 +175,31 @@ def _image_cuda(recipe: Recipe, torch: rules.TorchPart, cuda_wheels: tuple[str, 
                           f"the image's wheels would bring no CUDA runtime another package can load{where}",
                           hint="use cuda.source: nvidia")
     return image
+
+
+def _cuda_minor_rule(recipe: Recipe, image: wheel_contents.ImageCuda, cuda: str) -> None:
+    """Every CUDA runtime wheel in the image must be of the recipe's CUDA minor, or the cuda.version
+    label names a CUDA the image does not load: a pip pin of nvidia-cuda-runtime of another minor (one
+    wheels.json does not record, read live) is refused at its key, with the runtime of the image's CUDA."""
+    mm = ".".join(cuda.split(".")[:2])
+    other = sorted(image.cuda_minors - {mm}, key=Version)
+    if not other:
+        return
+    versions = [v for v in image.cudart if not v.startswith(mm + ".")]
+    for i, spec in enumerate(recipe.pip):
+        name, _, version = spec.replace(" ", "").partition("==")
+        if version in versions and canonicalize_name(name).startswith("nvidia-cuda-runtime"):
+            try:
+                want = compat.cuda_wheel_set(cuda).pins("cudart")
+            except LookupError:
+                want = ()
+            hint = f"use {want[0]} (CUDA {mm}'s) or drop pip[{i}]" if want else f"drop pip[{i}]"
+            raise rules._fail(recipe, f"pip[{i}]", canonicalize_name(name), version, "cuda", cuda,
+                              f"{canonicalize_name(name)} {version} is the CUDA {'.'.join(version.split('.')[:2])} "
+                              f"runtime (its wheel's version), and the image's CUDA is {mm}", hint=hint)
+    raise rules._fail(recipe, "cuda.version", "cuda", cuda, "cudart", ", ".join(versions),
+                      f"the image's wheels bring the CUDA {', '.join(other)} runtime ({', '.join(versions)}) "
+                      f"beside CUDA {mm}'s", hint=f'use cuda.version "{other[-1]}"')
 
 
 def _attempt(problems: list[CompatibilityError], rule: Callable[..., _T], *args: Any, **kwargs: Any) -> _T | None:

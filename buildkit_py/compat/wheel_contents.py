@@ -10,7 +10,8 @@ for is read live by ``read_wheel`` (pipeline/lookups.py decides when; --offline 
 The rules over the model are small functions here: which shared libraries a set of wheels puts in the
 image (``image_libraries``: each wheel's own, and those of the nvidia-* wheels its Requires-Dist pins),
 which CUDA libraries those are (``cuda_libraries``), which cuDNN major they load (``cudnn_major``), and
-whether a wheel carries its own CUDA runtime (``bundles_cuda_runtime``).
+whether a wheel carries its own CUDA runtime (``bundles_cuda_runtime``), and all of it for one image
+(``image_cuda``: what resolve stamps on the Resolution and checks the cuda.* and cudnn labels against).
 """
 
 from __future__ import annotations
@@ -280,6 +281,13 @@ class ImageCuda:
     private: frozenset[str]
     cudnn: str | None
     unread: tuple[str, ...]
+    cudart: tuple[str, ...] = ()   # the versions of the runtime wheels that bring a loadable libcudart
+
+    @property
+    def cuda_minors(self) -> frozenset[str]:
+        """The CUDA major.minor of the loadable runtime (nvidia-cuda-runtime's version is its CUDA's:
+        12.1.105 is CUDA 12.1): what the cuda.version label must name for a wheels image."""
+        return frozenset(".".join(v.split(".")[:2]) for v in self.cudart)
 
     @property
     def partial(self) -> bool:
@@ -306,10 +314,20 @@ def image_cuda(pins: Iterable[str], torch: WheelContents | None = None, machine:
         wheels.append(w)
     if torch is not None:
         wheels.append(torch)
+    cudart: set[str] = set()
+
+    def add_loadable(w: WheelContents) -> None:
+        loadable.update(cuda_libraries(w.libraries))
+        sonames.update(w.libraries)
+        if w.bundled("libcudart"):
+            cudart.add(w.version)
+
     for w in wheels:
-        own = cuda_libraries(w.libraries)
-        (loadable if w.project.startswith("nvidia-") else private).update(own)
-        sonames |= set(w.libraries)
+        if w.project.startswith("nvidia-"):
+            add_loadable(w)
+        else:
+            private.update(cuda_libraries(w.libraries))
+            sonames.update(w.libraries)
         requirements = w.requirements(python)
         for name, version in w.pins(python).items():
             deps = ([f"{name}=={version}"] if name != "cuda-toolkit"
@@ -317,11 +335,11 @@ def image_cuda(pins: Iterable[str], torch: WheelContents | None = None, machine:
             for dep_pin in deps:
                 dep_name, _, dep_version = dep_pin.partition("==")
                 if (dep := m.wheel(dep_name, dep_version, machine)) is not None:
-                    loadable |= cuda_libraries(dep.libraries)
-                    sonames |= set(dep.libraries)
+                    add_loadable(dep)
                 elif dep_name.startswith("nvidia-") or dep_name == "cuda-toolkit":
                     unread.append(dep_pin)
-    return ImageCuda(frozenset(loadable), frozenset(private), cudnn_major(sonames), tuple(sorted(set(unread))))
+    return ImageCuda(frozenset(loadable), frozenset(private), cudnn_major(sonames), tuple(sorted(set(unread))),
+                     tuple(sorted(cudart, key=Version)))
 
 
 def _toolkit_pins(version: str, extras: Iterable[str]) -> list[str]:
