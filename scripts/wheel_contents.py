@@ -24,6 +24,7 @@ builds) it copies DEPS_SONAME into torch/lib. Those rows say so in their source.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import json
 import sys
@@ -37,8 +38,8 @@ from packaging.version import Version
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run from a checkout
 
-from buildkit_py.compat.index import PYPI, DistFile, IndexClient, Project, redact  # noqa: E402
-from buildkit_py.compat.wheel_contents import FILE, file_facts, shared_libraries  # noqa: E402
+from buildkit_py.compat.index import PYPI, IndexClient, Project, redact  # noqa: E402
+from buildkit_py.compat.wheel_contents import FILE, read_wheel  # noqa: E402
 from buildkit_py.errors import PackageIndexError  # noqa: E402
 
 DATA = ROOT / "buildkit_py" / "compat" / "data"
@@ -102,40 +103,22 @@ def _expand(project: Project, versions: list[str], triton_specs: list[SpecifierS
     return found
 
 
-def _pick(files: tuple[DistFile, ...]) -> DistFile:
-    """The wheel read for Requires-Dist and libraries: cp312 where there is one, else the newest tag."""
-    for f in files:
-        if any(t.startswith("cp312-") for t in f.tags):
-            return f
-    return sorted(files, key=lambda f: f.filename)[-1]
-
-
 def rows_of(client: IndexClient, project: Project, version: str, today: str) -> list[dict]:
-    files = project.files_of(version)
-    sdist = any(not f.is_wheel for f in files)
-    rows = []
+    """A row per machine with a wheel (one "any" row for a release of pure wheels only), or one
+    "source" row for a release with an sdist only."""
+    rows: dict[str, dict] = {}
     for machine in MACHINES:
-        linux = [f for f in files if f.is_wheel and (machine in file_facts(f.filename).machines)]
-        if not linux:
-            continue
-        pick = _pick(tuple(linux))
-        meta = client.metadata(pick)
-        libs = shared_libraries(client.members(pick))
-        facts = [file_facts(f.filename) for f in linux]
-        glibcs = [x.glibc for x in facts if x.glibc]
-        rows.append({
-            "project": project.name, "version": version, "machine": machine,
-            "python": sorted({t for x in facts for t in x.python}),
-            "glibc": min(glibcs, key=Version) if glibcs else None,
-            "sdist": sdist, "file": pick.filename,
-            "requires_dist": list(meta.requires_dist), "libraries": libs,
-            "source": f"{pick.filename}: METADATA, zip directory (HTTP range), read {today}",
-        })
-    if not rows and sdist:  # e.g. flash-attn on PyPI: an sdist only (its wheels are on GitHub releases)
-        rows.append({"project": project.name, "version": version, "machine": "source", "python": [], "glibc": None,
-                     "sdist": True, "file": None, "requires_dist": None, "libraries": [],
-                     "source": f"{project.name}/ file list: an sdist and no Linux wheel, read {today}"})
-    return rows
+        w = read_wheel(client, project, version, machine, today, source="")
+        if w is not None:
+            rows[w.machine] = {**dataclasses.asdict(w), "python": list(w.python), "libraries": list(w.libraries),
+                               "requires_dist": list(w.requires_dist or ()),
+                               "source": f"{w.file}: METADATA, zip directory (HTTP range), read {today}"}
+    if not rows and any(not f.is_wheel for f in project.files_of(version)):
+        # e.g. flash-attn on PyPI: an sdist only (its wheels are on GitHub releases)
+        rows["source"] = {"project": project.name, "version": version, "machine": "source", "python": [],
+                          "glibc": None, "sdist": True, "file": None, "requires_dist": None, "libraries": [],
+                          "source": f"{project.name}/ file list: an sdist and no Linux wheel, read {today}"}
+    return list(rows.values())
 
 
 def large_torch_rows(torch: dict) -> list[dict]:

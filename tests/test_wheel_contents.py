@@ -55,6 +55,20 @@ def test_read_wheel_reads_the_zip_directory_by_range_not_the_whole_wheel(tmp_pat
     assert arm.glibc == "2.28"
 
 
+def test_a_release_of_pure_wheels_only_gets_one_any_row(tmp_path):
+    """bitsandbytes before 0.43 shipped py3-none-any wheels holding x86_64 libraries: the row says
+    "any" (what the file name says) and lists those libraries (what it holds)."""
+    ix = LocalIndex(tmp_path / "index")
+    ix.add_wheel("bitsandbytes", "0.41.1", files=["bitsandbytes/libbitsandbytes_cuda118.so"])
+    with ix:
+        client = IndexClient(ix.url)
+        project = client.project("bitsandbytes")
+        rows = {wc.read_wheel(client, project, "0.41.1", m, "2026-12-05") for m in wc.MACHINES}
+    assert len(rows) == 1
+    (row,) = rows
+    assert (row.machine, row.glibc, row.libraries) == ("any", None, ("libbitsandbytes_cuda118.so",))
+
+
 # ----------------------------------------------------------------------------- the rules over the model
 def _row(project, version, *, libraries=(), requires=(), machine="x86_64") -> wc.WheelContents:
     return wc.WheelContents(canonicalize_name(project), version, machine, ("cp312",), "2.28", False, None,

@@ -196,24 +196,27 @@ def model() -> ContentModel:
     return ContentModel(rows, str(raw["as_of"]))
 
 
-def read_wheel(client, project, version: str, machine: str, today: str) -> WheelContents | None:
-    """Read one release's row live from an index (a ``compat.index.IndexClient`` and its ``Project``):
-    None where it has no wheel for ``machine``. Two or three range reads, no wheel downloaded whole."""
-    files = [f for f in project.files_of(version) if f.is_wheel
-             and ({machine, "any"} & file_facts(f.filename).machines)]
+def read_wheel(client, project, version: str, machine: str, today: str, *,
+               source: str | None = None) -> WheelContents | None:
+    """Read one release's row from an index (a ``compat.index.IndexClient`` and its ``Project``): of its
+    wheels for ``machine``, else of its pure wheels (a row for machine "any"); None where it has neither.
+    Two or three range reads (PEP 658 METADATA, the zip's central directory): no wheel downloaded whole."""
+    wheels = [(f, file_facts(f.filename)) for f in project.files_of(version) if f.is_wheel]
+    files = [(f, x) for f, x in wheels if machine in x.machines]
+    if not files:
+        files, machine = [(f, x) for f, x in wheels if "any" in x.machines], "any"
     if not files:
         return None
-    pick = next((f for f in files if any(t.startswith("cp312-") for t in f.tags)),
-                sorted(files, key=lambda f: f.filename)[-1])
-    facts = [file_facts(f.filename) for f in files]
-    glibcs = [x.glibc for x in facts if x.glibc]
+    pick = next((f for f, _ in files if any(t.startswith("cp312-") for t in f.tags)),
+                sorted((f for f, _ in files), key=lambda f: f.filename)[-1])
+    glibcs = [x.glibc for _, x in files if x.glibc]
     meta = client.metadata(pick)
     return WheelContents(canonicalize_name(project.name), version, machine,
-                         tuple(sorted({t for x in facts for t in x.python})),
+                         tuple(sorted({t for _, x in files for t in x.python})),
                          min(glibcs, key=Version) if glibcs else None,
                          any(not f.is_wheel for f in project.files_of(version)), pick.filename,
                          meta.requires_dist, tuple(shared_libraries(client.members(pick))),
-                         f"{project.index_url}{project.name}/ {pick.filename}, read live {today}")
+                         source or f"{project.index_url}{project.name}/ {pick.filename}, read live {today}")
 
 
 # ----------------------------------------------------------------------------- rules over the model
