@@ -323,3 +323,24 @@ def test_a_runtime_pin_of_another_cuda_minor_the_data_lacks_is_refused_from_its_
     assert err.hint == f"use {want} (CUDA 12.4's) or drop pip[0]"
     fixed = _recipe(tmp_path, cuda="12.4", pip=[f'"{want}"'])   # the hint, applied
     assert resolve(fixed, looked_up=lookups.looked_up(fixed, offline=True)).image_cuda.cuda_minors == {"12.4"}
+
+
+@pytest.mark.parametrize("cuda", ["11.8", "12.1", "12.4", "12.8", "13.0"])
+def test_a_runtime_tier_of_wheels_brings_every_runtime_library(tmp_path, cuda):
+    """cuda.flavor: runtime on source: wheels, read back from the wheels' own files: every library of
+    NVIDIA's runtime tier that the toolkit ships as a wheel is in the image (npp, nvjpeg, OpenCL included)."""
+    from buildkit_py.compat.resolve import resolve
+
+    text = (f'name: team/x\ncuda: {{version: "{cuda}", source: wheels, flavor: runtime}}\n'
+            'base: {image: debian:bookworm-slim}\npython: "3.11"\n')
+    from helpers import write_recipe
+
+    from buildkit_py.recipe.model import load_recipe
+    res = resolve(load_recipe(write_recipe(tmp_path, text)))
+    image = res.image_cuda
+    assert image is not None and not image.partial
+    extras = compat.tier_extras("runtime", res.cuda_version)
+    assert image.lacks(extras) == frozenset()
+    assert "nccl" in image.loadable
+    assert image.lacks(["cudart", "cufft"]) == frozenset()
+    assert wc.image_cuda(()).lacks(extras) >= {"cudart", "npp"}

@@ -41,7 +41,9 @@ _CUDA_STEMS = {"libcudart": "cudart", "libcublas": "cublas", "libcublasLt": "cub
                "libcurand": "curand", "libcusolver": "cusolver", "libcusparse": "cusparse", "libnvrtc": "nvrtc",
                "libnvToolsExt": "nvtx", "libnvtx3interop": "nvtx", "libnvJitLink": "nvjitlink", "libcupti": "cupti",
                "libcufile": "cufile", "libnccl": "nccl", "libcudnn": "cudnn", "libcusparseLt": "cusparselt",
-               "libnvshmem_host": "nvshmem"}
+               "libnvshmem_host": "nvshmem", "libnvjpeg": "nvjpeg", "libOpenCL": "opencl", "libnvfatbin": "nvfatbin",
+               "libnvblas": "cublas"}
+_NPP = re.compile(r"^libnpp[a-z]*$")   # libnppc, libnppial ... libnpps: NPP's parts
 
 
 @dataclass(frozen=True)
@@ -239,8 +241,12 @@ def cuda_libraries(libraries: Iterable[str]) -> frozenset[str]:
     """The CUDA libraries (wheels.json's extra names: cudart, cublas, cudnn, nccl ...) among sonames."""
     out = set()
     for lib in libraries:
-        if (m := _SHARED.match(lib)) is not None and m.group(1) in _CUDA_STEMS:
+        if (m := _SHARED.match(lib)) is None:
+            continue
+        if m.group(1) in _CUDA_STEMS:
             out.add(_CUDA_STEMS[m.group(1)])
+        elif _NPP.match(m.group(1)):
+            out.add("npp")
     return frozenset(out)
 
 
@@ -285,6 +291,12 @@ class ImageCuda:
     cudnn: str | None
     unread: tuple[str, ...]
     cudart: tuple[str, ...] = ()   # the versions of the runtime wheels that bring a loadable libcudart
+
+    def lacks(self, extras: Iterable[str]) -> frozenset[str]:
+        """The CUDA libraries of ``extras`` (a tier: wheels.json ``tiers``) none of the image's wheels
+        brings loadable: what a cuda.flavor label of that tier would claim falsely. Extras without a
+        shared library (nvcc, headers) are not counted."""
+        return frozenset(set(extras) & set(_CUDA_STEMS.values()) | ({"npp"} & set(extras))) - self.loadable
 
     @property
     def cuda_minors(self) -> frozenset[str]:
