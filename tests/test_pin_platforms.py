@@ -78,7 +78,25 @@ def test_the_look_up_reads_each_projects_files_from_the_index(tmp_path):
 
 def test_offline_says_which_pins_were_not_checked(tmp_path):
     warned: list[str] = []
-    recipe = _recipe(tmp_path, ['"triton==2.3.1"', '"bitsandbytes==0.45.5"'])
+    recipe = _recipe(tmp_path, ['"six==1.16.0"', '"bitsandbytes==0.45.5"'])
     lookups.looked_up(recipe, offline=True, warn=warned.append)
-    assert warned == ["--offline: triton not checked for linux/amd64, linux/arm64 (imgbuild's platform data has no "
+    assert warned == ["--offline: six not checked for linux/amd64, linux/arm64 (imgbuild's platform data has no "
                       "row for them and the package index was not read)"]
+
+
+def test_a_pin_the_content_model_records_is_judged_offline(tmp_path):
+    """triton 2.3.1 is in wheel_contents.json (torch 2.3.1 pins it): its recorded file list (x86_64
+    wheels only, no sdist) refuses linux/arm64 without reading the index."""
+    warned: list[str] = []
+    recipe = _recipe(tmp_path, ['"triton==2.3.1"'])
+    facts = lookups.looked_up(recipe, offline=True, warn=warned.append)
+    assert warned == []
+    assert [f.name for f in facts.pin_files] == ["triton"]
+    assert "wheel_contents.json" in facts.pin_files[0].source
+    with pytest.raises(CompatibilityError) as info:
+        resolve(recipe, looked_up=facts)
+    assert (info.value.key, info.value.other_version) == ("pip[0]", "linux/arm64")
+    assert "for x86_64 only and no sdist" in info.value.reason
+    nearest = info.value.hint.split("==")[1].split()[0]
+    assert facts.pin_files[0].of(nearest)[0] >= {"aarch64"}
+    resolve(_recipe(tmp_path, [f'"triton=={nearest}"']), looked_up=facts)  # the hint, applied

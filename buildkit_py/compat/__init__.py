@@ -69,7 +69,6 @@ from buildkit_py.compat.tables import (
     sass_runs_on,
     tier_extras,
     toolkits,
-    torch_bundles_cuda,
     torch_cxx_std,
     torch_index_url,
     torch_release,
@@ -78,6 +77,7 @@ from buildkit_py.compat.tables import (
     wheel_kernel_rows,
     wheel_kernels,
 )
+from buildkit_py.compat.wheel_contents import torch_bundles_cuda, torch_wheel
 
 __all__ = [
     "arch_base",
@@ -151,6 +151,7 @@ __all__ = [
     "torch_index_url",
     "large_wheels_before",
     "torch_bundles_cuda",
+    "torch_wheel",
     "torch_release",
     "torch_releases",
     "TorchRelease",

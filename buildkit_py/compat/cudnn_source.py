@@ -26,7 +26,7 @@ from packaging.utils import canonicalize_name
 
 from buildkit_py import compat
 from buildkit_py import label_keys as K
-from buildkit_py.compat import cuda_base
+from buildkit_py.compat import cuda_base, wheel_contents
 from buildkit_py.compat.bases import BaseFacts
 from buildkit_py.compat.rules import TorchPart, _fail, torch_cudnn_major
 from buildkit_py.recipe.model import Recipe, pin_name
@@ -96,6 +96,8 @@ def _from_torch(recipe: Recipe, torch: TorchPart) -> CudnnSource | None:
     if release is None or torch.variant is None:
         return None
     build = f"{release.version}+{torch.variant}"
+    if (read := _from_torch_wheel(torch, build)) is not None:
+        return read
     major = torch_cudnn_major(release)
     if major is None:
         raise _fail(recipe, "torch", "torch", build, "cudnn", "unknown",
@@ -103,16 +105,28 @@ def _from_torch(recipe: Recipe, torch: TorchPart) -> CudnnSource | None:
                     "requirement is not recorded), so the image's cuDNN label cannot be stamped",
                     hint="refresh the data (scripts/refresh_compat.py) or pin a torch release imgbuild knows",
                     partial=True)
-    if compat.torch_bundles_cuda(release, torch.variant):
-        return CudnnSource(major, None, f"torch {build} (a large wheel: cuDNN {major} inside torch/lib)")
-    pins = {n: v for n, v in release.pypi_cuda_wheels.items() if is_cudnn_wheel(n)}
-    if torch.variant == release.pypi_variant and pins:
-        name, version = next(iter(sorted(pins.items())))
-        return CudnnSource(major, version, f"torch {build} (its wheel requires {name}=={version})")
     # PyTorch builds every CUDA variant of a release against one cuDNN major (RELEASE.md's matrix);
     # the exact wheel of another variant is not recorded, so only the major is claimed.
     return CudnnSource(major, None, f"torch {build} (PyTorch builds every CUDA variant of {release.version} "
                                     f"on cuDNN {major})")
+
+
+def _from_torch_wheel(torch: TorchPart, build: str) -> CudnnSource | None:
+    """torch's cuDNN as its wheel's recorded contents say (compat/wheel_contents.py): the nvidia-cudnn
+    wheel its Requires-Dist pins, else the libcudnn.so.N inside torch/lib (a large wheel). None where
+    the data has no row for this build, or the row says neither."""
+    if torch.release is None or torch.variant is None:
+        return None
+    wheel = compat.torch_wheel(torch.release, torch.variant)
+    if wheel is None:
+        return None
+    pins = {n: v for n, v in wheel.pins().items() if is_cudnn_wheel(n)}
+    if pins:
+        name, version = sorted(pins.items())[0]
+        return CudnnSource(_major(version), version, f"torch {build} (its wheel requires {name}=={version})")
+    if (major := wheel_contents.cudnn_major(wheel.libraries)) is not None:
+        return CudnnSource(major, None, f"torch {build} (a large wheel: cuDNN {major} inside torch/lib)")
+    return None
 
 
 def _from_pip(recipe: Recipe) -> tuple[int, CudnnSource] | None:

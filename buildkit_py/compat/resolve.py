@@ -8,12 +8,16 @@ tables in ``compat``.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
+from packaging.utils import canonicalize_name
+from packaging.version import Version
+
 from buildkit_py import compat
-from buildkit_py.compat import platforms, rules
+from buildkit_py.compat import platforms, rules, wheel_contents
 from buildkit_py.compat.bases import BaseFacts
 from buildkit_py.compat.codes import RecipeWarning
 from buildkit_py.compat.cuda_pins import cuda_pins_rule
@@ -70,6 +74,9 @@ class Resolution:
     # what the from-source builds compile, as io.imgbuild.cuda.arch says it ("8.0;9.0+PTX"): each
     # package's own list (flash-attn's gencodes), which may differ from cuda_arch; () when none compiles
     compiled_arch: tuple[str, ...] = ()
+    # the CUDA libraries the image's wheels bring, read from their recorded contents (compat/wheel_contents.py):
+    # the model the cuda.* and cudnn labels are checked against
+    image_cuda: wheel_contents.ImageCuda | None = None
 
     @property
     def driver_floor(self) -> DriverFloor:
@@ -111,6 +118,8 @@ def resolve(recipe: Recipe, base: BaseFacts | None = None, looked_up: rules.Look
     wheels = rules.cuda_wheels_rule(recipe, cuda.wheel_set, cuda.version, cudnn, torch, base)
     # the label names the cuDNN the pins bring, written in the recipe or not (issue 28)
     cudnn_from = cudnn_source(recipe, cuda.version, torch, base, images.base_image, wheels.pins)
+    image_cuda = _image_cuda(recipe, torch, wheels.pins, base, py.python, looked_up.wheels)
+    _cuda_minor_rule(recipe, image_cuda, cuda.version)
     arch_list = archs.for_build(bool(compile_))
     if recipe.multi_platform:  # each pin, for each platform: refused before building
         torch_cuda = torch.release.variants.get(torch.variant) if torch.release and torch.variant else None
@@ -149,11 +158,57 @@ def resolve(recipe: Recipe, base: BaseFacts | None = None, looked_up: rules.Look
         warnings=torch.warnings + bnb_warnings + images.warnings + flavor_warnings + pinned.warnings,
         base_digest=pinned.digest,
         native_driver=cuda.floor.evidence,
+        image_cuda=image_cuda,
     )
     if not recipe.gpus:
         return res
     _, gpu_warnings = gpus_rule(recipe, res)  # what it installs against the GPUs it names: refused here
     return replace(res, warnings=res.warnings + gpu_warnings)
+
+
+def _image_cuda(recipe: Recipe, torch: rules.TorchPart, cuda_wheels: tuple[str, ...], base: BaseFacts | None,
+                python: str, read_live: tuple[wheel_contents.WheelContents, ...] = ()) -> wheel_contents.ImageCuda:
+    """The image's CUDA libraries from the content model, and the rule over them: a ``source: wheels``
+    image must get a CUDA runtime any package can load (a large torch wheel keeps its own in torch/lib,
+    where bitsandbytes does not find it), unless an imgbuild base brings one."""
+    row = compat.torch_wheel(torch.release, torch.variant) if torch.release and torch.variant else None
+    pins = cuda_wheels + tuple(spec.replace(" ", "") for spec in recipe.pip if "==" in spec)
+    image = wheel_contents.image_cuda(pins, row, python=".".join(python.split(".")[:2]),
+                                      m=wheel_contents.model().with_rows(read_live))
+    if row is None and torch.label:  # a build of PyTorch's own index the data does not record: partial
+        image = dataclasses.replace(image, unread=(*image.unread, f"torch=={torch.label}"))
+    from_base = base is not None and base.built_by_imgbuild
+    if recipe.cuda.source == "wheels" and not from_base and not image.partial and "cudart" not in image.loadable:
+        where = f" ({', '.join(sorted(image.private))} only inside torch/lib)" if image.private else ""
+        raise rules._fail(recipe, "cuda.source", "cuda.source", "wheels", "torch", torch.label or "",
+                          f"the image's wheels would bring no CUDA runtime another package can load{where}",
+                          hint="use cuda.source: nvidia")
+    return image
+
+
+def _cuda_minor_rule(recipe: Recipe, image: wheel_contents.ImageCuda, cuda: str) -> None:
+    """Every CUDA runtime wheel in the image must be of the recipe's CUDA minor, or the cuda.version
+    label names a CUDA the image does not load: a pip pin of nvidia-cuda-runtime of another minor (one
+    wheels.json does not record, read live) is refused at its key, with the runtime of the image's CUDA."""
+    mm = ".".join(cuda.split(".")[:2])
+    other = sorted(image.cuda_minors - {mm}, key=Version)
+    if not other:
+        return
+    versions = [v for v in image.cudart if not v.startswith(mm + ".")]
+    for i, spec in enumerate(recipe.pip):
+        name, _, version = spec.replace(" ", "").partition("==")
+        if version in versions and canonicalize_name(name).startswith("nvidia-cuda-runtime"):
+            try:
+                want = compat.cuda_wheel_set(cuda).pins("cudart")
+            except LookupError:
+                want = ()
+            hint = f"use {want[0]} (CUDA {mm}'s) or drop pip[{i}]" if want else f"drop pip[{i}]"
+            raise rules._fail(recipe, f"pip[{i}]", canonicalize_name(name), version, "cuda", cuda,
+                              f"{canonicalize_name(name)} {version} is the CUDA {'.'.join(version.split('.')[:2])} "
+                              f"runtime (its wheel's version), and the image's CUDA is {mm}", hint=hint)
+    raise rules._fail(recipe, "cuda.version", "cuda", cuda, "cudart", ", ".join(versions),
+                      f"the image's wheels bring the CUDA {', '.join(other)} runtime ({', '.join(versions)}) "
+                      f"beside CUDA {mm}'s", hint=f'use cuda.version "{other[-1]}"')
 
 
 def _attempt(problems: list[CompatibilityError], rule: Callable[..., _T], *args: Any, **kwargs: Any) -> _T | None:

@@ -39,6 +39,7 @@ from buildkit_py.compat.codes import RecipeWarning
 from buildkit_py.compat.floors import DriverFloor
 from buildkit_py.compat.platforms import PinFiles
 from buildkit_py.compat.tables import BnbRelease, FlashAttnRelease, Toolkit, TorchRelease, WheelSet
+from buildkit_py.compat.wheel_contents import WheelContents
 from buildkit_py.errors import CompatibilityError, RecipeLocation
 from buildkit_py.recipe.model import CudaFlavor, Recipe, pin_name
 from buildkit_py.text_enum import TextEnum
@@ -559,6 +560,8 @@ class LookedUp:
     # the index answered that the torch pin is no release of it: its releases, and its URL
     index_releases: tuple[str, ...] = ()
     index_url: str | None = None
+    # what the CUDA wheels pinned beside the data's bring, read live (wheel_contents.read_wheel)
+    wheels: tuple[WheelContents, ...] = ()
 
 
 def torch_rule(recipe: Recipe, cuda: str, python: str, looked_up: LookedUp | None = None) -> TorchPart:

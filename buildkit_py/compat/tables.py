@@ -847,16 +847,17 @@ def cudnn_support(cudnn: str) -> tuple[CudnnSupport, ...]:
 
 DATA_FILES = ("toolkits.json", "minor_compat.json", "forward_compat.json", "images.json", "torch.json",
               "flash_attn.json", "bitsandbytes.json", "cxx_std.json", "archs.json", "wheels.json", "cudnn.json",
-              "torch_cuda_pins.json", "platforms.json", "gpu_kernels.json", "wheel_kernels.json")
+              "torch_cuda_pins.json", "platforms.json", "gpu_kernels.json", "wheel_kernels.json",
+              "wheel_contents.json")
 
 
 def _loaders() -> tuple[Any, ...]:
     """Every cached loader, in the order their invariants depend on each other."""
-    from buildkit_py.compat import cuda_pins, platforms, torch_pins  # noqa: PLC0415  # they read tables: a top-level import would circle
+    from buildkit_py.compat import cuda_pins, platforms, torch_pins, wheel_contents  # noqa: PLC0415  # they read tables: a top-level import would circle
 
     return (_toolkit_data, _minor_floors, _forward_compat, _images, _torch, _flash_attn, _bnb, _cxx_std, _archs,
             _wheels, _cudnn_support, torch_pins.rows, _coverage, platforms.data, _gpu_kernels, _wheel_kernels,
-            _data_as_of, cuda_pins.wheel_owners)
+            _data_as_of, cuda_pins.wheel_owners, wheel_contents.model)
 
 
 def validate_all() -> None:
@@ -1158,13 +1159,6 @@ def torch_release(version: str, *, extra: tuple[TorchRelease, ...] = ()) -> Torc
 def large_wheels_before() -> str:
     """The first torch release whose every CUDA variant depends on nvidia-* wheels (torch.json)."""
     return str(_load_raw("torch.json")["large_wheels"]["before"])
-
-
-def torch_bundles_cuda(release: TorchRelease, variant: str) -> bool:
-    """Is torch ``release``'s ``variant`` a large wheel, with its CUDA runtime, cuBLAS and cuDNN inside
-    torch/lib and no nvidia-* requirements (torch.json ``large_wheels``: every variant but the PyPI
-    build before 2.2.0)? Then torch brings no CUDA library another package can load."""
-    return variant != release.pypi_variant and Version(release.version) < Version(large_wheels_before())
 
 
 def data_files_as_of() -> dict[str, str | None]:

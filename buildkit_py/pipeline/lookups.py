@@ -21,7 +21,7 @@ from pathlib import Path
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
-from buildkit_py.compat import index, platforms, refresh, tables
+from buildkit_py.compat import index, platforms, refresh, tables, wheel_contents
 from buildkit_py.compat.rules import LookedUp
 from buildkit_py.compat.tables import TorchRelease
 from buildkit_py.errors import CompatDataError, PackageIndexError
@@ -131,16 +131,55 @@ def looked_up(recipe: Recipe, *, offline: bool, index_url: str | None = None, pi
     that platforms.json has no row for are read from the index too (their files: which machines)."""
     facts = _torch_looked_up(recipe, offline=offline, index_url=index_url, pip_config=pip_config, warn=warn,
                              note=note)
+    facts = _wheels_looked_up(recipe, facts, offline=offline, index_url=index_url, pip_config=pip_config,
+                              warn=warn)
     if not recipe.multi_platform:
         return facts
     untabled = untabled_pins(recipe)
+    # a pin whose release the content model records (triton, xformers) is judged from it, offline too
+    recorded = tuple(f for n, v in _exact_pins(recipe) if n in untabled and wheel_contents.model().knows(n, v)
+                     and (f := wheel_contents.model().pin_files(n)) is not None)
+    rest = tuple(n for n in untabled if n not in {f.name for f in recorded})
     if offline:
-        if untabled and warn:
-            warn(f"--offline: {', '.join(untabled)} not checked for {', '.join(recipe.platforms)} (imgbuild's "
+        if rest and warn:
+            warn(f"--offline: {', '.join(rest)} not checked for {', '.join(recipe.platforms)} (imgbuild's "
                  "platform data has no row for them and the package index was not read)")
-        return facts
+        return dataclasses.replace(facts, pin_files=recorded)
     settings = index.index_settings(index_url=index_url, pip_config=pip_config)
-    return dataclasses.replace(facts, pin_files=read_pin_files(untabled, settings, warn=warn))
+    return dataclasses.replace(facts, pin_files=recorded + read_pin_files(rest, settings, warn=warn))
+
+
+def _exact_pins(recipe: Recipe) -> tuple[tuple[str, str], ...]:
+    return tuple((canonicalize_name(pin_name(spec)), spec.split("==", 1)[1].strip())
+                 for spec in recipe.pip if "==" in spec)
+
+
+def _wheels_looked_up(recipe: Recipe, facts: LookedUp, *, offline: bool, index_url: str | None,
+                      pip_config: str | None, warn: Callable[[str], None] | None) -> LookedUp:
+    """Read what each pinned CUDA wheel the content model lacks brings (its METADATA and zip directory,
+    by HTTP range), as a torch pin the data lacks is read; --offline leaves the image's CUDA libraries
+    known only in part, and says so."""
+    unread = wheel_contents.unrecorded_cuda_pins(spec.replace(" ", "") for spec in recipe.pip)
+    if not unread:
+        return facts
+    if offline:
+        if warn:
+            warn(f"--offline: {', '.join(unread)} not read: the CUDA libraries they bring are known only in part")
+        return facts
+    client = index.client_for(index.index_settings(index_url=index_url, pip_config=pip_config))
+    today = _dt.date.today().isoformat()
+    rows = []
+    for pin in unread:
+        name, _, version = pin.partition("==")
+        try:
+            row = wheel_contents.read_wheel(client, client.project(name), version, "x86_64", today)
+        except PackageIndexError as exc:
+            if warn:
+                warn(f"{pin} could not be read, so the CUDA libraries it brings are known only in part: {exc}")
+            continue
+        if row is not None:
+            rows.append(row)
+    return dataclasses.replace(facts, wheels=tuple(rows))
 
 
 def untabled_pins(recipe: Recipe) -> tuple[str, ...]:
