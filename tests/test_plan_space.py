@@ -60,6 +60,27 @@ def _modelled_image(plan: BuildPlan) -> ImageFacts:
     return model_image(plan)
 
 
+def _content_model_disagrees(plan: BuildPlan) -> list[tuple[str, str]]:
+    """The labels of a passing plan against the per-wheel content model (compat/wheel_contents.py:
+    each wheel's recorded Requires-Dist and bundled libraries), where it knows every pin: a wheels
+    image's runtime is a loadable libcudart of the labelled CUDA minor, and the cuDNN label's major
+    is the one the wheels bring."""
+    res = plan.resolution
+    cuda = res.image_cuda
+    if cuda is None or cuda.partial:
+        return []
+    wrong = []
+    if res.cuda_source == CudaSource.WHEELS:
+        if "cudart" not in cuda.loadable:
+            wrong.append(("content model", "a wheels image whose wheels bring no loadable libcudart"))
+        elif cuda.cuda_minors != {res.cuda_major_minor}:
+            wrong.append(("content model", f"runtime wheels of CUDA {sorted(cuda.cuda_minors)}, "
+                                           f"labelled {res.cuda_major_minor}"))
+    if res.cudnn and cuda.cudnn and res.cudnn.split(".")[0] != cuda.cudnn:
+        wrong.append(("content model", f"cudnn label {res.cudnn}, the wheels bring cuDNN {cuda.cudnn}"))
+    return wrong
+
+
 # --- the axes, read from the data ------------------------------------------------------------------------
 
 def _unreleased_patch(versions: list[str]) -> str:
@@ -273,6 +294,7 @@ def _check_outcome(case: dict[str, str | None], out: Outcome, found: Findings) -
         plan = out.plan
         wrong = [(r.name, r.detail) for r in label_checks(plan.labels, _modelled_image(plan), plan.recipe)
                  if r.status == FAILED and r.name.removeprefix("label ") in MODELLED_LABELS]
+        wrong += _content_model_disagrees(plan)
         if wrong:
             found.labels.append((case, wrong))
         return

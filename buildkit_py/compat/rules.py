@@ -710,6 +710,10 @@ def _torch_variant_error(recipe: Recipe, release: TorchRelease, wanted: str, cud
         a, b = Version(_variant_cuda(variant)), Version(_mm(cuda))
         return abs((a.major * 100 + a.minor) - (b.major * 100 + b.minor)), -(a.major * 100 + a.minor)
 
+    # source: wheels needs NVIDIA's runtime wheels of that CUDA on PyPI (none before 11.7): a CUDA
+    # without them would be refused next
+    variants = [v for v in variants
+                if recipe.cuda.source != "wheels" or compat.cuda_wheel_sets(_variant_cuda(v))] or variants
     usable = [v for v in variants if _nvidia_image_os(recipe, _variant_cuda(v)) == recipe.base.os]
     nearest = min(usable or variants, key=distance) if variants else None
     fits = [r.version for r in compat.torch_releases() if wanted in r.variants and python in r.python]
