@@ -23,6 +23,7 @@ from buildkit_py.engine.matrix_build import BuildHooks, build_all, build_report,
 from buildkit_py.errors import AuthenticationError, BuildFailed, ImageTestFailed, Interrupted, RecipeError, UsageError
 from buildkit_py.plan import matrix as mx
 from buildkit_py.plan.build_plan import check_image_tag
+from buildkit_py.plan.labels import created_time
 from buildkit_py.render.dockerfile import render_dockerfile
 
 EXAMPLE = REPO / "recipes" / "matrix.yaml"
@@ -135,6 +136,9 @@ BAKE_TARGET = {
                      "items": {"type": "string", "pattern": r"^type=registry,ref=\S+,mode=max$"}},
         "output": STR_LIST, "secret": STR_LIST,
         "network": {"enum": ["host"]},  # bake's target key for RUN steps' network (buildx docs)
+        # bake's build args (buildx docs: "args", a map of strings); only SOURCE_DATE_EPOCH
+        "args": {"type": "object", "required": ["SOURCE_DATE_EPOCH"], "additionalProperties": False,
+                 "properties": {"SOURCE_DATE_EPOCH": {"type": "string", "pattern": r"^[0-9]+$"}}},
     },
 }
 BAKE_SCHEMA = {
@@ -396,6 +400,9 @@ def test_bake_folder_schema_order_contexts_and_network(tmp_path):
             assert target["output"] == ["type=cacheonly"] and "tags" not in target
         else:
             assert target["output"] == ["type=docker"]
+            # SOURCE_DATE_EPOCH as `imgbuild build` passes it (issue 33: 1)
+            recipe = next(v.recipe for v in m.variants if v.id == name)
+            assert target["args"] == {"SOURCE_DATE_EPOCH": str(int(created_time(recipe).timestamp()))}
         # each target's own context: what its Dockerfile reads, nothing else
         assert target["context"] == f"contexts/{name}"
         context = folder / target["context"]
@@ -404,7 +411,7 @@ def test_bake_folder_schema_order_contexts_and_network(tmp_path):
                                  ca_cert=Path("/etc/ssl/certs/ca-certificates.crt"))["target"][name]["dockerfile-inline"]
         copies = [c.value[0] for c in dockerfile.parse_string(text) if c.cmd == "COPY"]
         assert sorted(str(p.relative_to(context)) for p in context.rglob("*") if p.is_file()) == sorted(
-            {".imgbuild/empty"} & set(copies)
+            ({".imgbuild/root/etc/hosts"} if ".imgbuild/root/" in copies else set())
             | ({"app/serve.py", "app/train.py"} if "app/" in copies else set()))
     v = targets["cu124-py311"]
     assert v["cache-from"] == ["type=registry,ref=127.0.0.1:5000/team/serve:cache-cu124-py311"]

@@ -4,7 +4,8 @@ reproducible layer of its own, before torch (plan.py, compat/torch_pins.py)."""
 from helpers import write_recipe
 
 from buildkit_py.compat.torch_pins import CudaWheel, big_libraries, cuda_layers, cuda_pin_layers, torch_cuda_pins
-from buildkit_py.plan.build_plan import MAX_HEAVY_LAYERS, _heavy_steps, make_plan
+from buildkit_py.engine.build import write_context
+from buildkit_py.plan.build_plan import MAX_HEAVY_LAYERS, SOURCE_DATE_EPOCH, _heavy_steps, make_plan
 from buildkit_py.plan.steps import MountStubsStep, PipStep
 from buildkit_py.recipe.model import load_recipe
 from buildkit_py.render.dockerfile import render_step
@@ -41,7 +42,18 @@ def test_torch_from_the_registry_gets_its_cuda_wheels_in_layers_before_it(tmp_pa
     torch = plan.final.steps[ids.index("torch")]
     assert torch.requirements == ("torch==2.14.1",) and torch.reproducible and not torch.no_deps
     assert isinstance(plan.final.steps[2], MountStubsStep)
-    assert [f.path for f in plan.context_files] == [".imgbuild/empty"]
+    assert [f.path for f in plan.context_files] == [".imgbuild/root/etc/hosts"]
+
+
+def test_the_files_imgbuild_writes_into_the_context_are_dated_source_date_epoch(tmp_path):
+    """The mount stubs' tree is COPYed onto /: BuildKit gives /etc its folder's mtime, so a context
+    written at another time must give the same layer (issue 33: 1)."""
+    plan = plan_for(tmp_path / "r", "2.14.1")
+    context = write_context(plan, tmp_path / "ctx")
+    written = [context / ".imgbuild", context / ".imgbuild/root", context / ".imgbuild/root/etc",
+               context / ".imgbuild/root/etc/hosts"]
+    assert [p.stat().st_mtime for p in written] == [SOURCE_DATE_EPOCH] * 4
+    assert (context / ".imgbuild/root/etc/hosts").read_text() == ""
 
 
 def test_a_torch_patch_release_with_the_same_pins_changes_only_the_torch_step(tmp_path):

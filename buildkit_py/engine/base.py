@@ -78,6 +78,9 @@ class BuildRequest:
     oci_mediatypes: bool = False
     provenance: str | None = None  # "min", "max", "false"; None: the client's default
     platforms: tuple[str, ...] = ()
+    # SOURCE_DATE_EPOCH for BuildKit (labels.created_time): dates the config and history, and with
+    # buildx clamps every file time above it in the exported layers; None: not passed.
+    source_date_epoch: int | None = None
 
 
 @dataclass(frozen=True)

@@ -7,6 +7,7 @@ missing CA file, budget of the result) is checked before the image keeps its tag
 from __future__ import annotations
 
 import contextlib
+import os
 import shutil
 import tempfile
 import uuid
@@ -31,7 +32,7 @@ from buildkit_py.engine.push import PushResult, TransferSink, check_can_push, sp
 from buildkit_py.errors import BudgetExceeded, ImageTestFailed, ImgbuildError, RegistryError, UsageError
 from buildkit_py.files import write_atomic
 from buildkit_py.plan import labels as L
-from buildkit_py.plan.build_plan import BuildPlan, check_image_tag
+from buildkit_py.plan.build_plan import SOURCE_DATE_EPOCH, BuildPlan, check_image_tag
 from buildkit_py.plan.history import attribute_entries
 from buildkit_py.plan.installer import UV_ENV_SECRET_ID, uv_env_for
 from buildkit_py.plan.steps import CopyStep
@@ -125,10 +126,17 @@ def write_context(plan: BuildPlan, context: Path) -> Path:
             shutil.copytree(src, dest, symlinks=True, dirs_exist_ok=True)
         else:
             shutil.copy2(src, dest)
+    written = []
     for f in plan.context_files:
         target = context / f.path
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_text(f.text)
+        written.append(target)
+    # Files imgbuild writes are dated SOURCE_DATE_EPOCH, with their folders (after the last write):
+    # a COPY of them (the mount stubs' tree) then gives the same layer on every build.
+    for path in {p for t in written for p in (t, *t.relative_to(context).parents) if p != Path(".")}:
+        target = path if path.is_absolute() else context / path
+        os.utime(target, (SOURCE_DATE_EPOCH, SOURCE_DATE_EPOCH), follow_symlinks=False)
     return context
 
 
@@ -189,7 +197,8 @@ def run_build(plan: BuildPlan, engine: Engine, options: BuildOptions, on_line: L
         provenance = "false"
     # A base pinned at plan time carries its digest as a static label already.
     base_digest = None if plan.resolution.base_digest else _local_digest(engine, plan.resolution.base_image)
-    volatile = L.volatile_labels(plan.recipe, base_digest=base_digest)
+    created = L.created_time(plan.recipe)
+    volatile = L.volatile_labels(plan.recipe, now=created, base_digest=base_digest)
     with tempfile.TemporaryDirectory(prefix="imgbuild-") as tmp:
         context, dockerfile_path = assemble_context(plan, dockerfile, Path(tmp))
         if uv_env is not None:  # beside the context, never in it
@@ -205,7 +214,7 @@ def run_build(plan: BuildPlan, engine: Engine, options: BuildOptions, on_line: L
             network=options.network, no_cache=options.no_cache, cache_from=options.cache_from,
             cache_to=options.cache_to, builder=options.builder, push=from_buildkit and not checked_first,
             load=keep_local, compression=options.compression, oci_mediatypes=options.oci_mediatypes,
-            provenance=provenance, platforms=options.platforms,
+            provenance=provenance, platforms=options.platforms, source_date_epoch=int(created.timestamp()),
         )
         result = replace(_build(engine, request, on_line), tags=tags)
         try:
