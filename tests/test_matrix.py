@@ -18,12 +18,11 @@ from helpers import REPO, run_cli, write_recipe
 from buildkit_py import pipeline
 from buildkit_py.engine import BuildResult, bake, children
 from buildkit_py.engine.base import ImageSizes
-from buildkit_py.engine.build import BuildOptions, BuildOutcome, rejected_tag
+from buildkit_py.engine.build import BuildOptions, BuildOutcome, build_args, rejected_tag
 from buildkit_py.engine.matrix_build import BuildHooks, build_all, build_report, summary_lines
 from buildkit_py.errors import AuthenticationError, BuildFailed, ImageTestFailed, Interrupted, RecipeError, UsageError
 from buildkit_py.plan import matrix as mx
-from buildkit_py.plan.build_plan import check_image_tag
-from buildkit_py.plan.labels import created_time
+from buildkit_py.plan.build_plan import SOURCE_DATE_EPOCH, check_image_tag
 from buildkit_py.render.dockerfile import render_dockerfile
 
 EXAMPLE = REPO / "recipes" / "matrix.yaml"
@@ -400,9 +399,8 @@ def test_bake_folder_schema_order_contexts_and_network(tmp_path):
             assert target["output"] == ["type=cacheonly"] and "tags" not in target
         else:
             assert target["output"] == ["type=docker"]
-            # SOURCE_DATE_EPOCH as `imgbuild build` passes it (issue 33: 1)
-            recipe = next(v.recipe for v in m.variants if v.id == name)
-            assert target["args"] == {"SOURCE_DATE_EPOCH": str(int(created_time(recipe).timestamp()))}
+            # SOURCE_DATE_EPOCH as `imgbuild build` passes it: fixed, the layers' file time (issue 33: 1)
+            assert target["args"] == build_args() == {"SOURCE_DATE_EPOCH": str(SOURCE_DATE_EPOCH)}
         # each target's own context: what its Dockerfile reads, nothing else
         assert target["context"] == f"contexts/{name}"
         context = folder / target["context"]

@@ -12,10 +12,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from buildkit_py.engine.build import build_secrets, write_context
+from buildkit_py.engine.build import build_args, build_secrets, write_context
 from buildkit_py.errors import UsageError
 from buildkit_py.files import write_atomic
-from buildkit_py.plan import labels as L
 from buildkit_py.plan.build_plan import BuildPlan
 from buildkit_py.plan.installer import UV_ENV_SECRET_ID, read_pip_config_for_uv, uses_uv
 from buildkit_py.plan.matrix import (
@@ -101,8 +100,7 @@ def bake_targets(matrix: Matrix, *, registry: str | None = None, ca_cert: Path |
             plan = after_shared(plan, chain, stages, stages[chain[-1]].context)
         spec = {"context": f"{BAKE_CONTEXTS}/{v.id}", "dockerfile-inline": render_dockerfile(plan),
                 "tags": list(plan.tags),
-                # as `imgbuild build` passes it: BuildKit dates the config and history by it
-                "args": {"SOURCE_DATE_EPOCH": str(int(L.created_time(plan.recipe).timestamp()))}}
+                "args": build_args()}
         if chain:
             last = stages[chain[-1]]
             spec["contexts"] = {last.context: f"target:{last.target}"}

@@ -111,6 +111,17 @@ def build_secrets(ca_cert: Path | None, pip_config: Path | None) -> dict[str, Pa
     return secrets
 
 
+def build_args() -> dict[str, str]:
+    """The build args of every build, as `imgbuild build` passes them (buildx) and the bake file gives
+    each target. SOURCE_DATE_EPOCH dates the image config (its ``created``) and history: fixed, the
+    time the layers' files carry, so that two builds of the same inputs give one image. Not the
+    recipe's created time: BuildKit puts the arg into every RUN's environment, so every step's cache
+    key follows it, and a time that moves with any input (a lock rewritten, an app file) re-ran every
+    step (the first attempt at issue 33: 1, reverted). When the inputs changed is the
+    org.opencontainers.image.created label's to say (labels.created_time)."""
+    return {"SOURCE_DATE_EPOCH": str(SOURCE_DATE_EPOCH)}
+
+
 def write_context(plan: BuildPlan, context: Path) -> Path:
     """Fill the folder ``context`` (created) with what the plan's build reads from its context,
     and only that, so nothing else in the recipe's folder (secrets, data, .git) reaches the
@@ -126,17 +137,18 @@ def write_context(plan: BuildPlan, context: Path) -> Path:
             shutil.copytree(src, dest, symlinks=True, dirs_exist_ok=True)
         else:
             shutil.copy2(src, dest)
-    written = []
     for f in plan.context_files:
         target = context / f.path
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_text(f.text)
-        written.append(target)
-    # Files imgbuild writes are dated SOURCE_DATE_EPOCH, with their folders (after the last write):
-    # a COPY of them (the mount stubs' tree) then gives the same layer on every build.
-    for path in {p for t in written for p in (t, *t.relative_to(context).parents) if p != Path(".")}:
-        target = path if path.is_absolute() else context / path
-        os.utime(target, (SOURCE_DATE_EPOCH, SOURCE_DATE_EPOCH), follow_symlinks=False)
+    # A file of fixed text (ContextFile.dated: the mount stubs' tree) is dated SOURCE_DATE_EPOCH with its
+    # folders, after the last write: a COPY of it then gives the same layer on every build. Never one
+    # whose text changes (a lock's requirements): buildx's context transfer skips a file whose size and
+    # mtime match the last transfer of a context of the same name, so a corrupted hash (same size) went
+    # unseen, measured on Docker 26.
+    for f in (f for f in plan.context_files if f.dated):
+        for path in (Path(f.path), *(p for p in Path(f.path).parents if p != Path("."))):
+            os.utime(context / path, (SOURCE_DATE_EPOCH, SOURCE_DATE_EPOCH), follow_symlinks=False)
     return context
 
 
@@ -197,8 +209,7 @@ def run_build(plan: BuildPlan, engine: Engine, options: BuildOptions, on_line: L
         provenance = "false"
     # A base pinned at plan time carries its digest as a static label already.
     base_digest = None if plan.resolution.base_digest else _local_digest(engine, plan.resolution.base_image)
-    created = L.created_time(plan.recipe)
-    volatile = L.volatile_labels(plan.recipe, now=created, base_digest=base_digest)
+    volatile = L.volatile_labels(plan.recipe, base_digest=base_digest)
     with tempfile.TemporaryDirectory(prefix="imgbuild-") as tmp:
         context, dockerfile_path = assemble_context(plan, dockerfile, Path(tmp))
         if uv_env is not None:  # beside the context, never in it
@@ -214,7 +225,7 @@ def run_build(plan: BuildPlan, engine: Engine, options: BuildOptions, on_line: L
             network=options.network, no_cache=options.no_cache, cache_from=options.cache_from,
             cache_to=options.cache_to, builder=options.builder, push=from_buildkit and not checked_first,
             load=keep_local, compression=options.compression, oci_mediatypes=options.oci_mediatypes,
-            provenance=provenance, platforms=options.platforms, source_date_epoch=int(created.timestamp()),
+            provenance=provenance, platforms=options.platforms, build_args=build_args(),
         )
         result = replace(_build(engine, request, on_line), tags=tags)
         try:

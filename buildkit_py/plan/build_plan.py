@@ -308,7 +308,7 @@ def _mount_stubs(steps: list[Step], installer: Installer) -> list[Step]:
     first = next((i for i, s in enumerate(steps) if isinstance(s, PipStep) and s.reproducible), None)
     if first is None:
         return steps
-    stubs = MountStubsStep(MOUNT_STUBS_STEP, MOUNT_STUBS_GROUP, hosts=ContextFile(MOUNT_STUB_FILE, ""),
+    stubs = MountStubsStep(MOUNT_STUBS_STEP, MOUNT_STUBS_GROUP, hosts=ContextFile(MOUNT_STUB_FILE, "", dated=True),
                            dirs=(*installer.stub_dirs, "/run/secrets"),
                            files=("/run/secrets/cacert", "/run/secrets/pipconf", *installer.stub_files))
     return steps[:first] + [stubs] + steps[first:]

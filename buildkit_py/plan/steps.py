@@ -29,6 +29,9 @@ class ContextFile:
 
     path: str  # relative to the context root
     text: str
+    # Its text never changes (the mount stubs' tree), so the context writer may date it
+    # SOURCE_DATE_EPOCH; a file whose text changes must keep a fresh mtime (engine/build.py write_context).
+    dated: bool = False
 
 
 @dataclass(frozen=True)
