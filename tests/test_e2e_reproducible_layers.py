@@ -153,6 +153,8 @@ def test_two_no_cache_builds_of_an_unchanged_recipe_give_one_image(tmp_path, bas
     a, b = layer_list(first["tags"][0]), layer_list(second["tags"][0])
     assert [s for s, _ in a] == [s for s, _ in b]
     differing = [step for (step, da), (_, db) in zip(a, b, strict=True) if da != db]
+    print(f"\n{engine.test_name}: no-cache ids {first['image_id'][:19]} {second['image_id'][:19]}, "
+          f"{len(differing)} of {len(a)} layers differ: {differing}")
     if engine.test_name == "docker20":
         assert differing == DOCKER20_DIFFERING_LAYERS
         assert second["image_id"] != first["image_id"]
