@@ -176,7 +176,7 @@ def test_bake_folder_builds_every_variant(tmp_path, logged_in, engine, base_imag
     contexts = folder / "contexts"
     assert (contexts / "idna3_8" / "app" / "main.py").is_file()
     assert (contexts / "idna3_8" / ".imgbuild-lock" / "final-pins.txt").is_file()  # the lock is used
-    assert any((contexts / t / ".imgbuild" / "empty").is_file() for t in shared)
+    assert any((contexts / t / ".imgbuild" / "root" / "etc" / "hosts").is_file() for t in shared)  # mount stubs
 
     # bake with no -f reads docker-bake.json and compose.yaml (the host network) in the folder.
     # Each Dockerfile is a file there: buildx 0.13 copied each dockerfile-inline to a folder in

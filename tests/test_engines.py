@@ -110,6 +110,19 @@ def test_buildx_push_and_output_options(tmp_path):
     assert no_prov[no_prov.index("--provenance") + 1] == "false"
 
 
+def test_buildx_passes_source_date_epoch_without_rewriting_timestamps(tmp_path):
+    """BuildKit dates the config and history by SOURCE_DATE_EPOCH (issue 33: 1). rewrite-timestamp
+    is not asked for: Docker 26's docker driver fails the build with it ("conflicts with unpack")."""
+    request = BuildRequest(tmp_path, tmp_path / "D", ("x:1",), build_args={"SOURCE_DATE_EPOCH": "1000000000"})
+    cmd = BuildxEngine("/usr/bin/docker").command(request, tmp_path / "i")
+    assert cmd[cmd.index("--build-arg"):cmd.index("--build-arg") + 2] == ["--build-arg", "SOURCE_DATE_EPOCH=1000000000"]
+    assert not any("rewrite-timestamp" in a for a in cmd)
+    unset = BuildxEngine("/usr/bin/docker").command(BuildRequest(tmp_path, tmp_path / "D", ("x:1",)), tmp_path / "i")
+    assert not any("SOURCE_DATE_EPOCH" in a for a in unset)
+    # 20.10's BuildKit (0.8) has no SOURCE_DATE_EPOCH: the classic client is not given it
+    assert not any("SOURCE_DATE_EPOCH" in a for a in ClassicEngine("/usr/bin/docker").command(request, tmp_path / "i"))
+
+
 def test_named_builder_loads_only_when_asked(tmp_path):
     engine = BuilderEngine("/usr/bin/docker", builder="k8s")
     push_only = engine.command(BuildRequest(tmp_path, tmp_path / "D", ("r/a:1",), push=True, load=False), tmp_path / "i")  # noqa: E501

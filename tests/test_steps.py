@@ -56,29 +56,42 @@ CASES = {
         r'''\
 RUN --mount=type=cache,target=/var/cache/apt,sharing=locked \
     --mount=type=cache,target=/var/lib/apt/lists,sharing=locked \
-    set -eu; : imgbuild-step=os; \
+    set -eu; : imgbuild-step=os; start="$(date +%s)"; \
     rm -f /etc/apt/apt.conf.d/docker-clean; \
     apt-get update -q; \
     DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
         curl \
-        python3''',
+        python3; \
+    rm -rf /var/log/apt/* /var/log/dpkg.log /var/log/alternatives.log /var/cache/ldconfig/aux-cache; \
+    find / -xdev \( -path /proc -o -path /sys -o -path /dev -o -path /run/secrets \
+        -o -path /etc/hosts -o -path /etc/resolv.conf -o -path /etc/hostname -o -path /var/cache/apt -o -path /var/lib/apt/lists \) -prune \
+        -o -newermt "@$((start - 1))" -exec touch -h -d @315532800 {} +''',  # noqa: E501
     ),
     "deadsnakes": (
         DeadsnakesStep("python-ppa", "os", python="3.11"),
         r'''\
 RUN --mount=type=cache,target=/var/cache/apt,sharing=locked \
     --mount=type=cache,target=/var/lib/apt/lists,sharing=locked \
-    set -eu; : imgbuild-step=python-ppa; \
+    set -eu; : imgbuild-step=python-ppa; start="$(date +%s)"; \
     rm -f /etc/apt/apt.conf.d/docker-clean; \
     apt-get update -q; \
     DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends software-properties-common gpg-agent; \
-    add-apt-repository -y ppa:deadsnakes/ppa''',
+    add-apt-repository -y ppa:deadsnakes/ppa; \
+    rm -rf /var/log/apt/* /var/log/dpkg.log /var/log/alternatives.log /var/cache/ldconfig/aux-cache; \
+    find / -xdev \( -path /proc -o -path /sys -o -path /dev -o -path /run/secrets \
+        -o -path /etc/hosts -o -path /etc/resolv.conf -o -path /etc/hostname -o -path /var/cache/apt -o -path /var/lib/apt/lists \) -prune \
+        -o -newermt "@$((start - 1))" -exec touch -h -d @315532800 {} +''',  # noqa: E501
     ),
     "venv": (
         VenvStep("python", "python", python="python3.11", venv="/opt/venv"),
         r'''\
-RUN set -eu; : imgbuild-step=python; \
-    python3.11 -m venv /opt/venv
+RUN set -eu; : imgbuild-step=python; start="$(date +%s)"; \
+    python3.11 -m venv /opt/venv; \
+    find /opt/venv -exec touch -h -d @315532800 {} +; \
+    PYTHONHASHSEED=0 /opt/venv/bin/python -m compileall -qq -f --invalidation-mode timestamp /opt/venv/lib; \
+    find / -xdev \( -path /proc -o -path /sys -o -path /dev -o -path /run/secrets \
+        -o -path /etc/hosts -o -path /etc/resolv.conf -o -path /etc/hostname \) -prune \
+        -o -newermt "@$((start - 1))" -exec touch -h -d @315532800 {} +
 ENV PATH="/opt/venv/bin:$PATH"''',
     ),
     "pip": (
@@ -155,20 +168,27 @@ RUN --mount=type=cache,target=/root/.cache/pip \
     "ldconfig": (
         LdconfigStep("ldconfig", "cuda", venv="/opt/venv"),
         r'''\
-RUN set -eu; : imgbuild-step=ldconfig; \
+RUN set -eu; : imgbuild-step=ldconfig; start="$(date +%s)"; \
     for d in /opt/venv/lib/python*/site-packages/nvidia/*/lib; do \
         if [ -d "$d" ]; then echo "$d"; fi; \
     done > /etc/ld.so.conf.d/imgbuild-cuda-wheels.conf; \
-    ldconfig''',
+    ldconfig; \
+    rm -f /var/cache/ldconfig/aux-cache; \
+    find / -xdev \( -path /proc -o -path /sys -o -path /dev -o -path /run/secrets \
+        -o -path /etc/hosts -o -path /etc/resolv.conf -o -path /etc/hostname \) -prune \
+        -o -newermt "@$((start - 1))" -exec touch -h -d @315532800 {} +''',
     ),
     "cuda-home": (
         CudaHomeStep("cuda-home", "cuda", venv="/opt/venv", tree="nvidia/cu13", home="/usr/local/cuda"),
         r'''\
-RUN set -eu; : imgbuild-step=cuda-home; \
+RUN set -eu; : imgbuild-step=cuda-home; start="$(date +%s)"; \
     tree="$(echo /opt/venv/lib/python*/site-packages/nvidia/cu13)"; \
     test -x "$tree/bin/nvcc"; \
     ln -sfn lib "$tree/lib64"; \
-    ln -sfn "$tree" /usr/local/cuda
+    ln -sfn "$tree" /usr/local/cuda; \
+    find / -xdev \( -path /proc -o -path /sys -o -path /dev -o -path /run/secrets \
+        -o -path /etc/hosts -o -path /etc/resolv.conf -o -path /etc/hostname \) -prune \
+        -o -newermt "@$((start - 1))" -exec touch -h -d @315532800 {} +
 ENV CUDA_HOME="/usr/local/cuda" PATH="/usr/local/cuda/bin:$PATH"''',
     ),
     "copy": (
@@ -279,14 +299,15 @@ RUN @UV_MOUNTS@ \
     : built from source: flash-attn==2.6.3'''),
     ),
     "mount-stubs": (
-        MountStubsStep("mount-stubs", "python", hosts=ContextFile(".imgbuild/empty", ""),
+        MountStubsStep("mount-stubs", "python", hosts=ContextFile(".imgbuild/root/etc/hosts", ""),
                        dirs=("/root/.cache/pip", "/run/secrets"),
                        files=("/run/secrets/cacert", "/run/secrets/pipconf")),
         r'''\
-COPY [".imgbuild/empty", "/etc/hosts"]
+COPY [".imgbuild/root/", "/"]
 RUN set -eu; : imgbuild-step=mount-stubs; \
     mkdir -p /root/.cache/pip /run/secrets; \
-    touch /run/secrets/cacert /run/secrets/pipconf''',
+    touch /run/secrets/cacert /run/secrets/pipconf; \
+    touch -h -d @315532800 /etc /root /root/.cache /root/.cache/pip /run /run/secrets /run/secrets/cacert /run/secrets/pipconf''',  # noqa: E501
     ),
 }
 
@@ -303,6 +324,17 @@ def test_every_step_type_has_its_macro_and_an_exact_case():
     assert {type(step) for step, _ in CASES.values()} == set(STEP_TYPES)
 
 
+def test_what_the_mount_stubs_step_dates_source_date_epoch():
+    """Every path the step creates or changes is dated, up to / (left out): with no engine rewriting
+    times, its layer is the same from one build to the next (issue 33: 1)."""
+    stubs = CASES["mount-stubs"][0]
+    assert stubs.tree == ".imgbuild/root/"
+    assert stubs.stamped == ("/etc", "/root", "/root/.cache", "/root/.cache/pip", "/run", "/run/secrets",
+                             "/run/secrets/cacert", "/run/secrets/pipconf")
+    with pytest.raises(ValueError, match="etc/hosts"):
+        MountStubsStep("mount-stubs", "python", hosts=ContextFile(".imgbuild/empty", ""), dirs=(), files=())
+
+
 def test_context_files_are_the_locked_steps_requirements():
     step = CASES["pip-locked"][0]
     assert step.context_files == (ContextFile(".imgbuild/lock/final-pins.txt", "x==1 --hash=sha256:00\n"),)
@@ -311,4 +343,4 @@ def test_context_files_are_the_locked_steps_requirements():
 
 
 def test_the_mount_stubs_empty_hosts_file_is_a_context_file():
-    assert CASES["mount-stubs"][0].context_files == (ContextFile(".imgbuild/empty", ""),)
+    assert CASES["mount-stubs"][0].context_files == (ContextFile(".imgbuild/root/etc/hosts", ""),)

@@ -1,11 +1,15 @@
 """The torch stack in stable layers: the CUDA wheels a torch release pins, each big library in a
 reproducible layer of its own, before torch (plan.py, compat/torch_pins.py)."""
 
+import dataclasses
+import time
+
 from helpers import write_recipe
 
 from buildkit_py.compat.torch_pins import CudaWheel, big_libraries, cuda_layers, cuda_pin_layers, torch_cuda_pins
-from buildkit_py.plan.build_plan import MAX_HEAVY_LAYERS, _heavy_steps, make_plan
-from buildkit_py.plan.steps import MountStubsStep, PipStep
+from buildkit_py.engine.build import write_context
+from buildkit_py.plan.build_plan import MAX_HEAVY_LAYERS, SOURCE_DATE_EPOCH, _heavy_steps, make_plan
+from buildkit_py.plan.steps import ContextFile, LockedPipStep, MountStubsStep, PipStep
 from buildkit_py.recipe.model import load_recipe
 from buildkit_py.render.dockerfile import render_step
 
@@ -41,7 +45,36 @@ def test_torch_from_the_registry_gets_its_cuda_wheels_in_layers_before_it(tmp_pa
     torch = plan.final.steps[ids.index("torch")]
     assert torch.requirements == ("torch==2.14.1",) and torch.reproducible and not torch.no_deps
     assert isinstance(plan.final.steps[2], MountStubsStep)
-    assert [f.path for f in plan.context_files] == [".imgbuild/empty"]
+    assert [f.path for f in plan.context_files] == [".imgbuild/root/etc/hosts"]
+
+
+def test_the_files_imgbuild_writes_into_the_context_are_dated_source_date_epoch(tmp_path):
+    """The mount stubs' tree is COPYed onto /: BuildKit gives /etc its folder's mtime, so a context
+    written at another time must give the same layer (issue 33: 1)."""
+    plan = plan_for(tmp_path / "r", "2.14.1")
+    context = write_context(plan, tmp_path / "ctx")
+    written = [context / ".imgbuild", context / ".imgbuild/root", context / ".imgbuild/root/etc",
+               context / ".imgbuild/root/etc/hosts"]
+    assert [p.stat().st_mtime for p in written] == [SOURCE_DATE_EPOCH] * 4
+    assert (context / ".imgbuild/root/etc/hosts").read_text() == ""
+
+
+def test_a_context_file_whose_text_changes_keeps_a_fresh_mtime(tmp_path):
+    """A lock's requirement file is not dated: buildx skips sending a file whose size and mtime
+    match the last context of the same name, so a hash corrupted in place (same size) would reach
+    pip as the old text, and the build would pass (measured on Docker 26, issue 33: 1)."""
+    plan = plan_for(tmp_path / "r", "2.14.1")
+    req = ContextFile(".imgbuild/lock/final-pins.txt", "six==1.16.0 --hash=sha256:" + "f" * 64 + "\n")
+    locked = LockedPipStep("pins", "pins", requirements_file=req, mount_target="/tmp/req", index_url=None,
+                           extra_index_urls=())
+    final = dataclasses.replace(plan.final, steps=(*plan.final.steps, locked))
+    plan = dataclasses.replace(plan, stages=(*plan.stages[:-1], final))
+    before = time.time() - 5
+    context = write_context(plan, tmp_path / "ctx")
+    assert (context / req.path).read_text() == req.text
+    assert (context / req.path).stat().st_mtime > before
+    assert (context / ".imgbuild/lock").stat().st_mtime > before
+    assert (context / ".imgbuild/root/etc/hosts").stat().st_mtime == SOURCE_DATE_EPOCH
 
 
 def test_a_torch_patch_release_with_the_same_pins_changes_only_the_torch_step(tmp_path):

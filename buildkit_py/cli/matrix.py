@@ -45,7 +45,8 @@ def cmd_matrix(args: argparse.Namespace, out: Out) -> int:
         raise UsageError(f"-o {args.output}: only --format bake writes a folder", hint="other formats print to stdout")
     if fmt == "bake" and args.output is None:
         raise UsageError("--format bake writes a folder: the bake file, its compose.yaml and each target's "
-                         "build context (files imgbuild writes, e.g. .imgbuild/empty and lock requirements)",
+                         "build context (files imgbuild writes, e.g. the mount stubs' .imgbuild/root and lock "
+                         "requirements)",
                          hint="add -o DIR, then run `docker buildx bake` in DIR")
     matrix = pipeline.load_matrix(args.recipe, offline=getattr(args, "offline", False))
     mx.require_variants(matrix, {"github": "put in a GitHub Actions matrix", "gitlab": "put in a GitLab matrix",

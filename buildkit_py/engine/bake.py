@@ -12,7 +12,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from buildkit_py.engine.build import build_secrets, write_context
+from buildkit_py.engine.build import build_args, build_secrets, write_context
 from buildkit_py.errors import UsageError
 from buildkit_py.files import write_atomic
 from buildkit_py.plan.build_plan import BuildPlan
@@ -99,7 +99,8 @@ def bake_targets(matrix: Matrix, *, registry: str | None = None, ca_cert: Path |
         if chain:
             plan = after_shared(plan, chain, stages, stages[chain[-1]].context)
         spec = {"context": f"{BAKE_CONTEXTS}/{v.id}", "dockerfile-inline": render_dockerfile(plan),
-                "tags": list(plan.tags)}
+                "tags": list(plan.tags),
+                "args": build_args()}
         if chain:
             last = stages[chain[-1]]
             spec["contexts"] = {last.context: f"target:{last.target}"}

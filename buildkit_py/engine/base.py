@@ -78,6 +78,9 @@ class BuildRequest:
     oci_mediatypes: bool = False
     provenance: str | None = None  # "min", "max", "false"; None: the client's default
     platforms: tuple[str, ...] = ()
+    # --build-arg NAME=VALUE (engine/build.py build_args), passed where BuildKit reads them (buildx):
+    # 20.10's BuildKit 0.8 and buildah have no SOURCE_DATE_EPOCH, and would only warn of an unused arg.
+    build_args: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

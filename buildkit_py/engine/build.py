@@ -7,6 +7,7 @@ sequence (pre-flight, build, measure, budget, tests, push, verify, SBOM, signing
 from __future__ import annotations
 
 import contextlib
+import os
 import shutil
 import uuid
 from collections.abc import Callable
@@ -22,7 +23,7 @@ from buildkit_py.engine import (
 )
 from buildkit_py.engine.push import PushResult, TransferSink, split_tag
 from buildkit_py.errors import ImgbuildError, RegistryError, UsageError
-from buildkit_py.plan.build_plan import BuildPlan
+from buildkit_py.plan.build_plan import SOURCE_DATE_EPOCH, BuildPlan
 from buildkit_py.plan.history import attribute_entries
 from buildkit_py.plan.steps import CopyStep
 from buildkit_py.recipe.model import Recipe
@@ -96,6 +97,17 @@ def build_secrets(ca_cert: Path | None, pip_config: Path | None) -> dict[str, Pa
     return secrets
 
 
+def build_args() -> dict[str, str]:
+    """The build args of every build, as `imgbuild build` passes them (buildx) and the bake file gives
+    each target. SOURCE_DATE_EPOCH dates the image config (its ``created``) and history: fixed, the
+    time the layers' files carry, so that two builds of the same inputs give one image. Not the
+    recipe's created time: BuildKit puts the arg into every RUN's environment, so every step's cache
+    key follows it, and a time that moves with any input (a lock rewritten, an app file) re-ran every
+    step (the first attempt at issue 33: 1, reverted). When the inputs changed is the
+    org.opencontainers.image.created label's to say (labels.created_time)."""
+    return {"SOURCE_DATE_EPOCH": str(SOURCE_DATE_EPOCH)}
+
+
 def write_context(plan: BuildPlan, context: Path) -> Path:
     """Fill the folder ``context`` (created) with what the plan's build reads from its context,
     and only that, so nothing else in the recipe's folder (secrets, data, .git) reaches the
@@ -115,6 +127,14 @@ def write_context(plan: BuildPlan, context: Path) -> Path:
         target = context / f.path
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_text(f.text)
+    # A file of fixed text (ContextFile.dated: the mount stubs' tree) is dated SOURCE_DATE_EPOCH with its
+    # folders, after the last write: a COPY of it then gives the same layer on every build. Never one
+    # whose text changes (a lock's requirements): buildx's context transfer skips a file whose size and
+    # mtime match the last transfer of a context of the same name, so a corrupted hash (same size) went
+    # unseen, measured on Docker 26.
+    for f in (f for f in plan.context_files if f.dated):
+        for path in (Path(f.path), *(p for p in Path(f.path).parents if p != Path("."))):
+            os.utime(context / path, (SOURCE_DATE_EPOCH, SOURCE_DATE_EPOCH), follow_symlinks=False)
     return context
 
 

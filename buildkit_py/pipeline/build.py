@@ -36,6 +36,7 @@ from buildkit_py.engine.build import (
     BuildOptions,
     BuildOutcome,
     assemble_context,
+    build_args,
     build_platforms,
     build_secrets,
     buildkit_pushes,
@@ -210,7 +211,7 @@ def _request(plan: BuildPlan, engine: Engine, options: BuildOptions,
         network=options.network, no_cache=options.no_cache, cache_from=options.cache_from,
         cache_to=options.cache_to, builder=options.builder, push=push,
         load=load, compression=options.compression, oci_mediatypes=options.oci_mediatypes,
-        provenance=provenance, platforms=options.platforms,
+        provenance=provenance, platforms=options.platforms, build_args=build_args(),
     )
 
 

@@ -50,7 +50,9 @@ VENV = "/opt/venv"
 STEP_MARK = "imgbuild-step"  # written into each RUN so `inspect` can map layers to steps
 # The mount stubs' step, and the empty context file its COPY (to /etc/hosts) reads: `inspect`
 # knows that COPY by its source, so the recipe's own copy[0] stays copy-0.
-MOUNT_STUBS_STEP, MOUNT_STUBS_GROUP, MOUNT_STUB_FILE = "mount-stubs", "python", ".imgbuild/empty"
+# The mount stubs' /etc/hosts comes in a tree COPYed onto /: BuildKit then gives /etc the tree's
+# mtime (SOURCE_DATE_EPOCH, set by the context writer); a COPY of the file alone stamps /etc with the clock.
+MOUNT_STUBS_STEP, MOUNT_STUBS_GROUP, MOUNT_STUB_FILE = "mount-stubs", "python", ".imgbuild/root/etc/hosts"
 
 # Build front-end tools of the builder stage, pinned so builds repeat. They never reach the
 # final image. setuptools 75.3 is the last release that still supports Python 3.8.
@@ -306,7 +308,7 @@ def _mount_stubs(steps: list[Step], installer: Installer) -> list[Step]:
     first = next((i for i, s in enumerate(steps) if isinstance(s, PipStep) and s.reproducible), None)
     if first is None:
         return steps
-    stubs = MountStubsStep(MOUNT_STUBS_STEP, MOUNT_STUBS_GROUP, hosts=ContextFile(MOUNT_STUB_FILE, ""),
+    stubs = MountStubsStep(MOUNT_STUBS_STEP, MOUNT_STUBS_GROUP, hosts=ContextFile(MOUNT_STUB_FILE, "", dated=True),
                            dirs=(*installer.stub_dirs, "/run/secrets"),
                            files=("/run/secrets/cacert", "/run/secrets/pipconf", *installer.stub_files))
     return steps[:first] + [stubs] + steps[first:]
@@ -389,8 +391,8 @@ def make_plan(recipe: Recipe, *, tags: tuple[str, ...] = (), registry: str | Non
         # index's manylinux wheel over a locally built linux_x86_64 one.
         steps.append(LocalWheelsStep("compiled", "heavy", packages=tuple(compiled), wheels_from="builder"))
     steps += _heavy_steps(heavy)
-    if other:
-        steps.append(_pip_step("pins", "pins", other))
+    if other:  # reproducible too: a --no-cache rebuild must give the same layer (issue 33: 1)
+        steps.append(dataclasses.replace(_pip_step("pins", "pins", other), reproducible=True))
     if res.cuda_source == "wheels":
         steps.append(LdconfigStep("ldconfig", "cuda", venv=VENV))
     for i, c in enumerate(recipe.copy):

@@ -12,9 +12,15 @@ the Dockerfile and the context assembled for it always agree (``BuildPlan.contex
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import PurePosixPath
 from typing import ClassVar
 
 from buildkit_py.plan.installer import PIP_INSTALLER, Installer
+
+
+def _parents(path: str) -> tuple[str, ...]:
+    """The folders above an absolute ``path``, nearest first, "/" left out."""
+    return tuple(str(p) for p in PurePosixPath(path).parents if str(p) != "/")
 
 
 @dataclass(frozen=True)
@@ -23,6 +29,9 @@ class ContextFile:
 
     path: str  # relative to the context root
     text: str
+    # Its text never changes (the mount stubs' tree), so the context writer may date it
+    # SOURCE_DATE_EPOCH; a file whose text changes must keep a fresh mtime (engine/build.py write_context).
+    dated: bool = False
 
 
 @dataclass(frozen=True)
@@ -125,9 +134,25 @@ class MountStubsStep(Step):
     dirs: tuple[str, ...]
     files: tuple[str, ...]
 
+    def __post_init__(self) -> None:
+        if not self.hosts.path.endswith("/etc/hosts"):
+            raise ValueError(f"mount stubs: {self.hosts.path!r} is not the etc/hosts of a tree")
+
+    @property
+    def tree(self) -> str:
+        """The context folder COPYed onto / (``hosts`` is its etc/hosts)."""
+        return str(PurePosixPath(self.hosts.path).parent.parent) + "/"
+
     @property
     def context_files(self) -> tuple[ContextFile, ...]:
         return (self.hosts,)
+
+    @property
+    def stamped(self) -> tuple[str, ...]:
+        """What the step creates or changes (/etc by the COPY of hosts), each given
+        SOURCE_DATE_EPOCH as mtime: the same layer on an engine that does not rewrite times."""
+        made = {"/etc", *self.dirs, *self.files}
+        return tuple(sorted(made | {p for m in made for p in _parents(m)}))
 
 
 @dataclass(frozen=True)

@@ -4,19 +4,29 @@
 FROM debian:bookworm-slim AS final
 RUN --mount=type=cache,target=/var/cache/apt,sharing=locked \
     --mount=type=cache,target=/var/lib/apt/lists,sharing=locked \
-    set -eu; : imgbuild-step=os; \
+    set -eu; : imgbuild-step=os; start="$(date +%s)"; \
     rm -f /etc/apt/apt.conf.d/docker-clean; \
     apt-get update -q; \
     DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
         python3 \
-        python3-venv
-RUN set -eu; : imgbuild-step=python; \
-    python3 -m venv /opt/venv
+        python3-venv; \
+    rm -rf /var/log/apt/* /var/log/dpkg.log /var/log/alternatives.log /var/cache/ldconfig/aux-cache; \
+    find / -xdev \( -path /proc -o -path /sys -o -path /dev -o -path /run/secrets \
+        -o -path /etc/hosts -o -path /etc/resolv.conf -o -path /etc/hostname -o -path /var/cache/apt -o -path /var/lib/apt/lists \) -prune \
+        -o -newermt "@$((start - 1))" -exec touch -h -d @315532800 {} +
+RUN set -eu; : imgbuild-step=python; start="$(date +%s)"; \
+    python3 -m venv /opt/venv; \
+    find /opt/venv -exec touch -h -d @315532800 {} +; \
+    PYTHONHASHSEED=0 /opt/venv/bin/python -m compileall -qq -f --invalidation-mode timestamp /opt/venv/lib; \
+    find / -xdev \( -path /proc -o -path /sys -o -path /dev -o -path /run/secrets \
+        -o -path /etc/hosts -o -path /etc/resolv.conf -o -path /etc/hostname \) -prune \
+        -o -newermt "@$((start - 1))" -exec touch -h -d @315532800 {} +
 ENV PATH="/opt/venv/bin:$PATH"
-COPY [".imgbuild/empty", "/etc/hosts"]
+COPY [".imgbuild/root/", "/"]
 RUN set -eu; : imgbuild-step=mount-stubs; \
     mkdir -p /root/.cache/uv /run/imgbuild-uv /run/secrets; \
-    touch /run/secrets/cacert /run/secrets/pipconf /run/secrets/uvenv
+    touch /run/secrets/cacert /run/secrets/pipconf /run/secrets/uvenv; \
+    touch -h -d @315532800 /etc /root /root/.cache /root/.cache/uv /run /run/imgbuild-uv /run/secrets /run/secrets/cacert /run/secrets/pipconf /run/secrets/uvenv
 RUN --mount=type=cache,target=/root/.cache/uv \
     --mount=type=cache,target=/run/imgbuild-uv \
     --mount=type=secret,id=cacert \
@@ -342,6 +352,7 @@ RUN --mount=type=cache,target=/root/.cache/uv \
     --mount=type=secret,id=cacert \
     --mount=type=secret,id=pipconf \
     --mount=type=secret,id=uvenv \
+    --mount=type=tmpfs,target=/tmp \
     set -eu; : imgbuild-step=pins; \
     if [ -s /run/secrets/cacert ]; then export PIP_CERT=/run/secrets/cacert SSL_CERT_FILE=/run/secrets/cacert; fi; \
     if [ -s /run/secrets/pipconf ]; then export PIP_CONFIG_FILE=/run/secrets/pipconf; fi; \
@@ -354,15 +365,30 @@ RUN --mount=type=cache,target=/root/.cache/uv \
         PYTHONDONTWRITEBYTECODE=1 pip install -q --disable-pip-version-check --no-cache-dir --no-deps --require-hashes --target "$new" -r "$new.txt"; \
         rm -f "$new.txt"; mv -T "$new" "$home" 2>/dev/null || rm -rf "$new"; \
     fi; \
-    "$uv" pip install --python "$(command -v python)" --compile-bytecode \
+    export PYTHONDONTWRITEBYTECODE=1; SOURCE_DATE_EPOCH=315532800; touch /tmp/imgbuild-stamp; \
+    "$uv" pip install --python "$(command -v python)" \
         fastapi==0.115.0 \
         safetensors==0.4.5 \
-        uvicorn==0.30.6
-RUN set -eu; : imgbuild-step=ldconfig; \
+        uvicorn==0.30.6; \
+    prefix="$(python -c 'import sys; print(sys.prefix)')"; \
+    find "$prefix" -newer /tmp/imgbuild-stamp -name '*.py' > /tmp/imgbuild-new-py; \
+    find "$prefix" -newer /tmp/imgbuild-stamp -exec touch -h -d "@$SOURCE_DATE_EPOCH" {} +; \
+    if [ -s /tmp/imgbuild-new-py ]; then \
+        PYTHONHASHSEED=0 python -m compileall -qq --invalidation-mode timestamp -i /tmp/imgbuild-new-py || :; \
+    fi; \
+    find "$prefix" -newer /tmp/imgbuild-stamp -exec touch -h -d "@$SOURCE_DATE_EPOCH" {} +; \
+    for d in "$prefix"/lib/python*/site-packages "$prefix/bin"; do \
+        while [ "$d" != / ]; do touch -h -d "@$SOURCE_DATE_EPOCH" "$d"; d="$(dirname "$d")"; done; \
+    done
+RUN set -eu; : imgbuild-step=ldconfig; start="$(date +%s)"; \
     for d in /opt/venv/lib/python*/site-packages/nvidia/*/lib; do \
         if [ -d "$d" ]; then echo "$d"; fi; \
     done > /etc/ld.so.conf.d/imgbuild-cuda-wheels.conf; \
-    ldconfig
+    ldconfig; \
+    rm -f /var/cache/ldconfig/aux-cache; \
+    find / -xdev \( -path /proc -o -path /sys -o -path /dev -o -path /run/secrets \
+        -o -path /etc/hosts -o -path /etc/resolv.conf -o -path /etc/hostname \) -prune \
+        -o -newermt "@$((start - 1))" -exec touch -h -d @315532800 {} +
 COPY ["app/", "/app"]
 WORKDIR /app
 ENV CUDA_VERSION="13.0.3" \

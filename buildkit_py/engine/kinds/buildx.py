@@ -146,6 +146,11 @@ class BuildxEngine(ClassicEngine):
 
     def extra_args(self, request: BuildRequest, metadata: Path | None = None) -> list[str]:
         args = self.output_args(request)
+        # SOURCE_DATE_EPOCH among them: BuildKit 0.11+ dates the image config and its history by it.
+        # Its exporter's rewrite-timestamp=true is not used: Docker 26's docker driver refuses it
+        # ("conflicts with unpack"); the steps date their files themselves (templates/steps.j2).
+        for name, value in sorted(request.build_args.items()):
+            args += ["--build-arg", f"{name}={value}"]
         if metadata is not None:
             args += ["--metadata-file", str(metadata)]
         if request.builder:
