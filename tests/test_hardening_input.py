@@ -127,7 +127,9 @@ values = st.recursive(scalars, lambda inner: st.one_of(st.lists(inner, max_size=
                       max_leaves=6)
 
 
-def _set(data, path: str, value, *, delete: bool = False):
+def _set(data, path: str, value, *, delete: bool = False) -> bool:
+    """Set (or delete) ``path`` in ``data``; False when the path cannot exist there (e.g. under a
+    list item that was deleted), so a caller counts only the keys it really wrote."""
     parts = re.findall(r"[^.\[\]]+|\[\d+\]", path)
     node = data
     for part in parts[:-1]:
@@ -137,9 +139,9 @@ def _set(data, path: str, value, *, delete: bool = False):
         elif isinstance(node, list) and isinstance(key, int) and key < len(node):
             node = node[key]
         else:
-            return
+            return False
         if not isinstance(node, (dict, list)):
-            return
+            return False
     last = parts[-1]
     key = int(last[1:-1]) if last.startswith("[") else last
     if isinstance(node, dict):
@@ -147,11 +149,14 @@ def _set(data, path: str, value, *, delete: bool = False):
             node.pop(key, None)
         else:
             node[key] = value
-    elif isinstance(node, list) and isinstance(key, int) and key < len(node):
+        return True
+    if isinstance(node, list) and isinstance(key, int) and key < len(node):
         if delete:
             del node[key]
         else:
             node[key] = value
+        return True
+    return False
 
 
 @SETTINGS
@@ -185,8 +190,8 @@ def test_missing_and_unknown_keys_exit_2_with_the_key(folder, missing, unknown):
                                                                                          "from_source"}}[parent]
         if name in known or name in {"matrix", "services"} or name.strip() != name or name.lower() in {"null", "~"}:
             continue
-        _set(data, f"{parent}.{name}" if parent else name, value)
-        added.append(f"{parent}.{name}" if parent else name)
+        if _set(data, f"{parent}.{name}" if parent else name, value):
+            added.append(f"{parent}.{name}" if parent else name)
     result = check(folder / "recipe.yaml", dump(data))
     # Required keys absent from what was written (an unknown key added under a deleted `cuda:`
     # writes `cuda:` again, without its version: then cuda.version is what is missing).
