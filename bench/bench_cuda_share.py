@@ -121,9 +121,13 @@ def main(argv: list[str] | None = None) -> int:
                     plan = make_plan(load_recipe(recipe))
                     plan = venv_layout(plan) if arm == "venv" else plan
                     ref = f"{REGISTRY}/imgbuild-bench/cuda-share-{run}-{arm}:{key}"
+                    refs.append(ref)  # removed at the end even when its build fails after pushing
                     start = time.monotonic()
-                    run_build(plan, engine, BuildOptions(tags=(ref,), push=True, ca_cert=CA), lambda _l: None)
-                    refs.append(ref)
+                    # no layer cache: a cached step whose image another build removed fails the export
+                    # with `failed to solve: not found` on this engine (moby/moby#48700; seen here); the
+                    # pip download cache stays warm
+                    run_build(plan, engine, BuildOptions(tags=(ref,), push=True, ca_cert=CA, no_cache=True),
+                              lambda _l: None)
                     images.append(ref)
                     say(f"  {arm:6} {key}: built and pushed in {time.monotonic() - start:.0f} s")
                 d = diff(*images)

@@ -9,7 +9,7 @@ import subprocess
 
 import pytest
 from conftest import _client, on_engine, unavailable
-from helpers import CA_ARGS, image_sh, run_cli, write_recipe
+from helpers import CA_ARGS, assert_labels_true, image_sh, run_cli, write_recipe
 from test_e2e_reproducible_layers import layers_by_step
 
 pytestmark = pytest.mark.e2e
@@ -63,6 +63,9 @@ def test_images_on_other_oses_and_pythons_share_their_cuda_layer_and_load_it(
         cleanup_images.extend(report["tags"])
         digests.append(layers_by_step(report["tags"][0]))
         loaded.append(image_sh(report["image_id"], LOAD).split())
+        # the image tests' facts (importlib.metadata, wheel_libs, ldconfig -p, cudart's version)
+        # find the wheels in the prefix: every io.imgbuild.* label holds
+        assert "io.imgbuild.cuda.version" in assert_labels_true(report["image_id"], report["labels"])
     a, b = digests
     assert a["os"] != b["os"] and a["python"] != b["python"] and a["cuda-path"] != b["cuda-path"]
     assert a["cuda"] == b["cuda"]  # the CUDA wheels' layer: one blob for both images
