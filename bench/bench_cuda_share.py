@@ -33,7 +33,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from bench_reuse import CA, REGISTRY, setup  # noqa: E402
+from bench_reuse import CA, REGISTRY, need_disk, setup  # noqa: E402
 
 from buildkit_py import oci  # noqa: E402
 from buildkit_py.cli.main import main as cli  # noqa: E402
@@ -44,6 +44,10 @@ from buildkit_py.recipe.model import load_recipe  # noqa: E402
 
 BOOKWORM = os.environ.get("IMGBUILD_TEST_BASE_IMAGE", "debian:bookworm-slim")
 TRIXIE = "debian:trixie-slim"
+# A runtime-tier image costs about 12 GB while it builds here (4.2 GB in the image store, the build
+# cache's snapshots, 1.6 GB of blobs in the engine and again in the registry); a run of this bench
+# once died in its fourth build with the disk full (15 GB free on the shared machine).
+IMAGE_GB = 12.0
 PAIRS = (("debian12-py3.11", BOOKWORM, "3.11"), ("debian13-py3.13", TRIXIE, "3.13"))
 
 RECIPE = """\
@@ -121,6 +125,7 @@ def main(argv: list[str] | None = None) -> int:
                     plan = make_plan(load_recipe(recipe))
                     plan = venv_layout(plan) if arm == "venv" else plan
                     ref = f"{REGISTRY}/imgbuild-bench/cuda-share-{run}-{arm}:{key}"
+                    need_disk(IMAGE_GB, f"the {arm} {key} build")
                     refs.append(ref)  # removed at the end even when its build fails after pushing
                     start = time.monotonic()
                     # no layer cache: a cached step whose image another build removed fails the export
