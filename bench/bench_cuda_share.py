@@ -48,12 +48,14 @@ TRIXIE = "debian:trixie-slim"
 # cache's snapshots, 1.6 GB of blobs in the engine and again in the registry); a run of this bench
 # once died in its fourth build with the disk full (15 GB free on the shared machine).
 IMAGE_GB = 12.0
+# runtime (default): the tier's ~1.5 GB of CUDA layers; base (libcudart alone) for a quick run
+FLAVOR = os.environ.get("IMGBUILD_BENCH_CUDA_FLAVOR", "runtime")
 PAIRS = (("debian12-py3.11", BOOKWORM, "3.11"), ("debian13-py3.13", TRIXIE, "3.13"))
 
 RECIPE = """\
 name: imgbuild-bench/cuda-share-{run}
 version: "{key}"
-cuda: {{version: "12.4", source: wheels}}
+cuda: {{version: "12.4", source: wheels, flavor: {flavor}}}
 base: {{image: {base}}}
 python: "{python}"
 build: {{installer: pip}}
@@ -121,11 +123,11 @@ def main(argv: list[str] | None = None) -> int:
                     folder = Path(tmp) / arm / key
                     folder.mkdir(parents=True)
                     recipe = folder / "recipe.yaml"
-                    recipe.write_text(RECIPE.format(run=run, key=key, base=base, python=python))
+                    recipe.write_text(RECIPE.format(run=run, key=key, base=base, python=python, flavor=FLAVOR))
                     plan = make_plan(load_recipe(recipe))
                     plan = venv_layout(plan) if arm == "venv" else plan
                     ref = f"{REGISTRY}/imgbuild-bench/cuda-share-{run}-{arm}:{key}"
-                    need_disk(IMAGE_GB, f"the {arm} {key} build")
+                    need_disk(IMAGE_GB if FLAVOR == "runtime" else 2.0, f"the {arm} {key} build")
                     refs.append(ref)  # removed at the end even when its build fails after pushing
                     start = time.monotonic()
                     # no layer cache: a cached step whose image another build removed fails the export
@@ -152,7 +154,8 @@ def main(argv: list[str] | None = None) -> int:
                     say(f"    could not delete {ref}: {exc}")
     v, p = results["venv"], results["prefix"]
     say("")
-    say(f"(11) CUDA 12.4 runtime wheels, {PAIRS[1][0]} for a node holding {PAIRS[0][0]} (compressed bytes to pull)")
+    say(f"(11) CUDA 12.4 {FLAVOR}-tier wheels, {PAIRS[1][0]} for a node holding {PAIRS[0][0]} "
+        "(compressed bytes to pull)")
     for label, x in (("CUDA in the venv (before)", v), ("CUDA in the shared prefix", p)):
         say(f"    {label:27} {x['new']:>15,} B of {x['total']:>15,} B   CUDA layers {x['cuda_new']:>15,} B "
             f"of {x['cuda']:,} B")
