@@ -90,8 +90,14 @@ def diff(a: str, b: str) -> dict:
     return json.loads(out.getvalue())
 
 
+# CUDA-group steps that are per image by design: the venv's .pth and the loader's cache (ldconfig)
+PER_IMAGE = ("cuda-path", "ldconfig")
+
+
 def cuda_bytes(d: dict, status: str | None = None) -> int:
-    return sum(x["compressed_size"] for x in d["layers"] if x["group"] == "cuda" and status in (None, x["status"]))
+    """Compressed bytes of the CUDA wheels' layers (group cuda, less the per-image steps)."""
+    return sum(x["compressed_size"] for x in d["layers"]
+               if x["group"] == "cuda" and x["step"] not in PER_IMAGE and status in (None, x["status"]))
 
 
 def main(argv: list[str] | None = None) -> int:
