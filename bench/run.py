@@ -16,6 +16,9 @@ a ratio. Needs the Docker engine and the base image (`make bench` starts them).
       IMGBUILD_BENCH_STACK=small for the stack without torch)
   (10) the CUDA kernels of a whole torch image read as `check --gpu` reads them, against the bare
       stream (bench_kernels.py); target under 30 s
+  (11) on Docker 26: the bytes a node holding a Debian 12 / Python 3.11 CUDA image pulls for the
+      same CUDA on Debian 13 / Python 3.13, CUDA wheels in the venv vs in the shared prefix
+      (bench_cuda_share.py); goal: the CUDA layers pulled once
 
 "Cold" means no layer cache (--no-cache); pip and apt download caches stay warm in both arms,
 so the ratios measure layering, not the network.
@@ -179,7 +182,7 @@ def bench_prefix(b: Bench) -> dict:
 
 
 BENCHES = ("rebuild", "multistage", "prefix", "matrix", "weights", "startup", "engines", "schemas", "installer",
-           "kernels")
+           "kernels", "cuda-share")
 
 
 def main() -> int:
@@ -219,6 +222,9 @@ def main() -> int:
     if "kernels" in chosen:
         proc = subprocess.run([sys.executable, str(REPO / "bench" / "bench_kernels.py")], text=True, check=False)
         results["kernels_exit"] = proc.returncode
+    if "cuda-share" in chosen:
+        proc = subprocess.run([sys.executable, str(REPO / "bench" / "bench_cuda_share.py")], text=True, check=False)
+        results["cuda_share_exit"] = proc.returncode
     if "reuse" in chosen:
         proc = subprocess.run([sys.executable, str(REPO / "bench" / "bench_reuse.py")], text=True)  # noqa: PLW1510
         results["reuse_exit"] = proc.returncode

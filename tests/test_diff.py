@@ -129,3 +129,29 @@ def test_pull_time_adds_unpacking_of_the_new_bytes():
     assert D.diff_layers(from_registry("t1"), from_registry("t2"), unpack_mbps=2).totals.pull_seconds is None
     with pytest.raises(UsageError):
         D.diff_layers(from_registry("t1"), b, unpack_mbps=0)
+
+
+def test_a_node_holding_several_images_shares_what_any_of_them_has():
+    """--node: B's layers that A lacks but another image on the node has are not pulled again
+    (the CUDA layers of an image on another OS or Python)."""
+    t1, t2 = from_registry("t1"), from_registry("t2")
+    only_base = replace(t1, image="base-only", layers=t1.layers[:1])
+    only_app = replace(t2, image="app-only", layers=t2.layers[2:])
+    alone = D.diff_layers(only_base, t2)
+    assert [x.status for x in alone.layers] == ["shared", "new", "new"]
+    node = D.held_by_node([only_base, only_app])
+    assert node.image == "base-only + app-only" and node.source == D.SOURCE_REGISTRY
+    both = D.diff_layers(node, t2)
+    assert [(x.status, x.matched_by) for x in both.layers] == [
+        ("shared", "digest"), ("new", None), ("shared", "digest")]
+    assert both.totals.new_compressed_size == 3001212
+    # one image from the engine: no blob digests to match on, so diff ids, as for one A
+    mixed = D.held_by_node([only_base, from_engine("t2")])
+    assert mixed.source == D.SOURCE_ENGINE
+    assert all(x.matched_by == "diff-id" for x in D.diff_layers(mixed, t2).layers)
+    assert D.held_by_node([t1]) is t1
+
+
+def test_the_diff_says_what_the_node_already_has():
+    text = D.diff_blocks(D.diff_layers(from_registry("t1"), from_registry("t2")))
+    assert "already on the node: 2 of 3 layers, 65.6 MiB compressed" in [b for b in text if isinstance(b, str)]

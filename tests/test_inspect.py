@@ -68,6 +68,8 @@ MiB = 1 << 20
      [(I.CUDA_DUPLICATE, "libcublasLt.so.12:wheel")]),
     ("/opt/venv/lib/python3.11/site-packages/nvidia/cudnn/lib/libcudnn_ops.so.9", 10,
      [(I.CUDA_DUPLICATE, "libcudnn_ops.so.9:wheel")]),
+    ("/opt/imgbuild/cuda-wheels/nvidia/cudnn/lib/libcudnn.so.9", 10,  # the wheels' shared prefix
+     [(I.CUDA_DUPLICATE, "libcudnn.so.9:wheel")]),
     ("/usr/lib/x86_64-linux-gnu/libcuda.so.1", 10, []),  # the driver, not a toolkit library
     ("/srv/libcudart.so.12", 10, []),  # neither a toolkit tree nor a wheel
 ])

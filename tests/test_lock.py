@@ -19,7 +19,7 @@ from buildkit_py.pipeline import locks
 from buildkit_py.plan import lock
 from buildkit_py.plan.build_plan import make_plan
 from buildkit_py.plan.lock_model import LockedBase
-from buildkit_py.plan.steps import MetaStep
+from buildkit_py.plan.steps import LockedPrefixPipStep, MetaStep, PipStep
 from buildkit_py.recipe.model import load_recipe
 from buildkit_py.render.dockerfile import render_dockerfile
 
@@ -91,7 +91,7 @@ def packages(path):
 def test_each_package_goes_to_the_earliest_step_that_needs_it(recipe):
     plan = plan_of(recipe)
     steps = lock.lock_inputs(plan).stages["final"].steps
-    cuda = [s.id for s in plan.final.steps if s.id.startswith("cuda-")]
+    cuda = [s.id for s in plan.final.steps if s.id.startswith("cuda-") and isinstance(s, PipStep)]
     assert [s.id for s in steps] == [*cuda, "torch-triton", "torch", "heavy-bitsandbytes", "pins"]
     got = {p.name: p.step for p in lock.packages_from_report(REPORT, lock.target_of(plan), steps)}
     # the CUDA wheels torch pins are in their own layers (plan._torch_stack), Triton in its own, the
@@ -368,9 +368,14 @@ def test_locked_plan_installs_hashed_files_from_bind_mounts(recipe, tmp_path):
     use = locks.use_lock(plan_of(recipe))
     text = render_dockerfile(use.plan)
     assert f"FROM debian:bookworm-slim@{DIGEST} AS final" in text
-    layers = sum(1 for s in plan_of(recipe).final.steps if s.id.startswith(("cuda-", "torch-")))  # + Triton's
+    layers = sum(1 for s in plan_of(recipe).final.steps
+                 if s.id.startswith(("cuda-", "torch-")) and isinstance(s, PipStep))  # + Triton's
     assert layers >= 7 and text.count("--no-deps --require-hashes") == 2 * (3 + layers)  # and uv's own install
     assert text.count("-r /run/imgbuild-lock/") == 3 + layers
+    # the CUDA wheels locked go into the shared prefix as they did unlocked (plan.PrefixPipStep)
+    prefixed = [s.id for s in use.plan.final.steps if isinstance(s, LockedPrefixPipStep)]
+    assert prefixed and all(s.startswith("cuda-") for s in prefixed)
+    assert text.count("--target /tmp/imgbuild-prefix") == len(prefixed)
     assert ("--mount=type=bind,source=.imgbuild-lock/final-torch.txt,"
             "target=/run/imgbuild-lock/final-torch.txt") in text
     assert "-r /run/imgbuild-lock/final-pins.txt" in text
@@ -466,7 +471,8 @@ def test_locked_dockerfile_parses(recipe):
     write(recipe)
     text = render_dockerfile(locks.use_lock(plan_of(recipe)).plan)
     runs = [c for c in dockerfile.parse_string(text) if c.cmd == "RUN"]
-    layers = sum(1 for s in plan_of(recipe).final.steps if s.id.startswith(("cuda-", "torch-")))
+    layers = sum(1 for s in plan_of(recipe).final.steps
+                 if s.id.startswith(("cuda-", "torch-")) and isinstance(s, PipStep))
     assert sum("--require-hashes" in " ".join(c.value) for c in runs) == 3 + layers
 
 

@@ -118,8 +118,8 @@ copy: [{src: app/, dest: /app}]
     plan = make_plan(load_recipe(path))
     ids = [s.id for s in plan.final.steps]
     assert ids == ["os", "python", "mount-stubs", "cuda", "cuda-libs", "cuda-cublas", "cuda-cudnn", "cuda-cufft",
-                   "cuda-cusolver", "cuda-cusparse", "cuda-nccl", "torch-triton", "torch", "heavy-bitsandbytes", "pins",
-                   "ldconfig", "copy-0", "meta"]
+                   "cuda-cusolver", "cuda-cusparse", "cuda-nccl", "cuda-path", "torch-triton", "torch",
+                   "heavy-bitsandbytes", "pins", "ldconfig", "copy-0", "meta"]
 
 
 @pytest.mark.parametrize(("value", "expected"), [

@@ -121,6 +121,16 @@ def test_layers_stack_as_a_container_sees_them():
     assert (local.sha256, local.hash_source) == ("ab" * 32, sbom.HASH_FROM_DIRECT_URL)
 
 
+def test_the_cuda_wheels_in_the_shared_prefix_are_listed_as_the_venv_s_are():
+    prefix = "opt/imgbuild/cuda-wheels"  # plan.PrefixPipStep: outside every venv
+    stacked = scans(layer((f"{prefix}/nvidia_cublas_cu12-12.4.5.8.dist-info/METADATA",
+                           metadata("nvidia-cublas-cu12", "12.4.5.8")),
+                          (f"{prefix}/nvidia/cublas/lib/libcublas.so.12", b"\x7fELF"),
+                          ("srv/x/y-1.dist-info/METADATA", metadata("y", "1"))))  # no environment: not listed
+    files, _ = sbom.merge_layers(stacked)
+    assert sorted(files) == [f"/{prefix}/nvidia_cublas_cu12-12.4.5.8.dist-info/METADATA"]
+
+
 def test_an_opaque_folder_hides_what_lower_layers_had_there():
     stacked = scans(layer((f"{SITE}/a-1.dist-info/METADATA", metadata("a", "1")),
                           (f"{SITE}/b-1.dist-info/METADATA", metadata("b", "1"))),

@@ -8,6 +8,7 @@ import pytest
 
 from buildkit_py.plan.installer import UV_INSTALLER
 from buildkit_py.plan.steps import (
+    CUDA_PREFIX,
     STEP_TYPES,
     AptStep,
     ContextFile,
@@ -17,9 +18,12 @@ from buildkit_py.plan.steps import (
     LdconfigStep,
     LocalWheelsStep,
     LockedPipStep,
+    LockedPrefixPipStep,
     MetaStep,
     MountStubsStep,
     PipStep,
+    PrefixPathStep,
+    PrefixPipStep,
     VenvStep,
     WheelBuildStep,
 )
@@ -308,6 +312,99 @@ RUN set -eu; : imgbuild-step=mount-stubs; \
     mkdir -p /root/.cache/pip /run/secrets; \
     touch /run/secrets/cacert /run/secrets/pipconf; \
     touch -h -d @315532800 /etc /root /root/.cache /root/.cache/pip /run /run/secrets /run/secrets/cacert /run/secrets/pipconf''',  # noqa: E501
+    ),
+    "prefix-pip": (
+        PrefixPipStep("cuda-cudnn", "cuda", requirements=("nvidia-cudnn-cu12==9.1.0.70",), no_deps=True,
+                      reproducible=True),
+        r'''\
+RUN --mount=type=cache,target=/root/.cache/pip \
+    --mount=type=secret,id=cacert \
+    --mount=type=secret,id=pipconf \
+    --mount=type=tmpfs,target=/tmp \
+    set -eu; : imgbuild-step=cuda-cudnn; \
+    if [ -s /run/secrets/cacert ]; then export PIP_CERT=/run/secrets/cacert SSL_CERT_FILE=/run/secrets/cacert; fi; \
+    if [ -s /run/secrets/pipconf ]; then export PIP_CONFIG_FILE=/run/secrets/pipconf; fi; \
+    export PYTHONDONTWRITEBYTECODE=1 SOURCE_DATE_EPOCH=315532800; \
+    pip install --disable-pip-version-check --no-warn-script-location --no-deps --no-compile \
+        --target /tmp/imgbuild-prefix \
+        nvidia-cudnn-cu12==9.1.0.70; \
+    find /tmp/imgbuild-prefix -exec touch -h -d "@$SOURCE_DATE_EPOCH" {} +; \
+    mkdir -p /opt/imgbuild/cuda-wheels; \
+    cp -a /tmp/imgbuild-prefix/. /opt/imgbuild/cuda-wheels/; \
+    d=/opt/imgbuild/cuda-wheels; \
+    while [ "$d" != / ]; do touch -h -d "@$SOURCE_DATE_EPOCH" "$d"; d="$(dirname "$d")"; done''',
+    ),
+    "locked-prefix-pip": (
+        LockedPrefixPipStep("cuda", "cuda",
+                            requirements_file=ContextFile(".imgbuild/lock/final-cuda.txt", "x==1 --hash=sha256:00\n"),
+                            mount_target="/tmp/imgbuild-lock/final-cuda.txt", index_url=None, extra_index_urls=(),
+                            reproducible=True),
+        r'''\
+RUN --mount=type=cache,target=/root/.cache/pip \
+    --mount=type=secret,id=cacert \
+    --mount=type=secret,id=pipconf \
+    --mount=type=bind,source=.imgbuild/lock/final-cuda.txt,target=/tmp/imgbuild-lock/final-cuda.txt \
+    --mount=type=tmpfs,target=/tmp \
+    set -eu; : imgbuild-step=cuda; \
+    if [ -s /run/secrets/cacert ]; then export PIP_CERT=/run/secrets/cacert SSL_CERT_FILE=/run/secrets/cacert; fi; \
+    if [ -s /run/secrets/pipconf ]; then export PIP_CONFIG_FILE=/run/secrets/pipconf; fi; \
+    export PYTHONDONTWRITEBYTECODE=1 SOURCE_DATE_EPOCH=315532800; \
+    pip install --disable-pip-version-check --no-warn-script-location --no-deps --require-hashes --no-compile \
+        --target /tmp/imgbuild-prefix \
+        -r /tmp/imgbuild-lock/final-cuda.txt; \
+    find /tmp/imgbuild-prefix -exec touch -h -d "@$SOURCE_DATE_EPOCH" {} +; \
+    mkdir -p /opt/imgbuild/cuda-wheels; \
+    cp -a /tmp/imgbuild-prefix/. /opt/imgbuild/cuda-wheels/; \
+    d=/opt/imgbuild/cuda-wheels; \
+    while [ "$d" != / ]; do touch -h -d "@$SOURCE_DATE_EPOCH" "$d"; d="$(dirname "$d")"; done''',
+    ),
+    "prefix-path": (
+        PrefixPathStep("cuda-path", "cuda", venv="/opt/venv", prefix=CUDA_PREFIX, pth="imgbuild-cuda-wheels.pth"),
+        r'''\
+RUN set -eu; : imgbuild-step=cuda-path; \
+    for site in /opt/venv/lib/python*/site-packages; do \
+        echo /opt/imgbuild/cuda-wheels > "$site"/imgbuild-cuda-wheels.pth; \
+        d="$site"/imgbuild-cuda-wheels.pth; \
+        while [ "$d" != / ]; do touch -h -d @315532800 "$d"; d="$(dirname "$d")"; done; \
+    done''',
+    ),
+    "ldconfig-prefix": (
+        LdconfigStep("ldconfig", "cuda", venv="/opt/venv", prefix=CUDA_PREFIX),
+        r'''\
+RUN set -eu; : imgbuild-step=ldconfig; \
+    for d in /opt/venv/lib/python*/site-packages/nvidia/*/lib /opt/imgbuild/cuda-wheels/nvidia/*/lib; do \
+        if [ -d "$d" ]; then echo "$d"; fi; \
+    done > /etc/ld.so.conf.d/imgbuild-cuda-wheels.conf; \
+    ldconfig''',
+    ),
+    "cuda-home-prefix": (
+        CudaHomeStep("cuda-home", "cuda", venv="/opt/venv", tree="nvidia/cu13", home="/usr/local/cuda",
+                     prefix=CUDA_PREFIX),
+        r'''\
+RUN set -eu; : imgbuild-step=cuda-home; \
+    tree=/opt/imgbuild/cuda-wheels/nvidia/cu13; \
+    test -x "$tree/bin/nvcc"; \
+    ln -sfn lib "$tree/lib64"; \
+    ln -sfn "$tree" /usr/local/cuda
+ENV CUDA_HOME="/usr/local/cuda" PATH="/usr/local/cuda/bin:$PATH"''',
+    ),
+    "prefix-pip-uv": (
+        PrefixPipStep("cuda", "cuda", requirements=("nvidia-cuda-runtime-cu12==12.4.127",), reproducible=True,
+                      installer=UV_INSTALLER),
+        uv(r'''\
+RUN @UV_MOUNTS@ \
+    --mount=type=tmpfs,target=/tmp \
+    set -eu; : imgbuild-step=cuda; \
+    @UV_ENV@; \
+    export PYTHONDONTWRITEBYTECODE=1 SOURCE_DATE_EPOCH=315532800; \
+    "$uv" pip install --python "$(command -v python)" \
+        --target /tmp/imgbuild-prefix \
+        nvidia-cuda-runtime-cu12==12.4.127; \
+    find /tmp/imgbuild-prefix -exec touch -h -d "@$SOURCE_DATE_EPOCH" {} +; \
+    mkdir -p /opt/imgbuild/cuda-wheels; \
+    cp -a /tmp/imgbuild-prefix/. /opt/imgbuild/cuda-wheels/; \
+    d=/opt/imgbuild/cuda-wheels; \
+    while [ "$d" != / ]; do touch -h -d "@$SOURCE_DATE_EPOCH" "$d"; d="$(dirname "$d")"; done'''),
     ),
 }
 

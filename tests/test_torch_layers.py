@@ -6,10 +6,26 @@ import time
 
 from helpers import write_recipe
 
-from buildkit_py.compat.torch_pins import CudaWheel, big_libraries, cuda_layers, cuda_pin_layers, torch_cuda_pins
+from buildkit_py.compat.torch_pins import (
+    CudaWheel,
+    big_libraries,
+    cuda_layers,
+    cuda_pin_layers,
+    is_python_independent,
+    rows,
+    torch_cuda_pins,
+)
 from buildkit_py.engine.build import write_context
 from buildkit_py.plan.build_plan import MAX_HEAVY_LAYERS, SOURCE_DATE_EPOCH, _heavy_steps, make_plan
-from buildkit_py.plan.steps import ContextFile, LockedPipStep, MountStubsStep, PipStep
+from buildkit_py.plan.steps import (
+    CUDA_PREFIX,
+    ContextFile,
+    LockedPipStep,
+    MountStubsStep,
+    PipStep,
+    PrefixPathStep,
+    PrefixPipStep,
+)
 from buildkit_py.recipe.model import load_recipe
 from buildkit_py.render.dockerfile import render_step
 
@@ -30,13 +46,19 @@ def plan_for(tmp_path, torch):
 def test_torch_from_the_registry_gets_its_cuda_wheels_in_layers_before_it(tmp_path):
     plan = plan_for(tmp_path, "2.14.1")
     ids = [s.id for s in plan.final.steps]
-    assert ids == ["os", "python", "mount-stubs", "cuda-libs", "cuda-cublas", "cuda-cufft", "cuda-cusolver",
-                   "cuda-cusparse", "cuda-cudnn", "cuda-cusparselt", "cuda-nccl", "torch-triton", "torch", "pins",
-                   "ldconfig", "meta"]
-    cuda = [s for s in plan.final.steps if s.id.startswith("cuda-")]
-    assert all(isinstance(s, PipStep) and s.no_deps and s.reproducible and s.group == "cuda" for s in cuda)
+    assert ids == ["os", "python", "mount-stubs", "cuda-libs", "cuda-libs-py", "cuda-cublas", "cuda-cufft",
+                   "cuda-cusolver", "cuda-cusparse", "cuda-cudnn", "cuda-cusparselt", "cuda-nccl", "cuda-path",
+                   "torch-triton", "torch", "pins", "ldconfig", "meta"]
+    cuda = [s for s in plan.final.steps if s.id.startswith("cuda-") and isinstance(s, PipStep)]
+    assert all(s.no_deps and s.reproducible and s.group == "cuda" for s in cuda)
     installed = sorted(r for s in cuda for r in s.requirements)
     assert installed == sorted(w.pin for w in torch_cuda_pins("2.14.1").cuda_wheels)
+    # the py3-none wheels in the shared prefix; cuda-bindings, built per Python (cp312), in the venv
+    assert [s.id for s in cuda if not isinstance(s, PrefixPipStep)] == ["cuda-libs-py"]
+    assert plan.final.steps[ids.index("cuda-libs-py")].requirements == ("cuda-bindings==13.5.0",)
+    assert "cuda-toolkit==13.0.3.0" in plan.final.steps[ids.index("cuda-libs")].requirements
+    path = plan.final.steps[ids.index("cuda-path")]
+    assert isinstance(path, PrefixPathStep) and path.prefix == CUDA_PREFIX
     # Triton, torch's one big other dependency, in a layer of its own below torch's
     triton = plan.final.steps[ids.index("torch-triton")]
     assert triton.requirements == ("triton==3.8.0",) and triton.no_deps and triton.reproducible
@@ -165,8 +187,8 @@ def test_cudnn_from_wheels_without_torch_gets_cudnn_and_cublas_layers_of_their_o
 def test_the_devel_toolkit_splits_its_math_libraries_and_keeps_nvcc_with_the_small_ones(tmp_path):
     plan = cuda_plan(tmp_path, "13.0", ", flavor: devel")
     ids = [s.id for s in plan.final.steps if s.group == "cuda"]
-    assert ids == ["cuda", "cuda-cublas", "cuda-cufft", "cuda-cusolver", "cuda-cusparse", "cuda-nccl", "cuda-home",
-                   "ldconfig"]
+    assert ids == ["cuda", "cuda-cublas", "cuda-cufft", "cuda-cusolver", "cuda-cusparse", "cuda-nccl", "cuda-path",
+                   "cuda-home", "ldconfig"]
     small = plan.final.steps[[s.id for s in plan.final.steps].index("cuda")]
     assert "nvidia-cuda-nvcc==13.0.88" in small.requirements
     assert "nvidia-npp==13.0.1.2" in small.requirements  # devel is the runtime tier and the compiler
@@ -174,13 +196,13 @@ def test_the_devel_toolkit_splits_its_math_libraries_and_keeps_nvcc_with_the_sma
 
 def test_a_base_tier_recipe_keeps_its_one_cuda_step(tmp_path):
     plan = cuda_plan(tmp_path, "12.4", ", flavor: base")
-    assert [s.id for s in plan.final.steps if s.group == "cuda"] == ["cuda", "ldconfig"]
+    assert [s.id for s in plan.final.steps if s.group == "cuda"] == ["cuda", "cuda-path", "ldconfig"]
 
 
 def test_the_runtime_tier_gives_its_big_libraries_layers_of_their_own(tmp_path):
     plan = cuda_plan(tmp_path, "12.4")
     assert [s.id for s in plan.final.steps if s.group == "cuda"] == [
-        "cuda", "cuda-cublas", "cuda-cufft", "cuda-cusolver", "cuda-cusparse", "cuda-nccl", "ldconfig"]
+        "cuda", "cuda-cublas", "cuda-cufft", "cuda-cusolver", "cuda-cusparse", "cuda-nccl", "cuda-path", "ldconfig"]
 
 
 def test_cudnn_layers_are_the_same_steps_whatever_else_the_image_holds(tmp_path):
@@ -243,3 +265,27 @@ def test_inspect_groups_the_per_library_and_per_package_layers_by_their_prefix()
                for step in ("cuda", "cuda-cudnn", "cuda-libs", "heavy-flash-attn", "heavy-rest", "mount-stubs")]
     # mount-stubs: the plan's group for it, python (issue 22: 11; it fell to "other" without a plan's table)
     assert [a.group for a in attribute_entries(history)] == ["cuda", "cuda", "cuda", "heavy", "heavy", "python"]
+
+
+def test_every_nvidia_wheel_in_the_data_is_python_independent_as_the_name_rule_assumes():
+    """is_python_independent judges a pin without its file (cuda.source: wheels) by an nvidia-*
+    name: that holds for every nvidia-* wheel file read into the data; a cp wheel is not."""
+    wheels = [w for row in rows().values() for w in row.wheels]
+    nvidia = [w for w in wheels if w.name.startswith("nvidia-")]
+    assert len(nvidia) > 100 and all(w.file and w.python_independent for w in nvidia)
+    assert all(is_python_independent(w.name) for w in nvidia)
+    cp = [w for w in wheels if w.name == "cuda-bindings"]
+    assert cp and not any(w.python_independent for w in cp)
+    assert not is_python_independent("cuda-bindings") and not is_python_independent("triton")
+    assert is_python_independent("cuda-toolkit", "cuda_toolkit-13.0.2-py2.py3-none-any.whl")
+    assert not is_python_independent("x", "x-1.0-cp311-cp311-manylinux_2_17_x86_64.whl")
+    assert not is_python_independent("x", "x-1.0-py3-abi3-any.whl") and not is_python_independent("x", "not-a-wheel")
+
+
+def test_a_base_tier_recipe_puts_its_cuda_wheels_in_the_shared_prefix_and_points_the_venv_at_it(tmp_path):
+    plan = cuda_plan(tmp_path, "12.4", ", flavor: base")
+    steps = {s.id: s for s in plan.final.steps}
+    assert isinstance(steps["cuda"], PrefixPipStep) and steps["cuda"].prefix == CUDA_PREFIX
+    assert steps["cuda-path"].pth == "imgbuild-cuda-wheels.pth" and steps["ldconfig"].prefix == CUDA_PREFIX
+    text = render_step(steps["cuda"])
+    assert f"cp -a /tmp/imgbuild-prefix/. {CUDA_PREFIX}/" in text and "--target /tmp/imgbuild-prefix" in text

@@ -5,6 +5,7 @@ are streamed once, when asked, to count their uncompressed bytes, nothing is wri
 disk) or from the local engine store (the engine keeps no compressed blobs, so compressed
 sizes are unknown there).
 
+A may be several images (``--node``: what the node already holds); their layers count together.
 A layer of B is *shared* when A has the same blob: same compressed digest when both images
 come from a registry (that is what an engine pulling B checks: a blob it has not seen is
 downloaded even when its content turns out to be a layer it holds), else the same diff id
@@ -23,7 +24,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import zlib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -67,6 +68,16 @@ class ImageLayers:
     digest: str | None  # manifest digest (registry) or image id (engine)
     layers: tuple[LayerInfo, ...]
     labels: Mapping[str, str]
+
+
+def held_by_node(images: Sequence[ImageLayers]) -> ImageLayers:
+    """What a node holding every one of ``images`` has: their layers together, as one A. Blob
+    digests count only where every image came from a registry (else diff ids, as for one A)."""
+    if len(images) == 1:
+        return images[0]
+    source = SOURCE_REGISTRY if all(x.source == SOURCE_REGISTRY for x in images) else SOURCE_ENGINE
+    return ImageLayers(" + ".join(x.image for x in images), source, None,
+                       tuple(layer for x in images for layer in x.layers), {})
 
 
 @dataclass(frozen=True)
@@ -296,11 +307,14 @@ class DiffOptions:
 
 
 def diff_images(image_a: str, image_b: str, options: DiffOptions = DiffOptions(), *,
-                client: oci.Client | None = None, engine=None, progress: Progress | None = None) -> ImageDiff:
-    """``progress``: the bytes of B's layer blobs as they are streamed to count what they unpack to."""
+                client: oci.Client | None = None, engine=None, progress: Progress | None = None,
+                node: Sequence[str] = ()) -> ImageDiff:
+    """``progress``: the bytes of B's layer blobs as they are streamed to count what they unpack to.
+    ``node``: other images the node holds besides A (held_by_node)."""
     client = client or oci.Client()
     # only B's bytes matter
-    a = read_image(image_a, source=options.source, client=client, engine=engine, uncompressed=False)
+    a = held_by_node([read_image(x, source=options.source, client=client, engine=engine, uncompressed=False)
+                      for x in (image_a, *node)])
     b = read_image(image_b, source=options.source, client=client, engine=engine, uncompressed=options.uncompressed,
                    progress=progress)
     return diff_layers(a, b, bandwidth_mbps=options.bandwidth_mbps, unpack_mbps=options.unpack_mbps)
@@ -352,6 +366,9 @@ def diff_blocks(d: ImageDiff) -> list[Block]:
     pull = "" if t.pull_seconds is None else f", about {t.pull_seconds:.1f} s at {t.bandwidth_mbps:g} Mbit/s"
     if t.pull_seconds is not None and t.unpack_mbps:
         pull += f" unpacking at {t.unpack_mbps:g} MB/s"
+    shared = (None if t.compressed_size is None or t.new_compressed_size is None
+              else t.compressed_size - t.new_compressed_size)
     return [f"{d.b.image} for a node holding {d.a.image} (A from the {d.a.source}, B from the {d.b.source})", layers,
+            f"already on the node: {t.layers - t.new_layers} of {t.layers} layers, {human_size(shared)} compressed",
             f"to download: {t.new_layers} of {t.layers} layers, {human_size(t.new_compressed_size)} "
             f"compressed{share}, {human_size(t.new_size)} unpacked{pull}"]

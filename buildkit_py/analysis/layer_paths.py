@@ -8,6 +8,7 @@ import posixpath
 import re
 
 from buildkit_py.file_kinds import WEIGHT_FILE_LIMIT, is_weight_file, over_weight_limit
+from buildkit_py.plan.steps import CUDA_PREFIX
 from buildkit_py.text_enum import TextEnum
 
 
@@ -51,7 +52,8 @@ _CUDA_LIB_RE = re.compile(
     r"cudnn(?:_[a-z_]+)?|nccl|nvrtc(?:-builtins)?|nvJitLink|cupti|nvToolsExt|nvjpeg|npp[a-z]*|cufile)"
     r"\.so\.(\d+)(?:\.[\d.]+)?$")
 _CUDA_SYSTEM_RE = re.compile(r"^/usr/local/cuda[^/]*/|^/usr/lib/[^/]*-linux-gnu/")
-_CUDA_WHEEL_RE = re.compile(r"/site-packages/nvidia/[^/]+/lib/")
+# in a venv, or in the prefix the CUDA wheels share outside it (plan.PrefixPipStep)
+_CUDA_WHEEL_RE = re.compile(rf"(?:/site-packages|^{re.escape(CUDA_PREFIX)})/nvidia/[^/]+/lib/")
 
 WHITEOUT_PREFIX = ".wh."
 OPAQUE = ".wh..wh..opq"

@@ -11,7 +11,8 @@ listed is what a container of the image sees:
 - OS packages: ``/var/lib/dpkg/status`` (``Status: ... installed``; name, version, architecture,
   source package) and distroless ``/var/lib/dpkg/status.d/*``; the OS from ``os-release``;
 - Python distributions: every ``*.dist-info/METADATA`` (and ``*.egg-info``) under a
-  ``site-packages`` or ``dist-packages`` folder, wherever the environment is; the CUDA wheels
+  ``site-packages`` or ``dist-packages`` folder, wherever the environment is, or in the prefix
+  the Python-independent CUDA wheels share outside the venv (/opt/imgbuild/cuda-wheels); the CUDA wheels
   (``nvidia-*``) are distributions like any other.
 
 The sha256 of the wheel a distribution was installed from is not in the image (``RECORD`` holds
@@ -51,6 +52,7 @@ from buildkit_py.analysis.diff import names_registry
 from buildkit_py.analysis.saved_image import IterStream, LayerScan, decompressing, scan_layer
 from buildkit_py.errors import DigestMismatch, ImageMissing, ImgbuildError, ManifestNotFound, SbomError
 from buildkit_py.plan.lock import wheel_key
+from buildkit_py.plan.steps import CUDA_PREFIX
 
 if TYPE_CHECKING:
     from buildkit_py.engine.base import Engine
@@ -71,7 +73,8 @@ PROPERTY_SOURCE_PACKAGE = "imgbuild:deb-source"
 _DPKG_STATUS = "/var/lib/dpkg/status"
 _DPKG_STATUS_D = "/var/lib/dpkg/status.d/"
 _OS_RELEASE = ("/etc/os-release", "/usr/lib/os-release")
-_DIST_RE = re.compile(r"/(?:site|dist)-packages/([^/]+)\.(dist-info|egg-info)"
+# site-packages of any environment, and the shared prefix of the CUDA wheels (plan.PrefixPipStep)
+_DIST_RE = re.compile(rf"(?:/(?:site|dist)-packages|^{re.escape(CUDA_PREFIX)})/([^/]+)\.(dist-info|egg-info)"
                       r"(?:/(METADATA|PKG-INFO|direct_url\.json))?$")
 
 # (canonical name, normalized version) -> sha256 hex of the wheel

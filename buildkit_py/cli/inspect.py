@@ -41,6 +41,9 @@ def register_diff(add: AddCommand) -> None:
              "  imgbuild diff 127.0.0.1:5000/team/app:1 127.0.0.1:5000/team/app:2")
     df.add_argument("image_a", help="the image the node holds")
     df.add_argument("image_b", help="the image to roll out")
+    df.add_argument("--node", action="append", default=[], metavar="IMAGE",
+                    help="another image the node already holds, besides A (repeatable): a layer of B that any "
+                         "of them has is shared, e.g. the CUDA layers of an image on another OS or Python")
     df.add_argument("--source", choices=("auto", "registry", "engine"), default="auto",
                     help="where to read the images: auto = the registry a reference names, else the engine")
     rate_options(df)
@@ -78,7 +81,7 @@ def cmd_diff(args: argparse.Namespace, out: Out) -> int:
     with transfer_view(out.stderr, args.progress) as progress:
         result = diff_images(args.image_a, args.image_b, DiffOptions(
             source=args.source, bandwidth_mbps=args.bandwidth, unpack_mbps=args.unpack_rate,
-            uncompressed=not args.no_uncompressed), engine=reading_engine(args), progress=progress)
+            uncompressed=not args.no_uncompressed), engine=reading_engine(args), progress=progress, node=args.node)
     if args.json:
         out.data(diff_json(result))
     else:

@@ -13,7 +13,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from packaging.utils import canonicalize_name
+from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
 from packaging.version import InvalidVersion, Version
 
 from buildkit_py.compat.tables import _fail, _load_raw
@@ -35,6 +35,11 @@ class CudaWheel:
     version: str
     size: int  # bytes of the wheel file pip chose for the read
     sha256: str
+    file: str = ""  # that wheel's file name, whose tags say which Pythons it serves
+
+    @property
+    def python_independent(self) -> bool:
+        return is_python_independent(self.name, self.file)
 
     @property
     def pin(self) -> str:
@@ -49,6 +54,21 @@ class CudaWheel:
 def is_cuda_wheel(name: str) -> bool:
     """nvidia-* and cuda-* distributions: the CUDA libraries and toolkit parts."""
     return canonicalize_name(name).startswith(("nvidia-", "cuda-"))
+
+
+def is_python_independent(name: str, file: str = "") -> bool:
+    """Whether a wheel installs the same files under every Python (py3-none, py2.py3-none): by
+    its file's tags where the file is known; else by name, an nvidia-* wheel (NVIDIA publishes
+    its CUDA libraries as py3-none wheels: every one in data/torch_cuda_pins.json is, which
+    tests/test_torch_layers.py checks). Such wheels can live outside the venv, in one prefix
+    that images on any Python share byte for byte (plan.PrefixPipStep)."""
+    if file:
+        try:
+            tags = parse_wheel_filename(file)[3]
+        except InvalidWheelFilename:
+            return False
+        return all(t.abi == "none" and t.interpreter.startswith("py") for t in tags)
+    return canonicalize_name(name).startswith("nvidia-")
 
 
 @dataclass(frozen=True)
@@ -100,7 +120,7 @@ def rows() -> dict[str, TorchCudaPins]:
                 Version(str(version))
             except InvalidVersion:
                 raise _fail(FILE, key, f"{name}: version {version!r} is not exact") from None
-            wheels.append(CudaWheel(name, str(version), size, sha))
+            wheels.append(CudaWheel(name, str(version), size, sha, str(w.get("file") or "")))
         if [w.name for w in wheels] != sorted({w.name for w in wheels}):
             raise _fail(FILE, key, "wheels are sorted by name, each once")
         out[key] = TorchCudaPins(key, str(e.get("variant")), str(e.get("python")), tuple(wheels),

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,6 +21,7 @@ from buildkit_py.compat.torch_pins import (
     cuda_layers,
     cuda_pin_layers,
     dependency_layers,
+    is_python_independent,
     torch_cuda_pins,
 )
 from buildkit_py.errors import UsageError
@@ -27,6 +29,7 @@ from buildkit_py.file_kinds import is_weight_file, over_weight_limit
 from buildkit_py.plan import labels as L
 from buildkit_py.plan.installer import Installer, installer_for
 from buildkit_py.plan.steps import (
+    CUDA_PREFIX,
     AptStep,
     ContextFile,
     CopyStep,
@@ -37,6 +40,8 @@ from buildkit_py.plan.steps import (
     MetaStep,
     MountStubsStep,
     PipStep,
+    PrefixPathStep,
+    PrefixPipStep,
     Step,
     VenvStep,
     WheelBuildStep,
@@ -47,6 +52,7 @@ from buildkit_py.sizes import human_size
 from buildkit_py.text_enum import TextEnum
 
 VENV = "/opt/venv"
+CUDA_PREFIX_PTH = "imgbuild-cuda-wheels.pth"  # the venv's .pth naming steps.CUDA_PREFIX
 STEP_MARK = "imgbuild-step"  # written into each RUN so `inspect` can map layers to steps
 # The mount stubs' step, and the empty context file its COPY (to /etc/hosts) reads: `inspect`
 # knows that COPY by its source, so the recipe's own copy[0] stays copy-0.
@@ -226,13 +232,38 @@ def _heavy_steps(heavy: list[tuple[str, str]]) -> list[Step]:
     return steps
 
 
-def _cuda_steps(layers: tuple[CudaLayer, ...], *, complete: bool = False) -> list[Step]:
+def _cuda_steps(layers: tuple[CudaLayer, ...], *, complete: bool = False,
+                independent: Callable[[str], bool] = is_python_independent) -> list[Step]:
     """A reproducible step per CUDA layer. A big library's own layer installs --no-deps: the
     pins are a complete set (cuda-toolkit's extras, cuDNN with cuBLAS) whose other members sit
     in the layers around it; the small wheels' layer resolves as the one CUDA step always did.
-    ``complete``: every layer --no-deps (pip's own resolution of a torch release)."""
-    return [PipStep(layer.id, "cuda", requirements=layer.pins, no_deps=complete or layer.own, reproducible=True)
-            for layer in layers]
+    ``complete``: every layer --no-deps (pip's own resolution of a torch release).
+
+    The Python-independent wheels (``independent``, by name: py3-none) go into the shared
+    prefix (PrefixPipStep), so images on other OSes and Pythons carry the same layer; a layer's
+    wheels built for one Python (cuda-bindings) go into the venv, in a layer ``<id>-py`` beside it."""
+    steps: list[Step] = []
+    for layer in layers:
+        no_deps = complete or layer.own
+        shared = tuple(p for p in layer.pins if independent(pin_name(p)))
+        own = tuple(p for p in layer.pins if p not in shared)
+        if shared:
+            steps.append(PrefixPipStep(layer.id, "cuda", requirements=shared, no_deps=no_deps, reproducible=True))
+        if own:
+            steps.append(PipStep(f"{layer.id}-py" if shared else layer.id, "cuda", requirements=own,
+                                 no_deps=no_deps, reproducible=True))
+    return steps
+
+
+def _with_prefix_path(steps: list[Step]) -> list[Step]:
+    """The steps, with a PrefixPathStep after the last PrefixPipStep: before any later pip step
+    resolves (torch's), so pip sees the CUDA wheels as installed rather than installing them
+    again into the venv."""
+    last = max((i for i, s in enumerate(steps) if isinstance(s, PrefixPipStep)), default=None)
+    if last is None:
+        return steps
+    path = PrefixPathStep("cuda-path", "cuda", venv=VENV, prefix=CUDA_PREFIX, pth=CUDA_PREFIX_PTH)
+    return steps[:last + 1] + [path] + steps[last + 1:]
 
 
 def _os_steps(res: Resolution, apt: list[str], *, dev: bool) -> list[Step]:
@@ -273,7 +304,9 @@ def _torch_stack(res: Resolution) -> list[Step]:
     pins = _torch_pins(res)
     steps: list[Step] = []
     if pins:
-        steps = _cuda_steps(cuda_layers(pins.cuda_wheels), complete=True)
+        wheels = {w.name: w for w in pins.cuda_wheels}  # each with its file, whose tags say
+        steps = _cuda_steps(cuda_layers(pins.cuda_wheels), complete=True,
+                            independent=lambda name: wheels[canonicalize_name(name)].python_independent)
         steps += [PipStep(layer.id, "torch", requirements=layer.pins, no_deps=True, reproducible=True)
                   for layer in dependency_layers(pins.dependency_wheels)]
     torch = [dataclasses.replace(s, reproducible=True) if isinstance(s, PipStep) else s for s in _torch_step(res)]
@@ -292,7 +325,7 @@ def _final_cuda_wheels(res: Resolution) -> list[Step]:
     if not res.cuda_wheels:
         return []
     if _torch_pins(res):
-        return [PipStep("cuda", "cuda", requirements=res.cuda_wheels, reproducible=True)]
+        return _cuda_steps((CudaLayer("cuda", res.cuda_wheels),))
     return _cuda_steps(cuda_pin_layers(res.cuda_wheels))
 
 
@@ -314,12 +347,13 @@ def _mount_stubs(steps: list[Step], installer: Installer) -> list[Step]:
     return steps[:first] + [stubs] + steps[first:]
 
 
-def _cuda_home_steps(res: Resolution) -> list[Step]:
-    """Make the toolkit tree the CUDA wheels install (site-packages/nvidia/cu13) CUDA_HOME;
-    nothing where the wheels install no such tree."""
+def _cuda_home_steps(res: Resolution, prefix: str | None = None) -> list[Step]:
+    """Make the toolkit tree the CUDA wheels install (site-packages/nvidia/cu13, or under
+    ``prefix``) CUDA_HOME; nothing where the wheels install no such tree."""
     if res.cuda_wheel_home is None:
         return []
-    return [CudaHomeStep("cuda-home", "cuda", venv=VENV, tree=res.cuda_wheel_home, home="/usr/local/cuda")]
+    return [CudaHomeStep("cuda-home", "cuda", venv=VENV, tree=res.cuda_wheel_home, home="/usr/local/cuda",
+                         prefix=prefix)]
 
 
 def weight_files_in_copies(recipe: Recipe) -> list[tuple[int, str, int]]:
@@ -382,10 +416,13 @@ def make_plan(recipe: Recipe, *, tags: tuple[str, ...] = (), registry: str | Non
     devel_wheels = res.cuda_flavor == "devel" and res.cuda_source == "wheels"
     # nvcc needs a host C++ compiler; NVIDIA's devel images are the other source of one
     steps = _os_steps(res, list(recipe.apt) + (["g++"] if devel_wheels else []), dev=False)
-    steps += _final_cuda_wheels(res)
+    cuda = _final_cuda_wheels(res)
+    steps += cuda
     if devel_wheels:
-        steps += _cuda_home_steps(res)
+        steps += _cuda_home_steps(res, prefix=CUDA_PREFIX if any(isinstance(s, PrefixPipStep) for s in cuda) else None)
     steps += _torch_stack(res)
+    steps = _with_prefix_path(steps)
+    prefix = CUDA_PREFIX if any(isinstance(s, PrefixPipStep) for s in steps) else None
     if compiled:
         # Install the builder's wheel files by path: given only a name, pip would prefer the
         # index's manylinux wheel over a locally built linux_x86_64 one.
@@ -394,7 +431,7 @@ def make_plan(recipe: Recipe, *, tags: tuple[str, ...] = (), registry: str | Non
     if other:  # reproducible too: a --no-cache rebuild must give the same layer (issue 33: 1)
         steps.append(dataclasses.replace(_pip_step("pins", "pins", other), reproducible=True))
     if res.cuda_source == "wheels":
-        steps.append(LdconfigStep("ldconfig", "cuda", venv=VENV))
+        steps.append(LdconfigStep("ldconfig", "cuda", venv=VENV, prefix=prefix))
     for i, c in enumerate(recipe.copy):
         steps.append(CopyStep(f"copy-{i}", "app", src=c.src, dest=c.dest))
     steps = _mount_stubs(_with_installer(steps, installer), installer)

@@ -64,7 +64,15 @@ from buildkit_py.plan.lock_model import (
     StageInputs,
     VariantLock,
 )
-from buildkit_py.plan.steps import ContextFile, LockedPipStep, MetaStep, PipStep, Step
+from buildkit_py.plan.steps import (
+    ContextFile,
+    LockedPipStep,
+    LockedPrefixPipStep,
+    MetaStep,
+    PipStep,
+    PrefixPipStep,
+    Step,
+)
 from buildkit_py.recipe.model import locate
 from buildkit_py.schemas import line_of, load_schema, validate
 from buildkit_py.text_enum import TextEnum
@@ -615,7 +623,10 @@ def requirements_text(packages: Sequence[LockedPackage]) -> str:
 def _locked_step(stage: Stage, step: PipStep, packages: Sequence[LockedPackage]) -> LockedPipStep:
     rel = f"{LOCK_DIR}/{stage.name}-{step.id}.txt"
     indexes = stage_indexes(stage)
-    return LockedPipStep(
+    # a prefix step stays one: its locked wheels go into the same shared prefix
+    extra = {"prefix": step.prefix} if isinstance(step, PrefixPipStep) else {}
+    kind = LockedPrefixPipStep if isinstance(step, PrefixPipStep) else LockedPipStep
+    return kind(
         step.id, step.group,
         requirements_file=ContextFile(rel, requirements_text(packages)),
         mount_target=f"{MOUNT_DIR}/{stage.name}-{step.id}.txt",
@@ -623,6 +634,7 @@ def _locked_step(stage: Stage, step: PipStep, packages: Sequence[LockedPackage])
         extra_index_urls=tuple(indexes[1:]),
         reproducible=step.reproducible,
         installer=step.installer,  # hashes hold with either: uv and pip both take --require-hashes
+        **extra,
     )
 
 

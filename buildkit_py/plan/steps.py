@@ -122,6 +122,43 @@ class LockedPipStep(Step):
         return (self.requirements_file,)
 
 
+# The one folder, outside every venv, that the Python-independent CUDA wheels install into.
+CUDA_PREFIX = "/opt/imgbuild/cuda-wheels"
+
+
+@dataclass(frozen=True)
+class PrefixPipStep(PipStep):
+    """A reproducible pip step whose wheels, all Python-independent (py3-none: the nvidia-* CUDA
+    wheels), go into ``prefix`` instead of the venv's lib/pythonX.Y/site-packages: the layer then
+    holds the same bytes whatever OS and Python lie under it, so a node pulls it once for all of
+    them. Staged by ``--target`` in the tmpfs /tmp and copied in (``--target`` on the prefix itself
+    would skip, or with --upgrade replace, the nvidia/ folder an earlier layer made); no bytecode,
+    whose file names carry the Python version. A ``PrefixPathStep`` makes the prefix visible."""
+
+    MACRO: ClassVar[str] = "step_pip_prefix"
+    prefix: str = CUDA_PREFIX
+
+
+@dataclass(frozen=True)
+class LockedPrefixPipStep(LockedPipStep):
+    """A ``PrefixPipStep`` of a locked build: its exact wheels by sha256, into ``prefix``."""
+
+    MACRO: ClassVar[str] = "step_pip_locked_prefix"
+    prefix: str = CUDA_PREFIX
+
+
+@dataclass(frozen=True)
+class PrefixPathStep(Step):
+    """A ``.pth`` file in the venv's site-packages naming ``prefix``, so Python (importlib.metadata,
+    pip, torch's preload of nvidia/*/lib from sys.path) sees the wheels installed there. A small
+    layer of its own, after the prefix's: the one part that names the Python version."""
+
+    MACRO: ClassVar[str] = "step_prefix_path"
+    venv: str
+    prefix: str
+    pth: str  # the file's name
+
+
 @dataclass(frozen=True)
 class MountStubsStep(Step):
     """Creates, in a layer of its own, the paths BuildKit would otherwise create and remove
@@ -190,16 +227,19 @@ class LdconfigStep(Step):
 
     MACRO: ClassVar[str] = "step_ldconfig"
     venv: str
+    prefix: str | None = None  # and those under the prefix the CUDA wheels went into (PrefixPipStep)
 
 
 @dataclass(frozen=True)
 class CudaHomeStep(Step):
-    """Makes the toolkit tree of the CUDA 13 wheels (site-packages/<tree>) CUDA_HOME."""
+    """Makes the toolkit tree of the CUDA 13 wheels (site-packages/<tree>, or <prefix>/<tree>
+    where a PrefixPipStep installed them) CUDA_HOME."""
 
     MACRO: ClassVar[str] = "step_cuda_home"
     venv: str
     tree: str  # relative to site-packages, e.g. nvidia/cu13
     home: str  # the symlink, e.g. /usr/local/cuda
+    prefix: str | None = None
 
 
 @dataclass(frozen=True)
@@ -232,5 +272,6 @@ class MetaStep(Step):
         return False
 
 
-STEP_TYPES: tuple[type[Step], ...] = (AptStep, DeadsnakesStep, VenvStep, PipStep, LockedPipStep, MountStubsStep,
-                                      WheelBuildStep, LocalWheelsStep, LdconfigStep, CudaHomeStep, CopyStep, MetaStep)
+STEP_TYPES: tuple[type[Step], ...] = (AptStep, DeadsnakesStep, VenvStep, PipStep, LockedPipStep, PrefixPipStep,
+                                      LockedPrefixPipStep, PrefixPathStep, MountStubsStep, WheelBuildStep,
+                                      LocalWheelsStep, LdconfigStep, CudaHomeStep, CopyStep, MetaStep)

@@ -45,9 +45,9 @@ RUN --mount=type=cache,target=/root/.cache/uv \
         PYTHONDONTWRITEBYTECODE=1 pip install -q --disable-pip-version-check --no-cache-dir --no-deps --require-hashes --target "$new" -r "$new.txt"; \
         rm -f "$new.txt"; mv -T "$new" "$home" 2>/dev/null || rm -rf "$new"; \
     fi; \
-    export PYTHONDONTWRITEBYTECODE=1; SOURCE_DATE_EPOCH=315532800; touch /tmp/imgbuild-stamp; \
+    export PYTHONDONTWRITEBYTECODE=1 SOURCE_DATE_EPOCH=315532800; \
     "$uv" pip install --python "$(command -v python)" --no-deps \
-        cuda-bindings==13.5.0 \
+        --target /tmp/imgbuild-prefix \
         cuda-pathfinder==1.9.1 \
         cuda-toolkit==13.0.3.0 \
         nvidia-cuda-cupti==13.0.85 \
@@ -58,6 +58,32 @@ RUN --mount=type=cache,target=/root/.cache/uv \
         nvidia-nvjitlink==13.5.37 \
         nvidia-nvshmem-cu13==3.4.5 \
         nvidia-nvtx==13.0.85; \
+    find /tmp/imgbuild-prefix -exec touch -h -d "@$SOURCE_DATE_EPOCH" {} +; \
+    mkdir -p /opt/imgbuild/cuda-wheels; \
+    cp -a /tmp/imgbuild-prefix/. /opt/imgbuild/cuda-wheels/; \
+    d=/opt/imgbuild/cuda-wheels; \
+    while [ "$d" != / ]; do touch -h -d "@$SOURCE_DATE_EPOCH" "$d"; d="$(dirname "$d")"; done
+RUN --mount=type=cache,target=/root/.cache/uv \
+    --mount=type=cache,target=/run/imgbuild-uv \
+    --mount=type=secret,id=cacert \
+    --mount=type=secret,id=pipconf \
+    --mount=type=secret,id=uvenv \
+    --mount=type=tmpfs,target=/tmp \
+    set -eu; : imgbuild-step=cuda-libs-py; \
+    if [ -s /run/secrets/cacert ]; then export PIP_CERT=/run/secrets/cacert SSL_CERT_FILE=/run/secrets/cacert; fi; \
+    if [ -s /run/secrets/pipconf ]; then export PIP_CONFIG_FILE=/run/secrets/pipconf; fi; \
+    export UV_CACHE_DIR=/root/.cache/uv UV_LINK_MODE=copy UV_PYTHON_DOWNLOADS=never UV_NO_PROGRESS=1; \
+    if [ -s /run/secrets/uvenv ]; then . /run/secrets/uvenv; fi; \
+    home=/run/imgbuild-uv/0.13.9-"$(uname -m)"; uv="$home/bin/uv"; \
+    if [ ! -x "$uv" ]; then \
+        new="$(mktemp -d /run/imgbuild-uv/new.XXXXXX)"; \
+        echo 'uv==0.13.9 --hash=sha256:d7f459fe4fd247d830351c75686d3996ace3c6f3f728eb0e85a30b7ada0cef19 --hash=sha256:5435c5ce14a56431208ca0996416d310f1598e8c2c8ba707688985a16bb82dbe --hash=sha256:ecb6028d79dc96fbeafffe5c8af62a7099487ebc05a701e76714eebcffd06375' > "$new.txt"; \
+        PYTHONDONTWRITEBYTECODE=1 pip install -q --disable-pip-version-check --no-cache-dir --no-deps --require-hashes --target "$new" -r "$new.txt"; \
+        rm -f "$new.txt"; mv -T "$new" "$home" 2>/dev/null || rm -rf "$new"; \
+    fi; \
+    export PYTHONDONTWRITEBYTECODE=1; SOURCE_DATE_EPOCH=315532800; touch /tmp/imgbuild-stamp; \
+    "$uv" pip install --python "$(command -v python)" --no-deps \
+        cuda-bindings==13.5.0; \
     prefix="$(python -c 'import sys; print(sys.prefix)')"; \
     find "$prefix" -newer /tmp/imgbuild-stamp -name '*.py' > /tmp/imgbuild-new-py; \
     find "$prefix" -newer /tmp/imgbuild-stamp -exec touch -h -d "@$SOURCE_DATE_EPOCH" {} +; \
@@ -86,19 +112,15 @@ RUN --mount=type=cache,target=/root/.cache/uv \
         PYTHONDONTWRITEBYTECODE=1 pip install -q --disable-pip-version-check --no-cache-dir --no-deps --require-hashes --target "$new" -r "$new.txt"; \
         rm -f "$new.txt"; mv -T "$new" "$home" 2>/dev/null || rm -rf "$new"; \
     fi; \
-    export PYTHONDONTWRITEBYTECODE=1; SOURCE_DATE_EPOCH=315532800; touch /tmp/imgbuild-stamp; \
+    export PYTHONDONTWRITEBYTECODE=1 SOURCE_DATE_EPOCH=315532800; \
     "$uv" pip install --python "$(command -v python)" --no-deps \
+        --target /tmp/imgbuild-prefix \
         nvidia-cublas==13.1.1.3; \
-    prefix="$(python -c 'import sys; print(sys.prefix)')"; \
-    find "$prefix" -newer /tmp/imgbuild-stamp -name '*.py' > /tmp/imgbuild-new-py; \
-    find "$prefix" -newer /tmp/imgbuild-stamp -exec touch -h -d "@$SOURCE_DATE_EPOCH" {} +; \
-    if [ -s /tmp/imgbuild-new-py ]; then \
-        PYTHONHASHSEED=0 python -m compileall -qq --invalidation-mode timestamp -i /tmp/imgbuild-new-py || :; \
-    fi; \
-    find "$prefix" -newer /tmp/imgbuild-stamp -exec touch -h -d "@$SOURCE_DATE_EPOCH" {} +; \
-    for d in "$prefix"/lib/python*/site-packages "$prefix/bin"; do \
-        while [ "$d" != / ]; do touch -h -d "@$SOURCE_DATE_EPOCH" "$d"; d="$(dirname "$d")"; done; \
-    done
+    find /tmp/imgbuild-prefix -exec touch -h -d "@$SOURCE_DATE_EPOCH" {} +; \
+    mkdir -p /opt/imgbuild/cuda-wheels; \
+    cp -a /tmp/imgbuild-prefix/. /opt/imgbuild/cuda-wheels/; \
+    d=/opt/imgbuild/cuda-wheels; \
+    while [ "$d" != / ]; do touch -h -d "@$SOURCE_DATE_EPOCH" "$d"; d="$(dirname "$d")"; done
 RUN --mount=type=cache,target=/root/.cache/uv \
     --mount=type=cache,target=/run/imgbuild-uv \
     --mount=type=secret,id=cacert \
@@ -117,19 +139,15 @@ RUN --mount=type=cache,target=/root/.cache/uv \
         PYTHONDONTWRITEBYTECODE=1 pip install -q --disable-pip-version-check --no-cache-dir --no-deps --require-hashes --target "$new" -r "$new.txt"; \
         rm -f "$new.txt"; mv -T "$new" "$home" 2>/dev/null || rm -rf "$new"; \
     fi; \
-    export PYTHONDONTWRITEBYTECODE=1; SOURCE_DATE_EPOCH=315532800; touch /tmp/imgbuild-stamp; \
+    export PYTHONDONTWRITEBYTECODE=1 SOURCE_DATE_EPOCH=315532800; \
     "$uv" pip install --python "$(command -v python)" --no-deps \
+        --target /tmp/imgbuild-prefix \
         nvidia-cufft==12.0.0.61; \
-    prefix="$(python -c 'import sys; print(sys.prefix)')"; \
-    find "$prefix" -newer /tmp/imgbuild-stamp -name '*.py' > /tmp/imgbuild-new-py; \
-    find "$prefix" -newer /tmp/imgbuild-stamp -exec touch -h -d "@$SOURCE_DATE_EPOCH" {} +; \
-    if [ -s /tmp/imgbuild-new-py ]; then \
-        PYTHONHASHSEED=0 python -m compileall -qq --invalidation-mode timestamp -i /tmp/imgbuild-new-py || :; \
-    fi; \
-    find "$prefix" -newer /tmp/imgbuild-stamp -exec touch -h -d "@$SOURCE_DATE_EPOCH" {} +; \
-    for d in "$prefix"/lib/python*/site-packages "$prefix/bin"; do \
-        while [ "$d" != / ]; do touch -h -d "@$SOURCE_DATE_EPOCH" "$d"; d="$(dirname "$d")"; done; \
-    done
+    find /tmp/imgbuild-prefix -exec touch -h -d "@$SOURCE_DATE_EPOCH" {} +; \
+    mkdir -p /opt/imgbuild/cuda-wheels; \
+    cp -a /tmp/imgbuild-prefix/. /opt/imgbuild/cuda-wheels/; \
+    d=/opt/imgbuild/cuda-wheels; \
+    while [ "$d" != / ]; do touch -h -d "@$SOURCE_DATE_EPOCH" "$d"; d="$(dirname "$d")"; done
 RUN --mount=type=cache,target=/root/.cache/uv \
     --mount=type=cache,target=/run/imgbuild-uv \
     --mount=type=secret,id=cacert \
@@ -148,19 +166,15 @@ RUN --mount=type=cache,target=/root/.cache/uv \
         PYTHONDONTWRITEBYTECODE=1 pip install -q --disable-pip-version-check --no-cache-dir --no-deps --require-hashes --target "$new" -r "$new.txt"; \
         rm -f "$new.txt"; mv -T "$new" "$home" 2>/dev/null || rm -rf "$new"; \
     fi; \
-    export PYTHONDONTWRITEBYTECODE=1; SOURCE_DATE_EPOCH=315532800; touch /tmp/imgbuild-stamp; \
+    export PYTHONDONTWRITEBYTECODE=1 SOURCE_DATE_EPOCH=315532800; \
     "$uv" pip install --python "$(command -v python)" --no-deps \
+        --target /tmp/imgbuild-prefix \
         nvidia-cusolver==12.0.4.66; \
-    prefix="$(python -c 'import sys; print(sys.prefix)')"; \
-    find "$prefix" -newer /tmp/imgbuild-stamp -name '*.py' > /tmp/imgbuild-new-py; \
-    find "$prefix" -newer /tmp/imgbuild-stamp -exec touch -h -d "@$SOURCE_DATE_EPOCH" {} +; \
-    if [ -s /tmp/imgbuild-new-py ]; then \
-        PYTHONHASHSEED=0 python -m compileall -qq --invalidation-mode timestamp -i /tmp/imgbuild-new-py || :; \
-    fi; \
-    find "$prefix" -newer /tmp/imgbuild-stamp -exec touch -h -d "@$SOURCE_DATE_EPOCH" {} +; \
-    for d in "$prefix"/lib/python*/site-packages "$prefix/bin"; do \
-        while [ "$d" != / ]; do touch -h -d "@$SOURCE_DATE_EPOCH" "$d"; d="$(dirname "$d")"; done; \
-    done
+    find /tmp/imgbuild-prefix -exec touch -h -d "@$SOURCE_DATE_EPOCH" {} +; \
+    mkdir -p /opt/imgbuild/cuda-wheels; \
+    cp -a /tmp/imgbuild-prefix/. /opt/imgbuild/cuda-wheels/; \
+    d=/opt/imgbuild/cuda-wheels; \
+    while [ "$d" != / ]; do touch -h -d "@$SOURCE_DATE_EPOCH" "$d"; d="$(dirname "$d")"; done
 RUN --mount=type=cache,target=/root/.cache/uv \
     --mount=type=cache,target=/run/imgbuild-uv \
     --mount=type=secret,id=cacert \
@@ -179,19 +193,15 @@ RUN --mount=type=cache,target=/root/.cache/uv \
         PYTHONDONTWRITEBYTECODE=1 pip install -q --disable-pip-version-check --no-cache-dir --no-deps --require-hashes --target "$new" -r "$new.txt"; \
         rm -f "$new.txt"; mv -T "$new" "$home" 2>/dev/null || rm -rf "$new"; \
     fi; \
-    export PYTHONDONTWRITEBYTECODE=1; SOURCE_DATE_EPOCH=315532800; touch /tmp/imgbuild-stamp; \
+    export PYTHONDONTWRITEBYTECODE=1 SOURCE_DATE_EPOCH=315532800; \
     "$uv" pip install --python "$(command -v python)" --no-deps \
+        --target /tmp/imgbuild-prefix \
         nvidia-cusparse==12.6.3.3; \
-    prefix="$(python -c 'import sys; print(sys.prefix)')"; \
-    find "$prefix" -newer /tmp/imgbuild-stamp -name '*.py' > /tmp/imgbuild-new-py; \
-    find "$prefix" -newer /tmp/imgbuild-stamp -exec touch -h -d "@$SOURCE_DATE_EPOCH" {} +; \
-    if [ -s /tmp/imgbuild-new-py ]; then \
-        PYTHONHASHSEED=0 python -m compileall -qq --invalidation-mode timestamp -i /tmp/imgbuild-new-py || :; \
-    fi; \
-    find "$prefix" -newer /tmp/imgbuild-stamp -exec touch -h -d "@$SOURCE_DATE_EPOCH" {} +; \
-    for d in "$prefix"/lib/python*/site-packages "$prefix/bin"; do \
-        while [ "$d" != / ]; do touch -h -d "@$SOURCE_DATE_EPOCH" "$d"; d="$(dirname "$d")"; done; \
-    done
+    find /tmp/imgbuild-prefix -exec touch -h -d "@$SOURCE_DATE_EPOCH" {} +; \
+    mkdir -p /opt/imgbuild/cuda-wheels; \
+    cp -a /tmp/imgbuild-prefix/. /opt/imgbuild/cuda-wheels/; \
+    d=/opt/imgbuild/cuda-wheels; \
+    while [ "$d" != / ]; do touch -h -d "@$SOURCE_DATE_EPOCH" "$d"; d="$(dirname "$d")"; done
 RUN --mount=type=cache,target=/root/.cache/uv \
     --mount=type=cache,target=/run/imgbuild-uv \
     --mount=type=secret,id=cacert \
@@ -210,19 +220,15 @@ RUN --mount=type=cache,target=/root/.cache/uv \
         PYTHONDONTWRITEBYTECODE=1 pip install -q --disable-pip-version-check --no-cache-dir --no-deps --require-hashes --target "$new" -r "$new.txt"; \
         rm -f "$new.txt"; mv -T "$new" "$home" 2>/dev/null || rm -rf "$new"; \
     fi; \
-    export PYTHONDONTWRITEBYTECODE=1; SOURCE_DATE_EPOCH=315532800; touch /tmp/imgbuild-stamp; \
+    export PYTHONDONTWRITEBYTECODE=1 SOURCE_DATE_EPOCH=315532800; \
     "$uv" pip install --python "$(command -v python)" --no-deps \
+        --target /tmp/imgbuild-prefix \
         nvidia-cudnn-cu13==9.24.0.43; \
-    prefix="$(python -c 'import sys; print(sys.prefix)')"; \
-    find "$prefix" -newer /tmp/imgbuild-stamp -name '*.py' > /tmp/imgbuild-new-py; \
-    find "$prefix" -newer /tmp/imgbuild-stamp -exec touch -h -d "@$SOURCE_DATE_EPOCH" {} +; \
-    if [ -s /tmp/imgbuild-new-py ]; then \
-        PYTHONHASHSEED=0 python -m compileall -qq --invalidation-mode timestamp -i /tmp/imgbuild-new-py || :; \
-    fi; \
-    find "$prefix" -newer /tmp/imgbuild-stamp -exec touch -h -d "@$SOURCE_DATE_EPOCH" {} +; \
-    for d in "$prefix"/lib/python*/site-packages "$prefix/bin"; do \
-        while [ "$d" != / ]; do touch -h -d "@$SOURCE_DATE_EPOCH" "$d"; d="$(dirname "$d")"; done; \
-    done
+    find /tmp/imgbuild-prefix -exec touch -h -d "@$SOURCE_DATE_EPOCH" {} +; \
+    mkdir -p /opt/imgbuild/cuda-wheels; \
+    cp -a /tmp/imgbuild-prefix/. /opt/imgbuild/cuda-wheels/; \
+    d=/opt/imgbuild/cuda-wheels; \
+    while [ "$d" != / ]; do touch -h -d "@$SOURCE_DATE_EPOCH" "$d"; d="$(dirname "$d")"; done
 RUN --mount=type=cache,target=/root/.cache/uv \
     --mount=type=cache,target=/run/imgbuild-uv \
     --mount=type=secret,id=cacert \
@@ -241,19 +247,15 @@ RUN --mount=type=cache,target=/root/.cache/uv \
         PYTHONDONTWRITEBYTECODE=1 pip install -q --disable-pip-version-check --no-cache-dir --no-deps --require-hashes --target "$new" -r "$new.txt"; \
         rm -f "$new.txt"; mv -T "$new" "$home" 2>/dev/null || rm -rf "$new"; \
     fi; \
-    export PYTHONDONTWRITEBYTECODE=1; SOURCE_DATE_EPOCH=315532800; touch /tmp/imgbuild-stamp; \
+    export PYTHONDONTWRITEBYTECODE=1 SOURCE_DATE_EPOCH=315532800; \
     "$uv" pip install --python "$(command -v python)" --no-deps \
+        --target /tmp/imgbuild-prefix \
         nvidia-cusparselt-cu13==0.8.1; \
-    prefix="$(python -c 'import sys; print(sys.prefix)')"; \
-    find "$prefix" -newer /tmp/imgbuild-stamp -name '*.py' > /tmp/imgbuild-new-py; \
-    find "$prefix" -newer /tmp/imgbuild-stamp -exec touch -h -d "@$SOURCE_DATE_EPOCH" {} +; \
-    if [ -s /tmp/imgbuild-new-py ]; then \
-        PYTHONHASHSEED=0 python -m compileall -qq --invalidation-mode timestamp -i /tmp/imgbuild-new-py || :; \
-    fi; \
-    find "$prefix" -newer /tmp/imgbuild-stamp -exec touch -h -d "@$SOURCE_DATE_EPOCH" {} +; \
-    for d in "$prefix"/lib/python*/site-packages "$prefix/bin"; do \
-        while [ "$d" != / ]; do touch -h -d "@$SOURCE_DATE_EPOCH" "$d"; d="$(dirname "$d")"; done; \
-    done
+    find /tmp/imgbuild-prefix -exec touch -h -d "@$SOURCE_DATE_EPOCH" {} +; \
+    mkdir -p /opt/imgbuild/cuda-wheels; \
+    cp -a /tmp/imgbuild-prefix/. /opt/imgbuild/cuda-wheels/; \
+    d=/opt/imgbuild/cuda-wheels; \
+    while [ "$d" != / ]; do touch -h -d "@$SOURCE_DATE_EPOCH" "$d"; d="$(dirname "$d")"; done
 RUN --mount=type=cache,target=/root/.cache/uv \
     --mount=type=cache,target=/run/imgbuild-uv \
     --mount=type=secret,id=cacert \
@@ -272,18 +274,20 @@ RUN --mount=type=cache,target=/root/.cache/uv \
         PYTHONDONTWRITEBYTECODE=1 pip install -q --disable-pip-version-check --no-cache-dir --no-deps --require-hashes --target "$new" -r "$new.txt"; \
         rm -f "$new.txt"; mv -T "$new" "$home" 2>/dev/null || rm -rf "$new"; \
     fi; \
-    export PYTHONDONTWRITEBYTECODE=1; SOURCE_DATE_EPOCH=315532800; touch /tmp/imgbuild-stamp; \
+    export PYTHONDONTWRITEBYTECODE=1 SOURCE_DATE_EPOCH=315532800; \
     "$uv" pip install --python "$(command -v python)" --no-deps \
+        --target /tmp/imgbuild-prefix \
         nvidia-nccl-cu13==2.30.7; \
-    prefix="$(python -c 'import sys; print(sys.prefix)')"; \
-    find "$prefix" -newer /tmp/imgbuild-stamp -name '*.py' > /tmp/imgbuild-new-py; \
-    find "$prefix" -newer /tmp/imgbuild-stamp -exec touch -h -d "@$SOURCE_DATE_EPOCH" {} +; \
-    if [ -s /tmp/imgbuild-new-py ]; then \
-        PYTHONHASHSEED=0 python -m compileall -qq --invalidation-mode timestamp -i /tmp/imgbuild-new-py || :; \
-    fi; \
-    find "$prefix" -newer /tmp/imgbuild-stamp -exec touch -h -d "@$SOURCE_DATE_EPOCH" {} +; \
-    for d in "$prefix"/lib/python*/site-packages "$prefix/bin"; do \
-        while [ "$d" != / ]; do touch -h -d "@$SOURCE_DATE_EPOCH" "$d"; d="$(dirname "$d")"; done; \
+    find /tmp/imgbuild-prefix -exec touch -h -d "@$SOURCE_DATE_EPOCH" {} +; \
+    mkdir -p /opt/imgbuild/cuda-wheels; \
+    cp -a /tmp/imgbuild-prefix/. /opt/imgbuild/cuda-wheels/; \
+    d=/opt/imgbuild/cuda-wheels; \
+    while [ "$d" != / ]; do touch -h -d "@$SOURCE_DATE_EPOCH" "$d"; d="$(dirname "$d")"; done
+RUN set -eu; : imgbuild-step=cuda-path; \
+    for site in /opt/venv/lib/python*/site-packages; do \
+        echo /opt/imgbuild/cuda-wheels > "$site"/imgbuild-cuda-wheels.pth; \
+        d="$site"/imgbuild-cuda-wheels.pth; \
+        while [ "$d" != / ]; do touch -h -d @315532800 "$d"; d="$(dirname "$d")"; done; \
     done
 RUN --mount=type=cache,target=/root/.cache/uv \
     --mount=type=cache,target=/run/imgbuild-uv \
@@ -381,7 +385,7 @@ RUN --mount=type=cache,target=/root/.cache/uv \
         while [ "$d" != / ]; do touch -h -d "@$SOURCE_DATE_EPOCH" "$d"; d="$(dirname "$d")"; done; \
     done
 RUN set -eu; : imgbuild-step=ldconfig; start="$(date +%s)"; \
-    for d in /opt/venv/lib/python*/site-packages/nvidia/*/lib; do \
+    for d in /opt/venv/lib/python*/site-packages/nvidia/*/lib /opt/imgbuild/cuda-wheels/nvidia/*/lib; do \
         if [ -d "$d" ]; then echo "$d"; fi; \
     done > /etc/ld.so.conf.d/imgbuild-cuda-wheels.conf; \
     ldconfig; \

@@ -143,21 +143,23 @@ RUN --mount=type=cache,target=/root/.cache/uv \
         PYTHONDONTWRITEBYTECODE=1 pip install -q --disable-pip-version-check --no-cache-dir --no-deps --require-hashes --target "$new" -r "$new.txt"; \
         rm -f "$new.txt"; mv -T "$new" "$home" 2>/dev/null || rm -rf "$new"; \
     fi; \
-    export PYTHONDONTWRITEBYTECODE=1; SOURCE_DATE_EPOCH=315532800; touch /tmp/imgbuild-stamp; \
+    export PYTHONDONTWRITEBYTECODE=1 SOURCE_DATE_EPOCH=315532800; \
     "$uv" pip install --python "$(command -v python)" \
+        --target /tmp/imgbuild-prefix \
         nvidia-cuda-opencl-cu12==12.4.127 \
         nvidia-npp-cu12==12.2.5.30 \
         nvidia-nvfatbin-cu12==12.4.127 \
         nvidia-nvjpeg-cu12==12.3.1.117; \
-    prefix="$(python -c 'import sys; print(sys.prefix)')"; \
-    find "$prefix" -newer /tmp/imgbuild-stamp -name '*.py' > /tmp/imgbuild-new-py; \
-    find "$prefix" -newer /tmp/imgbuild-stamp -exec touch -h -d "@$SOURCE_DATE_EPOCH" {} +; \
-    if [ -s /tmp/imgbuild-new-py ]; then \
-        PYTHONHASHSEED=0 python -m compileall -qq --invalidation-mode timestamp -i /tmp/imgbuild-new-py || :; \
-    fi; \
-    find "$prefix" -newer /tmp/imgbuild-stamp -exec touch -h -d "@$SOURCE_DATE_EPOCH" {} +; \
-    for d in "$prefix"/lib/python*/site-packages "$prefix/bin"; do \
-        while [ "$d" != / ]; do touch -h -d "@$SOURCE_DATE_EPOCH" "$d"; d="$(dirname "$d")"; done; \
+    find /tmp/imgbuild-prefix -exec touch -h -d "@$SOURCE_DATE_EPOCH" {} +; \
+    mkdir -p /opt/imgbuild/cuda-wheels; \
+    cp -a /tmp/imgbuild-prefix/. /opt/imgbuild/cuda-wheels/; \
+    d=/opt/imgbuild/cuda-wheels; \
+    while [ "$d" != / ]; do touch -h -d "@$SOURCE_DATE_EPOCH" "$d"; d="$(dirname "$d")"; done
+RUN set -eu; : imgbuild-step=cuda-path; \
+    for site in /opt/venv/lib/python*/site-packages; do \
+        echo /opt/imgbuild/cuda-wheels > "$site"/imgbuild-cuda-wheels.pth; \
+        d="$site"/imgbuild-cuda-wheels.pth; \
+        while [ "$d" != / ]; do touch -h -d @315532800 "$d"; d="$(dirname "$d")"; done; \
     done
 RUN --mount=type=cache,target=/root/.cache/uv \
     --mount=type=cache,target=/run/imgbuild-uv \
@@ -243,7 +245,7 @@ RUN --mount=type=cache,target=/root/.cache/uv \
         while [ "$d" != / ]; do touch -h -d "@$SOURCE_DATE_EPOCH" "$d"; d="$(dirname "$d")"; done; \
     done
 RUN set -eu; : imgbuild-step=ldconfig; start="$(date +%s)"; \
-    for d in /opt/venv/lib/python*/site-packages/nvidia/*/lib; do \
+    for d in /opt/venv/lib/python*/site-packages/nvidia/*/lib /opt/imgbuild/cuda-wheels/nvidia/*/lib; do \
         if [ -d "$d" ]; then echo "$d"; fi; \
     done > /etc/ld.so.conf.d/imgbuild-cuda-wheels.conf; \
     ldconfig; \

@@ -56,22 +56,18 @@ RUN --mount=type=cache,target=/root/.cache/uv \
         PYTHONDONTWRITEBYTECODE=1 pip install -q --disable-pip-version-check --no-cache-dir --no-deps --require-hashes --target "$new" -r "$new.txt"; \
         rm -f "$new.txt"; mv -T "$new" "$home" 2>/dev/null || rm -rf "$new"; \
     fi; \
-    export PYTHONDONTWRITEBYTECODE=1; SOURCE_DATE_EPOCH=315532800; touch /tmp/imgbuild-stamp; \
+    export PYTHONDONTWRITEBYTECODE=1 SOURCE_DATE_EPOCH=315532800; \
     "$uv" pip install --python "$(command -v python)" \
+        --target /tmp/imgbuild-prefix \
         nvidia-cuda-opencl-cu12==12.4.127 \
         nvidia-npp-cu12==12.2.5.30 \
         nvidia-nvfatbin-cu12==12.4.127 \
         nvidia-nvjpeg-cu12==12.3.1.117; \
-    prefix="$(python -c 'import sys; print(sys.prefix)')"; \
-    find "$prefix" -newer /tmp/imgbuild-stamp -name '*.py' > /tmp/imgbuild-new-py; \
-    find "$prefix" -newer /tmp/imgbuild-stamp -exec touch -h -d "@$SOURCE_DATE_EPOCH" {} +; \
-    if [ -s /tmp/imgbuild-new-py ]; then \
-        PYTHONHASHSEED=0 python -m compileall -qq --invalidation-mode timestamp -i /tmp/imgbuild-new-py || :; \
-    fi; \
-    find "$prefix" -newer /tmp/imgbuild-stamp -exec touch -h -d "@$SOURCE_DATE_EPOCH" {} +; \
-    for d in "$prefix"/lib/python*/site-packages "$prefix/bin"; do \
-        while [ "$d" != / ]; do touch -h -d "@$SOURCE_DATE_EPOCH" "$d"; d="$(dirname "$d")"; done; \
-    done
+    find /tmp/imgbuild-prefix -exec touch -h -d "@$SOURCE_DATE_EPOCH" {} +; \
+    mkdir -p /opt/imgbuild/cuda-wheels; \
+    cp -a /tmp/imgbuild-prefix/. /opt/imgbuild/cuda-wheels/; \
+    d=/opt/imgbuild/cuda-wheels; \
+    while [ "$d" != / ]; do touch -h -d "@$SOURCE_DATE_EPOCH" "$d"; d="$(dirname "$d")"; done
 RUN --mount=type=cache,target=/root/.cache/uv \
     --mount=type=cache,target=/run/imgbuild-uv \
     --mount=type=secret,id=cacert \
@@ -90,24 +86,20 @@ RUN --mount=type=cache,target=/root/.cache/uv \
         PYTHONDONTWRITEBYTECODE=1 pip install -q --disable-pip-version-check --no-cache-dir --no-deps --require-hashes --target "$new" -r "$new.txt"; \
         rm -f "$new.txt"; mv -T "$new" "$home" 2>/dev/null || rm -rf "$new"; \
     fi; \
-    export PYTHONDONTWRITEBYTECODE=1; SOURCE_DATE_EPOCH=315532800; touch /tmp/imgbuild-stamp; \
+    export PYTHONDONTWRITEBYTECODE=1 SOURCE_DATE_EPOCH=315532800; \
     "$uv" pip install --python "$(command -v python)" --no-deps \
+        --target /tmp/imgbuild-prefix \
         nvidia-cuda-cupti-cu12==12.4.127 \
         nvidia-cuda-nvrtc-cu12==12.4.127 \
         nvidia-cuda-runtime-cu12==12.4.127 \
         nvidia-curand-cu12==10.3.5.147 \
         nvidia-nvjitlink-cu12==12.4.127 \
         nvidia-nvtx-cu12==12.4.127; \
-    prefix="$(python -c 'import sys; print(sys.prefix)')"; \
-    find "$prefix" -newer /tmp/imgbuild-stamp -name '*.py' > /tmp/imgbuild-new-py; \
-    find "$prefix" -newer /tmp/imgbuild-stamp -exec touch -h -d "@$SOURCE_DATE_EPOCH" {} +; \
-    if [ -s /tmp/imgbuild-new-py ]; then \
-        PYTHONHASHSEED=0 python -m compileall -qq --invalidation-mode timestamp -i /tmp/imgbuild-new-py || :; \
-    fi; \
-    find "$prefix" -newer /tmp/imgbuild-stamp -exec touch -h -d "@$SOURCE_DATE_EPOCH" {} +; \
-    for d in "$prefix"/lib/python*/site-packages "$prefix/bin"; do \
-        while [ "$d" != / ]; do touch -h -d "@$SOURCE_DATE_EPOCH" "$d"; d="$(dirname "$d")"; done; \
-    done
+    find /tmp/imgbuild-prefix -exec touch -h -d "@$SOURCE_DATE_EPOCH" {} +; \
+    mkdir -p /opt/imgbuild/cuda-wheels; \
+    cp -a /tmp/imgbuild-prefix/. /opt/imgbuild/cuda-wheels/; \
+    d=/opt/imgbuild/cuda-wheels; \
+    while [ "$d" != / ]; do touch -h -d "@$SOURCE_DATE_EPOCH" "$d"; d="$(dirname "$d")"; done
 RUN --mount=type=cache,target=/root/.cache/uv \
     --mount=type=cache,target=/run/imgbuild-uv \
     --mount=type=secret,id=cacert \
@@ -126,19 +118,15 @@ RUN --mount=type=cache,target=/root/.cache/uv \
         PYTHONDONTWRITEBYTECODE=1 pip install -q --disable-pip-version-check --no-cache-dir --no-deps --require-hashes --target "$new" -r "$new.txt"; \
         rm -f "$new.txt"; mv -T "$new" "$home" 2>/dev/null || rm -rf "$new"; \
     fi; \
-    export PYTHONDONTWRITEBYTECODE=1; SOURCE_DATE_EPOCH=315532800; touch /tmp/imgbuild-stamp; \
+    export PYTHONDONTWRITEBYTECODE=1 SOURCE_DATE_EPOCH=315532800; \
     "$uv" pip install --python "$(command -v python)" --no-deps \
+        --target /tmp/imgbuild-prefix \
         nvidia-cublas-cu12==12.4.5.8; \
-    prefix="$(python -c 'import sys; print(sys.prefix)')"; \
-    find "$prefix" -newer /tmp/imgbuild-stamp -name '*.py' > /tmp/imgbuild-new-py; \
-    find "$prefix" -newer /tmp/imgbuild-stamp -exec touch -h -d "@$SOURCE_DATE_EPOCH" {} +; \
-    if [ -s /tmp/imgbuild-new-py ]; then \
-        PYTHONHASHSEED=0 python -m compileall -qq --invalidation-mode timestamp -i /tmp/imgbuild-new-py || :; \
-    fi; \
-    find "$prefix" -newer /tmp/imgbuild-stamp -exec touch -h -d "@$SOURCE_DATE_EPOCH" {} +; \
-    for d in "$prefix"/lib/python*/site-packages "$prefix/bin"; do \
-        while [ "$d" != / ]; do touch -h -d "@$SOURCE_DATE_EPOCH" "$d"; d="$(dirname "$d")"; done; \
-    done
+    find /tmp/imgbuild-prefix -exec touch -h -d "@$SOURCE_DATE_EPOCH" {} +; \
+    mkdir -p /opt/imgbuild/cuda-wheels; \
+    cp -a /tmp/imgbuild-prefix/. /opt/imgbuild/cuda-wheels/; \
+    d=/opt/imgbuild/cuda-wheels; \
+    while [ "$d" != / ]; do touch -h -d "@$SOURCE_DATE_EPOCH" "$d"; d="$(dirname "$d")"; done
 RUN --mount=type=cache,target=/root/.cache/uv \
     --mount=type=cache,target=/run/imgbuild-uv \
     --mount=type=secret,id=cacert \
@@ -157,19 +145,15 @@ RUN --mount=type=cache,target=/root/.cache/uv \
         PYTHONDONTWRITEBYTECODE=1 pip install -q --disable-pip-version-check --no-cache-dir --no-deps --require-hashes --target "$new" -r "$new.txt"; \
         rm -f "$new.txt"; mv -T "$new" "$home" 2>/dev/null || rm -rf "$new"; \
     fi; \
-    export PYTHONDONTWRITEBYTECODE=1; SOURCE_DATE_EPOCH=315532800; touch /tmp/imgbuild-stamp; \
+    export PYTHONDONTWRITEBYTECODE=1 SOURCE_DATE_EPOCH=315532800; \
     "$uv" pip install --python "$(command -v python)" --no-deps \
+        --target /tmp/imgbuild-prefix \
         nvidia-cudnn-cu12==9.1.0.70; \
-    prefix="$(python -c 'import sys; print(sys.prefix)')"; \
-    find "$prefix" -newer /tmp/imgbuild-stamp -name '*.py' > /tmp/imgbuild-new-py; \
-    find "$prefix" -newer /tmp/imgbuild-stamp -exec touch -h -d "@$SOURCE_DATE_EPOCH" {} +; \
-    if [ -s /tmp/imgbuild-new-py ]; then \
-        PYTHONHASHSEED=0 python -m compileall -qq --invalidation-mode timestamp -i /tmp/imgbuild-new-py || :; \
-    fi; \
-    find "$prefix" -newer /tmp/imgbuild-stamp -exec touch -h -d "@$SOURCE_DATE_EPOCH" {} +; \
-    for d in "$prefix"/lib/python*/site-packages "$prefix/bin"; do \
-        while [ "$d" != / ]; do touch -h -d "@$SOURCE_DATE_EPOCH" "$d"; d="$(dirname "$d")"; done; \
-    done
+    find /tmp/imgbuild-prefix -exec touch -h -d "@$SOURCE_DATE_EPOCH" {} +; \
+    mkdir -p /opt/imgbuild/cuda-wheels; \
+    cp -a /tmp/imgbuild-prefix/. /opt/imgbuild/cuda-wheels/; \
+    d=/opt/imgbuild/cuda-wheels; \
+    while [ "$d" != / ]; do touch -h -d "@$SOURCE_DATE_EPOCH" "$d"; d="$(dirname "$d")"; done
 RUN --mount=type=cache,target=/root/.cache/uv \
     --mount=type=cache,target=/run/imgbuild-uv \
     --mount=type=secret,id=cacert \
@@ -188,19 +172,15 @@ RUN --mount=type=cache,target=/root/.cache/uv \
         PYTHONDONTWRITEBYTECODE=1 pip install -q --disable-pip-version-check --no-cache-dir --no-deps --require-hashes --target "$new" -r "$new.txt"; \
         rm -f "$new.txt"; mv -T "$new" "$home" 2>/dev/null || rm -rf "$new"; \
     fi; \
-    export PYTHONDONTWRITEBYTECODE=1; SOURCE_DATE_EPOCH=315532800; touch /tmp/imgbuild-stamp; \
+    export PYTHONDONTWRITEBYTECODE=1 SOURCE_DATE_EPOCH=315532800; \
     "$uv" pip install --python "$(command -v python)" --no-deps \
+        --target /tmp/imgbuild-prefix \
         nvidia-cufft-cu12==11.2.1.3; \
-    prefix="$(python -c 'import sys; print(sys.prefix)')"; \
-    find "$prefix" -newer /tmp/imgbuild-stamp -name '*.py' > /tmp/imgbuild-new-py; \
-    find "$prefix" -newer /tmp/imgbuild-stamp -exec touch -h -d "@$SOURCE_DATE_EPOCH" {} +; \
-    if [ -s /tmp/imgbuild-new-py ]; then \
-        PYTHONHASHSEED=0 python -m compileall -qq --invalidation-mode timestamp -i /tmp/imgbuild-new-py || :; \
-    fi; \
-    find "$prefix" -newer /tmp/imgbuild-stamp -exec touch -h -d "@$SOURCE_DATE_EPOCH" {} +; \
-    for d in "$prefix"/lib/python*/site-packages "$prefix/bin"; do \
-        while [ "$d" != / ]; do touch -h -d "@$SOURCE_DATE_EPOCH" "$d"; d="$(dirname "$d")"; done; \
-    done
+    find /tmp/imgbuild-prefix -exec touch -h -d "@$SOURCE_DATE_EPOCH" {} +; \
+    mkdir -p /opt/imgbuild/cuda-wheels; \
+    cp -a /tmp/imgbuild-prefix/. /opt/imgbuild/cuda-wheels/; \
+    d=/opt/imgbuild/cuda-wheels; \
+    while [ "$d" != / ]; do touch -h -d "@$SOURCE_DATE_EPOCH" "$d"; d="$(dirname "$d")"; done
 RUN --mount=type=cache,target=/root/.cache/uv \
     --mount=type=cache,target=/run/imgbuild-uv \
     --mount=type=secret,id=cacert \
@@ -219,19 +199,15 @@ RUN --mount=type=cache,target=/root/.cache/uv \
         PYTHONDONTWRITEBYTECODE=1 pip install -q --disable-pip-version-check --no-cache-dir --no-deps --require-hashes --target "$new" -r "$new.txt"; \
         rm -f "$new.txt"; mv -T "$new" "$home" 2>/dev/null || rm -rf "$new"; \
     fi; \
-    export PYTHONDONTWRITEBYTECODE=1; SOURCE_DATE_EPOCH=315532800; touch /tmp/imgbuild-stamp; \
+    export PYTHONDONTWRITEBYTECODE=1 SOURCE_DATE_EPOCH=315532800; \
     "$uv" pip install --python "$(command -v python)" --no-deps \
+        --target /tmp/imgbuild-prefix \
         nvidia-cusolver-cu12==11.6.1.9; \
-    prefix="$(python -c 'import sys; print(sys.prefix)')"; \
-    find "$prefix" -newer /tmp/imgbuild-stamp -name '*.py' > /tmp/imgbuild-new-py; \
-    find "$prefix" -newer /tmp/imgbuild-stamp -exec touch -h -d "@$SOURCE_DATE_EPOCH" {} +; \
-    if [ -s /tmp/imgbuild-new-py ]; then \
-        PYTHONHASHSEED=0 python -m compileall -qq --invalidation-mode timestamp -i /tmp/imgbuild-new-py || :; \
-    fi; \
-    find "$prefix" -newer /tmp/imgbuild-stamp -exec touch -h -d "@$SOURCE_DATE_EPOCH" {} +; \
-    for d in "$prefix"/lib/python*/site-packages "$prefix/bin"; do \
-        while [ "$d" != / ]; do touch -h -d "@$SOURCE_DATE_EPOCH" "$d"; d="$(dirname "$d")"; done; \
-    done
+    find /tmp/imgbuild-prefix -exec touch -h -d "@$SOURCE_DATE_EPOCH" {} +; \
+    mkdir -p /opt/imgbuild/cuda-wheels; \
+    cp -a /tmp/imgbuild-prefix/. /opt/imgbuild/cuda-wheels/; \
+    d=/opt/imgbuild/cuda-wheels; \
+    while [ "$d" != / ]; do touch -h -d "@$SOURCE_DATE_EPOCH" "$d"; d="$(dirname "$d")"; done
 RUN --mount=type=cache,target=/root/.cache/uv \
     --mount=type=cache,target=/run/imgbuild-uv \
     --mount=type=secret,id=cacert \
@@ -250,19 +226,15 @@ RUN --mount=type=cache,target=/root/.cache/uv \
         PYTHONDONTWRITEBYTECODE=1 pip install -q --disable-pip-version-check --no-cache-dir --no-deps --require-hashes --target "$new" -r "$new.txt"; \
         rm -f "$new.txt"; mv -T "$new" "$home" 2>/dev/null || rm -rf "$new"; \
     fi; \
-    export PYTHONDONTWRITEBYTECODE=1; SOURCE_DATE_EPOCH=315532800; touch /tmp/imgbuild-stamp; \
+    export PYTHONDONTWRITEBYTECODE=1 SOURCE_DATE_EPOCH=315532800; \
     "$uv" pip install --python "$(command -v python)" --no-deps \
+        --target /tmp/imgbuild-prefix \
         nvidia-cusparse-cu12==12.3.1.170; \
-    prefix="$(python -c 'import sys; print(sys.prefix)')"; \
-    find "$prefix" -newer /tmp/imgbuild-stamp -name '*.py' > /tmp/imgbuild-new-py; \
-    find "$prefix" -newer /tmp/imgbuild-stamp -exec touch -h -d "@$SOURCE_DATE_EPOCH" {} +; \
-    if [ -s /tmp/imgbuild-new-py ]; then \
-        PYTHONHASHSEED=0 python -m compileall -qq --invalidation-mode timestamp -i /tmp/imgbuild-new-py || :; \
-    fi; \
-    find "$prefix" -newer /tmp/imgbuild-stamp -exec touch -h -d "@$SOURCE_DATE_EPOCH" {} +; \
-    for d in "$prefix"/lib/python*/site-packages "$prefix/bin"; do \
-        while [ "$d" != / ]; do touch -h -d "@$SOURCE_DATE_EPOCH" "$d"; d="$(dirname "$d")"; done; \
-    done
+    find /tmp/imgbuild-prefix -exec touch -h -d "@$SOURCE_DATE_EPOCH" {} +; \
+    mkdir -p /opt/imgbuild/cuda-wheels; \
+    cp -a /tmp/imgbuild-prefix/. /opt/imgbuild/cuda-wheels/; \
+    d=/opt/imgbuild/cuda-wheels; \
+    while [ "$d" != / ]; do touch -h -d "@$SOURCE_DATE_EPOCH" "$d"; d="$(dirname "$d")"; done
 RUN --mount=type=cache,target=/root/.cache/uv \
     --mount=type=cache,target=/run/imgbuild-uv \
     --mount=type=secret,id=cacert \
@@ -281,18 +253,20 @@ RUN --mount=type=cache,target=/root/.cache/uv \
         PYTHONDONTWRITEBYTECODE=1 pip install -q --disable-pip-version-check --no-cache-dir --no-deps --require-hashes --target "$new" -r "$new.txt"; \
         rm -f "$new.txt"; mv -T "$new" "$home" 2>/dev/null || rm -rf "$new"; \
     fi; \
-    export PYTHONDONTWRITEBYTECODE=1; SOURCE_DATE_EPOCH=315532800; touch /tmp/imgbuild-stamp; \
+    export PYTHONDONTWRITEBYTECODE=1 SOURCE_DATE_EPOCH=315532800; \
     "$uv" pip install --python "$(command -v python)" --no-deps \
+        --target /tmp/imgbuild-prefix \
         nvidia-nccl-cu12==2.21.5; \
-    prefix="$(python -c 'import sys; print(sys.prefix)')"; \
-    find "$prefix" -newer /tmp/imgbuild-stamp -name '*.py' > /tmp/imgbuild-new-py; \
-    find "$prefix" -newer /tmp/imgbuild-stamp -exec touch -h -d "@$SOURCE_DATE_EPOCH" {} +; \
-    if [ -s /tmp/imgbuild-new-py ]; then \
-        PYTHONHASHSEED=0 python -m compileall -qq --invalidation-mode timestamp -i /tmp/imgbuild-new-py || :; \
-    fi; \
-    find "$prefix" -newer /tmp/imgbuild-stamp -exec touch -h -d "@$SOURCE_DATE_EPOCH" {} +; \
-    for d in "$prefix"/lib/python*/site-packages "$prefix/bin"; do \
-        while [ "$d" != / ]; do touch -h -d "@$SOURCE_DATE_EPOCH" "$d"; d="$(dirname "$d")"; done; \
+    find /tmp/imgbuild-prefix -exec touch -h -d "@$SOURCE_DATE_EPOCH" {} +; \
+    mkdir -p /opt/imgbuild/cuda-wheels; \
+    cp -a /tmp/imgbuild-prefix/. /opt/imgbuild/cuda-wheels/; \
+    d=/opt/imgbuild/cuda-wheels; \
+    while [ "$d" != / ]; do touch -h -d "@$SOURCE_DATE_EPOCH" "$d"; d="$(dirname "$d")"; done
+RUN set -eu; : imgbuild-step=cuda-path; \
+    for site in /opt/venv/lib/python*/site-packages; do \
+        echo /opt/imgbuild/cuda-wheels > "$site"/imgbuild-cuda-wheels.pth; \
+        d="$site"/imgbuild-cuda-wheels.pth; \
+        while [ "$d" != / ]; do touch -h -d @315532800 "$d"; d="$(dirname "$d")"; done; \
     done
 RUN --mount=type=cache,target=/root/.cache/uv \
     --mount=type=cache,target=/run/imgbuild-uv \
@@ -389,7 +363,7 @@ RUN --mount=type=cache,target=/root/.cache/uv \
         while [ "$d" != / ]; do touch -h -d "@$SOURCE_DATE_EPOCH" "$d"; d="$(dirname "$d")"; done; \
     done
 RUN set -eu; : imgbuild-step=ldconfig; start="$(date +%s)"; \
-    for d in /opt/venv/lib/python*/site-packages/nvidia/*/lib; do \
+    for d in /opt/venv/lib/python*/site-packages/nvidia/*/lib /opt/imgbuild/cuda-wheels/nvidia/*/lib; do \
         if [ -d "$d" ]; then echo "$d"; fi; \
     done > /etc/ld.so.conf.d/imgbuild-cuda-wheels.conf; \
     ldconfig; \
