@@ -371,21 +371,28 @@ RUN set -eu; : imgbuild-step=cuda-path; \
     "ldconfig-prefix": (
         LdconfigStep("ldconfig", "cuda", venv="/opt/venv", prefix=CUDA_PREFIX),
         r'''\
-RUN set -eu; : imgbuild-step=ldconfig; \
+RUN set -eu; : imgbuild-step=ldconfig; start="$(date +%s)"; \
     for d in /opt/venv/lib/python*/site-packages/nvidia/*/lib /opt/imgbuild/cuda-wheels/nvidia/*/lib; do \
         if [ -d "$d" ]; then echo "$d"; fi; \
     done > /etc/ld.so.conf.d/imgbuild-cuda-wheels.conf; \
-    ldconfig''',
+    ldconfig; \
+    rm -f /var/cache/ldconfig/aux-cache; \
+    find / -xdev \( -path /proc -o -path /sys -o -path /dev -o -path /run/secrets \
+        -o -path /etc/hosts -o -path /etc/resolv.conf -o -path /etc/hostname \) -prune \
+        -o -newermt "@$((start - 1))" -exec touch -h -d @315532800 {} +''',
     ),
     "cuda-home-prefix": (
         CudaHomeStep("cuda-home", "cuda", venv="/opt/venv", tree="nvidia/cu13", home="/usr/local/cuda",
                      prefix=CUDA_PREFIX),
         r'''\
-RUN set -eu; : imgbuild-step=cuda-home; \
+RUN set -eu; : imgbuild-step=cuda-home; start="$(date +%s)"; \
     tree=/opt/imgbuild/cuda-wheels/nvidia/cu13; \
     test -x "$tree/bin/nvcc"; \
     ln -sfn lib "$tree/lib64"; \
-    ln -sfn "$tree" /usr/local/cuda
+    ln -sfn "$tree" /usr/local/cuda; \
+    find / -xdev \( -path /proc -o -path /sys -o -path /dev -o -path /run/secrets \
+        -o -path /etc/hosts -o -path /etc/resolv.conf -o -path /etc/hostname \) -prune \
+        -o -newermt "@$((start - 1))" -exec touch -h -d @315532800 {} +
 ENV CUDA_HOME="/usr/local/cuda" PATH="/usr/local/cuda/bin:$PATH"''',
     ),
     "prefix-pip-uv": (
