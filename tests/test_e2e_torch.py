@@ -85,3 +85,22 @@ torch: "{TORCH}"
     cuda_wheels = sorted(n for n in python if n.startswith("nvidia-"))
     assert "nvidia-cuda-runtime" in cuda_wheels, cuda_wheels
     assert {n: python[n]["sha256"] for n in cuda_wheels} == {n: locked[n] for n in cuda_wheels}
+
+    # Kernel coverage (issue 30) on the pushed torch image, read from the registry layer by layer:
+    # an H100 runs it from SASS; a V100 (7.0) does not: CUDA 13 builds carry no sm_70 (Volta's
+    # support ended with CUDA 13), so check names the library that decides it, before any GPU is
+    # rented; and plan --gpu says the same before anything is built.
+    pushed = built["pushes"][0]["ref"]
+    code, out, err = run_cli("check", pushed, "--gpu", "H100", "--json")
+    assert code == 0, err
+    h100 = json.loads(out)
+    assert h100["runs"] is True and h100["capability"] == "9.0"
+    assert any(lib["path"].endswith("/libtorch_cuda.so") and "sm_90" in lib["sass"] for lib in h100["libraries"])
+    code, out, err = run_cli("check", pushed, "--gpu", "V100", "--json")
+    assert code == 1, err
+    v100 = json.loads(out)
+    assert (v100["verdict"], v100["runs"]) == ("no-kernel", False)
+    assert v100["decided_by"] and "sm_70" not in next(
+        lib["archs"] for lib in v100["libraries"] if lib["path"] == v100["decided_by"])
+    code, _, err = run_cli("plan", str(recipe), "--gpu", "V100")
+    assert code == 2 and "no kernel for V100" in err, err
