@@ -25,6 +25,7 @@ from buildkit_py.errors import ExitStatus, UsageError
 if TYPE_CHECKING:
     from buildkit_py.analysis.image_checks import TestReport
     from buildkit_py.engine import Engine
+    from buildkit_py.engine.cold_start import StartTime
     from buildkit_py.recipe.model import Recipe
 
 
@@ -153,17 +154,33 @@ def print_failures(report: TestReport, out: Out) -> None:
 
 
 def build_gate(engine: Engine, recipe: Recipe, shown_as: str, on_event: Callable[[str], None],
-               reports: list[TestReport], platforms: tuple[str, ...] = ()) -> Callable[[str], None]:
+               reports: list[TestReport], platforms: tuple[str, ...] = ()) -> Callable[[str], StartTime | None]:
     """What `build` runs on the image before it keeps its tags and pushes: every test, refused
     with ImageTestFailed when one fails; each report is appended to ``reports``. ``platforms``:
-    every platform's image of a multi-platform build is tested (arm64 under qemu)."""
+    every platform's image of a multi-platform build is tested (arm64 under qemu). Returns the
+    entrypoint's start as the first platform's tests timed it (``entrypoint_start``)."""
     from buildkit_py.analysis.image_checks import require_passed, run_image_tests
 
-    def gate(image_id: str) -> None:
+    def gate(image_id: str) -> StartTime | None:
+        started = None
         for platform in platforms or (None,):
             report = run_image_tests(engine, image_id, recipe=recipe, on_event=on_event, platform=platform,
                                      shown_as=f"{shown_as} ({platform})" if platform else shown_as)
             reports.append(report)
             require_passed(report)
+            started = started or entrypoint_start(report)
+        return started
 
     return gate
+
+
+def entrypoint_start(report: TestReport) -> StartTime | None:
+    """The time of the recipe's first ``test:`` command, its container's start included: what a node
+    pays after the pull before the image does its work (budget.cold_start); None where none ran."""
+    from buildkit_py.analysis.image_checks import PASSED
+    from buildkit_py.engine.cold_start import StartTime
+
+    for r in report.results:
+        if r.kind == "command" and r.status == PASSED:
+            return StartTime(r.seconds, f"test {r.name!r}")
+    return None

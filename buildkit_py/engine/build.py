@@ -24,9 +24,11 @@ from buildkit_py.engine import (
     BuildResult,
     Engine,
     ImageSizes,
+    cold_start,
     require,
     required_capabilities,
 )
+from buildkit_py.engine.cold_start import ColdStartPrediction, StartTime
 from buildkit_py.engine.push import PushResult, TransferSink, check_can_push, split_tag
 from buildkit_py.errors import BudgetExceeded, ImageTestFailed, ImgbuildError, RegistryError, UsageError
 from buildkit_py.files import write_atomic
@@ -41,8 +43,9 @@ from buildkit_py.sizes import human_size
 
 LineSink = Callable[[str], None]
 # Checks an image must pass before it keeps its tags or is pushed (the recipe's tests: see
-# analysis/image_checks.py); called with the image id, it raises an ImgbuildError to refuse it.
-ImageGate = Callable[[str], None]
+# analysis/image_checks.py); called with the image id, it raises an ImgbuildError to refuse it, and
+# returns how long the image's first test took (the entrypoint's start of budget.cold_start), if one ran.
+ImageGate = Callable[[str], StartTime | None]
 # A pip.conf (private index URL with credentials), read by pip steps as PIP_CONFIG_FILE.
 PIP_CONFIG_SECRET_ID = "pipconf"  # noqa: S105
 
@@ -85,6 +88,7 @@ class BuildOutcome:
     # volatile ones (created, revision, base digest) and any the base passes through.
     labels: dict[str, str] = field(default_factory=dict)
     sizes: ImageSizes | None = None  # uncompressed and compressed, None when not in the engine
+    cold_start: ColdStartPrediction | None = None  # a fresh node's start, None when not in the engine
 
 
 def registry_compressed_size(ref: str) -> int | None:
@@ -172,7 +176,7 @@ def run_build(plan: BuildPlan, engine: Engine, options: BuildOptions, on_line: L
     budget = plan.recipe.max_size
     from_buildkit = options.push and PUSH in engine.capabilities
     # A budget and the tests are checked on the image in the engine before anything is pushed.
-    checked_first = budget is not None or gate is not None
+    checked_first = budget is not None or plan.recipe.cold_start is not None or gate is not None
     keep_local = options.load or checked_first or not options.push or ENGINE_STORE in engine.capabilities
     probe = BuildRequest(Path("."), Path("Dockerfile"), tags, cache_from=options.cache_from,
                          cache_to=options.cache_to, builder=options.builder, compression=options.compression,
@@ -209,7 +213,7 @@ def run_build(plan: BuildPlan, engine: Engine, options: BuildOptions, on_line: L
         )
         result = replace(_build(engine, request, on_line), tags=tags)
         try:
-            pushes, sizes, groups, image_labels = _check_and_push(
+            pushes, sizes, groups, image_labels, cold = _check_and_push(
                 engine, plan, result, options, gate, keep_local=keep_local,
                 progress=(on_progress, on_transfer))
         finally:
@@ -223,20 +227,21 @@ def run_build(plan: BuildPlan, engine: Engine, options: BuildOptions, on_line: L
             config = oci.get_image_config(pushes[0].ref).get("config") or {}
             image_labels = dict(sorted((config.get("Labels") or {}).items()))
     return BuildOutcome(plan, engine.name, result, sizes.uncompressed if sizes else 0, tuple(pushes), groups,
-                        labels=image_labels, sizes=sizes)
+                        labels=image_labels, sizes=sizes, cold_start=cold)
 
 
 def _check_and_push(engine: Engine, plan: BuildPlan, result: BuildResult, options: BuildOptions,
                     gate: ImageGate | None, *, keep_local: bool,
                     progress: tuple[LineSink | None, TransferSink | None]) -> tuple[
-                        list[PushResult], ImageSizes | None, dict[str, int], dict[str, str]]:
+                        list[PushResult], ImageSizes | None, dict[str, int], dict[str, str],
+                        ColdStartPrediction | None]:
     """After the build: the size budget and the gate (the recipe's tests) on the image in the engine,
     then the push: of the checked image itself where something was checked, else as the build did it.
-    Returns the pushes, the image's sizes, its layer groups and its labels."""
+    Returns the pushes, the image's sizes, its layer groups, its labels and its cold start."""
     on_progress, on_transfer = progress
     tags = result.tags
     budget = plan.recipe.max_size
-    checked_first = budget is not None or gate is not None
+    checked_first = budget is not None or plan.recipe.cold_start is not None or gate is not None
     from_buildkit = options.push and PUSH in engine.capabilities
     sizes = engine.image_sizes(result.image_id) if keep_local and result.image_id else None
     groups = layer_groups(engine, result.image_id, plan) if sizes else {}
@@ -245,14 +250,21 @@ def _check_and_push(engine: Engine, plan: BuildPlan, result: BuildResult, option
     if budget is not None and sizes and sizes.uncompressed > budget:
         _reject_over_budget(engine, result.image_id, tags, sizes.uncompressed, budget, groups, plan,
                             options.rejected)
+    started = None
     if gate is not None:
         try:
-            gate(result.image_id)
+            started = gate(result.image_id)
         except ImageTestFailed as exc:
             exc.kept_as = keep_as_rejected(engine, result.image_id, tags, options.rejected)
             exc.message += f"\nnothing was pushed; the image is kept as {exc.kept_as}"
             exc.args = (exc.message,)
             raise
+    # budget.cold_start, after the tests, which time the entrypoint's start (engine/cold_start.py)
+    cold = cold_start.build_prediction(plan.recipe.cold_start, sizes.compressed, sizes.uncompressed, started) \
+        if sizes else None
+    if plan.recipe.cold_start and cold and cold_start.over_budget(plan.recipe.cold_start, cold):
+        cold_start.check_budget(cold, plan.recipe.cold_start, result.image_id,
+                                keep_as_rejected(engine, result.image_id, tags, options.rejected))
     pushes: list[PushResult] = []
     if options.push and checked_first and result.image_id:
         # The image that was checked is pushed, from the engine's store: never a second build
@@ -263,7 +275,7 @@ def _check_and_push(engine: Engine, plan: BuildPlan, result: BuildResult, option
         pushes = _buildkit_pushes(result, tags)  # the build pushed as it exported
     elif options.push:
         pushes = [engine.push(tag, on_progress=on_progress, on_transfer=on_transfer) for tag in tags]
-    return pushes, sizes, groups, image_labels
+    return pushes, sizes, groups, image_labels, cold
 
 
 HOLD_TAG = "imgbuild-hold"  # the tag an image keeps between its build and its checked push
