@@ -16,6 +16,8 @@ a ratio. Needs the Docker engine and the base image (`make bench` starts them).
       IMGBUILD_BENCH_STACK=small for the stack without torch)
   (10) the CUDA kernels of a whole torch image read as `check --gpu` reads them, against the bare
       stream (bench_kernels.py); target under 30 s
+  (11) cold start: predicted against measured pulls of 3 images at 3 link speeds through a rate-limited
+      relay, on Docker 26 (bench_cold_start.py); target within 20%
 
 "Cold" means no layer cache (--no-cache); pip and apt download caches stay warm in both arms,
 so the ratios measure layering, not the network.
@@ -179,7 +181,7 @@ def bench_prefix(b: Bench) -> dict:
 
 
 BENCHES = ("rebuild", "multistage", "prefix", "matrix", "weights", "startup", "engines", "schemas", "installer",
-           "kernels")
+           "kernels", "coldstart")
 
 
 def main() -> int:
@@ -219,6 +221,9 @@ def main() -> int:
     if "kernels" in chosen:
         proc = subprocess.run([sys.executable, str(REPO / "bench" / "bench_kernels.py")], text=True, check=False)
         results["kernels_exit"] = proc.returncode
+    if "coldstart" in chosen:
+        proc = subprocess.run([sys.executable, str(REPO / "bench" / "bench_cold_start.py")], text=True, check=False)
+        results["coldstart_exit"] = proc.returncode
     if "reuse" in chosen:
         proc = subprocess.run([sys.executable, str(REPO / "bench" / "bench_reuse.py")], text=True)  # noqa: PLW1510
         results["reuse_exit"] = proc.returncode
