@@ -81,8 +81,11 @@ class Bench:
         self.made: list[str] = []  # references in the engine and manifests in the registry
 
     def run(self, *args: str, timeout: float = 1800) -> subprocess.CompletedProcess:
-        return subprocess.run([*self.docker, *args], capture_output=True, text=True, env=self.env, timeout=timeout,
-                              check=True)
+        done = subprocess.run([*self.docker, *args], capture_output=True, text=True, env=self.env, timeout=timeout,
+                              check=False)
+        if done.returncode != 0:  # the engine's own words, not only the exit status
+            raise RuntimeError(f"docker {' '.join(args)}: exit {done.returncode}: {done.stderr.strip()[-2000:]}")
+        return done
 
     def fresh_copy(self, name: str, count: int, first: int = 0) -> Copy:
         """Layers ``first`` to ``count`` - 1 of the source image, each with a nonce entry in front, pushed
