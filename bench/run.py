@@ -19,6 +19,8 @@ a ratio. Needs the Docker engine and the base image (`make bench` starts them).
   (11) on Docker 26: the bytes a node holding a Debian 12 / Python 3.11 CUDA image pulls for the
       same CUDA on Debian 13 / Python 3.13, CUDA wheels in the venv vs in the shared prefix
       (bench_cuda_share.py); goal: the CUDA layers pulled once
+  (12) cold start: predicted against measured pulls of 3 images at 3 link speeds through a rate-limited
+      relay, on Docker 26 (bench_cold_start.py); target within 20%
 
 "Cold" means no layer cache (--no-cache); pip and apt download caches stay warm in both arms,
 so the ratios measure layering, not the network.
@@ -182,7 +184,7 @@ def bench_prefix(b: Bench) -> dict:
 
 
 BENCHES = ("rebuild", "multistage", "prefix", "matrix", "weights", "startup", "engines", "schemas", "installer",
-           "kernels", "cuda-share")
+           "kernels", "cuda-share", "coldstart")
 
 
 def main() -> int:
@@ -225,6 +227,9 @@ def main() -> int:
     if "cuda-share" in chosen:
         proc = subprocess.run([sys.executable, str(REPO / "bench" / "bench_cuda_share.py")], text=True, check=False)
         results["cuda_share_exit"] = proc.returncode
+    if "coldstart" in chosen:
+        proc = subprocess.run([sys.executable, str(REPO / "bench" / "bench_cold_start.py")], text=True, check=False)
+        results["coldstart_exit"] = proc.returncode
     if "reuse" in chosen:
         proc = subprocess.run([sys.executable, str(REPO / "bench" / "bench_reuse.py")], text=True)  # noqa: PLW1510
         results["reuse_exit"] = proc.returncode

@@ -185,9 +185,9 @@ def test_missing_and_unknown_keys_exit_2_with_the_key(folder, missing, unknown):
         _set(data, p, None, delete=True)
     added = []
     for parent, name, value in unknown:
-        known = {"": VALID, "cuda": VALID["cuda"], "base": {"image", "os", "mirror"}, "budget": {"max_size"},
-                 "copy[0]": {"src", "dest"}, "weights[0]": {"ref", "mount"}, "build": {"jobs", "cuda_arch",
-                                                                                         "from_source"}}[parent]
+        known = {"": VALID, "cuda": VALID["cuda"], "base": {"image", "os", "mirror"},
+                 "budget": {"max_size", "cold_start"}, "copy[0]": {"src", "dest"}, "weights[0]": {"ref", "mount"},
+                 "build": {"jobs", "cuda_arch", "from_source"}}[parent]
         if name in known or name in {"matrix", "services"} or name.strip() != name or name.lower() in {"null", "~"}:
             continue
         if _set(data, f"{parent}.{name}" if parent else name, value):

@@ -178,6 +178,7 @@ def cmd_build(args: argparse.Namespace, out: Out) -> int:
         "sboms": [s.to_json() for s in sboms],
         "signatures": [s.to_json() for s in signed],
         "tests": reports[-1].to_json() if reports else None,
+        "cold_start": outcome.cold_start.to_json() if outcome.cold_start else None,
         "platforms": list(options.platforms),
         # a multi-platform build tests each platform's image: one report each, in platform order
         "platform_tests": [t.to_json() for t in reports] if len(options.platforms) > 1 else [],
@@ -203,6 +204,8 @@ def _build_lines(out: Out, built: BuildReport) -> None:
         out.line(f"tests    {t.summary()}" + (f" ({t.image})" if len(reports) > 1 else ""))
     if not reports:
         out.line("tests    not run (they run before --push, or with --test)")
+    if outcome.cold_start:
+        out.line(f"start    {outcome.cold_start.summary()}")
     for p in outcome.pushes:
         out.line(f"pushed   {p.ref}")
     for s in sboms:

@@ -21,6 +21,7 @@ from buildkit_py.engine import (
     Engine,
     ImageSizes,
 )
+from buildkit_py.engine.cold_start import ColdStartPrediction
 from buildkit_py.engine.push import PushResult, TransferSink, split_tag
 from buildkit_py.errors import ImgbuildError, RegistryError, UsageError
 from buildkit_py.plan.build_plan import SOURCE_DATE_EPOCH, BuildPlan
@@ -72,6 +73,7 @@ class BuildOutcome:
     # volatile ones (created, revision, base digest) and any the base passes through.
     labels: dict[str, str] = field(default_factory=dict)
     sizes: ImageSizes | None = None  # uncompressed and compressed, None when not in the engine
+    cold_start: ColdStartPrediction | None = None  # a fresh node's start, None when not in the engine
 
 
 def registry_compressed_size(ref: str) -> int | None:

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from buildkit_py import oci
-from buildkit_py.analysis.image_checks import TestReport, failure_of, run_image_tests
+from buildkit_py.analysis.image_checks import PASSED, TestReport, failure_of, run_image_tests
 from buildkit_py.engine import (
     ENGINE_STORE,
     PROVENANCE,
@@ -29,6 +29,7 @@ from buildkit_py.engine import (
     BuildRequest,
     Engine,
     ImageSizes,
+    cold_start,
     require,
     required_capabilities,
 )
@@ -48,6 +49,7 @@ from buildkit_py.engine.build import (
     registry_compressed_size,
     release_hold,
 )
+from buildkit_py.engine.cold_start import ColdStartPrediction, StartTime
 from buildkit_py.engine.push import PushResult, TransferSink, check_can_push
 from buildkit_py.errors import BudgetExceeded, ImgbuildError, SbomError, SignatureError
 from buildkit_py.files import write_atomic
@@ -138,7 +140,7 @@ def build_checked(plan: BuildPlan, engine: Engine, options: BuildOptions, on_lin
     uv_env = uv_env_for(plan, options.pip_config, ca_cert=options.ca_cert is not None)
     tags = _preflight(plan, engine, options)
     # A budget and the tests are checked on the image in the engine before anything is pushed.
-    checked_first = plan.recipe.max_size is not None or options.test
+    checked_first = plan.recipe.max_size is not None or plan.recipe.cold_start is not None or options.test
     keep_local = options.load or checked_first or not options.push or ENGINE_STORE in engine.capabilities
     with tempfile.TemporaryDirectory(prefix="imgbuild-") as tmp:
         # An image checked before its push also gets a tag of its own until it is pushed: another build
@@ -155,6 +157,7 @@ def build_checked(plan: BuildPlan, engine: Engine, options: BuildOptions, on_lin
             measured = _measure(engine, plan, result.image_id, keep_local=keep_local)
             _check_budget(engine, plan, result.image_id, tags, measured, options.rejected)
             tests = _test(engine, plan, result.image_id, tags, options, on_event)
+            cold = _check_cold_start(engine, plan, result.image_id, tags, measured, tests, options.rejected)
             pushes = _push(engine, result.image_id, result, options, checked_first=checked_first,
                            progress=(on_progress, on_transfer))
         finally:
@@ -162,7 +165,7 @@ def build_checked(plan: BuildPlan, engine: Engine, options: BuildOptions, on_lin
                 release_hold(engine, hold)
     sizes, groups, image_labels = _read_back(measured, pushes)
     outcome = BuildOutcome(plan, engine.name, result, sizes.uncompressed if sizes else 0, tuple(pushes), groups,
-                           labels=image_labels, sizes=sizes)
+                           labels=image_labels, sizes=sizes, cold_start=cold)
     return BuildReport(outcome, tests=tests)
 
 
@@ -240,6 +243,30 @@ def _test(engine: Engine, plan: BuildPlan, image_id: str, tags: tuple[str, ...],
         kept = keep_as_rejected(engine, image_id, tags, options.rejected)
         raise failure_of(failed, kept_as=kept, reports=tests)
     return tests
+
+
+def _check_cold_start(engine: Engine, plan: BuildPlan, image_id: str, tags: tuple[str, ...], measured: Measured,
+                      tests: tuple[TestReport, ...], rejected_as: str | None) -> ColdStartPrediction | None:
+    """A fresh node's start, predicted (engine/cold_start.py) from the image's sizes and the time its
+    first test took; over budget.cold_start the image is kept as REPO:rejected and BudgetExceeded raised."""
+    sizes, _, _ = measured
+    if not sizes:
+        return None
+    started = next((s for s in map(entrypoint_start, tests) if s is not None), None)
+    budget = plan.recipe.cold_start
+    cold = cold_start.build_prediction(budget, sizes.compressed, sizes.uncompressed, started)
+    if budget and cold and cold_start.over_budget(budget, cold):
+        cold_start.check_budget(cold, budget, image_id, keep_as_rejected(engine, image_id, tags, rejected_as))
+    return cold
+
+
+def entrypoint_start(report: TestReport) -> StartTime | None:
+    """The time of the recipe's first ``test:`` command, its container's start included: what a node
+    pays after the pull before the image does its work (budget.cold_start); None where none ran."""
+    for r in report.results:
+        if r.kind == "command" and r.status == PASSED:
+            return StartTime(r.seconds, f"test {r.name!r}")
+    return None
 
 
 def _read_back(measured: Measured, pushes: list[PushResult]) -> Measured:

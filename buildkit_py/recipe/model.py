@@ -74,6 +74,10 @@ VOLUME_OPTIONS = frozenset({"ro", "rw", "nocopy", "z", "Z", "shared", "rshared",
 # No '$' (Dockerfile variable expansion), quotes, backslashes or control characters.
 SAFE_PATH_RE = _exact(r"^[A-Za-z0-9._/@+=,: -]+$")
 SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]i?B|B)?\s*$", re.IGNORECASE)
+# budget.cold_start: a duration (90s, 1.5min, 2m, 1h; a bare number is seconds) and a rate, either in
+# bits (1Gbit, 100Mbps, 1Gbit/s: how links are sold) or in bytes (125MB/s, 10MiB/s: how tools report)
+DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|sec|m|min|h)?\s*$", re.IGNORECASE)
+BANDWIDTH_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(?:([kmgt]?)(?:bit/s|bit|bps)|([kmgt]?i?b)/s)\s*$", re.IGNORECASE)
 
 PLATFORMS = tuple(_node("platforms")["items"]["enum"])  # linux/amd64, linux/arm64
 DEFAULT_PLATFORMS = ("linux/amd64",)
@@ -172,6 +176,17 @@ class ServiceSpec:
 
 
 @dataclass(frozen=True)
+class ColdStartBudget:
+    """``budget.cold_start``: the longest a fresh node may take to start the image (pull, unpack,
+    the entrypoint's own start) over a link of ``bandwidth``; ``unpack_rate`` (bytes/s) replaces the
+    rate measured on imgbuild's build machine (engine/cold_start.py) where the node's disks differ."""
+
+    max_seconds: float
+    bandwidth: float  # bytes/s
+    unpack_rate: float | None = None  # bytes/s
+
+
+@dataclass(frozen=True)
 class Recipe:
     path: Path
     name: str
@@ -192,6 +207,7 @@ class Recipe:
     build: BuildSpec = field(default_factory=BuildSpec)
     runtime_compile: bool = False
     max_size: int | None = None  # bytes, from budget.max_size
+    cold_start: ColdStartBudget | None = None  # budget.cold_start
     weights: tuple[WeightsSpec, ...] = ()
     services: tuple[ServiceSpec, ...] = ()
     platforms: tuple[str, ...] = DEFAULT_PLATFORMS  # os/arch, in the recipe's order
@@ -240,6 +256,8 @@ class Recipe:
                       if not (k == "installer" and v is None)},
             "runtime_compile": self.runtime_compile,
             "max_size": self.max_size,
+            # left out when unset, so recipes without it keep their digest
+            **({"cold_start": spec(self.cold_start)} if self.cold_start else {}),
             "weights": [spec(w) for w in self.weights],
             "services": [{**spec(x), "ports": list(x.ports), "environment": dict(x.environment),
                           "volumes": list(x.volumes), "command": list(x.command)} for x in self.services],
@@ -351,6 +369,31 @@ def parse_size(text: str) -> int | None:
     scale = {"B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
              "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}[unit]
     return int(number * scale)
+
+
+_DURATION_SCALE = {"ms": 1e-3, "s": 1.0, "sec": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0}
+_PREFIX = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}
+
+
+def parse_duration(text: str | float) -> float | None:
+    """'90s' -> 90.0, '1.5min' -> 90.0, '500ms' -> 0.5, 90 -> 90.0 (seconds); None when malformed."""
+    m = DURATION_RE.match(str(text))
+    if not m:
+        return None
+    return float(m.group(1)) * _DURATION_SCALE[(m.group(2) or "s").lower()]
+
+
+def parse_bandwidth(text: str) -> float | None:
+    """A rate in bytes/s: '1Gbit' -> 125_000_000.0 (links are sold in bits), '125MB/s' -> 125e6,
+    '10MiB/s' -> 10_485_760.0; None when malformed. Bytes are written with a B and '/s'."""
+    m = BANDWIDTH_RE.match(str(text))
+    if not m:
+        return None
+    bit_prefix, byte_unit = m.group(2), m.group(3)
+    if byte_unit is None:
+        return float(m.group(1)) * _PREFIX[bit_prefix.lower()] / 8
+    size = parse_size(f"{m.group(1)}{byte_unit}")  # B, KB, MiB...: the size units, per second
+    return None if size is None else float(size)
 
 
 def pin_name(spec: str) -> str:
@@ -519,6 +562,27 @@ def _tests(items: list[Any], recipe_path: Path, report: _Issues) -> tuple[TestSp
     return tuple(out)
 
 
+def _cold_start(item: dict[str, Any] | None, report: _Issues) -> ColdStartBudget | None:
+    """budget.cold_start: each value read by its one parser; a malformed one is reported at its key."""
+    if not _has(item, "max", "bandwidth"):
+        return None
+    assert item is not None  # noqa: S101 - _has checked it
+    key = "budget.cold_start"
+    seconds = parse_duration(item["max"])
+    if seconds is None or seconds <= 0:
+        report.fail(f"{key}.max", f"{item['max']!r} is not a duration like 90s, 1.5min or 2m")
+    rates = {}
+    for name in ("bandwidth", "unpack_rate"):
+        if name in item:
+            rates[name] = parse_bandwidth(item[name])
+            if not rates[name]:
+                report.fail(f"{key}.{name}", f"{item[name]!r} is not a rate like 1Gbit, 100Mbit/s or 200MB/s")
+    bandwidth = rates["bandwidth"]
+    if seconds is None or seconds <= 0 or bandwidth is None or not all(rates.values()):
+        return None
+    return ColdStartBudget(seconds, bandwidth, rates.get("unpack_rate"))
+
+
 def _texts(items: list[Any]) -> tuple[str, ...]:
     return tuple(s for s in items if s is not None)
 
@@ -679,6 +743,7 @@ def _recipe(data: dict[str, Any], path: Path, report: _Issues, lines: dict[str, 
         return None
     workdir = data.get("workdir")
     budget = data.get("budget", {}).get("max_size")
+    cold_start = _cold_start(data.get("budget", {}).get("cold_start"), report)
     return Recipe(
         path=path,
         name=data["name"],
@@ -701,6 +766,7 @@ def _recipe(data: dict[str, Any], path: Path, report: _Issues, lines: dict[str, 
         build=build,
         runtime_compile=data.get("runtime_compile", False),
         max_size=None if budget is None else parse_size(budget),
+        cold_start=cold_start,
         weights=weights,
         services=services,
         platforms=tuple(data.get("platforms", DEFAULT_PLATFORMS)),

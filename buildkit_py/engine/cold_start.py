@@ -1,0 +1,165 @@
+"""How long a fresh node takes to start an image, predicted, and the recipe's ``budget.cold_start``.
+
+    cold start = bytes to pull / bandwidth + bytes unpacked / unpack rate + the entrypoint's start
+
+The bytes to pull are the compressed sizes of the image's layers (its manifest's) less the layers the
+node already holds (given as layer digests: the images already on it); those same layers are unpacked
+at their uncompressed size. The unpack rate is a measurement (``MEASURED_UNPACK_RATE``, from
+bench/bench_cold_start.py on the build machine) that a recipe may replace with its nodes' own
+(``budget.cold_start.unpack_rate``). The entrypoint's start is what the image's first test took in its
+test container (a container's start plus, say, ``import torch``), measured by the build's tests.
+
+Pure: frozen values in and out. It lives in engine/ (not analysis/) because the build checks the
+budget where it checks budget.max_size, before the push, and the engine layer may not import analysis.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any
+
+from buildkit_py.errors import BudgetExceeded
+from buildkit_py.recipe.model import ColdStartBudget
+from buildkit_py.sizes import human_size
+
+# Bytes/s of uncompressed layer content the Docker 26 engine (containerd store, overlayfs) unpacks on
+# the build machine (2 cores shared by ~8 sessions, load ~12): bench/bench_cold_start.py's calibration
+# pull, 0.93 GB of CUDA wheel layers in 75.5 s less its transfer (2026-12-05). The load moves it (12-18
+# MB/s seen that day); a node with its own cores and disk is faster: set budget.cold_start.unpack_rate.
+MEASURED_UNPACK_RATE = 12e6
+
+
+@dataclass(frozen=True)
+class Layer:
+    """One layer as a pull sees it: its blob digest and both sizes."""
+
+    digest: str
+    compressed: int  # bytes downloaded (the manifest's size)
+    uncompressed: int  # bytes unpacked onto the node's disk
+
+
+@dataclass(frozen=True)
+class ColdStartInputs:
+    layers: tuple[Layer, ...]
+    bandwidth: float  # bytes/s of the node's link to the registry
+    unpack_rate: float = MEASURED_UNPACK_RATE  # bytes/s
+    start_seconds: float | None = None  # the entrypoint's own start; None: not measured
+    start_source: str = ""  # what was timed, e.g. 'test "python -c import torch"'
+    held: frozenset[str] = frozenset()  # layer digests already on the node
+
+
+@dataclass(frozen=True)
+class ColdStartPrediction:
+    pull_bytes: int
+    unpack_bytes: int
+    layers_pulled: int
+    layers_held: int
+    download_seconds: float
+    unpack_seconds: float
+    start_seconds: float | None
+    bandwidth: float
+    unpack_rate: float
+    start_source: str = ""
+    pull_exact: bool = True  # False: the compressed size was unknown, the uncompressed stood in (upper bound)
+
+    @property
+    def total_seconds(self) -> float:
+        return self.download_seconds + self.unpack_seconds + (self.start_seconds or 0.0)
+
+    def summary(self) -> str:
+        """One line: the total, then each part."""
+        start = (f"{self.start_seconds:.1f}s start ({self.start_source})" if self.start_seconds is not None
+                 else "start not measured (no test ran)")
+        held = f", {self.layers_held} layers already on the node" if self.layers_held else ""
+        bound = "" if self.pull_exact else " (at most: uncompressed size, the engine knows no compressed one)"
+        return (f"{self.total_seconds:.1f}s on a fresh node at {bandwidth_text(self.bandwidth)}: "
+                f"pull {human_size(self.pull_bytes)}{bound} {self.download_seconds:.1f}s + unpack "
+                f"{human_size(self.unpack_bytes)} {self.unpack_seconds:.1f}s + {start}{held}")
+
+    def to_json(self) -> dict[str, Any]:
+        return {"seconds": round(self.total_seconds, 2), "pull_bytes": self.pull_bytes,
+                "unpack_bytes": self.unpack_bytes, "layers_pulled": self.layers_pulled,
+                "layers_held": self.layers_held, "download_seconds": round(self.download_seconds, 2),
+                "unpack_seconds": round(self.unpack_seconds, 2),
+                "start_seconds": None if self.start_seconds is None else round(self.start_seconds, 2),
+                "start_source": self.start_source, "bandwidth": self.bandwidth, "unpack_rate": self.unpack_rate,
+                "pull_exact": self.pull_exact}
+
+
+def bandwidth_text(rate: float) -> str:
+    """125e6 bytes/s -> '1000 Mbit/s': links are spoken of in bits."""
+    return f"{rate * 8 / 1e6:.0f} Mbit/s"
+
+
+def predict(inputs: ColdStartInputs) -> ColdStartPrediction:
+    """The prediction for ``inputs``: each distinct layer the node does not hold is downloaded and
+    unpacked once (an image that repeats a blob pulls it once)."""
+    wanted = {layer.digest: layer for layer in inputs.layers}
+    pulled = [layer for digest, layer in wanted.items() if digest not in inputs.held]
+    pull = sum(layer.compressed for layer in pulled)
+    unpack = sum(layer.uncompressed for layer in pulled)
+    return ColdStartPrediction(
+        pull_bytes=pull, unpack_bytes=unpack, layers_pulled=len(pulled), layers_held=len(wanted) - len(pulled),
+        download_seconds=pull / inputs.bandwidth, unpack_seconds=unpack / inputs.unpack_rate,
+        start_seconds=inputs.start_seconds, bandwidth=inputs.bandwidth, unpack_rate=inputs.unpack_rate,
+        start_source=inputs.start_source)
+
+
+class ColdStartOverBudget(BudgetExceeded):
+    """The predicted cold start is over ``budget.cold_start.max`` (exit 1, as budget.max_size)."""
+
+    def __init__(self, message: str, *, prediction: ColdStartPrediction, max_seconds: float, hint: str | None = None):
+        self.prediction, self.max_seconds = prediction, max_seconds
+        super().__init__(message, hint=hint)
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = super().to_json()
+        out.update(cold_start=self.prediction.to_json(), max_seconds=self.max_seconds)
+        return out
+
+
+@dataclass(frozen=True)
+class StartTime:
+    """The entrypoint's own start as the build's tests measured it: what was timed, and how long."""
+
+    seconds: float
+    source: str
+
+
+DEFAULT_BANDWIDTH = 125e6  # 1 Gbit/s: what the build report assumes where the recipe sets no budget
+
+
+def build_prediction(budget: ColdStartBudget | None, compressed: int | None, uncompressed: int,
+                     started: StartTime | None) -> ColdStartPrediction:
+    """The prediction for a freshly built image on a node that holds none of it (its layers are new
+    to every node until pushed), at the budget's bandwidth and unpack rate (no budget: 1 Gbit/s and
+    the measured rate). Where the engine does not know the compressed size before a push (Docker
+    20.10's classic store) the uncompressed size stands in for it: an upper bound, marked so."""
+    whole = Layer("image", compressed if compressed is not None else uncompressed, uncompressed)
+    rate = budget.bandwidth if budget else DEFAULT_BANDWIDTH
+    unpack = budget.unpack_rate if budget and budget.unpack_rate else MEASURED_UNPACK_RATE
+    found = predict(ColdStartInputs((whole,), rate, unpack, started.seconds if started else None,
+                                    started.source if started else ""))
+    return found if compressed is not None else replace(found, pull_exact=False)
+
+
+def over_budget(budget: ColdStartBudget | None, prediction: ColdStartPrediction | None) -> bool:
+    return budget is not None and prediction is not None and prediction.total_seconds > budget.max_seconds
+
+
+def check_budget(prediction: ColdStartPrediction, budget: ColdStartBudget, image: str, kept_as: str = "") -> None:
+    """ColdStartOverBudget when the prediction is over the budget's max, naming the biggest part."""
+    if prediction.total_seconds <= budget.max_seconds:
+        return
+    parts = {"the pull": prediction.download_seconds, "the unpack": prediction.unpack_seconds,
+             "the entrypoint's start": prediction.start_seconds or 0.0}
+    biggest = max(parts, key=lambda k: parts[k])
+    raise ColdStartOverBudget(
+        f"image {image[:19]} would take {prediction.total_seconds:.1f}s to start on a fresh node, over the "
+        f"recipe's budget.cold_start.max of {budget.max_seconds:g}s: {prediction.summary()}"
+        + (f"; kept as {kept_as}" if kept_as else ""),
+        prediction=prediction, max_seconds=budget.max_seconds,
+        hint=f"{biggest} takes the most; " + (
+            "fewer or smaller layers pull faster (drop heavy pins, keep weights out: imgbuild weights push)"
+            if biggest != "the entrypoint's start" else "the image's first test times the start: make the "
+            "entrypoint import less") + ", or raise budget.cold_start.max")

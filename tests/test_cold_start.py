@@ -1,0 +1,197 @@
+"""budget.cold_start (issue 33: 3): the predicted start of an image on a fresh node (pull / bandwidth +
+unpack / unpack rate + the entrypoint's start), its parsers, its place in the recipe, and a build over
+it refused before anything is pushed. Exact figures: the model is arithmetic on its inputs."""
+
+from __future__ import annotations
+
+import pytest
+from helpers import run_cli, write_recipe
+
+from buildkit_py.engine import cold_start as cs
+from buildkit_py.engine.cold_start import ColdStartInputs, ColdStartOverBudget, Layer, StartTime
+from buildkit_py.errors import RecipeError
+from buildkit_py.recipe.model import ColdStartBudget, load_recipe, parse_bandwidth, parse_duration
+
+HEAD = 'name: team/app\nversion: "1"\ncuda: {version: "12.4", source: wheels, flavor: base}\n' \
+       'base: {image: debian:bookworm-slim}\npython: "3.11"\npip: ["six==1.16.0"]\n'
+A, B, C = (Layer(f"sha256:{c * 64}", compressed, uncompressed)
+           for c, compressed, uncompressed in (("a", 30_000_000, 80_000_000), ("b", 500_000_000, 1_200_000_000),
+                                               ("c", 2_000_000, 5_000_000)))
+
+
+@pytest.mark.parametrize(("text", "seconds"), [("90s", 90.0), ("1.5min", 90.0), ("2m", 120.0), ("500ms", 0.5),
+                                               ("1h", 3600.0), (90, 90.0), ("45", 45.0), (" 30 S ", 30.0)])
+def test_durations(text, seconds):
+    assert parse_duration(text) == seconds
+
+
+@pytest.mark.parametrize("text", ["", "s", "90 sec ago", "-5s", "1d", "1e3s", "ninety"])
+def test_malformed_durations(text):
+    assert parse_duration(text) is None
+
+
+@pytest.mark.parametrize(("text", "rate"), [("1Gbit", 125e6), ("100Mbit/s", 12.5e6), ("1Gbps", 125e6),
+                                            ("2.5gbit", 312.5e6), ("125MB/s", 125e6), ("10MiB/s", 10_485_760.0),
+                                            ("800kbit", 100e3), ("1000B/s", 1000.0)])
+def test_bandwidths(text, rate):
+    assert parse_bandwidth(text) == rate
+
+
+@pytest.mark.parametrize("text", ["1G", "1GB", "fast", "1 Gbit per s", "10MiB", "-1Gbit", ""])
+def test_malformed_bandwidths(text):
+    """A rate names its unit: bits (bit, bps, bit/s) or bytes per second (B/s); '1GB' is a size."""
+    assert parse_bandwidth(text) is None
+
+
+def test_a_fresh_node_pulls_and_unpacks_every_layer():
+    p = cs.predict(ColdStartInputs((A, B, C), bandwidth=125e6, unpack_rate=100e6, start_seconds=2.5,
+                                   start_source="test 'import torch'"))
+    assert (p.pull_bytes, p.unpack_bytes, p.layers_pulled, p.layers_held) == (532_000_000, 1_285_000_000, 3, 0)
+    assert p.download_seconds == pytest.approx(4.256)  # 532 MB at 125 MB/s
+    assert p.unpack_seconds == pytest.approx(12.85)  # 1285 MB at 100 MB/s
+    assert p.total_seconds == pytest.approx(4.256 + 12.85 + 2.5)
+    assert p.to_json()["seconds"] == 19.61 and p.to_json()["start_source"] == "test 'import torch'"
+
+
+def test_layers_the_node_holds_are_neither_pulled_nor_unpacked():
+    """The node holds another image sharing A and B: only C is pulled; a layer named twice counts once."""
+    p = cs.predict(ColdStartInputs((A, B, C, C), bandwidth=12.5e6, unpack_rate=100e6,
+                                   held=frozenset({A.digest, B.digest})))
+    assert (p.pull_bytes, p.unpack_bytes, p.layers_pulled, p.layers_held) == (2_000_000, 5_000_000, 1, 2)
+    assert p.total_seconds == pytest.approx(0.16 + 0.05)
+    assert p.start_seconds is None and "start not measured" in p.summary()
+    assert "2 layers already on the node" in p.summary()
+
+
+def test_a_build_prediction_falls_back_to_the_uncompressed_size_and_says_so():
+    """Docker 20.10's classic store knows no compressed size before a push: the uncompressed size is an
+    upper bound of the pull, marked as one."""
+    budget = ColdStartBudget(90.0, 125e6, 200e6)
+    exact = cs.build_prediction(budget, 400_000_000, 1_000_000_000, StartTime(1.5, "test 'smoke'"))
+    assert exact.pull_exact and exact.pull_bytes == 400_000_000
+    assert exact.total_seconds == pytest.approx(3.2 + 5.0 + 1.5)
+    bound = cs.build_prediction(budget, None, 1_000_000_000, None)
+    assert not bound.pull_exact and bound.pull_bytes == 1_000_000_000 and "at most" in bound.summary()
+    assert bound.total_seconds == pytest.approx(8.0 + 5.0)
+    default = cs.build_prediction(None, 400_000_000, 1_000_000_000, None)  # no budget: 1 Gbit/s, measured rate
+    assert default.bandwidth == cs.DEFAULT_BANDWIDTH and default.unpack_rate == cs.MEASURED_UNPACK_RATE
+
+
+def test_the_budget_names_the_biggest_part():
+    budget = ColdStartBudget(10.0, 125e6, 200e6)
+    fits = cs.build_prediction(budget, 400_000_000, 1_000_000_000, StartTime(1.8, "t"))  # 3.2 + 5.0 + 1.8 = 10.0
+    cs.check_budget(fits, budget, "sha256:" + "1" * 64)
+    assert not cs.over_budget(budget, fits)
+    over = cs.build_prediction(budget, 400_000_000, 1_000_000_000, StartTime(9.0, "test 'import torch'"))
+    assert cs.over_budget(budget, over)
+    with pytest.raises(ColdStartOverBudget) as info:
+        cs.check_budget(over, budget, "sha256:" + "1" * 64, "team/app:rejected")
+    err = info.value
+    assert err.exit_status == 1 and err.max_seconds == 10.0
+    assert "would take 17.2s to start on a fresh node, over the recipe's budget.cold_start.max of 10s" in err.message
+    assert err.message.endswith("kept as team/app:rejected")
+    assert err.hint.startswith("the entrypoint's start takes the most")
+    assert err.to_json()["cold_start"]["seconds"] == 17.2
+
+
+def test_the_recipe_reads_its_cold_start_budget(tmp_path):
+    recipe = load_recipe(write_recipe(tmp_path, HEAD + "budget: {cold_start: {max: 1.5min, bandwidth: 500Mbit,"
+                                                        " unpack_rate: 200MB/s}}\n"))
+    assert recipe.cold_start == ColdStartBudget(90.0, 62.5e6, 200e6)
+    plain = load_recipe(write_recipe(tmp_path / "b", HEAD))
+    assert plain.cold_start is None
+    # a recipe without the budget keeps its digest; one with it gets another
+    assert "cold_start" not in plain.normalized() and recipe.digest != plain.digest
+
+
+def test_a_malformed_budget_is_located(tmp_path):
+    path = write_recipe(tmp_path, HEAD + "budget:\n  cold_start:\n    max: soon\n    bandwidth: 1GB\n")
+    with pytest.raises(RecipeError) as info:
+        load_recipe(path)
+    got = {(i.line, i.key): i.message for i in info.value.issues}
+    assert got == {(9, "budget.cold_start.max"): "'soon' is not a duration like 90s, 1.5min or 2m",
+                   (10, "budget.cold_start.bandwidth"): "'1GB' is not a rate like 1Gbit, 100Mbit/s or 200MB/s"}
+    code, _out, err = run_cli("plan", str(path))
+    assert code == 2 and f"{path}:9: budget.cold_start.max" in err and "Traceback" not in err
+
+
+def test_the_budget_needs_max_and_bandwidth(tmp_path):
+    path = write_recipe(tmp_path, HEAD + "budget: {cold_start: {max: 90s}}\n")
+    with pytest.raises(RecipeError) as info:
+        load_recipe(path)
+    [issue] = info.value.issues
+    assert (issue.line, issue.key, issue.message) == (7, "budget.cold_start.bandwidth", "required key is missing")
+
+
+def test_a_build_over_its_cold_start_budget_keeps_nothing_and_pushes_nothing(tmp_path, monkeypatch):
+    """The build checks the budget after the tests (which time the start) and before the push, as it
+    checks budget.max_size: the image keeps only REPO:rejected and nothing reaches the registry."""
+    from types import SimpleNamespace
+
+    from buildkit_py import engine as engine_pkg
+    from buildkit_py.analysis.image_checks import PASSED
+    from buildkit_py.engine import build as build_mod
+    from buildkit_py.engine.base import BuildResult
+    from buildkit_py.pipeline import build as pipeline_build
+    from buildkit_py.pipeline import plan_recipe
+
+    def tests_taking(seconds: float, name: str):
+        """The recipe's tests, passed, the first command taking ``seconds`` (the entrypoint's start)."""
+        result = SimpleNamespace(kind="command", status=PASSED, seconds=seconds, name=name)
+        return lambda *_a, **_k: (SimpleNamespace(failed=False, results=[result]),)
+
+    monkeypatch.setattr(pipeline_build, "check_can_push", lambda tags: None)
+    monkeypatch.setattr(pipeline_build, "layer_groups", lambda *_a: {})
+    text = HEAD + "budget: {cold_start: {max: 10s, bandwidth: 1Gbit, unpack_rate: 200MB/s}}\n"
+    plan = plan_recipe(write_recipe(tmp_path, text), registry="127.0.0.1:5000", offline=True)
+
+    class StoreEngine:
+        name = "fake-buildx"
+        capabilities = frozenset({engine_pkg.PUSH, engine_pkg.ENGINE_STORE, engine_pkg.SECRETS,
+                                  engine_pkg.CACHE_MOUNTS, engine_pkg.MULTI_STAGE, engine_pkg.METADATA_FILE,
+                                  engine_pkg.PROVENANCE})
+
+        def __init__(self):
+            self.calls: list = []
+            self.requests: list = []
+
+        def build(self, request, on_line):
+            self.requests.append(request)
+            return BuildResult("sha256:built", request.tags, "", 0, 7, 1.0)
+
+        def image_sizes(self, image_id):
+            return engine_pkg.ImageSizes(1_000_000_000, 400_000_000)
+
+        def image_attrs(self, ref):
+            return {"Id": ref, "Config": {"Labels": {"io.imgbuild.os": "debian12"}}}
+
+        def tag(self, image, ref):
+            self.calls.append(("tag", image, ref))
+
+        def untag(self, ref):
+            self.calls.append(("untag", ref))
+
+        def push(self, ref, on_progress=None, on_transfer=None):
+            raise AssertionError("pushed an image over its budget")
+
+    engine = StoreEngine()
+    monkeypatch.setattr(pipeline_build, "run_tests", tests_taking(9.0, "import torch"))
+    with pytest.raises(ColdStartOverBudget) as info:
+        pipeline_build.build_checked(plan, engine, build_mod.BuildOptions(push=True, test=True), lambda _l: None)
+    assert info.value.prediction.total_seconds == pytest.approx(3.2 + 5.0 + 9.0)
+    [request] = engine.requests
+    assert not request.push  # checked first, so BuildKit did not push as it exported
+    [tag] = plan.tags
+    assert ("tag", "sha256:built", "127.0.0.1:5000/team/app:rejected") in engine.calls
+    assert ("untag", tag) in engine.calls
+    # under budget (a faster start): the same build keeps its figure for the report
+    engine = StoreEngine()
+    monkeypatch.setattr(pipeline_build, "registry_compressed_size", lambda ref: None)
+    monkeypatch.setattr(build_mod, "verify_pushed", lambda image_id, pushed: None)
+    monkeypatch.setattr(pipeline_build, "run_tests", tests_taking(1.0, "smoke"))
+    engine.push = lambda ref, on_progress=None, on_transfer=None: build_mod.PushResult(
+        f"{ref}@sha256:{'9' * 64}", "1", "sha256:" + "9" * 64, None, 1)
+    outcome = pipeline_build.build_checked(plan, engine, build_mod.BuildOptions(push=True, test=True),
+                                           lambda _l: None).outcome
+    assert outcome.cold_start is not None and outcome.cold_start.total_seconds == pytest.approx(9.2)
+    assert outcome.pushes
