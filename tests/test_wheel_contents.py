@@ -344,3 +344,31 @@ def test_a_runtime_tier_of_wheels_brings_every_runtime_library(tmp_path, cuda):
     assert "nccl" in image.loadable
     assert image.lacks(["cudart", "cufft"]) == frozenset()
     assert wc.image_cuda(()).lacks(extras) >= {"cudart", "npp"}
+
+
+# --- build.from_source needs the release's sdist (bitsandbytes publishes wheels only after 0.42.0) -----
+
+def _from_source_recipe(tmp_path, bnb: str):
+    from buildkit_py.recipe.model import parse_recipe
+
+    text = (f'name: s\nversion: "1"\ncuda: {{version: "12.4", source: nvidia, flavor: devel}}\n'
+            f'base: {{os: ubuntu22.04}}\npython: "3.10"\npip: ["bitsandbytes=={bnb}"]\n'
+            "build: {from_source: [bitsandbytes]}\n")
+    return parse_recipe(text, tmp_path / "recipe.yaml")
+
+
+def test_a_source_build_of_a_release_without_an_sdist_is_refused_at_its_key(tmp_path):
+    from buildkit_py.compat.resolve import source_builds_rule
+    from buildkit_py.errors import CompatibilityError
+
+    model = wc.model().pin_files("bitsandbytes")
+    assert model is not None
+    by_version = {v: sdist for v, _, sdist in model.releases}
+    assert by_version["0.42.0"] is True and by_version["0.45.5"] is False  # as PyPI lists them
+    with pytest.raises(CompatibilityError) as info:
+        source_builds_rule(_from_source_recipe(tmp_path, "0.45.5"))
+    err = info.value
+    assert err.key == "build.from_source[0]" and err.line == 7
+    assert "no source distribution" in err.message
+    assert err.hint.startswith("drop bitsandbytes from build.from_source") and "0.42.0" in err.hint
+    source_builds_rule(_from_source_recipe(tmp_path, "0.42.0"))  # it has one: the build may go on

@@ -277,10 +277,37 @@ def _pin_parts(recipe: Recipe, cuda: rules.CudaPart, py: rules.PythonPart, torch
                             archs.requested)
     _attempt(problems, cuda_pins_rule, recipe, cuda.version, torch)
     _attempt(problems, cudnn_pins_rule, recipe, torch)
+    _attempt(problems, source_builds_rule, recipe)
     if problems:
         raise _all_of(problems)
     assert flash_attn is not None and bnb_warnings is not None  # noqa: S101  (no problem: each returned its part)
     return flash_attn, bnb_warnings
+
+
+def source_builds_rule(recipe: Recipe) -> None:
+    """A ``build.from_source`` package is built from its release's sdist (``pip wheel --no-binary``):
+    a pinned release the content model records without one cannot be built, so the plan refuses it
+    instead of the build failing (bitsandbytes publishes wheels only after 0.42.0). A release the
+    model has no row of is left to the build."""
+    problems: list[CompatibilityError] = []
+    for i, name in enumerate(recipe.build.from_source):
+        pin = next((spec.split("==", 1)[1] for spec in recipe.pip if pin_name(spec) == canonicalize_name(name)
+                    and "==" in spec), None)
+        files = wheel_contents.model().pin_files(name)
+        if pin is None or files is None:
+            continue
+        release = next((r for r in files.releases if Version(r[0]) == Version(pin)), None)
+        if release is None or release[2]:
+            continue
+        with_sdist = [v for v, _, sdist in files.releases if sdist]
+        newest = f"; its newest release with an sdist is {with_sdist[-1]}" if with_sdist else ""
+        problems.append(rules._fail(
+            recipe, f"build.from_source[{i}]", name, pin, "build", "from source",
+            f"{name} {pin} has no source distribution on the package index ({files.source}): pip cannot "
+            "build it, only install its wheels",
+            hint=f"drop {name} from build.from_source (its wheel is installed instead){newest}"))
+    if problems:
+        raise _all_of(problems)
 
 
 def _independent_parts(recipe: Recipe, base: BaseFacts | None, looked_up: rules.LookedUp) -> tuple[

@@ -39,7 +39,7 @@ from buildkit_py.compat.codes import RecipeWarning
 from buildkit_py.compat.floors import DriverFloor
 from buildkit_py.compat.platforms import PinFiles
 from buildkit_py.compat.tables import BnbRelease, FlashAttnRelease, Toolkit, TorchRelease, WheelSet
-from buildkit_py.compat.wheel_contents import WheelContents
+from buildkit_py.compat.wheel_contents import WheelContents, model
 from buildkit_py.errors import CompatibilityError, RecipeLocation
 from buildkit_py.recipe.model import CudaFlavor, Recipe, pin_name
 from buildkit_py.text_enum import TextEnum
@@ -216,6 +216,14 @@ def _pin(recipe: Recipe, name: str) -> tuple[int, str] | None:
         if pin_name(spec) == name:
             return i, spec.split("==", 1)[1]
     return None
+
+
+def _has_sdist(name: str, version: str) -> bool:
+    """Whether the content model records an sdist of that release (True where it has no row: the
+    build will tell)."""
+    files = model().pin_files(name)
+    release = next((r for r in files.releases if Version(r[0]) == Version(version)), None) if files else None
+    return release is None or release[2]
 
 
 def _cuda_in(supported: SpecifierSet | tuple[str, ...], cuda: str) -> bool:
@@ -931,7 +939,9 @@ def bitsandbytes_rule(recipe: Recipe, cuda: str, python: str, torch: str | None,
             raise _fail(recipe, f"build.cuda_arch[{j}]", "bitsandbytes", version, "cuda_arch", arch,
                         f"bitsandbytes {version}'s PyPI wheel has kernels for compute capability "
                         f"{rel.min_compute_capability} and newer",
-                        hint=f"drop {arch} or build bitsandbytes from source")
+                        hint=f"drop {arch}" + (" or build bitsandbytes from source"
+                                               if _has_sdist("bitsandbytes", version)
+                                               else f" (bitsandbytes {version} has no sdist to build from)"))
         # below the LLM.int8() floor (cuBLASLt's, 7.5) the loader opens the _nocublaslt library
         below_lt = rel.int8_compute_capability and Version(cc) < Version(rel.int8_compute_capability)
         if rel.cuda_nocublaslt is not None and below_lt and not _cuda_in(rel.cuda_nocublaslt, cuda):
