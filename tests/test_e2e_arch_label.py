@@ -47,8 +47,9 @@ def _with_extension(engine, tmp_path, image: str, tag: str, label: str) -> None:
     _ext_wheel(ctx / "wheels", _member(_wheel(XFORMERS[0]), XFORMERS[1]))
     (ctx / "Dockerfile").write_text(
         f"FROM {image}\n"
-        "RUN --mount=type=bind,source=wheels,target=/tmp/wheels \\\n"
-        "    pip install --no-index --no-deps --disable-pip-version-check /tmp/wheels/*.whl\n"
+        # a COPY, not a bind mount: Docker 20.10's classic builder (this client's default) has no --mount
+        "COPY wheels /tmp/wheels\n"
+        "RUN pip install --no-index --no-deps --disable-pip-version-check /tmp/wheels/*.whl && rm -rf /tmp/wheels\n"
         f'LABEL "io.imgbuild.cuda.arch"="{label}"\n')
     done = _client(engine, "build", "--network", "host", "-t", tag, str(ctx))
     assert done.returncode == 0, done.stderr[-3000:]

@@ -99,7 +99,8 @@ def test_build_labels_env_and_cuda_loads(project, engine, cleanup_images, unique
     # the minute-long pass over the image shows its bytes as it reads them (issue 22: 10)
     read = [line for line in err.splitlines() if line.startswith(f"     read {report['tags'][0]} ")]
     assert len(read) >= 3 and read[-1].split()[2] == "100%" and "MiB of" in read[-1], err
-    assert any(line.split()[:3] == ["7", "copy-0", "app"] for line in out.splitlines())
+    # layer 8: the cuda-path layer (the CUDA wheels' prefix, a .pth in the venv) comes after cuda
+    assert any(line.split()[:3] == ["8", "copy-0", "app"] for line in out.splitlines())
 
 
 def test_push_with_auth_and_read_manifest_back(project, registry, docker_config, docker_client, cleanup_images,
@@ -156,14 +157,15 @@ def test_app_only_change_reruns_only_app_steps(project, engine, cleanup_images, 
     # content never built before, so the layer cache cannot already hold it
     (project.parent / "app" / "main.py").write_text(MAIN + f"print({unique_name!r})\n")
     second = build(str(project), *CA_ARGS)
-    # os, python, mount-stubs (COPY + RUN), cuda and ldconfig come from the cache; only COPY and what follows re-run.
+    # os, python, mount-stubs (COPY + RUN), cuda, cuda-path and ldconfig come from the cache; only COPY
+    # and what follows re-run.
     assert second["steps_rerun"] == ["COPY", "WORKDIR"]
-    assert second["steps_cached"] == 6
+    assert second["steps_cached"] == 7
     assert second["image_id"] != first["image_id"]
     # --progress quiet: nothing on stderr but errors (issue 22: 9: the "building ..." line came through)
     code, out, err = run_cli("build", str(project), "--progress", "quiet", *CA_ARGS)
     assert code == 0 and err == "", err
-    assert out.startswith("image    sha256:") and "steps    0 run, 8 cached" in out
+    assert out.startswith("image    sha256:") and "steps    0 run, 9 cached" in out
 
 
 def test_classic_engine_refuses_cache_to_before_building(project, docker_client, monkeypatch):
