@@ -20,7 +20,7 @@ from packaging.version import Version
 from buildkit_py.compat import tables
 from buildkit_py.compat.bases import BaseFacts
 from buildkit_py.errors import CompatDataError, CompatibilityError, CompatibilityErrors, RecipeLocation
-from buildkit_py.recipe.model import DEFAULT_PLATFORMS, PLATFORMS, Recipe, pin_name
+from buildkit_py.recipe.model import DEFAULT_PLATFORMS, PLATFORMS, CudaSource, Recipe, pin_name
 
 FILE = "platforms.json"
 SUPPORTED = PLATFORMS  # what recipes may name (the recipe schema's enum); the data must cover each
@@ -131,7 +131,7 @@ def platforms_rule(recipe: Recipe, *, cuda: str, cuda_wheels: tuple[str, ...], t
         if name == "linux/amd64":
             continue
         p = platform(name)
-        if recipe.cuda.source == "nvidia" and not base_platforms:
+        if recipe.cuda.source == CudaSource.NVIDIA and not base_platforms:
             # NVIDIA's tags are not looked up (Docker Hub is not asked), and images.json records amd64 only
             problems.append(_fail(recipe, "cuda.source", "cuda.source", "nvidia", name,
                                   f"imgbuild's data does not record which nvidia/cuda tags carry a {name} "

@@ -148,7 +148,7 @@ def resolve(recipe: Recipe, base: BaseFacts | None = None, looked_up: rules.Look
         torch_variant=torch.variant,
         torch_index_url=torch.index_url,
         cuda_wheels=wheels.pins,
-        cuda_wheel_home=wheels.home or (images.builder_home if recipe.cuda.source == "wheels" else None),
+        cuda_wheel_home=wheels.home or (images.builder_home if recipe.cuda.source == CudaSource.WHEELS else None),
         builder_cuda_wheels=images.builder_cuda_wheels,
         compile=tuple(sorted(compile_)),
         prebuilt_urls=flash_attn.prebuilt,
@@ -178,7 +178,8 @@ def _image_cuda(recipe: Recipe, torch: rules.TorchPart, cuda_wheels: tuple[str, 
     if row is None and torch.label:  # a build of PyTorch's own index the data does not record: partial
         image = dataclasses.replace(image, unread=(*image.unread, f"torch=={torch.label}"))
     from_base = base is not None and base.built_by_imgbuild
-    if recipe.cuda.source == "wheels" and not from_base and not image.partial and "cudart" not in image.loadable:
+    if (recipe.cuda.source == CudaSource.WHEELS and not from_base and not image.partial
+            and "cudart" not in image.loadable):
         where = f" ({', '.join(sorted(image.private))} only inside torch/lib)" if image.private else ""
         raise rules._fail(recipe, "cuda.source", "cuda.source", "wheels", "torch", torch.label or "",
                           f"the image's wheels would bring no CUDA runtime another package can load{where}",
