@@ -42,6 +42,7 @@ from buildkit_py.compat.tables import BnbRelease, FlashAttnRelease, Toolkit, Tor
 from buildkit_py.compat.wheel_contents import WheelContents
 from buildkit_py.errors import CompatibilityError, RecipeLocation
 from buildkit_py.recipe.model import CudaFlavor, CudaSource, Recipe, pin_name
+from buildkit_py.reference import is_registry_host
 from buildkit_py.text_enum import TextEnum
 
 # The Python each OS ships as python3 (Debian and Ubuntu package archives).
@@ -248,9 +249,9 @@ def mirrored_ref(image: str, mirror: str | None) -> str:
     if not mirror:
         return image
     path = image
-    first = image.split("/", maxsplit=1)[0]
-    if "/" in image and ("." in first or ":" in first or first == "localhost"):
-        path = image.split("/", 1)[1]  # drop the upstream registry host
+    first, _, rest = image.partition("/")
+    if rest and is_registry_host(first):
+        path = rest  # drop the upstream registry host
     return f"{mirror.rstrip('/')}/{path}"
 
 
