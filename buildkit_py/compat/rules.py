@@ -44,6 +44,7 @@ from buildkit_py.errors import CompatibilityError, RecipeLocation
 from buildkit_py.recipe.model import CudaFlavor, CudaSource, Recipe, pin_name
 from buildkit_py.reference import is_registry_host
 from buildkit_py.text_enum import TextEnum
+from buildkit_py.versions import major_minor as _mm  # short: it sits in many messages
 
 # The Python each OS ships as python3 (Debian and Ubuntu package archives).
 OS_PYTHON = {
@@ -159,10 +160,6 @@ class CudaWheelsPart:
 
 
 # ----------------------------------------------------------------------------- helpers
-def _mm(version: str) -> str:
-    return ".".join(version.split(".")[:2])
-
-
 def _variant_cuda(variant: str) -> str:
     """cu124 -> 12.4, cu118 -> 11.8."""
     digits = variant[2:]
