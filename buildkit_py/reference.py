@@ -11,6 +11,10 @@ from buildkit_py.errors import UsageError
 
 DOCKER_HUB = "docker.io"
 DOCKER_HUB_API = "registry-1.docker.io"
+# What a reference may call Docker Hub besides docker.io; parse_reference folds them into it.
+DOCKER_HUB_ALIASES = frozenset({"index.docker.io", DOCKER_HUB_API})
+# Credential stores and logins also file Hub under its old web host (the docker CLI accepts it there).
+DOCKER_HUB_LOGIN_HOSTS = frozenset({DOCKER_HUB, *DOCKER_HUB_ALIASES, "registry.hub.docker.com"})
 _COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
 # \Z, not $ ($ also matches before a trailing newline); ASCII: \w would take any Unicode letter.
 _REPO_RE = re.compile(rf"^{_COMPONENT}(?:/{_COMPONENT})*\Z")
@@ -30,7 +34,7 @@ class Reference:
 
     @property
     def api_host(self) -> str:
-        return DOCKER_HUB_API if self.registry == DOCKER_HUB else self.registry
+        return api_host(self.registry)
 
     @property
     def reference(self) -> str:
@@ -50,6 +54,25 @@ class Reference:
         if self.digest:
             text += f"@{self.digest}"
         return text
+
+
+def api_host(registry: str) -> str:
+    """The host that serves a registry's /v2/ API: Docker Hub's is not docker.io."""
+    return DOCKER_HUB_API if registry == DOCKER_HUB else registry
+
+
+def is_registry_host(component: str) -> bool:
+    """Whether the first path component of an image name is a registry host (the docker CLI's
+    rule): it has a ``.`` or a ``:``, or is ``localhost``; else the name is on Docker Hub."""
+    return "." in component or ":" in component or component == "localhost"
+
+
+def names_registry(text: str) -> bool:
+    """Whether a valid reference writes its registry (``host[:port]/repo``, ``docker.io/team/app``);
+    a bare ``team/app`` is not Docker Hub to the commands that ask, but the local engine."""
+    parse_reference(text)  # a malformed reference is refused, not answered
+    first, _, rest = text.strip().partition("/")
+    return bool(rest) and is_registry_host(first)
 
 
 def parse_reference(text: str) -> Reference:
@@ -76,13 +99,13 @@ def parse_reference(text: str) -> Reference:
         if not _TAG_RE.match(tag):
             raise UsageError(f"invalid tag {tag!r} in reference {original!r}")
     first, _, rest = text.partition("/")
-    if rest and ("." in first or ":" in first or first == "localhost"):
+    if rest and is_registry_host(first):
         registry, repository = first, rest
         if not _HOST_RE.match(registry):
             raise UsageError(f"invalid registry host {registry!r} in reference {original!r}")
     else:
         registry, repository = DOCKER_HUB, text
-    if registry in ("index.docker.io", "registry-1.docker.io"):
+    if registry in DOCKER_HUB_ALIASES:
         registry = DOCKER_HUB
     if registry == DOCKER_HUB and "/" not in repository:
         repository = f"library/{repository}"

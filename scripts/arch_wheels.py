@@ -31,6 +31,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run from a checkout
 
 from buildkit_py.compat.index import PYPI, IndexClient, Project, redact  # noqa: E402
+from buildkit_py.versions import major_minor  # noqa: E402
 
 DATA = ROOT / "buildkit_py" / "compat" / "data"
 OUT = DATA / "platforms.json"
@@ -92,7 +93,7 @@ def torch_cuda_of(client: IndexClient, project: Project, version: str) -> dict:
         pin = next((str(s.version) for s in req.specifier if s.operator == "=="), None)
         if pin and req.name in ("cuda-toolkit", "nvidia-cuda-runtime") or (
                 pin and req.name.startswith("nvidia-cuda-runtime-cu")):
-            cuda = ".".join(pin.split(".")[:2])
+            cuda = major_minor(pin)
             break
     return {"version": version, "aarch64": {"cuda": cuda, "wheel": files[-1].filename},
             "source": f"{redact(client.index_url)}torch/ {files[-1].filename} METADATA Requires-Dist "

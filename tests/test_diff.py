@@ -114,12 +114,6 @@ def test_bad_bandwidth_and_source_are_usage_errors():
         D.read_image("x/y:1", source="s3")
 
 
-@pytest.mark.parametrize(("ref", "named"), [("127.0.0.1:5000/a/b:1", True), ("localhost/a", True),
-                                            ("ghcr.io/a/b", True), ("team/app:1", False), ("debian", False)])
-def test_names_registry(ref, named):
-    assert D.names_registry(ref) is named
-
-
 def test_pull_time_adds_unpacking_of_the_new_bytes():
     b = from_registry("t2", sizes=[180098560, 3002368, 2560])
     d = D.diff_layers(from_registry("t1"), b, bandwidth_mbps=80, unpack_mbps=2)

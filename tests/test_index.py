@@ -131,6 +131,15 @@ def test_torch_facts_cuda13_and_cuda12(ix):
 
 
 # ---------------------------------------------------------------- which index
+def test_one_pypi_url_in_two_spellings():
+    """The look-ups' client joins project names onto PYPI (slash kept); a lock records PYPI_SIMPLE as
+    pip spells its default, so a lock written before stays current."""
+    from buildkit_py.plan import lock
+
+    assert (index.PYPI, lock.PYPI_SIMPLE) == ("https://pypi.org/simple/", "https://pypi.org/simple")
+    assert index.IndexClient().index_url == index.IndexClient(lock.PYPI_SIMPLE).index_url == index.PYPI
+
+
 def test_index_settings_follow_pip(tmp_path):
     conf = tmp_path / "pip.conf"
     conf.write_text("[global]\nindex-url = http://mirror.example/simple\ncert = /ca.pem\n")

@@ -1,6 +1,6 @@
 """One direction of flow: each layer of the package imports only the layers below it.
 
-    base (errors, files, file_kinds, label_keys, sizes, reference, text_enum, text_table, schemas)
+    base (errors, files, file_kinds, label_keys, sizes, reference, text_enum, text_table, schemas, versions)
     < recipe < compat < plan < render < engine, oci, artifacts < analysis < pipeline < cli
 
 The pipeline (recipe -> resolution -> plan -> Dockerfile -> build -> push) is put together once,
@@ -18,7 +18,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "buildkit_py"
 # lower rank = lower layer; a module may import its own layer and any lower one
 LAYERS = {
     **dict.fromkeys(("__init__", "errors", "files", "file_kinds", "label_keys", "sizes", "reference", "text_enum",
-                      "text_table", "schemas"), 0),
+                      "text_table", "schemas", "versions"), 0),
     "recipe": 1, "compat": 2, "plan": 3, "render": 4,
     **dict.fromkeys(("engine", "oci", "artifacts"), 5),
     "analysis": 6, "pipeline": 7, "cli": 8, "__main__": 9,

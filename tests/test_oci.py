@@ -25,7 +25,8 @@ import requests
 from conftest import unavailable
 from helpers import run_cli, write_recipe
 
-from buildkit_py import oci
+from buildkit_py import oci, reference
+from buildkit_py.compat.rules import mirrored_ref
 from buildkit_py.errors import (
     AuthenticationError,
     DigestMismatch,
@@ -85,6 +86,36 @@ def test_reference_round_trip_and_api_host():
     assert str(pinned) == f"127.0.0.1:5000/a/b:t@{DIGEST}"
     assert pinned.reference == DIGEST
     assert oci.parse_reference(str(pinned)) == pinned
+
+
+@pytest.mark.parametrize(("ref", "named"), [
+    ("127.0.0.1:5000/a/b:1", True), ("localhost/a", True), ("ghcr.io/a/b", True), ("docker.io/team/app", True),
+    ("index.docker.io/library/debian", True), ("registry-1.docker.io/team/app", True),
+    ("team/app:1", False), ("debian", False), ("localhost", False)])
+def test_names_registry(ref, named):
+    """Written registry hosts, Docker Hub's own names among them, by the rule parse_reference uses."""
+    assert reference.names_registry(ref) is named
+
+
+def test_names_registry_refuses_a_bad_reference():
+    with pytest.raises(UsageError):
+        reference.names_registry("ghcr.io/Team/App")
+
+
+@pytest.mark.parametrize("host", sorted(reference.DOCKER_HUB_ALIASES))
+def test_docker_hub_aliases_fold_into_docker_io(host):
+    ref = oci.parse_reference(f"{host}/debian:12")
+    assert (ref.registry, ref.repository, ref.api_host) == ("docker.io", "library/debian", "registry-1.docker.io")
+    # the login side knows every name the reference side does
+    assert auth.normalize_host(f"https://{host}/v2/") == "docker.io"
+    assert auth.config_key(host) == auth.DOCKER_HUB_KEY
+
+
+def test_mirrored_ref_drops_only_a_registry_host():
+    assert mirrored_ref("nvcr.io/nvidia/cuda:12.4", "127.0.0.1:5000/mirror") == "127.0.0.1:5000/mirror/nvidia/cuda:12.4"
+    assert mirrored_ref("nvidia/cuda:12.4", "127.0.0.1:5000/mirror/") == "127.0.0.1:5000/mirror/nvidia/cuda:12.4"
+    assert mirrored_ref("localhost/team/app", "m.io") == "m.io/team/app"
+    assert mirrored_ref("ubuntu", None) == "ubuntu"
 
 
 def test_challenge_parsing():

@@ -33,6 +33,7 @@ from buildkit_py.analysis.inspect import pull_seconds, short_created
 from buildkit_py.errors import ImageMissing, ManifestNotFound, RegistryError, UsageError
 from buildkit_py.oci.transport import Progress
 from buildkit_py.plan.history import attribute_layers, instruction_of
+from buildkit_py.reference import names_registry
 from buildkit_py.sizes import human_size
 from buildkit_py.text_table import Block, TextTable
 
@@ -268,13 +269,6 @@ def read_engine(image: str, engine) -> ImageLayers:
         raise ImageMissing(f"no image {image!r} in the engine",
                            hint="pull it, or name it with its registry to read it from there")
     return layers_from_engine_attrs(image, attrs, engine.history(attrs["Id"]))
-
-
-def names_registry(image: str) -> bool:
-    """Whether the reference names its registry (``host[:port]/repo``), by oci.parse_reference's
-    rule; a bare ``team/app`` means the local engine here, not Docker Hub."""
-    ref = oci.parse_reference(image)
-    return ref.registry != oci.DOCKER_HUB or image.split("/", 1)[0] in ("docker.io", "index.docker.io")
 
 
 def read_image(image: str, *, source: str = "auto", client: oci.Client | None = None, engine=None,

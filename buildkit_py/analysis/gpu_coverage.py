@@ -234,9 +234,9 @@ def read_image_kernels(engine: Engine, image: str) -> tuple[list[FileKernels], l
     blob by layer blob, stacked (``saved_image.stack_kernel_scans``)."""
     import io  # noqa: PLC0415
 
-    from buildkit_py.analysis.diff import names_registry  # noqa: PLC0415
     from buildkit_py.analysis.saved_image import IterStream, scan_kernels  # noqa: PLC0415
     from buildkit_py.errors import ImgbuildError  # noqa: PLC0415
+    from buildkit_py.reference import names_registry  # noqa: PLC0415
 
     try:
         attrs = engine.image_attrs(image)

@@ -33,6 +33,7 @@ from buildkit_py.errors import ImageFactsUnreadable, ImageTestFailed, InspectErr
 from buildkit_py.plan import labels as L
 from buildkit_py.plan.steps import LOCAL_WHEELS_MOUNT
 from buildkit_py.recipe.model import Recipe, TestSpec, pin_name
+from buildkit_py.versions import major_minor
 
 if TYPE_CHECKING:
     from buildkit_py.analysis.kernels import FileKernels
@@ -262,8 +263,6 @@ def tier_packages(flavor: str, cuda: str) -> set[str]:
     return names
 
 
-def _mm(version: str) -> str:
-    return ".".join(version.split(".")[:2])
 
 
 class _Verdicts:
@@ -310,12 +309,13 @@ def _cuda_labels(v: _Verdicts, facts: ImageFacts) -> None:
         soname = f"libcudart.so.{cuda.split('.')[0]}"
         got = [f"{r // 1000}.{r % 1000 // 10}" if isinstance(r, int) else f"{so} fails to load: {r}"
                for so, r in facts.cudart.items() if so == soname]
-        v.verdict(K.CUDA_VERSION, _mm(cuda) in got,
+        v.verdict(K.CUDA_VERSION, major_minor(cuda) in got,
                   f"the CUDA runtime reports {', '.join(got)}" if got else f"no {soname} in the loader cache")
         _check_floor_labels(v, cuda)
     if source == "wheels":
         runtime = {n: ver for n, ver in wheels.items() if n.startswith("nvidia-cuda-runtime")}
-        v.verdict(K.CUDA_SOURCE, bool(runtime) and all(_mm(r) == _mm(cuda or "") for r in runtime.values()),
+        same_minor = all(major_minor(r) == major_minor(cuda or "") for r in runtime.values())
+        v.verdict(K.CUDA_SOURCE, bool(runtime) and same_minor,
                   f"runtime wheel {', '.join(f'{n}=={r}' for n, r in runtime.items())}" if runtime
                   else "no nvidia-cuda-runtime wheel is installed")
     elif source is not None:

@@ -132,6 +132,7 @@ def cmd_build(args: argparse.Namespace, out: Out) -> int:
     from buildkit_py.pipeline.bases import verify_base
     from buildkit_py.pipeline.build import Sinks, build_image, build_platforms
     from buildkit_py.pipeline.locks import use_lock
+    from buildkit_py.plan.lock import LockStatus
 
     if args.jobs < 1:
         raise UsageError(f"-j {args.jobs}: the number of parallel builds must be at least 1")
@@ -151,7 +152,7 @@ def cmd_build(args: argparse.Namespace, out: Out) -> int:
     plan = verify_base(locked.plan)  # base.verify: an unsigned shared base stops here, before building
     for note in locked.warnings:
         out.warn(note)
-    if locked.status != "none":
+    if locked.status != LockStatus.NONE:
         out.info(f"lock     {locked.path} ({locked.status})")
     publishing = _publishing(args)
     engine = select_engine(args.engine, builder=args.builder)

@@ -160,13 +160,14 @@ def _gpu_targets(args: argparse.Namespace) -> tuple[list[GpuTarget], str | None,
 
 
 def _print_gpu_report(out: Out, report: GpuReport, driver: str | None, too_old: list[str]) -> None:
+    from buildkit_py.compat.gpu_fit import Coverage
     from buildkit_py.sizes import human_size
 
     out.line(f"image {report.image} on {report.gpu.label}: {report.verdict}")
     out.line(f"  {report.message()}")
     for lib in report.libraries:
-        how = (", ".join(lib.sass) if lib.coverage == "sass" else
-               f"{', '.join(lib.ptx)}, {human_size(lib.ptx_bytes)} to JIT" if lib.coverage == "ptx-jit" else
+        how = (", ".join(lib.sass) if lib.coverage == Coverage.SASS else
+               f"{', '.join(lib.ptx)}, {human_size(lib.ptx_bytes)} to JIT" if lib.coverage == Coverage.PTX else
                f"carries {', '.join(lib.archs) or 'no SASS'}")
         note = "" if lib.decides else "  (no real kernels in its fat binaries: not counted)"
         out.line(f"  {lib.coverage:<9} {lib.path}: {how}{note}")

@@ -62,8 +62,8 @@ def cmd_sbom(args: argparse.Namespace, out: Out) -> int:
 def _generate(args: argparse.Namespace, out: Out) -> int:
     from buildkit_py import oci
     from buildkit_py.analysis import sbom
-    from buildkit_py.analysis.diff import names_registry
     from buildkit_py.plan.lock import read_lock, wheel_hashes
+    from buildkit_py.reference import names_registry
 
     if args.attach and not names_registry(args.image):
         raise UsageError(f"--attach: {args.image} names no registry", hint="name the pushed image: REGISTRY/NAME:TAG")

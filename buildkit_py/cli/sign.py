@@ -60,8 +60,8 @@ def signed_lines(out: Out, image: str, signed: list[SignedManifest]) -> None:
 
 
 def cmd_sign(args: argparse.Namespace, out: Out) -> int:
-    from buildkit_py.analysis.diff import names_registry
     from buildkit_py.oci.signatures import generate_key, sign_image
+    from buildkit_py.reference import names_registry
 
     if args.generate_key:
         if args.image or args.key:

@@ -15,8 +15,9 @@ import functools
 from packaging.utils import canonicalize_name
 
 from buildkit_py import compat
-from buildkit_py.compat.rules import TorchPart, _fail, _mm
+from buildkit_py.compat.rules import TorchPart, _fail
 from buildkit_py.recipe.model import Recipe, pin_name
+from buildkit_py.versions import major_minor as _mm  # short: it sits in messages
 
 
 def cuda_pins_rule(recipe: Recipe, cuda: str, torch: TorchPart) -> None:

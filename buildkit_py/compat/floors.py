@@ -24,6 +24,7 @@ from buildkit_py.compat.tables import (
 )
 from buildkit_py.errors import UsageError
 from buildkit_py.text_enum import TextEnum
+from buildkit_py.versions import major_minor
 
 
 class FloorSource(TextEnum):
@@ -52,7 +53,7 @@ class DriverFloor:
 
     @property
     def major_minor(self) -> str:
-        return ".".join(self.cuda.split(".")[:2])
+        return major_minor(self.cuda)
 
     def describe(self, *, evidence: bool = False) -> str:
         """``>= 550.54.15 native, >= 525.60.13 with minor-version compatibility``; an unpublished native

@@ -23,6 +23,7 @@ from buildkit_py.compat.tables import WheelLibrary, arch_base, arch_key, sass_ru
 from buildkit_py.errors import CompatibilityError, CompatibilityErrors, RecipeLocation, UsageError
 from buildkit_py.recipe.model import pin_name
 from buildkit_py.text_enum import TextEnum
+from buildkit_py.versions import major_minor
 
 if TYPE_CHECKING:
     from buildkit_py.compat.resolve import Resolution
@@ -310,7 +311,7 @@ def _flash_attn(version: str, res: Resolution) -> PackageKernels:
         source = f"flash_attn.json gencode of {version}, compiled by nvcc {res.cuda_version}"
         return PackageKernels("flash-attn", version, "", (WheelLibrary("flash_attn_2_cuda", sms, ()),), source,
                               compiled=True, nvcc=res.cuda_version)
-    wheel = tables.flash_attn_prebuilt(version, res.cuda_major_minor, _major_minor(res.torch or ""), res.python,
+    wheel = tables.flash_attn_prebuilt(version, res.cuda_major_minor, major_minor(res.torch or ""), res.python,
                                        archs=tuple(arch_base(a) for a in res.cuda_arch),
                                        cxx11abi=torch_cxx11_abi(res.torch) if res.torch else None)
     if wheel is None:
@@ -347,8 +348,6 @@ def _as_number(version: str) -> float:
     return v.major * 1e6 + v.minor * 1e3 + v.micro
 
 
-def _major_minor(version: str) -> str:
-    return ".".join(version.split(".")[:2])
 
 
 # --------------------------------------------------------------------------- the plan-time rule

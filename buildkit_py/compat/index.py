@@ -35,10 +35,10 @@ from urllib.parse import urldefrag, urljoin, urlsplit
 from packaging.utils import canonicalize_name, parse_sdist_filename, parse_wheel_filename
 from packaging.version import InvalidVersion, Version
 
-from buildkit_py.compat.pip_config import pip_configs, read_pip_config
+from buildkit_py.compat.pip_config import PYPI_SIMPLE, pip_configs, read_pip_config
 from buildkit_py.errors import PackageIndexError
 
-PYPI = "https://pypi.org/simple/"
+PYPI = f"{PYPI_SIMPLE}/"  # with the slash urljoin needs to keep /simple/ in a project's URL
 _JSON = "application/vnd.pypi.simple.v1+json"
 _ACCEPT = f"{_JSON}, application/vnd.pypi.simple.v1+html;q=0.2, text/html;q=0.1"
 _WHOLE_LIMIT = 4 * 1024 * 1024   # read a file whole below this size instead of ranging it

@@ -18,6 +18,8 @@ from pathlib import Path
 
 from buildkit_py.errors import PipConfigError
 
+# pip's default index-url, spelled as pip spells it: what a lock records and pip steps are given.
+PYPI_SIMPLE = "https://pypi.org/simple"
 SECTIONS = ("global", "install")  # what `pip install` reads, later over earlier
 _INI_HINT = "pip.conf is INI: a [global] section with key = value lines"
 

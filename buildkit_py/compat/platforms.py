@@ -20,7 +20,8 @@ from packaging.version import Version
 from buildkit_py.compat import tables
 from buildkit_py.compat.bases import BaseFacts
 from buildkit_py.errors import CompatDataError, CompatibilityError, CompatibilityErrors, RecipeLocation
-from buildkit_py.recipe.model import DEFAULT_PLATFORMS, PLATFORMS, Recipe, pin_name
+from buildkit_py.recipe.model import DEFAULT_PLATFORMS, PLATFORMS, CudaSource, Recipe, pin_name
+from buildkit_py.versions import major_minor
 
 FILE = "platforms.json"
 SUPPORTED = PLATFORMS  # what recipes may name (the recipe schema's enum); the data must cover each
@@ -131,7 +132,7 @@ def platforms_rule(recipe: Recipe, *, cuda: str, cuda_wheels: tuple[str, ...], t
         if name == "linux/amd64":
             continue
         p = platform(name)
-        if recipe.cuda.source == "nvidia" and not base_platforms:
+        if recipe.cuda.source == CudaSource.NVIDIA and not base_platforms:
             # NVIDIA's tags are not looked up (Docker Hub is not asked), and images.json records amd64 only
             problems.append(_fail(recipe, "cuda.source", "cuda.source", "nvidia", name,
                                   f"imgbuild's data does not record which nvidia/cuda tags carry a {name} "
@@ -185,7 +186,7 @@ def _cuda_hint(cuda: str, flavor: str, p: Platform) -> str:
     hint = ""
     if same_major or fitting:
         newest = (same_major or fitting)[-1]
-        hint = f"cuda.version \"{'.'.join(newest.split('.')[:2])}\" is the newest with {flavor} wheels for {p.name}"
+        hint = f"cuda.version \"{major_minor(newest)}\" is the newest with {flavor} wheels for {p.name}"
     if flavor != "base" and _fits(tables.cuda_wheel_set(cuda), "base", p):
         hint += ("; or " if hint else "") + f"cuda.flavor: base (cudart only) has {p.wheel_arch} wheels for CUDA {cuda}"
     return hint or f"leave {p.name} out of platforms"
@@ -233,7 +234,7 @@ def _pip_problems(recipe: Recipe, p: Platform, cuda: str, python: str, torch: st
 
             fits = [v for v in rules._bnb_fits(cuda, python, torch) if v in arm]
             hint = (f"use bitsandbytes=={fits[-1]} (the newest with a Linux {p.wheel_arch} wheel that fits CUDA "
-                    f"{'.'.join(cuda.split('.')[:2])})") if fits else f"leave {p.name} out of platforms"
+                    f"{major_minor(cuda)})") if fits else f"leave {p.name} out of platforms"
             out.append(_fail(recipe, f"pip[{i}]", name, version, p.name,
                              f"the index has no Linux {p.wheel_arch} wheel of it", hint=hint))
     for name in compile_:

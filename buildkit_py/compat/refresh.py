@@ -33,6 +33,7 @@ from buildkit_py.compat import fa_repo, tables
 from buildkit_py.compat.index import DistFile, Metadata, PackageIndexError, Project, redact
 from buildkit_py.errors import CompatDataError
 from buildkit_py.files import write_atomic
+from buildkit_py.versions import major_minor
 
 # The environment a Linux x86_64 wheel is installed in, for evaluating Requires-Dist markers.
 _LINUX = {"platform_system": "Linux", "sys_platform": "linux", "platform_machine": "x86_64",
@@ -307,7 +308,7 @@ class _Refresh:
     # --- torch: every release on the index, by version ---------------------------------------
     def torch(self, since: str) -> None:
         data = self.data
-        known_mm = {".".join(t["version"].split(".")[:2]) for t in data["toolkits.json"]["toolkits"]}
+        known_mm = {major_minor(t["version"]) for t in data["toolkits.json"]["toolkits"]}
         self.status("reading the torch releases")
         torch = self.client.project("torch")
         rows = {r["version"]: r for r in data["torch.json"]["releases"]}
@@ -497,7 +498,7 @@ class _Refresh:
         file = "bitsandbytes.json"
         bnb = self.project("bitsandbytes")
         rows = {r["version"]: r for r in self.data[file]["releases"]}
-        known = {".".join(t["version"].split(".")[:2]) for t in self.data["toolkits.json"]["toolkits"]}
+        known = {major_minor(t["version"]) for t in self.data["toolkits.json"]["toolkits"]}
         for v in sorted(set(rows) - set(bnb.releases()), key=Version):
             self.review.append(f"bitsandbytes {v}: in {file} but not a release on the index (yanked or removed)")
         for v in bnb.releases():

@@ -27,6 +27,7 @@ from buildkit_py.compat.gpu_fit import gpus_rule
 from buildkit_py.compat.tables import NativeEvidence
 from buildkit_py.errors import CompatibilityError, CompatibilityErrors
 from buildkit_py.recipe.model import CudaFlavor, CudaSource, Recipe, pin_name
+from buildkit_py.versions import major_minor
 
 _T = TypeVar("_T")
 
@@ -85,7 +86,7 @@ class Resolution:
 
     @property
     def cuda_major_minor(self) -> str:
-        return ".".join(self.cuda_version.split(".")[:2])
+        return major_minor(self.cuda_version)
 
     @property
     def compile_stage_base(self) -> str:
@@ -148,7 +149,7 @@ def resolve(recipe: Recipe, base: BaseFacts | None = None, looked_up: rules.Look
         torch_variant=torch.variant,
         torch_index_url=torch.index_url,
         cuda_wheels=wheels.pins,
-        cuda_wheel_home=wheels.home or (images.builder_home if recipe.cuda.source == "wheels" else None),
+        cuda_wheel_home=wheels.home or (images.builder_home if recipe.cuda.source == CudaSource.WHEELS else None),
         builder_cuda_wheels=images.builder_cuda_wheels,
         compile=tuple(sorted(compile_)),
         prebuilt_urls=flash_attn.prebuilt,
@@ -173,12 +174,13 @@ def _image_cuda(recipe: Recipe, torch: rules.TorchPart, cuda_wheels: tuple[str, 
     where bitsandbytes does not find it), unless an imgbuild base brings one."""
     row = compat.torch_wheel(torch.release, torch.variant) if torch.release and torch.variant else None
     pins = cuda_wheels + tuple(spec.replace(" ", "") for spec in recipe.pip if "==" in spec)
-    image = wheel_contents.image_cuda(pins, row, python=".".join(python.split(".")[:2]),
+    image = wheel_contents.image_cuda(pins, row, python=major_minor(python),
                                       m=wheel_contents.model().with_rows(read_live))
     if row is None and torch.label:  # a build of PyTorch's own index the data does not record: partial
         image = dataclasses.replace(image, unread=(*image.unread, f"torch=={torch.label}"))
     from_base = base is not None and base.built_by_imgbuild
-    if recipe.cuda.source == "wheels" and not from_base and not image.partial and "cudart" not in image.loadable:
+    if (recipe.cuda.source == CudaSource.WHEELS and not from_base and not image.partial
+            and "cudart" not in image.loadable):
         where = f" ({', '.join(sorted(image.private))} only inside torch/lib)" if image.private else ""
         raise rules._fail(recipe, "cuda.source", "cuda.source", "wheels", "torch", torch.label or "",
                           f"the image's wheels would bring no CUDA runtime another package can load{where}",
@@ -190,7 +192,7 @@ def _cuda_minor_rule(recipe: Recipe, image: wheel_contents.ImageCuda, cuda: str)
     """Every CUDA runtime wheel in the image must be of the recipe's CUDA minor, or the cuda.version
     label names a CUDA the image does not load: a pip pin of nvidia-cuda-runtime of another minor (one
     wheels.json does not record, read live) is refused at its key, with the runtime of the image's CUDA."""
-    mm = ".".join(cuda.split(".")[:2])
+    mm = major_minor(cuda)
     other = sorted(image.cuda_minors - {mm}, key=Version)
     if not other:
         return
@@ -204,7 +206,7 @@ def _cuda_minor_rule(recipe: Recipe, image: wheel_contents.ImageCuda, cuda: str)
                 want = ()
             hint = f"use {want[0]} (CUDA {mm}'s) or drop pip[{i}]" if want else f"drop pip[{i}]"
             raise rules._fail(recipe, f"pip[{i}]", canonicalize_name(name), version, "cuda", cuda,
-                              f"{canonicalize_name(name)} {version} is the CUDA {'.'.join(version.split('.')[:2])} "
+                              f"{canonicalize_name(name)} {version} is the CUDA {major_minor(version)} "
                               f"runtime (its wheel's version), and the image's CUDA is {mm}", hint=hint)
     raise rules._fail(recipe, "cuda.version", "cuda", cuda, "cudart", ", ".join(versions),
                       f"the image's wheels bring the CUDA {', '.join(other)} runtime ({', '.join(versions)}) "

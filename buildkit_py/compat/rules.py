@@ -41,8 +41,10 @@ from buildkit_py.compat.platforms import PinFiles
 from buildkit_py.compat.tables import BnbRelease, FlashAttnRelease, Toolkit, TorchRelease, WheelSet
 from buildkit_py.compat.wheel_contents import WheelContents, model
 from buildkit_py.errors import CompatibilityError, RecipeLocation
-from buildkit_py.recipe.model import CudaFlavor, Recipe, pin_name
+from buildkit_py.recipe.model import CudaFlavor, CudaSource, Recipe, pin_name
+from buildkit_py.reference import is_registry_host
 from buildkit_py.text_enum import TextEnum
+from buildkit_py.versions import major_minor as _mm  # short: it sits in many messages
 
 # The Python each OS ships as python3 (Debian and Ubuntu package archives).
 OS_PYTHON = {
@@ -158,10 +160,6 @@ class CudaWheelsPart:
 
 
 # ----------------------------------------------------------------------------- helpers
-def _mm(version: str) -> str:
-    return ".".join(version.split(".")[:2])
-
-
 def _variant_cuda(variant: str) -> str:
     """cu124 -> 12.4, cu118 -> 11.8."""
     digits = variant[2:]
@@ -237,7 +235,7 @@ def _describe(supported: SpecifierSet | tuple[str, ...]) -> str:
 
 
 def detect_os(recipe: Recipe) -> str | None:
-    if recipe.cuda.source == "nvidia" and not recipe.base.image:
+    if recipe.cuda.source == CudaSource.NVIDIA and not recipe.base.image:
         return recipe.base.os
     image = recipe.base.image or ""
     tagged = cuda_base.from_tag(image)
@@ -256,9 +254,9 @@ def mirrored_ref(image: str, mirror: str | None) -> str:
     if not mirror:
         return image
     path = image
-    first = image.split("/", maxsplit=1)[0]
-    if "/" in image and ("." in first or ":" in first or first == "localhost"):
-        path = image.split("/", 1)[1]  # drop the upstream registry host
+    first, _, rest = image.partition("/")
+    if rest and is_registry_host(first):
+        path = rest  # drop the upstream registry host
     return f"{mirror.rstrip('/')}/{path}"
 
 
@@ -272,7 +270,7 @@ def require_cuda(recipe: Recipe, cuda: str, floor: str | None) -> str:
     time is the exception: PTX from a newer toolkit needs the newer driver.
     """
     major = cuda.split(".", maxsplit=1)[0]
-    if recipe.cuda.source == "wheels" and floor is not None and not recipe.runtime_compile:
+    if recipe.cuda.source == CudaSource.WHEELS and floor is not None and not recipe.runtime_compile:
         return f"cuda>={major}.0"
     return f"cuda>={_mm(cuda)}"
 
@@ -316,15 +314,15 @@ def cuda_rule(recipe: Recipe, base: BaseFacts | None) -> CudaPart:
     if recipe.cuda.cudnn and not compat.cudnn_supported(toolkit.version, recipe.cuda.cudnn):
         # before any image or wheel is looked for: one answer for both sources (cudnn_rule)
         raise _cudnn_unsupported(recipe, recipe.cuda.cudnn, toolkit.version)
-    if recipe.cuda.source == "nvidia" and not recipe.base.image and not exact:
+    if recipe.cuda.source == CudaSource.NVIDIA and not recipe.base.image and not exact:
         toolkit = _newest_with_image(recipe, toolkit)
-    if recipe.cuda.source == "nvidia" and recipe.base.image:
+    if recipe.cuda.source == CudaSource.NVIDIA and recipe.base.image:
         toolkit = _nvidia_base_toolkit(recipe, base, toolkit)
     from_imgbuild_base = (facts := base) is not None and facts.built_by_imgbuild
     brought = from_imgbuild_base or (_torch_brings_cuda_wheels(recipe, toolkit.major_minor)
-                                     and recipe.cuda.flavor != "devel")
+                                     and recipe.cuda.flavor != CudaFlavor.DEVEL)
     wheel_set = None
-    if recipe.cuda.source == "wheels":
+    if recipe.cuda.source == CudaSource.WHEELS:
         try:
             wheel_set = compat.cuda_wheel_set(recipe.cuda.version if exact else toolkit.major_minor)
         except LookupError as exc:
@@ -339,7 +337,7 @@ def _imaged_cuda_hint(recipe: Recipe) -> str | None:
     """For a CUDA the data does not know, where imgbuild picks the nvidia/cuda tag: the nearest released
     minor NVIDIA publishes the recipe's image for (the newest release may have none on that OS). None
     where the recipe names its base, or no CUDA has that image: the look-up's own hint serves."""
-    if recipe.cuda.source != "nvidia" or recipe.base.image:
+    if recipe.cuda.source != CudaSource.NVIDIA or recipe.base.image:
         return None
     minors = sorted({t.major_minor for t in compat.toolkits()}, key=Version)
     fits = [m for m in minors if _nvidia_image_os(recipe, m) == recipe.base.os]
@@ -451,7 +449,7 @@ def cudnn_rule(recipe: Recipe, cuda: str) -> str | None:
         return None
     if not compat.cudnn_supported(cuda, cudnn):  # one rule for both sources: NVIDIA's support matrix
         raise _cudnn_unsupported(recipe, cudnn, cuda)
-    if recipe.cuda.source == "wheels":
+    if recipe.cuda.source == CudaSource.WHEELS:
         try:
             compat.cudnn_wheel(cuda, cudnn)
         except LookupError as exc:
@@ -593,7 +591,7 @@ def torch_rule(recipe: Recipe, cuda: str, python: str, looked_up: LookedUp | Non
         raise _fail(recipe, "python", "torch", release.version, "python", python,
                     f"torch {release.version} publishes wheels for Python {release.python}",
                     hint=_torch_python_hint(recipe, release, wanted, python))
-    if recipe.cuda.source == "nvidia" and recipe.cuda.flavor != "base":
+    if recipe.cuda.source == CudaSource.NVIDIA and recipe.cuda.flavor != CudaFlavor.BASE:
         major = cuda.split(".", maxsplit=1)[0]
         warnings.append(RecipeWarning(
             codes.CUDA_TWICE, "torch",
@@ -721,7 +719,7 @@ def _torch_variant_error(recipe: Recipe, release: TorchRelease, wanted: str, cud
     # source: wheels needs NVIDIA's runtime wheels of that CUDA on PyPI (none before 11.7): a CUDA
     # without them would be refused next
     variants = [v for v in variants
-                if recipe.cuda.source != "wheels" or compat.cuda_wheel_sets(_variant_cuda(v))] or variants
+                if recipe.cuda.source != CudaSource.WHEELS or compat.cuda_wheel_sets(_variant_cuda(v))] or variants
     usable = [v for v in variants if _nvidia_image_os(recipe, _variant_cuda(v)) == recipe.base.os]
     nearest = min(usable or variants, key=distance) if variants else None
     fits = [r.version for r in compat.torch_releases() if wanted in r.variants and python in r.python]
@@ -753,7 +751,7 @@ def _nvidia_image_os(recipe: Recipe, cuda: str) -> str | None:
     """The OS ``cuda`` would find its image on: with source: nvidia and no base.image imgbuild picks
     the nvidia/cuda tag, so base.os where NVIDIA publishes one of the recipe's flavor and cuDNN, else
     the newest OS it does (None: none). Any other recipe names its base, whose CUDA other rules check."""
-    if recipe.cuda.source != "nvidia" or recipe.base.image:
+    if recipe.cuda.source != CudaSource.NVIDIA or recipe.base.image:
         return recipe.base.os
     for os_name in (recipe.base.os, *reversed(compat.cuda_image_oses(cuda))):
         try:
@@ -1023,14 +1021,14 @@ def images_rule(recipe: Recipe, cuda: str, os_name: str | None, compile_: frozen
         base_image = mirrored_ref(recipe.base.image, recipe.base.mirror)
     else:
         base_image = _nvidia_image(recipe, cuda, recipe.cuda.flavor, os_name)
-    if recipe.cuda.source != "nvidia":
+    if recipe.cuda.source != CudaSource.NVIDIA:
         if not compile_:
             return ImagesPart(base_image, None)
         builder, wheels, home = _wheels_builder(recipe, cuda, os_name, base_image, compile_)
         return ImagesPart(base_image, builder, wheels, home)
     builder_image = None
     if compile_:
-        needs_devel = recipe.cuda.flavor != "devel"
+        needs_devel = recipe.cuda.flavor != CudaFlavor.DEVEL
         builder_image = _nvidia_image(recipe, cuda, "devel", os_name) if needs_devel else base_image
     warnings: Warnings = ()
     eol = compat.image_end_of_life(cuda, today)
@@ -1134,7 +1132,7 @@ def cuda_wheels_rule(recipe: Recipe, wheel_set: WheelSet | None, cuda: str, cudn
     library set of NVIDIA's image tier (wheels.json ``tiers``: base = cudart; runtime = the runtime
     libraries and NCCL; devel = those plus nvcc and headers, where that CUDA's wheels carry nvcc),
     less what torch's pins or an imgbuild base already bring; plus cuDNN and what it loads."""
-    if recipe.cuda.source != "wheels":
+    if recipe.cuda.source != CudaSource.WHEELS:
         return CudaWheelsPart()
     flavor = recipe.cuda.flavor
     facts = base

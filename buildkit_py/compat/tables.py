@@ -25,6 +25,7 @@ from packaging.version import InvalidVersion, Version
 
 from buildkit_py.errors import CompatDataError, RecipeIssue
 from buildkit_py.schemas import json_lines, line_of, load_schema, validate
+from buildkit_py.versions import major_minor as _mm  # short: it sits in many messages
 
 SCHEMA = 1
 _VARIANT_RE = re.compile(r"^cu(\d{2})(\d)$")
@@ -210,11 +211,6 @@ class _RangeEntry:
 
 
 # ----------------------------------------------------------------------------- helpers
-def _mm(version: str) -> str:
-    parts = version.split(".")
-    return ".".join(parts[:2])
-
-
 class CompatGap(LookupError):
     """A question the shipped data has no row for. Carries what was asked, the known values
     nearest to it and a hint that names the newest release that fits, so the resolver can turn

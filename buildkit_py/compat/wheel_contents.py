@@ -30,6 +30,7 @@ from buildkit_py.compat import tables
 from buildkit_py.compat.platforms import PinFiles
 from buildkit_py.compat.tables import TorchRelease
 from buildkit_py.errors import CompatDataError
+from buildkit_py.versions import major_minor
 
 FILE = "wheel_contents.json"
 MACHINES = ("x86_64", "aarch64")
@@ -302,7 +303,7 @@ class ImageCuda:
     def cuda_minors(self) -> frozenset[str]:
         """The CUDA major.minor of the loadable runtime (nvidia-cuda-runtime's version is its CUDA's:
         12.1.105 is CUDA 12.1): what the cuda.version label must name for a wheels image."""
-        return frozenset(".".join(v.split(".")[:2]) for v in self.cudart)
+        return frozenset(major_minor(v) for v in self.cudart)
 
     @property
     def partial(self) -> bool:

@@ -26,6 +26,7 @@ from pathlib import Path
 
 from buildkit_py.errors import AuthenticationError, CredentialHelperError
 from buildkit_py.files import write_atomic
+from buildkit_py.reference import DOCKER_HUB, DOCKER_HUB_LOGIN_HOSTS
 
 ENV_USER = "IMGBUILD_REGISTRY_USER"
 ENV_PASSWORD = "IMGBUILD_REGISTRY_PASSWORD"  # noqa: S105 (the name of a variable, not a secret)
@@ -33,7 +34,6 @@ ENV_HOST = "IMGBUILD_REGISTRY_HOST"
 
 # Docker Hub is filed under its legacy index URL in docker configs and helpers.
 DOCKER_HUB_KEY = "https://index.docker.io/v1/"
-_DOCKER_HUB_HOSTS = {"docker.io", "index.docker.io", "registry-1.docker.io", "registry.hub.docker.com"}
 # The helper protocol's answer for a host it has nothing for.
 _HELPER_NOT_FOUND = "credentials not found"
 _HELPER_TIMEOUT_S = 60
@@ -65,15 +65,15 @@ def normalize_host(registry: str) -> str:
     for prefix in ("https://", "http://"):
         host = host.removeprefix(prefix)
     host = host.split("/", 1)[0].lower()
-    if host in _DOCKER_HUB_HOSTS:
-        return "docker.io"
+    if host in DOCKER_HUB_LOGIN_HOSTS:
+        return DOCKER_HUB
     return host
 
 
 def config_key(registry: str) -> str:
     """The key the docker CLI files a registry under in ``auths`` and helpers."""
     host = normalize_host(registry)
-    return DOCKER_HUB_KEY if host == "docker.io" else host
+    return DOCKER_HUB_KEY if host == DOCKER_HUB else host
 
 
 def docker_config_path() -> Path:

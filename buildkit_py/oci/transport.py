@@ -36,7 +36,7 @@ from buildkit_py.errors import (
     RegistryUnreachable,
 )
 from buildkit_py.oci import auth
-from buildkit_py.reference import DOCKER_HUB, DOCKER_HUB_API, is_loopback
+from buildkit_py.reference import DOCKER_HUB_API, api_host, is_loopback
 
 # progress(event, label, done, total); may be called from worker threads.
 Progress = Callable[[str, str, int, int], None]
@@ -225,7 +225,7 @@ class Client:
 
     def check_login(self, host: str, creds: auth.Credentials) -> None:
         """GET /v2/ with ``creds``; AuthenticationError when the registry refuses them."""
-        host = DOCKER_HUB_API if host == DOCKER_HUB else host
+        host = api_host(host)
         self.use_credentials(host, creds)
         self.request("GET", host, "/v2/", expect=(200,))
 

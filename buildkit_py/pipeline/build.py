@@ -57,7 +57,7 @@ from buildkit_py.plan import labels as L
 from buildkit_py.plan.build_plan import BuildPlan, check_image_tag
 from buildkit_py.plan.installer import UV_ENV_SECRET_ID, uv_env_for
 from buildkit_py.plan.lock import DEFAULT_VARIANT, lock_entry, wheel_hashes
-from buildkit_py.recipe.model import Recipe
+from buildkit_py.recipe.model import CudaFlavor, Recipe
 from buildkit_py.render.dockerfile import render_dockerfile
 from buildkit_py.sizes import human_size
 
@@ -327,7 +327,7 @@ def _reject_over_budget(engine: Engine, image_id: str, tags: tuple[str, ...], si
 def budget_advice(recipe: Recipe) -> str:
     """What shrinks an image over its budget, for the recipe at hand: a runtime flavor only
     where the recipe asks for devel without compiling at run time."""
-    if recipe.cuda.flavor == "devel" and not recipe.runtime_compile:
+    if recipe.cuda.flavor == CudaFlavor.DEVEL and not recipe.runtime_compile:
         return ("cuda.flavor: runtime leaves the CUDA compilers out (build.from_source still compiles, in a "
                 "builder stage), or drop heavy pins")
     return ("drop heavy pins, keep weights and data out of copy: (imgbuild weights push), or raise "

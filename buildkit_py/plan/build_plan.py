@@ -46,7 +46,7 @@ from buildkit_py.plan.steps import (
     VenvStep,
     WheelBuildStep,
 )
-from buildkit_py.recipe.model import Recipe, pin_name
+from buildkit_py.recipe.model import CudaFlavor, CudaSource, Recipe, pin_name
 from buildkit_py.reference import parse_reference
 from buildkit_py.sizes import human_size
 from buildkit_py.text_enum import TextEnum
@@ -413,7 +413,7 @@ def make_plan(recipe: Recipe, *, tags: tuple[str, ...] = (), registry: str | Non
         builder = tuple(_with_installer(builder_steps, installer))
         stages.append(Stage("builder", res.compile_stage_base, builder, StageRole.BUILDER))
 
-    devel_wheels = res.cuda_flavor == "devel" and res.cuda_source == "wheels"
+    devel_wheels = res.cuda_flavor == CudaFlavor.DEVEL and res.cuda_source == CudaSource.WHEELS
     # nvcc needs a host C++ compiler; NVIDIA's devel images are the other source of one
     steps = _os_steps(res, list(recipe.apt) + (["g++"] if devel_wheels else []), dev=False)
     cuda = _final_cuda_wheels(res)
@@ -430,14 +430,14 @@ def make_plan(recipe: Recipe, *, tags: tuple[str, ...] = (), registry: str | Non
     steps += _heavy_steps(heavy)
     if other:  # reproducible too: a --no-cache rebuild must give the same layer (issue 33: 1)
         steps.append(dataclasses.replace(_pip_step("pins", "pins", other), reproducible=True))
-    if res.cuda_source == "wheels":
+    if res.cuda_source == CudaSource.WHEELS:
         steps.append(LdconfigStep("ldconfig", "cuda", venv=VENV, prefix=prefix))
     for i, c in enumerate(recipe.copy):
         steps.append(CopyStep(f"copy-{i}", "app", src=c.src, dest=c.dest))
     steps = _mount_stubs(_with_installer(steps, installer), installer)
 
     env = dict(recipe.env)
-    if res.cuda_source == "wheels":
+    if res.cuda_source == CudaSource.WHEELS:
         # What NVIDIA's images set, so the NVIDIA container runtime treats this as a CUDA image.
         env.setdefault("NVIDIA_VISIBLE_DEVICES", "all")
         env.setdefault("NVIDIA_DRIVER_CAPABILITIES", "compute,utility")

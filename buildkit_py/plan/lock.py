@@ -41,6 +41,7 @@ from packaging.markers import InvalidMarker
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name, canonicalize_version
 
+from buildkit_py.compat.pip_config import PYPI_SIMPLE
 from buildkit_py.errors import (
     ImgbuildError,
     LockDrift,
@@ -78,7 +79,6 @@ from buildkit_py.schemas import line_of, load_schema, validate
 from buildkit_py.text_enum import TextEnum
 
 DEFAULT_VARIANT = "default"
-PYPI_SIMPLE = "https://pypi.org/simple"
 LOCK_DIR = ".imgbuild-lock"  # in the build context; bind-mounted, never copied
 MOUNT_DIR = "/run/imgbuild-lock"  # beside /run/secrets: empty mount points, no files
 ARCH = "x86_64"  # recipes build linux/amd64 images
