@@ -422,7 +422,6 @@ def make_plan(recipe: Recipe, *, tags: tuple[str, ...] = (), registry: str | Non
         steps += _cuda_home_steps(res, prefix=CUDA_PREFIX if any(isinstance(s, PrefixPipStep) for s in cuda) else None)
     steps += _torch_stack(res)
     steps = _with_prefix_path(steps)
-    prefix = CUDA_PREFIX if any(isinstance(s, PrefixPipStep) for s in steps) else None
     if compiled:
         # Install the builder's wheel files by path: given only a name, pip would prefer the
         # index's manylinux wheel over a locally built linux_x86_64 one.
@@ -431,7 +430,9 @@ def make_plan(recipe: Recipe, *, tags: tuple[str, ...] = (), registry: str | Non
     if other:  # reproducible too: a --no-cache rebuild must give the same layer (issue 33: 1)
         steps.append(dataclasses.replace(_pip_step("pins", "pins", other), reproducible=True))
     if res.cuda_source == CudaSource.WHEELS:
-        steps.append(LdconfigStep("ldconfig", "cuda", venv=VENV, prefix=prefix))
+        # The prefix always: the step rewrites the one conf file, and a shared base built by imgbuild
+        # has its CUDA wheels there even when this recipe installs none (its dirs are listed if present)
+        steps.append(LdconfigStep("ldconfig", "cuda", venv=VENV, prefix=CUDA_PREFIX))
     for i, c in enumerate(recipe.copy):
         steps.append(CopyStep(f"copy-{i}", "app", src=c.src, dest=c.dest))
     steps = _mount_stubs(_with_installer(steps, installer), installer)
