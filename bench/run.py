@@ -187,6 +187,21 @@ BENCHES = ("rebuild", "multistage", "prefix", "matrix", "weights", "startup", "e
            "kernels", "cuda-share", "coldstart")
 
 
+
+# The benches that run as scripts of their own, in the order `make bench` runs them: (name, script, args).
+SEPARATE_BENCHES: tuple[tuple[str, str, tuple[str, ...]], ...] = (
+    ("matrix", "bench_matrix.py", ("--jobs", "2")),
+    ("weights", "bench_weights.py", ()),
+    ("startup", "bench_startup.py", ()),
+    ("engines", "bench_engines.py", ()),
+    ("schemas", "bench_schemas.py", ()),
+    ("installer", "bench_installer.py", ()),
+    ("kernels", "bench_kernels.py", ()),
+    ("cuda-share", "bench_cuda_share.py", ()),
+    ("coldstart", "bench_cold_start.py", ()),
+    ("reuse", "bench_reuse.py", ()),
+)
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--only", choices=BENCHES, action="append")
@@ -203,36 +218,10 @@ def main() -> int:
                 print(flush=True)
     finally:
         b.cleanup()
-    if "matrix" in chosen:
-        proc = subprocess.run([sys.executable, str(REPO / "bench" / "bench_matrix.py"), "--jobs", "2"], text=True)  # noqa: PLW1510
-        results["matrix_exit"] = proc.returncode
-    if "weights" in chosen and (REPO / "bench" / "bench_weights.py").exists():
-        proc = subprocess.run([sys.executable, str(REPO / "bench" / "bench_weights.py")], text=True)  # noqa: PLW1510
-        results["weights_exit"] = proc.returncode
-    if "startup" in chosen:
-        proc = subprocess.run([sys.executable, str(REPO / "bench" / "bench_startup.py")], text=True)  # noqa: PLW1510
-        results["startup_exit"] = proc.returncode
-    if "engines" in chosen:
-        proc = subprocess.run([sys.executable, str(REPO / "bench" / "bench_engines.py")], text=True)  # noqa: PLW1510
-        results["engines_exit"] = proc.returncode
-    if "schemas" in chosen:
-        proc = subprocess.run([sys.executable, str(REPO / "bench" / "bench_schemas.py")], text=True, check=False)
-        results["schemas_exit"] = proc.returncode
-    if "installer" in chosen:
-        proc = subprocess.run([sys.executable, str(REPO / "bench" / "bench_installer.py")], text=True, check=False)
-        results["installer_exit"] = proc.returncode
-    if "kernels" in chosen:
-        proc = subprocess.run([sys.executable, str(REPO / "bench" / "bench_kernels.py")], text=True, check=False)
-        results["kernels_exit"] = proc.returncode
-    if "cuda-share" in chosen:
-        proc = subprocess.run([sys.executable, str(REPO / "bench" / "bench_cuda_share.py")], text=True, check=False)
-        results["cuda_share_exit"] = proc.returncode
-    if "coldstart" in chosen:
-        proc = subprocess.run([sys.executable, str(REPO / "bench" / "bench_cold_start.py")], text=True, check=False)
-        results["coldstart_exit"] = proc.returncode
-    if "reuse" in chosen:
-        proc = subprocess.run([sys.executable, str(REPO / "bench" / "bench_reuse.py")], text=True)  # noqa: PLW1510
-        results["reuse_exit"] = proc.returncode
+    for name, script, extra in SEPARATE_BENCHES:  # each its own script, run in turn: its exit status kept
+        if name in chosen and (REPO / "bench" / script).exists():
+            proc = subprocess.run([sys.executable, str(REPO / "bench" / script), *extra], text=True, check=False)
+            results[f"{name.replace('-', '_')}_exit"] = proc.returncode
     if args.json:
         args.json.write_text(json.dumps(results, indent=2))
     return 0
