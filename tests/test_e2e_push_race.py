@@ -55,6 +55,11 @@ def test_the_registry_gets_the_image_the_tests_passed(tmp_path, engine, logged_i
     recipe = write_recipe(tmp_path, tiny_recipe(unique_name, base_image, pip=("six==1.16.0",)))
     plan = plan_recipe(recipe, registry=logged_in.address, offline=True)
     cleanup_images.extend(plan.tags)
+    # The concurrent build takes the same tags with other content: a --no-cache build of the same recipe
+    # is the same image where builds are reproducible (Docker 26: issue 33 item 1), which races nothing.
+    other_recipe = write_recipe(tmp_path / "other", tiny_recipe(unique_name, base_image, pip=("six==1.17.0",)))
+    other_plan = plan_recipe(other_recipe, registry=logged_in.address, offline=True)
+    assert other_plan.tags == plan.tags
     tested: list[str] = []
     others: list[str] = []
 
@@ -63,7 +68,7 @@ def test_the_registry_gets_the_image_the_tests_passed(tmp_path, engine, logged_i
         if race == "a prune":
             _prune(engine, marker)
             return ()
-        other = build_mod.build_checked(plan, engine, _options(push=False, no_cache=True), lambda _line: None)
+        other = build_mod.build_checked(other_plan, engine, _options(push=False, no_cache=True), lambda _line: None)
         others.append(other.outcome.result.image_id)
         return ()
 
