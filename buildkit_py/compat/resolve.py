@@ -295,12 +295,10 @@ def source_builds_rule(recipe: Recipe) -> None:
     for i, name in enumerate(recipe.build.from_source):
         pin = next((spec.split("==", 1)[1] for spec in recipe.pip if pin_name(spec) == canonicalize_name(name)
                     and "==" in spec), None)
+        if pin is None or wheel_contents.model().has_sdist(name, pin) is not False:
+            continue
         files = wheel_contents.model().pin_files(name)
-        if pin is None or files is None:
-            continue
-        release = next((r for r in files.releases if Version(r[0]) == Version(pin)), None)
-        if release is None or release[2]:
-            continue
+        assert files is not None  # noqa: S101  (the model has a row of this release)
         with_sdist = [v for v, _, sdist in files.releases if sdist]
         newest = f"; its newest release with an sdist is {with_sdist[-1]}" if with_sdist else ""
         problems.append(rules._fail(

@@ -216,14 +216,6 @@ def _pin(recipe: Recipe, name: str) -> tuple[int, str] | None:
     return None
 
 
-def _has_sdist(name: str, version: str) -> bool:
-    """Whether the content model records an sdist of that release (True where it has no row: the
-    build will tell)."""
-    files = model().pin_files(name)
-    release = next((r for r in files.releases if Version(r[0]) == Version(version)), None) if files else None
-    return release is None or release[2]
-
-
 def _cuda_in(supported: SpecifierSet | tuple[str, ...], cuda: str) -> bool:
     if isinstance(supported, SpecifierSet):
         return supported.contains(cuda) or supported.contains(_mm(cuda))
@@ -938,7 +930,7 @@ def bitsandbytes_rule(recipe: Recipe, cuda: str, python: str, torch: str | None,
                         f"bitsandbytes {version}'s PyPI wheel has kernels for compute capability "
                         f"{rel.min_compute_capability} and newer",
                         hint=f"drop {arch}" + (" or build bitsandbytes from source"
-                                               if _has_sdist("bitsandbytes", version)
+                                               if model().has_sdist("bitsandbytes", version) is not False
                                                else f" (bitsandbytes {version} has no sdist to build from)"))
         # below the LLM.int8() floor (cuBLASLt's, 7.5) the loader opens the _nocublaslt library
         below_lt = rel.int8_compute_capability and Version(cc) < Version(rel.int8_compute_capability)

@@ -150,6 +150,12 @@ class ContentModel:
         return frozenset(found - {"source"}) if found else None
 
 
+    def has_sdist(self, project: str, version: str) -> bool | None:
+        """Whether the release has an sdist to build from (None: the data has no row for it)."""
+        name, key = canonicalize_name(project), _version_key(version)
+        found = [w.sdist for (n, v, _), w in self.rows.items() if n == name and v == key]
+        return any(found) if found else None
+
     def with_rows(self, wheels: Iterable[WheelContents]) -> ContentModel:
         """This model and rows read live (a pin the data has no row for): the live rows win."""
         extra = {(w.project, _version_key(w.version), w.machine): w for w in wheels}
