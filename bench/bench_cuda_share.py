@@ -38,7 +38,8 @@ from bench_reuse import CA, REGISTRY, need_disk, setup  # noqa: E402
 from buildkit_py import oci  # noqa: E402
 from buildkit_py.cli.main import main as cli  # noqa: E402
 from buildkit_py.engine.build import BuildOptions, run_build  # noqa: E402
-from buildkit_py.plan.build_plan import BuildPlan, make_plan  # noqa: E402
+from buildkit_py.pipeline import plan_from_data  # noqa: E402
+from buildkit_py.plan.build_plan import BuildPlan  # noqa: E402
 from buildkit_py.plan.steps import LdconfigStep, PipStep, PrefixPathStep, PrefixPipStep, Step  # noqa: E402
 from buildkit_py.recipe.model import load_recipe  # noqa: E402
 
@@ -130,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
                     folder.mkdir(parents=True)
                     recipe = folder / "recipe.yaml"
                     recipe.write_text(RECIPE.format(run=run, key=key, base=base, python=python, flavor=FLAVOR))
-                    plan = make_plan(load_recipe(recipe))
+                    plan = plan_from_data(load_recipe(recipe))
                     plan = venv_layout(plan) if arm == "venv" else plan
                     ref = f"{REGISTRY}/imgbuild-bench/cuda-share-{run}-{arm}:{key}"
                     need_disk(IMAGE_GB if FLAVOR == "runtime" else 2.0, f"the {arm} {key} build")

@@ -29,8 +29,8 @@ sys.path.insert(0, str(REPO))
 
 from buildkit_py.engine import select_engine  # noqa: E402
 from buildkit_py.oci import auth  # noqa: E402
+from buildkit_py.pipeline import plan_from_data  # noqa: E402
 from buildkit_py.pipeline.build import BuildOptions, build_checked  # noqa: E402
-from buildkit_py.plan.build_plan import make_plan  # noqa: E402
 from buildkit_py.recipe.model import load_recipe  # noqa: E402
 
 CA = Path("/etc/ssl/certs/ca-certificates.crt")
@@ -94,7 +94,7 @@ def main() -> int:
         try:
             # (a) gzip vs zstd: the same image pushed twice, then pulled cold
             recipe = project(tmp, f"comp-{run_id}")
-            plan = make_plan(load_recipe(recipe))
+            plan = plan_from_data(load_recipe(recipe))
             refs = {}
             for algo in ("gzip", "zstd"):
                 ref = f"{REGISTRY}/imgbuild-bench/comp-{run_id}:{algo}"
@@ -126,11 +126,11 @@ def main() -> int:
             times = {}
             # warm-up, not timed: (a) pruned the build cache, and both arms share the steps before the app
             warm = project(tmp, f"push-warm-{run_id}")
-            made.extend(build_checked(make_plan(load_recipe(warm)), engine, BuildOptions(ca_cert=ca),
+            made.extend(build_checked(plan_from_data(load_recipe(warm)), engine, BuildOptions(ca_cert=ca),
                                       lambda _l: None).outcome.result.tags)
             for arm in ("buildkit", "sdk", "sdk2", "buildkit2"):
                 recipe = project(tmp, f"push-{arm}-{run_id}", random_mib=64)
-                plan = make_plan(load_recipe(recipe))
+                plan = plan_from_data(load_recipe(recipe))
                 ref = f"{REGISTRY}/imgbuild-bench/push-{arm}-{run_id}:1"
                 made.append(ref)
                 start = time.monotonic()

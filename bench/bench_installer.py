@@ -38,8 +38,8 @@ sys.path.insert(0, str(REPO))
 
 from buildkit_py.engine import select_engine  # noqa: E402
 from buildkit_py.engine.build import BuildOptions, assemble_context  # noqa: E402
+from buildkit_py.pipeline import plan_from_data  # noqa: E402
 from buildkit_py.pipeline.build import build_checked  # noqa: E402
-from buildkit_py.plan.build_plan import make_plan  # noqa: E402
 from buildkit_py.recipe.model import InstallerName, load_recipe  # noqa: E402
 from buildkit_py.render.dockerfile import render_dockerfile  # noqa: E402
 
@@ -89,7 +89,7 @@ class InstallerBench:
 
     def cold(self, installer: str) -> float:
         """A --no-cache build of the recipe's own Dockerfile with the download caches as tmpfs."""
-        plan = make_plan(load_recipe(self.recipe(installer)))
+        plan = plan_from_data(load_recipe(self.recipe(installer)))
         work = self.tmp / f"cold-{installer}"
         work.mkdir()
         context, dockerfile = assemble_context(plan, cold_dockerfile(render_dockerfile(plan)), work)
@@ -110,7 +110,7 @@ class InstallerBench:
 
     def warm(self, installer: str) -> float:
         """imgbuild's own build, --no-cache, with its download caches as they are."""
-        plan = make_plan(load_recipe(self.recipe(installer)))
+        plan = plan_from_data(load_recipe(self.recipe(installer)))
         options = BuildOptions(ca_cert=CA if CA.exists() else None, no_cache=True)
         outcome = build_checked(plan, self.engine, options, on_line=lambda _line: None).outcome
         self.tags.extend(outcome.result.tags)

@@ -50,8 +50,8 @@ sys.path.insert(0, str(REPO))
 from buildkit_py import oci  # noqa: E402
 from buildkit_py.cli.main import main as cli  # noqa: E402
 from buildkit_py.engine import BuildRequest, select_engine  # noqa: E402
+from buildkit_py.pipeline import plan_from_data  # noqa: E402
 from buildkit_py.pipeline.build import BuildOptions, build_checked  # noqa: E402
-from buildkit_py.plan.build_plan import make_plan  # noqa: E402
 from buildkit_py.recipe.model import load_recipe  # noqa: E402
 
 CA = Path("/etc/ssl/certs/ca-certificates.crt")
@@ -157,7 +157,7 @@ class Arm:
             recipe = folder / "recipe.yaml"
             recipe.write_text(RECIPE.format(run=self.run, version=v.key, base=BASE, torch=v.torch,
                                             pins=", ".join(v.pins)))
-            build_checked(make_plan(load_recipe(recipe)), self.engine,
+            build_checked(plan_from_data(load_recipe(recipe)), self.engine,
                           BuildOptions(tags=(ref,), push=True, ca_cert=CA), lambda _l: None)
         else:
             folder = self.folder(v)

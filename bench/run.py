@@ -43,8 +43,8 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from buildkit_py.engine import select_engine  # noqa: E402
+from buildkit_py.pipeline import plan_from_data  # noqa: E402
 from buildkit_py.pipeline.build import BuildOptions, build_checked  # noqa: E402
-from buildkit_py.plan.build_plan import make_plan  # noqa: E402
 from buildkit_py.recipe.model import load_recipe  # noqa: E402
 
 DOCKER = "/usr/bin/docker"
@@ -93,7 +93,7 @@ class Bench:
         return path
 
     def build(self, recipe: Path, *, no_cache: bool = False):
-        plan = make_plan(load_recipe(recipe))
+        plan = plan_from_data(load_recipe(recipe))
         options = BuildOptions(ca_cert=CA if CA.exists() else None, no_cache=no_cache)
         outcome = build_checked(plan, self.engine, options, on_line=lambda _l: None).outcome
         self.images.extend(outcome.result.tags)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime
 import io
 import re
 import stat
@@ -19,6 +20,7 @@ from buildkit_py.cli.main import main
 from buildkit_py.compat import cuda_base
 from buildkit_py.plan.build_plan import BuildPlan
 from buildkit_py.plan.steps import LdconfigStep, PipStep
+from buildkit_py.recipe.model import Recipe
 
 REPO = Path(__file__).resolve().parent.parent
 SYSTEM_CA = Path("/etc/ssl/certs/ca-certificates.crt")
@@ -28,6 +30,16 @@ SYSTEM_CA = Path("/etc/ssl/certs/ca-certificates.crt")
 # share the engines.
 RUN_MARK = "tr" + uuid.uuid4().hex[:6]
 RUN_LABEL = "imgbuild-test.run"  # not io.imgbuild.*: inspect reports those
+# The date the tests resolve on: the resolver reads no clock (issue 32, 4), so a test's outcome does
+# not move when NVIDIA's end-of-life dates pass. The day the dated tests were written.
+TODAY = datetime.date(2026, 12, 5)
+
+
+def plan_of(recipe: Recipe, *, tags: tuple[str, ...] = (), registry: str | None = None) -> BuildPlan:
+    """``recipe`` planned from the shipped data alone, on TODAY (pipeline.plan_from_data)."""
+    from buildkit_py.pipeline import plan_from_data
+
+    return plan_from_data(recipe, tags=tags, registry=registry, today=TODAY)
 
 
 def unique(prefix: str) -> str:

@@ -4,7 +4,7 @@ import json
 import re
 
 import pytest
-from helpers import REPO, run_cli, write_recipe
+from helpers import REPO, TODAY, run_cli, write_recipe
 
 from buildkit_py.analysis.lint import LINT_CODES
 from buildkit_py.compat import codes
@@ -55,7 +55,7 @@ def test_warning_renders_code_message_and_hint():
 
 def test_jit_warning_points_at_the_jit_pin(tmp_path):
     path = write_recipe(tmp_path, JIT)
-    res = resolve(load_recipe(path))
+    res = resolve(load_recipe(path), today=TODAY)
     assert [(w.code, w.key) for w in res.warnings] == [(codes.JIT_WITHOUT_RUNTIME_COMPILE, "pip[1]")]
     report = lint_recipe(path, hadolint=None)
     found = [f for f in report.findings if f.code == codes.JIT_WITHOUT_RUNTIME_COMPILE]
@@ -69,8 +69,8 @@ def test_lint_takes_code_and_key_from_the_warning_not_its_text(tmp_path, monkeyp
     path = write_recipe(tmp_path, NVIDIA_TORCH)
     original = resolve_mod.resolve
 
-    def reworded(recipe, base=None, looked_up=None):
-        res = original(recipe, base, looked_up)
+    def reworded(recipe, base=None, looked_up=None, *, today):
+        res = original(recipe, base, looked_up, today=today)
         return resolve_mod.Resolution(**{**res.__dict__, "warnings": tuple(
             RecipeWarning(w.code, w.key, "reworded") for w in res.warnings)})
 

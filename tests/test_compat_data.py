@@ -197,7 +197,7 @@ def test_image_end_of_life_against_the_date(cuda, before, on, deletion, basis):
     eol = compat.image_end_of_life(cuda, day(on))
     assert eol is not None and (eol.date, eol.basis) == (day(on), basis)
     assert eol.deletion == (day(deletion) if deletion else None)
-    assert compat.image_end_of_life(cuda) == eol  # today's date is past all of these
+    assert compat.image_end_of_life(cuda, day("2099-01-01")) == eol  # and on every later day
 
 
 @pytest.mark.parametrize("cuda", ["13.4.2", "13.3.1", "12.9.2", "13.2.2"])

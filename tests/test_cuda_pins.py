@@ -3,7 +3,7 @@ one torch requires, is refused before building (issue 29: it passed the plan wit
 hint, applied, plans."""
 
 import pytest
-from helpers import write_recipe
+from helpers import TODAY, write_recipe
 
 from buildkit_py.compat.resolve import resolve
 from buildkit_py.errors import CompatibilityError
@@ -23,25 +23,27 @@ def _recipe(tmp_path, pin, cuda="12.4", torch=None):
 ])
 def test_a_cuda_wheel_of_another_minor_is_refused_and_the_hint_plans(tmp_path, cuda, pin, other, fix):
     with pytest.raises(CompatibilityError) as info:
-        resolve(_recipe(tmp_path, pin, cuda))
+        resolve(_recipe(tmp_path, pin, cuda), today=TODAY)
     err = info.value
     assert err.key == "pip[1]" and f"is the CUDA {other} release of that library" in err.message
     assert err.hint.startswith(f"use {fix} ")
-    assert resolve(_recipe(tmp_path, fix, cuda)).cuda_version.startswith(cuda)  # the hint, applied
+    assert resolve(_recipe(tmp_path, fix, cuda), today=TODAY).cuda_version.startswith(cuda)  # the hint, applied
 
 
 def test_a_cuda_wheel_torch_requires_another_version_of_is_refused(tmp_path):
     with pytest.raises(CompatibilityError) as info:
-        resolve(_recipe(tmp_path, "nvidia-cublas-cu12==12.1.0.26", "12.1", torch="2.4.1"))
+        resolve(_recipe(tmp_path, "nvidia-cublas-cu12==12.1.0.26", "12.1", torch="2.4.1"), today=TODAY)
     err = info.value
     assert err.key == "pip[1]" and "torch 2.4.1+cu121 requires nvidia-cublas-cu12==12.1.3.1" in err.message
     assert err.hint == "drop pip[1] (torch brings nvidia-cublas-cu12==12.1.3.1)"
-    assert resolve(_recipe(tmp_path, "nvidia-cublas-cu12==12.1.3.1", "12.1", torch="2.4.1")).torch == "2.4.1"
+    assert resolve(_recipe(tmp_path, "nvidia-cublas-cu12==12.1.3.1", "12.1", torch="2.4.1"),
+                   today=TODAY).torch == "2.4.1"
 
 
 def test_a_cuda_wheel_of_this_cuda_or_unrecorded_passes(tmp_path):
-    assert resolve(_recipe(tmp_path, "nvidia-cublas-cu12==12.4.5.8")).cuda_version == "12.4.1"
-    assert resolve(_recipe(tmp_path, "nvidia-nccl-cu12==2.21.5")).cuda_version == "12.4.1"  # not tied to a minor
+    assert resolve(_recipe(tmp_path, "nvidia-cublas-cu12==12.4.5.8"), today=TODAY).cuda_version == "12.4.1"
+    assert resolve(_recipe(tmp_path, "nvidia-nccl-cu12==2.21.5"),
+                   today=TODAY).cuda_version == "12.4.1"  # not tied to a minor
 
 
 def test_the_wheel_owners_and_the_data_date_are_read_once_and_forgotten_with_the_data():

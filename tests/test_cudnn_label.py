@@ -19,7 +19,7 @@ import itertools
 import re
 
 import pytest
-from helpers import MODELLED_LABELS, model_image, write_recipe
+from helpers import MODELLED_LABELS, TODAY, model_image, plan_of, write_recipe
 
 from buildkit_py import compat
 from buildkit_py import label_keys as K
@@ -27,7 +27,6 @@ from buildkit_py.analysis.image_checks import FAILED, label_checks
 from buildkit_py.compat.bases import BaseFacts
 from buildkit_py.compat.resolve import resolve
 from buildkit_py.errors import CompatibilityError, CompatibilityErrors
-from buildkit_py.plan.build_plan import make_plan
 from buildkit_py.recipe.model import load_recipe
 
 
@@ -51,7 +50,7 @@ def _recipe(tmp_path, *, cuda="12.1", source="wheels", flavor="base", torch=None
     ("12.1", "2.1.2", "8.9.2.26", "nvidia-cudnn-cu12==8.9.2.26"),
 ])
 def test_torch_from_the_registry_labels_its_wheels_cudnn_unasked(tmp_path, cuda, torch, label, wheel):
-    res = resolve(_recipe(tmp_path, cuda=cuda, torch=torch))
+    res = resolve(_recipe(tmp_path, cuda=cuda, torch=torch), today=TODAY)
     assert res.cudnn == label
     assert res.cudnn_origin == f"torch {res.torch_label} (its wheel requires {wheel})"
 
@@ -59,14 +58,14 @@ def test_torch_from_the_registry_labels_its_wheels_cudnn_unasked(tmp_path, cuda,
 def test_another_cuda_variant_of_torch_labels_the_major_only(tmp_path):
     """torch 2.4.1+cu124 comes from PyTorch's index, whose exact nvidia-cudnn pin is not recorded:
     only the major that every variant of the release is built on is claimed."""
-    res = resolve(_recipe(tmp_path, cuda="12.4", torch="2.4.1"))
+    res = resolve(_recipe(tmp_path, cuda="12.4", torch="2.4.1"), today=TODAY)
     assert (res.torch_label, res.cudnn) == ("2.4.1+cu124", "9")
     assert "every CUDA variant of 2.4.1 on cuDNN 9" in (res.cudnn_origin or "")
 
 
 def test_nvidia_base_without_cudnn_gets_torchs(tmp_path):
     """source: nvidia on a runtime tag with no cuDNN: torch's wheel is the image's only cuDNN."""
-    res = resolve(_recipe(tmp_path, cuda="12.1", source="nvidia", flavor="runtime", torch="2.4.1"))
+    res = resolve(_recipe(tmp_path, cuda="12.1", source="nvidia", flavor="runtime", torch="2.4.1"), today=TODAY)
     assert res.base_image == "nvidia/cuda:12.1.1-runtime-ubuntu22.04"
     assert res.cudnn == "9.1.0.70" and res.cudnn_origin.startswith("torch 2.4.1+cu121")
 
@@ -75,12 +74,13 @@ def test_a_cudnn_torch_does_not_load_is_refused_on_every_source(tmp_path):
     """cuda.cudnn "8" on an nvidia/cuda cudnn8 image with torch 2.4.1, which loads its own cuDNN 9: the
     label would name a cuDNN the framework never loads (before, only source: wheels refused it)."""
     with pytest.raises(CompatibilityError) as info:
-        resolve(_recipe(tmp_path, cuda="12.1", source="nvidia", flavor="runtime", torch="2.4.1", cudnn="8"))
+        resolve(_recipe(tmp_path, cuda="12.1", source="nvidia", flavor="runtime", torch="2.4.1", cudnn="8"),
+                today=TODAY)
     err = info.value
     assert (err.key, err.component, err.version) == ("cuda.cudnn", "cudnn", "8")
     assert "torch 2.4.1+cu121" in err.message and "brings cuDNN 9.1.0.70" in err.message
     assert err.hint.startswith('use cudnn: "9"')
-    fixed = resolve(_recipe(tmp_path, cuda="12.1", source="nvidia", flavor="runtime", torch="2.4.1"))
+    fixed = resolve(_recipe(tmp_path, cuda="12.1", source="nvidia", flavor="runtime", torch="2.4.1"), today=TODAY)
     assert fixed.cudnn == "9.1.0.70"
 
 
@@ -90,43 +90,44 @@ def test_a_shared_base_that_carries_cudnn_gives_the_label(tmp_path):
     facts = BaseFacts(ref, "sha256:" + "a" * 64, labels={K.CUDA_VERSION: "12.4.1", K.CUDA_FLAVOR: "runtime",
                                                         K.CUDNN_VERSION: "9", K.CUDA_SOURCE: "nvidia",
                                                         K.PYTHON_VERSION: "3.11"})
-    res = resolve(_recipe(tmp_path, cuda="12.4", flavor="runtime", base=f"{{image: {ref}}}"), base=facts)
+    res = resolve(_recipe(tmp_path, cuda="12.4", flavor="runtime", base=f"{{image: {ref}}}"), base=facts, today=TODAY)
     assert res.cudnn == "9" and res.cudnn_origin == f"the base {ref} (its cudnn label)"
 
 
 def test_an_nvidia_cudnn_tag_named_as_base_gives_the_label(tmp_path):
     image = "nvidia/cuda:12.4.1-cudnn-runtime-ubuntu22.04"
-    res = resolve(_recipe(tmp_path, cuda="12.4", source="nvidia", flavor="runtime", base=f"{{image: {image}}}"))
+    res = resolve(_recipe(tmp_path, cuda="12.4", source="nvidia", flavor="runtime", base=f"{{image: {image}}}"),
+                  today=TODAY)
     assert res.cudnn == "9" and "its tag 12.4.1-cudnn-runtime-ubuntu22.04" in res.cudnn_origin
 
 
 def test_a_pinned_cudnn_wheel_gives_the_label(tmp_path):
-    res = resolve(_recipe(tmp_path, cuda="12.4", pip=("nvidia-cudnn-cu12==9.1.0.70",)))
+    res = resolve(_recipe(tmp_path, cuda="12.4", pip=("nvidia-cudnn-cu12==9.1.0.70",)), today=TODAY)
     assert (res.cudnn, res.cudnn_origin) == ("9.1.0.70", "pip[0] (nvidia-cudnn-cu12==9.1.0.70)")
 
 
 def test_a_pinned_cudnn_beside_torchs_own_is_refused(tmp_path):
     """torch 2.4.1 requires nvidia-cudnn-cu12==9.1.0.70 exactly: pip cannot install another beside it."""
     with pytest.raises(CompatibilityError) as info:
-        resolve(_recipe(tmp_path, torch="2.4.1", pip=("six==1.16.0", "nvidia-cudnn-cu12==9.3.0.75")))
+        resolve(_recipe(tmp_path, torch="2.4.1", pip=("six==1.16.0", "nvidia-cudnn-cu12==9.3.0.75")), today=TODAY)
     err = info.value
     assert err.key == "pip[1]" and "pip cannot install both" in err.message
     assert err.hint == "drop pip[1] (torch brings cuDNN 9.1.0.70)"
-    same = resolve(_recipe(tmp_path, torch="2.4.1", pip=("nvidia-cudnn-cu12==9.1.0.70",)))
+    same = resolve(_recipe(tmp_path, torch="2.4.1", pip=("nvidia-cudnn-cu12==9.1.0.70",)), today=TODAY)
     assert same.cudnn == "9.1.0.70"
 
 
 def test_a_cudnn_pin_of_another_major_than_cuda_cudnn_is_refused(tmp_path):
     with pytest.raises(CompatibilityError) as info:
-        resolve(_recipe(tmp_path, cuda="12.1", cudnn="9", pip=("nvidia-cudnn-cu12==8.9.2.26",)))
+        resolve(_recipe(tmp_path, cuda="12.1", cudnn="9", pip=("nvidia-cudnn-cu12==8.9.2.26",)), today=TODAY)
     assert info.value.key == "cuda.cudnn" and "pip[0] (nvidia-cudnn-cu12==8.9.2.26) brings cuDNN 8.9.2.26" in \
         info.value.message
 
 
 def test_no_torch_no_cudnn_no_label(tmp_path):
-    res = resolve(_recipe(tmp_path, cuda="12.4"))
+    res = resolve(_recipe(tmp_path, cuda="12.4"), today=TODAY)
     assert res.cudnn is None and res.cudnn_origin is None
-    assert K.CUDNN_VERSION not in make_plan(_recipe(tmp_path, cuda="12.4")).labels
+    assert K.CUDNN_VERSION not in plan_of(_recipe(tmp_path, cuda="12.4")).labels
 
 
 def test_plan_says_where_the_cudnn_comes_from(tmp_path):
@@ -161,7 +162,7 @@ def test_no_label_the_plan_stamps_or_omits_fails_the_default_checks(tmp_path, so
                                                      [(), *((p,) for p in _CUDNN_PINS)]):
         recipe = _recipe(tmp_path, cuda=cuda, source=source, flavor=flavor, torch=torch, cudnn=cudnn, pip=pip)
         try:
-            plan = make_plan(recipe)
+            plan = plan_of(recipe)
         except CompatibilityError:
             continue  # refused before building: nothing is stamped, nothing can fail later
         planned += 1
@@ -175,7 +176,7 @@ def test_no_label_the_plan_stamps_or_omits_fails_the_default_checks(tmp_path, so
 def test_the_model_catches_a_plan_that_leaves_the_cudnn_label_out(tmp_path):
     """The property above can fail: the labels of inference-slim's plan without the cudnn label (what
     the plan stamped before issue 28) fail the checks on the modelled image."""
-    plan = make_plan(_recipe(tmp_path, cuda="12.1", torch="2.4.1"))
+    plan = plan_of(_recipe(tmp_path, cuda="12.1", torch="2.4.1"))
     labels = {k: v for k, v in plan.labels.items() if k != K.CUDNN_VERSION}
     results = {r.name: r for r in label_checks(labels, model_image(plan))}
     assert results[f"label {K.CUDNN_VERSION}"].status == FAILED
@@ -189,11 +190,11 @@ def test_a_large_torch_wheel_gets_the_cuda_runtime_installed(tmp_path):
     PR #114620 made cu118 small only in 2.2.0): with source: wheels the plan used to install no CUDA
     runtime at all, so a bitsandbytes beside it found no libcudart and every CUDA label was false (issue 29,
     found by the grid above). The runtime wheel is installed now, and the cuDNN label is torch's own."""
-    res = resolve(_recipe(tmp_path, cuda="11.8", torch="2.1.2"))
+    res = resolve(_recipe(tmp_path, cuda="11.8", torch="2.1.2"), today=TODAY)
     assert res.torch_label == "2.1.2+cu118" and res.torch_index_url
     assert any(p.startswith("nvidia-cuda-runtime-cu11==11.8.") for p in res.cuda_wheels), res.cuda_wheels
     assert res.cudnn == "8" and res.cudnn_origin == "torch 2.1.2+cu118 (a large wheel: cuDNN 8 inside torch/lib)"
-    small = resolve(_recipe(tmp_path, cuda="11.8", torch="2.4.1"))  # a small wheel: torch brings its CUDA
+    small = resolve(_recipe(tmp_path, cuda="11.8", torch="2.4.1"), today=TODAY)  # a small wheel: torch brings its CUDA
     assert not any(p.startswith("nvidia-cuda-runtime") for p in small.cuda_wheels), small.cuda_wheels
 
 
@@ -202,7 +203,7 @@ def test_a_cudnn_clash_comes_in_the_same_run_as_the_other_pin_problems(tmp_path)
     recipe = _recipe(tmp_path, cuda="12.1", torch="2.1.2", cudnn="9",
                      pip=('"flash-attn==2.8.3"', '"bitsandbytes==0.48.2"'))
     with pytest.raises(CompatibilityErrors) as info:
-        resolve(recipe)
+        resolve(recipe, today=TODAY)
     keys = [e.key for e in info.value.errors]
     assert keys == ["pip[0]", "pip[1]", "cuda.cudnn"], [e.message for e in info.value.errors]
 
@@ -240,7 +241,7 @@ _HINT_PINS = ["nvidia-cudnn-cu12==9.1.0.70", "nvidia-cudnn-cu12==8.9.2.26", "nvi
 
 def _problems(tmp_path, case: dict) -> list[CompatibilityError]:
     try:
-        resolve(_recipe(tmp_path, **case))
+        resolve(_recipe(tmp_path, **case), today=TODAY)
     except CompatibilityErrors as exc:
         return exc.errors
     except CompatibilityError as exc:
@@ -282,7 +283,7 @@ def test_every_refusal_on_a_row_known_only_in_part_says_partial(tmp_path):
     for name, version in cases:
         recipe = _recipe(tmp_path, cuda="12.4", torch="2.4.1", pip=(f'"{name}=={version}"',))
         with pytest.raises(CompatibilityError) as info:
-            resolve(recipe)
+            resolve(recipe, today=TODAY)
         errors = info.value.errors if isinstance(info.value, Several) else [info.value]
         mine = [e for e in errors if e.key == "pip[0]"]
         assert mine and all(e.partial for e in mine), (name, version, [e.message for e in mine])

@@ -7,7 +7,7 @@ import json
 import subprocess
 
 import pytest
-from helpers import write_recipe
+from helpers import TODAY, write_recipe
 from packaging.version import Version
 from pyindex import LocalIndex
 
@@ -443,8 +443,9 @@ def test_the_resolver_reads_no_home_folder(ix, tmp_path, monkeypatch):
     monkeypatch.setenv("HOME", str(tmp_path / "no-such-home"))  # nothing to read, nowhere to write
     recipe = load_recipe(recipe_path)
     with pytest.raises(CompatibilityError, match="newer than imgbuild's data"):
-        resolve(recipe)  # without the facts: unknown, whatever a cache holds
-    first, second = resolve(recipe, looked_up=LookedUp(torch=rows)), resolve(recipe, looked_up=LookedUp(torch=rows))
+        resolve(recipe, today=TODAY)  # without the facts: unknown, whatever a cache holds
+    first = resolve(recipe, looked_up=LookedUp(torch=rows), today=TODAY)
+    second = resolve(recipe, looked_up=LookedUp(torch=rows), today=TODAY)
     assert first == second and first.torch_label == "2.16.0+cu135"
     assert not (tmp_path / "no-such-home").exists()
 

@@ -14,7 +14,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from helpers import REPO, RUN_LABEL, RUN_MARK, unique
+from helpers import REPO, RUN_LABEL, RUN_MARK, plan_of, unique
 
 from buildkit_py.analysis import inspect as I
 from buildkit_py.analysis import layer_paths as P
@@ -22,7 +22,6 @@ from buildkit_py.analysis import saved_image as S
 from buildkit_py.cli.common import Out
 from buildkit_py.errors import ImageMissing, InspectError, SizeBudgetExceeded
 from buildkit_py.plan import history as H
-from buildkit_py.plan.build_plan import make_plan
 from buildkit_py.recipe.model import load_recipe
 from buildkit_py.text_table import TextTable
 
@@ -149,7 +148,7 @@ def test_the_mount_stubs_copy_is_not_the_recipes_copy_0():
                    ("mount-stubs", "python"), ("cuda", "cuda"), ("ldconfig", "cuda"), ("copy-0", "app"),
                    ("meta", "meta")]
     # With the plan's own table (what a build's size breakdown passes): the same steps and groups.
-    plan = make_plan(load_recipe(REPO / "recipes" / "demo.yaml"))
+    plan = plan_of(load_recipe(REPO / "recipes" / "demo.yaml"))
     table = {st.id: st.group for st in plan.final.steps}
     assert [(a.step, a.group) for a in H.attribute_layers(history, 9, table)] == got
     assert table["copy-0"] == "app" and table["mount-stubs"] == "python"

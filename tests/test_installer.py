@@ -4,11 +4,10 @@ lock's steps, and the translation of a pip.conf into what uv reads."""
 import subprocess
 
 import pytest
-from helpers import REPO, write_recipe
+from helpers import REPO, plan_of, write_recipe
 
 from buildkit_py.errors import PipConfigError, RecipeError, UsageError
 from buildkit_py.plan import lock
-from buildkit_py.plan.build_plan import make_plan
 from buildkit_py.plan.installer import (
     PIP_INSTALLER,
     UV_INSTALLER,
@@ -73,7 +72,7 @@ def test_an_unset_installer_leaves_the_recipe_digest_as_it_was(tmp_path):
 
 
 def test_uv_installs_every_install_step_and_pip_builds_from_source(tmp_path):
-    plan = make_plan(load_recipe(write_recipe(tmp_path, KERNELS)))
+    plan = plan_of(load_recipe(write_recipe(tmp_path, KERNELS)))
     steps = install_steps(plan)
     assert {type(s) for s in steps} == {PipStep, LocalWheelsStep}
     assert all(s.installer == UV_INSTALLER for s in steps)
@@ -84,17 +83,17 @@ def test_uv_installs_every_install_step_and_pip_builds_from_source(tmp_path):
 def test_uv_by_default_and_pip_by_name_each_in_a_label(tmp_path):
     assert installer_for(None) == UV_INSTALLER and installer_for("uv") == UV_INSTALLER
     assert installer_for("pip") == PIP_INSTALLER
-    default = make_plan(recipe(tmp_path / "a"))
+    default = plan_of(recipe(tmp_path / "a"))
     assert all(s.installer == UV_INSTALLER for s in install_steps(default))
     assert default.labels["io.imgbuild.installer"] == f"uv {UV_VERSION}"
-    plan = make_plan(recipe(tmp_path / "b", "build: {installer: pip}"))
+    plan = plan_of(recipe(tmp_path / "b", "build: {installer: pip}"))
     assert all(s.installer == PIP_INSTALLER for s in install_steps(plan))
     assert plan.labels["io.imgbuild.installer"] == "pip"
     assert "uv" not in render_dockerfile(plan).replace("io.imgbuild.installer", "")
 
 
 def test_uv_mount_points_are_stubbed_before_the_reproducible_layers(tmp_path):
-    plan = make_plan(recipe(tmp_path, "build: {installer: uv}"))
+    plan = plan_of(recipe(tmp_path, "build: {installer: uv}"))
     [stubs] = [s for s in plan.final.steps if isinstance(s, MountStubsStep)]
     assert stubs.dirs == ("/root/.cache/uv", "/run/imgbuild-uv", "/run/secrets")
     assert stubs.files == ("/run/secrets/cacert", "/run/secrets/pipconf", "/run/secrets/uvenv")
@@ -107,7 +106,7 @@ def test_uv_is_pinned_by_version_and_the_sha256_of_its_linux_wheels():
 
 
 def test_a_locked_step_keeps_the_installer_and_its_hashes(tmp_path):
-    plan = make_plan(recipe(tmp_path, "build: {installer: uv}"))
+    plan = plan_of(recipe(tmp_path, "build: {installer: uv}"))
     packages = (LockedPackage("six", "1.16.0", "ab" * 32, "pins"),
                 LockedPackage("nvidia-cuda-runtime-cu12", "12.4.127", "cd" * 32, "cuda"))
     locked = lock.apply_lock(plan, VariantLock({}, lock.lock_inputs(plan), {"final": packages}))
@@ -197,8 +196,8 @@ def test_the_env_file_is_sourced_by_sh_with_every_value_intact(tmp_path):
 def test_the_secret_is_made_only_for_a_uv_build_with_a_pip_conf(tmp_path):
     conf = tmp_path / "pip.conf"
     conf.write_text("[global]\nindex-url = https://mirror.example/simple\n")
-    uv_plan = make_plan(recipe(tmp_path / "a", "build: {installer: uv}"))
-    pip_plan = make_plan(recipe(tmp_path / "b", "build: {installer: pip}"))
+    uv_plan = plan_of(recipe(tmp_path / "a", "build: {installer: uv}"))
+    pip_plan = plan_of(recipe(tmp_path / "b", "build: {installer: pip}"))
     assert uv_env_for(uv_plan, conf, ca_cert=False) == "export UV_INDEX_URL=https://mirror.example/simple\n"
     assert uv_env_for(uv_plan, None, ca_cert=False) is None
     assert uv_env_for(pip_plan, conf, ca_cert=False) is None  # pip reads the pip.conf itself

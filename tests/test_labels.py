@@ -4,12 +4,11 @@ import os
 import subprocess
 
 import pytest
-from helpers import write_recipe
+from helpers import plan_of, write_recipe
 
 from buildkit_py import label_keys as K
 from buildkit_py.errors import UsageError
 from buildkit_py.plan import labels as L
-from buildkit_py.plan.build_plan import make_plan
 from buildkit_py.recipe.model import load_recipe
 
 RECIPE = """\
@@ -62,10 +61,10 @@ def test_no_module_but_label_keys_spells_a_label_name():
 
 
 def test_no_version_labels_latest_like_the_tag(tmp_path):
-    plan = make_plan(load_recipe(write_recipe(tmp_path, RECIPE)))
+    plan = plan_of(load_recipe(write_recipe(tmp_path, RECIPE)))
     assert list(plan.tags) == ["team/x:latest"]
     assert plan.labels[K.OCI_VERSION] == "latest"
-    plan = make_plan(load_recipe(write_recipe(tmp_path, RECIPE + "version: '2.1'\n")))
+    plan = plan_of(load_recipe(write_recipe(tmp_path, RECIPE + "version: '2.1'\n")))
     assert plan.labels[K.OCI_VERSION] == "2.1"
 
 
@@ -74,7 +73,7 @@ def test_no_version_labels_latest_like_the_tag(tmp_path):
 def test_driver_min_label_only_where_nvidia_publishes_a_floor(tmp_path, cuda, driver_min):
     """CUDA 13.3-13.5 have no Table 3 row: their native floor is unknown, so no driver.min label is
     stamped; the minor-version floor (a fact) is, and plan says the same (issue 21: 2)."""
-    plan = make_plan(load_recipe(write_recipe(tmp_path, RECIPE.replace('"12.4"', f'"{cuda}"'))))
+    plan = plan_of(load_recipe(write_recipe(tmp_path, RECIPE.replace('"12.4"', f'"{cuda}"'))))
     assert plan.labels.get(K.DRIVER_MIN) == driver_min
     assert plan.labels[K.DRIVER_MIN_COMPAT] == ("525.60.13" if cuda.startswith("12") else "580")
     assert plan.resolution.min_driver == driver_min

@@ -8,6 +8,7 @@ import random
 import re
 import subprocess
 
+import helpers
 import pytest
 import yaml
 from helpers import REPO, run_cli, write_recipe
@@ -17,7 +18,6 @@ from buildkit_py.errors import ExitStatus, LockDrift, LockError, LockFileError, 
 from buildkit_py.label_keys import OCI_BASE_DIGEST
 from buildkit_py.pipeline import locks
 from buildkit_py.plan import lock
-from buildkit_py.plan.build_plan import make_plan
 from buildkit_py.plan.lock_model import LockedBase
 from buildkit_py.plan.steps import LockedPrefixPipStep, MetaStep, PipStep
 from buildkit_py.recipe.model import load_recipe
@@ -66,7 +66,7 @@ def recipe(tmp_path):
 
 
 def plan_of(path):
-    return make_plan(load_recipe(path))
+    return helpers.plan_of(load_recipe(path))
 
 
 def locked_text(path, resolver=None, base_pinner=pinner):

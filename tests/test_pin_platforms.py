@@ -4,7 +4,7 @@ it was planned and then failed in the emulated arm64 build. The look-up reads ea
 list once (PEP 691), at plan time; the rule refuses with the nearest release that has an aarch64 wheel."""
 
 import pytest
-from helpers import write_recipe
+from helpers import TODAY, write_recipe
 from pyindex import LocalIndex
 
 from buildkit_py.compat import index
@@ -28,13 +28,14 @@ def _recipe(tmp_path, pins, platforms="[linux/amd64, linux/arm64]"):
 
 def test_a_pin_with_no_arm64_wheel_and_no_sdist_is_refused_with_the_nearest_that_has_one(tmp_path):
     with pytest.raises(CompatibilityError) as info:
-        resolve(_recipe(tmp_path, ['"six==1.16.0"', '"triton==2.3.1"']), looked_up=LookedUp(pin_files=(TRITON,)))
+        resolve(_recipe(tmp_path, ['"six==1.16.0"', '"triton==2.3.1"']), looked_up=LookedUp(pin_files=(TRITON,)),
+                today=TODAY)
     err = info.value
     assert (err.key, err.other, err.other_version) == ("pip[1]", "platform", "linux/arm64")
     assert "Linux wheels of triton 2.3.1 for x86_64 only and no sdist to build for aarch64" in err.reason
     assert err.hint == "use triton==3.5.0 (the nearest release with a Linux aarch64 wheel)"
     fixed = _recipe(tmp_path, ['"six==1.16.0"', '"triton==3.5.0"'])  # the hint, applied
-    assert resolve(fixed, looked_up=LookedUp(pin_files=(TRITON,))).cuda_version == "12.4.1"
+    assert resolve(fixed, looked_up=LookedUp(pin_files=(TRITON,)), today=TODAY).cuda_version == "12.4.1"
 
 
 @pytest.mark.parametrize(("releases", "ok"), [
@@ -46,15 +47,16 @@ def test_a_pure_wheel_or_an_sdist_is_enough(tmp_path, releases, ok):
     recipe = _recipe(tmp_path, ['"somepkg==1.0"'])
     facts = LookedUp(pin_files=(PinFiles("somepkg", releases, "test index"),))
     if ok:
-        resolve(recipe, looked_up=facts)
+        resolve(recipe, looked_up=facts, today=TODAY)
     else:
         with pytest.raises(CompatibilityError):
-            resolve(recipe, looked_up=facts)
+            resolve(recipe, looked_up=facts, today=TODAY)
 
 
 def test_one_platform_or_an_unread_pin_is_not_judged(tmp_path):
-    resolve(_recipe(tmp_path, ['"triton==2.3.1"'], platforms="[linux/amd64]"), looked_up=LookedUp(pin_files=(TRITON,)))
-    resolve(_recipe(tmp_path, ['"triton==2.3.1"']))  # not read (--offline): the look-up warned instead
+    resolve(_recipe(tmp_path, ['"triton==2.3.1"'], platforms="[linux/amd64]"), looked_up=LookedUp(pin_files=(TRITON,)),
+            today=TODAY)
+    resolve(_recipe(tmp_path, ['"triton==2.3.1"']), today=TODAY)  # not read (--offline): the look-up warned instead
 
 
 def test_the_look_up_reads_each_projects_files_from_the_index(tmp_path):
@@ -94,9 +96,9 @@ def test_a_pin_the_content_model_records_is_judged_offline(tmp_path):
     assert [f.name for f in facts.pin_files] == ["triton"]
     assert "wheel_contents.json" in facts.pin_files[0].source
     with pytest.raises(CompatibilityError) as info:
-        resolve(recipe, looked_up=facts)
+        resolve(recipe, looked_up=facts, today=TODAY)
     assert (info.value.key, info.value.other_version) == ("pip[0]", "linux/arm64")
     assert "for x86_64 only and no sdist" in info.value.reason
     nearest = info.value.hint.split("==")[1].split()[0]
     assert facts.pin_files[0].of(nearest)[0] >= {"aarch64"}
-    resolve(_recipe(tmp_path, [f'"triton=={nearest}"']), looked_up=facts)  # the hint, applied
+    resolve(_recipe(tmp_path, [f'"triton=={nearest}"']), looked_up=facts, today=TODAY)  # the hint, applied

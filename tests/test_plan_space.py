@@ -31,7 +31,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from helpers import MODELLED_LABELS, model_image, run_cli
+from helpers import MODELLED_LABELS, TODAY, model_image, run_cli
 from packaging.version import Version
 
 from buildkit_py import compat
@@ -184,7 +184,7 @@ def _plan(case: dict[str, str | None], memo: dict[str, Outcome]) -> Outcome:
         return memo[text]
     recipe = parse_recipe(text, _PATH)
     try:
-        plan = make_plan(recipe, resolution=resolve(recipe, looked_up=LookedUp(offline=True)))
+        plan = make_plan(recipe, resolution=resolve(recipe, looked_up=LookedUp(offline=True), today=TODAY))
         out = Outcome(plan, ())
     except CompatibilityErrors as exc:
         out = Outcome(None, tuple(exc.errors))

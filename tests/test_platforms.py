@@ -6,7 +6,7 @@ that fits), and which engine can build what. The builds themselves are in test_e
 import json
 
 import pytest
-from helpers import run_cli, write_recipe
+from helpers import TODAY, run_cli, write_recipe
 
 from buildkit_py.compat import platforms, tables
 from buildkit_py.compat.bases import BaseFacts
@@ -82,27 +82,28 @@ def test_platform_data_is_sourced_and_covers_every_cuda_wheel_imgbuild_pins():
 
 def test_cuda_wheel_missing_for_arm64_is_refused_with_the_newest_that_fits(tmp_path):
     with pytest.raises(CompatibilityError) as info:
-        resolve(recipe(tmp_path, cuda="12.1"))
+        resolve(recipe(tmp_path, cuda="12.1"), today=TODAY)
     err = info.value
     assert (err.key, err.line, err.other, err.other_version) == ("cuda.version", 3, "platform", "linux/arm64")
     assert "nvidia-cuda-runtime-cu12==12.1.105 has no Linux aarch64 build" in err.message
     assert 'cuda.version "12.9"' in err.hint
     # the same recipe for linux/amd64 alone resolves
-    assert resolve(recipe(tmp_path / "amd", cuda="12.1", plats="")).cuda_version.startswith("12.1")
+    assert resolve(recipe(tmp_path / "amd", cuda="12.1", plats=""), today=TODAY).cuda_version.startswith("12.1")
 
 
 def test_runtime_tier_without_arm64_opencl_points_at_the_base_flavor(tmp_path):
     with pytest.raises(CompatibilityError) as info:
-        resolve(recipe(tmp_path, flavor="runtime"))
+        resolve(recipe(tmp_path, flavor="runtime"), today=TODAY)
     assert info.value.key == "cuda.flavor" and "nvidia-cuda-opencl-cu12==12.4.127" in info.value.message
     assert "cuda.flavor: base" in info.value.hint
-    assert resolve(recipe(tmp_path / "base", flavor="base")).cuda_wheels == ("nvidia-cuda-runtime-cu12==12.4.127",)
+    assert resolve(recipe(tmp_path / "base", flavor="base"),
+                   today=TODAY).cuda_wheels == ("nvidia-cuda-runtime-cu12==12.4.127",)
 
 
 def test_every_pin_missing_for_arm64_is_refused_in_one_pass(tmp_path):
     r = recipe(tmp_path, extra='torch: "2.4.1"\npip: ["bitsandbytes==0.45.0", "flash-attn==2.6.3"]\n')
     with pytest.raises(CompatibilityError) as info:
-        resolve(r)
+        resolve(r, today=TODAY)
     found = {e.key: e for e in refusals(info.value)}
     assert set(found) == {"torch", "pip[0]", "pip[1]"}
     # torch 2.4.1's aarch64 wheel on the index is a CPU build; PyTorch's own index is not read: unknown
@@ -114,7 +115,7 @@ def test_every_pin_missing_for_arm64_is_refused_in_one_pass(tmp_path):
 
 
 def test_torch_with_an_arm64_cuda_build_resolves(tmp_path):
-    res = resolve(recipe(tmp_path, cuda="13.0", extra='torch: "2.14.1"\n'))
+    res = resolve(recipe(tmp_path, cuda="13.0", extra='torch: "2.14.1"\n'), today=TODAY)
     assert res.torch == "2.14.1"
 
 
@@ -122,10 +123,10 @@ def test_base_index_without_the_platform_is_refused(tmp_path):
     r = recipe(tmp_path)
     amd64_only = BaseFacts("127.0.0.1:5000/x/debian:12", "sha256:" + "a" * 64, platforms=("linux/amd64",))
     with pytest.raises(CompatibilityError) as info:
-        resolve(r, base=amd64_only)
+        resolve(r, base=amd64_only, today=TODAY)
     assert info.value.key == "base.image" and "no linux/arm64 manifest (it has linux/amd64)" in info.value.message
     both = BaseFacts("127.0.0.1:5000/x/debian:12", "sha256:" + "a" * 64, platforms=("linux/amd64", "linux/arm64/v8"))
-    assert resolve(r, base=both).cuda_wheels
+    assert resolve(r, base=both, today=TODAY).cuda_wheels
 
 
 def test_cli_platform_overrides_the_recipe_and_is_checked_before_any_engine(tmp_path):
@@ -177,7 +178,7 @@ def test_nvidia_tags_on_arm64_are_unknown_unless_the_base_index_is_read(tmp_path
             + BOTH)
     r = parse_recipe(text, write_recipe(tmp_path, text))
     with pytest.raises(CompatibilityError) as info:
-        resolve(r)
+        resolve(r, today=TODAY)
     assert info.value.key == "cuda.source" and info.value.partial and "(sbsa)" in info.value.message
 
 

@@ -7,9 +7,8 @@ import sys
 
 import dockerfile
 import pytest
-from helpers import REPO, write_recipe
+from helpers import REPO, plan_of, write_recipe
 
-from buildkit_py.plan.build_plan import make_plan
 from buildkit_py.recipe.model import load_recipe
 from buildkit_py.render.dockerfile import (
     dockerfile_string,
@@ -24,7 +23,7 @@ UPDATE = os.environ.get("UPDATE_GOLDEN") == "1"
 
 
 def rendered(path) -> str:
-    return render_dockerfile(make_plan(load_recipe(path)))
+    return render_dockerfile(plan_of(load_recipe(path)))
 
 
 @pytest.mark.parametrize("recipe", RECIPES, ids=lambda p: p.stem)
@@ -39,13 +38,14 @@ def test_golden(recipe):
 
 # Renders every recipe (Dockerfile and plan JSON, keys in the order written) in a fresh interpreter.
 _RENDER_ALL = """
-import json, sys
-from buildkit_py.plan.build_plan import make_plan, plan_json
+import datetime, json, sys
+from buildkit_py.pipeline import plan_from_data
+from buildkit_py.plan.build_plan import plan_json
 from buildkit_py.recipe.model import load_recipe
 from buildkit_py.render.dockerfile import render_dockerfile
 out = {}
 for path in sys.argv[1:]:
-    plan = make_plan(load_recipe(path))
+    plan = plan_from_data(load_recipe(path), today=datetime.date(2026, 12, 5))
     out[path] = json.dumps(plan_json(plan, render_dockerfile(plan)))
 print(json.dumps(out))
 """
@@ -81,7 +81,7 @@ def test_hadolint_no_errors(recipe, tmp_path, hadolint):
 @pytest.mark.parametrize("recipe", RECIPES, ids=lambda p: p.stem)
 def test_buildkit_parser_reads_the_plan(recipe):
     """BuildKit's own parser sees exactly the instructions the plan intends."""
-    plan = make_plan(load_recipe(recipe))
+    plan = plan_of(load_recipe(recipe))
     commands = dockerfile.parse_string(render_dockerfile(plan))
     froms = [c for c in commands if c.cmd == "FROM"]
     assert [c.value[-1] for c in froms] == [s.name for s in plan.stages]
@@ -115,7 +115,7 @@ pip: [requests==2.32.3, bitsandbytes==0.44.1]
 apt: [git]
 copy: [{src: app/, dest: /app}]
 """)
-    plan = make_plan(load_recipe(path))
+    plan = plan_of(load_recipe(path))
     ids = [s.id for s in plan.final.steps]
     assert ids == ["os", "python", "mount-stubs", "cuda", "cuda-libs", "cuda-cublas", "cuda-cudnn", "cuda-cufft",
                    "cuda-cusolver", "cuda-cusparse", "cuda-nccl", "cuda-path", "torch-triton", "torch",
@@ -155,7 +155,7 @@ env: {A: '$(touch /pwned) && echo "x" \\', B: "${PATH}"}
 labels: {evil: '" RUN touch /pwned'}
 entrypoint: ["sh", "-c", "echo \\"$HOME\\"; ]"]
 """)
-    plan = make_plan(load_recipe(path))
+    plan = plan_of(load_recipe(path))
     commands = dockerfile.parse_string(render_dockerfile(plan))
     assert [c.cmd for c in commands].count("RUN") == len([s for s in plan.final.steps if s.is_run])
     env = [c for c in commands if c.cmd == "ENV" and "A" in c.value][0]

@@ -4,7 +4,7 @@ import dataclasses
 import re
 
 import pytest
-from helpers import write_recipe
+from helpers import TODAY, plan_of, write_recipe
 from packaging.specifiers import SpecifierSet
 
 from buildkit_py import compat
@@ -33,7 +33,7 @@ def recipe(tmp_path, cuda="12.4", source="wheels", python="3.11", base="base: {i
 
 def clash(tmp_path, **kw) -> CompatibilityError:
     with pytest.raises(CompatibilityError) as info:
-        resolve(recipe(tmp_path, **kw))
+        resolve(recipe(tmp_path, **kw), today=TODAY)
     return info.value
 
 
@@ -44,7 +44,7 @@ def clash_all(tmp_path, **kw) -> list[CompatibilityError]:
 
 
 def test_partial_cuda_resolves_to_newest_patch(tmp_path):
-    res = resolve(recipe(tmp_path, cuda="12.4"))
+    res = resolve(recipe(tmp_path, cuda="12.4"), today=TODAY)
     assert res.cuda_version == "12.4.1"
     assert res.min_driver == "550.54.15"
     assert res.min_driver_compat == "525.60.13"
@@ -60,13 +60,13 @@ def test_torch_without_cuda_variant_is_refused_with_hint(tmp_path):
 
 
 def test_torch_variant_and_index(tmp_path):
-    res = resolve(recipe(tmp_path, extra='torch: "2.4.1"'))
+    res = resolve(recipe(tmp_path, extra='torch: "2.4.1"'), today=TODAY)
     assert res.torch_variant == "cu124" and res.torch_label == "2.4.1+cu124"
     assert res.torch_index_url == "https://download.pytorch.org/whl/cu124"
 
 
 def test_torch_from_python_registry_when_its_variant_matches(tmp_path):
-    res = resolve(recipe(tmp_path, cuda="12.1", extra='torch: "2.4.1"'))
+    res = resolve(recipe(tmp_path, cuda="12.1", extra='torch: "2.4.1"'), today=TODAY)
     assert res.torch_variant == "cu121" and res.torch_index_url is None
 
 
@@ -82,31 +82,32 @@ def test_os_python_mismatch(tmp_path):
 
 
 def test_ubuntu_python_via_deadsnakes(tmp_path):
-    res = resolve(recipe(tmp_path, base="base: {image: 'ubuntu:22.04'}", python="3.11"))
+    res = resolve(recipe(tmp_path, base="base: {image: 'ubuntu:22.04'}", python="3.11"), today=TODAY)
     assert res.python_provider == "deadsnakes"
 
 
 def test_nvidia_source_image_tag(tmp_path):
     res = resolve(recipe(tmp_path, cuda="12.4.1", source="nvidia", python="3.10",
-                         base="base: {os: ubuntu22.04}", extra=""))
+                         base="base: {os: ubuntu22.04}", extra=""), today=TODAY)
     assert res.base_image == "nvidia/cuda:12.4.1-runtime-ubuntu22.04"
 
 
 def test_mirror_prefixes_base(tmp_path):
-    res = resolve(recipe(tmp_path, base="base: {image: 'debian:bookworm-slim', mirror: '127.0.0.1:5000/mirror'}"))
+    res = resolve(recipe(tmp_path, base="base: {image: 'debian:bookworm-slim', mirror: '127.0.0.1:5000/mirror'}"),
+                  today=TODAY)
     assert res.base_image == "127.0.0.1:5000/mirror/debian:bookworm-slim"
 
 
 def test_require_cuda_for_wheels_is_minor_version_floor(tmp_path):
-    res = resolve(recipe(tmp_path))
+    res = resolve(recipe(tmp_path), today=TODAY)
     assert res.require_cuda == "cuda>=12.0"
-    res = resolve(recipe(tmp_path / "jit", extra="runtime_compile: true"))
+    res = resolve(recipe(tmp_path / "jit", extra="runtime_compile: true"), today=TODAY)
     assert res.require_cuda == "cuda>=12.4"
 
 
 def test_torch_on_nvidia_runtime_warns_about_cuda_twice(tmp_path):
     res = resolve(recipe(tmp_path, source="nvidia", python="3.10", base="base: {os: ubuntu22.04}",
-                         extra='torch: "2.4.1"'))
+                         extra='torch: "2.4.1"'), today=TODAY)
     assert [(w.code, w.key) for w in res.warnings] == [("cuda-twice", "torch"), ("eol-image", "cuda.version")]
     assert "a second time" in res.warnings[0].message
 
@@ -114,13 +115,13 @@ def test_torch_on_nvidia_runtime_warns_about_cuda_twice(tmp_path):
 def test_devel_without_compile_warns(tmp_path):
     text = BASE.format(cuda="12.8", source="nvidia", python="3.10", base="base: {os: ubuntu22.04}", extra="")
     text = text.replace("source: nvidia", "source: nvidia\n  flavor: devel")
-    res = resolve(load_recipe(write_recipe(tmp_path, text)))
+    res = resolve(load_recipe(write_recipe(tmp_path, text)), today=TODAY)
     assert [(w.code, w.key) for w in res.warnings] == [("devel-without-compile", "cuda.flavor")]
 
 
 def test_end_of_life_nvidia_image_warns_with_its_dates(tmp_path):
     """12.4.1's images reached end of life on 2026-06-01 (NVIDIA's EOL chart: R535's end of life)."""
-    res = resolve(recipe(tmp_path, source="nvidia", python="3.10", base="base: {os: ubuntu22.04}"))
+    res = resolve(recipe(tmp_path, source="nvidia", python="3.10", base="base: {os: ubuntu22.04}"), today=TODAY)
     (w,) = [w for w in res.warnings if w.code == "eol-image"]
     assert w.key == "cuda.version" and "12.4.1 images reached end of life on 2026-06-01" in w.message
     assert "from 2026-12-01" in w.message and "imgbuild mirror" in w.hint
@@ -138,7 +139,8 @@ def test_minor_without_an_image_for_the_os_is_refused_naming_what_exists(tmp_pat
 def test_minor_picks_the_newest_patch_with_the_image_for_the_os(tmp_path):
     """13.3 on ubuntu26.04 with cuDNN: 13.3.1 (13.3.0 has no cudnn tags for 26.04)."""
     text = BASE.format(cuda="13.3", source="nvidia", python="3.14", base="base: {os: ubuntu26.04}", extra="")
-    res = resolve(load_recipe(write_recipe(tmp_path, text.replace("source: nvidia", 'source: nvidia\n  cudnn: "9"'))))
+    res = resolve(load_recipe(write_recipe(tmp_path, text.replace("source: nvidia", 'source: nvidia\n  cudnn: "9"'))),
+                  today=TODAY)
     assert res.base_image == "nvidia/cuda:13.3.1-cudnn-runtime-ubuntu26.04" and res.cuda_version == "13.3.1"
 
 
@@ -148,14 +150,14 @@ def test_cudnn_image_nvidia_never_published_is_refused(tmp_path):
     text = BASE.format(cuda="12.5", source="nvidia", python="3.12", base="base: {os: ubuntu24.04}", extra="")
     r = load_recipe(write_recipe(tmp_path, text.replace("source: nvidia", 'source: nvidia\n  cudnn: "9"')))
     with pytest.raises(CompatibilityError) as info:
-        resolve(r)
+        resolve(r, today=TODAY)
     err = info.value
     assert (err.key, err.other, err.other_version) == ("cuda.cudnn", "cuda.cudnn", "9 on ubuntu24.04")
     assert "for ubuntu24.04 the newest with cuDNN 9 is 13.4.2 (12.x: 12.9.2)" in err.reason
     exact = load_recipe(write_recipe(tmp_path / "exact", text.replace('"12.5"', '"12.5.1"')
                                      .replace("source: nvidia", 'source: nvidia\n  cudnn: "9"')))
     with pytest.raises(CompatibilityError, match="publishes 12.5.1 cuDNN 9 runtime images for ubuntu20.04"):
-        resolve(exact)
+        resolve(exact, today=TODAY)
 
 
 def test_unknown_cuda(tmp_path):
@@ -171,7 +173,7 @@ def test_flash_attn_needs_torch(tmp_path):
 def test_compile_adds_devel_builder_stage(tmp_path):
     r = recipe(tmp_path, base="base: {image: 'ubuntu:22.04'}", extra='torch: "2.4.1"\npip: ["flash-attn==2.6.3"]\n'
                'build: {from_source: [flash-attn], cuda_arch: ["8.0", "9.0"], jobs: 4}')
-    plan = make_plan(r)
+    plan = plan_of(r)
     assert [s.name for s in plan.stages] == ["builder", "final"]
     assert plan.stages[0].base == "nvidia/cuda:12.4.1-devel-ubuntu22.04"
     wheel_step = [s for s in plan.stages[0].steps if s.id == "wheels"][0]
@@ -187,7 +189,8 @@ def test_arch_not_supported_by_flash_attn(tmp_path):
 
 
 def test_flash_attn_prebuilt_wheel_url(tmp_path):
-    res = resolve(recipe(tmp_path, base="base: {image: 'ubuntu:22.04'}", extra='torch: "2.4.1"\npip: ["flash-attn==2.6.3"]'))  # noqa: E501
+    res = resolve(recipe(tmp_path, base="base: {image: 'ubuntu:22.04'}", extra='torch: "2.4.1"\npip: ["flash-attn==2.6.3"]'),  # noqa: E501
+                  today=TODAY)
     assert res.compile == ()
     assert dict(res.prebuilt_urls)["flash-attn"] == (
         "https://github.com/Dao-AILab/flash-attention/releases/download/v2.6.3/"
@@ -198,7 +201,8 @@ def test_flash_attn_blackwell_takes_the_release_wheel_built_with_cuda_12_9(tmp_p
     """2.8.3's release wheels were compiled with CUDA 12.9.1, whose nvcc setup.py lets emit sm_100
     and sm_120: a Blackwell recipe takes the wheel (it was refused as 'needs a source build')."""
     res = resolve(recipe(tmp_path, cuda="12.8", base="base: {image: 'ubuntu:22.04'}",
-                         extra='torch: "2.7.1"\npip: ["flash-attn==2.8.3"]\nbuild: {cuda_arch: ["10.0", "12.0"]}'))
+                         extra='torch: "2.7.1"\npip: ["flash-attn==2.8.3"]\nbuild: {cuda_arch: ["10.0", "12.0"]}'),
+                             today=TODAY)
     assert res.compile == ()
     assert dict(res.prebuilt_urls)["flash-attn"] == (
         "https://github.com/Dao-AILab/flash-attention/releases/download/v2.8.3/"
@@ -210,10 +214,12 @@ def test_flash_attn_wheel_without_blackwell_sass_builds_from_source(tmp_path):
     wheel, 10.0 builds from source with nvcc 12.8."""
     base = "base: {image: 'ubuntu:22.04'}"
     res = resolve(recipe(tmp_path, cuda="12.6", base=base,
-                         extra='torch: "2.6.0"\npip: ["flash-attn==2.7.4.post1"]\nbuild: {cuda_arch: ["9.0"]}'))
+                         extra='torch: "2.6.0"\npip: ["flash-attn==2.7.4.post1"]\nbuild: {cuda_arch: ["9.0"]}'),
+                             today=TODAY)
     assert res.compile == () and "cu12torch2.6cxx11abiFALSE" in dict(res.prebuilt_urls)["flash-attn"]
     res = resolve(recipe(tmp_path / "bw", cuda="12.8", base=base,
-                         extra='torch: "2.7.1"\npip: ["flash-attn==2.7.4.post1"]\nbuild: {cuda_arch: ["10.0"]}'))
+                         extra='torch: "2.7.1"\npip: ["flash-attn==2.7.4.post1"]\nbuild: {cuda_arch: ["10.0"]}'),
+                             today=TODAY)
     assert res.compile == ("flash-attn",) and res.prebuilt_urls == ()
 
 
@@ -236,7 +242,7 @@ def test_flash_attn_source_build_refused_where_torch_headers_need_cxx20(tmp_path
 
 def test_flash_attn_source_build_with_torch_2_13_passes(tmp_path):
     res = resolve(recipe(tmp_path, cuda="13.2", python="3.12", base="base: {image: 'ubuntu:24.04'}",
-                         extra='torch: "2.13.0"\npip: ["flash-attn==2.8.3.post2"]'))
+                         extra='torch: "2.13.0"\npip: ["flash-attn==2.8.3.post2"]'), today=TODAY)
     assert res.compile == ("flash-attn",)
 
 
@@ -264,7 +270,7 @@ def test_flash_attn_known_from_the_index_only_is_refused(tmp_path, fa):
 
 
 def test_bitsandbytes_post_releases_are_known(tmp_path):
-    res = resolve(recipe(tmp_path, cuda="12.2", extra='pip: ["bitsandbytes==0.41.3.post2"]'))
+    res = resolve(recipe(tmp_path, cuda="12.2", extra='pip: ["bitsandbytes==0.41.3.post2"]'), today=TODAY)
     assert res.cuda_version.startswith("12.2")
     err = clash(tmp_path / "x", cuda="12.3", extra='pip: ["bitsandbytes==0.41.2.post2"]')
     assert err.other == "cuda" and "11.0, 11.1, 11.4, 11.5, 11.7, 11.8, 12.0, 12.1, 12.2" in err.message
@@ -279,7 +285,8 @@ def test_bitsandbytes_whose_loader_searches_libcudart_is_refused(tmp_path):
 def test_bitsandbytes_without_nocublaslt_library_refused_below_7_5(tmp_path):
     """0.40.1 ships libbitsandbytes_cuda118.so but no cuda118_nocublaslt.so, which its loader opens
     on GPUs below compute capability 7.5."""
-    ok = resolve(recipe(tmp_path, cuda="11.8", extra='pip: ["bitsandbytes==0.40.1"]\nbuild: {cuda_arch: ["8.0"]}'))
+    ok = resolve(recipe(tmp_path, cuda="11.8", extra='pip: ["bitsandbytes==0.40.1"]\nbuild: {cuda_arch: ["8.0"]}'),
+                 today=TODAY)
     assert ok.cuda_arch == ("8.0",)
     err = clash(tmp_path / "old", cuda="11.8", extra='pip: ["bitsandbytes==0.40.1"]\nbuild: {cuda_arch: ["7.0"]}')
     assert (err.key, err.other, err.other_version) == ("build.cuda_arch[0]", "cuda_arch", "7.0")
@@ -292,7 +299,7 @@ def test_bitsandbytes_cuda_clash(tmp_path):
 
 
 def test_cuda_12_8_floor_is_table3_not_the_runfile_driver(tmp_path):
-    res = resolve(recipe(tmp_path, cuda="12.8"))
+    res = resolve(recipe(tmp_path, cuda="12.8"), today=TODAY)
     assert res.min_driver == "570.124.06"
 
 
@@ -306,7 +313,7 @@ def test_bitsandbytes_compute_capability_floor(tmp_path):
     err = clash(tmp_path, cuda="12.4", extra='torch: "2.4.1"\npip: ["bitsandbytes==0.50.2"]\nbuild: {cuda_arch: ["5.2"]}')  # noqa: E501
     assert err.other == "cuda_arch" and "6.0" in err.message
     res = resolve(recipe(tmp_path, cuda="12.4", extra='torch: "2.4.1"\npip: ["bitsandbytes==0.50.2"]\n'
-                         'build: {cuda_arch: ["7.0"]}'))
+                         'build: {cuda_arch: ["7.0"]}'), today=TODAY)
     assert [(w.code, w.key) for w in res.warnings] == [("bitsandbytes-int8-arch", "build.cuda_arch[0]")]
     assert "LLM.int8() needs compute capability 7.5+" in res.warnings[0].message
 
@@ -339,7 +346,8 @@ def test_unknown_cuda_hints_newest(tmp_path):
 
 
 def test_ubuntu_26_04_image_and_python(tmp_path):
-    res = resolve(recipe(tmp_path, cuda="13.4", source="nvidia", python="3.14", base="base: {os: ubuntu26.04}"))
+    res = resolve(recipe(tmp_path, cuda="13.4", source="nvidia", python="3.14", base="base: {os: ubuntu26.04}"),
+                  today=TODAY)
     assert res.base_image == "nvidia/cuda:13.4.2-runtime-ubuntu26.04" and res.python_provider == "os"
 
 
@@ -365,7 +373,7 @@ def test_every_cuda_flavor_source_plans_or_refuses_cleanly(tmp_path, source, fla
                                 + ('\n  cudnn: "9"' if extra == "cudnn" else ""))
             r = load_recipe(write_recipe(tmp_path / f"{i}-{j}", text))
             try:
-                make_plan(r)
+                plan_of(r)
                 outcomes["plan"] += 1
             except CompatibilityError as exc:
                 assert exc.key and exc.line and exc.hint, (spec, extra, exc.message)  # noqa: PT017
@@ -384,9 +392,9 @@ def test_wheels_for_cuda_without_a_runtime_wheel_is_a_resolution_error(tmp_path)
 def test_wheels_install_the_runtime_of_that_cuda(tmp_path, cuda, pin):
     text = BASE.format(cuda=cuda, source="wheels", python="3.11", base="base: {image: debian:bookworm-slim}", extra="")
     text = text.replace("source: wheels", "source: wheels\n  flavor: base")
-    base = resolve(load_recipe(write_recipe(tmp_path, text)))
+    base = resolve(load_recipe(write_recipe(tmp_path, text)), today=TODAY)
     assert base.cuda_wheels == (pin,)  # NVIDIA's base tier: cudart
-    runtime = resolve(recipe(tmp_path, cuda=cuda))  # the default flavor, runtime: NVIDIA's runtime tier
+    runtime = resolve(recipe(tmp_path, cuda=cuda), today=TODAY)  # the default flavor, runtime: NVIDIA's runtime tier
     names = {re.sub(r"-cu1\d$", "", p.split("==")[0]) for p in runtime.cuda_wheels}
     assert pin in runtime.cuda_wheels
     assert {"nvidia-cublas", "nvidia-cufft", "nvidia-curand", "nvidia-cusolver", "nvidia-cusparse", "nvidia-npp",
@@ -397,14 +405,15 @@ def test_runtime_tier_with_torch_adds_only_what_torch_does_not_bring(tmp_path):
     """torch 2.4.1 (cu121, PyPI) pins cuBLAS, cuFFT, NCCL...: a runtime image adds NVIDIA's other runtime
     libraries (NPP, nvJPEG, OpenCL) and never a second copy of what torch pins (nor nvJitLink, which
     pip brings with torch's cuSPARSE)."""
-    res = resolve(recipe(tmp_path, cuda="12.1", extra='torch: "2.4.1"'))
+    res = resolve(recipe(tmp_path, cuda="12.1", extra='torch: "2.4.1"'), today=TODAY)
     assert res.cuda_wheels == ("nvidia-cuda-opencl-cu12==12.1.105", "nvidia-npp-cu12==12.1.0.40",
                                "nvidia-nvjpeg-cu12==12.2.0.2")
 
 
 def test_cudnn_from_wheels_is_installed(tmp_path):
     text = BASE.format(cuda="12.4", source="wheels", python="3.11", base="base: {image: debian:bookworm-slim}", extra="")  # noqa: E501
-    res = resolve(load_recipe(write_recipe(tmp_path, text.replace("source: wheels", 'source: wheels\n  cudnn: "9"'))))
+    res = resolve(load_recipe(write_recipe(tmp_path, text.replace("source: wheels", 'source: wheels\n  cudnn: "9"'))),
+                  today=TODAY)
     assert "nvidia-cudnn-cu12==9.10.2.21" in res.cuda_wheels and "nvidia-cublas-cu12==12.4.5.8" in res.cuda_wheels
 
 
@@ -415,13 +424,13 @@ def _devel(tmp_path, cuda, extra=""):
 
 def test_devel_from_wheels_refused_where_wheels_have_no_nvcc(tmp_path):
     with pytest.raises(CompatibilityError) as info:
-        resolve(_devel(tmp_path, "12.4"))
+        resolve(_devel(tmp_path, "12.4"), today=TODAY)
     assert info.value.key == "cuda.flavor" and "ptxas only" in info.value.message
     assert "cuda.source: nvidia" in info.value.hint and info.value.exit_status == 2
 
 
 def test_devel_from_cuda13_wheels_has_nvcc_and_cuda_home(tmp_path):
-    plan = make_plan(_devel(tmp_path, "13.0"))
+    plan = plan_of(_devel(tmp_path, "13.0"))
     assert "nvidia-cuda-nvcc==13.0.88" in plan.resolution.cuda_wheels
     assert plan.resolution.cuda_wheel_home == "nvidia/cu13"
     ids = [s.id for s in plan.final.steps]
@@ -436,18 +445,18 @@ def test_cuda_kernel_source_build_needs_nvcc(tmp_path):
 
 
 def test_arch_variants_accepted(tmp_path):
-    res = resolve(recipe(tmp_path, cuda="12.4", extra='build: {cuda_arch: ["9.0a"]}'))
+    res = resolve(recipe(tmp_path, cuda="12.4", extra='build: {cuda_arch: ["9.0a"]}'), today=TODAY)
     assert res.cuda_arch == ("9.0a",)
     err = clash(tmp_path / "old", cuda="11.8", extra='build: {cuda_arch: ["9.0a"]}')
     assert err.key == "build.cuda_arch[0]"
-    res = resolve(recipe(tmp_path / "f", cuda="12.9", extra='build: {cuda_arch: ["10.0f"]}'))
+    res = resolve(recipe(tmp_path / "f", cuda="12.9", extra='build: {cuda_arch: ["10.0f"]}'), today=TODAY)
     assert res.cuda_arch == ("10.0f",)
 
 
 def test_cuda_kernel_source_build_on_debian_gets_nvcc_from_cuda13_wheels(tmp_path):
     r = recipe(tmp_path, cuda="13.0", extra='torch: "2.13.0"\npip: ["flash-attn==2.8.3"]\n'
                "build: {from_source: [flash-attn]}")
-    plan = make_plan(r)
+    plan = plan_of(r)
     builder = plan.stages[0]
     assert builder.name == "builder" and builder.base == "debian:bookworm-slim"
     ids = [s.id for s in builder.steps]
@@ -458,7 +467,7 @@ def test_cuda_kernel_source_build_on_debian_gets_nvcc_from_cuda13_wheels(tmp_pat
 
 
 def test_runtime_compile_warning_does_not_send_users_to_a_ptxas_only_wheel(tmp_path):
-    res = resolve(recipe(tmp_path, extra="runtime_compile: true"))
+    res = resolve(recipe(tmp_path, extra="runtime_compile: true"), today=TODAY)
     assert [w.code for w in res.warnings] == ["runtime-compile-without-nvcc"]
     text = " ".join(w.message for w in res.warnings)
     assert "flavor: devel" in text and "nvidia-cuda-nvcc-cu12" not in text
@@ -484,10 +493,10 @@ def test_cudnn_support_matrix_is_one_rule(tmp_path, source, cuda, cudnn, ok):
     if ok:
         # the label is as precise as the artifacts say: the wheel's version from wheels, the tag's major
         want = compat.cudnn_wheel(cuda, cudnn).version if source == "wheels" else cudnn
-        assert resolve(r).cudnn == want
+        assert resolve(r, today=TODAY).cudnn == want
         return
     with pytest.raises(CompatibilityError) as info:
-        resolve(r)
+        resolve(r, today=TODAY)
     err = info.value
     assert err.key == "cuda.cudnn" and "support matrix lists cuDNN 8 for CUDA 11.0-11.8 and 12.0-12.2" in err.message
     assert 'cuda.version "12.2"' in err.hint
@@ -497,9 +506,9 @@ def test_cudnn_label_never_names_a_cudnn_torch_does_not_bring(tmp_path):
     """torch 2.7.1 on CUDA 11.8 from wheels brings cuDNN 9 (every 2.4+ build does), and nothing else
     installs cuDNN: cuda.cudnn "8" would label a cuDNN the image lacks."""
     with pytest.raises(CompatibilityError) as info:
-        resolve(_with_cudnn(tmp_path, "11.8", "wheels", "8", extra='torch: "2.7.1"'))
+        resolve(_with_cudnn(tmp_path, "11.8", "wheels", "8", extra='torch: "2.7.1"'), today=TODAY)
     assert "brings cuDNN 9" in info.value.message and 'cudnn: "9"' in info.value.hint
-    res = resolve(_with_cudnn(tmp_path, "11.8", "wheels", "9", extra='torch: "2.7.1"'))
+    res = resolve(_with_cudnn(tmp_path, "11.8", "wheels", "9", extra='torch: "2.7.1"'), today=TODAY)
     assert (res.cudnn, res.torch_label) == ("9", "2.7.1+cu118")
 
 
@@ -507,7 +516,7 @@ def test_cudnn_label_never_names_a_cudnn_torch_does_not_bring(tmp_path):
 def _nvidia_on(tmp_path, image, cuda="12.4", flavor="runtime", cudnn=None, base=None):
     text = (f'name: team/x\ncuda: {{version: "{cuda}", source: nvidia, flavor: {flavor}'
             + (f', cudnn: "{cudnn}"' if cudnn else "") + f'}}\nbase: {{image: "{image}"}}\npython: "3.10"\n')
-    return resolve(load_recipe(write_recipe(tmp_path, text)), base=base)
+    return resolve(load_recipe(write_recipe(tmp_path, text)), base=base, today=TODAY)
 
 
 @pytest.mark.parametrize("cuda", ["11.2", "12.4", "13.0"])
@@ -563,7 +572,7 @@ def test_a_package_outside_any_list_builds_with_the_devel_toolchain(tmp_path, cu
     """pycuda used to compile in a builder with no nvcc and no cuda.h while plan and the cuda.arch
     label said it compiled for 8.0-9.0."""
     res = resolve(recipe(tmp_path, cuda=cuda, base=base,
-                         extra='pip: ["pycuda==2024.1.2"]\nbuild: {from_source: [pycuda]}'))
+                         extra='pip: ["pycuda==2024.1.2"]\nbuild: {from_source: [pycuda]}'), today=TODAY)
     assert res.compile == ("pycuda",) and res.builder_image == builder
     assert any(p.startswith("nvidia-cuda-nvcc") for p in res.builder_cuda_wheels) is nvcc_from_wheels
     assert res.cuda_arch == ("8.0", "8.6", "8.9", "9.0")
@@ -602,7 +611,7 @@ def test_a_partial_torch_row_makes_an_unknown_not_a_no(tmp_path):
     assert err.partial is True and err.to_json()["partial"] is True
     assert "whether torch 2.15.0 has a cu130 build is unknown" in err.message and "partial" in err.message
     assert "cuda 13.2" in err.hint and "torch 2.14.1" in err.hint
-    assert resolve(recipe(tmp_path, cuda="13.2", extra='torch: "2.15.0"')).torch_label == "2.15.0+cu132"
+    assert resolve(recipe(tmp_path, cuda="13.2", extra='torch: "2.15.0"'), today=TODAY).torch_label == "2.15.0+cu132"
     full = clash(tmp_path, cuda="12.4", extra='torch: "2.1.2"')
     assert full.partial is False
 
@@ -613,7 +622,7 @@ def test_independent_problems_come_together(tmp_path):
 
     r = recipe(tmp_path, cuda="12.99", python="3.10", extra='torch: "2.4.7"\npip: ["bitsandbytes==9.9.9"]')
     with pytest.raises(CompatibilityErrors) as info:
-        resolve(r)
+        resolve(r, today=TODAY)
     keys = [(e.key, e.line) for e in info.value.errors]
     assert keys == [("cuda.version", 3), ("python", 6), ("torch", 7), ("pip[0]", 8)]
     rendered = info.value.render()
@@ -650,7 +659,7 @@ def test_a_flash_attn_source_build_is_told_the_archs_the_label_names(tmp_path, f
     r = recipe(tmp_path, cuda="12.8" if fa == "2.8.3" else "12.4", base="base: {image: ubuntu:22.04}",
                extra=f'torch: "{"2.7.1" if fa == "2.8.3" else "2.4.1"}"\npip: ["flash-attn=={fa}"]\n'
                      f"build: {{from_source: [flash-attn], cuda_arch: {archs}}}")
-    res = resolve(r)
+    res = resolve(r, today=TODAY)
     assert res.build_env == env
     assert make_plan(r, resolution=res).labels["io.imgbuild.cuda.arch"] == label
     text = render_dockerfile(make_plan(r, resolution=res))
@@ -664,10 +673,10 @@ def test_the_arch_label_names_what_every_source_build_compiles_and_nothing_when_
     r = recipe(tmp_path, cuda="12.8", base="base: {image: ubuntu:22.04}",
                extra='torch: "2.7.1"\npip: ["flash-attn==2.8.3", "pycuda==2024.1.2"]\n'
                      'build: {from_source: [flash-attn, pycuda], cuda_arch: ["8.6", "9.0+PTX"]}')
-    res = resolve(r)
+    res = resolve(r, today=TODAY)
     assert res.cuda_arch == ("8.6", "9.0+PTX")  # what TORCH_CUDA_ARCH_LIST says
     assert res.compiled_arch == ("8.0", "8.6", "9.0+PTX")  # flash-attn: sm_80, sm_90; the other: TORCH_CUDA_ARCH_LIST
     assert make_plan(r, resolution=res).labels["io.imgbuild.cuda.arch"] == "8.0;8.6;9.0+PTX"
     plain = recipe(tmp_path, cuda="12.8", base="base: {image: ubuntu:22.04}",
                    extra='torch: "2.7.1"\nbuild: {cuda_arch: ["9.0"]}')
-    assert "io.imgbuild.cuda.arch" not in make_plan(plain).labels
+    assert "io.imgbuild.cuda.arch" not in plan_of(plain).labels

@@ -82,7 +82,7 @@ def test_base_rule_pins_warns_or_refuses(tmp_path):
 
 def test_images_rule_warns_from_the_end_of_life_date_on(tmp_path):
     """12.4.1's nvidia/cuda images reach end of life on 2026-06-01 (NVIDIA's EOL chart: R535);
-    the rule compares with the date it is given, by default today's."""
+    the rule compares with the date it is given (it reads no clock), and any later one warns alike."""
     import datetime
     r = recipe(tmp_path, source="nvidia", base="os: ubuntu22.04", python="3.10")
     before = rules.images_rule(r, "12.4.1", "ubuntu22.04", frozenset(), today=datetime.date(2026, 5, 31))
@@ -91,7 +91,8 @@ def test_images_rule_warns_from_the_end_of_life_date_on(tmp_path):
     assert [(w.code, w.key) for w in on.warnings] == [(codes.EOL_IMAGE, "cuda.version")]
     assert "reached end of life on 2026-06-01" in on.warnings[0].message
     assert "from 2026-12-01" in on.warnings[0].message
-    assert rules.images_rule(r, "12.4.1", "ubuntu22.04", frozenset()).warnings == on.warnings
+    later = rules.images_rule(r, "12.4.1", "ubuntu22.04", frozenset(), today=datetime.date(2099, 1, 1))
+    assert later.warnings == on.warnings
 
 
 def test_images_rule_no_warning_where_nvidia_publishes_no_end_of_life(tmp_path):

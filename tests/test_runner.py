@@ -9,7 +9,7 @@ from pathlib import Path
 import jsonschema
 import pytest
 import yaml
-from helpers import REPO, run_cli, write_recipe
+from helpers import REPO, plan_of, run_cli, write_recipe
 
 from buildkit_py.engine.kinds.docker import ClassicEngine, gpu_runtime
 from buildkit_py.engine.kinds.podman import PodmanEngine
@@ -22,7 +22,6 @@ from buildkit_py.engine.run import (
     make_run_plan,
     weights_dir_name,
 )
-from buildkit_py.plan.build_plan import make_plan
 from buildkit_py.recipe.model import load_recipe
 
 COMPOSE_SCHEMA = json.loads((Path(__file__).parent / "fixtures" / "compose-spec" / "compose-spec.json").read_text())
@@ -183,7 +182,7 @@ def test_bad_service_is_a_recipe_error(tmp_path):
 
 
 def test_weights_label_is_json(tmp_path):
-    plan = make_plan(load_recipe(write_recipe(tmp_path, RECIPE)))
+    plan = plan_of(load_recipe(write_recipe(tmp_path, RECIPE)))
     assert json.loads(plan.labels["io.imgbuild.weights"]) == [{"mount": "/models/llm", "ref": "r.example.com/models/llm:1"}]  # noqa: E501
 
 
@@ -192,7 +191,7 @@ def test_plan_flags_copy_of_weights(tmp_path):
     (tmp_path / "app" / "model.safetensors").write_bytes(b"\0" * (11 * 2**20))
     (tmp_path / "app" / "main.py").write_text("print(1)\n")
     path = write_recipe(tmp_path, RECIPE + "copy: [{src: app/, dest: /app}]\n")
-    warnings = make_plan(load_recipe(path)).warnings
+    warnings = plan_of(load_recipe(path)).warnings
     assert [(w.code, w.key) for w in warnings] == [("weights-in-copy", "copy[0].src")]
     assert "app/model.safetensors (11.0 MiB)" in warnings[0].message and "weights push" in warnings[0].message
 
@@ -215,7 +214,7 @@ def test_plan_and_lint_apply_one_weight_file_limit(tmp_path):
         fh.truncate(WEIGHT_FILE_LIMIT * 2)
     (app / "link.bin").symlink_to(big)
     path = write_recipe(tmp_path, RECIPE + "copy: [{src: app/, dest: /app}]\n")
-    warned = [w.message.split()[2] for w in make_plan(load_recipe(path)).warnings if w.code == "weights-in-copy"]
+    warned = [w.message.split()[2] for w in plan_of(load_recipe(path)).warnings if w.code == "weights-in-copy"]
     errors = [f.message.split()[0] for f in lint_recipe(path, hadolint=None).findings
               if f.code == "weights-in-copy" and f.severity == "error"]
     assert warned == errors == ["app/above.safetensors"]

@@ -4,7 +4,7 @@ reproducible layer of its own, before torch (plan.py, compat/torch_pins.py)."""
 import dataclasses
 import time
 
-from helpers import write_recipe
+from helpers import plan_of, write_recipe
 
 from buildkit_py.compat.torch_pins import (
     CudaWheel,
@@ -16,7 +16,7 @@ from buildkit_py.compat.torch_pins import (
     torch_cuda_pins,
 )
 from buildkit_py.engine.build import write_context
-from buildkit_py.plan.build_plan import MAX_HEAVY_LAYERS, SOURCE_DATE_EPOCH, _heavy_steps, make_plan
+from buildkit_py.plan.build_plan import MAX_HEAVY_LAYERS, SOURCE_DATE_EPOCH, _heavy_steps
 from buildkit_py.plan.steps import (
     CUDA_PREFIX,
     ContextFile,
@@ -40,7 +40,7 @@ pip: [requests==2.32.3]
 
 
 def plan_for(tmp_path, torch):
-    return make_plan(load_recipe(write_recipe(tmp_path, RECIPE.format(torch=torch))))
+    return plan_of(load_recipe(write_recipe(tmp_path, RECIPE.format(torch=torch))))
 
 
 def test_torch_from_the_registry_gets_its_cuda_wheels_in_layers_before_it(tmp_path):
@@ -118,8 +118,8 @@ def test_a_release_that_bumps_cudnn_and_nccl_changes_only_those_layers(tmp_path)
 def test_torch_from_another_index_keeps_one_step(tmp_path):
     path = write_recipe(tmp_path, 'name: x\ncuda: {version: "12.1", source: wheels, flavor: base}\n'
                                   'base: {image: debian:bookworm-slim}\npython: "3.11"\ntorch: "2.5.1"\n')
-    assert make_plan(load_recipe(path)).resolution.torch_index_url  # cu121: PyPI's 2.5.1 is cu124
-    ids = [s.id for s in make_plan(load_recipe(path)).final.steps]
+    assert plan_of(load_recipe(path)).resolution.torch_index_url  # cu121: PyPI's 2.5.1 is cu124
+    ids = [s.id for s in plan_of(load_recipe(path)).final.steps]
     assert not any(i.startswith("cuda-") for i in ids) and "torch" in ids
 
 
@@ -168,7 +168,7 @@ python: "3.11"
 
 
 def cuda_plan(tmp_path, cuda, extra=""):
-    return make_plan(load_recipe(write_recipe(tmp_path, WHEELS.format(cuda=cuda, extra=extra))))
+    return plan_of(load_recipe(write_recipe(tmp_path, WHEELS.format(cuda=cuda, extra=extra))))
 
 
 def test_cudnn_from_wheels_without_torch_gets_cudnn_and_cublas_layers_of_their_own(tmp_path):
@@ -208,7 +208,7 @@ def test_the_runtime_tier_gives_its_big_libraries_layers_of_their_own(tmp_path):
 def test_cudnn_layers_are_the_same_steps_whatever_else_the_image_holds(tmp_path):
     a = cuda_plan(tmp_path / "a", "12.4", ', flavor: base, cudnn: "9"')
     text = WHEELS.format(cuda="12.4", extra=', flavor: base, cudnn: "9"') + "apt: [less]\npip: [requests==2.32.3]\n"
-    b = make_plan(load_recipe(write_recipe(tmp_path / "b", text)))
+    b = plan_of(load_recipe(write_recipe(tmp_path / "b", text)))
     text = {s.id: render_step(s) for s in a.final.steps}
     same = [s.id for s in b.final.steps if text.get(s.id) == render_step(s)]
     assert {"cuda", "cuda-cublas", "cuda-cudnn"} <= set(same) and "os" not in same
@@ -225,7 +225,7 @@ pip: [{pins}]
 
 
 def heavy_plan(tmp_path, pins):
-    return make_plan(load_recipe(write_recipe(tmp_path, HEAVY.format(pins=", ".join(pins)))))
+    return plan_of(load_recipe(write_recipe(tmp_path, HEAVY.format(pins=", ".join(pins)))))
 
 
 def test_each_heavy_pin_gets_its_own_reproducible_layer_before_the_other_pins(tmp_path):

@@ -4,6 +4,7 @@ and the rules over it that the plan's CUDA and cuDNN claims come from (issue 29,
 from __future__ import annotations
 
 import pytest
+from helpers import TODAY
 from packaging.utils import canonicalize_name
 from pyindex import LocalIndex
 
@@ -252,7 +253,7 @@ def test_every_wheels_plan_gets_a_loadable_cuda_runtime_and_its_cudnn_label_foll
     """What the property grid asserts of every passing plan (issue 29 item 3 (b)), here on a few."""
     from buildkit_py.compat.resolve import resolve
 
-    res = resolve(_recipe(tmp_path, cuda=cuda, torch=torch))
+    res = resolve(_recipe(tmp_path, cuda=cuda, torch=torch), today=TODAY)
     image = res.image_cuda
     assert image is not None and not image.partial
     assert "cudart" in image.loadable
@@ -272,7 +273,7 @@ def test_the_plan_refuses_a_wheels_image_whose_only_runtime_is_private(tmp_path,
 
     monkeypatch.setattr(rules, "cuda_wheels_rule", lambda *a, **k: rules.CudaWheelsPart())
     with pytest.raises(CompatibilityError) as info:
-        resolve(_recipe(tmp_path, cuda="11.8", torch="2.1.2"))
+        resolve(_recipe(tmp_path, cuda="11.8", torch="2.1.2"), today=TODAY)
     assert info.value.key == "cuda.source"
     assert "no CUDA runtime another package can load (cublas, cudart, cudnn, nvrtc, nvtx only inside torch/lib)" \
         in info.value.reason
@@ -288,7 +289,7 @@ def test_a_cuda_wheel_pin_the_data_lacks_is_read_live_and_offline_is_partial(tmp
     offline = lookups.looked_up(recipe, offline=True, warn=warned.append)
     assert warned == ["--offline: nvidia-cusparselt-cu12==0.99.1 not read: the CUDA libraries they bring are "
                       "known only in part"]
-    image = resolve(recipe, looked_up=offline).image_cuda
+    image = resolve(recipe, looked_up=offline, today=TODAY).image_cuda
     assert image is not None and image.unread == ("nvidia-cusparselt-cu12==0.99.1",)
 
     ix = LocalIndex(tmp_path / "index")
@@ -297,7 +298,7 @@ def test_a_cuda_wheel_pin_the_data_lacks_is_read_live_and_offline_is_partial(tmp
     with ix:
         facts = lookups.looked_up(recipe, offline=False, index_url=ix.url, warn=warned.append)
     assert [w.libraries for w in facts.wheels] == [("libcusparseLt.so.0",)]
-    image = resolve(recipe, looked_up=facts).image_cuda
+    image = resolve(recipe, looked_up=facts, today=TODAY).image_cuda
     assert image is not None and not image.partial and "cusparselt" in image.loadable
 
 
@@ -315,14 +316,15 @@ def test_a_runtime_pin_of_another_cuda_minor_the_data_lacks_is_refused_from_its_
     with ix:
         facts = lookups.looked_up(recipe, offline=False, index_url=ix.url)
     with pytest.raises(CompatibilityError) as info:
-        resolve(recipe, looked_up=facts)
+        resolve(recipe, looked_up=facts, today=TODAY)
     err = info.value
     assert (err.key, err.other, err.other_version) == ("pip[0]", "cuda", "12.4.1")
     assert "is the CUDA 12.1 runtime" in err.reason
     want = compat.cuda_wheel_set("12.4").pins("cudart")[0]
     assert err.hint == f"use {want} (CUDA 12.4's) or drop pip[0]"
     fixed = _recipe(tmp_path, cuda="12.4", pip=[f'"{want}"'])   # the hint, applied
-    assert resolve(fixed, looked_up=lookups.looked_up(fixed, offline=True)).image_cuda.cuda_minors == {"12.4"}
+    assert resolve(fixed, looked_up=lookups.looked_up(fixed, offline=True),
+                   today=TODAY).image_cuda.cuda_minors == {"12.4"}
 
 
 @pytest.mark.parametrize("cuda", ["11.8", "12.1", "12.4", "12.8", "13.0"])
@@ -336,7 +338,7 @@ def test_a_runtime_tier_of_wheels_brings_every_runtime_library(tmp_path, cuda):
     from helpers import write_recipe
 
     from buildkit_py.recipe.model import load_recipe
-    res = resolve(load_recipe(write_recipe(tmp_path, text)))
+    res = resolve(load_recipe(write_recipe(tmp_path, text)), today=TODAY)
     image = res.image_cuda
     assert image is not None and not image.partial
     extras = compat.tier_extras("runtime", res.cuda_version)

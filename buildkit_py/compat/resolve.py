@@ -9,6 +9,7 @@ tables in ``compat``.
 from __future__ import annotations
 
 import dataclasses
+import datetime
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any, TypeVar
@@ -102,9 +103,11 @@ class Resolution:
         return f"{self.torch}+{self.torch_variant}" if self.torch_variant else self.torch
 
 
-def resolve(recipe: Recipe, base: BaseFacts | None = None, looked_up: rules.LookedUp | None = None) -> Resolution:
+def resolve(recipe: Recipe, base: BaseFacts | None = None, looked_up: rules.LookedUp | None = None, *,
+            today: datetime.date) -> Resolution:
     """A pure function of its arguments: the same recipe and facts give the same resolution, with no
-    registry, index or home folder read here. ``base``: the facts of the final stage's base read
+    registry, index, home folder or clock read here (``today`` dates NVIDIA's image end of
+    life). ``base``: the facts of the final stage's base read
     from its registry (pipeline.bases), or None where it is not looked up; ``looked_up``: what the
     plan-time look-up found beyond the shipped data (torch releases newer than it) and did. Each
     rule gets what the rules before it decided; the rules that do not depend on each other all
@@ -113,7 +116,7 @@ def resolve(recipe: Recipe, base: BaseFacts | None = None, looked_up: rules.Look
     cuda, cudnn, py, torch, archs = _independent_parts(recipe, base, looked_up)
     flash_attn, bnb_warnings = _pin_parts(recipe, cuda, py, torch, archs)
     compile_ = frozenset(recipe.build.from_source) | flash_attn.compile
-    images = rules.images_rule(recipe, cuda.version, py.os, compile_)
+    images = rules.images_rule(recipe, cuda.version, py.os, compile_, today=today)
     flavor_warnings = rules.flavor_rule(recipe, compile_)
     pinned = rules.base_rule(recipe, base, cuda.version, torch, images.base_image)
     wheels = rules.cuda_wheels_rule(recipe, cuda.wheel_set, cuda.version, cudnn, torch, base)

@@ -1005,10 +1005,10 @@ def _bnb_hint(cuda: str, python: str, torch: str | None) -> str:
 
 # ----------------------------------------------------------------------------- 8. images
 def images_rule(recipe: Recipe, cuda: str, os_name: str | None, compile_: frozenset[str], *,
-                today: datetime.date | None = None) -> ImagesPart:
+                today: datetime.date) -> ImagesPart:
     """The final stage's FROM (base.image, or NVIDIA's image for the toolkit, under base.mirror)
     and, when something compiles, the compile stage's; a warning when NVIDIA's support policy has
-    put that image past its end of life on ``today`` (default: the current date)."""
+    put that image past its end of life on ``today`` (the caller's date: no clock read here)."""
     if recipe.base.image:  # always set with source: wheels (the recipe loader requires it)
         base_image = mirrored_ref(recipe.base.image, recipe.base.mirror)
     else:

@@ -1110,13 +1110,12 @@ def image_gap(cuda: str, flavor: str, cudnn: str | None, os_: str) -> ImageGap:
     return ImageGap(spec, reason, hint=", or ".join(hints), key=key, other=other, other_value=other_value)
 
 
-def image_end_of_life(cuda: str, today: datetime.date | None = None) -> ImageEol | None:
-    """The end of life of ``cuda``'s nvidia/cuda images when ``today`` (default: the current
-    date) is on or past it; None while supported or where NVIDIA publishes no date."""
+def image_end_of_life(cuda: str, today: datetime.date) -> ImageEol | None:
+    """The end of life of ``cuda``'s nvidia/cuda images when ``today`` is on or past it; None while
+    supported or where NVIDIA publishes no date."""
     img = _image_for(cuda)
     eol = img.end_of_life if img else None
-    when = today or datetime.date.today()
-    return eol if eol is not None and when >= eol.date else None
+    return eol if eol is not None and today >= eol.date else None
 
 
 def image_releases() -> tuple[ImageSet, ...]:

@@ -10,11 +10,13 @@ its variants. Both read the registry of a named base (``bases``) and the torch l
 
 from __future__ import annotations
 
+import datetime
 from collections.abc import Callable
 from pathlib import Path
 
 from buildkit_py.analysis.lint import LintReport, lint_plan
 from buildkit_py.compat.bases import BaseFacts
+from buildkit_py.compat.resolve import resolve
 from buildkit_py.compat.rules import LookedUp
 from buildkit_py.pipeline import lookups
 from buildkit_py.pipeline.bases import resolve_with_base
@@ -34,14 +36,25 @@ def facts_for(recipe: Recipe, *, offline: bool = False, index_url: str | None = 
 
 def plan_recipe(path: Path | Recipe, *, tags: tuple[str, ...] = (), registry: str | None = None,
                 offline: bool = False, index_url: str | None = None, pip_config: str | None = None,
-                warn: Callable[[str], None] | None = None, note: Callable[[str], None] | None = None) -> BuildPlan:
+                warn: Callable[[str], None] | None = None,
+                note: Callable[[str], None] | None = None) -> BuildPlan:
     """A recipe file -> its BuildPlan: loaded and validated, the facts it needs looked up, resolved
     against its base's facts, planned. A Recipe already loaded is planned as it is (build --platform
-    puts its platforms in the recipe's place first: recipe.model.with_platforms)."""
+    puts its platforms in the recipe's place first: recipe.model.with_platforms). The clock's date
+    (NVIDIA's image end of life) is read here, not in the resolver."""
     recipe = path if isinstance(path, Recipe) else load_recipe(path)
     looked_up = facts_for(recipe, offline=offline, index_url=index_url, pip_config=pip_config, warn=warn,
                           note=note)
-    return make_plan(recipe, tags=tags, registry=registry, resolution=resolve_with_base(recipe, looked_up=looked_up))
+    resolution = resolve_with_base(recipe, looked_up=looked_up, today=datetime.date.today())
+    return make_plan(recipe, resolution, tags=tags, registry=registry)
+
+
+def plan_from_data(recipe: Recipe, *, tags: tuple[str, ...] = (), registry: str | None = None,
+                   today: datetime.date | None = None) -> BuildPlan:
+    """A loaded recipe planned from the shipped data alone: no base, index or cache looked up (the
+    benchmarks and the tests plan this way; commands go through ``plan_recipe``). ``today``:
+    default the clock's date."""
+    return make_plan(recipe, resolve(recipe, today=today or datetime.date.today()), tags=tags, registry=registry)
 
 
 def lint_recipe(path: Path, *, hadolint: str | None = "auto") -> LintReport:
@@ -51,12 +64,15 @@ def lint_recipe(path: Path, *, hadolint: str | None = "auto") -> LintReport:
     return lint_plan(plan, render_dockerfile(plan), hadolint=hadolint)
 
 
-def load_matrix(path: Path, *, offline: bool = False) -> mx.Matrix:
+def load_matrix(path: Path, *, offline: bool = False, today: datetime.date | None = None) -> mx.Matrix:
     """A recipe file -> its matrix of variants, each resolved against its base's facts (each base
     looked up once) and the torch releases the look-up cache holds."""
     bases: dict[str, BaseFacts | None] = {}
     looked_up = LookedUp(torch=lookups.cached_torch_releases(), offline=offline)
-    return mx.load_matrix(path, resolver=lambda recipe: resolve_with_base(recipe, cache=bases, looked_up=looked_up))
+    day = today or datetime.date.today()
+    return mx.load_matrix(path, resolver=lambda recipe: resolve_with_base(recipe, cache=bases, looked_up=looked_up,
+                                                                          today=day))
 
 
-__all__ = ["BuildPlan", "LookedUp", "facts_for", "lint_recipe", "load_matrix", "plan_recipe", "resolve_with_base"]
+__all__ = ["BuildPlan", "LookedUp", "facts_for", "lint_recipe", "load_matrix", "plan_from_data", "plan_recipe",
+           "resolve_with_base"]

@@ -9,6 +9,7 @@ the environment's (exit 3)."""
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import json
 
 from buildkit_py import oci
@@ -83,25 +84,26 @@ def _missing_hint(recipe: Recipe, base_image: str) -> str:
 
 
 def resolve_with_base(recipe: Recipe, *, client=None, cache: dict[str, BaseFacts | None] | None = None,
-                      looked_up: LookedUp | None = None) -> Resolution:
+                      looked_up: LookedUp | None = None, today: datetime.date) -> Resolution:
     """Resolve against the final base's own facts (labels, env) when it is looked up: a shared
     base built by imgbuild says its OS and Python in its labels. Every command that resolves a
     recipe (plan, build, matrix, lock) goes through here. ``cache`` (base ref -> facts) lets a
-    matrix look each base up once; ``looked_up``: the facts the plan-time look-up found."""
+    matrix look each base up once; ``looked_up``: the facts the plan-time look-up found; ``today``:
+    the date the resolution is made on (the pipeline reads the clock, the resolver does not)."""
     looked_up = looked_up or LookedUp()
     if recipe.base.image:
         base_ref = mirrored_ref(recipe.base.image, recipe.base.mirror)
     elif recipe.base.mirror:
-        base_ref = resolve(recipe, looked_up=looked_up).base_image  # an nvidia/cuda tag under the mirror
+        base_ref = resolve(recipe, looked_up=looked_up, today=today).base_image  # an nvidia/cuda tag under the mirror
     else:
-        return resolve(recipe, looked_up=looked_up)  # nvidia/cuda on Docker Hub: nothing to look up
+        return resolve(recipe, looked_up=looked_up, today=today)  # nvidia/cuda on Docker Hub: nothing to look up
     if cache is not None and base_ref in cache:
         facts = cache[base_ref]
     else:
         facts = base_facts_for(recipe, base_ref, client=client)
         if cache is not None:
             cache[base_ref] = facts
-    return resolve(recipe, base=facts, looked_up=looked_up)
+    return resolve(recipe, base=facts, looked_up=looked_up, today=today)
 
 
 

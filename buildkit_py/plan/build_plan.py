@@ -13,7 +13,7 @@ from packaging.utils import canonicalize_name
 
 from buildkit_py.compat import codes
 from buildkit_py.compat.codes import RecipeWarning
-from buildkit_py.compat.resolve import HEAVY_PACKAGES, Resolution, resolve
+from buildkit_py.compat.resolve import HEAVY_PACKAGES, Resolution
 from buildkit_py.compat.rules import PythonProvider
 from buildkit_py.compat.torch_pins import (
     CudaLayer,
@@ -383,9 +383,10 @@ def weights_in_copy_warning(index: int, rel: str, size: int) -> RecipeWarning:
         "(imgbuild weights push, then list them under weights: to mount them at run time)")
 
 
-def make_plan(recipe: Recipe, *, tags: tuple[str, ...] = (), registry: str | None = None,
-              resolution: Resolution | None = None) -> BuildPlan:
-    res = resolution or resolve(recipe)
+def make_plan(recipe: Recipe, resolution: Resolution, *, tags: tuple[str, ...] = (),
+              registry: str | None = None) -> BuildPlan:
+    """The plan of ``recipe`` as its ``resolution`` decided it (pipeline.plan_recipe makes both)."""
+    res = resolution
     installer = installer_for(recipe.build.installer)
     compiled, heavy, other = _split_pins(recipe, res)
     stages: list[Stage] = []

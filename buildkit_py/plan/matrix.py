@@ -513,7 +513,7 @@ def _variant_ids(effective: list[dict[str, Any]], keys: tuple[str, ...], axis_ke
 
 
 def variant_plan(variant: Variant, *, registry: str | None = None, tags: tuple[str, ...] = ()) -> BuildPlan:
-    return make_plan(variant.recipe, tags=tags or variant.tags, registry=registry, resolution=variant.resolution)
+    return make_plan(variant.recipe, variant.resolution, tags=tags or variant.tags, registry=registry)
 
 
 def _step_key(step: Step) -> list:
