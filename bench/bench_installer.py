@@ -73,7 +73,7 @@ def cold_dockerfile(text: str) -> str:
 class InstallerBench:
     def __init__(self, stack: str) -> None:
         self.stack = STACKS[stack]
-        self.engine = select_engine()
+        self.engine = select_engine(os.environ.get("IMGBUILD_ENGINE"))
         self.tmp = Path(tempfile.mkdtemp(prefix="imgbuild-bench-installer-"))
         self.run = uuid.uuid4().hex[:8]
         self.tags: list[str] = []

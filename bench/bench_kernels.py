@@ -133,7 +133,7 @@ def main() -> int:
     parser.add_argument("--keep", action="store_true", help="keep the image this built")
     parser.add_argument("--json", type=Path, help="also write the figures to this file")
     args = parser.parse_args()
-    engine = engine_for_reading()
+    engine = engine_for_reading(os.environ.get("IMGBUILD_ENGINE"))
     built = None
     image = args.image
     if image is None:

@@ -79,7 +79,7 @@ def main() -> int:
     parser.add_argument("--jobs", type=int, default=2, help="parallel builds in the matrix arm (default 2)")
     parser.add_argument("--json", type=Path, help="also write the figures to this file")
     args = parser.parse_args()
-    engine = select_engine()
+    engine = select_engine(os.environ.get("IMGBUILD_ENGINE"))
     client = engine.sdk()
     run_id = uuid.uuid4().hex[:8]
     tmp = Path(tempfile.mkdtemp(prefix="imgbuild-bench-matrix-"))

@@ -77,7 +77,7 @@ WORKDIR /app
 
 class Bench:
     def __init__(self) -> None:
-        self.engine = select_engine()
+        self.engine = select_engine(os.environ.get("IMGBUILD_ENGINE"))
         self.client = self.engine.sdk()
         self.tmp = Path(tempfile.mkdtemp(prefix="imgbuild-bench-"))
         self.images: list[str] = []

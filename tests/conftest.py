@@ -117,7 +117,7 @@ def engine(request):
                 mp.setenv(key, value)
         mp.delenv("IMGBUILD_BACKEND", raising=False)
         try:
-            chosen = select_engine()
+            chosen = select_engine(engine_settings(request.param)["IMGBUILD_ENGINE"])
             chosen.ping()
         except Exception as exc:  # any failure to reach the engine means "no engine here"
             unavailable(f"engine {request.param} not usable ({exc.__class__.__name__}: {exc})")

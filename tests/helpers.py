@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime
 import io
+import os
 import re
 import stat
 import subprocess
@@ -130,7 +131,7 @@ def image_sh(image_id: str, script: str, timeout: int = 120, platform: str | Non
     from buildkit_py.engine import engine_for_reading
     from buildkit_py.engine.run import RunSpec
 
-    engine = engine_for_reading()
+    engine = engine_for_reading(os.environ.get("IMGBUILD_ENGINE"))
     argv = engine.run_argv(RunSpec(image_id, network="none", entrypoint="sh", command=("-c", script),
                                    platform=platform))
     out = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout, env=engine.environment())
@@ -146,7 +147,8 @@ def assert_labels_true(image_id: str, labels: dict[str, str], platform: str | No
     from buildkit_py.analysis.image_checks import PASSED, SKIPPED, label_checks, read_facts
     from buildkit_py.engine import engine_for_reading
 
-    results = label_checks(labels, read_facts(engine_for_reading(), image_id, platform=platform))
+    engine = engine_for_reading(os.environ.get("IMGBUILD_ENGINE"))  # the engine fixture's kind
+    results = label_checks(labels, read_facts(engine, image_id, platform=platform))
     bad = [f"{r.name}: {r.detail}" for r in results if r.status not in (PASSED, SKIPPED)]
     assert not bad, "\n".join(bad)
     return {r.name.removeprefix("label ") for r in results if r.status == PASSED}

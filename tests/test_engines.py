@@ -248,10 +248,9 @@ def test_an_engine_is_one_module_in_kinds(toy_engine_module, tmp_path):
     assert code == 2 and "'toy'" in err and "'podman'" in err
 
 
-def test_unknown_engine_names_every_kind(monkeypatch):
-    monkeypatch.setenv("IMGBUILD_ENGINE", "nosuch")
+def test_unknown_engine_names_every_kind():
     with pytest.raises(EnvironmentProblem) as info:
-        engine_pkg.select_engine()
+        engine_pkg.select_engine("nosuch")
     assert info.value.message == "unknown engine 'nosuch'"
     assert info.value.hint == "use auto, buildx, docker, podman or classic"
 

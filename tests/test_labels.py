@@ -8,7 +8,7 @@ from helpers import plan_of, write_recipe
 
 from buildkit_py import label_keys as K
 from buildkit_py.errors import UsageError
-from buildkit_py.plan import labels as L
+from buildkit_py.pipeline import sources as S
 from buildkit_py.recipe.model import load_recipe
 
 RECIPE = """\
@@ -101,22 +101,22 @@ def repo(tmp_path):
 def test_revision_of_a_clean_tree_is_head(repo):
     recipe, head = repo
     (recipe.parent / "notes.txt").write_text("untracked files do not make a tree dirty (git describe --dirty)")
-    assert L.git_facts(recipe.parent) == (head, None)
+    assert S.git_facts(recipe.parent) == (head, None)
 
 
 def test_revision_of_a_dirty_tree_says_so(repo):
     recipe, head = repo
     recipe.write_text(RECIPE + "version: '9'\n")
-    assert L.git_facts(recipe.parent) == (f"{head}-dirty", None)
+    assert S.git_facts(recipe.parent) == (f"{head}-dirty", None)
     git(recipe.parent, "add", "-A")  # staged, not committed: still no commit holds it
-    revision = L.volatile_labels(load_recipe(recipe))[K.OCI_REVISION]
+    revision = S.volatile_labels(load_recipe(recipe), source_date_epoch=None)[K.OCI_REVISION]
     assert revision == f"{head}-dirty"
 
 
 def test_no_repository_no_revision(tmp_path):
     recipe = write_recipe(tmp_path, RECIPE)
-    assert L.git_facts(recipe.parent) == (None, None)
-    assert K.OCI_REVISION not in L.volatile_labels(load_recipe(recipe))
+    assert S.git_facts(recipe.parent) == (None, None)
+    assert K.OCI_REVISION not in S.volatile_labels(load_recipe(recipe), source_date_epoch=None)
 
 
 # --- created: when the inputs last changed, never the clock (issue 22 item 6) --------------------
@@ -128,7 +128,8 @@ COPY_RECIPE = RECIPE + "copy: [{src: app/, dest: /app}]\n"
 
 
 def created(recipe_path, environ=None) -> str:
-    return L.created_time(load_recipe(recipe_path), environ or {}).strftime("%Y-%m-%dT%H:%M:%SZ")
+    epoch = (environ or {}).get("SOURCE_DATE_EPOCH")
+    return S.created_time(load_recipe(recipe_path), epoch).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def set_mtime(path, stamp: int) -> None:
@@ -148,9 +149,9 @@ def committed(tmp_path):
     return recipe
 
 
-def test_created_of_a_committed_recipe_is_its_commit_time_on_every_build(committed, monkeypatch):
-    monkeypatch.delenv("SOURCE_DATE_EPOCH", raising=False)
-    assert L.volatile_labels(load_recipe(committed))[K.OCI_CREATED] == COMMITTED  # the label a build gets
+def test_created_of_a_committed_recipe_is_its_commit_time_on_every_build(committed):
+    labels = S.volatile_labels(load_recipe(committed), source_date_epoch=None)  # the labels a build gets
+    assert labels[K.OCI_CREATED] == COMMITTED
     assert created(committed) == COMMITTED
     (committed.parent / "README.md").write_text("edited: not an input of the build\n")
     (committed.parent / "notes.txt").write_text("untracked, not an input either\n")

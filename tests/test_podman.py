@@ -4,6 +4,7 @@ failing step), the build command line, images and history described as docker de
 choosing podman (and refusing what it cannot do) and its GPU flags. Real builds, pushes and runs
 on podman are in test_e2e_engines.py (the engine contract)."""
 
+import argparse
 import io
 import json
 import textwrap
@@ -12,6 +13,7 @@ import pytest
 from helpers import REPO
 
 from buildkit_py.cli.progress import StepView
+from buildkit_py.cli.settings import settings_of
 from buildkit_py.engine import (
     CACHE_EXPORT,
     COMPRESSION,
@@ -179,10 +181,11 @@ def test_choosing_podman(tmp_path, monkeypatch):
     monkeypatch.setenv("IMGBUILD_PODMAN", fake_podman(tmp_path, "4.3.1"))
     engine = select_engine("podman")
     assert isinstance(engine, PodmanEngine) and engine.version == (4, 3, 1)
+    # $IMGBUILD_ENGINE reaches the choice through the CLI's settings (cli/settings.py), not below it
     monkeypatch.setenv("IMGBUILD_ENGINE", "podman")
-    assert isinstance(select_engine(), PodmanEngine)
+    assert isinstance(select_engine(settings_of(argparse.Namespace()).engine), PodmanEngine)
     with pytest.raises(EngineCapabilityError, match="--builder k8s needs buildx, not podman"):
-        select_engine(builder="k8s")
+        select_engine("podman", builder="k8s")
 
 
 def test_podman_too_old_or_missing(tmp_path, monkeypatch):

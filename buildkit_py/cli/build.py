@@ -21,6 +21,7 @@ from buildkit_py.cli.common import (
     reading_engine,
 )
 from buildkit_py.cli.progress import StepView
+from buildkit_py.cli.settings import settings_of
 from buildkit_py.errors import ExitStatus, UsageError
 from buildkit_py.sizes import human_size
 
@@ -102,6 +103,7 @@ def _build_options(args: argparse.Namespace, out: Out) -> BuildOptions:
         cache_from=tuple(args.cache_from), cache_to=tuple(args.cache_to), builder=args.builder,
         load=args.load, compression=args.compression, oci_mediatypes=args.oci_mediatypes,
         provenance=args.provenance, platforms=tuple(args.platform), test=_testing(args, out),
+        source_date_epoch=settings_of(args).source_date_epoch,
     )
 
 
@@ -155,7 +157,7 @@ def cmd_build(args: argparse.Namespace, out: Out) -> int:
     if locked.status != LockStatus.NONE:
         out.info(f"lock     {locked.path} ({locked.status})")
     publishing = _publishing(args)
-    engine = select_engine(args.engine, builder=args.builder)
+    engine = select_engine(settings_of(args).engine, builder=args.builder)
     # the recipe's platforms (or --platform's, which plan_recipe put in its place): one index of them
     options = replace(_build_options(args, out), platforms=build_platforms(plan.recipe, tuple(args.platform)))
 
@@ -240,7 +242,7 @@ def cmd_build_matrix(args: argparse.Namespace, out: Out) -> int:
     for w in mx.dropped_warnings(matrix):
         out.warn(w)
     publishing = _publishing(args)
-    engine = select_engine(args.engine, builder=args.builder)
+    engine = select_engine(settings_of(args).engine, builder=args.builder)
     options = _build_options(args, out)
     lock_mode = _lock_mode(args)
 

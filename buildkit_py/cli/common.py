@@ -233,13 +233,14 @@ def plan_recipe(args: argparse.Namespace, recipe_path: Path, out: Out | None = N
 
 def reading_engine(args: argparse.Namespace) -> Engine:
     """The engine for a command that reads images (inspect, diff, run, check, lock): created
-    once per command from its options (--engine where it has one) and the environment
-    ($IMGBUILD_ENGINE, $IMGBUILD_DOCKER, $DOCKER_HOST),
+    once per command from its settings (--engine where it has one, else $IMGBUILD_ENGINE:
+    cli/settings.py) and the engine kind's own variables ($IMGBUILD_DOCKER, $DOCKER_HOST),
     then passed down. Any client will do for reading, so this never fails; the engine is only
     reached when first used. Commands call it once and pass the engine down."""
+    from buildkit_py.cli.settings import settings_of
     from buildkit_py.engine import engine_for_reading
 
-    return engine_for_reading(getattr(args, "engine", None))
+    return engine_for_reading(settings_of(args).engine)
 
 
 def image_labels(engine: Engine | None, ref: str) -> tuple[dict[str, str], dict[str, str]]:

@@ -179,6 +179,9 @@ def main(argv: Sequence[str] | None = None, stdout: IO[str] | None = None, stder
         parser = _build_parser(stdout, _invoked_command(argv))
         args = parser.parse_args(argv)
         args.container_command = after_dashes
+        from buildkit_py.cli.settings import Settings
+
+        args.settings = Settings.from_args(args, os.environ)  # read once; the layers below get values
         if not args.command:
             from buildkit_py.errors import ExitStatus
 

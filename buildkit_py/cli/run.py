@@ -73,11 +73,11 @@ def register_compose(add: AddCommand) -> None:
 
 def cmd_run(args: argparse.Namespace, out: Out) -> int:
     from buildkit_py.artifacts import weights
+    from buildkit_py.cli.settings import settings_of
     from buildkit_py.engine.run import (
         ImageStart,
         RunOptions,
         container_name,
-        default_weights_root,
         dry_run_json,
         make_run_plan,
         run_container,
@@ -107,7 +107,7 @@ def cmd_run(args: argparse.Namespace, out: Out) -> int:
         gpu_available = False  # no engine here: a dry run still says what would run
     if from_recipe and not args.dry_run:  # before any weight is downloaded
         _require_built(engine, image, Path(args.target))
-    options = RunOptions(root=args.weights_dir or default_weights_root(), gpus=args.gpus, network=args.network,
+    options = RunOptions(root=args.weights_dir or settings_of(args).weights_root, gpus=args.gpus, network=args.network,
                          extra=tuple(args.docker_arg), command=tuple(args.container_command),
                          entrypoint=args.entrypoint)
     run = make_run_plan(image, pairs, options, engine=engine, gpu_available=gpu_available, start=start)

@@ -52,6 +52,7 @@ class BuildOptions:
     platforms: tuple[str, ...] = ()
     rejected: str | None = None  # the tag a refused image keeps (rejected_tag); None: REPO:rejected
     test: bool = False  # the recipe's tests pass before the image keeps its tags (pipeline/build.py runs them)
+    source_date_epoch: str | None = None  # the image's created time where set (the CLI: $SOURCE_DATE_EPOCH)
 
 
 def build_platforms(recipe: Recipe, requested: tuple[str, ...]) -> tuple[str, ...]:
@@ -106,7 +107,7 @@ def build_args() -> dict[str, str]:
     recipe's created time: BuildKit puts the arg into every RUN's environment, so every step's cache
     key follows it, and a time that moves with any input (a lock rewritten, an app file) re-ran every
     step (the first attempt at issue 33: 1, reverted). When the inputs changed is the
-    org.opencontainers.image.created label's to say (labels.created_time)."""
+    org.opencontainers.image.created label's to say (pipeline/sources.created_time)."""
     return {"SOURCE_DATE_EPOCH": str(SOURCE_DATE_EPOCH)}
 
 

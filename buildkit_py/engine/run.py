@@ -98,15 +98,6 @@ def container_process(start: ImageStart, command: tuple[str, ...], entrypoint: s
     return Process(tuple(ep) + tuple(args), how)
 
 
-def default_weights_root() -> Path:
-    env = os.environ.get("IMGBUILD_WEIGHTS_DIR")
-    if env:
-        return Path(env)
-    if os.geteuid() == 0:
-        return Path("/var/lib/imgbuild/weights")
-    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "imgbuild" / "weights"
-
-
 def weights_dir_name(ref: str) -> str:
     """A stable folder name per artifact reference: host/repo:tag -> host_repo_tag."""
     return re.sub(r"[^A-Za-z0-9._-]+", "_", ref).strip("_")

@@ -1,9 +1,7 @@
-"""Choosing the engine once, from --engine/$IMGBUILD_ENGINE, --builder and the engine's address:
+"""Choosing the engine once, from the kind asked for (--engine/$IMGBUILD_ENGINE), --builder and the engine's address:
 the registry (registry.py) names the kinds; each kind finds itself on the machine."""
 
 from __future__ import annotations
-
-import os
 
 from buildkit_py.engine.base import _WHO_CAN, BUILDER_SELECT, Engine
 from buildkit_py.engine.registry import AUTO, EngineChoice, EngineClass, auto_kinds, engines, kind_names
@@ -11,7 +9,8 @@ from buildkit_py.errors import EngineCapabilityError, EnvironmentProblem, Imgbui
 
 
 def _preference(preference: str | None) -> str:
-    return preference or os.environ.get("IMGBUILD_ENGINE") or os.environ.get("IMGBUILD_BACKEND") or AUTO
+    # the CLI folds $IMGBUILD_ENGINE into the preference (cli/settings.py): no variable read here
+    return preference or AUTO
 
 
 def _candidates(kind: str, builder: str | None) -> list[type[EngineClass]]:
@@ -33,8 +32,8 @@ def _candidates(kind: str, builder: str | None) -> list[type[EngineClass]]:
 
 def select_engine(preference: str | None = None, *, builder: str | None = None,
                   host: str | None = None) -> Engine:
-    """Pick the engine once: ``preference`` (--engine, else $IMGBUILD_ENGINE;
-    the older --backend and $IMGBUILD_BACKEND are still read; a registered kind or auto), a named
+    """Pick the engine once: ``preference`` (a registered kind or auto; None: auto; the CLI
+    passes --engine, else $IMGBUILD_ENGINE or the older $IMGBUILD_BACKEND), a named
     builder from --builder, the engine at
     ``host`` (None: the client's default, e.g. $DOCKER_HOST). Auto tries the kinds that take part
     in it in their order (buildx, then the classic client) and says why none would do."""

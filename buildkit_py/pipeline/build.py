@@ -53,7 +53,7 @@ from buildkit_py.engine.cold_start import ColdStartPrediction, StartTime
 from buildkit_py.engine.push import PushResult, TransferSink, check_can_push
 from buildkit_py.errors import BudgetExceeded, ImgbuildError, SbomError, SignatureError
 from buildkit_py.files import write_atomic
-from buildkit_py.plan import labels as L
+from buildkit_py.pipeline.sources import volatile_labels
 from buildkit_py.plan.build_plan import BuildPlan, check_image_tag
 from buildkit_py.plan.installer import UV_ENV_SECRET_ID, uv_env_for
 from buildkit_py.plan.lock import DEFAULT_VARIANT, lock_entry, wheel_hashes
@@ -203,7 +203,7 @@ def _request(plan: BuildPlan, engine: Engine, options: BuildOptions,
         provenance = "false"
     # A base pinned at plan time carries its digest as a static label already.
     base_digest = None if plan.resolution.base_digest else local_digest(engine, plan.resolution.base_image)
-    volatile = L.volatile_labels(plan.recipe, base_digest=base_digest)
+    volatile = volatile_labels(plan.recipe, source_date_epoch=options.source_date_epoch, base_digest=base_digest)
     context, dockerfile_path = assemble_context(plan, dockerfile, tmp)
     if uv_env is not None:  # beside the context, never in it
         secrets = {**secrets, UV_ENV_SECRET_ID: tmp / UV_ENV_SECRET_ID}
