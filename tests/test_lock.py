@@ -125,7 +125,7 @@ def test_resolver_asked_for_the_image_python_and_platform(recipe):
     assert call["requirements"][-3:] == ["torch==2.4.1", "bitsandbytes==0.43.3", "requests[socks]==2.32.3"]
     assert all(r.startswith(("nvidia-", "triton==")) for r in call["requirements"][:-3])  # the CUDA and Triton layers
     assert call["indexes"] == [lock.PYPI_SIMPLE]
-    args = lock.pip_report_args(call["target"], ["https://download.pytorch.org/whl/cu124", lock.PYPI_SIMPLE],
+    args = locks.pip_report_args(call["target"], ["https://download.pytorch.org/whl/cu124", lock.PYPI_SIMPLE],
                                 "req.txt", "report.json")
     assert {"--isolated", "--dry-run", "--ignore-installed", "--only-binary=:all:"} <= set(args)
     assert args[args.index("--python-version") + 1] == "3.11" and args[args.index("--abi") + 1] == "cp311"
@@ -146,20 +146,20 @@ def test_pip_runs_without_the_machines_pip_configuration(monkeypatch):
             json.dump({"install": []}, f)
         return subprocess.CompletedProcess(cmd, 0, "", "")
 
-    monkeypatch.setenv("PIP_FIND_LINKS", "/opt/wheels")
-    monkeypatch.setenv("PIP_CONSTRAINT", "/etc/xdg/pip/constraints.txt")
-    monkeypatch.setattr(lock.subprocess, "run", fake_run)
-    lock.run_pip_report(lock.Target("3.11", 36), [lock.PYPI_SIMPLE], ["requests==2.32.3"])
+    environ = {"PIP_FIND_LINKS": "/opt/wheels", "PIP_CONSTRAINT": "/etc/xdg/pip/constraints.txt", "HOME": "/h"}
+    monkeypatch.setattr(locks.subprocess, "run", fake_run)
+    locks.PipResolver("python3", environ)(lock.Target("3.11", 36), [lock.PYPI_SIMPLE], ["requests==2.32.3"])
+    assert seen["cmd"][0] == "python3" and seen["env"]["HOME"] == "/h"
     assert seen["env"]["PIP_CONFIG_FILE"] == "/dev/null"
     assert not [k for k in seen["env"] if k.startswith("PIP_") and k != "PIP_CONFIG_FILE"]
     assert "--isolated" in seen["cmd"] and "--target" in seen["cmd"]
 
 
 def test_pip_failure_is_a_lock_error_with_pips_words(monkeypatch):
-    monkeypatch.setattr(lock.subprocess, "run", lambda cmd, **kw: subprocess.CompletedProcess(
+    monkeypatch.setattr(locks.subprocess, "run", lambda cmd, **kw: subprocess.CompletedProcess(
         cmd, 1, "", "ERROR: No matching distribution found for requests==9.9.9\n"))
     with pytest.raises(LockError, match="No matching distribution found for requests==9.9.9"):
-        lock.run_pip_report(lock.Target("3.11", 36), [lock.PYPI_SIMPLE], ["requests==9.9.9"])
+        locks.PipResolver("python3", {})(lock.Target("3.11", 36), [lock.PYPI_SIMPLE], ["requests==9.9.9"])
 
 
 def test_a_resolution_for_other_markers_is_refused(recipe):
@@ -423,7 +423,7 @@ def test_without_a_lock_the_plan_is_untouched(recipe):
 
 
 def test_cli_lock_writes_the_file(recipe, monkeypatch):
-    monkeypatch.setattr(lock, "run_pip_report", FakeResolver())
+    monkeypatch.setattr(locks, "PipResolver", lambda *_args: FakeResolver())
     monkeypatch.setattr(locks, "pin_base", pinner)
     code, out, err = run_cli("lock", str(recipe))
     assert code == 0, err

@@ -28,7 +28,6 @@ ALLOWED = {
     "compat/refresh.py": "the child that validates refreshed data gets IMGBUILD_COMPAT_DATA",
     "compat/tables.py": "IMGBUILD_COMPAT_DATA: another folder of compatibility data",
     "pipeline/lookups.py": "XDG_CACHE_HOME: the look-up cache's folder",
-    "plan/lock.py": "IMGBUILD_LOCK_PYTHON and pip's child environment",
 }
 
 

@@ -150,7 +150,8 @@ def cmd_build(args: argparse.Namespace, out: Out) -> int:
     for w in plan.warnings:
         out.warn(w.render())
     # Before the engine is chosen: a stale lock is refused even where no engine runs.
-    locked = use_lock(plan, mode=_lock_mode(args), ca_cert=args.ca_cert, engine=reading_engine(args))
+    locked = use_lock(plan, mode=_lock_mode(args), ca_cert=args.ca_cert, engine=reading_engine(args),
+                      resolver=settings_of(args).pip_resolver())
     plan = verify_base(locked.plan)  # base.verify: an unsigned shared base stops here, before building
     for note in locked.warnings:
         out.warn(note)
@@ -247,7 +248,8 @@ def cmd_build_matrix(args: argparse.Namespace, out: Out) -> int:
     lock_mode = _lock_mode(args)
 
     def prepare(variant, plan):
-        locked = use_lock(plan, mode=lock_mode, variant=variant.id, ca_cert=args.ca_cert, engine=engine)
+        locked = use_lock(plan, mode=lock_mode, variant=variant.id, ca_cert=args.ca_cert, engine=engine,
+                          resolver=settings_of(args).pip_resolver())
         for w in [pw.render() for pw in plan.warnings] + list(locked.warnings):
             out.warn(f"[{variant.id}] {w}")
         return verify_base(locked.plan)

@@ -16,6 +16,7 @@ from buildkit_py.cli.common import (
     reading_engine,
 )
 from buildkit_py.cli.progress import Activity
+from buildkit_py.cli.settings import settings_of
 
 
 def register(add: AddCommand) -> None:
@@ -46,7 +47,8 @@ def cmd_lock(args: argparse.Namespace, out: Out) -> int:
         plans = {v.id: mx.variant_plan(v) for v in matrix.variants}
     started = time.monotonic()
     with Activity.for_option(out.stderr, args.progress) as activity:
-        data = locks.lock_recipe(plans, ca_cert=args.ca_cert, engine=reading_engine(args), on_status=activity)
+        data = locks.lock_recipe(plans, ca_cert=args.ca_cert, engine=reading_engine(args), on_status=activity,
+                                 resolver=settings_of(args).pip_resolver())
     path = lock.lock_path(args.recipe)
     changed = lock.write_lock(path, lock.dump_lock(data))
     seconds = time.monotonic() - started

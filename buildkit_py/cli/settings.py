@@ -7,23 +7,37 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from buildkit_py.pipeline.locks import PipResolver
 
 
 @dataclass(frozen=True)
 class Settings:
     engine: str | None  # --engine, else $IMGBUILD_ENGINE, else the older $IMGBUILD_BACKEND; None: auto
     weights_root: Path  # where `run` puts the weights it downloads (--weights-dir overrides it)
-    source_date_epoch: str | None  # $SOURCE_DATE_EPOCH: the image's created time where set (plan/labels)
+    source_date_epoch: str | None  # $SOURCE_DATE_EPOCH: the image's created time where set (pipeline/sources)
+    lock_python: str  # the Python whose pip resolves a lock: $IMGBUILD_LOCK_PYTHON, else this one
+    environ: Mapping[str, str]  # the environment child processes start from (pip, when locking)
 
     @classmethod
     def from_args(cls, args: argparse.Namespace, environ: Mapping[str, str]) -> Settings:
         """The settings of the command ``args`` parsed, in ``environ`` (os.environ for a real run)."""
         engine = getattr(args, "engine", None) or environ.get("IMGBUILD_ENGINE") or environ.get("IMGBUILD_BACKEND")
         return cls(engine=engine or None, weights_root=_weights_root(environ),
-                   source_date_epoch=environ.get("SOURCE_DATE_EPOCH"))
+                   source_date_epoch=environ.get("SOURCE_DATE_EPOCH"),
+                   lock_python=environ.get("IMGBUILD_LOCK_PYTHON") or sys.executable, environ=dict(environ))
+
+    def pip_resolver(self) -> PipResolver:
+        """The resolver a lock is made with: pip, run by ``lock_python`` in ``environ``."""
+        from buildkit_py.pipeline.locks import PipResolver
+
+        return PipResolver(self.lock_python, self.environ)
 
 
 def _weights_root(environ: Mapping[str, str]) -> Path:

@@ -16,9 +16,9 @@ machine's pip configuration switched off so the lock reflects the real index, no
 wheel folder or constraints file. A lock holds several variants keyed by a variant id (a
 matrix recipe locks each of its variants); a plain recipe is the one variant ``default``.
 
-Only ``lock_variant``/``run_pip_report``/``write_lock`` do I/O (a base's pin comes from the
-``base_pinner`` passed in: pipeline.locks reads the registry and the engine); everything else
-is pure and tested with a recorded pip report (tests/fixtures/lock/).
+Only ``lock_variant``/``write_lock`` do I/O (a base's pin comes from the ``base_pinner`` and
+pip's report from the ``resolver`` passed in: pipeline.locks reads the registry and the engine
+and runs pip); everything else is pure and tested with a recorded pip report (tests/fixtures/lock/).
 """
 
 from __future__ import annotations
@@ -26,10 +26,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import os
-import subprocess
-import sys
-import tempfile
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -200,55 +196,6 @@ def lock_inputs(plan: BuildPlan) -> LockInputs:
 # --- resolving ------------------------------------------------------------------------------
 
 
-def pip_report_args(target: Target, indexes: list[str], requirements_file: str, report_file: str,
-                    constraints_file: str | None = None, ca_cert: Path | None = None) -> list[str]:
-    args = ["install", "--isolated", "--disable-pip-version-check", "--no-input", "--quiet",
-            "--dry-run", "--ignore-installed", "--report", report_file, "--only-binary=:all:",
-            "--python-version", target.python, "--implementation", "cp", "--abi", target.abi]
-    for p in target.platforms:
-        args += ["--platform", p]
-    args += ["--index-url", indexes[0]]
-    for extra in indexes[1:]:
-        args += ["--extra-index-url", extra]
-    if ca_cert is not None:
-        args += ["--cert", str(ca_cert)]
-    if constraints_file:
-        args += ["-c", constraints_file]
-    return args + ["-r", requirements_file]
-
-
-def run_pip_report(target: Target, indexes: list[str], requirements: list[str], *,
-                   constraints: Sequence[str] = (), ca_cert: Path | None = None) -> PipReport:
-    """pip's installation report for ``requirements`` resolved for ``target``. The machine's
-    pip configuration (config files, PIP_* variables: local find-links, constraints) is off."""
-    python = os.environ.get("IMGBUILD_LOCK_PYTHON") or sys.executable
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PIP_")}
-    env["PIP_CONFIG_FILE"] = os.devnull
-    with tempfile.TemporaryDirectory(prefix="imgbuild-lock-") as tmp:
-        req = Path(tmp, "requirements.txt")
-        req.write_text("".join(r + "\n" for r in requirements))
-        con = None
-        if constraints:
-            con = Path(tmp, "constraints.txt")
-            con.write_text("".join(c + "\n" for c in constraints))
-        report = Path(tmp, "report.json")
-        # --target: pip takes --platform/--abi only with it; --dry-run installs nothing there.
-        cmd = [python, "-m", "pip", *pip_report_args(target, indexes, str(req), str(report),
-                                                      str(con) if con else None, ca_cert),
-               "--target", str(Path(tmp, "target"))]
-        try:
-            proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1800, check=False)
-        except (OSError, subprocess.TimeoutExpired) as exc:
-            raise LockError(f"could not run pip to resolve the lock ({exc})") from None
-        if proc.returncode != 0 or not report.exists():
-            tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-15:])
-            raise LockError(f"pip could not resolve {', '.join(requirements)} for Python {target.python} "
-                            f"on manylinux_2_{target.glibc}:\n{tail}",
-                            hint="check the pins; with a corporate proxy pass --ca-cert")
-        found: PipReport = json.loads(report.read_text())
-        return found
-
-
 def _root(spec: str, by_url: dict[str, str]) -> tuple[str, frozenset[str]]:
     try:
         req = Requirement(spec)
@@ -355,16 +302,16 @@ def single_platform(plan: BuildPlan) -> None:
 
 
 def lock_variant(plan: BuildPlan, *, base_pinner: BasePinner, ca_cert: Path | None = None,
-                 resolver: Resolver | None = None, prefer: VariantLock | None = None,
+                 resolver: Resolver, prefer: VariantLock | None = None,
                  on_status: Callable[[str], None] | None = None) -> VariantLock:
     """The lock of one variant. ``prefer``: an existing variant lock whose versions are
     passed as constraints (so re-checking a current lock does not pick up new releases).
-    ``resolver`` defaults to pip; ``base_pinner`` pins each base (pipeline.locks.pin_base asks the
-    registry, then the engine; tests pass fakes).
+    ``resolver``: pip's report for requirements (pipeline.locks.PipResolver runs pip);
+    ``base_pinner`` pins each base (pipeline.locks.pin_base asks the registry, then the engine;
+    tests pass fakes of both).
     ``on_status`` hears what is being done before each wait (a pip resolution takes tens of
     seconds): the CLI shows it."""
     single_platform(plan)
-    resolver = resolver or run_pip_report
     status = on_status or (lambda _text: None)
     inputs = lock_inputs(plan)
     target = target_of(plan)
@@ -707,6 +654,8 @@ def use_lock(plan: BuildPlan, *, mode: LockMode = LockMode.AUTO, variant: str = 
     exist and a fresh resolve must not change it; never written)."""
     path = lock_path(plan.recipe.path)
     kwargs: dict[str, Any] = {"ca_cert": ca_cert, "resolver": resolver, "base_pinner": base_pinner}
+    if mode in (LockMode.UPDATE, LockMode.LOCKED) and resolver is None:
+        raise ValueError(f"use_lock(mode={mode}) resolves the pins: pass a resolver")  # a caller's bug
     if mode == LockMode.UPDATE:
         entry = lock_variant(plan, **kwargs)
         with _UPDATE:  # other variants of the file are kept
