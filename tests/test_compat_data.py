@@ -736,3 +736,16 @@ def test_bitsandbytes_cuda_libraries_from_the_wheel(version, cuda, nocublaslt):
     r = compat.bitsandbytes_release(version)
     assert list(r.cuda) == cuda
     assert (list(r.cuda_nocublaslt) if r.cuda_nocublaslt is not None else None) == nocublaslt
+
+
+def test_refresh_validates_the_files_it_would_write_not_the_shipped_ones():
+    """`data refresh` loads the files it is about to write in a child process, from a folder
+    passed as its argument (no $IMGBUILD_COMPAT_DATA read: issue 32, 4): broken ones are refused,
+    the shipped ones pass."""
+    from buildkit_py.compat import refresh
+
+    raw = json.loads(tables.data_dir().joinpath("toolkits.json").read_text())
+    refresh.validate_files({"toolkits.json": refresh.dump(raw)})
+    _swap_first_two(raw)
+    with pytest.raises(CompatDataError, match="refreshed data would not load: .*ascending"):
+        refresh.validate_files({"toolkits.json": refresh.dump(raw)})

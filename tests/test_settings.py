@@ -24,10 +24,7 @@ ALLOWED = {
     # being retyped (issue 32, 3); its callers to pass them in after that
     "oci/auth.py": "docker's config and the registry credential variables",
     # still to move (issue 32, 4): each takes its value as a parameter next
-    "compat/index.py": "pip's variables (PIP_INDEX_URL, PIP_CERT, HOME) for the index pip would use",
-    "compat/refresh.py": "the child that validates refreshed data gets IMGBUILD_COMPAT_DATA",
-    "compat/tables.py": "IMGBUILD_COMPAT_DATA: another folder of compatibility data",
-    "pipeline/lookups.py": "XDG_CACHE_HOME: the look-up cache's folder",
+    "pipeline/lookups.py": "XDG_CACHE_HOME (the look-up cache), and pip's variables for the index",
 }
 
 

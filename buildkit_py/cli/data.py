@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 from buildkit_py.cli.common import AddCommand, Out, index_options, json_option, progress_option
 from buildkit_py.cli.progress import Activity
+from buildkit_py.cli.settings import settings_of
 from buildkit_py.errors import UsageError
 from buildkit_py.sizes import human_size
 
@@ -116,7 +117,7 @@ def cmd_data_refresh(args: argparse.Namespace, out: Out) -> int:
 
     from buildkit_py.compat import index, refresh, tables
 
-    settings = index.index_settings(index_url=args.index_url,
+    settings = index.index_settings(index_url=args.index_url, env=settings_of(args).environ,
                                     pip_config=str(args.pip_config) if args.pip_config else None)
     out.info(f"reading {index.redact(settings.url)} (from {settings.source})")
     client = index.client_for(settings)

@@ -27,6 +27,7 @@ import urllib.error
 import urllib.request
 import zipfile
 import zlib
+from collections.abc import Mapping
 from dataclasses import dataclass
 from html.parser import HTMLParser
 from typing import Any
@@ -405,13 +406,14 @@ class IndexSettings:
 
 
 def index_settings(*, index_url: str | None = None, pip_config: str | None = None,
-                   env: dict[str, str] | None = None) -> IndexSettings:
+                   env: Mapping[str, str]) -> IndexSettings:
     """The index pip would use: ``--index-url``, then ``PIP_INDEX_URL``, then ``--pip-config`` FILE
     (imgbuild's own option, the file pip steps get), then pip's config files ([global], [install]);
     PyPI otherwise. The CA bundle likewise from ``PIP_CERT`` / ``cert =``. The files are read by
     compat/pip_config.py, as pip and the uv translation read them: PipConfigError (exit 2) for
-    a file pip would refuse, or a --pip-config that cannot be read."""
-    env = dict(os.environ if env is None else env)
+    a file pip would refuse, or a --pip-config that cannot be read. ``env``: the environment pip
+    would run in (the CLI passes its own: cli/settings.py), read for PIP_* and HOME."""
+    env = dict(env)
     configs = ([read_pip_config(pip_config, what="--pip-config")] if pip_config
                else pip_configs(env, env.get("HOME") or os.path.expanduser("~")))
     url = cafile = None

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import copy
 import json
-import os
 import re
 import shutil
 import subprocess
@@ -611,9 +610,9 @@ def validate_files(files: dict[str, str]) -> None:
             shutil.copyfile(str(tables.data_dir().joinpath(name)), Path(tmp) / name)
         for name, text in files.items():
             (Path(tmp) / name).write_text(text, encoding="utf-8")
-        env = dict(os.environ, IMGBUILD_COMPAT_DATA=tmp)
-        proc = subprocess.run([sys.executable, "-c", "from buildkit_py.compat import validate_all; validate_all()"],
-                              env=env, capture_output=True, text=True, timeout=120, check=False)
+        code = "import sys; from buildkit_py.compat.tables import validate_folder; validate_folder(sys.argv[1])"
+        proc = subprocess.run([sys.executable, "-c", code, tmp], capture_output=True, text=True, timeout=120,
+                              check=False)
         if proc.returncode:
             last = (proc.stderr.strip().splitlines() or ["?"])[-1]
             raise CompatDataError(f"refreshed data would not load: {last}",

@@ -13,7 +13,6 @@ from __future__ import annotations
 import datetime
 import functools
 import json
-import os
 import re
 from dataclasses import dataclass
 from importlib import resources
@@ -291,11 +290,23 @@ def _ascending(file: str, keys: list[str]) -> None:
             raise _fail(file, kb, f"versions must be strictly ascending and unique ({ka} then {kb})")
 
 
+# Another folder of data files, set only in the child process ``imgbuild data refresh`` validates
+# the files it is about to write in (``validate_folder``); no variable is read for it.
+_OTHER_FOLDER: dict[str, Path] = {}
+
+
 def data_dir():
-    """The shipped data files; ``IMGBUILD_COMPAT_DATA`` points elsewhere (``imgbuild data refresh``
-    validates the files it is about to write that way, in a child process)."""
-    override = os.environ.get("IMGBUILD_COMPAT_DATA")
-    return Path(override) if override else resources.files(__package__).joinpath("data")
+    """The shipped data files, or the folder ``validate_folder`` is checking."""
+    other = _OTHER_FOLDER.get("data")
+    return other if other is not None else resources.files(__package__).joinpath("data")
+
+
+def validate_folder(folder: str) -> None:
+    """Load every data file from ``folder`` instead of the shipped ones (CompatDataError on the
+    first broken invariant): run in a child process by ``refresh.validate_files``."""
+    _OTHER_FOLDER["data"] = Path(folder)
+    clear_caches()
+    validate_all()
 
 
 def _load_raw(name: str) -> dict:

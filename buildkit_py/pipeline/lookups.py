@@ -123,6 +123,10 @@ def ensure_torch(version: str, settings, *, offline: bool) -> str | None:
             f"and cached it in {path}")
 
 
+def _index_settings(index_url: str | None, pip_config: str | None) -> index.IndexSettings:
+    return index.index_settings(index_url=index_url, pip_config=pip_config, env=os.environ)
+
+
 def looked_up(recipe: Recipe, *, offline: bool, index_url: str | None = None, pip_config: str | None = None,
               warn: Callable[[str], None] | None = None, note: Callable[[str], None] | None = None) -> LookedUp:
     """The facts beyond the shipped data a recipe's resolution may need: a torch pin the data lacks
@@ -145,7 +149,7 @@ def looked_up(recipe: Recipe, *, offline: bool, index_url: str | None = None, pi
             warn(f"--offline: {', '.join(rest)} not checked for {', '.join(recipe.platforms)} (imgbuild's "
                  "platform data has no row for them and the package index was not read)")
         return dataclasses.replace(facts, pin_files=recorded)
-    settings = index.index_settings(index_url=index_url, pip_config=pip_config)
+    settings = _index_settings(index_url, pip_config)
     return dataclasses.replace(facts, pin_files=recorded + read_pin_files(rest, settings, warn=warn))
 
 
@@ -166,7 +170,7 @@ def _wheels_looked_up(recipe: Recipe, facts: LookedUp, *, offline: bool, index_u
         if warn:
             warn(f"--offline: {', '.join(unread)} not read: the CUDA libraries they bring are known only in part")
         return facts
-    client = index.client_for(index.index_settings(index_url=index_url, pip_config=pip_config))
+    client = index.client_for(_index_settings(index_url, pip_config))
     today = _dt.date.today().isoformat()
     rows = []
     for pin in unread:
@@ -231,7 +235,7 @@ def _torch_looked_up(recipe: Recipe, *, offline: bool, index_url: str | None, pi
         return LookedUp(torch=cached_torch_releases())
     if offline:
         return LookedUp(torch=cached_torch_releases(), offline=True)
-    settings = index.index_settings(index_url=index_url, pip_config=pip_config)
+    settings = _index_settings(index_url, pip_config)
     try:
         text = ensure_torch(recipe.torch, settings, offline=False)
     except NotOnIndex as exc:  # no such release: the resolver says so, with the nearest that exists
