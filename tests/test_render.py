@@ -162,3 +162,14 @@ entrypoint: ["sh", "-c", "echo \\"$HOME\\"; ]"]
     assert dict(zip(env.value[0::2], env.value[1::2], strict=False))["A"] == '"\\$(touch /pwned) && echo \\"x\\" \\\\"'
     entry = [c for c in commands if c.cmd == "ENTRYPOINT"][0]
     assert entry.json and list(entry.value) == ["sh", "-c", 'echo "$HOME"; ]']
+
+
+@pytest.mark.parametrize("recipe", RECIPES, ids=lambda p: p.stem)
+def test_a_layer_read_back_without_the_plan_gets_the_plans_group(recipe):
+    """Issue 32 (5): step id -> layer group has one home (build_plan.STEP_GROUPS): inspect, with no
+    plan at hand, puts each step's layer in the group make_plan gave the step."""
+    from buildkit_py.plan import history
+
+    plan = plan_of(load_recipe(recipe))
+    steps = [s for stage in plan.stages for s in stage.steps]
+    assert [(s.id, history._group_of(s.id)) for s in steps] == [(s.id, s.group) for s in steps]

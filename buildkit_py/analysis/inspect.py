@@ -318,7 +318,7 @@ class InspectOptions:
     bandwidth_mbps: float = 1000
     weight_threshold: int = WEIGHT_FILE_LIMIT  # what counts as weights: above this
     estimate_compressed: bool = True  # False skips the gzip estimate: several times faster on big images
-    step_groups: Mapping[str, str] | None = None  # a plan's step -> group table (DEFAULT_STEP_GROUPS)
+    step_groups: Mapping[str, str] | None = None  # a plan's step -> group table (else build_plan.STEP_GROUPS)
     workers: int | None = None  # gzip threads; None: by the cores
     registry_sizes: bool = True  # take compressed sizes from the registry's manifest when it has the image
     unpack_mbps: float | None = None  # MB/s of unpacking counted in the pull time; None: network only

@@ -74,6 +74,27 @@ MAX_HEAVY_LAYERS = 6
 
 # Layer groups, in the order they appear: least often changed first.
 GROUPS = ("os", "python", "cuda", "torch", "heavy", "pins", "app", "meta")
+# Step id -> layer group: the one table. A key before a "-" stands for its family (cuda-cudnn,
+# heavy-flash-attn, torch-triton, copy-0). make_plan's steps take their group from it, and
+# inspect reads an image's layers back with it when no plan is at hand (plan/history.py).
+STEP_GROUPS: dict[str, str] = {
+    "python-ppa": "os", "os": "os", "python": "python", MOUNT_STUBS_STEP: MOUNT_STUBS_GROUP, "cuda": "cuda",
+    "ldconfig": "cuda", "torch": "torch", "compiled": "heavy", "heavy": "heavy", "wheels": "heavy",
+    "pins": "pins", "build-tools": "pins", "copy": "app", "meta": "meta",
+}
+
+
+def group_of(step_id: str) -> str | None:
+    """The layer group of a step id make_plan writes (STEP_GROUPS); None for an id it does not."""
+    return STEP_GROUPS.get(step_id) or STEP_GROUPS.get(step_id.split("-", 1)[0])
+
+
+def _named(step_id: str) -> tuple[str, str]:
+    """A step's id and its group, the two fields every step starts with."""
+    group = group_of(step_id)
+    if group is None:  # a step id added without its group: a bug here, not the recipe's
+        raise ValueError(f"step id {step_id!r} has no layer group in STEP_GROUPS")
+    return step_id, group
 
 
 class StageRole(TextEnum):
@@ -225,10 +246,10 @@ def _heavy_steps(heavy: list[tuple[str, str]]) -> list[Step]:
     own, rest = heavy[:MAX_HEAVY_LAYERS - 1], heavy[MAX_HEAVY_LAYERS - 1:]
     if len(rest) == 1:
         own, rest = heavy, []
-    steps: list[Step] = [PipStep(f"heavy-{canonicalize_name(name)}", "heavy", requirements=(spec,), reproducible=True)
+    steps: list[Step] = [PipStep(*_named(f"heavy-{canonicalize_name(name)}"), requirements=(spec,), reproducible=True)
                          for name, spec in own]
     if rest:
-        steps.append(PipStep("heavy-rest", "heavy", requirements=tuple(s for _, s in rest), reproducible=True))
+        steps.append(PipStep(*_named("heavy-rest"), requirements=tuple(s for _, s in rest), reproducible=True))
     return steps
 
 
@@ -248,9 +269,9 @@ def _cuda_steps(layers: tuple[CudaLayer, ...], *, complete: bool = False,
         shared = tuple(p for p in layer.pins if independent(pin_name(p)))
         own = tuple(p for p in layer.pins if p not in shared)
         if shared:
-            steps.append(PrefixPipStep(layer.id, "cuda", requirements=shared, no_deps=no_deps, reproducible=True))
+            steps.append(PrefixPipStep(*_named(layer.id), requirements=shared, no_deps=no_deps, reproducible=True))
         if own:
-            steps.append(PipStep(f"{layer.id}-py" if shared else layer.id, "cuda", requirements=own,
+            steps.append(PipStep(*_named(f"{layer.id}-py" if shared else layer.id), requirements=own,
                                  no_deps=no_deps, reproducible=True))
     return steps
 
@@ -262,7 +283,7 @@ def _with_prefix_path(steps: list[Step]) -> list[Step]:
     last = max((i for i, s in enumerate(steps) if isinstance(s, PrefixPipStep)), default=None)
     if last is None:
         return steps
-    path = PrefixPathStep("cuda-path", "cuda", venv=VENV, prefix=CUDA_PREFIX, pth=CUDA_PREFIX_PTH)
+    path = PrefixPathStep(*_named("cuda-path"), venv=VENV, prefix=CUDA_PREFIX, pth=CUDA_PREFIX_PTH)
     return steps[:last + 1] + [path] + steps[last + 1:]
 
 
@@ -271,25 +292,25 @@ def _os_steps(res: Resolution, apt: list[str], *, dev: bool) -> list[Step]:
     if res.python_provider == PythonProvider.BASE:
         # an imgbuild base already has Python, the venv and PATH; a builder needs headers
         packages = sorted(set(apt + (["python3-dev"] if dev else [])))
-        return [AptStep("os", "os", packages=tuple(packages))] if packages else []
+        return [AptStep(*_named("os"), packages=tuple(packages))] if packages else []
     if res.python_provider == PythonProvider.DEADSNAKES:
-        steps.append(DeadsnakesStep("python-ppa", "os", python=res.python))
+        steps.append(DeadsnakesStep(*_named("python-ppa"), python=res.python))
     packages = sorted(set(_python_packages(res, dev=dev) + apt))
     if packages:
-        steps.append(AptStep("os", "os", packages=tuple(packages)))
-    steps.append(VenvStep("python", "python", python=_python_bin(res), venv=VENV))
+        steps.append(AptStep(*_named("os"), packages=tuple(packages)))
+    steps.append(VenvStep(*_named("python"), python=_python_bin(res), venv=VENV))
     return steps
 
 
-def _pip_step(step_id: str, group: str, requirements: list[str], *, index_url: str | None = None) -> PipStep:
-    return PipStep(step_id, group, requirements=tuple(requirements), index_url=index_url)
+def _pip_step(step_id: str, requirements: list[str], *, index_url: str | None = None) -> PipStep:
+    return PipStep(*_named(step_id), requirements=tuple(requirements), index_url=index_url)
 
 
 def _torch_step(res: Resolution) -> list[Step]:
     if not res.torch:
         return []
     spec = f"torch=={res.torch}+{res.torch_variant}" if res.torch_index_url else f"torch=={res.torch}"
-    return [_pip_step("torch", "torch", [spec], index_url=res.torch_index_url)]
+    return [_pip_step("torch", [spec], index_url=res.torch_index_url)]
 
 
 def _torch_stack(res: Resolution) -> list[Step]:
@@ -307,7 +328,7 @@ def _torch_stack(res: Resolution) -> list[Step]:
         wheels = {w.name: w for w in pins.cuda_wheels}  # each with its file, whose tags say
         steps = _cuda_steps(cuda_layers(pins.cuda_wheels), complete=True,
                             independent=lambda name: wheels[canonicalize_name(name)].python_independent)
-        steps += [PipStep(layer.id, "torch", requirements=layer.pins, no_deps=True, reproducible=True)
+        steps += [PipStep(*_named(layer.id), requirements=layer.pins, no_deps=True, reproducible=True)
                   for layer in dependency_layers(pins.dependency_wheels)]
     torch = [dataclasses.replace(s, reproducible=True) if isinstance(s, PipStep) else s for s in _torch_step(res)]
     return steps + torch
@@ -341,7 +362,7 @@ def _mount_stubs(steps: list[Step], installer: Installer) -> list[Step]:
     first = next((i for i, s in enumerate(steps) if isinstance(s, PipStep) and s.reproducible), None)
     if first is None:
         return steps
-    stubs = MountStubsStep(MOUNT_STUBS_STEP, MOUNT_STUBS_GROUP, hosts=ContextFile(MOUNT_STUB_FILE, "", dated=True),
+    stubs = MountStubsStep(*_named(MOUNT_STUBS_STEP), hosts=ContextFile(MOUNT_STUB_FILE, "", dated=True),
                            dirs=(*installer.stub_dirs, "/run/secrets"),
                            files=("/run/secrets/cacert", "/run/secrets/pipconf", *installer.stub_files))
     return steps[:first] + [stubs] + steps[first:]
@@ -352,7 +373,7 @@ def _cuda_home_steps(res: Resolution, prefix: str | None = None) -> list[Step]:
     ``prefix``) CUDA_HOME; nothing where the wheels install no such tree."""
     if res.cuda_wheel_home is None:
         return []
-    return [CudaHomeStep("cuda-home", "cuda", venv=VENV, tree=res.cuda_wheel_home, home="/usr/local/cuda",
+    return [CudaHomeStep(*_named("cuda-home"), venv=VENV, tree=res.cuda_wheel_home, home="/usr/local/cuda",
                          prefix=prefix)]
 
 
@@ -394,15 +415,15 @@ def make_plan(recipe: Recipe, resolution: Resolution, *, tags: tuple[str, ...] =
     if res.compile:
         builder_steps = _os_steps(res, ["build-essential"], dev=True)
         if res.builder_cuda_wheels:  # nvcc and headers from the CUDA 13+ wheels
-            builder_steps.append(_pip_step("cuda", "cuda", list(res.builder_cuda_wheels)))
+            builder_steps.append(_pip_step("cuda", list(res.builder_cuda_wheels)))
             builder_steps += _cuda_home_steps(res)
         # Extensions that build against torch (flash-attn, xformers) build without isolation,
         # so torch and their build tools must be installed first.
         builder_steps += _torch_step(res)
         tools = BUILD_TOOLS + (TORCH_BUILD_TOOLS if res.torch else ())
-        builder_steps.append(_pip_step("build-tools", "pins", sorted(tools)))
+        builder_steps.append(_pip_step("build-tools", sorted(tools)))
         builder_steps.append(WheelBuildStep(
-            "wheels", "heavy",
+            *_named("wheels"),
             requirements=tuple(compiled),
             arch_list=" ".join(res.cuda_arch),
             jobs=recipe.build.jobs or 2,
@@ -426,16 +447,16 @@ def make_plan(recipe: Recipe, resolution: Resolution, *, tags: tuple[str, ...] =
     if compiled:
         # Install the builder's wheel files by path: given only a name, pip would prefer the
         # index's manylinux wheel over a locally built linux_x86_64 one.
-        steps.append(LocalWheelsStep("compiled", "heavy", packages=tuple(compiled), wheels_from="builder"))
+        steps.append(LocalWheelsStep(*_named("compiled"), packages=tuple(compiled), wheels_from="builder"))
     steps += _heavy_steps(heavy)
     if other:  # reproducible too: a --no-cache rebuild must give the same layer (issue 33: 1)
-        steps.append(dataclasses.replace(_pip_step("pins", "pins", other), reproducible=True))
+        steps.append(dataclasses.replace(_pip_step("pins", other), reproducible=True))
     if res.cuda_source == CudaSource.WHEELS:
         # The prefix always: the step rewrites the one conf file, and a shared base built by imgbuild
         # has its CUDA wheels there even when this recipe installs none (its dirs are listed if present)
-        steps.append(LdconfigStep("ldconfig", "cuda", venv=VENV, prefix=CUDA_PREFIX))
+        steps.append(LdconfigStep(*_named("ldconfig"), venv=VENV, prefix=CUDA_PREFIX))
     for i, c in enumerate(recipe.copy):
-        steps.append(CopyStep(f"copy-{i}", "app", src=c.src, dest=c.dest))
+        steps.append(CopyStep(*_named(f"copy-{i}"), src=c.src, dest=c.dest))
     steps = _mount_stubs(_with_installer(steps, installer), installer)
 
     env = dict(recipe.env)
@@ -448,7 +469,7 @@ def make_plan(recipe: Recipe, resolution: Resolution, *, tags: tuple[str, ...] =
     env = dict(sorted(env.items()))
     labels = L.static_labels(recipe, res)
     steps.append(MetaStep(
-        "meta", "meta",
+        *_named("meta"),
         workdir=recipe.workdir,
         env=tuple(env.items()),
         volumes=tuple(recipe.volumes),

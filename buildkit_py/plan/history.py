@@ -9,27 +9,23 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from buildkit_py.plan.build_plan import GROUPS, MOUNT_STUB_FILE, MOUNT_STUBS_GROUP, MOUNT_STUBS_STEP, STEP_MARK
+from buildkit_py.plan.build_plan import (
+    GROUPS,
+    MOUNT_STUB_FILE,
+    MOUNT_STUBS_GROUP,
+    MOUNT_STUBS_STEP,
+    STEP_MARK,
+    group_of,
+)
 
 BASE_GROUP, OTHER_GROUP, APP_GROUP, META_GROUP = "base", "other", "app", "meta"
 # Report order: the base image's layers, then plan's groups in build order, then unknowns.
 GROUP_ORDER = (BASE_GROUP,) + tuple(GROUPS) + (OTHER_GROUP,)
 
-# Step id -> group for the steps plan.make_plan writes; pass ``step_groups`` to inspect_image
-# (``{s.id: s.group for s in plan.final.steps}``) to use a plan's own table instead.
-DEFAULT_STEP_GROUPS: dict[str, str] = {
-    "python-ppa": "os", "os": "os", "python": "python", "cuda": "cuda", "ldconfig": "cuda",
-    "torch": "torch", "compiled": "heavy", "heavy": "heavy", "wheels": "heavy",
-    "pins": "pins", "build-tools": "pins", "meta": META_GROUP, MOUNT_STUBS_STEP: MOUNT_STUBS_GROUP,
-}
-
 def _group_of(step: str) -> str:
-    """A step's group by its id when the table has no entry: the id itself, or its prefix for
-    the per-library and per-package layers (cuda-cudnn -> cuda, heavy-flash-attn -> heavy)."""
-    for group in (step, step.split("-", 1)[0]):
-        if group in GROUPS:
-            return group
-    return OTHER_GROUP
+    """A step's group by its id, as make_plan gives it (build_plan.group_of); an id it does not
+    write counts as "other"."""
+    return group_of(step) or OTHER_GROUP
 
 
 MARKER_RE = re.compile(r":\s*" + re.escape(STEP_MARK) + r"=([^;\s]+)")
@@ -59,7 +55,7 @@ def attribute_entries(history: list[dict], step_groups: Mapping[str, str] | None
 
     Entries use the image config's keys (``created_by``) or the engine history API's
     (``CreatedBy``): the build's size budget reads the latter without streaming the image."""
-    step_groups = dict(DEFAULT_STEP_GROUPS if step_groups is None else step_groups)
+    step_groups = dict(step_groups or {})
     seen_marker = False
     copies = 0
     out: list[Attribution] = []
