@@ -737,7 +737,7 @@ def fake_engine(monkeypatch):
 
     runner = FakeRunner(fail={"cu124-idna3_8"})
     monkeypatch.setattr(engine_pkg, "select_engine", lambda preference=None, **_kw: FakeEngine())
-    monkeypatch.setattr(matrix_build, "build_checked", runner)
+    monkeypatch.setattr(matrix_build, "build_preflighted", runner)  # build_all preflights every variant first
     return runner
 
 

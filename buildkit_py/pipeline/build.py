@@ -15,7 +15,7 @@ and before anything is pushed.
 from __future__ import annotations
 
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -129,16 +129,24 @@ def build_image(plan: BuildPlan, engine: Engine, options: BuildOptions, *, publi
 def build_checked(plan: BuildPlan, engine: Engine, options: BuildOptions, on_line: LineSink,
                   on_progress: LineSink | None = None, on_transfer: TransferSink | None = None, *,
                   on_event: LineSink | None = None) -> BuildReport:
-    """Build on ``engine``; push from BuildKit where the engine can (PUSH: buildx), else through
-    the engine (``engine.push``). The image is kept in the engine when asked (--load), when a budget
-    or the recipe's tests (``options.test``) must pass first, or when the engine keeps every image anyway
-    (ENGINE_STORE: not a named builder). An image refused by either keeps only REPO:rejected, and
-    nothing is pushed."""
+    """``preflight``, then ``build_preflighted``."""
+    preflight(engine, [(plan, options)])
+    return build_preflighted(plan, engine, options, on_line, on_progress, on_transfer, on_event=on_event)
+
+
+def build_preflighted(plan: BuildPlan, engine: Engine, options: BuildOptions, on_line: LineSink,
+                      on_progress: LineSink | None = None, on_transfer: TransferSink | None = None, *,
+                      on_event: LineSink | None = None) -> BuildReport:
+    """Build on ``engine`` what ``preflight`` passed; push from BuildKit where the engine can (PUSH:
+    buildx), else through the engine (``engine.push``). The image is kept in the engine when asked
+    (--load), when a budget or the recipe's tests (``options.test``) must pass first, or when the
+    engine keeps every image anyway (ENGINE_STORE: not a named builder). An image refused by either
+    keeps only REPO:rejected, and nothing is pushed."""
     dockerfile = render_dockerfile(plan)
     secrets = build_secrets(options.ca_cert, options.pip_config)
     # uv reads no pip.conf: its steps get the translation (UV_* variables) as a secret of their own.
     uv_env = uv_env_for(plan, options.pip_config, ca_cert=options.ca_cert is not None)
-    tags = _preflight(plan, engine, options)
+    tags = _tags(plan, options)
     # A budget and the tests are checked on the image in the engine before anything is pushed.
     checked_first = plan.recipe.max_size is not None or plan.recipe.cold_start is not None or options.test
     keep_local = options.load or checked_first or not options.push or ENGINE_STORE in engine.capabilities
@@ -174,20 +182,29 @@ def build_checked(plan: BuildPlan, engine: Engine, options: BuildOptions, on_lin
 Measured = tuple[ImageSizes | None, dict[str, int], dict[str, str]]
 
 
-def _preflight(plan: BuildPlan, engine: Engine, options: BuildOptions) -> tuple[str, ...]:
-    """Everything refused before a build starts: the tags' grammar, what the engine cannot do, the
-    registry's credentials. Returns the tags the image gets."""
-    tags = plan.tags if not options.tags else options.tags
-    for tag in tags:  # reach argv and the registry, never a shell: check the grammar, exit 2
-        check_image_tag(tag)
-    probe = BuildRequest(Path("."), Path("Dockerfile"), tags, cache_from=options.cache_from,
-                         cache_to=options.cache_to, builder=options.builder, compression=options.compression,
-                         oci_mediatypes=options.oci_mediatypes, provenance=options.provenance,
-                         platforms=options.platforms)
-    require(engine, required_capabilities(plan.needs, probe))
-    if options.push:  # wrong credentials fail now, not after the whole build
-        check_can_push(tags)
-    return tags
+def _tags(plan: BuildPlan, options: BuildOptions) -> tuple[str, ...]:
+    """The tags the image gets: the options' where they name some (build --tag), else the plan's."""
+    return plan.tags if not options.tags else options.tags
+
+
+def preflight(engine: Engine, builds: Sequence[tuple[BuildPlan, BuildOptions]]) -> None:
+    """Everything refused before any build starts, for every image about to be built (one, or each
+    variant of a matrix with its own options): the tags' grammar, what the engine cannot do, the
+    registry's credentials (each registry asked once, for all of them)."""
+    pushed: list[str] = []
+    for plan, options in builds:
+        tags = _tags(plan, options)
+        for tag in tags:  # reach argv and the registry, never a shell: check the grammar, exit 2
+            check_image_tag(tag)
+        probe = BuildRequest(Path("."), Path("Dockerfile"), tags, cache_from=options.cache_from,
+                             cache_to=options.cache_to, builder=options.builder, compression=options.compression,
+                             oci_mediatypes=options.oci_mediatypes, provenance=options.provenance,
+                             platforms=options.platforms)
+        require(engine, required_capabilities(plan.needs, probe))
+        if options.push:
+            pushed += tags
+    if pushed:  # wrong credentials fail now, not after the whole build
+        check_can_push(pushed)
 
 
 def _request(plan: BuildPlan, engine: Engine, options: BuildOptions,

@@ -14,12 +14,18 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from buildkit_py.engine import ENGINE_STORE, BuildRequest, Engine, bake, require, required_capabilities
+from buildkit_py.engine import ENGINE_STORE, Engine, bake
 from buildkit_py.engine.build import BuildOptions, BuildOutcome, build_platforms, rejected_tag
 from buildkit_py.engine.children import stop_all
-from buildkit_py.engine.push import check_can_push
 from buildkit_py.errors import ImageTestFailed, ImgbuildError
-from buildkit_py.pipeline.build import BuildReport, Publishing, attach_sboms, build_checked, sign_pushes
+from buildkit_py.pipeline.build import (
+    BuildReport,
+    Publishing,
+    attach_sboms,
+    build_preflighted,
+    preflight,
+    sign_pushes,
+)
 from buildkit_py.pipeline.locks import use_lock
 from buildkit_py.plan.build_plan import BuildPlan
 from buildkit_py.plan.matrix import (
@@ -107,18 +113,13 @@ def build_all(matrix: Matrix, engine: Engine, options: BuildOptions, *, jobs: in
     ``{variant}`` in --cache-from/--cache-to values becomes each variant's id. With ``options.test``
     each variant's image passes its own tests before it keeps its tags and is pushed.
     """
-    on_line, prepare, runner = hooks.on_line, hooks.prepare, hooks.runner or build_checked
+    on_line, prepare, runner = hooks.on_line, hooks.prepare, hooks.runner or build_preflighted
     chosen = select_variants(matrix, variant_ids, jobs=jobs, tags=tags)
     plans = {v.id: variant_plan(v, registry=registry, tags=tags) for v in chosen}
     if prepare is not None:
         plans = {v.id: prepare(v, plans[v.id]) for v in chosen}
-    for plan in plans.values():  # refuse before anything builds
-        probe = BuildRequest(Path("."), Path("Dockerfile"), plan.tags, cache_from=options.cache_from,
-                             cache_to=options.cache_to, builder=options.builder,
-                             platforms=build_platforms(plan.recipe, options.platforms))
-        require(engine, required_capabilities(plan.needs, probe))
-    if options.push:  # every variant's repository, once, before any variant builds
-        check_can_push([t for plan in plans.values() for t in plan.tags])
+    # every variant refused or passed before any builds (each registry asked once); then built
+    preflight(engine, [(plans[v.id], _variant_options(v, plans[v.id], options)) for v in chosen])
     stages, chains = shared_stages(plans)
     say = hooks.on_event or (lambda _t: None)
     scratch: tuple[str, ...] = ()  # shared-stage images built for --no-cache, untagged at the end
@@ -127,10 +128,7 @@ def build_all(matrix: Matrix, engine: Engine, options: BuildOptions, *, jobs: in
 
     def one(v: Variant) -> VariantBuild:
         plan = plans[v.id]
-        opts = replace(options, tags=(), platforms=build_platforms(plan.recipe, options.platforms),
-                       rejected=rejected_tag(plan.tags[0], v.id),
-                       cache_from=tuple(r.replace("{variant}", v.id) for r in options.cache_from),
-                       cache_to=tuple(r.replace("{variant}", v.id) for r in options.cache_to))
+        opts = _variant_options(v, plan, options)
         start = time.monotonic()
         try:
             report = runner(plan, engine, opts, (lambda line: on_line(v.id, line)) if on_line else (lambda _l: None),
@@ -174,6 +172,15 @@ def build_all(matrix: Matrix, engine: Engine, options: BuildOptions, *, jobs: in
     for tag in scratch:  # the variants keep their layers; only the helper tag goes
         engine.remove(tag)
     return MatrixBuild(matrix, tuple(results[v.id] for v in chosen), time.monotonic() - start)
+
+
+def _variant_options(v: Variant, plan: BuildPlan, options: BuildOptions) -> BuildOptions:
+    """A variant's build options: its own platforms, rejected tag and cache references
+    (``{variant}`` in --cache-from/--cache-to becomes its id); the tags are its plan's."""
+    return replace(options, tags=(), platforms=build_platforms(plan.recipe, options.platforms),
+                   rejected=rejected_tag(plan.tags[0], v.id),
+                   cache_from=tuple(r.replace("{variant}", v.id) for r in options.cache_from),
+                   cache_to=tuple(r.replace("{variant}", v.id) for r in options.cache_to))
 
 
 def _prebuild_shared_stages(matrix: Matrix, plans: dict[str, BuildPlan], engine: Engine, options: BuildOptions,
