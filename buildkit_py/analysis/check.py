@@ -21,6 +21,7 @@ from buildkit_py.compat import (
 )
 from buildkit_py.compat.codes import RecipeWarning
 from buildkit_py.text_enum import TextEnum
+from buildkit_py.versions import major_minor
 
 
 class Verdict(TextEnum):
@@ -140,7 +141,7 @@ def _verdict(floor: DriverFloor, driver: str, datacenter: bool | None, driver_cu
                       f"upgrade the driver to >= {need} for full support, or use CUDA <= {native_tk}" if native_tk
                       else f"upgrade the driver to >= {need}")
     branch = str(d.major)
-    mj, mn = cuda.split(".")[:2]
+    mj, mn = major_minor(cuda).split(".")
     if branch in _forward_compat_branches(cuda):
         if datacenter:
             return result(FORWARD,

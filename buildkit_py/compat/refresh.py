@@ -101,11 +101,6 @@ def _pin(req: Requirement) -> str | None:
     return None
 
 
-def _mm(version: str) -> str:
-    v = Version(version)
-    return f"{v.major}.{v.minor}"
-
-
 def torch_facts(meta: Metadata, files: tuple[DistFile, ...]) -> TorchFacts:
     wheels: dict[str, str] = {}
     ranges: dict[str, str] = {}
@@ -123,7 +118,7 @@ def torch_facts(meta: Metadata, files: tuple[DistFile, ...]) -> TorchFacts:
             extras = tuple(sorted(req.extras))
             if pin:
                 wheels[name] = pin
-                variant = "cu" + _mm(pin).replace(".", "")
+                variant = "cu" + major_minor(pin).replace(".", "")
             continue
         if not name.startswith("nvidia-"):
             continue
@@ -133,7 +128,7 @@ def torch_facts(meta: Metadata, files: tuple[DistFile, ...]) -> TorchFacts:
             ranges[name] = str(req.specifier)
         m = _RUNTIME_RE.match(name)
         if m and pin and variant is None:
-            variant = "cu" + _mm(pin).replace(".", "")
+            variant = "cu" + major_minor(pin).replace(".", "")
     return TorchFacts(meta.version, variant, python, meta.requires_python, dict(sorted(wheels.items())), extras,
                       dict(sorted(ranges.items())), triton, meta.source)
 
