@@ -10,6 +10,7 @@ from helpers import run_cli, write_recipe
 from buildkit_py.engine import cold_start as cs
 from buildkit_py.engine.cold_start import ColdStartInputs, ColdStartOverBudget, Layer, StartTime
 from buildkit_py.errors import RecipeError
+from buildkit_py.pipeline import OFFLINE
 from buildkit_py.recipe.model import ColdStartBudget, load_recipe, parse_bandwidth, parse_duration
 
 HEAD = 'name: team/app\nversion: "1"\ncuda: {version: "12.4", source: wheels, flavor: base}\n' \
@@ -143,7 +144,7 @@ def test_a_build_over_its_cold_start_budget_keeps_nothing_and_pushes_nothing(tmp
     monkeypatch.setattr(pipeline_build, "check_can_push", lambda tags: None)
     monkeypatch.setattr(pipeline_build, "layer_groups", lambda *_a: {})
     text = HEAD + "budget: {cold_start: {max: 10s, bandwidth: 1Gbit, unpack_rate: 200MB/s}}\n"
-    plan = plan_recipe(write_recipe(tmp_path, text), registry="127.0.0.1:5000", offline=True)
+    plan = plan_recipe(write_recipe(tmp_path, text), registry="127.0.0.1:5000", lookup=OFFLINE)
 
     class StoreEngine:
         name = "fake-buildx"

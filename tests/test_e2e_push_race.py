@@ -20,8 +20,8 @@ from test_e2e_engines import own_base, prune_own_cache
 from buildkit_py import oci
 from buildkit_py.engine.build import verify_pushed
 from buildkit_py.errors import RegistryError
+from buildkit_py.pipeline import OFFLINE, plan_recipe
 from buildkit_py.pipeline import build as build_mod
-from buildkit_py.pipeline import plan_recipe
 
 pytestmark = pytest.mark.e2e
 
@@ -53,12 +53,12 @@ def test_the_registry_gets_the_image_the_tests_passed(tmp_path, engine, logged_i
         base_image, marker = own_base(engine, base_image, tmp_path / "base")
         cleanup_images.append(base_image)
     recipe = write_recipe(tmp_path, tiny_recipe(unique_name, base_image, pip=("six==1.16.0",)))
-    plan = plan_recipe(recipe, registry=logged_in.address, offline=True)
+    plan = plan_recipe(recipe, registry=logged_in.address, lookup=OFFLINE)
     cleanup_images.extend(plan.tags)
     # The concurrent build takes the same tags with other content: a --no-cache build of the same recipe
     # is the same image where builds are reproducible (Docker 26: issue 33 item 1), which races nothing.
     other_recipe = write_recipe(tmp_path / "other", tiny_recipe(unique_name, base_image, pip=("six==1.17.0",)))
-    other_plan = plan_recipe(other_recipe, registry=logged_in.address, offline=True)
+    other_plan = plan_recipe(other_recipe, registry=logged_in.address, lookup=OFFLINE)
     assert other_plan.tags == plan.tags
     tested: list[str] = []
     others: list[str] = []

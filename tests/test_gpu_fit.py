@@ -19,7 +19,7 @@ from buildkit_py.compat import gpu_fit
 from buildkit_py.compat.gpu_fit import Coverage, GpuSpec, PackageKernels, gpu_spec, gpus_rule, package_fit
 from buildkit_py.compat.tables import WheelLibrary
 from buildkit_py.errors import CompatibilityError, UsageError
-from buildkit_py.pipeline import plan_recipe
+from buildkit_py.pipeline import OFFLINE, plan_recipe
 from buildkit_py.recipe.model import load_recipe
 
 H100, B200, T4 = GpuSpec("H100", "9.0"), GpuSpec("B200", "10.0"), GpuSpec("T4", "7.5")
@@ -122,7 +122,7 @@ def test_hint_for_a_torch_without_a_kernel(version, variant, gpu, hint):
 def test_bitsandbytes_without_sm90_for_torchs_cuda_is_refused_with_a_release_that_has_it(tmp_path):
     """bitsandbytes 0.43.3's CUDA 11.8 build stops at sm_89 (read from its wheel); 0.45.5's has sm_90."""
     text = RECIPE.format(extra="pip: [bitsandbytes==0.43.3]\n").replace('"12.4.1"', '"11.8.0"')
-    plan = plan_recipe(write_recipe(tmp_path, text), offline=True)
+    plan = plan_recipe(write_recipe(tmp_path, text), lookup=OFFLINE)
     assert plan.resolution.torch_variant == "cu118"
     with pytest.raises(CompatibilityError) as exc:
         gpus_rule(plan.recipe, plan.resolution, [("--gpu", "H100")])
@@ -175,7 +175,7 @@ torch: "2.4.1"
 def test_recipe_gpus_are_refused_at_their_key(tmp_path):
     path = write_recipe(tmp_path, RECIPE.format(extra="gpus: [H100, B200]\n"))
     with pytest.raises(CompatibilityError) as exc:
-        plan_recipe(path, offline=True)
+        plan_recipe(path, lookup=OFFLINE)
     err = exc.value
     assert (err.key, err.line, err.component, err.version) == ("gpus[1]", 6, "torch", "2.4.1 (cu124)")
     assert "no kernel for B200" in err.reason and "SASS 5.0, 6.0, 7.0, 7.5, 8.0, 8.6, 9.0" in err.reason
@@ -186,7 +186,7 @@ def test_recipe_gpus_are_refused_at_their_key(tmp_path):
 def test_recipe_gpus_that_run_plan_and_change_the_digest(tmp_path):
     plain = load_recipe(write_recipe(tmp_path / "a", RECIPE.format(extra="")))
     targeted = write_recipe(tmp_path / "b", RECIPE.format(extra="gpus: [H100, sm_80]\n"))
-    plan = plan_recipe(targeted, offline=True)
+    plan = plan_recipe(targeted, lookup=OFFLINE)
     assert plan.recipe.gpus == ("H100", "sm_80")
     assert plan.recipe.digest != plain.digest
     assert "gpus" not in plain.normalized()  # recipes without it keep their digest
@@ -195,7 +195,7 @@ def test_recipe_gpus_that_run_plan_and_change_the_digest(tmp_path):
 def test_unknown_gpu_in_a_recipe_is_an_error_at_its_line(tmp_path):
     path = write_recipe(tmp_path, RECIPE.format(extra="gpus:\n  - H100\n  - RTX 9999\n"))
     with pytest.raises(CompatibilityError) as exc:
-        plan_recipe(path, offline=True)
+        plan_recipe(path, lookup=OFFLINE)
     assert (exc.value.key, exc.value.line) == ("gpus[1]", 8)
     assert "H100" in (exc.value.hint or "")
 
@@ -207,7 +207,7 @@ def test_empty_gpus_is_a_schema_error(tmp_path):
 
 def test_flash_attn_release_wheel_without_sm100_is_refused_with_the_release_that_has_it(tmp_path):
     path = write_recipe(tmp_path, RECIPE.format(extra="pip: [flash-attn==2.6.3]\n"))
-    plan = plan_recipe(path, offline=True)
+    plan = plan_recipe(path, lookup=OFFLINE)
     with pytest.raises(CompatibilityError) as exc:
         gpus_rule(plan.recipe, plan.resolution, [("--gpu", "H100"), ("--gpu", "B200")])
     errors = getattr(exc.value, "errors", [exc.value])
@@ -261,14 +261,14 @@ def test_the_label_records_the_gpus_as_nvidia_names_them(tmp_path):
     from buildkit_py.plan.labels import static_labels
 
     path = write_recipe(tmp_path, RECIPE.format(extra="gpus: [h100, sm_80]\n"))
-    plan = plan_recipe(path, offline=True)
+    plan = plan_recipe(path, lookup=OFFLINE)
     assert static_labels(plan.recipe, plan.resolution)["io.imgbuild.gpus"] == "H100;sm_80"
 
 
 def test_no_gpus_no_label(tmp_path):
     from buildkit_py.plan.labels import static_labels
 
-    plan = plan_recipe(write_recipe(tmp_path, RECIPE.format(extra="")), offline=True)
+    plan = plan_recipe(write_recipe(tmp_path, RECIPE.format(extra="")), lookup=OFFLINE)
     assert "io.imgbuild.gpus" not in static_labels(plan.recipe, plan.resolution)
 
 
@@ -303,7 +303,7 @@ def test_a_matrix_drops_the_variants_whose_torch_has_no_kernel_for_its_gpus(tmp_
 
     text = RECIPE.format(extra='gpus: [H100]\nmatrix:\n  cuda.version: ["11.7", "11.8"]\n')
     path = write_recipe(tmp_path, text.replace('"2.4.1"', '"2.0.1"').replace('"12.4.1"', '"11.8.0"'))
-    matrix = load_matrix(path, offline=True)
+    matrix = load_matrix(path, lookup=OFFLINE)
     assert [v.values["cuda.version"] for v in matrix.variants] == ["11.8"]
     [dropped] = matrix.dropped
     assert dropped.values["cuda.version"] == "11.7"

@@ -31,6 +31,7 @@ from buildkit_py.analysis.image_checks import (
 from buildkit_py.cli import test as cli_test
 from buildkit_py.engine.run import ContainerExit
 from buildkit_py.errors import ImageTestFailed, RecipeError
+from buildkit_py.pipeline import OFFLINE
 from buildkit_py.pipeline.build import run_tests
 from buildkit_py.recipe.model import TestSpec, load_recipe, recipe_schema
 
@@ -311,7 +312,7 @@ def test_a_checked_push_pushes_the_image_that_was_checked(tmp_path, monkeypatch)
     verified: list[tuple[str, str]] = []
     monkeypatch.setattr(engine_build, "verify_pushed",
                         lambda image_id, pushed: verified.append((image_id, pushed.ref)))
-    plan = plan_recipe(write_recipe(tmp_path, HEAD), registry="127.0.0.1:5000", offline=True)
+    plan = plan_recipe(write_recipe(tmp_path, HEAD), registry="127.0.0.1:5000", lookup=OFFLINE)
     checked: list[str] = []
 
     def run_tests(engine, image_id, recipe, shown_as, platforms, on_event):  # the tests pass
@@ -425,7 +426,7 @@ def test_the_gate_keeps_an_image_without_python_as_rejected(tmp_path, monkeypatc
     from buildkit_py.pipeline import plan_recipe
 
     monkeypatch.setattr(build_mod, "layer_groups", lambda *_a: {})
-    plan = plan_recipe(write_recipe(tmp_path, HEAD), offline=True)
+    plan = plan_recipe(write_recipe(tmp_path, HEAD), lookup=OFFLINE)
     engine = _NoPythonEngine()
 
     def build(request, on_line):

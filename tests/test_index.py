@@ -437,7 +437,7 @@ def test_the_resolver_reads_no_home_folder(ix, tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     recipe_path = write_recipe(tmp_path, RECIPE)
     assert main(["plan", str(recipe_path), "--index-url", ix.url], io.StringIO(), io.StringIO()) == 0
-    rows = live.cached_torch_releases()  # what the pipeline hands the resolver
+    rows = live.cached_torch_releases(tmp_path / "cache" / "imgbuild" / "compat")  # the resolver gets these
     assert [r.version for r in rows] == ["2.16.0"] and rows[0].from_cache
     monkeypatch.delenv("XDG_CACHE_HOME")
     monkeypatch.setenv("HOME", str(tmp_path / "no-such-home"))  # nothing to read, nowhere to write
@@ -468,7 +468,7 @@ def test_unreachable_index_falls_back_with_warning(tmp_path, monkeypatch):
     err = io.StringIO()
     assert main(["plan", str(recipe), "--index-url", "http://127.0.0.1:9/simple/"], io.StringIO(), err) == 2
     assert "could not be looked up" in err.getvalue() and "unreachable" in err.getvalue()
-    assert live.cached_rows() == {}
+    assert live.cached_rows(tmp_path / "cache" / "imgbuild" / "compat") == {}
 
 
 def test_data_status_text_with_empty_cache(tmp_path, monkeypatch):
@@ -519,3 +519,17 @@ def test_a_torch_version_the_index_has_not_is_called_no_release(ix, tmp_path, mo
     assert "torch 2.16.3 is not a release: the package index has no such version" in doc["message"], doc
     assert "could not answer" not in doc["message"]
     assert doc["hint"] == "use torch 2.16.0 (the nearest release)" and not doc.get("partial")
+
+
+def test_a_look_up_without_a_cache_folder_serves_its_run_and_writes_nothing(ix, tmp_path, monkeypatch):
+    """Issue 32 (4): the look-up reads no $XDG_CACHE_HOME; a library caller that gives no cache
+    folder still gets the torch release it looked up, and nothing is written anywhere."""
+    from buildkit_py.pipeline.lookups import Lookup, looked_up
+    from buildkit_py.recipe.model import load_recipe
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))  # not read below the CLI
+    notes: list[str] = []
+    facts = looked_up(load_recipe(write_recipe(tmp_path, RECIPE)), Lookup(index_url=ix.url), note=notes.append)
+    assert [r.version for r in facts.torch] == ["2.16.0"] and facts.torch[0].from_cache == "no cache folder"
+    assert "kept it for this run (no cache folder)" in notes[0]
+    assert not (tmp_path / "cache").exists()

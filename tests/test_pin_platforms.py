@@ -12,7 +12,7 @@ from buildkit_py.compat.platforms import PinFiles
 from buildkit_py.compat.resolve import resolve
 from buildkit_py.compat.rules import LookedUp
 from buildkit_py.errors import CompatibilityError
-from buildkit_py.pipeline import lookups
+from buildkit_py.pipeline import OFFLINE, lookups
 from buildkit_py.recipe.model import load_recipe
 
 X86, ARM = frozenset({"x86_64"}), frozenset({"x86_64", "aarch64"})
@@ -81,7 +81,7 @@ def test_the_look_up_reads_each_projects_files_from_the_index(tmp_path):
 def test_offline_says_which_pins_were_not_checked(tmp_path):
     warned: list[str] = []
     recipe = _recipe(tmp_path, ['"six==1.16.0"', '"bitsandbytes==0.45.5"'])
-    lookups.looked_up(recipe, offline=True, warn=warned.append)
+    lookups.looked_up(recipe, OFFLINE, warn=warned.append)
     assert warned == ["--offline: six not checked for linux/amd64, linux/arm64 (imgbuild's platform data has no "
                       "row for them and the package index was not read)"]
 
@@ -91,7 +91,7 @@ def test_a_pin_the_content_model_records_is_judged_offline(tmp_path):
     wheels only, no sdist) refuses linux/arm64 without reading the index."""
     warned: list[str] = []
     recipe = _recipe(tmp_path, ['"triton==2.3.1"'])
-    facts = lookups.looked_up(recipe, offline=True, warn=warned.append)
+    facts = lookups.looked_up(recipe, OFFLINE, warn=warned.append)
     assert warned == []
     assert [f.name for f in facts.pin_files] == ["triton"]
     assert "wheel_contents.json" in facts.pin_files[0].source

@@ -23,8 +23,6 @@ ALLOWED = {
     # docker's own config and credential variables, read as the docker CLI reads them: oci/ is
     # being retyped (issue 32, 3); its callers to pass them in after that
     "oci/auth.py": "docker's config and the registry credential variables",
-    # still to move (issue 32, 4): each takes its value as a parameter next
-    "pipeline/lookups.py": "XDG_CACHE_HOME (the look-up cache), and pip's variables for the index",
 }
 
 

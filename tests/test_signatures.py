@@ -19,6 +19,7 @@ from helpers import run_cli, write_recipe
 from buildkit_py import oci
 from buildkit_py.errors import SignatureError, UsageError
 from buildkit_py.oci import signatures as sig
+from buildkit_py.pipeline import OFFLINE
 
 
 @pytest.fixture
@@ -264,7 +265,7 @@ def test_base_verify_refuses_an_unsigned_base_before_building(client, registry, 
     (tmp_path / "keys" / "team.pub").write_bytes(keys["team"][1].read_bytes())
     recipe = write_recipe(tmp_path, BASE_RECIPE.format(base=ref, key="keys/team.pub"))
 
-    plan = pipeline.plan_recipe(recipe, offline=True)
+    plan = pipeline.plan_recipe(recipe, lookup=OFFLINE)
     assert plan.recipe.base.verify == (tmp_path / "keys" / "team.pub").resolve()
     # a check before building, not an input of the image: the recipe's digest (and its golden
     # Dockerfile's header) is the same without it
@@ -293,7 +294,7 @@ def test_base_verify_refuses_an_unsigned_base_before_building(client, registry, 
 
     missing = write_recipe(tmp_path, BASE_RECIPE.format(base=ref, key="nowhere.pub"), "missing.yaml")
     with pytest.raises(RecipeError, match="base.verify.*no such key file"):
-        pipeline.plan_recipe(missing, offline=True)
+        pipeline.plan_recipe(missing, lookup=OFFLINE)
 
 
 def test_mirror_copies_the_referrers(client, registry, unique_name, keys):

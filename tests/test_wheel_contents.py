@@ -11,6 +11,7 @@ from pyindex import LocalIndex
 from buildkit_py import compat
 from buildkit_py.compat import wheel_contents as wc
 from buildkit_py.compat.index import IndexClient
+from buildkit_py.pipeline import OFFLINE
 
 
 # ----------------------------------------------------------------------------- what a file name says
@@ -286,7 +287,7 @@ def test_a_cuda_wheel_pin_the_data_lacks_is_read_live_and_offline_is_partial(tmp
 
     recipe = _recipe(tmp_path, cuda="12.4", pip=['"nvidia-cusparselt-cu12==0.99.1"'])
     warned: list[str] = []
-    offline = lookups.looked_up(recipe, offline=True, warn=warned.append)
+    offline = lookups.looked_up(recipe, OFFLINE, warn=warned.append)
     assert warned == ["--offline: nvidia-cusparselt-cu12==0.99.1 not read: the CUDA libraries they bring are "
                       "known only in part"]
     image = resolve(recipe, looked_up=offline, today=TODAY).image_cuda
@@ -296,7 +297,7 @@ def test_a_cuda_wheel_pin_the_data_lacks_is_read_live_and_offline_is_partial(tmp
     ix.add_wheel("nvidia-cusparselt-cu12", "0.99.1", "py3-none-manylinux_2_28_x86_64", pep658=True,
                  files=["nvidia/cusparselt/lib/libcusparseLt.so.0"])
     with ix:
-        facts = lookups.looked_up(recipe, offline=False, index_url=ix.url, warn=warned.append)
+        facts = lookups.looked_up(recipe, lookups.Lookup(index_url=ix.url), warn=warned.append)
     assert [w.libraries for w in facts.wheels] == [("libcusparseLt.so.0",)]
     image = resolve(recipe, looked_up=facts, today=TODAY).image_cuda
     assert image is not None and not image.partial and "cusparselt" in image.loadable
@@ -314,7 +315,7 @@ def test_a_runtime_pin_of_another_cuda_minor_the_data_lacks_is_refused_from_its_
     ix.add_wheel("nvidia-cuda-runtime-cu12", "12.1.77", "py3-none-manylinux2014_x86_64", pep658=True,
                  files=["nvidia/cuda_runtime/lib/libcudart.so.12"])
     with ix:
-        facts = lookups.looked_up(recipe, offline=False, index_url=ix.url)
+        facts = lookups.looked_up(recipe, lookups.Lookup(index_url=ix.url))
     with pytest.raises(CompatibilityError) as info:
         resolve(recipe, looked_up=facts, today=TODAY)
     err = info.value
@@ -323,7 +324,7 @@ def test_a_runtime_pin_of_another_cuda_minor_the_data_lacks_is_refused_from_its_
     want = compat.cuda_wheel_set("12.4").pins("cudart")[0]
     assert err.hint == f"use {want} (CUDA 12.4's) or drop pip[0]"
     fixed = _recipe(tmp_path, cuda="12.4", pip=[f'"{want}"'])   # the hint, applied
-    assert resolve(fixed, looked_up=lookups.looked_up(fixed, offline=True),
+    assert resolve(fixed, looked_up=lookups.looked_up(fixed, OFFLINE),
                    today=TODAY).image_cuda.cuda_minors == {"12.4"}
 
 

@@ -238,7 +238,7 @@ def cmd_build_matrix(args: argparse.Namespace, out: Out) -> int:
 
     if args.all and args.variant:
         raise UsageError("use --all or --variant, not both")
-    matrix = pipeline.load_matrix(args.recipe, offline=getattr(args, "offline", False))
+    matrix = pipeline.load_matrix(args.recipe, lookup=settings_of(args).lookup(args))
     mx.select_variants(matrix, tuple(args.variant), jobs=args.jobs, tags=tuple(args.tag))  # before any output
     for w in mx.dropped_warnings(matrix):
         out.warn(w)

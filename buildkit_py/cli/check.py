@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 from buildkit_py import label_keys as K
 from buildkit_py.cli.common import AddCommand, Out, engine_option, image_labels, is_recipe, json_option, reading_engine
+from buildkit_py.cli.settings import settings_of
 from buildkit_py.errors import ExitStatus, UsageError
 
 if TYPE_CHECKING:
@@ -54,7 +55,7 @@ def cmd_check(args: argparse.Namespace, out: Out) -> int:
         cuda, what, floor, floors_from = args.cuda, f"CUDA {args.cuda}", None, FROM_DATA
     else:
         cuda, what, floor, floors_from = _cuda_of_target(None if is_recipe(args.target) else reading_engine(args),
-                                                         args.target)
+                                                         args.target, settings_of(args).compat_cache)
     datacenter = args.datacenter
     driver_cuda = None
     if args.driver:
@@ -100,7 +101,7 @@ def _check_gpu(args: argparse.Namespace, out: Out) -> int:
     engine = reading_engine(args)
     files, unreadable = read_image_kernels(engine, args.target)
     try:
-        cuda: str | None = _cuda_of_target(engine, args.target)[0]
+        cuda: str | None = _cuda_of_target(engine, args.target, settings_of(args).compat_cache)[0]
     except UsageError:
         cuda = None  # no CUDA label or env: every per-CUDA build of a library counts
     driver_result = None
@@ -213,16 +214,19 @@ def _host_driver(args: argparse.Namespace, cuda: str, floor: DriverFloor | None)
                                     + (exc.hint or "or run where the GPU is visible")) from None
 
 
-def _cuda_of_target(engine: Engine | None, target: str) -> tuple[str, str, DriverFloor | None, str]:
+def _cuda_of_target(engine: Engine | None, target: str,
+                    cache: Path) -> tuple[str, str, DriverFloor | None, str]:
     """The target's CUDA, its name, the floors to judge by (None: imgbuild's data for that CUDA) and
-    where they come from. An image's floor labels are its contract: they are used where it carries
-    them, the data only for an image without them."""
+    where they come from (a recipe is planned offline, with the look-up ``cache``). An image's floor
+    labels are its contract: they are used where it carries them, the data only for an image without
+    them."""
     from buildkit_py.compat import floor_from_labels
 
     if is_recipe(target):
         from buildkit_py import pipeline
 
-        res = pipeline.plan_recipe(Path(target), offline=True).resolution
+        offline = pipeline.Lookup(offline=True, cache=cache)
+        res = pipeline.plan_recipe(Path(target), lookup=offline).resolution
         return res.cuda_version, f"recipe {target}", res.driver_floor, FROM_DATA
     labels, env = image_labels(engine, target)
     cuda = labels.get(K.CUDA_VERSION) or env.get("CUDA_VERSION")

@@ -220,15 +220,14 @@ def plan_recipe(args: argparse.Namespace, recipe_path: Path, out: Out | None = N
     """The pipeline's plan of a recipe, with this command's options: its tags and registry, and the
     look-up of a pin newer than the shipped data (--offline, --index-url, --pip-config)."""
     from buildkit_py import pipeline
+    from buildkit_py.cli.settings import settings_of
     from buildkit_py.recipe.model import load_recipe, with_platforms
 
     out = Out(sys.stdout, sys.stderr) if out is None else out
-    pip_config = getattr(args, "pip_config", None)
     recipe = with_platforms(load_recipe(recipe_path), getattr(args, "platform", None) or ())
-    return pipeline.plan_recipe(recipe, tags=tuple(getattr(args, "tag", []) or ()),
-                                registry=getattr(args, "registry", None), offline=getattr(args, "offline", True),
-                                index_url=getattr(args, "index_url", None),
-                                pip_config=str(pip_config) if pip_config else None, warn=out.warn, note=out.info)
+    lookup = settings_of(args).lookup(args, offline=getattr(args, "offline", True))
+    return pipeline.plan_recipe(recipe, lookup=lookup, tags=tuple(getattr(args, "tag", []) or ()),
+                                registry=getattr(args, "registry", None), warn=out.warn, note=out.info)
 
 
 def reading_engine(args: argparse.Namespace) -> Engine:

@@ -54,11 +54,12 @@ def cmd_data(args: argparse.Namespace, out: Out) -> int:
         raise UsageError("imgbuild data: say status or refresh", hint="see `imgbuild data --help`")
     as_of = tables.data_files_as_of()
     shipped = max((d for d in as_of.values() if d), default=None)
-    cached = live.cached_rows()
+    cache_folder = settings_of(args).compat_cache
+    cached = live.cached_rows(cache_folder)
     rows = [{"component": "torch", "version": v, "index": r.get("index"), "read": r.get("read"),
              "pypi_variant": r.get("pypi_variant"), "shipped": any(t.version == v for t in tables.torch_releases())}
             for v, r in sorted(cached.items())]
-    cache = str(live.cache_dir())
+    cache = str(cache_folder)
     images = _images_status(datetime.date.today())
     partial = {"torch": [r.version for r in tables.torch_releases() if r.partial],
                "flash-attn": [r.version for r in tables.flash_attn_releases() if r.partial],

@@ -39,7 +39,7 @@ def cmd_lock(args: argparse.Namespace, out: Out) -> int:
     from buildkit_py.plan import lock
     from buildkit_py.plan import matrix as mx
 
-    matrix = pipeline.load_matrix(args.recipe, offline=getattr(args, "offline", False))
+    matrix = pipeline.load_matrix(args.recipe, lookup=settings_of(args).lookup(args))
     mx.require_variants(matrix, "lock")
     if [v.source for v in matrix.variants] == ["recipe"]:  # no matrix: the plan `build` makes
         plans = {lock.DEFAULT_VARIANT: plan_recipe(args, args.recipe)}

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from buildkit_py.cli.common import AddCommand, Out, ca_option, json_option, pip_config_option
+from buildkit_py.cli.settings import settings_of
 from buildkit_py.errors import UsageError
 
 if TYPE_CHECKING:
@@ -48,7 +49,7 @@ def cmd_matrix(args: argparse.Namespace, out: Out) -> int:
                          "build context (files imgbuild writes, e.g. the mount stubs' .imgbuild/root and lock "
                          "requirements)",
                          hint="add -o DIR, then run `docker buildx bake` in DIR")
-    matrix = pipeline.load_matrix(args.recipe, offline=getattr(args, "offline", False))
+    matrix = pipeline.load_matrix(args.recipe, lookup=settings_of(args).lookup(args))
     mx.require_variants(matrix, {"github": "put in a GitHub Actions matrix", "gitlab": "put in a GitLab matrix",
                                  "bake": "bake"}.get(fmt, "list"))
     if fmt != "text":

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from buildkit_py.cli.common import AddCommand, Out, json_option, offline_options, plan_recipe, tag_options
+from buildkit_py.cli.settings import settings_of
 from buildkit_py.errors import ExitStatus
 from buildkit_py.files import write_atomic
 
@@ -126,7 +127,8 @@ def _other_warnings(plan: BuildPlan) -> tuple[RecipeWarning, ...]:
 def cmd_lint(args: argparse.Namespace, out: Out) -> int:
     from buildkit_py.pipeline import lint_recipe
 
-    report = lint_recipe(args.recipe, hadolint=None if args.no_hadolint else "auto")
+    report = lint_recipe(args.recipe, hadolint=None if args.no_hadolint else "auto",
+                         cache=settings_of(args).compat_cache)
     if args.json:
         out.data(report.to_json())
     else:

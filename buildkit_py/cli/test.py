@@ -19,6 +19,7 @@ from buildkit_py.cli.common import (
     reading_engine,
     tag_options,
 )
+from buildkit_py.cli.settings import settings_of
 from buildkit_py.errors import ExitStatus, UsageError
 
 if TYPE_CHECKING:
@@ -104,7 +105,7 @@ def test_subject(args: argparse.Namespace, out: Out) -> tuple[Recipe | None, str
     from buildkit_py import pipeline
     from buildkit_py.plan import matrix as mx
 
-    matrix = pipeline.load_matrix(Path(args.target), offline=args.offline)
+    matrix = pipeline.load_matrix(Path(args.target), lookup=settings_of(args).lookup(args))
     if not matrix.keys:
         raise UsageError(f"--variant {args.variant}: {args.target} has no matrix",
                          hint=f"imgbuild test {args.target} tests its one image")

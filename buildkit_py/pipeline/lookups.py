@@ -3,7 +3,8 @@ pipeline's business, never the resolver's (which gets what was found as ``Looked
 
 ``ensure_torch`` reads a ``torch:`` pin that neither the shipped ``torch.json`` nor the cache knows
 from the index pip would use (its Linux wheel's METADATA: CUDA variant, pins, Python range) and
-stores it under ``$XDG_CACHE_HOME/imgbuild/compat/`` with the index URL and the date read;
+stores it in the cache folder it is given (the CLI's: ``$XDG_CACHE_HOME/imgbuild/compat/``) with
+the index URL and the date read;
 ``looked_up`` turns the cache and the look-up's outcome into the facts the resolver takes. A file
 that is unreadable or of another schema counts as empty. With ``--offline`` nothing is looked up;
 an unknown pin stays an error naming what is missing.
@@ -14,8 +15,8 @@ from __future__ import annotations
 import dataclasses
 import datetime as _dt
 import json
-import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from packaging.utils import canonicalize_name
@@ -32,12 +33,26 @@ from buildkit_py.schemas import load_schema, validate
 CACHE_SCHEMA = 1
 
 
-def cache_dir() -> Path:
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "imgbuild" / "compat"
+@dataclass(frozen=True)
+class Lookup:
+    """How the plan-time look-up reaches the package index and its cache, as the CLI read them once
+    (cli/settings.py): nothing here reads the environment."""
+
+    offline: bool = False
+    index_url: str | None = None  # --index-url
+    pip_config: str | None = None  # --pip-config
+    environ: Mapping[str, str] = field(default_factory=dict)  # pip's variables (PIP_INDEX_URL, PIP_CERT, HOME)
+    cache: Path | None = None  # the look-up cache's folder; None: none (a row looked up serves this run only)
+
+    def index_settings(self) -> index.IndexSettings:
+        return index.index_settings(index_url=self.index_url, pip_config=self.pip_config, env=self.environ)
 
 
-def torch_file() -> Path:
-    return cache_dir() / "torch.json"
+OFFLINE = Lookup(offline=True)  # neither the index nor a cache: the shipped data alone
+
+
+def torch_file(cache: Path) -> Path:
+    return cache / "torch.json"
 
 
 def _read(path: Path) -> dict:
@@ -48,15 +63,15 @@ def _read(path: Path) -> dict:
     return data if isinstance(data, dict) and data.get("schema") == CACHE_SCHEMA else {}
 
 
-def cached_rows() -> dict[str, dict]:
+def cached_rows(cache: Path | None) -> dict[str, dict]:
     """version -> cached torch.json row (with its ``index`` and ``read``)."""
-    rows = _read(torch_file()).get("releases", {})
+    rows = _read(torch_file(cache)).get("releases", {}) if cache is not None else {}
     return rows if isinstance(rows, dict) else {}
 
 
-def store(version: str, row: dict) -> Path:
+def store(cache: Path, version: str, row: dict) -> Path:
     """Add (or replace) one torch row; the file is written atomically."""
-    path = torch_file()
+    path = torch_file(cache)
     path.parent.mkdir(parents=True, exist_ok=True)
     data = _read(path) or {"schema": CACHE_SCHEMA, "releases": {}}
     data["releases"][version] = row
@@ -64,11 +79,15 @@ def store(version: str, row: dict) -> Path:
     return path
 
 
-def cached_torch_releases() -> tuple[TorchRelease, ...]:
+def cached_torch_releases(cache: Path | None) -> tuple[TorchRelease, ...]:
     """Every cache row the current data can accept, as a checked ``TorchRelease`` (``from_cache``
     set); a row of another shape, or with a CUDA variant no shipped toolkit knows, is left out."""
+    return _checked(cached_rows(cache), str(torch_file(cache)) if cache is not None else "")
+
+
+def _checked(rows: dict[str, dict], where: str) -> tuple[TorchRelease, ...]:
     out = []
-    for row in cached_rows().values():
+    for row in rows.values():
         try:
             Version(str(row.get("version")))
             if validate(row, {"$ref": "#/$defs/torch_release"}, root=load_schema("compat")):
@@ -76,7 +95,7 @@ def cached_torch_releases() -> tuple[TorchRelease, ...]:
             rel = tables.torch_row("look-up cache torch.json", row)
         except (InvalidVersion, CompatDataError, AttributeError, TypeError):
             continue
-        out.append(dataclasses.replace(rel, from_cache=str(torch_file())))
+        out.append(dataclasses.replace(rel, from_cache=where))
     return tuple(sorted(out, key=lambda r: Version(r.version)))
 
 
@@ -99,44 +118,41 @@ def torch_row_from_index(version: str, settings, *, today: str | None = None) ->
     return refresh.torch_row(client, project, hits[0], today=today or _dt.date.today().isoformat())
 
 
-def _known(version: str) -> bool:
+def _known(version: str, extra: tuple[TorchRelease, ...]) -> bool:
     try:
-        tables.torch_release(version, extra=cached_torch_releases())
+        tables.torch_release(version, extra=extra)
     except LookupError:
         return False
     return True
 
 
-def ensure_torch(version: str, settings, *, offline: bool) -> str | None:
-    """Make ``version`` answerable from the shipped data or the cache. Returns a note for the user
-    (None when either already knew it). Raises LookupError / PackageIndexError."""
-    if _known(version) or offline:
-        return None
+def ensure_torch(version: str, settings: index.IndexSettings, *,
+                 cache: Path | None) -> tuple[str, tuple[TorchRelease, ...]]:
+    """Read torch ``version``, which neither the shipped data nor the cache knows, from the index
+    and keep it in the cache (without one, for this run only). Returns a note for the user and the
+    releases beyond the shipped data now known. Raises LookupError / PackageIndexError."""
     row = torch_row_from_index(version, settings)
     row["index"] = index.redact(settings.url)
-    path = store(row["version"], row)
-    if not _known(version):   # e.g. a CUDA the shipped toolkits do not know yet
+    if cache is not None:
+        kept = f"cached it in {store(cache, row['version'], row)}"
+        known = cached_torch_releases(cache)
+    else:
+        kept, known = "kept it for this run (no cache folder)", _checked({row["version"]: row}, "no cache folder")
+    if not _known(version, known):   # e.g. a CUDA the shipped toolkits do not know yet
         variant = row.get("pypi_variant")
         raise LookupError(f"torch {version} on {index.redact(settings.url)} is a {variant} build, a CUDA "
                           "imgbuild's shipped data does not know yet")
-    return (f"looked torch {version} up on {index.redact(settings.url)} (its Linux wheel's METADATA) "
-            f"and cached it in {path}")
+    return f"looked torch {version} up on {index.redact(settings.url)} (its Linux wheel's METADATA) and {kept}", known
 
 
-def _index_settings(index_url: str | None, pip_config: str | None) -> index.IndexSettings:
-    return index.index_settings(index_url=index_url, pip_config=pip_config, env=os.environ)
-
-
-def looked_up(recipe: Recipe, *, offline: bool, index_url: str | None = None, pip_config: str | None = None,
-              warn: Callable[[str], None] | None = None, note: Callable[[str], None] | None = None) -> LookedUp:
+def looked_up(recipe: Recipe, lookup: Lookup, *, warn: Callable[[str], None] | None = None,
+              note: Callable[[str], None] | None = None) -> LookedUp:
     """The facts beyond the shipped data a recipe's resolution may need: a torch pin the data lacks
     is read from the package index (and cached) unless ``offline``; the cache's releases are passed
     on; what the look-up did goes with them, so a refusal says why. A multi-platform recipe's pins
     that platforms.json has no row for are read from the index too (their files: which machines)."""
-    facts = _torch_looked_up(recipe, offline=offline, index_url=index_url, pip_config=pip_config, warn=warn,
-                             note=note)
-    facts = _wheels_looked_up(recipe, facts, offline=offline, index_url=index_url, pip_config=pip_config,
-                              warn=warn)
+    facts = _torch_looked_up(recipe, lookup, warn=warn, note=note)
+    facts = _wheels_looked_up(recipe, facts, lookup, warn=warn)
     if not recipe.multi_platform:
         return facts
     untabled = untabled_pins(recipe)
@@ -144,13 +160,12 @@ def looked_up(recipe: Recipe, *, offline: bool, index_url: str | None = None, pi
     recorded = tuple(f for n, v in _exact_pins(recipe) if n in untabled and wheel_contents.model().knows(n, v)
                      and (f := wheel_contents.model().pin_files(n)) is not None)
     rest = tuple(n for n in untabled if n not in {f.name for f in recorded})
-    if offline:
+    if lookup.offline:
         if rest and warn:
             warn(f"--offline: {', '.join(rest)} not checked for {', '.join(recipe.platforms)} (imgbuild's "
                  "platform data has no row for them and the package index was not read)")
         return dataclasses.replace(facts, pin_files=recorded)
-    settings = _index_settings(index_url, pip_config)
-    return dataclasses.replace(facts, pin_files=recorded + read_pin_files(rest, settings, warn=warn))
+    return dataclasses.replace(facts, pin_files=recorded + read_pin_files(rest, lookup.index_settings(), warn=warn))
 
 
 def _exact_pins(recipe: Recipe) -> tuple[tuple[str, str], ...]:
@@ -158,19 +173,19 @@ def _exact_pins(recipe: Recipe) -> tuple[tuple[str, str], ...]:
                  for spec in recipe.pip if "==" in spec)
 
 
-def _wheels_looked_up(recipe: Recipe, facts: LookedUp, *, offline: bool, index_url: str | None,
-                      pip_config: str | None, warn: Callable[[str], None] | None) -> LookedUp:
+def _wheels_looked_up(recipe: Recipe, facts: LookedUp, lookup: Lookup, *,
+                      warn: Callable[[str], None] | None) -> LookedUp:
     """Read what each pinned CUDA wheel the content model lacks brings (its METADATA and zip directory,
     by HTTP range), as a torch pin the data lacks is read; --offline leaves the image's CUDA libraries
     known only in part, and says so."""
     unread = wheel_contents.unrecorded_cuda_pins(spec.replace(" ", "") for spec in recipe.pip)
     if not unread:
         return facts
-    if offline:
+    if lookup.offline:
         if warn:
             warn(f"--offline: {', '.join(unread)} not read: the CUDA libraries they bring are known only in part")
         return facts
-    client = index.client_for(_index_settings(index_url, pip_config))
+    client = index.client_for(lookup.index_settings())
     today = _dt.date.today().isoformat()
     rows = []
     for pin in unread:
@@ -229,24 +244,24 @@ def _linux_machine(tag: str) -> str | None:
     return None
 
 
-def _torch_looked_up(recipe: Recipe, *, offline: bool, index_url: str | None, pip_config: str | None,
-                     warn: Callable[[str], None] | None, note: Callable[[str], None] | None) -> LookedUp:
-    if not recipe.torch or _known(recipe.torch):
-        return LookedUp(torch=cached_torch_releases())
-    if offline:
-        return LookedUp(torch=cached_torch_releases(), offline=True)
-    settings = _index_settings(index_url, pip_config)
+def _torch_looked_up(recipe: Recipe, lookup: Lookup, *, warn: Callable[[str], None] | None,
+                     note: Callable[[str], None] | None) -> LookedUp:
+    cached = cached_torch_releases(lookup.cache)
+    if not recipe.torch or _known(recipe.torch, cached):
+        return LookedUp(torch=cached)
+    if lookup.offline:
+        return LookedUp(torch=cached, offline=True)
     try:
-        text = ensure_torch(recipe.torch, settings, offline=False)
+        text, known = ensure_torch(recipe.torch, lookup.index_settings(), cache=lookup.cache)
     except NotOnIndex as exc:  # no such release: the resolver says so, with the nearest that exists
         if warn:
             warn(str(exc))
-        return LookedUp(torch=cached_torch_releases(), index_releases=exc.releases, index_url=exc.url)
+        return LookedUp(torch=cached_torch_releases(lookup.cache), index_releases=exc.releases, index_url=exc.url)
     except (PackageIndexError, LookupError) as exc:
         reason = str(exc).strip(chr(39))
         if warn:
             warn(f"torch {recipe.torch} is not in imgbuild's compatibility data and could not be looked up: {reason}")
-        return LookedUp(torch=cached_torch_releases(), failure=reason)
-    if text and note:
+        return LookedUp(torch=cached_torch_releases(lookup.cache), failure=reason)
+    if note:
         note(text)
-    return LookedUp(torch=cached_torch_releases())
+    return LookedUp(torch=known)
