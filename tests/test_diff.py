@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from buildkit_py import oci
 from buildkit_py.analysis import diff as D
 from buildkit_py.errors import RegistryError, UsageError
 
@@ -17,9 +18,18 @@ def recorded(name: str) -> dict:
     return json.loads((FIX / f"{name}.json").read_text())
 
 
+def typed(r: dict) -> tuple[oci.Manifest, oci.ImageConfig]:
+    """A recorded manifest and config as the registry client parses them (the recorded digest: the
+    fixture keeps the parsed JSON, not the bytes it was served as)."""
+    manifest = oci.parse_manifest(oci.canonical_json(r["manifest"]), r.get("digest") or "", oci.MEDIA_OCI_MANIFEST,
+                                  r["image"])
+    assert isinstance(manifest, oci.Manifest)
+    return manifest, oci.parse_image_config(oci.canonical_json(r["config"]), manifest.config.digest, r["image"])
+
+
 def from_registry(name: str, sizes=None) -> D.ImageLayers:
     r = recorded(name)
-    return D.layers_from_manifest(r["image"], r["manifest"], r["config"], digest=r["digest"], sizes=sizes)
+    return D.layers_from_manifest(r["image"], *typed(r), sizes=sizes)
 
 
 def from_engine(name: str) -> D.ImageLayers:
@@ -104,7 +114,7 @@ def test_manifest_and_config_must_agree():
     r = recorded("t2")
     r["manifest"]["layers"] = r["manifest"]["layers"][:2]
     with pytest.raises(RegistryError, match="manifest lists 2 layers but the config 3"):
-        D.layers_from_manifest(r["image"], r["manifest"], r["config"])
+        D.layers_from_manifest(r["image"], *typed(r))
 
 
 def test_bad_bandwidth_and_source_are_usage_errors():

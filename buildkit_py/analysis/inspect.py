@@ -410,10 +410,10 @@ def registry_layer_sizes(ref: str, n_layers: int) -> list[int] | None:
     """Compressed layer sizes from ``ref``'s manifest in its registry (what a pull moves);
     None when it is not there or its layers are not the image's."""
     try:
-        manifest, _, _ = oci.get_manifest(ref, client=oci.Client(max_retries=1, timeout=(5.0, 30.0)))
+        manifest = oci.read_manifest(ref, client=oci.Client(max_retries=1, timeout=(5.0, 30.0)))
     except (ImgbuildError, ValueError):
         return None
-    sizes = [int(x.get("size") or 0) for x in manifest.get("layers") or []]
+    sizes = [layer.size for layer in manifest.layers]
     return sizes if len(sizes) == n_layers else None
 
 

@@ -292,13 +292,13 @@ _COMPRESSION = {"application/vnd.oci.image.layer.v1.tar+gzip": "gzip",
 
 
 @contextlib.contextmanager
-def layer_blob(ref: oci.Reference, desc: Mapping[str, Any], client: oci.Client) -> Iterator[IO[bytes]]:
+def layer_blob(ref: oci.Reference, desc: oci.Descriptor, client: oci.Client) -> Iterator[IO[bytes]]:
     """A layer blob of ``ref``'s registry as the layer tar it unpacks to, streamed (nothing written)."""
-    media_type = str(desc.get("mediaType") or "")
+    media_type = desc.media_type
     if media_type not in _COMPRESSION:
-        raise SbomError(f"{ref}: layer {desc.get('digest')} has media type {media_type!r}, which is not a layer "
+        raise SbomError(f"{ref}: layer {desc.digest} has media type {media_type!r}, which is not a layer "
                         "this can read")
-    resp = client.request("GET", ref.api_host, f"/v2/{ref.repository}/blobs/{desc['digest']}",
+    resp = client.request("GET", ref.api_host, f"/v2/{ref.repository}/blobs/{desc.digest}",
                           scope=oci.pull_scope(ref.repository), stream=True)
     with resp:
         raw: IO[bytes] = resp.raw  # type: ignore[assignment]  # urllib3's response reads like a file
@@ -306,11 +306,11 @@ def layer_blob(ref: oci.Reference, desc: Mapping[str, Any], client: oci.Client) 
         yield decompressing(raw, compression) if compression else raw
 
 
-def _scan_blob(ref: oci.Reference, desc: Mapping[str, Any], diff_id: str, client: oci.Client) -> LayerScan:
+def _scan_blob(ref: oci.Reference, desc: oci.Descriptor, diff_id: str, client: oci.Client) -> LayerScan:
     with layer_blob(ref, desc, client) as tar:
         scan = scan_layer(tar, counter=None, keep=wanted)
     if scan.digest != diff_id:
-        raise DigestMismatch(f"layer {desc.get('digest')} of {ref} unpacks to {scan.digest}, not the config's "
+        raise DigestMismatch(f"layer {desc.digest} of {ref} unpacks to {scan.digest}, not the config's "
                              f"diff id {diff_id}")
     return scan
 
@@ -327,20 +327,19 @@ def read_registry_image(image: str, *, platform: str = oci.DEFAULT_PLATFORM, cli
     is then exactly what was pushed, whatever engine or builder pushed it."""
     ref = oci.parse_reference(image)
     client = client or oci.Client()
-    manifest, digest, _ = oci.get_manifest(ref, platform=platform, client=client)
-    config = oci.get_image_config(ref.with_digest(digest), platform=platform, client=client)
-    diff_ids = list((config.get("rootfs") or {}).get("diff_ids") or [])
-    layers = list(manifest.get("layers") or [])
+    manifest = oci.read_manifest(ref, platform=platform, client=client)
+    config = oci.read_image_config(ref.with_digest(manifest.digest), client=client, manifest=manifest)
+    diff_ids, layers = config.diff_ids, manifest.layers
     if len(diff_ids) != len(layers):
         raise SbomError(f"{ref}: the manifest has {len(layers)} layers but the config {len(diff_ids)} diff ids")
     workers = max(1, min(workers or min(4, os.cpu_count() or 1), len(layers) or 1))
     with concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="imgbuild-sbom") as pool:
         # the biggest layers first: the last one to start is then a small one
-        order = sorted(range(len(layers)), key=lambda i: -int(layers[i].get("size") or 0))
+        order = sorted(range(len(layers)), key=lambda i: -layers[i].size)
         futures = {i: pool.submit(_scan_blob, ref, layers[i], diff_ids[i], client) for i in order}
         scans = [futures[i].result() for i in range(len(layers))]
-    return contents_from_layers(scans, image=image, source=SOURCE_REGISTRY, image_id=digest, config=config,
-                                labels=(config.get("config") or {}).get("Labels") or {})
+    return contents_from_layers(scans, image=image, source=SOURCE_REGISTRY, image_id=manifest.digest,
+                                config=config.document(), labels=dict(config.labels))
 
 
 def read_image_contents(image: str, *, source: str = "auto", engine: Engine | None = None,

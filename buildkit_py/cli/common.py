@@ -264,7 +264,7 @@ def image_config(engine: Engine | None, ref: str) -> dict[str, Any]:
     from buildkit_py.errors import ImageMissing, ManifestNotFound
 
     try:
-        return dict(oci.get_image_config(ref).get("config") or {})
+        return dict(oci.read_image_config(ref).runtime)
     except ManifestNotFound as exc:
         raise ImageMissing(f"no image {ref}: not in the local engine, and {exc.message}",
                            hint="check the name and tag (`docker images`), or build and push it first "

@@ -171,7 +171,7 @@ def _require_built(engine: Engine, image: str, recipe: Path) -> None:
     ref = oci.parse_reference(image)
     if ref.registry != oci.DOCKER_HUB:  # docker run pulls a registry tag itself, if it is there
         try:
-            oci.get_manifest(ref)
+            oci.read_manifest(ref)
             return
         except ManifestNotFound:
             pass

@@ -9,7 +9,6 @@ the environment's (exit 3)."""
 from __future__ import annotations
 
 import dataclasses
-import json
 
 from buildkit_py import oci
 from buildkit_py.compat.bases import BaseFacts, needs_lookup
@@ -33,16 +32,16 @@ def fetch_base_facts(ref: str, *, client=None) -> BaseFacts:
     read (ManifestNotFound, AuthenticationError, RegistryUnreachable, RegistryError)."""
     # Planning must not stall on an unreachable registry: one short try.
     client = client or oci.Client(timeout=(5.0, 5.0), max_retries=1)
-    raw, digest, media_type = oci.fetch_manifest(ref, client=client)
-    image = oci.get_image_config(ref, client=client)
-    config = image.get("config") or {}
-    env = dict(e.split("=", 1) for e in config.get("Env") or [] if "=" in e)
-    if media_type in oci.INDEX_TYPES:  # the platforms it serves (compat/platforms.py checks the recipe's)
-        entries = json.loads(raw).get("manifests") or []
-        platforms = tuple(dict.fromkeys(p for p in map(oci.platform_of, entries) if "unknown" not in p))
+    found = oci.read_any_manifest(ref, client=client)
+    image = oci.read_image_config(ref, client=client, manifest=found if isinstance(found, oci.Manifest) else None)
+    env = dict(e.split("=", 1) for e in image.runtime.get("Env") or [] if "=" in e)
+    if isinstance(found, oci.Index):  # the platforms it serves (compat/platforms.py checks the recipe's)
+        platforms = tuple(dict.fromkeys(p for p in (e.platform_name for e in found.manifests) if "unknown" not in p))
     else:
-        platforms = (f"{image.get('os', 'linux')}/{image['architecture']}",) if image.get("architecture") else ()
-    return BaseFacts(ref, digest, dict(config.get("Labels") or {}), env, platforms)
+        document = image.document()
+        platforms = (f"{document.get('os', 'linux')}/{document['architecture']}",) if document.get("architecture") \
+            else ()
+    return BaseFacts(ref, found.digest, dict(image.labels), env, platforms)
 
 
 def base_facts_for(recipe: Recipe, base_image: str, *, client=None) -> BaseFacts | None:

@@ -278,8 +278,7 @@ def _read_back(measured: Measured, pushes: list[PushResult]) -> Measured:
         if compressed is not None:
             sizes = ImageSizes(sizes.uncompressed if sizes else 0, compressed)
         if not image_labels:
-            config = oci.get_image_config(pushes[0].ref).get("config") or {}
-            image_labels = dict(sorted((config.get("Labels") or {}).items()))
+            image_labels = dict(sorted(oci.read_image_config(pushes[0].ref).labels.items()))
     return sizes, groups, image_labels
 
 
