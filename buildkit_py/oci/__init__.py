@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:  # the eager view, for type checkers and readers
     from buildkit_py.oci.blobs import (
         CHUNK,
+        MAX_CONFIG_BYTES,
         MEDIA_OCTET,
         UploadResult,
         blob_exists,
@@ -46,7 +47,6 @@ if TYPE_CHECKING:  # the eager view, for type checkers and readers
         DEFAULT_PLATFORM,
         INDEX_TYPES,
         MANIFEST_TYPES,
-        MAX_CONFIG_BYTES,
         MAX_MANIFEST_BYTES,
         MEDIA_DOCKER_CONFIG,
         MEDIA_DOCKER_LIST,
@@ -104,14 +104,14 @@ if TYPE_CHECKING:  # the eager view, for type checkers and readers
 
 # Where each public name lives.
 _HOME = {name: module for module, names in {
-    "blobs": ("CHUNK", "MEDIA_OCTET", "UploadResult", "blob_exists", "delete_blob", "head_blob", "read_blob",
-              "sha256_file", "start_upload", "upload_blob", "upload_bytes"),
+    "blobs": ("CHUNK", "MAX_CONFIG_BYTES", "MEDIA_OCTET", "UploadResult", "blob_exists", "delete_blob", "head_blob",
+              "read_blob", "sha256_file", "start_upload", "upload_blob", "upload_bytes"),
     "copy": ("CopyResult", "copy_image"),
     "download": ("default_streams", "get_blob"),
-    "manifests": ("ACCEPT", "DEFAULT_PLATFORM", "INDEX_TYPES", "MANIFEST_TYPES", "MAX_CONFIG_BYTES",
-                  "MAX_MANIFEST_BYTES", "MEDIA_DOCKER_CONFIG", "MEDIA_DOCKER_LIST", "MEDIA_DOCKER_MANIFEST",
-                  "MEDIA_OCI_CONFIG", "MEDIA_OCI_INDEX", "MEDIA_OCI_MANIFEST", "Descriptor", "ImageConfig", "Index",
-                  "Manifest", "canonical_json", "delete_manifest", "fetch_manifest", "get_image_config", "get_manifest",
+    "manifests": ("ACCEPT", "DEFAULT_PLATFORM", "INDEX_TYPES", "MANIFEST_TYPES", "MAX_MANIFEST_BYTES",
+                  "MEDIA_DOCKER_CONFIG", "MEDIA_DOCKER_LIST", "MEDIA_DOCKER_MANIFEST", "MEDIA_OCI_CONFIG",
+                  "MEDIA_OCI_INDEX", "MEDIA_OCI_MANIFEST", "Descriptor", "ImageConfig", "Index", "Manifest",
+                  "canonical_json", "delete_manifest", "fetch_manifest", "get_image_config", "get_manifest",
                   "parse_image_config", "parse_manifest", "platform_matches", "platform_of", "put_manifest",
                   "read_any_manifest", "read_image_config", "read_manifest", "select_platform"),
     # image references are a fact below every layer (buildkit_py/reference.py); re-exported for oci's callers

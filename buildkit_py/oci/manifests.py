@@ -40,7 +40,8 @@ def _str_map(value: object) -> Mapping[str, str]:
     return {str(k): str(v) for k, v in value.items()}
 
 
-def _object(raw: bytes, what: str) -> dict[str, Any]:
+def json_object(raw: bytes, what: str) -> dict[str, Any]:
+    """A registry document's bytes as a JSON object; a RegistryError naming ``what`` otherwise."""
     try:
         body = json.loads(raw)
     except ValueError as exc:
@@ -101,7 +102,7 @@ class Manifest:
 
     def document(self) -> dict[str, Any]:
         """The manifest as JSON (a fresh copy: the parsed form is frozen)."""
-        return _object(self.raw, f"manifest {self.digest}")
+        return json_object(self.raw, f"manifest {self.digest}")
 
 
 @dataclass(frozen=True)
@@ -118,7 +119,7 @@ class Index:
         return Descriptor.from_json(select_platform(self.document(), platform, what), f"index entry of {what}")
 
     def document(self) -> dict[str, Any]:
-        return _object(self.raw, f"index {self.digest}")
+        return json_object(self.raw, f"index {self.digest}")
 
 
 @dataclass(frozen=True)
@@ -137,12 +138,12 @@ class ImageConfig:
         return _str_map(self.runtime.get("Labels"))
 
     def document(self) -> dict[str, Any]:
-        return _object(self.raw, f"config {self.digest}")
+        return json_object(self.raw, f"config {self.digest}")
 
 
 def parse_manifest(raw: bytes, digest: str, media_type: str, what: str) -> Manifest | Index:
     """The typed form of fetched manifest bytes (an index when ``media_type`` is one)."""
-    body = _object(raw, f"manifest of {what}")
+    body = json_object(raw, f"manifest of {what}")
     if media_type in INDEX_TYPES:
         return Index(raw, digest, media_type, tuple(
             Descriptor.from_json(e, f"index entry of {what}") for e in body.get("manifests") or []))
@@ -158,7 +159,7 @@ def parse_manifest(raw: bytes, digest: str, media_type: str, what: str) -> Manif
 
 
 def parse_image_config(raw: bytes, digest: str, what: str) -> ImageConfig:
-    body = _object(raw, what)
+    body = json_object(raw, what)
     runtime = body.get("config") or {}
     history = body.get("history") or []
     return ImageConfig(raw, digest, runtime if isinstance(runtime, dict) else {},
@@ -182,7 +183,7 @@ def fetch_manifest(ref: Reference | str, *, client: Client | None = None) -> tup
     digest = sha256_bytes(raw)
     if ref.digest and digest != ref.digest:
         raise DigestMismatch(f"manifest of {ref} has digest {digest}, not the pinned {ref.digest}")
-    media_type = _media_type(resp, _object(raw, f"manifest of {ref}"))
+    media_type = _media_type(resp, json_object(raw, f"manifest of {ref}"))
     if media_type not in MANIFEST_TYPES + INDEX_TYPES:
         raise RegistryError(f"{ref} has unsupported manifest type {media_type!r}",
                             hint="only OCI and Docker schema 2 manifests are supported")
@@ -248,7 +249,7 @@ def put_manifest(ref: Reference | str, manifest: Mapping[str, Any] | bytes, medi
     client = client or Client()
     raw = manifest if isinstance(manifest, bytes) else canonical_json(manifest)
     if media_type is None:
-        media_type = str(_object(raw, f"manifest for {ref}").get("mediaType") or MEDIA_OCI_MANIFEST)
+        media_type = str(json_object(raw, f"manifest for {ref}").get("mediaType") or MEDIA_OCI_MANIFEST)
     digest = sha256_bytes(raw)
     target = ref.tag or ref.digest or digest
     if ref.digest and not ref.tag and ref.digest != digest:
