@@ -19,7 +19,7 @@ from buildkit_py.engine.build import BuildOptions, BuildOutcome, build_platforms
 from buildkit_py.engine.children import stop_all
 from buildkit_py.engine.push import check_can_push
 from buildkit_py.errors import ImageTestFailed, ImgbuildError
-from buildkit_py.pipeline.build import BuildReport, Publishing, attach_sboms, build_checked, sign_pushes
+from buildkit_py.pipeline.build import BuildReport, Publishing, attach_sboms, build_checked, push_json, sign_pushes
 from buildkit_py.pipeline.locks import use_lock
 from buildkit_py.plan.build_plan import BuildPlan
 from buildkit_py.plan.matrix import (
@@ -240,8 +240,7 @@ def build_report(result: MatrixBuild) -> dict[str, Any]:
             r = b.outcome.result
             entry.update(image_id=r.image_id, digest=b.digest, size=b.outcome.size, steps_run=r.run_steps,
                          steps_cached=r.cached_steps, steps_rerun=list(r.rerun), groups=b.outcome.groups,
-                         pushes=[{"ref": p.ref, "tag": p.tag, "digest": p.digest, "size": p.size}
-                                 for p in b.outcome.pushes])
+                         pushes=[push_json(p) for p in b.outcome.pushes])
         else:
             entry["error"] = b.error.to_json() if b.error else None
         if b.report is not None:

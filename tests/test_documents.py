@@ -1,0 +1,78 @@
+"""The --json documents as frozen dataclasses (issue 32, item 3): each document's JSON has the
+keys the README documents, and the text output reads the same fields, so the two cannot disagree."""
+
+from __future__ import annotations
+
+import json
+
+from buildkit_py.analysis.image_checks import PASSED, TestReport, TestResult
+from buildkit_py.analysis.sbom import AttachedSbom
+from buildkit_py.compat.codes import RecipeWarning, WarningCode
+from buildkit_py.engine import BuildResult, ImageSizes
+from buildkit_py.engine.push import PushResult
+from buildkit_py.oci.signatures import SignedManifest
+from buildkit_py.pipeline import build as build_mod
+
+# README, the command table and "The --json contract": `build --json`
+BUILD_KEYS = {"image_id", "tags", "size", "engine", "backend", "size_uncompressed", "size_compressed", "seconds",
+              "steps_run", "steps_cached", "steps_rerun", "groups", "labels", "warnings", "pushes", "sboms",
+              "signatures", "tests", "cold_start", "platforms", "platform_tests"}
+
+
+def _build_document(platforms: tuple[str, ...] = ()) -> build_mod.BuildDocument:
+    image = "sha256:" + "ab" * 32
+    result = BuildResult(image, ("reg/team/app:1",), "", cached_steps=3, run_steps=2, seconds=12.345,
+                         rerun=("pip-torch", "copy"))
+    push = PushResult("reg/team/app@sha256:" + "cd" * 32, "reg/team/app:1", "sha256:" + "cd" * 32, 2048, 1)
+    outcome = build_mod.BuildOutcome(None, "docker", result, size=5_000_000, pushes=(push,),  # no plan: not read
+                                     groups={"cuda": 4_000_000}, labels={"io.imgbuild.cuda": "12.4.1"},
+                                     sizes=ImageSizes(5_000_000, 2_000_000))
+    tests = tuple(TestReport(f"reg/team/app:1 ({p})", False, (TestResult("import torch", "import", PASSED),), p)
+                  for p in platforms or ("linux/amd64",))
+    sbom = AttachedSbom("reg/team/app@sha256:" + "ef" * 32, "sha256:" + "ef" * 32, push.digest, "linux/amd64",
+                        "referrers-api", None, 42, 900)
+    signed = SignedManifest(push.digest, None, "sha256-" + "cd" * 32 + ".sig", 1)
+    report = build_mod.BuildReport(outcome, tests, (sbom,), (signed,))
+    warning = RecipeWarning(WarningCode.CUDA_TWICE, "torch", "torch ships CUDA a second time")
+    return build_mod.BuildDocument.of(report, (warning,), platforms)
+
+
+def test_build_document_has_the_documented_keys_and_the_values_it_was_built_from():
+    doc = _build_document()
+    data = doc.to_json()
+    assert set(data) == BUILD_KEYS
+    json.dumps(data)  # plain JSON all through
+    assert data["backend"] == data["engine"] == "docker"
+    assert (data["seconds"], data["steps_run"], data["steps_cached"], data["steps_rerun"]) == (12.35, 2, 3,
+                                                                                               ["pip-torch", "copy"])
+    assert (data["size"], data["size_uncompressed"], data["size_compressed"]) == (5_000_000, 5_000_000, 2_000_000)
+    assert data["pushes"] == [{"ref": doc.pushes[0].ref, "tag": "reg/team/app:1", "digest": doc.pushes[0].digest,
+                               "size": 2048}]
+    assert data["warnings"] == [{"code": "cuda-twice", "key": "torch", "message": "torch ships CUDA a second time",
+                                 "hint": None}]
+    assert data["tests"]["passed"] == 1 and data["platform_tests"] == []  # one platform: no per-platform list
+    assert data["sboms"][0]["components"] == 42 and data["signatures"][0]["tag"].endswith(".sig")
+    assert data["cold_start"] is None
+
+
+def test_build_text_reads_the_document():
+    doc = _build_document()
+    data = doc.to_json()
+    lines = doc.lines()
+    assert lines[0] == f"image    {data['image_id']}"
+    assert lines[1] == f"tags     {', '.join(data['tags'])}"
+    assert lines[2] == "size     4.8 MiB (5000000 bytes) uncompressed, 1.9 MiB compressed"
+    assert lines[3] == "steps    2 run, 3 cached, 12.3s"
+    assert f"pushed   {data['pushes'][0]['ref']}" in lines
+    assert any(x.startswith("sbom     ") and "(42 components, referrers-api)" in x for x in lines)
+    assert f"signed   {data['signatures'][0]['digest']} (manifest, {data['signatures'][0]['tag']})" in lines
+
+
+def test_a_multi_platform_build_lists_each_platforms_tests():
+    doc = _build_document(("linux/amd64", "linux/arm64"))
+    data = doc.to_json()
+    assert [t["platform"] for t in data["platform_tests"]] == ["linux/amd64", "linux/arm64"]
+    assert data["tests"]["platform"] == "linux/arm64"  # the last platform's, as before
+    assert [x for x in doc.lines() if x.startswith("tests")] == [
+        "tests    1 passed, 0 failed, 0 skipped (reg/team/app:1 (linux/amd64))",
+        "tests    1 passed, 0 failed, 0 skipped (reg/team/app:1 (linux/arm64))"]
