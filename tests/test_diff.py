@@ -97,7 +97,7 @@ def test_a_blob_twice_in_b_is_downloaded_once():
 
 def test_json_schema_1():
     d = D.diff_layers(from_registry("t1"), from_registry("t2"))
-    out = D.diff_json(d)
+    out = d.to_json()
     assert out["schema"] == 1
     assert out["a"]["digest"] == recorded("t1")["digest"] and out["b"]["source"] == "registry"
     assert out["totals"]["shared_compressed_size"] == 65775542 + 3001212
@@ -128,7 +128,7 @@ def test_pull_time_adds_unpacking_of_the_new_bytes():
     b = from_registry("t2", sizes=[180098560, 3002368, 2560])
     d = D.diff_layers(from_registry("t1"), b, bandwidth_mbps=80, unpack_mbps=2)
     assert d.totals.pull_seconds == pytest.approx(141 * 8 / 80e6 + 2560 / 2e6)
-    assert D.diff_json(d)["totals"]["unpack_mbps"] == 2
+    assert d.to_json()["totals"]["unpack_mbps"] == 2
     # unpacked bytes unknown: no figure rather than a network-only one that claims to include unpacking
     assert D.diff_layers(from_registry("t1"), from_registry("t2"), unpack_mbps=2).totals.pull_seconds is None
     with pytest.raises(UsageError):

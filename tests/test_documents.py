@@ -76,3 +76,58 @@ def test_a_multi_platform_build_lists_each_platforms_tests():
     assert [x for x in doc.lines() if x.startswith("tests")] == [
         "tests    1 passed, 0 failed, 0 skipped (reg/team/app:1 (linux/amd64))",
         "tests    1 passed, 0 failed, 0 skipped (reg/team/app:1 (linux/arm64))"]
+
+
+# README: `test --json`
+TEST_KEYS = {"image", "gpu", "platforms", "passed", "failed", "skipped", "results", "platform_tests"}
+TEST_RESULT_KEYS = {"name", "kind", "status", "detail", "command", "exit_code", "output", "seconds", "platform"}
+
+
+def test_test_run_document_and_text():
+    from buildkit_py.analysis.image_checks import FAILED, TestRun
+
+    reports = (TestReport("app:1", True, (TestResult("import torch", "import", PASSED),), "linux/amd64"),
+               TestReport("app:1", False, (TestResult("smoke", "command", FAILED, command="true", exit_code=1),),
+                          "linux/arm64"))
+    run = TestRun("app:1", reports)
+    data = run.to_json()
+    assert set(data) == TEST_KEYS
+    assert all(set(r) == TEST_RESULT_KEYS for r in data["results"])
+    assert (data["gpu"], data["platforms"], data["passed"], data["failed"]) == (True, ["linux/amd64", "linux/arm64"],
+                                                                                1, 1)
+    assert [r["platform"] for r in data["results"]] == data["platforms"]
+    assert run.lines() == [f"tests    app:1 ({p}): {t['passed']} passed, {t['failed']} failed, {t['skipped']} skipped"
+                           for p, t in zip(data["platforms"], data["platform_tests"], strict=True)]
+
+
+def test_sign_and_verify_documents_and_text(tmp_path):
+    from buildkit_py.cli.sign import SignDocument, VerifyDocument
+    from buildkit_py.oci.signatures import VerifiedManifest
+
+    key = tmp_path / "team.key"
+    signed = (SignedManifest("sha256:" + "1" * 64, None, "sha256-" + "1" * 64 + ".sig", 1),
+              SignedManifest("sha256:" + "2" * 64, "linux/amd64", "sha256-" + "2" * 64 + ".sig", 2))
+    sign = SignDocument("reg/app:1", key, signed)
+    data = sign.to_json()
+    assert set(data) == {"image", "key", "signed"} and data["key"] == str(key)
+    assert all(set(s) == {"digest", "platform", "tag", "signatures"} for s in data["signed"])
+    assert sign.lines() == [f"signed   reg/app:1 {what} {s['digest']} ({s['tag']}, {s['signatures']} signature(s))"
+                            for what, s in zip(("index", "linux/amd64"), data["signed"], strict=True)]
+
+    manifests = (VerifiedManifest("sha256:" + "1" * 64, None, False, 0, "no signature"),
+                 VerifiedManifest("sha256:" + "2" * 64, "linux/amd64", True, 1, "layer 0"))
+    verify = VerifyDocument("reg/app:1", key, manifests)
+    data = verify.to_json()
+    assert set(data) == {"image", "key", "verified", "manifests"} and data["verified"] is False  # the index's
+    assert all(set(m) == {"digest", "platform", "verified", "signatures", "reason"} for m in data["manifests"])
+    assert verify.lines() == [f"unsigned index {data['manifests'][0]['digest']}: no signature",
+                              f"verified linux/amd64 {data['manifests'][1]['digest']}: layer 0"]
+
+
+def test_diff_document_has_the_documented_keys():
+    from buildkit_py.analysis import diff as D
+
+    a = D.ImageLayers("a:1", D.SOURCE_REGISTRY, "sha256:" + "a" * 64, (), {})
+    data = D.diff_layers(a, a).to_json()
+    assert set(data) == {"schema", "a", "b", "layers", "totals"}  # README: `diff --json`
+    assert set(data["a"]) == {"image", "source", "digest", "layers", "compressed_size", "size", "labels"}

@@ -114,6 +114,30 @@ class ImageDiff:
     layers: tuple[LayerDiff, ...]
     totals: Totals
 
+    def to_json(self) -> dict[str, Any]:
+        t = self.totals
+        frac = t.new_fraction
+        return {
+            "schema": SCHEMA,
+            "a": _image_json(self.a),
+            "b": _image_json(self.b),
+            "layers": [
+                {"index": x.layer.index, "digest": x.layer.digest, "diff_id": x.layer.diff_id, "step": x.layer.step,
+                 "group": x.layer.group, "created_by": x.layer.created_by, "compressed_size": x.layer.compressed_size,
+                 "size": x.layer.size, "status": x.status, "matched_by": x.matched_by}
+                for x in self.layers],
+            "totals": {
+                "layers": t.layers, "new_layers": t.new_layers, "shared_layers": t.layers - t.new_layers,
+                "compressed_size": t.compressed_size, "new_compressed_size": t.new_compressed_size,
+                "shared_compressed_size": (None if t.compressed_size is None or t.new_compressed_size is None
+                                           else t.compressed_size - t.new_compressed_size),
+                "size": t.size, "new_size": t.new_size,
+                "new_fraction": None if frac is None else round(frac, 6),
+                "pull_seconds": None if t.pull_seconds is None else round(t.pull_seconds, 3),
+                "bandwidth_mbps": t.bandwidth_mbps, "unpack_mbps": t.unpack_mbps,
+            },
+        }
+
 
 # ---------------------------------------------------------------- pure
 
@@ -319,31 +343,6 @@ def _image_json(x: ImageLayers) -> dict[str, Any]:
     return {"image": x.image, "source": x.source, "digest": x.digest, "layers": len(x.layers),
             "compressed_size": _sum([y.compressed_size for y in x.layers]), "size": _sum([y.size for y in x.layers]),
             "labels": dict(x.labels)}
-
-
-def diff_json(d: ImageDiff) -> dict[str, Any]:
-    t = d.totals
-    frac = t.new_fraction
-    return {
-        "schema": SCHEMA,
-        "a": _image_json(d.a),
-        "b": _image_json(d.b),
-        "layers": [
-            {"index": x.layer.index, "digest": x.layer.digest, "diff_id": x.layer.diff_id, "step": x.layer.step,
-             "group": x.layer.group, "created_by": x.layer.created_by, "compressed_size": x.layer.compressed_size,
-             "size": x.layer.size, "status": x.status, "matched_by": x.matched_by}
-            for x in d.layers],
-        "totals": {
-            "layers": t.layers, "new_layers": t.new_layers, "shared_layers": t.layers - t.new_layers,
-            "compressed_size": t.compressed_size, "new_compressed_size": t.new_compressed_size,
-            "shared_compressed_size": (None if t.compressed_size is None or t.new_compressed_size is None
-                                       else t.compressed_size - t.new_compressed_size),
-            "size": t.size, "new_size": t.new_size,
-            "new_fraction": None if frac is None else round(frac, 6),
-            "pull_seconds": None if t.pull_seconds is None else round(t.pull_seconds, 3),
-            "bandwidth_mbps": t.bandwidth_mbps, "unpack_mbps": t.unpack_mbps,
-        },
-    }
 
 
 def diff_blocks(d: ImageDiff) -> list[Block]:
