@@ -48,11 +48,11 @@ from packaging.utils import canonicalize_name
 
 from buildkit_py import __version__, oci
 from buildkit_py import label_keys as K
-from buildkit_py.analysis.diff import names_registry
 from buildkit_py.analysis.saved_image import IterStream, LayerScan, decompressing, scan_layer
 from buildkit_py.errors import DigestMismatch, ImageMissing, ImgbuildError, ManifestNotFound, SbomError
 from buildkit_py.plan.lock import wheel_key
 from buildkit_py.plan.steps import CUDA_PREFIX
+from buildkit_py.reference import names_registry
 
 if TYPE_CHECKING:
     from buildkit_py.engine.base import Engine
@@ -249,8 +249,8 @@ def with_lock_hashes(dists: Sequence[PythonDist], hashes: WheelHashes) -> list[P
     return out
 
 
-def contents_from_layers(scans: Sequence[LayerScan], *, image: str, source: str, image_id: str, config: Mapping,
-                         labels: Mapping[str, str]) -> ImageContents:
+def contents_from_layers(scans: Sequence[LayerScan], *, image: str, source: str, image_id: str,
+                         config: Mapping[str, Any], labels: Mapping[str, str]) -> ImageContents:
     """Pure: the stacked layers' package databases as ``ImageContents``."""
     files, links = merge_layers(scans)
     os_release = next((r for r in (_resolve(p, files, links) for p in _OS_RELEASE) if r), None)

@@ -153,7 +153,7 @@ def _target(root: Path, relpath: str) -> Path:
 # ---------------------------------------------------------------- push
 
 
-def scan_dir(directory: str | os.PathLike) -> list[tuple[str, Path]]:
+def scan_dir(directory: str | os.PathLike[str]) -> list[tuple[str, Path]]:
     """``(relpath, path)`` of the regular files under ``directory``, sorted. Symlinks are
     followed only when they point at a file inside the directory; ``.git`` directories
     (a Hugging Face clone's history) and ``*.partial`` files are left out."""
@@ -183,7 +183,7 @@ def scan_dir(directory: str | os.PathLike) -> list[tuple[str, Path]]:
     return sorted(found)
 
 
-def _layer(relpath: str, path: Path, digest: str, size: int) -> dict:
+def _layer(relpath: str, path: Path, digest: str, size: int) -> dict[str, Any]:
     media_type, untested = media_type_for(relpath)
     mode = stat.S_IMODE(path.stat().st_mode)
     metadata = {"name": PurePosixPath(relpath).name, "mode": mode, "uid": 0, "gid": 0, "size": size,
@@ -201,7 +201,8 @@ def _layer(relpath: str, path: Path, digest: str, size: int) -> dict:
     }
 
 
-def model_config(layers: list[dict], descriptor: dict | None = None, config: dict | None = None) -> dict:
+def model_config(layers: list[dict[str, Any]], descriptor: dict[str, Any] | None = None,
+                 config: dict[str, Any] | None = None) -> dict[str, Any]:
     return {
         "descriptor": dict(descriptor or {}),
         "config": dict(config or {}),
@@ -215,8 +216,8 @@ class _Stopped(BaseException):
     that no retry loop takes it for a network error."""
 
 
-def _in_parallel(fn: Callable[[Any, oci.Progress | None], Any], items: Iterable, jobs: int,
-                 progress: oci.Progress | None) -> list:
+def _in_parallel(fn: Callable[[Any, oci.Progress | None], Any], items: Iterable[Any], jobs: int,
+                 progress: oci.Progress | None) -> list[Any]:
     """``[fn(item, progress) ...]`` on up to ``jobs`` threads, in order. The first failure,
     or Ctrl-C, stops the running calls at their next progress report (within a MiB or
     so) and drops those not started; then it is raised."""
@@ -244,9 +245,9 @@ def _in_parallel(fn: Callable[[Any, oci.Progress | None], Any], items: Iterable,
     return [f.result() for f in futures]
 
 
-def push(directory: str | os.PathLike, ref: str | oci.Reference, progress: oci.Progress | None = None, *,
-         client: oci.Client | None = None, descriptor: dict | None = None,
-         annotations: dict | None = None, jobs: int = DEFAULT_JOBS) -> PushedArtifact:
+def push(directory: str | os.PathLike[str], ref: str | oci.Reference, progress: oci.Progress | None = None, *,
+         client: oci.Client | None = None, descriptor: dict[str, Any] | None = None,
+         annotations: dict[str, str] | None = None, jobs: int = DEFAULT_JOBS) -> PushedArtifact:
     """Push every file under ``directory`` as one ModelPack artifact at ``ref``.
 
     Up to ``jobs`` files at once; each is hashed once, then uploaded unless the registry
@@ -381,7 +382,7 @@ def _not_writable(exc: OSError, path: Path) -> FolderNotWritable | None:
                              "free space there, or use a folder on another disk")
 
 
-def pull(ref: str | oci.Reference, directory: str | os.PathLike, progress: oci.Progress | None = None, *,
+def pull(ref: str | oci.Reference, directory: str | os.PathLike[str], progress: oci.Progress | None = None, *,
          client: oci.Client | None = None, jobs: int = DEFAULT_JOBS, streams: int | None = None,
          on_wait: Callable[[], None] | None = None, force: bool = False) -> PullResult:
     """Download an artifact's files into ``directory``.
@@ -423,7 +424,7 @@ def pull(ref: str | oci.Reference, directory: str | os.PathLike, progress: oci.P
         if partial.is_symlink():
             raise UnsafePath(f"{partial} is a symlink; pull does not write through symlinks")
 
-    def one(item, report: oci.Progress | None) -> int | None:
+    def one(item: tuple[tuple[ArtifactFile, Path, oci.Descriptor], str], report: oci.Progress | None) -> int | None:
         (f, target, layer), found = item
         if found == _SAME:
             if report:

@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 import argparse
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from buildkit_py.cli.common import AddCommand, Out, json_option, progress_option
 from buildkit_py.cli.progress import transfer_view
 from buildkit_py.errors import UsageError
+
+if TYPE_CHECKING:
+    from buildkit_py.oci.copy import CopiedReferrer
 
 
 def register_login(add: AddCommand) -> None:
@@ -106,7 +111,7 @@ def cmd_mirror(args: argparse.Namespace, out: Out) -> int:
     return 0
 
 
-def _referrer_counts(referrers) -> str:
+def _referrer_counts(referrers: Sequence[CopiedReferrer]) -> str:
     """``3 copied (2 application/vnd.cyclonedx+json, 1 cosign signature)``, or ``none``."""
     if not referrers:
         return "none (no SBOM, signature or attestation refers to it)"

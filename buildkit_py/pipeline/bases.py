@@ -27,7 +27,7 @@ from buildkit_py.plan.build_plan import BuildPlan
 from buildkit_py.recipe.model import Recipe
 
 
-def fetch_base_facts(ref: str, *, client=None) -> BaseFacts:
+def fetch_base_facts(ref: str, *, client: oci.Client | None = None) -> BaseFacts:
     """The base's digest, labels and env. Raises the registry's typed error when it cannot be
     read (ManifestNotFound, AuthenticationError, RegistryUnreachable, RegistryError)."""
     # Planning must not stall on an unreachable registry: one short try.
@@ -44,7 +44,7 @@ def fetch_base_facts(ref: str, *, client=None) -> BaseFacts:
     return BaseFacts(ref, found.digest, dict(image.labels), env, platforms)
 
 
-def base_facts_for(recipe: Recipe, base_image: str, *, client=None) -> BaseFacts | None:
+def base_facts_for(recipe: Recipe, base_image: str, *, client: oci.Client | None = None) -> BaseFacts | None:
     """The facts of the final stage's base where it is looked up (compat.bases.needs_lookup), else
     None. A base that cannot be read raises the registry's reason, located at the recipe's key."""
     if not needs_lookup(recipe, base_image):
@@ -81,7 +81,8 @@ def _missing_hint(recipe: Recipe, base_image: str) -> str:
     return "check the repository and tag (a shared base must be pushed before recipes build on it)"
 
 
-def resolve_with_base(recipe: Recipe, *, client=None, cache: dict[str, BaseFacts | None] | None = None,
+def resolve_with_base(recipe: Recipe, *, client: oci.Client | None = None,
+                      cache: dict[str, BaseFacts | None] | None = None,
                       looked_up: LookedUp | None = None) -> Resolution:
     """Resolve against the final base's own facts (labels, env) when it is looked up: a shared
     base built by imgbuild says its OS and Python in its labels. Every command that resolves a
@@ -104,7 +105,7 @@ def resolve_with_base(recipe: Recipe, *, client=None, cache: dict[str, BaseFacts
 
 
 
-def verify_base(plan: BuildPlan, *, client=None) -> BuildPlan:
+def verify_base(plan: BuildPlan, *, client: oci.Client | None = None) -> BuildPlan:
     """base.verify, before anything is built: the final base must carry a cosign signature that
     verifies under the recipe's public key, else SignatureError naming the base and the key.
     The plan names the base by the digest its registry gave at plan time, and that digest is
