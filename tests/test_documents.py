@@ -131,3 +131,30 @@ def test_diff_document_has_the_documented_keys():
     data = D.diff_layers(a, a).to_json()
     assert set(data) == {"schema", "a", "b", "layers", "totals"}  # README: `diff --json`
     assert set(data["a"]) == {"image", "source", "digest", "layers", "compressed_size", "size", "labels"}
+
+
+def test_weights_documents_and_text(tmp_path):
+    from buildkit_py.artifacts.weights import ArtifactFile, PullResult, PushedArtifact, PushedFile
+    from buildkit_py.cli.weights import WeightsListed, WeightsPulled, WeightsPushed
+
+    digest = "sha256:" + "5" * 64
+    pushed = WeightsPushed(PushedArtifact("reg/models/m:1", "sha256:" + "6" * 64, (
+        PushedFile("model.safetensors", 3000, digest, "application/vnd.cncf.model.weight.v1.raw", 3000),
+        PushedFile("config.json", 10, "sha256:" + "7" * 64, "application/vnd.cncf.model.weight.config.v1.raw", 0))))
+    data = pushed.to_json()
+    assert set(data) == {"ref", "digest", "pinned", "uploaded_bytes", "files"}
+    assert data["pinned"] == f"{data['ref']}@{data['digest']}" and data["uploaded_bytes"] == 3000
+    assert all(set(f) == {"path", "size", "digest", "media_type", "uploaded_bytes"} for f in data["files"])
+    assert pushed.lines() == [f"pushed 2 files (2.9 KiB uploaded): {data['pinned']}"]
+
+    files = (ArtifactFile("model.safetensors", 3000, digest), ArtifactFile("config.json", 10, "sha256:" + "7" * 64))
+    pulled = WeightsPulled("reg/models/m:1", tmp_path, PullResult(files, 3000, ("config.json",)))
+    data = pulled.to_json()
+    assert set(data) == {"ref", "directory", "downloaded_bytes", "files", "skipped", "replaced"}
+    assert data["files"][0] == {"path": "model.safetensors", "size": 3000, "digest": digest}
+    assert pulled.lines() == [f"2 files in {tmp_path}: 2.9 KiB downloaded, 1 already present"]
+
+    listed = WeightsListed("reg/models/m:1", files)
+    data = listed.to_json()
+    assert set(data) == {"ref", "files"} and [f["path"] for f in data["files"]] == ["model.safetensors", "config.json"]
+    assert listed.lines()[0] == f"   2.9 KiB  {digest[:19]}  model.safetensors"
