@@ -167,12 +167,7 @@ def cmd_build(args: argparse.Namespace, out: Out) -> int:
         built = build_image(plan, engine, options, publishing=publishing, sinks=Sinks(
             on_line=view.line, on_progress=view.note, on_transfer=view.transfer, on_event=view.note,
             on_note=out.info))
-    document = BuildDocument.of(built, plan.warnings, options.platforms)
-    if args.json:
-        out.data(document.to_json())
-    else:
-        for line in document.lines():
-            out.line(line)
+    out.document(BuildDocument.of(built, plan.warnings, options.platforms), as_json=args.json)
     return 0
 
 

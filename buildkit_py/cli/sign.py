@@ -115,11 +115,7 @@ def cmd_sign(args: argparse.Namespace, out: Out) -> int:
         raise UsageError(f"{args.image} names no registry: signatures are stored beside a pushed image",
                          hint="name the pushed image: REGISTRY/NAME:TAG")
     document = SignDocument(args.image, args.key, tuple(sign_image(args.image, signing_key(args.key))))
-    if args.json:
-        out.data(document.to_json())
-    else:
-        for line in document.lines():
-            out.line(line)
+    out.document(document, as_json=args.json)
     return 0
 
 
@@ -128,11 +124,9 @@ def cmd_verify(args: argparse.Namespace, out: Out) -> int:
 
     document = VerifyDocument(args.image, args.key, tuple(verify_image(args.image, load_verifying_key(args.key))))
     top = document.manifests[0]
+    out.document(document, as_json=args.json)
     if args.json:  # the verdict is the document's "verified" and the exit status
-        out.data(document.to_json())
         return 0 if document.verified else ExitStatus.FAILED
-    for line in document.lines():
-        out.line(line)
     if not top.verified:
         raise SignatureError(f"{args.image} ({top.digest}) is not signed by {args.key}: {top.reason}",
                              hint="ask its publisher which key signs it, or sign it: "

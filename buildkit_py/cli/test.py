@@ -79,14 +79,10 @@ def cmd_test(args: argparse.Namespace, out: Out) -> int:
                            f"pull it first (docker pull {image}): tests run on the engine's own copy")
     reports = [run_image_tests(engine, image, recipe=recipe, defaults=not args.no_defaults, platform=platform,
                                on_event=None if args.json else out.info) for platform in platforms or (None,)]
-    run = TestRun(image, tuple(reports))
-    if args.json:
-        out.data(run.to_json())
-    else:
+    if not args.json:  # each failed test's output, before the verdicts
         for report in reports:
             print_failures(report, out)
-        for line in run.lines():
-            out.line(line)
+    out.document(TestRun(image, tuple(reports)), as_json=args.json)
     return ExitStatus.FAILED if any(r.failed for r in reports) else 0
 
 

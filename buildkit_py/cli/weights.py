@@ -102,9 +102,5 @@ def cmd_weights(args: argparse.Namespace, out: Out) -> int:
         document = WeightsListed(args.ref, tuple(weights.ls(args.ref)))
     else:
         raise UsageError("weights needs an action: push, pull or ls", hint="see `imgbuild weights --help`")
-    if args.json:
-        out.data(document.to_json())
-    else:
-        for line in document.lines():
-            out.line(line)
+    out.document(document, as_json=args.json)
     return 0
