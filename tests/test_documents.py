@@ -158,3 +158,34 @@ def test_weights_documents_and_text(tmp_path):
     data = listed.to_json()
     assert set(data) == {"ref", "files"} and [f["path"] for f in data["files"]] == ["model.safetensors", "config.json"]
     assert listed.lines()[0] == f"   2.9 KiB  {digest[:19]}  model.safetensors"
+
+
+# README: `mirror --json`
+MIRROR_KEYS = {"source", "dest", "digest", "source_digest", "same_digest", "platforms", "left_out", "attestations",
+               "manifests", "media_type", "pinned", "referrers"}
+
+
+def test_mirror_and_login_documents_and_text():
+    from buildkit_py import oci
+    from buildkit_py.cli.registry import LoggedIn, Mirrored
+    from buildkit_py.oci.copy import CopiedReferrer
+    from buildkit_py.oci.login import LoginResult
+
+    digest, other = "sha256:" + "8" * 64, "sha256:" + "9" * 64
+    copied = oci.CopyResult(digest, other, oci.MEDIA_OCI_INDEX, ("linux/amd64",), ("linux/arm64",), 1, 3,
+                            (CopiedReferrer(digest, "sha256:" + "a" * 64, "cosign signature", "x.sig"),))
+    mirrored = Mirrored("nvidia/cuda:12.4.1", "127.0.0.1:5000/mirror/cuda:12.4.1", copied)
+    data = mirrored.to_json()
+    assert set(data) == MIRROR_KEYS
+    assert data["pinned"] == f"127.0.0.1:5000/mirror/cuda@{digest}" and data["same_digest"] is False
+    assert all(set(r) == {"subject", "digest", "kind", "tag"} for r in data["referrers"])
+    assert mirrored.lines() == [
+        f"mirrored {data['source']} -> {data['dest']}",
+        "copied   linux/amd64, 1 attestation manifest (left out: linux/arm64)",
+        f"digest   {digest}: a new index of the chosen platforms; the source's is {other}",
+        "referrers 1 copied (1 cosign signature)", f"pin with {data['pinned']}"]
+
+    logged = LoggedIn(LoginResult("127.0.0.1:5000", "ci", "/home/ci/.docker/config.json"))
+    assert logged.to_json() == {"registry": "127.0.0.1:5000", "username": "ci",
+                                "stored_in": "/home/ci/.docker/config.json"}
+    assert logged.lines() == ["logged in to 127.0.0.1:5000 as ci (stored in /home/ci/.docker/config.json)"]
