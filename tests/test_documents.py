@@ -189,3 +189,19 @@ def test_mirror_and_login_documents_and_text():
     assert logged.to_json() == {"registry": "127.0.0.1:5000", "username": "ci",
                                 "stored_in": "/home/ci/.docker/config.json"}
     assert logged.lines() == ["logged in to 127.0.0.1:5000 as ci (stored in /home/ci/.docker/config.json)"]
+
+
+def test_driver_check_document_and_text():
+    from buildkit_py.analysis.check import check_compat
+    from buildkit_py.cli.check import DriverCheck
+
+    result = check_compat("12.4.1", "535.104.05", datacenter=False)
+    check = DriverCheck("CUDA 12.4.1", "the shipped data", "535.104.05", result)
+    data = check.to_json()
+    assert set(result.to_json()) | {"target", "floors_from"} == set(data)
+    assert (data["target"], data["floors_from"], data["verdict"]) == ("CUDA 12.4.1", "the shipped data",
+                                                                      str(result.verdict))
+    lines = check.lines()
+    assert lines[0] == f"CUDA 12.4.1: {data['verdict']} on driver 535.104.05"
+    assert lines[2] == f"  {data['message']}"
+    assert (f"  remedy: {data['remedy']}" in lines) == bool(data["remedy"])
