@@ -589,13 +589,14 @@ def find_sbom(image: str, *, platform: str | None = None, client: oci.Client | N
     ref = oci.parse_reference(image)
     client = client or oci.Client()
     try:
-        raw, digest, media_type = oci.fetch_manifest(ref, client=client)
+        found = oci.read_any_manifest(ref, client=client)
     except ManifestNotFound as exc:
         raise ImageMissing(f"no image {image}: {exc.message}", hint="check the name and tag") from None
+    digest = found.digest
     subjects = [digest]
-    if media_type in oci.INDEX_TYPES:
+    if isinstance(found, oci.Index):
         with contextlib.suppress(ImgbuildError):  # no such platform: only the index's own referrers count
-            subjects.append(oci.select_platform(json.loads(raw), platform or oci.DEFAULT_PLATFORM, image)["digest"])
+            subjects.append(found.select(platform or oci.DEFAULT_PLATFORM, image).digest)
     for subject in subjects:
         listed = oci.list_referrers(ref, subject, artifact_type=ARTIFACT_TYPE, client=client)
         chosen = _choose(listed.items, platform)
@@ -611,16 +612,15 @@ def find_sbom(image: str, *, platform: str | None = None, client: oci.Client | N
 
 
 def _read_document(ref: oci.Reference, referrer: oci.Referrer, subject: str, client: oci.Client) -> bytes:
-    raw, _, _ = oci.fetch_manifest(oci.Reference(ref.registry, ref.repository, None, referrer.digest), client=client)
-    manifest = json.loads(raw)
-    if (manifest.get("subject") or {}).get("digest") != subject:
+    found = oci.read_any_manifest(oci.Reference(ref.registry, ref.repository, None, referrer.digest), client=client)
+    if not isinstance(found, oci.Manifest) or found.subject is None or found.subject.digest != subject:
         raise SbomError(f"referrer {referrer.digest} of {ref} does not name {subject} as its subject")
-    layer = next((x for x in manifest.get("layers") or [] if x.get("mediaType") == ARTIFACT_TYPE), None)
+    layer = next((x for x in found.layers if x.media_type == ARTIFACT_TYPE), None)
     if layer is None:
         raise SbomError(f"referrer {referrer.digest} of {ref} has no {ARTIFACT_TYPE} layer")
-    if int(layer.get("size") or 0) > MAX_SBOM_BYTES:
-        raise SbomError(f"the SBOM of {ref} is {layer.get('size')} bytes, more than {MAX_SBOM_BYTES}")
-    return oci.read_blob(ref, layer["digest"], client=client, limit=MAX_SBOM_BYTES)
+    if layer.size > MAX_SBOM_BYTES:
+        raise SbomError(f"the SBOM of {ref} is {layer.size} bytes, more than {MAX_SBOM_BYTES}")
+    return oci.read_blob(ref, layer.digest, client=client, limit=MAX_SBOM_BYTES)
 
 
 # ---------------------------------------------------------------- after a push
@@ -632,11 +632,10 @@ def _image_manifests(ref: str, client: oci.Client) -> list[tuple[str | None, str
     the index (BuildKit's attestations are not images)."""
     from buildkit_py.oci.copy import is_attestation  # noqa: PLC0415
 
-    raw, _, media_type = oci.fetch_manifest(ref, client=client)
-    if media_type not in oci.INDEX_TYPES:
+    found = oci.read_any_manifest(ref, client=client)
+    if not isinstance(found, oci.Index):
         return [(None, None)]
-    return [(oci.platform_of(e), e["digest"]) for e in json.loads(raw).get("manifests") or []
-            if not is_attestation(e)]
+    return [(e.platform_name, e.digest) for e in found.manifests if not is_attestation(e.document)]
 
 
 def attach_after_push(pushed: Sequence[str], *, hashes: WheelHashes | None = None,
