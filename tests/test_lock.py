@@ -424,8 +424,6 @@ def test_without_a_lock_the_plan_is_untouched(recipe):
 
 
 def test_lock_document_has_the_documented_keys_and_the_text_reads_it(recipe, monkeypatch):
-    from buildkit_py.cli.lock import LockWritten
-
     monkeypatch.setattr(lock, "run_pip_report", FakeResolver())
     monkeypatch.setattr(locks, "pin_base", pinner)
     code, out, err = run_cli("lock", str(recipe), "--json")
@@ -434,7 +432,7 @@ def test_lock_document_has_the_documented_keys_and_the_text_reads_it(recipe, mon
     assert set(data) == {"schema", "lock", "changed", "seconds", "variants"}
     assert set(data["variants"]["default"]) == {"packages", "bases", "notes"}
     path = Path(data["lock"])
-    document = LockWritten(path, data["changed"], data["seconds"], lock.read_lock(path).variants)
+    document = locks.LockWritten(path, data["changed"], data["seconds"], lock.read_lock(path).variants)
     assert {"schema": 1, **document.to_json()} == data  # the document the command printed, read back
     assert document.lines() == [f"{len(REPORT['install'])} packages, 1/1 bases by digest",
                                 f"wrote {path} (1 variant, {data['seconds']:.1f}s)"]

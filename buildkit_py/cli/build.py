@@ -27,11 +27,10 @@ from buildkit_py.sizes import human_size
 if TYPE_CHECKING:
     from rich.console import Console
 
+    from buildkit_py.pipeline import BuildPlan
     from buildkit_py.pipeline.build import BuildOptions, Publishing
     from buildkit_py.pipeline.matrix_build import MatrixBuild
-    from buildkit_py.plan.build_plan import BuildPlan
     from buildkit_py.plan.lock import LockMode
-    from buildkit_py.plan.matrix import Variant
 
 
 def register(add: AddCommand) -> None:
@@ -200,7 +199,7 @@ def cmd_build_matrix(args: argparse.Namespace, out: Out) -> int:
     options = _build_options(args, out)
     lock_mode = _lock_mode(args)
 
-    def prepare(variant: Variant, plan: BuildPlan) -> BuildPlan:
+    def prepare(variant: mx.Variant, plan: BuildPlan) -> BuildPlan:
         locked = use_lock(plan, mode=lock_mode, variant=variant.id, ca_cert=args.ca_cert, engine=engine)
         for w in [pw.render() for pw in plan.warnings] + list(locked.warnings):
             out.warn(f"[{variant.id}] {w}")

@@ -3,10 +3,7 @@
 from __future__ import annotations
 
 import argparse
-from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
 
 from buildkit_py.cli.common import (
     AddCommand,
@@ -19,39 +16,6 @@ from buildkit_py.cli.common import (
     reading_engine,
 )
 from buildkit_py.cli.progress import Activity
-
-if TYPE_CHECKING:
-    from buildkit_py.plan.lock_model import VariantLock
-
-
-@dataclass(frozen=True)
-class LockWritten:
-    """What `lock` prints: the lock file, whether it changed, and each variant's pins; its --json
-    document and its text read these fields."""
-
-    path: Path
-    changed: bool
-    seconds: float  # as measured: the JSON rounds it, the text shows one decimal
-    variants: Mapping[str, VariantLock]
-
-    def to_json(self) -> dict[str, Any]:
-        from buildkit_py.plan.lock import variant_notes
-
-        return {"lock": str(self.path), "changed": self.changed, "seconds": round(self.seconds, 2), "variants": {
-            vid: {"packages": v.packages_json(), "bases": v.bases_json(), "notes": variant_notes(v)}
-            for vid, v in self.variants.items()}}
-
-    def lines(self) -> list[str]:
-        one = len(self.variants) == 1
-        out = []
-        for vid, variant in self.variants.items():
-            count = sum(len(p) for p in variant.packages.values())
-            pinned = sum(1 for b in variant.bases.values() if b.digest)
-            what = f"{count} packages, {pinned}/{len(variant.bases)} bases by digest"
-            out.append(what if one else f"  {vid}: {what}")
-        out.append(f"{'wrote' if self.changed else 'unchanged'} {self.path} ({len(self.variants)} "
-                   f"variant{'' if one else 's'}, {self.seconds:.1f}s)")
-        return out
 
 
 def register(add: AddCommand) -> None:
@@ -89,5 +53,5 @@ def cmd_lock(args: argparse.Namespace, out: Out) -> int:
     for vid, variant in data.variants.items():
         for note in lock.variant_notes(variant):
             out.warn(note if len(plans) == 1 else f"[{vid}] {note}")
-    out.document(LockWritten(path, changed, seconds, data.variants), as_json=args.json)
+    out.document(locks.LockWritten(path, changed, seconds, data.variants), as_json=args.json)
     return 0

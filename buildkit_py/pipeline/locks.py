@@ -5,7 +5,8 @@ talks to a registry or an engine itself."""
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -18,10 +19,11 @@ from buildkit_py.plan.lock import (
     LockMode,
     LockUse,
     local_image,
+    variant_notes,
 )
 from buildkit_py.plan.lock import lock_recipe as _lock_recipe
 from buildkit_py.plan.lock import use_lock as _use_lock
-from buildkit_py.plan.lock_model import LockedBase, LockFile
+from buildkit_py.plan.lock_model import LockedBase, LockFile, VariantLock
 
 
 def pin_base(ref: str, *, engine: ImageStore | None = None) -> LockedBase:
@@ -59,3 +61,31 @@ def use_lock(plan: BuildPlan, *, mode: LockMode = LockMode.AUTO, variant: str = 
     answers whether a base locked by image id is still that image."""
     kwargs.setdefault("base_pinner", functools.partial(pin_base, engine=engine))
     return _use_lock(plan, mode=mode, variant=variant, ca_cert=ca_cert, engine=engine, **kwargs)
+
+
+@dataclass(frozen=True)
+class LockWritten:
+    """What `lock` prints: the lock file, whether it changed, and each variant's pins; its --json
+    document and its text read these fields."""
+
+    path: Path
+    changed: bool
+    seconds: float  # as measured: the JSON rounds it, the text shows one decimal
+    variants: Mapping[str, VariantLock]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"lock": str(self.path), "changed": self.changed, "seconds": round(self.seconds, 2), "variants": {
+            vid: {"packages": v.packages_json(), "bases": v.bases_json(), "notes": variant_notes(v)}
+            for vid, v in self.variants.items()}}
+
+    def lines(self) -> list[str]:
+        one = len(self.variants) == 1
+        out = []
+        for vid, variant in self.variants.items():
+            count = sum(len(p) for p in variant.packages.values())
+            pinned = sum(1 for b in variant.bases.values() if b.digest)
+            what = f"{count} packages, {pinned}/{len(variant.bases)} bases by digest"
+            out.append(what if one else f"  {vid}: {what}")
+        out.append(f"{'wrote' if self.changed else 'unchanged'} {self.path} ({len(self.variants)} "
+                   f"variant{'' if one else 's'}, {self.seconds:.1f}s)")
+        return out
