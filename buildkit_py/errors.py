@@ -29,7 +29,7 @@ class ImgbuildError(Exception):
             text += f"\n  hint: {self.hint}"
         return text
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         out = {"error": type(self).__name__, "message": self.message}
         if self.hint:
             out["hint"] = self.hint
@@ -69,7 +69,7 @@ class _FileIssues(ImgbuildError):
         self.issues = list(issues)
         super().__init__("\n".join(i.render() for i in self.issues), hint=hint)
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         out = super().to_json()
         out["issues"] = [
             {"file": i.file, "line": i.line, "key": i.key, "message": i.message} for i in self.issues
@@ -122,7 +122,7 @@ class CompatibilityError(ImgbuildError):
             where = f"{file}:{line}: {key}: " if line else f"{file}: "
         super().__init__(f"{where}{component} {version} conflicts with {other} {other_version}: {reason}", hint=hint)
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         out = super().to_json()
         out.update(
             component=self.component,
@@ -152,7 +152,7 @@ class CompatibilityErrors(CompatibilityError):
     def render(self) -> str:
         return "\n".join(e.render() for e in self.errors)
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         out = super().to_json()
         out["errors"] = [e.to_json() for e in self.errors]
         return out
@@ -212,7 +212,7 @@ class BuildFailed(ImgbuildError):
             text += "\n--- last lines of the build log ---\n" + log_tail.rstrip()
         super().__init__(text, hint=hint)
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         out = super().to_json()
         out["cause"] = self.cause
         out["step"] = None if self.step is None else {
@@ -234,12 +234,12 @@ class ImageTestFailed(ImgbuildError):
 
     exit_status = ExitStatus.FAILED
 
-    def __init__(self, message: str, *, failures: list[dict], kept_as: str | None = None, hint: str | None = None,
-                 reports: tuple[Any, ...] = ()):
+    def __init__(self, message: str, *, failures: list[dict[str, Any]], kept_as: str | None = None,
+                 hint: str | None = None, reports: tuple[Any, ...] = ()):
         self.failures, self.kept_as, self.reports = list(failures), kept_as, tuple(reports)
         super().__init__(message, hint=hint)
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         out = super().to_json()
         out.update(failures=self.failures, kept_as=self.kept_as)
         return out
@@ -298,7 +298,7 @@ class WouldReplaceFiles(WeightsError):
         self.paths = list(paths)
         super().__init__(message, hint=hint)
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         out = super().to_json()
         out["paths"] = self.paths
         return out
@@ -312,7 +312,7 @@ class FolderNotWritable(EnvironmentProblem):
         self.path = path
         super().__init__(message, hint=hint)
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         out = super().to_json()
         out["path"] = self.path
         return out
@@ -364,7 +364,7 @@ class SizeBudgetExceeded(BudgetExceeded):
         self.size, self.max_size, self.groups = size, max_size, dict(groups)
         super().__init__(message, hint=hint)
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         out = super().to_json()
         out.update(size=self.size, max_size=self.max_size, groups=self.groups)
         return out
@@ -385,7 +385,7 @@ class _LockChanges(LockError):
         self.changes, self.path = list(changes), path
         super().__init__(message, hint=hint)
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         out = super().to_json()
         out.update(changes=self.changes, lock=self.path)
         return out

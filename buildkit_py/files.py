@@ -12,7 +12,7 @@ from pathlib import Path
 from buildkit_py.errors import UsageError
 
 
-def write_atomic(path: str | os.PathLike, data: str | bytes, *, private: bool = False) -> Path:
+def write_atomic(path: str | os.PathLike[str], data: str | bytes, *, private: bool = False) -> Path:
     """Write ``data`` to ``path`` so that readers see the old file or the whole new one, never a part.
 
     The bytes go to a hidden temporary file beside ``path`` (same file system), are fsynced and
@@ -49,7 +49,7 @@ def write_atomic(path: str | os.PathLike, data: str | bytes, *, private: bool = 
 
 
 @contextmanager
-def exclusive_folder(path: str | os.PathLike, *, fallback: str | os.PathLike,
+def exclusive_folder(path: str | os.PathLike[str], *, fallback: str | os.PathLike[str],
                      on_wait: Callable[[], None] | None = None) -> Iterator[None]:
     """Hold an exclusive lock on folder ``path`` while the block runs: another holder, in this
     process or another, waits until it ends (``on_wait`` is called once before waiting).

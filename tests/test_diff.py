@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from buildkit_py import oci
 from buildkit_py.analysis import diff as D
 from buildkit_py.errors import RegistryError, UsageError
 
@@ -17,9 +18,18 @@ def recorded(name: str) -> dict:
     return json.loads((FIX / f"{name}.json").read_text())
 
 
+def typed(r: dict) -> tuple[oci.Manifest, oci.ImageConfig]:
+    """A recorded manifest and config as the registry client parses them (the recorded digest: the
+    fixture keeps the parsed JSON, not the bytes it was served as)."""
+    manifest = oci.parse_manifest(oci.canonical_json(r["manifest"]), r.get("digest") or "", oci.MEDIA_OCI_MANIFEST,
+                                  r["image"])
+    assert isinstance(manifest, oci.Manifest)
+    return manifest, oci.parse_image_config(oci.canonical_json(r["config"]), manifest.config.digest, r["image"])
+
+
 def from_registry(name: str, sizes=None) -> D.ImageLayers:
     r = recorded(name)
-    return D.layers_from_manifest(r["image"], r["manifest"], r["config"], digest=r["digest"], sizes=sizes)
+    return D.layers_from_manifest(r["image"], *typed(r), sizes=sizes)
 
 
 def from_engine(name: str) -> D.ImageLayers:
@@ -87,7 +97,7 @@ def test_a_blob_twice_in_b_is_downloaded_once():
 
 def test_json_schema_1():
     d = D.diff_layers(from_registry("t1"), from_registry("t2"))
-    out = D.diff_json(d)
+    out = d.to_json()
     assert out["schema"] == 1
     assert out["a"]["digest"] == recorded("t1")["digest"] and out["b"]["source"] == "registry"
     assert out["totals"]["shared_compressed_size"] == 65775542 + 3001212
@@ -104,7 +114,7 @@ def test_manifest_and_config_must_agree():
     r = recorded("t2")
     r["manifest"]["layers"] = r["manifest"]["layers"][:2]
     with pytest.raises(RegistryError, match="manifest lists 2 layers but the config 3"):
-        D.layers_from_manifest(r["image"], r["manifest"], r["config"])
+        D.layers_from_manifest(r["image"], *typed(r))
 
 
 def test_bad_bandwidth_and_source_are_usage_errors():
@@ -118,7 +128,7 @@ def test_pull_time_adds_unpacking_of_the_new_bytes():
     b = from_registry("t2", sizes=[180098560, 3002368, 2560])
     d = D.diff_layers(from_registry("t1"), b, bandwidth_mbps=80, unpack_mbps=2)
     assert d.totals.pull_seconds == pytest.approx(141 * 8 / 80e6 + 2560 / 2e6)
-    assert D.diff_json(d)["totals"]["unpack_mbps"] == 2
+    assert d.to_json()["totals"]["unpack_mbps"] == 2
     # unpacked bytes unknown: no figure rather than a network-only one that claims to include unpacking
     assert D.diff_layers(from_registry("t1"), from_registry("t2"), unpack_mbps=2).totals.pull_seconds is None
     with pytest.raises(UsageError):

@@ -275,7 +275,7 @@ def test_analyze_save_stream_on_a_synthetic_image(oci):
     with_unpack = I.build_report(I.ImageFacts("synthetic:1", image_id, diff_ids, saved.config["history"], {}),
                                  saved, I.InspectOptions(bandwidth_mbps=8, unpack_mbps=0.5))
     assert with_unpack.pull_seconds == pytest.approx(report.compressed_size * 8 / 8e6 + report.blob_size / 0.5e6)
-    assert I.report_json(with_unpack)["unpack_mbps"] == 0.5
+    assert with_unpack.to_json()["unpack_mbps"] == 0.5
 
     found = {(f.kind, f.layer, f.path): f for f in report.findings}
     assert found[(I.WEIGHTS, 1, "/data/weights.pt")].size == 5000
@@ -337,7 +337,7 @@ def test_analyze_the_containerd_stores_oci_layout():
     assert [x.blob_size for x in report.layers] == [len(b) for b in layers]
     assert [x.compressed_size for x in report.layers] == blob_sizes
     assert report.compressed_source == "store" and report.compressed_size == sum(blob_sizes)
-    out = I.report_json(report)
+    out = report.to_json()
     assert out["size_uncompressed"] == report.size and out["size_compressed"] == sum(blob_sizes)
     remote = I.build_report(I.ImageFacts("c:1", image_id, diff_ids, saved.config["history"], {},
                                          registry_sizes=[1, 2, 3, 4]), saved)
@@ -375,7 +375,7 @@ def _tiny_report() -> I.ImageReport:
 
 def test_report_json_keys_and_budget():
     report = _tiny_report()
-    out = I.report_json(report)
+    out = report.to_json()
     assert {"image", "id", "size", "compressed_size", "pull_seconds", "bandwidth_mbps", "layers", "groups",
             "findings"} <= set(out)
     assert set(out["layers"][0]) >= {"digest", "size", "step", "group", "created_by"}
@@ -560,7 +560,7 @@ def test_clean_image_has_no_findings(clean, engine, built):
     if sizes.compressed is not None:  # the containerd store counts its blobs (+ config, manifests)
         assert clean.compressed_size <= sizes.compressed
     assert clean.pull_seconds == pytest.approx(clean.compressed_size * 8 / 100e6)
-    out = I.report_json(clean)
+    out = clean.to_json()
     assert out["findings"] == [] and out["bandwidth_mbps"] == 100
     assert [x["step"] for x in out["layers"]][1:] == ["os", "pins", "cuda", "copy-0"]
 
@@ -642,9 +642,9 @@ def test_inspect_kernels_reads_the_coverage_in_the_same_pass_over_the_layers(lay
     assert [(p, b, x) for p, b, x in cov.libraries] == [
         ("/venv/ext/_C.so", {"sm_90": 1000}, ("compute_90 (8.4)",)),
         ("/venv/torch/lib/libtorch_cuda.so", {"sm_80": 4000, "sm_90": 4000}, ())]
-    assert I.report_json(report)["kernels"]["sass_bytes"] == {"sm_80": 4000, "sm_90": 5000}
+    assert report.to_json()["kernels"]["sass_bytes"] == {"sm_80": 4000, "sm_90": 5000}
     table = I.report_blocks(report)[-1]
     assert isinstance(table, TextTable) and table.title == "CUDA kernels (bytes of SASS per architecture)"
     assert table.rows[-1][:3] == ("all libraries", "3.9 KiB", "4.9 KiB")
     plain = I.inspect_image(Engine(), "img:1", I.InspectOptions(estimate_compressed=False, registry_sizes=False))
-    assert plain.kernels is None and "kernels" not in I.report_json(plain)
+    assert plain.kernels is None and "kernels" not in plain.to_json()

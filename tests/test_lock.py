@@ -7,6 +7,7 @@ import json
 import random
 import re
 import subprocess
+from pathlib import Path
 
 import helpers
 import pytest
@@ -420,6 +421,21 @@ def test_without_a_lock_the_plan_is_untouched(recipe):
     plan = plan_of(recipe)
     use = locks.use_lock(plan)
     assert use.status == "none" and use.plan is plan
+
+
+def test_lock_document_has_the_documented_keys_and_the_text_reads_it(recipe, monkeypatch):
+    monkeypatch.setattr(lock, "run_pip_report", FakeResolver())
+    monkeypatch.setattr(locks, "pin_base", pinner)
+    code, out, err = run_cli("lock", str(recipe), "--json")
+    assert code == 0, err
+    data = json.loads(out)
+    assert set(data) == {"schema", "lock", "changed", "seconds", "variants"}
+    assert set(data["variants"]["default"]) == {"packages", "bases", "notes"}
+    path = Path(data["lock"])
+    document = locks.LockWritten(path, data["changed"], data["seconds"], lock.read_lock(path).variants)
+    assert {"schema": 1, **document.to_json()} == data  # the document the command printed, read back
+    assert document.lines() == [f"{len(REPORT['install'])} packages, 1/1 bases by digest",
+                                f"wrote {path} (1 variant, {data['seconds']:.1f}s)"]
 
 
 def test_cli_lock_writes_the_file(recipe, monkeypatch):

@@ -446,6 +446,38 @@ def test_index_picks_linux_amd64(client, registry, unique_name):
     _, digest, media_type = oci.get_manifest(ref, client=client)
     assert digest == children["amd64"][0] and media_type == oci.MEDIA_DOCKER_MANIFEST
     assert oci.get_image_config(ref, client=client)["config"]["Labels"] == {"arch": "amd64"}
+    index_raw, index_digest, _ = oci.fetch_manifest(ref, client=client)
+    found = oci.read_any_manifest(ref, client=client)
+    assert isinstance(found, oci.Index) and (found.raw, found.digest) == (index_raw, index_digest)
+    assert [e.platform_name for e in found.manifests] == ["linux/arm64", "linux/amd64"]
+    assert found.select("linux/arm64").digest == children["arm64"][0]
+    with pytest.raises(RegistryError, match=r"no linux/s390x manifest \(has: linux/arm64, linux/amd64\)"):
+        found.select("linux/s390x")
+
+
+def test_typed_manifest_keeps_the_bytes_its_digest_is_of(client, registry, unique_name):
+    """read_manifest / read_image_config: parsed once, the exact bytes kept beside the parsed form."""
+    ref = oci.parse_reference(registry.repo(unique_name) + ":typed")
+    raw, digest = _image(client, ref, {"org.imgbuild.cuda": "12.4.1"})
+    oci.put_manifest(ref, raw, oci.MEDIA_DOCKER_MANIFEST, client=client)
+    manifest = oci.read_manifest(ref, client=client)
+    assert (manifest.raw, manifest.digest, manifest.media_type) == (raw, digest, oci.MEDIA_DOCKER_MANIFEST)
+    assert oci.sha256_bytes(manifest.raw) == manifest.digest
+    assert manifest.config.media_type == oci.MEDIA_DOCKER_CONFIG
+    assert manifest.compressed_size == manifest.config.size + sum(x.size for x in manifest.layers)
+    assert manifest.document() == json.loads(raw)
+    config = oci.read_image_config(ref, client=client)
+    assert config.digest == manifest.config.digest == oci.sha256_bytes(config.raw)
+    assert config.labels == {"org.imgbuild.cuda": "12.4.1"}
+    assert len(config.diff_ids) == len(manifest.layers)
+    assert config.document() == oci.get_image_config(ref, client=client)
+
+
+def test_a_manifest_that_is_not_an_object_is_a_registry_error():
+    with pytest.raises(RegistryError, match="manifest of x is not a JSON object"):
+        oci.parse_manifest(b"[]", "sha256:0", oci.MEDIA_OCI_MANIFEST, "x")
+    with pytest.raises(RegistryError, match="layer of x is not a descriptor with a digest"):
+        oci.parse_manifest(b'{"layers": [{"size": 1}]}', "sha256:0", oci.MEDIA_OCI_MANIFEST, "x")
 
 
 def _attestation(client, ref, subject: str) -> tuple[bytes, dict]:

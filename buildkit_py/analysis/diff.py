@@ -114,6 +114,30 @@ class ImageDiff:
     layers: tuple[LayerDiff, ...]
     totals: Totals
 
+    def to_json(self) -> dict[str, Any]:
+        t = self.totals
+        frac = t.new_fraction
+        return {
+            "schema": SCHEMA,
+            "a": _image_json(self.a),
+            "b": _image_json(self.b),
+            "layers": [
+                {"index": x.layer.index, "digest": x.layer.digest, "diff_id": x.layer.diff_id, "step": x.layer.step,
+                 "group": x.layer.group, "created_by": x.layer.created_by, "compressed_size": x.layer.compressed_size,
+                 "size": x.layer.size, "status": x.status, "matched_by": x.matched_by}
+                for x in self.layers],
+            "totals": {
+                "layers": t.layers, "new_layers": t.new_layers, "shared_layers": t.layers - t.new_layers,
+                "compressed_size": t.compressed_size, "new_compressed_size": t.new_compressed_size,
+                "shared_compressed_size": (None if t.compressed_size is None or t.new_compressed_size is None
+                                           else t.compressed_size - t.new_compressed_size),
+                "size": t.size, "new_size": t.new_size,
+                "new_fraction": None if frac is None else round(frac, 6),
+                "pull_seconds": None if t.pull_seconds is None else round(t.pull_seconds, 3),
+                "bandwidth_mbps": t.bandwidth_mbps, "unpack_mbps": t.unpack_mbps,
+            },
+        }
+
 
 # ---------------------------------------------------------------- pure
 
@@ -160,29 +184,27 @@ def diff_layers(a: ImageLayers, b: ImageLayers, *, bandwidth_mbps: float = 1000,
     return ImageDiff(a, b, tuple(out), totals)
 
 
-def layers_from_manifest(image: str, manifest: Mapping[str, Any], config: Mapping[str, Any], *,
-                         digest: str | None = None, sizes: list[int | None] | None = None,
+def layers_from_manifest(image: str, manifest: oci.Manifest, config: oci.ImageConfig, *,
+                         sizes: list[int | None] | None = None,
                          step_groups: Mapping[str, str] | None = None) -> ImageLayers:
     """An image as a registry describes it: manifest (blob digests, compressed sizes) and
     config (diff ids, history, labels). ``sizes``: uncompressed bytes per layer, if counted."""
-    descs = list(manifest.get("layers") or [])
-    diff_ids = list((config.get("rootfs") or {}).get("diff_ids") or [])
+    descs, diff_ids = manifest.layers, config.diff_ids
     if len(descs) != len(diff_ids):
         raise RegistryError(f"{image}: the manifest lists {len(descs)} layers but the config {len(diff_ids)}")
-    attributions = attribute_layers(list(config.get("history") or []), len(descs), step_groups)
+    attributions = attribute_layers([dict(h) for h in config.history], len(descs), step_groups)
     sizes = sizes if sizes is not None else [_known_size(d) for d in descs]
     layers = tuple(
-        LayerInfo(index=i, digest=d.get("digest"), diff_id=diff_id, compressed_size=int(d.get("size") or 0),
-                  size=sizes[i], media_type=d.get("mediaType"), step=at.step, group=at.group,
+        LayerInfo(index=i, digest=d.digest, diff_id=diff_id, compressed_size=d.size,
+                  size=sizes[i], media_type=d.media_type or None, step=at.step, group=at.group,
                   created_by=at.created_by)
         for i, (d, diff_id, at) in enumerate(zip(descs, diff_ids, attributions, strict=True)))
-    labels = dict(sorted(((config.get("config") or {}).get("Labels") or {}).items()))
-    return ImageLayers(image, SOURCE_REGISTRY, digest, layers, labels)
+    return ImageLayers(image, SOURCE_REGISTRY, manifest.digest, layers, dict(sorted(config.labels.items())))
 
 
-def _known_size(desc: Mapping[str, Any]) -> int | None:
+def _known_size(desc: oci.Descriptor) -> int | None:
     """Uncompressed bytes a descriptor tells without reading the blob: only an uncompressed tar."""
-    return int(desc.get("size") or 0) if desc.get("mediaType") in _TAR_TYPES else None
+    return desc.size if desc.media_type in _TAR_TYPES else None
 
 
 def layers_from_engine_attrs(image: str, attrs: Mapping[str, Any], engine_history: list[Mapping[str, Any]], *,
@@ -213,20 +235,20 @@ def layers_from_engine_attrs(image: str, attrs: Mapping[str, Any], engine_histor
 # ---------------------------------------------------------------- reading
 
 
-def count_uncompressed(ref: oci.Reference, desc: Mapping[str, Any], *, client: oci.Client,
+def count_uncompressed(ref: oci.Reference, desc: oci.Descriptor, *, client: oci.Client,
                        progress: Progress | None = None) -> int | None:
     """Stream one layer blob and count its uncompressed bytes (gzip or plain tar); None for
     compressions this cannot read (zstd: no decoder in the standard library). ``progress("read",
     digest, done, size)`` hears the blob's bytes as they arrive."""
-    media_type = desc.get("mediaType")
+    media_type = desc.media_type
     if media_type in _TAR_TYPES:
-        return int(desc.get("size") or 0)
+        return desc.size
     if media_type not in _GZIP_TYPES:
         return None
-    resp = client.request("GET", ref.api_host, f"/v2/{ref.repository}/blobs/{desc['digest']}",
+    resp = client.request("GET", ref.api_host, f"/v2/{ref.repository}/blobs/{desc.digest}",
                           scope=oci.pull_scope(ref.repository), stream=True)
     total = 0
-    size, label, done = int(desc.get("size") or 0), str(desc["digest"])[:19], 0
+    size, label, done = desc.size, desc.digest[:19], 0
     with resp:
         inflater = zlib.decompressobj(wbits=31)
         for received in resp.iter_content(oci.CHUNK):
@@ -251,14 +273,14 @@ def read_registry(image: str, *, client: oci.Client | None = None, uncompressed:
     blob is streamed once (in parallel, nothing written) to count its uncompressed bytes."""
     ref = oci.parse_reference(image)
     client = client or oci.Client()
-    manifest, digest, _ = oci.get_manifest(ref, platform=platform, client=client)
-    config = oci.get_image_config(ref.with_digest(digest), platform=platform, client=client)
-    descs = list(manifest.get("layers") or [])
+    manifest = oci.read_manifest(ref, platform=platform, client=client)
+    config = oci.read_image_config(ref.with_digest(manifest.digest), client=client, manifest=manifest)
+    descs = manifest.layers
     sizes: list[int | None] | None = None
     if uncompressed and descs:
         with concurrent.futures.ThreadPoolExecutor(max(1, min(workers, len(descs)))) as pool:
             sizes = list(pool.map(lambda d: count_uncompressed(ref, d, client=client, progress=progress), descs))
-    return layers_from_manifest(image, manifest, config, digest=digest, sizes=sizes)
+    return layers_from_manifest(image, manifest, config, sizes=sizes)
 
 
 def read_engine(image: str, engine) -> ImageLayers:
@@ -321,31 +343,6 @@ def _image_json(x: ImageLayers) -> dict[str, Any]:
     return {"image": x.image, "source": x.source, "digest": x.digest, "layers": len(x.layers),
             "compressed_size": _sum([y.compressed_size for y in x.layers]), "size": _sum([y.size for y in x.layers]),
             "labels": dict(x.labels)}
-
-
-def diff_json(d: ImageDiff) -> dict[str, Any]:
-    t = d.totals
-    frac = t.new_fraction
-    return {
-        "schema": SCHEMA,
-        "a": _image_json(d.a),
-        "b": _image_json(d.b),
-        "layers": [
-            {"index": x.layer.index, "digest": x.layer.digest, "diff_id": x.layer.diff_id, "step": x.layer.step,
-             "group": x.layer.group, "created_by": x.layer.created_by, "compressed_size": x.layer.compressed_size,
-             "size": x.layer.size, "status": x.status, "matched_by": x.matched_by}
-            for x in d.layers],
-        "totals": {
-            "layers": t.layers, "new_layers": t.new_layers, "shared_layers": t.layers - t.new_layers,
-            "compressed_size": t.compressed_size, "new_compressed_size": t.new_compressed_size,
-            "shared_compressed_size": (None if t.compressed_size is None or t.new_compressed_size is None
-                                       else t.compressed_size - t.new_compressed_size),
-            "size": t.size, "new_size": t.new_size,
-            "new_fraction": None if frac is None else round(frac, 6),
-            "pull_seconds": None if t.pull_seconds is None else round(t.pull_seconds, 3),
-            "bandwidth_mbps": t.bandwidth_mbps, "unpack_mbps": t.unpack_mbps,
-        },
-    }
 
 
 def diff_blocks(d: ImageDiff) -> list[Block]:

@@ -88,14 +88,14 @@ def _tail(text: str, n: int = 3) -> str:
 
 
 def read_nvidia_smi(*, binary: str = "nvidia-smi", timeout: float = 20.0,
-                    run: Callable[..., subprocess.CompletedProcess] = subprocess.run) -> HostDriver:
+                    run: Callable[..., subprocess.CompletedProcess[str]] = subprocess.run) -> HostDriver:
     path = shutil.which(binary)
     if path is None:
         raise DriverCheckError(f"{binary} not found on PATH",
                                hint="install the NVIDIA driver, or run where the GPU is visible "
                                     "(e.g. docker run --gpus all)")
 
-    def call(args: list[str]) -> subprocess.CompletedProcess:
+    def call(args: list[str]) -> subprocess.CompletedProcess[str]:
         try:
             return run([path, *args], capture_output=True, text=True, timeout=timeout, check=False)
         except (OSError, subprocess.TimeoutExpired) as exc:
@@ -121,7 +121,7 @@ def parse_smi_cuda_version(text: str) -> str | None:
     return m.group(1) if m else None
 
 
-def _with_cuda(host: HostDriver, call: Callable[[list[str]], subprocess.CompletedProcess]) -> HostDriver:
+def _with_cuda(host: HostDriver, call: Callable[[list[str]], subprocess.CompletedProcess[str]]) -> HostDriver:
     """Add what the driver says it runs natively (nvidia-smi's banner); unknown when it cannot say."""
     try:
         proc = call([])
@@ -138,7 +138,7 @@ def _cuda_from_int(value: int) -> str:
 
 def read_nvml() -> HostDriver:
     try:
-        import pynvml  # type: ignore[import-not-found]  # optional: the nvml extra  # noqa: PLC0415
+        import pynvml  # optional: the nvml extra  # noqa: PLC0415
     except ImportError as exc:
         raise DriverCheckError("pynvml (nvidia-ml-py) is not installed") from exc
     try:
@@ -176,7 +176,7 @@ def read_host_driver(*, prefer_nvml: bool = True) -> HostDriver:
     """NVML when pynvml is importable and works, otherwise nvidia-smi."""
     if prefer_nvml:
         try:
-            import pynvml  # type: ignore[import-not-found]  # optional: the nvml extra  # noqa: F401, PLC0415
+            import pynvml  # optional: the nvml extra  # noqa: F401, PLC0415
         except ImportError:
             pass
         else:

@@ -264,11 +264,11 @@ def _registry_kernels(image: str) -> KernelScan:
     ref = oci.parse_reference(image)
     client = oci.Client()
     try:
-        manifest, _, _ = oci.get_manifest(ref, client=client)
+        manifest = oci.read_manifest(ref, client=client)
     except ManifestNotFound as exc:
         raise ImageMissing(f"no image {image}: {exc.message}", hint="check the name and tag") from None
     scans = []
-    for desc in manifest.get("layers") or []:
+    for desc in manifest.layers:
         with layer_blob(ref, desc, client) as tar:
             scans.append(scan_kernels(tar))
     return stack_kernel_scans(scans)

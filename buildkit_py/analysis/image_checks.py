@@ -172,6 +172,30 @@ class TestReport:
 
 
 @dataclass(frozen=True)
+class TestRun:
+    """What `imgbuild test` prints: the image and one report per platform tested, in order. Its
+    --json document (``to_json``) and its text (``lines``) read these fields."""
+
+    __test__ = False
+
+    image: str
+    reports: tuple[TestReport, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        """The totals over every platform tested, each result naming its platform, and each
+        platform's own report (``platform_tests``, as `build --json` has them)."""
+        results = [{**r.to_json(), "platform": report.platform} for report in self.reports for r in report.results]
+        return {"image": self.image, "gpu": any(r.gpu for r in self.reports),
+                "platforms": [r.platform for r in self.reports],
+                **{status: sum(r.count(status) for r in self.reports) for status in (PASSED, FAILED, SKIPPED)},
+                "results": results, "platform_tests": [r.to_json() for r in self.reports]}
+
+    def lines(self) -> list[str]:
+        return [f"tests    {self.image} ({report.platform or 'platform unknown'}): {report.summary()}"
+                for report in self.reports]
+
+
+@dataclass(frozen=True)
 class ImageFacts:
     """What the image holds, read in one container run (``read_facts``)."""
 

@@ -121,6 +121,30 @@ class ImageReport:
     def findings_of(self, kind: str) -> list[Finding]:
         return [f for f in self.findings if f.kind == kind]
 
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "image": self.image,
+            "id": self.id,
+            "size": self.size,
+            "blob_size": self.blob_size,
+            "compressed_size": self.compressed_size,
+            # the same two numbers under names that say which is which
+            "size_uncompressed": self.size,
+            "size_compressed": self.compressed_size,
+            "compressed_source": self.compressed_source,
+            "pull_seconds": None if self.pull_seconds is None else round(self.pull_seconds, 3),
+            "bandwidth_mbps": self.bandwidth_mbps,
+            "unpack_mbps": self.unpack_mbps,
+            "labels": dict(self.labels),
+            "layers": [
+                {"digest": x.digest, "size": x.size, "step": x.step, "group": x.group, "created_by": x.created_by,
+                 "blob_size": x.blob_size, "compressed_size": x.compressed_size, "files": x.files}
+                for x in self.layers
+            ],
+            "groups": group_sizes(self),
+            "findings": [f.to_json() for f in self.findings],
+        } | ({"kernels": self.kernels.to_json()} if self.kernels is not None else {})
+
 
 # ---------------------------------------------------------------- pure helpers
 
@@ -410,10 +434,10 @@ def registry_layer_sizes(ref: str, n_layers: int) -> list[int] | None:
     """Compressed layer sizes from ``ref``'s manifest in its registry (what a pull moves);
     None when it is not there or its layers are not the image's."""
     try:
-        manifest, _, _ = oci.get_manifest(ref, client=oci.Client(max_retries=1, timeout=(5.0, 30.0)))
+        manifest = oci.read_manifest(ref, client=oci.Client(max_retries=1, timeout=(5.0, 30.0)))
     except (ImgbuildError, ValueError):
         return None
-    sizes = [int(x.get("size") or 0) for x in manifest.get("layers") or []]
+    sizes = [layer.size for layer in manifest.layers]
     return sizes if len(sizes) == n_layers else None
 
 
@@ -487,31 +511,6 @@ def check_budget(report: ImageReport, max_size: int) -> None:
         size=report.size, max_size=max_size, groups=groups,
         hint=f"the biggest layer is {biggest.index} ({biggest.step or biggest.group}, {human_size(biggest.size)}); "
              f"see `imgbuild inspect {report.image}`")
-
-
-def report_json(report: ImageReport) -> dict[str, Any]:
-    return {
-        "image": report.image,
-        "id": report.id,
-        "size": report.size,
-        "blob_size": report.blob_size,
-        "compressed_size": report.compressed_size,
-        # the same two numbers under names that say which is which
-        "size_uncompressed": report.size,
-        "size_compressed": report.compressed_size,
-        "compressed_source": report.compressed_source,
-        "pull_seconds": None if report.pull_seconds is None else round(report.pull_seconds, 3),
-        "bandwidth_mbps": report.bandwidth_mbps,
-        "unpack_mbps": report.unpack_mbps,
-        "labels": dict(report.labels),
-        "layers": [
-            {"digest": x.digest, "size": x.size, "step": x.step, "group": x.group, "created_by": x.created_by,
-             "blob_size": x.blob_size, "compressed_size": x.compressed_size, "files": x.files}
-            for x in report.layers
-        ],
-        "groups": group_sizes(report),
-        "findings": [f.to_json() for f in report.findings],
-    } | ({"kernels": report.kernels.to_json()} if report.kernels is not None else {})
 
 
 def short_created(created_by: str, width: int = 60) -> str:

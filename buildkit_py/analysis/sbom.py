@@ -48,11 +48,11 @@ from packaging.utils import canonicalize_name
 
 from buildkit_py import __version__, oci
 from buildkit_py import label_keys as K
-from buildkit_py.analysis.diff import names_registry
 from buildkit_py.analysis.saved_image import IterStream, LayerScan, decompressing, scan_layer
 from buildkit_py.errors import DigestMismatch, ImageMissing, ImgbuildError, ManifestNotFound, SbomError
 from buildkit_py.plan.lock import wheel_key
 from buildkit_py.plan.steps import CUDA_PREFIX
+from buildkit_py.reference import names_registry
 
 if TYPE_CHECKING:
     from buildkit_py.engine.base import Engine
@@ -249,8 +249,8 @@ def with_lock_hashes(dists: Sequence[PythonDist], hashes: WheelHashes) -> list[P
     return out
 
 
-def contents_from_layers(scans: Sequence[LayerScan], *, image: str, source: str, image_id: str, config: Mapping,
-                         labels: Mapping[str, str]) -> ImageContents:
+def contents_from_layers(scans: Sequence[LayerScan], *, image: str, source: str, image_id: str,
+                         config: Mapping[str, Any], labels: Mapping[str, str]) -> ImageContents:
     """Pure: the stacked layers' package databases as ``ImageContents``."""
     files, links = merge_layers(scans)
     os_release = next((r for r in (_resolve(p, files, links) for p in _OS_RELEASE) if r), None)
@@ -292,13 +292,13 @@ _COMPRESSION = {"application/vnd.oci.image.layer.v1.tar+gzip": "gzip",
 
 
 @contextlib.contextmanager
-def layer_blob(ref: oci.Reference, desc: Mapping[str, Any], client: oci.Client) -> Iterator[IO[bytes]]:
+def layer_blob(ref: oci.Reference, desc: oci.Descriptor, client: oci.Client) -> Iterator[IO[bytes]]:
     """A layer blob of ``ref``'s registry as the layer tar it unpacks to, streamed (nothing written)."""
-    media_type = str(desc.get("mediaType") or "")
+    media_type = desc.media_type
     if media_type not in _COMPRESSION:
-        raise SbomError(f"{ref}: layer {desc.get('digest')} has media type {media_type!r}, which is not a layer "
+        raise SbomError(f"{ref}: layer {desc.digest} has media type {media_type!r}, which is not a layer "
                         "this can read")
-    resp = client.request("GET", ref.api_host, f"/v2/{ref.repository}/blobs/{desc['digest']}",
+    resp = client.request("GET", ref.api_host, f"/v2/{ref.repository}/blobs/{desc.digest}",
                           scope=oci.pull_scope(ref.repository), stream=True)
     with resp:
         raw: IO[bytes] = resp.raw  # type: ignore[assignment]  # urllib3's response reads like a file
@@ -306,11 +306,11 @@ def layer_blob(ref: oci.Reference, desc: Mapping[str, Any], client: oci.Client) 
         yield decompressing(raw, compression) if compression else raw
 
 
-def _scan_blob(ref: oci.Reference, desc: Mapping[str, Any], diff_id: str, client: oci.Client) -> LayerScan:
+def _scan_blob(ref: oci.Reference, desc: oci.Descriptor, diff_id: str, client: oci.Client) -> LayerScan:
     with layer_blob(ref, desc, client) as tar:
         scan = scan_layer(tar, counter=None, keep=wanted)
     if scan.digest != diff_id:
-        raise DigestMismatch(f"layer {desc.get('digest')} of {ref} unpacks to {scan.digest}, not the config's "
+        raise DigestMismatch(f"layer {desc.digest} of {ref} unpacks to {scan.digest}, not the config's "
                              f"diff id {diff_id}")
     return scan
 
@@ -327,20 +327,19 @@ def read_registry_image(image: str, *, platform: str = oci.DEFAULT_PLATFORM, cli
     is then exactly what was pushed, whatever engine or builder pushed it."""
     ref = oci.parse_reference(image)
     client = client or oci.Client()
-    manifest, digest, _ = oci.get_manifest(ref, platform=platform, client=client)
-    config = oci.get_image_config(ref.with_digest(digest), platform=platform, client=client)
-    diff_ids = list((config.get("rootfs") or {}).get("diff_ids") or [])
-    layers = list(manifest.get("layers") or [])
+    manifest = oci.read_manifest(ref, platform=platform, client=client)
+    config = oci.read_image_config(ref.with_digest(manifest.digest), client=client, manifest=manifest)
+    diff_ids, layers = config.diff_ids, manifest.layers
     if len(diff_ids) != len(layers):
         raise SbomError(f"{ref}: the manifest has {len(layers)} layers but the config {len(diff_ids)} diff ids")
     workers = max(1, min(workers or min(4, os.cpu_count() or 1), len(layers) or 1))
     with concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="imgbuild-sbom") as pool:
         # the biggest layers first: the last one to start is then a small one
-        order = sorted(range(len(layers)), key=lambda i: -int(layers[i].get("size") or 0))
+        order = sorted(range(len(layers)), key=lambda i: -layers[i].size)
         futures = {i: pool.submit(_scan_blob, ref, layers[i], diff_ids[i], client) for i in order}
         scans = [futures[i].result() for i in range(len(layers))]
-    return contents_from_layers(scans, image=image, source=SOURCE_REGISTRY, image_id=digest, config=config,
-                                labels=(config.get("config") or {}).get("Labels") or {})
+    return contents_from_layers(scans, image=image, source=SOURCE_REGISTRY, image_id=manifest.digest,
+                                config=config.document(), labels=dict(config.labels))
 
 
 def read_image_contents(image: str, *, source: str = "auto", engine: Engine | None = None,
@@ -590,13 +589,14 @@ def find_sbom(image: str, *, platform: str | None = None, client: oci.Client | N
     ref = oci.parse_reference(image)
     client = client or oci.Client()
     try:
-        raw, digest, media_type = oci.fetch_manifest(ref, client=client)
+        found = oci.read_any_manifest(ref, client=client)
     except ManifestNotFound as exc:
         raise ImageMissing(f"no image {image}: {exc.message}", hint="check the name and tag") from None
+    digest = found.digest
     subjects = [digest]
-    if media_type in oci.INDEX_TYPES:
+    if isinstance(found, oci.Index):
         with contextlib.suppress(ImgbuildError):  # no such platform: only the index's own referrers count
-            subjects.append(oci.select_platform(json.loads(raw), platform or oci.DEFAULT_PLATFORM, image)["digest"])
+            subjects.append(found.select(platform or oci.DEFAULT_PLATFORM, image).digest)
     for subject in subjects:
         listed = oci.list_referrers(ref, subject, artifact_type=ARTIFACT_TYPE, client=client)
         chosen = _choose(listed.items, platform)
@@ -612,16 +612,15 @@ def find_sbom(image: str, *, platform: str | None = None, client: oci.Client | N
 
 
 def _read_document(ref: oci.Reference, referrer: oci.Referrer, subject: str, client: oci.Client) -> bytes:
-    raw, _, _ = oci.fetch_manifest(oci.Reference(ref.registry, ref.repository, None, referrer.digest), client=client)
-    manifest = json.loads(raw)
-    if (manifest.get("subject") or {}).get("digest") != subject:
+    found = oci.read_any_manifest(oci.Reference(ref.registry, ref.repository, None, referrer.digest), client=client)
+    if not isinstance(found, oci.Manifest) or found.subject is None or found.subject.digest != subject:
         raise SbomError(f"referrer {referrer.digest} of {ref} does not name {subject} as its subject")
-    layer = next((x for x in manifest.get("layers") or [] if x.get("mediaType") == ARTIFACT_TYPE), None)
+    layer = next((x for x in found.layers if x.media_type == ARTIFACT_TYPE), None)
     if layer is None:
         raise SbomError(f"referrer {referrer.digest} of {ref} has no {ARTIFACT_TYPE} layer")
-    if int(layer.get("size") or 0) > MAX_SBOM_BYTES:
-        raise SbomError(f"the SBOM of {ref} is {layer.get('size')} bytes, more than {MAX_SBOM_BYTES}")
-    return oci.read_blob(ref, layer["digest"], client=client, limit=MAX_SBOM_BYTES)
+    if layer.size > MAX_SBOM_BYTES:
+        raise SbomError(f"the SBOM of {ref} is {layer.size} bytes, more than {MAX_SBOM_BYTES}")
+    return oci.read_blob(ref, layer.digest, client=client, limit=MAX_SBOM_BYTES)
 
 
 # ---------------------------------------------------------------- after a push
@@ -633,11 +632,10 @@ def _image_manifests(ref: str, client: oci.Client) -> list[tuple[str | None, str
     the index (BuildKit's attestations are not images)."""
     from buildkit_py.oci.copy import is_attestation  # noqa: PLC0415
 
-    raw, _, media_type = oci.fetch_manifest(ref, client=client)
-    if media_type not in oci.INDEX_TYPES:
+    found = oci.read_any_manifest(ref, client=client)
+    if not isinstance(found, oci.Index):
         return [(None, None)]
-    return [(oci.platform_of(e), e["digest"]) for e in json.loads(raw).get("manifests") or []
-            if not is_attestation(e)]
+    return [(e.platform_name, e.digest) for e in found.manifests if not is_attestation(e.document)]
 
 
 def attach_after_push(pushed: Sequence[str], *, hashes: WheelHashes | None = None,

@@ -153,7 +153,7 @@ def _target(root: Path, relpath: str) -> Path:
 # ---------------------------------------------------------------- push
 
 
-def scan_dir(directory: str | os.PathLike) -> list[tuple[str, Path]]:
+def scan_dir(directory: str | os.PathLike[str]) -> list[tuple[str, Path]]:
     """``(relpath, path)`` of the regular files under ``directory``, sorted. Symlinks are
     followed only when they point at a file inside the directory; ``.git`` directories
     (a Hugging Face clone's history) and ``*.partial`` files are left out."""
@@ -183,7 +183,7 @@ def scan_dir(directory: str | os.PathLike) -> list[tuple[str, Path]]:
     return sorted(found)
 
 
-def _layer(relpath: str, path: Path, digest: str, size: int) -> dict:
+def _layer(relpath: str, path: Path, digest: str, size: int) -> dict[str, Any]:
     media_type, untested = media_type_for(relpath)
     mode = stat.S_IMODE(path.stat().st_mode)
     metadata = {"name": PurePosixPath(relpath).name, "mode": mode, "uid": 0, "gid": 0, "size": size,
@@ -201,7 +201,8 @@ def _layer(relpath: str, path: Path, digest: str, size: int) -> dict:
     }
 
 
-def model_config(layers: list[dict], descriptor: dict | None = None, config: dict | None = None) -> dict:
+def model_config(layers: list[dict[str, Any]], descriptor: dict[str, Any] | None = None,
+                 config: dict[str, Any] | None = None) -> dict[str, Any]:
     return {
         "descriptor": dict(descriptor or {}),
         "config": dict(config or {}),
@@ -215,8 +216,8 @@ class _Stopped(BaseException):
     that no retry loop takes it for a network error."""
 
 
-def _in_parallel(fn: Callable[[Any, oci.Progress | None], Any], items: Iterable, jobs: int,
-                 progress: oci.Progress | None) -> list:
+def _in_parallel(fn: Callable[[Any, oci.Progress | None], Any], items: Iterable[Any], jobs: int,
+                 progress: oci.Progress | None) -> list[Any]:
     """``[fn(item, progress) ...]`` on up to ``jobs`` threads, in order. The first failure,
     or Ctrl-C, stops the running calls at their next progress report (within a MiB or
     so) and drops those not started; then it is raised."""
@@ -244,9 +245,9 @@ def _in_parallel(fn: Callable[[Any, oci.Progress | None], Any], items: Iterable,
     return [f.result() for f in futures]
 
 
-def push(directory: str | os.PathLike, ref: str | oci.Reference, progress: oci.Progress | None = None, *,
-         client: oci.Client | None = None, descriptor: dict | None = None,
-         annotations: dict | None = None, jobs: int = DEFAULT_JOBS) -> PushedArtifact:
+def push(directory: str | os.PathLike[str], ref: str | oci.Reference, progress: oci.Progress | None = None, *,
+         client: oci.Client | None = None, descriptor: dict[str, Any] | None = None,
+         annotations: dict[str, str] | None = None, jobs: int = DEFAULT_JOBS) -> PushedArtifact:
     """Push every file under ``directory`` as one ModelPack artifact at ``ref``.
 
     Up to ``jobs`` files at once; each is hashed once, then uploaded unless the registry
@@ -291,35 +292,36 @@ def push(directory: str | os.PathLike, ref: str | oci.Reference, progress: oci.P
 # ---------------------------------------------------------------- read
 
 
-def _artifact_manifest(reference: oci.Reference, client: oci.Client) -> tuple[dict, str]:
-    manifest, digest, _ = oci.get_manifest(reference, client=client)
-    config_type = (manifest.get("config") or {}).get("mediaType")
-    if manifest.get("artifactType") != ARTIFACT_TYPE and config_type != CONFIG_MEDIA_TYPE:
+def _artifact_manifest(reference: oci.Reference, client: oci.Client) -> oci.Manifest:
+    manifest = oci.read_manifest(reference, client=client)
+    config_type = manifest.config.media_type or None
+    if manifest.artifact_type != ARTIFACT_TYPE and config_type != CONFIG_MEDIA_TYPE:
         raise WeightsError(
-            f"{reference} is not a model artifact (artifactType {manifest.get('artifactType')!r}, "
+            f"{reference} is not a model artifact (artifactType {manifest.artifact_type!r}, "
             f"config {config_type!r})",
             hint="it may be a container image; weights are pushed with `imgbuild weights push`",
         )
-    return manifest, digest
+    return manifest
 
 
-def _files(manifest: dict, where: str) -> list[tuple[ArtifactFile, dict]]:
-    out, seen = [], set()
-    for layer in manifest.get("layers") or []:
-        notes = layer.get("annotations") or {}
+def _files(manifest: oci.Manifest, where: str) -> list[tuple[ArtifactFile, oci.Descriptor]]:
+    out: list[tuple[ArtifactFile, oci.Descriptor]] = []
+    seen: set[str] = set()
+    for layer in manifest.layers:
+        notes = layer.annotations
         path = notes.get(ANNOTATION_FILEPATH) or notes.get(_LEGACY_FILEPATH) or notes.get(ANNOTATION_TITLE)
         if path is None:
-            raise WeightsError(f"a layer of {where} ({layer.get('digest')}) names no file path")
-        if layer.get("mediaType", "").endswith(("tar", "tar+gzip", "tar+zstd")):
-            raise WeightsError(f"{where} has archived layers ({layer['mediaType']}); only .raw layers are supported")
+            raise WeightsError(f"a layer of {where} ({layer.digest}) names no file path")
+        if layer.media_type.endswith(("tar", "tar+gzip", "tar+zstd")):
+            raise WeightsError(f"{where} has archived layers ({layer.media_type}); only .raw layers are supported")
         path = safe_relpath(path)
         if path in seen:
             raise UnsafePath(f"{where} names {path!r} twice")
         seen.add(path)
-        digest = layer.get("digest", "")
+        digest = layer.digest
         if not digest.startswith("sha256:") or len(digest) != 71:
             raise WeightsError(f"{where}: layer for {path} has unsupported digest {digest!r}")
-        out.append((ArtifactFile(path, int(layer.get("size") or 0), digest), layer))
+        out.append((ArtifactFile(path, layer.size, digest), layer))
     # A file may not also be a directory of another (a/b and a/b/c).
     for f, _ in out:
         parts = f.path.split("/")
@@ -333,8 +335,7 @@ def ls(ref: str | oci.Reference, *, client: oci.Client | None = None) -> list[Ar
     """The files of an artifact: ``(path, size, digest)`` each, in manifest order."""
     reference = oci.as_reference(ref)
     client = client or oci.Client()
-    manifest, _ = _artifact_manifest(reference, client)
-    return [f for f, _ in _files(manifest, str(reference))]
+    return [f for f, _ in _files(_artifact_manifest(reference, client), str(reference))]
 
 
 # ---------------------------------------------------------------- pull
@@ -381,7 +382,7 @@ def _not_writable(exc: OSError, path: Path) -> FolderNotWritable | None:
                              "free space there, or use a folder on another disk")
 
 
-def pull(ref: str | oci.Reference, directory: str | os.PathLike, progress: oci.Progress | None = None, *,
+def pull(ref: str | oci.Reference, directory: str | os.PathLike[str], progress: oci.Progress | None = None, *,
          client: oci.Client | None = None, jobs: int = DEFAULT_JOBS, streams: int | None = None,
          on_wait: Callable[[], None] | None = None, force: bool = False) -> PullResult:
     """Download an artifact's files into ``directory``.
@@ -411,8 +412,7 @@ def pull(ref: str | oci.Reference, directory: str | os.PathLike, progress: oci.P
         raise UsageError(f"{root} exists and is not a directory",
                          hint="weights pull REF DIRECTORY: a folder to download into (created if missing)")
     client = client or oci.Client()
-    manifest, _ = _artifact_manifest(reference, client)
-    entries = _files(manifest, str(reference))
+    entries = _files(_artifact_manifest(reference, client), str(reference))
     try:
         root.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -424,7 +424,7 @@ def pull(ref: str | oci.Reference, directory: str | os.PathLike, progress: oci.P
         if partial.is_symlink():
             raise UnsafePath(f"{partial} is a symlink; pull does not write through symlinks")
 
-    def one(item, report: oci.Progress | None) -> int | None:
+    def one(item: tuple[tuple[ArtifactFile, Path, oci.Descriptor], str], report: oci.Progress | None) -> int | None:
         (f, target, layer), found = item
         if found == _SAME:
             if report:
@@ -492,10 +492,10 @@ def _download(reference: oci.Reference, f: ArtifactFile, partial: Path, client: 
     raise AssertionError("unreachable")  # pragma: no cover
 
 
-def _apply_mode(path: Path, layer: dict) -> None:
+def _apply_mode(path: Path, layer: oci.Descriptor) -> None:
     """Keep the executable bit a file was pushed with; never setuid/setgid/sticky."""
     try:
-        meta = json.loads((layer.get("annotations") or {}).get(ANNOTATION_FILE_METADATA) or "{}")
+        meta = json.loads(layer.annotations.get(ANNOTATION_FILE_METADATA) or "{}")
         mode = int(meta.get("mode", 0o644)) & 0o777
     except (ValueError, TypeError, AttributeError):
         return

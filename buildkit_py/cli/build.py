@@ -28,7 +28,8 @@ from buildkit_py.sizes import human_size
 if TYPE_CHECKING:
     from rich.console import Console
 
-    from buildkit_py.pipeline.build import BuildOptions, BuildReport, Publishing
+    from buildkit_py.pipeline import BuildPlan
+    from buildkit_py.pipeline.build import BuildOptions, Publishing
     from buildkit_py.pipeline.matrix_build import MatrixBuild
     from buildkit_py.plan.lock import LockMode
 
@@ -132,7 +133,7 @@ def _testing(args: argparse.Namespace, out: Out) -> bool:
 def cmd_build(args: argparse.Namespace, out: Out) -> int:
     from buildkit_py.engine import select_engine
     from buildkit_py.pipeline.bases import verify_base
-    from buildkit_py.pipeline.build import Sinks, build_image, build_platforms
+    from buildkit_py.pipeline.build import BuildDocument, Sinks, build_image, build_platforms
     from buildkit_py.pipeline.locks import use_lock
     from buildkit_py.plan.lock import LockStatus
 
@@ -168,54 +169,8 @@ def cmd_build(args: argparse.Namespace, out: Out) -> int:
         built = build_image(plan, engine, options, publishing=publishing, sinks=Sinks(
             on_line=view.line, on_progress=view.note, on_transfer=view.transfer, on_event=view.note,
             on_note=out.info))
-    outcome, reports, sboms, signed = built.outcome, built.tests, built.sboms, built.signatures
-    r = outcome.result
-    report = {
-        "image_id": r.image_id, "tags": list(r.tags), "size": outcome.size, "engine": outcome.engine,
-        "backend": outcome.engine,  # the older name of "engine", kept for scripts that read it
-        "size_uncompressed": outcome.sizes.uncompressed if outcome.sizes else None,
-        "size_compressed": outcome.sizes.compressed if outcome.sizes else None,
-        "seconds": round(r.seconds, 2), "steps_run": r.run_steps, "steps_cached": r.cached_steps,
-        "steps_rerun": list(r.rerun), "groups": outcome.groups, "labels": outcome.labels,
-        "warnings": [w.to_json() for w in plan.warnings],
-        "pushes": [{"ref": p.ref, "tag": p.tag, "digest": p.digest, "size": p.size} for p in outcome.pushes],
-        "sboms": [s.to_json() for s in sboms],
-        "signatures": [s.to_json() for s in signed],
-        "tests": reports[-1].to_json() if reports else None,
-        "cold_start": outcome.cold_start.to_json() if outcome.cold_start else None,
-        "platforms": list(options.platforms),
-        # a multi-platform build tests each platform's image: one report each, in platform order
-        "platform_tests": [t.to_json() for t in reports] if len(options.platforms) > 1 else [],
-    }
-    if args.json:
-        out.data(report)
-    else:
-        _build_lines(out, built)
+    out.document(BuildDocument.of(built, plan.warnings, options.platforms), as_json=args.json)
     return 0
-
-
-def _build_lines(out: Out, built: BuildReport) -> None:
-    """`build`'s result as text: the image, its size and steps, its tests, pushes, SBOMs and signatures."""
-    outcome, reports, sboms, signed = built.outcome, built.tests, built.sboms, built.signatures
-    r = outcome.result
-    compressed = outcome.sizes.compressed if outcome.sizes else None
-    out.line(f"image    {r.image_id}")
-    out.line(f"tags     {', '.join(r.tags)}")
-    out.line(f"size     {human_size(outcome.size)} ({outcome.size} bytes) uncompressed"
-             + (f", {human_size(compressed)} compressed" if compressed else ""))
-    out.line(f"steps    {r.run_steps} run, {r.cached_steps} cached, {r.seconds:.1f}s")
-    for t in reports:  # one per platform of a multi-platform build, each named by its image (platform)
-        out.line(f"tests    {t.summary()}" + (f" ({t.image})" if len(reports) > 1 else ""))
-    if not reports:
-        out.line("tests    not run (they run before --push, or with --test)")
-    if outcome.cold_start:
-        out.line(f"start    {outcome.cold_start.summary()}")
-    for p in outcome.pushes:
-        out.line(f"pushed   {p.ref}")
-    for s in sboms:
-        out.line(f"sbom     {s.ref} ({s.components} components, {s.via}) for {s.subject} ({s.platform})")
-    for g in signed:
-        out.line(f"signed   {g.digest} ({g.platform or 'index' if len(signed) > 1 else 'manifest'}, {g.tag})")
 
 
 def _signing_key(args: argparse.Namespace) -> Any:
@@ -247,7 +202,7 @@ def cmd_build_matrix(args: argparse.Namespace, out: Out) -> int:
     options = _build_options(args, out)
     lock_mode = _lock_mode(args)
 
-    def prepare(variant, plan):
+    def prepare(variant: mx.Variant, plan: BuildPlan) -> BuildPlan:
         locked = use_lock(plan, mode=lock_mode, variant=variant.id, ca_cert=args.ca_cert, engine=engine,
                           resolver=settings_of(args).pip_resolver())
         for w in [pw.render() for pw in plan.warnings] + list(locked.warnings):

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import argparse
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from buildkit_py import label_keys as K
 from buildkit_py.cli.common import AddCommand, Out, engine_option, image_labels, is_recipe, json_option, reading_engine
@@ -12,6 +13,7 @@ from buildkit_py.cli.settings import settings_of
 from buildkit_py.errors import ExitStatus, UsageError
 
 if TYPE_CHECKING:
+    from buildkit_py.analysis.check import CheckResult
     from buildkit_py.analysis.driver import HostDriver
     from buildkit_py.analysis.gpu_coverage import GpuReport, GpuTarget
     from buildkit_py.compat import DriverFloor
@@ -71,20 +73,29 @@ def cmd_check(args: argparse.Namespace, out: Out) -> int:
         raise UsageError(f"unknown CUDA version {cuda}: {str(exc).strip(chr(39))}") from None
     except ValueError as exc:
         raise UsageError(f"bad driver version {driver!r}: {exc}") from None
-    if args.json:
-        data = result.to_json()
-        data["target"] = what
-        data["floors_from"] = floors_from
-        out.data(data)
-    else:
-        out.line(f"{what}: {result.verdict} on driver {driver}")
-        out.line(f"  driver floors {floors_from}: {result.floor.describe()}")
-        out.line(f"  {result.message}")
-        if result.remedy:
-            out.line(f"  remedy: {result.remedy}")
-        for warning in result.warnings:
-            out.line(f"  warning: {warning.render()}")
+    out.document(DriverCheck(what, floors_from, driver, result), as_json=args.json)
     return 0 if result.compatible else ExitStatus.FAILED
+
+
+@dataclass(frozen=True)
+class DriverCheck:
+    """What `check` prints for a driver: the verdict on what was checked (``target``) and where its
+    floors came from; the --json document and the text read these fields."""
+
+    target: str
+    floors_from: str
+    driver: str
+    result: CheckResult
+
+    def to_json(self) -> dict[str, Any]:
+        return {**self.result.to_json(), "target": self.target, "floors_from": self.floors_from}
+
+    def lines(self) -> list[str]:
+        r = self.result
+        return [f"{self.target}: {r.verdict} on driver {self.driver}",
+                f"  driver floors {self.floors_from}: {r.floor.describe()}", f"  {r.message}",
+                *([f"  remedy: {r.remedy}"] if r.remedy else []),
+                *(f"  warning: {warning.render()}" for warning in r.warnings)]
 
 
 def _check_gpu(args: argparse.Namespace, out: Out) -> int:

@@ -12,7 +12,7 @@ import os
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -26,6 +26,15 @@ JSON_SCHEMA = 1  # the version of the --json contract (README, CLI reference: "T
 # register(add) in each command module: add(name, description=None) -> its subparser (the one-line
 # summary is cli/main.py's COMMANDS, so `imgbuild --help` needs no command module)
 AddCommand = Callable[..., argparse.ArgumentParser]
+
+
+class Document(Protocol):
+    """A command's result as it prints it: the --json document and the text lines, both read from
+    the one frozen dataclass, so the two cannot disagree."""
+
+    def to_json(self) -> dict[str, Any]: ...
+
+    def lines(self) -> list[str]: ...
 
 
 class Out:
@@ -43,6 +52,14 @@ class Out:
         at every level (the contract every --json shares)."""
         doc = {"schema": JSON_SCHEMA, **_sorted(obj)}
         self.stdout.write(json.dumps(doc, indent=2) + "\n")
+
+    def document(self, document: Document, *, as_json: bool) -> None:
+        """``document`` as --json asked: its JSON document, else its text lines."""
+        if as_json:
+            self.data(document.to_json())
+            return
+        for line in document.lines():
+            self.line(line)
 
     def console(self) -> Console:
         """A rich console on stdout for tables (inspect, diff, the matrix summary): colour on a
@@ -264,7 +281,7 @@ def image_config(engine: Engine | None, ref: str) -> dict[str, Any]:
     from buildkit_py.errors import ImageMissing, ManifestNotFound
 
     try:
-        return dict(oci.get_image_config(ref).get("config") or {})
+        return dict(oci.read_image_config(ref).runtime)
     except ManifestNotFound as exc:
         raise ImageMissing(f"no image {ref}: not in the local engine, and {exc.message}",
                            hint="check the name and tag (`docker images`), or build and push it first "

@@ -56,7 +56,7 @@ def register_diff(add: AddCommand) -> None:
 
 
 def cmd_inspect(args: argparse.Namespace, out: Out) -> int:
-    from buildkit_py.analysis.inspect import InspectOptions, inspect_image, report_blocks, report_json
+    from buildkit_py.analysis.inspect import InspectOptions, inspect_image, report_blocks
     from buildkit_py.recipe.model import parse_size
 
     threshold = parse_size(args.weight_threshold)
@@ -69,21 +69,21 @@ def cmd_inspect(args: argparse.Namespace, out: Out) -> int:
             bandwidth_mbps=args.bandwidth, weight_threshold=threshold, estimate_compressed=not args.no_compressed,
             unpack_mbps=args.unpack_rate, kernels=args.kernels), progress=progress)
     if args.json:
-        out.data(report_json(report))
+        out.data(report.to_json())
     else:
         out.blocks(report_blocks(report))
     return 0
 
 
 def cmd_diff(args: argparse.Namespace, out: Out) -> int:
-    from buildkit_py.analysis.diff import DiffOptions, diff_blocks, diff_images, diff_json
+    from buildkit_py.analysis.diff import DiffOptions, diff_blocks, diff_images
 
     with transfer_view(out.stderr, args.progress) as progress:
         result = diff_images(args.image_a, args.image_b, DiffOptions(
             source=args.source, bandwidth_mbps=args.bandwidth, unpack_mbps=args.unpack_rate,
             uncompressed=not args.no_uncompressed), engine=reading_engine(args), progress=progress, node=args.node)
     if args.json:
-        out.data(diff_json(result))
+        out.data(result.to_json())
     else:
         out.blocks(diff_blocks(result))
     return 0

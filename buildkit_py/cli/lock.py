@@ -55,16 +55,5 @@ def cmd_lock(args: argparse.Namespace, out: Out) -> int:
     for vid, variant in data.variants.items():
         for note in lock.variant_notes(variant):
             out.warn(note if len(plans) == 1 else f"[{vid}] {note}")
-    if args.json:
-        out.data({"lock": str(path), "changed": changed, "seconds": round(seconds, 2), "variants": {
-            vid: {"packages": v.packages_json(), "bases": v.bases_json(), "notes": lock.variant_notes(v)}
-            for vid, v in data.variants.items()}})
-        return 0
-    for vid, variant in data.variants.items():
-        count = sum(len(p) for p in variant.packages.values())
-        pinned = sum(1 for b in variant.bases.values() if b.digest)
-        what = f"{count} packages, {pinned}/{len(variant.bases)} bases by digest"
-        out.line(what if len(plans) == 1 else f"  {vid}: {what}")
-    out.line(f"{'wrote' if changed else 'unchanged'} {path} ({len(plans)} variant{'s' if len(plans) > 1 else ''}, "
-             f"{seconds:.1f}s)")
+    out.document(locks.LockWritten(path, changed, seconds, data.variants), as_json=args.json)
     return 0

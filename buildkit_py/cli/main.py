@@ -147,7 +147,7 @@ def _build_parser(stdout: IO[str], commands: Sequence[str] = ()) -> _Parser:
     for name, (summary, where) in COMMANDS.items():
         if name not in commands:
             # what add_parser(name, help=summary) lists in --help, without the parser
-            sub._choices_actions.append(sub._ChoicesPseudoAction(name, (), summary))  # type: ignore[attr-defined]
+            sub._choices_actions.append(sub._ChoicesPseudoAction(name, (), summary))
             sub.choices[name] = None  # type: ignore[assignment]
             continue
         module, function = where.split(":")

@@ -83,10 +83,10 @@ def transfer_progress(stream: IO[str], *, live: bool | None = None) -> Iterator[
     import rich.console  # noqa: PLC0415 - see above
     import rich.progress as rp  # noqa: PLC0415 - see above
 
-    size_column, speed_column = _size_columns(rp)
+    size_column, speed_column = _size_columns()
     view = rp.Progress(rp.TextColumn("{task.description}"), rp.BarColumn(), size_column(), speed_column(),
                        rp.TimeRemainingColumn(), console=rich.console.Console(file=stream), transient=False)
-    tasks: dict = {}  # label -> rich TaskID
+    tasks: dict[str, Any] = {}  # label -> rich TaskID
     lock = threading.Lock()
 
     def progress(event: str, label: str, done: int, total: int) -> None:
@@ -100,17 +100,18 @@ def transfer_progress(stream: IO[str], *, live: bool | None = None) -> Iterator[
         yield progress
 
 
-def _size_columns(rp: Any) -> tuple[type, type]:
+def _size_columns() -> tuple[type, type]:
     """rich's bytes and speed columns in sizes.py's units: its DownloadColumn and
     TransferSpeedColumn count in their own code (the speed in decimal MB/s)."""
-    from rich.text import Text  # noqa: PLC0415 - rich only for a terminal (start-up)
+    from rich.progress import ProgressColumn  # noqa: PLC0415 - rich only for a terminal (start-up)
+    from rich.text import Text  # noqa: PLC0415
 
-    class SizeColumn(rp.ProgressColumn):
+    class SizeColumn(ProgressColumn):
         def render(self, task: Any) -> Text:
             done = human_size(task.completed)
             return Text(f"{done} of {human_size(task.total)}" if task.total else done, style="progress.download")
 
-    class SpeedColumn(rp.ProgressColumn):
+    class SpeedColumn(ProgressColumn):
         def render(self, task: Any) -> Text:
             speed = task.finished_speed or task.speed
             return Text("?" if speed is None else f"{human_size(speed)}/s", style="progress.data.speed")

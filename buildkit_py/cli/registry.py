@@ -3,10 +3,67 @@
 from __future__ import annotations
 
 import argparse
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from buildkit_py.cli.common import AddCommand, Out, json_option, progress_option
 from buildkit_py.cli.progress import transfer_view
 from buildkit_py.errors import UsageError
+
+if TYPE_CHECKING:
+    from buildkit_py.oci.copy import CopiedReferrer, CopyResult
+    from buildkit_py.oci.login import LoginResult
+
+
+# What login and mirror print: the --json document (to_json) and the text (lines) read the same fields.
+@dataclass(frozen=True)
+class LoggedIn:
+    result: LoginResult
+
+    def to_json(self) -> dict[str, Any]:
+        r = self.result
+        return {"registry": r.registry, "username": r.username, "stored_in": str(r.stored_in)}
+
+    def lines(self) -> list[str]:
+        r = self.result
+        return [f"logged in to {r.registry} as {r.username} (stored in {r.stored_in})"]
+
+
+@dataclass(frozen=True)
+class Mirrored:
+    source: str
+    dest: str
+    copied: CopyResult
+
+    @property
+    def pinned(self) -> str:
+        """``dest``'s repository at the digest now there: what a recipe pins."""
+        dest = self.dest
+        return f"{dest.rsplit(':', 1)[0] if ':' in dest.rsplit('/', 1)[-1] else dest}@{self.copied.digest}"
+
+    def to_json(self) -> dict[str, Any]:
+        copied = self.copied
+        return {"source": self.source, "dest": self.dest, "digest": copied.digest, "pinned": self.pinned,
+                "source_digest": copied.source_digest, "same_digest": copied.same_digest,
+                "media_type": copied.media_type, "platforms": list(copied.platforms),
+                "left_out": list(copied.left_out), "attestations": copied.attestations,
+                "manifests": copied.manifests,
+                "referrers": [{"subject": r.subject, "digest": r.digest, "kind": r.kind, "tag": r.tag}
+                              for r in copied.referrers]}
+
+    def lines(self) -> list[str]:
+        copied = self.copied
+        what = ", ".join(copied.platforms) or "an artifact (no platform)"
+        if copied.attestations:
+            what += f", {copied.attestations} attestation manifest{'s' if copied.attestations > 1 else ''}"
+        if copied.left_out:
+            what += f" (left out: {', '.join(copied.left_out)})"
+        digest = (f"digest   {copied.digest} (the source's)" if copied.same_digest else
+                  f"digest   {copied.digest}: a new index of the chosen platforms; the source's is "
+                  f"{copied.source_digest}")
+        return [f"mirrored {self.source} -> {self.dest}", f"copied   {what}", digest,
+                f"referrers {_referrer_counts(copied.referrers)}", f"pin with {self.pinned}"]
 
 
 def register_login(add: AddCommand) -> None:
@@ -59,11 +116,7 @@ def cmd_login(args: argparse.Namespace, out: Out) -> int:
     password = out.stdin.readline().rstrip("\r\n")
     if not password:
         raise UsageError("no password on stdin", hint=hint)
-    result = login(args.registry, args.username, password)
-    if args.json:
-        out.data({"registry": result.registry, "username": result.username, "stored_in": str(result.stored_in)})
-    else:
-        out.line(f"logged in to {result.registry} as {result.username} (stored in {result.stored_in})")
+    out.document(LoggedIn(login(args.registry, args.username, password)), as_json=args.json)
     return 0
 
 
@@ -79,34 +132,11 @@ def cmd_mirror(args: argparse.Namespace, out: Out) -> int:
     dest = args.dest or mirrored_ref(args.source, args.to_mirror)
     with transfer_view(out.stderr, args.progress) as progress:
         copied = oci.copy_image(args.source, dest, platforms=tuple(args.platform), progress=progress)
-    pinned = f"{dest.rsplit(':', 1)[0] if ':' in dest.rsplit('/', 1)[-1] else dest}@{copied.digest}"
-    if args.json:
-        out.data({"source": args.source, "dest": dest, "digest": copied.digest, "pinned": pinned,
-                  "source_digest": copied.source_digest, "same_digest": copied.same_digest,
-                  "media_type": copied.media_type, "platforms": list(copied.platforms),
-                  "left_out": list(copied.left_out), "attestations": copied.attestations,
-                  "manifests": copied.manifests,
-                  "referrers": [{"subject": r.subject, "digest": r.digest, "kind": r.kind, "tag": r.tag}
-                                for r in copied.referrers]})
-        return 0
-    out.line(f"mirrored {args.source} -> {dest}")
-    what = ", ".join(copied.platforms) or "an artifact (no platform)"
-    if copied.attestations:
-        what += f", {copied.attestations} attestation manifest{'s' if copied.attestations > 1 else ''}"
-    if copied.left_out:
-        what += f" (left out: {', '.join(copied.left_out)})"
-    out.line(f"copied   {what}")
-    if copied.same_digest:
-        out.line(f"digest   {copied.digest} (the source's)")
-    else:
-        out.line(f"digest   {copied.digest}: a new index of the chosen platforms; the source's is "
-                 f"{copied.source_digest}")
-    out.line(f"referrers {_referrer_counts(copied.referrers)}")
-    out.line(f"pin with {pinned}")
+    out.document(Mirrored(args.source, dest, copied), as_json=args.json)
     return 0
 
 
-def _referrer_counts(referrers) -> str:
+def _referrer_counts(referrers: Sequence[CopiedReferrer]) -> str:
     """``3 copied (2 application/vnd.cyclonedx+json, 1 cosign signature)``, or ``none``."""
     if not referrers:
         return "none (no SBOM, signature or attestation refers to it)"

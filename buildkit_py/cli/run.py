@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import argparse
 import shlex
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from buildkit_py.cli.common import (
     AddCommand,
@@ -30,8 +30,27 @@ from buildkit_py.sizes import human_size
 
 if TYPE_CHECKING:
     from buildkit_py.engine import Engine
-    from buildkit_py.engine.run import ImageStart
+    from buildkit_py.engine.run import ImageStart, RunPlan
     from buildkit_py.recipe.model import Recipe
+
+
+@dataclass(frozen=True)
+class DryRun:
+    """What `run --dry-run` prints: the run's plan, as its --json document or as its text."""
+
+    plan: RunPlan
+
+    def to_json(self) -> dict[str, Any]:
+        from buildkit_py.engine.run import dry_run_json
+
+        return dry_run_json(self.plan)
+
+    def lines(self) -> list[str]:
+        run, process = self.plan, self.plan.process
+        return [*(f"would pull {w.ref} -> {w.host_dir} (mounted read-only at {w.mount})" for w in run.weights),
+                f"would run  {run.command_line}",
+                *([f"container  {shlex.join(process.argv)}", f"           {process.how}"] if process is not None
+                  else [])]
 
 
 def register_run(add: AddCommand) -> None:
@@ -78,7 +97,6 @@ def cmd_run(args: argparse.Namespace, out: Out) -> int:
         ImageStart,
         RunOptions,
         container_name,
-        dry_run_json,
         make_run_plan,
         run_container,
     )
@@ -113,15 +131,7 @@ def cmd_run(args: argparse.Namespace, out: Out) -> int:
     run = make_run_plan(image, pairs, options, engine=engine, gpu_available=gpu_available, start=start)
     process = run.process
     if args.dry_run:
-        if args.json:
-            out.data(dry_run_json(run))
-        else:
-            for w in run.weights:
-                out.line(f"would pull {w.ref} -> {w.host_dir} (mounted read-only at {w.mount})")
-            out.line(f"would run  {run.command_line}")
-            if process is not None:
-                out.line(f"container  {shlex.join(process.argv)}")
-                out.line(f"           {process.how}")
+        out.document(DryRun(run), as_json=args.json)
         return 0
     if process is not None and not process.argv:
         raise UsageError(f"{image} has no ENTRYPOINT or CMD: nothing would run",
@@ -171,7 +181,7 @@ def _require_built(engine: Engine, image: str, recipe: Path) -> None:
     ref = oci.parse_reference(image)
     if ref.registry != oci.DOCKER_HUB:  # docker run pulls a registry tag itself, if it is there
         try:
-            oci.get_manifest(ref)
+            oci.read_manifest(ref)
             return
         except ManifestNotFound:
             pass

@@ -5,14 +5,15 @@ from __future__ import annotations
 
 import argparse
 import os
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from buildkit_py.cli.common import AddCommand, Out, json_option
 from buildkit_py.errors import ExitStatus, SignatureError, UsageError
 
 if TYPE_CHECKING:
-    from buildkit_py.oci.signatures import SignedManifest, SigningKey
+    from buildkit_py.oci.signatures import SignedManifest, SigningKey, VerifiedManifest
 
 # an encrypted key's password: ours, else cosign's (a cosign.key is read with the password cosign uses)
 PASSWORD_VARIABLES = ("IMGBUILD_KEY_PASSWORD", "COSIGN_PASSWORD")
@@ -53,10 +54,44 @@ def signing_key(path: Path) -> SigningKey:
     return load_signing_key(path, password.encode() if password is not None else None)
 
 
-def signed_lines(out: Out, image: str, signed: list[SignedManifest]) -> None:
-    for s in signed:
-        what = (s.platform or "index") if len(signed) > 1 else "manifest"
-        out.line(f"signed   {image} {what} {s.digest} ({s.tag}, {s.signatures} signature(s))")
+@dataclass(frozen=True)
+class SignDocument:
+    """What `sign` prints: its --json document and its text both read these fields."""
+
+    image: str
+    key: Path
+    signed: tuple[SignedManifest, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"image": self.image, "key": str(self.key), "signed": [s.to_json() for s in self.signed]}
+
+    def lines(self) -> list[str]:
+        many = len(self.signed) > 1
+        return [f"signed   {self.image} {(s.platform or 'index') if many else 'manifest'} {s.digest} "
+                f"({s.tag}, {s.signatures} signature(s))" for s in self.signed]
+
+
+@dataclass(frozen=True)
+class VerifyDocument:
+    """What `verify` prints: the image's own verdict (the first manifest: the index, or the one
+    manifest) and each manifest's; the --json document and the text read these fields."""
+
+    image: str
+    key: Path
+    manifests: tuple[VerifiedManifest, ...]
+
+    @property
+    def verified(self) -> bool:
+        return self.manifests[0].verified
+
+    def to_json(self) -> dict[str, Any]:
+        return {"image": self.image, "key": str(self.key), "verified": self.verified,
+                "manifests": [r.to_json() for r in self.manifests]}
+
+    def lines(self) -> list[str]:
+        many = len(self.manifests) > 1
+        return [f"{'verified' if r.verified else 'unsigned' if not r.signatures else 'refused '} "
+                f"{r.platform or ('index' if many else 'manifest')} {r.digest}: {r.reason}" for r in self.manifests]
 
 
 def cmd_sign(args: argparse.Namespace, out: Out) -> int:
@@ -79,27 +114,19 @@ def cmd_sign(args: argparse.Namespace, out: Out) -> int:
     if not names_registry(args.image):
         raise UsageError(f"{args.image} names no registry: signatures are stored beside a pushed image",
                          hint="name the pushed image: REGISTRY/NAME:TAG")
-    signed = sign_image(args.image, signing_key(args.key))
-    if args.json:
-        out.data({"image": args.image, "key": str(args.key), "signed": [s.to_json() for s in signed]})
-    else:
-        signed_lines(out, args.image, signed)
+    document = SignDocument(args.image, args.key, tuple(sign_image(args.image, signing_key(args.key))))
+    out.document(document, as_json=args.json)
     return 0
 
 
 def cmd_verify(args: argparse.Namespace, out: Out) -> int:
     from buildkit_py.oci.signatures import load_verifying_key, verify_image
 
-    results = verify_image(args.image, load_verifying_key(args.key))
-    top = results[0]
+    document = VerifyDocument(args.image, args.key, tuple(verify_image(args.image, load_verifying_key(args.key))))
+    top = document.manifests[0]
+    out.document(document, as_json=args.json)
     if args.json:  # the verdict is the document's "verified" and the exit status
-        out.data({"image": args.image, "key": str(args.key), "verified": top.verified,
-                  "manifests": [r.to_json() for r in results]})
-        return 0 if top.verified else ExitStatus.FAILED
-    for r in results:
-        what = r.platform or ("index" if len(results) > 1 else "manifest")
-        out.line(f"{'verified' if r.verified else 'unsigned' if not r.signatures else 'refused '} {what} "
-                 f"{r.digest}: {r.reason}")
+        return 0 if document.verified else ExitStatus.FAILED
     if not top.verified:
         raise SignatureError(f"{args.image} ({top.digest}) is not signed by {args.key}: {top.reason}",
                              hint="ask its publisher which key signs it, or sign it: "

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from buildkit_py.cli.common import (
     AddCommand,
@@ -67,7 +67,7 @@ def register(add: AddCommand) -> None:
 
 
 def cmd_test(args: argparse.Namespace, out: Out) -> int:
-    from buildkit_py.analysis.image_checks import run_image_tests
+    from buildkit_py.analysis.image_checks import TestRun, run_image_tests
     from buildkit_py.errors import ImageMissing
 
     engine = reading_engine(args)
@@ -80,13 +80,10 @@ def cmd_test(args: argparse.Namespace, out: Out) -> int:
                            f"pull it first (docker pull {image}): tests run on the engine's own copy")
     reports = [run_image_tests(engine, image, recipe=recipe, defaults=not args.no_defaults, platform=platform,
                                on_event=None if args.json else out.info) for platform in platforms or (None,)]
-    if args.json:
-        out.data(tests_json(image, reports))
-    else:
+    if not args.json:  # each failed test's output, before the verdicts
         for report in reports:
             print_failures(report, out)
-        for report in reports:
-            out.line(f"tests    {image} ({report.platform or 'platform unknown'}): {report.summary()}")
+    out.document(TestRun(image, tuple(reports)), as_json=args.json)
     return ExitStatus.FAILED if any(r.failed for r in reports) else 0
 
 
@@ -130,17 +127,6 @@ def tested_platforms(recipe: Recipe | None, requested: tuple[str, ...]) -> tuple
                                   + ("; an image built with build --platform: test the image by its tag, "
                                      "not the recipe" if recipe is not None else ""))
     return requested or (build_platforms(recipe, ()) if recipe is not None else ())
-
-
-def tests_json(image: str, reports: list[TestReport]) -> dict[str, Any]:
-    """`imgbuild test --json`: the totals over every platform tested, each result naming its
-    platform, and each platform's own report (``platform_tests``, as `build --json` has them)."""
-    from buildkit_py.analysis.image_checks import FAILED, PASSED, SKIPPED
-
-    results = [{**r.to_json(), "platform": report.platform} for report in reports for r in report.results]
-    return {"image": image, "gpu": any(r.gpu for r in reports), "platforms": [r.platform for r in reports],
-            **{status: sum(r.count(status) for r in reports) for status in (PASSED, FAILED, SKIPPED)},
-            "results": results, "platform_tests": [r.to_json() for r in reports]}
 
 
 def print_failures(report: TestReport, out: Out) -> None:

@@ -3,12 +3,64 @@
 from __future__ import annotations
 
 import argparse
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from buildkit_py.cli.common import AddCommand, Out, json_option, progress_option
 from buildkit_py.cli.progress import transfer_view
 from buildkit_py.errors import UsageError
 from buildkit_py.sizes import human_size
+
+if TYPE_CHECKING:
+    from buildkit_py.artifacts.weights import ArtifactFile, PullResult, PushedArtifact
+
+
+# What each action prints: its --json document (to_json) and its text (lines) read the same fields.
+@dataclass(frozen=True)
+class WeightsPushed:
+    pushed: PushedArtifact
+
+    def to_json(self) -> dict[str, Any]:
+        res = self.pushed
+        return {"ref": res.ref, "digest": res.digest, "pinned": f"{res.ref}@{res.digest}",
+                "uploaded_bytes": res.uploaded_bytes,
+                "files": [{"path": f.path, "size": f.size, "digest": f.digest, "media_type": f.media_type,
+                           "uploaded_bytes": f.uploaded_bytes} for f in res.files]}
+
+    def lines(self) -> list[str]:
+        res = self.pushed
+        return [f"pushed {len(res.files)} files ({human_size(res.uploaded_bytes)} uploaded): {res.ref}@{res.digest}"]
+
+
+@dataclass(frozen=True)
+class WeightsPulled:
+    ref: str
+    directory: Path
+    pulled: PullResult
+
+    def to_json(self) -> dict[str, Any]:
+        p = self.pulled
+        return {"ref": self.ref, "directory": str(self.directory), "downloaded_bytes": p.downloaded_bytes,
+                "files": [f._asdict() for f in p.files], "skipped": list(p.skipped), "replaced": list(p.replaced)}
+
+    def lines(self) -> list[str]:
+        p = self.pulled
+        return [f"{len(p.files)} files in {self.directory}: {human_size(p.downloaded_bytes)} downloaded, "
+                f"{len(p.skipped)} already present"
+                + (f", {len(p.replaced)} replaced ({', '.join(p.replaced)})" if p.replaced else "")]
+
+
+@dataclass(frozen=True)
+class WeightsListed:
+    ref: str
+    files: tuple[ArtifactFile, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"ref": self.ref, "files": [{"path": f.path, "size": f.size, "digest": f.digest} for f in self.files]}
+
+    def lines(self) -> list[str]:
+        return [f"{human_size(f.size):>10}  {f.digest[:19]}  {f.path}" for f in self.files]
 
 
 def register(add: AddCommand) -> None:
@@ -37,38 +89,18 @@ def register(add: AddCommand) -> None:
 def cmd_weights(args: argparse.Namespace, out: Out) -> int:
     from buildkit_py.artifacts import weights
 
+    document: WeightsPushed | WeightsPulled | WeightsListed
     if args.weights_command == "push":
         with transfer_view(out.stderr, args.progress) as progress:
-            res = weights.push(args.directory, args.ref, progress=progress)
-        if args.json:
-            out.data({"ref": res.ref, "digest": res.digest, "pinned": f"{res.ref}@{res.digest}",
-                      "uploaded_bytes": sum(f.uploaded_bytes for f in res.files),
-                      "files": [{"path": f.path, "size": f.size, "digest": f.digest, "media_type": f.media_type,
-                                 "uploaded_bytes": f.uploaded_bytes} for f in res.files]})
-        else:
-            uploaded = sum(f.uploaded_bytes for f in res.files)
-            out.line(f"pushed {len(res.files)} files ({human_size(uploaded)} uploaded): {res.ref}@{res.digest}")
-        return 0
-    if args.weights_command == "pull":
+            document = WeightsPushed(weights.push(args.directory, args.ref, progress=progress))
+    elif args.weights_command == "pull":
         with transfer_view(out.stderr, args.progress) as progress:
-            pulled = weights.pull(args.ref, args.directory, progress=progress, force=args.force,
-                                  on_wait=lambda: out.info(f"waiting for another pull into {args.directory} to end"))
-        if args.json:
-            out.data({"ref": args.ref, "directory": str(args.directory), "downloaded_bytes": pulled.downloaded_bytes,
-                      "files": [f._asdict() for f in pulled.files], "skipped": list(pulled.skipped),
-                      "replaced": list(pulled.replaced)})
-        else:
-            downloaded = human_size(pulled.downloaded_bytes)
-            out.line(f"{len(pulled.files)} files in {args.directory}: {downloaded} downloaded, "
-                     f"{len(pulled.skipped)} already present"
-                     + (f", {len(pulled.replaced)} replaced ({', '.join(pulled.replaced)})" if pulled.replaced else ""))
-        return 0
-    if args.weights_command == "ls":
-        files = weights.ls(args.ref)
-        if args.json:
-            out.data({"ref": args.ref, "files": [{"path": f.path, "size": f.size, "digest": f.digest} for f in files]})
-        else:
-            for f in files:
-                out.line(f"{human_size(f.size):>10}  {f.digest[:19]}  {f.path}")
-        return 0
-    raise UsageError("weights needs an action: push, pull or ls", hint="see `imgbuild weights --help`")
+            document = WeightsPulled(args.ref, args.directory, weights.pull(
+                args.ref, args.directory, progress=progress, force=args.force,
+                on_wait=lambda: out.info(f"waiting for another pull into {args.directory} to end")))
+    elif args.weights_command == "ls":
+        document = WeightsListed(args.ref, tuple(weights.ls(args.ref)))
+    else:
+        raise UsageError("weights needs an action: push, pull or ls", hint="see `imgbuild weights --help`")
+    out.document(document, as_json=args.json)
+    return 0

@@ -23,6 +23,7 @@ import subprocess
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from buildkit_py.errors import AuthenticationError, CredentialHelperError
 from buildkit_py.files import write_atomic
@@ -81,7 +82,7 @@ def docker_config_path() -> Path:
     return (Path(base) if base else Path.home() / ".docker") / "config.json"
 
 
-def load_docker_config(path: Path | None = None) -> dict:
+def load_docker_config(path: Path | None = None) -> dict[str, Any]:
     path = path or docker_config_path()
     try:
         text = path.read_text()
@@ -117,7 +118,7 @@ def resolve(registry: str, *, env: Mapping[str, str] | None = None,
     return _from_docker_config(host, config_path or docker_config_path())
 
 
-def _from_env(host: str, env) -> Credentials | None:
+def _from_env(host: str, env: Mapping[str, str]) -> Credentials | None:
     user, password = env.get(ENV_USER), env.get(ENV_PASSWORD)
     if not user or password is None:
         return None
@@ -147,7 +148,7 @@ def _from_docker_config(host: str, path: Path) -> Credentials | None:
     return None
 
 
-def _find_auths_entry(auths: dict, host: str) -> dict | None:
+def _find_auths_entry(auths: Mapping[str, Any], host: str) -> dict[str, Any] | None:
     # Keys are written as "host", "https://host", "http://host/v1/" and so on.
     for key, entry in auths.items():
         if isinstance(entry, dict) and normalize_host(key) == host:
@@ -155,7 +156,7 @@ def _find_auths_entry(auths: dict, host: str) -> dict | None:
     return None
 
 
-def _decode_auths_entry(entry: dict, source: str) -> Credentials | None:
+def _decode_auths_entry(entry: Mapping[str, Any], source: str) -> Credentials | None:
     token = entry.get("identitytoken")
     username, password = entry.get("username") or "", entry.get("password") or ""
     if entry.get("auth"):
@@ -226,7 +227,7 @@ def _run_helper(name: str, action: str, stdin: str) -> str | None:
     return proc.stdout
 
 
-def write_docker_config(config: dict, path: Path | None = None) -> Path:
+def write_docker_config(config: Mapping[str, Any], path: Path | None = None) -> Path:
     """Write atomically (temp file in the same dir, fsync, rename), mode 0600 from the start."""
     path = path or docker_config_path()
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)

@@ -20,7 +20,7 @@ from __future__ import annotations
 import hashlib
 import os
 import re
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from urllib.parse import urljoin
 
@@ -87,7 +87,7 @@ def delete_blob(ref: Reference | str, digest: str, *, client: Client | None = No
                    scope=f"repository:{ref.repository}:delete,pull,push", expect=(202, 200, 404)).close()
 
 
-def sha256_file(path: str | os.PathLike, progress: Progress | None = None, label: str = "") -> tuple[str, int]:
+def sha256_file(path: str | os.PathLike[str], progress: Progress | None = None, label: str = "") -> tuple[str, int]:
     """``(digest, size)`` of a file, read in 4 MiB pieces."""
     hasher, size = hashlib.sha256(), 0
     total = os.path.getsize(path)
@@ -126,17 +126,17 @@ class SizedBody:
     """An iterable body of known length: requests then sends Content-Length and streams
     the pieces instead of switching to chunked transfer encoding."""
 
-    def __init__(self, pieces, length: int):
+    def __init__(self, pieces: Iterable[bytes], length: int):
         self._pieces, self._length = pieces, length
 
     def __len__(self) -> int:
         return self._length
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[bytes]:
         return iter(self._pieces)
 
 
-def upload_blob(ref: Reference | str, path: str | os.PathLike, *, digest: str | None = None,
+def upload_blob(ref: Reference | str, path: str | os.PathLike[str], *, digest: str | None = None,
                 client: Client | None = None, progress: Progress | None = None, label: str = "",
                 skip_existing: bool = True) -> UploadResult:
     """Upload a file as a blob unless the registry has it (hashed first when ``digest`` is
@@ -197,7 +197,7 @@ def _patch(ref: Reference, client: Client, location: str, src: _Source, offset: 
     ``src.sent``; returns the next location."""
     before, size = src.sent, src.size
 
-    def body():
+    def body() -> SizedBody:
         src.sent = before  # a resend after an auth re-challenge counts from the start
         return SizedBody(_file_pieces(src, offset), size - offset)
 
@@ -226,7 +226,7 @@ def _file_pieces(src: _Source, start: int) -> Iterator[bytes]:
             yield piece
 
 
-def _resume_point(ref, location, client) -> tuple[int, str]:
+def _resume_point(ref: Reference, location: str, client: Client) -> tuple[int, str]:
     """How much of the session the registry holds: ``(next offset, location)``; a lost
     session starts a new one from 0."""
     resp = client.request("GET", ref.api_host, location, scope=push_scope(ref.repository), expect=(204, 404))

@@ -19,8 +19,9 @@ source's digest, which the copy does not have."""
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from buildkit_py.errors import ManifestNotFound, RegistryError, RegistryUnreachable, UsageError
 from buildkit_py.oci.blobs import MEDIA_OCTET, SizedBody, blob_exists, read_blob, start_upload
@@ -98,7 +99,7 @@ class _Copier:
             if desc and not desc.get("urls"):  # foreign layers stay where they are
                 self.blob(desc)
 
-    def child(self, entry: dict) -> None:
+    def child(self, entry: Mapping[str, Any]) -> None:
         digest = entry["digest"]
         if digest in self.done:
             return
@@ -159,14 +160,15 @@ class _Copier:
             return False
         return True
 
-    def blob(self, desc: dict) -> None:
+    def blob(self, desc: Mapping[str, Any]) -> None:
         digest = desc["digest"]
         if digest not in self.done:
             _copy_blob(self.src, self.dest, desc, self.client, self.progress)
             self.done.add(digest)
 
 
-def _copy_blob(src: Reference, dest: Reference, desc: dict, client: Client, progress: Progress | None) -> int:
+def _copy_blob(src: Reference, dest: Reference, desc: Mapping[str, Any], client: Client,
+               progress: Progress | None) -> int:
     digest, size = desc["digest"], int(desc.get("size") or 0)
     if blob_exists(dest, digest, client=client):
         if progress:
@@ -190,15 +192,16 @@ def _copy_blob(src: Reference, dest: Reference, desc: dict, client: Client, prog
             location, _ = start_upload(dest, client=client)
 
 
-def _stream_blob(src, dest, digest, size, location, client, progress) -> int:
+def _stream_blob(src: Reference, dest: Reference, digest: str, size: int, location: str, client: Client,
+                 progress: Progress | None) -> int:
     counter = [0]
 
-    def body():
+    def body() -> SizedBody:
         counter[0] = 0
         resp = client.request("GET", src.api_host, f"/v2/{src.repository}/blobs/{digest}",
                               scope=pull_scope(src.repository), stream=True)
 
-        def pieces():
+        def pieces() -> Iterator[bytes]:
             with resp:
                 for piece in resp.iter_content(CHUNK):
                     counter[0] += len(piece)
@@ -215,11 +218,12 @@ def _stream_blob(src, dest, digest, size, location, client, progress) -> int:
     return counter[0]
 
 
-def is_attestation(entry: dict) -> bool:
-    return (entry.get("annotations") or {}).get(REFERENCE_TYPE) == ATTESTATION
+def is_attestation(entry: Mapping[str, Any]) -> bool:
+    return bool((entry.get("annotations") or {}).get(REFERENCE_TYPE) == ATTESTATION)
 
 
-def _choose(index: dict, platforms: Sequence[str], what: str) -> tuple[list[dict], tuple[str, ...]]:
+def _choose(index: Mapping[str, Any], platforms: Sequence[str],
+            what: str) -> tuple[list[dict[str, Any]], tuple[str, ...]]:
     """The index entries for ``platforms`` and the attestation manifests that describe them;
     and the image platforms left out."""
     images = [e for e in index.get("manifests") or [] if not is_attestation(e)]
@@ -235,7 +239,7 @@ def _choose(index: dict, platforms: Sequence[str], what: str) -> tuple[list[dict
     return keep, tuple(platform_of(e) for e in images if e["digest"] not in chosen)
 
 
-def _manifest_platform(src: Reference, raw: bytes, client: Client) -> dict | None:
+def _manifest_platform(src: Reference, raw: bytes, client: Client) -> dict[str, Any] | None:
     """A single image manifest as an index entry would place it (``{"platform": {os,
     architecture, variant}}``), from its config (one small blob); None for an artifact
     (weights, a signature) whose config is not an image config."""

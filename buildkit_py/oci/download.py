@@ -41,6 +41,9 @@ import re
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import IO
+
+import requests
 
 from buildkit_py.errors import DigestMismatch, RegistryError, RegistryUnreachable
 from buildkit_py.oci.sha256_state import ResumableSha256
@@ -125,7 +128,7 @@ class _Job:
     fd: int
     client: Client
     frontier: _Frontier
-    received: list
+    received: list[int]  # bytes received per part
     report: Callable[[], None]
     hashing: _Hashing
 
@@ -232,7 +235,7 @@ def _save_hash_state(fd: int, digest: str, hashing: _Hashing) -> None:
         pass
 
 
-def get_blob(ref: Reference, digest: str, dest_file, *, size: int | None = None,
+def get_blob(ref: Reference, digest: str, dest_file: IO[bytes], *, size: int | None = None,
              client: Client | None = None, progress: Progress | None = None, label: str = "",
              streams: int | None = None) -> int:
     """Stream a blob into ``dest_file`` (a binary file opened ``r+b``/``w+b``; written by
@@ -254,7 +257,7 @@ def get_blob(ref: Reference, digest: str, dest_file, *, size: int | None = None,
         os.ftruncate(fd, 0)
         offset = 0
     streams = streams or default_streams()
-    def job_of(frontier: _Frontier, received: list, report: Callable[[], None], hashing: _Hashing) -> _Job:
+    def job_of(frontier: _Frontier, received: list[int], report: Callable[[], None], hashing: _Hashing) -> _Job:
         return _Job(ref, digest, fd, client, frontier, received, report, hashing)
 
     label = label or digest
@@ -302,7 +305,7 @@ def _split(offset: int, size: int, streams: int) -> list[tuple[int, int]]:
     return [(cuts[i], min(cuts[i + 1], size)) for i in range(n)]
 
 
-def _transfer(job_of: Callable[[_Frontier, list, Callable, _Hashing], _Job], offset: int, size: int,
+def _transfer(job_of: Callable[[_Frontier, list[int], Callable[[], None], _Hashing], _Job], offset: int, size: int,
               progress: Progress | None, label: str, streams: int, hashing: _Hashing) -> tuple[int, int]:
     """``(bytes received, contiguous bytes in the file)``; ``hashing`` has taken them in.
 
@@ -385,7 +388,7 @@ def _fetch_part(job: _Job, part: int, end: int) -> None:
             return  # a clean end without a byte: the size check in get_blob says what is missing
 
 
-def _range_header(pos: int, end: int, whole_end: int | None) -> dict:
+def _range_header(pos: int, end: int, whole_end: int | None) -> dict[str, str]:
     if pos == 0 and end == whole_end:
         return {}
     return {"Range": f"bytes={pos}-{end - 1}"}
@@ -413,7 +416,7 @@ def _get(job: _Job, part: int, pos: int, end: int) -> None:
         _receive(job, part, pos, end, _body_reader(resp))
 
 
-def _body_reader(resp) -> Callable[[memoryview], int]:
+def _body_reader(resp: requests.Response) -> Callable[[memoryview], int]:
     """``readinto`` for the body that fills our buffer itself: http.client's under urllib3
     (its ``_fp``), which reads into the caller's memory (TLS decrypts into it). urllib3's own
     ``readinto`` reads into a fresh ``bytes`` and copies it; it serves a body with a
@@ -423,7 +426,8 @@ def _body_reader(resp) -> Callable[[memoryview], int]:
     if isinstance(fp, http.client.HTTPResponse) and resp.headers.get("Content-Encoding", "identity") == "identity":
         return fp.readinto
     resp.raw.decode_content = True
-    return resp.raw.readinto
+    readinto: Callable[[memoryview], int] = resp.raw.readinto
+    return readinto
 
 
 def _receive(job: _Job, part: int, pos: int, end: int, readinto: Callable[[memoryview], int]) -> None:

@@ -29,7 +29,7 @@ class LoginResult:
     stored_in: str  # "credsStore:<name>", "credHelper:<name>" or the config file path
 
 
-def login(registry: str, user: str, password_from_stdin: str, *, client=None) -> LoginResult:
+def login(registry: str, user: str, password_from_stdin: str, *, client: Client | None = None) -> LoginResult:
     """Check ``user``/password against ``registry``'s ``/v2/`` (basic or bearer flow), then
     store them: through the configured credential helper, else inline in ``auths`` of the
     docker config (file mode 0600, written atomically).

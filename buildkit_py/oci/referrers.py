@@ -19,8 +19,9 @@ from __future__ import annotations
 
 import base64
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from buildkit_py.errors import ManifestNotFound, RegistryError
 from buildkit_py.oci.blobs import upload_bytes
@@ -31,6 +32,7 @@ from buildkit_py.oci.manifests import (
     MEDIA_OCI_MANIFEST,
     canonical_json,
     fetch_manifest,
+    json_object,
     put_manifest,
 )
 from buildkit_py.oci.transport import Client, pull_scope, push_scope, read_limited, sha256_bytes
@@ -63,12 +65,12 @@ class Referrer:
     annotations: dict[str, str]
 
     @classmethod
-    def from_descriptor(cls, desc: dict) -> Referrer:
+    def from_descriptor(cls, desc: Mapping[str, Any]) -> Referrer:
         return cls(str(desc.get("digest") or ""), str(desc.get("mediaType") or ""), int(desc.get("size") or 0),
                    desc.get("artifactType"), dict(desc.get("annotations") or {}))
 
-    def descriptor(self) -> dict:
-        desc: dict = {"mediaType": self.media_type, "digest": self.digest, "size": self.size}
+    def descriptor(self) -> dict[str, Any]:
+        desc: dict[str, Any] = {"mediaType": self.media_type, "digest": self.digest, "size": self.size}
         if self.artifact_type:
             desc["artifactType"] = self.artifact_type
         if self.annotations:
@@ -102,17 +104,17 @@ def fallback_tag(digest: str) -> str:
     return f"{algorithm}-{hexpart}"
 
 
-def descriptor_of(ref: Reference | str, *, client: Client | None = None) -> dict:
+def descriptor_of(ref: Reference | str, *, client: Client | None = None) -> dict[str, Any]:
     """``{mediaType, digest, size}`` of the manifest (or index) ``ref`` names, as a ``subject``
     points at it."""
     raw, digest, media_type = fetch_manifest(ref, client=client)
     return {"mediaType": media_type, "digest": digest, "size": len(raw)}
 
 
-def artifact_manifest(subject: dict, artifact_type: str, layers: Sequence[dict],
-                      annotations: dict[str, str] | None = None) -> dict:
+def artifact_manifest(subject: Mapping[str, Any], artifact_type: str, layers: Sequence[Mapping[str, Any]],
+                      annotations: dict[str, str] | None = None) -> dict[str, Any]:
     """An image-spec 1.1 artifact manifest: empty config, ``artifactType``, ``subject``."""
-    manifest: dict = {
+    manifest: dict[str, Any] = {
         "schemaVersion": 2,
         "mediaType": MEDIA_OCI_MANIFEST,
         "artifactType": artifact_type,
@@ -126,7 +128,8 @@ def artifact_manifest(subject: dict, artifact_type: str, layers: Sequence[dict],
     return manifest
 
 
-def push_referrer(subject_ref: Reference | str, subject: dict, artifact_type: str, blobs: Sequence[Blob], *,
+def push_referrer(subject_ref: Reference | str, subject: Mapping[str, Any], artifact_type: str,
+                  blobs: Sequence[Blob], *,
                   annotations: dict[str, str] | None = None, replaces: Callable[[Referrer], bool] | None = None,
                   client: Client | None = None) -> PushedReferrer:
     """Push an artifact whose ``subject`` is ``subject`` (a descriptor from ``descriptor_of``)
@@ -139,7 +142,7 @@ def push_referrer(subject_ref: Reference | str, subject: dict, artifact_type: st
     layers = []
     for blob in blobs:
         uploaded = upload_bytes(ref, blob.data, client=client)
-        layer: dict = {"mediaType": blob.media_type, "digest": uploaded.digest, "size": uploaded.size}
+        layer: dict[str, Any] = {"mediaType": blob.media_type, "digest": uploaded.digest, "size": uploaded.size}
         if blob.annotations:
             layer["annotations"] = dict(blob.annotations)
         layers.append(layer)
@@ -158,7 +161,7 @@ def push_referrer(subject_ref: Reference | str, subject: dict, artifact_type: st
     return PushedReferrer(str(pinned), digest, subject["digest"], VIA_TAG, tag)
 
 
-def _fallback_index(ref: Reference, subject_digest: str, client: Client) -> dict | None:
+def _fallback_index(ref: Reference, subject_digest: str, client: Client) -> dict[str, Any] | None:
     """The tag schema's index for ``subject_digest``, or None when there is none yet."""
     tag_ref = Reference(ref.registry, ref.repository, fallback_tag(subject_digest))
     try:
@@ -169,7 +172,7 @@ def _fallback_index(ref: Reference, subject_digest: str, client: Client) -> dict
         raise RegistryError(f"{tag_ref} exists but is not an image index, so it cannot list referrers",
                             hint="the tag schema reserves sha256-<hex> tags for referrer indexes: "
                                  "remove or rename what is tagged there")
-    return json.loads(raw)
+    return json_object(raw, f"index {tag_ref}")
 
 
 def _add_to_fallback_index(ref: Reference, subject_digest: str, entry: Referrer,

@@ -29,18 +29,19 @@ import base64
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
 
 from buildkit_py.errors import ManifestNotFound, RegistryError, SignatureError, UsageError
 from buildkit_py.oci.blobs import read_blob, upload_bytes
 from buildkit_py.oci.manifests import (
-    INDEX_TYPES,
     MEDIA_OCI_CONFIG,
     MEDIA_OCI_MANIFEST,
+    Index,
+    Manifest,
     canonical_json,
-    fetch_manifest,
-    platform_of,
     put_manifest,
+    read_any_manifest,
 )
 from buildkit_py.oci.transport import Client
 from buildkit_py.reference import Reference, as_reference
@@ -87,7 +88,7 @@ class SignedManifest:
     tag: str  # sha256-<hex>.sig
     signatures: int  # layers under the tag now, ours included
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         return {"digest": self.digest, "platform": self.platform, "tag": self.tag, "signatures": self.signatures}
 
 
@@ -99,7 +100,7 @@ class VerifiedManifest:
     signatures: int  # layers under its .sig tag (0: unsigned)
     reason: str  # why not, or which layer verified
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         return {"digest": self.digest, "platform": self.platform, "verified": self.verified,
                 "signatures": self.signatures, "reason": self.reason}
 
@@ -107,7 +108,7 @@ class VerifiedManifest:
 # ---------------------------------------------------------------- keys
 
 
-def _crypto():
+def _crypto() -> tuple[ModuleType, ModuleType]:
     try:
         from cryptography.hazmat.primitives import serialization  # noqa: PLC0415
         from cryptography.hazmat.primitives.asymmetric import ec  # noqa: PLC0415
@@ -150,7 +151,7 @@ def load_signing_key(path: Path, password: bytes | None = None) -> SigningKey:
     return SigningKey(path, key)
 
 
-def _cosign_private_key(data: bytes, path: Path, password: bytes | None):
+def _cosign_private_key(data: bytes, path: Path, password: bytes | None) -> Any:
     """cosign.key: scrypt(password) opens a NaCl secretbox holding the PKCS#8 DER key (cosign's
     pkg/cosign/keys.go, go-securesystemslib/encrypted). An empty password is cosign's default."""
     serialization, _ = _crypto()
@@ -258,7 +259,7 @@ def payload_verifies(key: VerifyingKey, payload: bytes, b64sig: str) -> bool:
     return True
 
 
-def _config(layers: list[dict]) -> bytes:
+def _config(layers: list[dict[str, Any]]) -> bytes:
     """The image config of a signature manifest: go-containerregistry's empty image with one
     diff id and history entry per appended layer (the layers are stored uncompressed)."""
     zero = "0001-01-01T00:00:00Z"
@@ -267,7 +268,7 @@ def _config(layers: list[dict]) -> bytes:
                            "config": {}})
 
 
-def signature_manifest(ref: Reference, layers: list[dict], *, client: Client) -> bytes:
+def signature_manifest(ref: Reference, layers: list[dict[str, Any]], *, client: Client) -> bytes:
     """The ``.sig`` manifest of ``layers`` (their blobs already pushed), its config pushed."""
     config = _config(layers)
     uploaded = upload_bytes(ref, config, client=client)
@@ -276,15 +277,16 @@ def signature_manifest(ref: Reference, layers: list[dict], *, client: Client) ->
                            "layers": layers})
 
 
-def _existing_layers(ref: Reference, digest: str, client: Client) -> list[dict]:
+def _existing_layers(ref: Reference, digest: str, client: Client) -> list[dict[str, Any]]:
+    """The layers under ``digest``'s ``.sig`` tag, as written there (they are pushed back as they are)."""
     try:
-        raw, _, _ = fetch_manifest(ref.with_tag(signature_tag(digest)), client=client)
+        found = read_any_manifest(ref.with_tag(signature_tag(digest)), client=client)
     except ManifestNotFound:
         return []
-    return list(json.loads(raw).get("layers") or [])
+    return [dict(x.document) for x in found.layers] if isinstance(found, Manifest) else []
 
 
-def append_signature_layers(ref: Reference, digest: str, layers: list[dict], *, client: Client) -> int:
+def append_signature_layers(ref: Reference, digest: str, layers: list[dict[str, Any]], *, client: Client) -> int:
     """Add ``layers`` (blobs pushed) to the ``.sig`` manifest of ``digest`` in ``ref``'s repository,
     keeping the layers already there and never listing one twice; returns how many it lists."""
     existing = _existing_layers(ref, digest, client)
@@ -310,11 +312,11 @@ def sign_manifest(ref: Reference, digest: str, key: SigningKey, *, client: Clien
 def _manifests_of(ref: Reference, client: Client) -> list[tuple[str | None, str]]:
     """(platform, digest) of what ``ref`` names: the index first (platform None), then each of its
     platforms' manifests; or the one manifest."""
-    raw, digest, media_type = fetch_manifest(ref, client=client)
-    found: list[tuple[str | None, str]] = [(None, digest)]
-    if media_type in INDEX_TYPES:
-        found += [(platform_of(e), e["digest"]) for e in json.loads(raw).get("manifests") or []
-                  if (e.get("annotations") or {}).get(_REFERENCE_TYPE) != _ATTESTATION]
+    manifest = read_any_manifest(ref, client=client)
+    found: list[tuple[str | None, str]] = [(None, manifest.digest)]
+    if isinstance(manifest, Index):
+        found += [(e.platform_name, e.digest) for e in manifest.manifests
+                  if e.annotations.get(_REFERENCE_TYPE) != _ATTESTATION]
     return found
 
 

@@ -23,6 +23,7 @@ import re
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import Any
 from urllib.parse import urljoin
 
 import requests
@@ -63,7 +64,7 @@ class RetryPolicy:
         asked = _retry_after_seconds(retry_after)
         if asked is not None:
             delay = max(delay, asked)
-        return min(delay, self.max_delay_s)
+        return float(min(delay, self.max_delay_s))
 
     def wait(self, attempt: int, resp: requests.Response | None = None) -> None:
         time.sleep(self.delay(attempt, resp.headers.get("Retry-After") if resp is not None else None))
@@ -102,7 +103,7 @@ _CHALLENGE_PARAM = re.compile(r'([a-zA-Z_]+)\s*=\s*(?:"((?:[^"\\]|\\.)*)"|([^\s,
 @dataclass(frozen=True)
 class Challenge:
     scheme: str  # "basic" or "bearer"
-    params: dict
+    params: dict[str, str]
 
     @classmethod
     def parse(cls, header: str | None) -> Challenge | None:
@@ -177,7 +178,7 @@ class Client:
         self,
         *,
         credentials: Callable[[str], auth.Credentials | None] | None = None,
-        ca_cert: str | os.PathLike | None = None,
+        ca_cert: str | os.PathLike[str] | None = None,
         timeout: tuple[float, float] = (10.0, 120.0),
         max_retries: int = 4,
         backoff_s: float = 0.5,
@@ -202,7 +203,7 @@ class Client:
     def __enter__(self) -> Client:  # noqa: PYI034 (3.10 has no typing.Self)
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
     # -- urls and credentials
@@ -238,7 +239,7 @@ class Client:
     def plain(self, host: str) -> bool:
         return self.plain_http if self.plain_http is not None else is_loopback(host)
 
-    def send(self, method: str, url: str, *, retry: bool = True, **kwargs) -> requests.Response:
+    def send(self, method: str, url: str, *, retry: bool = True, **kwargs: Any) -> requests.Response:
         """One HTTP exchange with backoff on transient failures. ``data`` must be
         replayable (bytes/None) when ``retry`` is true."""
         kwargs.setdefault("timeout", self.timeout)
@@ -262,7 +263,7 @@ class Client:
             return resp
         raise AssertionError("unreachable")  # pragma: no cover
 
-    def auth_header(self, host: str, scope: tuple[str, ...]) -> dict:
+    def auth_header(self, host: str, scope: tuple[str, ...]) -> dict[str, str]:
         """The Authorization header for ``scope`` on ``host`` as far as the challenge is known."""
         challenge = self._challenge.get(host)
         if challenge is None:
@@ -337,10 +338,10 @@ class Client:
         *,
         scope: tuple[str, ...] | str = (),
         expect: tuple[int, ...] = (200,),
-        headers: dict | None = None,
+        headers: dict[str, str] | None = None,
         body: bytes | Callable[[], Iterable[bytes]] | None = None,
         retry: bool = True,
-        **kwargs,
+        **kwargs: Any,
     ) -> requests.Response:
         """A registry API call. ``path`` is ``/v2/...`` or an absolute URL (upload
         locations). ``body`` is bytes or a factory of a fresh iterable (a streamed body

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
-import json
 
 from buildkit_py import oci
 from buildkit_py.compat.bases import BaseFacts, needs_lookup
@@ -29,24 +28,24 @@ from buildkit_py.plan.build_plan import BuildPlan
 from buildkit_py.recipe.model import Recipe
 
 
-def fetch_base_facts(ref: str, *, client=None) -> BaseFacts:
+def fetch_base_facts(ref: str, *, client: oci.Client | None = None) -> BaseFacts:
     """The base's digest, labels and env. Raises the registry's typed error when it cannot be
     read (ManifestNotFound, AuthenticationError, RegistryUnreachable, RegistryError)."""
     # Planning must not stall on an unreachable registry: one short try.
     client = client or oci.Client(timeout=(5.0, 5.0), max_retries=1)
-    raw, digest, media_type = oci.fetch_manifest(ref, client=client)
-    image = oci.get_image_config(ref, client=client)
-    config = image.get("config") or {}
-    env = dict(e.split("=", 1) for e in config.get("Env") or [] if "=" in e)
-    if media_type in oci.INDEX_TYPES:  # the platforms it serves (compat/platforms.py checks the recipe's)
-        entries = json.loads(raw).get("manifests") or []
-        platforms = tuple(dict.fromkeys(p for p in map(oci.platform_of, entries) if "unknown" not in p))
+    found = oci.read_any_manifest(ref, client=client)
+    image = oci.read_image_config(ref, client=client, manifest=found if isinstance(found, oci.Manifest) else None)
+    env = dict(e.split("=", 1) for e in image.runtime.get("Env") or [] if "=" in e)
+    if isinstance(found, oci.Index):  # the platforms it serves (compat/platforms.py checks the recipe's)
+        platforms = tuple(dict.fromkeys(p for p in (e.platform_name for e in found.manifests) if "unknown" not in p))
     else:
-        platforms = (f"{image.get('os', 'linux')}/{image['architecture']}",) if image.get("architecture") else ()
-    return BaseFacts(ref, digest, dict(config.get("Labels") or {}), env, platforms)
+        document = image.document()
+        platforms = (f"{document.get('os', 'linux')}/{document['architecture']}",) if document.get("architecture") \
+            else ()
+    return BaseFacts(ref, found.digest, dict(image.labels), env, platforms)
 
 
-def base_facts_for(recipe: Recipe, base_image: str, *, client=None) -> BaseFacts | None:
+def base_facts_for(recipe: Recipe, base_image: str, *, client: oci.Client | None = None) -> BaseFacts | None:
     """The facts of the final stage's base where it is looked up (compat.bases.needs_lookup), else
     None. A base that cannot be read raises the registry's reason, located at the recipe's key."""
     if not needs_lookup(recipe, base_image):
@@ -83,7 +82,8 @@ def _missing_hint(recipe: Recipe, base_image: str) -> str:
     return "check the repository and tag (a shared base must be pushed before recipes build on it)"
 
 
-def resolve_with_base(recipe: Recipe, *, client=None, cache: dict[str, BaseFacts | None] | None = None,
+def resolve_with_base(recipe: Recipe, *, client: oci.Client | None = None,
+                      cache: dict[str, BaseFacts | None] | None = None,
                       looked_up: LookedUp | None = None, today: datetime.date) -> Resolution:
     """Resolve against the final base's own facts (labels, env) when it is looked up: a shared
     base built by imgbuild says its OS and Python in its labels. Every command that resolves a
@@ -107,7 +107,7 @@ def resolve_with_base(recipe: Recipe, *, client=None, cache: dict[str, BaseFacts
 
 
 
-def verify_base(plan: BuildPlan, *, client=None) -> BuildPlan:
+def verify_base(plan: BuildPlan, *, client: oci.Client | None = None) -> BuildPlan:
     """base.verify, before anything is built: the final base must carry a cosign signature that
     verifies under the recipe's public key, else SignatureError naming the base and the key.
     The plan names the base by the digest its registry gave at plan time, and that digest is

@@ -63,10 +63,11 @@ from buildkit_py.sizes import human_size
 
 if TYPE_CHECKING:
     from buildkit_py.analysis.sbom import AttachedSbom
+    from buildkit_py.compat.codes import RecipeWarning
     from buildkit_py.oci.signatures import SignedManifest, SigningKey
 
-__all__ = ["BuildOptions", "BuildOutcome", "BuildReport", "Publishing", "build_checked", "build_image",
-           "build_platforms", "publish"]
+__all__ = ["BuildDocument", "BuildOptions", "BuildOutcome", "BuildReport", "Publishing", "build_checked",
+           "build_image", "build_platforms", "publish", "push_json"]
 
 LineSink = Callable[[str], None]
 
@@ -114,6 +115,85 @@ class BuildReport:
     @property
     def pushed(self) -> list[str]:
         return [p.ref for p in self.outcome.pushes]
+
+
+def push_json(p: PushResult) -> dict[str, Any]:
+    """A push as the --json documents list it (build, build --all)."""
+    return {"ref": p.ref, "tag": p.tag, "digest": p.digest, "size": p.size}
+
+
+@dataclass(frozen=True)
+class BuildDocument:
+    """What `build` prints: its --json document (``to_json``) and its text (``lines``) both read
+    these fields, so the two cannot disagree."""
+
+    image_id: str
+    tags: tuple[str, ...]
+    size: int  # uncompressed bytes
+    engine: str
+    sizes: ImageSizes | None
+    seconds: float  # as measured: the JSON rounds it, the text shows one decimal
+    steps_run: int
+    steps_cached: int
+    steps_rerun: tuple[str, ...]
+    groups: dict[str, int]
+    labels: dict[str, str]
+    warnings: tuple[RecipeWarning, ...]
+    pushes: tuple[PushResult, ...]
+    sboms: tuple[AttachedSbom, ...]
+    signatures: tuple[SignedManifest, ...]
+    tests: tuple[TestReport, ...]  # one per platform tested, in platform order
+    cold_start: ColdStartPrediction | None
+    platforms: tuple[str, ...]
+
+    @classmethod
+    def of(cls, report: BuildReport, warnings: tuple[RecipeWarning, ...],
+           platforms: tuple[str, ...]) -> BuildDocument:
+        """``warnings``: the plan's, as the command planned it; ``platforms``: those it built."""
+        outcome, r = report.outcome, report.outcome.result
+        return cls(r.image_id, r.tags, outcome.size, outcome.engine, outcome.sizes, r.seconds, r.run_steps,
+                   r.cached_steps, r.rerun, outcome.groups, outcome.labels, warnings, outcome.pushes,
+                   report.sboms, report.signatures, report.tests, outcome.cold_start, platforms)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "image_id": self.image_id, "tags": list(self.tags), "size": self.size, "engine": self.engine,
+            "backend": self.engine,  # the older name of "engine", kept for scripts that read it
+            "size_uncompressed": self.sizes.uncompressed if self.sizes else None,
+            "size_compressed": self.sizes.compressed if self.sizes else None,
+            "seconds": round(self.seconds, 2), "steps_run": self.steps_run, "steps_cached": self.steps_cached,
+            "steps_rerun": list(self.steps_rerun), "groups": self.groups, "labels": self.labels,
+            "warnings": [w.to_json() for w in self.warnings],
+            "pushes": [push_json(p) for p in self.pushes],
+            "sboms": [s.to_json() for s in self.sboms],
+            "signatures": [s.to_json() for s in self.signatures],
+            "tests": self.tests[-1].to_json() if self.tests else None,
+            "cold_start": self.cold_start.to_json() if self.cold_start else None,
+            "platforms": list(self.platforms),
+            # a multi-platform build tests each platform's image: one report each, in platform order
+            "platform_tests": [t.to_json() for t in self.tests] if len(self.platforms) > 1 else [],
+        }
+
+    def lines(self) -> list[str]:
+        """The text: the image, its size and steps, its tests, pushes, SBOMs and signatures."""
+        compressed = self.sizes.compressed if self.sizes else None
+        out = [f"image    {self.image_id}", f"tags     {', '.join(self.tags)}",
+               f"size     {human_size(self.size)} ({self.size} bytes) uncompressed"
+               + (f", {human_size(compressed)} compressed" if compressed else ""),
+               f"steps    {self.steps_run} run, {self.steps_cached} cached, {self.seconds:.1f}s"]
+        for t in self.tests:  # one per platform of a multi-platform build, each named by its image (platform)
+            out.append(f"tests    {t.summary()}" + (f" ({t.image})" if len(self.tests) > 1 else ""))
+        if not self.tests:
+            out.append("tests    not run (they run before --push, or with --test)")
+        if self.cold_start:
+            out.append(f"start    {self.cold_start.summary()}")
+        out += [f"pushed   {p.ref}" for p in self.pushes]
+        out += [f"sbom     {s.ref} ({s.components} components, {s.via}) for {s.subject} ({s.platform})"
+                for s in self.sboms]
+        many = len(self.signatures) > 1
+        out += [f"signed   {g.digest} ({g.platform or 'index' if many else 'manifest'}, {g.tag})"
+                for g in self.signatures]
+        return out
 
 
 def build_image(plan: BuildPlan, engine: Engine, options: BuildOptions, *, publishing: Publishing | None = None,
@@ -295,8 +375,7 @@ def _read_back(measured: Measured, pushes: list[PushResult]) -> Measured:
         if compressed is not None:
             sizes = ImageSizes(sizes.uncompressed if sizes else 0, compressed)
         if not image_labels:
-            config = oci.get_image_config(pushes[0].ref).get("config") or {}
-            image_labels = dict(sorted((config.get("Labels") or {}).items()))
+            image_labels = dict(sorted(oci.read_image_config(pushes[0].ref).labels.items()))
     return sizes, groups, image_labels
 
 

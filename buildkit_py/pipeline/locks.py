@@ -25,10 +25,11 @@ from buildkit_py.plan.lock import (
     PipReport,
     Target,
     local_image,
+    variant_notes,
 )
 from buildkit_py.plan.lock import lock_recipe as _lock_recipe
 from buildkit_py.plan.lock import use_lock as _use_lock
-from buildkit_py.plan.lock_model import LockedBase, LockFile
+from buildkit_py.plan.lock_model import LockedBase, LockFile, VariantLock
 
 
 def pin_base(ref: str, *, engine: ImageStore | None = None) -> LockedBase:
@@ -129,3 +130,31 @@ def run_pip_report(target: Target, indexes: list[str], requirements: list[str], 
                             hint="check the pins; with a corporate proxy pass --ca-cert")
         found: PipReport = json.loads(report.read_text())
         return found
+
+
+@dataclass(frozen=True)
+class LockWritten:
+    """What `lock` prints: the lock file, whether it changed, and each variant's pins; its --json
+    document and its text read these fields."""
+
+    path: Path
+    changed: bool
+    seconds: float  # as measured: the JSON rounds it, the text shows one decimal
+    variants: Mapping[str, VariantLock]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"lock": str(self.path), "changed": self.changed, "seconds": round(self.seconds, 2), "variants": {
+            vid: {"packages": v.packages_json(), "bases": v.bases_json(), "notes": variant_notes(v)}
+            for vid, v in self.variants.items()}}
+
+    def lines(self) -> list[str]:
+        one = len(self.variants) == 1
+        out = []
+        for vid, variant in self.variants.items():
+            count = sum(len(p) for p in variant.packages.values())
+            pinned = sum(1 for b in variant.bases.values() if b.digest)
+            what = f"{count} packages, {pinned}/{len(variant.bases)} bases by digest"
+            out.append(what if one else f"  {vid}: {what}")
+        out.append(f"{'wrote' if self.changed else 'unchanged'} {self.path} ({len(self.variants)} "
+                   f"variant{'' if one else 's'}, {self.seconds:.1f}s)")
+        return out

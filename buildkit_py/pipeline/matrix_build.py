@@ -24,6 +24,7 @@ from buildkit_py.pipeline.build import (
     attach_sboms,
     build_preflighted,
     preflight,
+    push_json,
     sign_pushes,
 )
 from buildkit_py.pipeline.locks import use_lock
@@ -247,8 +248,7 @@ def build_report(result: MatrixBuild) -> dict[str, Any]:
             r = b.outcome.result
             entry.update(image_id=r.image_id, digest=b.digest, size=b.outcome.size, steps_run=r.run_steps,
                          steps_cached=r.cached_steps, steps_rerun=list(r.rerun), groups=b.outcome.groups,
-                         pushes=[{"ref": p.ref, "tag": p.tag, "digest": p.digest, "size": p.size}
-                                 for p in b.outcome.pushes])
+                         pushes=[push_json(p) for p in b.outcome.pushes])
         else:
             entry["error"] = b.error.to_json() if b.error else None
         if b.report is not None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shlex
+from collections.abc import Iterable
 from functools import lru_cache
 from importlib import resources
 from pathlib import Path
@@ -52,11 +53,11 @@ def dockerfile_path_value(value: str) -> str:
     return '"' + str(value).replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
-def exec_form(values) -> str:
-    values = [str(v) for v in values]
-    if any("\x00" in v for v in values):  # BuildKit cuts an exec-form argument at a NUL
+def exec_form(values: Iterable[object]) -> str:
+    texts = [str(v) for v in values]
+    if any("\x00" in v for v in texts):  # BuildKit cuts an exec-form argument at a NUL
         raise ValueError("exec-form values must not contain NUL characters")
-    text = json.dumps(values, ensure_ascii=False)
+    text = json.dumps(texts, ensure_ascii=False)
     if any(c in text for c in "\n\r"):
         raise ValueError("exec-form values must not contain newlines")
     return text

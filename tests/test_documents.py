@@ -1,0 +1,207 @@
+"""The --json documents as frozen dataclasses (issue 32, item 3): each document's JSON has the
+keys the README documents, and the text output reads the same fields, so the two cannot disagree."""
+
+from __future__ import annotations
+
+import json
+
+from buildkit_py.analysis.image_checks import PASSED, TestReport, TestResult
+from buildkit_py.analysis.sbom import AttachedSbom
+from buildkit_py.compat.codes import RecipeWarning, WarningCode
+from buildkit_py.engine import BuildResult, ImageSizes
+from buildkit_py.engine.push import PushResult
+from buildkit_py.oci.signatures import SignedManifest
+from buildkit_py.pipeline import build as build_mod
+
+# README, the command table and "The --json contract": `build --json`
+BUILD_KEYS = {"image_id", "tags", "size", "engine", "backend", "size_uncompressed", "size_compressed", "seconds",
+              "steps_run", "steps_cached", "steps_rerun", "groups", "labels", "warnings", "pushes", "sboms",
+              "signatures", "tests", "cold_start", "platforms", "platform_tests"}
+
+
+def _build_document(platforms: tuple[str, ...] = ()) -> build_mod.BuildDocument:
+    image = "sha256:" + "ab" * 32
+    result = BuildResult(image, ("reg/team/app:1",), "", cached_steps=3, run_steps=2, seconds=12.345,
+                         rerun=("pip-torch", "copy"))
+    push = PushResult("reg/team/app@sha256:" + "cd" * 32, "reg/team/app:1", "sha256:" + "cd" * 32, 2048, 1)
+    outcome = build_mod.BuildOutcome(None, "docker", result, size=5_000_000, pushes=(push,),  # no plan: not read
+                                     groups={"cuda": 4_000_000}, labels={"io.imgbuild.cuda": "12.4.1"},
+                                     sizes=ImageSizes(5_000_000, 2_000_000))
+    tests = tuple(TestReport(f"reg/team/app:1 ({p})", False, (TestResult("import torch", "import", PASSED),), p)
+                  for p in platforms or ("linux/amd64",))
+    sbom = AttachedSbom("reg/team/app@sha256:" + "ef" * 32, "sha256:" + "ef" * 32, push.digest, "linux/amd64",
+                        "referrers-api", None, 42, 900)
+    signed = SignedManifest(push.digest, None, "sha256-" + "cd" * 32 + ".sig", 1)
+    report = build_mod.BuildReport(outcome, tests, (sbom,), (signed,))
+    warning = RecipeWarning(WarningCode.CUDA_TWICE, "torch", "torch ships CUDA a second time")
+    return build_mod.BuildDocument.of(report, (warning,), platforms)
+
+
+def test_build_document_has_the_documented_keys_and_the_values_it_was_built_from():
+    doc = _build_document()
+    data = doc.to_json()
+    assert set(data) == BUILD_KEYS
+    json.dumps(data)  # plain JSON all through
+    assert data["backend"] == data["engine"] == "docker"
+    assert (data["seconds"], data["steps_run"], data["steps_cached"], data["steps_rerun"]) == (12.35, 2, 3,
+                                                                                               ["pip-torch", "copy"])
+    assert (data["size"], data["size_uncompressed"], data["size_compressed"]) == (5_000_000, 5_000_000, 2_000_000)
+    assert data["pushes"] == [{"ref": doc.pushes[0].ref, "tag": "reg/team/app:1", "digest": doc.pushes[0].digest,
+                               "size": 2048}]
+    assert data["warnings"] == [{"code": "cuda-twice", "key": "torch", "message": "torch ships CUDA a second time",
+                                 "hint": None}]
+    assert data["tests"]["passed"] == 1 and data["platform_tests"] == []  # one platform: no per-platform list
+    assert data["sboms"][0]["components"] == 42 and data["signatures"][0]["tag"].endswith(".sig")
+    assert data["cold_start"] is None
+
+
+def test_build_text_reads_the_document():
+    doc = _build_document()
+    data = doc.to_json()
+    lines = doc.lines()
+    assert lines[0] == f"image    {data['image_id']}"
+    assert lines[1] == f"tags     {', '.join(data['tags'])}"
+    assert lines[2] == "size     4.8 MiB (5000000 bytes) uncompressed, 1.9 MiB compressed"
+    assert lines[3] == "steps    2 run, 3 cached, 12.3s"
+    assert f"pushed   {data['pushes'][0]['ref']}" in lines
+    assert any(x.startswith("sbom     ") and "(42 components, referrers-api)" in x for x in lines)
+    assert f"signed   {data['signatures'][0]['digest']} (manifest, {data['signatures'][0]['tag']})" in lines
+
+
+def test_a_multi_platform_build_lists_each_platforms_tests():
+    doc = _build_document(("linux/amd64", "linux/arm64"))
+    data = doc.to_json()
+    assert [t["platform"] for t in data["platform_tests"]] == ["linux/amd64", "linux/arm64"]
+    assert data["tests"]["platform"] == "linux/arm64"  # the last platform's, as before
+    assert [x for x in doc.lines() if x.startswith("tests")] == [
+        "tests    1 passed, 0 failed, 0 skipped (reg/team/app:1 (linux/amd64))",
+        "tests    1 passed, 0 failed, 0 skipped (reg/team/app:1 (linux/arm64))"]
+
+
+# README: `test --json`
+TEST_KEYS = {"image", "gpu", "platforms", "passed", "failed", "skipped", "results", "platform_tests"}
+TEST_RESULT_KEYS = {"name", "kind", "status", "detail", "command", "exit_code", "output", "seconds", "platform"}
+
+
+def test_test_run_document_and_text():
+    from buildkit_py.analysis.image_checks import FAILED, TestRun
+
+    reports = (TestReport("app:1", True, (TestResult("import torch", "import", PASSED),), "linux/amd64"),
+               TestReport("app:1", False, (TestResult("smoke", "command", FAILED, command="true", exit_code=1),),
+                          "linux/arm64"))
+    run = TestRun("app:1", reports)
+    data = run.to_json()
+    assert set(data) == TEST_KEYS
+    assert all(set(r) == TEST_RESULT_KEYS for r in data["results"])
+    assert (data["gpu"], data["platforms"], data["passed"], data["failed"]) == (True, ["linux/amd64", "linux/arm64"],
+                                                                                1, 1)
+    assert [r["platform"] for r in data["results"]] == data["platforms"]
+    assert run.lines() == [f"tests    app:1 ({p}): {t['passed']} passed, {t['failed']} failed, {t['skipped']} skipped"
+                           for p, t in zip(data["platforms"], data["platform_tests"], strict=True)]
+
+
+def test_sign_and_verify_documents_and_text(tmp_path):
+    from buildkit_py.cli.sign import SignDocument, VerifyDocument
+    from buildkit_py.oci.signatures import VerifiedManifest
+
+    key = tmp_path / "team.key"
+    signed = (SignedManifest("sha256:" + "1" * 64, None, "sha256-" + "1" * 64 + ".sig", 1),
+              SignedManifest("sha256:" + "2" * 64, "linux/amd64", "sha256-" + "2" * 64 + ".sig", 2))
+    sign = SignDocument("reg/app:1", key, signed)
+    data = sign.to_json()
+    assert set(data) == {"image", "key", "signed"} and data["key"] == str(key)
+    assert all(set(s) == {"digest", "platform", "tag", "signatures"} for s in data["signed"])
+    assert sign.lines() == [f"signed   reg/app:1 {what} {s['digest']} ({s['tag']}, {s['signatures']} signature(s))"
+                            for what, s in zip(("index", "linux/amd64"), data["signed"], strict=True)]
+
+    manifests = (VerifiedManifest("sha256:" + "1" * 64, None, False, 0, "no signature"),
+                 VerifiedManifest("sha256:" + "2" * 64, "linux/amd64", True, 1, "layer 0"))
+    verify = VerifyDocument("reg/app:1", key, manifests)
+    data = verify.to_json()
+    assert set(data) == {"image", "key", "verified", "manifests"} and data["verified"] is False  # the index's
+    assert all(set(m) == {"digest", "platform", "verified", "signatures", "reason"} for m in data["manifests"])
+    assert verify.lines() == [f"unsigned index {data['manifests'][0]['digest']}: no signature",
+                              f"verified linux/amd64 {data['manifests'][1]['digest']}: layer 0"]
+
+
+def test_diff_document_has_the_documented_keys():
+    from buildkit_py.analysis import diff as D
+
+    a = D.ImageLayers("a:1", D.SOURCE_REGISTRY, "sha256:" + "a" * 64, (), {})
+    data = D.diff_layers(a, a).to_json()
+    assert set(data) == {"schema", "a", "b", "layers", "totals"}  # README: `diff --json`
+    assert set(data["a"]) == {"image", "source", "digest", "layers", "compressed_size", "size", "labels"}
+
+
+def test_weights_documents_and_text(tmp_path):
+    from buildkit_py.artifacts.weights import ArtifactFile, PullResult, PushedArtifact, PushedFile
+    from buildkit_py.cli.weights import WeightsListed, WeightsPulled, WeightsPushed
+
+    digest = "sha256:" + "5" * 64
+    pushed = WeightsPushed(PushedArtifact("reg/models/m:1", "sha256:" + "6" * 64, (
+        PushedFile("model.safetensors", 3000, digest, "application/vnd.cncf.model.weight.v1.raw", 3000),
+        PushedFile("config.json", 10, "sha256:" + "7" * 64, "application/vnd.cncf.model.weight.config.v1.raw", 0))))
+    data = pushed.to_json()
+    assert set(data) == {"ref", "digest", "pinned", "uploaded_bytes", "files"}
+    assert data["pinned"] == f"{data['ref']}@{data['digest']}" and data["uploaded_bytes"] == 3000
+    assert all(set(f) == {"path", "size", "digest", "media_type", "uploaded_bytes"} for f in data["files"])
+    assert pushed.lines() == [f"pushed 2 files (2.9 KiB uploaded): {data['pinned']}"]
+
+    files = (ArtifactFile("model.safetensors", 3000, digest), ArtifactFile("config.json", 10, "sha256:" + "7" * 64))
+    pulled = WeightsPulled("reg/models/m:1", tmp_path, PullResult(files, 3000, ("config.json",)))
+    data = pulled.to_json()
+    assert set(data) == {"ref", "directory", "downloaded_bytes", "files", "skipped", "replaced"}
+    assert data["files"][0] == {"path": "model.safetensors", "size": 3000, "digest": digest}
+    assert pulled.lines() == [f"2 files in {tmp_path}: 2.9 KiB downloaded, 1 already present"]
+
+    listed = WeightsListed("reg/models/m:1", files)
+    data = listed.to_json()
+    assert set(data) == {"ref", "files"} and [f["path"] for f in data["files"]] == ["model.safetensors", "config.json"]
+    assert listed.lines()[0] == f"   2.9 KiB  {digest[:19]}  model.safetensors"
+
+
+# README: `mirror --json`
+MIRROR_KEYS = {"source", "dest", "digest", "source_digest", "same_digest", "platforms", "left_out", "attestations",
+               "manifests", "media_type", "pinned", "referrers"}
+
+
+def test_mirror_and_login_documents_and_text():
+    from buildkit_py import oci
+    from buildkit_py.cli.registry import LoggedIn, Mirrored
+    from buildkit_py.oci.copy import CopiedReferrer
+    from buildkit_py.oci.login import LoginResult
+
+    digest, other = "sha256:" + "8" * 64, "sha256:" + "9" * 64
+    copied = oci.CopyResult(digest, other, oci.MEDIA_OCI_INDEX, ("linux/amd64",), ("linux/arm64",), 1, 3,
+                            (CopiedReferrer(digest, "sha256:" + "a" * 64, "cosign signature", "x.sig"),))
+    mirrored = Mirrored("nvidia/cuda:12.4.1", "127.0.0.1:5000/mirror/cuda:12.4.1", copied)
+    data = mirrored.to_json()
+    assert set(data) == MIRROR_KEYS
+    assert data["pinned"] == f"127.0.0.1:5000/mirror/cuda@{digest}" and data["same_digest"] is False
+    assert all(set(r) == {"subject", "digest", "kind", "tag"} for r in data["referrers"])
+    assert mirrored.lines() == [
+        f"mirrored {data['source']} -> {data['dest']}",
+        "copied   linux/amd64, 1 attestation manifest (left out: linux/arm64)",
+        f"digest   {digest}: a new index of the chosen platforms; the source's is {other}",
+        "referrers 1 copied (1 cosign signature)", f"pin with {data['pinned']}"]
+
+    logged = LoggedIn(LoginResult("127.0.0.1:5000", "ci", "/home/ci/.docker/config.json"))
+    assert logged.to_json() == {"registry": "127.0.0.1:5000", "username": "ci",
+                                "stored_in": "/home/ci/.docker/config.json"}
+    assert logged.lines() == ["logged in to 127.0.0.1:5000 as ci (stored in /home/ci/.docker/config.json)"]
+
+
+def test_driver_check_document_and_text():
+    from buildkit_py.analysis.check import check_compat
+    from buildkit_py.cli.check import DriverCheck
+
+    result = check_compat("12.4.1", "535.104.05", datacenter=False)
+    check = DriverCheck("CUDA 12.4.1", "the shipped data", "535.104.05", result)
+    data = check.to_json()
+    assert set(result.to_json()) | {"target", "floors_from"} == set(data)
+    assert (data["target"], data["floors_from"], data["verdict"]) == ("CUDA 12.4.1", "the shipped data",
+                                                                      str(result.verdict))
+    lines = check.lines()
+    assert lines[0] == f"CUDA 12.4.1: {data['verdict']} on driver 535.104.05"
+    assert lines[2] == f"  {data['message']}"
+    assert (f"  remedy: {data['remedy']}" in lines) == bool(data["remedy"])
