@@ -239,20 +239,30 @@ def logged_in(registry, docker_config) -> Registry:
 def registry_refs():
     """References a test had pushed into the registry (e.g. a build's cache); their manifests
     are deleted afterwards, while the test's registry login still holds."""
+    refs: list[str] = []
+    yield refs
+    delete_manifests(refs)
+
+
+def delete_manifests(refs: list[str]) -> None:
+    """Delete the manifests ``refs`` name in the registry (with the login DOCKER_CONFIG holds)."""
     from buildkit_py import oci
     from buildkit_py.errors import ImgbuildError
 
-    refs: list[str] = []
-    yield refs
     for ref in refs:
         with contextlib.suppress(ImgbuildError):  # a build that failed early pushed nothing
             oci.delete_manifest(ref)
 
 
+def new_repository() -> str:
+    """A repository name for images, marked with this run (helpers.RUN_MARK)."""
+    return f"imgbuild-test/{RUN_MARK}-{uuid.uuid4().hex[:10]}"
+
+
 @pytest.fixture
 def unique_name() -> str:
     """A repository name for the images a test builds, marked with this run (helpers.RUN_MARK)."""
-    return f"imgbuild-test/{RUN_MARK}-{uuid.uuid4().hex[:10]}"
+    return new_repository()
 
 
 def _client(engine, *args: str) -> subprocess.CompletedProcess:
@@ -278,6 +288,12 @@ def cleanup_images(engine):
     base and the build cache stay)."""
     refs: list[str] = []
     yield refs
+    remove_images(engine, refs)
+
+
+def remove_images(engine, refs: list[str]) -> None:
+    """Remove the images ``refs`` name on ``engine``, and the untagged images built under their
+    repositories (what cleanup_images does after a test; module fixtures that build call it too)."""
     for ref in refs:
         _client(engine, "image", "rm", "-f", ref)
     for repo in sorted({_repository(ref) for ref in refs}):
