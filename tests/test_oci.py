@@ -983,7 +983,7 @@ def test_parts_that_finish_out_of_order_are_hashed_in_order(blob_server, tmp_pat
     handler, ref, client = blob_server
     handler.hold_first = 0.5
     monkeypatch.setattr(download, "RANGED_MIN_PART", 1_000_000)
-    monkeypatch.setattr(download, "_hash_on_own_thread", lambda: True)
+    monkeypatch.setattr(download, "_hash_on_own_thread", lambda _others: True)
     read_back: list[tuple[int, int]] = []
     real_preadv = os.preadv
 
@@ -1003,13 +1003,27 @@ def test_parts_that_finish_out_of_order_are_hashed_in_order(blob_server, tmp_pat
     assert sum(n for _, n in read_back) == len(handler.blob) - first_end
 
 
+def test_a_hashing_thread_only_where_a_cpu_is_free_for_it(monkeypatch):
+    """One CPU, or a blob per CPU already moving (a pull's files at once): the receiver hashes
+    inline. The count of moving blobs goes back down when a blob ends, also by an error."""
+    for cpus, others, threaded in ((1, 0, False), (2, 0, True), (2, 1, False), (4, 2, True), (4, 3, False)):
+        monkeypatch.setattr(os, "sched_getaffinity", lambda _pid, n=cpus: set(range(n)))
+        assert download._hash_on_own_thread(others) is threaded, (cpus, others)
+    with download._MOVING.one() as first, download._MOVING.one() as second:
+        assert (first, second) == (0, 1)
+    with pytest.raises(KeyError), download._MOVING.one():
+        raise KeyError
+    with download._MOVING.one() as again:
+        assert again == 0
+
+
 def test_the_receiver_never_waits_for_the_hash(blob_server, tmp_path, monkeypatch):
     """With the hashing thread held until every byte is in the file (a machine whose cores are
     busy elsewhere), the download still completes: once the hand-over buffers are all queued,
     the receiver reads on into its own and the hash reads those pieces back from the file."""
     handler, ref, client = blob_server
     monkeypatch.setattr(download, "PIECES", 2)
-    monkeypatch.setattr(download, "_hash_on_own_thread", lambda: True)
+    monkeypatch.setattr(download, "_hash_on_own_thread", lambda _others: True)
     all_in = threading.Event()
     hashed_by: set[str] = set()
     in_time: list[bool] = []

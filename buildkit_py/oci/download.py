@@ -36,13 +36,14 @@ twice (socket to buffer, buffer to file) and hashed once; no Python loop touches
 from __future__ import annotations
 
 import base64
+import contextlib
 import http.client
 import json
 import os
 import re
 import threading
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from buildkit_py.errors import DigestMismatch, RegistryError, RegistryUnreachable
@@ -63,15 +64,40 @@ def default_streams() -> int:
     return max(1, min(4, (os.cpu_count() or 2) // 2))
 
 
-def _hash_on_own_thread() -> bool:
+class _Moving:
+    """How many blobs this process receives at once (weights pull moves several files)."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.lock = threading.Lock()
+
+    @contextlib.contextmanager
+    def one(self) -> Iterator[int]:
+        """Count a blob while it moves; yields how many others were moving when it began."""
+        with self.lock:
+            others = self.count
+            self.count += 1
+        try:
+            yield others
+        finally:
+            with self.lock:
+                self.count -= 1
+
+
+_MOVING = _Moving()
+
+
+def _hash_on_own_thread(others: int) -> bool:
     """Whether the first part hands its pieces to the hashing thread (a pull then takes about
     the longer of the transfer and the sha256, not their sum) or hashes them itself: with one
-    CPU a second thread only adds hand-overs."""
+    CPU, or once a blob per CPU is moving (one file's hash then already overlaps another's
+    transfer: a thread more per file measured 2.10x raw curl's time against 1.90x inline,
+    8 x 96 MiB, two at once on 2 cores), a second thread only adds hand-overs."""
     try:
         cpus = len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
         cpus = os.cpu_count() or 1
-    return cpus > 1
+    return cpus > 1 + others
 
 
 class _NoRange(Exception):
@@ -205,7 +231,7 @@ class _Hashing:
         self.hasher, self.hashed = hasher or ResumableSha256(), hashed
         self.lock = threading.Lock()
         self.settled = True  # False while a hashing thread may still change it
-        self.inline = not _hash_on_own_thread()  # the first part's receiver hashes its pieces itself
+        self.inline = True  # the first part's receiver hashes its pieces itself (_transfer decides)
 
     def take(self, view: memoryview, pos: int) -> None:
         """``view`` holds the file's bytes at ``pos``: hash them if they come next. If not, the
@@ -330,12 +356,15 @@ def get_blob(ref: Reference, digest: str, dest_file, *, size: int | None = None,
     label = label or digest
     hashing = _load_hash_state(fd, digest, offset)
     try:
-        try:
-            received, got_size = _transfer(job_of, offset, size, progress, label, streams, hashing)
-        except _NoRange:
-            os.ftruncate(fd, 0)
-            hashing = _Hashing()
-            received, got_size = _transfer(job_of, 0, size, progress, label, 1, hashing)
+        with _MOVING.one() as others:
+            inline = hashing.inline = not _hash_on_own_thread(others)
+            try:
+                received, got_size = _transfer(job_of, offset, size, progress, label, streams, hashing)
+            except _NoRange:
+                os.ftruncate(fd, 0)
+                hashing = _Hashing()
+                hashing.inline = inline
+                received, got_size = _transfer(job_of, 0, size, progress, label, 1, hashing)
     except BaseException:  # stopped: what is in the file stays, and so does its hash
         _save_hash_state(fd, digest, hashing)
         raise
