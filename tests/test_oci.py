@@ -1004,11 +1004,15 @@ def test_parts_that_finish_out_of_order_are_hashed_in_order(blob_server, tmp_pat
 
 
 def test_a_hashing_thread_only_where_a_cpu_is_free_for_it(monkeypatch):
-    """One CPU, or a blob per CPU already moving (a pull's files at once): the receiver hashes
-    inline. The count of moving blobs goes back down when a blob ends, also by an error."""
-    for cpus, others, threaded in ((1, 0, False), (2, 0, True), (2, 1, False), (4, 2, True), (4, 3, False)):
+    """One CPU, a blob per CPU already moving (a pull's files at once), or a load average that
+    fills the CPUs: the receiver hashes inline. The count of moving blobs goes back down when a
+    blob ends, also by an error."""
+    cases = ((1, 0, 0.0, False), (2, 0, 0.3, True), (2, 1, 0.0, False), (4, 2, 0.5, True), (4, 3, 0.0, False),
+             (2, 0, 1.2, False), (16, 1, 10.0, True), (16, 1, 14.5, False))
+    for cpus, others, load, threaded in cases:
         monkeypatch.setattr(os, "sched_getaffinity", lambda _pid, n=cpus: set(range(n)))
-        assert download._hash_on_own_thread(others) is threaded, (cpus, others)
+        monkeypatch.setattr(os, "getloadavg", lambda load=load: (load, load, load))
+        assert download._hash_on_own_thread(others) is threaded, (cpus, others, load)
     with download._MOVING.one() as first, download._MOVING.one() as second:
         assert (first, second) == (0, 1)
     with pytest.raises(KeyError), download._MOVING.one():
