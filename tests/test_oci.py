@@ -863,7 +863,9 @@ class _BlobServer(BaseHTTPRequestHandler):
     breaks = 0
     cut = 0
     gzip = False  # send the whole blob gzip-compressed, whatever the client accepts
+    hold_first = 0.0  # seconds to hold back the answer for the blob's first bytes: the parts finish out of order
     seen: ClassVar[list] = []
+    done: ClassVar[list] = []  # the first byte of each answer, in the order they were sent in full
     encodings: ClassVar[list] = []
 
     def log_message(self, *args):
@@ -895,6 +897,8 @@ class _BlobServer(BaseHTTPRequestHandler):
         else:
             self.send_response(200)
         body = self.blob[start:end + 1]
+        if start == 0 and self.hold_first:
+            time.sleep(self.hold_first)
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
         if type(self).breaks:
@@ -904,6 +908,8 @@ class _BlobServer(BaseHTTPRequestHandler):
             self.close_connection = True
             return
         self.wfile.write(body)
+        self.wfile.flush()
+        type(self).done.append(start)
 
 
 def _self_signed(folder: Path) -> tuple[Path, Path]:
@@ -921,7 +927,8 @@ def _self_signed(folder: Path) -> tuple[Path, Path]:
 def blob_server(request, tmp_path_factory, monkeypatch):
     """``(handler, ref, client)``: one blob served over plain http or over TLS (a self-signed
     certificate the client is given), the path every real registry takes."""
-    handler = type("Blobs", (_BlobServer,), {"blob": os.urandom(5 * 1_000_000 + 7), "seen": [], "encodings": []})
+    handler = type("Blobs", (_BlobServer,), {"blob": os.urandom(5 * 1_000_000 + 7), "seen": [], "encodings": [],
+                                             "done": []})
     server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
     client = oci.Client(credentials=lambda h: None, backoff_s=0.001)
     if request.param == "https":
@@ -972,12 +979,107 @@ def test_parallel_ranges_resume_and_broken_streams(blob_server, tmp_path, monkey
         assert handler.seen[-1] is None
 
 
-def test_a_corrupt_download_is_refused_and_counted(blob_server, tmp_path):
+def test_the_range_split():
+    """Ranges of at least RANGED_MIN_PART, at most ``streams``, covering the blob once; the
+    first begins at 0 (its bytes below the offset a partial holds are not asked for)."""
+    mib = download.RANGED_MIN_PART
+    step = 10 * mib // 4
+    assert download._split(0, 10 * mib, 4) == [(0, step), (step, 2 * step), (2 * step, 3 * step), (3 * step, 10 * mib)]
+    assert download._split(0, 4 * mib, 4) == [(0, mib), (mib, 2 * mib), (2 * mib, 3 * mib), (3 * mib, 4 * mib)]
+    assert download._split(0, 4 * mib + 1, 2) == [(0, 2 * mib + 1), (2 * mib + 1, 4 * mib + 1)]
+    assert download._split(0, 2 * mib - 1, 4) == [(0, 2 * mib - 1)]  # two parts would be under the minimum
+    assert download._split(mib, 3 * mib, 4) == [(0, 2 * mib), (2 * mib, 3 * mib)]  # a partial holds the first MiB
+    assert download._split(5, 5, 4) == [(0, 5)]  # all there: one empty part
+    for offset, size, streams in ((0, 7 * mib + 3, 3), (mib + 17, 9 * mib, 4), (0, 1, 4)):
+        parts = download._split(offset, size, streams)
+        assert parts[0][0] == 0 and parts[-1][1] == size and len(parts) <= streams
+        assert all(a[1] == b[0] for a, b in zip(parts, parts[1:], strict=False))
+        assert all(end - max(start, offset) >= mib for start, end in parts) or len(parts) == 1
+
+
+@pytest.mark.parametrize("streams", [1, 3])
+def test_a_corrupt_download_is_refused_and_counted(blob_server, tmp_path, monkeypatch, streams):
     handler, ref, client = blob_server
+    monkeypatch.setattr(download, "RANGED_MIN_PART", 1_000_000)
     wrong = "sha256:" + "1" * 64
     with open(tmp_path / "out", "w+b") as fh, pytest.raises(DigestMismatch, match="corrupt") as exc:
-        oci.get_blob(ref, wrong, fh, size=len(handler.blob), client=client)
+        oci.get_blob(ref, wrong, fh, size=len(handler.blob), client=client, streams=streams)
     assert exc.value.received_bytes == len(handler.blob)
+    assert len(handler.seen) == streams
+
+
+def test_parts_that_finish_out_of_order_are_hashed_in_order(blob_server, tmp_path, monkeypatch):
+    """The answer for the first range is held back until the other two are in the file: the
+    hash waits for the first part (sha256 is sequential), takes its pieces from the buffers
+    they arrived in, then reads the other parts back from the file, in order."""
+    handler, ref, client = blob_server
+    handler.hold_first = 0.5
+    monkeypatch.setattr(download, "RANGED_MIN_PART", 1_000_000)
+    monkeypatch.setattr(download, "_hash_on_own_thread", lambda _others: True)
+    read_back: list[tuple[int, int]] = []
+    real_preadv = os.preadv
+
+    def preadv(fd, buffers, offset):
+        n = real_preadv(fd, buffers, offset)
+        read_back.append((offset, n))
+        return n
+    monkeypatch.setattr(os, "preadv", preadv)
+    out = tmp_path / "out"
+    with open(out, "w+b") as fh:
+        got = oci.get_blob(ref, oci.sha256_bytes(handler.blob), fh, size=len(handler.blob), client=client, streams=3)
+    assert got == len(handler.blob) and out.read_bytes() == handler.blob
+    first_end = 1_666_669
+    assert handler.done[-1] == 0 and sorted(handler.done) == [0, first_end, 3_333_338]  # the first part finished last
+    assert read_back and read_back[0][0] == first_end  # nothing of the first part read back; the rest in order
+    assert [o for o, _ in read_back] == sorted(o for o, _ in read_back)
+    assert sum(n for _, n in read_back) == len(handler.blob) - first_end
+
+
+def test_a_hashing_thread_only_where_a_cpu_is_free_for_it(monkeypatch):
+    """One CPU, a blob per CPU already moving (a pull's files at once), or a load average that
+    fills the CPUs: the receiver hashes inline. The count of moving blobs goes back down when a
+    blob ends, also by an error."""
+    cases = ((1, 0, 0.0, False), (2, 0, 0.3, True), (2, 1, 0.0, False), (4, 2, 0.5, True), (4, 3, 0.0, False),
+             (2, 0, 1.2, False), (16, 1, 10.0, True), (16, 1, 14.5, False))
+    for cpus, others, load, threaded in cases:
+        monkeypatch.setattr(os, "sched_getaffinity", lambda _pid, n=cpus: set(range(n)))
+        monkeypatch.setattr(os, "getloadavg", lambda load=load: (load, load, load))
+        assert download._hash_on_own_thread(others) is threaded, (cpus, others, load)
+    with download._MOVING.one() as first, download._MOVING.one() as second:
+        assert (first, second) == (0, 1)
+    with pytest.raises(KeyError), download._MOVING.one():
+        raise KeyError
+    with download._MOVING.one() as again:
+        assert again == 0
+
+
+def test_the_receiver_never_waits_for_the_hash(blob_server, tmp_path, monkeypatch):
+    """With the hashing thread held until every byte is in the file (a machine whose cores are
+    busy elsewhere), the download still completes: once the hand-over buffers are all queued,
+    the receiver reads on into its own and the hash reads those pieces back from the file."""
+    handler, ref, client = blob_server
+    monkeypatch.setattr(download, "PIECES", 2)
+    monkeypatch.setattr(download, "_hash_on_own_thread", lambda _others: True)
+    all_in = threading.Event()
+    hashed_by: set[str] = set()
+    in_time: list[bool] = []
+    real_update = download.ResumableSha256.update
+
+    def held_update(self, data):
+        in_time.append(all_in.wait(10))  # False: the last byte waited for the hash
+        hashed_by.add(threading.current_thread().name)
+        real_update(self, data)
+    monkeypatch.setattr(download.ResumableSha256, "update", held_update)
+
+    def progress(_event, _label, done, total):
+        if done == total:
+            all_in.set()
+    out = tmp_path / "out"
+    with open(out, "w+b") as fh:
+        got = oci.get_blob(ref, oci.sha256_bytes(handler.blob), fh, size=len(handler.blob), client=client, streams=1,
+                           progress=progress)
+    assert got == len(handler.blob) and out.read_bytes() == handler.blob
+    assert all(in_time) and hashed_by == {"blob-hash"}  # the receiver hashed nothing itself
 
 
 def test_a_download_hashes_what_it_receives_and_reads_nothing_back(blob_server, tmp_path, monkeypatch):
