@@ -96,6 +96,7 @@ if TYPE_CHECKING:  # the eager view, for type checkers and readers
 # Where each public name lives.
 _HOME = {name: module for module, names in {
     "blobs": ("CHUNK", "MEDIA_OCTET", "UploadResult", "blob_exists", "delete_blob", "head_blob", "read_blob",
+              "read_blob_range",
               "sha256_file", "start_upload", "upload_blob", "upload_bytes"),
     "copy": ("CopyResult", "copy_image"),
     "download": ("default_streams", "get_blob"),
