@@ -162,7 +162,9 @@ class LazyReport:
     image: str
     layers: tuple[LazyLayer, ...]
     files: Mapping[str, int]  # each file read (its real path in the image) -> the layer that holds it
-    outside: tuple[str, ...]  # paths opened that no layer holds (/proc, /dev, files made at run time)
+    # paths opened that are no file of the layers: folders (listed, not read), /proc, /dev, the
+    # test's own mounted script, files made at run time
+    outside: tuple[str, ...]
     method: str = "strace -f -y (open, openat, execve), every test container"
 
     @property
@@ -223,7 +225,7 @@ def report_lines(report: LazyReport) -> list[str]:
                    f"{human_size(x.compressed_size):>10}  {x.fraction:>6.1%}  {'toc' if x.exact else 'estimate'}")
     out.append(f"  total: {human_size(report.needed)} of {human_size(report.compressed_size)} compressed "
                f"({report.fraction:.1%}) before the tests pass; {len(report.files)} files read, "
-               f"{len(report.outside)} paths opened outside the image's layers")
+               f"{len(report.outside)} other paths opened (folders, /proc, /dev, mounts)")
     return out
 
 
