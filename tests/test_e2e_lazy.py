@@ -10,27 +10,13 @@ import json
 
 import pytest
 from conftest import on_every_engine
-from helpers import CA_ARGS, run_cli, write_recipe
+from helpers import CA_ARGS, run_cli
+from test_e2e_image_tests import _recipe  # six pinned, a script: test that imports it, a gpu: test skipped here
 
 from buildkit_py.analysis.lazy import TOC_DIGEST_ANNOTATION, remote_layers
 from buildkit_py.oci.manifests import get_manifest
 
 pytestmark = pytest.mark.e2e
-
-
-def _recipe(folder, name, base):
-    (folder / "checks").mkdir(parents=True, exist_ok=True)
-    (folder / "checks" / "smoke.py").write_text("import six, json\nprint('smoke ok', six.__version__)\n")
-    return write_recipe(folder, f"""\
-name: {name}
-version: "1"
-cuda: {{version: "12.4", source: wheels, flavor: base}}
-base: {{image: {base}}}
-python: "3.11"
-pip: ["six==1.16.0"]
-test:
-  - {{script: checks/smoke.py, name: smoke}}
-""")
 
 
 def _lazy(target: str, *extra: str) -> dict:

@@ -179,3 +179,23 @@ def test_the_tracer_wraps_the_command_in_the_hosts_strace_through_its_own_loader
                     "trace=open,openat,execve", "-e", "signal=none", "-o", "/imgbuild-trace-out/test-0", "--",
                     "sh", "-c", "true")
     assert tracer.mounts()[3] == f"type=bind,source={tmp_path / 'out'},target=/imgbuild-trace-out"
+
+
+class _Engine:
+    def __init__(self, attrs):
+        self.attrs = attrs
+
+    def image_attrs(self, image):
+        return self.attrs
+
+
+@pytest.mark.parametrize(("image", "digests", "measured"), [
+    ("127.0.0.1:5000/team/app:1", ["127.0.0.1:5000/team/app@sha256:" + "a" * 64], "127.0.0.1:5000/team/app:1"),
+    ("registry.example.com/app:1", ["registry.example.com/app@sha256:" + "a" * 64], "registry.example.com/app:1"),
+    ("127.0.0.1:5000/team/app:1", [], None),  # built, never pushed: the engine's layers
+    ("team/app:1", ["docker.io/team/app@sha256:" + "a" * 64], None),  # no registry host in its name
+])
+def test_an_image_is_measured_in_its_registry_only_when_pushed_there(image, digests, measured):
+    from buildkit_py.pipeline.lazy import pushed_ref
+
+    assert pushed_ref(_Engine({"RepoDigests": digests}), image) == measured
