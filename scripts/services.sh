@@ -81,6 +81,8 @@ install_missing() {
     command -v update-binfmts >/dev/null || pkgs+=(binfmt-support)
     # a third-party client the SBOM tests read the pushed image's referrers with
     command -v skopeo >/dev/null || pkgs+=(skopeo)
+    # `test --lazy` traces the image tests with the host's strace
+    command -v strace >/dev/null || pkgs+=(strace)
     python3 -c 'import venv, ensurepip' 2>/dev/null || pkgs+=(python3-venv python3-pip)
     if [ "$PODMAN_ENGINE" = 1 ]; then command -v podman >/dev/null || pkgs+=(podman); fi
     if [ ${#pkgs[@]} -gt 0 ]; then

@@ -481,7 +481,7 @@ class FakeImages:
         return {"Id": ref, "Os": "linux", "Architecture": "amd64", "Config": {"Labels": self.images[ref][0]}}
 
     def run_in_image(self, engine, image, command, *, entrypoint, gpu=False, mounts=(), platform=None,
-                     timeout=None):
+                     timeout=None, trace=None):
         self.runs.append((image, platform))
         pkgs = self.images[image][1]
         if entrypoint == "python":  # the facts script, with the pins to import

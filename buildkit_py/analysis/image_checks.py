@@ -37,7 +37,10 @@ from buildkit_py.versions import major_minor
 
 if TYPE_CHECKING:
     from buildkit_py.analysis.kernels import FileKernels
+    from buildkit_py.analysis.lazy import Tracer
     from buildkit_py.engine.base import Engine
+
+    Traced = tuple[Tracer, str]  # the tracer, and the name of this test's log
 
 EventSink = Callable[[str], None]
 PASSED, FAILED, SKIPPED = "passed", "failed", "skipped"
@@ -218,16 +221,21 @@ class ImageFacts:
 # --- running things in the image ----------------------------------------------------------------
 
 
-def run_in_image(engine: Engine, image: str, command: tuple[str, ...], *, entrypoint: str, gpu: bool = False,
+def run_in_image(engine: Engine, image: str, command: tuple[str, ...], *, entrypoint: str, gpu: bool = False,  # noqa: PLR0913 - every one a RunSpec field or the trace's
                  mounts: tuple[tuple[Path, str], ...] = (), platform: str | None = None,
-                 timeout: float | None = None) -> tuple[ContainerExit, str]:
+                 timeout: float | None = None, trace: Traced | None = None) -> tuple[ContainerExit, str]:
     """Run ``entrypoint command...`` in a throw-away container of ``image`` (no network, the
     engine's GPU flags when ``gpu``, each (host file, path) of ``mounts`` bound read-only;
     ``platform``: that platform's image of a multi-platform one), removed after ``timeout``
-    seconds; (how it ended, stdout and stderr together)."""
+    seconds; (how it ended, stdout and stderr together). ``trace``: run it under the tracer,
+    its log named by the test (lazy.py)."""
     extra: tuple[str, ...] = ()
     for host, target in mounts:
         extra += ("--mount", f"type=bind,source={host},target={target},readonly")
+    if trace is not None:
+        tracer, name = trace
+        extra += tracer.mounts()
+        entrypoint, command = tracer.wrap(name, entrypoint, command)
     spec = RunSpec(image, gpu=gpu, network="none", entrypoint=entrypoint, extra=extra, command=command,
                    platform=platform)
     lines: list[str] = []
@@ -236,12 +244,13 @@ def run_in_image(engine: Engine, image: str, command: tuple[str, ...], *, entryp
 
 
 def read_facts(engine: Engine, image: str, pins: tuple[tuple[str, str], ...] = (),
-               platform: str | None = None) -> ImageFacts:
+               platform: str | None = None, tracer: Tracer | None = None) -> ImageFacts:
     """The image's facts (``platform``'s image of a multi-platform one), and the import of each
     (name, version) of ``pins``; ImageFactsUnreadable when the image's python cannot report them (the
     output says why)."""
     ended, output = run_in_image(engine, image, ("-c", FACTS_SCRIPT, json.dumps([list(p) for p in pins])),
-                                 entrypoint="python", platform=platform)
+                                 entrypoint="python", platform=platform,
+                                 trace=(tracer, "facts") if tracer else None)
     code = ended.code
     line = next((ln for ln in reversed(output.splitlines()) if ln.startswith(_MARK)), None)
     if code != 0 or line is None:
@@ -657,14 +666,15 @@ def no_gpu_reason(engine: Engine) -> str:
 
 
 def command_test(engine: Engine, image: str, test: TestSpec, recipe: Recipe, *, gpu: bool,
-                 platform: str | None = None) -> TestResult:
+                 platform: str | None = None, tracer: Tracer | None = None, number: int = 0) -> TestResult:
     shown = test.run if test.run is not None else f"{test.script} (mounted at {SCRIPT_DIR})"
     if test.gpu and not gpu:
         return TestResult(test.name, "command", SKIPPED, no_gpu_reason(engine), command=shown)
     entrypoint, args, mounts = _command_of(test, recipe)
     start = time.monotonic()
     ended, output = run_in_image(engine, image, args, entrypoint=entrypoint, gpu=test.gpu, mounts=mounts,
-                                 platform=platform, timeout=test.timeout)
+                                 platform=platform, timeout=test.timeout,
+                                 trace=(tracer, f"test-{number}") if tracer else None)
     took = time.monotonic() - start
     code = ended.code
     if ended.timed_out:
@@ -683,13 +693,14 @@ def command_test(engine: Engine, image: str, test: TestSpec, recipe: Recipe, *, 
 
 def run_image_tests(engine: Engine, image: str, *, recipe: Recipe | None = None, defaults: bool = True,
                     on_event: EventSink | None = None, shown_as: str | None = None,
-                    platform: str | None = None) -> TestReport:
+                    platform: str | None = None, tracer: Tracer | None = None) -> TestReport:
     """Every test of ``image``: with ``defaults``, its io.imgbuild.* labels against its content and
     the import of each pin (one container); then the recipe's ``test:`` commands, one container
     each. Each verdict is told to ``on_event`` as it comes; ``shown_as`` names the image in the
     report (a build tests its image by id, before it has its tags). ``platform``: test that
     platform's image of a multi-platform one (every platform carries the same labels: one Dockerfile),
-    its verdicts told with the platform first; None: the engine's own platform's, which the report names."""
+    its verdicts told with the platform first; None: the engine's own platform's, which the report names.
+    ``tracer``: every test container runs under it, which records the files each one reads (lazy.py)."""
     say = on_event or (lambda _line: None)
     note = (lambda line: say(f"[{platform}] {line}")) if platform else say
     gpu = engine.gpu_available()
@@ -708,7 +719,7 @@ def run_image_tests(engine: Engine, image: str, *, recipe: Recipe | None = None,
     if defaults:
         labels = (attrs.get("Config") or {}).get("Labels") or {}
         try:
-            facts = read_facts(engine, image, pinned(recipe, labels), platform=platform)
+            facts = read_facts(engine, image, pinned(recipe, labels), platform=platform, tracer=tracer)
         except ImageFactsUnreadable as exc:  # the image fails its test; its labels and pins go unchecked
             add([facts_failure(exc)])
         else:
@@ -719,8 +730,9 @@ def run_image_tests(engine: Engine, image: str, *, recipe: Recipe | None = None,
         if K.GPUS in labels:
             add(_gpus_test(engine, image, labels, attrs, platform))
     if recipe is not None:
-        for test in recipe.tests:
-            add([command_test(engine, image, test, recipe, gpu=gpu, platform=platform)])
+        for number, test in enumerate(recipe.tests):
+            add([command_test(engine, image, test, recipe, gpu=gpu, platform=platform, tracer=tracer,
+                              number=number)])
     return TestReport(shown_as or image, gpu, tuple(results), platform or engine_platform(attrs))
 
 

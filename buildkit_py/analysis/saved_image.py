@@ -144,6 +144,9 @@ class LayerScan:
     members: int = 0
     files: list[tuple[str, int]] = field(default_factory=list)  # regular files with bytes
     whiteouts: list[tuple[str, bool]] = field(default_factory=list)  # (deleted path, opaque)
+    # where each symlink points (as written), and each hard link's target as an absolute path: what
+    # resolves a path a process opened by name (/bin/sh) to the file that holds its bytes (lazy)
+    link_targets: dict[str, str] = field(default_factory=dict)
     # (kind, detail, path, size) for every rule hit, see classify_path
     hits: list[tuple[str, str, str, int]] = field(default_factory=list)
     compression: str | None = None  # how the saved blob was stored: gzip, zstd; None: a plain tar
@@ -191,6 +194,13 @@ def _kernel_member(inner: tarfile.TarFile, m: tarfile.TarInfo, path: str, found:
         found.kernels[path] = kernels
 
 
+def _record_link(scan: LayerScan, m: tarfile.TarInfo, path: str) -> None:
+    """A symlink's target as written (relative to its folder or absolute); a hard link's target,
+    which tar names from the layer's root, as an absolute path; other members are not links."""
+    if m.issym() or m.islnk():
+        scan.link_targets[path] = m.linkname if m.issym() else normalize_member(m.linkname) or "/"
+
+
 def scan_layer(fileobj: IO[bytes], *, counter: GzipCounter | None, keep: KeepFile | None = None,
                kernels: bool = False) -> LayerScan:
     """One streaming pass over a layer tar: digest, sizes, gzip estimate, members of interest,
@@ -225,6 +235,7 @@ def scan_layer(fileobj: IO[bytes], *, counter: GzipCounter | None, keep: KeepFil
                 scan.content_size += size
                 if m.isreg() and size:
                     scan.files.append((path, size))
+                _record_link(scan, m, path)
                 if m.isreg() or m.issym():
                     for kind, detail in classify_path(path, m.size if m.isreg() else 0, weight_threshold=-1):
                         if kind == CUDA_DUPLICATE and not m.isreg():

@@ -24,6 +24,7 @@ from buildkit_py.errors import ExitStatus, UsageError
 
 if TYPE_CHECKING:
     from buildkit_py.analysis.image_checks import TestReport
+    from buildkit_py.pipeline.lazy import LazyReport, RemoteLayer
     from buildkit_py.recipe.model import Recipe
 
 
@@ -56,12 +57,21 @@ def register(add: AddCommand) -> None:
                         "against the variant's own pins and recipe digest (ids from `imgbuild matrix RECIPE`)")
     t.add_argument("--no-defaults", action="store_true",
                    help="run only the recipe's test: commands, not the label and import checks")
+    t.add_argument("--lazy", action="store_true",
+                   help="record the files the tests read (each test container under the host's strace) and "
+                        "report the share of the image's compressed bytes a lazy-pulling node (eStargz, SOCI) "
+                        "fetches before they pass, per layer and in total; an image pushed to a registry is "
+                        "measured there, its eStargz layers by their TOC (exact), others by each layer's "
+                        "compression ratio (an estimate). The engine's own platform only")
     engine_options(t)
     progress_option(t, "one line per test")
     json_option(t, 'one JSON document on stdout ("schema": 1): image, gpu, platforms, passed, failed, skipped '
                    "(over every platform), results (name, kind label|import|command, status, detail, command, "
                    "exit_code, output, platform), platform_tests (one report per platform: image, platform, "
-                   "passed, failed, skipped, results)")
+                   "passed, failed, skipped, results); with --lazy, \"lazy\": image, method, compressed_size, "
+                   "needed, fraction, exact, layers (index, digest, compressed_size, files_read, bytes_read, needed, "
+                   "fraction, exact), files (path, layer), outside_image, registry_layers (digest, size, "
+                   "announced_toc, toc_digest, verified, toc_bytes, landmark)")
     offline_options(t)
     t.set_defaults(handler=cmd_test)
 
@@ -78,6 +88,15 @@ def cmd_test(args: argparse.Namespace, out: Out) -> int:
                            hint=f"build it first (imgbuild build {args.target}"
                                 + (f" --variant {args.variant})" if args.variant else ")") if recipe else
                            f"pull it first (docker pull {image}): tests run on the engine's own copy")
+    if args.lazy:
+        from buildkit_py.pipeline.lazy import lazy_tests
+
+        if platforms and platforms != ("linux/amd64",):
+            raise UsageError(f"--lazy traces the engine's own platform's image, not {', '.join(platforms)}'s",
+                             hint="test --lazy --platform linux/amd64, or without --platform")
+        report, lazy, remote = lazy_tests(engine, image, recipe=recipe, defaults=not args.no_defaults,
+                                          on_event=None if args.json else out.info)
+        return show_lazy(args, out, image, report, lazy, remote)
     reports = [run_image_tests(engine, image, recipe=recipe, defaults=not args.no_defaults, platform=platform,
                                on_event=None if args.json else out.info) for platform in platforms or (None,)]
     if not args.json:  # each failed test's output, before the verdicts
@@ -85,6 +104,19 @@ def cmd_test(args: argparse.Namespace, out: Out) -> int:
             print_failures(report, out)
     out.document(TestRun(image, tuple(reports)), as_json=args.json)
     return ExitStatus.FAILED if any(r.failed for r in reports) else 0
+
+
+def show_lazy(args: argparse.Namespace, out: Out, image: str, report: TestReport, lazy: LazyReport,
+              remote: list[RemoteLayer] | None) -> int:
+    """`test --lazy`'s output: each failed test's output first (text), then the document."""
+    from buildkit_py.analysis.image_checks import TestRun
+    from buildkit_py.pipeline.lazy import LazyTestRun
+
+    if not args.json:
+        print_failures(report, out)
+    out.document(LazyTestRun(TestRun(image, (report,)), lazy, tuple(remote) if remote is not None else None),
+                 as_json=args.json)
+    return ExitStatus.FAILED if report.failed else 0
 
 
 def test_subject(args: argparse.Namespace, out: Out) -> tuple[Recipe | None, str]:

@@ -35,6 +35,7 @@ if TYPE_CHECKING:  # the eager view, for type checkers and readers
         delete_blob,
         head_blob,
         read_blob,
+        read_blob_range,
         sha256_file,
         start_upload,
         upload_blob,
@@ -152,6 +153,7 @@ __all__ = [
     "descriptor_of", "fallback_tag", "fetch_manifest", "get_blob", "get_image_config", "get_manifest", "head_blob",
     "is_loopback", "list_referrers", "parse_image_config", "parse_manifest", "parse_reference", "platform_matches",
     "platform_of", "pull_scope", "push_referrer", "push_scope", "put_manifest", "read_any_manifest", "read_blob",
+    "read_blob_range",
     "read_image_config", "read_manifest", "select_platform", "sha256_bytes", "sha256_file", "start_upload",
     "upload_blob", "upload_bytes",
 ]

@@ -80,6 +80,23 @@ def read_blob(ref: Reference | str, digest: str, *, client: Client | None = None
     return raw
 
 
+def read_blob_range(ref: Reference | str, digest: str, start: int, end: int, *,
+                    client: Client | None = None) -> bytes:
+    """Bytes ``start`` to ``end`` (exclusive) of a blob, by one ranged GET, as a lazy puller reads
+    a layer's footer and table of contents; a registry that ignores the range (200) is refused
+    rather than streamed whole."""
+    ref = as_reference(ref)
+    client = client or Client()
+    resp = client.request("GET", ref.api_host, f"/v2/{ref.repository}/blobs/{digest}", expect=(206,),
+                          headers={"Range": f"bytes={start}-{end - 1}"}, scope=pull_scope(ref.repository),
+                          stream=True)
+    with resp:
+        raw = read_limited(resp, end - start, f"bytes {start}-{end - 1} of blob {digest}")
+    if len(raw) != end - start:
+        raise RegistryError(f"{ref}: blob {digest} gave {len(raw)} bytes for the range {start}-{end - 1}")
+    return raw
+
+
 def delete_blob(ref: Reference | str, digest: str, *, client: Client | None = None) -> None:
     ref = as_reference(ref)
     client = client or Client()
