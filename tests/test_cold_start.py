@@ -4,11 +4,13 @@ it refused before anything is pushed. Exact figures: the model is arithmetic on 
 
 from __future__ import annotations
 
+import hashlib
+
 import pytest
 from helpers import run_cli, write_recipe
 
 from buildkit_py.engine import cold_start as cs
-from buildkit_py.engine.cold_start import ColdStartInputs, ColdStartOverBudget, Layer, StartTime
+from buildkit_py.engine.cold_start import ColdStartInputs, ColdStartOverBudget, Layer, NodeLayer, StartTime
 from buildkit_py.errors import RecipeError
 from buildkit_py.pipeline import OFFLINE
 from buildkit_py.recipe.model import ColdStartBudget, load_recipe, parse_bandwidth, parse_duration
@@ -54,14 +56,41 @@ def test_a_fresh_node_pulls_and_unpacks_every_layer():
     assert p.to_json()["seconds"] == 19.61 and p.to_json()["start_source"] == "test 'import torch'"
 
 
-def test_layers_the_node_holds_are_neither_pulled_nor_unpacked():
-    """The node holds another image sharing A and B: only C is pulled; a layer named twice counts once."""
-    p = cs.predict(ColdStartInputs((A, B, C, C), bandwidth=12.5e6, unpack_rate=100e6,
-                                   held=frozenset({A.digest, B.digest})))
-    assert (p.pull_bytes, p.unpack_bytes, p.layers_pulled, p.layers_held) == (2_000_000, 5_000_000, 1, 2)
-    assert p.total_seconds == pytest.approx(0.16 + 0.05)
+def test_layers_the_node_holds_on_the_same_layers_are_neither_pulled_nor_unpacked():
+    """The node holds an image made of A and B: only C is pulled (once, though the image names it twice);
+    A and B are unpacked there already under the same chain, C is unpacked at both places."""
+    held, chains = cs.node_holds([[A.digest, B.digest]])
+    p = cs.predict(ColdStartInputs((A, B, C, C), bandwidth=12.5e6, unpack_rate=100e6, held=held, held_chains=chains))
+    assert (p.pull_bytes, p.unpack_bytes, p.layers_pulled, p.layers_held) == (2_000_000, 10_000_000, 1, 2)
+    assert p.layers_unpacked_held == 2
+    assert p.total_seconds == pytest.approx(0.16 + 0.1)
     assert p.start_seconds is None and "start not measured" in p.summary()
-    assert "2 layers already on the node" in p.summary()
+    assert "2 layers already on the node (2 of them unpacked there under the same layers)" in p.summary()
+
+
+def test_a_layer_held_under_another_parent_is_not_pulled_but_unpacked_again():
+    """The shared CUDA layer above another OS: the engine keys unpacked layers by chain, so the node
+    downloads nothing for B but unpacks it again above A."""
+    other_os = Layer("sha256:" + "d" * 64, 29_000_000, 75_000_000)
+    held, chains = cs.node_holds([[other_os.digest, B.digest]])
+    p = cs.predict(ColdStartInputs((A, B, C), bandwidth=125e6, unpack_rate=100e6, held=held, held_chains=chains))
+    assert (p.pull_bytes, p.unpack_bytes, p.layers_pulled, p.layers_held) == (32_000_000, 1_285_000_000, 2, 1)
+    assert p.layers_unpacked_held == 0
+    assert p.total_seconds == pytest.approx(0.256 + 12.85)
+
+
+def test_chain_ids_follow_the_oci_image_spec():
+    """ChainID(L0) = DiffID(L0); ChainID(Ln) = sha256(ChainID(Ln-1) + " " + DiffID(Ln))."""
+    one = cs.chain_ids([A.digest, B.digest, C.digest])
+    ab = "sha256:" + hashlib.sha256(f"{A.digest} {B.digest}".encode()).hexdigest()
+    assert one == (A.digest, ab, "sha256:" + hashlib.sha256(f"{ab} {C.digest}".encode()).hexdigest())
+    assert cs.chain_ids([B.digest, A.digest])[1] != ab and cs.chain_ids([]) == ()
+
+
+def test_split_keeps_the_total_exactly():
+    assert cs.split(10, [1, 1, 1]) == [3, 3, 4]
+    assert cs.split(1_000_001, [3, 0, 1]) == [750_000, 0, 250_001]
+    assert cs.split(7, [0, 0]) == [3, 4] and cs.split(5, []) == []
 
 
 def test_a_build_prediction_falls_back_to_the_uncompressed_size_and_says_so():
@@ -76,6 +105,33 @@ def test_a_build_prediction_falls_back_to_the_uncompressed_size_and_says_so():
     assert bound.total_seconds == pytest.approx(8.0 + 5.0)
     default = cs.build_prediction(None, 400_000_000, 1_000_000_000, None)  # no budget: 1 Gbit/s, measured rate
     assert default.bandwidth == cs.DEFAULT_BANDWIDTH and default.unpack_rate == cs.MEASURED_UNPACK_RATE
+
+
+def test_a_build_prediction_subtracts_what_the_node_holds():
+    """Built layers by diff id (80 MB, 1.2 GB, 5 MB unpacked; 532 MB compressed in all). A node image
+    with the first two on the same base: the pull is the image's compressed size less those two as its
+    registry weighs them (30 + 500 MB), the unpack only the third. The same CUDA layer above another OS:
+    not pulled, unpacked again."""
+    budget = ColdStartBudget(90.0, 125e6, 100e6)
+    layers = ((A.digest, 80_000_000), (B.digest, 1_200_000_000), (C.digest, 5_000_000))
+    same_base = [(NodeLayer(A.digest, 30_000_000), NodeLayer(B.digest, 500_000_000))]
+    p = cs.build_prediction(budget, 532_000_000, 1_285_000_000, None, layers=layers, node=same_base)
+    assert (p.pull_bytes, p.unpack_bytes, p.layers_pulled, p.layers_held, p.layers_unpacked_held) == (
+        2_000_000, 5_000_000, 1, 2, 2)
+    assert p.total_seconds == pytest.approx(0.016 + 0.05) and p.pull_exact
+    other_os = [(NodeLayer("sha256:" + "d" * 64, 29_000_000), NodeLayer(B.digest, 500_000_000))]
+    q = cs.build_prediction(budget, 532_000_000, 1_285_000_000, None, layers=layers, node=other_os)
+    assert (q.pull_bytes, q.unpack_bytes, q.layers_pulled, q.layers_held, q.layers_unpacked_held) == (
+        32_000_000, 1_285_000_000, 2, 1, 0)
+    both = cs.build_prediction(budget, 532_000_000, 1_285_000_000, None, layers=layers,
+                               node=[*same_base, *other_os, [NodeLayer(C.digest, 2_000_000)]])
+    assert (both.pull_bytes, both.unpack_bytes) == (0, 5_000_000)  # C alone on the node: not on A, B
+    # a node whose registry weighs the held layers more than this image in all: nothing below zero
+    heavy = [(NodeLayer(A.digest, 600_000_000),)]
+    assert cs.build_prediction(budget, 532_000_000, 1_285_000_000, None, layers=layers, node=heavy).pull_bytes == 0
+    # no node: the whole image, as before
+    fresh = cs.build_prediction(budget, 532_000_000, 1_285_000_000, None, layers=layers)
+    assert (fresh.pull_bytes, fresh.unpack_bytes, fresh.layers_held) == (532_000_000, 1_285_000_000, 0)
 
 
 def test_the_budget_names_the_biggest_part():
@@ -103,6 +159,29 @@ def test_the_recipe_reads_its_cold_start_budget(tmp_path):
     assert plain.cold_start is None
     # a recipe without the budget keeps its digest; one with it gets another
     assert "cold_start" not in plain.normalized() and recipe.digest != plain.digest
+
+
+def test_the_recipe_names_the_images_on_the_node(tmp_path):
+    recipe = load_recipe(write_recipe(tmp_path, HEAD + "budget:\n  cold_start:\n    max: 90s\n    bandwidth: 1Gbit\n"
+                                                        "    node: [127.0.0.1:5000/team/base:1, reg.io/a/b@sha256:"
+                                                        + "0" * 64 + "]\n"))
+    assert recipe.cold_start is not None
+    assert recipe.cold_start.node == ("127.0.0.1:5000/team/base:1", "reg.io/a/b@sha256:" + "0" * 64)
+    assert recipe.normalized()["cold_start"]["node"] == list(recipe.cold_start.node)
+    without = load_recipe(write_recipe(tmp_path / "b", HEAD + "budget: {cold_start: {max: 90s, bandwidth: 1Gbit}}\n"))
+    assert "node" not in without.normalized()["cold_start"]  # budgets written before the key keep their digest
+
+
+def test_a_malformed_node_image_is_located(tmp_path):
+    path = write_recipe(tmp_path, HEAD + "budget:\n  cold_start:\n    max: 90s\n    bandwidth: 1Gbit\n"
+                                         "    node: [\"http://reg/a:1\"]\n")
+    with pytest.raises(RecipeError) as info:
+        load_recipe(path)
+    [issue] = info.value.issues
+    assert (issue.line, issue.key) == (11, "budget.cold_start.node[0]")
+    assert issue.message.startswith("invalid image reference 'http://reg/a:1'; name an image the node holds")
+    code, _out, err = run_cli("plan", str(path))
+    assert code == 2 and f"{path}:11: budget.cold_start.node[0]" in err and "Traceback" not in err
 
 
 def test_a_malformed_budget_is_located(tmp_path):
@@ -196,3 +275,51 @@ def test_a_build_over_its_cold_start_budget_keeps_nothing_and_pushes_nothing(tmp
                                            lambda _l: None).outcome
     assert outcome.cold_start is not None and outcome.cold_start.total_seconds == pytest.approx(9.2)
     assert outcome.pushes
+
+
+def test_a_build_reads_the_node_images_and_predicts_on_them(tmp_path, monkeypatch):
+    """budget.cold_start.node: each image read from its registry (diff ids, compressed sizes) before the
+    build, the built image's layers from its engine, matched by diff id; an image that cannot be read
+    fails with its own exit status, naming the key."""
+    from types import SimpleNamespace
+
+    from buildkit_py import engine as engine_pkg
+    from buildkit_py.analysis.diff import ImageLayers, LayerInfo
+    from buildkit_py.errors import ManifestNotFound
+    from buildkit_py.pipeline import build as pipeline_build
+    from buildkit_py.pipeline import plan_recipe
+
+    def image(ref, *layers):
+        return ImageLayers(ref, "registry", None, tuple(
+            LayerInfo(i, None, d, c, u, None, None, "other", "") for i, (d, c, u) in enumerate(layers)), {})
+
+    base = "127.0.0.1:5000/team/base:1"
+    node = {base: image(base, (A.digest, 30_000_000, None), (B.digest, 500_000_000, None))}
+
+    def read_image(ref, **_k):
+        if ref not in node:
+            raise ManifestNotFound(f"no manifest {ref}")
+        return node[ref]
+
+    monkeypatch.setattr(pipeline_build, "read_image", read_image)
+    monkeypatch.setattr(pipeline_build, "read_engine", lambda ref, engine: image(
+        ref, (A.digest, None, 80_000_000), (B.digest, None, 1_200_000_000), (C.digest, None, 5_000_000)))
+    text = HEAD + f"budget: {{cold_start: {{max: 10s, bandwidth: 1Gbit, unpack_rate: 100MB/s, node: [{base}]}}}}\n"
+    plan = plan_recipe(write_recipe(tmp_path, text), registry="127.0.0.1:5000", offline=True)
+    held = pipeline_build.node_images(plan.recipe)
+    assert held == ((NodeLayer(A.digest, 30_000_000), NodeLayer(B.digest, 500_000_000)),)
+    run = SimpleNamespace(results=[SimpleNamespace(kind="command", status="passed", seconds=1.5, name="smoke")])
+    monkeypatch.setattr(pipeline_build, "PASSED", "passed")
+    measured = (engine_pkg.ImageSizes(1_285_000_000, 532_000_000), {}, {})
+    cold = pipeline_build._check_cold_start(object(), plan, "sha256:built", ("t",), measured, (run,), None, held)
+    assert cold is not None
+    assert (cold.pull_bytes, cold.unpack_bytes, cold.layers_held) == (2_000_000, 5_000_000, 2)
+    assert cold.total_seconds == pytest.approx(0.016 + 0.05 + 1.5)
+
+    missing = "127.0.0.1:5000/team/gone:1"
+    plan = plan_recipe(write_recipe(tmp_path / "b", text.replace(base, missing)), registry="127.0.0.1:5000",
+                       offline=True)
+    with pytest.raises(ManifestNotFound) as info:
+        pipeline_build.node_images(plan.recipe)
+    assert info.value.message == f"budget.cold_start.node: {missing}: no manifest {missing}"
+    assert info.value.hint and "registry reference" in info.value.hint

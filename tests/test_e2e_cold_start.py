@@ -54,3 +54,52 @@ def test_a_build_over_its_cold_start_budget_pushes_nothing(tmp_path, engine, log
     assert cold["download_seconds"] == round(cold["pull_bytes"] / 12.5e6, 2)
     assert cold["unpack_seconds"] == round(cold["unpack_bytes"] / 50e6, 2)
     assert cold["start_seconds"] >= 3.0
+
+
+@on_engine("docker26")
+def test_the_images_on_the_node_are_not_pulled_again(tmp_path, engine, logged_in, base_image, unique_name,
+                                                      cleanup_images, registry_refs):
+    """budget.cold_start.node: a node already running the image without the app's pin pulls only what
+    `imgbuild diff` says is new, and unpacks only the layers above the shared ones (same chain)."""
+    registry = logged_in.address
+    code, first, err = _build(tmp_path / "a", unique_name, base_image, "{max: 10min, bandwidth: 1Gbit}", registry)
+    assert code == 0, err
+    cleanup_images.extend(first["tags"])
+    registry_refs.extend(p["ref"] for p in first["pushes"])
+    held = first["pushes"][0]["ref"]
+    recipe = write_recipe(tmp_path / "b", tiny_recipe(f"{unique_name}-b", base_image, pip=("six==1.16.0",))
+                          + SLOW_START + f"budget: {{cold_start: {{max: 10min, bandwidth: 1Gbit, node: [{held}]}}}}\n")
+    code, out, err = run_cli("build", str(recipe), "--registry", registry, "--push", "--json", "--progress", "quiet",
+                             *CA_ARGS)
+    assert code == 0, err
+    second = json.loads(out)
+    cleanup_images.extend(second["tags"])
+    registry_refs.extend(p["ref"] for p in second["pushes"])
+    cold = second["cold_start"]
+    code, out, err = run_cli("diff", held, second["pushes"][0]["ref"], "--json", "--source", "registry")
+    assert code == 0, err
+    diff = json.loads(out)
+    new = [x for x in diff["layers"] if x["status"] == "new"]
+    assert new and cold["layers_held"] == diff["totals"]["layers"] - len(new) > 0, (cold, diff["totals"])
+    # before the push the engine gives the image's compressed size with its manifest and config (which a
+    # pull downloads too, new for a new image): the pull is the new layers and those, exactly
+    beside_layers = engine.image_sizes(second["tags"][0]).compressed - diff["totals"]["compressed_size"]
+    assert 0 < beside_layers < 64 * 1024, beside_layers
+    assert cold["pull_bytes"] == diff["totals"]["new_compressed_size"] + beside_layers < second["size_compressed"]
+    # unpacked there already: the shared layers below the first new one (one above it is unpacked again)
+    below = next(i for i, x in enumerate(diff["layers"]) if x["status"] == "new")
+    assert 0 < cold["layers_unpacked_held"] == below <= cold["layers_held"]
+    # unpacked bytes as the engine counts them (its history), as the build reads them
+    code, out, err = run_cli("diff", first["tags"][0], second["tags"][0], "--json", "--source", "engine")
+    assert code == 0, err
+    layers = json.loads(out)["layers"]
+    assert cold["unpack_bytes"] == sum(x["size"] for x in layers[below:]) < second["size_uncompressed"]
+
+    # an image the node holds that its registry does not have: the build stops before it starts
+    gone = f"{registry}/{unique_name}-gone:1"
+    recipe.write_text(recipe.read_text().replace(held, gone))
+    code, out, err = run_cli("build", str(recipe), "--registry", registry, "--push", "--json", "--progress", "quiet",
+                             *CA_ARGS)
+    doc = json.loads(out)
+    assert code == 1 and doc["message"].startswith(f"budget.cold_start.node: {gone}: "), doc
+    assert "Traceback" not in err

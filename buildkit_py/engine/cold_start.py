@@ -3,8 +3,11 @@
     cold start = bytes to pull / bandwidth + bytes unpacked / unpack rate + the entrypoint's start
 
 The bytes to pull are the compressed sizes of the image's layers (its manifest's) less the layers the
-node already holds (given as layer digests: the images already on it); those same layers are unpacked
-at their uncompressed size. The unpack rate is a measurement (``MEASURED_UNPACK_RATE``, from
+node already holds (the images already on it: ``budget.cold_start.node``). The bytes unpacked are the
+uncompressed sizes of the layers whose *chain* the node lacks: containerd and the classic store keep
+an unpacked layer per chain (the layer and every layer under it, OCI's ChainID), so a layer the node
+holds under another parent (the shared CUDA layers above another OS) is not downloaded but is
+unpacked again. The unpack rate is a measurement (``MEASURED_UNPACK_RATE``, from
 bench/bench_cold_start.py on the build machine) that a recipe may replace with its nodes' own
 (``budget.cold_start.unpack_rate``). The entrypoint's start is what the image's first test took in its
 test container (a container's start plus, say, ``import torch``), measured by the build's tests.
@@ -15,6 +18,8 @@ budget where it checks budget.max_size, before the push, and the engine layer ma
 
 from __future__ import annotations
 
+import hashlib
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -31,7 +36,8 @@ MEASURED_UNPACK_RATE = 12e6
 
 @dataclass(frozen=True)
 class Layer:
-    """One layer as a pull sees it: its blob digest and both sizes."""
+    """One layer as a pull sees it: what names its content (the blob digest, or the diff id where the
+    blob's is not known yet) and both sizes."""
 
     digest: str
     compressed: int  # bytes downloaded (the manifest's size)
@@ -45,7 +51,8 @@ class ColdStartInputs:
     unpack_rate: float = MEASURED_UNPACK_RATE  # bytes/s
     start_seconds: float | None = None  # the entrypoint's own start; None: not measured
     start_source: str = ""  # what was timed, e.g. 'test "python -c import torch"'
-    held: frozenset[str] = frozenset()  # layer digests already on the node
+    held: frozenset[str] = frozenset()  # layer digests already on the node (not downloaded)
+    held_chains: frozenset[str] = frozenset()  # chain ids already unpacked on the node (node_holds)
 
 
 @dataclass(frozen=True)
@@ -53,7 +60,7 @@ class ColdStartPrediction:
     pull_bytes: int
     unpack_bytes: int
     layers_pulled: int
-    layers_held: int
+    layers_held: int  # distinct layers not downloaded
     download_seconds: float
     unpack_seconds: float
     start_seconds: float | None
@@ -61,6 +68,7 @@ class ColdStartPrediction:
     unpack_rate: float
     start_source: str = ""
     pull_exact: bool = True  # False: the compressed size was unknown, the uncompressed stood in (upper bound)
+    layers_unpacked_held: int = 0  # layers not unpacked: their chain is on the node
 
     @property
     def total_seconds(self) -> float:
@@ -70,7 +78,8 @@ class ColdStartPrediction:
         """One line: the total, then each part."""
         start = (f"{self.start_seconds:.1f}s start ({self.start_source})" if self.start_seconds is not None
                  else "start not measured (no test ran)")
-        held = f", {self.layers_held} layers already on the node" if self.layers_held else ""
+        held = (f", {self.layers_held} layers already on the node ({self.layers_unpacked_held} of them unpacked "
+                "there under the same layers)" if self.layers_held else "")
         bound = "" if self.pull_exact else " (at most: uncompressed size, the engine knows no compressed one)"
         return (f"{self.total_seconds:.1f}s on a fresh node at {bandwidth_text(self.bandwidth)}: "
                 f"pull {human_size(self.pull_bytes)}{bound} {self.download_seconds:.1f}s + unpack "
@@ -83,7 +92,7 @@ class ColdStartPrediction:
                 "unpack_seconds": round(self.unpack_seconds, 2),
                 "start_seconds": None if self.start_seconds is None else round(self.start_seconds, 2),
                 "start_source": self.start_source, "bandwidth": self.bandwidth, "unpack_rate": self.unpack_rate,
-                "pull_exact": self.pull_exact}
+                "pull_exact": self.pull_exact, "layers_unpacked_held": self.layers_unpacked_held}
 
 
 def bandwidth_text(rate: float) -> str:
@@ -91,18 +100,37 @@ def bandwidth_text(rate: float) -> str:
     return f"{rate * 8 / 1e6:.0f} Mbit/s"
 
 
+def chain_ids(digests: Sequence[str]) -> tuple[str, ...]:
+    """The chain id of each layer of an image, bottom first (the OCI image spec's ChainID: the first
+    layer's is its own; each next one is sha256 of "<chain below> <layer>"): what an engine keys an
+    unpacked layer by."""
+    out: list[str] = []
+    for digest in digests:
+        out.append(digest if not out else "sha256:" + hashlib.sha256(f"{out[-1]} {digest}".encode()).hexdigest())
+    return tuple(out)
+
+
+def node_holds(images: Sequence[Sequence[str]]) -> tuple[frozenset[str], frozenset[str]]:
+    """What a node holding ``images`` (each its layers' digests, bottom first) has: the layer digests
+    (for ``ColdStartInputs.held``) and the chains unpacked (``held_chains``)."""
+    return (frozenset(d for image in images for d in image),
+            frozenset(c for image in images for c in chain_ids(image)))
+
+
 def predict(inputs: ColdStartInputs) -> ColdStartPrediction:
-    """The prediction for ``inputs``: each distinct layer the node does not hold is downloaded and
-    unpacked once (an image that repeats a blob pulls it once)."""
+    """The prediction for ``inputs``: each distinct layer the node does not hold is downloaded once (an
+    image that repeats a blob pulls it once); each layer whose chain the node lacks is unpacked."""
     wanted = {layer.digest: layer for layer in inputs.layers}
     pulled = [layer for digest, layer in wanted.items() if digest not in inputs.held]
+    chains = chain_ids([layer.digest for layer in inputs.layers])
+    unpacked = [layer for layer, chain in zip(inputs.layers, chains, strict=True) if chain not in inputs.held_chains]
     pull = sum(layer.compressed for layer in pulled)
-    unpack = sum(layer.uncompressed for layer in pulled)
+    unpack = sum(layer.uncompressed for layer in unpacked)
     return ColdStartPrediction(
         pull_bytes=pull, unpack_bytes=unpack, layers_pulled=len(pulled), layers_held=len(wanted) - len(pulled),
         download_seconds=pull / inputs.bandwidth, unpack_seconds=unpack / inputs.unpack_rate,
         start_seconds=inputs.start_seconds, bandwidth=inputs.bandwidth, unpack_rate=inputs.unpack_rate,
-        start_source=inputs.start_source)
+        start_source=inputs.start_source, layers_unpacked_held=len(inputs.layers) - len(unpacked))
 
 
 class ColdStartOverBudget(BudgetExceeded):
@@ -129,18 +157,53 @@ class StartTime:
 DEFAULT_BANDWIDTH = 125e6  # 1 Gbit/s: what the build report assumes where the recipe sets no budget
 
 
+@dataclass(frozen=True)
+class NodeLayer:
+    """A layer of an image already on the node: its diff id and the compressed size its registry gives."""
+
+    diff_id: str
+    compressed: int
+
+
 def build_prediction(budget: ColdStartBudget | None, compressed: int | None, uncompressed: int,
-                     started: StartTime | None) -> ColdStartPrediction:
-    """The prediction for a freshly built image on a node that holds none of it (its layers are new
-    to every node until pushed), at the budget's bandwidth and unpack rate (no budget: 1 Gbit/s and
-    the measured rate). Where the engine does not know the compressed size before a push (Docker
-    20.10's classic store) the uncompressed size stands in for it: an upper bound, marked so."""
-    whole = Layer("image", compressed if compressed is not None else uncompressed, uncompressed)
+                     started: StartTime | None, *, layers: Sequence[tuple[str, int]] = (),
+                     node: Sequence[Sequence[NodeLayer]] = ()) -> ColdStartPrediction:
+    """The prediction for a freshly built image at the budget's bandwidth and unpack rate (no budget:
+    1 Gbit/s and the measured rate), on a node that holds ``node`` (the images of
+    ``budget.cold_start.node``), or none of it. ``layers``: the built image's (diff id, unpacked bytes),
+    bottom first, as its engine gives them; layers are matched by diff id (the engine knows no blob
+    digest before a push). A held layer weighs what its node's manifest says; the rest of the image's
+    compressed size is the pull, exactly (how it splits between the new layers changes no sum). Where the
+    engine does not know the compressed size before a push (Docker 20.10's classic store) the
+    uncompressed size stands in for it: an upper bound, marked so."""
     rate = budget.bandwidth if budget else DEFAULT_BANDWIDTH
     unpack = budget.unpack_rate if budget and budget.unpack_rate else MEASURED_UNPACK_RATE
-    found = predict(ColdStartInputs((whole,), rate, unpack, started.seconds if started else None,
-                                    started.source if started else ""))
+    total = compressed if compressed is not None else uncompressed
+    on_node: Mapping[str, int] = {x.diff_id: x.compressed for image in node for x in image}
+    if node and layers:
+        distinct = dict(layers)  # a layer repeated in the image is pulled once
+        new = [d for d in distinct if d not in on_node]
+        # another compression of the same layers may weigh more than this image's: never below nothing
+        rest = max(total - sum(on_node[d] for d in distinct if d not in new), 0)
+        weight = dict(zip(new, split(rest, [distinct[d] for d in new]), strict=True))
+        parts = tuple(Layer(d, weight[d] if d in weight else on_node[d], size) for d, size in layers)
+        held, chains = node_holds([[x.diff_id for x in image] for image in node])
+    else:
+        parts, held, chains = (Layer("image", total, uncompressed),), frozenset(), frozenset()
+    found = predict(ColdStartInputs(parts, rate, unpack, started.seconds if started else None,
+                                    started.source if started else "", held, chains))
     return found if compressed is not None else replace(found, pull_exact=False)
+
+
+def split(total: int, sizes: Sequence[int]) -> list[int]:
+    """``total`` in whole parts in proportion to ``sizes`` (equal parts where they are all 0); the
+    parts sum to ``total`` exactly, the last taking what rounding left."""
+    if not sizes:
+        return []
+    weights = list(sizes) if any(sizes) else [1] * len(sizes)
+    whole = sum(weights)
+    parts = [total * w // whole for w in weights[:-1]]
+    return [*parts, total - sum(parts)]
 
 
 def over_budget(budget: ColdStartBudget | None, prediction: ColdStartPrediction | None) -> bool:

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from buildkit_py import oci
+from buildkit_py.analysis.diff import SOURCE_REGISTRY, read_engine, read_image
 from buildkit_py.analysis.image_checks import PASSED, TestReport, failure_of, run_image_tests
 from buildkit_py.engine import (
     ENGINE_STORE,
@@ -49,7 +50,7 @@ from buildkit_py.engine.build import (
     registry_compressed_size,
     release_hold,
 )
-from buildkit_py.engine.cold_start import ColdStartPrediction, StartTime
+from buildkit_py.engine.cold_start import ColdStartPrediction, NodeLayer, StartTime
 from buildkit_py.engine.push import PushResult, TransferSink, check_can_push
 from buildkit_py.errors import BudgetExceeded, ImgbuildError, SbomError, SignatureError
 from buildkit_py.files import write_atomic
@@ -227,6 +228,7 @@ def build_preflighted(plan: BuildPlan, engine: Engine, options: BuildOptions, on
     # uv reads no pip.conf: its steps get the translation (UV_* variables) as a secret of their own.
     uv_env = uv_env_for(plan, options.pip_config, ca_cert=options.ca_cert is not None)
     tags = _tags(plan, options)
+    node = node_images(plan.recipe)  # before the build: a node image that cannot be read fails fast
     # A budget and the tests are checked on the image in the engine before anything is pushed.
     checked_first = plan.recipe.max_size is not None or plan.recipe.cold_start is not None or options.test
     keep_local = options.load or checked_first or not options.push or ENGINE_STORE in engine.capabilities
@@ -245,7 +247,7 @@ def build_preflighted(plan: BuildPlan, engine: Engine, options: BuildOptions, on
             measured = _measure(engine, plan, result.image_id, keep_local=keep_local)
             _check_budget(engine, plan, result.image_id, tags, measured, options.rejected)
             tests = _test(engine, plan, result.image_id, tags, options, on_event)
-            cold = _check_cold_start(engine, plan, result.image_id, tags, measured, tests, options.rejected)
+            cold = _check_cold_start(engine, plan, result.image_id, tags, measured, tests, options.rejected, node)
             pushes = _push(engine, result.image_id, result, options, checked_first=checked_first,
                            progress=(on_progress, on_transfer))
         finally:
@@ -343,18 +345,46 @@ def _test(engine: Engine, plan: BuildPlan, image_id: str, tags: tuple[str, ...],
 
 
 def _check_cold_start(engine: Engine, plan: BuildPlan, image_id: str, tags: tuple[str, ...], measured: Measured,
-                      tests: tuple[TestReport, ...], rejected_as: str | None) -> ColdStartPrediction | None:
-    """A fresh node's start, predicted (engine/cold_start.py) from the image's sizes and the time its
-    first test took; over budget.cold_start the image is kept as REPO:rejected and BudgetExceeded raised."""
+                      tests: tuple[TestReport, ...], rejected_as: str | None,
+                      node: tuple[tuple[NodeLayer, ...], ...] = ()) -> ColdStartPrediction | None:
+    """A fresh node's start, predicted (engine/cold_start.py) from the image's sizes, the layers the node
+    already holds (``node``: budget.cold_start.node) and the time its first test took; over
+    budget.cold_start the image is kept as REPO:rejected and BudgetExceeded raised."""
     sizes, _, _ = measured
     if not sizes:
         return None
     started = next((s for s in map(entrypoint_start, tests) if s is not None), None)
     budget = plan.recipe.cold_start
-    cold = cold_start.build_prediction(budget, sizes.compressed, sizes.uncompressed, started)
+    layers = built_layers(engine, image_id) if node else ()
+    cold = cold_start.build_prediction(budget, sizes.compressed, sizes.uncompressed, started, layers=layers,
+                                       node=node)
     if budget and cold and cold_start.over_budget(budget, cold):
         cold_start.check_budget(cold, budget, image_id, keep_as_rejected(engine, image_id, tags, rejected_as))
     return cold
+
+
+def node_images(recipe: Recipe) -> tuple[tuple[NodeLayer, ...], ...]:
+    """The layers of each image of ``budget.cold_start.node``, read from its registry as `imgbuild diff
+    --node` reads them (manifest and config: diff ids and compressed sizes, no blob read)."""
+    out = []
+    for ref in recipe.cold_start.node if recipe.cold_start else ():
+        try:
+            image = read_image(ref, source=SOURCE_REGISTRY, uncompressed=False)
+        except ImgbuildError as exc:  # the same error, its exit status kept, saying which key named the image
+            exc.message = f"budget.cold_start.node: {ref}: {exc.message}"
+            exc.hint = exc.hint or "name an image the node holds by its registry reference, and push it first"
+            raise
+        out.append(tuple(NodeLayer(x.diff_id, x.compressed_size or 0) for x in image.layers))
+    return tuple(out)
+
+
+def built_layers(engine: Engine, image_id: str) -> tuple[tuple[str, int], ...]:
+    """The built image's (diff id, unpacked bytes) per layer, bottom first, from its engine; empty where
+    the engine's history does not give each layer's size (the prediction then holds nothing on the node)."""
+    layers = read_engine(image_id, engine).layers
+    if any(x.size is None for x in layers):
+        return ()
+    return tuple((x.diff_id, x.size or 0) for x in layers)
 
 
 def entrypoint_start(report: TestReport) -> StartTime | None:

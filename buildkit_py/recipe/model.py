@@ -24,6 +24,7 @@ from packaging.requirements import InvalidRequirement, Requirement
 
 from buildkit_py import label_keys
 from buildkit_py.errors import RecipeError, RecipeIssue, UsageError
+from buildkit_py.reference import parse_reference
 from buildkit_py.schemas import (
     line_of,
     load_schema,
@@ -179,11 +180,14 @@ class ServiceSpec:
 class ColdStartBudget:
     """``budget.cold_start``: the longest a fresh node may take to start the image (pull, unpack,
     the entrypoint's own start) over a link of ``bandwidth``; ``unpack_rate`` (bytes/s) replaces the
-    rate measured on imgbuild's build machine (engine/cold_start.py) where the node's disks differ."""
+    rate measured on imgbuild's build machine (engine/cold_start.py) where the node's disks differ;
+    ``node``: images the node already holds (registry references), whose layers it neither pulls nor,
+    under the same layers, unpacks again."""
 
     max_seconds: float
     bandwidth: float  # bytes/s
     unpack_rate: float | None = None  # bytes/s
+    node: tuple[str, ...] = ()  # image references already on the node
 
 
 @dataclass(frozen=True)
@@ -257,7 +261,9 @@ class Recipe:
             "runtime_compile": self.runtime_compile,
             "max_size": self.max_size,
             # left out when unset, so recipes without it keep their digest
-            **({"cold_start": spec(self.cold_start)} if self.cold_start else {}),
+            # and without node images, so budgets written before the key keep theirs
+            **({"cold_start": {k: list(v) if k == "node" else v for k, v in spec(self.cold_start).items()
+                               if not (k == "node" and not v)}} if self.cold_start else {}),
             "weights": [spec(w) for w in self.weights],
             "services": [{**spec(x), "ports": list(x.ports), "environment": dict(x.environment),
                           "volumes": list(x.volumes), "command": list(x.command)} for x in self.services],
@@ -577,10 +583,16 @@ def _cold_start(item: dict[str, Any] | None, report: _Issues) -> ColdStartBudget
             rates[name] = parse_bandwidth(item[name])
             if not rates[name]:
                 report.fail(f"{key}.{name}", f"{item[name]!r} is not a rate like 1Gbit, 100Mbit/s or 200MB/s")
+    node = tuple(item.get("node") or ())
+    for i, ref in enumerate(node):
+        try:
+            parse_reference(ref)
+        except UsageError as exc:
+            report.fail(f"{key}.node[{i}]", f"{exc.message}; name an image the node holds, as host/repo:tag")
     bandwidth = rates["bandwidth"]
     if seconds is None or seconds <= 0 or bandwidth is None or not all(rates.values()):
         return None
-    return ColdStartBudget(seconds, bandwidth, rates.get("unpack_rate"))
+    return ColdStartBudget(seconds, bandwidth, rates.get("unpack_rate"), node)
 
 
 def _texts(items: list[Any]) -> tuple[str, ...]:
