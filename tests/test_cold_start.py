@@ -305,7 +305,7 @@ def test_a_build_reads_the_node_images_and_predicts_on_them(tmp_path, monkeypatc
     monkeypatch.setattr(pipeline_build, "read_engine", lambda ref, engine: image(
         ref, (A.digest, None, 80_000_000), (B.digest, None, 1_200_000_000), (C.digest, None, 5_000_000)))
     text = HEAD + f"budget: {{cold_start: {{max: 10s, bandwidth: 1Gbit, unpack_rate: 100MB/s, node: [{base}]}}}}\n"
-    plan = plan_recipe(write_recipe(tmp_path, text), registry="127.0.0.1:5000", offline=True)
+    plan = plan_recipe(write_recipe(tmp_path, text), registry="127.0.0.1:5000", lookup=OFFLINE)
     held = pipeline_build.node_images(plan.recipe)
     assert held == ((NodeLayer(A.digest, 30_000_000), NodeLayer(B.digest, 500_000_000)),)
     run = SimpleNamespace(results=[SimpleNamespace(kind="command", status="passed", seconds=1.5, name="smoke")])
@@ -318,7 +318,7 @@ def test_a_build_reads_the_node_images_and_predicts_on_them(tmp_path, monkeypatc
 
     missing = "127.0.0.1:5000/team/gone:1"
     plan = plan_recipe(write_recipe(tmp_path / "b", text.replace(base, missing)), registry="127.0.0.1:5000",
-                       offline=True)
+                       lookup=OFFLINE)
     with pytest.raises(ManifestNotFound) as info:
         pipeline_build.node_images(plan.recipe)
     assert info.value.message == f"budget.cold_start.node: {missing}: no manifest {missing}"
