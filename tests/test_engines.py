@@ -238,7 +238,7 @@ def test_an_engine_is_one_module_in_kinds(toy_engine_module, tmp_path):
     from buildkit_py.engine import kind_names
     from buildkit_py.engine.registry import kinds_help
 
-    assert kind_names() == ["auto", "buildx", "docker", "podman", "toy", "classic", "toy-alias"]
+    assert kind_names() == ["auto", "buildah", "buildx", "docker", "podman", "toy", "classic", "toy-alias"]
     assert "toy (a stand-in)" in kinds_help() and "toy-alias is toy" in kinds_help()
     assert type(engine_pkg.select_engine("toy")).__name__ == "ToyEngine"
     assert type(engine_pkg.select_engine("toy-alias")).__name__ == "ToyEngine"
@@ -253,7 +253,7 @@ def test_unknown_engine_names_every_kind(monkeypatch):
     with pytest.raises(EnvironmentProblem) as info:
         engine_pkg.select_engine()
     assert info.value.message == "unknown engine 'nosuch'"
-    assert info.value.hint == "use auto, buildx, docker, podman or classic"
+    assert info.value.hint == "use auto, buildah, buildx, docker, podman or classic"
 
 
 def test_auto_says_why_no_kind_would_do(tmp_path, clients):

@@ -228,6 +228,9 @@ class PodmanEngine:
     def __init__(self, binary: str = "podman", version: tuple[int, ...] | None = None):
         self.binary = binary
         self.version = version
+        # What builds and pushes: podman itself; buildah.py's engine puts buildah here and keeps
+        # podman for the store and for running (both read the one containers storage).
+        self.tool = binary
 
     @staticmethod
     def _binary() -> str | None:
@@ -238,11 +241,16 @@ class PodmanEngine:
 
     @classmethod
     def find(cls, choice: EngineChoice) -> Engine:
+        return cls(*cls.podman())
+
+    @classmethod
+    def podman(cls) -> tuple[str, tuple[int, ...]]:
+        """podman's binary and version, or EnvironmentProblem saying why it will not do."""
         binary = cls._binary()
         if binary is None:
             where = f"IMGBUILD_PODMAN={os.environ['IMGBUILD_PODMAN']}: no such executable" \
                 if os.environ.get("IMGBUILD_PODMAN") else "no podman on PATH"
-            raise EnvironmentProblem(f"--engine podman: {where}",
+            raise EnvironmentProblem(f"--engine {cls.kind}: {where}",
                                      hint="install podman (on Debian 12: apt-get install podman, or "
                                           "scripts/services.sh up) or point IMGBUILD_PODMAN at it")
         try:
@@ -256,7 +264,7 @@ class PodmanEngine:
             raise EnvironmentProblem(f"{binary}: podman {found}; imgbuild needs podman 4 or newer "
                                      "(RUN --mount=type=cache and type=secret)",
                                      hint="install podman >= 4 (tested with 4.3.1, Debian 12's)")
-        return cls(binary, version)
+        return binary, version
 
     @classmethod
     def for_reading(cls, choice: EngineChoice) -> Engine:
@@ -298,7 +306,7 @@ class PodmanEngine:
     def command(self, request: BuildRequest, iidfile: Path) -> list[str]:
         """`podman build`: layers kept (the cache, as BuildKit's), docker's image format (the
         manifest docker engines push by default; OCI would drop HEALTHCHECK and SHELL)."""
-        cmd = [self.binary, "build", "--layers", "--format", "docker", "--iidfile", str(iidfile),
+        cmd = [self.tool, "build", "--layers", "--format", "docker", "--iidfile", str(iidfile),
                "--file", str(request.dockerfile)]
         cmd += run_step_flags(request) + label_flags(request)
         for tag in request.tags:
@@ -320,7 +328,7 @@ class PodmanEngine:
             iidfile = Path(tmp) / "iid"
             cmd = self.command(request, iidfile)
             code = follow(cmd, env=self.environment(), on_line=lambda raw: passed(lines.feed(raw)),
-                          what=f"podman build of {', '.join(request.tags) or 'the image'}")
+                          what=f"{self.name} build of {', '.join(request.tags) or 'the image'}")
             passed(lines.finish())
             if code != 0:
                 raise build_failure(log, cmd, code, ca_cert=CA_SECRET_ID in request.secrets)
@@ -346,7 +354,7 @@ class PodmanEngine:
         host = registry_host(ref)
         with tempfile.TemporaryDirectory(prefix="imgbuild-push-") as tmp:
             digestfile = Path(tmp) / "digest"
-            cmd = [self.binary, "push", "--digestfile", str(digestfile)]
+            cmd = [self.tool, "push", "--digestfile", str(digestfile)]
             if oci.is_loopback(host):
                 cmd.append("--tls-verify=false")  # plain http, as dockerd treats 127.0.0.0/8
             authfile = self._authfile(host, Path(tmp))
@@ -363,7 +371,7 @@ class PodmanEngine:
                     if on_progress is not None and text.strip():
                         on_progress(text.strip())  # "Copying blob sha256:...": podman counts no bytes off a terminal
 
-                code = follow(cmd, env=self.environment(), what=f"podman push of {ref}", on_line=line)
+                code = follow(cmd, env=self.environment(), what=f"{self.name} push of {ref}", on_line=line)
                 if code != 0:
                     return None, None, _last_error("\n".join(output))
                 digest = digestfile.read_text().strip() if digestfile.exists() else ""
