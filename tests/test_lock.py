@@ -8,6 +8,7 @@ import random
 import re
 import subprocess
 
+import fakes
 import pytest
 import yaml
 from helpers import REPO, run_cli, write_recipe
@@ -50,14 +51,9 @@ def local_pinner(ref):
     return LockedBase(ref, None, "sha256:" + "cd" * 32, "exists only in the local engine")
 
 
-class FakeEngine:
-    """The engine the CLI passes down: what `image inspect` says of a base."""
-
-    def __init__(self, image_id):
-        self.image_id = image_id
-
-    def image_attrs(self, ref):
-        return {"Id": self.image_id}
+def FakeEngine(image_id):  # noqa: N802 - reads as the engine it makes
+    """The engine the CLI passes down, holding every base as the image ``image_id``."""
+    return fakes.FakeEngine(any_image=fakes.image_info(image_id))
 
 
 @pytest.fixture
@@ -588,11 +584,9 @@ def test_a_base_the_registry_does_not_confirm_is_pinned_by_image_id_not_by_the_e
 
     monkeypatch.setattr(locks.oci, "fetch_manifest", unreachable)
 
-    class ContainerdStore:
-        def image_attrs(self, _ref):
-            return {"Id": "sha256:" + "ab" * 32, "RepoDigests": ["127.0.0.1:9/imgbuild-test/base@sha256:" + "53" * 32]}
-
-    pinned = locks.pin_base(ref, engine=ContainerdStore())
+    store = fakes.FakeEngine(any_image=fakes.image_info(
+        "sha256:" + "ab" * 32, repo_digests=["127.0.0.1:9/imgbuild-test/base@sha256:" + "53" * 32]))
+    pinned = locks.pin_base(ref, engine=store)
     assert pinned.digest is None and pinned.image_id == "sha256:" + "ab" * 32
     assert "did not confirm a digest" in pinned.note and "push it to a registry" in pinned.note
     assert locks.pin_base(ref, engine=None).note == "neither its registry nor the local engine knows it: not pinned"

@@ -218,7 +218,7 @@ def run_container(engine: Engine, spec: RunSpec, *, what: str, timeout: float | 
     def remove() -> None:
         # bounded: an engine that no longer answers must not hold an interrupt (the client is stopped next)
         with contextlib.suppress(subprocess.TimeoutExpired, OSError):
-            subprocess.run([*engine.client_argv(), "rm", "-f", name], capture_output=True,  # noqa: PLW1510
+            subprocess.run(engine.remove_container_argv(name), capture_output=True,  # noqa: PLW1510
                            env=engine.environment(), stdin=subprocess.DEVNULL, timeout=30)
 
     def watch() -> None:

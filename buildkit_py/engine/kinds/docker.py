@@ -33,6 +33,8 @@ from buildkit_py.engine.base import (
     BuildRequest,
     BuildResult,
     Engine,
+    HistoryEntry,
+    ImageInfo,
     ImageSizes,
     LineSink,
     ProgressSink,
@@ -41,6 +43,7 @@ from buildkit_py.engine.base import (
 )
 from buildkit_py.engine.buildlog import BuildLog, build_failure, build_result
 from buildkit_py.engine.children import follow
+from buildkit_py.engine.kinds.docker_format import history_entries, image_info
 from buildkit_py.engine.push import PushResult, TransferSink, push_image
 from buildkit_py.engine.registry import EngineChoice, register
 from buildkit_py.engine.run import RunSpec, nvidia_cdi_specs, run_args
@@ -185,8 +188,13 @@ class DockerEngine:
         status = dict(tuple(x) for x in (self.info().get("DriverStatus") or []) if len(x) == 2)
         return status.get("driver-type") == "io.containerd.snapshotter.v1"
 
+    def image(self, ref: str) -> ImageInfo | None:
+        attrs = self.image_attrs(ref)
+        return None if attrs is None else image_info(attrs)
+
     def image_attrs(self, ref: str) -> dict | None:
-        """`docker image inspect` of ``ref``, None when the engine does not have it."""
+        """`docker image inspect` of ``ref``, None when the engine does not have it (the raw
+        JSON: ``image`` parses it; the end-to-end tests read it as docker does)."""
         errors = docker_sdk().errors
         try:
             return self.sdk().api.inspect_image(ref)
@@ -195,20 +203,20 @@ class DockerEngine:
         except errors.DockerException as exc:
             raise _sdk_error(exc, self.host) from None
 
-    def history(self, ref: str) -> list[dict]:
+    def history(self, ref: str) -> list[HistoryEntry]:
         """`docker history`, oldest first."""
         errors = docker_sdk().errors
         try:
-            return list(reversed(self.sdk().api.history(ref)))
+            return history_entries(reversed(self.sdk().api.history(ref)))
         except errors.DockerException as exc:
             raise InspectError(f"could not read the history of {ref} from the engine: {exc}") from None
 
     def image_sizes(self, ref: str) -> ImageSizes:
-        attrs = self.image_attrs(ref) or {}
-        size = int(attrs.get("Size") or 0)
+        info = self.image(ref)
+        size = info.size if info is not None else 0
         if self.containerd_store():
             # Size is the compressed content; the snapshots' sizes are in the history.
-            return ImageSizes(sum(int(h.get("Size") or 0) for h in self.history(ref)), size)
+            return ImageSizes(sum(h.size for h in self.history(ref)), size)
         return ImageSizes(size, None)
 
     def save(self, ref: str, chunk_size: int = 1 << 20) -> Iterator[bytes]:
@@ -261,6 +269,9 @@ class DockerEngine:
 
     def run_argv(self, spec: RunSpec) -> tuple[str, ...]:
         return (*self.client_argv(), *run_args(spec, self.gpu_flags))
+
+    def remove_container_argv(self, name: str) -> tuple[str, ...]:
+        return (*self.client_argv(), "rm", "-f", name)
 
     def build(self, request: BuildRequest, on_line: LineSink) -> BuildResult:  # pragma: no cover - abstract
         raise NotImplementedError

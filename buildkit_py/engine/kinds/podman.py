@@ -57,6 +57,8 @@ from buildkit_py.engine.base import (
     BuildRequest,
     BuildResult,
     Engine,
+    HistoryEntry,
+    ImageInfo,
     ImageSizes,
     LineSink,
     ProgressSink,
@@ -65,6 +67,7 @@ from buildkit_py.engine.base import (
 )
 from buildkit_py.engine.buildlog import BuildLog, build_failure, build_result
 from buildkit_py.engine.children import follow
+from buildkit_py.engine.kinds.docker_format import history_entries, image_info
 from buildkit_py.engine.push import PushResult, TransferSink, push_with_retries, registry_host, split_tag
 from buildkit_py.engine.registry import EngineChoice, register
 from buildkit_py.engine.run import RunSpec, nvidia_cdi_specs, run_args
@@ -390,7 +393,13 @@ class PodmanEngine:
         return len(raw)
 
     # -- the image store
+    def image(self, ref: str) -> ImageInfo | None:
+        attrs = self.image_attrs(ref)
+        return None if attrs is None else image_info(attrs)
+
     def image_attrs(self, ref: str) -> dict[str, Any] | None:
+        """`podman image inspect` of ``ref`` in docker's terms (``docker_image_attrs``), None when
+        podman does not have it (``image`` parses it; the end-to-end tests read it as docker's)."""
         proc = self._run("image", "inspect", ref)
         if proc.returncode != 0:
             if any(m in proc.stderr.lower() for m in _NOT_FOUND):
@@ -400,15 +409,15 @@ class PodmanEngine:
         found = json.loads(proc.stdout or "[]")
         return docker_image_attrs(found[0]) if found else None
 
-    def history(self, ref: str) -> list[dict[str, Any]]:
+    def history(self, ref: str) -> list[HistoryEntry]:
         proc = self._run("history", "--no-trunc", "--format", "json", ref)
         if proc.returncode != 0:
             raise InspectError(f"could not read the history of {ref} from podman: {_last_error(proc.stderr)}")
-        return list(reversed(docker_history(json.loads(proc.stdout or "[]"))))
+        return history_entries(reversed(docker_history(json.loads(proc.stdout or "[]"))))
 
     def image_sizes(self, ref: str) -> ImageSizes:
         # The layers' own sizes, as the docker engines count them (`Size` adds a little metadata).
-        return ImageSizes(sum(int(h.get("Size") or 0) for h in self.history(ref)), None)
+        return ImageSizes(sum(h.size for h in self.history(ref)), None)
 
     def save(self, ref: str, chunk_size: int = 1 << 20) -> Iterator[bytes]:
         """`podman save --format docker-archive`: the classic `docker save` layout."""
@@ -466,3 +475,6 @@ class PodmanEngine:
 
     def run_argv(self, spec: RunSpec) -> tuple[str, ...]:
         return (*self.client_argv(), *run_args(spec, self.gpu_flags))
+
+    def remove_container_argv(self, name: str) -> tuple[str, ...]:
+        return (*self.client_argv(), "rm", "-f", name)
