@@ -201,6 +201,7 @@ class ToyEngine:
     named_builders = False
     title = "the toy engine"
     summary = "a stand-in"
+    who_can = {}
     name = "toy"
 
     @classmethod
@@ -281,3 +282,16 @@ def test_every_engine_kind_select_takes_the_command_line_takes(word):
 
     args = _build_parser(io.StringIO(), ["build"]).parse_args(["build", "r.yaml", "--engine", word])
     assert args.engine == word
+
+
+def test_refusal_hints_come_from_the_registered_kinds(monkeypatch):
+    """Which kind can honour a capability is each kind's own word (``who_can``), joined over the
+    registered kinds; a kind registered later adds its own."""
+    from buildkit_py.engine import registry
+
+    assert registry.who_can(engine_pkg.PLATFORM) == \
+        "buildx (docker buildx plugin), or Docker's classic builder with DOCKER_BUILDKIT=1"
+    assert registry.who_can(engine_pkg.SECRETS) is None  # every kind can: no kind names it
+    buildah = registry.engines()["buildah"]
+    monkeypatch.setattr(buildah, "who_can", {engine_pkg.SECRETS: "buildah, if it could not"})
+    assert registry.who_can(engine_pkg.SECRETS) == "buildah, if it could not"

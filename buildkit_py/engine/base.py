@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+from buildkit_py.engine.registry import who_can
 from buildkit_py.errors import EngineCapabilityError, UsageError
 
 if TYPE_CHECKING:
@@ -39,21 +40,6 @@ ENGINE_STORE = "engine-store"
 
 CA_SECRET_ID = "cacert"  # noqa: S105 - the BuildKit secret that carries --ca-cert's bundle
 
-# What can honour each capability, for the refusal's hint.
-_WHO_CAN = {
-    CACHE_EXPORT: "buildx with the containerd image store (Docker >= 24 with "
-                  '{"features": {"containerd-snapshotter": true}} in daemon.json, e.g. the Docker 26 engine '
-                  "scripts/services.sh starts on /run/docker26.sock) or a named builder (--builder)",
-    PUSH: "buildx (docker buildx plugin >= 0.10)",
-    METADATA_FILE: "buildx (docker buildx plugin)",
-    BUILDER_SELECT: "buildx (docker buildx plugin)",
-    COMPRESSION: "buildx with the containerd image store, or a named builder (--builder)",
-    OCI_MEDIATYPES: "buildx with the containerd image store, or a named builder (--builder)",
-    PROVENANCE: "buildx >= 0.10 with the containerd image store, or a named builder (--builder)",
-    PLATFORM: "buildx (docker buildx plugin), or Docker's classic builder with DOCKER_BUILDKIT=1",
-    MULTI_PLATFORM: "buildx with the containerd image store (the Docker 26 engine scripts/services.sh starts on "
-                    "/run/docker26.sock) or a named builder (--builder)",
-}
 
 LineSink = Callable[[str], None]
 ProgressSink = Callable[[str], None]
@@ -205,7 +191,8 @@ def required_capabilities(plan_needs: frozenset[str], request: BuildRequest) -> 
 def require(engine: Builder, needs: set[str]) -> None:
     missing = sorted(needs - engine.capabilities)
     if missing:
-        hint = "; ".join(f"{m}: {_WHO_CAN[m]}" for m in missing if m in _WHO_CAN) or \
+        offers = {m: text for m in missing if (text := who_can(m))}
+        hint = "; ".join(f"{m}: {text}" for m, text in offers.items()) or \
             "install the docker buildx plugin (docker-buildx-plugin)"
         hint += "".join(f"; {text}" for m, text in sorted(engine.hints.items()) if m in missing)
         raise EngineCapabilityError(

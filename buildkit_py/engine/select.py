@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import os
 
-from buildkit_py.engine.base import _WHO_CAN, BUILDER_SELECT, Engine
-from buildkit_py.engine.registry import AUTO, EngineChoice, EngineClass, auto_kinds, engines, kind_names
+from buildkit_py.engine.base import BUILDER_SELECT, Engine
+from buildkit_py.engine.registry import AUTO, EngineChoice, EngineClass, auto_kinds, engines, kind_names, who_can
 from buildkit_py.errors import EngineCapabilityError, EnvironmentProblem, ImgbuildError
 
 
@@ -26,7 +26,7 @@ def _candidates(kind: str, builder: str | None) -> list[type[EngineClass]]:
         able = [c for c in candidates if c.named_builders]
         if not able:
             raise EngineCapabilityError(f"--builder {builder} needs buildx, not {candidates[0].title}",
-                                         hint=f"builder: {_WHO_CAN[BUILDER_SELECT]}")
+                                         hint=f"builder: {who_can(BUILDER_SELECT)}")
         candidates = able
     return candidates
 

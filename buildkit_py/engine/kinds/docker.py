@@ -138,6 +138,7 @@ class DockerEngine:
     capabilities: frozenset[str] = frozenset()
     hints: Mapping[str, str] = {}
     gpu_flags: ClassVar[tuple[str, ...]] = ("--gpus", "all")
+    who_can: ClassVar[Mapping[str, str]] = {}
 
     def __init__(self, client: str, *, host: str | None = None, builder: str | None = None):
         self.client = client
@@ -287,6 +288,7 @@ class ClassicEngine(DockerEngine):
     auto_order: ClassVar[int | None] = 20  # after buildx
     named_builders: ClassVar[bool] = False
     title: ClassVar[str] = "the classic client"
+    who_can: ClassVar[Mapping[str, str]] = {PLATFORM: "Docker's classic builder with DOCKER_BUILDKIT=1"}
     summary: ClassVar[str] = ("DOCKER_BUILDKIT=1 docker build with a client older than 23.0, e.g. Debian's 20.10; "
                               "the client is $IMGBUILD_DOCKER, the engine $DOCKER_HOST")
     name = "docker"

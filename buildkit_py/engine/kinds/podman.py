@@ -227,6 +227,7 @@ class PodmanEngine:
         CACHE_EXPORT: "podman reuses the layers in its own storage; a registry cache needs --engine buildx",
         CACHE_FROM: "podman reuses the layers in its own storage; a registry cache needs --engine buildx"}
     gpu_flags: ClassVar[tuple[str, ...]] = ("--device", "nvidia.com/gpu=all")  # CDI
+    who_can: ClassVar[Mapping[str, str]] = {}  # nothing the docker kinds cannot do
 
     def __init__(self, binary: str = "podman", version: tuple[int, ...] | None = None):
         self.binary = binary
