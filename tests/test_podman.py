@@ -211,3 +211,16 @@ def test_inspect_names_the_steps_of_a_podman_build():
     assert [a.step for a in attribute_entries([{"created_by": e.created_by} for e in history])] == [
         None, "os", "python", "meta", "mount-stubs", "mount-stubs", "cuda", "ldconfig", "copy-0", "meta", "meta",
         "meta", "meta"]
+
+
+def test_bind_mounts_are_typed_and_come_after_the_weights(tmp_path):
+    from buildkit_py.engine.run import BindMount
+
+    spec = RunSpec("team/x:1", (WeightsMount("r/m:1", tmp_path / "m", "/models"),), network="none",
+                   mounts=(BindMount(tmp_path / "t.py", "/t.py"), BindMount(tmp_path / "w", "/w", read_only=False)),
+                   extra=("--env", "A=1"), command=("python", "/t.py"))
+    assert PodmanEngine("/usr/bin/podman").run_argv(spec) == (
+        "/usr/bin/podman", "run", "--rm", "--network", "none",
+        "--mount", f"type=bind,source={tmp_path / 'm'},target=/models,readonly",
+        "--mount", f"type=bind,source={tmp_path / 't.py'},target=/t.py,readonly",
+        "--mount", f"type=bind,source={tmp_path / 'w'},target=/w", "--env", "A=1", "team/x:1", "python", "/t.py")

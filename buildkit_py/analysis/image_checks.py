@@ -28,7 +28,7 @@ from buildkit_py.analysis.gpu_coverage import gpu_report, loaded_alternatives, r
 from buildkit_py.analysis.kernels import FileKernels
 from buildkit_py.analysis.saved_image import IterStream, scan_kernels
 from buildkit_py.compat.cudnn_source import is_cudnn_wheel
-from buildkit_py.engine.run import ContainerExit, RunSpec, run_container
+from buildkit_py.engine.run import BindMount, ContainerExit, RunSpec, run_container
 from buildkit_py.errors import ImageFactsUnreadable, ImageTestFailed, InspectError, UsageError
 from buildkit_py.plan import labels as L
 from buildkit_py.plan.steps import LOCAL_WHEELS_MOUNT
@@ -201,11 +201,8 @@ def run_in_image(engine: Engine, image: str, command: tuple[str, ...], *, entryp
     engine's GPU flags when ``gpu``, each (host file, path) of ``mounts`` bound read-only;
     ``platform``: that platform's image of a multi-platform one), removed after ``timeout``
     seconds; (how it ended, stdout and stderr together)."""
-    extra: tuple[str, ...] = ()
-    for host, target in mounts:
-        extra += ("--mount", f"type=bind,source={host},target={target},readonly")
-    spec = RunSpec(image, gpu=gpu, network="none", entrypoint=entrypoint, extra=extra, command=command,
-                   platform=platform)
+    spec = RunSpec(image, gpu=gpu, network="none", entrypoint=entrypoint, command=command, platform=platform,
+                   mounts=tuple(BindMount(host, target) for host, target in mounts))
     lines: list[str] = []
     ended = run_container(engine, spec, what=f"test container of {image}", timeout=timeout, on_line=lines.append)
     return ended, "\n".join(lines)
