@@ -17,7 +17,7 @@ import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from types import ModuleType
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from buildkit_py import oci
 from buildkit_py.engine.base import (
@@ -106,7 +106,8 @@ def docker_sdk() -> ModuleType:
     """The docker SDK, imported on first use: it loads requests and urllib3 (CLI start-up cost)."""
     import docker  # noqa: PLC0415 - deliberately lazy, see tests/test_startup.py
 
-    return docker
+    module: ModuleType = docker
+    return module
 
 
 def _sdk_error(exc: Exception, host: str | None) -> EnvironmentProblem:
@@ -115,7 +116,7 @@ def _sdk_error(exc: Exception, host: str | None) -> EnvironmentProblem:
                               hint="start it (scripts/services.sh up) or set DOCKER_HOST")
 
 
-def gpu_runtime(info: Mapping, cdi_dirs: tuple[Path, ...] | None = None) -> bool:
+def gpu_runtime(info: Mapping[str, Any], cdi_dirs: tuple[Path, ...] | None = None) -> bool:
     """Does a docker engine offer GPUs? The nvidia runtime registered with dockerd (``info``:
     its `docker info`), or CDI specs for NVIDIA devices (`--gpus` works with either)."""
     return "nvidia" in (info.get("Runtimes") or {}) or nvidia_cdi_specs(cdi_dirs)
@@ -145,7 +146,7 @@ class DockerEngine:
         self.host = host if host is not None else (os.environ.get("DOCKER_HOST") or None)
         self.builder = builder
         self._local = threading.local()
-        self._info: dict | None = None
+        self._info: dict[str, Any] | None = None
 
     # -- how to call it
     def describe(self) -> str:
@@ -161,7 +162,7 @@ class DockerEngine:
         """The client command line that reaches this engine (for `docker run` and friends)."""
         return [self.client, *(["--host", self.host] if self.host else [])]
 
-    def sdk(self):
+    def sdk(self) -> Any:  # docker.DockerClient (the SDK has no type information)
         """A docker SDK client for this engine, one per thread (requests sessions are not shared)."""
         client = getattr(self._local, "client", None)
         if client is None:
@@ -179,7 +180,7 @@ class DockerEngine:
         self.sdk()
 
     # -- what it knows
-    def info(self) -> dict:
+    def info(self) -> dict[str, Any]:
         if self._info is None:
             self._info = self.sdk().info()
         return self._info
@@ -193,16 +194,17 @@ class DockerEngine:
         attrs = self.image_attrs(ref)
         return None if attrs is None else image_info(attrs)
 
-    def image_attrs(self, ref: str) -> dict | None:
+    def image_attrs(self, ref: str) -> dict[str, Any] | None:
         """`docker image inspect` of ``ref``, None when the engine does not have it (the raw
         JSON: ``image`` parses it; the end-to-end tests read it as docker does)."""
         errors = docker_sdk().errors
         try:
-            return self.sdk().api.inspect_image(ref)
+            attrs: dict[str, Any] = self.sdk().api.inspect_image(ref)
         except errors.ImageNotFound:
             return None
         except errors.DockerException as exc:
             raise _sdk_error(exc, self.host) from None
+        return attrs
 
     def history(self, ref: str) -> list[HistoryEntry]:
         """`docker history`, oldest first."""
