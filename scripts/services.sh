@@ -6,7 +6,8 @@
 #
 # Beside it, a modern engine: Docker 26 + buildx + the containerd image store, from Debian 13's
 # packages unpacked under /opt/engine26 (never installed over the system's), on its own socket.
-# And podman (Debian 12's 4.3.1, daemonless: nothing to start), with the base image loaded.
+# And podman (Debian 12's 4.3.1, daemonless: nothing to start), with the base image loaded, and
+# buildah (Debian 12's 1.28.2), the fourth engine: it shares podman's storage, so nothing more to set up.
 #
 #   scripts/services.sh up      install what is missing, start both engines + registry, make base
 #   scripts/services.sh down    stop only what `up` started
@@ -20,8 +21,8 @@
 # pushed to the local registry as one index ($MULTIARCH_BASE), which multi-platform builds start FROM.
 #
 # IMGBUILD_ENGINE26=0 skips the modern engine (then only 20.10 is tested, and no multi-platform base);
-# IMGBUILD_PODMAN_ENGINE=0 skips podman (`env` lists it in IMGBUILD_TEST_ENGINES only when it runs a
-# container here).
+# IMGBUILD_PODMAN_ENGINE=0 skips podman and buildah (`env` lists them in IMGBUILD_TEST_ENGINES only
+# when podman runs a container here and buildah is installed).
 set -euo pipefail
 
 STATE_DIR=${IMGBUILD_STATE_DIR:-/var/lib/imgbuild-services}
@@ -84,7 +85,10 @@ install_missing() {
     # `test --lazy` traces the image tests with the host's strace
     command -v strace >/dev/null || pkgs+=(strace)
     python3 -c 'import venv, ensurepip' 2>/dev/null || pkgs+=(python3-venv python3-pip)
-    if [ "$PODMAN_ENGINE" = 1 ]; then command -v podman >/dev/null || pkgs+=(podman); fi
+    if [ "$PODMAN_ENGINE" = 1 ]; then
+        command -v podman >/dev/null || pkgs+=(podman)
+        command -v buildah >/dev/null || pkgs+=(buildah)
+    fi
     if [ ${#pkgs[@]} -gt 0 ]; then
         need_root
         log "installing: ${pkgs[*]}"
@@ -180,10 +184,13 @@ podman_runs() { podman run --rm --network none "$BASE_IMAGE" true >/dev/null 2>&
 podman_up() {
     [ "$PODMAN_ENGINE" = 1 ] && command -v podman >/dev/null && podman image exists "$BASE_IMAGE" && podman_runs
 }
+# buildah builds into podman's storage (the base image podman loaded is its base) and its image tests run there
+buildah_up() { podman_up && command -v buildah >/dev/null && buildah --version >/dev/null 2>&1; }
 
 setup_podman() {
     [ "$PODMAN_ENGINE" = 1 ] || { log "podman skipped (IMGBUILD_PODMAN_ENGINE=0)"; return; }
     command -v podman >/dev/null || { podman_missing "podman is not installed"; return; }
+    command -v buildah >/dev/null || podman_missing "buildah is not installed"
     if ! podman image exists "$BASE_IMAGE"; then
         # The classic `docker save` layout loads as it is (named localhost/debian:bookworm-slim,
         # which `FROM debian:bookworm-slim` finds).
@@ -218,7 +225,7 @@ podman_missing() {
         log "CI=true: $1 (set IMGBUILD_PODMAN_ENGINE=0 to leave podman out)"
         exit 1
     fi
-    log "$1, so podman is not tested"
+    log "$1, so it is not tested"
 }
 
 registry_up() {
@@ -412,6 +419,7 @@ print_env() {
     local engines=docker20
     if [ "$ENGINE26" = 1 ] && engine26_up; then engines+=,docker26; fi
     if podman_up; then engines+=,podman; fi  # only the engine-contract tests run on it (tests/conftest.py)
+    if buildah_up; then engines+=,buildah; fi  # the same
     echo "export IMGBUILD_TEST_ENGINES=$engines"
     echo "export IMGBUILD_TEST_DOCKER26_HOST=$E26_HOST"
     echo "export IMGBUILD_TEST_DOCKER26_CLIENT=$E26_DOCKER"

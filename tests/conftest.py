@@ -45,14 +45,15 @@ class Registry:
 # The engines the E2E tests run on (scripts/services.sh env lists the ones it started):
 # docker20 = Debian's 20.10 client and engine on the default socket (classic BuildKit, classic
 # image store); docker26 = Docker 26 + buildx + the containerd image store on its own socket;
-# podman = Debian's podman 4.3.1 (buildah builds), which runs only the engine-contract tests
+# podman = Debian's podman 4.3.1 (buildah builds), and buildah = Debian's buildah 1.28.2 (its own
+# build and push, podman's store and runs), which run only the engine-contract tests
 # (``on_every_engine``: build, push, run, inspect), not the whole suite.
 ENGINE_NAMES = [e.strip() for e in os.environ.get("IMGBUILD_TEST_ENGINES", "docker20").split(",") if e.strip()]
 if IN_CI and "docker26" not in ENGINE_NAMES and os.environ.get("IMGBUILD_ENGINE26", "1") != "0":
     ENGINE_NAMES.append("docker26")  # CI runs both engines: a missing one fails there, never skips
 # Engines that run only the tests marked on_every_engine; IMGBUILD_TEST_CONTRACT_ONLY= (empty) runs
 # the whole suite on every engine listed.
-CONTRACT_ONLY = {e for e in os.environ.get("IMGBUILD_TEST_CONTRACT_ONLY", "podman").split(",") if e}
+CONTRACT_ONLY = {e for e in os.environ.get("IMGBUILD_TEST_CONTRACT_ONLY", "podman,buildah").split(",") if e}
 SUITE_ENGINES = [e for e in ENGINE_NAMES if e not in CONTRACT_ONLY]
 
 # What each test engine's settings are: the variables that make imgbuild (and its client) use it.
@@ -67,9 +68,9 @@ def engine_settings(name: str) -> dict[str, str | None]:
         return {"IMGBUILD_ENGINE": None,
                 "IMGBUILD_DOCKER": os.environ.get("IMGBUILD_TEST_DOCKER26_CLIENT", "/opt/engine26/usr/bin/docker"),
                 "DOCKER_HOST": os.environ.get("IMGBUILD_TEST_DOCKER26_HOST", "unix:///run/docker26.sock")}
-    if name == "podman":
-        return {"IMGBUILD_ENGINE": "podman", "IMGBUILD_DOCKER": None, "DOCKER_HOST": None}
-    raise ValueError(f"IMGBUILD_TEST_ENGINES: unknown engine {name!r} (docker20, docker26, podman)")
+    if name in ("podman", "buildah"):
+        return {"IMGBUILD_ENGINE": name, "IMGBUILD_DOCKER": None, "DOCKER_HOST": None}
+    raise ValueError(f"IMGBUILD_TEST_ENGINES: unknown engine {name!r} (docker20, docker26, podman, buildah)")
 
 
 def engine_client(name: str) -> tuple[list[str], dict[str, str]]:
@@ -80,7 +81,7 @@ def engine_client(name: str) -> tuple[list[str], dict[str, str]]:
     env = {k: v for k, v in os.environ.items() if k != "DOCKER_HOST"}
     if settings["DOCKER_HOST"]:
         env["DOCKER_HOST"] = settings["DOCKER_HOST"]
-    if name == "podman":
+    if name in ("podman", "buildah"):  # buildah's images are in podman's storage: podman lists and removes them
         return [os.environ.get("IMGBUILD_PODMAN") or shutil.which("podman") or "podman"], env
     client = "/usr/bin/docker" if Path("/usr/bin/docker").exists() else str(settings["IMGBUILD_DOCKER"])
     return [client], env

@@ -5,10 +5,10 @@ tests/test_kernels_cuobjdump.py, and on a built image in tests/test_e2e_arch_lab
 
 from __future__ import annotations
 
-import contextlib
 import io
 import tarfile
 
+import fakes
 import pytest
 from fatbin_bytes import PTX, SASS, SPECIFIC, elf, entry, fatbin
 
@@ -105,10 +105,13 @@ def test_only_the_compiled_files_are_read_from_the_image_stream():
             info.size = len(data)
             t.addfile(info, io.BytesIO(data))
 
-    class Engine:
-        def filesystem(self, ref):
+    class Engine(fakes.FakeEngine):
+        def __init__(self):
+            super().__init__(files=tar.getvalue())
+
+        def filesystem(self, ref, chunk_size=1 << 20):
             assert ref == "sha256:img"
-            return contextlib.nullcontext(iter([tar.getvalue()]))
+            return super().filesystem(ref, chunk_size)
 
     facts = facts_with(compiled={"myext": (EXT,)})
     [r] = arch_label_checks(Engine(), "sha256:img", {"io.imgbuild.cuda.arch": "9.0"}, facts)

@@ -97,15 +97,11 @@ def test_plan_prints_codes_and_json_has_them(tmp_path):
 
 def test_build_json_reports_warning_codes(tmp_path, monkeypatch):
     """build (no engine here: the engine and build_image stand in) prints and reports the codes."""
+    from fakes import FakeEngine as Engine
+
     from buildkit_py import engine as engines
     from buildkit_py.engine import BuildResult
     from buildkit_py.pipeline import build as build_mod
-
-    class Engine:
-        name = kind = "fake"
-
-        def describe(self) -> str:
-            return "fake engine"
 
     def build_image(plan, engine, options, *, publishing=None, sinks=None):
         result = BuildResult(image_id="sha256:" + "ab" * 32, tags=plan.tags, log_tail="", cached_steps=0,

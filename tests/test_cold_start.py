@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 
+import fakes
 import pytest
 from helpers import run_cli, write_recipe
 
@@ -211,7 +212,6 @@ def test_a_build_over_its_cold_start_budget_keeps_nothing_and_pushes_nothing(tmp
     from buildkit_py import engine as engine_pkg
     from buildkit_py.analysis.image_checks import PASSED
     from buildkit_py.engine import build as build_mod
-    from buildkit_py.engine.base import BuildResult
     from buildkit_py.pipeline import build as pipeline_build
     from buildkit_py.pipeline import plan_recipe
 
@@ -225,34 +225,12 @@ def test_a_build_over_its_cold_start_budget_keeps_nothing_and_pushes_nothing(tmp
     text = HEAD + "budget: {cold_start: {max: 10s, bandwidth: 1Gbit, unpack_rate: 200MB/s}}\n"
     plan = plan_recipe(write_recipe(tmp_path, text), registry="127.0.0.1:5000", lookup=OFFLINE)
 
-    class StoreEngine:
-        name = "fake-buildx"
-        capabilities = frozenset({engine_pkg.PUSH, engine_pkg.ENGINE_STORE, engine_pkg.SECRETS,
-                                  engine_pkg.CACHE_MOUNTS, engine_pkg.MULTI_STAGE, engine_pkg.METADATA_FILE,
-                                  engine_pkg.PROVENANCE})
-
-        def __init__(self):
-            self.calls: list = []
-            self.requests: list = []
-
-        def build(self, request, on_line):
-            self.requests.append(request)
-            return BuildResult("sha256:built", request.tags, "", 0, 7, 1.0)
-
-        def image_sizes(self, image_id):
-            return engine_pkg.ImageSizes(1_000_000_000, 400_000_000)
-
-        def image_attrs(self, ref):
-            return {"Id": ref, "Config": {"Labels": {"io.imgbuild.os": "debian12"}}}
-
-        def tag(self, image, ref):
-            self.calls.append(("tag", image, ref))
-
-        def untag(self, ref):
-            self.calls.append(("untag", ref))
-
-        def push(self, ref, on_progress=None, on_transfer=None):
-            raise AssertionError("pushed an image over its budget")
+    def StoreEngine():  # noqa: N802 - buildx on the containerd store: pushes from BuildKit, keeps what it builds
+        return fakes.FakeEngine(
+            capabilities={engine_pkg.PUSH, engine_pkg.ENGINE_STORE, engine_pkg.SECRETS, engine_pkg.CACHE_MOUNTS,
+                          engine_pkg.MULTI_STAGE, engine_pkg.METADATA_FILE, engine_pkg.PROVENANCE},
+            built="sha256:built", built_labels={"io.imgbuild.os": "debian12"}, run_steps=7,
+            sizes=engine_pkg.ImageSizes(1_000_000_000, 400_000_000))  # pushing it fails the test
 
     engine = StoreEngine()
     monkeypatch.setattr(pipeline_build, "run_tests", tests_taking(9.0, "import torch"))

@@ -9,6 +9,7 @@ import pytest
 
 from buildkit_py import oci
 from buildkit_py.analysis import diff as D
+from buildkit_py.engine.kinds.docker_format import history_entries, image_info
 from buildkit_py.errors import RegistryError, UsageError
 
 FIX = Path(__file__).parent / "fixtures" / "diff"
@@ -34,8 +35,8 @@ def from_registry(name: str, sizes=None) -> D.ImageLayers:
 
 def from_engine(name: str) -> D.ImageLayers:
     r = recorded(name)
-    # recorded from the history API, newest first; Engine.history gives it oldest first
-    return D.layers_from_engine_attrs(r["image"], r["engine_attrs"], r["engine_history"][::-1])
+    # recorded from docker's inspect and history API (newest first), parsed as the docker kinds parse them
+    return D.layers_from_engine(r["image"], image_info(r["engine_attrs"]), history_entries(r["engine_history"][::-1]))
 
 
 def test_registry_images_share_by_blob_digest():

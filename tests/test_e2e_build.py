@@ -4,6 +4,7 @@ manifest back from the registry. The build and the rebuild after an app change r
 engine (podman too: ``on_every_engine``), the rest on the docker engines."""
 
 import base64
+import dataclasses
 import json
 import re
 import subprocess
@@ -83,7 +84,7 @@ def test_build_labels_env_and_cuda_loads(project, engine, cleanup_images, unique
                                report["image_id"], "-p"], capture_output=True, text=True, timeout=60, env=client_env)
     assert "libcudart.so.12" in ldconfig.stdout
     # the CA bundle passed as a secret is not in the image
-    history = json.dumps(engine.history(report["image_id"]))
+    history = json.dumps([dataclasses.asdict(e) for e in engine.history(report["image_id"])])
     assert "ca-certificates.crt" not in history and "BEGIN CERTIFICATE" not in history
     # inspect names each layer's recipe step: the mount stubs' COPY is theirs, the recipe's copy[0]
     # is copy-0 (issue 22: 11: they were copy-0 and copy-1)

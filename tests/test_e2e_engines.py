@@ -63,7 +63,8 @@ def buildx_only(engine) -> None:
 
 
 # How each engine asks for every GPU (Engine.run_argv), written out: the test's own expectation.
-GPU_FLAGS = {"docker20": ["--gpus", "all"], "docker26": ["--gpus", "all"], "podman": ["--device", "nvidia.com/gpu=all"]}
+GPU_FLAGS = {"docker20": ["--gpus", "all"], "docker26": ["--gpus", "all"], "podman": ["--device", "nvidia.com/gpu=all"],
+             "buildah": ["--device", "nvidia.com/gpu=all"]}  # buildah's images run through podman
 
 
 @on_every_engine
@@ -146,7 +147,7 @@ def fake_gpu_spec():
     spec.unlink()
 
 
-@pytest.mark.parametrize("engine", [e for e in ENGINE_NAMES if e == "podman"], indirect=True)
+@pytest.mark.parametrize("engine", [e for e in ENGINE_NAMES if e in ("podman", "buildah")], indirect=True)
 def test_podman_gives_the_gpus_through_cdi(project, engine, cleanup_images, fake_gpu_spec, tmp_path, capfd):
     """`imgbuild run --gpus all` on podman asks for nvidia.com/gpu=all through CDI, and podman
     hands the container what the spec for it says (here a stand-in spec's variable; on a GPU

@@ -201,6 +201,7 @@ class ToyEngine:
     named_builders = False
     title = "the toy engine"
     summary = "a stand-in"
+    who_can = {}
     name = "toy"
 
     @classmethod
@@ -238,7 +239,7 @@ def test_an_engine_is_one_module_in_kinds(toy_engine_module, tmp_path):
     from buildkit_py.engine import kind_names
     from buildkit_py.engine.registry import kinds_help
 
-    assert kind_names() == ["auto", "buildx", "docker", "podman", "toy", "classic", "toy-alias"]
+    assert kind_names() == ["auto", "buildah", "buildx", "docker", "podman", "toy", "classic", "toy-alias"]
     assert "toy (a stand-in)" in kinds_help() and "toy-alias is toy" in kinds_help()
     assert type(engine_pkg.select_engine("toy")).__name__ == "ToyEngine"
     assert type(engine_pkg.select_engine("toy-alias")).__name__ == "ToyEngine"
@@ -252,7 +253,7 @@ def test_unknown_engine_names_every_kind():
     with pytest.raises(EnvironmentProblem) as info:
         engine_pkg.select_engine("nosuch")
     assert info.value.message == "unknown engine 'nosuch'"
-    assert info.value.hint == "use auto, buildx, docker, podman or classic"
+    assert info.value.hint == "use auto, buildah, buildx, docker, podman or classic"
 
 
 def test_auto_says_why_no_kind_would_do(tmp_path, clients):
@@ -280,3 +281,16 @@ def test_every_engine_kind_select_takes_the_command_line_takes(word):
 
     args = _build_parser(io.StringIO(), ["build"]).parse_args(["build", "r.yaml", "--engine", word])
     assert args.engine == word
+
+
+def test_refusal_hints_come_from_the_registered_kinds(monkeypatch):
+    """Which kind can honour a capability is each kind's own word (``who_can``), joined over the
+    registered kinds; a kind registered later adds its own."""
+    from buildkit_py.engine import registry
+
+    assert registry.who_can(engine_pkg.PLATFORM) == \
+        "buildx (docker buildx plugin), or Docker's classic builder with DOCKER_BUILDKIT=1"
+    assert registry.who_can(engine_pkg.SECRETS) is None  # every kind can: no kind names it
+    buildah = registry.engines()["buildah"]
+    monkeypatch.setattr(buildah, "who_can", {engine_pkg.SECRETS: "buildah, if it could not"})
+    assert registry.who_can(engine_pkg.SECRETS) == "buildah, if it could not"

@@ -11,6 +11,7 @@ import json
 import os
 import subprocess
 
+import fakes
 import pytest
 from helpers import run_cli, write_recipe
 
@@ -301,8 +302,6 @@ def test_a_checked_push_pushes_the_image_that_was_checked(tmp_path, monkeypatch)
     held to the checked image."""
     from buildkit_py import engine as engine_pkg
     from buildkit_py.engine import build as engine_build
-    from buildkit_py.engine.base import BuildResult
-    from buildkit_py.engine.push import PushResult
     from buildkit_py.pipeline import build as build_mod
     from buildkit_py.pipeline import plan_recipe
 
@@ -321,31 +320,12 @@ def test_a_checked_push_pushes_the_image_that_was_checked(tmp_path, monkeypatch)
 
     monkeypatch.setattr(build_mod, "run_tests", run_tests)
 
-    class StoreEngine:  # buildx on the containerd store: pushes from BuildKit, keeps what it builds
-        name = "fake-buildx"
-        capabilities = frozenset({engine_pkg.PUSH, engine_pkg.ENGINE_STORE, engine_pkg.SECRETS,
-                                  engine_pkg.CACHE_MOUNTS, engine_pkg.MULTI_STAGE, engine_pkg.METADATA_FILE,
-                                  engine_pkg.PROVENANCE})
-        requests: list = []
-        calls: list = []
-
-        def build(self, request, on_line):
-            self.requests.append(request)
-            return BuildResult("sha256:checked", request.tags, "", 0, 7, 1.0)
-
-        def image_sizes(self, image_id):
-            return engine_pkg.ImageSizes(1000, None)
-
-        def image_attrs(self, ref):
-            return {"Id": ref, "Config": {"Labels": {"io.imgbuild.os": "debian12"}}}
-
-        def tag(self, image, ref):
-            self.calls.append(("tag", image, ref))
-
-        def push(self, ref, on_progress=None, on_transfer=None):
-            self.calls.append(("push", ref))
-            repo = ref.rsplit(":", 1)[0]
-            return PushResult(f"{repo}@sha256:{'9' * 64}", ref.rsplit(":", 1)[1], "sha256:" + "9" * 64, None, 1)
+    def StoreEngine():  # noqa: N802 - buildx on the containerd store: pushes from BuildKit, keeps what it builds
+        return fakes.FakeEngine(
+            capabilities={engine_pkg.PUSH, engine_pkg.ENGINE_STORE, engine_pkg.SECRETS, engine_pkg.CACHE_MOUNTS,
+                          engine_pkg.MULTI_STAGE, engine_pkg.METADATA_FILE, engine_pkg.PROVENANCE},
+            built="sha256:checked", built_labels={"io.imgbuild.os": "debian12"}, run_steps=7,
+            sizes=engine_pkg.ImageSizes(1000, None), push_digest="sha256:" + "9" * 64)
 
     engine = StoreEngine()
     options = build_mod.BuildOptions(push=True, no_cache=True, test=True)
@@ -353,47 +333,29 @@ def test_a_checked_push_pushes_the_image_that_was_checked(tmp_path, monkeypatch)
     [only] = engine.requests  # one build: no second one to trust the cache
     assert checked == ["sha256:checked"] and only.no_cache and not only.push
     [tag] = plan.tags
-    assert engine.calls == [("tag", "sha256:checked", tag), ("push", tag)]
+    hold = engine.calls[-1][1]  # the checked image's own tag until its push, taken off after it
+    assert engine.calls == [("tag", "sha256:checked", tag), ("push", tag), ("untag", hold)]
+    assert hold.startswith("127.0.0.1:5000/team/app:imgbuild-hold-")
     assert verified == [("sha256:checked", outcome.pushes[0].ref)]
     assert outcome.result.run_steps == 7
 
 
-class _NoPythonEngine:
+class _NoPythonEngine(fakes.FakeEngine):
     """An engine whose containers have no python on their PATH: its `run` is a shell that answers
     as docker and podman do (exit 127, their message), so the real run_container runs it. It
-    builds (one image), tags and untags in memory."""
-
-    name = "fake-docker"
-    hints: dict = {}
-
-    @property
-    def capabilities(self):
-        from buildkit_py import engine as engine_pkg
-
-        return frozenset({engine_pkg.SECRETS, engine_pkg.CACHE_MOUNTS, engine_pkg.MULTI_STAGE})
+    builds (one image), tags and untags in memory (``tags``: tag -> image id)."""
 
     def __init__(self):
+        from buildkit_py import engine as engine_pkg
+
+        super().__init__(capabilities={engine_pkg.SECRETS, engine_pkg.CACHE_MOUNTS, engine_pkg.MULTI_STAGE})
         self.tags: dict[str, str] = {}
-
-    def describe(self) -> str:
-        return "fake engine"
-
-    def gpu_available(self) -> bool:
-        return False
-
-    def environment(self) -> dict[str, str]:
-        import os
-
-        return dict(os.environ)
-
-    def client_argv(self) -> tuple[str, ...]:
-        return ("true",)
 
     def run_argv(self, spec) -> tuple[str, ...]:
         return ("sh", "-c", f"echo 'exec: \"{spec.entrypoint}\": executable file not found in $PATH' >&2; exit 127")
 
-    def image_attrs(self, ref):
-        return {"Id": ref, "Config": {"Labels": dict(LABELS)}}
+    def image(self, ref):
+        return fakes.image_info(ref, LABELS)
 
     def tag(self, image_id: str, tag: str) -> None:
         self.tags[tag] = image_id
@@ -451,16 +413,15 @@ X86_ONLY = """test:\n  - {name: x86-only, run: 'uname -m; test "$(uname -m)" = x
 TWO = HEAD + "platforms: [linux/amd64, linux/arm64]\n" + X86_ONLY
 
 
-class FakeImages:
+class FakeImages(fakes.FakeEngine):
     """An engine and its containers, faked: each image's labels and installed packages; a
     container of a platform's image (the engine's own, linux/amd64, when none is named) answers
     ``uname -m`` with that platform's machine, and a recipe's test: command runs in the host's sh
     with that uname first on PATH. Every container started is recorded (image, platform)."""
 
-    name = "fake"
-
     def __init__(self, tmp_path, images: dict[str, tuple[dict[str, str], dict[str, str]]]):
-        self.images, self.runs = images, []
+        super().__init__()
+        self.recorded, self.runs = images, []
         self.bins = {}
         for platform, machine in MACHINE.items():
             folder = tmp_path / "bin" / machine
@@ -469,21 +430,15 @@ class FakeImages:
             (folder / "uname").chmod(0o755)
             self.bins[platform] = folder
 
-    def describe(self) -> str:
-        return "fake engine"
-
-    def gpu_available(self) -> bool:
-        return False
-
-    def image_attrs(self, ref):
-        if ref not in self.images:
+    def image(self, ref):
+        if ref not in self.recorded:
             return None
-        return {"Id": ref, "Os": "linux", "Architecture": "amd64", "Config": {"Labels": self.images[ref][0]}}
+        return fakes.image_info(ref, self.recorded[ref][0], platform="linux/amd64")
 
     def run_in_image(self, engine, image, command, *, entrypoint, gpu=False, mounts=(), platform=None,
                      timeout=None, trace=None):
         self.runs.append((image, platform))
-        pkgs = self.images[image][1]
+        pkgs = self.recorded[image][1]
         if entrypoint == "python":  # the facts script, with the pins to import
             imports = [{"name": n, "want": want, "version": pkgs.get(n), "modules": [n] if n in pkgs else [],
                         "error": None if n in pkgs else "not installed"} for n, want in json.loads(command[2])]
@@ -573,7 +528,7 @@ def test_the_build_gate_names_each_platform_in_its_report(tmp_path, fake_images)
         "1 of 4 tests of team/app:1 (linux/arm64) failed:\n- x86-only: exit 1")
     assert [(r.to_json()["platform"], r.to_json()["failed"]) for r in reports] == [("linux/amd64", 0),
                                                                                   ("linux/arm64", 1)]
-    fake.images["sha256:one"] = ({}, {"six": "1.16.0"})  # one platform, the engine's own: named from its inspect
+    fake.recorded["sha256:one"] = ({}, {"six": "1.16.0"})  # one platform, the engine's own: named from its inspect
     single = run_tests(fake, "sha256:one", load_recipe(write_recipe(tmp_path, HEAD, name="one.yaml")), "team/app:1",
                        (), None)
     assert [r.platform for r in single] == ["linux/amd64"]

@@ -14,12 +14,14 @@ import uuid
 from pathlib import Path
 
 import pytest
+from fakes import FakeEngine, image_info
 from helpers import REPO, RUN_LABEL, RUN_MARK, plan_of, unique
 
 from buildkit_py.analysis import inspect as I
 from buildkit_py.analysis import layer_paths as P
 from buildkit_py.analysis import saved_image as S
 from buildkit_py.cli.common import Out
+from buildkit_py.engine import HistoryEntry
 from buildkit_py.errors import ImageMissing, InspectError, SizeBudgetExceeded
 from buildkit_py.plan import history as H
 from buildkit_py.recipe.model import load_recipe
@@ -572,7 +574,7 @@ def test_missing_image(engine):
 
 def test_engine_layer_sizes_line_up_with_the_config_history():
     config = [_h("ADD a /"), _h("ENV X=1", empty=True), _h("RUN x"), _h("LABEL a=b", empty=True)]
-    engine = [{"Size": 0}, {"Size": 30}, {"Size": 0}, {"Size": 100}]  # newest first
+    engine = [HistoryEntry("", size) for size in (0, 30, 0, 100)]  # newest first
     assert I.engine_layer_sizes(config, engine, 2) == [100, 30]
     assert I.engine_layer_sizes(config, engine[1:], 2) is None  # histories that do not line up
     assert I.engine_layer_sizes(config, engine, 3) is None
@@ -618,20 +620,17 @@ def test_inspect_kernels_reads_the_coverage_in_the_same_pass_over_the_layers(lay
     else:
         raw, image_id, diff_ids, _ = _containerd_save_tar([base, top], history)
 
-    class Engine:
+    class Engine(FakeEngine):
         saves = 0
 
-        def image_attrs(self, ref):
-            return {"Id": image_id, "RootFS": {"Layers": diff_ids}, "Config": {"Labels": {}}, "Size": len(raw)}
+        def __init__(self):
+            super().__init__(images={"img:1": image_info(image_id, layers=diff_ids, size=len(raw))}, files=raw)
 
-        def save(self, ref):
+        def save(self, ref, chunk_size=1 << 20):
             Engine.saves += 1
-            return iter([raw])
+            return super().save(ref, chunk_size)
 
-        def history(self, ref):
-            return []
-
-        def filesystem(self, ref):
+        def filesystem(self, ref, chunk_size=1 << 20):
             raise AssertionError("inspect --kernels must not export the image a second time")
 
     report = I.inspect_image(Engine(), "img:1", I.InspectOptions(estimate_compressed=False, registry_sizes=False,

@@ -12,9 +12,11 @@ import struct
 import tarfile
 
 import pytest
+from fakes import FakeEngine, image_info
 
 from buildkit_py.analysis import lazy
 from buildkit_py.analysis.saved_image import scan_layer
+from buildkit_py.engine.run import BindMount
 from buildkit_py.errors import EnvironmentProblem, InspectError
 
 TRACE = """\
@@ -178,15 +180,8 @@ def test_the_tracer_wraps_the_command_in_the_hosts_strace_through_its_own_loader
     assert args == ("--library-path", "/imgbuild-trace", "/imgbuild-trace/strace", "-f", "-qq", "-y", "-e",
                     "trace=open,openat,execve", "-e", "signal=none", "-o", "/imgbuild-trace-out/test-0", "--",
                     "sh", "-c", "true")
-    assert tracer.mounts()[3] == f"type=bind,source={tmp_path / 'out'},target=/imgbuild-trace-out"
-
-
-class _Engine:
-    def __init__(self, attrs):
-        self.attrs = attrs
-
-    def image_attrs(self, image):
-        return self.attrs
+    assert tracer.mounts() == (BindMount(tmp_path / "tools", "/imgbuild-trace"),
+                               BindMount(tmp_path / "out", "/imgbuild-trace-out", read_only=False))
 
 
 @pytest.mark.parametrize(("image", "digests", "measured"), [
@@ -198,4 +193,5 @@ class _Engine:
 def test_an_image_is_measured_in_its_registry_only_when_pushed_there(image, digests, measured):
     from buildkit_py.pipeline.lazy import pushed_ref
 
-    assert pushed_ref(_Engine({"RepoDigests": digests}), image) == measured
+    engine = FakeEngine(images={image: image_info("sha256:" + "b" * 64, repo_digests=digests)})
+    assert pushed_ref(engine, image) == measured

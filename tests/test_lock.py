@@ -9,6 +9,7 @@ import re
 import subprocess
 from pathlib import Path
 
+import fakes
 import helpers
 import pytest
 import yaml
@@ -51,14 +52,9 @@ def local_pinner(ref):
     return LockedBase(ref, None, "sha256:" + "cd" * 32, "exists only in the local engine")
 
 
-class FakeEngine:
-    """The engine the CLI passes down: what `image inspect` says of a base."""
-
-    def __init__(self, image_id):
-        self.image_id = image_id
-
-    def image_attrs(self, ref):
-        return {"Id": self.image_id}
+def FakeEngine(image_id):  # noqa: N802 - reads as the engine it makes
+    """The engine the CLI passes down, holding every base as the image ``image_id``."""
+    return fakes.FakeEngine(any_image=fakes.image_info(image_id))
 
 
 @pytest.fixture
@@ -424,7 +420,7 @@ def test_without_a_lock_the_plan_is_untouched(recipe):
 
 
 def test_lock_document_has_the_documented_keys_and_the_text_reads_it(recipe, monkeypatch):
-    monkeypatch.setattr(lock, "run_pip_report", FakeResolver())
+    monkeypatch.setattr(locks, "PipResolver", lambda *_args: FakeResolver())
     monkeypatch.setattr(locks, "pin_base", pinner)
     code, out, err = run_cli("lock", str(recipe), "--json")
     assert code == 0, err
@@ -604,11 +600,9 @@ def test_a_base_the_registry_does_not_confirm_is_pinned_by_image_id_not_by_the_e
 
     monkeypatch.setattr(locks.oci, "fetch_manifest", unreachable)
 
-    class ContainerdStore:
-        def image_attrs(self, _ref):
-            return {"Id": "sha256:" + "ab" * 32, "RepoDigests": ["127.0.0.1:9/imgbuild-test/base@sha256:" + "53" * 32]}
-
-    pinned = locks.pin_base(ref, engine=ContainerdStore())
+    store = fakes.FakeEngine(any_image=fakes.image_info(
+        "sha256:" + "ab" * 32, repo_digests=["127.0.0.1:9/imgbuild-test/base@sha256:" + "53" * 32]))
+    pinned = locks.pin_base(ref, engine=store)
     assert pinned.digest is None and pinned.image_id == "sha256:" + "ab" * 32
     assert "did not confirm a digest" in pinned.note and "push it to a registry" in pinned.note
     assert locks.pin_base(ref, engine=None).note == "neither its registry nor the local engine knows it: not pinned"

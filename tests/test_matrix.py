@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import dockerfile
+import fakes
 import pytest
 import yaml
 from helpers import REPO, run_cli, write_recipe
@@ -480,13 +481,9 @@ def test_bake_chain_rebuilds_exactly_each_variants_dockerfile(tmp_path):
 # --- build_all with a fake builder ------------------------------------------------------
 
 
-class FakeEngine:
-    name = "fake"
-    client = "fake-docker"
-    hints: dict[str, str] = {}
+class FakeEngine(fakes.FakeEngine):
+    """The typed fake (tests/fakes.py), able to do what a buildx engine does."""
 
-    def describe(self) -> str:
-        return f"{self.name} engine ({self.client})"
     capabilities = frozenset({"multi-stage", "cache-mounts", "secrets", "cache-from", "cache-export", "builder",
                               "push", "metadata-file", "engine-store"})
 
@@ -558,6 +555,7 @@ class TaggingEngine(FakeEngine):
     """FakeEngine that build_checked can drive: each build a new image, tags kept as an engine keeps them."""
 
     def __init__(self):
+        super().__init__(sizes=ImageSizes(1000, None))
         self.tags: dict[str, str] = {}
         self.lock = threading.Lock()
 
@@ -567,14 +565,8 @@ class TaggingEngine(FakeEngine):
             self.tags.update(dict.fromkeys(request.tags, image_id))
         return BuildResult(image_id, request.tags, "", 0, 5, 0.1)
 
-    def image_sizes(self, ref):
-        return ImageSizes(1000, None)
-
-    def history(self, ref):
-        return []
-
-    def image_attrs(self, ref):
-        return {"Id": self.tags.get(ref, ref), "Config": {"Labels": {}}}
+    def image(self, ref):
+        return fakes.image_info(self.tags.get(ref, ref))
 
     def tag(self, image, ref):
         self.tags[ref] = image

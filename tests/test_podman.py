@@ -23,6 +23,7 @@ from buildkit_py.engine import (
     select_engine,
 )
 from buildkit_py.engine.buildlog import BuildLog, build_failure
+from buildkit_py.engine.kinds.docker_format import history_entries, image_info
 from buildkit_py.engine.kinds.podman import BuildahLines, PodmanEngine, docker_history, docker_image_attrs
 from buildkit_py.engine.run import RunSpec, WeightsMount
 from buildkit_py.errors import EngineCapabilityError, EnvironmentProblem
@@ -145,6 +146,11 @@ def test_images_and_history_as_docker_describes_them():
     assert all(h["Id"] == "<missing>" or h["Id"].startswith("sha256:") for h in history)
     assert history[0]["Created"] > 1_700_000_000 and sum(h["Size"] for h in history) == sum(e["size"] for e in raw)
     assert len(attrs["RootFS"]["Layers"]) == sum(1 for h in history if h["Size"] or "#(nop)" not in h["CreatedBy"])
+    # parsed once, as every engine's (engine/kinds/docker_format.py)
+    info, entries = image_info(attrs), history_entries(history)
+    assert (info.id, info.labels["a"], info.repo_digests, info.layers) == (
+        attrs["Id"], "b", (), tuple(attrs["RootFS"]["Layers"]))
+    assert [(e.created_by, e.size) for e in entries] == [(h["CreatedBy"], h["Size"]) for h in history]
 
 
 def test_podman_cannot_do_what_only_buildkit_does(tmp_path):
@@ -204,7 +210,20 @@ def test_inspect_names_the_steps_of_a_podman_build():
     from buildkit_py.plan.history import attribute_entries
 
     raw = json.loads((FIXTURES / "history-imgbuild.json").read_text())  # an imgbuild build on podman 4.3.1
-    history = list(reversed(docker_history(raw)))  # oldest first, as the engine object gives it
-    assert [a.step for a in attribute_entries(history)] == [
+    history = history_entries(reversed(docker_history(raw)))  # oldest first, as the engine object gives it
+    assert [a.step for a in attribute_entries([{"created_by": e.created_by} for e in history])] == [
         None, "os", "python", "meta", "mount-stubs", "mount-stubs", "cuda", "ldconfig", "copy-0", "meta", "meta",
         "meta", "meta"]
+
+
+def test_bind_mounts_are_typed_and_come_after_the_weights(tmp_path):
+    from buildkit_py.engine.run import BindMount
+
+    spec = RunSpec("team/x:1", (WeightsMount("r/m:1", tmp_path / "m", "/models"),), network="none",
+                   mounts=(BindMount(tmp_path / "t.py", "/t.py"), BindMount(tmp_path / "w", "/w", read_only=False)),
+                   extra=("--env", "A=1"), command=("python", "/t.py"))
+    assert PodmanEngine("/usr/bin/podman").run_argv(spec) == (
+        "/usr/bin/podman", "run", "--rm", "--network", "none",
+        "--mount", f"type=bind,source={tmp_path / 'm'},target=/models,readonly",
+        "--mount", f"type=bind,source={tmp_path / 't.py'},target=/t.py,readonly",
+        "--mount", f"type=bind,source={tmp_path / 'w'},target=/w", "--env", "A=1", "team/x:1", "python", "/t.py")

@@ -26,7 +26,7 @@ import concurrent.futures
 import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from buildkit_py import oci
 from buildkit_py.analysis.inspect import pull_seconds, short_created
@@ -36,6 +36,9 @@ from buildkit_py.plan.history import attribute_layers, instruction_of
 from buildkit_py.reference import names_registry
 from buildkit_py.sizes import human_size
 from buildkit_py.text_table import Block, TextTable
+
+if TYPE_CHECKING:
+    from buildkit_py.engine.base import HistoryEntry, ImageInfo
 
 SCHEMA = 1
 SOURCE_REGISTRY, SOURCE_ENGINE = "registry", "engine"
@@ -207,17 +210,15 @@ def _known_size(desc: oci.Descriptor) -> int | None:
     return desc.size if desc.media_type in _TAR_TYPES else None
 
 
-def layers_from_engine_attrs(image: str, attrs: Mapping[str, Any], engine_history: list[Mapping[str, Any]], *,
-                             step_groups: Mapping[str, str] | None = None) -> ImageLayers:
-    """An image as the local engine describes it (``docker image inspect`` attributes and
-    ``docker history``, oldest entry first, as ``Engine.history`` gives it). That history has
-    no ``empty_layer`` flag: an entry makes a layer when it is a RUN, COPY or ADD, or made bytes
-    (an imported base)."""
-    diff_ids = list((attrs.get("RootFS") or {}).get("Layers") or [])
+def layers_from_engine(image: str, info: ImageInfo, engine_history: list[HistoryEntry], *,
+                       step_groups: Mapping[str, str] | None = None) -> ImageLayers:
+    """An image as the local engine describes it (``Engine.image`` and ``Engine.history``,
+    oldest entry first). That history has no ``empty_layer`` flag: an entry makes a layer when
+    it is a RUN, COPY or ADD, or made bytes (an imported base)."""
+    diff_ids = list(info.layers)
     history: list[dict[str, Any]] = []
     for entry in engine_history:
-        created = str(entry.get("CreatedBy") or "")
-        size = int(entry.get("Size") or 0)
+        created, size = entry.created_by, entry.size
         makes_layer = instruction_of(created) in ("RUN", "COPY", "ADD") or size > 0
         history.append({"created_by": created, "empty_layer": not makes_layer, "size": size})
     layer_entries = [h for h in history if not h["empty_layer"]]
@@ -228,8 +229,7 @@ def layers_from_engine_attrs(image: str, attrs: Mapping[str, Any], engine_histor
         LayerInfo(index=i, digest=None, diff_id=diff_id, compressed_size=None, size=sizes[i], media_type=None,
                   step=at.step, group=at.group, created_by=at.created_by)
         for i, (diff_id, at) in enumerate(zip(diff_ids, attributions, strict=True)))
-    labels = dict(sorted(((attrs.get("Config") or {}).get("Labels") or {}).items()))
-    return ImageLayers(image, SOURCE_ENGINE, str(attrs.get("Id") or "") or None, layers, labels)
+    return ImageLayers(image, SOURCE_ENGINE, info.id or None, layers, dict(sorted(info.labels.items())))
 
 
 # ---------------------------------------------------------------- reading
@@ -286,11 +286,11 @@ def read_registry(image: str, *, client: oci.Client | None = None, uncompressed:
 def read_engine(image: str, engine) -> ImageLayers:
     """``image`` from the local store of ``engine`` (an engine.Engine); no blob digests or
     compressed sizes there."""
-    attrs = engine.image_attrs(image)
-    if attrs is None:
+    info = engine.image(image)
+    if info is None:
         raise ImageMissing(f"no image {image!r} in the engine",
                            hint="pull it, or name it with its registry to read it from there")
-    return layers_from_engine_attrs(image, attrs, engine.history(attrs["Id"]))
+    return layers_from_engine(image, info, engine.history(info.id))
 
 
 def read_image(image: str, *, source: str = "auto", client: oci.Client | None = None, engine=None,

@@ -239,13 +239,13 @@ def read_image_kernels(engine: Engine, image: str) -> tuple[list[FileKernels], l
     from buildkit_py.reference import names_registry  # noqa: PLC0415
 
     try:
-        attrs = engine.image_attrs(image)
+        info = engine.image(image)
     except ImgbuildError:
         if not names_registry(image):
             raise
-        attrs = None  # no engine here: the registry may still have it
-    if attrs is not None:
-        with engine.filesystem(attrs["Id"]) as chunks:
+        info = None  # no engine here: the registry may still have it
+    if info is not None:
+        with engine.filesystem(info.id) as chunks:
             scan = scan_kernels(io.BufferedReader(IterStream(chunks), 1 << 20))
     elif names_registry(image):
         scan = _registry_kernels(image)

@@ -28,7 +28,7 @@ from buildkit_py.analysis.gpu_coverage import gpu_report, loaded_alternatives, r
 from buildkit_py.analysis.kernels import FileKernels
 from buildkit_py.analysis.saved_image import IterStream, scan_kernels
 from buildkit_py.compat.cudnn_source import is_cudnn_wheel
-from buildkit_py.engine.run import ContainerExit, RunSpec, run_container
+from buildkit_py.engine.run import BindMount, ContainerExit, RunSpec, run_container
 from buildkit_py.errors import ImageFactsUnreadable, ImageTestFailed, InspectError, UsageError
 from buildkit_py.plan import labels as L
 from buildkit_py.plan.steps import LOCAL_WHEELS_MOUNT
@@ -38,7 +38,7 @@ from buildkit_py.versions import major_minor
 if TYPE_CHECKING:
     from buildkit_py.analysis.kernels import FileKernels
     from buildkit_py.analysis.lazy import Tracer
-    from buildkit_py.engine.base import Engine
+    from buildkit_py.engine.base import Engine, ImageInfo
 
     Traced = tuple[Tracer, str]  # the tracer, and the name of this test's log
 
@@ -229,15 +229,13 @@ def run_in_image(engine: Engine, image: str, command: tuple[str, ...], *, entryp
     ``platform``: that platform's image of a multi-platform one), removed after ``timeout``
     seconds; (how it ended, stdout and stderr together). ``trace``: run it under the tracer,
     its log named by the test (lazy.py)."""
-    extra: tuple[str, ...] = ()
-    for host, target in mounts:
-        extra += ("--mount", f"type=bind,source={host},target={target},readonly")
+    bound = tuple(BindMount(host, target) for host, target in mounts)
     if trace is not None:
         tracer, name = trace
-        extra += tracer.mounts()
+        bound += tracer.mounts()
         entrypoint, command = tracer.wrap(name, entrypoint, command)
-    spec = RunSpec(image, gpu=gpu, network="none", entrypoint=entrypoint, extra=extra, command=command,
-                   platform=platform)
+    spec = RunSpec(image, gpu=gpu, network="none", entrypoint=entrypoint, command=command, platform=platform,
+                   mounts=bound)
     lines: list[str] = []
     ended = run_container(engine, spec, what=f"test container of {image}", timeout=timeout, on_line=lines.append)
     return ended, "\n".join(lines)
@@ -713,44 +711,38 @@ def run_image_tests(engine: Engine, image: str, *, recipe: Recipe | None = None,
             results.append(r)
             note(_event(r))
 
-    attrs = engine.image_attrs(image)
-    if attrs is None:
+    info = engine.image(image)
+    if info is None:
         raise InspectError(f"no image {image} in the {engine.describe()}")
     if defaults:
-        labels = (attrs.get("Config") or {}).get("Labels") or {}
+        labels = info.labels
         try:
             facts = read_facts(engine, image, pinned(recipe, labels), platform=platform, tracer=tracer)
         except ImageFactsUnreadable as exc:  # the image fails its test; its labels and pins go unchecked
             add([facts_failure(exc)])
         else:
             add(label_checks(labels, facts, recipe))
-            add(arch_label_checks(engine, attrs["Id"], labels, facts,
-                                  other_platform=platform is not None and platform != engine_platform(attrs)))
+            add(arch_label_checks(engine, info.id, labels, facts,
+                                  other_platform=platform is not None and platform != info.platform))
             add(import_checks(facts, gpu=gpu))
         if K.GPUS in labels:
-            add(_gpus_test(engine, image, labels, attrs, platform))
+            add(_gpus_test(engine, image, labels, info, platform))
     if recipe is not None:
         for number, test in enumerate(recipe.tests):
             add([command_test(engine, image, test, recipe, gpu=gpu, platform=platform, tracer=tracer,
                               number=number)])
-    return TestReport(shown_as or image, gpu, tuple(results), platform or engine_platform(attrs))
+    return TestReport(shown_as or image, gpu, tuple(results), platform or info.platform)
 
 
-def _gpus_test(engine: Engine, image: str, labels: Mapping[str, str], attrs: Mapping[str, Any],
+def _gpus_test(engine: Engine, image: str, labels: Mapping[str, str], info: ImageInfo,
                platform: str | None) -> list[TestResult]:
     """The GPUs label against the kernels of the image the engine holds (one streamed read of its
     file system); another platform's image of a multi-platform build is not what it exports."""
-    if platform and platform != engine_platform(attrs):
-        return [TestResult(f"label {K.GPUS}", "label", "skipped", f"the engine's image is {engine_platform(attrs)}'s, "
+    if platform and platform != info.platform:
+        return [TestResult(f"label {K.GPUS}", "label", "skipped", f"the engine's image is {info.platform}'s, "
                                                        f"not {platform}'s: its kernels are read there")]
     files, unreadable = read_image_kernels(engine, image)
     return gpus_label_checks(labels[K.GPUS], files, unreadable, labels.get(K.CUDA_VERSION))
-
-
-def engine_platform(attrs: Mapping[str, Any]) -> str | None:
-    """os/arch of an image by the engine's inspect (the platform a run without --platform starts)."""
-    os_name, arch = attrs.get("Os"), attrs.get("Architecture")
-    return f"{os_name}/{arch}" if os_name and arch else None
 
 
 FACTS_TEST = "python on PATH"  # the default tests' first need: the image's own python runs

@@ -56,7 +56,7 @@ from buildkit_py.sizes import human_size
 from buildkit_py.text_table import Block, TextTable
 
 if TYPE_CHECKING:
-    from buildkit_py.engine.base import Engine
+    from buildkit_py.engine.base import Engine, HistoryEntry
 
 # Finding severities (the kinds are layer_paths': WEIGHTS, CACHE, COMPILER, CUDA_DUPLICATE, DELETED).
 WARNING, INFO = Severity.WARNING, Severity.INFO
@@ -380,17 +380,16 @@ def inspect_image(engine: Engine, ref: str, options: InspectOptions | None = Non
         raise InspectError(f"bandwidth must be positive, got {opts.bandwidth_mbps} Mbit/s")
     if opts.unpack_mbps is not None and opts.unpack_mbps <= 0:
         raise InspectError(f"unpack rate must be positive, got {opts.unpack_mbps} MB/s")
-    attrs = engine.image_attrs(ref)
-    if attrs is None:
+    info = engine.image(ref)
+    if info is None:
         raise ImageMissing(f"no image {ref!r} in the engine",
                            hint="build it first, or pull it (`docker pull`)")
-    image_id = attrs["Id"]
-    diff_ids = list((attrs.get("RootFS") or {}).get("Layers") or [])
-    labels = {k: v for k, v in sorted(((attrs.get("Config") or {}).get("Labels") or {}).items())
-              if k.startswith(L.PREFIX)}
-    remote = registry_layer_sizes(ref, len(diff_ids)) if opts.registry_sizes and attrs.get("RepoDigests") else None
+    image_id = info.id
+    diff_ids = list(info.layers)
+    labels = {k: v for k, v in sorted(info.labels.items()) if k.startswith(L.PREFIX)}
+    remote = registry_layer_sizes(ref, len(diff_ids)) if opts.registry_sizes and info.repo_digests else None
     # An engine that cannot export the image raises InspectError from the stream (Engine.save).
-    counted = _Counted(engine.save(ref), progress, ref, int(attrs.get("Size") or 0))
+    counted = _Counted(engine.save(ref), progress, ref, info.size)
     stream = io.BufferedReader(IterStream(iter(counted)), 1 << 20)
     saved = analyze_save_stream(stream, image_id=image_id, diff_ids=diff_ids,
                                 estimate_compressed=opts.estimate_compressed and remote is None,
@@ -441,13 +440,13 @@ def registry_layer_sizes(ref: str, n_layers: int) -> list[int] | None:
     return sizes if len(sizes) == n_layers else None
 
 
-def engine_layer_sizes(config_history: list[dict[str, Any]], engine_history: list[dict[str, Any]],
+def engine_layer_sizes(config_history: list[dict[str, Any]], engine_history: list[HistoryEntry],
                        n_layers: int) -> list[int] | None:
     """Per-layer sizes from the engine's history (newest first, one entry per config history
     entry), bottom layer first; None when the two histories do not line up."""
     if not config_history or len(config_history) != len(engine_history):
         return None
-    sizes = [int(e.get("Size") or 0) for c, e in zip(config_history, reversed(engine_history), strict=False)
+    sizes = [e.size for c, e in zip(config_history, reversed(engine_history), strict=False)
              if not c.get("empty_layer")]
     return sizes if len(sizes) == n_layers else None
 

@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from buildkit_py import oci
+from buildkit_py.engine.run import BindMount
 from buildkit_py.errors import EnvironmentProblem, InspectError
 from buildkit_py.sizes import human_size
 
@@ -319,9 +320,8 @@ class Tracer:
     tools: Path
     out: Path
 
-    def mounts(self) -> tuple[str, ...]:
-        return ("--mount", f"type=bind,source={self.tools},target={TRACE_DIR},readonly",
-                "--mount", f"type=bind,source={self.out},target={TRACE_OUT}")
+    def mounts(self) -> tuple[BindMount, ...]:
+        return (BindMount(self.tools, TRACE_DIR), BindMount(self.out, TRACE_OUT, read_only=False))
 
     def wrap(self, name: str, entrypoint: str, command: tuple[str, ...]) -> tuple[str, tuple[str, ...]]:
         """(entrypoint, command) that run ``entrypoint command...`` under strace, its log in

@@ -271,17 +271,15 @@ def contents_from_layers(scans: Sequence[LayerScan], *, image: str, source: str,
 def read_engine_image(engine: Engine, image: str) -> ImageContents:
     """``image`` from the local store of ``engine``: its file system as a container sees it
     (``Engine.filesystem``: a container created, never started, exported), one pass."""
-    attrs = engine.image_attrs(image)
-    if attrs is None:
+    info = engine.image(image)
+    if info is None:
         raise ImageMissing(f"no image {image!r} in the engine",
                            hint="build it first, or name it with its registry to read it from there")
-    with engine.filesystem(attrs["Id"]) as chunks:
+    with engine.filesystem(info.id) as chunks:
         merged = scan_layer(io.BufferedReader(IterStream(chunks), 1 << 20), counter=None, keep=wanted)
-    config = {"os": attrs.get("Os"), "architecture": attrs.get("Architecture"), "variant": attrs.get("Variant"),
-              "created": attrs.get("Created")}
-    labels = (attrs.get("Config") or {}).get("Labels") or {}
-    return contents_from_layers([merged], image=image, source=SOURCE_ENGINE, image_id=attrs["Id"], config=config,
-                                labels=labels)
+    config = {"os": info.os, "architecture": info.architecture, "variant": info.variant, "created": info.created}
+    return contents_from_layers([merged], image=image, source=SOURCE_ENGINE, image_id=info.id, config=config,
+                                labels=info.labels)
 
 
 _COMPRESSION = {"application/vnd.oci.image.layer.v1.tar+gzip": "gzip",
@@ -350,7 +348,7 @@ def read_image_contents(image: str, *, source: str = "auto", engine: Engine | No
         raise SbomError(f"unknown source {source!r}", hint="use auto, registry or engine")
     if source != SOURCE_REGISTRY and engine is not None:
         try:
-            local = engine.image_attrs(image) is not None
+            local = engine.image(image) is not None
         except ImgbuildError:
             local = False  # no engine here: the registry may still have it
         if local or source == SOURCE_ENGINE:

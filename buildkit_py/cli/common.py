@@ -272,11 +272,11 @@ def image_config(engine: Engine | None, ref: str) -> dict[str, Any]:
     from buildkit_py.errors import ImgbuildError
 
     try:
-        attrs = engine.image_attrs(ref) if engine is not None else None
+        info = engine.image(ref) if engine is not None else None
     except ImgbuildError:
-        attrs = None  # no engine here: ask the registry
-    if attrs is not None:
-        return dict(attrs.get("Config") or {})
+        info = None  # no engine here: ask the registry
+    if info is not None:
+        return dict(info.config)
     from buildkit_py import oci
     from buildkit_py.errors import ImageMissing, ManifestNotFound
 

@@ -161,11 +161,11 @@ def _recipe_start(engine: Engine, image: str, recipe: Recipe) -> ImageStart:
     from buildkit_py.errors import ImgbuildError
 
     try:
-        attrs = engine.image_attrs(image)
+        info = engine.image(image)
     except ImgbuildError:
-        attrs = None  # no engine here (a dry run): the recipe says
-    if attrs is not None:
-        config = attrs.get("Config") or {}
+        info = None  # no engine here (a dry run): the recipe says
+    if info is not None:
+        config = info.config
         return ImageStart(tuple(config.get("Entrypoint") or ()), tuple(config.get("Cmd") or ()))
     return ImageStart(recipe.entrypoint, recipe.cmd, source="recipe")
 
@@ -176,7 +176,7 @@ def _require_built(engine: Engine, image: str, recipe: Path) -> None:
     from buildkit_py import oci
     from buildkit_py.errors import ImageMissing, ManifestNotFound
 
-    if engine.image_attrs(image) is not None:
+    if engine.image(image) is not None:
         return
     ref = oci.parse_reference(image)
     if ref.registry != oci.DOCKER_HUB:  # docker run pulls a registry tag itself, if it is there

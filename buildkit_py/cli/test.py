@@ -83,7 +83,7 @@ def cmd_test(args: argparse.Namespace, out: Out) -> int:
     engine = reading_engine(args)
     recipe, image = test_subject(args, out)
     platforms = tested_platforms(recipe, tuple(args.test_platforms))
-    if engine.image_attrs(image) is None:
+    if engine.image(image) is None:
         raise ImageMissing(f"no image {image} in the {engine.describe()}",
                            hint=f"build it first (imgbuild build {args.target}"
                                 + (f" --variant {args.variant})" if args.variant else ")") if recipe else

@@ -1,6 +1,7 @@
 """Engines: one object per engine, chosen once by the CLI (``select_engine``) and passed down.
 Every module that needs the engine (build, push, image attributes, history, save, run with
-GPUs) asks this object, through the ``Engine`` protocol (base.py); none builds its own client
+GPUs) asks this object, through the ``Engine`` protocol (base.py: the ``Builder``, ``ImageStore``
+and ``Runner`` roles, images as typed ``ImageInfo`` and ``HistoryEntry``); none builds its own client
 and none branches on which kind it is.
 
 The kinds are plug-ins, one module each in ``engine/kinds/``, registered by name
@@ -27,12 +28,17 @@ from buildkit_py.engine.base import (
     PROVENANCE,
     PUSH,
     SECRETS,
+    Builder,
     BuildRequest,
     BuildResult,
     Engine,
+    HistoryEntry,
+    ImageInfo,
     ImageSizes,
+    ImageStore,
     LineSink,
     ProgressSink,
+    Runner,
     parse_compression,
     require,
     required_capabilities,
@@ -43,6 +49,7 @@ from buildkit_py.engine.select import engine_for_reading, select_engine
 __all__ = ["BUILDER_SELECT", "CA_SECRET_ID", "CACHE_EXPORT", "CACHE_FROM", "CACHE_MOUNTS", "COMPRESSION",
            "ENGINE_STORE", "METADATA_FILE", "MULTI_PLATFORM", "MULTI_STAGE", "OCI_MEDIATYPES", "PLATFORM",
            "PROVENANCE", "PUSH",
-           "SECRETS", "BuildRequest", "BuildResult", "Engine", "EngineChoice", "ImageSizes",
-           "LineSink", "ProgressSink", "engine_for_reading", "engines", "kind_names",
+           "SECRETS", "BuildRequest", "BuildResult", "Builder", "Engine", "EngineChoice", "HistoryEntry",
+           "ImageInfo", "ImageSizes", "ImageStore", "LineSink", "ProgressSink", "Runner",
+           "engine_for_reading", "engines", "kind_names",
            "parse_compression", "register", "require", "required_capabilities", "select_engine"]

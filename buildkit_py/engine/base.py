@@ -1,6 +1,7 @@
-"""What every engine is: the ``Engine`` protocol (build, push, the image store, run with GPUs,
-declared capabilities), the build request and result it takes and gives, and the refusal of an
-option an engine cannot honour. The engines themselves are plug-ins in ``engine/kinds/`` (one
+"""What every engine is: the ``Engine`` protocol, three roles in one object (``Builder``: build,
+push, declared capabilities; ``ImageStore``: the images it holds, as typed ``ImageInfo`` and
+``HistoryEntry``; ``Runner``: run with GPUs), the build request and result it takes and gives,
+and the refusal of an option an engine cannot honour. The engines themselves are plug-ins in ``engine/kinds/`` (one
 module per kind, each registering its class with ``registry.register``); ``select.py`` chooses
 one; ``buildkit_py.engine`` exports this module's names."""
 
@@ -12,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+from buildkit_py.engine.registry import who_can
 from buildkit_py.errors import EngineCapabilityError, UsageError
 
 if TYPE_CHECKING:
@@ -38,21 +40,6 @@ ENGINE_STORE = "engine-store"
 
 CA_SECRET_ID = "cacert"  # noqa: S105 - the BuildKit secret that carries --ca-cert's bundle
 
-# What can honour each capability, for the refusal's hint.
-_WHO_CAN = {
-    CACHE_EXPORT: "buildx with the containerd image store (Docker >= 24 with "
-                  '{"features": {"containerd-snapshotter": true}} in daemon.json, e.g. the Docker 26 engine '
-                  "scripts/services.sh starts on /run/docker26.sock) or a named builder (--builder)",
-    PUSH: "buildx (docker buildx plugin >= 0.10)",
-    METADATA_FILE: "buildx (docker buildx plugin)",
-    BUILDER_SELECT: "buildx (docker buildx plugin)",
-    COMPRESSION: "buildx with the containerd image store, or a named builder (--builder)",
-    OCI_MEDIATYPES: "buildx with the containerd image store, or a named builder (--builder)",
-    PROVENANCE: "buildx >= 0.10 with the containerd image store, or a named builder (--builder)",
-    PLATFORM: "buildx (docker buildx plugin), or Docker's classic builder with DOCKER_BUILDKIT=1",
-    MULTI_PLATFORM: "buildx with the containerd image store (the Docker 26 engine scripts/services.sh starts on "
-                    "/run/docker26.sock) or a named builder (--builder)",
-}
 
 LineSink = Callable[[str], None]
 ProgressSink = Callable[[str], None]
@@ -93,6 +80,51 @@ class BuildResult:
     seconds: float
     rerun: tuple[str, ...] = ()  # the steps that ran (not cached), by marker id or instruction
     digest: str | None = None  # the pushed manifest (or index) digest, from --metadata-file
+
+
+@dataclass(frozen=True)
+class ImageInfo:
+    """An image in the engine's store, read once by its kind (engine/kinds/) from whatever the
+    engine prints (`docker image inspect`, `podman image inspect`): generic code reads these
+    fields, never the engine's JSON keys (tests/test_engine_keys.py holds that)."""
+
+    id: str  # sha256:<the config's digest>
+    # The image config's runtime part as the OCI image config spells it ("Labels", "Env",
+    # "Entrypoint", "Cmd", ...): what the registry's config blob has under "config" too.
+    config: Mapping[str, Any]
+    layers: tuple[str, ...] = ()  # the diff ids, bottom layer first
+    # Registry digests ("repo@sha256:..."), only for images a registry holds: pulled or pushed
+    repo_digests: tuple[str, ...] = ()
+    size: int = 0  # the engine's own size (classic store: unpacked; containerd store: the blobs)
+    os: str | None = None
+    architecture: str | None = None
+    variant: str | None = None
+    created: str | None = None  # RFC 3339, as the config says
+
+    @property
+    def labels(self) -> dict[str, str]:
+        return dict(self.config.get("Labels") or {})
+
+    @property
+    def platform(self) -> str | None:
+        """os/arch (the platform a run without --platform starts), None when unknown."""
+        return f"{self.os}/{self.architecture}" if self.os and self.architecture else None
+
+    def registry_digest(self) -> str | None:
+        """The first registry digest the engine knows for it (a pulled base's), else None."""
+        return next((d.split("@", 1)[1] for d in self.repo_digests if "@" in d), None)
+
+
+@dataclass(frozen=True)
+class HistoryEntry:
+    """One entry of an image's history as the engine keeps it (oldest first in a list): the
+    instruction that made it, the bytes its layer holds (0 for a metadata step)."""
+
+    created_by: str
+    size: int = 0
+    id: str = "<missing>"  # sha256:... of the image it made, or <missing> (not in this store)
+    created: int = 0  # seconds since 1970
+    comment: str = ""
 
 
 @dataclass(frozen=True)
@@ -156,10 +188,11 @@ def required_capabilities(plan_needs: frozenset[str], request: BuildRequest) -> 
     return needs
 
 
-def require(engine: Engine, needs: set[str]) -> None:
+def require(engine: Builder, needs: set[str]) -> None:
     missing = sorted(needs - engine.capabilities)
     if missing:
-        hint = "; ".join(f"{m}: {_WHO_CAN[m]}" for m in missing if m in _WHO_CAN) or \
+        offers = {m: text for m in missing if (text := who_can(m))}
+        hint = "; ".join(f"{m}: {text}" for m, text in offers.items()) or \
             "install the docker buildx plugin (docker-buildx-plugin)"
         hint += "".join(f"; {text}" for m, text in sorted(engine.hints.items()) if m in missing)
         raise EngineCapabilityError(
@@ -169,20 +202,13 @@ def require(engine: Engine, needs: set[str]) -> None:
 # --- the engine object -------------------------------------------------------------------------
 
 
-class Engine(Protocol):
-    """One engine, chosen once (``select.select_engine``) and passed down: every module that
-    builds, pushes, reads the image store or runs a container asks this object, and none
-    branches on which kind it is; what differs between kinds is a method or a capability.
+class Builder(Protocol):
+    """What builds and pushes: declared capabilities (``require`` refuses the rest before any
+    build starts), ``build`` passing on BuildKit's plain progress lines (``buildlog.py`` reads
+    them, the CLI draws them) whatever the engine prints itself, and ``push``. Failures are typed:
+    EnvironmentProblem when it cannot be reached, BuildFailed and the registry errors."""
 
-    Images are described as `docker image inspect` and `docker history` describe them (``Id``
-    the config's digest, ``Config.Labels``, ``RootFS.Layers``, ``RepoDigests`` only for digests
-    a registry holds; history entries with ``Id``, ``Created``, ``CreatedBy``, ``Size``,
-    ``Comment``), and ``build`` passes on BuildKit's plain progress lines (``buildlog.py``
-    reads them, the CLI draws them), whatever the engine prints itself. An engine's failures are
-    typed errors: EnvironmentProblem when it cannot be reached, InspectError when an image cannot
-    be read back, BuildFailed and the registry errors for builds and pushes."""
-
-    name: str  # how reports name it ("docker", "buildx", "buildx-builder", "podman")
+    name: str  # how reports name it ("docker", "buildx", "buildx-builder", "podman", "buildah")
 
     @property
     def capabilities(self) -> frozenset[str]:
@@ -202,11 +228,6 @@ class Engine(Protocol):
         """The environment its client runs with (the engine's address included)."""
         ...
 
-    def client_argv(self) -> list[str]:
-        """The command line of its client (``docker --host H``, ``podman``), for what imgbuild
-        leaves to it: `imgbuild run` runs ``run_argv``, tests clean up with it."""
-        ...
-
     def ping(self) -> None:
         """Raise EnvironmentProblem unless the engine answers."""
         ...
@@ -220,12 +241,20 @@ class Engine(Protocol):
         """Push one tag the engine has; the digest is the registry's."""
         ...
 
-    def image_attrs(self, ref: str) -> dict[str, Any] | None:
-        """`docker image inspect` of ``ref``; None when the engine does not have it."""
+
+class ImageStore(Protocol):
+    """The images an engine holds, typed (``ImageInfo``, ``HistoryEntry``): each kind parses its
+    engine's JSON once. InspectError when an image cannot be read back."""
+
+    def describe(self) -> str:
         ...
 
-    def history(self, ref: str) -> list[dict[str, Any]]:
-        """`docker history`, oldest first."""
+    def image(self, ref: str) -> ImageInfo | None:
+        """``ref`` as the engine holds it; None when it does not have it."""
+        ...
+
+    def history(self, ref: str) -> list[HistoryEntry]:
+        """Its history, oldest first."""
         ...
 
     def image_sizes(self, ref: str) -> ImageSizes:
@@ -255,6 +284,16 @@ class Engine(Protocol):
         """Remove the image ``ref`` (quietly: a missing one is no error)."""
         ...
 
+
+class Runner(Protocol):
+    """What runs containers of the store's images (`imgbuild run`, the image tests)."""
+
+    def describe(self) -> str:
+        ...
+
+    def environment(self) -> dict[str, str]:
+        ...
+
     def gpu_available(self) -> bool:
         """Can its containers get NVIDIA GPUs (`imgbuild run --gpus auto`)?"""
         ...
@@ -263,3 +302,13 @@ class Engine(Protocol):
         """The client command line that runs ``spec`` (GPU flags included when it asks)."""
         ...
 
+    def remove_container_argv(self, name: str) -> tuple[str, ...]:
+        """The client command line that removes the container ``name`` (stopped or running)."""
+        ...
+
+
+class Engine(Builder, ImageStore, Runner, Protocol):
+    """One engine, chosen once (``select.select_engine``) and passed down: every module that
+    builds, pushes, reads the image store or runs a container asks this object, and none
+    branches on which kind it is; what differs between kinds is a method or a capability. A
+    module that needs one role takes that protocol (``Builder``, ``ImageStore``, ``Runner``)."""

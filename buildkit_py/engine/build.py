@@ -155,8 +155,9 @@ def layer_groups(engine: Engine, image_id: str, plan: BuildPlan) -> dict[str, in
     history = engine.history(image_id)
     step_groups = {st.id: st.group for st in plan.final.steps}
     groups: dict[str, int] = {}
-    for attribution, entry in zip(attribute_entries(history, step_groups), history, strict=False):
-        groups[attribution.group] = groups.get(attribution.group, 0) + int(entry.get("Size") or 0)
+    entries = [{"created_by": e.created_by} for e in history]  # the image config's spelling, which it reads
+    for attribution, entry in zip(attribute_entries(entries, step_groups), history, strict=False):
+        groups[attribution.group] = groups.get(attribution.group, 0) + entry.size
     return {g: b for g, b in sorted(groups.items(), key=lambda kv: -kv[1]) if b}
 
 
@@ -237,10 +238,7 @@ def buildkit_pushes(result: BuildResult, tags: tuple[str, ...]) -> list[PushResu
 def local_digest(engine: Engine, ref: str) -> str | None:
     """The base image's registry digest where the engine knows one (pulled, not imported)."""
     try:
-        digests = (engine.image_attrs(ref) or {}).get("RepoDigests") or []
+        info = engine.image(ref)
     except ImgbuildError:
         return None
-    for d in digests:
-        if "@" in d:
-            return d.split("@", 1)[1]
-    return None
+    return info.registry_digest() if info is not None else None

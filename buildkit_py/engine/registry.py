@@ -13,6 +13,7 @@ from __future__ import annotations
 import importlib
 import pkgutil
 import threading
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar, Protocol, TypeVar
 
@@ -42,6 +43,8 @@ class EngineClass(Protocol):
     named_builders: ClassVar[bool]  # takes --builder NAME
     title: ClassVar[str]  # for messages: "the classic client", "podman"
     summary: ClassVar[str]  # for --engine's help: "a 20.10 client with DOCKER_BUILDKIT=1"
+    # For a refusal's hint: each capability this kind can offer, and how ("buildx with the containerd store")
+    who_can: ClassVar[Mapping[str, str]]
 
     @classmethod
     def find(cls, choice: EngineChoice) -> Engine:
@@ -104,6 +107,14 @@ def kinds_help() -> str:
     kinds = ", ".join(f"{k} ({c.summary})" for k, c in classes)
     also = "".join(f"; {a} is {k}" for a, k in sorted(aliases.items()))
     return f"engine kind: {kinds}{also}; default: auto ({', then '.join(c.kind for c in auto_kinds())})"
+
+
+def who_can(capability: str) -> str | None:
+    """Which registered kinds can honour ``capability``, in their own words, for the refusal's
+    hint (``require``); None when none says it can."""
+    kinds = sorted({c.kind: c for c in engines().values()}.items())
+    offers = dict.fromkeys(c.who_can[capability] for _, c in kinds if capability in c.who_can)
+    return ", or ".join(offers) or None
 
 
 def auto_kinds() -> list[type[EngineClass]]:

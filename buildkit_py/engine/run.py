@@ -40,6 +40,15 @@ class WeightsMount:
 
 
 @dataclass(frozen=True)
+class BindMount:
+    """A host file or folder bound into the container at ``target``, read-only unless asked."""
+
+    source: Path
+    target: str
+    read_only: bool = True
+
+
+@dataclass(frozen=True)
 class Process:
     """What the container runs, by docker's rule: the command after the image replaces the
     image's CMD and is passed to its ENTRYPOINT as arguments; ``--entrypoint`` replaces the
@@ -113,8 +122,8 @@ def nvidia_cdi_specs(dirs: tuple[Path, ...] | None = None) -> bool:
 @dataclass(frozen=True)
 class RunSpec:
     """One container to start, whatever the engine: the image, the weights bound read-only, GPUs
-    or not, the network, docker's ``--entrypoint`` (None: the image's), extra client arguments
-    and the command."""
+    or not, the network, docker's ``--entrypoint`` (None: the image's), other bind mounts, the
+    client arguments the user passed on (`imgbuild run --docker-arg`) and the command."""
 
     image: str
     weights: tuple[WeightsMount, ...] = ()
@@ -125,6 +134,7 @@ class RunSpec:
     command: tuple[str, ...] = ()
     platform: str | None = None  # that platform's image of a multi-platform one (linux/arm64: under qemu)
     name: str | None = None  # the container's name (--name): how it is removed when its client is stopped
+    mounts: tuple[BindMount, ...] = ()  # after the weights (the image tests' scripts and wheels)
 
 
 def run_args(spec: RunSpec, gpu_flags: tuple[str, ...]) -> list[str]:
@@ -143,6 +153,8 @@ def run_args(spec: RunSpec, gpu_flags: tuple[str, ...]) -> list[str]:
         argv += ["--platform", spec.platform]
     for w in spec.weights:
         argv += ["--mount", f"type=bind,source={w.host_dir},target={w.mount},readonly"]
+    for m in spec.mounts:
+        argv += ["--mount", f"type=bind,source={m.source},target={m.target}" + (",readonly" if m.read_only else "")]
     return argv + list(spec.extra) + [spec.image] + list(spec.command)
 
 
@@ -209,7 +221,7 @@ def run_container(engine: Engine, spec: RunSpec, *, what: str, timeout: float | 
     def remove() -> None:
         # bounded: an engine that no longer answers must not hold an interrupt (the client is stopped next)
         with contextlib.suppress(subprocess.TimeoutExpired, OSError):
-            subprocess.run([*engine.client_argv(), "rm", "-f", name], capture_output=True,  # noqa: PLW1510
+            subprocess.run(engine.remove_container_argv(name), capture_output=True,  # noqa: PLW1510
                            env=engine.environment(), stdin=subprocess.DEVNULL, timeout=30)
 
     def watch() -> None:

@@ -3,8 +3,8 @@ the registry (registry.py) names the kinds; each kind finds itself on the machin
 
 from __future__ import annotations
 
-from buildkit_py.engine.base import _WHO_CAN, BUILDER_SELECT, Engine
-from buildkit_py.engine.registry import AUTO, EngineChoice, EngineClass, auto_kinds, engines, kind_names
+from buildkit_py.engine.base import BUILDER_SELECT, Engine
+from buildkit_py.engine.registry import AUTO, EngineChoice, EngineClass, auto_kinds, engines, kind_names, who_can
 from buildkit_py.errors import EngineCapabilityError, EnvironmentProblem, ImgbuildError
 
 
@@ -25,7 +25,7 @@ def _candidates(kind: str, builder: str | None) -> list[type[EngineClass]]:
         able = [c for c in candidates if c.named_builders]
         if not able:
             raise EngineCapabilityError(f"--builder {builder} needs buildx, not {candidates[0].title}",
-                                         hint=f"builder: {_WHO_CAN[BUILDER_SELECT]}")
+                                         hint=f"builder: {who_can(BUILDER_SELECT)}")
         candidates = able
     return candidates
 

@@ -320,8 +320,8 @@ def _request(plan: BuildPlan, engine: Engine, options: BuildOptions,
 def _measure(engine: Engine, plan: BuildPlan, image_id: str, *, keep_local: bool) -> Measured:
     sizes = engine.image_sizes(image_id) if keep_local and image_id else None
     groups = layer_groups(engine, image_id, plan) if sizes else {}
-    attrs = (engine.image_attrs(image_id) or {}) if sizes else {}
-    return sizes, groups, dict(sorted(((attrs.get("Config") or {}).get("Labels") or {}).items()))
+    info = engine.image(image_id) if sizes else None
+    return sizes, groups, dict(sorted(info.labels.items())) if info is not None else {}
 
 
 def _check_budget(engine: Engine, plan: BuildPlan, image_id: str, tags: tuple[str, ...], measured: Measured,

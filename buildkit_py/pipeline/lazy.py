@@ -22,6 +22,7 @@ from buildkit_py.analysis.lazy import (
 )
 from buildkit_py.analysis.saved_image import IterStream, analyze_save_stream
 from buildkit_py.errors import InspectError
+from buildkit_py.reference import names_registry
 
 if TYPE_CHECKING:
     from buildkit_py.engine.base import Engine
@@ -32,12 +33,12 @@ def image_layers(engine: Engine, image: str, remote: list[RemoteLayer] | None = 
     """The image's layers from one ``save`` stream (their files, links, whiteouts), sized by the
     registry's blobs when ``remote`` lines up with them, else by the engine's compressed blobs
     (the containerd store) or a gzip -6 estimate; an eStargz layer of ``remote`` brings its spans."""
-    attrs = engine.image_attrs(image)
-    if attrs is None:
+    info = engine.image(image)
+    if info is None:
         raise InspectError(f"no image {image} in the {engine.describe()}")
-    diff_ids = list((attrs.get("RootFS") or {}).get("Layers") or [])
+    diff_ids = list(info.layers)
     stream = io.BufferedReader(IterStream(engine.save(image)), 1 << 20)
-    saved = analyze_save_stream(stream, image_id=attrs["Id"], diff_ids=diff_ids, estimate_compressed=remote is None)
+    saved = analyze_save_stream(stream, image_id=info.id, diff_ids=diff_ids, estimate_compressed=remote is None)
     if remote is not None and len(remote) != len(diff_ids):
         raise InspectError(f"the registry's image has {len(remote)} layers, the engine's {len(diff_ids)}",
                            hint="test the image the registry holds: pull it, or push this one")
@@ -69,12 +70,10 @@ def lazy_tests(engine: Engine, image: str, *, recipe: Recipe | None = None, defa
 
 def pushed_ref(engine: Engine, image: str) -> str | None:
     """The reference to measure in its registry: ``image`` itself where the engine records it as
-    pulled or pushed (RepoDigests) and its name starts with a registry host (the docker CLI's rule:
-    a first component with ``.`` or ``:``, or localhost); None: measure the engine's copy."""
-    attrs = engine.image_attrs(image) or {}
-    first = image.split("/", 1)[0] if "/" in image else ""
-    named = "." in first or ":" in first or first == "localhost"
-    return image if attrs.get("RepoDigests") and named else None
+    pulled or pushed (its registry digests) and its name starts with a registry host
+    (reference.names_registry); None: measure the engine's copy."""
+    info = engine.image(image)
+    return image if info is not None and info.repo_digests and names_registry(image) else None
 
 
 @dataclass(frozen=True)

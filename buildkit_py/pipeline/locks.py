@@ -46,9 +46,9 @@ def pin_base(ref: str, *, engine: ImageStore | None = None) -> LockedBase:
         return LockedBase(ref, digest)
     except ImgbuildError:  # unreachable, refusing or unknown to its registry: ask the engine
         pass
-    attrs = local_image(engine, ref)
-    if attrs:
-        return LockedBase(ref, None, attrs["Id"],
+    local = local_image(engine, ref)
+    if local is not None:
+        return LockedBase(ref, None, local.id,
                           "its registry did not confirm a digest; the local engine's image is pinned by "
                           "image id, which other machines cannot reproduce: push it to a registry to pin it")
     return LockedBase(ref, None, note="neither its registry nor the local engine knows it: not pinned")

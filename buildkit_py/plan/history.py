@@ -53,13 +53,13 @@ class Attribution:
 def attribute_entries(history: list[dict], step_groups: Mapping[str, str] | None = None) -> list[Attribution]:
     """The step and group of every history entry, empty ones included, oldest first.
 
-    Entries use the image config's keys (``created_by``) or the engine history API's
-    (``CreatedBy``): the build's size budget reads the latter without streaming the image."""
+    Entries use the image config's keys (``created_by``); the build's size budget passes the
+    engine's history (engine.HistoryEntry) in those terms, without streaming the image."""
     step_groups = dict(step_groups or {})
     seen_marker = False
     copies = 0
     out: list[Attribution] = []
-    texts = [str(entry.get("created_by") or entry.get("CreatedBy") or "") for entry in history]
+    texts = [str(entry.get("created_by") or "") for entry in history]
     marks = [m.group(1) if (m := MARKER_RE.search(text)) else None for text in texts]
     for i, created in enumerate(texts):
         instr = instruction_of(created)

@@ -93,10 +93,17 @@ Resolver = Callable[..., PipReport]
 BasePinner = Callable[[str], LockedBase]  # a base ref -> its pin (pipeline.locks.pin_base: registry, then engine)
 
 
-class ImageStore(Protocol):
-    """What the lock asks of an engine: a local image's `image inspect` (an engine object is one)."""
+class LocalImage(Protocol):
+    """What the lock reads of a local image (engine.ImageInfo is one): its id."""
 
-    def image_attrs(self, ref: str) -> dict[str, Any] | None: ...
+    @property
+    def id(self) -> str: ...
+
+
+class ImageStore(Protocol):
+    """What the lock asks of an engine: a local image (an engine object is one)."""
+
+    def image(self, ref: str) -> LocalImage | None: ...
 
 
 class LockMode(TextEnum):
@@ -276,13 +283,13 @@ def packages_from_report(report: PipReport, target: Target, steps: Sequence[Lock
 # --- base images ----------------------------------------------------------------------------
 
 
-def local_image(engine: ImageStore | None, ref: str) -> dict[str, Any] | None:
-    """The engine's `image inspect` of ``ref``; None when there is no engine (the CLI passes
+def local_image(engine: ImageStore | None, ref: str) -> LocalImage | None:
+    """The engine's image ``ref``; None when there is no engine (the CLI passes
     the one it created, or None), the engine is unreachable or does not have it."""
     if engine is None:
         return None
     try:
-        return engine.image_attrs(ref)
+        return engine.image(ref)
     except ImgbuildError:
         return None
 
@@ -632,7 +639,8 @@ def local_base_drift(bases: Mapping[str, LockedBase], engine: ImageStore | None 
     for _stage, b in sorted(bases.items()):
         if b.digest or not b.image_id:
             continue
-        now = (local_image(engine, b.ref) or {}).get("Id")
+        local = local_image(engine, b.ref)
+        now = local.id if local is not None else None
         if now != b.image_id:
             out.append(LocalBaseDrift(b.ref, b.image_id, now))
     return out

@@ -79,6 +79,21 @@ class BuildxEngine(ClassicEngine):
     named_builders: ClassVar[bool] = True
     title: ClassVar[str] = "buildx"
     summary: ClassVar[str] = "docker buildx build, client and engine as for docker; with --builder, that BuildKit"
+    # What a refusal's hint names for each capability (engine/registry.py who_can)
+    who_can: ClassVar[Mapping[str, str]] = {
+        CACHE_EXPORT: "buildx with the containerd image store (Docker >= 24 with "
+                      '{"features": {"containerd-snapshotter": true}} in daemon.json, e.g. the Docker 26 engine '
+                      "scripts/services.sh starts on /run/docker26.sock) or a named builder (--builder)",
+        PUSH: "buildx (docker buildx plugin >= 0.10)",
+        METADATA_FILE: "buildx (docker buildx plugin)",
+        BUILDER_SELECT: "buildx (docker buildx plugin)",
+        COMPRESSION: "buildx with the containerd image store, or a named builder (--builder)",
+        OCI_MEDIATYPES: "buildx with the containerd image store, or a named builder (--builder)",
+        PROVENANCE: "buildx >= 0.10 with the containerd image store, or a named builder (--builder)",
+        PLATFORM: "buildx (docker buildx plugin)",
+        MULTI_PLATFORM: "buildx with the containerd image store (the Docker 26 engine scripts/services.sh starts on "
+                        "/run/docker26.sock) or a named builder (--builder)",
+    }
     name = "buildx"
     hints: Mapping[str, str] = {}
 

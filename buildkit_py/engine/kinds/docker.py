@@ -17,7 +17,7 @@ import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from types import ModuleType
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from buildkit_py import oci
 from buildkit_py.engine.base import (
@@ -33,6 +33,8 @@ from buildkit_py.engine.base import (
     BuildRequest,
     BuildResult,
     Engine,
+    HistoryEntry,
+    ImageInfo,
     ImageSizes,
     LineSink,
     ProgressSink,
@@ -41,6 +43,7 @@ from buildkit_py.engine.base import (
 )
 from buildkit_py.engine.buildlog import BuildLog, build_failure, build_result
 from buildkit_py.engine.children import follow
+from buildkit_py.engine.kinds.docker_format import history_entries, image_info
 from buildkit_py.engine.push import PushResult, TransferSink, push_image
 from buildkit_py.engine.registry import EngineChoice, register
 from buildkit_py.engine.run import RunSpec, nvidia_cdi_specs, run_args
@@ -103,7 +106,8 @@ def docker_sdk() -> ModuleType:
     """The docker SDK, imported on first use: it loads requests and urllib3 (CLI start-up cost)."""
     import docker  # noqa: PLC0415 - deliberately lazy, see tests/test_startup.py
 
-    return docker
+    module: ModuleType = docker
+    return module
 
 
 def _sdk_error(exc: Exception, host: str | None) -> EnvironmentProblem:
@@ -112,7 +116,7 @@ def _sdk_error(exc: Exception, host: str | None) -> EnvironmentProblem:
                               hint="start it (scripts/services.sh up) or set DOCKER_HOST")
 
 
-def gpu_runtime(info: Mapping, cdi_dirs: tuple[Path, ...] | None = None) -> bool:
+def gpu_runtime(info: Mapping[str, Any], cdi_dirs: tuple[Path, ...] | None = None) -> bool:
     """Does a docker engine offer GPUs? The nvidia runtime registered with dockerd (``info``:
     its `docker info`), or CDI specs for NVIDIA devices (`--gpus` works with either)."""
     return "nvidia" in (info.get("Runtimes") or {}) or nvidia_cdi_specs(cdi_dirs)
@@ -135,13 +139,14 @@ class DockerEngine:
     capabilities: frozenset[str] = frozenset()
     hints: Mapping[str, str] = {}
     gpu_flags: ClassVar[tuple[str, ...]] = ("--gpus", "all")
+    who_can: ClassVar[Mapping[str, str]] = {}
 
     def __init__(self, client: str, *, host: str | None = None, builder: str | None = None):
         self.client = client
         self.host = host if host is not None else (os.environ.get("DOCKER_HOST") or None)
         self.builder = builder
         self._local = threading.local()
-        self._info: dict | None = None
+        self._info: dict[str, Any] | None = None
 
     # -- how to call it
     def describe(self) -> str:
@@ -157,7 +162,7 @@ class DockerEngine:
         """The client command line that reaches this engine (for `docker run` and friends)."""
         return [self.client, *(["--host", self.host] if self.host else [])]
 
-    def sdk(self):
+    def sdk(self) -> Any:  # docker.DockerClient (the SDK has no type information)
         """A docker SDK client for this engine, one per thread (requests sessions are not shared)."""
         client = getattr(self._local, "client", None)
         if client is None:
@@ -175,7 +180,7 @@ class DockerEngine:
         self.sdk()
 
     # -- what it knows
-    def info(self) -> dict:
+    def info(self) -> dict[str, Any]:
         if self._info is None:
             self._info = self.sdk().info()
         return self._info
@@ -185,30 +190,36 @@ class DockerEngine:
         status = dict(tuple(x) for x in (self.info().get("DriverStatus") or []) if len(x) == 2)
         return status.get("driver-type") == "io.containerd.snapshotter.v1"
 
-    def image_attrs(self, ref: str) -> dict | None:
-        """`docker image inspect` of ``ref``, None when the engine does not have it."""
+    def image(self, ref: str) -> ImageInfo | None:
+        attrs = self.image_attrs(ref)
+        return None if attrs is None else image_info(attrs)
+
+    def image_attrs(self, ref: str) -> dict[str, Any] | None:
+        """`docker image inspect` of ``ref``, None when the engine does not have it (the raw
+        JSON: ``image`` parses it; the end-to-end tests read it as docker does)."""
         errors = docker_sdk().errors
         try:
-            return self.sdk().api.inspect_image(ref)
+            attrs: dict[str, Any] = self.sdk().api.inspect_image(ref)
         except errors.ImageNotFound:
             return None
         except errors.DockerException as exc:
             raise _sdk_error(exc, self.host) from None
+        return attrs
 
-    def history(self, ref: str) -> list[dict]:
+    def history(self, ref: str) -> list[HistoryEntry]:
         """`docker history`, oldest first."""
         errors = docker_sdk().errors
         try:
-            return list(reversed(self.sdk().api.history(ref)))
+            return history_entries(reversed(self.sdk().api.history(ref)))
         except errors.DockerException as exc:
             raise InspectError(f"could not read the history of {ref} from the engine: {exc}") from None
 
     def image_sizes(self, ref: str) -> ImageSizes:
-        attrs = self.image_attrs(ref) or {}
-        size = int(attrs.get("Size") or 0)
+        info = self.image(ref)
+        size = info.size if info is not None else 0
         if self.containerd_store():
             # Size is the compressed content; the snapshots' sizes are in the history.
-            return ImageSizes(sum(int(h.get("Size") or 0) for h in self.history(ref)), size)
+            return ImageSizes(sum(h.size for h in self.history(ref)), size)
         return ImageSizes(size, None)
 
     def save(self, ref: str, chunk_size: int = 1 << 20) -> Iterator[bytes]:
@@ -262,6 +273,9 @@ class DockerEngine:
     def run_argv(self, spec: RunSpec) -> tuple[str, ...]:
         return (*self.client_argv(), *run_args(spec, self.gpu_flags))
 
+    def remove_container_argv(self, name: str) -> tuple[str, ...]:
+        return (*self.client_argv(), "rm", "-f", name)
+
     def build(self, request: BuildRequest, on_line: LineSink) -> BuildResult:  # pragma: no cover - abstract
         raise NotImplementedError
 
@@ -276,6 +290,7 @@ class ClassicEngine(DockerEngine):
     auto_order: ClassVar[int | None] = 20  # after buildx
     named_builders: ClassVar[bool] = False
     title: ClassVar[str] = "the classic client"
+    who_can: ClassVar[Mapping[str, str]] = {PLATFORM: "Docker's classic builder with DOCKER_BUILDKIT=1"}
     summary: ClassVar[str] = ("DOCKER_BUILDKIT=1 docker build with a client older than 23.0, e.g. Debian's 20.10; "
                               "the client is $IMGBUILD_DOCKER, the engine $DOCKER_HOST")
     name = "docker"

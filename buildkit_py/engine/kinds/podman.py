@@ -57,6 +57,8 @@ from buildkit_py.engine.base import (
     BuildRequest,
     BuildResult,
     Engine,
+    HistoryEntry,
+    ImageInfo,
     ImageSizes,
     LineSink,
     ProgressSink,
@@ -65,6 +67,7 @@ from buildkit_py.engine.base import (
 )
 from buildkit_py.engine.buildlog import BuildLog, build_failure, build_result
 from buildkit_py.engine.children import follow
+from buildkit_py.engine.kinds.docker_format import history_entries, image_info
 from buildkit_py.engine.push import PushResult, TransferSink, push_with_retries, registry_host, split_tag
 from buildkit_py.engine.registry import EngineChoice, register
 from buildkit_py.engine.run import RunSpec, nvidia_cdi_specs, run_args
@@ -224,10 +227,14 @@ class PodmanEngine:
         CACHE_EXPORT: "podman reuses the layers in its own storage; a registry cache needs --engine buildx",
         CACHE_FROM: "podman reuses the layers in its own storage; a registry cache needs --engine buildx"}
     gpu_flags: ClassVar[tuple[str, ...]] = ("--device", "nvidia.com/gpu=all")  # CDI
+    who_can: ClassVar[Mapping[str, str]] = {}  # nothing the docker kinds cannot do
 
     def __init__(self, binary: str = "podman", version: tuple[int, ...] | None = None):
         self.binary = binary
         self.version = version
+        # What builds and pushes: podman itself; buildah.py's engine puts buildah here and keeps
+        # podman for the store and for running (both read the one containers storage).
+        self.tool = binary
 
     @staticmethod
     def _binary() -> str | None:
@@ -238,11 +245,16 @@ class PodmanEngine:
 
     @classmethod
     def find(cls, choice: EngineChoice) -> Engine:
+        return cls(*cls.podman())
+
+    @classmethod
+    def podman(cls) -> tuple[str, tuple[int, ...]]:
+        """podman's binary and version, or EnvironmentProblem saying why it will not do."""
         binary = cls._binary()
         if binary is None:
             where = f"IMGBUILD_PODMAN={os.environ['IMGBUILD_PODMAN']}: no such executable" \
                 if os.environ.get("IMGBUILD_PODMAN") else "no podman on PATH"
-            raise EnvironmentProblem(f"--engine podman: {where}",
+            raise EnvironmentProblem(f"--engine {cls.kind}: {where}",
                                      hint="install podman (on Debian 12: apt-get install podman, or "
                                           "scripts/services.sh up) or point IMGBUILD_PODMAN at it")
         try:
@@ -256,7 +268,7 @@ class PodmanEngine:
             raise EnvironmentProblem(f"{binary}: podman {found}; imgbuild needs podman 4 or newer "
                                      "(RUN --mount=type=cache and type=secret)",
                                      hint="install podman >= 4 (tested with 4.3.1, Debian 12's)")
-        return cls(binary, version)
+        return binary, version
 
     @classmethod
     def for_reading(cls, choice: EngineChoice) -> Engine:
@@ -298,7 +310,7 @@ class PodmanEngine:
     def command(self, request: BuildRequest, iidfile: Path) -> list[str]:
         """`podman build`: layers kept (the cache, as BuildKit's), docker's image format (the
         manifest docker engines push by default; OCI would drop HEALTHCHECK and SHELL)."""
-        cmd = [self.binary, "build", "--layers", "--format", "docker", "--iidfile", str(iidfile),
+        cmd = [self.tool, "build", "--layers", "--format", "docker", "--iidfile", str(iidfile),
                "--file", str(request.dockerfile)]
         cmd += run_step_flags(request) + label_flags(request)
         for tag in request.tags:
@@ -320,7 +332,7 @@ class PodmanEngine:
             iidfile = Path(tmp) / "iid"
             cmd = self.command(request, iidfile)
             code = follow(cmd, env=self.environment(), on_line=lambda raw: passed(lines.feed(raw)),
-                          what=f"podman build of {', '.join(request.tags) or 'the image'}")
+                          what=f"{self.name} build of {', '.join(request.tags) or 'the image'}")
             passed(lines.finish())
             if code != 0:
                 raise build_failure(log, cmd, code, ca_cert=CA_SECRET_ID in request.secrets)
@@ -346,7 +358,7 @@ class PodmanEngine:
         host = registry_host(ref)
         with tempfile.TemporaryDirectory(prefix="imgbuild-push-") as tmp:
             digestfile = Path(tmp) / "digest"
-            cmd = [self.binary, "push", "--digestfile", str(digestfile)]
+            cmd = [self.tool, "push", "--digestfile", str(digestfile)]
             if oci.is_loopback(host):
                 cmd.append("--tls-verify=false")  # plain http, as dockerd treats 127.0.0.0/8
             authfile = self._authfile(host, Path(tmp))
@@ -363,7 +375,7 @@ class PodmanEngine:
                     if on_progress is not None and text.strip():
                         on_progress(text.strip())  # "Copying blob sha256:...": podman counts no bytes off a terminal
 
-                code = follow(cmd, env=self.environment(), what=f"podman push of {ref}", on_line=line)
+                code = follow(cmd, env=self.environment(), what=f"{self.name} push of {ref}", on_line=line)
                 if code != 0:
                     return None, None, _last_error("\n".join(output))
                 digest = digestfile.read_text().strip() if digestfile.exists() else ""
@@ -382,7 +394,13 @@ class PodmanEngine:
         return len(raw)
 
     # -- the image store
+    def image(self, ref: str) -> ImageInfo | None:
+        attrs = self.image_attrs(ref)
+        return None if attrs is None else image_info(attrs)
+
     def image_attrs(self, ref: str) -> dict[str, Any] | None:
+        """`podman image inspect` of ``ref`` in docker's terms (``docker_image_attrs``), None when
+        podman does not have it (``image`` parses it; the end-to-end tests read it as docker's)."""
         proc = self._run("image", "inspect", ref)
         if proc.returncode != 0:
             if any(m in proc.stderr.lower() for m in _NOT_FOUND):
@@ -392,15 +410,15 @@ class PodmanEngine:
         found = json.loads(proc.stdout or "[]")
         return docker_image_attrs(found[0]) if found else None
 
-    def history(self, ref: str) -> list[dict[str, Any]]:
+    def history(self, ref: str) -> list[HistoryEntry]:
         proc = self._run("history", "--no-trunc", "--format", "json", ref)
         if proc.returncode != 0:
             raise InspectError(f"could not read the history of {ref} from podman: {_last_error(proc.stderr)}")
-        return list(reversed(docker_history(json.loads(proc.stdout or "[]"))))
+        return history_entries(reversed(docker_history(json.loads(proc.stdout or "[]"))))
 
     def image_sizes(self, ref: str) -> ImageSizes:
         # The layers' own sizes, as the docker engines count them (`Size` adds a little metadata).
-        return ImageSizes(sum(int(h.get("Size") or 0) for h in self.history(ref)), None)
+        return ImageSizes(sum(h.size for h in self.history(ref)), None)
 
     def save(self, ref: str, chunk_size: int = 1 << 20) -> Iterator[bytes]:
         """`podman save --format docker-archive`: the classic `docker save` layout."""
@@ -458,3 +476,6 @@ class PodmanEngine:
 
     def run_argv(self, spec: RunSpec) -> tuple[str, ...]:
         return (*self.client_argv(), *run_args(spec, self.gpu_flags))
+
+    def remove_container_argv(self, name: str) -> tuple[str, ...]:
+        return (*self.client_argv(), "rm", "-f", name)
