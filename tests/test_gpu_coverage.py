@@ -129,7 +129,8 @@ def image_kernels(monkeypatch):
     """check --gpu on an image whose files are these fat binaries (no engine)."""
     files: list[FileKernels] = []
     monkeypatch.setattr(gpu_coverage, "read_image_kernels", lambda engine, image: (files, [("/bad.so", "garbled")]))
-    monkeypatch.setattr("buildkit_py.cli.check._cuda_of_target", lambda engine, target: ("13.0.3", f"image {target}"))
+    monkeypatch.setattr("buildkit_py.cli.check._cuda_of_target",
+                        lambda _engine, target, _cache: ("13.0.3", f"image {target}"))
     return files
 
 
