@@ -136,8 +136,9 @@ def test_torch_image_reports_what_its_labels_say(engine, slim_build, logged_in):
     assert labels["io.imgbuild.cudnn.version"] == "9.24.0.43"  # torch 2.14.1's nvidia-cudnn-cu13 pin
 
     ref = built["tags"][0]
-    run = subprocess.run([*engine.client_argv(), "run", "--rm", "--network", "none", ref, "python", "-c",
-                          "import torch; print(torch.__version__, torch.version.cuda)"],
+    # the recipe's entrypoint is its server (uvicorn): python instead, for the one question
+    run = subprocess.run([*engine.client_argv(), "run", "--rm", "--network", "none", "--entrypoint", "python", ref,
+                          "-c", "import torch; print(torch.__version__, torch.version.cuda)"],
                          capture_output=True, text=True, timeout=300, env=engine.environment())
     assert run.returncode == 0, run.stderr
     version, cuda = run.stdout.split()
