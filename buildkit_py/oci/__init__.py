@@ -106,7 +106,7 @@ if TYPE_CHECKING:  # the eager view, for type checkers and readers
 # Where each public name lives.
 _HOME = {name: module for module, names in {
     "blobs": ("CHUNK", "MAX_CONFIG_BYTES", "MEDIA_OCTET", "UploadResult", "blob_exists", "delete_blob", "head_blob",
-              "read_blob", "sha256_file", "start_upload", "upload_blob", "upload_bytes"),
+              "read_blob", "read_blob_range", "sha256_file", "start_upload", "upload_blob", "upload_bytes"),
     "copy": ("CopyResult", "copy_image"),
     "download": ("default_streams", "get_blob"),
     "manifests": ("ACCEPT", "DEFAULT_PLATFORM", "INDEX_TYPES", "MANIFEST_TYPES", "MAX_MANIFEST_BYTES",
@@ -153,7 +153,6 @@ __all__ = [
     "descriptor_of", "fallback_tag", "fetch_manifest", "get_blob", "get_image_config", "get_manifest", "head_blob",
     "is_loopback", "list_referrers", "parse_image_config", "parse_manifest", "parse_reference", "platform_matches",
     "platform_of", "pull_scope", "push_referrer", "push_scope", "put_manifest", "read_any_manifest", "read_blob",
-    "read_blob_range",
-    "read_image_config", "read_manifest", "select_platform", "sha256_bytes", "sha256_file", "start_upload",
-    "upload_blob", "upload_bytes",
+    "read_blob_range", "read_image_config", "read_manifest", "select_platform", "sha256_bytes", "sha256_file",
+    "start_upload", "upload_blob", "upload_bytes",
 ]
