@@ -27,10 +27,11 @@ import urllib.error
 import urllib.request
 import zipfile
 import zlib
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from html.parser import HTMLParser
-from typing import Any
+from http.client import HTTPResponse
+from typing import TypedDict, cast
 from urllib.parse import urldefrag, urljoin, urlsplit
 
 from packaging.utils import canonicalize_name, parse_sdist_filename, parse_wheel_filename
@@ -111,7 +112,7 @@ class IndexClient:
         self.requests = 0
         self.bytes_read = 0
 
-    def _open(self, url: str, headers: dict[str, str] | None = None):
+    def _open(self, url: str, headers: dict[str, str] | None = None) -> HTTPResponse:
         # urllib would open file: and other schemes too (what S310 warns of): refuse them here.
         if urlsplit(url).scheme not in ("http", "https"):
             raise PackageIndexError(f"package index: {redact(url)}: only http and https URLs are read",
@@ -120,7 +121,8 @@ class IndexClient:
         self.requests += 1
         try:
             context = self._ctx if url.startswith("https:") else None
-            return urllib.request.urlopen(req, timeout=self.timeout, context=context)  # noqa: S310
+            # typeshed types urlopen's answer Any; for the http(s) URLs allowed above it is an HTTPResponse
+            return cast(HTTPResponse, urllib.request.urlopen(req, timeout=self.timeout, context=context))  # noqa: S310
         except urllib.error.HTTPError as exc:
             raise PackageIndexError(f"package index: GET {redact(url)}: HTTP {exc.code}",
                                     hint="check the index URL (pip's index-url) and that the project exists") from None
@@ -130,7 +132,7 @@ class IndexClient:
                                     hint="check the network or pip's index-url; --offline uses only the shipped "
                                          "data") from None
 
-    def _read(self, url: str, headers: dict[str, str] | None = None) -> tuple[bytes, Any]:
+    def _read(self, url: str, headers: dict[str, str] | None = None) -> tuple[bytes, HTTPResponse]:
         with self._open(url, headers) as r:
             body = r.read()
             self.bytes_read += len(body)
@@ -256,9 +258,22 @@ def _metadata_url(url: str, attr: object) -> str | None:
     return url + ".metadata"
 
 
-def _parse_json(body: bytes, page_url: str) -> list[dict]:
+class _FileEntryBase(TypedDict):
+    filename: str
+    url: str
+    requires_python: str | None
+    yanked: bool
+    metadata_url: str | None
+
+
+class _FileEntry(_FileEntryBase, total=False):
+    """One file of a project page, as either page format lists it (only the JSON one gives a size)."""
+    size: int | None
+
+
+def _parse_json(body: bytes, page_url: str) -> list[_FileEntry]:
     data = json.loads(body)
-    out = []
+    out: list[_FileEntry] = []
     for f in data["files"]:
         url = urljoin(page_url, f["url"])
         base, _ = urldefrag(url)
@@ -270,36 +285,39 @@ def _parse_json(body: bytes, page_url: str) -> list[dict]:
 
 
 class _Links(HTMLParser):
+    """Each <a>'s attributes and its text (kept apart: the attribute values may be None, the text not)."""
+
     def __init__(self) -> None:
         super().__init__()
-        self.links: list[dict] = []
-        self._cur: dict | None = None
+        self.links: list[tuple[dict[str, str | None], str]] = []
+        self._cur: dict[str, str | None] | None = None
+        self._text = ""
 
-    def handle_starttag(self, tag, attrs):
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
         if tag == "a":
             self._cur = dict(attrs)
-            self._cur["_text"] = ""
+            self._text = ""
 
-    def handle_data(self, data):
+    def handle_data(self, data: str) -> None:
         if self._cur is not None:
-            self._cur["_text"] += data
+            self._text += data
 
-    def handle_endtag(self, tag):
+    def handle_endtag(self, tag: str) -> None:
         if tag == "a" and self._cur is not None:
-            self.links.append(self._cur)
+            self.links.append((self._cur, self._text))
             self._cur = None
 
 
-def _parse_html(text: str, page_url: str) -> list[dict]:
+def _parse_html(text: str, page_url: str) -> list[_FileEntry]:
     p = _Links()
     p.feed(text)
-    out = []
-    for a in p.links:
+    out: list[_FileEntry] = []
+    for a, a_text in p.links:
         href = a.get("href")
         if not href:
             continue
         url, _ = urldefrag(urljoin(page_url, href))
-        filename = url.rsplit("/", 1)[-1] or a["_text"].strip()
+        filename = url.rsplit("/", 1)[-1] or a_text.strip()
         meta = a.get("data-core-metadata", a.get("data-dist-info-metadata"))
         out.append({"filename": filename, "url": url, "requires_python": a.get("data-requires-python"),
                     "yanked": "data-yanked" in a, "metadata_url": _metadata_url(url, meta)})
@@ -333,7 +351,7 @@ def _central_directory(tail: bytes, tail_start: int, filename: str, client: Inde
     return cd_offset, cd_size
 
 
-def _entries(cd: bytes):
+def _entries(cd: bytes) -> Iterator[tuple[str, int, int, int]]:
     """(name, method, compressed size, local header offset) of each central directory record."""
     pos = 0
     while pos + 46 <= len(cd) and cd[pos:pos + 4] == b"PK\x01\x02":

@@ -29,8 +29,8 @@ from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
 from buildkit_py.compat import fa_repo, tables
-from buildkit_py.compat.index import DistFile, Metadata, PackageIndexError, Project, redact
-from buildkit_py.errors import CompatDataError
+from buildkit_py.compat.index import DistFile, Metadata, Project, redact
+from buildkit_py.errors import CompatDataError, PackageIndexError
 from buildkit_py.files import write_atomic
 from buildkit_py.versions import major_minor
 
