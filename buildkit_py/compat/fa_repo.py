@@ -19,8 +19,10 @@ from __future__ import annotations
 import itertools
 import re
 import subprocess
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import yaml
 from packaging.version import InvalidVersion, Version
@@ -42,7 +44,7 @@ class TagFacts:
     archs: tuple[str, ...] = ()
     cxx_std: int | None = None
     gencode: tuple[tuple[str, str], ...] = ()      # (sm, nvcc specifier)
-    prebuilt: tuple[dict, ...] = ()
+    prebuilt: tuple[dict[str, Any], ...] = ()   # flash_attn.json ``prebuilt`` entries, written as they are
     prebuilt_note: str | None = None    # why no wheels are recorded, where none are
     missing: tuple[str, ...] = field(default_factory=tuple)
 
@@ -142,7 +144,7 @@ def readme_requirements(readme: str) -> tuple[str | None, tuple[str, ...]]:
     return (f">={torch.group(1)}" if torch else None), fams
 
 
-def publish_matrix(publish: str) -> tuple[tuple[dict, ...], str | None]:
+def publish_matrix(publish: str) -> tuple[tuple[dict[str, Any], ...], str | None]:
     """The wheels publish.yml builds, grouped as flash_attn.json ``prebuilt`` entries; or () and why."""
     try:
         doc = yaml.safe_load(publish)
@@ -177,7 +179,7 @@ def publish_matrix(publish: str) -> tuple[tuple[dict, ...], str | None]:
     for (cuda, torch), pythons in by_build.items():
         for py, abis in pythons.items():
             groups.setdefault((cuda, torch, tuple(sorted(abis))), []).append(py)
-    out: list[dict] = []
+    out: list[dict[str, Any]] = []
     for (cuda, torch, abi_set), pys in groups.items():
         b, t = Version(cuda), Version(torch)
         out.append({"cuda": str(b.major) if major_only else f"{b.major}.{b.minor}", "build_cuda": cuda,
@@ -187,6 +189,6 @@ def publish_matrix(publish: str) -> tuple[tuple[dict, ...], str | None]:
     return tuple(out), None
 
 
-def combinations(prebuilt) -> int:
+def combinations(prebuilt: Iterable[Mapping[str, Any]]) -> int:
     """How many wheels the entries stand for (python x cxx11abi per entry)."""
     return sum(len(w["python"]) * len(w["cxx11abi"]) for w in prebuilt)

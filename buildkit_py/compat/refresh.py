@@ -22,6 +22,7 @@ import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from packaging.markers import Marker
 from packaging.requirements import InvalidRequirement, Requirement
@@ -466,8 +467,9 @@ class _Refresh:
 
     def _fa_update(self, row: dict, facts: fa_repo.TagFacts) -> None:
         """A known release whose tag was read: its wheels, -gencode list and C++ standard follow the tag."""
-        new = {"cxx_std": facts.cxx_std, "gencode": [{"sm": sm, "nvcc": nvcc} for sm, nvcc in facts.gencode],
-               "prebuilt": list(facts.prebuilt)}
+        new: dict[str, Any] = {"cxx_std": facts.cxx_std,
+                               "gencode": [{"sm": sm, "nvcc": nvcc} for sm, nvcc in facts.gencode],
+                               "prebuilt": list(facts.prebuilt)}
         changed = [k for k, val in new.items() if row.get(k) != val]
         if not changed:
             return

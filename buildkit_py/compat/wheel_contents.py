@@ -20,6 +20,7 @@ import functools
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from packaging.markers import default_environment
 from packaging.requirements import InvalidRequirement, Requirement
@@ -31,6 +32,9 @@ from buildkit_py.compat.platforms import PinFiles
 from buildkit_py.compat.tables import TorchRelease
 from buildkit_py.errors import CompatDataError
 from buildkit_py.versions import major_minor
+
+if TYPE_CHECKING:   # index is imported only where a lookup goes to the network (its docstring)
+    from buildkit_py.compat.index import IndexClient, Project
 
 FILE = "wheel_contents.json"
 MACHINES = ("x86_64", "aarch64")
@@ -205,7 +209,7 @@ def model() -> ContentModel:
     return ContentModel(rows, str(raw["as_of"]))
 
 
-def read_wheel(client, project, version: str, machine: str, today: str, *,
+def read_wheel(client: IndexClient, project: Project, version: str, machine: str, today: str, *,
                source: str | None = None) -> WheelContents | None:
     """Read one release's row from an index (a ``compat.index.IndexClient`` and its ``Project``): of its
     wheels for ``machine``, else of its pure wheels (a row for machine "any"); None where it has neither.

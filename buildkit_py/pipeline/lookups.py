@@ -18,6 +18,7 @@ import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
@@ -55,7 +56,7 @@ def torch_file(cache: Path) -> Path:
     return cache / "torch.json"
 
 
-def _read(path: Path) -> dict:
+def _read(path: Path) -> dict[str, Any]:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
@@ -63,13 +64,13 @@ def _read(path: Path) -> dict:
     return data if isinstance(data, dict) and data.get("schema") == CACHE_SCHEMA else {}
 
 
-def cached_rows(cache: Path | None) -> dict[str, dict]:
+def cached_rows(cache: Path | None) -> dict[str, dict[str, Any]]:
     """version -> cached torch.json row (with its ``index`` and ``read``)."""
     rows = _read(torch_file(cache)).get("releases", {}) if cache is not None else {}
     return rows if isinstance(rows, dict) else {}
 
 
-def store(cache: Path, version: str, row: dict) -> Path:
+def store(cache: Path, version: str, row: dict[str, Any]) -> Path:
     """Add (or replace) one torch row; the file is written atomically."""
     path = torch_file(cache)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -85,7 +86,7 @@ def cached_torch_releases(cache: Path | None) -> tuple[TorchRelease, ...]:
     return _checked(cached_rows(cache), str(torch_file(cache)) if cache is not None else "")
 
 
-def _checked(rows: dict[str, dict], where: str) -> tuple[TorchRelease, ...]:
+def _checked(rows: dict[str, dict[str, Any]], where: str) -> tuple[TorchRelease, ...]:
     out = []
     for row in rows.values():
         try:
@@ -108,7 +109,7 @@ class NotOnIndex(LookupError):
                          f"{', '.join(releases[-3:])})")
 
 
-def torch_row_from_index(version: str, settings, *, today: str | None = None) -> dict:
+def torch_row_from_index(version: str, settings: index.IndexSettings, *, today: str | None = None) -> dict[str, Any]:
     """Read torch ``version`` from the index: a torch.json row (source = index URL + wheel)."""
     client = index.client_for(settings)
     project = client.project("torch")
