@@ -14,10 +14,11 @@ import datetime
 import functools
 import json
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
@@ -25,6 +26,9 @@ from packaging.version import InvalidVersion, Version
 from buildkit_py.errors import CompatDataError, RecipeIssue
 from buildkit_py.schemas import json_lines, line_of, load_schema, validate
 from buildkit_py.versions import major_minor as _mm  # short: it sits in many messages
+
+if TYPE_CHECKING:
+    from importlib.abc import Traversable  # importlib.resources.abc only from Python 3.11
 
 SCHEMA = 1
 _VARIANT_RE = re.compile(r"^cu(\d{2})(\d)$")
@@ -225,7 +229,7 @@ class CompatGap(LookupError):
         super().__init__(text)
 
     def __str__(self) -> str:
-        return self.args[0]
+        return str(self.args[0])   # the text given to __init__ (args are typed Any)
 
 
 def arch_key(arch: str) -> tuple[int, int, str]:
@@ -247,7 +251,7 @@ def sass_runs_on(sm: str, arch: str) -> bool:
     return s[0] == a[0] and s[1] <= a[1]
 
 
-def nearest_versions(value: str, known, n: int = 4) -> tuple[str, ...]:
+def nearest_versions(value: str, known: Iterable[str], n: int = 4) -> tuple[str, ...]:
     """The ``n`` known versions closest to ``value`` (major.minor distance, then newest), ascending."""
     known = list(dict.fromkeys(known))
     try:
@@ -295,7 +299,7 @@ def _ascending(file: str, keys: list[str]) -> None:
 _OTHER_FOLDER: dict[str, Path] = {}
 
 
-def data_dir():
+def data_dir() -> Traversable:
     """The shipped data files, or the folder ``validate_folder`` is checking."""
     other = _OTHER_FOLDER.get("data")
     return other if other is not None else resources.files(__package__).joinpath("data")
@@ -309,12 +313,12 @@ def validate_folder(folder: str) -> None:
     validate_all()
 
 
-def _load_raw(name: str) -> dict:
+def _load_raw(name: str) -> dict[str, Any]:
     """A data file's JSON, checked against its schema (compat.schema.json, ``$defs/<name>``)."""
     path = data_dir().joinpath(name)
     try:
         text = path.read_text(encoding="utf-8")
-        data = json.loads(text)
+        data: dict[str, Any] = json.loads(text)   # _check_schema below refuses anything but its $defs/<name> object
     except (OSError, json.JSONDecodeError) as exc:
         raise CompatDataError(f"compat data {name}: cannot be read: {exc}") from exc
     _check_schema(str(path), name, text)
@@ -346,7 +350,7 @@ def _toolkit_data() -> tuple[tuple[Toolkit, ...], dict[str, tuple[str, ...]]]:
     return tuple(out), skipped
 
 
-def _toolkit_row(f: str, e: dict) -> Toolkit:
+def _toolkit_row(f: str, e: dict[str, Any]) -> Toolkit:
     v = e.get("version")
     _ver(f, v, v)
     basis = e.get("min_driver_basis", "table3")
@@ -441,7 +445,7 @@ def _forward_compat() -> tuple[_RangeEntry, ...]:
 
 
 @functools.cache
-def _images() -> tuple[dict, dict[str, ImageSet]]:
+def _images() -> tuple[dict[str, Any], dict[str, ImageSet]]:
     """images.json: one row per CUDA release (known toolkit, ascending, no duplicate), each OS with
     its cuDNN majors; a row a newer patch of its minor supersedes carries its end of life (NVIDIA
     supports only the latest patch) or says why it has no date."""
@@ -472,7 +476,7 @@ def _images() -> tuple[dict, dict[str, ImageSet]]:
     return meta, out
 
 
-def _image_row(f: str, e: dict) -> ImageSet:
+def _image_row(f: str, e: dict[str, Any]) -> ImageSet:
     v = e["cuda"]
     os_cudnn = tuple((os_, tuple(majors)) for os_, majors in e["os"].items())
     majors = {c for _, cs in os_cudnn for c in cs}
@@ -513,7 +517,7 @@ def _torch() -> tuple[str, tuple[TorchRelease, ...]]:
     return raw["index_url"], tuple(out)
 
 
-def torch_row(f: str, e: dict, known: set[str] | None = None) -> TorchRelease:
+def torch_row(f: str, e: dict[str, Any], known: set[str] | None = None) -> TorchRelease:
     """One torch.json row, checked (also for rows from the live look-up cache)."""
     known = _known_mm() if known is None else known
     v = e.get("version")
@@ -550,7 +554,7 @@ def _flash_attn() -> tuple[FlashAttnRelease, ...]:
     return tuple(out)
 
 
-def _flash_attn_row(f: str, e: dict) -> FlashAttnRelease:
+def _flash_attn_row(f: str, e: dict[str, Any]) -> FlashAttnRelease:
     v = e.get("version")
     partial = e.get("partial")
     missing = [k for k in _FA_BUILD_KEYS if k not in e]
@@ -642,7 +646,7 @@ def _bnb() -> tuple[BnbRelease, ...]:
     return tuple(out)
 
 
-def _cuda_list(f: str, v: str, cuda: list, known: set[str]) -> tuple[str, ...]:
+def _cuda_list(f: str, v: str, cuda: list[Any], known: set[str]) -> tuple[str, ...]:
     for c in cuda:
         if c not in known:
             raise _fail(f, v, f"CUDA {c!r} is not a known toolkit major.minor (toolkits.json)")
@@ -774,7 +778,8 @@ def _wheels() -> _WheelData:
                       tiers, nccl)
 
 
-def _tiers_and_nccl(f: str, raw: dict, releases: list[WheelSet]) -> tuple[dict[str, tuple[str, ...]], dict[str, str]]:
+def _tiers_and_nccl(f: str, raw: dict[str, Any],
+                    releases: list[WheelSet]) -> tuple[dict[str, tuple[str, ...]], dict[str, str]]:
     """wheels.json's image tiers (each extra one some release has) and its NCCL wheel per CUDA major."""
     tiers = {name: tuple(raw.get("tiers", {}).get(name, ())) for name in ("base", "runtime")}
     known_extras = {x for r in releases for x, _ in r.extras}
@@ -1331,7 +1336,7 @@ def nccl_pin(cuda: str) -> str:
 
 def cuda_wheel_home(cuda: str) -> str | None:
     """Where that CUDA's wheels lay out one toolkit tree, relative to site-packages (nvidia/cu13)."""
-    prefix = _load_raw("wheels.json").get("devel", {}).get("prefix", {})
+    prefix: dict[str, str] = _load_raw("wheels.json").get("devel", {}).get("prefix", {})
     return prefix.get(str(cuda).split(".")[0])
 
 
