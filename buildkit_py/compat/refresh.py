@@ -14,15 +14,16 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import re
 import shutil
 import subprocess
 import sys
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from packaging.markers import Marker
 from packaging.requirements import InvalidRequirement, Requirement
@@ -30,10 +31,13 @@ from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
 from buildkit_py.compat import fa_repo, tables
-from buildkit_py.compat.index import DistFile, Metadata, Project, redact
+from buildkit_py.compat.index import DistFile, IndexClient, Metadata, Project, redact
 from buildkit_py.errors import CompatDataError, PackageIndexError
 from buildkit_py.files import write_atomic
 from buildkit_py.versions import major_minor
+
+if TYPE_CHECKING:
+    from importlib.abc import Traversable  # importlib.resources.abc only from Python 3.11
 
 # The environment a Linux x86_64 wheel is installed in, for evaluating Requires-Dist markers.
 _LINUX = {"platform_system": "Linux", "sys_platform": "linux", "platform_machine": "x86_64",
@@ -179,14 +183,14 @@ _NO_VARIANTS_NOTE = ("only the PyPI build is known from the index; PyTorch's oth
                      "(download.pytorch.org/whl/<variant>) are not read")
 
 
-def torch_row(client, project: Project, version: str, *, today: str) -> dict:
+def torch_row(client: IndexClient, project: Project, version: str, *, today: str) -> dict[str, Any]:
     """A torch.json row for ``version`` from its Linux x86_64 wheel's METADATA."""
     files = linux_x86_64_wheels(project, version)
     wheel = pick_wheel(files)
     if wheel is None:
         raise PackageIndexError(f"package index: torch {version} has no manylinux x86_64 wheel")
     f = torch_facts(client.metadata(wheel), files)
-    row: dict = {"version": version, "python": f.python}
+    row: dict[str, Any] = {"version": version, "python": f.python}
     if f.variant:
         v = f.variant
         row["variants"] = {v: f"{int(v[2:-1])}.{v[-1]}"}
@@ -222,9 +226,9 @@ class RefreshReport:
     today: str
     changes: tuple[Change, ...]
     review: tuple[str, ...]      # what the index alone cannot settle (a person reads the source)
-    files: dict                  # name -> new raw data (only files that changed)
+    files: dict[str, dict[str, Any]]   # name -> new raw data (only files that changed)
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         return {"index": self.index_url, "date": self.today, "changes": [c.__dict__ for c in self.changes],
                 "review": list(self.review), "files_changed": sorted(self.files)}
 
@@ -232,7 +236,8 @@ class RefreshReport:
 _TORCH_KEYS = ("python", "pypi_variant", "pypi_cuda_wheels", "pypi_cuda_toolkit_extras", "triton")
 
 
-def _merge_torch(old: dict | None, new: dict, changes: list[Change], known_mm: set[str]) -> dict | None:
+def _merge_torch(old: dict[str, Any] | None, new: dict[str, Any], changes: list[Change],
+                 known_mm: set[str]) -> dict[str, Any] | None:
     v = new["version"]
     if old is None:
         cuda = next(iter(new["variants"].values()), None)
@@ -260,11 +265,11 @@ def _merge_torch(old: dict | None, new: dict, changes: list[Change], known_mm: s
     return row
 
 
-def _sorted_rows(rows, key="version"):
+def _sorted_rows(rows: Iterable[dict[str, Any]], key: str = "version") -> list[dict[str, Any]]:
     return sorted(rows, key=lambda r: Version(r[key]))
 
 
-def refresh(client, data: dict[str, dict], *, today: str, since: str = "1.13",
+def refresh(client: IndexClient, data: dict[str, dict[str, Any]], *, today: str, since: str = "1.13",
             flash_attn_repo: Path | None = None, on_status: Callable[[str], None] | None = None) -> RefreshReport:
     """Compare the shipped data (``data``: file name -> raw JSON) with the index; return the
     changed files and what changed. Rows keep their hand-sourced fields (variants from PyTorch's
@@ -287,7 +292,7 @@ def refresh(client, data: dict[str, dict], *, today: str, since: str = "1.13",
 class _Refresh:
     """One refresh run: the data being rewritten, and what changed, what needs a person, which files."""
 
-    def __init__(self, client, data: dict[str, dict], today: str, status: Callable[[str], None]):
+    def __init__(self, client: IndexClient, data: dict[str, dict[str, Any]], today: str, status: Callable[[str], None]):
         self.client, self.data, self.today, self.status = client, data, today, status
         self.changes: list[Change] = []
         self.review: list[str] = []
@@ -363,7 +368,7 @@ class _Refresh:
                 extras.setdefault(extra, {})[name] = got
         return extras
 
-    def _new_toolkit(self, tk: Project, mv: str, tv: str, wheel: DistFile) -> dict | None:
+    def _new_toolkit(self, tk: Project, mv: str, tv: str, wheel: DistFile) -> dict[str, Any] | None:
         """A toolkit the data lacks: its native floor unpublished (null) until a person reads Table 3; its
         major must have a minor-version floor, the only one then known."""
         major = Version(tv).major
@@ -388,7 +393,7 @@ class _Refresh:
                 "notes": "added by imgbuild data refresh from the package index: look its minimum driver "
                          "up in NVIDIA's release notes Table 3"}
 
-    def _merge_wheels(self, wheel_rows: dict[str, dict], tv: str, mv: str, extras: dict[str, dict[str, str]],
+    def _merge_wheels(self, wheel_rows: dict[str, dict[str, Any]], tv: str, mv: str, extras: dict[str, dict[str, str]],
                       src: str) -> None:
         old = wheel_rows.get(tv)
         if old is None:
@@ -431,10 +436,10 @@ class _Refresh:
         self.data[file]["releases"] = [_in_order(r, _FA_KEYS) for r in _sorted_rows(rows.values())]
 
     def _fa_new_row(self, listing: Project, v: str, facts: fa_repo.TagFacts | None,
-                    repo: Path | None) -> tuple[dict, str]:
+                    repo: Path | None) -> tuple[dict[str, Any], str]:
         """A flash_attn.json row for release ``v`` and what to report about it."""
         sdist = next(iter(listing.files_of(v)), None)
-        row: dict = {"version": v, "python": (sdist.requires_python if sdist else None) or ""}
+        row: dict[str, Any] = {"version": v, "python": (sdist.requires_python if sdist else None) or ""}
         where = f"{redact(listing.index_url)}flash-attn/ {sdist.filename if sdist else v} (Requires-Python)"
         if facts is not None and not facts.missing:
             row.update({"torch": facts.torch, "cuda": facts.cuda, "archs": list(facts.archs), "cxx_std": facts.cxx_std,
@@ -465,7 +470,7 @@ class _Refresh:
         row["read"] = self.today
         return row, what
 
-    def _fa_update(self, row: dict, facts: fa_repo.TagFacts) -> None:
+    def _fa_update(self, row: dict[str, Any], facts: fa_repo.TagFacts) -> None:
         """A known release whose tag was read: its wheels, -gencode list and C++ standard follow the tag."""
         new: dict[str, Any] = {"cxx_std": facts.cxx_std,
                                "gencode": [{"sm": sm, "nvcc": nvcc} for sm, nvcc in facts.gencode],
@@ -518,7 +523,7 @@ class _Refresh:
                     row["read"] = self.today
         self.data[file]["releases"] = _sorted_rows(rows.values())
 
-    def _bnb_metadata(self, row: dict, wheel: DistFile) -> None:
+    def _bnb_metadata(self, row: dict[str, Any], wheel: DistFile) -> None:
         meta = self.client.metadata(wheel)
         torch_req = next((r for r in _linux_reqs(meta) if r.name.lower() == "torch"), None)
         torch_spec = str(torch_req.specifier) if torch_req is not None and str(torch_req.specifier) else None
@@ -532,11 +537,11 @@ class _Refresh:
     def _bnb_libs(self, wheel: DistFile, known: set[str]) -> BnbLibs:
         return bnb_libs(self.client.members(wheel), known)
 
-    def _bnb_new_row(self, bnb: Project, v: str, wheel: DistFile, known: set[str]) -> dict:
+    def _bnb_new_row(self, bnb: Project, v: str, wheel: DistFile, known: set[str]) -> dict[str, Any]:
         meta = self.client.metadata(wheel)
         libs = self._bnb_libs(wheel, known)
         torch_req = next((r for r in _linux_reqs(meta) if r.name.lower() == "torch"), None)
-        row: dict = {"version": v, "cuda": libs.cuda}
+        row: dict[str, Any] = {"version": v, "cuda": libs.cuda}
         if libs.nocublaslt and libs.nocublaslt != libs.cuda:   # loaders after 0.44 have no _nocublaslt variant
             row["cuda_nocublaslt"] = libs.nocublaslt
         row["python"] = meta.requires_python or ""
@@ -561,7 +566,7 @@ _FA_KEYS = ("version", "python", "torch", "cuda", "archs", "cxx_std", "gencode",
             "read", "notes")
 
 
-def _in_order(row: dict, keys: tuple[str, ...]) -> dict:
+def _in_order(row: dict[str, Any], keys: tuple[str, ...]) -> dict[str, Any]:
     """The row with its keys in the file's order (unknown keys last, as they were)."""
     return {**{k: row[k] for k in keys if k in row}, **{k: v for k, v in row.items() if k not in keys}}
 
@@ -573,7 +578,7 @@ class BnbLibs:
     unknown: list[str]       # CUDA X.Y libraries of toolkits imgbuild does not know (e.g. 10.2)
 
 
-def bnb_libs(names, known: set[str]) -> BnbLibs:
+def bnb_libs(names: Iterable[str], known: set[str]) -> BnbLibs:
     """The CUDA versions a bitsandbytes wheel carries libraries for, from its file names."""
     main: set[str] = set()
     nocublaslt: set[str] = set()
@@ -594,7 +599,7 @@ def _bnb_wheel(project: Project, version: str) -> DistFile | None:
     return wheels[0] if wheels else None
 
 
-def dump(raw: dict) -> str:
+def dump(raw: dict[str, Any]) -> str:
     """The data files' own layout: one-space indent, keys in file order, UTF-8, final newline."""
     return json.dumps(raw, indent=1, ensure_ascii=False) + "\n"
 
@@ -616,10 +621,12 @@ def validate_files(files: dict[str, str]) -> None:
                                   hint="nothing was written; fix the data by hand or report the index answer")
 
 
-def write_files(files: dict[str, str], directory) -> list[str]:
+def write_files(files: dict[str, str], directory: str | os.PathLike[str] | Traversable) -> list[str]:
     written = []
     for name, text in files.items():
-        path = Path(directory) / name
+        # A Traversable is tables.data_dir()'s: a pathlib.Path for the package on disk, the only one
+        # a refresh can write into (Path() refuses a zipped package's, as it did untyped).
+        path = Path(directory) / name  # type: ignore[arg-type]
         if not (path.is_file() and path.read_text(encoding="utf-8") == text):
             write_atomic(path, text)
             written.append(name)
