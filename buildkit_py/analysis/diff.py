@@ -38,7 +38,7 @@ from buildkit_py.sizes import human_size
 from buildkit_py.text_table import Block, TextTable
 
 if TYPE_CHECKING:
-    from buildkit_py.engine.base import HistoryEntry, ImageInfo
+    from buildkit_py.engine.base import Engine, HistoryEntry, ImageInfo
 
 SCHEMA = 1
 SOURCE_REGISTRY, SOURCE_ENGINE = "registry", "engine"
@@ -283,7 +283,7 @@ def read_registry(image: str, *, client: oci.Client | None = None, uncompressed:
     return layers_from_manifest(image, manifest, config, sizes=sizes)
 
 
-def read_engine(image: str, engine) -> ImageLayers:
+def read_engine(image: str, engine: Engine) -> ImageLayers:
     """``image`` from the local store of ``engine`` (an engine.Engine); no blob digests or
     compressed sizes there."""
     info = engine.image(image)
@@ -293,7 +293,7 @@ def read_engine(image: str, engine) -> ImageLayers:
     return layers_from_engine(image, info, engine.history(info.id))
 
 
-def read_image(image: str, *, source: str = "auto", client: oci.Client | None = None, engine=None,
+def read_image(image: str, *, source: str = "auto", client: oci.Client | None = None, engine: Engine | None = None,
                uncompressed: bool = True, progress: Progress | None = None) -> ImageLayers:
     """``source``: ``registry``, ``engine``, or ``auto`` (the registry when the reference names
     one and has the image there, else the engine)."""
@@ -323,7 +323,7 @@ class DiffOptions:
 
 
 def diff_images(image_a: str, image_b: str, options: DiffOptions = DiffOptions(), *,
-                client: oci.Client | None = None, engine=None, progress: Progress | None = None,
+                client: oci.Client | None = None, engine: Engine | None = None, progress: Progress | None = None,
                 node: Sequence[str] = ()) -> ImageDiff:
     """``progress``: the bytes of B's layer blobs as they are streamed to count what they unpack to.
     ``node``: other images the node holds besides A (held_by_node)."""

@@ -16,7 +16,7 @@ import tarfile
 import zlib
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import IO
+from typing import IO, Any
 
 from buildkit_py.analysis.kernels import ELF_MAGIC, FileKernels, KernelReadError, read_kernels
 from buildkit_py.analysis.layer_paths import CUDA_DUPLICATE, classify_path, normalize_member, whiteout_target
@@ -45,7 +45,9 @@ class IterStream(io.RawIOBase):
     def readable(self) -> bool:
         return True
 
-    def readinto(self, b) -> int:  # type: ignore[override]
+    # io passes a bytearray (RawIOBase.read) or a memoryview (BufferedReader); the base's
+    # WriteableBuffer has no slice assignment, hence the narrower parameter.
+    def readinto(self, b: bytearray | memoryview) -> int:  # type: ignore[override]
         while not self._buf:
             try:
                 self._buf = memoryview(next(self._it))
@@ -117,7 +119,9 @@ class _TeeReader(io.RawIOBase):
     def readable(self) -> bool:
         return True
 
-    def readinto(self, b) -> int:  # type: ignore[override]
+    # io passes a bytearray (RawIOBase.read) or a memoryview (BufferedReader); the base's
+    # WriteableBuffer has no slice assignment, hence the narrower parameter.
+    def readinto(self, b: bytearray | memoryview) -> int:  # type: ignore[override]
         data = self._raw.read(len(b))
         n = len(data)
         if n:
@@ -212,7 +216,7 @@ def scan_layer(fileobj: IO[bytes], *, counter: GzipCounter | None, keep: KeepFil
     found = KernelScan() if kernels else None
     try:
         # An empty blob, or one that is no tar at all, raises ReadError: the digest decides what it was.
-        with tarfile.open(fileobj=tee, mode="r|") as inner:  # type: ignore[arg-type]
+        with tarfile.open(fileobj=tee, mode="r|") as inner:
             for m in inner:
                 scan.members += 1
                 path = normalize_member(m.name)
@@ -257,7 +261,7 @@ def scan_layer(fileobj: IO[bytes], *, counter: GzipCounter | None, keep: KeepFil
 
 @dataclass
 class SaveScan:
-    config: dict | None
+    config: dict[str, Any] | None
     layers: dict[str, LayerScan]  # by diff id
 
     def kernels(self, diff_ids: list[str]) -> KernelScan:
@@ -280,13 +284,15 @@ def _blob_compression(head: bytes) -> str | None:
 
 def decompressing(f: IO[bytes], compression: str) -> IO[bytes]:
     if compression == "gzip":
+        # a GzipFile reads like any IO[bytes] but typeshed does not declare it one
         return gzip.GzipFile(fileobj=f, mode="rb")  # type: ignore[return-value]
     import zstandard  # lazy: only zstd-stored images need it (no zstd in Python < 3.14)  # noqa: PLC0415
 
-    return zstandard.ZstdDecompressor().stream_reader(f, read_across_frames=True)  # type: ignore[return-value]
+    return zstandard.ZstdDecompressor().stream_reader(f, read_across_frames=True)
 
 
-def resolve_config(blobs: Mapping[str, dict], image_hex: str, platform: str = "linux/amd64") -> dict | None:
+def resolve_config(blobs: Mapping[str, dict[str, Any]], image_hex: str,
+                   platform: str = "linux/amd64") -> dict[str, Any] | None:
     """The image config in an OCI layout, from the image id (on the containerd store the id is
     the digest of an index or manifest, not of the config): index -> this platform's
     manifest -> config. ``blobs`` are the layout's JSON blobs by hex digest."""
@@ -339,7 +345,7 @@ def analyze_save_stream(stream: IO[bytes], *, image_id: str, diff_ids: list[str]
     reader = _SaveReader(image_id, diff_ids, estimate_compressed=estimate_compressed, pool=pool, workers=workers,
                          keep=keep, kernels=kernels)
     try:
-        with tarfile.open(fileobj=stream, mode="r|") as outer:  # type: ignore[arg-type]
+        with tarfile.open(fileobj=stream, mode="r|") as outer:
             for m in outer:
                 if m.isreg():  # duplicate layers are symlinks to the first copy
                     reader.member(outer, m)
@@ -363,9 +369,9 @@ class _SaveReader:
         self.diff_hexes = {d.split(":", 1)[-1] for d in diff_ids}
         self.wanted = set(diff_ids)
         self.estimate_compressed, self.pool, self.workers = estimate_compressed, pool, workers
-        self.config: dict | None = None
+        self.config: dict[str, Any] | None = None
         self.layers: dict[str, LayerScan] = {}
-        self.json_blobs: dict[str, dict] = {}
+        self.json_blobs: dict[str, dict[str, Any]] = {}
 
     def member(self, outer: tarfile.TarFile, m: tarfile.TarInfo) -> None:
         if _is_config_member(m.name, self.image_hex) and m.name.endswith(".json"):
@@ -381,7 +387,7 @@ class _SaveReader:
     def _oci_blob(self, outer: tarfile.TarFile, m: tarfile.TarInfo) -> None:
         """OCI layout (the containerd store): compressed layers, configs, manifests, indexes."""
         f = _extract(outer, m)
-        head = f.peek(4)[:4]  # type: ignore[attr-defined]
+        head = f.peek(4)[:4]  # type: ignore[attr-defined]  # tarfile.extractfile gives a BufferedReader
         if compression := _blob_compression(head):
             scan = scan_layer(decompressing(f, compression), counter=None, keep=self.keep, kernels=self.kernels)
             scan.compressed_size, scan.compression = m.size, compression
@@ -527,7 +533,7 @@ def _fill(stream: IO[bytes], view: memoryview) -> int:
     """Read into all of ``view``; fewer bytes only at the end of the stream."""
     got = 0
     while got < len(view):
-        n = stream.readinto(view[got:])  # type: ignore[attr-defined]
+        n = stream.readinto(view[got:])  # type: ignore[attr-defined]  # io readers have it, IO[bytes] omits it
         if not n:
             break
         got += n

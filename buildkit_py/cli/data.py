@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from buildkit_py.cli.common import AddCommand, Out, index_options, json_option, progress_option
 from buildkit_py.cli.progress import Activity
@@ -98,7 +98,7 @@ def cmd_data(args: argparse.Namespace, out: Out) -> int:
     return 0
 
 
-def _images_status(today: datetime.date) -> dict:
+def _images_status(today: datetime.date) -> dict[str, Any]:  # `data status` JSON: its images part
     """The nvidia/cuda releases images.json records and where each stands in NVIDIA's support policy."""
     from buildkit_py.compat import tables
 

@@ -7,6 +7,7 @@ import re
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import Any
 
 from buildkit_py import oci
 from buildkit_py.errors import AuthenticationError, RegistryError, RegistryUnreachable
@@ -16,6 +17,8 @@ ProgressSink = Callable[[str], None]
 # progress(event, label, done, total): the transfer callback weights and mirror report through;
 # for a push, label is the layer and done/total its bytes (the stream's progressDetail).
 TransferSink = Callable[[str, str, int, int], None]
+# How the retries wait (time.sleep; tests pass a recorder).
+Sleep = Callable[[float], None]
 # The push stream's per-layer states, as transfer events (a layer the registry has is done).
 _LAYER_DONE = {"Pushed": "pushed", "Layer already exists": "exists", "Mounted from": "mounted"}
 
@@ -54,7 +57,7 @@ def registry_host(ref: str) -> str:
     return oci.parse_reference(ref).registry
 
 
-def auth_config_for(ref: str) -> dict | None:
+def auth_config_for(ref: str) -> dict[str, str] | None:
     creds = auth.resolve(registry_host(ref))
     if creds is None:
         return None
@@ -108,7 +111,7 @@ def _transient(message: str) -> bool:
     return any(m in low for m in _TRANSIENT_MARKERS) and not any(m in low for m in _AUTH_MARKERS)
 
 
-def digest_of_chunk(chunk: dict) -> tuple[str, int | None] | None:
+def digest_of_chunk(chunk: dict[str, Any]) -> tuple[str, int | None] | None:
     """The manifest digest and size one push-stream record carries, if any: the ``aux``
     record (20.10) or the status line (the containerd store)."""
     aux = chunk.get("aux")
@@ -121,7 +124,7 @@ def digest_of_chunk(chunk: dict) -> tuple[str, int | None] | None:
     return None
 
 
-def layer_transfer(chunk: dict, sizes: dict[str, int]) -> tuple[str, str, int, int] | None:
+def layer_transfer(chunk: dict[str, Any], sizes: dict[str, int]) -> tuple[str, str, int, int] | None:
     """The transfer event one push-stream record carries: ``("push", layer, current, total)``
     while a layer uploads (its progressDetail), ``("pushed"|"exists"|"mounted", layer, n, n)``
     when it is in the registry; None for other records. ``sizes`` remembers each layer's total."""
@@ -148,7 +151,7 @@ class _Reporter:
         self.last_status: dict[str, str] = {}
         self.sizes: dict[str, int] = {}
 
-    def __call__(self, chunk: dict) -> None:
+    def __call__(self, chunk: dict[str, Any]) -> None:
         if self.on_transfer is not None:
             if event := layer_transfer(chunk, self.sizes):
                 self.on_transfer(*event)
@@ -159,7 +162,8 @@ class _Reporter:
             self.on_progress(f"{layer + ': ' if layer else ''}{status}")
 
 
-def _push_once(client, repo: str, tag: str, auth_config: dict | None,
+# client: a docker.DockerClient (the SDK has no type information).
+def _push_once(client: Any, repo: str, tag: str, auth_config: dict[str, str] | None,
                report: _Reporter) -> tuple[str | None, int | None, str | None]:
     """One try: (digest, size, None), or (None, None, the error message)."""
     digest = size = None
@@ -176,9 +180,9 @@ def _push_once(client, repo: str, tag: str, auth_config: dict | None,
     return digest, size, None
 
 
-def push_image(client, ref: str, *, on_progress: ProgressSink | None = None,
+def push_image(client: Any, ref: str, *, on_progress: ProgressSink | None = None,
                on_transfer: TransferSink | None = None, attempts: int = 4, backoff_s: float = 1.0,
-               sleep=time.sleep) -> PushResult:
+               sleep: Sleep = time.sleep) -> PushResult:
     """Push one tag through the docker SDK. The registry moves the tag only once the manifest is
     put, which happens after every blob is in, so a failed push never leaves the tag pointing at
     a partial image. ``on_transfer`` gets each layer's bytes (a progress bar); without it
@@ -194,7 +198,7 @@ PushAttempt = Callable[[], tuple[str | None, int | None, str | None]]
 
 
 def push_with_retries(push_once: PushAttempt, ref: str, *, on_progress: ProgressSink | None = None,
-                      attempts: int = 4, backoff_s: float = 1.0, sleep=time.sleep) -> PushResult:
+                      attempts: int = 4, backoff_s: float = 1.0, sleep: Sleep = time.sleep) -> PushResult:
     """Push ``ref`` with ``push_once`` (one try of an engine's push: ``(digest, manifest size,
     None)``, or ``(None, None, the error message)``), again after a transient failure with
     backoff; the typed error of the last failure (``classify_push_error``) when none succeeds."""

@@ -28,6 +28,10 @@ if TYPE_CHECKING:
     from buildkit_py.engine.base import Engine
     from buildkit_py.recipe.model import Recipe
 
+# LazyReport and RemoteLayer are analysis/lazy.py's, exported here so that cli/test.py types
+# what it shows without one more cli -> analysis edge (tests/test_layers.py).
+__all__ = ["LazyReport", "LazyTestRun", "RemoteLayer", "image_layers", "lazy_tests", "pushed_ref"]
+
 
 def image_layers(engine: Engine, image: str, remote: list[RemoteLayer] | None = None) -> list[LayerFiles]:
     """The image's layers from one ``save`` stream (their files, links, whiteouts), sized by the

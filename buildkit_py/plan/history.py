@@ -6,8 +6,9 @@ build), ``inspect`` and ``diff`` all read a history this way, so it lives here, 
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from buildkit_py.plan.build_plan import (
     GROUPS,
@@ -50,7 +51,8 @@ class Attribution:
     instruction: str
 
 
-def attribute_entries(history: list[dict], step_groups: Mapping[str, str] | None = None) -> list[Attribution]:
+def attribute_entries(history: Sequence[Mapping[str, Any]],
+                      step_groups: Mapping[str, str] | None = None) -> list[Attribution]:
     """The step and group of every history entry, empty ones included, oldest first.
 
     Entries use the image config's keys (``created_by``); the build's size budget passes the
@@ -87,7 +89,7 @@ def attribute_entries(history: list[dict], step_groups: Mapping[str, str] | None
     return out
 
 
-def attribute_layers(history: list[dict], n_layers: int,
+def attribute_layers(history: Sequence[Mapping[str, Any]], n_layers: int,
                      step_groups: Mapping[str, str] | None = None) -> list[Attribution]:
     """Map each of ``n_layers`` layers to the history entry, step and group that made it.
 

@@ -27,7 +27,7 @@ import itertools
 import json
 import math
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -49,6 +49,7 @@ from buildkit_py.recipe.model import (
     TAG_RE,
     TOP_KEYS,
     Recipe,
+    _Located,
     locate,
     parse_recipe,
     read_recipe_text,
@@ -70,6 +71,10 @@ KEY_TYPES: dict[str, type] = {k: t for k, t in TOP_KEYS.items() if k not in {"ma
 KEY_TYPES.update({f"{top}.{k}": t for top, table in _SUB_TABLES.items() for k, t in table.items()})
 # Short prefixes that make variant ids read like the tags people already use (cu124-py311).
 _ID_PREFIX = {"cuda.version": "cu", "python": "py", "torch": "pt", "cuda.cudnn": "cudnn"}
+# fail(key path, message): records one issue of the matrix spec.
+Fail = Callable[[str, str], None]
+# check_value(key, value, key path): the issues one axis value raises when the recipe takes it.
+ValueChecker = Callable[[str, Any, str], list[RecipeIssue]]
 
 
 class MatrixTooLarge(UsageError):
@@ -145,7 +150,7 @@ class Matrix:
 # --- parsing the spec ------------------------------------------------------------------
 
 
-def parse_matrix_spec(located, file: str, check_value=None) -> MatrixSpec | None:
+def parse_matrix_spec(located: _Located, file: str, check_value: ValueChecker | None = None) -> MatrixSpec | None:
     """The ``matrix:`` mapping of a located recipe, validated (the recipe schema's
     ``$defs/matrix``, then the rules below); None when there is none. ``check_value(key, value,
     path)`` returns the issues of one axis value as the recipe would take it, so a bad value is
@@ -186,7 +191,7 @@ def parse_matrix_spec(located, file: str, check_value=None) -> MatrixSpec | None
     return MatrixSpec(tuple(axes), tuple(include), tuple(exclude), tags, lines)
 
 
-def _axes(spec: dict, located, fail) -> list[tuple[str, tuple[Any, ...]]]:
+def _axes(spec: dict[str, Any], located: _Located, fail: Fail) -> list[tuple[str, tuple[Any, ...]]]:
     """Each axis (a recipe key path -> its values, read as the recipe loader reads them), in
     the order written; a value listed twice is refused."""
     axes: list[tuple[str, tuple[Any, ...]]] = []
@@ -205,7 +210,7 @@ def _axes(spec: dict, located, fail) -> list[tuple[str, tuple[Any, ...]]]:
     return axes
 
 
-def _entries(items: list, name: str, located, fail) -> list[dict[str, Any]]:
+def _entries(items: list[Any], name: str, located: _Located, fail: Fail) -> list[dict[str, Any]]:
     """``include``/``exclude``: each entry's recipe key paths -> values (the schema checked the shapes)."""
     out = []
     for i, item in enumerate(items):
@@ -219,7 +224,7 @@ def _entries(items: list, name: str, located, fail) -> list[dict[str, Any]]:
     return out
 
 
-def _check_excludes(exclude: list[dict[str, Any]], axes: list[tuple[str, tuple[Any, ...]]], fail) -> None:
+def _check_excludes(exclude: list[dict[str, Any]], axes: list[tuple[str, tuple[Any, ...]]], fail: Fail) -> None:
     values = dict(axes)
     for i, entry in enumerate(exclude):
         for key, value in entry.items():
@@ -230,14 +235,14 @@ def _check_excludes(exclude: list[dict[str, Any]], axes: list[tuple[str, tuple[A
                 fail(path, f"{_show(value)} is not one of the values of matrix.{key}, so this never matches")
 
 
-def _check_includes(include: list[dict[str, Any]], axis_keys: list[str], fail) -> None:
+def _check_includes(include: list[dict[str, Any]], axis_keys: list[str], fail: Fail) -> None:
     for i, entry in enumerate(include):
         for key in entry:
             if any(key != k and (k.startswith(key + ".") or key.startswith(k + ".")) for k in axis_keys):
                 fail(f"matrix.include[{i}].{key}", f"{key} overlaps a matrix axis; set the axis key itself")
 
 
-def _tags(templates: list | None, fail) -> tuple[str, ...]:
+def _tags(templates: list[str] | None, fail: Fail) -> tuple[str, ...]:
     """Tag templates: every placeholder known, every brace matched."""
     if templates is None:  # refused by the schema
         return DEFAULT_TAGS
@@ -254,7 +259,7 @@ def _tags(templates: list | None, fail) -> tuple[str, ...]:
     return tuple(templates)
 
 
-def _known_key(key: str, fail, path: str) -> bool:
+def _known_key(key: str, fail: Fail, path: str) -> bool:
     if key == "name":
         fail(path, "a matrix varies one image repository; name cannot be an axis")
         return False
@@ -266,13 +271,13 @@ def _known_key(key: str, fail, path: str) -> bool:
     return True
 
 
-def _check_overlap(keys: list[str], fail, where: str) -> None:
+def _check_overlap(keys: list[str], fail: Fail, where: str) -> None:
     for a, b in itertools.permutations(keys, 2):
         if b.startswith(a + "."):
             fail(f"{where}.{b}", f"{b} overlaps {a}: vary one or the other")
 
 
-def _normalize(value: Any, path: str, expected: type, located) -> Any:
+def _normalize(value: Any, path: str, expected: type, located: _Located) -> Any:
     """The value as the recipe loader would read it: unquoted numbers keep the text written
     (python: 3.10 is "3.10", not 3.1), except where the recipe wants a number or a bool."""
     if isinstance(value, list):
@@ -386,7 +391,7 @@ def expand_matrix(text: str, path: Path, *, resolver: Resolver) -> Matrix:
     return Matrix(path, base.name, spec.keys, tuple(kept), tuple(dropped), excluded)
 
 
-def _value_checker(text: str, path: Path, located):
+def _value_checker(text: str, path: Path, located: _Located) -> ValueChecker:
     """check_value for parse_matrix_spec: the issues one axis value raises when the recipe takes it."""
     def check_value(key: str, value: Any, where: str) -> list[RecipeIssue]:
         line = line_of(located.lines, where)
@@ -403,7 +408,8 @@ def _effective(values: dict[str, Any], base_values: dict[str, Any]) -> dict[str,
     return {k: values.get(k, base_values.get(k)) for k in base_values}
 
 
-def _relocate(issues, values, paths: dict[str, str], spec_lines: dict[str, int], vid: str) -> list[RecipeIssue]:
+def _relocate(issues: Sequence[RecipeIssue], values: Mapping[str, Any], paths: dict[str, str],
+              spec_lines: dict[str, int], vid: str) -> list[RecipeIssue]:
     """Point a variant's recipe errors at the matrix entry that set the value."""
     out = []
     for issue in issues:
@@ -516,11 +522,11 @@ def variant_plan(variant: Variant, *, registry: str | None = None, tags: tuple[s
     return make_plan(variant.recipe, variant.resolution, tags=tags or variant.tags, registry=registry)
 
 
-def _step_key(step: Step) -> list:
+def _step_key(step: Step) -> list[Any]:
     return [type(step).__name__, asdict(step)]
 
 
-def _prefix_digest(base: str, steps) -> str:
+def _prefix_digest(base: str, steps: Sequence[Step]) -> str:
     blob = json.dumps([base, [_step_key(s) for s in steps]], sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
@@ -532,7 +538,7 @@ class SharedStage:
     key: str  # sha256 prefix of (base, steps up to here)
     parent: str | None  # the shared stage this one continues, or None (it starts FROM base)
     base: str  # FROM: the base image, or the parent's context name
-    steps: tuple  # the steps this stage adds
+    steps: tuple[Step, ...]  # the steps this stage adds
     users: tuple[str, ...]  # variant ids whose final stage starts with it
 
     @property

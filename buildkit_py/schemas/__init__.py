@@ -21,6 +21,7 @@ from __future__ import annotations
 import functools
 import json
 import re
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -50,7 +51,8 @@ class SchemaIssue(NamedTuple):
 @functools.cache
 def load_schema(name: str) -> dict[str, Any]:
     """``recipe``, ``lock`` or ``compat``: the schema file's JSON."""
-    return json.loads((HERE / f"{name}.schema.json").read_text(encoding="utf-8"))
+    schema: dict[str, Any] = json.loads((HERE / f"{name}.schema.json").read_text(encoding="utf-8"))
+    return schema
 
 
 def schema_path(name: str) -> Path:
@@ -89,7 +91,7 @@ def json_lines(text: str) -> dict[str, int]:
     """Key path -> line of every value in a JSON document (``validate``'s key paths), for the
     ``file:line`` of an error; the text is assumed valid JSON (``json.loads`` read it first)."""
     lines: dict[str, int] = {}
-    stack: list[list] = []  # per open container: [path, next list index or None for an object]
+    stack: list[list[Any]] = []  # per open container: [path, next list index or None for an object]
     line, key, path = 1, None, ""
     for piece in _JSON_TOKEN.findall(text):
         if piece == "\n":
@@ -121,7 +123,7 @@ def type_name(value: Any) -> str:
             float: "a number", type(None): "nothing"}.get(type(value), type(value).__name__)
 
 
-def closest(word: str, options) -> str | None:
+def closest(word: str, options: Iterable[object]) -> str | None:
     """The option nearest to a misspelt word (the "did you mean" of an error), if any is near."""
     import difflib  # only on an unknown key: 8 ms of start-up otherwise  # noqa: PLC0415
 
@@ -130,7 +132,7 @@ def closest(word: str, options) -> str | None:
 
 
 @functools.cache
-def _regex(pattern: str) -> re.Pattern:
+def _regex(pattern: str) -> re.Pattern[str]:
     # ECMA-262 patterns, read the way the recipe's values must be: ASCII classes (\d, \w), and
     # a final '$' that does not also match before a trailing newline ("git\n").
     return re.compile(pattern.removesuffix("$") + r"\Z" if pattern.endswith("$") else pattern, re.ASCII)
@@ -296,7 +298,7 @@ class _Walk:
             what = schema.get("patternErrorMessage") or f"not of the form {schema['pattern']}"
             self.fail(path, f"{value!r} is {what}")
 
-    def mapping(self, value: dict, schema: dict[str, Any], path: tuple[str | int, ...]) -> None:
+    def mapping(self, value: dict[Any, Any], schema: dict[str, Any], path: tuple[str | int, ...]) -> None:
         props = schema.get("properties", {})
         extra = schema.get("additionalProperties", True)
         names = schema.get("propertyNames")
@@ -326,7 +328,7 @@ class _Walk:
         self.fail(path, f"{key!r} is {schema.get('patternErrorMessage') or 'not a valid key'}")
         return False
 
-    def array(self, value: list, schema: dict[str, Any], path: tuple[str | int, ...]) -> None:
+    def array(self, value: list[Any], schema: dict[str, Any], path: tuple[str | int, ...]) -> None:
         if len(value) < schema.get("minItems", 0):
             self.fail(path, schema.get("errorMessage") or ("must not be empty" if schema["minItems"] == 1 else
                                                            f"must have at least {schema['minItems']} entries"))
