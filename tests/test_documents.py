@@ -205,3 +205,18 @@ def test_driver_check_document_and_text():
     assert lines[0] == f"CUDA 12.4.1: {data['verdict']} on driver 535.104.05"
     assert lines[2] == f"  {data['message']}"
     assert (f"  remedy: {data['remedy']}" in lines) == bool(data["remedy"])
+
+
+def test_render_document_and_text(tmp_path):
+    from buildkit_py.cli.recipe import Rendered
+
+    warning = RecipeWarning(WarningCode.CUDA_TWICE, "torch", "torch ships CUDA a second time")
+    text = 'FROM nvidia/cuda:12.4.1-runtime-ubuntu22.04 AS runtime\nLABEL a=x\u2028y\n'
+    rendered = Rendered(tmp_path / "r.yaml", text, ("app:1",), (warning,), None)
+    data = rendered.to_json()
+    assert set(data) == {"recipe", "dockerfile", "tags", "warnings", "output"}  # README: `render --json`
+    assert (data["dockerfile"], data["tags"], data["output"]) == (text, ["app:1"], None)
+    assert data["warnings"] == [warning.to_json()]
+    assert "".join(x + "\n" for x in rendered.lines()) == data["dockerfile"]  # the text is the Dockerfile itself
+    written = Rendered(tmp_path / "r.yaml", text, ("app:1",), (), tmp_path / "Dockerfile")
+    assert written.to_json()["output"] == str(tmp_path / "Dockerfile") and written.lines() == []

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import argparse
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from buildkit_py.cli.common import AddCommand, Out, json_option, offline_options, plan_recipe, tag_options
 from buildkit_py.cli.settings import settings_of
@@ -56,6 +57,27 @@ def register_schema(add: AddCommand) -> None:
     s.set_defaults(handler=cmd_schema)
 
 
+@dataclass(frozen=True)
+class Rendered:
+    """`render`'s result: the Dockerfile as --json documents it, and as text the Dockerfile itself
+    (nothing on stdout when it went to --output)."""
+
+    recipe: Path
+    dockerfile: str
+    tags: tuple[str, ...]
+    warnings: tuple[RecipeWarning, ...]
+    output: Path | None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"recipe": str(self.recipe), "dockerfile": self.dockerfile, "tags": list(self.tags),
+                "warnings": [w.to_json() for w in self.warnings],
+                "output": str(self.output) if self.output else None}
+
+    def lines(self) -> list[str]:
+        # split on "\n" only (not splitlines): the text ends in one newline, so the lines print it byte for byte
+        return [] if self.output else self.dockerfile.split("\n")[:-1]
+
+
 def cmd_render(args: argparse.Namespace, out: Out) -> int:
     from buildkit_py.render.dockerfile import render_dockerfile
 
@@ -66,12 +88,7 @@ def cmd_render(args: argparse.Namespace, out: Out) -> int:
     if args.output:
         write_atomic(args.output, text)  # never a half-written Dockerfile
         out.info(f"wrote {args.output}")
-    if args.json:
-        out.data({"recipe": str(args.recipe), "dockerfile": text, "tags": list(plan.tags),
-                  "warnings": [w.to_json() for w in plan.warnings],
-                  "output": str(args.output) if args.output else None})
-    elif not args.output:
-        out.stdout.write(text)
+    out.document(Rendered(args.recipe, text, plan.tags, plan.warnings, args.output or None), as_json=args.json)
     return 0
 
 
