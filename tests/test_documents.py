@@ -220,3 +220,41 @@ def test_render_document_and_text(tmp_path):
     assert "".join(x + "\n" for x in rendered.lines()) == data["dockerfile"]  # the text is the Dockerfile itself
     written = Rendered(tmp_path / "r.yaml", text, ("app:1",), (), tmp_path / "Dockerfile")
     assert written.to_json()["output"] == str(tmp_path / "Dockerfile") and written.lines() == []
+
+
+# README: `data status --json`
+DATA_STATUS_KEYS = {"shipped_as_of", "files", "cache", "cached", "images", "partial"}
+IMAGES_KEYS = {"today", "releases", "policy", "end_of_life", "end_of_life_unknown", "no_end_of_life"}
+
+
+def test_data_status_document_and_text():
+    from buildkit_py.cli.data import CachedRelease, DataStatus, ImageEndOfLife, ImagesStatus
+
+    images = ImagesStatus("2026-12-05", 3, "latest patch only",
+                          (ImageEndOfLife("12.4.1", "2026-06-01", "driver", "2026-12-01", True),
+                           ImageEndOfLife("13.0.3", "2027-03-01", "patch", None, False)), ("13.2.1",), ())
+    cached = (CachedRelease("2.16.0", "http://ix/simple/", "2026-12-01", "cu135", False),
+              CachedRelease("2.5.1", "http://ix/simple/", "2026-11-01", None, True))
+    status = DataStatus("2026-12-04", {"torch.json": "2026-12-03", "archs.json": None}, "/c", cached, images,
+                        {"torch": ("2.15.0",), "flash-attn": ()})
+    data = status.to_json()
+    assert set(data) == DATA_STATUS_KEYS and set(data["images"]) == IMAGES_KEYS
+    json.dumps(data)
+    assert data["cached"][1] == {"component": "torch", "version": "2.5.1", "index": "http://ix/simple/",
+                                 "read": "2026-11-01", "pypi_variant": None, "shipped": True}
+    assert data["images"]["end_of_life"][1] == {"cuda": "13.0.3", "date": "2027-03-01", "basis": "patch",
+                                                "deletion": None, "past": False}
+    assert data["partial"] == {"torch": ["2.15.0"], "flash-attn": []}
+    assert status.lines() == [
+        f"shipped compatibility data as of {data['shipped_as_of']}",
+        "  torch.json           2026-12-03", "  archs.json           -",
+        "nvidia/cuda images: 3 releases, 1 past NVIDIA's end of life on 2026-12-05 (newest: 12.4.1, 2026-06-01)",
+        "  end of life ahead: 13.0.3 (2027-03-01)", "  end of life, no date: 13.2.1",
+        "  no end-of-life date published: -", "  policy: latest patch only",
+        "known only in part: torch 2.15.0",
+        "look-up cache (/c) adds:",
+        "  torch 2.16.0    cu135  from http://ix/simple/ (read 2026-12-01)",
+        "  torch 2.5.1     ?      from http://ix/simple/ (read 2026-11-01)  [now also shipped]"]
+    empty = DataStatus(None, {}, "/c", (), images, {})
+    assert empty.lines()[0] == "shipped compatibility data as of unknown"
+    assert empty.lines()[-1] == "look-up cache (/c): empty" and empty.to_json()["cached"] == []

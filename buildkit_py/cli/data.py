@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -42,6 +44,114 @@ def register(add: AddCommand) -> None:
     d.set_defaults(handler=cmd_data)
 
 
+@dataclass(frozen=True)
+class CachedRelease:
+    """A torch release the plan-time look-up cached (`data status`'s ``cached`` rows)."""
+
+    version: str
+    index: str | None
+    read: str | None
+    pypi_variant: str | None
+    shipped: bool  # the shipped data has it now too
+
+    def to_json(self) -> dict[str, Any]:
+        return {"component": "torch", "version": self.version, "index": self.index, "read": self.read,
+                "pypi_variant": self.pypi_variant, "shipped": self.shipped}
+
+    def line(self) -> str:
+        return (f"  torch {self.version:<9} {self.pypi_variant or '?':<6} from {self.index} (read {self.read})"
+                + ("  [now also shipped]" if self.shipped else ""))
+
+
+@dataclass(frozen=True)
+class ImageEndOfLife:
+    """One nvidia/cuda release's end of life as images.json records it, and whether today is past it."""
+
+    cuda: str
+    date: str
+    basis: str
+    deletion: str | None
+    past: bool
+
+    def to_json(self) -> dict[str, Any]:
+        return {"cuda": self.cuda, "date": self.date, "basis": self.basis, "deletion": self.deletion,
+                "past": self.past}
+
+
+@dataclass(frozen=True)
+class ImagesStatus:
+    """The nvidia/cuda releases images.json records and where each stands in NVIDIA's support policy."""
+
+    today: str
+    releases: int
+    policy: str | None
+    end_of_life: tuple[ImageEndOfLife, ...]
+    end_of_life_unknown: tuple[str, ...]
+    no_end_of_life: tuple[str, ...]
+
+    @classmethod
+    def on(cls, today: datetime.date) -> ImagesStatus:
+        from buildkit_py.compat import tables
+
+        releases = tables.image_releases()
+        eols = tuple(ImageEndOfLife(i.cuda, str(i.end_of_life.date), i.end_of_life.basis,
+                                    str(i.end_of_life.deletion) if i.end_of_life.deletion else None,
+                                    today >= i.end_of_life.date)
+                     for i in releases if i.end_of_life is not None)
+        return cls(str(today), len(releases), tables.image_support_policy().get("summary"), eols,
+                   tuple(i.cuda for i in releases if i.end_of_life_unknown),
+                   tuple(i.cuda for i in releases if i.end_of_life is None and not i.end_of_life_unknown))
+
+    def to_json(self) -> dict[str, Any]:
+        return {"today": self.today, "releases": self.releases, "policy": self.policy,
+                "end_of_life": [e.to_json() for e in self.end_of_life],
+                "end_of_life_unknown": list(self.end_of_life_unknown), "no_end_of_life": list(self.no_end_of_life)}
+
+    def lines(self) -> list[str]:
+        past = [e for e in self.end_of_life if e.past]
+        newest = f" (newest: {past[-1].cuda}, {past[-1].date})" if past else ""
+        lines = [f"nvidia/cuda images: {self.releases} releases, {len(past)} past NVIDIA's end of life on "
+                 f"{self.today}{newest}"]
+        coming = [f"{e.cuda} ({e.date})" for e in self.end_of_life if not e.past]
+        if coming:
+            lines.append(f"  end of life ahead: {', '.join(coming)}")
+        if self.end_of_life_unknown:
+            lines.append(f"  end of life, no date: {', '.join(self.end_of_life_unknown)}")
+        lines.append(f"  no end-of-life date published: {', '.join(self.no_end_of_life) or '-'}")
+        if self.policy:
+            lines.append(f"  policy: {self.policy}")
+        return lines
+
+
+@dataclass(frozen=True)
+class DataStatus:
+    """`data status`: the shipped data's dates, the images' end of life, the rows known only in part
+    and what the look-up cache adds."""
+
+    shipped_as_of: str | None
+    files: Mapping[str, str | None]  # data file -> its "as of" date
+    cache: str
+    cached: tuple[CachedRelease, ...]
+    images: ImagesStatus
+    partial: Mapping[str, tuple[str, ...]]  # component -> versions known only in part
+
+    def to_json(self) -> dict[str, Any]:
+        return {"shipped_as_of": self.shipped_as_of, "files": dict(self.files), "cache": self.cache,
+                "cached": [c.to_json() for c in self.cached], "images": self.images.to_json(),
+                "partial": {component: list(versions) for component, versions in self.partial.items()}}
+
+    def lines(self) -> list[str]:
+        lines = [f"shipped compatibility data as of {self.shipped_as_of or 'unknown'}"]
+        lines += [f"  {name:<20} {date or '-'}" for name, date in self.files.items()]
+        lines += self.images.lines()
+        # rows known only in part: a plan that needs what they lack says "unknown" and refuses
+        lines += [f"known only in part: {component} {', '.join(versions)}"
+                  for component, versions in self.partial.items() if versions]
+        if not self.cached:
+            return [*lines, f"look-up cache ({self.cache}): empty"]
+        return [*lines, f"look-up cache ({self.cache}) adds:", *(c.line() for c in self.cached)]
+
+
 def cmd_data(args: argparse.Namespace, out: Out) -> int:
     import datetime
 
@@ -53,64 +163,17 @@ def cmd_data(args: argparse.Namespace, out: Out) -> int:
     if args.data_command != "status":
         raise UsageError("imgbuild data: say status or refresh", hint="see `imgbuild data --help`")
     as_of = tables.data_files_as_of()
-    shipped = max((d for d in as_of.values() if d), default=None)
     cache_folder = settings_of(args).compat_cache
-    cached = live.cached_rows(cache_folder)
-    rows = [{"component": "torch", "version": v, "index": r.get("index"), "read": r.get("read"),
-             "pypi_variant": r.get("pypi_variant"), "shipped": any(t.version == v for t in tables.torch_releases())}
-            for v, r in sorted(cached.items())]
-    cache = str(cache_folder)
-    images = _images_status(datetime.date.today())
-    partial = {"torch": [r.version for r in tables.torch_releases() if r.partial],
-               "flash-attn": [r.version for r in tables.flash_attn_releases() if r.partial],
-               "bitsandbytes": [r.version for r in tables.bitsandbytes_releases() if r.partial]}
-    report = {"shipped_as_of": shipped, "files": as_of, "cache": cache, "cached": rows, "images": images,
-              "partial": partial}
-    if args.json:
-        out.data(report)
-        return 0
-    out.line(f"shipped compatibility data as of {shipped or 'unknown'}")
-    for name, date in as_of.items():
-        out.line(f"  {name:<20} {date or '-'}")
-    past = [r for r in images["end_of_life"] if r["past"]]
-    newest = f" (newest: {past[-1]['cuda']}, {past[-1]['date']})" if past else ""
-    out.line(f"nvidia/cuda images: {images['releases']} releases, {len(past)} past NVIDIA's end of life on "
-             f"{images['today']}{newest}")
-    coming = [f"{r['cuda']} ({r['date']})" for r in images["end_of_life"] if not r["past"]]
-    if coming:
-        out.line(f"  end of life ahead: {', '.join(coming)}")
-    if images["end_of_life_unknown"]:
-        out.line(f"  end of life, no date: {', '.join(images['end_of_life_unknown'])}")
-    out.line(f"  no end-of-life date published: {', '.join(images['no_end_of_life']) or '-'}")
-    if images["policy"]:
-        out.line(f"  policy: {images['policy']}")
-    # rows known only in part: a plan that needs what they lack says "unknown" and refuses
-    for component, versions in partial.items():
-        if versions:
-            out.line(f"known only in part: {component} {', '.join(versions)}")
-    if not cached:
-        out.line(f"look-up cache ({cache}): empty")
-    else:
-        out.line(f"look-up cache ({cache}) adds:")
-        for c in rows:
-            out.line(f"  torch {c['version']:<9} {c['pypi_variant'] or '?':<6} from {c['index']} (read {c['read']})"
-                     + ("  [now also shipped]" if c["shipped"] else ""))
+    cached = tuple(CachedRelease(v, r.get("index"), r.get("read"), r.get("pypi_variant"),
+                                 any(t.version == v for t in tables.torch_releases()))
+                   for v, r in sorted(live.cached_rows(cache_folder).items()))
+    partial = {"torch": tuple(r.version for r in tables.torch_releases() if r.partial),
+               "flash-attn": tuple(r.version for r in tables.flash_attn_releases() if r.partial),
+               "bitsandbytes": tuple(r.version for r in tables.bitsandbytes_releases() if r.partial)}
+    status = DataStatus(max((d for d in as_of.values() if d), default=None), as_of, str(cache_folder), cached,
+                        ImagesStatus.on(datetime.date.today()), partial)
+    out.document(status, as_json=args.json)
     return 0
-
-
-def _images_status(today: datetime.date) -> dict[str, Any]:  # `data status` JSON: its images part
-    """The nvidia/cuda releases images.json records and where each stands in NVIDIA's support policy."""
-    from buildkit_py.compat import tables
-
-    releases = tables.image_releases()
-    eols = [{"cuda": i.cuda, "date": str(i.end_of_life.date), "basis": i.end_of_life.basis,
-             "deletion": str(i.end_of_life.deletion) if i.end_of_life.deletion else None,
-             "past": today >= i.end_of_life.date}
-            for i in releases if i.end_of_life is not None]
-    return {"today": str(today), "releases": len(releases), "policy": tables.image_support_policy().get("summary"),
-            "end_of_life": eols,
-            "end_of_life_unknown": [i.cuda for i in releases if i.end_of_life_unknown],
-            "no_end_of_life": [i.cuda for i in releases if i.end_of_life is None and not i.end_of_life_unknown]}
 
 
 def cmd_data_refresh(args: argparse.Namespace, out: Out) -> int:
