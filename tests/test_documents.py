@@ -258,3 +258,20 @@ def test_data_status_document_and_text():
     empty = DataStatus(None, {}, "/c", (), images, {})
     assert empty.lines()[0] == "shipped compatibility data as of unknown"
     assert empty.lines()[-1] == "look-up cache (/c): empty" and empty.to_json()["cached"] == []
+
+
+def test_data_refresh_document_and_text():
+    from buildkit_py.cli.data import DataRefreshed
+    from buildkit_py.compat.refresh import Change, RefreshReport
+
+    report = RefreshReport("http://ix/simple/", "2026-12-24", (Change("torch.json", "2.16.0", "new release"),),
+                           ("bitsandbytes 0.51.0: read its wheels",), {"torch.json": {}})
+    refreshed = DataRefreshed(report, ("torch.json",), 12, 4096)
+    data = refreshed.to_json()
+    # README: `data refresh --json`
+    assert set(data) == {"index", "date", "changes", "review", "files_changed", "written", "requests", "bytes_read"}
+    assert data["changes"] == [{"file": "torch.json", "key": "2.16.0", "what": "new release"}]
+    assert (data["written"], data["requests"], data["bytes_read"]) == (["torch.json"], 12, 4096)
+    assert refreshed.lines() == ["torch.json: 2.16.0: new release", f"review: {data['review'][0]}"]
+    same = DataRefreshed(RefreshReport("http://ix/simple/", "2026-12-24", (), (), {}), (), 3, 10)
+    assert same.lines() == ["the data matches the index"] and same.to_json()["files_changed"] == []

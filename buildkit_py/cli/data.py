@@ -18,6 +18,8 @@ from buildkit_py.sizes import human_size
 if TYPE_CHECKING:
     import datetime
 
+    from buildkit_py.compat.refresh import RefreshReport
+
 
 def register(add: AddCommand) -> None:
     d = add("data", "imgbuild's compatibility data (CUDA toolkits and drivers, torch, flash-attn, bitsandbytes,\n"
@@ -196,17 +198,28 @@ def cmd_data_refresh(args: argparse.Namespace, out: Out) -> int:
         refresh.validate_files(texts)
     if args.write and texts:
         written = refresh.write_files(texts, args.data_dir or tables.data_dir())
-    if args.json:
-        out.data({**report.to_json(), "written": written,
-                  "requests": client.requests, "bytes_read": client.bytes_read})
-        return 0
-    for c in report.changes:
-        out.line(c.render())
-    for r in report.review:
-        out.line(f"review: {r}")
-    if not report.changes:
-        out.line("the data matches the index")
-    out.info(f"{client.requests} requests, {human_size(client.bytes_read)} read"
-             + (f"; wrote {', '.join(written)}" if written else
-                ("; nothing written (use --write)" if texts and not args.write else "")))
+    refreshed = DataRefreshed(report, tuple(written), client.requests, client.bytes_read)
+    out.document(refreshed, as_json=args.json)
+    if not args.json:
+        out.info(f"{refreshed.requests} requests, {human_size(refreshed.bytes_read)} read"
+                 + (f"; wrote {', '.join(written)}" if written else
+                    ("; nothing written (use --write)" if texts and not args.write else "")))
     return 0
+
+
+@dataclass(frozen=True)
+class DataRefreshed:
+    """`data refresh`: what the package index changes in the data, what was written, what it cost."""
+
+    report: RefreshReport
+    written: tuple[str, ...]  # data files written (--write)
+    requests: int
+    bytes_read: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {**self.report.to_json(), "written": list(self.written), "requests": self.requests,
+                "bytes_read": self.bytes_read}
+
+    def lines(self) -> list[str]:
+        lines = [c.render() for c in self.report.changes] + [f"review: {r}" for r in self.report.review]
+        return lines if self.report.changes else [*lines, "the data matches the index"]
