@@ -275,3 +275,49 @@ def test_data_refresh_document_and_text():
     assert refreshed.lines() == ["torch.json: 2.16.0: new release", f"review: {data['review'][0]}"]
     same = DataRefreshed(RefreshReport("http://ix/simple/", "2026-12-24", (), (), {}), (), 3, 10)
     assert same.lines() == ["the data matches the index"] and same.to_json()["files_changed"] == []
+
+
+# README: `sbom --json`; read attached adds artifact_type and others, generated adds source
+SBOM_KEYS = {"image", "subject", "sbom", "via", "platform", "format", "output", "components", "document"}
+
+
+def _sbom_contents():
+    from buildkit_py.analysis import sbom
+
+    return sbom.ImageContents("reg/app:1", sbom.SOURCE_ENGINE, "sha256:" + "1" * 64, "linux/amd64", None, (),
+                              sbom.OsRelease("debian", "12", "Debian 12"),
+                              (sbom.PythonDist("numpy", "2.0.0", "/site/numpy-2.0.0.dist-info", "ab" * 32, "lock"),),
+                              (sbom.DebPackage("libc6", "2.36-9", "amd64"),))
+
+
+def test_sbom_documents_and_text(tmp_path):
+    from buildkit_py import oci
+    from buildkit_py.analysis import sbom
+    from buildkit_py.cli.sbom import SbomShown
+
+    contents = _sbom_contents()
+    document = json.loads(sbom.cyclonedx_document(contents))
+    generated = SbomShown.generated("reg/app:1", contents, None, document, tmp_path / "app.cdx.json")
+    data = generated.to_json()
+    assert set(data) == SBOM_KEYS | {"source"}
+    assert (data["subject"], data["sbom"], data["via"], data["source"]) == (contents.image_id, None, None, "engine")
+    assert data["format"] == "CycloneDX 1.6" and data["output"] == str(tmp_path / "app.cdx.json")
+    assert [c["type"] for c in data["components"]] == ["os", "deb", "python"]
+    assert generated.lines() == [
+        f"image      reg/app:1 ({data['subject']})",
+        "format     CycloneDX 1.6, 3 components: 1 os, 1 deb, 1 python", f"written    {data['output']}",
+        "os     debian                                   12",
+        "deb    libc6                                    2.36-9 (amd64)",
+        "python numpy                                    2.0.0                                sha256:" + "ab" * 32]
+
+    referrer = oci.Referrer("sha256:" + "2" * 64, oci.MEDIA_OCI_MANIFEST, 100, sbom.ARTIFACT_TYPE,
+                            {sbom.ANNOTATION_PLATFORM: "linux/amd64"})
+    other = oci.Referrer("sha256:" + "3" * 64, oci.MEDIA_OCI_MANIFEST, 100, None, {})
+    found = sbom.FoundSbom("reg/app:1", "sha256:" + "4" * 64, referrer, "referrers-api", b"", (other,))
+    read = SbomShown.read("reg/app:1", found, document, None)
+    data = read.to_json()
+    assert set(data) == SBOM_KEYS | {"artifact_type", "others"}
+    assert (data["sbom"], data["artifact_type"], data["others"], data["output"]) == (
+        referrer.digest, sbom.ARTIFACT_TYPE, [other.digest], None)
+    assert read.lines()[:2] == [f"image      reg/app:1 ({found.subject})",
+                                f"sbom       {referrer.digest} (referrers-api, linux/amd64)"]

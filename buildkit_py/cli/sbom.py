@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import argparse
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from buildkit_py.cli.common import AddCommand, Out, engine_option, json_option, reading_engine
 from buildkit_py.errors import UsageError
+from buildkit_py.files import write_atomic
 
 if TYPE_CHECKING:
-    from buildkit_py.analysis.sbom import ComponentRow
+    from buildkit_py.analysis.sbom import AttachedSbom, ComponentRow, FoundSbom, ImageContents
 
 
 def register(add: AddCommand) -> None:
@@ -53,10 +55,10 @@ def cmd_sbom(args: argparse.Namespace, out: Out) -> int:
         return _generate(args, out)
     found = sbom.find_sbom(args.image, platform=args.platform)
     document = _parse(found.document)
-    report = {"image": args.image, "subject": found.subject, "sbom": found.referrer.digest,
-              "artifact_type": found.referrer.artifact_type, "via": found.via, "platform": found.platform,
-              "others": [r.digest for r in found.others]}
-    return _show(args, out, found.document, document, report)
+    if args.output:
+        write_atomic(args.output, found.document)
+    out.document(SbomShown.read(args.image, found, document, args.output), as_json=args.json)
+    return 0
 
 
 def _generate(args: argparse.Namespace, out: Out) -> int:
@@ -79,13 +81,15 @@ def _generate(args: argparse.Namespace, out: Out) -> int:
     contents = sbom.read_image_contents(args.image, source=args.source, engine=reading_engine(args),
                                         platform=args.platform or oci.DEFAULT_PLATFORM)
     raw = sbom.cyclonedx_document(contents, hashes=hashes)
-    report: dict[str, Any] = {"image": args.image, "source": contents.source, "platform": contents.platform,
-                              "subject": contents.image_id, "sbom": None, "via": None}
+    attached = None
     if args.attach:
         attached = sbom.attach_sbom(raw, args.image, platform=contents.platform)
-        report.update(subject=attached.subject, sbom=attached.digest, via=attached.via)
         out.info(f"attached {attached.ref} to {args.image} ({attached.via})")
-    return _show(args, out, raw, _parse(raw), report)
+    document = _parse(raw)
+    if args.output:
+        write_atomic(args.output, raw)
+    out.document(SbomShown.generated(args.image, contents, attached, document, args.output), as_json=args.json)
+    return 0
 
 
 def _parse(raw: bytes) -> dict[str, Any]:
@@ -102,29 +106,63 @@ def _parse(raw: bytes) -> dict[str, Any]:
     return document
 
 
-def _show(args: argparse.Namespace, out: Out, raw: bytes, document: dict[str, Any], report: dict[str, Any]) -> int:
-    from buildkit_py.analysis import sbom
-    from buildkit_py.files import write_atomic
+@dataclass(frozen=True)
+class SbomShown:
+    """`sbom`'s result: the SBOM (the attached one read, or one generated now), its components and
+    where it came from, as --json documents it and the text lists it."""
 
-    rows = sbom.components_of(document)
-    if args.output:
-        write_atomic(args.output, raw)
-    if args.json:
-        out.data({**report, "format": f"CycloneDX {document.get('specVersion')}", "output": _str(args.output),
-                  "components": [r.to_json() for r in rows], "document": document})
-        return 0
-    out.line(f"image      {report['image']}" + (f" ({report['subject']})" if report.get("subject") else ""))
-    if report.get("sbom"):
-        out.line(f"sbom       {report['sbom']} ({report['via']}"
-                 + (f", {report['platform']})" if report.get("platform") else ")"))
-    counts = {kind: sum(1 for r in rows if r.type == kind) for kind in ("os", "deb", "python", "other")}
-    out.line(f"format     CycloneDX {document.get('specVersion')}, {len(rows)} components: "
-             + ", ".join(f"{n} {kind}" for kind, n in counts.items() if n))
-    if args.output:
-        out.line(f"written    {args.output}")
-    for row in rows:
-        out.line(_row(row))
-    return 0
+    image: str  # the reference as given
+    subject: str | None  # the digest the SBOM refers to (a generated one not attached: the image's id)
+    sbom: str | None  # the SBOM artifact's digest in the registry; None: generated, not attached
+    via: str | None  # referrers-api | tag-schema
+    platform: str | None
+    document: dict[str, Any]  # the CycloneDX document, parsed
+    output: Path | None  # where -o wrote the document
+    source: str | None = None  # generated: where the image was read (engine | registry); None: read attached
+    artifact_type: str | None = None  # read attached: the referrer's artifact type
+    others: tuple[str, ...] = ()  # read attached: the digests of further SBOMs beside it
+
+    @classmethod
+    def read(cls, image: str, found: FoundSbom, document: dict[str, Any], output: Path | None) -> SbomShown:
+        return cls(image, found.subject, found.referrer.digest, found.via, found.platform, document, output,
+                   artifact_type=found.referrer.artifact_type, others=tuple(r.digest for r in found.others))
+
+    @classmethod
+    def generated(cls, image: str, contents: ImageContents, attached: AttachedSbom | None,
+                  document: dict[str, Any], output: Path | None) -> SbomShown:
+        if attached is None:
+            return cls(image, contents.image_id, None, None, contents.platform, document, output,
+                       source=contents.source)
+        return cls(image, attached.subject, attached.digest, attached.via, contents.platform, document, output,
+                   source=contents.source)
+
+    @property
+    def format(self) -> str:
+        return f"CycloneDX {self.document.get('specVersion')}"
+
+    def components(self) -> list[ComponentRow]:
+        from buildkit_py.analysis import sbom
+
+        return sbom.components_of(self.document)
+
+    def to_json(self) -> dict[str, Any]:
+        origin = ({"artifact_type": self.artifact_type, "others": list(self.others)} if self.source is None
+                  else {"source": self.source})
+        return {"image": self.image, "subject": self.subject, "sbom": self.sbom, "via": self.via,
+                "platform": self.platform, **origin, "format": self.format, "output": _str(self.output),
+                "components": [r.to_json() for r in self.components()], "document": self.document}
+
+    def lines(self) -> list[str]:
+        rows = self.components()
+        lines = [f"image      {self.image}" + (f" ({self.subject})" if self.subject else "")]
+        if self.sbom:
+            lines.append(f"sbom       {self.sbom} ({self.via}" + (f", {self.platform})" if self.platform else ")"))
+        counts = {kind: sum(1 for r in rows if r.type == kind) for kind in ("os", "deb", "python", "other")}
+        lines.append(f"format     {self.format}, {len(rows)} components: "
+                     + ", ".join(f"{n} {kind}" for kind, n in counts.items() if n))
+        if self.output:
+            lines.append(f"written    {self.output}")
+        return lines + [_row(row) for row in rows]
 
 
 def _row(row: ComponentRow) -> str:
