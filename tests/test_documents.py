@@ -321,3 +321,34 @@ def test_sbom_documents_and_text(tmp_path):
         referrer.digest, sbom.ARTIFACT_TYPE, [other.digest], None)
     assert read.lines()[:2] == [f"image      reg/app:1 ({found.subject})",
                                 f"sbom       {referrer.digest} (referrers-api, linux/amd64)"]
+
+
+# README: `check --gpu --json`
+GPU_REPORT_KEYS = {"image", "gpu", "capability", "verdict", "runs", "decided_by", "message", "jit_bytes",
+                   "libraries", "unreadable"}
+
+
+def test_check_gpu_documents_and_text():
+    from buildkit_py.analysis.check import check_compat
+    from buildkit_py.analysis.gpu_coverage import gpu_report, resolve_gpu
+    from buildkit_py.cli.check import GpuCheck, GpuChecks
+
+    report = gpu_report("img:1", resolve_gpu("H100"), [], (("/bad.so", "garbled"),))
+    alone = GpuChecks((GpuCheck(report, None, None, ()),), None, None)
+    data = alone.to_json()
+    assert set(data) == GPU_REPORT_KEYS and data["unreadable"] == [{"path": "/bad.so", "error": "garbled"}]
+    assert alone.runs and alone.lines() == [f"image img:1 on {report.gpu.label}: {data['verdict']}",
+                                            f"  {data['message']}", "  unreadable /bad.so: garbled"]
+
+    driver = check_compat("12.4.1", "535.104.05", datacenter=False)
+    b200 = gpu_report("img:1", resolve_gpu("B200"), [], ())
+    checks = GpuChecks((GpuCheck(report, "535.104.05", driver, ("/venv/x/liby.so",)),
+                        GpuCheck(b200, "535.104.05", driver, ())), "535.104.05", driver)
+    data = checks.to_json()
+    assert set(data) == {"reports"} and [r["gpu"] for r in data["reports"]] == ["H100", "B200"]
+    assert all(set(r) == GPU_REPORT_KEYS | {"driver", "driver_too_old_for_ptx"} for r in data["reports"])
+    assert data["reports"][0]["driver_too_old_for_ptx"] == ["/venv/x/liby.so"]
+    assert not checks.runs  # PTX the driver cannot JIT-compile counts as no kernel
+    lines = checks.lines()
+    assert "  driver 535.104.05 is too old to JIT-compile the PTX of /venv/x/liby.so" in lines
+    assert lines[-1] == f"driver 535.104.05: {driver.verdict}: {driver.message}"

@@ -123,24 +123,74 @@ def _check_gpu(args: argparse.Namespace, out: Out) -> int:
             raise UsageError(f"image {args.target} has no {K.CUDA_VERSION} label and no CUDA_VERSION env",
                              hint="leave --driver out to check its kernels only")
         driver_result = check_compat(cuda, driver, datacenter=datacenter)
-    documents, runs = [], driver_result is None or driver_result.compatible
+    checks = []
     for gpu in targets:
         report = gpu_report(args.target, gpu, loaded_alternatives(files, cuda), unreadable)
-        too_old = _driver_too_old_for_ptx(report, driver)
-        runs = runs and report.runs and not too_old
-        if args.json:
-            data = report.to_json()
-            if driver_result is not None:
-                data["driver"] = driver_result.to_json()
-                data["driver_too_old_for_ptx"] = too_old
-            documents.append(data)
-        else:
-            _print_gpu_report(out, report, driver, too_old)
-    if args.json:
-        out.data(documents[0] if len(documents) == 1 else {"reports": documents})
-    elif driver_result is not None:
-        out.line(f"driver {driver}: {driver_result.verdict}: {driver_result.message}")
-    return 0 if runs else ExitStatus.FAILED
+        checks.append(GpuCheck(report, driver, driver_result, tuple(_driver_too_old_for_ptx(report, driver))))
+    result = GpuChecks(tuple(checks), driver, driver_result)
+    out.document(result, as_json=args.json)
+    return 0 if result.runs else ExitStatus.FAILED
+
+
+@dataclass(frozen=True)
+class GpuCheck:
+    """`check --gpu` for one GPU: the image's kernels on it and, with a driver, the libraries whose
+    PTX that driver is too old to JIT-compile (they count as no kernel)."""
+
+    report: GpuReport
+    driver: str | None
+    driver_result: CheckResult | None  # with a driver: the image's CUDA against it
+    too_old: tuple[str, ...]  # library paths
+
+    @property
+    def runs(self) -> bool:
+        return self.report.runs and not self.too_old
+
+    def to_json(self) -> dict[str, Any]:
+        data = self.report.to_json()
+        if self.driver_result is not None:
+            data["driver"] = self.driver_result.to_json()
+            data["driver_too_old_for_ptx"] = list(self.too_old)
+        return data
+
+    def lines(self) -> list[str]:
+        from buildkit_py.compat.gpu_fit import Coverage
+        from buildkit_py.sizes import human_size
+
+        report = self.report
+        lines = [f"image {report.image} on {report.gpu.label}: {report.verdict}", f"  {report.message()}"]
+        for lib in report.libraries:
+            how = (", ".join(lib.sass) if lib.coverage == Coverage.SASS else
+                   f"{', '.join(lib.ptx)}, {human_size(lib.ptx_bytes)} to JIT" if lib.coverage == Coverage.PTX else
+                   f"carries {', '.join(lib.archs) or 'no SASS'}")
+            note = "" if lib.decides else "  (no real kernels in its fat binaries: not counted)"
+            lines.append(f"  {lib.coverage:<9} {lib.path}: {how}{note}")
+        lines += [f"  unreadable {path}: {why}" for path, why in report.unreadable]
+        return lines + [f"  driver {self.driver} is too old to JIT-compile the PTX of {path}" for path in self.too_old]
+
+
+@dataclass(frozen=True)
+class GpuChecks:
+    """`check --gpu`: one GpuCheck per GPU (``--gpu host``: per compute capability), and the driver
+    verdict once. --json: the one check's document, or {"reports": [...]} for several."""
+
+    checks: tuple[GpuCheck, ...]
+    driver: str | None
+    driver_result: CheckResult | None
+
+    @property
+    def runs(self) -> bool:
+        return (self.driver_result is None or self.driver_result.compatible) and all(c.runs for c in self.checks)
+
+    def to_json(self) -> dict[str, Any]:
+        documents = [c.to_json() for c in self.checks]
+        return documents[0] if len(documents) == 1 else {"reports": documents}
+
+    def lines(self) -> list[str]:
+        lines = [line for c in self.checks for line in c.lines()]
+        if self.driver_result is None:
+            return lines
+        return [*lines, f"driver {self.driver}: {self.driver_result.verdict}: {self.driver_result.message}"]
 
 
 def _gpu_targets(args: argparse.Namespace) -> tuple[list[GpuTarget], str | None, bool | None]:
@@ -169,24 +219,6 @@ def _gpu_targets(args: argparse.Namespace) -> tuple[list[GpuTarget], str | None,
                                hint="name the GPU instead: --gpu H100")
     datacenter = args.datacenter if args.datacenter is not None else host.datacenter
     return list(targets.values()), args.driver or host.version, datacenter
-
-
-def _print_gpu_report(out: Out, report: GpuReport, driver: str | None, too_old: list[str]) -> None:
-    from buildkit_py.compat.gpu_fit import Coverage
-    from buildkit_py.sizes import human_size
-
-    out.line(f"image {report.image} on {report.gpu.label}: {report.verdict}")
-    out.line(f"  {report.message()}")
-    for lib in report.libraries:
-        how = (", ".join(lib.sass) if lib.coverage == Coverage.SASS else
-               f"{', '.join(lib.ptx)}, {human_size(lib.ptx_bytes)} to JIT" if lib.coverage == Coverage.PTX else
-               f"carries {', '.join(lib.archs) or 'no SASS'}")
-        note = "" if lib.decides else "  (no real kernels in its fat binaries: not counted)"
-        out.line(f"  {lib.coverage:<9} {lib.path}: {how}{note}")
-    for path, why in report.unreadable:
-        out.line(f"  unreadable {path}: {why}")
-    for path in too_old:
-        out.line(f"  driver {driver} is too old to JIT-compile the PTX of {path}")
 
 
 def _driver_too_old_for_ptx(report: GpuReport, driver: str | None) -> list[str]:
