@@ -352,3 +352,23 @@ def test_check_gpu_documents_and_text():
     lines = checks.lines()
     assert "  driver 535.104.05 is too old to JIT-compile the PTX of /venv/x/liby.so" in lines
     assert lines[-1] == f"driver 535.104.05: {driver.verdict}: {driver.message}"
+
+
+def test_compose_document_and_text(tmp_path):
+    from pathlib import Path
+
+    import yaml
+
+    from buildkit_py.cli.run import Composed
+    from buildkit_py.engine.run import compose_document, compose_text
+    from buildkit_py.recipe.model import load_recipe
+
+    recipe = load_recipe(Path(__file__).parent.parent / "recipes" / "demo.yaml")
+    composed = Composed("app:1", compose_document("app:1", recipe), compose_text("app:1", recipe), None)
+    data = composed.to_json()
+    assert set(data) == {"image", "compose", "output"}  # README: `compose --json`
+    assert data["output"] is None and data["compose"]["services"]["app"]["image"] == data["image"]
+    text = "".join(x + "\n" for x in composed.lines())
+    assert text == composed.text and yaml.safe_load(text) == data["compose"]  # the text is compose.yaml itself
+    written = Composed("app:1", data["compose"], composed.text, tmp_path / "compose.yaml")
+    assert written.lines() == [] and written.to_json()["output"] == str(tmp_path / "compose.yaml")

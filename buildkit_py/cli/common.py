@@ -106,6 +106,13 @@ class Out:
         self.stderr.write(f"warning: {text}\n")
 
 
+def file_lines(text: str, *, written: Path | None) -> list[str]:
+    """A file's text (a Dockerfile, a compose.yaml; it ends in a newline) as the lines that print it
+    byte for byte: split on "\\n" only, not splitlines(), which also splits at U+2028 and the like.
+    No lines where it was ``written`` to a file (-o) instead of stdout."""
+    return [] if written else text.split("\n")[:-1]
+
+
 def _sorted(value: Any) -> Any:
     if isinstance(value, dict):
         return {k: _sorted(value[k]) for k in sorted(value)}

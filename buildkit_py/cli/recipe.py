@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from buildkit_py.cli.common import AddCommand, Out, json_option, offline_options, plan_recipe, tag_options
+from buildkit_py.cli.common import AddCommand, Out, file_lines, json_option, offline_options, plan_recipe, tag_options
 from buildkit_py.cli.settings import settings_of
 from buildkit_py.errors import ExitStatus
 from buildkit_py.files import write_atomic
@@ -74,8 +74,7 @@ class Rendered:
                 "output": str(self.output) if self.output else None}
 
     def lines(self) -> list[str]:
-        # split on "\n" only (not splitlines): the text ends in one newline, so the lines print it byte for byte
-        return [] if self.output else self.dockerfile.split("\n")[:-1]
+        return file_lines(self.dockerfile, written=self.output)
 
 
 def cmd_render(args: argparse.Namespace, out: Out) -> int:

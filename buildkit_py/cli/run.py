@@ -14,6 +14,7 @@ from buildkit_py.cli.common import (
     AddCommand,
     Out,
     engine_option,
+    file_lines,
     image_config,
     is_recipe,
     json_option,
@@ -190,6 +191,23 @@ def _require_built(engine: Engine, image: str, recipe: Path) -> None:
                        hint=f"build it first: imgbuild build {recipe}")
 
 
+@dataclass(frozen=True)
+class Composed:
+    """`compose`'s result: the compose document for the image, and as text the compose.yaml itself
+    (nothing on stdout when it went to --output)."""
+
+    image: str
+    compose: dict[str, Any]  # the document compose.yaml holds
+    text: str  # compose.yaml: a header comment, then the document
+    output: Path | None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"image": self.image, "compose": self.compose, "output": str(self.output) if self.output else None}
+
+    def lines(self) -> list[str]:
+        return file_lines(self.text, written=self.output)
+
+
 def cmd_compose(args: argparse.Namespace, out: Out) -> int:
     from buildkit_py.engine.run import compose_document, compose_text
 
@@ -198,9 +216,6 @@ def cmd_compose(args: argparse.Namespace, out: Out) -> int:
     if args.output:
         write_atomic(args.output, text)
         out.info(f"wrote {args.output}")
-    if args.json:
-        out.data({"image": plan.tags[0], "compose": compose_document(plan.tags[0], plan.recipe),
-                  "output": str(args.output) if args.output else None})
-    elif not args.output:
-        out.stdout.write(text)
+    composed = Composed(plan.tags[0], compose_document(plan.tags[0], plan.recipe), text, args.output or None)
+    out.document(composed, as_json=args.json)
     return 0
