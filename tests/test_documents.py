@@ -372,3 +372,36 @@ def test_compose_document_and_text(tmp_path):
     assert text == composed.text and yaml.safe_load(text) == data["compose"]  # the text is compose.yaml itself
     written = Composed("app:1", data["compose"], composed.text, tmp_path / "compose.yaml")
     assert written.lines() == [] and written.to_json()["output"] == str(tmp_path / "compose.yaml")
+
+
+def test_plan_document_and_text(tmp_path):
+    from pathlib import Path
+
+    from buildkit_py import pipeline
+    from buildkit_py.cli.recipe import Planned
+    from buildkit_py.compat.gpu_fit import gpus_rule
+    from buildkit_py.plan.build_plan import plan_json
+    from buildkit_py.render.dockerfile import render_dockerfile
+
+    recipe = Path(__file__).parent.parent / "recipes" / "demo.yaml"
+    plan = pipeline.plan_recipe(recipe, lookup=pipeline.Lookup(offline=True, cache=tmp_path))
+    dockerfile = render_dockerfile(plan)
+    planned = Planned(plan, dockerfile, None, plan.warnings)
+    data = planned.to_json()
+    assert data == plan_json(plan, dockerfile) and "gpus" not in data  # no GPU named: the plan's JSON as it is
+    lines = planned.lines()
+    assert lines[1] == f"  cuda      {data['resolution']['cuda']} {data['resolution']['flavor']} " \
+                       f"from {data['resolution']['source']}"
+    assert f"  tags      {', '.join(data['tags'])}" in lines
+    assert [x for x in lines if x.startswith("  stage ")] == [
+        f"  stage {s['name']:<8} FROM {s['base']}: " + ", ".join(st["id"] for st in s["steps"]) for s in data["stages"]]
+
+    fits, warnings = gpus_rule(plan.recipe, plan.resolution, [("--gpu", "H100")])
+    checked = Planned(plan, dockerfile, fits, warnings)
+    data = checked.to_json()
+    assert set(data) == set(plan_json(plan, dockerfile)) | {"gpus", "gpus_partial"}  # README: `plan --json`
+    assert data["gpus_partial"] == any(f["partial"] for f in data["gpus"])
+    assert data["warnings"] == [w.to_json() for w in warnings]  # the GPU check's replace resolve's
+    gpu_lines = [x for x in checked.lines() if x.startswith("  gpu ")]
+    assert len(gpu_lines) == len(data["gpus"]) == 1 and gpu_lines[0].startswith("  gpu       H100 (compute")
+    assert checked.lines()[-len(warnings):] == [f"  warning   {w.render()}" for w in warnings]

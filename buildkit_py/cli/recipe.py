@@ -14,6 +14,7 @@ from buildkit_py.files import write_atomic
 
 if TYPE_CHECKING:
     from buildkit_py.compat.codes import RecipeWarning
+    from buildkit_py.compat.gpu_fit import GpuFit
     from buildkit_py.plan.build_plan import BuildPlan
 
 
@@ -91,46 +92,64 @@ def cmd_render(args: argparse.Namespace, out: Out) -> int:
     return 0
 
 
+@dataclass(frozen=True)
+class Planned:
+    """`plan`'s result: the plan's JSON (plan_json) and, where GPUs were named (the recipe's gpus:,
+    --gpu), each GPU's fit; that check's warnings then replace resolve's GPU ones."""
+
+    plan: BuildPlan
+    dockerfile: str
+    fits: tuple[GpuFit, ...] | None  # None: no GPU to check
+    warnings: tuple[RecipeWarning, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        from buildkit_py.plan.build_plan import plan_json
+
+        data = plan_json(self.plan, self.dockerfile)
+        if self.fits is not None:
+            data["gpus"] = [f.to_json() for f in self.fits]
+            data["gpus_partial"] = any(f.partial for f in self.fits)
+            data["warnings"] = [w.to_json() for w in self.warnings]
+        return data
+
+    def lines(self) -> list[str]:
+        plan, data = self.plan, self.to_json()
+        res = data["resolution"]
+        lines = [f"{plan.recipe.name}  (recipe {plan.recipe.digest[:19]})",
+                 f"  cuda      {res['cuda']} {res['flavor']} from {res['source']}"]
+        if res["cudnn"]:
+            lines.append(f"  cudnn     {res['cudnn']} from {res['cudnn_from']}")
+        lines.append(f"  driver    {plan.resolution.driver_floor.describe(evidence=True)}")
+        lines.append(f"  python    {res['python']} ({res['python_provider']})")
+        if res["torch"]:
+            lines.append(f"  torch     {res['torch']} from {res['torch_index_url'] or 'the Python registry'}")
+        if res["compile"]:
+            # what the label will say: each package's own list, which may differ from what was asked
+            asked = "" if res["compiled_arch"] == res["cuda_arch"] else f" (cuda_arch: {', '.join(res['cuda_arch'])})"
+            lines.append(f"  compiles  {', '.join(res['compile'])} for sm {', '.join(res['compiled_arch'])}{asked}")
+        lines += [f"  stage {stage['name']:<8} FROM {stage['base']}: " + ", ".join(s["id"] for s in stage["steps"])
+                  for stage in data["stages"]]
+        lines.append(f"  tags      {', '.join(data['tags'])}")
+        if plan.recipe.multi_platform:
+            lines.append(f"  platforms {', '.join(data['platforms'])} (one index; each pin checked for each)")
+        lines += [f"  gpu       {fit.gpu.label}: {fit.verdict}" + (" (partial)" if fit.partial else "")
+                  + f": {fit.message()}" for fit in self.fits or ()]
+        return lines + [f"  warning   {w.render()}" for w in self.warnings]
+
+
 def cmd_plan(args: argparse.Namespace, out: Out) -> int:
     from buildkit_py.compat.gpu_fit import gpus_rule
-    from buildkit_py.plan.build_plan import plan_json
     from buildkit_py.render.dockerfile import render_dockerfile
 
     plan = plan_recipe(args, args.recipe, out)
-    data = plan_json(plan, render_dockerfile(plan))
     targets = [(f"gpus[{i}]", g) for i, g in enumerate(plan.recipe.gpus)] + [("--gpu", g) for g in args.gpu]
-    fits, gpu_warnings = gpus_rule(plan.recipe, plan.resolution, targets) if targets else ((), ())
     if targets:
-        data["gpus"] = [f.to_json() for f in fits]
-        data["gpus_partial"] = any(f.partial for f in fits)
+        fits, gpu_warnings = gpus_rule(plan.recipe, plan.resolution, targets)
         # this run's check covers the recipe's gpus: too: its warnings replace resolve's
-        data["warnings"] = [w.to_json() for w in (*_other_warnings(plan), *gpu_warnings)]
-    if args.json:
-        out.data(data)
-        return 0
-    res = data["resolution"]
-    out.line(f"{plan.recipe.name}  (recipe {plan.recipe.digest[:19]})")
-    out.line(f"  cuda      {res['cuda']} {res['flavor']} from {res['source']}")
-    if res["cudnn"]:
-        out.line(f"  cudnn     {res['cudnn']} from {res['cudnn_from']}")
-    out.line(f"  driver    {plan.resolution.driver_floor.describe(evidence=True)}")
-    out.line(f"  python    {res['python']} ({res['python_provider']})")
-    if res["torch"]:
-        out.line(f"  torch     {res['torch']} from {res['torch_index_url'] or 'the Python registry'}")
-    if res["compile"]:
-        # what the label will say: each package's own list, which may differ from what was asked
-        asked = "" if res["compiled_arch"] == res["cuda_arch"] else f" (cuda_arch: {', '.join(res['cuda_arch'])})"
-        out.line(f"  compiles  {', '.join(res['compile'])} for sm {', '.join(res['compiled_arch'])}{asked}")
-    for stage in data["stages"]:
-        out.line(f"  stage {stage['name']:<8} FROM {stage['base']}: " + ", ".join(s["id"] for s in stage["steps"]))
-    out.line(f"  tags      {', '.join(data['tags'])}")
-    if plan.recipe.multi_platform:
-        out.line(f"  platforms {', '.join(data['platforms'])} (one index; each pin checked for each)")
-    for fit in fits:
-        out.line(f"  gpu       {fit.gpu.label}: {fit.verdict}" + (" (partial)" if fit.partial else "")
-                 + f": {fit.message()}")
-    for w in (*_other_warnings(plan), *gpu_warnings) if targets else plan.warnings:
-        out.line(f"  warning   {w.render()}")
+        planned = Planned(plan, render_dockerfile(plan), fits, (*_other_warnings(plan), *gpu_warnings))
+    else:
+        planned = Planned(plan, render_dockerfile(plan), None, plan.warnings)
+    out.document(planned, as_json=args.json)
     return 0
 
 
