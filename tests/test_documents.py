@@ -405,3 +405,39 @@ def test_plan_document_and_text(tmp_path):
     gpu_lines = [x for x in checked.lines() if x.startswith("  gpu ")]
     assert len(gpu_lines) == len(data["gpus"]) == 1 and gpu_lines[0].startswith("  gpu       H100 (compute")
     assert checked.lines()[-len(warnings):] == [f"  warning   {w.render()}" for w in warnings]
+
+
+def test_matrix_build_document_and_text(tmp_path):
+    from pathlib import Path
+
+    from buildkit_py import pipeline
+    from buildkit_py.errors import BuildFailed
+    from buildkit_py.pipeline.matrix_build import MatrixBuild, MatrixBuildDocument, VariantBuild
+    from buildkit_py.plan.matrix import variant_plan
+
+    matrix = pipeline.load_matrix(Path(__file__).parent.parent / "recipes" / "matrix.yaml",
+                                  lookup=pipeline.Lookup(offline=True, cache=tmp_path))
+    ok, bad = matrix.variants[:2]
+    report = _build_document().to_json()  # the single build's pieces, reused below
+    single = build_mod.BuildReport(
+        build_mod.BuildOutcome(None, "docker", BuildResult(report["image_id"], (), "", cached_steps=3, run_steps=2,
+                                                           seconds=12.0),
+                               size=5_000_000),
+        (), (AttachedSbom("r/a@sha256:" + "e" * 64, "sha256:" + "e" * 64, "sha256:" + "d" * 64, "linux/amd64",
+                          "referrers-api", None, 42, 900),),
+        (SignedManifest("sha256:" + "d" * 64, None, "sha256-" + "d" * 64 + ".sig", 1),))
+    result = MatrixBuild(matrix, (VariantBuild(ok, variant_plan(ok), single, seconds=12.0),
+                                  VariantBuild(bad, variant_plan(bad), None, BuildFailed("step 3 failed"), 1.5)), 13.5)
+    doc = MatrixBuildDocument(result)
+    data = doc.to_json()
+    # README: `build --all --json`
+    assert set(data) == {"recipe", "name", "seconds", "ok", "failed", "variants", "dropped"}
+    assert (data["ok"], data["failed"], [v["status"] for v in data["variants"]]) == (1, 1, ["ok", "failed"])
+    lines = doc.lines()
+    assert lines[0].split() == ["VARIANT", "STATUS", "SIZE", "DIGEST", "TIME", "CACHED", "TAGS"]
+    assert lines[1].split()[:2] == [ok.id, "ok"] and lines[2].split()[:2] == [bad.id, "FAILED"]
+    assert f"{data['ok']} built, {data['failed']} failed, {len(data['dropped'])} dropped, in 13.5s" in lines
+    assert doc.artifact_lines() == [
+        f"sbom     [{ok.id}] r/a@sha256:{'e' * 64} (42 components, referrers-api) for sha256:{'d' * 64}",
+        f"signed   [{ok.id}] sha256:{'d' * 64} (sha256-{'d' * 64}.sig)"]
+    assert lines[-2:] == doc.artifact_lines()

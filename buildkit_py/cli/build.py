@@ -30,7 +30,6 @@ if TYPE_CHECKING:
 
     from buildkit_py.pipeline import BuildPlan
     from buildkit_py.pipeline.build import BuildOptions, Publishing
-    from buildkit_py.pipeline.matrix_build import MatrixBuild
     from buildkit_py.plan.lock import LockMode
 
 
@@ -188,7 +187,7 @@ def cmd_build_matrix(args: argparse.Namespace, out: Out) -> int:
     from buildkit_py.engine import select_engine
     from buildkit_py.pipeline.bases import verify_base
     from buildkit_py.pipeline.locks import use_lock
-    from buildkit_py.pipeline.matrix_build import BuildHooks, build_all, build_report, publish_all, summary_lines
+    from buildkit_py.pipeline.matrix_build import BuildHooks, MatrixBuildDocument, build_all, publish_all
     from buildkit_py.plan import matrix as mx
 
     if args.all and args.variant:
@@ -216,27 +215,14 @@ def cmd_build_matrix(args: argparse.Namespace, out: Out) -> int:
         result = build_all(matrix, engine, options, jobs=args.jobs, registry=args.registry,
                            variant_ids=tuple(args.variant), tags=tuple(args.tag), hooks=hooks)
     result = publish_all(result, publishing, on_note=out.info)
-    report = build_report(result)
-    if args.json:
-        out.data(report)
-    elif out.stdout.isatty():
-        summary_table(report, out.console())
-    else:
-        for line in summary_lines(result):
+    document = MatrixBuildDocument(result)
+    if args.json or not out.stdout.isatty():
+        out.document(document, as_json=args.json)
+    else:  # a terminal: the summary as a table, read from the same document
+        summary_table(document.to_json(), out.console())
+        for line in document.artifact_lines():
             out.line(line)
-    if not args.json:
-        _variant_artifact_lines(out, result)
     return ExitStatus.FAILED if result.failed else 0
-
-
-def _variant_artifact_lines(out: Out, result: MatrixBuild) -> None:
-    built = [b for b in result.builds if b.report is not None]
-    for b in built:
-        for s in b.report.sboms if b.report else ():
-            out.line(f"sbom     [{b.variant.id}] {s.ref} ({s.components} components, {s.via}) for {s.subject}")
-    for b in built:
-        for g in b.report.signatures if b.report else ():
-            out.line(f"signed   [{b.variant.id}] {g.digest} ({g.tag})")
 
 
 def summary_table(report: dict[str, Any], console: Console) -> None:

@@ -264,6 +264,28 @@ def build_report(result: MatrixBuild) -> dict[str, Any]:
     }
 
 
+@dataclass(frozen=True)
+class MatrixBuildDocument:
+    """What `build --all`/`--variant` prints: the summary's --json document (build_report) and its
+    plain text (summary_lines, then each variant's SBOMs and signatures), both read from the one
+    MatrixBuild."""
+
+    result: MatrixBuild
+
+    def to_json(self) -> dict[str, Any]:
+        return build_report(self.result)
+
+    def lines(self) -> list[str]:
+        return summary_lines(self.result) + self.artifact_lines()
+
+    def artifact_lines(self) -> list[str]:
+        """Each built variant's SBOMs, then its signatures (under the table on a terminal, too)."""
+        built = [(b.variant.id, b.report) for b in self.result.builds if b.report is not None]
+        return ([f"sbom     [{vid}] {s.ref} ({s.components} components, {s.via}) for {s.subject}"
+                 for vid, report in built for s in report.sboms]
+                + [f"signed   [{vid}] {g.digest} ({g.tag})" for vid, report in built for g in report.signatures])
+
+
 def summary_lines(result: MatrixBuild) -> list[str]:
     rows = [("VARIANT", "STATUS", "SIZE", "DIGEST", "TIME", "CACHED", "TAGS")]
     for b in result.builds:
