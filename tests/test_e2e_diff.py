@@ -110,7 +110,7 @@ FETCHED = {"Downloading", "Download complete", "Verifying Checksum", "Pull compl
 def pulled_blobs(docker_client, ref: str) -> set[str]:
     """The short ids of the blobs the engine downloaded while pulling ``ref``. The classic store
     says "Already exists" for a layer it has; the containerd store does not mention it."""
-    from buildkit_py.engine.push import auth_config_for
+    from buildkit_py.engine.kinds.docker_push import auth_config_for
 
     repo, _, tag = ref.rpartition(":")
     statuses: dict[str, set[str]] = {}

@@ -110,7 +110,7 @@ def test_mirror_survives_upstream_deletion(tmp_path, logged_in, base_image, uniq
     upstream = f"{reg}/{unique_name}/upstream/debian:bookworm-slim"
     docker_client.images.get(base_image).tag(upstream)
     cleanup_images.append(upstream)
-    from buildkit_py.engine.push import push_image
+    from buildkit_py.engine.kinds.docker_push import push_image
 
     pushed = push_image(docker_client, upstream)
     mirror_prefix = f"{reg}/{unique_name}/mirror"

@@ -1,4 +1,4 @@
-"""No docker inspect or history key is read outside ``engine/kinds/`` (issue 32: 2).
+"""No docker inspect, history or push-stream key is read outside ``engine/kinds/`` (issue 32: 2).
 
 Each engine kind parses what its engine prints once (engine/kinds/docker_format.py for docker's
 `image inspect` and history; podman.py converts podman's to it) into ``ImageInfo`` and
@@ -14,10 +14,11 @@ from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parent.parent / "buildkit_py"
 KINDS = PACKAGE / "engine" / "kinds"
-# `docker image inspect`'s and the history API's own keys (Size is left out: engine/push.py reads
-# it from the docker push stream's aux record, and a table's title may say Layers).
+# `docker image inspect`'s and the history API's own keys, and the docker push stream's (read in
+# engine/kinds/docker_push.py; a table's title may say Layers, so that one is left out).
 DOCKER_KEYS = frozenset({"Id", "Config", "ContainerConfig", "RepoDigests", "RepoTags", "RootFS", "GraphDriver",
-                         "Os", "Architecture", "Variant", "Created", "CreatedBy", "Comment", "DockerVersion"})
+                         "Os", "Architecture", "Variant", "Created", "CreatedBy", "Comment", "DockerVersion",
+                         "aux", "Digest", "Size", "progressDetail", "errorDetail"})
 
 
 def docker_keys_outside_kinds(package: Path, kinds: Path) -> list[str]:

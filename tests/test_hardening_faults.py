@@ -27,7 +27,7 @@ from conftest import unavailable
 from helpers import RUN_LABEL, RUN_MARK, run_cli, unique, write_recipe
 
 from buildkit_py.cli.main import main
-from buildkit_py.engine.push import push_image
+from buildkit_py.engine.kinds.docker_push import push_image
 from buildkit_py.errors import AuthenticationError, ExitStatus, RegistryError, RegistryUnreachable
 
 DOCKER = "/usr/bin/docker"

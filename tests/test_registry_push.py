@@ -2,7 +2,7 @@
 
 import pytest
 
-from buildkit_py.engine.push import digest_of_chunk, push_image
+from buildkit_py.engine.kinds.docker_push import digest_of_chunk, push_image
 
 DIGEST = "sha256:" + "ab" * 32
 
@@ -31,7 +31,7 @@ class Client:
 
 
 def test_push_reads_the_status_line_digest(monkeypatch):
-    monkeypatch.setattr("buildkit_py.engine.push.auth_config_for", lambda ref: None)
+    monkeypatch.setattr("buildkit_py.engine.kinds.docker_push.auth_config_for", lambda ref: None)
     chunks = [{"status": "Pushing", "id": "l1"}, {"status": "Pushed", "id": "l1"},
               {"status": f"0.1: digest: {DIGEST} size: 856"}]
     result = push_image(Client(chunks), "127.0.0.1:5000/team/a:0.1")
@@ -46,7 +46,7 @@ def test_push_reads_the_status_line_digest(monkeypatch):
     "Put http://127.0.0.1:5000/v2/a/blobs/uploads/: dial tcp 127.0.0.1:5000: connect: connection refused",
 ])
 def test_a_connection_lost_mid_push_is_retried(monkeypatch, message):
-    monkeypatch.setattr("buildkit_py.engine.push.auth_config_for", lambda ref: None)
+    monkeypatch.setattr("buildkit_py.engine.kinds.docker_push.auth_config_for", lambda ref: None)
     failed = [{"status": "Pushing", "id": "l1"}, {"errorDetail": {"message": message}, "error": message}]
     ok = [{"status": "Pushed", "id": "l1"}, {"status": f"0.1: digest: {DIGEST} size: 856"}]
     slept: list[float] = []

@@ -16,7 +16,7 @@ import pytest
 from helpers import REPO
 
 from buildkit_py.cli.progress import Activity, BuildSteps, StepView, human_duration
-from buildkit_py.engine.push import push_image
+from buildkit_py.engine.kinds.docker_push import push_image
 
 FIXTURES = REPO / "tests" / "fixtures"
 DOCKER20 = FIXTURES / "buildkit" / "docker20-classic.log"
@@ -157,7 +157,7 @@ def test_push_reports_each_layers_bytes(monkeypatch, stream, layer, total):
             def push(repo, tag, **_kw):
                 return iter(chunks)
 
-    monkeypatch.setattr("buildkit_py.engine.push.auth_config_for", lambda ref: None)
+    monkeypatch.setattr("buildkit_py.engine.kinds.docker_push.auth_config_for", lambda ref: None)
     events, notes = [], []
     result = push_image(Client(), "127.0.0.1:5000/imgbuild-rec/push:1", on_progress=notes.append,
                         on_transfer=lambda *e: events.append(e))

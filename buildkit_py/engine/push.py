@@ -1,17 +1,16 @@
-"""Push built images with the docker SDK: credentials from ``auth``, errors caught in-band,
-transient failures retried with backoff, the manifest digest returned."""
+"""Pushing, whatever the engine: the result (``PushResult``), a failure's typed error
+(``classify_push_error``), transient failures retried with backoff (``push_with_retries``), and
+the check that the credentials may push before anything builds. Each engine kind's own push (the
+docker SDK's stream: engine/kinds/docker_push.py; `podman push`) is one try of it."""
 
 from __future__ import annotations
 
-import re
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
 
 from buildkit_py import oci
 from buildkit_py.errors import AuthenticationError, RegistryError, RegistryUnreachable
-from buildkit_py.oci import auth
 
 ProgressSink = Callable[[str], None]
 # progress(event, label, done, total): the transfer callback weights and mirror report through;
@@ -19,8 +18,6 @@ ProgressSink = Callable[[str], None]
 TransferSink = Callable[[str, str, int, int], None]
 # How the retries wait (time.sleep; tests pass a recorder).
 Sleep = Callable[[float], None]
-# The push stream's per-layer states, as transfer events (a layer the registry has is done).
-_LAYER_DONE = {"Pushed": "pushed", "Layer already exists": "exists", "Mounted from": "mounted"}
 
 _AUTH_MARKERS = ("unauthorized", "authentication required", "no basic auth credentials", "denied",
                  "incorrect username or password")
@@ -30,9 +27,6 @@ _TRANSIENT_MARKERS = ("connection refused", "connection reset", "i/o timeout", "
                       "503", "502", "504", "429", "too many requests", "broken pipe", "tls handshake",
                       "use of closed network connection")
 _UNREACHABLE_MARKERS = ("connection refused", "no such host", "dial tcp")
-# Engines on the containerd store report the manifest only in a status line, no aux record:
-# "0.1: digest: sha256:... size: 856".
-_STATUS_DIGEST_RE = re.compile(r"(?:^|\s)digest: (sha256:[0-9a-f]{64}) size: (\d+)")
 
 
 @dataclass(frozen=True)
@@ -55,15 +49,6 @@ def split_tag(ref: str) -> tuple[str, str]:
 
 def registry_host(ref: str) -> str:
     return oci.parse_reference(ref).registry
-
-
-def auth_config_for(ref: str) -> dict[str, str] | None:
-    creds = auth.resolve(registry_host(ref))
-    if creds is None:
-        return None
-    if creds.identity_token:
-        return {"identitytoken": creds.identity_token}
-    return {"username": creds.username, "password": creds.password}
 
 
 def classify_push_error(message: str, host: str) -> Exception:
@@ -109,89 +94,6 @@ def check_can_push(tags: Iterable[str], *, client: oci.Client | None = None) -> 
 def _transient(message: str) -> bool:
     low = message.lower()
     return any(m in low for m in _TRANSIENT_MARKERS) and not any(m in low for m in _AUTH_MARKERS)
-
-
-def digest_of_chunk(chunk: dict[str, Any]) -> tuple[str, int | None] | None:
-    """The manifest digest and size one push-stream record carries, if any: the ``aux``
-    record (20.10) or the status line (the containerd store)."""
-    aux = chunk.get("aux")
-    if isinstance(aux, dict) and isinstance(aux.get("Digest"), str) and aux["Digest"].startswith("sha256:"):
-        size = aux.get("Size")
-        return aux["Digest"], int(size) if isinstance(size, int) else None
-    status = chunk.get("status")
-    if isinstance(status, str) and (m := _STATUS_DIGEST_RE.search(status)):
-        return m.group(1), int(m.group(2))
-    return None
-
-
-def layer_transfer(chunk: dict[str, Any], sizes: dict[str, int]) -> tuple[str, str, int, int] | None:
-    """The transfer event one push-stream record carries: ``("push", layer, current, total)``
-    while a layer uploads (its progressDetail), ``("pushed"|"exists"|"mounted", layer, n, n)``
-    when it is in the registry; None for other records. ``sizes`` remembers each layer's total."""
-    layer, status = chunk.get("id") or "", chunk.get("status") or ""
-    if not layer or not isinstance(status, str):
-        return None
-    detail = chunk.get("progressDetail") or {}
-    if status == "Pushing" and isinstance(detail.get("total"), int) and isinstance(detail.get("current"), int):
-        sizes[layer] = detail["total"]
-        return "push", layer, min(detail["current"], detail["total"]), detail["total"]
-    for prefix, event in _LAYER_DONE.items():
-        if status.startswith(prefix):
-            total = sizes.get(layer, 0)
-            return event, layer, total, total
-    return None
-
-
-class _Reporter:
-    """What the caller hears of one push's stream: each layer's bytes (``on_transfer``), else a
-    line per layer and state ("Pushing", "Pushed", "Layer already exists")."""
-
-    def __init__(self, on_progress: ProgressSink | None, on_transfer: TransferSink | None):
-        self.on_progress, self.on_transfer = on_progress, on_transfer
-        self.last_status: dict[str, str] = {}
-        self.sizes: dict[str, int] = {}
-
-    def __call__(self, chunk: dict[str, Any]) -> None:
-        if self.on_transfer is not None:
-            if event := layer_transfer(chunk, self.sizes):
-                self.on_transfer(*event)
-            return
-        status, layer = chunk.get("status"), chunk.get("id", "")
-        if self.on_progress and status and self.last_status.get(layer) != status:
-            self.last_status[layer] = status
-            self.on_progress(f"{layer + ': ' if layer else ''}{status}")
-
-
-# client: a docker.DockerClient (the SDK has no type information).
-def _push_once(client: Any, repo: str, tag: str, auth_config: dict[str, str] | None,
-               report: _Reporter) -> tuple[str | None, int | None, str | None]:
-    """One try: (digest, size, None), or (None, None, the error message)."""
-    digest = size = None
-    try:
-        for chunk in client.images.push(repo, tag=tag, stream=True, decode=True, auth_config=auth_config):
-            # The engine reports failures inside a 200 stream: look at every chunk.
-            if "error" in chunk or "errorDetail" in chunk:
-                return None, None, chunk.get("error") or chunk.get("errorDetail", {}).get("message", "unknown error")
-            if found := digest_of_chunk(chunk):
-                digest, size = found
-            report(chunk)
-    except Exception as exc:  # the SDK raises APIError / requests errors for transport failures
-        return None, None, str(exc)
-    return digest, size, None
-
-
-def push_image(client: Any, ref: str, *, on_progress: ProgressSink | None = None,
-               on_transfer: TransferSink | None = None, attempts: int = 4, backoff_s: float = 1.0,
-               sleep: Sleep = time.sleep) -> PushResult:
-    """Push one tag through the docker SDK. The registry moves the tag only once the manifest is
-    put, which happens after every blob is in, so a failed push never leaves the tag pointing at
-    a partial image. ``on_transfer`` gets each layer's bytes (a progress bar); without it
-    ``on_progress`` gets a line per layer and state. ``on_progress`` also hears about retries."""
-    repo, tag = split_tag(ref)
-    auth_config = auth_config_for(ref)
-    report = _Reporter(on_progress, on_transfer)
-    return push_with_retries(lambda: _push_once(client, repo, tag, auth_config, report), ref,
-                             on_progress=on_progress, attempts=attempts, backoff_s=backoff_s, sleep=sleep)
 
 
 PushAttempt = Callable[[], tuple[str | None, int | None, str | None]]

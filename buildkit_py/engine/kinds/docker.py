@@ -44,7 +44,8 @@ from buildkit_py.engine.base import (
 from buildkit_py.engine.buildlog import BuildLog, build_failure, build_result
 from buildkit_py.engine.children import follow
 from buildkit_py.engine.kinds.docker_format import history_entries, image_info
-from buildkit_py.engine.push import PushResult, TransferSink, push_image
+from buildkit_py.engine.kinds.docker_push import push_image
+from buildkit_py.engine.push import PushResult, TransferSink
 from buildkit_py.engine.registry import EngineChoice, register
 from buildkit_py.engine.run import RunSpec, nvidia_cdi_specs, run_args
 from buildkit_py.errors import EnvironmentProblem, InspectError
@@ -263,7 +264,7 @@ class DockerEngine:
     def push(self, ref: str, *, on_progress: ProgressSink | None = None,
              on_transfer: TransferSink | None = None) -> PushResult:
         """Push one tag that is in the engine, through the SDK; ``on_transfer`` hears each
-        layer's bytes, ``on_progress`` the rest (see push.push_image)."""
+        layer's bytes, ``on_progress`` the rest (see docker_push.push_image)."""
         return push_image(self.sdk(), ref, on_progress=on_progress, on_transfer=on_transfer)
 
     # -- running
