@@ -216,7 +216,8 @@ def test_each_matrix_variant_builds_its_recipes_platforms(tmp_path):
 
 def test_a_container_of_one_platform_of_an_index(tmp_path):
     """The push gate and the label checker run each platform's image: `run --platform` before the image."""
-    from buildkit_py.engine.run import RunSpec, run_args
+    from buildkit_py.engine.kinds.container_run import run_args
+    from buildkit_py.engine.run import RunSpec
 
     argv = run_args(RunSpec("r/a:1", network="none", entrypoint="python", platform="linux/arm64",
                             command=("-c", "pass")), ())

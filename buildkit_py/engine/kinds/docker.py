@@ -43,11 +43,12 @@ from buildkit_py.engine.base import (
 )
 from buildkit_py.engine.buildlog import BuildLog, build_failure, build_result
 from buildkit_py.engine.children import follow
+from buildkit_py.engine.kinds.container_run import run_args
 from buildkit_py.engine.kinds.docker_format import history_entries, image_info
 from buildkit_py.engine.kinds.docker_push import push_image
 from buildkit_py.engine.push import PushResult, TransferSink
 from buildkit_py.engine.registry import EngineChoice, register
-from buildkit_py.engine.run import RunSpec, nvidia_cdi_specs, run_args
+from buildkit_py.engine.run import RunSpec, nvidia_cdi_specs
 from buildkit_py.errors import EnvironmentProblem, InspectError
 
 _ENGINE_DOWN = ("Cannot connect to the Docker daemon", "connect: no such file or directory",
