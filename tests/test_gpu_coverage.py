@@ -246,3 +246,10 @@ def test_check_gpu_host_without_a_gpu_says_to_name_one(image_kernels, monkeypatc
     monkeypatch.setattr(driver, "read_host_driver", no_gpu)
     code, _, err = run_cli("check", "img:1", "--gpu", "host")
     assert code == 3 and "cannot read this host's GPUs" in err and "--gpu H100" in err  # 3: the environment
+
+
+def test_check_gpu_refuses_a_malformed_driver_before_reading_the_image(image_kernels):
+    image_kernels += [TORCH]
+    code, out, err = run_cli("check", "img:1", "--gpu", "H100", "--driver", "x")
+    assert code == 2 and out == ""
+    assert "bad driver version 'x'" in err and "580.65.06" in err and "Traceback" not in err

@@ -13,6 +13,8 @@ from buildkit_py.cli.settings import settings_of
 from buildkit_py.errors import ExitStatus, UsageError
 
 if TYPE_CHECKING:
+    from packaging.version import Version
+
     from buildkit_py.analysis.check import CheckResult
     from buildkit_py.analysis.driver import HostDriver
     from buildkit_py.analysis.gpu_coverage import GpuReport, GpuTarget
@@ -109,6 +111,8 @@ def _check_gpu(args: argparse.Namespace, out: Out) -> int:
         raise UsageError("--gpu checks an image's kernels: give an IMAGE",
                          hint="a recipe's kernels are known once it is built: imgbuild build, then check the image")
     targets, driver, datacenter = _gpu_targets(args)
+    if driver:
+        _driver_version(driver)  # a malformed --driver is refused before the image is read
     engine = reading_engine(args)
     files, unreadable = read_image_kernels(engine, args.target)
     try:
@@ -225,14 +229,21 @@ def _driver_too_old_for_ptx(report: GpuReport, driver: str | None) -> list[str]:
     """The libraries that run only through PTX whose PTX ISA needs a newer driver than ``driver``."""
     if not driver:
         return []
+    from packaging.version import Version
+
+    given = _driver_version(driver)
+    return [lib.path for lib in report.jit_libraries() if lib.need and lib.need.driver
+            and Version(lib.need.driver) > given]
+
+
+def _driver_version(driver: str) -> Version:
+    """--driver as a version, or the usage error that names it (before anything reads the image)."""
     from packaging.version import InvalidVersion, Version
 
     try:
-        given = Version(driver)
+        return Version(driver)
     except InvalidVersion:
         raise UsageError(f"bad driver version {driver!r}", hint="give it as nvidia-smi prints it: 580.65.06") from None
-    return [lib.path for lib in report.jit_libraries() if lib.need and lib.need.driver
-            and Version(lib.need.driver) > given]
 
 
 def _host_driver(args: argparse.Namespace, cuda: str, floor: DriverFloor | None) -> HostDriver:
