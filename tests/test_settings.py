@@ -20,7 +20,6 @@ ALLOWED = {
     # ($IMGBUILD_DOCKER, $DOCKER_HOST, $IMGBUILD_PODMAN): being rewritten by issue 32 item 2
     "engine/kinds/docker.py": "the engine kind's child environment",
     "engine/kinds/podman.py": "the engine kind's child environment",
-    "engine/kinds/buildah.py": "the engine kind's binary ($IMGBUILD_BUILDAH), as podman.py reads $IMGBUILD_PODMAN",
     # docker's own config and credential variables, read as the docker CLI reads them: oci/ is
     # being retyped (issue 32, 3); its callers to pass them in after that
     "oci/auth.py": "docker's config and the registry credential variables",

@@ -10,15 +10,13 @@ $IMGBUILD_PODMAN the podman one."""
 
 from __future__ import annotations
 
-import os
 import re
-import shutil
 import subprocess
 from collections.abc import Mapping
 from typing import ClassVar
 
 from buildkit_py.engine.base import CACHE_EXPORT, CACHE_FROM, Engine
-from buildkit_py.engine.kinds.podman import PodmanEngine, _last_error
+from buildkit_py.engine.kinds.podman import PodmanEngine, _last_error, configured_executable, missing_executable
 from buildkit_py.engine.registry import EngineChoice, register
 from buildkit_py.errors import EnvironmentProblem
 
@@ -53,10 +51,7 @@ class BuildahEngine(PodmanEngine):
 
     @staticmethod
     def _buildah() -> str | None:
-        explicit = os.environ.get("IMGBUILD_BUILDAH")
-        if explicit:
-            return explicit if os.path.isfile(explicit) and os.access(explicit, os.X_OK) else None
-        return shutil.which("buildah")
+        return configured_executable("IMGBUILD_BUILDAH", "buildah")
 
     @classmethod
     def find(cls, choice: EngineChoice) -> Engine:
@@ -64,11 +59,7 @@ class BuildahEngine(PodmanEngine):
         EnvironmentProblem naming the one missing."""
         buildah = cls._buildah()
         if buildah is None:
-            where = f"IMGBUILD_BUILDAH={os.environ['IMGBUILD_BUILDAH']}: no such executable" \
-                if os.environ.get("IMGBUILD_BUILDAH") else "no buildah on PATH"
-            raise EnvironmentProblem(f"--engine buildah: {where}",
-                                     hint="install buildah (on Debian 12: apt-get install buildah, or "
-                                          "scripts/services.sh up) or point IMGBUILD_BUILDAH at it")
+            raise missing_executable("buildah", "IMGBUILD_BUILDAH", "buildah")
         try:
             out = subprocess.run([buildah, "--version"], capture_output=True, text=True, timeout=30, check=False,
                                  stdin=subprocess.DEVNULL)

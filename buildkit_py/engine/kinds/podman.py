@@ -214,6 +214,24 @@ def _last_error(output: str) -> str:
 # --- the engine -------------------------------------------------------------------------------
 
 
+def configured_executable(variable: str, name: str) -> str | None:
+    """The executable ``$variable`` names (None when it names no executable file), else ``name``
+    on PATH (None when there is none): how podman.py and buildah.py find their tools."""
+    explicit = os.environ.get(variable)
+    if explicit:
+        return explicit if os.path.isfile(explicit) and os.access(explicit, os.X_OK) else None
+    return shutil.which(name)
+
+
+def missing_executable(kind: str, variable: str, name: str) -> EnvironmentProblem:
+    """Why ``configured_executable(variable, name)`` found nothing, for ``--engine kind``."""
+    where = f"{variable}={os.environ[variable]}: no such executable" if os.environ.get(variable) \
+        else f"no {name} on PATH"
+    return EnvironmentProblem(f"--engine {kind}: {where}",
+                              hint=f"install {name} (on Debian 12: apt-get install {name}, or "
+                                   f"scripts/services.sh up) or point {variable} at it")
+
+
 @register
 class PodmanEngine:
     kind: ClassVar[str] = "podman"
@@ -239,10 +257,7 @@ class PodmanEngine:
 
     @staticmethod
     def _binary() -> str | None:
-        explicit = os.environ.get("IMGBUILD_PODMAN")
-        if explicit:
-            return explicit if os.path.isfile(explicit) and os.access(explicit, os.X_OK) else None
-        return shutil.which("podman")
+        return configured_executable("IMGBUILD_PODMAN", "podman")
 
     @classmethod
     def find(cls, choice: EngineChoice) -> Engine:
@@ -253,11 +268,7 @@ class PodmanEngine:
         """podman's binary and version, or EnvironmentProblem saying why it will not do."""
         binary = cls._binary()
         if binary is None:
-            where = f"IMGBUILD_PODMAN={os.environ['IMGBUILD_PODMAN']}: no such executable" \
-                if os.environ.get("IMGBUILD_PODMAN") else "no podman on PATH"
-            raise EnvironmentProblem(f"--engine {cls.kind}: {where}",
-                                     hint="install podman (on Debian 12: apt-get install podman, or "
-                                          "scripts/services.sh up) or point IMGBUILD_PODMAN at it")
+            raise missing_executable(cls.kind, "IMGBUILD_PODMAN", "podman")
         try:
             out = subprocess.run([binary, "version", "--format", "{{.Client.Version}}"], capture_output=True,
                                  text=True, timeout=30, check=False, stdin=subprocess.DEVNULL)
