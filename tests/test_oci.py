@@ -1008,14 +1008,8 @@ def test_a_corrupt_download_is_refused_and_counted(blob_server, tmp_path, monkey
     assert len(handler.seen) == streams
 
 
-def test_parts_that_finish_out_of_order_are_hashed_in_order(blob_server, tmp_path, monkeypatch):
-    """The answer for the first range is held back until the other two are in the file: the
-    hash waits for the first part (sha256 is sequential), takes its pieces from the buffers
-    they arrived in, then reads the other parts back from the file, in order."""
-    handler, ref, client = blob_server
-    handler.hold_first = 0.5
-    monkeypatch.setattr(download, "RANGED_MIN_PART", 1_000_000)
-    monkeypatch.setattr(download, "_hash_on_own_thread", lambda _others: True)
+def reads_back(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, int]]:
+    """Every (offset, bytes) the download reads back from the file it writes (os.preadv)."""
     read_back: list[tuple[int, int]] = []
     real_preadv = os.preadv
 
@@ -1024,6 +1018,18 @@ def test_parts_that_finish_out_of_order_are_hashed_in_order(blob_server, tmp_pat
         read_back.append((offset, n))
         return n
     monkeypatch.setattr(os, "preadv", preadv)
+    return read_back
+
+
+def test_parts_that_finish_out_of_order_are_hashed_in_order(blob_server, tmp_path, monkeypatch):
+    """The answer for the first range is held back until the other two are in the file: the
+    hash waits for the first part (sha256 is sequential), takes its pieces from the buffers
+    they arrived in, then reads the other parts back from the file, in order."""
+    handler, ref, client = blob_server
+    handler.hold_first = 0.5
+    monkeypatch.setattr(download, "RANGED_MIN_PART", 1_000_000)
+    monkeypatch.setattr(download, "_hash_on_own_thread", lambda _others: True)
+    read_back = reads_back(monkeypatch)
     out = tmp_path / "out"
     with open(out, "w+b") as fh:
         got = oci.get_blob(ref, oci.sha256_bytes(handler.blob), fh, size=len(handler.blob), client=client, streams=3)
@@ -1087,14 +1093,7 @@ def test_a_download_hashes_what_it_receives_and_reads_nothing_back(blob_server, 
     file is only written. (Before, plain http spliced the socket into the file and the hash
     read all of it back; https copied every piece through urllib3 and read it back too.)"""
     handler, ref, client = blob_server
-    read_back = []
-    real_preadv = os.preadv
-
-    def preadv(fd, buffers, offset):
-        n = real_preadv(fd, buffers, offset)
-        read_back.append(n)
-        return n
-    monkeypatch.setattr(os, "preadv", preadv)
+    read_back = reads_back(monkeypatch)
     out = tmp_path / "out"
     with open(out, "w+b") as fh:
         got = oci.get_blob(ref, oci.sha256_bytes(handler.blob), fh, size=len(handler.blob), client=client, streams=1)
@@ -1106,7 +1105,7 @@ def test_a_download_hashes_what_it_receives_and_reads_nothing_back(blob_server, 
     with open(out, "r+b") as fh:
         got = oci.get_blob(ref, oci.sha256_bytes(handler.blob), fh, size=len(handler.blob), client=client, streams=1)
     assert got == len(handler.blob) - 3_000_000 and out.read_bytes() == handler.blob
-    assert sum(read_back) >= 3_000_000  # the partial was hashed, not trusted
+    assert sum(n for _, n in read_back) >= 3_000_000  # the partial was hashed, not trusted
 
 
 def test_a_blob_sent_compressed_anyway_is_decoded(blob_server, tmp_path):
