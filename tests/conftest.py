@@ -266,6 +266,14 @@ def unique_name() -> str:
     return new_repository()
 
 
+def uses_containers_storage(engine) -> bool:
+    """podman and buildah: images in containers/storage, handled by the podman client (its commit
+    keeps a --change value as written, its prune of the build's leftovers is an image prune)."""
+    from buildkit_py.engine.kinds.podman import PodmanEngine
+
+    return isinstance(engine, PodmanEngine)
+
+
 def _client(engine, *args: str) -> subprocess.CompletedProcess:
     """The client of the engine the test runs on (docker or podman; the engine fixture set where
     it is), as the leftover check calls it."""

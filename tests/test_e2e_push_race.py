@@ -13,7 +13,7 @@ image.
 from pathlib import Path
 
 import pytest
-from conftest import _client, on_every_engine
+from conftest import _client, on_every_engine, uses_containers_storage
 from helpers import CA_ARGS, tiny_recipe, write_recipe
 from test_e2e_engines import own_base, prune_own_cache
 
@@ -39,7 +39,7 @@ def _prune(engine, marker: str | None) -> None:
     if marker is not None:
         assert prune_own_cache(engine, marker) > 0
         return
-    args = ("image", "prune", "-f") if engine.test_name == "podman" else ("builder", "prune", "-af")
+    args = ("image", "prune", "-f") if uses_containers_storage(engine) else ("builder", "prune", "-af")
     done = _client(engine, *args)
     assert done.returncode == 0, done.stderr
 

@@ -11,7 +11,7 @@ import sys
 import time
 
 import pytest
-from conftest import _client, on_every_engine, unavailable
+from conftest import _client, on_every_engine, unavailable, uses_containers_storage
 from helpers import REPO, as_unprivileged, run_cli
 
 
@@ -123,7 +123,7 @@ def test_a_relative_weights_dir_is_mounted_from_where_the_user_is(engine, base_i
     image = f"{unique_name}:weights"
     label = json.dumps([{"ref": ref, "mount": "/models/w"}], separators=(",", ":"))
     # docker's commit --change parses the value as a Dockerfile word (quotes removed); podman's keeps it as is
-    quoted = label if engine.test_name == "podman" else json.dumps(label)
+    quoted = label if uses_containers_storage(engine) else json.dumps(label)
     cid = subprocess.run([*docker, "create", base_image, "true"], capture_output=True, text=True,
                          check=True).stdout.strip()
     try:
@@ -144,7 +144,7 @@ def test_a_relative_weights_dir_is_mounted_from_where_the_user_is(engine, base_i
         assert capfd.readouterr().out.strip() == '{"hidden_size": 8}'  # the container read the mounted file
         assert (host / "config.json").is_file()
 
-        if engine.test_name == "podman":  # podman in a user namespace has a store of its own, without the image
+        if uses_containers_storage(engine):  # podman in a user namespace has a store of its own, without the image
             return
         # a weights folder that cannot be written: an environment error naming it, not an internal error
         (tmp_path / "ro").mkdir(mode=0o555)
