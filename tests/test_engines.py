@@ -7,6 +7,7 @@ import pytest
 
 from buildkit_py import engine as engine_pkg
 from buildkit_py.engine import BuildRequest, kind_names, require, required_capabilities, select_engine
+from buildkit_py.engine.base import cache_export_value
 from buildkit_py.engine.kinds.buildx import BuilderEngine, BuildxEngine
 from buildkit_py.engine.kinds.docker import ClassicEngine
 from buildkit_py.errors import EngineCapabilityError, EnvironmentProblem
@@ -90,11 +91,27 @@ def test_buildx_command_line(tmp_path):
     cmd = engine.command(request, tmp_path / "iid", tmp_path / "md.json")
     assert cmd[:3] == ["/usr/bin/docker", "buildx", "build"]
     assert ["--builder", "k8s"] == cmd[cmd.index("--builder"):cmd.index("--builder") + 2]
-    assert ["--cache-to", "type=registry,ref=r/c"] == cmd[cmd.index("--cache-to"):cmd.index("--cache-to") + 2]
+    # one compression forced on the exported cache (cache_export_value)
+    assert ["--cache-to", "type=registry,ref=r/c,compression=gzip,force-compression=true"] == \
+        cmd[cmd.index("--cache-to"):cmd.index("--cache-to") + 2]
     # the names go in the output (one quoted CSV field), not as --tag; no push unless asked
     assert cmd[cmd.index("--output") + 1] == 'type=image,"name=a:1,a:2"'
     assert "--tag" not in cmd and ["--metadata-file", str(tmp_path / "md.json")] == \
         cmd[cmd.index("--metadata-file"):cmd.index("--metadata-file") + 2]
+
+
+@pytest.mark.parametrize(("value", "compression", "expected"), [
+    ("type=registry,ref=r/c,mode=max", None, "type=registry,ref=r/c,mode=max,compression=gzip,force-compression=true"),
+    ("type=local,dest=/c", "zstd:3", "type=local,dest=/c,compression=zstd,force-compression=true,compression-level=3"),
+    ("type=registry,ref=r/c", "estargz", "type=registry,ref=r/c,compression=estargz,force-compression=true"),
+    # the user's own choice stands; inline cache rides in the image and takes no compression
+    ("type=registry,ref=r/c,compression=zstd", "gzip", "type=registry,ref=r/c,compression=zstd"),
+    ("type=registry,ref=r/c,force-compression=false", None, "type=registry,ref=r/c,force-compression=false"),
+    ("type=inline", "zstd", "type=inline"),
+])
+def test_cache_export_forces_one_compression(value, compression, expected):
+    """moby/buildkit#6088: unforced, the exporter walks every compression variant of every layer."""
+    assert cache_export_value(value, compression) == expected
 
 
 def test_buildx_push_and_output_options(tmp_path):

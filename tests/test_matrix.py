@@ -135,7 +135,8 @@ BAKE_TARGET = {
         "cache-from": {"type": "array", "minItems": 1,
                        "items": {"type": "string", "pattern": r"^type=registry,ref=\S+$"}},
         "cache-to": {"type": "array", "minItems": 1,
-                     "items": {"type": "string", "pattern": r"^type=registry,ref=\S+,mode=max$"}},
+                     "items": {"type": "string",
+                               "pattern": r"^type=registry,ref=\S+,mode=max,compression=gzip,force-compression=true$"}},
         "output": STR_LIST, "secret": STR_LIST,
         "network": {"enum": ["host"]},  # bake's target key for RUN steps' network (buildx docs)
         # bake's build args (buildx docs: "args", a map of strings); only SOURCE_DATE_EPOCH
@@ -416,7 +417,8 @@ def test_bake_folder_schema_order_contexts_and_network(tmp_path):
             | ({"app/serve.py", "app/train.py"} if "app/" in copies else set()))
     v = targets["cu124-py311"]
     assert v["cache-from"] == ["type=registry,ref=127.0.0.1:5000/team/serve:cache-cu124-py311"]
-    assert v["cache-to"] == ["type=registry,ref=127.0.0.1:5000/team/serve:cache-cu124-py311,mode=max"]
+    assert v["cache-to"] == ["type=registry,ref=127.0.0.1:5000/team/serve:cache-cu124-py311,mode=max,"
+                             "compression=gzip,force-compression=true"]
     assert v["tags"][0] == "127.0.0.1:5000/team/serve:2.0-cu124-py3.11"
     # buildx < 0.17 takes the network only from a compose file, which bake reads beside it
     compose = yaml.safe_load((folder / "compose.yaml").read_text())

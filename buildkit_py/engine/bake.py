@@ -12,6 +12,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from buildkit_py.engine.base import cache_export_value
 from buildkit_py.engine.build import build_args, build_secrets, write_context
 from buildkit_py.errors import UsageError
 from buildkit_py.files import write_atomic
@@ -78,7 +79,8 @@ def bake_targets(matrix: Matrix, *, registry: str | None = None, ca_cert: Path |
         if not registry:  # no registry: no cache refs (a bare name would mean Docker Hub)
             return {}
         ref = cache_ref(matrix, ref_name, registry)
-        return {"cache-from": [f"type=registry,ref={ref}"], "cache-to": [f"type=registry,ref={ref},mode=max"]}
+        return {"cache-from": [f"type=registry,ref={ref}"],
+                "cache-to": [cache_export_value(f"type=registry,ref={ref},mode=max", None)]}
 
     targets: list[BakeTarget] = []
     for key in build_order(stages):

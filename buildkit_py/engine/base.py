@@ -167,6 +167,30 @@ def parse_compression(value: str | None) -> tuple[str, int | None] | None:
     return name, int(level) if level else None
 
 
+# Cache exporters that take BuildKit's compression options (inline rides in the image's config).
+_COMPRESSING_CACHE_TYPES = frozenset({"registry", "local", "gha", "s3", "azblob"})
+
+
+def cache_export_value(value: str, compression: str | None) -> str:
+    """A --cache-to value with one compression forced on its blobs, unless the user chose one.
+
+    Without force-compression BuildKit exports every combination of the compression variants it
+    holds for the chain's layers (cache/remote.go getAvailableBlobs): once the same layers were
+    built as gzip and as zstd or estargz, a chain of ~20 layers is millions of candidate chains and
+    the exporter grew dockerd to 23 GB until the kernel killed it (moby/buildkit#6088). One
+    compression (the image's, else BuildKit's default gzip) is what an importer needs anyway."""
+    fields = [f for f in value.split(",") if f]
+    keys = {f.partition("=")[0].strip() for f in fields}
+    kind = next((f.partition("=")[2] for f in fields if f.startswith("type=")), "")
+    if kind not in _COMPRESSING_CACHE_TYPES or keys & {"compression", "force-compression"}:
+        return value
+    name, level = parse_compression(compression) or ("gzip", None)
+    extra = [f"compression={name}", "force-compression=true"]
+    if level is not None:
+        extra.append(f"compression-level={level}")
+    return ",".join([*fields, *extra])
+
+
 def required_capabilities(plan_needs: frozenset[str], request: BuildRequest) -> set[str]:
     needs = set(plan_needs)
     if request.cache_from:

@@ -29,6 +29,7 @@ from buildkit_py.engine.base import (
     SECRETS,
     BuildRequest,
     Engine,
+    cache_export_value,
     parse_compression,
 )
 from buildkit_py.engine.kinds.docker import ClassicEngine, found_clients
@@ -171,7 +172,7 @@ class BuildxEngine(ClassicEngine):
         if request.builder:
             args += ["--builder", request.builder]
         for ref in request.cache_to:
-            args += ["--cache-to", ref]
+            args += ["--cache-to", cache_export_value(ref, request.compression)]
         if request.provenance is not None:
             args += ["--provenance", "false" if request.provenance == "false" else f"mode={request.provenance}"]
         for p in request.platforms:
