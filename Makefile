@@ -12,6 +12,20 @@ PYTEST_ARGS ?=
 # ruff with the rule set in pyproject.toml, mypy on the package (lint-static; `make test` runs it)
 LINT_STATIC = $(PY) -m ruff check buildkit_py tests bench scripts && $(PY) -m mypy
 
+# The suite in two pytest processes side by side (tests/conftest.py, IMGBUILD_TEST_ENGINE_GROUP):
+# the tests without an engine and Docker 20.10's; Docker 26's, podman's and buildah's. Each waits
+# on its engines and the registry more than on the cores, so the run takes about the longer half.
+# Each half's output is printed whole when both are done; either failing fails the run.
+GROUP_A := none,docker20
+GROUP_B := docker26,podman,buildah
+TEST_GROUPS = a=$$(mktemp); b=$$(mktemp); \
+	IMGBUILD_TEST_ENGINE_GROUP=$(GROUP_A) $(PY) -m pytest $(PYTEST_ARGS) >"$$a" 2>&1 & pa=$$!; \
+	IMGBUILD_TEST_ENGINE_GROUP=$(GROUP_B) $(PY) -m pytest -p no:cacheprovider $(PYTEST_ARGS) >"$$b" 2>&1 & pb=$$!; \
+	wait $$pa; sa=$$?; wait $$pb; sb=$$?; \
+	echo "=== tests without an engine and on docker20 (exit $$sa)"; cat "$$a"; \
+	echo "=== tests on docker26, podman, buildah (exit $$sb)"; cat "$$b"; rm -f "$$a" "$$b"; \
+	[ $$sa = 0 ] && [ $$sb = 0 ]
+
 .PHONY: help venv services services-down demo test unit lint lint-static bench golden clean
 
 help:
@@ -63,7 +77,7 @@ test: venv
 	$(SERVICES) up || { [ "$${CI:-}" != true ] && echo "services unavailable: end-to-end tests will skip"; }; \
 	up_status=$$?; wait $$lint; lint_status=$$?; cat "$$lint_log"; rm -f "$$lint_log"; \
 	[ $$up_status = 0 ] && [ $$lint_status = 0 ]
-	@eval "$$($(SERVICES) env)"; $(PY) -m pytest $(PYTEST_ARGS)
+	@eval "$$($(SERVICES) env)"; $(TEST_GROUPS)
 
 unit: venv
 	$(PY) -m pytest -m "not e2e" $(PYTEST_ARGS)

@@ -401,7 +401,26 @@ _LEFTOVERS = pytest.StashKey[list]()
 E2E_FIXTURES = {"docker_client", "base_image", "registry", "cleanup_images", "engine"}
 
 
+# `make test` runs two pytest processes side by side (the machine waits on engines and the registry
+# more than on its cores): each takes the tests of the engines named here, "none" standing for
+# the tests that use no engine. Unset: every test. Each process keeps its own RUN_MARK, so its
+# leftovers check sees only what it made.
+ENGINE_GROUP = {e.strip() for e in os.environ.get("IMGBUILD_TEST_ENGINE_GROUP", "").split(",") if e.strip()}
+
+
+def _engine_of(item) -> str:
+    """docker26 for a test on it (test_buildlog's "docker26-buildx" included); "none" without one."""
+    callspec = getattr(item, "callspec", None)
+    if callspec is None or "engine" not in callspec.params:
+        return "none"
+    return str(callspec.params["engine"]).split("-", 1)[0]
+
+
 def pytest_collection_modifyitems(config, items):
     for item in items:
         if E2E_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.e2e)
+    if ENGINE_GROUP:
+        kept = [item for item in items if _engine_of(item) in ENGINE_GROUP]
+        config.hook.pytest_deselected(items=[item for item in items if _engine_of(item) not in ENGINE_GROUP])
+        items[:] = kept

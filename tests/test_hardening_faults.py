@@ -3,8 +3,8 @@ ever points at a manifest whose blobs are missing, a re-run uploads only what is
 and a failed build leaves no tag behind.
 
 Nothing here touches the shared engine's daemon or the shared registry on :5000. Registry
-faults run against registries these tests start themselves (``docker-registry serve`` on
-127.0.0.1:5071-5079, htpasswd auth, stopped in teardown); engine faults against a second
+faults run against registries these tests start themselves (``docker-registry serve`` on a
+free loopback port, htpasswd auth, stopped in teardown); engine faults against a second
 dockerd of their own on a unix socket in tmp, or against a socket that does not exist.
 """
 
@@ -14,6 +14,7 @@ import io
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import tempfile
 import threading
@@ -116,7 +117,11 @@ class OwnRegistry:
         return True
 
 
-_PORTS = iter(range(5071, 5080))
+def _free_port() -> int:
+    """A port free now: `make test` runs two pytest processes at once, so no fixed range."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
 
 
 @pytest.fixture
@@ -124,7 +129,7 @@ def own_registry(tmp_path, monkeypatch):
     started: list[OwnRegistry] = []
 
     def make(storage: Path | None = None) -> OwnRegistry:
-        reg = OwnRegistry(tmp_path / f"registry-{len(started)}", next(_PORTS), storage)
+        reg = OwnRegistry(tmp_path / f"registry-{len(started)}", _free_port(), storage)
         reg.start()
         started.append(reg)
         monkeypatch.setenv("IMGBUILD_REGISTRY_USER", USER)
