@@ -1,19 +1,26 @@
 """Compatibility knowledge (CUDA toolkits, drivers, images, wheels) as sourced data files."""
 
+from buildkit_py.compat.flash_attn import (
+    FlashAttnRelease,
+    PrebuiltWheel,
+    flash_attn_build_env,
+    flash_attn_compiled,
+    flash_attn_prebuilt,
+    flash_attn_release,
+    flash_attn_releases,
+)
 from buildkit_py.compat.floors import DriverFloor, FloorSource, driver_floor, floor_from_labels, floor_labels
 from buildkit_py.compat.tables import (
     BnbRelease,
     CompatGap,
     CudnnWheel,
     CxxStd,
-    FlashAttnRelease,
     Gpu,
     ImageEol,
     ImageGap,
     ImageSet,
     MinorCompatFloor,
     NativeEvidence,
-    PrebuiltWheel,
     PtxIsa,
     Toolkit,
     TorchRelease,
@@ -44,11 +51,6 @@ from buildkit_py.compat.tables import (
     data_sources,
     devel_wheel_extras,
     driver_branch_end_of_life,
-    flash_attn_build_env,
-    flash_attn_compiled,
-    flash_attn_prebuilt,
-    flash_attn_release,
-    flash_attn_releases,
     forward_compat_branches,
     gpu_named,
     gpus,

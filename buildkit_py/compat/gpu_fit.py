@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from packaging.version import InvalidVersion, Version
 
-from buildkit_py.compat import codes, tables
+from buildkit_py.compat import codes, flash_attn, tables
 from buildkit_py.compat.codes import RecipeWarning
 from buildkit_py.compat.tables import WheelLibrary, arch_base, arch_key, sass_runs_on
 from buildkit_py.errors import CompatibilityError, CompatibilityErrors, RecipeLocation, UsageError
@@ -299,19 +299,19 @@ def _flash_attn(version: str, res: Resolution) -> PackageKernels:
     from buildkit_py.compat.rules import torch_cxx11_abi  # noqa: PLC0415  # rules imports this module's callers
 
     try:
-        rel = tables.flash_attn_release(version)
+        rel = flash_attn.flash_attn_release(version)
     except LookupError:
         return PackageKernels("flash-attn", version, "", None, None, nvcc=res.cuda_version)
     compiled = "flash-attn" in res.compile
     if compiled:
         sms = rel.sms(res.cuda_version)
-        wanted = dict(res.build_env).get(tables.flash_attn_arch_env())
+        wanted = dict(res.build_env).get(flash_attn.flash_attn_arch_env())
         if wanted is not None:
             sms = tuple(sm for sm in sms if sm.replace(".", "") in wanted.split(";"))
         source = f"flash_attn.json gencode of {version}, compiled by nvcc {res.cuda_version}"
         return PackageKernels("flash-attn", version, "", (WheelLibrary("flash_attn_2_cuda", sms, ()),), source,
                               compiled=True, nvcc=res.cuda_version)
-    wheel = tables.flash_attn_prebuilt(version, res.cuda_major_minor, major_minor(res.torch or ""), res.python,
+    wheel = flash_attn.flash_attn_prebuilt(version, res.cuda_major_minor, major_minor(res.torch or ""), res.python,
                                        archs=tuple(arch_base(a) for a in res.cuda_arch),
                                        cxx11abi=torch_cxx11_abi(res.torch) if res.torch else None)
     if wheel is None:
@@ -326,13 +326,13 @@ def _flash_attn_hint(kernels: PackageKernels, gpu: GpuSpec) -> str:
     """The nearest flash-attn release whose gencode list has SASS for ``gpu`` with the recipe's
     nvcc, else the nvcc the nearest one needs for it."""
     nvcc = kernels.nvcc or "0"
-    runs = [r for r in tables.flash_attn_releases() if not r.partial
+    runs = [r for r in flash_attn.flash_attn_releases() if not r.partial
             and any(sass_runs(sm, gpu.capability) for sm in r.sms(nvcc))]
     if runs:
         best = min(runs, key=lambda r: (_distance(r.version, kernels.version), -_as_number(r.version)))
         return (f"flash-attn {best.version} compiles SASS for {gpu.label} with nvcc {nvcc}: pin it "
                 "(built from source where no release wheel has it)")
-    needs = [(r, str(spec)) for r in tables.flash_attn_releases() if not r.partial for sm, spec in r.gencode
+    needs = [(r, str(spec)) for r in flash_attn.flash_attn_releases() if not r.partial for sm, spec in r.gencode
              if sass_runs(sm, gpu.capability)]
     if needs:
         best, spec = min(needs, key=lambda n: (_distance(n[0].version, kernels.version), -_as_number(n[0].version)))
