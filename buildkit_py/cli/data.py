@@ -157,7 +157,7 @@ class DataStatus:
 def cmd_data(args: argparse.Namespace, out: Out) -> int:
     import datetime
 
-    from buildkit_py.compat import flash_attn, tables
+    from buildkit_py.compat import bitsandbytes, flash_attn, tables
     from buildkit_py.pipeline import lookups as live
 
     if args.data_command == "refresh":
@@ -171,7 +171,7 @@ def cmd_data(args: argparse.Namespace, out: Out) -> int:
                    for v, r in sorted(live.cached_rows(cache_folder).items()))
     partial = {"torch": tuple(r.version for r in tables.torch_releases() if r.partial),
                "flash-attn": tuple(r.version for r in flash_attn.flash_attn_releases() if r.partial),
-               "bitsandbytes": tuple(r.version for r in tables.bitsandbytes_releases() if r.partial)}
+               "bitsandbytes": tuple(r.version for r in bitsandbytes.bitsandbytes_releases() if r.partial)}
     status = DataStatus(max((d for d in as_of.values() if d), default=None), as_of, str(cache_folder), cached,
                         ImagesStatus.on(datetime.date.today()), partial)
     out.document(status, as_json=args.json)

@@ -1,5 +1,6 @@
 """Compatibility knowledge (CUDA toolkits, drivers, images, wheels) as sourced data files."""
 
+from buildkit_py.compat.bitsandbytes import BnbRelease, bitsandbytes_release, bitsandbytes_releases
 from buildkit_py.compat.flash_attn import (
     FlashAttnRelease,
     PrebuiltWheel,
@@ -11,7 +12,6 @@ from buildkit_py.compat.flash_attn import (
 )
 from buildkit_py.compat.floors import DriverFloor, FloorSource, driver_floor, floor_from_labels, floor_labels
 from buildkit_py.compat.tables import (
-    BnbRelease,
     CompatGap,
     CudnnWheel,
     CxxStd,
@@ -30,8 +30,6 @@ from buildkit_py.compat.tables import (
     all_cuda_wheel_sets,
     arch_base,
     arch_key,
-    bitsandbytes_release,
-    bitsandbytes_releases,
     cuda_archs,
     cuda_image_oses,
     cuda_image_tag,

@@ -35,11 +35,12 @@ from buildkit_py import compat
 from buildkit_py import label_keys as K
 from buildkit_py.compat import codes, cuda_base, torch_pins
 from buildkit_py.compat.bases import BaseFacts
+from buildkit_py.compat.bitsandbytes import BnbRelease
 from buildkit_py.compat.codes import RecipeWarning
 from buildkit_py.compat.flash_attn import FlashAttnRelease
 from buildkit_py.compat.floors import DriverFloor
 from buildkit_py.compat.platforms import PinFiles
-from buildkit_py.compat.tables import BnbRelease, Toolkit, TorchRelease, WheelSet
+from buildkit_py.compat.tables import Toolkit, TorchRelease, WheelSet
 from buildkit_py.compat.wheel_contents import WheelContents, model
 from buildkit_py.errors import CompatibilityError, RecipeLocation
 from buildkit_py.recipe.model import CudaFlavor, CudaSource, Recipe, pin_name

@@ -85,25 +85,6 @@ class TorchRelease:
 
 
 @dataclass(frozen=True)
-class BnbRelease:
-    """``cuda`` is a SpecifierSet (any CUDA in range works) or, for releases whose loader needs an exact
-    ``libbitsandbytes_cudaXYZ.so``, the tuple of CUDA major.minor versions shipped in the wheel.
-    ``cuda_nocublaslt``: where it differs from ``cuda``, the CUDA versions with the
-    ``_nocublaslt`` library the loader takes on GPUs below compute capability 7.5. ``partial``
-    says why a row is incomplete (plans refuse such a release)."""
-    version: str
-    cuda: SpecifierSet | tuple[str, ...]
-    python: SpecifierSet
-    source: str
-    notes: str | None = None
-    torch: SpecifierSet = SpecifierSet()        # the wheel's Requires-Dist on torch (empty: none declared)
-    min_compute_capability: str | None = None   # GPUs below it have no kernels in the PyPI wheel
-    int8_compute_capability: str | None = None  # LLM.int8() needs at least this
-    cuda_nocublaslt: tuple[str, ...] | None = None
-    partial: str | None = None
-
-
-@dataclass(frozen=True)
 class CxxStd:
     """The C++ standard an extension must compile as to include the headers of torch releases in ``torch``."""
     torch: SpecifierSet
@@ -505,43 +486,6 @@ def _archs_ok(f: str, key: Any, archs: tuple[str, ...]) -> None:
 
 
 @functools.cache
-def _bnb() -> tuple[BnbRelease, ...]:
-    f = "bitsandbytes.json"
-    raw = _load_raw(f)
-    known = _known_mm()
-    out = []
-    for e in raw["releases"]:
-        v = e["version"]
-        cuda = e.get("cuda")
-        if isinstance(cuda, list):
-            cuda_v: SpecifierSet | tuple[str, ...] = _cuda_list(f, v, cuda, known)
-        else:
-            cuda_v = _spec(f, v, cuda)
-        nocublaslt = e.get("cuda_nocublaslt")
-        if nocublaslt is not None:
-            if not isinstance(cuda, list):
-                raise _fail(f, v, "cuda_nocublaslt goes with a cuda list (releases that need an exact library)")
-            nocublaslt = _cuda_list(f, v, nocublaslt, known)
-        ccs = [e.get("min_compute_capability"), e.get("int8_compute_capability")]
-        _archs_ok(f, v, tuple(c for c in ccs if c is not None))
-        if not e.get("partial") and (cuda is None or ccs[0] is None):
-            raise _fail(f, v, "no cuda or min_compute_capability: a row without them must say why (partial)")
-        out.append(BnbRelease(v, cuda_v, _spec(f, v, e.get("python")), e["source"], e.get("notes"),
-                              _spec(f, v, e.get("torch")), ccs[0], ccs[1], nocublaslt, e.get("partial")))
-    _ascending(f, [r.version for r in out])
-    return tuple(out)
-
-
-def _cuda_list(f: str, v: str, cuda: list[Any], known: set[str]) -> tuple[str, ...]:
-    for c in cuda:
-        if c not in known:
-            raise _fail(f, v, f"CUDA {c!r} is not a known toolkit major.minor (toolkits.json)")
-    if cuda != sorted(set(cuda), key=Version):
-        raise _fail(f, v, "CUDA list must be unique and ascending")
-    return tuple(cuda)
-
-
-@functools.cache
 def _cxx_std() -> tuple[CxxStd, ...]:
     f = "cxx_std.json"
     raw = _load_raw(f)
@@ -751,11 +695,11 @@ DATA_FILES = ("toolkits.json", "minor_compat.json", "forward_compat.json", "imag
 
 def _loaders() -> tuple[Any, ...]:
     """Every cached loader, in the order their invariants depend on each other."""
-    from buildkit_py.compat import cuda_pins, flash_attn, platforms, torch_pins, wheel_contents  # noqa: PLC0415  # they read tables: a top-level import would circle
+    from buildkit_py.compat import bitsandbytes, cuda_pins, flash_attn, platforms, torch_pins, wheel_contents  # noqa: PLC0415  # they read tables: a top-level import would circle
 
-    return (_toolkit_data, _minor_floors, _forward_compat, _images, _torch, flash_attn._flash_attn, _bnb, _cxx_std,
-            _archs, _wheels, _cudnn_support, torch_pins.rows, _coverage, platforms.data, _gpu_kernels, _wheel_kernels,
-            _data_as_of, cuda_pins.wheel_owners, wheel_contents.model)
+    return (_toolkit_data, _minor_floors, _forward_compat, _images, _torch, flash_attn._flash_attn, bitsandbytes._bnb,
+            _cxx_std, _archs, _wheels, _cudnn_support, torch_pins.rows, _coverage, platforms.data, _gpu_kernels,
+            _wheel_kernels, _data_as_of, cuda_pins.wheel_owners, wheel_contents.model)
 
 
 def validate_all() -> None:
@@ -1076,17 +1020,6 @@ def torch_cxx_std(version: str) -> int | None:
         if e.torch.contains(str(version), prereleases=True):
             return e.cxx_std
     return None
-
-
-def bitsandbytes_releases() -> tuple[BnbRelease, ...]:
-    return _bnb()
-
-
-def bitsandbytes_release(version: str) -> BnbRelease:
-    for r in _bnb():
-        if Version(r.version) == Version(version):
-            return r
-    raise LookupError(f"unknown bitsandbytes release {version!r}; known: {', '.join(r.version for r in _bnb())}")
 
 
 def cuda_archs(cuda: str) -> tuple[str, ...]:
