@@ -11,21 +11,28 @@ from buildkit_py.compat.flash_attn import (
     flash_attn_releases,
 )
 from buildkit_py.compat.floors import DriverFloor, FloorSource, driver_floor, floor_from_labels, floor_labels
+from buildkit_py.compat.gpu_kernels import (
+    Gpu,
+    PtxIsa,
+    WheelKernels,
+    WheelLibrary,
+    gpu_named,
+    gpus,
+    ptx_isa_cuda,
+    wheel_kernel_rows,
+    wheel_kernels,
+)
 from buildkit_py.compat.tables import (
     CompatGap,
     CudnnWheel,
     CxxStd,
-    Gpu,
     ImageEol,
     ImageGap,
     ImageSet,
     MinorCompatFloor,
     NativeEvidence,
-    PtxIsa,
     Toolkit,
     TorchRelease,
-    WheelKernels,
-    WheelLibrary,
     WheelSet,
     all_cuda_wheel_sets,
     arch_base,
@@ -50,8 +57,6 @@ from buildkit_py.compat.tables import (
     devel_wheel_extras,
     driver_branch_end_of_life,
     forward_compat_branches,
-    gpu_named,
-    gpus,
     image_end_of_life,
     image_gap,
     image_release,
@@ -64,7 +69,6 @@ from buildkit_py.compat.tables import (
     nccl_pin,
     nearest_versions,
     newest_images,
-    ptx_isa_cuda,
     resolve_cuda,
     sass_runs_on,
     tier_extras,
@@ -74,8 +78,6 @@ from buildkit_py.compat.tables import (
     torch_release,
     torch_releases,
     validate_all,
-    wheel_kernel_rows,
-    wheel_kernels,
 )
 from buildkit_py.compat.wheel_contents import torch_bundles_cuda, torch_wheel
 

@@ -17,9 +17,10 @@ from typing import TYPE_CHECKING, Any
 
 from packaging.version import InvalidVersion, Version
 
-from buildkit_py.compat import codes, flash_attn, tables
+from buildkit_py.compat import codes, flash_attn, gpu_kernels, tables
 from buildkit_py.compat.codes import RecipeWarning
-from buildkit_py.compat.tables import WheelLibrary, arch_base, arch_key, sass_runs_on
+from buildkit_py.compat.gpu_kernels import WheelLibrary
+from buildkit_py.compat.tables import arch_base, arch_key, sass_runs_on
 from buildkit_py.errors import CompatibilityError, CompatibilityErrors, RecipeLocation, UsageError
 from buildkit_py.recipe.model import pin_name
 from buildkit_py.text_enum import TextEnum
@@ -82,9 +83,9 @@ def gpu_spec(text: str) -> GpuSpec:
     if m and (spec.lower().startswith("sm") or "." in spec):
         major, minor = (m[1], m[2]) if m[1] else (m[3], m[4])
         return GpuSpec(f"sm_{major}{minor}", f"{int(major)}.{minor}")
-    gpu = tables.gpu_named(spec)
+    gpu = gpu_kernels.gpu_named(spec)
     if gpu is None:
-        known = ", ".join(g.name for g in tables.gpus())
+        known = ", ".join(g.name for g in gpu_kernels.gpus())
         raise UsageError(f"unknown GPU {text!r}", hint=f"give one of {known}, or its compute capability as sm_XY")
     return GpuSpec(gpu.name, gpu.capability, gpu.source)
 
@@ -230,7 +231,7 @@ def nearest_hint(kernels: PackageKernels, gpu: GpuSpec) -> str | None:
     the same release first, else the nearest release (of the same variant where there is one)."""
     if kernels.package == "flash-attn":
         return _flash_attn_hint(kernels, gpu)
-    rows = [r for r in tables.wheel_kernel_rows(kernels.package)
+    rows = [r for r in gpu_kernels.wheel_kernel_rows(kernels.package)
             if runs_on(PackageKernels(r.package, r.version, r.variant, r.libraries, r.source), gpu)]
     if kernels.package == "bitsandbytes":  # its library follows torch's CUDA: a release with that build
         rows = [r for r in rows if r.variant == kernels.variant] or rows
@@ -273,7 +274,7 @@ def _pins(recipe: Recipe) -> list[tuple[str, str]]:
 
 
 def _recorded(package: str, version: str, variant: str = "") -> PackageKernels:
-    row = tables.wheel_kernels(package, version, variant)
+    row = gpu_kernels.wheel_kernels(package, version, variant)
     if row is None:
         return PackageKernels(package, version, variant, None, None)
     return PackageKernels(package, version, variant, row.libraries, row.source)
