@@ -25,14 +25,12 @@ from buildkit_py.compat.gpu_kernels import (
 from buildkit_py.compat.tables import (
     CompatGap,
     CudnnWheel,
-    CxxStd,
     ImageEol,
     ImageGap,
     ImageSet,
     MinorCompatFloor,
     NativeEvidence,
     Toolkit,
-    TorchRelease,
     WheelSet,
     all_cuda_wheel_sets,
     arch_base,
@@ -63,7 +61,6 @@ from buildkit_py.compat.tables import (
     image_releases,
     image_support_policy,
     known_native_driver,
-    large_wheels_before,
     minor_compat,
     minor_compat_floor,
     nccl_pin,
@@ -73,11 +70,16 @@ from buildkit_py.compat.tables import (
     sass_runs_on,
     tier_extras,
     toolkits,
+    validate_all,
+)
+from buildkit_py.compat.torch_data import (
+    CxxStd,
+    TorchRelease,
+    large_wheels_before,
     torch_cxx_std,
     torch_index_url,
     torch_release,
     torch_releases,
-    validate_all,
 )
 from buildkit_py.compat.wheel_contents import torch_bundles_cuda, torch_wheel
 

@@ -10,7 +10,8 @@ from dataclasses import dataclass
 
 from packaging.version import InvalidVersion, Version
 
-from buildkit_py.compat.tables import _ascending, _fail, _load_raw, arch_key, torch_release
+from buildkit_py.compat.tables import _ascending, _fail, _load_raw, arch_key
+from buildkit_py.compat.torch_data import torch_release
 
 
 # ----------------------------------------------------------------------------- GPUs and PTX (gpu_kernels.json)

@@ -40,7 +40,8 @@ from buildkit_py.compat.codes import RecipeWarning
 from buildkit_py.compat.flash_attn import FlashAttnRelease
 from buildkit_py.compat.floors import DriverFloor
 from buildkit_py.compat.platforms import PinFiles
-from buildkit_py.compat.tables import Toolkit, TorchRelease, WheelSet
+from buildkit_py.compat.tables import Toolkit, WheelSet
+from buildkit_py.compat.torch_data import TorchRelease
 from buildkit_py.compat.wheel_contents import WheelContents, model
 from buildkit_py.errors import CompatibilityError, RecipeLocation
 from buildkit_py.recipe.model import CudaFlavor, CudaSource, Recipe, pin_name
