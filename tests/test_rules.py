@@ -6,7 +6,7 @@ import pytest
 from helpers import write_recipe
 
 from buildkit_py import compat
-from buildkit_py.compat import codes, rules
+from buildkit_py.compat import codes, image_rule, rules
 from buildkit_py.compat.bases import BaseFacts
 from buildkit_py.errors import CompatibilityError
 from buildkit_py.recipe.model import load_recipe
@@ -85,20 +85,20 @@ def test_images_rule_warns_from_the_end_of_life_date_on(tmp_path):
     the rule compares with the date it is given (it reads no clock), and any later one warns alike."""
     import datetime
     r = recipe(tmp_path, source="nvidia", base="os: ubuntu22.04", python="3.10")
-    before = rules.images_rule(r, "12.4.1", "ubuntu22.04", frozenset(), today=datetime.date(2026, 5, 31))
+    before = image_rule.images_rule(r, "12.4.1", "ubuntu22.04", frozenset(), today=datetime.date(2026, 5, 31))
     assert before.base_image == "nvidia/cuda:12.4.1-runtime-ubuntu22.04" and before.warnings == ()
-    on = rules.images_rule(r, "12.4.1", "ubuntu22.04", frozenset(), today=datetime.date(2026, 6, 1))
+    on = image_rule.images_rule(r, "12.4.1", "ubuntu22.04", frozenset(), today=datetime.date(2026, 6, 1))
     assert [(w.code, w.key) for w in on.warnings] == [(codes.EOL_IMAGE, "cuda.version")]
     assert "reached end of life on 2026-06-01" in on.warnings[0].message
     assert "from 2026-12-01" in on.warnings[0].message
-    later = rules.images_rule(r, "12.4.1", "ubuntu22.04", frozenset(), today=datetime.date(2099, 1, 1))
+    later = image_rule.images_rule(r, "12.4.1", "ubuntu22.04", frozenset(), today=datetime.date(2099, 1, 1))
     assert later.warnings == on.warnings
 
 
 def test_images_rule_no_warning_where_nvidia_publishes_no_end_of_life(tmp_path):
     import datetime
     r = recipe(tmp_path, source="nvidia", base="os: ubuntu24.04", python="3.12")
-    part = rules.images_rule(r, "13.4.2", "ubuntu24.04", frozenset(), today=datetime.date(2099, 1, 1))
+    part = image_rule.images_rule(r, "13.4.2", "ubuntu24.04", frozenset(), today=datetime.date(2099, 1, 1))
     assert part.base_image == "nvidia/cuda:13.4.2-runtime-ubuntu24.04" and part.warnings == ()
 
 
@@ -106,9 +106,9 @@ def test_images_rule_no_eol_warning_when_no_nvidia_cuda_tag_is_pulled(tmp_path):
     """A shared base.image is the FROM: Docker Hub deleting 12.4.1's tags cannot break it."""
     import datetime
     r = recipe(tmp_path, source="nvidia", base="image: r.example.com/base:1", python="3.10")
-    part = rules.images_rule(r, "12.4.1", "ubuntu22.04", frozenset(), today=datetime.date(2026, 6, 1))
+    part = image_rule.images_rule(r, "12.4.1", "ubuntu22.04", frozenset(), today=datetime.date(2026, 6, 1))
     assert part.base_image == "r.example.com/base:1" and part.warnings == ()
-    compiling = rules.images_rule(r, "12.4.1", "ubuntu22.04", frozenset({"flash-attn"}),
+    compiling = image_rule.images_rule(r, "12.4.1", "ubuntu22.04", frozenset({"flash-attn"}),
                                   today=datetime.date(2026, 6, 1))
     assert compiling.builder_image == "nvidia/cuda:12.4.1-devel-ubuntu22.04"
     assert [w.code for w in compiling.warnings] == [codes.EOL_IMAGE]

@@ -18,7 +18,7 @@ from packaging.utils import canonicalize_name
 from packaging.version import Version
 
 from buildkit_py import compat
-from buildkit_py.compat import cuda_wheels, platforms, rules, wheel_contents
+from buildkit_py.compat import cuda_wheels, image_rule, platforms, rules, wheel_contents
 from buildkit_py.compat.bases import BaseFacts
 from buildkit_py.compat.codes import RecipeWarning
 from buildkit_py.compat.cuda_pins import cuda_pins_rule
@@ -116,7 +116,7 @@ def resolve(recipe: Recipe, base: BaseFacts | None = None, looked_up: rules.Look
     cuda, cudnn, py, torch, archs = _independent_parts(recipe, base, looked_up)
     flash_attn, bnb_warnings = _pin_parts(recipe, cuda, py, torch, archs)
     compile_ = frozenset(recipe.build.from_source) | flash_attn.compile
-    images = rules.images_rule(recipe, cuda.version, py.os, compile_, today=today)
+    images = image_rule.images_rule(recipe, cuda.version, py.os, compile_, today=today)
     flavor_warnings = rules.flavor_rule(recipe, compile_)
     pinned = rules.base_rule(recipe, base, cuda.version, torch, images.base_image)
     wheels = cuda_wheels.cuda_wheels_rule(recipe, cuda.wheel_set, cuda.version, cudnn, torch, base)
