@@ -6,7 +6,7 @@ import pytest
 from helpers import write_recipe
 
 from buildkit_py import compat
-from buildkit_py.compat import codes, image_rule, rules
+from buildkit_py.compat import base_rule, codes, image_rule, rules
 from buildkit_py.compat.bases import BaseFacts
 from buildkit_py.errors import CompatibilityError
 from buildkit_py.recipe.model import load_recipe
@@ -70,13 +70,13 @@ def test_flavor_rule_is_warnings_only(tmp_path):
 def test_base_rule_pins_warns_or_refuses(tmp_path):
     r = recipe(tmp_path, base="image: r.example.com/base:1")
     torch = rules.TorchPart()
-    assert rules.base_rule(r, None, "12.4.1", torch, "r.example.com/base:1") == rules.BasePart(
+    assert base_rule.base_rule(r, None, "12.4.1", torch, "r.example.com/base:1") == base_rule.BasePart(
         "r.example.com/base:1", None)
     read = BaseFacts("r.example.com/base:1", "sha256:" + "a" * 64, {"io.imgbuild.cuda.version": "12.4.1"})
-    assert rules.base_rule(r, read, "12.4.1", torch, "r.example.com/base:1").base_image == \
+    assert base_rule.base_rule(r, read, "12.4.1", torch, "r.example.com/base:1").base_image == \
         "r.example.com/base:1@sha256:" + "a" * 64
     with pytest.raises(CompatibilityError) as info:
-        rules.base_rule(r, read, "12.8.1", torch, "r.example.com/base:1")
+        base_rule.base_rule(r, read, "12.8.1", torch, "r.example.com/base:1")
     assert info.value.key == "base.image" and "CUDA 12.4.1" in info.value.message
 
 

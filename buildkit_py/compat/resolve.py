@@ -18,7 +18,7 @@ from packaging.utils import canonicalize_name
 from packaging.version import Version
 
 from buildkit_py import compat
-from buildkit_py.compat import cuda_wheels, image_rule, platforms, rules, wheel_contents
+from buildkit_py.compat import base_rule, cuda_wheels, image_rule, platforms, rules, wheel_contents
 from buildkit_py.compat.bases import BaseFacts
 from buildkit_py.compat.codes import RecipeWarning
 from buildkit_py.compat.cuda_pins import cuda_pins_rule
@@ -118,7 +118,7 @@ def resolve(recipe: Recipe, base: BaseFacts | None = None, looked_up: rules.Look
     compile_ = frozenset(recipe.build.from_source) | flash_attn.compile
     images = image_rule.images_rule(recipe, cuda.version, py.os, compile_, today=today)
     flavor_warnings = rules.flavor_rule(recipe, compile_)
-    pinned = rules.base_rule(recipe, base, cuda.version, torch, images.base_image)
+    pinned = base_rule.base_rule(recipe, base, cuda.version, torch, images.base_image)
     wheels = cuda_wheels.cuda_wheels_rule(recipe, cuda.wheel_set, cuda.version, cudnn, torch, base)
     # the label names the cuDNN the pins bring, written in the recipe or not (issue 28)
     cudnn_from = cudnn_source(recipe, cuda.version, torch, base, images.base_image, wheels.pins)

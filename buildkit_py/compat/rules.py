@@ -13,7 +13,7 @@ decides nothing, and raises CompatibilityError at the recipe key that clashes:
 7. ``bitsandbytes_rule`` a bitsandbytes pin against CUDA, Python, torch and the architectures
 8. ``images_rule``       the final stage's FROM and the compile stage's (in ``image_rule``)
 9. ``flavor_rule``       flavor and runtime_compile against what the recipe compiles
-10. ``base_rule``        a base read from its registry: checked, then pinned by digest
+10. ``base_rule``        a base read from its registry: checked, then pinned by digest (in ``base_rule``)
 11. ``cuda_wheels_rule`` the nvidia-* wheels the final stage installs (in ``cuda_wheels``)
 
 Only rules live here; the version knowledge comes from the sourced tables in ``compat``. A
@@ -137,13 +137,6 @@ class ArchPart:
 class FlashAttnPart:
     compile: frozenset[str] = frozenset()  # {"flash-attn"} when it builds from source
     prebuilt: tuple[tuple[str, str], ...] = ()  # (package, wheel URL) taken instead of building
-
-
-@dataclass(frozen=True)
-class BasePart:
-    base_image: str  # the final stage's FROM, pinned by digest when the registry was read
-    digest: str | None
-    warnings: Warnings = ()
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -1018,28 +1011,3 @@ def flavor_rule(recipe: Recipe, compile_: frozenset[str]) -> Warnings:
             "(CUDA 13+: nvcc from wheels) or source: nvidia with flavor: devel" if source == "wheels" else
             "runtime_compile needs nvcc and headers: the final image must use flavor: devel"))
     return tuple(warnings)
-
-
-# ----------------------------------------------------------------------------- 10. the base's facts
-def base_rule(recipe: Recipe, base: BaseFacts | None, cuda: str, torch: TorchPart, base_image: str) -> BasePart:
-    """A base read from its registry: refuse one whose CUDA or torch contradicts the recipe,
-    then pin it by digest. Not read (no registry named): the image as it is."""
-    if base is None:
-        return BasePart(base_image, None)
-    base_cuda = base.labels.get(K.CUDA_VERSION) or base.env.get("CUDA_VERSION")
-    if base_cuda and _mm(base_cuda) != _mm(cuda):
-        what, version = ("torch", torch.label or "") if torch.version else ("cuda", cuda)
-        raise _fail(recipe, "base.image", "base.image", f"{base.ref} (CUDA {base_cuda})", what, version,
-                    f"the base carries CUDA {base_cuda} but this recipe needs CUDA {_mm(cuda)}",
-                    hint=f"use cuda.version \"{_mm(base_cuda)}\" or a base built for CUDA {_mm(cuda)}")
-    base_tier = base.labels.get(K.CUDA_FLAVOR)
-    if base_tier in CudaFlavor.words() and CudaFlavor(base_tier).rank > recipe.cuda.flavor.rank:
-        raise _fail(recipe, "cuda.flavor", "cuda.flavor", recipe.cuda.flavor, "base.image",
-                    f"{base.ref} ({base_tier})", f"the base is the {base_tier} tier, so the image carries "
-                    f"{base_tier} CUDA whatever this recipe says", hint=f"use cuda.flavor: {base_tier}")
-    base_torch = base.labels.get(K.TORCH_VERSION)
-    if base_torch and torch.label and base_torch != torch.label:
-        raise _fail(recipe, "torch", "base.image", f"{base.ref} (torch {base_torch})", "torch",
-                    torch.label, "the base already has another torch build",
-                    hint=f"drop torch: from the recipe (the base has {base_torch}) or rebuild the base")
-    return BasePart(base.pinned, base.digest)
