@@ -78,6 +78,8 @@ JIT_PACKAGES = frozenset({"deepspeed", "apex", "cupy", "pycuda"})
 DEFAULT_BUILD_ARCHS = ("8.0", "8.6", "8.9", "9.0")
 
 Warnings = tuple[RecipeWarning, ...]
+# The releases of a package that fit a CUDA, Python and torch, ascending (_fa_fits, _bnb_fits).
+FitsFn = Callable[[str, str, str | None], list[str]]
 
 
 # ----------------------------------------------------------------------------- the parts
@@ -165,14 +167,16 @@ def _fitting(cuda: str, python: str, torch: str | None) -> str:
     return f"CUDA {_mm(cuda)}, Python {python}" + (f" and torch {torch}" if torch else "")
 
 
-def _unknown_release(recipe: Recipe, key: str, name: str, version: str, known: list[str]) -> CompatibilityError:
+def _unknown_release(recipe: Recipe, key: str, name: str, version: str, known: list[str],
+                     fits: FitsFn) -> CompatibilityError:
     """A pin of a release the shipped table lacks (``known``: the table's versions, ascending): the hint
-    names the nearest release that fits the recipe's CUDA, Python and torch as written (this runs before
-    they are resolved), else says that none does."""
+    names the nearest release that ``fits`` the recipe's CUDA, Python and torch as written (this runs before
+    they are resolved), else says that none does. ``fits`` comes from the package's own rule family, so
+    this stays one message for both without rules importing them."""
     cuda, python, torch = recipe.cuda.version, recipe.python, recipe.torch
-    fits = _fa_fits(cuda, python, torch) if name == "flash-attn" else _bnb_fits(cuda, python, torch)
-    hint = (f"use {name}=={compat.nearest_versions(version, fits, n=1)[0]} (the nearest release that fits "
-            f"{_fitting(cuda, python, torch)})" if fits else _newest_hint(name, known, _fitting(cuda, python, torch)))
+    fitting, wanted = fits(cuda, python, torch), _fitting(cuda, python, torch)
+    hint = (f"use {name}=={compat.nearest_versions(version, fitting, n=1)[0]} (the nearest release that fits "
+            f"{wanted})" if fitting else _newest_hint(name, known, wanted))
     return _fail(recipe, key, name, version, f"imgbuild's {name} table", known[-1],
                  f"this {name} release is unknown", hint=hint)
 
@@ -663,17 +667,18 @@ def release_checks(recipe: Recipe, looked_up: LookedUp | None = None) -> list[tu
     checks: list[tuple[Any, tuple[Any, ...]]] = []
     if recipe.torch:
         checks.append((torch_release_rule, (looked_up,)))
-    for name, table in (("flash-attn", compat.flash_attn_releases), ("bitsandbytes", compat.bitsandbytes_releases)):
+    for name, table, fits in (("flash-attn", compat.flash_attn_releases, _fa_fits),
+                              ("bitsandbytes", compat.bitsandbytes_releases, _bnb_fits)):
         if (pin := _pin(recipe, name)) is not None:
-            checks.append((_known_release, (f"pip[{pin[0]}]", name, pin[1], table)))
+            checks.append((_known_release, (f"pip[{pin[0]}]", name, pin[1], table, fits)))
     return checks
 
 
 def _known_release(recipe: Recipe, key: str, name: str, version: str,
-                   table: Callable[[], Sequence[FlashAttnRelease | BnbRelease]]) -> str:
+                   table: Callable[[], Sequence[FlashAttnRelease | BnbRelease]], fits: FitsFn) -> str:
     known = [r.version for r in table()]
     if not any(Version(v) == Version(version) for v in known):
-        raise _unknown_release(recipe, key, name, version, known)
+        raise _unknown_release(recipe, key, name, version, known, fits)
     return version
 
 
@@ -822,7 +827,7 @@ def _check_flash_attn(recipe: Recipe, key: str, version: str, cuda: str, python:
         rel = compat.flash_attn_release(version)
     except LookupError:
         raise _unknown_release(recipe, key, "flash-attn", version,
-                               [r.version for r in compat.flash_attn_releases()]) from None
+                               [r.version for r in compat.flash_attn_releases()], _fa_fits) from None
     if rel.partial:
         fits = _fa_fits(cuda, python, torch)
         newest = sorted(fits, key=Version, reverse=True)[:4]
@@ -935,7 +940,7 @@ def _check_bitsandbytes(recipe: Recipe, key: str, version: str, cuda: str, pytho
         rel = compat.bitsandbytes_release(version)
     except LookupError:
         raise _unknown_release(recipe, key, "bitsandbytes", version,
-                               [r.version for r in compat.bitsandbytes_releases()]) from None
+                               [r.version for r in compat.bitsandbytes_releases()], _bnb_fits) from None
     if rel.partial:
         raise _fail(recipe, key, "bitsandbytes", version, "imgbuild's bitsandbytes table", compat.data_as_of(),
                     f"bitsandbytes {version} is known only in part: {rel.partial}", hint=_bnb_hint(cuda, python, torch),
