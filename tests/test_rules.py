@@ -6,7 +6,7 @@ import pytest
 from helpers import write_recipe
 
 from buildkit_py import compat
-from buildkit_py.compat import base_rule, codes, image_rule, rules
+from buildkit_py.compat import base_rule, codes, flash_attn_rule, image_rule, rules
 from buildkit_py.compat.bases import BaseFacts
 from buildkit_py.errors import CompatibilityError
 from buildkit_py.recipe.model import load_recipe
@@ -131,12 +131,12 @@ def test_a_pin_refused_for_its_python_names_the_nearest_release_that_fits(tmp_pa
 
     fa = recipe(tmp_path, base="image: ubuntu:22.04", python="3.8", extra='torch: "2.4.1"\npip: ["flash-attn==2.8.3"]')
     with pytest.raises(CompatibilityError) as info:
-        rules.flash_attn_rule(fa, "12.4.1", "3.8", "2.4.1", ())
+        flash_attn_rule.flash_attn_rule(fa, "12.4.1", "3.8", "2.4.1", ())
     assert info.value.other == "python" and info.value.hint.startswith("use flash-attn=="), info.value.hint
     nearest = info.value.hint.split("==", 1)[1].split()[0]
     ok = recipe(tmp_path, base="image: ubuntu:22.04", python="3.8",
                 extra=f'torch: "2.4.1"\npip: ["flash-attn=={nearest}"]')
-    rules.flash_attn_rule(ok, "12.4.1", "3.8", "2.4.1", ())
+    flash_attn_rule.flash_attn_rule(ok, "12.4.1", "3.8", "2.4.1", ())
 
 
 def test_an_os_python_hint_never_offers_a_python_the_torch_pin_refuses(tmp_path):
@@ -213,14 +213,14 @@ def test_a_flash_attn_hint_never_names_a_release_whose_source_build_torch_refuse
     their source builds compile as C++17, which torch 2.14.1's headers refuse (C++20). None is offered now."""
     r = recipe(tmp_path, base="image: ubuntu:24.04", python="3.10", extra='torch: "2.14.1"\npip: ["flash-attn==0.2.1"]')
     with pytest.raises(CompatibilityError) as info:
-        rules.flash_attn_rule(r, "13.2.0", "3.10", "2.14.1", ())
+        flash_attn_rule.flash_attn_rule(r, "13.2.0", "3.10", "2.14.1", ())
     assert info.value.partial
     assert info.value.hint.startswith("no flash-attn release imgbuild knows fits CUDA 13.2, Python 3.10 and torch "
                                       "2.14.1; its newest are 2.8.3.post2"), info.value.hint
     before = recipe(tmp_path, base="image: ubuntu:24.04", python="3.10",
                     extra='torch: "2.14.1"\npip: ["flash-attn==2.8.3.post2"]')
     with pytest.raises(CompatibilityError) as info:  # what the hint offered before
-        rules.flash_attn_rule(before, "13.2.0", "3.10", "2.14.1", ())
+        flash_attn_rule.flash_attn_rule(before, "13.2.0", "3.10", "2.14.1", ())
     assert "headers need C++20" in info.value.message
 
 

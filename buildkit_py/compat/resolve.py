@@ -18,7 +18,7 @@ from packaging.utils import canonicalize_name
 from packaging.version import Version
 
 from buildkit_py import compat
-from buildkit_py.compat import base_rule, cuda_wheels, image_rule, platforms, rules, wheel_contents
+from buildkit_py.compat import base_rule, cuda_wheels, flash_attn_rule, image_rule, platforms, rules, wheel_contents
 from buildkit_py.compat.bases import BaseFacts
 from buildkit_py.compat.codes import RecipeWarning
 from buildkit_py.compat.cuda_pins import cuda_pins_rule
@@ -271,12 +271,12 @@ def _all_of(problems: list[CompatibilityError]) -> CompatibilityError:
 
 
 def _pin_parts(recipe: Recipe, cuda: rules.CudaPart, py: rules.PythonPart, torch: rules.TorchPart,
-               archs: rules.ArchPart) -> tuple[rules.FlashAttnPart, tuple[RecipeWarning, ...]]:
+               archs: rules.ArchPart) -> tuple[flash_attn_rule.FlashAttnPart, tuple[RecipeWarning, ...]]:
     """The rules of the pip pins (flash-attn, bitsandbytes, CUDA library wheels, cuDNN against torch):
     each needs only CUDA, Python, torch and the architectures, so all run and every problem they find
     is raised together (a cuDNN clash, a flash-attn torch floor and a bitsandbytes one in one run)."""
     problems: list[CompatibilityError] = []
-    flash_attn = _attempt(problems, rules.flash_attn_rule, recipe, cuda.version, py.python, torch.version,
+    flash_attn = _attempt(problems, flash_attn_rule.flash_attn_rule, recipe, cuda.version, py.python, torch.version,
                           archs.requested)
     bnb_warnings = _attempt(problems, rules.bitsandbytes_rule, recipe, cuda.version, py.python, torch.version,
                             archs.requested)
@@ -313,6 +313,20 @@ def source_builds_rule(recipe: Recipe) -> None:
         raise _all_of(problems)
 
 
+def release_checks(recipe: Recipe, looked_up: rules.LookedUp | None = None) -> list[tuple[Any, tuple[Any, ...]]]:
+    """The checks that a pinned torch, flash-attn or bitsandbytes is a release the data knows, each
+    (function, extra args): they need nothing else decided, so resolve runs them beside the CUDA and
+    Python rules and reports every unknown pin at once."""
+    checks: list[tuple[Any, tuple[Any, ...]]] = []
+    if recipe.torch:
+        checks.append((rules.torch_release_rule, (looked_up,)))
+    for name, table, fits in (("flash-attn", compat.flash_attn_releases, flash_attn_rule._fa_fits),
+                              ("bitsandbytes", compat.bitsandbytes_releases, rules._bnb_fits)):
+        if (pin := rules._pin(recipe, name)) is not None:
+            checks.append((rules._known_release, (f"pip[{pin[0]}]", name, pin[1], table, fits)))
+    return checks
+
+
 def _independent_parts(recipe: Recipe, base: BaseFacts | None, looked_up: rules.LookedUp) -> tuple[
         rules.CudaPart, str | None, rules.PythonPart, rules.TorchPart, rules.ArchPart]:
     """CUDA, cuDNN, Python, torch and the architectures: each rule runs when what it needs was decided,
@@ -325,7 +339,7 @@ def _independent_parts(recipe: Recipe, base: BaseFacts | None, looked_up: rules.
     cuda = attempt(rules.cuda_rule, recipe, base)
     py = attempt(rules.python_rule, recipe, base)
     # every pin of a release the data lacks, not only the first (a list: all() would stop at one)
-    checks = rules.release_checks(recipe, looked_up)
+    checks = release_checks(recipe, looked_up)
     known = all([attempt(check, recipe, *extra) is not None for check, extra in checks])
     cudnn = attempt(rules.cudnn_rule, recipe, cuda.version) if cuda else None
     archs = attempt(rules.arch_rule, recipe, cuda.version) if cuda else None
