@@ -6,7 +6,7 @@ import pytest
 from helpers import write_recipe
 
 from buildkit_py import compat
-from buildkit_py.compat import base_rule, codes, flash_attn_rule, image_rule, rules
+from buildkit_py.compat import base_rule, bitsandbytes_rule, codes, flash_attn_rule, image_rule, rules
 from buildkit_py.compat.bases import BaseFacts
 from buildkit_py.errors import CompatibilityError
 from buildkit_py.recipe.model import load_recipe
@@ -121,13 +121,13 @@ def test_a_pin_refused_for_its_python_names_the_nearest_release_that_fits(tmp_pa
     r = recipe(tmp_path, base="image: ubuntu:22.04", python="3.9",
                extra='torch: "2.4.1"\npip: ["bitsandbytes==0.49.2"]')
     with pytest.raises(CompatibilityError) as info:
-        rules.bitsandbytes_rule(r, "12.4.1", "3.9", "2.4.1", ())
+        bitsandbytes_rule.bitsandbytes_rule(r, "12.4.1", "3.9", "2.4.1", ())
     assert (info.value.key, info.value.other) == ("pip[0]", "python")
     assert info.value.hint.startswith("use bitsandbytes==0.48.2 (the nearest release that fits CUDA 12.4, Python 3.9 "
                                       "and torch 2.4.1)"), info.value.hint
     fixed = recipe(tmp_path, base="image: ubuntu:22.04", python="3.9",
                    extra='torch: "2.4.1"\npip: ["bitsandbytes==0.48.2"]')
-    assert rules.bitsandbytes_rule(fixed, "12.4.1", "3.9", "2.4.1", ()) == ()
+    assert bitsandbytes_rule.bitsandbytes_rule(fixed, "12.4.1", "3.9", "2.4.1", ()) == ()
 
     fa = recipe(tmp_path, base="image: ubuntu:22.04", python="3.8", extra='torch: "2.4.1"\npip: ["flash-attn==2.8.3"]')
     with pytest.raises(CompatibilityError) as info:
@@ -249,9 +249,9 @@ def test_a_bitsandbytes_without_the_cudas_library_is_hinted_the_nearest_release_
     release that does and fits Python and torch, and that release passes the rule."""
     r = recipe(tmp_path, python="3.11", extra='torch: "2.4.1"\npip: ["bitsandbytes==0.41.0"]')
     with pytest.raises(CompatibilityError) as info:
-        rules.bitsandbytes_rule(r, "12.4.1", "3.11", "2.4.1", ())
+        bitsandbytes_rule.bitsandbytes_rule(r, "12.4.1", "3.11", "2.4.1", ())
     assert info.value.other == "cuda" and info.value.hint.startswith("use bitsandbytes=="), info.value.hint
     nearest = info.value.hint.split("==", 1)[1].split()[0]
     assert info.value.hint.endswith(" (the nearest release that fits CUDA 12.4, Python 3.11 and torch 2.4.1)")
     fixed = recipe(tmp_path, python="3.11", extra=f'torch: "2.4.1"\npip: ["bitsandbytes=={nearest}"]')
-    assert rules.bitsandbytes_rule(fixed, "12.4.1", "3.11", "2.4.1", ()) == ()
+    assert bitsandbytes_rule.bitsandbytes_rule(fixed, "12.4.1", "3.11", "2.4.1", ()) == ()

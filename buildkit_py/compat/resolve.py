@@ -18,7 +18,16 @@ from packaging.utils import canonicalize_name
 from packaging.version import Version
 
 from buildkit_py import compat
-from buildkit_py.compat import base_rule, cuda_wheels, flash_attn_rule, image_rule, platforms, rules, wheel_contents
+from buildkit_py.compat import (
+    base_rule,
+    bitsandbytes_rule,
+    cuda_wheels,
+    flash_attn_rule,
+    image_rule,
+    platforms,
+    rules,
+    wheel_contents,
+)
 from buildkit_py.compat.bases import BaseFacts
 from buildkit_py.compat.codes import RecipeWarning
 from buildkit_py.compat.cuda_pins import cuda_pins_rule
@@ -278,8 +287,8 @@ def _pin_parts(recipe: Recipe, cuda: rules.CudaPart, py: rules.PythonPart, torch
     problems: list[CompatibilityError] = []
     flash_attn = _attempt(problems, flash_attn_rule.flash_attn_rule, recipe, cuda.version, py.python, torch.version,
                           archs.requested)
-    bnb_warnings = _attempt(problems, rules.bitsandbytes_rule, recipe, cuda.version, py.python, torch.version,
-                            archs.requested)
+    bnb_warnings = _attempt(problems, bitsandbytes_rule.bitsandbytes_rule, recipe, cuda.version, py.python,
+                            torch.version, archs.requested)
     _attempt(problems, cuda_pins_rule, recipe, cuda.version, torch)
     _attempt(problems, cudnn_pins_rule, recipe, torch)
     _attempt(problems, source_builds_rule, recipe)
@@ -321,7 +330,7 @@ def release_checks(recipe: Recipe, looked_up: rules.LookedUp | None = None) -> l
     if recipe.torch:
         checks.append((rules.torch_release_rule, (looked_up,)))
     for name, table, fits in (("flash-attn", compat.flash_attn_releases, flash_attn_rule._fa_fits),
-                              ("bitsandbytes", compat.bitsandbytes_releases, rules._bnb_fits)):
+                              ("bitsandbytes", compat.bitsandbytes_releases, bitsandbytes_rule._bnb_fits)):
         if (pin := rules._pin(recipe, name)) is not None:
             checks.append((rules._known_release, (f"pip[{pin[0]}]", name, pin[1], table, fits)))
     return checks

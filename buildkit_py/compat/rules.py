@@ -10,7 +10,8 @@ decides nothing, and raises CompatibilityError at the recipe key that clashes:
 4. ``torch_rule``        the torch build for that CUDA and Python, and where it comes from
 5. ``arch_rule``         build.cuda_arch against what nvcc targets
 6. ``flash_attn_rule``   a flash-attn pin: a release wheel, or a source build (in ``flash_attn_rule``)
-7. ``bitsandbytes_rule`` a bitsandbytes pin against CUDA, Python, torch and the architectures
+7. ``bitsandbytes_rule`` a bitsandbytes pin against CUDA, Python, torch and the architectures (in
+                         ``bitsandbytes_rule``)
 8. ``images_rule``       the final stage's FROM and the compile stage's (in ``image_rule``)
 9. ``flavor_rule``       flavor and runtime_compile against what the recipe compiles
 10. ``base_rule``        a base read from its registry: checked, then pinned by digest (in ``base_rule``)
@@ -40,7 +41,7 @@ from buildkit_py.compat.floors import DriverFloor
 from buildkit_py.compat.platforms import PinFiles
 from buildkit_py.compat.tables import Toolkit, WheelSet
 from buildkit_py.compat.torch_data import TorchRelease
-from buildkit_py.compat.wheel_contents import WheelContents, model
+from buildkit_py.compat.wheel_contents import WheelContents
 from buildkit_py.errors import CompatibilityError, RecipeLocation
 from buildkit_py.recipe.model import CudaFlavor, CudaSource, Recipe, pin_name
 from buildkit_py.reference import is_registry_host
@@ -644,7 +645,6 @@ def _torch_fits(recipe: Recipe) -> list[str]:
     return [r.version for r in compat.torch_releases() if wanted in r.variants and recipe.python in r.python]
 
 
-
 def _known_release(recipe: Recipe, key: str, name: str, version: str,
                    table: Callable[[], Sequence[FlashAttnRelease | BnbRelease]], fits: FitsFn) -> str:
     known = [r.version for r in table()]
@@ -734,96 +734,6 @@ def arch_rule(recipe: Recipe, cuda: str) -> ArchPart:
                         f"nvcc {_mm(cuda)} targets {', '.join(supported)}",
                         hint="drop that architecture or pick a CUDA that supports it")
     return ArchPart(archs, supported)
-
-
-# ----------------------------------------------------------------------------- 7. bitsandbytes
-def bitsandbytes_rule(recipe: Recipe, cuda: str, python: str, torch: str | None, archs: tuple[str, ...]) -> Warnings:
-    """A bitsandbytes pin must ship binaries for the CUDA, accept the Python and torch, and
-    have kernels for every architecture; LLM.int8() needs a newer GPU than the rest."""
-    bnb = _pin(recipe, "bitsandbytes")
-    if not bnb:
-        return ()
-    i, version = bnb
-    rel = _check_bitsandbytes(recipe, f"pip[{i}]", version, cuda, python, torch)
-    warnings = []
-    for j, arch in enumerate(archs):
-        cc = compat.arch_base(arch)
-        if rel.min_compute_capability and Version(cc) < Version(rel.min_compute_capability):
-            raise _fail(recipe, f"build.cuda_arch[{j}]", "bitsandbytes", version, "cuda_arch", arch,
-                        f"bitsandbytes {version}'s PyPI wheel has kernels for compute capability "
-                        f"{rel.min_compute_capability} and newer",
-                        hint=f"drop {arch}" + (" or build bitsandbytes from source"
-                                               if model().has_sdist("bitsandbytes", version) is not False
-                                               else f" (bitsandbytes {version} has no sdist to build from)"))
-        # below the LLM.int8() floor (cuBLASLt's, 7.5) the loader opens the _nocublaslt library
-        below_lt = rel.int8_compute_capability and Version(cc) < Version(rel.int8_compute_capability)
-        if rel.cuda_nocublaslt is not None and below_lt and not _cuda_in(rel.cuda_nocublaslt, cuda):
-            raise _fail(recipe, f"build.cuda_arch[{j}]", "bitsandbytes", version, "cuda_arch", arch,
-                        f"bitsandbytes {version} loads libbitsandbytes_cuda{_mm(cuda).replace('.', '')}_nocublaslt.so "
-                        f"below compute capability {rel.int8_compute_capability}, and its wheel has that library "
-                        "only for CUDA "
-                        f"{_describe(rel.cuda_nocublaslt)}",
-                        hint=_bnb_hint(cuda, python, torch))
-        if rel.int8_compute_capability and Version(cc) < Version(rel.int8_compute_capability):
-            warnings.append(RecipeWarning(
-                codes.BNB_INT8_ARCH, f"build.cuda_arch[{j}]",
-                f"bitsandbytes: LLM.int8() needs compute capability {rel.int8_compute_capability}+; "
-                f"on {arch} only 8-bit optimizers and NF4/FP4 quantization work"))
-    return tuple(warnings)
-
-
-def _check_bitsandbytes(recipe: Recipe, key: str, version: str, cuda: str, python: str,
-                        torch: str | None) -> BnbRelease:
-    try:
-        rel = compat.bitsandbytes_release(version)
-    except LookupError:
-        raise _unknown_release(recipe, key, "bitsandbytes", version,
-                               [r.version for r in compat.bitsandbytes_releases()], _bnb_fits) from None
-    if rel.partial:
-        raise _fail(recipe, key, "bitsandbytes", version, "imgbuild's bitsandbytes table", compat.data_as_of(),
-                    f"bitsandbytes {version} is known only in part: {rel.partial}", hint=_bnb_hint(cuda, python, torch),
-                    partial=True)
-    if not _cuda_in(rel.cuda, cuda):
-        raise _fail(recipe, key, "bitsandbytes", version, "cuda", cuda,
-                    f"bitsandbytes {version} ships CUDA binaries for {_describe(rel.cuda)}",
-                    hint=_bnb_nearest_hint(version, cuda, python, torch) or
-                    f"use a CUDA it ships binaries for ({_describe(rel.cuda)}); no bitsandbytes release imgbuild "
-                    f"knows fits {_fitting(cuda, python, torch)}")
-    if python not in rel.python:
-        raise _fail(recipe, key, "bitsandbytes", version, "python", python,
-                    f"bitsandbytes {version} supports Python {rel.python}",
-                    hint=_bnb_nearest_hint(version, cuda, python, torch) or f"use a Python in {rel.python}")
-    if torch and rel.torch and torch not in rel.torch:
-        fits = _bnb_fits(cuda, python, torch)
-        raise _fail(recipe, key, "bitsandbytes", version, "torch", torch,
-                    f"bitsandbytes {version} requires torch {rel.torch}",
-                    hint=(f"use bitsandbytes=={fits[-1]} (the newest that accepts torch {torch})"
-                          if fits else f"use a torch in {rel.torch}"))
-    return rel
-
-
-def _bnb_fits(cuda: str, python: str, torch: str | None) -> list[str]:
-    """The fully recorded bitsandbytes releases that accept this CUDA, Python and torch, ascending."""
-    return [r.version for r in compat.bitsandbytes_releases() if not r.partial and _cuda_in(r.cuda, cuda)
-            and python in r.python and (not torch or torch in r.torch)]
-
-
-def _bnb_nearest_hint(version: str, cuda: str, python: str, torch: str | None) -> str | None:
-    """The fully recorded bitsandbytes release nearest the pin that fits CUDA, Python and torch (None: none)."""
-    fits = _bnb_fits(cuda, python, torch)
-    if not fits:
-        return None
-    return (f"use bitsandbytes=={compat.nearest_versions(version, fits, n=1)[0]} (the nearest release that fits "
-            f"{_fitting(cuda, python, torch)})")
-
-
-def _bnb_hint(cuda: str, python: str, torch: str | None) -> str:
-    fits = _bnb_fits(cuda, python, torch)
-    if fits:
-        return f"use bitsandbytes=={fits[-1]} (the newest that fits CUDA {_mm(cuda)}" + \
-            (f" and torch {torch})" if torch else ")")
-    return _newest_hint("bitsandbytes", [r.version for r in compat.bitsandbytes_releases() if not r.partial],
-                        _fitting(cuda, python, torch))
 
 
 # ----------------------------------------------------------------------------- 9. flavor
