@@ -59,6 +59,7 @@ def bitsandbytes_rule(recipe: Recipe, cuda: str, python: str, torch: str | None,
                 f"on {arch} only 8-bit optimizers and NF4/FP4 quantization work"))
     return tuple(warnings)
 
+
 def _check_bitsandbytes(recipe: Recipe, key: str, version: str, cuda: str, python: str,
                         torch: str | None) -> BnbRelease:
     try:
@@ -88,10 +89,12 @@ def _check_bitsandbytes(recipe: Recipe, key: str, version: str, cuda: str, pytho
                           if fits else f"use a torch in {rel.torch}"))
     return rel
 
+
 def _bnb_fits(cuda: str, python: str, torch: str | None) -> list[str]:
     """The fully recorded bitsandbytes releases that accept this CUDA, Python and torch, ascending."""
     return [r.version for r in compat.bitsandbytes_releases() if not r.partial and _cuda_in(r.cuda, cuda)
             and python in r.python and (not torch or torch in r.torch)]
+
 
 def _bnb_nearest_hint(version: str, cuda: str, python: str, torch: str | None) -> str | None:
     """The fully recorded bitsandbytes release nearest the pin that fits CUDA, Python and torch (None: none)."""
@@ -100,6 +103,7 @@ def _bnb_nearest_hint(version: str, cuda: str, python: str, torch: str | None) -
         return None
     return (f"use bitsandbytes=={compat.nearest_versions(version, fits, n=1)[0]} (the nearest release that fits "
             f"{_fitting(cuda, python, torch)})")
+
 
 def _bnb_hint(cuda: str, python: str, torch: str | None) -> str:
     fits = _bnb_fits(cuda, python, torch)

@@ -28,6 +28,7 @@ class FlashAttnPart:
     compile: frozenset[str] = frozenset()  # {"flash-attn"} when it builds from source
     prebuilt: tuple[tuple[str, str], ...] = ()  # (package, wheel URL) taken instead of building
 
+
 def flash_attn_wheel_url(fa_version: str, wheel_cuda: str, torch_mm: str, python: str, torch_version: str) -> str:
     """The GitHub release wheel flash-attn's own setup.py would fetch for this combination."""
     abi = "TRUE" if torch_cxx11_abi(torch_version) else "FALSE"
@@ -61,6 +62,7 @@ def flash_attn_rule(recipe: Recipe, cuda: str, python: str, torch: str | None, a
     url = flash_attn_wheel_url(version, wheel.cuda, _mm(torch_version), python, torch_version)
     return FlashAttnPart(prebuilt=(("flash-attn", url),))
 
+
 def _fa_fits(cuda: str, python: str, torch: str | None) -> list[str]:
     """The fully recorded flash-attn releases that accept this CUDA, Python and torch, ascending; with
     torch, only those that install here: a release wheel for the combination, or a source build whose
@@ -76,6 +78,7 @@ def _fa_fits(cuda: str, python: str, torch: str | None) -> list[str]:
         out.append(r.version)
     return out
 
+
 def _flash_attn_fit_hint(version: str, cuda: str, python: str, torch: str, wants: str) -> str:
     """The fully recorded flash-attn release nearest the pin that fits the rest of the recipe (not the
     newest, never one that clashes with torch, CUDA or Python); none: keep the pin, move the other side."""
@@ -86,6 +89,7 @@ def _flash_attn_fit_hint(version: str, cuda: str, python: str, torch: str, wants
     nearest = compat.nearest_versions(version, fits, n=1)[0]
     return f"use flash-attn=={nearest} (the nearest release that fits torch {torch}, CUDA {_mm(cuda)} and " \
            f"Python {python})"
+
 
 def _check_flash_attn(recipe: Recipe, key: str, version: str, cuda: str, python: str,
                       torch: str | None) -> FlashAttnRelease:
@@ -120,6 +124,7 @@ def _check_flash_attn(recipe: Recipe, key: str, version: str, cuda: str, python:
                     f"flash-attn {version} supports Python {rel.python}",
                     hint=_flash_attn_fit_hint(version, cuda, python, torch, f"a Python in {rel.python}"))
     return rel
+
 
 def _check_flash_attn_source_build(recipe: Recipe, key: str, rel: FlashAttnRelease, cuda: str, python: str,
                                    torch: str, archs: tuple[str, ...]) -> None:
