@@ -6,7 +6,7 @@ import pytest
 from helpers import write_recipe
 
 from buildkit_py import compat
-from buildkit_py.compat import base_rule, bitsandbytes_rule, codes, flash_attn_rule, image_rule, rules
+from buildkit_py.compat import base_rule, bitsandbytes_rule, codes, flash_attn_rule, image_rule, rules, torch_rule
 from buildkit_py.compat.bases import BaseFacts
 from buildkit_py.errors import CompatibilityError
 from buildkit_py.recipe.model import load_recipe
@@ -45,10 +45,10 @@ def test_python_rule_names_the_provider(tmp_path):
 
 def test_torch_rule_part_and_its_warning(tmp_path):
     r = recipe(tmp_path, source="nvidia", base="os: ubuntu22.04", python="3.10", extra='torch: "2.4.1"')
-    part = rules.torch_rule(r, "12.4.1", "3.10")
+    part = torch_rule.torch_rule(r, "12.4.1", "3.10")
     assert (part.version, part.variant, part.label) == ("2.4.1", "cu124", "2.4.1+cu124")
     assert [(w.code, w.key) for w in part.warnings] == [(codes.CUDA_TWICE, "torch")]
-    assert rules.torch_rule(recipe(tmp_path), "12.4.1", "3.11") == rules.TorchPart()
+    assert torch_rule.torch_rule(recipe(tmp_path), "12.4.1", "3.11") == torch_rule.TorchPart()
 
 
 def test_arch_rule_defaults_only_when_something_compiles(tmp_path):
@@ -69,7 +69,7 @@ def test_flavor_rule_is_warnings_only(tmp_path):
 
 def test_base_rule_pins_warns_or_refuses(tmp_path):
     r = recipe(tmp_path, base="image: r.example.com/base:1")
-    torch = rules.TorchPart()
+    torch = torch_rule.TorchPart()
     assert base_rule.base_rule(r, None, "12.4.1", torch, "r.example.com/base:1") == base_rule.BasePart(
         "r.example.com/base:1", None)
     read = BaseFacts("r.example.com/base:1", "sha256:" + "a" * 64, {"io.imgbuild.cuda.version": "12.4.1"})
@@ -161,14 +161,14 @@ def test_a_torch_cuda_hint_names_a_cuda_nvidia_has_an_image_of_for_the_os(tmp_pa
     r = recipe(tmp_path, source="nvidia", flavor="base", base="os: ubuntu24.04", python="3.12",
                extra='torch: "2.5.1"')
     with pytest.raises(CompatibilityError) as info:
-        rules.torch_rule(r, "13.1.1", "3.12")
+        torch_rule.torch_rule(r, "13.1.1", "3.12")
     # cu118, cu121, cu124: none has an image on 24.04, and no torch has cu131
     assert info.value.hint.startswith('use cuda: "12.4" on ubuntu22.04 (the nearest CUDA torch 2.5.1 has a build '
                                       "for; nvidia/cuda has no base image of it on ubuntu24.04)"), info.value.hint
     r = recipe(tmp_path, source="nvidia", flavor="runtime", base="os: ubuntu24.04", python="3.12",
                extra='torch: "2.6.0"')
     with pytest.raises(CompatibilityError) as info:
-        rules.torch_rule(r, "12.3.2", "3.12")  # cu123: none; cu124 is nearer, but not on 24.04
+        torch_rule.torch_rule(r, "12.3.2", "3.12")  # cu123: none; cu124 is nearer, but not on 24.04
     assert info.value.hint.startswith("use cuda 12.6 (the nearest CUDA torch 2.6.0 has a build for and nvidia/cuda "
                                       "has a runtime image on ubuntu24.04 for)"), info.value.hint
     assert compat.image_release("12.6", "runtime", None, "ubuntu24.04")
@@ -181,17 +181,17 @@ def test_an_unknown_torch_or_cuda_is_hinted_a_release_that_fits_the_rest(tmp_pat
     r = recipe(tmp_path, base="image: ubuntu:22.04", python="3.11", extra='torch: "2.15.1"')
     r = dataclasses.replace(r, cuda=dataclasses.replace(r.cuda, version="13.0"))
     with pytest.raises(CompatibilityError) as info:
-        rules.torch_release_rule(r, rules.LookedUp(offline=True))
+        torch_rule.torch_release_rule(r, rules.LookedUp(offline=True))
     assert info.value.hint.endswith("or use torch 2.14.1 (the newest imgbuild knows with a cu130 build for "
                                     "Python 3.11)"), info.value.hint
     assert "cu130" in compat.torch_release("2.14.1").variants
     typo = dataclasses.replace(r, torch="2.12.7")
     with pytest.raises(CompatibilityError) as info:
-        rules.torch_release_rule(typo, rules.LookedUp(offline=True))
+        torch_rule.torch_release_rule(typo, rules.LookedUp(offline=True))
     assert info.value.hint.startswith("use torch 2.12.1 (the nearest release with a cu130 build for Python 3.11)")
     beyond = dataclasses.replace(r, cuda=dataclasses.replace(r.cuda, version="12.0"))  # no torch has cu120
     with pytest.raises(CompatibilityError) as info:
-        rules.torch_release_rule(beyond, rules.LookedUp(offline=True))
+        torch_rule.torch_release_rule(beyond, rules.LookedUp(offline=True))
     assert info.value.hint.endswith("; no torch release imgbuild knows has a cu120 build for Python 3.11 (change "
                                     "cuda.version or python too)"), info.value.hint
 
@@ -230,16 +230,16 @@ def test_a_torch_refused_for_the_python_names_a_python_the_os_has_or_a_torch_tha
     the OS provides (Debian: its own; Ubuntu: deadsnakes), or the nearest torch with a build for the Python."""
     r = recipe(tmp_path, base="image: ubuntu:22.04", python="3.13", extra='torch: "2.4.1"')
     with pytest.raises(CompatibilityError) as info:
-        rules.torch_rule(r, "12.4.1", "3.13")
+        torch_rule.torch_rule(r, "12.4.1", "3.13")
     assert info.value.hint == ('use python: "3.12" (the nearest Python torch 2.4.1 has wheels for that ubuntu22.04 '
                                "provides) or torch 2.5.0 (the nearest release with a cu124 build for Python 3.13)")
-    rules.torch_rule(recipe(tmp_path, base="image: ubuntu:22.04", python="3.12", extra='torch: "2.4.1"'),
+    torch_rule.torch_rule(recipe(tmp_path, base="image: ubuntu:22.04", python="3.12", extra='torch: "2.4.1"'),
                      "12.4.1", "3.12")
-    rules.torch_rule(recipe(tmp_path, base="image: ubuntu:22.04", python="3.13", extra='torch: "2.5.0"'),
+    torch_rule.torch_rule(recipe(tmp_path, base="image: ubuntu:22.04", python="3.13", extra='torch: "2.5.0"'),
                      "12.4.1", "3.13")
     debian = recipe(tmp_path, base="image: debian:trixie-slim", python="3.13", extra='torch: "2.4.1"')
     with pytest.raises(CompatibilityError) as info:
-        rules.torch_rule(debian, "12.4.1", "3.13")
+        torch_rule.torch_rule(debian, "12.4.1", "3.13")
     assert info.value.hint == "use torch 2.5.0 (the nearest release with a cu124 build for Python 3.13)"
 
 

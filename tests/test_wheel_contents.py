@@ -184,7 +184,7 @@ def test_a_torch_variant_the_data_does_not_record_is_not_claimed_to_bundle():
 ])
 def test_torchs_cudnn_is_read_from_its_wheel(version, variant, major, exact):
     from buildkit_py.compat.cudnn_source import _from_torch_wheel
-    from buildkit_py.compat.rules import TorchPart
+    from buildkit_py.compat.torch_rule import TorchPart
 
     release = compat.torch_release(version)
     part = TorchPart(version=version, variant=variant, release=release)

@@ -7,7 +7,8 @@ from dataclasses import dataclass
 
 from buildkit_py import label_keys as K
 from buildkit_py.compat.bases import BaseFacts
-from buildkit_py.compat.rules import TorchPart, Warnings, _fail
+from buildkit_py.compat.rules import Warnings, _fail
+from buildkit_py.compat.torch_rule import TorchPart
 from buildkit_py.recipe.model import CudaFlavor, Recipe
 from buildkit_py.versions import major_minor as _mm  # short: it sits in many messages
 

@@ -11,9 +11,10 @@ from buildkit_py import compat
 from buildkit_py import label_keys as K
 from buildkit_py.compat import torch_pins
 from buildkit_py.compat.bases import BaseFacts
-from buildkit_py.compat.rules import TorchPart, _fail, _gap
+from buildkit_py.compat.rules import _fail, _gap
 from buildkit_py.compat.tables import WheelSet
 from buildkit_py.compat.torch_data import TorchRelease
+from buildkit_py.compat.torch_rule import TorchPart
 from buildkit_py.recipe.model import CudaSource, Recipe
 from buildkit_py.versions import major_minor as _mm  # short: it sits in many messages
 

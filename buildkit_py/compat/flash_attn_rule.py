@@ -17,8 +17,8 @@ from buildkit_py.compat.rules import (
     _newest_hint,
     _pin,
     _unknown_release,
-    torch_cxx11_abi,
 )
+from buildkit_py.compat.torch_rule import torch_cxx11_abi
 from buildkit_py.recipe.model import Recipe
 from buildkit_py.versions import major_minor as _mm  # short: it sits in many messages
 

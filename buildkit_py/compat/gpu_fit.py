@@ -297,7 +297,7 @@ def _flash_attn(version: str, res: Resolution) -> PackageKernels:
     """flash-attn's kernels follow from its setup.py's gencode list (flash_attn.json): what the
     nvcc of its release wheel's build compiled, or, built here, what the build's nvcc compiles
     of what FLASH_ATTN_CUDA_ARCHS asks for (every gencode where the build does not set it)."""
-    from buildkit_py.compat.rules import torch_cxx11_abi  # noqa: PLC0415  # rules imports this module's callers
+    from buildkit_py.compat.torch_rule import torch_cxx11_abi  # noqa: PLC0415  # rules imports this module's callers
 
     try:
         rel = flash_attn.flash_attn_release(version)

@@ -26,6 +26,7 @@ from buildkit_py.compat import (
     image_rule,
     platforms,
     rules,
+    torch_rule,
     wheel_contents,
 )
 from buildkit_py.compat.bases import BaseFacts
@@ -179,7 +180,7 @@ def resolve(recipe: Recipe, base: BaseFacts | None = None, looked_up: rules.Look
     return replace(res, warnings=res.warnings + gpu_warnings)
 
 
-def _image_cuda(recipe: Recipe, torch: rules.TorchPart, cuda_wheels: tuple[str, ...], base: BaseFacts | None,
+def _image_cuda(recipe: Recipe, torch: torch_rule.TorchPart, cuda_wheels: tuple[str, ...], base: BaseFacts | None,
                 python: str, read_live: tuple[wheel_contents.WheelContents, ...] = ()) -> wheel_contents.ImageCuda:
     """The image's CUDA libraries from the content model, and the rule over them: a ``source: wheels``
     image must get a CUDA runtime any package can load (a large torch wheel keeps its own in torch/lib,
@@ -279,7 +280,7 @@ def _all_of(problems: list[CompatibilityError]) -> CompatibilityError:
     return flat[0] if len(flat) == 1 else CompatibilityErrors(flat)
 
 
-def _pin_parts(recipe: Recipe, cuda: rules.CudaPart, py: rules.PythonPart, torch: rules.TorchPart,
+def _pin_parts(recipe: Recipe, cuda: rules.CudaPart, py: rules.PythonPart, torch: torch_rule.TorchPart,
                archs: rules.ArchPart) -> tuple[flash_attn_rule.FlashAttnPart, tuple[RecipeWarning, ...]]:
     """The rules of the pip pins (flash-attn, bitsandbytes, CUDA library wheels, cuDNN against torch):
     each needs only CUDA, Python, torch and the architectures, so all run and every problem they find
@@ -328,7 +329,7 @@ def release_checks(recipe: Recipe, looked_up: rules.LookedUp | None = None) -> l
     Python rules and reports every unknown pin at once."""
     checks: list[tuple[Any, tuple[Any, ...]]] = []
     if recipe.torch:
-        checks.append((rules.torch_release_rule, (looked_up,)))
+        checks.append((torch_rule.torch_release_rule, (looked_up,)))
     for name, table, fits in (("flash-attn", compat.flash_attn_releases, flash_attn_rule._fa_fits),
                               ("bitsandbytes", compat.bitsandbytes_releases, bitsandbytes_rule._bnb_fits)):
         if (pin := rules._pin(recipe, name)) is not None:
@@ -337,7 +338,7 @@ def release_checks(recipe: Recipe, looked_up: rules.LookedUp | None = None) -> l
 
 
 def _independent_parts(recipe: Recipe, base: BaseFacts | None, looked_up: rules.LookedUp) -> tuple[
-        rules.CudaPart, str | None, rules.PythonPart, rules.TorchPart, rules.ArchPart]:
+        rules.CudaPart, str | None, rules.PythonPart, torch_rule.TorchPart, rules.ArchPart]:
     """CUDA, cuDNN, Python, torch and the architectures: each rule runs when what it needs was decided,
     and every problem found is raised together (CompatibilityErrors), not the first one alone."""
     problems: list[CompatibilityError] = []
@@ -354,7 +355,7 @@ def _independent_parts(recipe: Recipe, base: BaseFacts | None, looked_up: rules.
     archs = attempt(rules.arch_rule, recipe, cuda.version) if cuda else None
     torch = None
     if cuda and py and known and not problems:
-        torch = attempt(rules.torch_rule, recipe, cuda.version, py.python, looked_up)
+        torch = attempt(torch_rule.torch_rule, recipe, cuda.version, py.python, looked_up)
     if problems:
         raise _all_of(problems)
     # no problem: every rule ran and gave its part (cudnn alone may be None: no cuDNN asked for)
