@@ -93,14 +93,14 @@ class ImagesStatus:
 
     @classmethod
     def on(cls, today: datetime.date) -> ImagesStatus:
-        from buildkit_py.compat import tables
+        from buildkit_py.compat import images
 
-        releases = tables.image_releases()
+        releases = images.image_releases()
         eols = tuple(ImageEndOfLife(i.cuda, str(i.end_of_life.date), i.end_of_life.basis,
                                     str(i.end_of_life.deletion) if i.end_of_life.deletion else None,
                                     today >= i.end_of_life.date)
                      for i in releases if i.end_of_life is not None)
-        return cls(str(today), len(releases), tables.image_support_policy().get("summary"), eols,
+        return cls(str(today), len(releases), images.image_support_policy().get("summary"), eols,
                    tuple(i.cuda for i in releases if i.end_of_life_unknown),
                    tuple(i.cuda for i in releases if i.end_of_life is None and not i.end_of_life_unknown))
 
