@@ -6,7 +6,16 @@ import pytest
 from helpers import write_recipe
 
 from buildkit_py import compat
-from buildkit_py.compat import base_rule, bitsandbytes_rule, codes, flash_attn_rule, image_rule, rules, torch_rule
+from buildkit_py.compat import (
+    base_rule,
+    bitsandbytes_rule,
+    codes,
+    cuda_rule,
+    flash_attn_rule,
+    image_rule,
+    rules,
+    torch_rule,
+)
 from buildkit_py.compat.bases import BaseFacts
 from buildkit_py.errors import CompatibilityError
 from buildkit_py.recipe.model import load_recipe
@@ -26,9 +35,9 @@ def recipe(tmp_path, source="wheels", flavor="runtime", base="image: debian:book
 
 
 def test_cuda_rule_takes_the_toolkit_of_the_wheels(tmp_path):
-    part = rules.cuda_rule(recipe(tmp_path), None)
+    part = cuda_rule.cuda_rule(recipe(tmp_path), None)
     assert part.version == "12.4.1" and part.wheel_set is not None and part.floor.minor_compat == "525.60.13"
-    with_torch = rules.cuda_rule(recipe(tmp_path, extra='torch: "2.4.1"'), None)
+    with_torch = cuda_rule.cuda_rule(recipe(tmp_path, extra='torch: "2.4.1"'), None)
     # torch pins its own CUDA wheels and the toolkit is the recipe's; the wheel set serves the rest of the tier
     assert with_torch.version == "12.4.1" and with_torch.wheel_set.toolkit == "12.4.1"
 
@@ -198,7 +207,7 @@ def test_an_unknown_torch_or_cuda_is_hinted_a_release_that_fits_the_rest(tmp_pat
     nv = recipe(tmp_path, source="nvidia", flavor="runtime", base="os: ubuntu22.04", python="3.10")
     nv = dataclasses.replace(nv, cuda=dataclasses.replace(nv.cuda, version="13.6"))
     with pytest.raises(CompatibilityError) as info:
-        rules.cuda_rule(nv, None)
+        cuda_rule.cuda_rule(nv, None)
     nearest = info.value.hint.split('"')[1]
     assert info.value.hint == (f'use a released CUDA toolkit, e.g. "{nearest}" (the nearest with an nvidia/cuda '
                                "runtime image on ubuntu22.04)")

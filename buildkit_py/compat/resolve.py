@@ -21,6 +21,7 @@ from buildkit_py import compat
 from buildkit_py.compat import (
     base_rule,
     bitsandbytes_rule,
+    cuda_rule,
     cuda_wheels,
     flash_attn_rule,
     image_rule,
@@ -157,7 +158,7 @@ def resolve(recipe: Recipe, base: BaseFacts | None = None, looked_up: rules.Look
         os=py.os,
         base_image=pinned.base_image,
         builder_image=images.builder_image,
-        require_cuda=rules.require_cuda(recipe, cuda.version, cuda.floor.minor_compat),
+        require_cuda=cuda_rule.require_cuda(recipe, cuda.version, cuda.floor.minor_compat),
         torch=torch.version,
         torch_variant=torch.variant,
         torch_index_url=torch.index_url,
@@ -280,7 +281,7 @@ def _all_of(problems: list[CompatibilityError]) -> CompatibilityError:
     return flat[0] if len(flat) == 1 else CompatibilityErrors(flat)
 
 
-def _pin_parts(recipe: Recipe, cuda: rules.CudaPart, py: rules.PythonPart, torch: torch_rule.TorchPart,
+def _pin_parts(recipe: Recipe, cuda: cuda_rule.CudaPart, py: rules.PythonPart, torch: torch_rule.TorchPart,
                archs: rules.ArchPart) -> tuple[flash_attn_rule.FlashAttnPart, tuple[RecipeWarning, ...]]:
     """The rules of the pip pins (flash-attn, bitsandbytes, CUDA library wheels, cuDNN against torch):
     each needs only CUDA, Python, torch and the architectures, so all run and every problem they find
@@ -338,7 +339,7 @@ def release_checks(recipe: Recipe, looked_up: rules.LookedUp | None = None) -> l
 
 
 def _independent_parts(recipe: Recipe, base: BaseFacts | None, looked_up: rules.LookedUp) -> tuple[
-        rules.CudaPart, str | None, rules.PythonPart, torch_rule.TorchPart, rules.ArchPart]:
+        cuda_rule.CudaPart, str | None, rules.PythonPart, torch_rule.TorchPart, rules.ArchPart]:
     """CUDA, cuDNN, Python, torch and the architectures: each rule runs when what it needs was decided,
     and every problem found is raised together (CompatibilityErrors), not the first one alone."""
     problems: list[CompatibilityError] = []
@@ -346,7 +347,7 @@ def _independent_parts(recipe: Recipe, base: BaseFacts | None, looked_up: rules.
     def attempt(rule: Callable[..., _T], *args: Any) -> _T | None:
         return _attempt(problems, rule, *args)
 
-    cuda = attempt(rules.cuda_rule, recipe, base)
+    cuda = attempt(cuda_rule.cuda_rule, recipe, base)
     py = attempt(rules.python_rule, recipe, base)
     # every pin of a release the data lacks, not only the first (a list: all() would stop at one)
     checks = release_checks(recipe, looked_up)
