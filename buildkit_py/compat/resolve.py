@@ -1,9 +1,9 @@
 """Recipe pins -> a ``Resolution``: what fits together, or a CompatibilityError that says why not.
 
-``resolve`` composes the rules of ``compat.rules`` (one per component: CUDA, cuDNN, OS and
+``resolve`` composes the rules listed in ``compat.rules`` (one per component: CUDA, cuDNN, OS and
 Python, torch, architectures, flash-attn, bitsandbytes, images, flavor, the base's facts, CUDA
-wheels) in order and gathers their warnings; the version knowledge comes from the sourced
-tables in ``compat``.
+wheels; each family in its subject's module) in order and gathers their warnings; the version
+knowledge comes from the sourced tables in ``compat``.
 """
 
 from __future__ import annotations

@@ -17,8 +17,10 @@ decides nothing, and raises CompatibilityError at the recipe key that clashes:
 10. ``base_rule``        a base read from its registry: checked, then pinned by digest (in ``base_rule``)
 11. ``cuda_wheels_rule`` the nvidia-* wheels the final stage installs (in ``cuda_wheels``)
 
-Only rules live here; the version knowledge comes from the sourced tables in ``compat``. A
-new rule goes here, as one more function with its own part, and is called from ``resolve``.
+A family with data of its own lives in a module beside that data (the ones marked "in"); this one
+keeps the small rules and the helpers they all share. The version knowledge comes from the sourced
+tables in ``compat``. A new rule goes in its subject's module, as one more function with its own
+part, and is called from ``resolve``.
 """
 
 from __future__ import annotations
