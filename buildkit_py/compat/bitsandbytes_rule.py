@@ -18,7 +18,7 @@ from buildkit_py.compat.rules import (
     _fitting,
     _newest_hint,
     _pin,
-    _unknown_release,
+    _pinned_release,
 )
 from buildkit_py.compat.wheel_contents import model
 from buildkit_py.recipe.model import Recipe
@@ -62,11 +62,8 @@ def bitsandbytes_rule(recipe: Recipe, cuda: str, python: str, torch: str | None,
 
 def _check_bitsandbytes(recipe: Recipe, key: str, version: str, cuda: str, python: str,
                         torch: str | None) -> BnbRelease:
-    try:
-        rel = compat.bitsandbytes_release(version)
-    except LookupError:
-        raise _unknown_release(recipe, key, "bitsandbytes", version,
-                               [r.version for r in compat.bitsandbytes_releases()], _bnb_fits) from None
+    rel = _pinned_release(recipe, key, "bitsandbytes", version, compat.bitsandbytes_release,
+                          compat.bitsandbytes_releases, _bnb_fits)
     if rel.partial:
         raise _fail(recipe, key, "bitsandbytes", version, "imgbuild's bitsandbytes table", compat.data_as_of(),
                     f"bitsandbytes {version} is known only in part: {rel.partial}", hint=_bnb_hint(cuda, python, torch),

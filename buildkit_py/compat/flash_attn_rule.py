@@ -16,7 +16,7 @@ from buildkit_py.compat.rules import (
     _fitting,
     _newest_hint,
     _pin,
-    _unknown_release,
+    _pinned_release,
 )
 from buildkit_py.compat.torch_rule import torch_cxx11_abi
 from buildkit_py.recipe.model import Recipe
@@ -93,11 +93,8 @@ def _flash_attn_fit_hint(version: str, cuda: str, python: str, torch: str, wants
 
 def _check_flash_attn(recipe: Recipe, key: str, version: str, cuda: str, python: str,
                       torch: str | None) -> FlashAttnRelease:
-    try:
-        rel = compat.flash_attn_release(version)
-    except LookupError:
-        raise _unknown_release(recipe, key, "flash-attn", version,
-                               [r.version for r in compat.flash_attn_releases()], _fa_fits) from None
+    rel = _pinned_release(recipe, key, "flash-attn", version, compat.flash_attn_release, compat.flash_attn_releases,
+                          _fa_fits)
     if rel.partial:
         fits = _fa_fits(cuda, python, torch)
         newest = sorted(fits, key=Version, reverse=True)[:4]

@@ -28,6 +28,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
@@ -80,6 +81,7 @@ DEFAULT_BUILD_ARCHS = ("8.0", "8.6", "8.9", "9.0")
 Warnings = tuple[RecipeWarning, ...]
 # The releases of a package that fit a CUDA, Python and torch, ascending (_fa_fits, _bnb_fits).
 FitsFn = Callable[[str, str, str | None], list[str]]
+_Release = TypeVar("_Release", FlashAttnRelease, BnbRelease)
 
 
 # ----------------------------------------------------------------------------- the parts
@@ -348,6 +350,16 @@ class LookedUp:
     index_url: str | None = None
     # what the CUDA wheels pinned beside the data's bring, read live (wheel_contents.read_wheel)
     wheels: tuple[WheelContents, ...] = ()
+
+
+def _pinned_release(recipe: Recipe, key: str, name: str, version: str, find: Callable[[str], _Release],
+                    table: Callable[[], Sequence[_Release]], fits: FitsFn) -> _Release:
+    """The pinned release's row (``find``), else the refusal of a release the table lacks, whose hint
+    names the nearest that ``fits`` (flash-attn's and bitsandbytes' checks, one message)."""
+    try:
+        return find(version)
+    except LookupError:
+        raise _unknown_release(recipe, key, name, version, [r.version for r in table()], fits) from None
 
 
 def _known_release(recipe: Recipe, key: str, name: str, version: str,
