@@ -17,7 +17,7 @@ from buildkit_py import compat
 from buildkit_py.analysis.kernels import read_kernels
 from buildkit_py.compat import gpu_fit
 from buildkit_py.compat.gpu_fit import Coverage, GpuSpec, PackageKernels, gpu_spec, gpus_rule, package_fit
-from buildkit_py.compat.tables import WheelLibrary
+from buildkit_py.compat.gpu_kernels import WheelLibrary
 from buildkit_py.errors import CompatibilityError, UsageError
 from buildkit_py.pipeline import OFFLINE, plan_recipe
 from buildkit_py.recipe.model import load_recipe

@@ -13,6 +13,7 @@ from pyindex import LocalIndex
 
 from buildkit_py.cli.main import main
 from buildkit_py.compat import fa_repo, index, refresh, tables
+from buildkit_py.compat.images import image_releases
 from buildkit_py.errors import PackageIndexError
 from buildkit_py.pipeline import lookups as live
 
@@ -496,7 +497,7 @@ def test_data_status_shows_the_images_end_of_life(tmp_path, monkeypatch):
     out = io.StringIO()
     assert main(["data", "status", "--json"], out, io.StringIO()) == 0
     images = json.loads(out.getvalue())["images"]
-    assert images["today"] == str(datetime.date.today()) and images["releases"] == len(tables.image_releases())
+    assert images["today"] == str(datetime.date.today()) and images["releases"] == len(image_releases())
     row = next(r for r in images["end_of_life"] if r["cuda"] == "12.4.1")
     assert row == {"cuda": "12.4.1", "date": "2026-06-01", "basis": "driver", "deletion": "2026-12-01", "past": True}
     assert "13.4.2" in images["no_end_of_life"] and "13.2.1" in images["end_of_life_unknown"]

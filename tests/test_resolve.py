@@ -249,11 +249,11 @@ def test_flash_attn_source_build_with_torch_2_13_passes(tmp_path):
 def test_flash_attn_source_build_needs_nvcc_that_compiles_the_arch(tmp_path, monkeypatch):
     """The SASS a source build gets is setup.py's -gencode list for the toolkit's nvcc: with
     sm_100 compiled only from nvcc 12.9 (a release saying so), CUDA 12.8 cannot serve 10.0."""
-    from buildkit_py.compat import tables
-    real = tables.flash_attn_release("2.8.3")
+    from buildkit_py.compat import flash_attn
+    real = flash_attn.flash_attn_release("2.8.3")
     later = dataclasses.replace(real, gencode=tuple((sm, SpecifierSet(">=12.9") if sm == "10.0" else spec)
                                                     for sm, spec in real.gencode), prebuilt=())
-    monkeypatch.setattr(tables, "_flash_attn", lambda: (later,))
+    monkeypatch.setattr(flash_attn, "_flash_attn", lambda: (later,))
     err = clash(tmp_path, cuda="12.8", base="base: {image: 'ubuntu:22.04'}",
                 extra='torch: "2.7.1"\npip: ["flash-attn==2.8.3"]\nbuild: {cuda_arch: ["10.0"]}')
     assert (err.key, err.other, err.other_version) == ("build.cuda_arch[0]", "cuda", "12.8.2")

@@ -6,7 +6,16 @@ import pytest
 from helpers import write_recipe
 
 from buildkit_py import compat
-from buildkit_py.compat import codes, rules
+from buildkit_py.compat import (
+    base_rule,
+    bitsandbytes_rule,
+    codes,
+    cuda_rule,
+    flash_attn_rule,
+    image_rule,
+    rules,
+    torch_rule,
+)
 from buildkit_py.compat.bases import BaseFacts
 from buildkit_py.errors import CompatibilityError
 from buildkit_py.recipe.model import load_recipe
@@ -26,9 +35,9 @@ def recipe(tmp_path, source="wheels", flavor="runtime", base="image: debian:book
 
 
 def test_cuda_rule_takes_the_toolkit_of_the_wheels(tmp_path):
-    part = rules.cuda_rule(recipe(tmp_path), None)
+    part = cuda_rule.cuda_rule(recipe(tmp_path), None)
     assert part.version == "12.4.1" and part.wheel_set is not None and part.floor.minor_compat == "525.60.13"
-    with_torch = rules.cuda_rule(recipe(tmp_path, extra='torch: "2.4.1"'), None)
+    with_torch = cuda_rule.cuda_rule(recipe(tmp_path, extra='torch: "2.4.1"'), None)
     # torch pins its own CUDA wheels and the toolkit is the recipe's; the wheel set serves the rest of the tier
     assert with_torch.version == "12.4.1" and with_torch.wheel_set.toolkit == "12.4.1"
 
@@ -45,10 +54,10 @@ def test_python_rule_names_the_provider(tmp_path):
 
 def test_torch_rule_part_and_its_warning(tmp_path):
     r = recipe(tmp_path, source="nvidia", base="os: ubuntu22.04", python="3.10", extra='torch: "2.4.1"')
-    part = rules.torch_rule(r, "12.4.1", "3.10")
+    part = torch_rule.torch_rule(r, "12.4.1", "3.10")
     assert (part.version, part.variant, part.label) == ("2.4.1", "cu124", "2.4.1+cu124")
     assert [(w.code, w.key) for w in part.warnings] == [(codes.CUDA_TWICE, "torch")]
-    assert rules.torch_rule(recipe(tmp_path), "12.4.1", "3.11") == rules.TorchPart()
+    assert torch_rule.torch_rule(recipe(tmp_path), "12.4.1", "3.11") == torch_rule.TorchPart()
 
 
 def test_arch_rule_defaults_only_when_something_compiles(tmp_path):
@@ -69,14 +78,14 @@ def test_flavor_rule_is_warnings_only(tmp_path):
 
 def test_base_rule_pins_warns_or_refuses(tmp_path):
     r = recipe(tmp_path, base="image: r.example.com/base:1")
-    torch = rules.TorchPart()
-    assert rules.base_rule(r, None, "12.4.1", torch, "r.example.com/base:1") == rules.BasePart(
+    torch = torch_rule.TorchPart()
+    assert base_rule.base_rule(r, None, "12.4.1", torch, "r.example.com/base:1") == base_rule.BasePart(
         "r.example.com/base:1", None)
     read = BaseFacts("r.example.com/base:1", "sha256:" + "a" * 64, {"io.imgbuild.cuda.version": "12.4.1"})
-    assert rules.base_rule(r, read, "12.4.1", torch, "r.example.com/base:1").base_image == \
+    assert base_rule.base_rule(r, read, "12.4.1", torch, "r.example.com/base:1").base_image == \
         "r.example.com/base:1@sha256:" + "a" * 64
     with pytest.raises(CompatibilityError) as info:
-        rules.base_rule(r, read, "12.8.1", torch, "r.example.com/base:1")
+        base_rule.base_rule(r, read, "12.8.1", torch, "r.example.com/base:1")
     assert info.value.key == "base.image" and "CUDA 12.4.1" in info.value.message
 
 
@@ -85,20 +94,20 @@ def test_images_rule_warns_from_the_end_of_life_date_on(tmp_path):
     the rule compares with the date it is given (it reads no clock), and any later one warns alike."""
     import datetime
     r = recipe(tmp_path, source="nvidia", base="os: ubuntu22.04", python="3.10")
-    before = rules.images_rule(r, "12.4.1", "ubuntu22.04", frozenset(), today=datetime.date(2026, 5, 31))
+    before = image_rule.images_rule(r, "12.4.1", "ubuntu22.04", frozenset(), today=datetime.date(2026, 5, 31))
     assert before.base_image == "nvidia/cuda:12.4.1-runtime-ubuntu22.04" and before.warnings == ()
-    on = rules.images_rule(r, "12.4.1", "ubuntu22.04", frozenset(), today=datetime.date(2026, 6, 1))
+    on = image_rule.images_rule(r, "12.4.1", "ubuntu22.04", frozenset(), today=datetime.date(2026, 6, 1))
     assert [(w.code, w.key) for w in on.warnings] == [(codes.EOL_IMAGE, "cuda.version")]
     assert "reached end of life on 2026-06-01" in on.warnings[0].message
     assert "from 2026-12-01" in on.warnings[0].message
-    later = rules.images_rule(r, "12.4.1", "ubuntu22.04", frozenset(), today=datetime.date(2099, 1, 1))
+    later = image_rule.images_rule(r, "12.4.1", "ubuntu22.04", frozenset(), today=datetime.date(2099, 1, 1))
     assert later.warnings == on.warnings
 
 
 def test_images_rule_no_warning_where_nvidia_publishes_no_end_of_life(tmp_path):
     import datetime
     r = recipe(tmp_path, source="nvidia", base="os: ubuntu24.04", python="3.12")
-    part = rules.images_rule(r, "13.4.2", "ubuntu24.04", frozenset(), today=datetime.date(2099, 1, 1))
+    part = image_rule.images_rule(r, "13.4.2", "ubuntu24.04", frozenset(), today=datetime.date(2099, 1, 1))
     assert part.base_image == "nvidia/cuda:13.4.2-runtime-ubuntu24.04" and part.warnings == ()
 
 
@@ -106,9 +115,9 @@ def test_images_rule_no_eol_warning_when_no_nvidia_cuda_tag_is_pulled(tmp_path):
     """A shared base.image is the FROM: Docker Hub deleting 12.4.1's tags cannot break it."""
     import datetime
     r = recipe(tmp_path, source="nvidia", base="image: r.example.com/base:1", python="3.10")
-    part = rules.images_rule(r, "12.4.1", "ubuntu22.04", frozenset(), today=datetime.date(2026, 6, 1))
+    part = image_rule.images_rule(r, "12.4.1", "ubuntu22.04", frozenset(), today=datetime.date(2026, 6, 1))
     assert part.base_image == "r.example.com/base:1" and part.warnings == ()
-    compiling = rules.images_rule(r, "12.4.1", "ubuntu22.04", frozenset({"flash-attn"}),
+    compiling = image_rule.images_rule(r, "12.4.1", "ubuntu22.04", frozenset({"flash-attn"}),
                                   today=datetime.date(2026, 6, 1))
     assert compiling.builder_image == "nvidia/cuda:12.4.1-devel-ubuntu22.04"
     assert [w.code for w in compiling.warnings] == [codes.EOL_IMAGE]
@@ -121,22 +130,22 @@ def test_a_pin_refused_for_its_python_names_the_nearest_release_that_fits(tmp_pa
     r = recipe(tmp_path, base="image: ubuntu:22.04", python="3.9",
                extra='torch: "2.4.1"\npip: ["bitsandbytes==0.49.2"]')
     with pytest.raises(CompatibilityError) as info:
-        rules.bitsandbytes_rule(r, "12.4.1", "3.9", "2.4.1", ())
+        bitsandbytes_rule.bitsandbytes_rule(r, "12.4.1", "3.9", "2.4.1", ())
     assert (info.value.key, info.value.other) == ("pip[0]", "python")
     assert info.value.hint.startswith("use bitsandbytes==0.48.2 (the nearest release that fits CUDA 12.4, Python 3.9 "
                                       "and torch 2.4.1)"), info.value.hint
     fixed = recipe(tmp_path, base="image: ubuntu:22.04", python="3.9",
                    extra='torch: "2.4.1"\npip: ["bitsandbytes==0.48.2"]')
-    assert rules.bitsandbytes_rule(fixed, "12.4.1", "3.9", "2.4.1", ()) == ()
+    assert bitsandbytes_rule.bitsandbytes_rule(fixed, "12.4.1", "3.9", "2.4.1", ()) == ()
 
     fa = recipe(tmp_path, base="image: ubuntu:22.04", python="3.8", extra='torch: "2.4.1"\npip: ["flash-attn==2.8.3"]')
     with pytest.raises(CompatibilityError) as info:
-        rules.flash_attn_rule(fa, "12.4.1", "3.8", "2.4.1", ())
+        flash_attn_rule.flash_attn_rule(fa, "12.4.1", "3.8", "2.4.1", ())
     assert info.value.other == "python" and info.value.hint.startswith("use flash-attn=="), info.value.hint
     nearest = info.value.hint.split("==", 1)[1].split()[0]
     ok = recipe(tmp_path, base="image: ubuntu:22.04", python="3.8",
                 extra=f'torch: "2.4.1"\npip: ["flash-attn=={nearest}"]')
-    rules.flash_attn_rule(ok, "12.4.1", "3.8", "2.4.1", ())
+    flash_attn_rule.flash_attn_rule(ok, "12.4.1", "3.8", "2.4.1", ())
 
 
 def test_an_os_python_hint_never_offers_a_python_the_torch_pin_refuses(tmp_path):
@@ -161,14 +170,14 @@ def test_a_torch_cuda_hint_names_a_cuda_nvidia_has_an_image_of_for_the_os(tmp_pa
     r = recipe(tmp_path, source="nvidia", flavor="base", base="os: ubuntu24.04", python="3.12",
                extra='torch: "2.5.1"')
     with pytest.raises(CompatibilityError) as info:
-        rules.torch_rule(r, "13.1.1", "3.12")
+        torch_rule.torch_rule(r, "13.1.1", "3.12")
     # cu118, cu121, cu124: none has an image on 24.04, and no torch has cu131
     assert info.value.hint.startswith('use cuda: "12.4" on ubuntu22.04 (the nearest CUDA torch 2.5.1 has a build '
                                       "for; nvidia/cuda has no base image of it on ubuntu24.04)"), info.value.hint
     r = recipe(tmp_path, source="nvidia", flavor="runtime", base="os: ubuntu24.04", python="3.12",
                extra='torch: "2.6.0"')
     with pytest.raises(CompatibilityError) as info:
-        rules.torch_rule(r, "12.3.2", "3.12")  # cu123: none; cu124 is nearer, but not on 24.04
+        torch_rule.torch_rule(r, "12.3.2", "3.12")  # cu123: none; cu124 is nearer, but not on 24.04
     assert info.value.hint.startswith("use cuda 12.6 (the nearest CUDA torch 2.6.0 has a build for and nvidia/cuda "
                                       "has a runtime image on ubuntu24.04 for)"), info.value.hint
     assert compat.image_release("12.6", "runtime", None, "ubuntu24.04")
@@ -181,24 +190,24 @@ def test_an_unknown_torch_or_cuda_is_hinted_a_release_that_fits_the_rest(tmp_pat
     r = recipe(tmp_path, base="image: ubuntu:22.04", python="3.11", extra='torch: "2.15.1"')
     r = dataclasses.replace(r, cuda=dataclasses.replace(r.cuda, version="13.0"))
     with pytest.raises(CompatibilityError) as info:
-        rules.torch_release_rule(r, rules.LookedUp(offline=True))
+        torch_rule.torch_release_rule(r, rules.LookedUp(offline=True))
     assert info.value.hint.endswith("or use torch 2.14.1 (the newest imgbuild knows with a cu130 build for "
                                     "Python 3.11)"), info.value.hint
     assert "cu130" in compat.torch_release("2.14.1").variants
     typo = dataclasses.replace(r, torch="2.12.7")
     with pytest.raises(CompatibilityError) as info:
-        rules.torch_release_rule(typo, rules.LookedUp(offline=True))
+        torch_rule.torch_release_rule(typo, rules.LookedUp(offline=True))
     assert info.value.hint.startswith("use torch 2.12.1 (the nearest release with a cu130 build for Python 3.11)")
     beyond = dataclasses.replace(r, cuda=dataclasses.replace(r.cuda, version="12.0"))  # no torch has cu120
     with pytest.raises(CompatibilityError) as info:
-        rules.torch_release_rule(beyond, rules.LookedUp(offline=True))
+        torch_rule.torch_release_rule(beyond, rules.LookedUp(offline=True))
     assert info.value.hint.endswith("; no torch release imgbuild knows has a cu120 build for Python 3.11 (change "
                                     "cuda.version or python too)"), info.value.hint
 
     nv = recipe(tmp_path, source="nvidia", flavor="runtime", base="os: ubuntu22.04", python="3.10")
     nv = dataclasses.replace(nv, cuda=dataclasses.replace(nv.cuda, version="13.6"))
     with pytest.raises(CompatibilityError) as info:
-        rules.cuda_rule(nv, None)
+        cuda_rule.cuda_rule(nv, None)
     nearest = info.value.hint.split('"')[1]
     assert info.value.hint == (f'use a released CUDA toolkit, e.g. "{nearest}" (the nearest with an nvidia/cuda '
                                "runtime image on ubuntu22.04)")
@@ -213,14 +222,14 @@ def test_a_flash_attn_hint_never_names_a_release_whose_source_build_torch_refuse
     their source builds compile as C++17, which torch 2.14.1's headers refuse (C++20). None is offered now."""
     r = recipe(tmp_path, base="image: ubuntu:24.04", python="3.10", extra='torch: "2.14.1"\npip: ["flash-attn==0.2.1"]')
     with pytest.raises(CompatibilityError) as info:
-        rules.flash_attn_rule(r, "13.2.0", "3.10", "2.14.1", ())
+        flash_attn_rule.flash_attn_rule(r, "13.2.0", "3.10", "2.14.1", ())
     assert info.value.partial
     assert info.value.hint.startswith("no flash-attn release imgbuild knows fits CUDA 13.2, Python 3.10 and torch "
                                       "2.14.1; its newest are 2.8.3.post2"), info.value.hint
     before = recipe(tmp_path, base="image: ubuntu:24.04", python="3.10",
                     extra='torch: "2.14.1"\npip: ["flash-attn==2.8.3.post2"]')
     with pytest.raises(CompatibilityError) as info:  # what the hint offered before
-        rules.flash_attn_rule(before, "13.2.0", "3.10", "2.14.1", ())
+        flash_attn_rule.flash_attn_rule(before, "13.2.0", "3.10", "2.14.1", ())
     assert "headers need C++20" in info.value.message
 
 
@@ -230,16 +239,16 @@ def test_a_torch_refused_for_the_python_names_a_python_the_os_has_or_a_torch_tha
     the OS provides (Debian: its own; Ubuntu: deadsnakes), or the nearest torch with a build for the Python."""
     r = recipe(tmp_path, base="image: ubuntu:22.04", python="3.13", extra='torch: "2.4.1"')
     with pytest.raises(CompatibilityError) as info:
-        rules.torch_rule(r, "12.4.1", "3.13")
+        torch_rule.torch_rule(r, "12.4.1", "3.13")
     assert info.value.hint == ('use python: "3.12" (the nearest Python torch 2.4.1 has wheels for that ubuntu22.04 '
                                "provides) or torch 2.5.0 (the nearest release with a cu124 build for Python 3.13)")
-    rules.torch_rule(recipe(tmp_path, base="image: ubuntu:22.04", python="3.12", extra='torch: "2.4.1"'),
+    torch_rule.torch_rule(recipe(tmp_path, base="image: ubuntu:22.04", python="3.12", extra='torch: "2.4.1"'),
                      "12.4.1", "3.12")
-    rules.torch_rule(recipe(tmp_path, base="image: ubuntu:22.04", python="3.13", extra='torch: "2.5.0"'),
+    torch_rule.torch_rule(recipe(tmp_path, base="image: ubuntu:22.04", python="3.13", extra='torch: "2.5.0"'),
                      "12.4.1", "3.13")
     debian = recipe(tmp_path, base="image: debian:trixie-slim", python="3.13", extra='torch: "2.4.1"')
     with pytest.raises(CompatibilityError) as info:
-        rules.torch_rule(debian, "12.4.1", "3.13")
+        torch_rule.torch_rule(debian, "12.4.1", "3.13")
     assert info.value.hint == "use torch 2.5.0 (the nearest release with a cu124 build for Python 3.13)"
 
 
@@ -249,9 +258,9 @@ def test_a_bitsandbytes_without_the_cudas_library_is_hinted_the_nearest_release_
     release that does and fits Python and torch, and that release passes the rule."""
     r = recipe(tmp_path, python="3.11", extra='torch: "2.4.1"\npip: ["bitsandbytes==0.41.0"]')
     with pytest.raises(CompatibilityError) as info:
-        rules.bitsandbytes_rule(r, "12.4.1", "3.11", "2.4.1", ())
+        bitsandbytes_rule.bitsandbytes_rule(r, "12.4.1", "3.11", "2.4.1", ())
     assert info.value.other == "cuda" and info.value.hint.startswith("use bitsandbytes=="), info.value.hint
     nearest = info.value.hint.split("==", 1)[1].split()[0]
     assert info.value.hint.endswith(" (the nearest release that fits CUDA 12.4, Python 3.11 and torch 2.4.1)")
     fixed = recipe(tmp_path, python="3.11", extra=f'torch: "2.4.1"\npip: ["bitsandbytes=={nearest}"]')
-    assert rules.bitsandbytes_rule(fixed, "12.4.1", "3.11", "2.4.1", ()) == ()
+    assert bitsandbytes_rule.bitsandbytes_rule(fixed, "12.4.1", "3.11", "2.4.1", ()) == ()

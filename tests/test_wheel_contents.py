@@ -184,7 +184,7 @@ def test_a_torch_variant_the_data_does_not_record_is_not_claimed_to_bundle():
 ])
 def test_torchs_cudnn_is_read_from_its_wheel(version, variant, major, exact):
     from buildkit_py.compat.cudnn_source import _from_torch_wheel
-    from buildkit_py.compat.rules import TorchPart
+    from buildkit_py.compat.torch_rule import TorchPart
 
     release = compat.torch_release(version)
     part = TorchPart(version=version, variant=variant, release=release)
@@ -268,11 +268,11 @@ def test_every_wheels_plan_gets_a_loadable_cuda_runtime_and_its_cudnn_label_foll
 def test_the_plan_refuses_a_wheels_image_whose_only_runtime_is_private(tmp_path, monkeypatch):
     """The rule over the model itself: were the runtime wheel left out (what the old version rule did),
     resolve refuses instead of labelling an image with no CUDA runtime another package loads."""
-    from buildkit_py.compat import rules
+    from buildkit_py.compat import cuda_wheels
     from buildkit_py.compat.resolve import resolve
     from buildkit_py.errors import CompatibilityError
 
-    monkeypatch.setattr(rules, "cuda_wheels_rule", lambda *a, **k: rules.CudaWheelsPart())
+    monkeypatch.setattr(cuda_wheels, "cuda_wheels_rule", lambda *a, **k: cuda_wheels.CudaWheelsPart())
     with pytest.raises(CompatibilityError) as info:
         resolve(_recipe(tmp_path, cuda="11.8", torch="2.1.2"), today=TODAY)
     assert info.value.key == "cuda.source"

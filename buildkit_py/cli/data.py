@@ -93,14 +93,14 @@ class ImagesStatus:
 
     @classmethod
     def on(cls, today: datetime.date) -> ImagesStatus:
-        from buildkit_py.compat import tables
+        from buildkit_py.compat import images
 
-        releases = tables.image_releases()
+        releases = images.image_releases()
         eols = tuple(ImageEndOfLife(i.cuda, str(i.end_of_life.date), i.end_of_life.basis,
                                     str(i.end_of_life.deletion) if i.end_of_life.deletion else None,
                                     today >= i.end_of_life.date)
                      for i in releases if i.end_of_life is not None)
-        return cls(str(today), len(releases), tables.image_support_policy().get("summary"), eols,
+        return cls(str(today), len(releases), images.image_support_policy().get("summary"), eols,
                    tuple(i.cuda for i in releases if i.end_of_life_unknown),
                    tuple(i.cuda for i in releases if i.end_of_life is None and not i.end_of_life_unknown))
 
@@ -157,7 +157,7 @@ class DataStatus:
 def cmd_data(args: argparse.Namespace, out: Out) -> int:
     import datetime
 
-    from buildkit_py.compat import tables
+    from buildkit_py.compat import bitsandbytes, flash_attn, tables, torch_data
     from buildkit_py.pipeline import lookups as live
 
     if args.data_command == "refresh":
@@ -167,11 +167,11 @@ def cmd_data(args: argparse.Namespace, out: Out) -> int:
     as_of = tables.data_files_as_of()
     cache_folder = settings_of(args).compat_cache
     cached = tuple(CachedRelease(v, r.get("index"), r.get("read"), r.get("pypi_variant"),
-                                 any(t.version == v for t in tables.torch_releases()))
+                                 any(t.version == v for t in torch_data.torch_releases()))
                    for v, r in sorted(live.cached_rows(cache_folder).items()))
-    partial = {"torch": tuple(r.version for r in tables.torch_releases() if r.partial),
-               "flash-attn": tuple(r.version for r in tables.flash_attn_releases() if r.partial),
-               "bitsandbytes": tuple(r.version for r in tables.bitsandbytes_releases() if r.partial)}
+    partial = {"torch": tuple(r.version for r in torch_data.torch_releases() if r.partial),
+               "flash-attn": tuple(r.version for r in flash_attn.flash_attn_releases() if r.partial),
+               "bitsandbytes": tuple(r.version for r in bitsandbytes.bitsandbytes_releases() if r.partial)}
     status = DataStatus(max((d for d in as_of.values() if d), default=None), as_of, str(cache_folder), cached,
                         ImagesStatus.on(datetime.date.today()), partial)
     out.document(status, as_json=args.json)

@@ -2,7 +2,7 @@
 ``nvidia/cuda`` tag (no network), or from the labels and env of the base's config (an imgbuild base
 labels its CUDA; NVIDIA's images and the images built on them carry NVIDIA's env). A base that shows
 none of these is not a CUDA base, and an image labelled with CUDA it lacks would break the contract,
-so the resolver refuses it (``rules.cuda_rule``).
+so the resolver refuses it (``cuda_rule.cuda_rule``).
 """
 
 from __future__ import annotations

@@ -15,7 +15,8 @@ import functools
 from packaging.utils import canonicalize_name
 
 from buildkit_py import compat
-from buildkit_py.compat.rules import TorchPart, _fail
+from buildkit_py.compat.rules import _fail
+from buildkit_py.compat.torch_rule import TorchPart
 from buildkit_py.recipe.model import Recipe, pin_name
 from buildkit_py.versions import major_minor as _mm  # short: it sits in messages
 

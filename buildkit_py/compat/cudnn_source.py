@@ -28,7 +28,8 @@ from buildkit_py import compat
 from buildkit_py import label_keys as K
 from buildkit_py.compat import cuda_base, wheel_contents
 from buildkit_py.compat.bases import BaseFacts
-from buildkit_py.compat.rules import TorchPart, _fail, torch_cudnn_major
+from buildkit_py.compat.rules import _fail
+from buildkit_py.compat.torch_rule import TorchPart, torch_cudnn_major
 from buildkit_py.recipe.model import Recipe, pin_name
 
 # nvidia-cudnn-cu12, nvidia-cudnn-cu13, nvidia-cudnn-cu11 (and an unsuffixed name, should NVIDIA drop it)

@@ -17,9 +17,10 @@ from typing import TYPE_CHECKING, Any
 
 from packaging.version import InvalidVersion, Version
 
-from buildkit_py.compat import codes, tables
+from buildkit_py.compat import codes, flash_attn, gpu_kernels, tables
 from buildkit_py.compat.codes import RecipeWarning
-from buildkit_py.compat.tables import WheelLibrary, arch_base, arch_key, sass_runs_on
+from buildkit_py.compat.gpu_kernels import WheelLibrary
+from buildkit_py.compat.tables import arch_base, arch_key, sass_runs_on
 from buildkit_py.errors import CompatibilityError, CompatibilityErrors, RecipeLocation, UsageError
 from buildkit_py.recipe.model import pin_name
 from buildkit_py.text_enum import TextEnum
@@ -82,9 +83,9 @@ def gpu_spec(text: str) -> GpuSpec:
     if m and (spec.lower().startswith("sm") or "." in spec):
         major, minor = (m[1], m[2]) if m[1] else (m[3], m[4])
         return GpuSpec(f"sm_{major}{minor}", f"{int(major)}.{minor}")
-    gpu = tables.gpu_named(spec)
+    gpu = gpu_kernels.gpu_named(spec)
     if gpu is None:
-        known = ", ".join(g.name for g in tables.gpus())
+        known = ", ".join(g.name for g in gpu_kernels.gpus())
         raise UsageError(f"unknown GPU {text!r}", hint=f"give one of {known}, or its compute capability as sm_XY")
     return GpuSpec(gpu.name, gpu.capability, gpu.source)
 
@@ -230,7 +231,7 @@ def nearest_hint(kernels: PackageKernels, gpu: GpuSpec) -> str | None:
     the same release first, else the nearest release (of the same variant where there is one)."""
     if kernels.package == "flash-attn":
         return _flash_attn_hint(kernels, gpu)
-    rows = [r for r in tables.wheel_kernel_rows(kernels.package)
+    rows = [r for r in gpu_kernels.wheel_kernel_rows(kernels.package)
             if runs_on(PackageKernels(r.package, r.version, r.variant, r.libraries, r.source), gpu)]
     if kernels.package == "bitsandbytes":  # its library follows torch's CUDA: a release with that build
         rows = [r for r in rows if r.variant == kernels.variant] or rows
@@ -273,7 +274,7 @@ def _pins(recipe: Recipe) -> list[tuple[str, str]]:
 
 
 def _recorded(package: str, version: str, variant: str = "") -> PackageKernels:
-    row = tables.wheel_kernels(package, version, variant)
+    row = gpu_kernels.wheel_kernels(package, version, variant)
     if row is None:
         return PackageKernels(package, version, variant, None, None)
     return PackageKernels(package, version, variant, row.libraries, row.source)
@@ -296,22 +297,22 @@ def _flash_attn(version: str, res: Resolution) -> PackageKernels:
     """flash-attn's kernels follow from its setup.py's gencode list (flash_attn.json): what the
     nvcc of its release wheel's build compiled, or, built here, what the build's nvcc compiles
     of what FLASH_ATTN_CUDA_ARCHS asks for (every gencode where the build does not set it)."""
-    from buildkit_py.compat.rules import torch_cxx11_abi  # noqa: PLC0415  # rules imports this module's callers
+    from buildkit_py.compat.torch_rule import torch_cxx11_abi  # noqa: PLC0415  # rules imports this module's callers
 
     try:
-        rel = tables.flash_attn_release(version)
+        rel = flash_attn.flash_attn_release(version)
     except LookupError:
         return PackageKernels("flash-attn", version, "", None, None, nvcc=res.cuda_version)
     compiled = "flash-attn" in res.compile
     if compiled:
         sms = rel.sms(res.cuda_version)
-        wanted = dict(res.build_env).get(tables.flash_attn_arch_env())
+        wanted = dict(res.build_env).get(flash_attn.flash_attn_arch_env())
         if wanted is not None:
             sms = tuple(sm for sm in sms if sm.replace(".", "") in wanted.split(";"))
         source = f"flash_attn.json gencode of {version}, compiled by nvcc {res.cuda_version}"
         return PackageKernels("flash-attn", version, "", (WheelLibrary("flash_attn_2_cuda", sms, ()),), source,
                               compiled=True, nvcc=res.cuda_version)
-    wheel = tables.flash_attn_prebuilt(version, res.cuda_major_minor, major_minor(res.torch or ""), res.python,
+    wheel = flash_attn.flash_attn_prebuilt(version, res.cuda_major_minor, major_minor(res.torch or ""), res.python,
                                        archs=tuple(arch_base(a) for a in res.cuda_arch),
                                        cxx11abi=torch_cxx11_abi(res.torch) if res.torch else None)
     if wheel is None:
@@ -326,13 +327,13 @@ def _flash_attn_hint(kernels: PackageKernels, gpu: GpuSpec) -> str:
     """The nearest flash-attn release whose gencode list has SASS for ``gpu`` with the recipe's
     nvcc, else the nvcc the nearest one needs for it."""
     nvcc = kernels.nvcc or "0"
-    runs = [r for r in tables.flash_attn_releases() if not r.partial
+    runs = [r for r in flash_attn.flash_attn_releases() if not r.partial
             and any(sass_runs(sm, gpu.capability) for sm in r.sms(nvcc))]
     if runs:
         best = min(runs, key=lambda r: (_distance(r.version, kernels.version), -_as_number(r.version)))
         return (f"flash-attn {best.version} compiles SASS for {gpu.label} with nvcc {nvcc}: pin it "
                 "(built from source where no release wheel has it)")
-    needs = [(r, str(spec)) for r in tables.flash_attn_releases() if not r.partial for sm, spec in r.gencode
+    needs = [(r, str(spec)) for r in flash_attn.flash_attn_releases() if not r.partial for sm, spec in r.gencode
              if sass_runs(sm, gpu.capability)]
     if needs:
         best, spec = min(needs, key=lambda n: (_distance(n[0].version, kernels.version), -_as_number(n[0].version)))

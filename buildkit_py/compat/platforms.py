@@ -230,9 +230,9 @@ def _pip_problems(recipe: Recipe, p: Platform, cuda: str, python: str, torch: st
                 hint=f"leave {p.name} out of platforms for a flash-attn image"))
         elif name == "bitsandbytes" and version and has_wheel(name, version, p.wheel_arch) is False:
             arm = data().wheels[name][p.wheel_arch]
-            from buildkit_py.compat import rules  # noqa: PLC0415 - rules imports this module's callers
+            from buildkit_py.compat import bitsandbytes_rule  # noqa: PLC0415 - its rules import this module's callers
 
-            fits = [v for v in rules._bnb_fits(cuda, python, torch) if v in arm]
+            fits = [v for v in bitsandbytes_rule._bnb_fits(cuda, python, torch) if v in arm]
             hint = (f"use bitsandbytes=={fits[-1]} (the newest with a Linux {p.wheel_arch} wheel that fits CUDA "
                     f"{major_minor(cuda)})") if fits else f"leave {p.name} out of platforms"
             out.append(_fail(recipe, f"pip[{i}]", name, version, p.name,

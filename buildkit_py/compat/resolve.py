@@ -1,9 +1,9 @@
 """Recipe pins -> a ``Resolution``: what fits together, or a CompatibilityError that says why not.
 
-``resolve`` composes the rules of ``compat.rules`` (one per component: CUDA, cuDNN, OS and
+``resolve`` composes the rules listed in ``compat.rules`` (one per component: CUDA, cuDNN, OS and
 Python, torch, architectures, flash-attn, bitsandbytes, images, flavor, the base's facts, CUDA
-wheels) in order and gathers their warnings; the version knowledge comes from the sourced
-tables in ``compat``.
+wheels; each family in its subject's module) in order and gathers their warnings; the version
+knowledge comes from the sourced tables in ``compat``.
 """
 
 from __future__ import annotations
@@ -18,7 +18,18 @@ from packaging.utils import canonicalize_name
 from packaging.version import Version
 
 from buildkit_py import compat
-from buildkit_py.compat import platforms, rules, wheel_contents
+from buildkit_py.compat import (
+    base_rule,
+    bitsandbytes_rule,
+    cuda_rule,
+    cuda_wheels,
+    flash_attn_rule,
+    image_rule,
+    platforms,
+    rules,
+    torch_rule,
+    wheel_contents,
+)
 from buildkit_py.compat.bases import BaseFacts
 from buildkit_py.compat.codes import RecipeWarning
 from buildkit_py.compat.cuda_pins import cuda_pins_rule
@@ -116,10 +127,10 @@ def resolve(recipe: Recipe, base: BaseFacts | None = None, looked_up: rules.Look
     cuda, cudnn, py, torch, archs = _independent_parts(recipe, base, looked_up)
     flash_attn, bnb_warnings = _pin_parts(recipe, cuda, py, torch, archs)
     compile_ = frozenset(recipe.build.from_source) | flash_attn.compile
-    images = rules.images_rule(recipe, cuda.version, py.os, compile_, today=today)
+    images = image_rule.images_rule(recipe, cuda.version, py.os, compile_, today=today)
     flavor_warnings = rules.flavor_rule(recipe, compile_)
-    pinned = rules.base_rule(recipe, base, cuda.version, torch, images.base_image)
-    wheels = rules.cuda_wheels_rule(recipe, cuda.wheel_set, cuda.version, cudnn, torch, base)
+    pinned = base_rule.base_rule(recipe, base, cuda.version, torch, images.base_image)
+    wheels = cuda_wheels.cuda_wheels_rule(recipe, cuda.wheel_set, cuda.version, cudnn, torch, base)
     # the label names the cuDNN the pins bring, written in the recipe or not (issue 28)
     cudnn_from = cudnn_source(recipe, cuda.version, torch, base, images.base_image, wheels.pins)
     image_cuda = _image_cuda(recipe, torch, wheels.pins, base, py.python, looked_up.wheels)
@@ -147,7 +158,7 @@ def resolve(recipe: Recipe, base: BaseFacts | None = None, looked_up: rules.Look
         os=py.os,
         base_image=pinned.base_image,
         builder_image=images.builder_image,
-        require_cuda=rules.require_cuda(recipe, cuda.version, cuda.floor.minor_compat),
+        require_cuda=cuda_rule.require_cuda(recipe, cuda.version, cuda.floor.minor_compat),
         torch=torch.version,
         torch_variant=torch.variant,
         torch_index_url=torch.index_url,
@@ -170,7 +181,7 @@ def resolve(recipe: Recipe, base: BaseFacts | None = None, looked_up: rules.Look
     return replace(res, warnings=res.warnings + gpu_warnings)
 
 
-def _image_cuda(recipe: Recipe, torch: rules.TorchPart, cuda_wheels: tuple[str, ...], base: BaseFacts | None,
+def _image_cuda(recipe: Recipe, torch: torch_rule.TorchPart, cuda_wheels: tuple[str, ...], base: BaseFacts | None,
                 python: str, read_live: tuple[wheel_contents.WheelContents, ...] = ()) -> wheel_contents.ImageCuda:
     """The image's CUDA libraries from the content model, and the rule over them: a ``source: wheels``
     image must get a CUDA runtime any package can load (a large torch wheel keeps its own in torch/lib,
@@ -270,16 +281,16 @@ def _all_of(problems: list[CompatibilityError]) -> CompatibilityError:
     return flat[0] if len(flat) == 1 else CompatibilityErrors(flat)
 
 
-def _pin_parts(recipe: Recipe, cuda: rules.CudaPart, py: rules.PythonPart, torch: rules.TorchPart,
-               archs: rules.ArchPart) -> tuple[rules.FlashAttnPart, tuple[RecipeWarning, ...]]:
+def _pin_parts(recipe: Recipe, cuda: cuda_rule.CudaPart, py: rules.PythonPart, torch: torch_rule.TorchPart,
+               archs: rules.ArchPart) -> tuple[flash_attn_rule.FlashAttnPart, tuple[RecipeWarning, ...]]:
     """The rules of the pip pins (flash-attn, bitsandbytes, CUDA library wheels, cuDNN against torch):
     each needs only CUDA, Python, torch and the architectures, so all run and every problem they find
     is raised together (a cuDNN clash, a flash-attn torch floor and a bitsandbytes one in one run)."""
     problems: list[CompatibilityError] = []
-    flash_attn = _attempt(problems, rules.flash_attn_rule, recipe, cuda.version, py.python, torch.version,
+    flash_attn = _attempt(problems, flash_attn_rule.flash_attn_rule, recipe, cuda.version, py.python, torch.version,
                           archs.requested)
-    bnb_warnings = _attempt(problems, rules.bitsandbytes_rule, recipe, cuda.version, py.python, torch.version,
-                            archs.requested)
+    bnb_warnings = _attempt(problems, bitsandbytes_rule.bitsandbytes_rule, recipe, cuda.version, py.python,
+                            torch.version, archs.requested)
     _attempt(problems, cuda_pins_rule, recipe, cuda.version, torch)
     _attempt(problems, cudnn_pins_rule, recipe, torch)
     _attempt(problems, source_builds_rule, recipe)
@@ -313,8 +324,22 @@ def source_builds_rule(recipe: Recipe) -> None:
         raise _all_of(problems)
 
 
+def release_checks(recipe: Recipe, looked_up: rules.LookedUp | None = None) -> list[tuple[Any, tuple[Any, ...]]]:
+    """The checks that a pinned torch, flash-attn or bitsandbytes is a release the data knows, each
+    (function, extra args): they need nothing else decided, so resolve runs them beside the CUDA and
+    Python rules and reports every unknown pin at once."""
+    checks: list[tuple[Any, tuple[Any, ...]]] = []
+    if recipe.torch:
+        checks.append((torch_rule.torch_release_rule, (looked_up,)))
+    for name, table, fits in (("flash-attn", compat.flash_attn_releases, flash_attn_rule._fa_fits),
+                              ("bitsandbytes", compat.bitsandbytes_releases, bitsandbytes_rule._bnb_fits)):
+        if (pin := rules._pin(recipe, name)) is not None:
+            checks.append((rules._known_release, (f"pip[{pin[0]}]", name, pin[1], table, fits)))
+    return checks
+
+
 def _independent_parts(recipe: Recipe, base: BaseFacts | None, looked_up: rules.LookedUp) -> tuple[
-        rules.CudaPart, str | None, rules.PythonPart, rules.TorchPart, rules.ArchPart]:
+        cuda_rule.CudaPart, str | None, rules.PythonPart, torch_rule.TorchPart, rules.ArchPart]:
     """CUDA, cuDNN, Python, torch and the architectures: each rule runs when what it needs was decided,
     and every problem found is raised together (CompatibilityErrors), not the first one alone."""
     problems: list[CompatibilityError] = []
@@ -322,16 +347,16 @@ def _independent_parts(recipe: Recipe, base: BaseFacts | None, looked_up: rules.
     def attempt(rule: Callable[..., _T], *args: Any) -> _T | None:
         return _attempt(problems, rule, *args)
 
-    cuda = attempt(rules.cuda_rule, recipe, base)
+    cuda = attempt(cuda_rule.cuda_rule, recipe, base)
     py = attempt(rules.python_rule, recipe, base)
     # every pin of a release the data lacks, not only the first (a list: all() would stop at one)
-    checks = rules.release_checks(recipe, looked_up)
+    checks = release_checks(recipe, looked_up)
     known = all([attempt(check, recipe, *extra) is not None for check, extra in checks])
     cudnn = attempt(rules.cudnn_rule, recipe, cuda.version) if cuda else None
     archs = attempt(rules.arch_rule, recipe, cuda.version) if cuda else None
     torch = None
     if cuda and py and known and not problems:
-        torch = attempt(rules.torch_rule, recipe, cuda.version, py.python, looked_up)
+        torch = attempt(torch_rule.torch_rule, recipe, cuda.version, py.python, looked_up)
     if problems:
         raise _all_of(problems)
     # no problem: every rule ran and gave its part (cudnn alone may be None: no cuDNN asked for)

@@ -4,44 +4,47 @@
 decided; each returns a frozen part (with its own ``warnings``), or only warnings where it
 decides nothing, and raises CompatibilityError at the recipe key that clashes:
 
-1. ``cuda_rule``         the toolkit (and the wheel set a ``source: wheels`` recipe installs)
+1. ``cuda_rule``         the toolkit (and the wheel set a ``source: wheels`` recipe installs) (in ``cuda_rule``)
 2. ``cudnn_rule``        cuda.cudnn against what NVIDIA publishes for that CUDA
 3. ``python_rule``       the OS and who provides Python (OS, deadsnakes, a python image, a base)
-4. ``torch_rule``        the torch build for that CUDA and Python, and where it comes from
+4. ``torch_rule``        the torch build for that CUDA and Python, and where it comes from (in ``torch_rule``)
 5. ``arch_rule``         build.cuda_arch against what nvcc targets
-6. ``flash_attn_rule``   a flash-attn pin: a release wheel, or a source build
-7. ``bitsandbytes_rule`` a bitsandbytes pin against CUDA, Python, torch and the architectures
-8. ``images_rule``       the final stage's FROM and the compile stage's
+6. ``flash_attn_rule``   a flash-attn pin: a release wheel, or a source build (in ``flash_attn_rule``)
+7. ``bitsandbytes_rule`` a bitsandbytes pin against CUDA, Python, torch and the architectures (in
+                         ``bitsandbytes_rule``)
+8. ``images_rule``       the final stage's FROM and the compile stage's (in ``image_rule``)
 9. ``flavor_rule``       flavor and runtime_compile against what the recipe compiles
-10. ``base_rule``        a base read from its registry: checked, then pinned by digest
-11. ``cuda_wheels_rule`` the nvidia-* wheels the final stage installs
+10. ``base_rule``        a base read from its registry: checked, then pinned by digest (in ``base_rule``)
+11. ``cuda_wheels_rule`` the nvidia-* wheels the final stage installs (in ``cuda_wheels``)
 
-Only rules live here; the version knowledge comes from the sourced tables in ``compat``. A
-new rule goes here, as one more function with its own part, and is called from ``resolve``.
+A family with data of its own lives in a module beside that data (the ones marked "in"); this one
+keeps the small rules and the helpers they all share. The version knowledge comes from the sourced
+tables in ``compat``. A new rule goes in its subject's module, as one more function with its own
+part, and is called from ``resolve``.
 """
 
 from __future__ import annotations
 
-import datetime
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TypeVar
 
 from packaging.specifiers import SpecifierSet
-from packaging.version import InvalidVersion, Version
+from packaging.version import Version
 
 from buildkit_py import compat
 from buildkit_py import label_keys as K
-from buildkit_py.compat import codes, cuda_base, torch_pins
+from buildkit_py.compat import codes, cuda_base
 from buildkit_py.compat.bases import BaseFacts
+from buildkit_py.compat.bitsandbytes import BnbRelease
 from buildkit_py.compat.codes import RecipeWarning
-from buildkit_py.compat.floors import DriverFloor
+from buildkit_py.compat.flash_attn import FlashAttnRelease
 from buildkit_py.compat.platforms import PinFiles
-from buildkit_py.compat.tables import BnbRelease, FlashAttnRelease, Toolkit, TorchRelease, WheelSet
-from buildkit_py.compat.wheel_contents import WheelContents, model
+from buildkit_py.compat.torch_data import TorchRelease
+from buildkit_py.compat.wheel_contents import WheelContents
 from buildkit_py.errors import CompatibilityError, RecipeLocation
-from buildkit_py.recipe.model import CudaFlavor, CudaSource, Recipe, pin_name
+from buildkit_py.recipe.model import CudaSource, Recipe, pin_name
 from buildkit_py.reference import is_registry_host
 from buildkit_py.text_enum import TextEnum
 from buildkit_py.versions import major_minor as _mm  # short: it sits in many messages
@@ -76,20 +79,12 @@ JIT_PACKAGES = frozenset({"deepspeed", "apex", "cupy", "pycuda"})
 DEFAULT_BUILD_ARCHS = ("8.0", "8.6", "8.9", "9.0")
 
 Warnings = tuple[RecipeWarning, ...]
+# The releases of a package that fit a CUDA, Python and torch, ascending (_fa_fits, _bnb_fits).
+FitsFn = Callable[[str, str, str | None], list[str]]
+_Release = TypeVar("_Release", FlashAttnRelease, BnbRelease)
 
 
 # ----------------------------------------------------------------------------- the parts
-@dataclass(frozen=True)
-class CudaPart:
-    toolkit: Toolkit
-    wheel_set: WheelSet | None  # the toolkit's own wheels, where the final stage installs them
-    floor: DriverFloor  # the toolkit's driver floors (compat.floors, their one home)
-
-    @property
-    def version(self) -> str:
-        return self.toolkit.version
-
-
 class PythonProvider(TextEnum):
     """Who provides the image's Python (python_rule)."""
 
@@ -107,19 +102,6 @@ class PythonPart:
 
 
 @dataclass(frozen=True)
-class TorchPart:
-    version: str | None = None
-    variant: str | None = None
-    index_url: str | None = None  # None: the Python registry's default wheel
-    warnings: Warnings = ()
-    release: TorchRelease | None = None  # its facts: the CUDA wheels it brings
-
-    @property
-    def label(self) -> str | None:
-        return f"{self.version}+{self.variant}" if self.version else None
-
-
-@dataclass(frozen=True)
 class ArchPart:
     requested: tuple[str, ...]  # build.cuda_arch as written
     supported: tuple[str, ...]  # what nvcc of the toolkit targets (empty: not recorded)
@@ -131,41 +113,7 @@ class ArchPart:
         return tuple(a for a in DEFAULT_BUILD_ARCHS if a in self.supported)
 
 
-@dataclass(frozen=True)
-class FlashAttnPart:
-    compile: frozenset[str] = frozenset()  # {"flash-attn"} when it builds from source
-    prebuilt: tuple[tuple[str, str], ...] = ()  # (package, wheel URL) taken instead of building
-
-
-@dataclass(frozen=True)
-class ImagesPart:
-    base_image: str  # FROM of the final stage
-    builder_image: str | None  # FROM of the compile stage, when one is needed
-    builder_cuda_wheels: tuple[str, ...] = ()  # nvcc and headers from wheels for the compile stage
-    builder_home: str | None = None  # CUDA_HOME of those wheels
-    warnings: Warnings = ()
-
-
-@dataclass(frozen=True)
-class BasePart:
-    base_image: str  # the final stage's FROM, pinned by digest when the registry was read
-    digest: str | None
-    warnings: Warnings = ()
-
-
-@dataclass(frozen=True)
-class CudaWheelsPart:
-    pins: tuple[str, ...] = ()
-    home: str | None = None  # the CUDA_HOME tree a devel flavor gets from wheels
-
-
 # ----------------------------------------------------------------------------- helpers
-def _variant_cuda(variant: str) -> str:
-    """cu124 -> 12.4, cu118 -> 11.8."""
-    digits = variant[2:]
-    return f"{digits[:-1]}.{digits[-1]}"
-
-
 def _fail(recipe: Recipe, key: str, *args: str, hint: str | None = None, partial: bool = False) -> CompatibilityError:
     return CompatibilityError(*args, hint=hint, at=RecipeLocation(str(recipe.path), recipe.line_of(key), key),
                               partial=partial)
@@ -185,14 +133,16 @@ def _fitting(cuda: str, python: str, torch: str | None) -> str:
     return f"CUDA {_mm(cuda)}, Python {python}" + (f" and torch {torch}" if torch else "")
 
 
-def _unknown_release(recipe: Recipe, key: str, name: str, version: str, known: list[str]) -> CompatibilityError:
+def _unknown_release(recipe: Recipe, key: str, name: str, version: str, known: list[str],
+                     fits: FitsFn) -> CompatibilityError:
     """A pin of a release the shipped table lacks (``known``: the table's versions, ascending): the hint
-    names the nearest release that fits the recipe's CUDA, Python and torch as written (this runs before
-    they are resolved), else says that none does."""
+    names the nearest release that ``fits`` the recipe's CUDA, Python and torch as written (this runs before
+    they are resolved), else says that none does. ``fits`` comes from the package's own rule family, so
+    this stays one message for both without rules importing them."""
     cuda, python, torch = recipe.cuda.version, recipe.python, recipe.torch
-    fits = _fa_fits(cuda, python, torch) if name == "flash-attn" else _bnb_fits(cuda, python, torch)
-    hint = (f"use {name}=={compat.nearest_versions(version, fits, n=1)[0]} (the nearest release that fits "
-            f"{_fitting(cuda, python, torch)})" if fits else _newest_hint(name, known, _fitting(cuda, python, torch)))
+    fitting, wanted = fits(cuda, python, torch), _fitting(cuda, python, torch)
+    hint = (f"use {name}=={compat.nearest_versions(version, fitting, n=1)[0]} (the nearest release that fits "
+            f"{wanted})" if fitting else _newest_hint(name, known, wanted))
     return _fail(recipe, key, name, version, f"imgbuild's {name} table", known[-1],
                  f"this {name} release is unknown", hint=hint)
 
@@ -252,35 +202,6 @@ def mirrored_ref(image: str, mirror: str | None) -> str:
     return f"{mirror.rstrip('/')}/{path}"
 
 
-def require_cuda(recipe: Recipe, cuda: str, floor: str | None) -> str:
-    """NVIDIA_REQUIRE_CUDA for the image: what the NVIDIA container runtime lets it start on.
-
-    The runtime compares it with the CUDA version the host driver supports. A wheels image
-    carries no cuda-compat package, so forward compatibility is out; minor-version
-    compatibility (driver >= the major's floor) is in, because the CUDA user-space libraries
-    of one major run on any driver of that major's floor. Code that JIT-compiles PTX at run
-    time is the exception: PTX from a newer toolkit needs the newer driver.
-    """
-    major = cuda.split(".", maxsplit=1)[0]
-    if recipe.cuda.source == CudaSource.WHEELS and floor is not None and not recipe.runtime_compile:
-        return f"cuda>={major}.0"
-    return f"cuda>={_mm(cuda)}"
-
-
-def torch_cxx11_abi(torch_version: str) -> bool:
-    """torch._C._GLIBCXX_USE_CXX11_ABI of torch's Linux wheels: True from 2.7 (manylinux_2_28 builds)."""
-    return Version(torch_version) >= Version("2.7")
-
-
-def flash_attn_wheel_url(fa_version: str, wheel_cuda: str, torch_mm: str, python: str, torch_version: str) -> str:
-    """The GitHub release wheel flash-attn's own setup.py would fetch for this combination."""
-    abi = "TRUE" if torch_cxx11_abi(torch_version) else "FALSE"
-    cu = "cu" + wheel_cuda.replace(".", "")
-    py = "cp" + python.replace(".", "")
-    return (f"https://github.com/Dao-AILab/flash-attention/releases/download/v{fa_version}/"
-            f"flash_attn-{fa_version}+{cu}torch{torch_mm}cxx11abi{abi}-{py}-{py}-linux_x86_64.whl")
-
-
 def _nvidia_image(recipe: Recipe, cuda: str, flavor: str, os_name: str | None, *, any_patch: bool = False) -> str:
     """The nvidia/cuda image for that toolkit: only a tag the data records. any_patch: a compile
     stage may use another patch release of the same X.Y (nvcc X.Y.a output runs on the X.Y.b runtime)."""
@@ -291,137 +212,6 @@ def _nvidia_image(recipe: Recipe, cuda: str, flavor: str, os_name: str | None, *
         raise _image_gap(recipe, gap, gap.value, os_name) from None
     return mirrored_ref(f"nvidia/cuda:{compat.cuda_image_tag(release, flavor, recipe.cuda.cudnn, os_name)}",
                         recipe.base.mirror)
-
-
-# ----------------------------------------------------------------------------- 1. CUDA
-def cuda_rule(recipe: Recipe, base: BaseFacts | None) -> CudaPart:
-    """cuda.version -> the toolkit. ``source: wheels`` installs the toolkit's own wheels unless
-    torch (which pins its own) or an imgbuild base (which has them) brings them; then the
-    toolkit is one PyPI has wheels for."""
-    try:
-        toolkit = compat.resolve_cuda(recipe.cuda.version)
-    except LookupError as exc:
-        raise _gap(recipe, "cuda.version", exc, "cuda", recipe.cuda.version, hint=_imaged_cuda_hint(recipe)) from None
-    exact = recipe.cuda.version.count(".") == 2
-    if recipe.cuda.cudnn and not compat.cudnn_supported(toolkit.version, recipe.cuda.cudnn):
-        # before any image or wheel is looked for: one answer for both sources (cudnn_rule)
-        raise _cudnn_unsupported(recipe, recipe.cuda.cudnn, toolkit.version)
-    if recipe.cuda.source == CudaSource.NVIDIA and not recipe.base.image and not exact:
-        toolkit = _newest_with_image(recipe, toolkit)
-    if recipe.cuda.source == CudaSource.NVIDIA and recipe.base.image:
-        toolkit = _nvidia_base_toolkit(recipe, base, toolkit)
-    from_imgbuild_base = (facts := base) is not None and facts.built_by_imgbuild
-    brought = from_imgbuild_base or (_torch_brings_cuda_wheels(recipe, toolkit.major_minor)
-                                     and recipe.cuda.flavor != CudaFlavor.DEVEL)
-    wheel_set = None
-    if recipe.cuda.source == CudaSource.WHEELS:
-        try:
-            wheel_set = compat.cuda_wheel_set(recipe.cuda.version if exact else toolkit.major_minor)
-        except LookupError as exc:
-            if not brought:  # else cuda_wheels_rule refuses only if the tier needs more than torch/the base has
-                raise _gap(recipe, "cuda.version", exc, "cuda", recipe.cuda.version) from None
-        if wheel_set is not None and not brought:
-            toolkit = compat.resolve_cuda(wheel_set.toolkit)
-    return CudaPart(toolkit, wheel_set, compat.driver_floor(toolkit.version))
-
-
-def _imaged_cuda_hint(recipe: Recipe) -> str | None:
-    """For a CUDA the data does not know, where imgbuild picks the nvidia/cuda tag: the nearest released
-    minor NVIDIA publishes the recipe's image for (the newest release may have none on that OS). None
-    where the recipe names its base, or no CUDA has that image: the look-up's own hint serves."""
-    if recipe.cuda.source != CudaSource.NVIDIA or recipe.base.image:
-        return None
-    minors = sorted({t.major_minor for t in compat.toolkits()}, key=Version)
-    fits = [m for m in minors if _nvidia_image_os(recipe, m) == recipe.base.os]
-    if not fits:
-        return None
-    nearest = compat.nearest_versions(recipe.cuda.version, fits, n=1)[0]
-    return (f'use a released CUDA toolkit, e.g. "{nearest}" (the nearest with an nvidia/cuda {recipe.cuda.flavor} '
-            f"image on {recipe.base.os})")
-
-
-def _torch_brings_cuda_wheels(recipe: Recipe, cuda: str) -> bool:
-    """Does the torch pin bring CUDA as nvidia-* wheels other packages load too? Not a large wheel
-    (compat.torch_bundles_cuda: its CUDA sits in torch/lib); an unknown release is torch_rule's to refuse."""
-    if not recipe.torch:
-        return False
-    try:
-        release = compat.torch_release(recipe.torch)
-    except LookupError:
-        return True
-    return not compat.torch_bundles_cuda(release, "cu" + _mm(cuda).replace(".", ""))
-
-
-def _nvidia_base_toolkit(recipe: Recipe, base: BaseFacts | None, wanted: Toolkit) -> Toolkit:
-    """``source: nvidia`` on a named base: nothing installs CUDA, so the base must carry the recipe's
-    CUDA, flavor and cuDNN, read from its nvidia/cuda tag or its config. The toolkit is then the
-    base's own release (the labels name what is inside), never a guess."""
-    image = recipe.base.image or ""
-    facts = cuda_base.from_tag(image) or cuda_base.from_tag(mirrored_ref(image, recipe.base.mirror))
-    if facts is None and (read := base) is not None:
-        facts = cuda_base.from_config(read.labels, read.env)
-    if facts is None or facts.cuda is None:
-        raise _not_a_cuda_base(recipe, image, base, facts)
-    if _mm(facts.cuda) != wanted.major_minor or (recipe.cuda.version.count(".") == 2 and facts.cuda.count(".") == 2
-                                                  and facts.cuda != wanted.version):
-        raise _fail(recipe, "cuda.version", "cuda", recipe.cuda.version, "base.image", f"{image} (CUDA {facts.cuda})",
-                    f"with source: nvidia the CUDA is the base's, and {image} carries CUDA {facts.cuda} "
-                    f"({facts.evidence})", hint=f'use cuda.version "{facts.cuda}" or a base with CUDA '
-                                                f"{recipe.cuda.version}")
-    if facts.flavor != recipe.cuda.flavor:
-        raise _fail(recipe, "cuda.flavor", "cuda.flavor", recipe.cuda.flavor, "base.image",
-                    f"{image} ({facts.flavor or 'flavor unknown'})",
-                    f"with source: nvidia the image carries the base's CUDA tier, and {image} is "
-                    + (f"the {facts.flavor} tier ({facts.evidence})" if facts.flavor else
-                       f"of a tier imgbuild cannot tell ({facts.evidence})"),
-                    hint=f"use cuda.flavor: {facts.flavor}" if facts.flavor else
-                    "use an nvidia/cuda tag or an imgbuild base, which say their tier")
-    cudnn = recipe.cuda.cudnn
-    base_cudnn = facts.cudnn
-    if base_cudnn == "":  # a bare "cudnn" tag: the major NVIDIA publishes for that CUDA, when only one
-        majors = compat.cudnn_versions(facts.cuda)
-        base_cudnn = majors[0] if len(majors) == 1 else None
-    if cudnn and base_cudnn != cudnn.split(".", maxsplit=1)[0]:
-        carries = (f"cuDNN {base_cudnn}" if base_cudnn else "a cuDNN of a major imgbuild cannot tell"
-                   if facts.cudnn == "" else "no cuDNN")
-        raise _fail(recipe, "cuda.cudnn", "cudnn", cudnn, "base.image", image,
-                    f"with source: nvidia cuDNN comes from the base, and {image} carries {carries} "
-                    f"({facts.evidence})",
-                    hint=f'use cudnn: "{base_cudnn}"' if base_cudnn else
-                    "drop cuda.cudnn or use a base with that cuDNN (an nvidia/cuda cudnn tag)")
-    if facts.cuda.count(".") < 2:
-        return wanted
-    try:
-        return compat.resolve_cuda(facts.cuda)
-    except LookupError as exc:
-        raise _gap(recipe, "base.image", exc, "cuda", facts.cuda) from None
-
-
-def _not_a_cuda_base(recipe: Recipe, image: str, base: BaseFacts | None,
-                     facts: cuda_base.CudaBase | None) -> CompatibilityError:
-    if facts is not None:
-        why = f"it carries no CUDA: {facts.evidence}"
-    elif cuda_base.plain_os_image(image):
-        why = "it is a plain OS image: nothing in it or in the recipe installs CUDA"
-    else:
-        why = "it is not an nvidia/cuda tag and its config was not read, so its CUDA cannot be checked"
-    return _fail(recipe, "base.image", "base.image", image, "cuda.source", "nvidia",
-                 f"source: nvidia takes CUDA from the base image, and {why}",
-                 hint="use cuda.source: wheels (CUDA from NVIDIA's wheels on this base), drop base.image "
-                      "(imgbuild picks the nvidia/cuda tag), or name an nvidia/cuda tag or a CUDA base in a "
-                      "registry imgbuild can read")
-
-
-def _newest_with_image(recipe: Recipe, newest: Toolkit) -> Toolkit:
-    """For nvidia/cuda bases, "12.8" means the newest 12.8.x that NVIDIA published this image for
-    (flavor, cuDNN and the recipe's OS); none: refuse, naming the OSes that minor has and the newest
-    release for this OS."""
-    os_name = detect_os(recipe) or recipe.base.os
-    try:
-        release = compat.image_release(newest.major_minor, recipe.cuda.flavor, recipe.cuda.cudnn, os_name)
-    except compat.ImageGap as gap:
-        raise _image_gap(recipe, gap, recipe.cuda.version, os_name) from None
-    return compat.resolve_cuda(release)
 
 
 def _image_gap(recipe: Recipe, gap: compat.ImageGap, cuda: str, os_name: str) -> CompatibilityError:
@@ -543,7 +333,7 @@ def _torch_refuses_python(recipe: Recipe, python: str) -> str | None:
     return f"torch {release.version} has no wheel for Python {python}: {release.python}"
 
 
-# ----------------------------------------------------------------------------- 4. torch
+# ----------------------------------------------------------------------------- 4. torch: what the look-up found
 @dataclass(frozen=True)
 class LookedUp:
     """Facts the plan-time look-up found beyond the shipped data, passed in (the resolver reads no
@@ -562,181 +352,22 @@ class LookedUp:
     wheels: tuple[WheelContents, ...] = ()
 
 
-def torch_rule(recipe: Recipe, cuda: str, python: str, looked_up: LookedUp | None = None) -> TorchPart:
-    """torch: the build for the CUDA's variant (cu124), which must exist and accept the Python;
-    taken from the Python registry when its default wheel is that variant, else from
-    PyTorch's per-CUDA index."""
-    if not recipe.torch:
-        return TorchPart()
-    release = torch_release_rule(recipe, looked_up)
-    warnings: list[RecipeWarning] = []
-    if release.from_cache:
-        warnings.append(RecipeWarning(
-            codes.TORCH_FROM_INDEX, "torch",
-            f"torch {release.version} is newer than imgbuild's shipped data: its CUDA variant, pins "
-            f"and Python range come from the package index ({release.source}; cached in "
-            f"{release.from_cache}); only its PyPI build ({release.pypi_variant}) is known"))
-    wanted = "cu" + _mm(cuda).replace(".", "")
-    if wanted not in release.variants:
-        raise _torch_variant_error(recipe, release, wanted, cuda, python)
-    if python not in release.python:
-        raise _fail(recipe, "python", "torch", release.version, "python", python,
-                    f"torch {release.version} publishes wheels for Python {release.python}",
-                    hint=_torch_python_hint(recipe, release, wanted, python))
-    if recipe.cuda.source == CudaSource.NVIDIA and recipe.cuda.flavor != CudaFlavor.BASE:
-        major = cuda.split(".", maxsplit=1)[0]
-        warnings.append(RecipeWarning(
-            codes.CUDA_TWICE, "torch",
-            f"torch {release.version}+{wanted} brings its own CUDA libraries as nvidia-*-cu{major} "
-            f"wheels; the nvidia/cuda {recipe.cuda.flavor} base carries them a second time (several GB). "
-            "Use cuda.source: wheels (or flavor: base) unless you need the base's toolkit."))
-    # The Python registry's Linux wheel is one CUDA variant; take it from there when it is
-    # the one wanted (it is the same build), else from PyTorch's per-CUDA index.
-    index = compat.torch_index_url(wanted) if release.pypi_variant != wanted else None
-    return TorchPart(release.version, wanted, index, tuple(warnings), release)
-
-
-def _torch_python_hint(recipe: Recipe, release: TorchRelease, wanted: str, python: str) -> str:
-    """The nearest Python torch has wheels for that the recipe's OS provides (Debian: its own python3
-    only; Ubuntu: deadsnakes), and the nearest torch release with a ``wanted`` build for the Python asked."""
-    os_name = detect_os(recipe)
-    if os_name and os_name.startswith("ubuntu"):
-        offered = sorted(set(OS_PYTHON.values()), key=Version)
-    else:  # a python:X.Y image or a base brings one Python; Debian ships one
-        offered = [OS_PYTHON[os_name]] if os_name in OS_PYTHON and not _PYTHON_IMAGE.search(recipe.base.image or "") \
-            else []
-    options = []
-    pythons = [p for p in offered if p in release.python]
-    if pythons:
-        options.append(f'python: "{compat.nearest_versions(python, pythons, n=1)[0]}" (the nearest Python torch '
-                       f"{release.version} has wheels for that {os_name} provides)")
-    fits = [r.version for r in compat.torch_releases() if wanted in r.variants and python in r.python]
-    if fits:
-        options.append(f"torch {compat.nearest_versions(release.version, fits, n=1)[0]} (the nearest release with a "
-                       f"{wanted} build for Python {python})")
-    return "use " + " or ".join(options) if options else f"use a Python in {release.python} (and a base that has it)"
-
-
-def torch_release_rule(recipe: Recipe, looked_up: LookedUp | None = None) -> TorchRelease:
-    """The torch pin's release from the shipped data or the look-up cache. Unknown: a release near
-    known ones is most likely a typo (never "newer than the data"); one newer than the data could
-    not be looked up, and the hint says why (offline, or the index's answer)."""
-    version = recipe.torch or ""
-    looked_up = looked_up or LookedUp()
+def _pinned_release(recipe: Recipe, key: str, name: str, version: str, find: Callable[[str], _Release],
+                    table: Callable[[], Sequence[_Release]], fits: FitsFn) -> _Release:
+    """The pinned release's row (``find``), else the refusal of a release the table lacks, whose hint
+    names the nearest that ``fits`` (flash-attn's and bitsandbytes' checks, one message)."""
     try:
-        return compat.torch_release(version, extra=looked_up.torch)
+        return find(version)
     except LookupError:
-        pass
-    known = [r.version for r in compat.torch_releases()]
-    newest = known[-1]
-    fitting = _torch_fits(recipe)
-    wanted = f"a {_variant(recipe.cuda.version)} build for Python {recipe.python}"
-    # where no release fits the CUDA and Python as written, none is offered as the fix
-    none_fits = f"no torch release imgbuild knows has {wanted} (change cuda.version or python too)"
-    near = compat.nearest_versions(version, known)
-    try:
-        newer = Version(version) > Version(newest)
-    except InvalidVersion:
-        newer = False
-    if not newer:
-        nearest = compat.nearest_versions(version, fitting or known, n=1)[0]
-        raise _fail(recipe, "torch", "torch", version, "imgbuild's torch data", compat.data_as_of(),
-                    f"{version} is not a torch release imgbuild knows (known near it: {', '.join(near)})",
-                    hint=f"use torch {nearest} (the nearest release with {wanted}), or the newest, {fitting[-1]}"
-                    if fitting else f"{none_fits}; the nearest release is {nearest}")
-    if looked_up.index_releases:  # the index was asked and has no such version: it does not exist
-        nearest = compat.nearest_versions(version, [*looked_up.index_releases, *known], n=1)[0]
-        raise _fail(recipe, "torch", "torch", version, "the package index", looked_up.index_url or "",
-                    f"torch {version} is not a release: the package index has no such version (its newest: "
-                    f"{', '.join(looked_up.index_releases[-3:])})",
-                    hint=f"use torch {nearest} (the nearest release)")
-    if looked_up.offline:
-        why = "--offline: the package index was not asked"
-        how = "plan without --offline (the index reachable) to look it up"
-    elif looked_up.failure:
-        why, how = f"the package index could not answer: {looked_up.failure}", "check the version"
-    else:
-        why, how = "it is not in the look-up cache", "plan with the package index reachable to look it up"
-    raise _fail(recipe, "torch", "torch", version, "imgbuild's torch data", compat.data_as_of(),
-                f"torch {version} is newer than imgbuild's data (newest known: {newest}), and {why}",
-                hint=f"{how}, or use torch {fitting[-1]} (the newest imgbuild knows with {wanted})" if fitting else
-                f"{how}; {none_fits}")
-
-
-def _variant(cuda: str) -> str:
-    """12.4.1 -> cu124: the torch variant of a CUDA as written."""
-    return "cu" + _mm(cuda).replace(".", "")
-
-
-def _torch_fits(recipe: Recipe) -> list[str]:
-    """The torch releases the data knows that have a build for the recipe's CUDA as written and its
-    Python, ascending: what a hint for an unknown torch pin names, so that it fits the rest of the recipe
-    (torch_release_rule runs before the CUDA is resolved, so the minor written stands for it)."""
-    wanted = _variant(recipe.cuda.version)
-    return [r.version for r in compat.torch_releases() if wanted in r.variants and recipe.python in r.python]
-
-
-def release_checks(recipe: Recipe, looked_up: LookedUp | None = None) -> list[tuple[Any, tuple[Any, ...]]]:
-    """The checks that a pinned torch, flash-attn or bitsandbytes is a release the data knows, each
-    (function, extra args): they need nothing else decided, so resolve runs them beside the CUDA and
-    Python rules and reports every unknown pin at once."""
-    checks: list[tuple[Any, tuple[Any, ...]]] = []
-    if recipe.torch:
-        checks.append((torch_release_rule, (looked_up,)))
-    for name, table in (("flash-attn", compat.flash_attn_releases), ("bitsandbytes", compat.bitsandbytes_releases)):
-        if (pin := _pin(recipe, name)) is not None:
-            checks.append((_known_release, (f"pip[{pin[0]}]", name, pin[1], table)))
-    return checks
+        raise _unknown_release(recipe, key, name, version, [r.version for r in table()], fits) from None
 
 
 def _known_release(recipe: Recipe, key: str, name: str, version: str,
-                   table: Callable[[], Sequence[FlashAttnRelease | BnbRelease]]) -> str:
+                   table: Callable[[], Sequence[FlashAttnRelease | BnbRelease]], fits: FitsFn) -> str:
     known = [r.version for r in table()]
     if not any(Version(v) == Version(version) for v in known):
-        raise _unknown_release(recipe, key, name, version, known)
+        raise _unknown_release(recipe, key, name, version, known, fits)
     return version
-
-
-def _torch_variant_error(recipe: Recipe, release: TorchRelease, wanted: str, cuda: str,
-                         python: str) -> CompatibilityError:
-    """No torch build for that CUDA: name the nearest CUDA this torch has a build for and the newest
-    torch that has this CUDA and this Python. On a row known to be partial, the build is unknown,
-    not missing: the refusal says so."""
-    variants = sorted(release.variants, key=lambda v: Version(_variant_cuda(v)))
-
-    def distance(variant: str) -> tuple[int, int]:
-        a, b = Version(_variant_cuda(variant)), Version(_mm(cuda))
-        return abs((a.major * 100 + a.minor) - (b.major * 100 + b.minor)), -(a.major * 100 + a.minor)
-
-    # source: wheels needs NVIDIA's runtime wheels of that CUDA on PyPI (none before 11.7): a CUDA
-    # without them would be refused next
-    variants = [v for v in variants
-                if recipe.cuda.source != CudaSource.WHEELS or compat.cuda_wheel_sets(_variant_cuda(v))] or variants
-    usable = [v for v in variants if _nvidia_image_os(recipe, _variant_cuda(v)) == recipe.base.os]
-    nearest = min(usable or variants, key=distance) if variants else None
-    fits = [r.version for r in compat.torch_releases() if wanted in r.variants and python in r.python]
-    options = []
-    has = "is known to have a build for" if release.unknown_variants else "has a build for"
-    if nearest and usable:
-        options.append(f"cuda {_variant_cuda(nearest)} (the nearest CUDA torch {release.version} {has}"
-                       + (f" and nvidia/cuda has a {recipe.cuda.flavor} image on {recipe.base.os} for)"
-                          if len(usable) < len(variants) else ")"))
-    elif nearest and (os_name := _nvidia_image_os(recipe, _variant_cuda(nearest))):
-        options.append(f'cuda: "{_variant_cuda(nearest)}" on {os_name} (the nearest CUDA torch {release.version} '
-                       f"{has}; nvidia/cuda has no {recipe.cuda.flavor} image of it on {recipe.base.os})")
-    if fits:
-        close = compat.nearest_versions(release.version, fits, n=1)[0]
-        also = f"; the newest: {fits[-1]}" if fits[-1] != close else ""
-        options.append(f"torch {close} (the nearest release with {wanted} for Python {python}{also})")
-    hint = "use " + " or ".join(options) if options else None
-    if release.unknown_variants:
-        return _fail(recipe, "torch", "torch", release.version, "cuda", cuda,
-                     f"whether torch {release.version} has a {wanted} build is unknown: imgbuild's data for it is "
-                     f"partial ({release.unknown_variants})", hint=hint, partial=True)
-    return _fail(recipe, "torch", "torch", release.version, "cuda", cuda,
-                 f"torch {release.version} has CUDA wheels only for "
-                 + (f"{', '.join(variants[:-1])} and {variants[-1]}" if len(variants) > 1 else "".join(variants)),
-                 hint=hint)
 
 
 def _nvidia_image_os(recipe: Recipe, cuda: str) -> str | None:
@@ -752,14 +383,6 @@ def _nvidia_image_os(recipe: Recipe, cuda: str) -> str | None:
             continue
         return os_name
     return None
-
-
-def torch_cudnn_major(release: TorchRelease) -> str | None:
-    """The cuDNN major of a torch release: its PyPI wheel's nvidia-cudnn pin. PyTorch builds every
-    CUDA variant of a release against one cuDNN major (RELEASE.md's compatibility matrix: 2.1-2.3
-    cuDNN 8 on cu118 and cu121, 2.4+ cuDNN 9 on every variant), so it holds for the other variants."""
-    pins = [v for n, v in release.pypi_cuda_wheels.items() if n.startswith("nvidia-cudnn")]
-    return pins[0].split(".")[0] if pins else None
 
 
 # ----------------------------------------------------------------------------- 5. architectures
@@ -778,288 +401,6 @@ def arch_rule(recipe: Recipe, cuda: str) -> ArchPart:
                         f"nvcc {_mm(cuda)} targets {', '.join(supported)}",
                         hint="drop that architecture or pick a CUDA that supports it")
     return ArchPart(archs, supported)
-
-
-# ----------------------------------------------------------------------------- 6. flash-attn
-def flash_attn_rule(recipe: Recipe, cuda: str, python: str, torch: str | None, archs: tuple[str, ...]) -> FlashAttnPart:
-    """A flash-attn pin must fit torch, CUDA, Python and the architectures; it comes as its
-    GitHub release wheel where its release workflow built one for that combination whose SASS
-    runs on every build.cuda_arch, else it builds from source, which its C++ standard and the
-    toolkit's nvcc must allow."""
-    fa = _pin(recipe, "flash-attn")
-    if not fa:
-        return FlashAttnPart()
-    i, version = fa
-    key = f"pip[{i}]"
-    rel = _check_flash_attn(recipe, key, version, cuda, python, torch)
-    for j, arch in enumerate(archs):
-        if compat.arch_base(arch) not in rel.archs:
-            raise _fail(recipe, f"build.cuda_arch[{j}]", "flash-attn", version, "cuda_arch", arch,
-                        f"flash-attn {version} runs on compute capabilities {', '.join(rel.archs)}",
-                        hint="FlashAttention 2 needs Ampere (8.0) or newer")
-    torch_version = torch or ""  # _check_flash_attn refused a recipe without torch
-    wheel = None if "flash-attn" in recipe.build.from_source else compat.flash_attn_prebuilt(
-        version, cuda, _mm(torch_version), python, archs=tuple(compat.arch_base(a) for a in archs),
-        cxx11abi=torch_cxx11_abi(torch_version))
-    if wheel is None:
-        _check_flash_attn_source_build(recipe, key, rel, cuda, python, torch_version, archs)
-        return FlashAttnPart(compile=frozenset({"flash-attn"}))
-    url = flash_attn_wheel_url(version, wheel.cuda, _mm(torch_version), python, torch_version)
-    return FlashAttnPart(prebuilt=(("flash-attn", url),))
-
-
-def _fa_fits(cuda: str, python: str, torch: str | None) -> list[str]:
-    """The fully recorded flash-attn releases that accept this CUDA, Python and torch, ascending; with
-    torch, only those that install here: a release wheel for the combination, or a source build whose
-    C++ standard torch's headers accept (_check_flash_attn_source_build)."""
-    need = compat.torch_cxx_std(torch) if torch else None
-    out = []
-    for r in compat.flash_attn_releases():
-        if r.partial or not _cuda_in(r.cuda, cuda) or python not in r.python or (torch and torch not in r.torch):
-            continue
-        if torch and need is not None and r.cxx_std is not None and need > r.cxx_std and compat.flash_attn_prebuilt(
-                r.version, cuda, _mm(torch), python, cxx11abi=torch_cxx11_abi(torch)) is None:
-            continue
-        out.append(r.version)
-    return out
-
-
-def _flash_attn_fit_hint(version: str, cuda: str, python: str, torch: str, wants: str) -> str:
-    """The fully recorded flash-attn release nearest the pin that fits the rest of the recipe (not the
-    newest, never one that clashes with torch, CUDA or Python); none: keep the pin, move the other side."""
-    fits = _fa_fits(cuda, python, torch)
-    if not fits:
-        return f"no flash-attn release imgbuild knows fits torch {torch}, CUDA {_mm(cuda)} and Python {python}: " \
-               f"keep flash-attn {version} and move to {wants}"
-    nearest = compat.nearest_versions(version, fits, n=1)[0]
-    return f"use flash-attn=={nearest} (the nearest release that fits torch {torch}, CUDA {_mm(cuda)} and " \
-           f"Python {python})"
-
-
-def _check_flash_attn(recipe: Recipe, key: str, version: str, cuda: str, python: str,
-                      torch: str | None) -> FlashAttnRelease:
-    try:
-        rel = compat.flash_attn_release(version)
-    except LookupError:
-        raise _unknown_release(recipe, key, "flash-attn", version,
-                               [r.version for r in compat.flash_attn_releases()]) from None
-    if rel.partial:
-        fits = _fa_fits(cuda, python, torch)
-        newest = sorted(fits, key=Version, reverse=True)[:4]
-        raise _fail(recipe, key, "flash-attn", version, "imgbuild's flash-attn table", compat.data_as_of(),
-                    f"flash-attn {version} is {rel.partial}",
-                    hint=f"use flash-attn {', '.join(newest)} (the newest fully recorded that fit"
-                         f"{f' torch {torch},' if torch else ''} CUDA {_mm(cuda)} and Python {python})" if fits else
-                    _newest_hint("flash-attn", [r.version for r in compat.flash_attn_releases() if not r.partial],
-                                 _fitting(cuda, python, torch)),
-                    partial=True)
-    if not torch:
-        raise _fail(recipe, key, "flash-attn", version, "torch", "(none)",
-                    "flash-attn builds against torch", hint="pin torch: in the recipe")
-    if torch not in rel.torch:
-        raise _fail(recipe, key, "flash-attn", version, "torch", torch,
-                    f"flash-attn {version} supports torch {rel.torch}",
-                    hint=_flash_attn_fit_hint(version, cuda, python, torch, f"torch {rel.torch}"))
-    if cuda not in rel.cuda and _mm(cuda) not in rel.cuda:
-        raise _fail(recipe, key, "flash-attn", version, "cuda", cuda,
-                    f"flash-attn {version} supports CUDA {rel.cuda}",
-                    hint=_flash_attn_fit_hint(version, cuda, python, torch, f"CUDA {rel.cuda}"))
-    if python not in rel.python:
-        raise _fail(recipe, key, "flash-attn", version, "python", python,
-                    f"flash-attn {version} supports Python {rel.python}",
-                    hint=_flash_attn_fit_hint(version, cuda, python, torch, f"a Python in {rel.python}"))
-    return rel
-
-
-def _check_flash_attn_source_build(recipe: Recipe, key: str, rel: FlashAttnRelease, cuda: str, python: str,
-                                   torch: str, archs: tuple[str, ...]) -> None:
-    """A source build compiles as the C++ standard flash-attn's setup.py passes (-std=c++17 for
-    nvcc and the host compiler), which torch's headers must accept; and only the SASS targets
-    setup.py compiles with this toolkit's nvcc (sm_100/sm_120 from 12.8)."""
-    need = compat.torch_cxx_std(torch)
-    if need is not None and rel.cxx_std is not None and need > rel.cxx_std:
-        older = [t.version for t in compat.torch_releases()
-                 if (compat.torch_cxx_std(t.version) or need) <= rel.cxx_std and t.version in rel.torch
-                 and python in t.python and _mm(cuda) in t.variants.values()]
-        newer_fa = [r.version for r in compat.flash_attn_releases()
-                    if not r.partial and (r.cxx_std or 0) >= need and torch in r.torch]
-        hints = []
-        if newer_fa:
-            hints.append(f"use flash-attn {', '.join(sorted(newer_fa, key=Version, reverse=True)[:3])} "
-                         f"(compiles as C++{need})")
-        if older:
-            hints.append(f"use torch {', '.join(sorted(older, key=Version, reverse=True)[:3])} "
-                         f"(the newest whose headers compile as C++{rel.cxx_std}, with a CUDA {_mm(cuda)} build)")
-        else:
-            any_older = [t.version for t in compat.torch_releases()
-                         if (compat.torch_cxx_std(t.version) or need) <= rel.cxx_std and t.version in rel.torch]
-            if any_older:
-                hints.append(f"use torch {max(any_older, key=Version)} (the newest whose headers compile as "
-                             f"C++{rel.cxx_std}) with a CUDA it has a build for")
-        if not newer_fa:
-            hints.append(f"no flash-attn release imgbuild knows compiles as C++{need}")
-        raise _fail(recipe, key, "flash-attn", rel.version, "torch", torch,
-                    f"flash-attn {rel.version} builds from source here and its setup.py compiles as "
-                    f"-std=c++{rel.cxx_std}, but torch {torch}'s headers need C++{need} "
-                    f"('#error C++{need} or later compatible compiler is required')",
-                    hint="; ".join(hints))
-    sms = rel.sms(cuda)
-    for j, arch in enumerate(archs):
-        if not any(compat.sass_runs_on(sm, arch) for sm in sms):
-            raise _fail(recipe, f"build.cuda_arch[{j}]", "flash-attn", rel.version, "cuda", cuda,
-                        f"flash-attn {rel.version} builds from source here, and its setup.py compiles "
-                        f"{', '.join('sm_' + sm.replace('.', '') for sm in sms) or 'no SASS'} with nvcc {_mm(cuda)}: "
-                        f"nothing runs on {arch}",
-                        hint="use a CUDA whose nvcc flash-attn compiles that architecture with (sm_100/sm_120: 12.8+)")
-
-
-# ----------------------------------------------------------------------------- 7. bitsandbytes
-def bitsandbytes_rule(recipe: Recipe, cuda: str, python: str, torch: str | None, archs: tuple[str, ...]) -> Warnings:
-    """A bitsandbytes pin must ship binaries for the CUDA, accept the Python and torch, and
-    have kernels for every architecture; LLM.int8() needs a newer GPU than the rest."""
-    bnb = _pin(recipe, "bitsandbytes")
-    if not bnb:
-        return ()
-    i, version = bnb
-    rel = _check_bitsandbytes(recipe, f"pip[{i}]", version, cuda, python, torch)
-    warnings = []
-    for j, arch in enumerate(archs):
-        cc = compat.arch_base(arch)
-        if rel.min_compute_capability and Version(cc) < Version(rel.min_compute_capability):
-            raise _fail(recipe, f"build.cuda_arch[{j}]", "bitsandbytes", version, "cuda_arch", arch,
-                        f"bitsandbytes {version}'s PyPI wheel has kernels for compute capability "
-                        f"{rel.min_compute_capability} and newer",
-                        hint=f"drop {arch}" + (" or build bitsandbytes from source"
-                                               if model().has_sdist("bitsandbytes", version) is not False
-                                               else f" (bitsandbytes {version} has no sdist to build from)"))
-        # below the LLM.int8() floor (cuBLASLt's, 7.5) the loader opens the _nocublaslt library
-        below_lt = rel.int8_compute_capability and Version(cc) < Version(rel.int8_compute_capability)
-        if rel.cuda_nocublaslt is not None and below_lt and not _cuda_in(rel.cuda_nocublaslt, cuda):
-            raise _fail(recipe, f"build.cuda_arch[{j}]", "bitsandbytes", version, "cuda_arch", arch,
-                        f"bitsandbytes {version} loads libbitsandbytes_cuda{_mm(cuda).replace('.', '')}_nocublaslt.so "
-                        f"below compute capability {rel.int8_compute_capability}, and its wheel has that library "
-                        "only for CUDA "
-                        f"{_describe(rel.cuda_nocublaslt)}",
-                        hint=_bnb_hint(cuda, python, torch))
-        if rel.int8_compute_capability and Version(cc) < Version(rel.int8_compute_capability):
-            warnings.append(RecipeWarning(
-                codes.BNB_INT8_ARCH, f"build.cuda_arch[{j}]",
-                f"bitsandbytes: LLM.int8() needs compute capability {rel.int8_compute_capability}+; "
-                f"on {arch} only 8-bit optimizers and NF4/FP4 quantization work"))
-    return tuple(warnings)
-
-
-def _check_bitsandbytes(recipe: Recipe, key: str, version: str, cuda: str, python: str,
-                        torch: str | None) -> BnbRelease:
-    try:
-        rel = compat.bitsandbytes_release(version)
-    except LookupError:
-        raise _unknown_release(recipe, key, "bitsandbytes", version,
-                               [r.version for r in compat.bitsandbytes_releases()]) from None
-    if rel.partial:
-        raise _fail(recipe, key, "bitsandbytes", version, "imgbuild's bitsandbytes table", compat.data_as_of(),
-                    f"bitsandbytes {version} is known only in part: {rel.partial}", hint=_bnb_hint(cuda, python, torch),
-                    partial=True)
-    if not _cuda_in(rel.cuda, cuda):
-        raise _fail(recipe, key, "bitsandbytes", version, "cuda", cuda,
-                    f"bitsandbytes {version} ships CUDA binaries for {_describe(rel.cuda)}",
-                    hint=_bnb_nearest_hint(version, cuda, python, torch) or
-                    f"use a CUDA it ships binaries for ({_describe(rel.cuda)}); no bitsandbytes release imgbuild "
-                    f"knows fits {_fitting(cuda, python, torch)}")
-    if python not in rel.python:
-        raise _fail(recipe, key, "bitsandbytes", version, "python", python,
-                    f"bitsandbytes {version} supports Python {rel.python}",
-                    hint=_bnb_nearest_hint(version, cuda, python, torch) or f"use a Python in {rel.python}")
-    if torch and rel.torch and torch not in rel.torch:
-        fits = _bnb_fits(cuda, python, torch)
-        raise _fail(recipe, key, "bitsandbytes", version, "torch", torch,
-                    f"bitsandbytes {version} requires torch {rel.torch}",
-                    hint=(f"use bitsandbytes=={fits[-1]} (the newest that accepts torch {torch})"
-                          if fits else f"use a torch in {rel.torch}"))
-    return rel
-
-
-def _bnb_fits(cuda: str, python: str, torch: str | None) -> list[str]:
-    """The fully recorded bitsandbytes releases that accept this CUDA, Python and torch, ascending."""
-    return [r.version for r in compat.bitsandbytes_releases() if not r.partial and _cuda_in(r.cuda, cuda)
-            and python in r.python and (not torch or torch in r.torch)]
-
-
-def _bnb_nearest_hint(version: str, cuda: str, python: str, torch: str | None) -> str | None:
-    """The fully recorded bitsandbytes release nearest the pin that fits CUDA, Python and torch (None: none)."""
-    fits = _bnb_fits(cuda, python, torch)
-    if not fits:
-        return None
-    return (f"use bitsandbytes=={compat.nearest_versions(version, fits, n=1)[0]} (the nearest release that fits "
-            f"{_fitting(cuda, python, torch)})")
-
-
-def _bnb_hint(cuda: str, python: str, torch: str | None) -> str:
-    fits = _bnb_fits(cuda, python, torch)
-    if fits:
-        return f"use bitsandbytes=={fits[-1]} (the newest that fits CUDA {_mm(cuda)}" + \
-            (f" and torch {torch})" if torch else ")")
-    return _newest_hint("bitsandbytes", [r.version for r in compat.bitsandbytes_releases() if not r.partial],
-                        _fitting(cuda, python, torch))
-
-
-# ----------------------------------------------------------------------------- 8. images
-def images_rule(recipe: Recipe, cuda: str, os_name: str | None, compile_: frozenset[str], *,
-                today: datetime.date) -> ImagesPart:
-    """The final stage's FROM (base.image, or NVIDIA's image for the toolkit, under base.mirror)
-    and, when something compiles, the compile stage's; a warning when NVIDIA's support policy has
-    put that image past its end of life on ``today`` (the caller's date: no clock read here)."""
-    if recipe.base.image:  # always set with source: wheels (the recipe loader requires it)
-        base_image = mirrored_ref(recipe.base.image, recipe.base.mirror)
-    else:
-        base_image = _nvidia_image(recipe, cuda, recipe.cuda.flavor, os_name)
-    if recipe.cuda.source != CudaSource.NVIDIA:
-        if not compile_:
-            return ImagesPart(base_image, None)
-        builder, wheels, home = _wheels_builder(recipe, cuda, os_name, base_image, compile_)
-        return ImagesPart(base_image, builder, wheels, home)
-    builder_image = None
-    if compile_:
-        needs_devel = recipe.cuda.flavor != CudaFlavor.DEVEL
-        builder_image = _nvidia_image(recipe, cuda, "devel", os_name) if needs_devel else base_image
-    warnings: Warnings = ()
-    eol = compat.image_end_of_life(cuda, today)
-    pulls_nvidia = not recipe.base.image or builder_image not in (None, base_image)
-    if eol is not None and pulls_nvidia:
-        gone = f" from {eol.deletion}" if eol.deletion else ""
-        warnings = (RecipeWarning(
-            codes.EOL_IMAGE, "cuda.version",
-            f"nvidia/cuda {cuda} images reached end of life on {eol.date} ({eol.why}); NVIDIA's policy "
-            f"deletes them from Docker Hub{gone}",
-            hint="mirror the tag (imgbuild mirror) or move to a supported CUDA"),)
-    return ImagesPart(base_image, builder_image, warnings=warnings)
-
-
-def _wheels_builder(recipe: Recipe, cuda: str, os_name: str | None, base_image: str,
-                    from_source: frozenset[str]) -> tuple[str, tuple[str, ...], str | None]:
-    """The compile stage of a source: wheels recipe: (FROM, nvcc wheels, CUDA_HOME). Every package
-    built from source gets NVIDIA's devel toolchain of the same CUDA (nvcc, headers, the math
-    libraries): whether a package's build compiles CUDA code (pycuda's does; a list of known ones
-    would miss the next) is not something imgbuild can tell from outside, and the cuda.arch label
-    promises what was compiled for. NVIDIA's devel image where the OS has one, else the CUDA 13+
-    nvcc wheels on the same base; with neither, refuse before anything builds."""
-    if os_name and os_name.startswith("ubuntu"):
-        try:
-            return _nvidia_image(recipe, cuda, "devel", os_name, any_patch=True), (), None
-        except CompatibilityError:
-            pass  # no devel image for that OS: try nvcc from wheels
-    try:
-        extras = compat.tier_extras("devel", cuda)
-        ws = compat.cuda_wheel_set(cuda)
-    except LookupError as exc:
-        names = ", ".join(sorted(from_source))
-        raise _fail(recipe, "build.from_source" if recipe.build.from_source else "pip", names, "(source build)",
-                    "cuda", cuda, f"a source build gets the CUDA {_mm(cuda)} devel toolchain (nvcc, headers), and "
-                    f"there is no nvidia/cuda devel image for {os_name or recipe.base.image}, and {exc}",
-                    hint="use an Ubuntu base (the compile stage then uses nvidia/cuda's devel image), "
-                         "cuda.source: nvidia, CUDA >= 13.0 (nvcc from wheels), or the package's wheel "
-                         "(drop it from build.from_source)") from None
-    return base_image, ws.pins(*extras), compat.cuda_wheel_home(cuda)
 
 
 # ----------------------------------------------------------------------------- 9. flavor
@@ -1090,101 +431,3 @@ def flavor_rule(recipe: Recipe, compile_: frozenset[str]) -> Warnings:
             "(CUDA 13+: nvcc from wheels) or source: nvidia with flavor: devel" if source == "wheels" else
             "runtime_compile needs nvcc and headers: the final image must use flavor: devel"))
     return tuple(warnings)
-
-
-# ----------------------------------------------------------------------------- 10. the base's facts
-def base_rule(recipe: Recipe, base: BaseFacts | None, cuda: str, torch: TorchPart, base_image: str) -> BasePart:
-    """A base read from its registry: refuse one whose CUDA or torch contradicts the recipe,
-    then pin it by digest. Not read (no registry named): the image as it is."""
-    if base is None:
-        return BasePart(base_image, None)
-    base_cuda = base.labels.get(K.CUDA_VERSION) or base.env.get("CUDA_VERSION")
-    if base_cuda and _mm(base_cuda) != _mm(cuda):
-        what, version = ("torch", torch.label or "") if torch.version else ("cuda", cuda)
-        raise _fail(recipe, "base.image", "base.image", f"{base.ref} (CUDA {base_cuda})", what, version,
-                    f"the base carries CUDA {base_cuda} but this recipe needs CUDA {_mm(cuda)}",
-                    hint=f"use cuda.version \"{_mm(base_cuda)}\" or a base built for CUDA {_mm(cuda)}")
-    base_tier = base.labels.get(K.CUDA_FLAVOR)
-    if base_tier in CudaFlavor.words() and CudaFlavor(base_tier).rank > recipe.cuda.flavor.rank:
-        raise _fail(recipe, "cuda.flavor", "cuda.flavor", recipe.cuda.flavor, "base.image",
-                    f"{base.ref} ({base_tier})", f"the base is the {base_tier} tier, so the image carries "
-                    f"{base_tier} CUDA whatever this recipe says", hint=f"use cuda.flavor: {base_tier}")
-    base_torch = base.labels.get(K.TORCH_VERSION)
-    if base_torch and torch.label and base_torch != torch.label:
-        raise _fail(recipe, "torch", "base.image", f"{base.ref} (torch {base_torch})", "torch",
-                    torch.label, "the base already has another torch build",
-                    hint=f"drop torch: from the recipe (the base has {base_torch}) or rebuild the base")
-    return BasePart(base.pinned, base.digest)
-
-
-# ----------------------------------------------------------------------------- 11. CUDA wheels
-def cuda_wheels_rule(recipe: Recipe, wheel_set: WheelSet | None, cuda: str, cudnn: str | None,
-                     torch: TorchPart, base: BaseFacts | None = None) -> CudaWheelsPart:
-    """The nvidia-* pins the final stage installs, and the CUDA_HOME tree a devel flavor gets: the
-    library set of NVIDIA's image tier (wheels.json ``tiers``: base = cudart; runtime = the runtime
-    libraries and NCCL; devel = those plus nvcc and headers, where that CUDA's wheels carry nvcc),
-    less what torch's pins or an imgbuild base already bring; plus cuDNN and what it loads."""
-    if recipe.cuda.source != CudaSource.WHEELS:
-        return CudaWheelsPart()
-    flavor = recipe.cuda.flavor
-    facts = base
-    imgbuild_base = facts if facts is not None and facts.built_by_imgbuild else None
-    bundled = torch.release is not None and torch.variant is not None and compat.torch_bundles_cuda(
-        torch.release, torch.variant)
-    if wheel_set is None:  # torch or the base brings CUDA; does the tier need more than that?
-        if bundled and imgbuild_base is None:
-            raise _fail(recipe, "torch", "torch", torch.label or "", "cuda", cuda,
-                        f"torch {torch.label} is a large wheel: its CUDA libraries sit in torch/lib, where nothing "
-                        f"else loads them, and PyPI has no CUDA {_mm(cuda)} wheels to install libcudart from",
-                        hint=f"use cuda.source: nvidia, or a torch release from {compat.large_wheels_before()} on "
-                             "(its CUDA comes as nvidia-* wheels)")
-        if flavor == "base" or imgbuild_base is not None and _base_tier(imgbuild_base) == flavor:
-            return CudaWheelsPart()
-        raise _fail(recipe, "cuda.flavor", "cuda.flavor", flavor, "cuda", cuda,
-                    f"the {flavor} tier needs CUDA libraries torch does not bring, and PyPI has no CUDA "
-                    f"{_mm(cuda)} wheels to add them from", hint="use cuda.flavor: base (torch's own CUDA libraries)")
-    try:
-        extras = compat.tier_extras(flavor, wheel_set.toolkit)
-    except LookupError as exc:
-        raise _gap(recipe, "cuda.flavor", exc, "cuda.flavor", flavor) from None
-    brought = _brought_extras(wheel_set, None if bundled else torch.release, imgbuild_base)
-    pins = set(wheel_set.pins(*(x for x in extras if x not in brought)))
-    if flavor != "base" and "nccl" not in brought:
-        pins.add(compat.nccl_pin(cuda))
-    if cudnn and not torch.version:
-        cw = compat.cudnn_wheel(cuda, cudnn)
-        pins |= {f"{cw.wheel}=={cw.version}"} | set(wheel_set.pins(*(x for x in ("cublas", "nvrtc")
-                                                                       if x not in brought)))
-    home = compat.cuda_wheel_home(cuda) if flavor == "devel" else None
-    return CudaWheelsPart(tuple(sorted(pins)), home)
-
-
-def _base_tier(facts: BaseFacts) -> str:
-    """The tier an imgbuild base was built as (an unlabelled one: cudart only, the least it has)."""
-    return facts.labels.get(K.CUDA_FLAVOR, "base")
-
-
-def _brought_extras(wheel_set: WheelSet, torch: TorchRelease | None, base: BaseFacts | None) -> frozenset[str]:
-    """The tier extras (and "nccl") already in the image: what torch's wheel pins (its PyPI build's
-    pins: PyTorch's other variants depend on the same libraries of their CUDA), or an imgbuild base's tier."""
-    out: set[str] = set()
-    if base is not None:
-        tier = _base_tier(base)
-        out |= set(compat.tier_extras("runtime" if tier == "devel" else tier, wheel_set.toolkit))
-        if tier != "base":
-            out.add("nccl")
-    if torch is not None:
-        # the wheel's own pins, and every CUDA wheel pip resolves with it (nvjitlink comes in through cuSPARSE)
-        resolved = torch_pins.torch_cuda_pins(torch.version)
-        names = set(torch.pypi_cuda_wheels) | {w.name for w in (resolved.wheels if resolved else ())}
-        out |= set(torch.pypi_cuda_toolkit_extras)
-        out |= {extra for extra, pkgs in wheel_set.extras
-                if any(_unsuffixed(p) in {_unsuffixed(n) for n in names} for p, _ in pkgs)}
-        if any(n.startswith("nvidia-nccl") for n in names):
-            out.add("nccl")
-    return frozenset(out)
-
-
-def _unsuffixed(package: str) -> str:
-    """nvidia-cublas-cu12 -> nvidia-cublas: torch's pins and the toolkit's wheels name one library alike."""
-    return re.sub(r"-cu\d+$", "", package)

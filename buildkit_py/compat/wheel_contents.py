@@ -29,7 +29,7 @@ from packaging.version import InvalidVersion, Version
 
 from buildkit_py.compat import tables
 from buildkit_py.compat.platforms import PinFiles
-from buildkit_py.compat.tables import TorchRelease
+from buildkit_py.compat.torch_data import TorchRelease
 from buildkit_py.errors import CompatDataError
 from buildkit_py.versions import major_minor
 

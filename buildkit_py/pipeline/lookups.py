@@ -23,9 +23,9 @@ from typing import Any
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
-from buildkit_py.compat import index, platforms, refresh, tables, wheel_contents
+from buildkit_py.compat import index, platforms, refresh, torch_data, wheel_contents
 from buildkit_py.compat.rules import LookedUp
-from buildkit_py.compat.tables import TorchRelease
+from buildkit_py.compat.torch_data import TorchRelease
 from buildkit_py.errors import CompatDataError, PackageIndexError
 from buildkit_py.files import write_atomic
 from buildkit_py.recipe.model import Recipe, pin_name
@@ -93,7 +93,7 @@ def _checked(rows: dict[str, dict[str, Any]], where: str) -> tuple[TorchRelease,
             Version(str(row.get("version")))
             if validate(row, {"$ref": "#/$defs/torch_release"}, root=load_schema("compat")):
                 continue  # not the shape of a torch.json row
-            rel = tables.torch_row("look-up cache torch.json", row)
+            rel = torch_data.torch_row("look-up cache torch.json", row)
         except (InvalidVersion, CompatDataError, AttributeError, TypeError):
             continue
         out.append(dataclasses.replace(rel, from_cache=where))
@@ -121,7 +121,7 @@ def torch_row_from_index(version: str, settings: index.IndexSettings, *, today: 
 
 def _known(version: str, extra: tuple[TorchRelease, ...]) -> bool:
     try:
-        tables.torch_release(version, extra=extra)
+        torch_data.torch_release(version, extra=extra)
     except LookupError:
         return False
     return True
