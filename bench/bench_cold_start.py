@@ -53,6 +53,7 @@ from throttle_proxy import Relay  # noqa: E402
 from buildkit_py import oci  # noqa: E402
 from buildkit_py.engine.cold_start import MEASURED_UNPACK_RATE, ColdStartInputs, Layer, predict  # noqa: E402
 from buildkit_py.oci.transport import Client, pull_scope  # noqa: E402
+from buildkit_py.plan.steps import CUDA_PREFIX  # noqa: E402
 from buildkit_py.recipe.model import parse_bandwidth  # noqa: E402
 
 REGISTRY = os.environ.get("IMGBUILD_TEST_REGISTRY", "127.0.0.1:5000")
@@ -62,7 +63,8 @@ TARGET = 0.20
 # (name, layers of the source image, the first test: what the image's start is measured by)
 IMAGES = (
     ("python", 5, "python -c 'import json, sqlite3'"),
-    ("cuda", 7, "python -c 'import nvidia'"),
+    # the first 7 layers end before the .pth that puts CUDA_PREFIX on sys.path (issue 33: 2): the test names it
+    ("cuda", 7, f"python -c 'import sys; sys.path.append(\"{CUDA_PREFIX}\"); import nvidia'"),
     ("torch", 18, "python -c 'import torch'"),
 )
 CALIBRATION = ("calibration", 7, 5)  # two CUDA wheel layers, copied again (not pullable as an image to run)
