@@ -176,9 +176,9 @@ def cache_export_value(value: str, compression: str | None) -> str:
 
     Without force-compression BuildKit exports every combination of the compression variants it
     holds for the chain's layers (cache/remote.go getAvailableBlobs): once the same layers were
-    built as gzip and as zstd or estargz, a chain of ~20 layers is millions of candidate chains and
-    the exporter grew dockerd to 23 GB until the kernel killed it (moby/buildkit#6088). One
-    compression (the image's, else BuildKit's default gzip) is what an importer needs anyway."""
+    held as several blobs (gzip, zstd, estargz), the candidate chains multiply with every layer, and
+    in a test run the export grew dockerd to 24 GB until the kernel killed it (moby/buildkit#6088).
+    One compression (the image's, else BuildKit's default gzip) is what an importer needs anyway."""
     fields = [f for f in value.split(",") if f]
     keys = {f.partition("=")[0].strip() for f in fields}
     kind = next((f.partition("=")[2] for f in fields if f.startswith("type=")), "")
