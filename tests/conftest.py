@@ -421,6 +421,8 @@ def pytest_collection_modifyitems(config, items):
         if E2E_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.e2e)
     if ENGINE_GROUP:
-        kept = [item for item in items if _engine_of(item) in ENGINE_GROUP]
-        config.hook.pytest_deselected(items=[item for item in items if _engine_of(item) not in ENGINE_GROUP])
+        kept, dropped = [], []
+        for item in items:
+            (kept if _engine_of(item) in ENGINE_GROUP else dropped).append(item)
+        config.hook.pytest_deselected(items=dropped)
         items[:] = kept

@@ -6,6 +6,7 @@ import datetime
 import io
 import os
 import re
+import socket
 import stat
 import subprocess
 import sys
@@ -51,6 +52,14 @@ def unique(prefix: str) -> str:
 
 # Builds here reach PyPI through a proxy whose CA only the system bundle has (environment.md).
 CA_ARGS = ["--ca-cert", str(SYSTEM_CA)] if SYSTEM_CA.exists() else []
+
+
+def free_port() -> int:
+    """A loopback port nothing listens on now: for a server a test starts (two pytest processes run at
+    once under `make test`, so no fixed port) or for an address that must refuse connections."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
 
 
 def write_recipe(folder: Path, text: str, name: str = "recipe.yaml") -> Path:

@@ -6,12 +6,11 @@ the plan with the registry's reason."""
 import base64
 import json
 import os
-import socket
 import subprocess
 from pathlib import Path
 
 import pytest
-from helpers import CA_ARGS, assert_labels_true, run_cli, write_recipe
+from helpers import CA_ARGS, assert_labels_true, free_port, run_cli, write_recipe
 
 from buildkit_py import oci
 
@@ -247,9 +246,7 @@ def test_unreadable_base_says_the_registrys_reason_first(tmp_path, logged_in, un
                           f"registry {logged_in.address} rejected the credentials of 'ci'"), err
     assert "cannot tell which OS" not in err and "wrong-" not in err
 
-    with socket.socket() as s:  # a port nothing listens on
-        s.bind(("127.0.0.1", 0))
-        closed = s.getsockname()[1]
+    closed = free_port()  # a port nothing listens on
     code, _, err = run_cli("plan", str(_base_recipe(tmp_path / "down", f"127.0.0.1:{closed}/team/base:1", os_line)))
     assert code == 3, err
     assert "cannot reach registry" in err and "cannot tell which OS" not in err

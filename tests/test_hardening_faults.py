@@ -14,7 +14,6 @@ import io
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import threading
@@ -25,7 +24,7 @@ from pathlib import Path
 import pytest
 import requests
 from conftest import unavailable
-from helpers import RUN_LABEL, RUN_MARK, run_cli, unique, write_recipe
+from helpers import RUN_LABEL, RUN_MARK, free_port, run_cli, unique, write_recipe
 
 from buildkit_py.cli.main import main
 from buildkit_py.engine.kinds.docker_push import push_image
@@ -117,19 +116,12 @@ class OwnRegistry:
         return True
 
 
-def _free_port() -> int:
-    """A port free now: `make test` runs two pytest processes at once, so no fixed range."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
 @pytest.fixture
 def own_registry(tmp_path, monkeypatch):
     started: list[OwnRegistry] = []
 
     def make(storage: Path | None = None) -> OwnRegistry:
-        reg = OwnRegistry(tmp_path / f"registry-{len(started)}", _free_port(), storage)
+        reg = OwnRegistry(tmp_path / f"registry-{len(started)}", free_port(), storage)
         reg.start()
         started.append(reg)
         monkeypatch.setenv("IMGBUILD_REGISTRY_USER", USER)

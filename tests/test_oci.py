@@ -11,7 +11,6 @@ import hashlib
 import json
 import os
 import secrets
-import socket
 import ssl
 import subprocess
 import threading
@@ -23,7 +22,7 @@ from typing import ClassVar
 import pytest
 import requests
 from conftest import unavailable
-from helpers import run_cli, write_recipe
+from helpers import free_port, run_cli, write_recipe
 
 from buildkit_py import oci, reference
 from buildkit_py.compat.rules import mirrored_ref
@@ -202,9 +201,7 @@ def test_auth_errors_are_not_retried(stub):
 
 
 def test_connection_refused_is_registry_unreachable():
-    with socket.socket() as s:  # a port nobody listens on
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()  # a port nobody listens on
     client = oci.Client(credentials=lambda h: None, backoff_s=0.001, max_retries=2)
     with pytest.raises(RegistryUnreachable, match="connection refused"):
         oci.get_manifest(f"127.0.0.1:{port}/a/b:1", client=client)
@@ -726,19 +723,13 @@ def test_check_push_access_asks_the_registry_without_pushing(client, registry, u
     with pytest.raises(AuthenticationError, match="no credentials were found"):
         check_push_access(ref, client=oci.Client(credentials=lambda h: None))
     with pytest.raises(RegistryUnreachable):
-        check_push_access(f"127.0.0.1:{_closed_port()}/team/app:1",
+        check_push_access(f"127.0.0.1:{free_port()}/team/app:1",
                           client=oci.Client(credentials=lambda h: None, backoff_s=0.001, max_retries=1))
     # a token registry that lets the user pull but not push (Docker Hub, ghcr, Harbor answer DENIED)
     _, front = token_registry
     alice = oci.Client(credentials=lambda h: auth.Credentials("alice", "wonderland", "test"))
     with pytest.raises(AuthenticationError, match=r"denied access for repository:team/app:pull,push to 'alice'"):
         check_push_access(f"{front}/team/app:1", client=alice)
-
-
-def _closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 # ---------------------------------------------------------------- a streamed upload re-challenged
