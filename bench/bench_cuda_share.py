@@ -51,6 +51,10 @@ TRIXIE = "debian:trixie-slim"
 IMAGE_GB = 12.0
 # runtime (default): the tier's ~1.5 GB of CUDA layers; base (libcudart alone) for a quick run
 FLAVOR = os.environ.get("IMGBUILD_BENCH_CUDA_FLAVOR", "runtime")
+# The torch pair instead (IMGBUILD_BENCH_CUDA_TORCH=2.14.1): torch from the Python registry with the
+# CUDA 13.0 wheels it pins (~3 GB of them), the cp311 and the cp313 wheel; ~21 GB of disk per build here
+TORCH = os.environ.get("IMGBUILD_BENCH_CUDA_TORCH", "")
+TORCH_IMAGE_GB = 21.0
 PAIRS = (("debian12-py3.11", BOOKWORM, "3.11"), ("debian13-py3.13", TRIXIE, "3.13"))
 
 RECIPE = """\
@@ -61,6 +65,25 @@ base: {{image: {base}}}
 python: "{python}"
 build: {{installer: pip}}
 """
+TORCH_RECIPE = """\
+name: imgbuild-bench/cuda-share-{run}
+version: "{key}"
+cuda: {{version: "13.0", source: wheels, flavor: base}}
+base: {{image: {base}}}
+python: "{python}"
+torch: "{torch}"
+build: {{installer: pip}}
+"""
+
+
+def recipe_text(run: str, key: str, base: str, python: str) -> str:
+    if TORCH:
+        return TORCH_RECIPE.format(run=run, key=key, base=base, python=python, torch=TORCH)
+    return RECIPE.format(run=run, key=key, base=base, python=python, flavor=FLAVOR)
+
+
+def what() -> str:
+    return f"torch {TORCH} with its CUDA 13.0 wheels" if TORCH else f"CUDA 12.4 {FLAVOR}-tier wheels"
 
 
 def venv_layout(plan: BuildPlan) -> BuildPlan:
@@ -119,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
         print(text, flush=True)
 
     run = uuid.uuid4().hex[:8]
-    say(f"CUDA layers across OS x Python, {engine.describe()}, gzip layers, registry {REGISTRY}")
+    say(f"CUDA layers across OS x Python ({what()}), {engine.describe()}, gzip layers, registry {REGISTRY}")
     refs: list[str] = []
     results: dict = {}
     with tempfile.TemporaryDirectory(prefix="imgbuild-bench-cuda-share-") as tmp:
@@ -130,11 +153,12 @@ def main(argv: list[str] | None = None) -> int:
                     folder = Path(tmp) / arm / key
                     folder.mkdir(parents=True)
                     recipe = folder / "recipe.yaml"
-                    recipe.write_text(RECIPE.format(run=run, key=key, base=base, python=python, flavor=FLAVOR))
+                    recipe.write_text(recipe_text(run, key, base, python))
                     plan = plan_from_data(load_recipe(recipe))
                     plan = venv_layout(plan) if arm == "venv" else plan
                     ref = f"{REGISTRY}/imgbuild-bench/cuda-share-{run}-{arm}:{key}"
-                    need_disk(IMAGE_GB if FLAVOR == "runtime" else 2.0, f"the {arm} {key} build")
+                    need_disk(TORCH_IMAGE_GB if TORCH else IMAGE_GB if FLAVOR == "runtime" else 2.0,
+                              f"the {arm} {key} build")
                     refs.append(ref)  # removed at the end even when its build fails after pushing
                     start = time.monotonic()
                     # no layer cache: a cached step whose image another build removed fails the export
@@ -164,8 +188,7 @@ def main(argv: list[str] | None = None) -> int:
                     say(f"    could not delete {ref}: {exc}")
     v, p = results["venv"], results["prefix"]
     say("")
-    say(f"(11) CUDA 12.4 {FLAVOR}-tier wheels, {PAIRS[1][0]} for a node holding {PAIRS[0][0]} "
-        "(compressed bytes to pull)")
+    say(f"(11) {what()}, {PAIRS[1][0]} for a node holding {PAIRS[0][0]} (compressed bytes to pull)")
     for label, x in (("CUDA in the venv (before)", v), ("CUDA in the shared prefix", p)):
         say(f"    {label:27} {x['new']:>15,} B of {x['total']:>15,} B   CUDA layers {x['cuda_new']:>15,} B "
             f"of {x['cuda']:,} B")

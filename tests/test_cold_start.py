@@ -9,6 +9,8 @@ import hashlib
 import fakes
 import pytest
 from helpers import run_cli, write_recipe
+from hypothesis import given
+from hypothesis import strategies as st
 
 from buildkit_py.engine import cold_start as cs
 from buildkit_py.engine.cold_start import ColdStartInputs, ColdStartOverBudget, Layer, NodeLayer, StartTime
@@ -53,8 +55,34 @@ def test_a_fresh_node_pulls_and_unpacks_every_layer():
     assert (p.pull_bytes, p.unpack_bytes, p.layers_pulled, p.layers_held) == (532_000_000, 1_285_000_000, 3, 0)
     assert p.download_seconds == pytest.approx(4.256)  # 532 MB at 125 MB/s
     assert p.unpack_seconds == pytest.approx(12.85)  # 1285 MB at 100 MB/s
-    assert p.total_seconds == pytest.approx(4.256 + 12.85 + 2.5)
-    assert p.to_json()["seconds"] == 19.61 and p.to_json()["start_source"] == "test 'import torch'"
+    # A arrives at 0.24 s, unpacked by 1.04; B arrives at 4.24, unpacked by 16.24; C (at 4.256) by 16.29
+    assert p.ready_seconds == pytest.approx(16.29)
+    assert p.total_seconds == pytest.approx(16.29 + 2.5)
+    assert p.sequential_seconds == pytest.approx(4.256 + 12.85 + 2.5)
+    doc = p.to_json()
+    assert (doc["seconds"], doc["ready_seconds"], doc["sequential_seconds"]) == (18.79, 16.29, 19.61)
+    assert doc["start_source"] == "test 'import torch'"
+    assert "18.8s on a fresh node at 1000 Mbit/s: pull 507.4 MiB 4.3s and unpack 1.2 GiB 12.8s, overlapped " \
+           "layer by layer 16.3s, + 2.5s start (test 'import torch')" == p.summary()
+
+
+def test_each_layer_unpacks_after_its_download_and_the_layer_below():
+    """The timeline (issue 33: 3, run 3: the plain sum over-predicted cuda and torch by 20-34 %)."""
+    assert cs.ready_seconds([]) == 0.0
+    assert cs.ready_seconds([(3.0, 2.0)]) == 5.0  # one layer: nothing to overlap
+    assert cs.ready_seconds([(1.0, 5.0), (1.0, 5.0)]) == 11.0  # the unpack is the bottleneck: 1 + 5 + 5
+    assert cs.ready_seconds([(5.0, 1.0), (5.0, 1.0)]) == 11.0  # the link is: 5 + 5 + 1
+    assert cs.ready_seconds([(1.0, 0.5), (4.0, 0.0)]) == 5.0  # the last download ends after every unpack
+    assert cs.ready_seconds([(0.0, 2.0), (1.0, 2.0)]) == 4.0  # a held blob unpacks at once
+
+
+@given(st.lists(st.tuples(st.floats(0, 1e4), st.floats(0, 1e4)), max_size=40))
+def test_the_timeline_lies_between_its_bottlenecks_and_the_plain_sum(steps):
+    """Never faster than the link or the unpacker alone, never slower than one after the other."""
+    ready = cs.ready_seconds(steps)
+    downloads, unpacks = sum(d for d, _ in steps), sum(u for _, u in steps)
+    slack = 1e-9 * (1 + downloads + unpacks)
+    assert max(downloads, unpacks) - slack <= ready <= downloads + unpacks + slack
 
 
 def test_layers_the_node_holds_on_the_same_layers_are_neither_pulled_nor_unpacked():
@@ -77,7 +105,8 @@ def test_a_layer_held_under_another_parent_is_not_pulled_but_unpacked_again():
     p = cs.predict(ColdStartInputs((A, B, C), bandwidth=125e6, unpack_rate=100e6, held=held, held_chains=chains))
     assert (p.pull_bytes, p.unpack_bytes, p.layers_pulled, p.layers_held) == (32_000_000, 1_285_000_000, 2, 1)
     assert p.layers_unpacked_held == 0
-    assert p.total_seconds == pytest.approx(0.256 + 12.85)
+    # A downloads (0.24 s) and unpacks (0.8 s); B is there, unpacked after A; C arrived long before
+    assert p.total_seconds == pytest.approx(0.24 + 0.8 + 12.0 + 0.05)
 
 
 def test_chain_ids_follow_the_oci_image_spec():

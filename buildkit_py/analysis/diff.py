@@ -178,7 +178,7 @@ def diff_layers(a: ImageLayers, b: ImageLayers, *, bandwidth_mbps: float = 1000,
     new_size = _sum([x.size for x in new])
     seconds = None
     if new_compressed is not None and (unpack_mbps is None or new_size is not None):
-        seconds = pull_seconds(new_compressed, bandwidth_mbps, new_size, unpack_mbps)
+        seconds = pull_seconds([(x.compressed_size or 0, x.size) for x in new], bandwidth_mbps, unpack_mbps)
     totals = Totals(
         layers=len(out), new_layers=len(new),
         compressed_size=_sum([x.compressed_size for x in b.layers]), new_compressed_size=new_compressed,

@@ -39,7 +39,7 @@ from __future__ import annotations
 import collections
 import io
 import posixpath
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -49,6 +49,7 @@ from buildkit_py.analysis.gpu_coverage import KernelCoverage, coverage_table, ke
 from buildkit_py.analysis.layer_paths import CACHE, COMPILER, CUDA_DUPLICATE, DELETED, WEIGHTS, FindingKind
 from buildkit_py.analysis.saved_image import IterStream, LayerScan, SaveScan, analyze_save_stream
 from buildkit_py.analysis.severity import Severity
+from buildkit_py.engine.cold_start import ready_seconds
 from buildkit_py.errors import ImageMissing, ImgbuildError, InspectError, SizeBudgetExceeded
 from buildkit_py.file_kinds import WEIGHT_FILE_LIMIT, over_weight_limit
 from buildkit_py.plan.history import GROUP_ORDER, attribute_layers
@@ -149,20 +150,20 @@ class ImageReport:
 # ---------------------------------------------------------------- pure helpers
 
 
-def pull_seconds(compressed_size: int, bandwidth_mbps: float, unpacked_size: int | None = None,
+def pull_seconds(layers: Sequence[tuple[int, int | None]], bandwidth_mbps: float,
                  unpack_mbps: float | None = None) -> float:
-    """Seconds to move ``compressed_size`` bytes at ``bandwidth_mbps`` megabits (10^6) per second,
-    plus, with ``unpack_mbps``, the time to unpack ``unpacked_size`` bytes of layer tar at that
-    many megabytes (10^6) per second: the engine decompresses and writes each layer after it
-    arrives, and on a fast link that, not the network, is most of a pull (see the E2E pull test)."""
+    """Seconds to pull ``layers`` (each its compressed and unpacked bytes, bottom first) at
+    ``bandwidth_mbps`` megabits (10^6) per second; with ``unpack_mbps``, each layer also unpacked at that
+    many megabytes (10^6) per second as soon as its download has ended and the layer below is unpacked
+    (``engine.cold_start.ready_seconds``, the model budget.cold_start is checked with): on a fast link the
+    unpacking, not the network, is most of a pull (see the E2E pull test)."""
     if bandwidth_mbps <= 0:
         raise ValueError("bandwidth_mbps must be positive")
-    seconds = compressed_size * 8 / (bandwidth_mbps * 1e6)
-    if unpack_mbps is not None:
-        if unpack_mbps <= 0:
-            raise ValueError("unpack_mbps must be positive")
-        seconds += (unpacked_size or 0) / (unpack_mbps * 1e6)
-    return seconds
+    if unpack_mbps is not None and unpack_mbps <= 0:
+        raise ValueError("unpack_mbps must be positive")
+    link = bandwidth_mbps * 1e6 / 8
+    return ready_seconds((compressed / link, (unpacked or 0) / (unpack_mbps * 1e6) if unpack_mbps else 0.0)
+                         for compressed, unpacked in layers)
 
 
 def _ancestors(path: str) -> Iterator[str]:
@@ -476,7 +477,9 @@ def build_report(facts: ImageFacts, saved: SaveScan, options: InspectOptions | N
     findings = find_problems(layers, scans, flavor=facts.labels.get(L.CUDA_FLAVOR),
                              weight_threshold=opts.weight_threshold)
     blob_size = sum(x.blob_size for x in layers)
-    pull = None if compressed is None else pull_seconds(compressed, opts.bandwidth_mbps, blob_size, opts.unpack_mbps)
+    pull = None if compressed is None else pull_seconds(
+        [(s.compressed_size or 0, x.blob_size) for s, x in zip(scans, layers, strict=False)], opts.bandwidth_mbps,
+        opts.unpack_mbps)
     return ImageReport(
         image=facts.ref, id=facts.image_id, size=sum(x.size for x in layers), blob_size=blob_size,
         compressed_size=compressed, unpack_mbps=opts.unpack_mbps, pull_seconds=pull,

@@ -229,7 +229,8 @@ def rate_options(sp: argparse.ArgumentParser) -> None:
     sp.add_argument("--bandwidth", type=positive, default=1000, metavar="MBIT",
                     help="link speed for the pull-time estimate, Mbit/s (default 1000)")
     sp.add_argument("--unpack-rate", type=positive, default=None, metavar="MB/s",
-                    help="add unpacking at this rate (MB/s of layer tar) to the pull time; default: network only")
+                    help="add unpacking at this rate (MB/s of layer tar) to the pull time, each layer as its download "
+                         "ends (the cold-start model); default: network only")
 
 
 # --- steps several commands take --------------------------------------------------------------

@@ -1,6 +1,12 @@
 """How long a fresh node takes to start an image, predicted, and the recipe's ``budget.cold_start``.
 
-    cold start = bytes to pull / bandwidth + bytes unpacked / unpack rate + the entrypoint's start
+    cold start = the pull (download and unpack, layer by layer, overlapped) + the entrypoint's start
+
+The pull is a timeline (``ready_seconds``): the layers download one after another on the node's one
+link, and each unpacks once its download has ended and the layer below it is unpacked, as Docker 26
+(containerd) does; the plain sum of download and unpack time over-predicted every image whose
+download is a real share by 20-34 % (docs/benchmarks.md, cold start run 3) and stays in the report as
+the upper bound.
 
 The bytes to pull are the compressed sizes of the image's layers (its manifest's) less the layers the
 node already holds (the images already on it: ``budget.cold_start.node``). The bytes unpacked are the
@@ -19,7 +25,7 @@ budget where it checks budget.max_size, before the push, and the engine layer ma
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -28,10 +34,11 @@ from buildkit_py.recipe.model import ColdStartBudget
 from buildkit_py.sizes import human_size
 
 # Bytes/s of uncompressed layer content the Docker 26 engine (containerd store, overlayfs) unpacks on
-# the build machine (2 cores shared by ~8 sessions, load ~12): bench/bench_cold_start.py's calibration
-# pull, 0.93 GB of CUDA wheel layers in 75.5 s less its transfer (2026-12-05). The load moves it (12-18
-# MB/s seen that day); a node with its own cores and disk is faster: set budget.cold_start.unpack_rate.
-MEASURED_UNPACK_RATE = 12e6
+# the build machine with nothing else running (2 cores, load 1-2): bench/bench_cold_start.py's
+# calibration pull on 2026-12-06 (docs/benchmarks.md, cold start run 3), the rate a node with cores of
+# its own sees. The same machine shared by other builds (load 9-15) unpacked 12-18 MB/s: a node's own
+# disks and load differ, so a recipe sets its nodes' rate in budget.cold_start.unpack_rate.
+MEASURED_UNPACK_RATE = 65e6
 
 
 @dataclass(frozen=True)
@@ -61,8 +68,9 @@ class ColdStartPrediction:
     unpack_bytes: int
     layers_pulled: int
     layers_held: int  # distinct layers not downloaded
-    download_seconds: float
-    unpack_seconds: float
+    download_seconds: float  # the pull bytes at the bandwidth, all of them
+    unpack_seconds: float  # the unpack bytes at the unpack rate, all of them
+    ready_seconds: float  # until the last layer is unpacked, downloads and unpacks overlapped (ready_seconds())
     start_seconds: float | None
     bandwidth: float
     unpack_rate: float
@@ -72,24 +80,31 @@ class ColdStartPrediction:
 
     @property
     def total_seconds(self) -> float:
+        return self.ready_seconds + (self.start_seconds or 0.0)
+
+    @property
+    def sequential_seconds(self) -> float:
+        """The upper bound: nothing unpacked before everything is downloaded."""
         return self.download_seconds + self.unpack_seconds + (self.start_seconds or 0.0)
 
     def summary(self) -> str:
-        """One line: the total, then each part."""
+        """One line: the total, then each part, and what the overlap saved."""
         start = (f"{self.start_seconds:.1f}s start ({self.start_source})" if self.start_seconds is not None
                  else "start not measured (no test ran)")
         held = (f", {self.layers_held} layers already on the node ({self.layers_unpacked_held} of them unpacked "
                 "there under the same layers)" if self.layers_held else "")
         bound = "" if self.pull_exact else " (at most: uncompressed size, the engine knows no compressed one)"
         return (f"{self.total_seconds:.1f}s on a fresh node at {bandwidth_text(self.bandwidth)}: "
-                f"pull {human_size(self.pull_bytes)}{bound} {self.download_seconds:.1f}s + unpack "
-                f"{human_size(self.unpack_bytes)} {self.unpack_seconds:.1f}s + {start}{held}")
+                f"pull {human_size(self.pull_bytes)}{bound} {self.download_seconds:.1f}s and unpack "
+                f"{human_size(self.unpack_bytes)} {self.unpack_seconds:.1f}s, overlapped layer by layer "
+                f"{self.ready_seconds:.1f}s, + {start}{held}")
 
     def to_json(self) -> dict[str, Any]:
         return {"seconds": round(self.total_seconds, 2), "pull_bytes": self.pull_bytes,
                 "unpack_bytes": self.unpack_bytes, "layers_pulled": self.layers_pulled,
                 "layers_held": self.layers_held, "download_seconds": round(self.download_seconds, 2),
-                "unpack_seconds": round(self.unpack_seconds, 2),
+                "unpack_seconds": round(self.unpack_seconds, 2), "ready_seconds": round(self.ready_seconds, 2),
+                "sequential_seconds": round(self.sequential_seconds, 2),
                 "start_seconds": None if self.start_seconds is None else round(self.start_seconds, 2),
                 "start_source": self.start_source, "bandwidth": self.bandwidth, "unpack_rate": self.unpack_rate,
                 "pull_exact": self.pull_exact, "layers_unpacked_held": self.layers_unpacked_held}
@@ -117,20 +132,40 @@ def node_holds(images: Sequence[Sequence[str]]) -> tuple[frozenset[str], frozens
             frozenset(c for image in images for c in chain_ids(image)))
 
 
+def ready_seconds(steps: Iterable[tuple[float, float]]) -> float:
+    """Seconds until the last layer is unpacked, from each layer's (download, unpack) seconds, bottom
+    first (0 for a part the node skips): downloads follow one another on the one link (an engine fetches
+    a few at once, but they share the link); a layer unpacks once its download has ended and the layer
+    below it is unpacked (its snapshot is made on its parent's). Never more than the plain sum."""
+    link = unpacked = 0.0
+    for download, unpack in steps:
+        link += download
+        unpacked = max(unpacked, link) + unpack
+    return max(link, unpacked)
+
+
 def predict(inputs: ColdStartInputs) -> ColdStartPrediction:
     """The prediction for ``inputs``: each distinct layer the node does not hold is downloaded once (an
-    image that repeats a blob pulls it once); each layer whose chain the node lacks is unpacked."""
-    wanted = {layer.digest: layer for layer in inputs.layers}
-    pulled = [layer for digest, layer in wanted.items() if digest not in inputs.held]
+    image that repeats a blob pulls it once); each layer whose chain the node lacks is unpacked, in order,
+    as its download ends (``ready_seconds``)."""
     chains = chain_ids([layer.digest for layer in inputs.layers])
-    unpacked = [layer for layer, chain in zip(inputs.layers, chains, strict=True) if chain not in inputs.held_chains]
-    pull = sum(layer.compressed for layer in pulled)
-    unpack = sum(layer.uncompressed for layer in unpacked)
+    fetched: set[str] = set(inputs.held)
+    downloads, unpacks = [], []
+    for layer, chain in zip(inputs.layers, chains, strict=True):
+        downloads.append(0 if layer.digest in fetched else layer.compressed)
+        fetched.add(layer.digest)
+        unpacks.append(0 if chain in inputs.held_chains else layer.uncompressed)
+    distinct = {layer.digest for layer in inputs.layers}
+    pulled = len(distinct - inputs.held)
+    pull, unpack = sum(downloads), sum(unpacks)
     return ColdStartPrediction(
-        pull_bytes=pull, unpack_bytes=unpack, layers_pulled=len(pulled), layers_held=len(wanted) - len(pulled),
+        pull_bytes=pull, unpack_bytes=unpack, layers_pulled=pulled, layers_held=len(distinct) - pulled,
         download_seconds=pull / inputs.bandwidth, unpack_seconds=unpack / inputs.unpack_rate,
+        ready_seconds=ready_seconds((d / inputs.bandwidth, u / inputs.unpack_rate)
+                                    for d, u in zip(downloads, unpacks, strict=True)),
         start_seconds=inputs.start_seconds, bandwidth=inputs.bandwidth, unpack_rate=inputs.unpack_rate,
-        start_source=inputs.start_source, layers_unpacked_held=len(inputs.layers) - len(unpacked))
+        start_source=inputs.start_source,
+        layers_unpacked_held=sum(1 for chain in chains if chain in inputs.held_chains))
 
 
 class ColdStartOverBudget(BudgetExceeded):
@@ -173,14 +208,16 @@ def build_prediction(budget: ColdStartBudget | None, compressed: int | None, unc
     ``budget.cold_start.node``), or none of it. ``layers``: the built image's (diff id, unpacked bytes),
     bottom first, as its engine gives them; layers are matched by diff id (the engine knows no blob
     digest before a push). A held layer weighs what its node's manifest says; the rest of the image's
-    compressed size is the pull, exactly (how it splits between the new layers changes no sum). Where the
-    engine does not know the compressed size before a push (Docker 20.10's classic store) the
-    uncompressed size stands in for it: an upper bound, marked so."""
+    compressed size is the pull, exactly, split between the new layers in proportion to their unpacked
+    bytes (the engine gives no per-layer compressed size before a push: the sums are exact, the
+    timeline's shape an estimate). Without ``layers`` the image is one layer (no overlap: the plain
+    sum). Where the engine does not know the compressed size before a push (Docker 20.10's classic
+    store) the uncompressed size stands in for it: an upper bound, marked so."""
     rate = budget.bandwidth if budget else DEFAULT_BANDWIDTH
     unpack = budget.unpack_rate if budget and budget.unpack_rate else MEASURED_UNPACK_RATE
     total = compressed if compressed is not None else uncompressed
     on_node: Mapping[str, int] = {x.diff_id: x.compressed for image in node for x in image}
-    if node and layers:
+    if layers:
         distinct = dict(layers)  # a layer repeated in the image is pulled once
         new = [d for d in distinct if d not in on_node]
         # another compression of the same layers may weigh more than this image's: never below nothing

@@ -355,7 +355,7 @@ def _check_cold_start(engine: Engine, plan: BuildPlan, image_id: str, tags: tupl
         return None
     started = next((s for s in map(entrypoint_start, tests) if s is not None), None)
     budget = plan.recipe.cold_start
-    layers = built_layers(engine, image_id) if node else ()
+    layers = built_layers(engine, image_id)  # per layer: the pull's timeline, and what the node holds
     cold = cold_start.build_prediction(budget, sizes.compressed, sizes.uncompressed, started, layers=layers,
                                        node=node)
     if budget and cold and cold_start.over_budget(budget, cold):
