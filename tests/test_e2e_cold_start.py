@@ -54,6 +54,11 @@ def test_a_build_over_its_cold_start_budget_pushes_nothing(tmp_path, engine, log
     assert cold["download_seconds"] == round(cold["pull_bytes"] / 12.5e6, 2)
     assert cold["unpack_seconds"] == round(cold["unpack_bytes"] / 50e6, 2)
     assert cold["start_seconds"] >= 3.0
+    # the image's layers (from its engine) unpack as their downloads end: between either part and their sum
+    parts = (cold["download_seconds"], cold["unpack_seconds"])
+    assert max(parts) - 0.02 <= cold["ready_seconds"] <= sum(parts) + 0.02
+    assert cold["seconds"] == pytest.approx(cold["ready_seconds"] + cold["start_seconds"], abs=0.02)
+    assert cold["sequential_seconds"] == pytest.approx(sum(parts) + cold["start_seconds"], abs=0.02)
 
 
 @on_engine("docker26")
