@@ -1,8 +1,12 @@
 """The SDK push path: the manifest digest from whichever record the engine sends."""
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from buildkit_py.engine.kinds.docker_push import digest_of_chunk, push_image
+from buildkit_py.engine.push import is_transient
+from buildkit_py.errors import RegistryError
 
 DIGEST = "sha256:" + "ab" * 32
 
@@ -52,6 +56,47 @@ def test_a_connection_lost_mid_push_is_retried(monkeypatch, message):
     slept: list[float] = []
     result = push_image(Client(failed, ok), "127.0.0.1:5000/team/a:0.1", sleep=slept.append)
     assert (result.digest, result.attempts, slept) == (DIGEST, 2, [1.0])
+
+
+@pytest.mark.parametrize("message", [
+    # Docker 26 on a registry whose disk is full: a 500, whose digest and port hold 503 and 502 as digits
+    'failed commit on ref "manifest-sha256:9c2f503ab1": unexpected status from PUT request to '
+    "http://127.0.0.1:45029/v2/fault/full/manifests/1: 500 Internal Server Error",
+    "received unexpected HTTP status: 500 Internal Server Error (blob sha256:04291c0ffee)",
+    "Put http://registry.local:503/v2/a/manifests/1: 500 Internal Server Error",  # a registry on port 503
+])
+def test_a_full_registry_is_not_retried_whatever_digits_its_message_holds(monkeypatch, message):
+    """test_registry_disk_full_at_manifest_clear_error_no_tag failed now and then: the classifier took a
+    transient status for any "503" in the message, and a random digest or port has one often enough."""
+    monkeypatch.setattr("buildkit_py.engine.kinds.docker_push.auth_config_for", lambda ref: None)
+    failed = [{"status": "Pushing", "id": "l1"}, {"errorDetail": {"message": message}, "error": message}]
+    slept: list[float] = []
+    with pytest.raises(RegistryError) as info:
+        push_image(Client(failed), "127.0.0.1:5000/team/a:0.1", sleep=slept.append)
+    assert slept == [] and "could not store the upload" in info.value.message
+
+
+@given(st.text(alphabet="0123456789abcdef", min_size=12, max_size=64), st.integers(1, 65535),
+       st.sampled_from(["500 Internal Server Error", "unexpected status: 500", "no space left on device"]))
+def test_no_digest_or_port_makes_a_failure_transient(digest, port, failure):
+    """The class behind that flake: whatever digits a digest or port holds, a failure stays what its
+    status says."""
+    message = (f'failed commit on ref "manifest-sha256:{digest}": unexpected status from PUT request to '
+               f"http://127.0.0.1:{port}/v2/fault/full/manifests/sha256:{digest}: {failure}")
+    assert not is_transient(message)
+    assert is_transient(message.replace(failure, "503 Service Unavailable"))
+
+
+@pytest.mark.parametrize("message", ["received unexpected HTTP status: 503 Service Unavailable",
+                                     "toomanyrequests: 429 Too Many Requests", "Patch http://r/v2/a: unexpected EOF",
+                                     "error parsing HTTP 502 response body"])
+def test_a_transient_status_is_still_retried(monkeypatch, message):
+    monkeypatch.setattr("buildkit_py.engine.kinds.docker_push.auth_config_for", lambda ref: None)
+    failed = [{"errorDetail": {"message": message}, "error": message}]
+    ok = [{"status": f"0.1: digest: {DIGEST} size: 856"}]
+    slept: list[float] = []
+    assert push_image(Client(failed, ok), "127.0.0.1:5000/team/a:0.1", sleep=slept.append).attempts == 2
+    assert slept == [1.0]
 
 
 def test_an_unreachable_registry_is_told_to_start_services_only_when_it_is_local():

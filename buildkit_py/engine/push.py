@@ -5,6 +5,8 @@ docker SDK's stream: engine/kinds/docker_push.py; `podman push`) is one try of i
 
 from __future__ import annotations
 
+import functools
+import re
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -23,9 +25,8 @@ _AUTH_MARKERS = ("unauthorized", "authentication required", "no basic auth crede
                  "incorrect username or password")
 # "use of closed network connection": Go's word for a connection the registry dropped while the
 # engine was writing to it (a registry restarted mid-upload), like a reset or a broken pipe.
-_TRANSIENT_MARKERS = ("connection refused", "connection reset", "i/o timeout", "timeout", "eof",
-                      "503", "502", "504", "429", "too many requests", "broken pipe", "tls handshake",
-                      "use of closed network connection")
+_TRANSIENT_MARKERS = ("connection refused", "connection reset", "i/o timeout", "timeout", "too many requests",
+                      "broken pipe", "tls handshake", "use of closed network connection")
 _UNREACHABLE_MARKERS = ("connection refused", "no such host", "dial tcp")
 
 
@@ -91,9 +92,23 @@ def check_can_push(tags: Iterable[str], *, client: oci.Client | None = None) -> 
                             hint=exc.hint) from None
 
 
-def _transient(message: str) -> bool:
+def is_transient(message: str) -> bool:
+    """Whether a push failure message says the registry or the link may do better on a later try."""
     low = message.lower()
-    return any(m in low for m in _TRANSIENT_MARKERS) and not any(m in low for m in _AUTH_MARKERS)
+    if any(m in low for m in _AUTH_MARKERS):
+        return False
+    return any(m in low for m in _TRANSIENT_MARKERS) or _transient_words().search(low) is not None
+
+
+@functools.cache
+def _transient_words() -> re.Pattern[str]:
+    """A transient HTTP status (oci's TRANSIENT_STATUS: 429, 502, 503, 504) or EOF as a word of its own: as
+    bare digits they are in digests (manifest-sha256:..503..) and ports (127.0.0.1:45029) of any message,
+    and a registry's 500 (a full disk) naming such a digest was retried as if it were a 503."""
+    from buildkit_py.oci.transport import TRANSIENT_STATUS  # noqa: PLC0415 - requests: only after a failed push
+
+    # not after ':' or '.': a port (host:503) or an address; a status stands after a space or at the start
+    return re.compile(r"(?<![\w:.])(?:eof|" + "|".join(str(code) for code in sorted(TRANSIENT_STATUS)) + r")\b")
 
 
 PushAttempt = Callable[[], tuple[str | None, int | None, str | None]]
@@ -114,7 +129,7 @@ def push_with_retries(push_once: PushAttempt, ref: str, *, on_progress: Progress
         if error is None:
             error = "the engine finished the push without reporting a manifest digest"
         last_error = classify_push_error(error, host)
-        if isinstance(last_error, AuthenticationError) or not _transient(error) or attempt == attempts:
+        if isinstance(last_error, AuthenticationError) or not is_transient(error) or attempt == attempts:
             break
         if on_progress:
             on_progress(f"push failed ({error}); retrying in {backoff_s * 2 ** (attempt - 1):.0f}s")
