@@ -340,8 +340,8 @@ def test_flash_attn_prebuilt_abi_matches_pypi_torch():
     ("0.50.0", "13.1", True), ("0.50.2", "12.9", True), ("0.50.2", "11.8", True),
 ])
 def test_bitsandbytes_cuda_binaries(version, cuda, ok):
-    from buildkit_py.compat.rules import _cuda_in
-    assert _cuda_in(compat.bitsandbytes_release(version).cuda, cuda) is ok
+    from buildkit_py.compat.rules import cuda_in
+    assert cuda_in(compat.bitsandbytes_release(version).cuda, cuda) is ok
 
 
 def test_bitsandbytes_cuda_list_is_validated(monkeypatch, tmp_path):
@@ -538,7 +538,7 @@ def test_every_row_has_a_read_date_in_owned_files():
     for name, rows_key in [("toolkits.json", "toolkits"), ("torch.json", "releases"), ("flash_attn.json", "releases"),
                            ("bitsandbytes.json", "releases"), ("minor_compat.json", "floors"),
                            ("cxx_std.json", "torch")]:
-        raw = tables._load_raw(name)
+        raw = tables.load_raw(name)
         assert all(r.get("read") for r in raw[rows_key]), name
         assert raw["as_of"] == max(r["read"] for r in raw[rows_key]), name
 
@@ -548,7 +548,7 @@ def test_flash_attn_post_releases_and_fa3():
     assert r.prebuilt == () and "8.0" in r.archs
     assert compat.flash_attn_prebuilt("2.8.3.post1", "12.8", "2.8", "3.12").cuda == "12"
     assert compat.flash_attn_prebuilt("2.8.3.post1", "13.0", "2.9", "3.12") is None
-    assert tables._load_raw("flash_attn.json")["fa3"]["published_wheels"] == []
+    assert tables.load_raw("flash_attn.json")["fa3"]["published_wheels"] == []
 
 
 @pytest.mark.parametrize(("version", "torch_ok", "torch_bad", "cc"), [

@@ -141,7 +141,7 @@ def test_every_nvidia_wheel_torch_pins_is_recorded_with_its_libraries():
 
 
 def test_each_row_names_a_source_and_a_date():
-    raw = compat.tables._load_raw(wc.FILE)
+    raw = compat.tables.load_raw(wc.FILE)
     assert raw["as_of"]
     assert all(r["source"].strip() for r in raw["wheels"])
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from buildkit_py import label_keys as K
 from buildkit_py.compat.bases import BaseFacts
-from buildkit_py.compat.rules import Warnings, _fail
+from buildkit_py.compat.rules import Warnings, refusal_at
 from buildkit_py.compat.torch_rule import TorchPart
 from buildkit_py.recipe.model import CudaFlavor, Recipe
 from buildkit_py.versions import major_minor as _mm  # short: it sits in many messages
@@ -28,17 +28,17 @@ def base_rule(recipe: Recipe, base: BaseFacts | None, cuda: str, torch: TorchPar
     base_cuda = base.labels.get(K.CUDA_VERSION) or base.env.get("CUDA_VERSION")
     if base_cuda and _mm(base_cuda) != _mm(cuda):
         what, version = ("torch", torch.label or "") if torch.version else ("cuda", cuda)
-        raise _fail(recipe, "base.image", "base.image", f"{base.ref} (CUDA {base_cuda})", what, version,
-                    f"the base carries CUDA {base_cuda} but this recipe needs CUDA {_mm(cuda)}",
-                    hint=f"use cuda.version \"{_mm(base_cuda)}\" or a base built for CUDA {_mm(cuda)}")
+        raise refusal_at(recipe, "base.image", "base.image", f"{base.ref} (CUDA {base_cuda})", what, version,
+                         f"the base carries CUDA {base_cuda} but this recipe needs CUDA {_mm(cuda)}",
+                         hint=f"use cuda.version \"{_mm(base_cuda)}\" or a base built for CUDA {_mm(cuda)}")
     base_tier = base.labels.get(K.CUDA_FLAVOR)
     if base_tier in CudaFlavor.words() and CudaFlavor(base_tier).rank > recipe.cuda.flavor.rank:
-        raise _fail(recipe, "cuda.flavor", "cuda.flavor", recipe.cuda.flavor, "base.image",
-                    f"{base.ref} ({base_tier})", f"the base is the {base_tier} tier, so the image carries "
-                    f"{base_tier} CUDA whatever this recipe says", hint=f"use cuda.flavor: {base_tier}")
+        raise refusal_at(recipe, "cuda.flavor", "cuda.flavor", recipe.cuda.flavor, "base.image",
+                         f"{base.ref} ({base_tier})", f"the base is the {base_tier} tier, so the image carries "
+                         f"{base_tier} CUDA whatever this recipe says", hint=f"use cuda.flavor: {base_tier}")
     base_torch = base.labels.get(K.TORCH_VERSION)
     if base_torch and torch.label and base_torch != torch.label:
-        raise _fail(recipe, "torch", "base.image", f"{base.ref} (torch {base_torch})", "torch",
-                    torch.label, "the base already has another torch build",
-                    hint=f"drop torch: from the recipe (the base has {base_torch}) or rebuild the base")
+        raise refusal_at(recipe, "torch", "base.image", f"{base.ref} (torch {base_torch})", "torch",
+                         torch.label, "the base already has another torch build",
+                         hint=f"drop torch: from the recipe (the base has {base_torch}) or rebuild the base")
     return BasePart(base.pinned, base.digest)

@@ -11,7 +11,14 @@ from typing import Any
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
-from buildkit_py.compat.tables import _archs_ok, _ascending, _fail, _known_mm, _load_raw, _spec
+from buildkit_py.compat.tables import (
+    bad_entry,
+    check_archs,
+    check_ascending,
+    entry_specifier,
+    known_major_minors,
+    load_raw,
+)
 
 
 @dataclass(frozen=True)
@@ -36,8 +43,8 @@ class BnbRelease:
 @functools.cache
 def _bnb() -> tuple[BnbRelease, ...]:
     f = "bitsandbytes.json"
-    raw = _load_raw(f)
-    known = _known_mm()
+    raw = load_raw(f)
+    known = known_major_minors()
     out = []
     for e in raw["releases"]:
         v = e["version"]
@@ -45,28 +52,28 @@ def _bnb() -> tuple[BnbRelease, ...]:
         if isinstance(cuda, list):
             cuda_v: SpecifierSet | tuple[str, ...] = _cuda_list(f, v, cuda, known)
         else:
-            cuda_v = _spec(f, v, cuda)
+            cuda_v = entry_specifier(f, v, cuda)
         nocublaslt = e.get("cuda_nocublaslt")
         if nocublaslt is not None:
             if not isinstance(cuda, list):
-                raise _fail(f, v, "cuda_nocublaslt goes with a cuda list (releases that need an exact library)")
+                raise bad_entry(f, v, "cuda_nocublaslt goes with a cuda list (releases that need an exact library)")
             nocublaslt = _cuda_list(f, v, nocublaslt, known)
         ccs = [e.get("min_compute_capability"), e.get("int8_compute_capability")]
-        _archs_ok(f, v, tuple(c for c in ccs if c is not None))
+        check_archs(f, v, tuple(c for c in ccs if c is not None))
         if not e.get("partial") and (cuda is None or ccs[0] is None):
-            raise _fail(f, v, "no cuda or min_compute_capability: a row without them must say why (partial)")
-        out.append(BnbRelease(v, cuda_v, _spec(f, v, e.get("python")), e["source"], e.get("notes"),
-                              _spec(f, v, e.get("torch")), ccs[0], ccs[1], nocublaslt, e.get("partial")))
-    _ascending(f, [r.version for r in out])
+            raise bad_entry(f, v, "no cuda or min_compute_capability: a row without them must say why (partial)")
+        out.append(BnbRelease(v, cuda_v, entry_specifier(f, v, e.get("python")), e["source"], e.get("notes"),
+                              entry_specifier(f, v, e.get("torch")), ccs[0], ccs[1], nocublaslt, e.get("partial")))
+    check_ascending(f, [r.version for r in out])
     return tuple(out)
 
 
 def _cuda_list(f: str, v: str, cuda: list[Any], known: set[str]) -> tuple[str, ...]:
     for c in cuda:
         if c not in known:
-            raise _fail(f, v, f"CUDA {c!r} is not a known toolkit major.minor (toolkits.json)")
+            raise bad_entry(f, v, f"CUDA {c!r} is not a known toolkit major.minor (toolkits.json)")
     if cuda != sorted(set(cuda), key=Version):
-        raise _fail(f, v, "CUDA list must be unique and ascending")
+        raise bad_entry(f, v, "CUDA list must be unique and ascending")
     return tuple(cuda)
 
 

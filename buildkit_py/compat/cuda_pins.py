@@ -15,7 +15,7 @@ import functools
 from packaging.utils import canonicalize_name
 
 from buildkit_py import compat
-from buildkit_py.compat.rules import _fail
+from buildkit_py.compat.rules import refusal_at
 from buildkit_py.compat.torch_rule import TorchPart
 from buildkit_py.recipe.model import Recipe, pin_name
 from buildkit_py.versions import major_minor as _mm  # short: it sits in messages
@@ -34,17 +34,17 @@ def cuda_pins_rule(recipe: Recipe, cuda: str, torch: TorchPart) -> None:
         if name.startswith("nvidia-cudnn"):
             continue  # the cuDNN has its own rule (cudnn_source): not tied to one CUDA minor
         if name in torch_pins and torch_pins[name] != version:
-            raise _fail(recipe, f"pip[{i}]", name, version, "torch", torch.label or "",
-                        f"torch {torch.label} requires {name}=={torch_pins[name]} (its wheel's METADATA); "
-                        "the pin would replace the library torch was built with",
-                        hint=f"drop pip[{i}] (torch brings {name}=={torch_pins[name]})")
+            raise refusal_at(recipe, f"pip[{i}]", name, version, "torch", torch.label or "",
+                             f"torch {torch.label} requires {name}=={torch_pins[name]} (its wheel's METADATA); "
+                             "the pin would replace the library torch was built with",
+                             hint=f"drop pip[{i}] (torch brings {name}=={torch_pins[name]})")
         toolkits = owners.get((name, version))
         if not toolkits or any(_mm(t) == _mm(cuda) for t in toolkits):
             continue  # of this CUDA, or a version wheels.json does not record (e.g. a newer patch)
-        raise _fail(recipe, f"pip[{i}]", name, version, "cuda", cuda,
-                    f"{name}=={version} is the CUDA {_mm(toolkits[-1])} release of that library "
-                    f"(the cuda-toolkit {toolkits[-1]} wheels), and the image's CUDA is {_mm(cuda)}",
-                    hint=_hint(i, name, cuda))
+        raise refusal_at(recipe, f"pip[{i}]", name, version, "cuda", cuda,
+                         f"{name}=={version} is the CUDA {_mm(toolkits[-1])} release of that library "
+                         f"(the cuda-toolkit {toolkits[-1]} wheels), and the image's CUDA is {_mm(cuda)}",
+                         hint=_hint(i, name, cuda))
 
 
 @functools.cache

@@ -13,13 +13,13 @@ from buildkit_py.compat import cuda_base
 from buildkit_py.compat.bases import BaseFacts
 from buildkit_py.compat.floors import DriverFloor
 from buildkit_py.compat.rules import (
-    _cudnn_unsupported,
-    _fail,
-    _gap,
-    _image_gap,
-    _nvidia_image_os,
+    cudnn_unsupported,
+    data_gap,
     detect_os,
+    image_gap_refusal,
     mirrored_ref,
+    nvidia_image_os,
+    refusal_at,
 )
 from buildkit_py.compat.tables import Toolkit, WheelSet
 from buildkit_py.errors import CompatibilityError
@@ -60,11 +60,12 @@ def cuda_rule(recipe: Recipe, base: BaseFacts | None) -> CudaPart:
     try:
         toolkit = compat.resolve_cuda(recipe.cuda.version)
     except LookupError as exc:
-        raise _gap(recipe, "cuda.version", exc, "cuda", recipe.cuda.version, hint=_imaged_cuda_hint(recipe)) from None
+        raise data_gap(recipe, "cuda.version", exc, "cuda", recipe.cuda.version,
+                       hint=_imaged_cuda_hint(recipe)) from None
     exact = recipe.cuda.version.count(".") == 2
     if recipe.cuda.cudnn and not compat.cudnn_supported(toolkit.version, recipe.cuda.cudnn):
         # before any image or wheel is looked for: one answer for both sources (cudnn_rule)
-        raise _cudnn_unsupported(recipe, recipe.cuda.cudnn, toolkit.version)
+        raise cudnn_unsupported(recipe, recipe.cuda.cudnn, toolkit.version)
     if recipe.cuda.source == CudaSource.NVIDIA and not recipe.base.image and not exact:
         toolkit = _newest_with_image(recipe, toolkit)
     if recipe.cuda.source == CudaSource.NVIDIA and recipe.base.image:
@@ -78,7 +79,7 @@ def cuda_rule(recipe: Recipe, base: BaseFacts | None) -> CudaPart:
             wheel_set = compat.cuda_wheel_set(recipe.cuda.version if exact else toolkit.major_minor)
         except LookupError as exc:
             if not brought:  # else cuda_wheels_rule refuses only if the tier needs more than torch/the base has
-                raise _gap(recipe, "cuda.version", exc, "cuda", recipe.cuda.version) from None
+                raise data_gap(recipe, "cuda.version", exc, "cuda", recipe.cuda.version) from None
         if wheel_set is not None and not brought:
             toolkit = compat.resolve_cuda(wheel_set.toolkit)
     return CudaPart(toolkit, wheel_set, compat.driver_floor(toolkit.version))
@@ -91,7 +92,7 @@ def _imaged_cuda_hint(recipe: Recipe) -> str | None:
     if recipe.cuda.source != CudaSource.NVIDIA or recipe.base.image:
         return None
     minors = sorted({t.major_minor for t in compat.toolkits()}, key=Version)
-    fits = [m for m in minors if _nvidia_image_os(recipe, m) == recipe.base.os]
+    fits = [m for m in minors if nvidia_image_os(recipe, m) == recipe.base.os]
     if not fits:
         return None
     nearest = compat.nearest_versions(recipe.cuda.version, fits, n=1)[0]
@@ -123,18 +124,19 @@ def _nvidia_base_toolkit(recipe: Recipe, base: BaseFacts | None, wanted: Toolkit
         raise _not_a_cuda_base(recipe, image, base, facts)
     if _mm(facts.cuda) != wanted.major_minor or (recipe.cuda.version.count(".") == 2 and facts.cuda.count(".") == 2
                                                   and facts.cuda != wanted.version):
-        raise _fail(recipe, "cuda.version", "cuda", recipe.cuda.version, "base.image", f"{image} (CUDA {facts.cuda})",
-                    f"with source: nvidia the CUDA is the base's, and {image} carries CUDA {facts.cuda} "
-                    f"({facts.evidence})", hint=f'use cuda.version "{facts.cuda}" or a base with CUDA '
+        raise refusal_at(recipe, "cuda.version", "cuda", recipe.cuda.version, "base.image",
+                         f"{image} (CUDA {facts.cuda})",
+                         f"with source: nvidia the CUDA is the base's, and {image} carries CUDA {facts.cuda} "
+                         f"({facts.evidence})", hint=f'use cuda.version "{facts.cuda}" or a base with CUDA '
                                                 f"{recipe.cuda.version}")
     if facts.flavor != recipe.cuda.flavor:
-        raise _fail(recipe, "cuda.flavor", "cuda.flavor", recipe.cuda.flavor, "base.image",
-                    f"{image} ({facts.flavor or 'flavor unknown'})",
-                    f"with source: nvidia the image carries the base's CUDA tier, and {image} is "
-                    + (f"the {facts.flavor} tier ({facts.evidence})" if facts.flavor else
-                       f"of a tier imgbuild cannot tell ({facts.evidence})"),
-                    hint=f"use cuda.flavor: {facts.flavor}" if facts.flavor else
-                    "use an nvidia/cuda tag or an imgbuild base, which say their tier")
+        raise refusal_at(recipe, "cuda.flavor", "cuda.flavor", recipe.cuda.flavor, "base.image",
+                         f"{image} ({facts.flavor or 'flavor unknown'})",
+                         f"with source: nvidia the image carries the base's CUDA tier, and {image} is "
+                         + (f"the {facts.flavor} tier ({facts.evidence})" if facts.flavor else
+                            f"of a tier imgbuild cannot tell ({facts.evidence})"),
+                         hint=f"use cuda.flavor: {facts.flavor}" if facts.flavor else
+                         "use an nvidia/cuda tag or an imgbuild base, which say their tier")
     cudnn = recipe.cuda.cudnn
     base_cudnn = facts.cudnn
     if base_cudnn == "":  # a bare "cudnn" tag: the major NVIDIA publishes for that CUDA, when only one
@@ -143,17 +145,17 @@ def _nvidia_base_toolkit(recipe: Recipe, base: BaseFacts | None, wanted: Toolkit
     if cudnn and base_cudnn != cudnn.split(".", maxsplit=1)[0]:
         carries = (f"cuDNN {base_cudnn}" if base_cudnn else "a cuDNN of a major imgbuild cannot tell"
                    if facts.cudnn == "" else "no cuDNN")
-        raise _fail(recipe, "cuda.cudnn", "cudnn", cudnn, "base.image", image,
-                    f"with source: nvidia cuDNN comes from the base, and {image} carries {carries} "
-                    f"({facts.evidence})",
-                    hint=f'use cudnn: "{base_cudnn}"' if base_cudnn else
-                    "drop cuda.cudnn or use a base with that cuDNN (an nvidia/cuda cudnn tag)")
+        raise refusal_at(recipe, "cuda.cudnn", "cudnn", cudnn, "base.image", image,
+                         f"with source: nvidia cuDNN comes from the base, and {image} carries {carries} "
+                         f"({facts.evidence})",
+                         hint=f'use cudnn: "{base_cudnn}"' if base_cudnn else
+                         "drop cuda.cudnn or use a base with that cuDNN (an nvidia/cuda cudnn tag)")
     if facts.cuda.count(".") < 2:
         return wanted
     try:
         return compat.resolve_cuda(facts.cuda)
     except LookupError as exc:
-        raise _gap(recipe, "base.image", exc, "cuda", facts.cuda) from None
+        raise data_gap(recipe, "base.image", exc, "cuda", facts.cuda) from None
 
 
 def _not_a_cuda_base(recipe: Recipe, image: str, base: BaseFacts | None,
@@ -164,9 +166,9 @@ def _not_a_cuda_base(recipe: Recipe, image: str, base: BaseFacts | None,
         why = "it is a plain OS image: nothing in it or in the recipe installs CUDA"
     else:
         why = "it is not an nvidia/cuda tag and its config was not read, so its CUDA cannot be checked"
-    return _fail(recipe, "base.image", "base.image", image, "cuda.source", "nvidia",
-                 f"source: nvidia takes CUDA from the base image, and {why}",
-                 hint="use cuda.source: wheels (CUDA from NVIDIA's wheels on this base), drop base.image "
+    return refusal_at(recipe, "base.image", "base.image", image, "cuda.source", "nvidia",
+                      f"source: nvidia takes CUDA from the base image, and {why}",
+                      hint="use cuda.source: wheels (CUDA from NVIDIA's wheels on this base), drop base.image "
                       "(imgbuild picks the nvidia/cuda tag), or name an nvidia/cuda tag or a CUDA base in a "
                       "registry imgbuild can read")
 
@@ -179,5 +181,5 @@ def _newest_with_image(recipe: Recipe, newest: Toolkit) -> Toolkit:
     try:
         release = compat.image_release(newest.major_minor, recipe.cuda.flavor, recipe.cuda.cudnn, os_name)
     except compat.ImageGap as gap:
-        raise _image_gap(recipe, gap, recipe.cuda.version, os_name) from None
+        raise image_gap_refusal(recipe, gap, recipe.cuda.version, os_name) from None
     return compat.resolve_cuda(release)

@@ -11,7 +11,7 @@ from buildkit_py import compat
 from buildkit_py import label_keys as K
 from buildkit_py.compat import torch_pins
 from buildkit_py.compat.bases import BaseFacts
-from buildkit_py.compat.rules import _fail, _gap
+from buildkit_py.compat.rules import data_gap, refusal_at
 from buildkit_py.compat.tables import WheelSet
 from buildkit_py.compat.torch_data import TorchRelease
 from buildkit_py.compat.torch_rule import TorchPart
@@ -40,20 +40,22 @@ def cuda_wheels_rule(recipe: Recipe, wheel_set: WheelSet | None, cuda: str, cudn
         torch.release, torch.variant)
     if wheel_set is None:  # torch or the base brings CUDA; does the tier need more than that?
         if bundled and imgbuild_base is None:
-            raise _fail(recipe, "torch", "torch", torch.label or "", "cuda", cuda,
-                        f"torch {torch.label} is a large wheel: its CUDA libraries sit in torch/lib, where nothing "
-                        f"else loads them, and PyPI has no CUDA {_mm(cuda)} wheels to install libcudart from",
-                        hint=f"use cuda.source: nvidia, or a torch release from {compat.large_wheels_before()} on "
+            raise refusal_at(recipe, "torch", "torch", torch.label or "", "cuda", cuda,
+                             f"torch {torch.label} is a large wheel: its CUDA libraries sit in torch/lib, where "
+                             f"nothing else loads them, and PyPI has no CUDA {_mm(cuda)} wheels to install "
+                             "libcudart from",
+                             hint=f"use cuda.source: nvidia, or a torch release from {compat.large_wheels_before()} on "
                              "(its CUDA comes as nvidia-* wheels)")
         if flavor == "base" or imgbuild_base is not None and _base_tier(imgbuild_base) == flavor:
             return CudaWheelsPart()
-        raise _fail(recipe, "cuda.flavor", "cuda.flavor", flavor, "cuda", cuda,
-                    f"the {flavor} tier needs CUDA libraries torch does not bring, and PyPI has no CUDA "
-                    f"{_mm(cuda)} wheels to add them from", hint="use cuda.flavor: base (torch's own CUDA libraries)")
+        raise refusal_at(recipe, "cuda.flavor", "cuda.flavor", flavor, "cuda", cuda,
+                         f"the {flavor} tier needs CUDA libraries torch does not bring, and PyPI has no CUDA "
+                         f"{_mm(cuda)} wheels to add them from",
+                         hint="use cuda.flavor: base (torch's own CUDA libraries)")
     try:
         extras = compat.tier_extras(flavor, wheel_set.toolkit)
     except LookupError as exc:
-        raise _gap(recipe, "cuda.flavor", exc, "cuda.flavor", flavor) from None
+        raise data_gap(recipe, "cuda.flavor", exc, "cuda.flavor", flavor) from None
     brought = _brought_extras(wheel_set, None if bundled else torch.release, imgbuild_base)
     pins = set(wheel_set.pins(*(x for x in extras if x not in brought)))
     if flavor != "base" and "nccl" not in brought:

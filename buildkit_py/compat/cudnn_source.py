@@ -28,7 +28,7 @@ from buildkit_py import compat
 from buildkit_py import label_keys as K
 from buildkit_py.compat import cuda_base, wheel_contents
 from buildkit_py.compat.bases import BaseFacts
-from buildkit_py.compat.rules import _fail
+from buildkit_py.compat.rules import refusal_at
 from buildkit_py.compat.torch_rule import TorchPart, torch_cudnn_major
 from buildkit_py.recipe.model import Recipe, pin_name
 
@@ -87,9 +87,10 @@ def cudnn_source(recipe: Recipe, cuda: str, torch: TorchPart, base: BaseFacts | 
 def _check_written(recipe: Recipe, found: CudnnSource) -> None:
     written = recipe.cuda.cudnn
     if written and _major(written) != found.major:
-        raise _fail(recipe, "cuda.cudnn", "cudnn", written, "cudnn", found.label,
-                    f"{found.origin} brings cuDNN {found.label}, the one the image's framework loads",
-                    hint=f'use cudnn: "{found.major}" or drop cuda.cudnn (imgbuild labels the cuDNN the pins bring)')
+        raise refusal_at(recipe, "cuda.cudnn", "cudnn", written, "cudnn", found.label,
+                         f"{found.origin} brings cuDNN {found.label}, the one the image's framework loads",
+                         hint=f'use cudnn: "{found.major}" or drop cuda.cudnn (imgbuild labels the cuDNN the pins '
+                              "bring)")
 
 
 def _from_torch(recipe: Recipe, torch: TorchPart) -> CudnnSource | None:
@@ -101,11 +102,11 @@ def _from_torch(recipe: Recipe, torch: TorchPart) -> CudnnSource | None:
         return read
     major = torch_cudnn_major(release)
     if major is None:
-        raise _fail(recipe, "torch", "torch", build, "cudnn", "unknown",
-                    f"imgbuild's data does not say which cuDNN torch {build} brings (its wheel's nvidia-cudnn "
-                    "requirement is not recorded), so the image's cuDNN label cannot be stamped",
-                    hint="refresh the data (scripts/refresh_compat.py) or pin a torch release imgbuild knows",
-                    partial=True)
+        raise refusal_at(recipe, "torch", "torch", build, "cudnn", "unknown",
+                         f"imgbuild's data does not say which cuDNN torch {build} brings (its wheel's nvidia-cudnn "
+                         "requirement is not recorded), so the image's cuDNN label cannot be stamped",
+                         hint="refresh the data (scripts/refresh_compat.py) or pin a torch release imgbuild knows",
+                         partial=True)
     # PyTorch builds every CUDA variant of a release against one cuDNN major (RELEASE.md's matrix);
     # the exact wheel of another variant is not recorded, so only the major is claimed.
     return CudnnSource(major, None, f"torch {build} (PyTorch builds every CUDA variant of {release.version} "
@@ -176,13 +177,13 @@ def _check_pip_against_torch(recipe: Recipe, torch_cudnn: CudnnSource, pinned: t
         if clash or pin.major != torch_cudnn.major:
             why = ("pip cannot install both" if clash else
                    "torch loads its own, so the other would only add its size")
-            raise _fail(recipe, f"pip[{i}]", pin_name(recipe.pip[i]), pin.label, "torch", torch.label or "",
-                        f"torch {torch.label} requires cuDNN {torch_cudnn.version} ({torch_cudnn.origin}); {why}",
-                        hint=f"drop pip[{i}] (torch brings cuDNN {torch_cudnn.version})")
+            raise refusal_at(recipe, f"pip[{i}]", pin_name(recipe.pip[i]), pin.label, "torch", torch.label or "",
+                             f"torch {torch.label} requires cuDNN {torch_cudnn.version} ({torch_cudnn.origin}); {why}",
+                             hint=f"drop pip[{i}] (torch brings cuDNN {torch_cudnn.version})")
     elif pin.major != torch_cudnn.major:
-        raise _fail(recipe, f"pip[{i}]", pin_name(recipe.pip[i]), pin.label, "torch", torch.label or "",
-                    f"torch {torch.label} loads cuDNN {torch_cudnn.major} ({torch_cudnn.origin})",
-                    hint=f"drop pip[{i}] (torch brings cuDNN {torch_cudnn.major})")
+        raise refusal_at(recipe, f"pip[{i}]", pin_name(recipe.pip[i]), pin.label, "torch", torch.label or "",
+                         f"torch {torch.label} loads cuDNN {torch_cudnn.major} ({torch_cudnn.origin})",
+                         hint=f"drop pip[{i}] (torch brings cuDNN {torch_cudnn.major})")
 
 
 def _same_distribution(spec: str, torch: TorchPart) -> bool:

@@ -11,7 +11,16 @@ from typing import Any
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
-from buildkit_py.compat.tables import _archs_ok, _ascending, _fail, _load_raw, _spec, _ver, arch_base, sass_runs_on
+from buildkit_py.compat.tables import (
+    arch_base,
+    bad_entry,
+    check_archs,
+    check_ascending,
+    entry_specifier,
+    entry_version,
+    load_raw,
+    sass_runs_on,
+)
 from buildkit_py.versions import major_minor as _mm  # short: it sits in many messages
 
 
@@ -59,9 +68,9 @@ _FA_BUILD_KEYS = ("torch", "cuda", "archs", "cxx_std", "gencode")
 @functools.cache
 def _flash_attn() -> tuple[FlashAttnRelease, ...]:
     f = "flash_attn.json"
-    raw = _load_raw(f)
+    raw = load_raw(f)
     out = [_flash_attn_row(f, e) for e in raw["releases"]]
-    _ascending(f, [r.version for r in out])
+    check_ascending(f, [r.version for r in out])
     return tuple(out)
 
 
@@ -70,31 +79,31 @@ def _flash_attn_row(f: str, e: dict[str, Any]) -> FlashAttnRelease:
     partial = e.get("partial")
     missing = [k for k in _FA_BUILD_KEYS if k not in e]
     if missing and not partial:
-        raise _fail(f, v, f"no {', '.join(missing)}: a row without them must say why (partial)")
+        raise bad_entry(f, v, f"no {', '.join(missing)}: a row without them must say why (partial)")
     archs = tuple(e.get("archs", ()))
-    _archs_ok(f, v, archs)
-    gencode = tuple((g["sm"], _spec(f, v, g["nvcc"])) for g in e.get("gencode", ()))
-    _archs_ok(f, v, tuple(sm for sm, _ in gencode))
+    check_archs(f, v, archs)
+    gencode = tuple((g["sm"], entry_specifier(f, v, g["nvcc"])) for g in e.get("gencode", ()))
+    check_archs(f, v, tuple(sm for sm, _ in gencode))
     pre = []
     for p in e.get("prebuilt", ()):
         key = f"{v} prebuilt cu{p['cuda']} torch {p['torch_build']}"
-        build, built = _ver(f, key, p["build_cuda"]), _ver(f, key, p["torch_build"])
+        build, built = entry_version(f, key, p["build_cuda"]), entry_version(f, key, p["torch_build"])
         if f"{built.major}.{built.minor}" != p["torch"]:
-            raise _fail(f, key, f"built against torch {built}, named torch{p['torch']}")
+            raise bad_entry(f, key, f"built against torch {built}, named torch{p['torch']}")
         if str(build.major) != p["cuda"].split(".")[0]:
-            raise _fail(f, key, f"compiled with CUDA {build}, named cu{p['cuda']}")
+            raise bad_entry(f, key, f"compiled with CUDA {build}, named cu{p['cuda']}")
         if list(p["python"]) != sorted(set(p["python"]), key=Version) or not p["cxx11abi"]:
-            raise _fail(f, key, "python must be unique and ascending, cxx11abi not empty")
+            raise bad_entry(f, key, "python must be unique and ascending, cxx11abi not empty")
         pre.append(PrebuiltWheel(p["cuda"], p["torch"], tuple(p["python"]), tuple(p["cxx11abi"]), str(build),
                                  str(built)))
-    return FlashAttnRelease(str(v), _spec(f, v, e.get("torch")), _spec(f, v, e.get("cuda")),
-                            _spec(f, v, e.get("python")), archs, tuple(pre), e["source"], e.get("notes"),
+    return FlashAttnRelease(str(v), entry_specifier(f, v, e.get("torch")), entry_specifier(f, v, e.get("cuda")),
+                            entry_specifier(f, v, e.get("python")), archs, tuple(pre), e["source"], e.get("notes"),
                             e.get("cxx_std"), gencode, partial)
 
 
 def flash_attn_arch_env() -> str:
     """The environment variable flash-attn's setup.py reads for the gencodes it compiles."""
-    return str(_load_raw("flash_attn.json")["arch_env"]["name"])
+    return str(load_raw("flash_attn.json")["arch_env"]["name"])
 
 
 def flash_attn_compiled(version: str, archs: tuple[str, ...], nvcc: str) -> tuple[str, ...]:
@@ -104,7 +113,7 @@ def flash_attn_compiled(version: str, archs: tuple[str, ...], nvcc: str) -> tupl
     that this nvcc compiles, whatever the recipe asks: its ``-gencode`` flags make torch's
     cpp_extension ignore TORCH_CUDA_ARCH_LIST (``_get_cuda_arch_flags`` returns nothing when a flag
     names an arch). Never PTX: setup.py passes only ``code=sm_XY``."""
-    env = _load_raw("flash_attn.json")["arch_env"]
+    env = load_raw("flash_attn.json")["arch_env"]
     usable = flash_attn_release(version).sms(nvcc)
     if Version(version) < Version(env["since"]):
         return tuple(sorted(usable, key=Version))
@@ -122,7 +131,7 @@ def flash_attn_build_env(version: str, archs: tuple[str, ...], nvcc: str) -> tup
     for ``archs`` (build.cuda_arch, 8.6 or 9.0+PTX) and no more (``flash_attn_compiled``): from 2.7.3
     its setup.py compiles only the gencodes FLASH_ATTN_CUDA_ARCHS lists (flash_attn.json ``arch_env``;
     default every one of them). Before 2.7.3 setup.py reads no such setting: ()."""
-    env = _load_raw("flash_attn.json")["arch_env"]
+    env = load_raw("flash_attn.json")["arch_env"]
     if Version(version) < Version(env["since"]):
         return ()
     picked = flash_attn_compiled(version, archs, nvcc)

@@ -11,12 +11,12 @@ from packaging.version import Version
 from buildkit_py import compat
 from buildkit_py.compat.flash_attn import FlashAttnRelease
 from buildkit_py.compat.rules import (
-    _cuda_in,
-    _fail,
-    _fitting,
-    _newest_hint,
-    _pin,
-    _pinned_release,
+    cuda_in,
+    fitting_words,
+    newest_hint,
+    pinned_release,
+    pip_pin,
+    refusal_at,
 )
 from buildkit_py.compat.torch_rule import torch_cxx11_abi
 from buildkit_py.recipe.model import Recipe
@@ -41,7 +41,7 @@ def flash_attn_rule(recipe: Recipe, cuda: str, python: str, torch: str | None, a
     GitHub release wheel where its release workflow built one for that combination whose SASS
     runs on every build.cuda_arch, else it builds from source, which its C++ standard and the
     toolkit's nvcc must allow."""
-    fa = _pin(recipe, "flash-attn")
+    fa = pip_pin(recipe, "flash-attn")
     if not fa:
         return FlashAttnPart()
     i, version = fa
@@ -49,9 +49,9 @@ def flash_attn_rule(recipe: Recipe, cuda: str, python: str, torch: str | None, a
     rel = _check_flash_attn(recipe, key, version, cuda, python, torch)
     for j, arch in enumerate(archs):
         if compat.arch_base(arch) not in rel.archs:
-            raise _fail(recipe, f"build.cuda_arch[{j}]", "flash-attn", version, "cuda_arch", arch,
-                        f"flash-attn {version} runs on compute capabilities {', '.join(rel.archs)}",
-                        hint="FlashAttention 2 needs Ampere (8.0) or newer")
+            raise refusal_at(recipe, f"build.cuda_arch[{j}]", "flash-attn", version, "cuda_arch", arch,
+                             f"flash-attn {version} runs on compute capabilities {', '.join(rel.archs)}",
+                             hint="FlashAttention 2 needs Ampere (8.0) or newer")
     torch_version = torch or ""  # _check_flash_attn refused a recipe without torch
     wheel = None if "flash-attn" in recipe.build.from_source else compat.flash_attn_prebuilt(
         version, cuda, _mm(torch_version), python, archs=tuple(compat.arch_base(a) for a in archs),
@@ -63,14 +63,14 @@ def flash_attn_rule(recipe: Recipe, cuda: str, python: str, torch: str | None, a
     return FlashAttnPart(prebuilt=(("flash-attn", url),))
 
 
-def _fa_fits(cuda: str, python: str, torch: str | None) -> list[str]:
+def fa_fits(cuda: str, python: str, torch: str | None) -> list[str]:
     """The fully recorded flash-attn releases that accept this CUDA, Python and torch, ascending; with
     torch, only those that install here: a release wheel for the combination, or a source build whose
     C++ standard torch's headers accept (_check_flash_attn_source_build)."""
     need = compat.torch_cxx_std(torch) if torch else None
     out = []
     for r in compat.flash_attn_releases():
-        if r.partial or not _cuda_in(r.cuda, cuda) or python not in r.python or (torch and torch not in r.torch):
+        if r.partial or not cuda_in(r.cuda, cuda) or python not in r.python or (torch and torch not in r.torch):
             continue
         if torch and need is not None and r.cxx_std is not None and need > r.cxx_std and compat.flash_attn_prebuilt(
                 r.version, cuda, _mm(torch), python, cxx11abi=torch_cxx11_abi(torch)) is None:
@@ -82,7 +82,7 @@ def _fa_fits(cuda: str, python: str, torch: str | None) -> list[str]:
 def _flash_attn_fit_hint(version: str, cuda: str, python: str, torch: str, wants: str) -> str:
     """The fully recorded flash-attn release nearest the pin that fits the rest of the recipe (not the
     newest, never one that clashes with torch, CUDA or Python); none: keep the pin, move the other side."""
-    fits = _fa_fits(cuda, python, torch)
+    fits = fa_fits(cuda, python, torch)
     if not fits:
         return f"no flash-attn release imgbuild knows fits torch {torch}, CUDA {_mm(cuda)} and Python {python}: " \
                f"keep flash-attn {version} and move to {wants}"
@@ -93,33 +93,33 @@ def _flash_attn_fit_hint(version: str, cuda: str, python: str, torch: str, wants
 
 def _check_flash_attn(recipe: Recipe, key: str, version: str, cuda: str, python: str,
                       torch: str | None) -> FlashAttnRelease:
-    rel = _pinned_release(recipe, key, "flash-attn", version, compat.flash_attn_release, compat.flash_attn_releases,
-                          _fa_fits)
+    rel = pinned_release(recipe, key, "flash-attn", version, compat.flash_attn_release, compat.flash_attn_releases,
+                         fa_fits)
     if rel.partial:
-        fits = _fa_fits(cuda, python, torch)
+        fits = fa_fits(cuda, python, torch)
         newest = sorted(fits, key=Version, reverse=True)[:4]
-        raise _fail(recipe, key, "flash-attn", version, "imgbuild's flash-attn table", compat.data_as_of(),
-                    f"flash-attn {version} is {rel.partial}",
-                    hint=f"use flash-attn {', '.join(newest)} (the newest fully recorded that fit"
+        raise refusal_at(recipe, key, "flash-attn", version, "imgbuild's flash-attn table", compat.data_as_of(),
+                         f"flash-attn {version} is {rel.partial}",
+                         hint=f"use flash-attn {', '.join(newest)} (the newest fully recorded that fit"
                          f"{f' torch {torch},' if torch else ''} CUDA {_mm(cuda)} and Python {python})" if fits else
-                    _newest_hint("flash-attn", [r.version for r in compat.flash_attn_releases() if not r.partial],
-                                 _fitting(cuda, python, torch)),
-                    partial=True)
+                         newest_hint("flash-attn", [r.version for r in compat.flash_attn_releases() if not r.partial],
+                                     fitting_words(cuda, python, torch)),
+                         partial=True)
     if not torch:
-        raise _fail(recipe, key, "flash-attn", version, "torch", "(none)",
-                    "flash-attn builds against torch", hint="pin torch: in the recipe")
+        raise refusal_at(recipe, key, "flash-attn", version, "torch", "(none)",
+                         "flash-attn builds against torch", hint="pin torch: in the recipe")
     if torch not in rel.torch:
-        raise _fail(recipe, key, "flash-attn", version, "torch", torch,
-                    f"flash-attn {version} supports torch {rel.torch}",
-                    hint=_flash_attn_fit_hint(version, cuda, python, torch, f"torch {rel.torch}"))
+        raise refusal_at(recipe, key, "flash-attn", version, "torch", torch,
+                         f"flash-attn {version} supports torch {rel.torch}",
+                         hint=_flash_attn_fit_hint(version, cuda, python, torch, f"torch {rel.torch}"))
     if cuda not in rel.cuda and _mm(cuda) not in rel.cuda:
-        raise _fail(recipe, key, "flash-attn", version, "cuda", cuda,
-                    f"flash-attn {version} supports CUDA {rel.cuda}",
-                    hint=_flash_attn_fit_hint(version, cuda, python, torch, f"CUDA {rel.cuda}"))
+        raise refusal_at(recipe, key, "flash-attn", version, "cuda", cuda,
+                         f"flash-attn {version} supports CUDA {rel.cuda}",
+                         hint=_flash_attn_fit_hint(version, cuda, python, torch, f"CUDA {rel.cuda}"))
     if python not in rel.python:
-        raise _fail(recipe, key, "flash-attn", version, "python", python,
-                    f"flash-attn {version} supports Python {rel.python}",
-                    hint=_flash_attn_fit_hint(version, cuda, python, torch, f"a Python in {rel.python}"))
+        raise refusal_at(recipe, key, "flash-attn", version, "python", python,
+                         f"flash-attn {version} supports Python {rel.python}",
+                         hint=_flash_attn_fit_hint(version, cuda, python, torch, f"a Python in {rel.python}"))
     return rel
 
 
@@ -150,16 +150,17 @@ def _check_flash_attn_source_build(recipe: Recipe, key: str, rel: FlashAttnRelea
                              f"C++{rel.cxx_std}) with a CUDA it has a build for")
         if not newer_fa:
             hints.append(f"no flash-attn release imgbuild knows compiles as C++{need}")
-        raise _fail(recipe, key, "flash-attn", rel.version, "torch", torch,
-                    f"flash-attn {rel.version} builds from source here and its setup.py compiles as "
-                    f"-std=c++{rel.cxx_std}, but torch {torch}'s headers need C++{need} "
-                    f"('#error C++{need} or later compatible compiler is required')",
-                    hint="; ".join(hints))
+        raise refusal_at(recipe, key, "flash-attn", rel.version, "torch", torch,
+                         f"flash-attn {rel.version} builds from source here and its setup.py compiles as "
+                         f"-std=c++{rel.cxx_std}, but torch {torch}'s headers need C++{need} "
+                         f"('#error C++{need} or later compatible compiler is required')",
+                         hint="; ".join(hints))
     sms = rel.sms(cuda)
     for j, arch in enumerate(archs):
         if not any(compat.sass_runs_on(sm, arch) for sm in sms):
-            raise _fail(recipe, f"build.cuda_arch[{j}]", "flash-attn", rel.version, "cuda", cuda,
-                        f"flash-attn {rel.version} builds from source here, and its setup.py compiles "
-                        f"{', '.join('sm_' + sm.replace('.', '') for sm in sms) or 'no SASS'} with nvcc {_mm(cuda)}: "
-                        f"nothing runs on {arch}",
-                        hint="use a CUDA whose nvcc flash-attn compiles that architecture with (sm_100/sm_120: 12.8+)")
+            raise refusal_at(recipe, f"build.cuda_arch[{j}]", "flash-attn", rel.version, "cuda", cuda,
+                             f"flash-attn {rel.version} builds from source here, and its setup.py compiles "
+                             f"{', '.join('sm_' + sm.replace('.', '') for sm in sms) or 'no SASS'} with nvcc "
+                             f"{_mm(cuda)}: nothing runs on {arch}",
+                             hint="use a CUDA whose nvcc flash-attn compiles that architecture with "
+                                  "(sm_100/sm_120: 12.8+)")

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from packaging.version import InvalidVersion, Version
 
-from buildkit_py.compat.tables import _ascending, _fail, _load_raw, arch_key
+from buildkit_py.compat.tables import arch_key, bad_entry, check_ascending, load_raw
 from buildkit_py.compat.torch_data import torch_release
 
 
@@ -41,7 +41,7 @@ def _gpu_key(name: str) -> str:
 @functools.cache
 def _gpu_kernels() -> tuple[dict[str, Gpu], tuple[Gpu, ...], dict[str, PtxIsa]]:
     f = "gpu_kernels.json"
-    raw = _load_raw(f)
+    raw = load_raw(f)
     by_key: dict[str, Gpu] = {}
     rows = []
     for e in raw["gpus"]:
@@ -49,15 +49,15 @@ def _gpu_kernels() -> tuple[dict[str, Gpu], tuple[Gpu, ...], dict[str, PtxIsa]]:
         rows.append(gpu)
         for key in {_gpu_key(n) for n in (gpu.name, *gpu.aliases)}:
             if key in by_key:
-                raise _fail(f, gpu.name, f"name {key!r} is also {by_key[key].name}'s")
+                raise bad_entry(f, gpu.name, f"name {key!r} is also {by_key[key].name}'s")
             by_key[key] = gpu
     ptx: dict[str, PtxIsa] = {}
     for e in raw["ptx_isa"]:
         if e["ptx"] in ptx:
-            raise _fail(f, e["ptx"], "PTX version listed twice")
+            raise bad_entry(f, e["ptx"], "PTX version listed twice")
         ptx[e["ptx"]] = PtxIsa(e["ptx"], e["cuda"], e["source"])
-    _ascending(f, list(ptx))
-    _ascending(f, [p.cuda for p in ptx.values()])
+    check_ascending(f, list(ptx))
+    check_ascending(f, [p.cuda for p in ptx.values()])
     return by_key, tuple(rows), ptx
 
 
@@ -103,24 +103,24 @@ def _variant_key(package: str, version: str, variant: str) -> tuple[str, Version
 def _wheel_kernels() -> dict[tuple[str, Version, str], WheelKernels]:
     f = "wheel_kernels.json"
     out: dict[tuple[str, Version, str], WheelKernels] = {}
-    for e in _load_raw(f)["rows"]:
+    for e in load_raw(f)["rows"]:
         name = f"{e['package']} {e['version']} {e['variant']}".strip()
         key = _variant_key(e["package"], e["version"], e["variant"])
         if key in out:
-            raise _fail(f, name, "listed twice")
+            raise bad_entry(f, name, "listed twice")
         libs = tuple(WheelLibrary(lib["path"], tuple(lib["sass"]), tuple(lib["ptx"]), lib.get("decides", True))
                      for lib in e["libraries"])
         for lib in libs:
             for what in (lib.sass, lib.ptx):
                 if list(what) != sorted(set(what), key=arch_key):
-                    raise _fail(f, name, f"{lib.path}: architectures not ascending and distinct")
+                    raise bad_entry(f, name, f"{lib.path}: architectures not ascending and distinct")
         if e["package"] == "torch":
             try:
                 variants = torch_release(e["version"]).variants
             except LookupError:
-                raise _fail(f, name, "a torch release torch.json does not know") from None
+                raise bad_entry(f, name, "a torch release torch.json does not know") from None
             if e["variant"] not in variants:
-                raise _fail(f, name, f"torch.json lists no {e['variant']!r} build of it ({', '.join(variants)})")
+                raise bad_entry(f, name, f"torch.json lists no {e['variant']!r} build of it ({', '.join(variants)})")
         out[key] = WheelKernels(e["package"], e["version"], e["variant"], libs, e["source"])
     return out
 

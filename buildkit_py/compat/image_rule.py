@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from buildkit_py import compat
 from buildkit_py.compat import codes
 from buildkit_py.compat.codes import RecipeWarning
-from buildkit_py.compat.rules import Warnings, _fail, _nvidia_image, mirrored_ref
+from buildkit_py.compat.rules import Warnings, mirrored_ref, nvidia_image, refusal_at
 from buildkit_py.errors import CompatibilityError
 from buildkit_py.recipe.model import CudaFlavor, CudaSource, Recipe
 from buildkit_py.versions import major_minor as _mm  # short: it sits in many messages
@@ -32,7 +32,7 @@ def images_rule(recipe: Recipe, cuda: str, os_name: str | None, compile_: frozen
     if recipe.base.image:  # always set with source: wheels (the recipe loader requires it)
         base_image = mirrored_ref(recipe.base.image, recipe.base.mirror)
     else:
-        base_image = _nvidia_image(recipe, cuda, recipe.cuda.flavor, os_name)
+        base_image = nvidia_image(recipe, cuda, recipe.cuda.flavor, os_name)
     if recipe.cuda.source != CudaSource.NVIDIA:
         if not compile_:
             return ImagesPart(base_image, None)
@@ -41,7 +41,7 @@ def images_rule(recipe: Recipe, cuda: str, os_name: str | None, compile_: frozen
     builder_image = None
     if compile_:
         needs_devel = recipe.cuda.flavor != CudaFlavor.DEVEL
-        builder_image = _nvidia_image(recipe, cuda, "devel", os_name) if needs_devel else base_image
+        builder_image = nvidia_image(recipe, cuda, "devel", os_name) if needs_devel else base_image
     warnings: Warnings = ()
     eol = compat.image_end_of_life(cuda, today)
     pulls_nvidia = not recipe.base.image or builder_image not in (None, base_image)
@@ -65,7 +65,7 @@ def _wheels_builder(recipe: Recipe, cuda: str, os_name: str | None, base_image: 
     nvcc wheels on the same base; with neither, refuse before anything builds."""
     if os_name and os_name.startswith("ubuntu"):
         try:
-            return _nvidia_image(recipe, cuda, "devel", os_name, any_patch=True), (), None
+            return nvidia_image(recipe, cuda, "devel", os_name, any_patch=True), (), None
         except CompatibilityError:
             pass  # no devel image for that OS: try nvcc from wheels
     try:
@@ -73,10 +73,10 @@ def _wheels_builder(recipe: Recipe, cuda: str, os_name: str | None, base_image: 
         ws = compat.cuda_wheel_set(cuda)
     except LookupError as exc:
         names = ", ".join(sorted(from_source))
-        raise _fail(recipe, "build.from_source" if recipe.build.from_source else "pip", names, "(source build)",
-                    "cuda", cuda, f"a source build gets the CUDA {_mm(cuda)} devel toolchain (nvcc, headers), and "
-                    f"there is no nvidia/cuda devel image for {os_name or recipe.base.image}, and {exc}",
-                    hint="use an Ubuntu base (the compile stage then uses nvidia/cuda's devel image), "
+        raise refusal_at(recipe, "build.from_source" if recipe.build.from_source else "pip", names, "(source build)",
+                         "cuda", cuda, f"a source build gets the CUDA {_mm(cuda)} devel toolchain (nvcc, headers), and "
+                         f"there is no nvidia/cuda devel image for {os_name or recipe.base.image}, and {exc}",
+                         hint="use an Ubuntu base (the compile stage then uses nvidia/cuda's devel image), "
                          "cuda.source: nvidia, CUDA >= 13.0 (nvcc from wheels), or the package's wheel "
                          "(drop it from build.from_source)") from None
     return base_image, ws.pins(*extras), compat.cuda_wheel_home(cuda)

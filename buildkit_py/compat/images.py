@@ -11,7 +11,7 @@ from typing import Any
 
 from packaging.version import InvalidVersion, Version
 
-from buildkit_py.compat.tables import CompatGap, _ascending, _fail, _known_versions, _load_raw
+from buildkit_py.compat.tables import CompatGap, bad_entry, check_ascending, known_versions, load_raw
 from buildkit_py.versions import major_minor as _mm  # short: it sits in many messages
 
 
@@ -64,32 +64,32 @@ class ImageSet:
 
 
 @functools.cache
-def _images() -> tuple[dict[str, Any], dict[str, ImageSet]]:
+def image_data() -> tuple[dict[str, Any], dict[str, ImageSet]]:
     """images.json: one row per CUDA release (known toolkit, ascending, no duplicate), each OS with
     its cuDNN majors; a row a newer patch of its minor supersedes carries its end of life (NVIDIA
     supports only the latest patch) or says why it has no date."""
     f = "images.json"
-    raw = _load_raw(f)
-    known = _known_versions()
+    raw = load_raw(f)
+    known = known_versions()
     versions = [e.get("cuda") for e in raw["images"]]
-    _ascending(f, versions)
+    check_ascending(f, versions)
     out: dict[str, ImageSet] = {}
     for e in raw["images"]:
         v = e["cuda"]
         if v not in known:
-            raise _fail(f, v, "image CUDA version is not a known toolkit (toolkits.json)")
+            raise bad_entry(f, v, "image CUDA version is not a known toolkit (toolkits.json)")
         out[v] = _image_row(f, e)
     for v, img in out.items():
         newer = [w for w in out if _mm(w) == _mm(v) and Version(w) > Version(v)]
         if newer and img.end_of_life is None and not img.end_of_life_unknown:
-            raise _fail(f, v, f"{newer[0]} supersedes it (NVIDIA supports only the latest patch): give its "
-                              "end_of_life, or end_of_life_unknown with the reason")
+            raise bad_entry(f, v, f"{newer[0]} supersedes it (NVIDIA supports only the latest patch): give its "
+                                  "end_of_life, or end_of_life_unknown with the reason")
         if img.end_of_life is not None and img.end_of_life.basis == "newer-patch" and not newer:
-            raise _fail(f, v, "end_of_life basis 'newer-patch' but no newer patch of its minor has images")
+            raise bad_entry(f, v, "end_of_life basis 'newer-patch' but no newer patch of its minor has images")
     absent = raw.get("absent", {})
     for v in absent:
         if v not in known or v in out:
-            raise _fail(f, v, "an 'absent' entry must be a known toolkit without image rows")
+            raise bad_entry(f, v, "an 'absent' entry must be a known toolkit without image rows")
     meta = {"flavors": tuple(raw["flavors"]), "cudnn_flavors": tuple(raw["cudnn_flavors"]),
             "policy": raw.get("support_policy", {}), "absent": {v: why["reason"] for v, why in absent.items()}}
     return meta, out
@@ -101,20 +101,20 @@ def _image_row(f: str, e: dict[str, Any]) -> ImageSet:
     majors = {c for _, cs in os_cudnn for c in cs}
     tag = e.get("cudnn_tag", "")
     if majors and not tag:
-        raise _fail(f, v, "cuDNN images listed but no cudnn_tag (the tag's cudnn part, e.g. cudnn8)")
+        raise bad_entry(f, v, "cuDNN images listed but no cudnn_tag (the tag's cudnn part, e.g. cudnn8)")
     if len(majors) > 1:
-        raise _fail(f, v, f"cuDNN majors {', '.join(sorted(majors))} under one cudnn_tag: the tags would clash")
+        raise bad_entry(f, v, f"cuDNN majors {', '.join(sorted(majors))} under one cudnn_tag: the tags would clash")
     if tag not in ("", "cudnn") and tag != f"cudnn{next(iter(majors), '')}":
-        raise _fail(f, v, f"cudnn_tag {tag!r} names another cuDNN major than the images list")
+        raise bad_entry(f, v, f"cudnn_tag {tag!r} names another cuDNN major than the images list")
     eol, unknown = e.get("end_of_life"), e.get("end_of_life_unknown")
     if eol and unknown:
-        raise _fail(f, v, "end_of_life and end_of_life_unknown both given")
+        raise bad_entry(f, v, "end_of_life and end_of_life_unknown both given")
     record = None
     if eol:
         date = _date(f, v, eol["date"])
         deletion = _date(f, v, eol["deletion"]) if eol.get("deletion") else None
         if deletion is not None and deletion < date:
-            raise _fail(f, v, f"deletion {deletion} before end of life {date}")
+            raise bad_entry(f, v, f"deletion {deletion} before end of life {date}")
         record = ImageEol(v, date, eol["basis"], deletion, eol["source"])
     return ImageSet(v, os_cudnn, tag, e["source"], record, unknown)
 
@@ -123,7 +123,7 @@ def _date(f: str, entry: Any, text: str) -> datetime.date:
     try:
         return datetime.date.fromisoformat(text)
     except ValueError:
-        raise _fail(f, entry, f"not a date: {text!r}") from None
+        raise bad_entry(f, entry, f"not a date: {text!r}") from None
 
 
 def cuda_image_oses(cuda: str) -> tuple[str, ...]:
@@ -133,7 +133,7 @@ def cuda_image_oses(cuda: str) -> tuple[str, ...]:
 
 
 def _image_for(cuda: str) -> ImageSet | None:
-    images = _images()[1]
+    images = image_data()[1]
     parts = str(cuda).split(".")
     if len(parts) == 3:
         return images.get(cuda)
@@ -147,7 +147,7 @@ def _cudnn_major(cudnn: str) -> str:
 
 def _has_image(img: ImageSet, flavor: str, cudnn: str | None, os_: str) -> bool:
     """Whether the data records that tag: the OS is listed, and with cuDNN, its major too."""
-    meta = _images()[0]
+    meta = image_data()[0]
     majors = img.cudnn_on(os_)
     if majors is None:
         return False
@@ -162,7 +162,7 @@ def _tag(img: ImageSet, flavor: str, cudnn: str | None, os_: str) -> str:
 
 def cuda_image_tags(cuda: str) -> tuple[str, ...]:
     """Every tag the data records for ``cuda`` ("X.Y": its newest patch with images)."""
-    meta, _ = _images()
+    meta, _ = image_data()
     img = _image_for(cuda)
     if img is None:
         return ()
@@ -189,7 +189,7 @@ def image_release(cuda: str, flavor: str, cudnn: str | None, os_: str, *, any_pa
     """The CUDA release whose nvidia/cuda image serves ``cuda`` on ``os_``: "X.Y" -> the newest
     X.Y.z the data records that image for; "X.Y.Z" -> itself (any_patch: else the newest other
     X.Y.z with it, for a compile stage). ImageGap when there is none."""
-    images = _images()[1]
+    images = image_data()[1]
     spec = str(cuda).strip()
     exact = spec.count(".") == 2
     same_minor = sorted((v for v in images if _mm(v) == _mm(spec)), key=Version, reverse=True)
@@ -210,7 +210,7 @@ def cuda_image_tag(cuda: str, flavor: str, cudnn: str | None, os: str) -> str:
     "X.Y" takes the newest X.Y.z with that image for the OS. ImageGap (a LookupError) saying what
     exists otherwise."""
     v = image_release(cuda, flavor, cudnn, os)
-    return _tag(_images()[1][v], flavor, cudnn, os)
+    return _tag(image_data()[1][v], flavor, cudnn, os)
 
 
 def _os_key(os_: str) -> tuple[int, ...]:
@@ -219,7 +219,7 @@ def _os_key(os_: str) -> tuple[int, ...]:
 
 def newest_images(flavor: str, cudnn: str | None, os_: str, *, major: int | None = None) -> tuple[str, ...]:
     """The newest patch of each CUDA minor with that image for ``os_`` (of one major if given), newest first."""
-    images = _images()[1]
+    images = image_data()[1]
     best: dict[str, str] = {}
     for v, img in images.items():
         if (major is None or Version(v).major == major) and _has_image(img, flavor, cudnn, os_):
@@ -230,7 +230,7 @@ def newest_images(flavor: str, cudnn: str | None, os_: str, *, major: int | None
 def image_gap(cuda: str, flavor: str, cudnn: str | None, os_: str) -> ImageGap:
     """Why there is no nvidia/cuda ``flavor`` image of ``cuda`` ("X.Y" or "X.Y.Z") with ``cudnn``
     for ``os_``, and what fits instead."""
-    meta, images = _images()
+    meta, images = image_data()
     spec = str(cuda).strip()
     exact = spec.count(".") == 2
     label = spec if exact else f"{_mm(spec)}.x"
@@ -290,12 +290,12 @@ def image_end_of_life(cuda: str, today: datetime.date) -> ImageEol | None:
 
 def image_releases() -> tuple[ImageSet, ...]:
     """Every CUDA release with nvidia/cuda images, ascending."""
-    return tuple(_images()[1].values())
+    return tuple(image_data()[1].values())
 
 
 def image_support_policy() -> dict[str, str]:
     """NVIDIA's support policy for the images as images.json records it (summary, source, read)."""
-    return dict(_images()[0]["policy"])
+    return dict(image_data()[0]["policy"])
 
 
 def cudnn_versions(cuda: str, os_: str | None = None) -> tuple[str, ...]:

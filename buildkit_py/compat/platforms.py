@@ -77,7 +77,7 @@ class PinFiles:
 
 @functools.cache
 def data() -> PlatformData:
-    raw = tables._load_raw(FILE)
+    raw = tables.load_raw(FILE)
     platforms = {name: Platform(name, p["wheel_arch"], p["nvidia_arch"], p["debian_arch"])
                  for name, p in raw["platforms"].items()}
     if set(platforms) != set(SUPPORTED):
@@ -232,7 +232,7 @@ def _pip_problems(recipe: Recipe, p: Platform, cuda: str, python: str, torch: st
             arm = data().wheels[name][p.wheel_arch]
             from buildkit_py.compat import bitsandbytes_rule  # noqa: PLC0415 - its rules import this module's callers
 
-            fits = [v for v in bitsandbytes_rule._bnb_fits(cuda, python, torch) if v in arm]
+            fits = [v for v in bitsandbytes_rule.bnb_fits(cuda, python, torch) if v in arm]
             hint = (f"use bitsandbytes=={fits[-1]} (the newest with a Linux {p.wheel_arch} wheel that fits CUDA "
                     f"{major_minor(cuda)})") if fits else f"leave {p.name} out of platforms"
             out.append(_fail(recipe, f"pip[{i}]", name, version, p.name,

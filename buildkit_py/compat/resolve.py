@@ -196,9 +196,9 @@ def _image_cuda(recipe: Recipe, torch: torch_rule.TorchPart, cuda_wheels: tuple[
     if (recipe.cuda.source == CudaSource.WHEELS and not from_base and not image.partial
             and "cudart" not in image.loadable):
         where = f" ({', '.join(sorted(image.private))} only inside torch/lib)" if image.private else ""
-        raise rules._fail(recipe, "cuda.source", "cuda.source", "wheels", "torch", torch.label or "",
-                          f"the image's wheels would bring no CUDA runtime another package can load{where}",
-                          hint="use cuda.source: nvidia")
+        raise rules.refusal_at(recipe, "cuda.source", "cuda.source", "wheels", "torch", torch.label or "",
+                               f"the image's wheels would bring no CUDA runtime another package can load{where}",
+                               hint="use cuda.source: nvidia")
     return image
 
 
@@ -219,12 +219,12 @@ def _cuda_minor_rule(recipe: Recipe, image: wheel_contents.ImageCuda, cuda: str)
             except LookupError:
                 want = ()
             hint = f"use {want[0]} (CUDA {mm}'s) or drop pip[{i}]" if want else f"drop pip[{i}]"
-            raise rules._fail(recipe, f"pip[{i}]", canonicalize_name(name), version, "cuda", cuda,
-                              f"{canonicalize_name(name)} {version} is the CUDA {major_minor(version)} "
-                              f"runtime (its wheel's version), and the image's CUDA is {mm}", hint=hint)
-    raise rules._fail(recipe, "cuda.version", "cuda", cuda, "cudart", ", ".join(versions),
-                      f"the image's wheels bring the CUDA {', '.join(other)} runtime ({', '.join(versions)}) "
-                      f"beside CUDA {mm}'s", hint=f'use cuda.version "{other[-1]}"')
+            raise rules.refusal_at(recipe, f"pip[{i}]", canonicalize_name(name), version, "cuda", cuda,
+                                   f"{canonicalize_name(name)} {version} is the CUDA {major_minor(version)} "
+                                   f"runtime (its wheel's version), and the image's CUDA is {mm}", hint=hint)
+    raise rules.refusal_at(recipe, "cuda.version", "cuda", cuda, "cudart", ", ".join(versions),
+                           f"the image's wheels bring the CUDA {', '.join(other)} runtime ({', '.join(versions)}) "
+                           f"beside CUDA {mm}'s", hint=f'use cuda.version "{other[-1]}"')
 
 
 def _attempt(problems: list[CompatibilityError], rule: Callable[..., _T], *args: Any, **kwargs: Any) -> _T | None:
@@ -315,7 +315,7 @@ def source_builds_rule(recipe: Recipe) -> None:
         assert files is not None  # noqa: S101  (the model has a row of this release)
         with_sdist = [v for v, _, sdist in files.releases if sdist]
         newest = f"; its newest release with an sdist is {with_sdist[-1]}" if with_sdist else ""
-        problems.append(rules._fail(
+        problems.append(rules.refusal_at(
             recipe, f"build.from_source[{i}]", name, pin, "build", "from source",
             f"{name} {pin} has no source distribution on the package index ({files.source}): pip cannot "
             "build it, only install its wheels",
@@ -331,10 +331,10 @@ def release_checks(recipe: Recipe, looked_up: rules.LookedUp | None = None) -> l
     checks: list[tuple[Any, tuple[Any, ...]]] = []
     if recipe.torch:
         checks.append((torch_rule.torch_release_rule, (looked_up,)))
-    for name, table, fits in (("flash-attn", compat.flash_attn_releases, flash_attn_rule._fa_fits),
-                              ("bitsandbytes", compat.bitsandbytes_releases, bitsandbytes_rule._bnb_fits)):
-        if (pin := rules._pin(recipe, name)) is not None:
-            checks.append((rules._known_release, (f"pip[{pin[0]}]", name, pin[1], table, fits)))
+    for name, table, fits in (("flash-attn", compat.flash_attn_releases, flash_attn_rule.fa_fits),
+                              ("bitsandbytes", compat.bitsandbytes_releases, bitsandbytes_rule.bnb_fits)):
+        if (pin := rules.pip_pin(recipe, name)) is not None:
+            checks.append((rules.known_release, (f"pip[{pin[0]}]", name, pin[1], table, fits)))
     return checks
 
 

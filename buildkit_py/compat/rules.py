@@ -69,7 +69,7 @@ _OS_FROM_IMAGE = [
     (re.compile(r"(^|/)ubuntu:(26\.04|resolute)\b"), "ubuntu26.04"),
     (re.compile(r"(^|/)ubuntu:(20\.04|focal)\b"), "ubuntu20.04"),
 ]
-_PYTHON_IMAGE = re.compile(r"(^|/)python:(3\.\d+)")
+PYTHON_IMAGE = re.compile(r"(^|/)python:(3\.\d+)")
 
 # Packages that compile CUDA kernels when first used, so they need nvcc and headers at run
 # time (DeepSpeed's op builder, NVIDIA Apex's JIT path, xFormers when built without wheels).
@@ -79,7 +79,7 @@ JIT_PACKAGES = frozenset({"deepspeed", "apex", "cupy", "pycuda"})
 DEFAULT_BUILD_ARCHS = ("8.0", "8.6", "8.9", "9.0")
 
 Warnings = tuple[RecipeWarning, ...]
-# The releases of a package that fit a CUDA, Python and torch, ascending (_fa_fits, _bnb_fits).
+# The releases of a package that fit a CUDA, Python and torch, ascending (fa_fits, bnb_fits).
 FitsFn = Callable[[str, str, str | None], list[str]]
 _Release = TypeVar("_Release", FlashAttnRelease, BnbRelease)
 
@@ -114,12 +114,15 @@ class ArchPart:
 
 
 # ----------------------------------------------------------------------------- helpers
-def _fail(recipe: Recipe, key: str, *args: str, hint: str | None = None, partial: bool = False) -> CompatibilityError:
+def refusal_at(recipe: Recipe, key: str, *args: str, hint: str | None = None,
+               partial: bool = False) -> CompatibilityError:
+    """The recipe refused at ``key`` (its file, line and key), ``args`` the clash as CompatibilityError
+    words it (component, version, other component, version, reason)."""
     return CompatibilityError(*args, hint=hint, at=RecipeLocation(str(recipe.path), recipe.line_of(key), key),
                               partial=partial)
 
 
-def _newest_hint(what: str, known: list[str], fitting: str | None = None) -> str:
+def newest_hint(what: str, known: list[str], fitting: str | None = None) -> str:
     """The newest releases the shipped data knows (the list is ascending), newest first; ``fitting``:
     what the rest of the recipe asks of a release, where none of them fits it (so none is offered as a fix)."""
     newest = ", ".join(sorted(known, key=Version, reverse=True)[:6])
@@ -128,51 +131,51 @@ def _newest_hint(what: str, known: list[str], fitting: str | None = None) -> str
     return f"use a {what} release imgbuild knows; the newest are {newest}"
 
 
-def _fitting(cuda: str, python: str, torch: str | None) -> str:
+def fitting_words(cuda: str, python: str, torch: str | None) -> str:
     """What a pin must fit, in words: "CUDA 12.4, Python 3.11 and torch 2.4.1"."""
     return f"CUDA {_mm(cuda)}, Python {python}" + (f" and torch {torch}" if torch else "")
 
 
-def _unknown_release(recipe: Recipe, key: str, name: str, version: str, known: list[str],
-                     fits: FitsFn) -> CompatibilityError:
+def unknown_release(recipe: Recipe, key: str, name: str, version: str, known: list[str],
+                    fits: FitsFn) -> CompatibilityError:
     """A pin of a release the shipped table lacks (``known``: the table's versions, ascending): the hint
     names the nearest release that ``fits`` the recipe's CUDA, Python and torch as written (this runs before
     they are resolved), else says that none does. ``fits`` comes from the package's own rule family, so
     this stays one message for both without rules importing them."""
     cuda, python, torch = recipe.cuda.version, recipe.python, recipe.torch
-    fitting, wanted = fits(cuda, python, torch), _fitting(cuda, python, torch)
+    fitting, wanted = fits(cuda, python, torch), fitting_words(cuda, python, torch)
     hint = (f"use {name}=={compat.nearest_versions(version, fitting, n=1)[0]} (the nearest release that fits "
-            f"{wanted})" if fitting else _newest_hint(name, known, wanted))
-    return _fail(recipe, key, name, version, f"imgbuild's {name} table", known[-1],
-                 f"this {name} release is unknown", hint=hint)
+            f"{wanted})" if fitting else newest_hint(name, known, wanted))
+    return refusal_at(recipe, key, name, version, f"imgbuild's {name} table", known[-1],
+                      f"this {name} release is unknown", hint=hint)
 
 
-def _gap(recipe: Recipe, key: str, exc: LookupError, component: str, version: str,
-         hint: str | None = None) -> CompatibilityError:
+def data_gap(recipe: Recipe, key: str, exc: LookupError, component: str, version: str,
+             hint: str | None = None) -> CompatibilityError:
     """A look-up the shipped data cannot answer, as a resolution error at the recipe key (``hint``: one
     that knows more of the recipe than the look-up's own)."""
     reason = getattr(exc, "reason", None) or str(exc).strip("'\"")
     nearest = getattr(exc, "nearest", ())
     if nearest:
         reason += f" (known near it: {', '.join(nearest)})"
-    return _fail(recipe, key, component, version, "imgbuild's compatibility data", compat.data_as_of(), reason,
-                 hint=hint or getattr(exc, "hint", None))
+    return refusal_at(recipe, key, component, version, "imgbuild's compatibility data", compat.data_as_of(), reason,
+                      hint=hint or getattr(exc, "hint", None))
 
 
-def _pin(recipe: Recipe, name: str) -> tuple[int, str] | None:
+def pip_pin(recipe: Recipe, name: str) -> tuple[int, str] | None:
     for i, spec in enumerate(recipe.pip):
         if pin_name(spec) == name:
             return i, spec.split("==", 1)[1]
     return None
 
 
-def _cuda_in(supported: SpecifierSet | tuple[str, ...], cuda: str) -> bool:
+def cuda_in(supported: SpecifierSet | tuple[str, ...], cuda: str) -> bool:
     if isinstance(supported, SpecifierSet):
         return supported.contains(cuda) or supported.contains(_mm(cuda))
     return _mm(cuda) in supported or cuda in supported
 
 
-def _describe(supported: SpecifierSet | tuple[str, ...]) -> str:
+def describe_cuda(supported: SpecifierSet | tuple[str, ...]) -> str:
     return str(supported) if isinstance(supported, SpecifierSet) else (", ".join(supported) or "no CUDA")
 
 
@@ -202,23 +205,23 @@ def mirrored_ref(image: str, mirror: str | None) -> str:
     return f"{mirror.rstrip('/')}/{path}"
 
 
-def _nvidia_image(recipe: Recipe, cuda: str, flavor: str, os_name: str | None, *, any_patch: bool = False) -> str:
+def nvidia_image(recipe: Recipe, cuda: str, flavor: str, os_name: str | None, *, any_patch: bool = False) -> str:
     """The nvidia/cuda image for that toolkit: only a tag the data records. any_patch: a compile
     stage may use another patch release of the same X.Y (nvcc X.Y.a output runs on the X.Y.b runtime)."""
     os_name = os_name or recipe.base.os
     try:
         release = compat.image_release(cuda, flavor, recipe.cuda.cudnn, os_name, any_patch=any_patch)
     except compat.ImageGap as gap:
-        raise _image_gap(recipe, gap, gap.value, os_name) from None
+        raise image_gap_refusal(recipe, gap, gap.value, os_name) from None
     return mirrored_ref(f"nvidia/cuda:{compat.cuda_image_tag(release, flavor, recipe.cuda.cudnn, os_name)}",
                         recipe.base.mirror)
 
 
-def _image_gap(recipe: Recipe, gap: compat.ImageGap, cuda: str, os_name: str) -> CompatibilityError:
+def image_gap_refusal(recipe: Recipe, gap: compat.ImageGap, cuda: str, os_name: str) -> CompatibilityError:
     """An image the data does not record, blamed on the key that is wrong (base.os when no CUDA
     release has that image for the OS)."""
     component, value = ("base.os", os_name) if gap.key == "base.os" else ("cuda", cuda)
-    return _fail(recipe, gap.key, component, value, gap.other, gap.other_value, gap.reason, hint=gap.hint)
+    return refusal_at(recipe, gap.key, component, value, gap.other, gap.other_value, gap.reason, hint=gap.hint)
 
 
 # ----------------------------------------------------------------------------- 2. cuDNN
@@ -230,23 +233,23 @@ def cudnn_rule(recipe: Recipe, cuda: str) -> str | None:
     if cudnn is None:
         return None
     if not compat.cudnn_supported(cuda, cudnn):  # one rule for both sources: NVIDIA's support matrix
-        raise _cudnn_unsupported(recipe, cudnn, cuda)
+        raise cudnn_unsupported(recipe, cudnn, cuda)
     if recipe.cuda.source == CudaSource.WHEELS:
         try:
             compat.cudnn_wheel(cuda, cudnn)
         except LookupError as exc:
-            raise _gap(recipe, "cuda.cudnn", exc, "cudnn", cudnn) from None
+            raise data_gap(recipe, "cuda.cudnn", exc, "cudnn", cudnn) from None
         return cudnn
     available = compat.cudnn_versions(cuda)
     if cudnn.split(".")[0] not in available:
-        raise _fail(recipe, "cuda.cudnn", "cudnn", cudnn, "cuda", cuda,
-                    f"cuDNN {cudnn} is not published for CUDA {cuda} "
-                    f"(available: {', '.join(available) or 'none'})",
-                    hint=f"use cudnn: \"{available[-1]}\"" if available else "drop cuda.cudnn")
+        raise refusal_at(recipe, "cuda.cudnn", "cudnn", cudnn, "cuda", cuda,
+                         f"cuDNN {cudnn} is not published for CUDA {cuda} "
+                         f"(available: {', '.join(available) or 'none'})",
+                         hint=f"use cudnn: \"{available[-1]}\"" if available else "drop cuda.cudnn")
     return cudnn
 
 
-def _cudnn_unsupported(recipe: Recipe, cudnn: str, cuda: str) -> CompatibilityError:
+def cudnn_unsupported(recipe: Recipe, cudnn: str, cuda: str) -> CompatibilityError:
     """A cuDNN major NVIDIA's support matrix does not list for this CUDA: name the CUDAs it does
     support and the cuDNN majors this CUDA has."""
     major = cudnn.split(".", maxsplit=1)[0]
@@ -259,9 +262,9 @@ def _cudnn_unsupported(recipe: Recipe, cudnn: str, cuda: str) -> CompatibilityEr
     options = [f'cudnn: "{here[-1]}" (the newest cuDNN for CUDA {_mm(cuda)})'] if here else []
     if newest_cuda:
         options.append(f'cuda.version "{_mm(newest_cuda)}" (the newest CUDA cuDNN {major} supports)')
-    return _fail(recipe, "cuda.cudnn", "cudnn", cudnn, "cuda", cuda,
-                 f"NVIDIA's cuDNN support matrix lists cuDNN {major} for CUDA {supports} only",
-                 hint="use " + " or ".join(options) if options else "drop cuda.cudnn")
+    return refusal_at(recipe, "cuda.cudnn", "cudnn", cudnn, "cuda", cuda,
+                      f"NVIDIA's cuDNN support matrix lists cuDNN {major} for CUDA {supports} only",
+                      hint="use " + " or ".join(options) if options else "drop cuda.cudnn")
 
 
 def _minors_in(spec: SpecifierSet) -> str:
@@ -282,18 +285,18 @@ def python_rule(recipe: Recipe, base: BaseFacts | None) -> PythonPart:
         os_name = facts.labels.get(K.OS)
     python = recipe.python
     base_python = facts.labels.get(K.PYTHON_VERSION) if facts is not None else None
-    py_image = _PYTHON_IMAGE.search(recipe.base.image or "")
+    py_image = PYTHON_IMAGE.search(recipe.base.image or "")
     if facts is not None and base_python:
         if base_python != python:
-            raise _fail(recipe, "python", "python", python, "base.image", f"{facts.ref} (python {base_python})",
-                        f"the base image was built with Python {base_python}",
-                        hint=f"use python: \"{base_python}\" or a base built for Python {python}")
+            raise refusal_at(recipe, "python", "python", python, "base.image", f"{facts.ref} (python {base_python})",
+                             f"the base image was built with Python {base_python}",
+                             hint=f"use python: \"{base_python}\" or a base built for Python {python}")
         return PythonPart(python, PythonProvider.BASE, os_name)
     if py_image:
         if py_image.group(2) != python:
-            raise _fail(recipe, "python", "python", python, "base.image", recipe.base.image or "",
-                        f"the image ships Python {py_image.group(2)}",
-                        hint=f"use python: \"{py_image.group(2)}\" or a python:{python} image")
+            raise refusal_at(recipe, "python", "python", python, "base.image", recipe.base.image or "",
+                             f"the image ships Python {py_image.group(2)}",
+                             hint=f"use python: \"{py_image.group(2)}\" or a python:{python} image")
         return PythonPart(python, PythonProvider.IMAGE, os_name)
     return PythonPart(python, _os_python_provider(recipe, os_name), os_name)
 
@@ -301,24 +304,26 @@ def python_rule(recipe: Recipe, base: BaseFacts | None) -> PythonPart:
 def _os_python_provider(recipe: Recipe, os_name: str | None) -> PythonProvider:
     python = recipe.python
     if os_name is None:
-        raise _fail(recipe, "base.image", "base.image", recipe.base.image or "", "python", python,
-                    "imgbuild cannot tell which OS (and so which Python) this image has",
-                    hint="set base.os (e.g. debian12, ubuntu22.04) for this image")
+        raise refusal_at(recipe, "base.image", "base.image", recipe.base.image or "", "python", python,
+                         "imgbuild cannot tell which OS (and so which Python) this image has",
+                         hint="set base.os (e.g. debian12, ubuntu22.04) for this image")
     if OS_PYTHON.get(os_name) == python:
         return PythonProvider.OS
     if os_name.startswith("ubuntu"):
         return PythonProvider.DEADSNAKES  # Ubuntu's PPA packages every maintained Python for each LTS
     if os_name not in OS_PYTHON:  # not "ships Python ?" with a hint of python: "None"
         known = ", ".join(f"{o} ({v})" for o, v in OS_PYTHON.items() if not o.startswith("ubuntu"))
-        raise _fail(recipe, "python", "python", python, "os", os_name,
-                    f"imgbuild does not know which Python {os_name} ships (its data has {known})",
-                    hint=f"use a python:{python} base image, an OS imgbuild knows, or an Ubuntu base", partial=True)
+        raise refusal_at(recipe, "python", "python", python, "os", os_name,
+                         f"imgbuild does not know which Python {os_name} ships (its data has {known})",
+                         hint=f"use a python:{python} base image, an OS imgbuild knows, or an Ubuntu base",
+                         partial=True)
     shipped = OS_PYTHON[os_name]
     image = f"a python:{python} base image"
     refused = _torch_refuses_python(recipe, shipped)
-    raise _fail(recipe, "python", "python", python, "os", os_name, f"{os_name} ships Python {shipped} and no other",
-                hint=f"use an Ubuntu base or {image} ({refused})" if refused else
-                f'use python: "{shipped}", an Ubuntu base, or {image}')
+    raise refusal_at(recipe, "python", "python", python, "os", os_name,
+                     f"{os_name} ships Python {shipped} and no other",
+                     hint=f"use an Ubuntu base or {image} ({refused})" if refused else
+                     f'use python: "{shipped}", an Ubuntu base, or {image}')
 
 
 def _torch_refuses_python(recipe: Recipe, python: str) -> str | None:
@@ -352,25 +357,25 @@ class LookedUp:
     wheels: tuple[WheelContents, ...] = ()
 
 
-def _pinned_release(recipe: Recipe, key: str, name: str, version: str, find: Callable[[str], _Release],
-                    table: Callable[[], Sequence[_Release]], fits: FitsFn) -> _Release:
+def pinned_release(recipe: Recipe, key: str, name: str, version: str, find: Callable[[str], _Release],
+                   table: Callable[[], Sequence[_Release]], fits: FitsFn) -> _Release:
     """The pinned release's row (``find``), else the refusal of a release the table lacks, whose hint
     names the nearest that ``fits`` (flash-attn's and bitsandbytes' checks, one message)."""
     try:
         return find(version)
     except LookupError:
-        raise _unknown_release(recipe, key, name, version, [r.version for r in table()], fits) from None
+        raise unknown_release(recipe, key, name, version, [r.version for r in table()], fits) from None
 
 
-def _known_release(recipe: Recipe, key: str, name: str, version: str,
-                   table: Callable[[], Sequence[FlashAttnRelease | BnbRelease]], fits: FitsFn) -> str:
+def known_release(recipe: Recipe, key: str, name: str, version: str,
+                  table: Callable[[], Sequence[FlashAttnRelease | BnbRelease]], fits: FitsFn) -> str:
     known = [r.version for r in table()]
     if not any(Version(v) == Version(version) for v in known):
-        raise _unknown_release(recipe, key, name, version, known, fits)
+        raise unknown_release(recipe, key, name, version, known, fits)
     return version
 
 
-def _nvidia_image_os(recipe: Recipe, cuda: str) -> str | None:
+def nvidia_image_os(recipe: Recipe, cuda: str) -> str | None:
     """The OS ``cuda`` would find its image on: with source: nvidia and no base.image imgbuild picks
     the nvidia/cuda tag, so base.os where NVIDIA publishes one of the recipe's flavor and cuDNN, else
     the newest OS it does (None: none). Any other recipe names its base, whose CUDA other rules check."""
@@ -393,13 +398,13 @@ def arch_rule(recipe: Recipe, cuda: str) -> ArchPart:
         supported = compat.cuda_archs(cuda)
     except LookupError as exc:
         if archs:
-            raise _gap(recipe, "build.cuda_arch", exc, "cuda", cuda) from None
+            raise data_gap(recipe, "build.cuda_arch", exc, "cuda", cuda) from None
         supported = ()
     for i, arch in enumerate(archs):
         if arch.replace("+PTX", "") not in supported:
-            raise _fail(recipe, f"build.cuda_arch[{i}]", "cuda_arch", arch, "cuda", cuda,
-                        f"nvcc {_mm(cuda)} targets {', '.join(supported)}",
-                        hint="drop that architecture or pick a CUDA that supports it")
+            raise refusal_at(recipe, f"build.cuda_arch[{i}]", "cuda_arch", arch, "cuda", cuda,
+                             f"nvcc {_mm(cuda)} targets {', '.join(supported)}",
+                             hint="drop that architecture or pick a CUDA that supports it")
     return ArchPart(archs, supported)
 
 
@@ -417,7 +422,7 @@ def flavor_rule(recipe: Recipe, compile_: frozenset[str]) -> Warnings:
             "in a devel stage)" if source == "nvidia" else
             "cuda.flavor devel installs nvcc, headers and the math libraries from wheels (GBs) but "
             "this recipe compiles nothing at run time; use flavor: runtime"))
-    jit = sorted((pin[0], name) for name in JIT_PACKAGES if (pin := _pin(recipe, name)))
+    jit = sorted((pin[0], name) for name in JIT_PACKAGES if (pin := pip_pin(recipe, name)))
     if jit and not recipe.runtime_compile:
         warnings.append(RecipeWarning(
             codes.JIT_WITHOUT_RUNTIME_COMPILE, f"pip[{jit[0][0]}]",

@@ -129,30 +129,30 @@ def nearest_versions(value: str, known: Iterable[str], n: int = 4) -> tuple[str,
     return tuple(sorted(sorted(known, key=dist)[:n], key=Version))
 
 
-def _fail(file: str, entry: Any, why: str) -> CompatDataError:
+def bad_entry(file: str, entry: Any, why: str) -> CompatDataError:
     return CompatDataError(f"compat data {file}: entry {entry!r}: {why}",
                            hint="this is a bug in the shipped data; fix the file and its source")
 
 
-def _ver(file: str, entry: Any, text: Any) -> Version:
+def entry_version(file: str, entry: Any, text: Any) -> Version:
     try:
         return Version(str(text))
     except InvalidVersion:
-        raise _fail(file, entry, f"not a version: {text!r}") from None
+        raise bad_entry(file, entry, f"not a version: {text!r}") from None
 
 
-def _spec(file: str, entry: Any, text: Any) -> SpecifierSet:
+def entry_specifier(file: str, entry: Any, text: Any) -> SpecifierSet:
     try:
         return SpecifierSet(text or "")
     except InvalidSpecifier:
-        raise _fail(file, entry, f"not a specifier: {text!r}") from None
+        raise bad_entry(file, entry, f"not a specifier: {text!r}") from None
 
 
-def _ascending(file: str, keys: list[str]) -> None:
-    vs = [_ver(file, k, k) for k in keys]
+def check_ascending(file: str, keys: list[str]) -> None:
+    vs = [entry_version(file, k, k) for k in keys]
     for a, b, ka, kb in zip(vs, vs[1:], keys, keys[1:], strict=False):
         if not a < b:
-            raise _fail(file, kb, f"versions must be strictly ascending and unique ({ka} then {kb})")
+            raise bad_entry(file, kb, f"versions must be strictly ascending and unique ({ka} then {kb})")
 
 
 # Another folder of data files, set only in the child process ``imgbuild data refresh`` validates
@@ -174,7 +174,7 @@ def validate_folder(folder: str) -> None:
     validate_all()
 
 
-def _load_raw(name: str) -> dict[str, Any]:
+def load_raw(name: str) -> dict[str, Any]:
     """A data file's JSON, checked against its schema (compat.schema.json, ``$defs/<name>``)."""
     path = data_dir().joinpath(name)
     try:
@@ -202,9 +202,9 @@ def _check_schema(where: str, name: str, text: str) -> None:
 @functools.cache
 def _toolkit_data() -> tuple[tuple[Toolkit, ...], dict[str, tuple[str, ...]]]:
     f = "toolkits.json"
-    raw = _load_raw(f)
+    raw = load_raw(f)
     out = [_toolkit_row(f, e) for e in raw["toolkits"]]
-    _ascending(f, [t.version for t in out])
+    check_ascending(f, [t.version for t in out])
     _check_driver_floors(f, out)
     skipped = {k: tuple(v) for k, v in raw.get("skipped_minors", {}).items()}
     _check_release_lines(f, out, skipped)
@@ -213,7 +213,7 @@ def _toolkit_data() -> tuple[tuple[Toolkit, ...], dict[str, tuple[str, ...]]]:
 
 def _toolkit_row(f: str, e: dict[str, Any]) -> Toolkit:
     v = e.get("version")
-    _ver(f, v, v)
+    entry_version(f, v, v)
     basis = e.get("min_driver_basis", "table3")
     runfile = e.get("runfile_driver")
     windows = e.get("windows_min_driver")
@@ -228,25 +228,25 @@ def _check_driver_floors(f: str, toolkits: list[Toolkit]) -> None:
     published = [t for t in toolkits if t.min_driver_basis != "unpublished"]
     for a, b in zip(published, published[1:], strict=False):
         if a.linux_min_driver is None or b.linux_min_driver is None:
-            raise _fail(f, (b if b.linux_min_driver is None else a).version,
-                        "only an 'unpublished' floor may be null")
+            raise bad_entry(f, (b if b.linux_min_driver is None else a).version,
+                            "only an 'unpublished' floor may be null")
         if Version(b.linux_min_driver) < Version(a.linux_min_driver):
-            raise _fail(f, b.version,
-                        f"Linux driver {b.linux_min_driver} lower than {a.version}'s {a.linux_min_driver}")
+            raise bad_entry(f, b.version,
+                            f"Linux driver {b.linux_min_driver} lower than {a.version}'s {a.linux_min_driver}")
     for t in toolkits:
         mj = int(t.version.split(".")[0])
         if t.min_driver_basis == "unpublished":
             if t.linux_min_driver is not None:
-                raise _fail(f, t.version, "an 'unpublished' floor must be null (NVIDIA publishes none)")
+                raise bad_entry(f, t.version, "an 'unpublished' floor must be null (NVIDIA publishes none)")
             if mj not in floors:
-                raise _fail(f, t.version, f"an 'unpublished' floor needs the CUDA {mj}.x minor-version floor "
-                                          "(minor_compat.json)")
+                raise bad_entry(f, t.version, f"an 'unpublished' floor needs the CUDA {mj}.x minor-version floor "
+                                              "(minor_compat.json)")
         elif t.min_driver_basis == "same-minor":
             same = [x for x in published if x.major_minor == t.major_minor and x.min_driver_basis == "table3"
                     and Version(x.version) < Version(t.version)]
             if not same or same[-1].linux_min_driver != t.linux_min_driver:
-                raise _fail(f, t.version,
-                            "a 'same-minor' floor must equal the newest earlier Table 3 value of its minor")
+                raise bad_entry(f, t.version,
+                                "a 'same-minor' floor must equal the newest earlier Table 3 value of its minor")
 
 
 def _check_release_lines(f: str, toolkits: list[Toolkit], skipped: dict[str, tuple[str, ...]]) -> None:
@@ -259,67 +259,67 @@ def _check_release_lines(f: str, toolkits: list[Toolkit], skipped: dict[str, tup
         skip = {int(x) for x in skipped.get(str(mj), ())}
         for mn in range(0, max(mins) + 1):
             if mn not in mins and mn not in skip:
-                raise _fail(f, f"{mj}.{mn}", f"gap in the {mj}.x line: {mj}.{mn} missing and not in skipped_minors")
+                raise bad_entry(f, f"{mj}.{mn}", f"gap in the {mj}.x line: {mj}.{mn} missing and not in skipped_minors")
             if mn in mins and mn in skip:
-                raise _fail(f, f"{mj}.{mn}", "listed as skipped but present")
+                raise bad_entry(f, f"{mj}.{mn}", "listed as skipped but present")
 
 
-def _known_mm() -> set[str]:
+def known_major_minors() -> set[str]:
     return {t.major_minor for t in _toolkit_data()[0]}
 
 
-def _known_versions() -> set[str]:
+def known_versions() -> set[str]:
     return {t.version for t in _toolkit_data()[0]}
 
 
 @functools.cache
 def _minor_floors() -> dict[int, MinorCompatFloor]:
     f = "minor_compat.json"
-    raw = _load_raw(f)
+    raw = load_raw(f)
     out: dict[int, MinorCompatFloor] = {}
     for e in raw["floors"]:
         mj = e["major"]
         if mj in out:
-            raise _fail(f, mj, "major must be unique")
+            raise bad_entry(f, mj, "major must be unique")
         windows = e.get("windows_min_driver")
         out[mj] = MinorCompatFloor(mj, e["linux_min_driver"], windows, e.get("below_branch"), e["source"])
-    _ascending(f, [str(k) for k in out])
+    check_ascending(f, [str(k) for k in out])
     return out
 
 
 @functools.cache
 def _forward_compat() -> tuple[_RangeEntry, ...]:
     f = "forward_compat.json"
-    raw = _load_raw(f)
+    raw = load_raw(f)
     out = []
     for e in raw["entries"]:
         key = e.get("cuda")
         branches = tuple(e["branches"])
         if not branches and not e.get("none_supported"):
-            raise _fail(f, key, "an entry without branches must say why (none_supported)")
+            raise bad_entry(f, key, "an entry without branches must say why (none_supported)")
         eol = set(raw.get("end_of_life", {})) & set(branches)
         if eol:
-            raise _fail(f, key, f"branch(es) {', '.join(sorted(eol))} reached end of life (end_of_life) "
-                                "and are no target")
-        out.append(_RangeEntry(_spec(f, key, key), branches, e["source"]))
+            raise bad_entry(f, key, f"branch(es) {', '.join(sorted(eol))} reached end of life (end_of_life) "
+                                    "and are no target")
+        out.append(_RangeEntry(entry_specifier(f, key, key), branches, e["source"]))
     return tuple(out)
 
 
-def _archs_ok(f: str, key: Any, archs: tuple[str, ...]) -> None:
+def check_archs(f: str, key: Any, archs: tuple[str, ...]) -> None:
     if list(archs) != sorted(set(archs), key=arch_key):
-        raise _fail(f, key, "compute capabilities must be unique and ascending")
+        raise bad_entry(f, key, "compute capabilities must be unique and ascending")
 
 
 @functools.cache
 def _archs() -> tuple[_RangeEntry, ...]:
     f = "archs.json"
-    raw = _load_raw(f)
+    raw = load_raw(f)
     out = []
     for e in raw["entries"]:
         key = e.get("cuda")
         archs = tuple(e.get("archs", ()))
-        _archs_ok(f, key, archs)
-        out.append(_RangeEntry(_spec(f, key, key), archs, e["source"]))
+        check_archs(f, key, archs)
+        out.append(_RangeEntry(entry_specifier(f, key, key), archs, e["source"]))
     return tuple(out)
 
 
@@ -374,49 +374,49 @@ class _WheelData:
 @functools.cache
 def _wheels() -> _WheelData:
     f = "wheels.json"
-    raw = _load_raw(f)
-    _known_versions()
+    raw = load_raw(f)
+    known_versions()
     families = raw.get("families", {})
     releases = []
     for e in raw["releases"]:
         v = e.get("toolkit")
-        _ver(f, v, v)
-        if _mm(str(v)) not in _known_mm():
-            raise _fail(f, v, "not of a known toolkit major.minor (toolkits.json)")
+        entry_version(f, v, v)
+        if _mm(str(v)) not in known_major_minors():
+            raise bad_entry(f, v, "not of a known toolkit major.minor (toolkits.json)")
         fam = families.get(v.split(".")[0])
         if fam is None:
-            raise _fail(f, v, "no 'families' entry for this CUDA major")
+            raise bad_entry(f, v, "no 'families' entry for this CUDA major")
         extras = e.get("extras", {})
         rt = dict(extras.get("cudart", {}))
         rt_name = "nvidia-cuda-runtime" + fam["suffix"]
         if rt_name not in rt or not rt[rt_name].startswith(_mm(v) + "."):
-            raise _fail(f, v, f"extra cudart must hold {rt_name} of the same major.minor")
+            raise bad_entry(f, v, f"extra cudart must hold {rt_name} of the same major.minor")
         for extra, pkgs in extras.items():
             for pkg, ver in pkgs.items():
-                _ver(f, v, ver)
+                entry_version(f, v, ver)
                 if fam["naming"] == "suffixed" and pkg.startswith("nvidia-") and not pkg.endswith(fam["suffix"]):
-                    raise _fail(f, v, f"{extra}: {pkg} lacks the {fam['suffix']} suffix of this family")
+                    raise bad_entry(f, v, f"{extra}: {pkg} lacks the {fam['suffix']} suffix of this family")
         releases.append(WheelSet(v, fam["naming"], e.get("meta_package"),
                                  tuple((x, tuple(sorted(p.items()))) for x, p in sorted(extras.items())),
                                  e["source"]))
-    _ascending(f, [r.toolkit for r in releases])
+    check_ascending(f, [r.toolkit for r in releases])
     cudnn = []
     for e in raw.get("cudnn", ()):
         key = f"cudnn {e.get('cudnn')} for {e.get('cuda')}"
-        _ver(f, key, e.get("version"))
+        entry_version(f, key, e.get("version"))
         if not str(e.get("version")).startswith(f"{e.get('cudnn')}."):
-            raise _fail(f, key, "version must be of the cudnn major it is listed under")
-        cudnn.append(CudnnWheel(_spec(f, key, e.get("cuda")), str(e["cudnn"]), e["wheel"], e["version"],
+            raise bad_entry(f, key, "version must be of the cudnn major it is listed under")
+        cudnn.append(CudnnWheel(entry_specifier(f, key, e.get("cuda")), str(e["cudnn"]), e["wheel"], e["version"],
                                 e["source"]))
     absent = {}
     for mm, why in raw.get("absent", {}).items():
         if any(_mm(r.toolkit) == mm for r in releases):
-            raise _fail(f, mm, "listed as absent but has releases")
+            raise bad_entry(f, mm, "listed as absent but has releases")
         absent[mm] = why["reason"]
     devel = raw.get("devel", {})
     tiers, nccl = _tiers_and_nccl(f, raw, releases)
     return _WheelData(tuple(releases), tuple(cudnn), absent, tuple(devel.get("extras", ())),
-                      _ver(f, "devel", devel.get("needs_nvcc_binary_from", "999")), devel.get("source", ""),
+                      entry_version(f, "devel", devel.get("needs_nvcc_binary_from", "999")), devel.get("source", ""),
                       tiers, nccl)
 
 
@@ -427,13 +427,13 @@ def _tiers_and_nccl(f: str, raw: dict[str, Any],
     known_extras = {x for r in releases for x, _ in r.extras}
     for name, extras in tiers.items():
         if unknown := sorted(set(extras) - known_extras):
-            raise _fail(f, f"tiers.{name}", f"not an extra of any cuda-toolkit release: {', '.join(unknown)}")
+            raise bad_entry(f, f"tiers.{name}", f"not an extra of any cuda-toolkit release: {', '.join(unknown)}")
     nccl = {}
     for e in raw.get("nccl", ()):
-        _ver(f, f"nccl {e.get('major')}", e.get("version"))
+        entry_version(f, f"nccl {e.get('major')}", e.get("version"))
         nccl[str(e["major"])] = f"{e['wheel']}=={e['version']}"
     if missing := sorted(set(raw.get("families", {})) - set(nccl), key=int):
-        raise _fail(f, "nccl", f"no NCCL wheel for CUDA {', '.join(missing)} (the runtime tier carries NCCL)")
+        raise bad_entry(f, "nccl", f"no NCCL wheel for CUDA {', '.join(missing)} (the runtime tier carries NCCL)")
     return tiers, nccl
 
 
@@ -441,23 +441,23 @@ def _tiers_and_nccl(f: str, raw: dict[str, Any],
 def _coverage() -> None:
     """Cross-file check: every toolkit minor has CUDA wheels, an nvcc architecture list and
     nvidia/cuda images, or the file in question says why it deliberately has none."""
-    from buildkit_py.compat.images import _images  # noqa: PLC0415  # it reads tables: a top-level import would circle
+    from buildkit_py.compat.images import image_data  # noqa: PLC0415  # it reads tables: a top-level import would circle
 
     wheels = _wheels()
     archs = _archs()
-    meta, images = _images()
+    meta, images = image_data()
     img_absent = set(meta.get("absent", {}))
     by_minor: dict[str, list[str]] = {}
     for t in _toolkit_data()[0]:
         by_minor.setdefault(t.major_minor, []).append(t.version)
     for mm, versions in by_minor.items():
         if not any(_mm(r.toolkit) == mm for r in wheels.releases) and mm not in wheels.absent:
-            raise _fail("wheels.json", mm, "toolkit minor without wheel releases and not listed under 'absent'")
+            raise bad_entry("wheels.json", mm, "toolkit minor without wheel releases and not listed under 'absent'")
         for v in versions:
             if not any(Version(v) in e.cuda for e in archs):
-                raise _fail("archs.json", v, "toolkit without an nvcc architecture list")
+                raise bad_entry("archs.json", v, "toolkit without an nvcc architecture list")
         if not any(_mm(v) == mm for v in images) and not set(versions) <= img_absent:
-            raise _fail("images.json", mm, "toolkit minor without nvidia/cuda images and not listed under 'absent'")
+            raise bad_entry("images.json", mm, "toolkit minor without nvidia/cuda images and not listed under 'absent'")
 
 
 @dataclass(frozen=True)
@@ -472,14 +472,14 @@ class CudnnSupport:
 @functools.cache
 def _cudnn_support() -> tuple[CudnnSupport, ...]:
     f = "cudnn.json"
-    raw = _load_raw(f)
-    out = [CudnnSupport(str(e["cudnn"]), _spec(f, e.get("cudnn"), e.get("cuda")), e.get("newest"), e["source"])
-           for e in raw["majors"]]
+    raw = load_raw(f)
+    out = [CudnnSupport(str(e["cudnn"]), entry_specifier(f, e.get("cudnn"), e.get("cuda")), e.get("newest"),
+                        e["source"]) for e in raw["majors"]]
     for w in _wheels().cudnn:  # a wheel row may not claim a CUDA the support matrix does not list
         for t in _toolkit_data()[0]:
             if Version(t.version) in w.cuda and not cudnn_supported(t.version, w.cudnn, rows=out):
-                raise _fail("wheels.json", f"cudnn {w.cudnn} for {w.cuda}",
-                            f"CUDA {t.version} is outside cuDNN {w.cudnn}'s support matrix (cudnn.json)")
+                raise bad_entry("wheels.json", f"cudnn {w.cudnn} for {w.cuda}",
+                                f"CUDA {t.version} is outside cuDNN {w.cudnn}'s support matrix (cudnn.json)")
     return tuple(out)
 
 
@@ -521,7 +521,7 @@ def _loaders() -> tuple[Any, ...]:
         wheel_contents,
     )
 
-    return (_toolkit_data, _minor_floors, _forward_compat, images._images, torch_data._torch, flash_attn._flash_attn,
+    return (_toolkit_data, _minor_floors, _forward_compat, images.image_data, torch_data._torch, flash_attn._flash_attn,
             bitsandbytes._bnb, torch_data._cxx_std, _archs, _wheels, _cudnn_support, torch_pins.rows, _coverage,
             platforms.data, gpu_kernels._gpu_kernels, gpu_kernels._wheel_kernels, _data_as_of,
             cuda_pins.wheel_owners, wheel_contents.model)
@@ -614,7 +614,7 @@ def minor_compat(major: int) -> MinorCompatFloor | None:
 def driver_branch_end_of_life(branch: str) -> str | None:
     """``"July 2024"`` where NVIDIA's data-center driver pages list the branch as ended, else None."""
     _forward_compat()
-    entry = _load_raw("forward_compat.json").get("end_of_life", {}).get(str(branch))
+    entry = load_raw("forward_compat.json").get("end_of_life", {}).get(str(branch))
     return entry["eol"] if entry else None
 
 
@@ -629,7 +629,7 @@ def forward_compat_branches(cuda: str) -> tuple[str, ...]:
 
 def data_files_as_of() -> dict[str, str | None]:
     """Each shipped data file's "as of" date (None where the file records none)."""
-    return {name: _load_raw(name).get("as_of") for name in DATA_FILES}
+    return {name: load_raw(name).get("as_of") for name in DATA_FILES}
 
 
 def cuda_archs(cuda: str) -> tuple[str, ...]:
@@ -651,7 +651,7 @@ def all_cuda_wheel_sets() -> tuple[WheelSet, ...]:
 def cuda_wheel_sets(cuda: str) -> tuple[WheelSet, ...]:
     """The PyPI wheel releases of a CUDA major.minor (or of one exact X.Y.Z), oldest first."""
     parts = str(cuda).split(".")
-    known = _known_versions()  # a release of a patch toolkits.json lacks is no answer
+    known = known_versions()  # a release of a patch toolkits.json lacks is no answer
     if len(parts) >= 3:
         return tuple(r for r in _wheels().releases if Version(r.toolkit) == Version(cuda) and r.toolkit in known)
     return tuple(r for r in _wheels().releases if _mm(r.toolkit) == _mm(str(cuda)) and r.toolkit in known)
@@ -729,7 +729,7 @@ def nccl_pin(cuda: str) -> str:
 
 def cuda_wheel_home(cuda: str) -> str | None:
     """Where that CUDA's wheels lay out one toolkit tree, relative to site-packages (nvidia/cu13)."""
-    prefix: dict[str, str] = _load_raw("wheels.json").get("devel", {}).get("prefix", {})
+    prefix: dict[str, str] = load_raw("wheels.json").get("devel", {}).get("prefix", {})
     return prefix.get(str(cuda).split(".")[0])
 
 
@@ -742,7 +742,7 @@ def data_as_of() -> str:
 def _data_as_of() -> str:
     """Once per process: every refusal that rests on the data names it, and reading the files again
     for each cost ~30 ms a refusal (tests/test_plan_space.py plans thousands)."""
-    dates = [_load_raw(n).get("as_of") for n in DATA_FILES]
+    dates = [load_raw(n).get("as_of") for n in DATA_FILES]
     return "as of " + max((d for d in dates if d), default="an unknown date")
 
 
@@ -753,4 +753,4 @@ def cuda_runtime_wheels(cuda: str) -> dict[str, str]:
 
 
 def data_sources() -> dict[str, str]:
-    return {name: _load_raw(name)["source"] for name in DATA_FILES}
+    return {name: load_raw(name)["source"] for name in DATA_FILES}

@@ -11,7 +11,14 @@ from typing import Any
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
-from buildkit_py.compat.tables import _ascending, _fail, _known_mm, _load_raw, _spec, _ver
+from buildkit_py.compat.tables import (
+    bad_entry,
+    check_ascending,
+    entry_specifier,
+    entry_version,
+    known_major_minors,
+    load_raw,
+)
 
 _VARIANT_RE = re.compile(r"^cu(\d{2})(\d)$")
 
@@ -51,29 +58,29 @@ class CxxStd:
 @functools.cache
 def _torch() -> tuple[str, tuple[TorchRelease, ...]]:
     f = "torch.json"
-    raw = _load_raw(f)
-    known = _known_mm()
+    raw = load_raw(f)
+    known = known_major_minors()
     out = [torch_row(f, e, known) for e in raw["releases"]]
-    _ascending(f, [t.version for t in out])
+    check_ascending(f, [t.version for t in out])
     return raw["index_url"], tuple(out)
 
 
 def torch_row(f: str, e: dict[str, Any], known: set[str] | None = None) -> TorchRelease:
     """One torch.json row, checked (also for rows from the live look-up cache)."""
-    known = _known_mm() if known is None else known
+    known = known_major_minors() if known is None else known
     v = e.get("version")
-    _ver(f, v, v)
+    entry_version(f, v, v)
     variants = dict(e.get("variants", {}))
     for var, cuda in variants.items():
         m = _VARIANT_RE.match(var)
         if not m or f"{int(m.group(1))}.{m.group(2)}" != cuda:
-            raise _fail(f, v, f"variant {var!r} does not spell CUDA {cuda!r}")
+            raise bad_entry(f, v, f"variant {var!r} does not spell CUDA {cuda!r}")
         if cuda not in known:
-            raise _fail(f, v, f"variant {var} maps to CUDA {cuda}, not a known toolkit major.minor")
+            raise bad_entry(f, v, f"variant {var} maps to CUDA {cuda}, not a known toolkit major.minor")
     pv = e.get("pypi_variant")
     if pv is not None and pv not in variants:
-        raise _fail(f, v, f"pypi_variant {pv} is not one of the variants")
-    return TorchRelease(str(v), _spec(f, v, e.get("python")), variants, pv,
+        raise bad_entry(f, v, f"pypi_variant {pv} is not one of the variants")
+    return TorchRelease(str(v), entry_specifier(f, v, e.get("python")), variants, pv,
                         dict(e.get("pypi_cuda_wheels", {})), e.get("triton"), e["source"], e.get("notes"),
                         tuple(e.get("pypi_cuda_toolkit_extras", ())), partial=e.get("partial"))
 
@@ -81,13 +88,14 @@ def torch_row(f: str, e: dict[str, Any], known: set[str] | None = None) -> Torch
 @functools.cache
 def _cxx_std() -> tuple[CxxStd, ...]:
     f = "cxx_std.json"
-    raw = _load_raw(f)
-    out = tuple(CxxStd(_spec(f, e.get("torch"), e.get("torch")), e["cxx_std"], e["source"]) for e in raw["torch"])
+    raw = load_raw(f)
+    out = tuple(CxxStd(entry_specifier(f, e.get("torch"), e.get("torch")), e["cxx_std"], e["source"])
+                for e in raw["torch"])
     for t in _torch()[1]:  # every torch release imgbuild knows falls in exactly one range
         hits = [str(e.torch) for e in out if e.torch.contains(t.version, prereleases=True)]
         if len(hits) != 1:
-            raise _fail(f, t.version, f"torch {t.version} falls in {len(hits)} ranges ({', '.join(hits) or 'none'}); "
-                                      "it must fall in exactly one")
+            raise bad_entry(f, t.version, f"torch {t.version} falls in {len(hits)} ranges "
+                                          f"({', '.join(hits) or 'none'}); it must fall in exactly one")
     return out
 
 
@@ -108,7 +116,7 @@ def torch_release(version: str, *, extra: tuple[TorchRelease, ...] = ()) -> Torc
 @functools.cache
 def large_wheels_before() -> str:
     """The first torch release whose every CUDA variant depends on nvidia-* wheels (torch.json)."""
-    return str(_load_raw("torch.json")["large_wheels"]["before"])
+    return str(load_raw("torch.json")["large_wheels"]["before"])
 
 
 def torch_index_url(variant: str) -> str:

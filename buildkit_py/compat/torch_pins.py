@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
 from packaging.version import InvalidVersion, Version
 
-from buildkit_py.compat.tables import _fail, _load_raw
+from buildkit_py.compat.tables import bad_entry, load_raw
 from buildkit_py.recipe.model import pin_name
 
 FILE = "torch_cuda_pins.json"
@@ -101,28 +101,28 @@ class CudaLayer:
 @functools.lru_cache(maxsize=1)
 def rows() -> dict[str, TorchCudaPins]:
     """Every row of the file, checked; loaded once."""
-    raw = _load_raw(FILE)
+    raw = load_raw(FILE)
     out: dict[str, TorchCudaPins] = {}
     for e in raw.get("releases", []):
         key = e.get("torch")
         try:
             Version(str(key))
         except InvalidVersion:
-            raise _fail(FILE, key, "torch must be a version") from None
+            raise bad_entry(FILE, key, "torch must be a version") from None
         if key in out:
-            raise _fail(FILE, key, "one row per torch release")
+            raise bad_entry(FILE, key, "one row per torch release")
         wheels = []
         for w in e.get("wheels", []):
             name, version, size, sha = w.get("name"), w.get("version"), w.get("size"), w.get("sha256")
             if not isinstance(name, str) or canonicalize_name(name) != name:
-                raise _fail(FILE, key, f"wheel name {name!r} is not canonical")
+                raise bad_entry(FILE, key, f"wheel name {name!r} is not canonical")
             try:
                 Version(str(version))
             except InvalidVersion:
-                raise _fail(FILE, key, f"{name}: version {version!r} is not exact") from None
+                raise bad_entry(FILE, key, f"{name}: version {version!r} is not exact") from None
             wheels.append(CudaWheel(name, str(version), size, sha, str(w.get("file") or "")))
         if [w.name for w in wheels] != sorted({w.name for w in wheels}):
-            raise _fail(FILE, key, "wheels are sorted by name, each once")
+            raise bad_entry(FILE, key, "wheels are sorted by name, each once")
         out[key] = TorchCudaPins(key, str(e.get("variant")), str(e.get("python")), tuple(wheels),
                                  e["source"], str(e.get("read")))
     return out

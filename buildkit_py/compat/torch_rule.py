@@ -12,13 +12,13 @@ from buildkit_py import compat
 from buildkit_py.compat import codes
 from buildkit_py.compat.codes import RecipeWarning
 from buildkit_py.compat.rules import (
-    _PYTHON_IMAGE,
     OS_PYTHON,
+    PYTHON_IMAGE,
     LookedUp,
     Warnings,
-    _fail,
-    _nvidia_image_os,
     detect_os,
+    nvidia_image_os,
+    refusal_at,
 )
 from buildkit_py.compat.torch_data import TorchRelease
 from buildkit_py.errors import CompatibilityError
@@ -68,9 +68,9 @@ def torch_rule(recipe: Recipe, cuda: str, python: str, looked_up: LookedUp | Non
     if wanted not in release.variants:
         raise _torch_variant_error(recipe, release, wanted, cuda, python)
     if python not in release.python:
-        raise _fail(recipe, "python", "torch", release.version, "python", python,
-                    f"torch {release.version} publishes wheels for Python {release.python}",
-                    hint=_torch_python_hint(recipe, release, wanted, python))
+        raise refusal_at(recipe, "python", "torch", release.version, "python", python,
+                         f"torch {release.version} publishes wheels for Python {release.python}",
+                         hint=_torch_python_hint(recipe, release, wanted, python))
     if recipe.cuda.source == CudaSource.NVIDIA and recipe.cuda.flavor != CudaFlavor.BASE:
         major = cuda.split(".", maxsplit=1)[0]
         warnings.append(RecipeWarning(
@@ -91,7 +91,7 @@ def _torch_python_hint(recipe: Recipe, release: TorchRelease, wanted: str, pytho
     if os_name and os_name.startswith("ubuntu"):
         offered = sorted(set(OS_PYTHON.values()), key=Version)
     else:  # a python:X.Y image or a base brings one Python; Debian ships one
-        offered = [OS_PYTHON[os_name]] if os_name in OS_PYTHON and not _PYTHON_IMAGE.search(recipe.base.image or "") \
+        offered = [OS_PYTHON[os_name]] if os_name in OS_PYTHON and not PYTHON_IMAGE.search(recipe.base.image or "") \
             else []
     options = []
     pythons = [p for p in offered if p in release.python]
@@ -128,16 +128,16 @@ def torch_release_rule(recipe: Recipe, looked_up: LookedUp | None = None) -> Tor
         newer = False
     if not newer:
         nearest = compat.nearest_versions(version, fitting or known, n=1)[0]
-        raise _fail(recipe, "torch", "torch", version, "imgbuild's torch data", compat.data_as_of(),
-                    f"{version} is not a torch release imgbuild knows (known near it: {', '.join(near)})",
-                    hint=f"use torch {nearest} (the nearest release with {wanted}), or the newest, {fitting[-1]}"
-                    if fitting else f"{none_fits}; the nearest release is {nearest}")
+        raise refusal_at(recipe, "torch", "torch", version, "imgbuild's torch data", compat.data_as_of(),
+                         f"{version} is not a torch release imgbuild knows (known near it: {', '.join(near)})",
+                         hint=f"use torch {nearest} (the nearest release with {wanted}), or the newest, {fitting[-1]}"
+                         if fitting else f"{none_fits}; the nearest release is {nearest}")
     if looked_up.index_releases:  # the index was asked and has no such version: it does not exist
         nearest = compat.nearest_versions(version, [*looked_up.index_releases, *known], n=1)[0]
-        raise _fail(recipe, "torch", "torch", version, "the package index", looked_up.index_url or "",
-                    f"torch {version} is not a release: the package index has no such version (its newest: "
-                    f"{', '.join(looked_up.index_releases[-3:])})",
-                    hint=f"use torch {nearest} (the nearest release)")
+        raise refusal_at(recipe, "torch", "torch", version, "the package index", looked_up.index_url or "",
+                         f"torch {version} is not a release: the package index has no such version (its newest: "
+                         f"{', '.join(looked_up.index_releases[-3:])})",
+                         hint=f"use torch {nearest} (the nearest release)")
     if looked_up.offline:
         why = "--offline: the package index was not asked"
         how = "plan without --offline (the index reachable) to look it up"
@@ -145,10 +145,10 @@ def torch_release_rule(recipe: Recipe, looked_up: LookedUp | None = None) -> Tor
         why, how = f"the package index could not answer: {looked_up.failure}", "check the version"
     else:
         why, how = "it is not in the look-up cache", "plan with the package index reachable to look it up"
-    raise _fail(recipe, "torch", "torch", version, "imgbuild's torch data", compat.data_as_of(),
-                f"torch {version} is newer than imgbuild's data (newest known: {newest}), and {why}",
-                hint=f"{how}, or use torch {fitting[-1]} (the newest imgbuild knows with {wanted})" if fitting else
-                f"{how}; {none_fits}")
+    raise refusal_at(recipe, "torch", "torch", version, "imgbuild's torch data", compat.data_as_of(),
+                     f"torch {version} is newer than imgbuild's data (newest known: {newest}), and {why}",
+                     hint=f"{how}, or use torch {fitting[-1]} (the newest imgbuild knows with {wanted})" if fitting else
+                     f"{how}; {none_fits}")
 
 
 def _variant(cuda: str) -> str:
@@ -179,7 +179,7 @@ def _torch_variant_error(recipe: Recipe, release: TorchRelease, wanted: str, cud
     # without them would be refused next
     variants = [v for v in variants
                 if recipe.cuda.source != CudaSource.WHEELS or compat.cuda_wheel_sets(_variant_cuda(v))] or variants
-    usable = [v for v in variants if _nvidia_image_os(recipe, _variant_cuda(v)) == recipe.base.os]
+    usable = [v for v in variants if nvidia_image_os(recipe, _variant_cuda(v)) == recipe.base.os]
     nearest = min(usable or variants, key=distance) if variants else None
     fits = [r.version for r in compat.torch_releases() if wanted in r.variants and python in r.python]
     options = []
@@ -188,7 +188,7 @@ def _torch_variant_error(recipe: Recipe, release: TorchRelease, wanted: str, cud
         options.append(f"cuda {_variant_cuda(nearest)} (the nearest CUDA torch {release.version} {has}"
                        + (f" and nvidia/cuda has a {recipe.cuda.flavor} image on {recipe.base.os} for)"
                           if len(usable) < len(variants) else ")"))
-    elif nearest and (os_name := _nvidia_image_os(recipe, _variant_cuda(nearest))):
+    elif nearest and (os_name := nvidia_image_os(recipe, _variant_cuda(nearest))):
         options.append(f'cuda: "{_variant_cuda(nearest)}" on {os_name} (the nearest CUDA torch {release.version} '
                        f"{has}; nvidia/cuda has no {recipe.cuda.flavor} image of it on {recipe.base.os})")
     if fits:
@@ -197,13 +197,13 @@ def _torch_variant_error(recipe: Recipe, release: TorchRelease, wanted: str, cud
         options.append(f"torch {close} (the nearest release with {wanted} for Python {python}{also})")
     hint = "use " + " or ".join(options) if options else None
     if release.unknown_variants:
-        return _fail(recipe, "torch", "torch", release.version, "cuda", cuda,
-                     f"whether torch {release.version} has a {wanted} build is unknown: imgbuild's data for it is "
-                     f"partial ({release.unknown_variants})", hint=hint, partial=True)
-    return _fail(recipe, "torch", "torch", release.version, "cuda", cuda,
-                 f"torch {release.version} has CUDA wheels only for "
-                 + (f"{', '.join(variants[:-1])} and {variants[-1]}" if len(variants) > 1 else "".join(variants)),
-                 hint=hint)
+        return refusal_at(recipe, "torch", "torch", release.version, "cuda", cuda,
+                          f"whether torch {release.version} has a {wanted} build is unknown: imgbuild's data for it is "
+                          f"partial ({release.unknown_variants})", hint=hint, partial=True)
+    return refusal_at(recipe, "torch", "torch", release.version, "cuda", cuda,
+                      f"torch {release.version} has CUDA wheels only for "
+                      + (f"{', '.join(variants[:-1])} and {variants[-1]}" if len(variants) > 1 else "".join(variants)),
+                      hint=hint)
 
 
 def torch_cudnn_major(release: TorchRelease) -> str | None:

@@ -192,7 +192,7 @@ def _version_key(version: str) -> str:
 
 @functools.cache
 def model() -> ContentModel:
-    raw = tables._load_raw(FILE)
+    raw = tables.load_raw(FILE)
     rows = {}
     for i, r in enumerate(raw["wheels"]):
         try:
