@@ -114,14 +114,20 @@ def diff(a: str, b: str) -> dict:
     return json.loads(out.getvalue())
 
 
-# CUDA-group steps that are per image by design: the venv's .pth and the loader's cache (ldconfig)
+# CUDA-group steps that are per image by design: the venv's .pth and the loader's cache (ldconfig), and
+# a layer's wheels built for one Python (``<layer>-py``: cuda-bindings, cp313 is not cp311), which no
+# prefix can share
 PER_IMAGE = ("cuda-path", "ldconfig")
+
+
+def per_image(step: str | None) -> bool:
+    return step in PER_IMAGE or (step or "").endswith("-py")
 
 
 def cuda_bytes(d: dict, status: str | None = None) -> int:
     """Compressed bytes of the CUDA wheels' layers (group cuda, less the per-image steps)."""
     return sum(x["compressed_size"] for x in d["layers"]
-               if x["group"] == "cuda" and x["step"] not in PER_IMAGE and status in (None, x["status"]))
+               if x["group"] == "cuda" and not per_image(x["step"]) and status in (None, x["status"]))
 
 
 def main(argv: list[str] | None = None) -> int:
