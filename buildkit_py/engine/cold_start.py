@@ -88,7 +88,7 @@ class ColdStartPrediction:
         return self.download_seconds + self.unpack_seconds + (self.start_seconds or 0.0)
 
     def summary(self) -> str:
-        """One line: the total, then each part, and what the overlap saved."""
+        """One line: the total, then each part and the two overlapped."""
         start = (f"{self.start_seconds:.1f}s start ({self.start_source})" if self.start_seconds is not None
                  else "start not measured (no test ran)")
         held = (f", {self.layers_held} layers already on the node ({self.layers_unpacked_held} of them unpacked "
